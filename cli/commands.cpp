@@ -1,0 +1,441 @@
+// The gpuq subcommands (see commands.hpp): talk to gpuqd, print tables or JSON.
+#include "cli/commands.hpp"
+
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "cli/format.hpp"
+#include "common/client.hpp"
+#include "common/paths.hpp"
+#include "common/protocol.hpp"
+
+extern char** environ;
+
+namespace gpuq::cli {
+
+using json = nlohmann::json;
+using common::Client;
+
+namespace {
+
+int exit_code_for(const Error& e) {
+  if (e.code == ErrorCode::unavailable) return k_exit_unavailable;
+  return k_exit_refused;
+}
+
+int report(const Error& e) {
+  std::cerr << "gpuq: " << e.message << "\n";
+  return exit_code_for(e);
+}
+
+// Connects and sends one request; prints the error and sets `code` on failure.
+std::optional<json> request(const Options& o, const json& req, int& code) {
+  auto client = Client::connect(o.socket);
+  if (!client) {
+    code = report(client.error());
+    return std::nullopt;
+  }
+  auto reply = client->call(req);
+  if (!reply) {
+    code = report(reply.error());
+    return std::nullopt;
+  }
+  return *reply;
+}
+
+void print_json(const json& j) { std::cout << j.dump(2) << "\n"; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string runtime_of(const common::JobInfo& j) {
+  if (j.started_at <= 0) return "-";
+  return format_duration((j.ended_at > 0 ? j.ended_at : now_s()) - j.started_at);
+}
+
+std::string state_of(const common::JobInfo& j) {
+  if (j.state == "queued" && j.attempt > 0) return "retrying";
+  if (j.state == "failed" || j.state == "succeeded") {
+    if (j.exit_signal.is_number()) return j.state + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
+    if (j.exit_code.is_number() && j.exit_code.get<int>() != 0)
+      return j.state + " (" + std::to_string(j.exit_code.get<int>()) + ")";
+  }
+  return j.state;
+}
+
+std::string detail_of(const common::JobInfo& j) {
+  if (j.state == "running" && j.progress.is_object()) return format_fields(j.progress, 5);
+  if (j.state == "succeeded" && j.result.is_object()) return format_fields(j.result, 5);
+  return j.reason;
+}
+
+void print_jobs_table(const std::vector<common::JobInfo>& jobs) {
+  Table t({"ID", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"});
+  for (const auto& j : jobs) {
+    std::string tries = std::to_string(j.attempt) + "/" + std::to_string(j.retries + 1);
+    t.add({std::to_string(j.id), j.name, state_of(j), format_gpus(j.gpus), tries, runtime_of(j), detail_of(j)});
+  }
+  t.print(std::cout);
+}
+
+std::string self_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  buf[n] = 0;
+  return common::parent_dir(buf);
+}
+
+std::string cwd() {
+  char buf[PATH_MAX];
+  return ::getcwd(buf, sizeof(buf)) ? std::string(buf) : std::string("/");
+}
+
+bool all_succeeded(const common::JobsReply& r) {
+  for (const auto& j : r.jobs)
+    if (j.state != "succeeded") return false;
+  return true;
+}
+
+// Reads one spec file ('-' is stdin) and appends its job(s) to `jobs`.
+bool read_spec_file(const std::string& file, json& jobs) {
+  std::stringstream text;
+  if (file == "-") {
+    text << std::cin.rdbuf();
+  } else {
+    std::ifstream in(file);
+    if (!in) {
+      std::cerr << "gpuq: cannot read " << file << "\n";
+      return false;
+    }
+    text << in.rdbuf();
+  }
+  json doc;
+  try {
+    doc = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    auto pos = what.find("] ");
+    std::cerr << "gpuq: " << (file == "-" ? "stdin" : file) << " is not valid JSON: "
+              << (pos == std::string::npos ? what : what.substr(pos + 2)) << "\n";
+    return false;
+  }
+  if (doc.is_array())
+    for (auto& j : doc) jobs.push_back(std::move(j));
+  else
+    jobs.push_back(std::move(doc));
+  return true;
+}
+
+}  // namespace
+
+int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait) {
+  json jobs = json::array();
+  for (const auto& f : files)
+    if (!read_spec_file(f, jobs)) return k_exit_usage;
+  json env = json::object();
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  int code = 0;
+  auto reply = request(o, {{"cmd", "submit"}, {"jobs", jobs}, {"cwd", cwd()}, {"env", env}}, code);
+  if (!reply) return code;
+  auto sub = reply->get<common::SubmitReply>();
+  if (!wait) {
+    if (o.json) {
+      print_json({{"batch", sub.batch}, {"ids", sub.ids}});
+    } else {
+      std::cout << "submitted batch " << sub.batch << ": job" << (sub.ids.size() == 1 ? " " : "s ");
+      for (std::size_t i = 0; i < sub.ids.size(); ++i) std::cout << (i ? " " : "") << sub.ids[i];
+      std::cout << "\n";
+    }
+    return k_exit_ok;
+  }
+  if (!o.json) std::cerr << "submitted batch " << sub.batch << "; waiting...\n";
+  return cmd_wait(o, sub.ids, 0);
+}
+
+int cmd_status(const Options& o, bool all, int limit) {
+  int code = 0;
+  auto reply = request(o, {{"cmd", "status"}, {"all", all}, {"limit", limit}}, code);
+  if (!reply) return code;
+  auto st = reply->get<common::JobsReply>();
+  if (o.json) {
+    print_json({{"jobs", (*reply)["jobs"]}, {"total", st.total}});
+    return k_exit_ok;
+  }
+  if (st.jobs.empty()) {
+    std::cout << "no jobs\n";
+    return k_exit_ok;
+  }
+  print_jobs_table(st.jobs);
+  if (!all && st.total > static_cast<std::int64_t>(st.jobs.size()))
+    std::cout << "(" << st.jobs.size() << " of " << st.total << " jobs shown; --all for every job)\n";
+  return k_exit_ok;
+}
+
+int cmd_show(const Options& o, std::int64_t id) {
+  int code = 0;
+  auto reply = request(o, {{"cmd", "show"}, {"id", id}}, code);
+  if (!reply) return code;
+  if (o.json) {
+    reply->erase("ok");
+    print_json(*reply);
+    return k_exit_ok;
+  }
+  auto s = reply->get<common::ShowReply>();
+  const auto& j = s.job;
+  std::cout << "job " << j.id << " (" << j.name << "), batch " << j.batch << "\n"
+            << "  state:     " << state_of(j) << (j.reason.empty() ? "" : " - " + j.reason) << "\n"
+            << "  mode:      " << j.mode << ", " << j.ranks << " rank(s), gpus requested " << j.gpus_requested
+            << ", assigned " << format_gpus(j.gpus) << "\n"
+            << "  attempt:   " << j.attempt << " of " << j.retries + 1 << "\n"
+            << "  submitted: " << format_time(j.submitted_at) << "\n"
+            << "  started:   " << format_time(j.started_at) << "\n"
+            << "  ended:     " << format_time(j.ended_at) << "   runtime " << runtime_of(j) << "\n";
+  if (s.first_failure.is_object()) std::cout << "  first failure: " << s.first_failure.dump() << "\n";
+  if (j.progress.is_object()) std::cout << "  progress:  " << format_fields(j.progress, 12) << "\n";
+  if (j.result.is_object()) std::cout << "  result:    " << format_fields(j.result, 24) << "\n";
+  if (j.bad_event_lines) std::cout << "  skipped event lines: " << j.bad_event_lines << "\n";
+  std::cout << "  directory: " << j.job_dir << "\n  command:   " << s.spec.value("command", json()).dump() << "\n";
+  std::cout << "  history:\n";
+  for (const auto& t : s.history)
+    std::cout << "    " << format_time(t.at) << "  " << t.state << (t.attempt ? " (attempt " + std::to_string(t.attempt) + ")" : "")
+              << (t.reason.empty() ? "" : " - " + t.reason) << "\n";
+  if (!s.logs.empty()) {
+    std::cout << "  logs:\n";
+    for (const auto& l : s.logs) std::cout << "    attempt " << l.attempt << " rank " << l.rank << ": " << l.path << "\n";
+  }
+  return k_exit_ok;
+}
+
+int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt) {
+  auto client = Client::connect(o.socket);
+  if (!client) return report(client.error());
+  auto show = [&]() -> std::optional<common::ShowReply> {
+    auto r = client->call({{"cmd", "show"}, {"id", id}});
+    if (!r) {
+      report(r.error());
+      return std::nullopt;
+    }
+    return r->get<common::ShowReply>();
+  };
+  auto s = show();
+  if (!s) return k_exit_refused;
+  if (rank >= s->job.ranks) {
+    std::cerr << "gpuq: job " << id << " has " << s->job.ranks << " rank(s); --rank " << rank << " does not exist\n";
+    return k_exit_usage;
+  }
+  const bool prefix = s->job.ranks > 1 && rank < 0;
+  // Follow state: per (attempt, rank) file offsets.
+  std::map<std::pair<int, int>, std::streamoff> offsets;
+  auto pump = [&](const common::ShowReply& sr) {
+    for (const auto& l : sr.logs) {
+      if (rank >= 0 && l.rank != rank) continue;
+      if (attempt > 0 && l.attempt != attempt) continue;
+      if (attempt == 0 && !follow && l.attempt != sr.job.attempt) continue;  // last attempt only
+      std::ifstream in(l.path, std::ios::binary);
+      auto& off = offsets[{l.attempt, l.rank}];
+      in.seekg(off);
+      std::string line;
+      while (std::getline(in, line)) {
+        if (in.eof()) break;  // partial line: print when complete
+        std::cout << (prefix ? "[rank " + std::to_string(l.rank) + "] " : "") << line << "\n";
+        off = in.tellg();
+      }
+    }
+    std::cout.flush();
+  };
+  pump(*s);
+  while (follow && (s->job.state == "queued" || s->job.state == "running")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    s = show();
+    if (!s) return k_exit_refused;
+    pump(*s);
+  }
+  if (follow) pump(*s);
+  return k_exit_ok;
+}
+
+int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
+  int code = 0;
+  auto reply = request(o, {{"cmd", "cancel"}, {"ids", ids}}, code);
+  if (!reply) return code;
+  auto c = reply->get<common::CancelReply>();
+  if (o.json) {
+    print_json((*reply)["jobs"]);
+    return k_exit_ok;
+  }
+  for (const auto& j : c.jobs) {
+    if (!j.changed) std::cout << "job " << j.id << ": already " << j.state << "\n";
+    else if (j.state == "running") std::cout << "job " << j.id << ": stopping (SIGTERM to all its processes)\n";
+    else std::cout << "job " << j.id << ": cancelled\n";
+  }
+  return k_exit_ok;
+}
+
+int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
+  int code = 0;
+  auto reply = request(o, {{"cmd", "wait"}, {"ids", ids}, {"timeout_s", timeout_s}}, code);
+  if (!reply) return code;
+  auto w = reply->get<common::JobsReply>();
+  if (o.json) print_json({{"jobs", (*reply)["jobs"]}, {"timed_out", w.timed_out}});
+  else print_jobs_table(w.jobs);
+  if (w.timed_out) return k_exit_timeout;
+  return all_succeeded(w) ? k_exit_ok : k_exit_job_failed;
+}
+
+int cmd_result(const Options& o, std::int64_t id) {
+  int code = 0;
+  auto reply = request(o, {{"cmd", "results"}, {"ids", {id}}}, code);
+  if (!reply) return code;
+  auto r = reply->get<common::JobsReply>();
+  const auto& j = r.jobs.at(0);
+  if (o.json) {
+    print_json({{"id", j.id}, {"name", j.name}, {"state", j.state}, {"result", j.result}});
+    return k_exit_ok;
+  }
+  std::cout << "job " << j.id << " (" << j.name << "): " << state_of(j) << "\n";
+  if (!j.result.is_object()) {
+    std::cout << "  no result reported\n";
+    return k_exit_ok;
+  }
+  for (const auto& [k, v] : j.result.items()) std::cout << "  " << k << ": " << format_value(v) << "\n";
+  return k_exit_ok;
+}
+
+int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch) {
+  if (ids.empty() && batch == 0) {
+    std::cerr << "gpuq: results needs job ids or --batch B\n";
+    return k_exit_usage;
+  }
+  int code = 0;
+  json req = {{"cmd", "results"}, {"ids", ids}};
+  if (batch) req["batch"] = batch;
+  auto reply = request(o, req, code);
+  if (!reply) return code;
+  auto r = reply->get<common::JobsReply>();
+  if (o.json) {
+    json out = json::array();
+    for (const auto& j : r.jobs)
+      out.push_back({{"id", j.id}, {"name", j.name}, {"batch", j.batch}, {"state", j.state}, {"result", j.result}, {"labels", j.labels}});
+    print_json({{"jobs", out}});
+    return k_exit_ok;
+  }
+  // One column per result key, in first-seen order.
+  std::vector<std::string> keys;
+  for (const auto& j : r.jobs)
+    if (j.result.is_object())
+      for (const auto& [k, _] : j.result.items())
+        if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  std::vector<std::string> header{"ID", "NAME", "STATE"};
+  header.insert(header.end(), keys.begin(), keys.end());
+  Table t(header);
+  for (const auto& j : r.jobs) {
+    std::vector<std::string> row{std::to_string(j.id), j.name, state_of(j)};
+    for (const auto& k : keys) row.push_back(j.result.is_object() && j.result.contains(k) ? format_value(j.result[k]) : "-");
+    t.add(row);
+  }
+  t.print(std::cout);
+  return k_exit_ok;
+}
+
+int cmd_gpus(const Options& o) {
+  int code = 0;
+  auto reply = request(o, {{"cmd", "gpus"}}, code);
+  if (!reply) return code;
+  if (o.json) {
+    reply->erase("ok");
+    print_json(*reply);
+    return k_exit_ok;
+  }
+  auto g = reply->get<common::GpusReply>();
+  std::cout << g.gpus.size() << " GPU(s) from " << g.source << "\n";
+  if (g.gpus.empty()) return k_exit_ok;
+  Table t({"GPU", "NAME", "MEMORY", "USED", "UTIL", "GPUQ", "JOBS"});
+  for (const auto& x : g.gpus) {
+    std::string jobs;
+    for (auto id : x.jobs) jobs += (jobs.empty() ? "" : ",") + std::to_string(id);
+    std::string held = x.jobs.empty() ? "free" : x.exclusive ? "exclusive" : std::to_string(x.allocated_mb) + " MiB shared";
+    t.add({std::to_string(x.index), x.name, std::to_string(x.memory_total_mb) + " MiB",
+           x.memory_used_mb.is_number() ? x.memory_used_mb.dump() + " MiB" : "-",
+           x.utilization.is_number() ? x.utilization.dump() + "%" : "-", held, jobs.empty() ? "-" : jobs});
+  }
+  t.print(std::cout);
+  return k_exit_ok;
+}
+
+int cmd_daemon_start(const Options& o, const std::string& state_dir, const std::string& gpus) {
+  if (auto c = Client::connect(o.socket)) {
+    std::cout << "gpuqd is already running on " << o.socket << " (pid " << c->hello().value("pid", 0) << ")\n";
+    return k_exit_ok;
+  }
+  std::string gpuqd = self_dir() + "/gpuqd";
+  if (::access(gpuqd.c_str(), X_OK) != 0) gpuqd = "gpuqd";  // installed elsewhere: use PATH
+  std::vector<std::string> args{gpuqd, "--socket", o.socket};
+  if (!state_dir.empty()) args.insert(args.end(), {"--state-dir", state_dir});
+  if (!gpus.empty()) args.insert(args.end(), {"--gpus", gpus});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (::posix_spawnp(&pid, gpuqd.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    std::cerr << "gpuq: cannot run " << gpuqd << "\n";
+    return k_exit_unavailable;
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);  // gpuqd returns once it listens (or failed, with its message)
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return k_exit_unavailable;
+  std::cout << "gpuqd started on " << o.socket << "\n";
+  return k_exit_ok;
+}
+
+int cmd_daemon_stop(const Options& o) {
+  auto c = Client::connect(o.socket);
+  if (!c) {
+    std::cout << "gpuqd is not running on " << o.socket << "\n";
+    return k_exit_ok;
+  }
+  if (auto r = c->call({{"cmd", "shutdown"}}); !r) return report(r.error());
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!Client::connect(o.socket)) {
+      std::cout << "gpuqd stopped (running jobs keep running and are re-adopted at the next start)\n";
+      return k_exit_ok;
+    }
+  }
+  std::cerr << "gpuq: gpuqd did not stop within 5 s\n";
+  return k_exit_unavailable;
+}
+
+int cmd_daemon_status(const Options& o) {
+  auto c = Client::connect(o.socket);
+  if (!c) {
+    if (o.json) print_json({{"running", false}, {"socket", o.socket}});
+    else std::cout << "gpuqd is not running on " << o.socket << "\n";
+    return k_exit_unavailable;
+  }
+  const auto& h = c->hello();
+  if (o.json) {
+    print_json({{"running", true}, {"socket", o.socket}, {"pid", h.value("pid", 0)}, {"version", h.value("daemon_version", "")},
+                {"state_dir", h.value("state_dir", "")}});
+  } else {
+    std::cout << "gpuqd " << h.value("daemon_version", "?") << " running, pid " << h.value("pid", 0) << "\n  socket:    "
+              << o.socket << "\n  state dir: " << h.value("state_dir", "?") << "\n";
+  }
+  return k_exit_ok;
+}
+
+}  // namespace gpuq::cli

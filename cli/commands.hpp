@@ -1,0 +1,37 @@
+// The gpuq subcommands. Each returns the process exit code (docs/cli.md):
+//   0 success; 1 a job did not succeed (wait, submit --wait); 2 usage error;
+//   3 gpuqd not reachable; 4 gpuqd refused the request; 124 wait timed out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpuq::cli {
+
+constexpr int k_exit_ok = 0;
+constexpr int k_exit_job_failed = 1;
+constexpr int k_exit_usage = 2;
+constexpr int k_exit_unavailable = 3;
+constexpr int k_exit_refused = 4;
+constexpr int k_exit_timeout = 124;
+
+struct Options {
+  std::string socket;  // resolved: --socket, $GPUQ_SOCKET, default
+  bool json = false;
+};
+
+int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait);
+int cmd_status(const Options& o, bool all, int limit);
+int cmd_show(const Options& o, std::int64_t id);
+int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt);
+int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids);
+int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s);
+int cmd_result(const Options& o, std::int64_t id);
+int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch);
+int cmd_gpus(const Options& o);
+int cmd_daemon_start(const Options& o, const std::string& state_dir, const std::string& gpus);
+int cmd_daemon_stop(const Options& o);
+int cmd_daemon_status(const Options& o);
+
+}  // namespace gpuq::cli

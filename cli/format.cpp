@@ -1,0 +1,85 @@
+// Table and value formatting for human output.
+#include "cli/format.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+namespace gpuq::cli {
+
+void Table::print(std::ostream& out) const {
+  std::vector<std::size_t> width;
+  for (const auto& row : m_rows)
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      if (width.size() <= c) width.push_back(0);
+      width[c] = std::max(width[c], row[c].size());
+    }
+  for (const auto& row : m_rows) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
+}
+
+std::string format_duration(double s) {
+  if (s < 0) s = 0;
+  long long t = static_cast<long long>(s);
+  char buf[32];
+  if (t < 60) std::snprintf(buf, sizeof(buf), "%llds", t);
+  else if (t < 3600) std::snprintf(buf, sizeof(buf), "%lldm%02llds", t / 60, t % 60);
+  else if (t < 86400) std::snprintf(buf, sizeof(buf), "%lldh%02lldm", t / 3600, (t % 3600) / 60);
+  else std::snprintf(buf, sizeof(buf), "%lldd%02lldh", t / 86400, (t % 86400) / 3600);
+  return buf;
+}
+
+std::string format_value(const nlohmann::json& v) {
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    char buf[32];
+    if (d != 0 && (std::fabs(d) < 1e-3 || std::fabs(d) >= 1e6)) std::snprintf(buf, sizeof(buf), "%.3e", d);
+    else std::snprintf(buf, sizeof(buf), "%.4g", d);
+    return buf;
+  }
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) return "-";
+  return v.dump();
+}
+
+std::string format_fields(const nlohmann::json& obj, std::size_t max_fields) {
+  if (!obj.is_object()) return "";
+  std::string out;
+  std::size_t n = 0;
+  for (const auto& [k, v] : obj.items()) {
+    if (k == "rank" || k == "at" || v.is_object() || v.is_array()) continue;
+    if (n++ == max_fields) {
+      out += " ...";
+      break;
+    }
+    out += (out.empty() ? "" : " ") + k + "=" + format_value(v);
+  }
+  return out;
+}
+
+std::string format_gpus(const std::vector<int>& gpus) {
+  if (gpus.empty()) return "-";
+  std::string out;
+  for (std::size_t i = 0; i < gpus.size(); ++i) out += (i ? "," : "") + std::to_string(gpus[i]);
+  return out;
+}
+
+std::string format_time(double t) {
+  if (t <= 0) return "-";
+  std::time_t secs = static_cast<std::time_t>(t);
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+}  // namespace gpuq::cli

@@ -1,0 +1,28 @@
+// Human output for the CLI: aligned tables and compact durations, values and progress.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace gpuq::cli {
+
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : m_rows{std::move(header)} {}
+  void add(std::vector<std::string> row) { m_rows.push_back(std::move(row)); }
+  void print(std::ostream& out) const;
+
+ private:
+  std::vector<std::vector<std::string>> m_rows;
+};
+
+std::string format_duration(double seconds);              // 4s, 2m05s, 3h02m, 2d04h
+std::string format_value(const nlohmann::json& v);        // numbers to 4 significant digits
+std::string format_fields(const nlohmann::json& obj, std::size_t max_fields);  // "loss=0.41 epoch=2"
+std::string format_gpus(const std::vector<int>& gpus);    // "0,1" or "-"
+std::string format_time(double unix_seconds);             // local time, "2026-11-22 10:41:07"
+
+}  // namespace gpuq::cli

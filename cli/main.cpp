@@ -1,0 +1,108 @@
+// gpuq: the command-line client of gpuqd.
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "common/paths.hpp"
+
+int main(int argc, char** argv) {
+  using namespace gpuq::cli;
+
+  // Global options
+  CLI::App app{"gpuq: a multi-GPU job queue. Submit jobs, watch them, collect their results.\n"
+               "The daemon (gpuqd) is found through --socket, $GPUQ_SOCKET, or " +
+               gpuq::common::default_socket_path() + "."};
+  app.set_version_flag("--version", GPUQ_VERSION);
+  app.require_subcommand(1);
+  Options opt;
+  std::string socket;
+  app.add_option("--socket", socket, "gpuqd's unix socket");
+  std::function<int()> run;
+
+  auto json_flag = [&](CLI::App* sub) { sub->add_flag("--json", opt.json, "Print JSON (schema in docs/cli.md)"); };
+
+  // Subcommands
+  std::vector<std::string> files;
+  bool wait = false;
+  auto* submit = app.add_subcommand("submit", "Submit jobs from JSON spec files ('-' reads stdin); one batch");
+  submit->add_option("files", files, "Job spec files")->required();
+  submit->add_flag("--wait,-w", wait, "Wait for the jobs; exit 1 unless all succeed");
+  json_flag(submit);
+  submit->callback([&] { run = [&] { return cmd_submit(opt, files, wait); }; });
+
+  bool all = false;
+  int limit = 20;
+  auto* status = app.add_subcommand("status", "Queued and running jobs, and the most recent finished ones");
+  status->add_flag("--all,-a", all, "Every job in the history");
+  status->add_option("--limit,-n", limit, "Finished jobs to show")->capture_default_str();
+  json_flag(status);
+  status->callback([&] { run = [&] { return cmd_status(opt, all, limit); }; });
+
+  std::int64_t id = 0;
+  auto* show = app.add_subcommand("show", "Everything about one job: state history, failure, logs");
+  show->add_option("id", id, "Job id")->required();
+  json_flag(show);
+  show->callback([&] { run = [&] { return cmd_show(opt, id); }; });
+
+  bool follow = false;
+  int rank = -1, attempt = 0;
+  auto* logs = app.add_subcommand("logs", "Print a job's output (stdout and stderr)");
+  logs->add_option("id", id, "Job id")->required();
+  logs->add_flag("--follow,-f", follow, "Keep printing until the job ends, across retries");
+  logs->add_option("--rank", rank, "Only this rank (ddp jobs)");
+  logs->add_option("--attempt", attempt, "Only this attempt (default: the last; with -f, all)");
+  logs->callback([&] { run = [&] { return cmd_logs(opt, id, follow, rank, attempt); }; });
+
+  std::vector<std::int64_t> ids;
+  auto* cancel = app.add_subcommand("cancel", "Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL");
+  cancel->add_option("ids", ids, "Job ids")->required();
+  json_flag(cancel);
+  cancel->callback([&] { run = [&] { return cmd_cancel(opt, ids); }; });
+
+  double timeout_s = 0;
+  auto* waitc = app.add_subcommand("wait", "Wait for jobs to end; exit 0 if all succeeded, 1 if not, 124 on timeout");
+  waitc->add_option("ids", ids, "Job ids")->required();
+  waitc->add_option("--timeout", timeout_s, "Give up after this many seconds");
+  json_flag(waitc);
+  waitc->callback([&] { run = [&] { return cmd_wait(opt, ids, timeout_s); }; });
+
+  auto* result = app.add_subcommand("result", "The final result a job reported");
+  result->add_option("id", id, "Job id")->required();
+  json_flag(result);
+  result->callback([&] { run = [&] { return cmd_result(opt, id); }; });
+
+  std::int64_t batch = 0;
+  auto* results = app.add_subcommand("results", "Results of many jobs in one table");
+  results->add_option("ids", ids, "Job ids");
+  results->add_option("--batch,-b", batch, "Every job of this batch");
+  json_flag(results);
+  results->callback([&] { run = [&] { return cmd_results(opt, ids, batch); }; });
+
+  auto* gpus = app.add_subcommand("gpus", "GPUs, their memory and which jobs hold them");
+  json_flag(gpus);
+  gpus->callback([&] { run = [&] { return cmd_gpus(opt); }; });
+
+  std::string state_dir, gpu_spec;
+  auto* daemon = app.add_subcommand("daemon", "Start, stop or check gpuqd");
+  daemon->require_subcommand(1);
+  auto* start = daemon->add_subcommand("start", "Start gpuqd in the background (no-op if running)");
+  start->add_option("--state-dir", state_dir, "State directory");
+  start->add_option("--gpus", gpu_spec, "auto, nvml, none or fake:N[:MiB]");
+  start->callback([&] { run = [&] { return cmd_daemon_start(opt, state_dir, gpu_spec); }; });
+  auto* stop = daemon->add_subcommand("stop", "Stop gpuqd (running jobs keep running)");
+  stop->callback([&] { run = [&] { return cmd_daemon_stop(opt); }; });
+  auto* dstatus = daemon->add_subcommand("status", "Is gpuqd running? Exit 3 if not");
+  json_flag(dstatus);
+  dstatus->callback([&] { run = [&] { return cmd_daemon_status(opt); }; });
+
+  // Parse, then run the chosen command
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? k_exit_ok : k_exit_usage;
+  }
+  opt.socket = socket.empty() ? gpuq::common::socket_path_from_env() : socket;
+  return run ? run() : k_exit_usage;
+}

@@ -1,0 +1,84 @@
+// Blocking unix-socket client: write a line, read a line.
+#include "common/client.hpp"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/protocol.hpp"
+
+namespace gpuq::common {
+
+using json = nlohmann::json;
+
+Result<Client> Client::connect(const std::string& socket_path, const std::string& client_name) {
+  sockaddr_un addr{};
+  if (socket_path.size() >= sizeof(addr.sun_path))
+    return Error{ErrorCode::bad_request, "socket path is too long (max " +
+                                             std::to_string(sizeof(addr.sun_path) - 1) + " bytes): " + socket_path};
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Error{ErrorCode::internal, std::string("socket(): ") + std::strerror(errno)};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Error{ErrorCode::unavailable, "gpuqd is not running on " + socket_path + " (" +
+                                             std::strerror(err) + "); start it with `gpuq daemon start`"};
+  }
+  Client c(fd);
+  auto hello = c.roundtrip({{"cmd", "hello"}, {"protocol_version", k_protocol_version}, {"client", client_name}});
+  if (!hello) return hello.error();
+  c.m_hello = *hello;
+  return c;
+}
+
+Client::Client(Client&& other) noexcept
+    : m_fd(other.m_fd), m_buffer(std::move(other.m_buffer)), m_hello(std::move(other.m_hello)) {
+  other.m_fd = -1;
+}
+
+Client& Client::operator=(Client&& other) noexcept {
+  if (this != &other) {
+    if (m_fd >= 0) ::close(m_fd);
+    m_fd = other.m_fd;
+    other.m_fd = -1;
+    m_buffer = std::move(other.m_buffer);
+    m_hello = std::move(other.m_hello);
+  }
+  return *this;
+}
+
+Client::~Client() {
+  if (m_fd >= 0) ::close(m_fd);
+}
+
+Result<json> Client::call(const json& request) { return roundtrip(request); }
+
+Result<json> Client::roundtrip(const json& request) {
+  std::string line = request.dump() + "\n";
+  for (std::size_t sent = 0; sent < line.size();) {
+    ssize_t n = ::send(m_fd, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Error{ErrorCode::unavailable, std::string("lost connection to gpuqd: ") + std::strerror(errno)};
+    sent += static_cast<std::size_t>(n);
+  }
+  std::size_t nl;
+  while ((nl = m_buffer.find('\n')) == std::string::npos) {
+    char chunk[65536];
+    ssize_t n = ::recv(m_fd, chunk, sizeof(chunk), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Error{ErrorCode::unavailable, "gpuqd closed the connection without a reply"};
+    m_buffer.append(chunk, static_cast<std::size_t>(n));
+  }
+  std::string reply_line = m_buffer.substr(0, nl);
+  m_buffer.erase(0, nl + 1);
+  json reply = json::parse(reply_line, nullptr, false);
+  if (reply.is_discarded()) return Error{ErrorCode::internal, "gpuqd sent a reply that is not JSON"};
+  return unwrap_reply(reply);
+}
+
+}  // namespace gpuq::common

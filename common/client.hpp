@@ -1,0 +1,38 @@
+// A blocking client for gpuqd's socket, used by the CLI and the benchmarks. It performs the hello
+// exchange on connect, so a version mismatch is reported before any command is sent.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+
+namespace gpuq::common {
+
+class Client {
+ public:
+  // Connects to `socket_path` and exchanges hello. A missing or dead daemon gives an
+  // `unavailable` error that says how to start one.
+  static Result<Client> connect(const std::string& socket_path, const std::string& client_name = "gpuq");
+
+  Client(Client&& other) noexcept;
+  Client& operator=(Client&& other) noexcept;
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  ~Client();
+
+  // Sends one request and reads one reply line; returns the reply body or its error.
+  Result<nlohmann::json> call(const nlohmann::json& request);
+  const nlohmann::json& hello() const { return m_hello; }
+
+ private:
+  explicit Client(int fd) : m_fd(fd) {}
+  Result<nlohmann::json> roundtrip(const nlohmann::json& request);
+
+  int m_fd = -1;
+  std::string m_buffer;  // bytes read past the last reply line
+  nlohmann::json m_hello;
+};
+
+}  // namespace gpuq::common

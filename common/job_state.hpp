@@ -1,0 +1,33 @@
+// The life cycle of a job. queued -> running -> one of the terminal states; a failed attempt with
+// retries left goes back to queued (with a backoff), so "retrying" is queued with attempt > 0.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+namespace gpuq {
+
+enum class JobState { queued, running, succeeded, failed, cancelled, timed_out };
+
+constexpr std::string_view to_string(JobState s) {
+  switch (s) {
+    case JobState::queued: return "queued";
+    case JobState::running: return "running";
+    case JobState::succeeded: return "succeeded";
+    case JobState::failed: return "failed";
+    case JobState::cancelled: return "cancelled";
+    case JobState::timed_out: return "timed_out";
+  }
+  return "failed";
+}
+
+inline std::optional<JobState> job_state_from_string(std::string_view s) {
+  for (auto st : {JobState::queued, JobState::running, JobState::succeeded, JobState::failed,
+                  JobState::cancelled, JobState::timed_out})
+    if (to_string(st) == s) return st;
+  return std::nullopt;
+}
+
+constexpr bool is_terminal(JobState s) { return s != JobState::queued && s != JobState::running; }
+
+}  // namespace gpuq

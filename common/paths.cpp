@@ -1,0 +1,67 @@
+// Default locations and private-directory creation.
+#include "common/paths.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace gpuq::common {
+
+namespace {
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+std::string uid_tmp_dir() { return "/tmp/gpuq-" + std::to_string(::getuid()); }
+}  // namespace
+
+std::string default_socket_path() {
+  std::string runtime = env_or_empty("XDG_RUNTIME_DIR");
+  if (!runtime.empty()) return runtime + "/gpuq/gpuqd.sock";
+  return uid_tmp_dir() + "/gpuqd.sock";
+}
+
+std::string socket_path_from_env() {
+  std::string s = env_or_empty("GPUQ_SOCKET");
+  return s.empty() ? default_socket_path() : s;
+}
+
+std::string default_state_dir() {
+  std::string state = env_or_empty("XDG_STATE_HOME");
+  if (!state.empty()) return state + "/gpuq";
+  std::string home = env_or_empty("HOME");
+  if (!home.empty()) return home + "/.local/state/gpuq";
+  return uid_tmp_dir() + "/state";
+}
+
+std::string parent_dir(const std::string& path) {
+  auto pos = path.find_last_of('/');
+  if (pos == std::string::npos) return ".";
+  if (pos == 0) return "/";
+  return path.substr(0, pos);
+}
+
+Result<bool> ensure_private_dir(const std::string& dir) {
+  // Parents are created with the default mode; only the last component must be private.
+  for (std::size_t pos = 1; pos != std::string::npos;) {
+    pos = dir.find('/', pos + 1);
+    std::string part = dir.substr(0, pos);
+    if (::mkdir(part.c_str(), pos == std::string::npos ? 0700 : 0755) != 0 && errno != EEXIST)
+      return Error{ErrorCode::internal, "cannot create directory " + part + ": " + std::strerror(errno)};
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return Error{ErrorCode::internal, dir + " is not a directory"};
+  if (st.st_uid != ::getuid())
+    return Error{ErrorCode::forbidden, dir + " belongs to uid " + std::to_string(st.st_uid) +
+                                           ", not to this user; refusing to use it"};
+  if ((st.st_mode & 077) != 0 && ::chmod(dir.c_str(), 0700) != 0)
+    return Error{ErrorCode::forbidden, dir + " is open to other users and cannot be made private: " +
+                                           std::strerror(errno)};
+  return true;
+}
+
+}  // namespace gpuq::common

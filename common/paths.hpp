@@ -1,0 +1,23 @@
+// Where gpuq keeps its socket and state, shared by daemon and CLI so both agree on defaults.
+#pragma once
+
+#include <string>
+
+#include "common/error.hpp"
+
+namespace gpuq::common {
+
+// $XDG_RUNTIME_DIR/gpuq/gpuqd.sock, else /tmp/gpuq-$UID/gpuqd.sock.
+std::string default_socket_path();
+// $GPUQ_SOCKET if set and non-empty, else the default. (A --socket flag wins over both.)
+std::string socket_path_from_env();
+// $XDG_STATE_HOME/gpuq, else $HOME/.local/state/gpuq, else /tmp/gpuq-$UID/state.
+std::string default_state_dir();
+
+// Creates `dir` and its parents; the last component gets mode 0700. Refuses a directory owned by
+// another user or open to group/others (someone else could then reach our socket or jobs).
+Result<bool> ensure_private_dir(const std::string& dir);
+
+std::string parent_dir(const std::string& path);
+
+}  // namespace gpuq::common

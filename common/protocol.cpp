@@ -1,0 +1,114 @@
+// Request decoding with field-naming errors, and the reply envelope.
+#include "common/protocol.hpp"
+
+namespace gpuq::common {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& field, const std::string& want) {
+  throw RequestError(ErrorCode::bad_request, "field `" + field + "` must be " + want);
+}
+
+template <class T>
+T get_or(const json& j, const char* field, T fallback, const char* want) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return fallback;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!it->is_boolean()) bad(field, want);
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) bad(field, want);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!it->is_number()) bad(field, want);
+  } else {
+    if (!it->is_string()) bad(field, want);
+  }
+  return it->get<T>();
+}
+
+std::vector<std::int64_t> id_list(const json& j, const char* field) {
+  std::vector<std::int64_t> ids;
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return ids;
+  if (!it->is_array()) bad(field, "an array of job ids");
+  for (const auto& v : *it) {
+    if (!v.is_number_integer() || v.get<std::int64_t>() <= 0) bad(field, "an array of positive job ids");
+    ids.push_back(v.get<std::int64_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+HelloRequest decode_hello(const json& j) {
+  HelloRequest r;
+  r.protocol_version = get_or<int>(j, "protocol_version", 0, "an integer");
+  r.client = get_or<std::string>(j, "client", "", "a string");
+  return r;
+}
+
+SubmitRequest decode_submit(const json& j) {
+  SubmitRequest r;
+  auto it = j.find("jobs");
+  if (it == j.end()) bad("jobs", "a job spec object or an array of them");
+  r.jobs = *it;
+  r.cwd = get_or<std::string>(j, "cwd", "", "an absolute directory path");
+  if (auto e = j.find("env"); e != j.end() && !e->is_null()) {
+    if (!e->is_object()) bad("env", "an object of strings");
+    for (const auto& [k, v] : e->items()) {
+      if (!v.is_string()) bad("env." + k, "a string");
+      r.env[k] = v.get<std::string>();
+    }
+  }
+  return r;
+}
+
+StatusRequest decode_status(const json& j) {
+  StatusRequest r;
+  r.all = get_or<bool>(j, "all", false, "true or false");
+  r.limit = get_or<int>(j, "limit", 20, "an integer");
+  if (r.limit < 0) bad("limit", ">= 0");
+  return r;
+}
+
+IdRequest decode_id(const json& j) {
+  IdRequest r;
+  r.id = get_or<std::int64_t>(j, "id", 0, "a positive job id");
+  if (r.id <= 0) bad("id", "a positive job id");
+  return r;
+}
+
+IdsRequest decode_ids(const json& j) {
+  IdsRequest r;
+  r.ids = id_list(j, "ids");
+  if (r.ids.empty()) bad("ids", "a non-empty array of job ids");
+  r.timeout_s = get_or<double>(j, "timeout_s", 0.0, "a number of seconds");
+  if (r.timeout_s < 0) bad("timeout_s", ">= 0");
+  return r;
+}
+
+ResultsRequest decode_results(const json& j) {
+  ResultsRequest r;
+  r.ids = id_list(j, "ids");
+  r.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
+  return r;
+}
+
+json ok_reply(json body) {
+  if (!body.is_object()) body = json::object();
+  body["ok"] = true;
+  return body;
+}
+
+json error_reply(ErrorCode code, const std::string& message) {
+  return {{"ok", false}, {"error", {{"code", to_string(code)}, {"message", message}}}};
+}
+
+Result<json> unwrap_reply(const json& reply) {
+  if (!reply.is_object() || !reply.contains("ok") || !reply["ok"].is_boolean())
+    return Error{ErrorCode::internal, "malformed reply from gpuqd: " + reply.dump().substr(0, 200)};
+  if (reply["ok"].get<bool>()) return reply;
+  const json& e = reply.value("error", json::object());
+  return Error{error_code_from_string(e.value("code", "internal")), e.value("message", "unknown error")};
+}
+
+}  // namespace gpuq::common

@@ -1,0 +1,176 @@
+// The wire protocol between gpuq clients and gpuqd (docs/protocol.md): one JSON object per line
+// over a unix socket. Every request has "cmd"; every reply has "ok", and on failure
+// "error": {"code", "message"}. One struct per message; requests are decoded with messages that
+// name the offending field, replies with nlohmann's generated (defaulting) decoders.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+
+namespace gpuq::common {
+
+using json = nlohmann::json;
+
+constexpr int k_protocol_version = 1;
+constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
+
+// ---- shared records ---------------------------------------------------------------------------
+
+// A job as status, show, wait and results report it. Optional values are JSON null.
+struct JobInfo {
+  std::int64_t id = 0;
+  std::int64_t batch = 0;
+  std::string name;
+  std::string state;
+  int attempt = 0;  // 0 before the first start; n during/after the n-th run
+  int retries = 0;  // allowed retries from the spec
+  int priority = 0;
+  int gpus_requested = 0;
+  std::string mode;
+  int ranks = 1;
+  std::vector<int> gpus;  // assigned GPU indices (current or last attempt)
+  double submitted_at = 0, started_at = 0, ended_at = 0;  // unix seconds, 0 = not yet
+  json exit_code;    // int or null
+  json exit_signal;  // int or null
+  std::string reason;  // why it failed / was cancelled / waits
+  json progress;       // last progress event or null
+  json result;         // merged result events of the last attempt, or null
+  std::vector<std::int64_t> after;
+  std::int64_t bad_event_lines = 0;
+  std::string job_dir;
+  std::map<std::string, std::string> labels;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
+                                                priority, gpus_requested, mode, ranks, gpus,
+                                                submitted_at, started_at, ended_at, exit_code,
+                                                exit_signal, reason, progress, result, after,
+                                                bad_event_lines, job_dir, labels)
+
+struct Transition {
+  int attempt = 0;
+  std::string state;
+  double at = 0;
+  std::string reason;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Transition, attempt, state, at, reason)
+
+struct LogFile {
+  int attempt = 0;
+  int rank = 0;
+  std::string path;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LogFile, attempt, rank, path)
+
+struct GpuInfo {
+  int index = 0;
+  std::string uuid;
+  std::string name;
+  std::int64_t memory_total_mb = 0;
+  json memory_used_mb;  // from NVML, null for fake GPUs
+  json utilization;     // percent from NVML, null when unknown
+  std::int64_t allocated_mb = 0;  // gpuq's own bookkeeping
+  bool exclusive = false;         // held whole by one job
+  std::vector<std::int64_t> jobs;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpuInfo, index, uuid, name, memory_total_mb,
+                                                memory_used_mb, utilization, allocated_mb,
+                                                exclusive, jobs)
+
+// ---- requests ---------------------------------------------------------------------------------
+
+struct HelloRequest {
+  int protocol_version = k_protocol_version;
+  std::string client;
+};
+struct SubmitRequest {
+  json jobs;  // one spec object or an array: validated by common::parse_batch in the daemon
+  std::string cwd;
+  std::map<std::string, std::string> env;  // the submitter's environment, the jobs' base env
+};
+struct StatusRequest {
+  bool all = false;
+  int limit = 20;  // finished jobs shown besides the active ones (ignored with all)
+};
+struct IdRequest {  // show
+  std::int64_t id = 0;
+};
+struct IdsRequest {  // cancel, wait
+  std::vector<std::int64_t> ids;
+  double timeout_s = 0;  // wait only: 0 = until done
+};
+struct ResultsRequest {
+  std::vector<std::int64_t> ids;
+  std::int64_t batch = 0;
+};
+
+// Decoders: throw RequestError(bad_request) naming the field on a wrong type.
+HelloRequest decode_hello(const json& j);
+SubmitRequest decode_submit(const json& j);
+StatusRequest decode_status(const json& j);
+IdRequest decode_id(const json& j);
+IdsRequest decode_ids(const json& j);
+ResultsRequest decode_results(const json& j);
+
+// ---- replies ----------------------------------------------------------------------------------
+
+struct HelloReply {
+  int protocol_version = k_protocol_version;
+  std::string daemon_version;
+  int pid = 0;
+  std::string state_dir;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HelloReply, protocol_version, daemon_version, pid,
+                                                state_dir)
+
+struct SubmitReply {
+  std::int64_t batch = 0;
+  std::vector<std::int64_t> ids;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SubmitReply, batch, ids)
+
+struct JobsReply {  // status, wait, results
+  std::vector<JobInfo> jobs;
+  std::int64_t total = 0;  // status: jobs in history (shown or not)
+  bool timed_out = false;  // wait: the wait's own timeout expired first
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobsReply, jobs, total, timed_out)
+
+struct ShowReply {
+  JobInfo job;
+  json spec;
+  std::vector<Transition> history;
+  std::vector<LogFile> logs;
+  json first_failure;  // {rank, exit_code, signal} of the last failed attempt, or null
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShowReply, job, spec, history, logs, first_failure)
+
+struct CancelOutcome {
+  std::int64_t id = 0;
+  std::string state;  // state after the request
+  bool changed = false;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelOutcome, id, state, changed)
+struct CancelReply {
+  std::vector<CancelOutcome> jobs;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelReply, jobs)
+
+struct GpusReply {
+  std::string source;  // "nvml" or "fake:N:MiB" or "none"
+  std::vector<GpuInfo> gpus;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpusReply, source, gpus)
+
+// Wraps a reply body: {"ok": true, ...body}. Errors: {"ok": false, "error": {...}}.
+json ok_reply(json body = json::object());
+json error_reply(ErrorCode code, const std::string& message);
+// Turns a reply into its body, or the Error it carries (also for replies that are not objects).
+Result<json> unwrap_reply(const json& reply);
+
+}  // namespace gpuq::common

@@ -1,0 +1,392 @@
+// Strict job-spec parsing and batch validation (see docs/job-spec.md).
+#include "common/spec.hpp"
+
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string_view>
+
+namespace gpuq::common {
+
+namespace {
+
+constexpr std::array<std::string_view, 17> k_fields{
+    "name", "command", "shell",    "train",   "gpus", "mode",      "ranks", "gpu_memory_mb",
+    "shared", "priority", "after", "retries", "timeout_s", "env", "cwd", "labels", "comment"};
+
+constexpr std::array<std::string_view, 16> k_reserved_env{
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
+    "WORLD_SIZE",           "LOCAL_WORLD_SIZE",  "GROUP_RANK", "ROLE_RANK",
+    "MASTER_ADDR",          "MASTER_PORT",       "GPUQ_JOB_ID", "GPUQ_JOB_DIR",
+    "GPUQ_EVENTS",          "GPUQ_ATTEMPT",      "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID"};
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string type_name(const json& v) {
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+bool valid_name(const std::string& s) {
+  if (s.empty() || s.size() > 128) return false;
+  if (std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); }))
+    return false;  // all-digit names would be ambiguous with job ids
+  return std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+// Collects the problems of one job; every message is prefixed with the job's position and name.
+class JobParser {
+ public:
+  JobParser(const json& obj, std::size_t index, std::vector<std::string>& errors)
+      : m_obj(obj), m_errors(errors) {
+    m_prefix = "job[" + std::to_string(index) + "]";
+    if (auto it = obj.find("name"); it != obj.end() && it->is_string())
+      m_prefix += " (" + it->get<std::string>().substr(0, 64) + ")";
+  }
+
+  void fail(const std::string& msg) { m_errors.push_back(m_prefix + ": " + msg); }
+
+  void check_unknown_fields() {
+    for (const auto& [key, _] : m_obj.items()) {
+      if (std::find(k_fields.begin(), k_fields.end(), key) != k_fields.end()) continue;
+      std::string_view best;
+      std::size_t best_d = 3;
+      for (auto f : k_fields) {
+        std::size_t d = edit_distance(key, f);
+        if (d < best_d) best_d = d, best = f;
+      }
+      std::string msg = "unknown field `" + key.substr(0, 64) + "`";
+      if (!best.empty()) msg += " (did you mean `" + std::string(best) + "`?)";
+      fail(msg);
+    }
+  }
+
+  const json* get(std::string_view key) {
+    auto it = m_obj.find(key);
+    return it == m_obj.end() ? nullptr : &*it;
+  }
+
+  bool int_field(std::string_view key, long long lo, long long hi, long long& out) {
+    const json* v = get(key);
+    if (!v) return false;
+    if (!v->is_number_integer()) {
+      fail("field `" + std::string(key) + "` must be an integer, got " + type_name(*v));
+      return false;
+    }
+    long long x = v->get<long long>();
+    if (x < lo || x > hi) {
+      fail("field `" + std::string(key) + "` must be between " + std::to_string(lo) + " and " +
+           std::to_string(hi) + ", got " + std::to_string(x));
+      return false;
+    }
+    out = x;
+    return true;
+  }
+
+  bool string_field(std::string_view key, std::string& out) {
+    const json* v = get(key);
+    if (!v) return false;
+    if (!v->is_string()) {
+      fail("field `" + std::string(key) + "` must be a string, got " + type_name(*v));
+      return false;
+    }
+    out = v->get<std::string>();
+    return true;
+  }
+
+  void string_map(std::string_view key, std::map<std::string, std::string>& out) {
+    const json* v = get(key);
+    if (!v) return;
+    if (!v->is_object()) {
+      fail("field `" + std::string(key) + "` must be an object of strings, got " + type_name(*v));
+      return;
+    }
+    for (const auto& [k, val] : v->items()) {
+      if (!val.is_string()) {
+        fail("field `" + std::string(key) + "." + k + "` must be a string, got " +
+             type_name(val));
+        continue;
+      }
+      out[k] = val.get<std::string>();
+    }
+  }
+
+  JobSpec parse(const std::string& default_cwd) {
+    JobSpec s;
+    check_unknown_fields();
+
+    if (string_field("name", s.name) && !valid_name(s.name))
+      fail("field `name` must be 1-128 characters of letters, digits, '-', '_' or '.', and not "
+           "all digits, got \"" + s.name.substr(0, 64) + "\"");
+
+    // What to run: exactly one of command, shell, train.
+    int what = (get("command") ? 1 : 0) + (get("shell") ? 1 : 0) + (get("train") ? 1 : 0);
+    if (what == 0) fail("needs one of `command` (an argv array) or `shell` (a string)");
+    if (what > 1) fail("give only one of `command`, `shell` and `train`");
+    if (get("train"))
+      fail("field `train`: this build of gpuq has no LibTorch trainer (gpuq-worker); use `command`");
+    if (const json* c = get("command")) {
+      if (!c->is_array() || c->empty()) {
+        fail("field `command` must be a non-empty array of strings, e.g. [\"python3\", "
+             "\"train.py\"]; for a shell command line use `shell`");
+      } else {
+        for (std::size_t i = 0; i < c->size(); ++i) {
+          if (!(*c)[i].is_string()) {
+            fail("field `command[" + std::to_string(i) + "]` must be a string, got " +
+                 type_name((*c)[i]));
+            continue;
+          }
+          s.command.push_back((*c)[i].get<std::string>());
+        }
+        if (!s.command.empty() && s.command[0].empty()) fail("field `command[0]` is empty");
+      }
+    }
+    if (string_field("shell", s.shell)) {
+      if (s.shell.empty()) fail("field `shell` is empty");
+      s.command = {"/bin/sh", "-c", s.shell};
+    }
+
+    long long x = 0;
+    if (int_field("gpus", 0, k_max_gpus, x)) s.gpus = static_cast<int>(x);
+    std::string mode;
+    if (string_field("mode", mode)) {
+      if (mode == "independent") s.mode = Mode::independent;
+      else if (mode == "ddp") s.mode = Mode::ddp;
+      else fail("field `mode` must be \"independent\" or \"ddp\", got \"" + mode.substr(0, 32) + "\"");
+    }
+    bool has_ranks = int_field("ranks", 1, 4096, x);
+    if (has_ranks) s.ranks = static_cast<int>(x);
+    if (s.mode == Mode::ddp) {
+      if (s.gpus > 0 && has_ranks && s.ranks != s.gpus)
+        fail("field `ranks` (" + std::to_string(s.ranks) + ") must equal `gpus` (" +
+             std::to_string(s.gpus) + ") for a ddp job on GPUs: one rank per GPU");
+      if (s.gpus > 0) s.ranks = s.gpus;
+      if (s.gpus == 0 && !has_ranks)
+        fail("a ddp job without GPUs needs `ranks` (the number of CPU processes, e.g. 2)");
+    } else if (has_ranks && s.ranks != 1) {
+      fail("field `ranks` needs \"mode\": \"ddp\"; an independent job is one process");
+    }
+
+    if (int_field("gpu_memory_mb", 1, 1LL << 40, x)) s.gpu_memory_mb = x;
+    if (const json* v = get("shared")) {
+      if (!v->is_boolean()) fail("field `shared` must be true or false, got " + type_name(*v));
+      else s.shared = v->get<bool>();
+    }
+    if (s.shared) {
+      if (s.gpu_memory_mb == 0)
+        fail("a shared job needs `gpu_memory_mb` so gpuq can pack it next to others");
+      if (s.gpus == 0) fail("field `shared` needs `gpus` >= 1");
+      if (s.mode == Mode::ddp) fail("a ddp job cannot be shared: its ranks need whole GPUs");
+    }
+    if (s.gpu_memory_mb > 0 && s.gpus == 0)
+      fail("field `gpu_memory_mb` needs `gpus` >= 1");
+
+    if (int_field("priority", -1000000, 1000000, x)) s.priority = static_cast<int>(x);
+    if (int_field("retries", 0, k_max_retries, x)) s.retries = static_cast<int>(x);
+    if (const json* v = get("timeout_s")) {
+      if (!v->is_number()) fail("field `timeout_s` must be a number of seconds, got " + type_name(*v));
+      else if (v->get<double>() <= 0 || v->get<double>() > 1e9)
+        fail("field `timeout_s` must be > 0 (leave it out for no timeout)");
+      else s.timeout_s = v->get<double>();
+    }
+
+    if (const json* v = get("after")) {
+      if (!v->is_array()) {
+        fail("field `after` must be an array of job names (same batch) or job ids");
+      } else {
+        for (const auto& d : *v) {
+          if (d.is_string() && !d.get<std::string>().empty()) s.after.push_back({d.get<std::string>(), 0});
+          else if (d.is_number_integer() && d.get<long long>() > 0) s.after.push_back({"", d.get<std::int64_t>()});
+          else fail("field `after` entries must be job names or positive job ids, got " + d.dump().substr(0, 64));
+        }
+      }
+    }
+
+    string_map("env", s.env);
+    for (const auto& [k, _] : s.env) {
+      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos)
+        fail("field `env` has an invalid variable name \"" + k.substr(0, 64) + "\"");
+      else if (is_reserved_env(k))
+        fail("field `env." + k + "` is set by gpuq for every job and cannot be overridden");
+    }
+    string_map("labels", s.labels);
+
+    if (string_field("cwd", s.cwd)) {
+      if (s.cwd.empty() || s.cwd[0] != '/') fail("field `cwd` must be an absolute path, got \"" + s.cwd.substr(0, 128) + "\"");
+    } else {
+      s.cwd = default_cwd;
+    }
+    return s;
+  }
+
+ private:
+  const json& m_obj;
+  std::vector<std::string>& m_errors;
+  std::string m_prefix;
+};
+
+Error spec_error(const std::vector<std::string>& errors) {
+  std::ostringstream out;
+  out << "invalid job spec (" << errors.size() << (errors.size() == 1 ? " problem" : " problems") << "):";
+  for (std::size_t i = 0; i < errors.size() && i < 50; ++i) out << "\n  " << errors[i];
+  if (errors.size() > 50) out << "\n  ... and " << errors.size() - 50 << " more";
+  return {ErrorCode::invalid_spec, out.str()};
+}
+
+}  // namespace
+
+bool is_reserved_env(const std::string& key) {
+  return std::find(k_reserved_env.begin(), k_reserved_env.end(), key) != k_reserved_env.end();
+}
+
+std::string_view to_string(Mode mode) { return mode == Mode::ddp ? "ddp" : "independent"; }
+
+Result<JobSpec> parse_job(const json& obj, const std::string& default_cwd) {
+  if (!obj.is_object()) return Error{ErrorCode::invalid_spec, "invalid job spec: expected an object, got " + type_name(obj)};
+  std::vector<std::string> errors;
+  JobParser p(obj, 0, errors);
+  JobSpec spec = p.parse(default_cwd);
+  if (!errors.empty()) return spec_error(errors);
+  return spec;
+}
+
+Result<std::vector<JobSpec>> parse_batch(const json& doc, const std::string& default_cwd) {
+  std::vector<std::string> errors;
+  std::vector<JobSpec> out;
+  if (doc.is_object()) {
+    JobParser p(doc, 0, errors);
+    out.push_back(p.parse(default_cwd));
+  } else if (doc.is_array()) {
+    if (doc.empty()) return Error{ErrorCode::invalid_spec, "invalid job spec: the batch is empty"};
+    if (doc.size() > k_max_batch)
+      return Error{ErrorCode::invalid_spec, "invalid job spec: a batch holds at most " +
+                                                std::to_string(k_max_batch) + " jobs"};
+    for (std::size_t i = 0; i < doc.size(); ++i) {
+      if (!doc[i].is_object()) {
+        errors.push_back("job[" + std::to_string(i) + "]: must be an object, got " + type_name(doc[i]));
+        continue;
+      }
+      JobParser p(doc[i], i, errors);
+      out.push_back(p.parse(default_cwd));
+    }
+  } else {
+    return Error{ErrorCode::invalid_spec,
+                 "invalid job spec: expected a job object or an array of jobs, got " + type_name(doc)};
+  }
+  if (!errors.empty()) return spec_error(errors);
+  if (auto deps = resolve_batch_dependencies(out); !deps) return deps.error();
+  return out;
+}
+
+Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
+    const std::vector<JobSpec>& batch) {
+  std::vector<std::string> errors;
+  std::map<std::string, std::size_t> by_name;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].name.empty()) continue;
+    auto [it, inserted] = by_name.emplace(batch[i].name, i);
+    if (!inserted)
+      errors.push_back("job[" + std::to_string(i) + "] (" + batch[i].name + "): name also used by job[" +
+                       std::to_string(it->second) + "]; names in a batch must be unique");
+  }
+  std::vector<std::vector<std::size_t>> edges(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    for (const auto& d : batch[i].after) {
+      if (d.name.empty()) continue;
+      auto it = by_name.find(d.name);
+      if (it == by_name.end()) {
+        errors.push_back("job[" + std::to_string(i) + "]" +
+                         (batch[i].name.empty() ? "" : " (" + batch[i].name + ")") +
+                         ": `after` names \"" + d.name.substr(0, 64) +
+                         "\", which is not a job in this batch");
+      } else if (it->second == i) {
+        errors.push_back("job[" + std::to_string(i) + "] (" + batch[i].name + "): depends on itself");
+      } else {
+        edges[i].push_back(it->second);
+      }
+    }
+  }
+  if (!errors.empty()) return spec_error(errors);
+
+  // Cycle check: iterative DFS with colours; report one cycle by its names.
+  std::vector<int> colour(batch.size(), 0);
+  std::vector<std::size_t> parent(batch.size(), SIZE_MAX);
+  for (std::size_t root = 0; root < batch.size(); ++root) {
+    if (colour[root]) continue;
+    std::vector<std::pair<std::size_t, std::size_t>> stack{{root, 0}};
+    colour[root] = 1;
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next == edges[node].size()) {
+        colour[node] = 2;
+        stack.pop_back();
+        continue;
+      }
+      std::size_t to = edges[node][next++];
+      if (colour[to] == 1) {
+        // The stack holds the path from `to` down to `node`; closing the loop names the cycle.
+        std::vector<std::size_t> path;
+        for (std::size_t n = node;; n = parent[n]) {
+          path.push_back(n);
+          if (n == to) break;
+        }
+        std::string cycle;
+        for (auto it = path.rbegin(); it != path.rend(); ++it) cycle += batch[*it].name + " -> ";
+        return spec_error({"dependency cycle: " + cycle + batch[to].name});
+      }
+      if (colour[to] == 0) {
+        colour[to] = 1;
+        parent[to] = node;
+        stack.push_back({to, 0});
+      }
+    }
+  }
+  return edges;
+}
+
+json to_json(const JobSpec& s) {
+  json j;
+  if (!s.name.empty()) j["name"] = s.name;
+  if (!s.shell.empty()) j["shell"] = s.shell;
+  else j["command"] = s.command;
+  j["gpus"] = s.gpus;
+  j["mode"] = to_string(s.mode);
+  j["ranks"] = s.ranks;
+  if (s.gpu_memory_mb) j["gpu_memory_mb"] = s.gpu_memory_mb;
+  j["shared"] = s.shared;
+  j["priority"] = s.priority;
+  json after = json::array();
+  for (const auto& d : s.after) after.push_back(d.name.empty() ? json(d.id) : json(d.name));
+  j["after"] = after;
+  j["retries"] = s.retries;
+  if (s.timeout_s > 0) j["timeout_s"] = s.timeout_s;
+  j["env"] = s.env;
+  j["labels"] = s.labels;
+  j["cwd"] = s.cwd;
+  return j;
+}
+
+}  // namespace gpuq::common

@@ -1,0 +1,69 @@
+// The job spec: what a user writes in job.json. Parsing is strict: every error names the job, the
+// field and the fix, unknown fields are errors (a typo like "gpu": 2 must never run on zero GPUs),
+// and a batch is accepted or rejected as a whole. Checks that need the machine (how many GPUs it
+// has) happen in the daemon; everything else happens here so the CLI and daemon agree.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+
+namespace gpuq::common {
+
+using json = nlohmann::json;
+
+enum class Mode { independent, ddp };
+
+// `after` entries: a name of a job in the same batch, or the id of an already submitted job.
+struct Dependency {
+  std::string name;     // set when the dependency names a job in the same batch
+  std::int64_t id = 0;  // set (> 0) for an existing job, or once a batch name is resolved
+};
+
+struct JobSpec {
+  std::string name;
+  std::vector<std::string> command;  // argv; for a "shell" job: {"/bin/sh", "-c", shell}
+  std::string shell;                 // the shell text when the user asked for one
+  int gpus = 0;
+  Mode mode = Mode::independent;
+  int ranks = 1;  // processes: 1 for independent jobs, one per GPU (or `ranks` on CPU) for ddp
+  std::int64_t gpu_memory_mb = 0;  // per GPU; 0 = unspecified
+  bool shared = false;             // may share a GPU with other shared jobs when memory allows
+  int priority = 0;
+  std::vector<Dependency> after;
+  int retries = 0;
+  double timeout_s = 0;  // 0 = no timeout
+  std::map<std::string, std::string> env;
+  std::map<std::string, std::string> labels;
+  std::string cwd;  // absolute; the submitter's directory when the spec has none
+};
+
+constexpr int k_max_gpus = 1024;
+constexpr int k_max_retries = 100;
+constexpr std::size_t k_max_batch = 100000;
+
+// Parses one job object or an array of them. `default_cwd` fills jobs without `cwd`.
+// On failure the Error lists every problem found, one per line, each prefixed with its job.
+Result<std::vector<JobSpec>> parse_batch(const json& doc, const std::string& default_cwd);
+
+// Parses one job object without batch-level checks (used to reload stored specs).
+Result<JobSpec> parse_job(const json& obj, const std::string& default_cwd);
+
+// Resolves `after` names within the batch to indices and rejects cycles; returns, per job, the
+// indices of the batch jobs it waits for. Existing-job ids are left for the daemon to check.
+Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
+    const std::vector<JobSpec>& batch);
+
+json to_json(const JobSpec& spec);
+std::string_view to_string(Mode mode);
+
+// Environment variables gpuq sets for every job; a spec may not override them.
+bool is_reserved_env(const std::string& key);
+
+}  // namespace gpuq::common

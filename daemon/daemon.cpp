@@ -1,0 +1,754 @@
+// gpuqd's core (see daemon.hpp).
+#include "daemon/daemon.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+#include "common/spec.hpp"
+#include "daemon/events.hpp"
+#include "daemon/scheduler.hpp"
+
+extern char** environ;
+
+namespace gpuq::daemon {
+
+double wall_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
+}
+
+namespace {
+
+bool file_exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+bool is_directory(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+json read_json_file(const std::string& p) {
+  std::ifstream in(p);
+  if (!in) return nullptr;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  json j = json::parse(text, nullptr, false);
+  return j.is_discarded() ? json(nullptr) : j;
+}
+
+void make_dirs(const std::string& dir) {
+  for (std::size_t pos = 1; pos != std::string::npos;) {
+    pos = dir.find('/', pos + 1);
+    ::mkdir(dir.substr(0, pos).c_str(), 0700);
+  }
+}
+
+std::string describe_exit(const json& failure) {
+  if (!failure.is_object()) return "failed";
+  std::string who = "rank " + std::to_string(failure.value("rank", 0));
+  if (failure.contains("signal") && failure["signal"].is_number_integer()) {
+    int sig = failure["signal"].get<int>();
+    const char* name = sigabbrev_np(sig);
+    return who + " was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  if (failure.contains("exit_code") && failure["exit_code"].is_number_integer())
+    return who + " exited with code " + std::to_string(failure["exit_code"].get<int>());
+  return who + " failed";
+}
+
+int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+}  // namespace
+
+Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store, Inventory inventory)
+    : m_io(io),
+      m_config(std::move(config)),
+      m_store(std::move(store)),
+      m_inventory(std::move(inventory)),
+      m_ingest_timer(io),
+      m_backoff_timer(io) {}
+
+Daemon::~Daemon() = default;
+
+// ---- recovery -----------------------------------------------------------------------------------
+
+void Daemon::recover() {
+  for (auto& rec : m_store->load_active()) {
+    const std::int64_t id = rec.id;
+    Active& a = m_active[id];
+    a.rec = std::move(rec);
+    if (a.rec.state != JobState::running) continue;
+    const std::string adir = attempt_dir(m_config.state_dir, id, a.rec.attempt);
+    for (int r = 0; r < a.rec.spec.ranks; ++r) a.event_offsets[r] = m_store->event_offset(id, a.rec.attempt, r);
+    if (file_exists(adir + "/exit.json")) {
+      // Ended while no daemon was running: record it now.
+      asio::post(m_io, [this, id] { on_shim_exit(id); });
+    } else if (auto pid = read_pid_file(adir + "/shim.pid"); pid && is_alive(*pid)) {
+      a.shim = *pid;
+      std::cerr << "gpuqd: re-adopted job " << id << " (supervisor pid " << pid->pid << ")\n";
+      watch(a);
+    } else if (!pid) {
+      // Marked running but never started (the daemon stopped between the two): start it again
+      // as the same attempt.
+      a.rec.state = JobState::queued;
+      a.rec.attempt--;
+      a.rec.reason = "requeued: gpuqd stopped before the job started";
+      m_store->update(a.rec, true);
+    } else {
+      asio::post(m_io, [this, id] { on_shim_exit(id); });  // supervisor gone without an outcome
+    }
+  }
+  arm_ingest_timer();
+  schedule_soon();
+}
+
+// ---- dispatch -----------------------------------------------------------------------------------
+
+void Daemon::dispatch(const json& request, Reply reply) {
+  using Sync = json (Daemon::*)(const json&);
+  static const std::map<std::string, Sync> k_commands{
+      {"hello", &Daemon::cmd_hello},   {"submit", &Daemon::cmd_submit},   {"status", &Daemon::cmd_status},
+      {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
+      {"gpus", &Daemon::cmd_gpus},
+  };
+  try {
+    if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string())
+      throw RequestError(ErrorCode::bad_request, "a request is a JSON object with a string field `cmd`");
+    const std::string cmd = request["cmd"].get<std::string>();
+    if (cmd == "wait") return cmd_wait(request, std::move(reply));
+    if (cmd == "shutdown") {
+      reply(common::ok_reply());
+      if (on_shutdown) asio::post(m_io, on_shutdown);
+      return;
+    }
+    auto it = k_commands.find(cmd);
+    if (it == k_commands.end())
+      throw RequestError(ErrorCode::unknown_command,
+                         "unknown command `" + cmd.substr(0, 64) +
+                             "`; known: hello, submit, status, show, cancel, wait, results, gpus, shutdown");
+    reply(common::ok_reply((this->*(it->second))(request)));
+  } catch (const RequestError& e) {
+    reply(common::error_reply(e.code(), e.what()));
+  } catch (const std::exception& e) {
+    reply(common::error_reply(ErrorCode::internal, std::string("internal error: ") + e.what()));
+  }
+}
+
+json Daemon::cmd_hello(const json& req) {
+  auto hello = common::decode_hello(req);
+  if (hello.protocol_version != common::k_protocol_version)
+    throw RequestError(ErrorCode::version_mismatch,
+                       "client speaks protocol " + std::to_string(hello.protocol_version) + ", gpuqd " GPUQ_VERSION
+                       " speaks " + std::to_string(common::k_protocol_version) + "; use matching gpuq and gpuqd");
+  return common::HelloReply{common::k_protocol_version, GPUQ_VERSION, static_cast<int>(::getpid()), m_config.state_dir};
+}
+
+// ---- submit -------------------------------------------------------------------------------------
+
+json Daemon::cmd_submit(const json& req) {
+  auto sub = common::decode_submit(req);
+  if (sub.cwd.empty() || sub.cwd[0] != '/')
+    throw RequestError(ErrorCode::bad_request, "field `cwd` must be the submitter's absolute working directory");
+  auto parsed = common::parse_batch(sub.jobs, sub.cwd);
+  if (!parsed) throw RequestError(parsed.error());
+  auto deps = common::resolve_batch_dependencies(*parsed);
+  if (!deps) throw RequestError(deps.error());
+
+  // The jobs' base environment: the submitter's, as sbatch and pueue do; the daemon's if none.
+  Env base;
+  if (sub.env.empty()) {
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      auto eq = kv.find('=');
+      if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+  } else {
+    base = sub.env;
+  }
+
+  // Checks that need this machine: GPU count and memory, dependencies, directories, executables.
+  std::int64_t max_mb = 0;
+  for (const auto& g : m_inventory.gpus()) max_mb = std::max(max_mb, g.memory_total_mb);
+  const int n_gpus = static_cast<int>(m_inventory.gpus().size());
+  std::vector<std::string> errors;
+  std::vector<JobRecord> jobs;
+  for (std::size_t i = 0; i < parsed->size(); ++i) {
+    auto& s = (*parsed)[i];
+    std::string who = "job[" + std::to_string(i) + "]" + (s.name.empty() ? "" : " (" + s.name + ")");
+    if (s.gpus > n_gpus)
+      errors.push_back(who + ": asks for " + std::to_string(s.gpus) + " GPUs; this machine has " +
+                       std::to_string(n_gpus) + " (" + m_inventory.source() + ")");
+    if (s.gpu_memory_mb > max_mb && n_gpus > 0)
+      errors.push_back(who + ": asks for " + std::to_string(s.gpu_memory_mb) + " MiB per GPU; the largest GPU here has " +
+                       std::to_string(max_mb) + " MiB");
+    for (const auto& d : s.after)
+      if (d.name.empty() && !lookup(d.id))
+        errors.push_back(who + ": `after` names job " + std::to_string(d.id) + ", which does not exist");
+    if (!is_directory(s.cwd)) errors.push_back(who + ": cwd " + s.cwd + " is not a directory");
+    auto path = s.env.count("PATH") ? s.env.at("PATH") : (base.count("PATH") ? base.at("PATH") : "");
+    if (is_directory(s.cwd) && resolve_executable(s.command[0], path, s.cwd).empty())
+      errors.push_back(who + ": command `" + s.command[0] + "` is not an executable file" +
+                       (s.command[0].find('/') == std::string::npos ? " in PATH" : "") + " (cwd " + s.cwd + ")");
+    if (s.name.empty()) s.name = "job";
+    JobRecord rec;
+    rec.spec = std::move(s);
+    jobs.push_back(std::move(rec));
+  }
+  if (!errors.empty()) {
+    std::string msg = "cannot run this batch here (" + std::to_string(errors.size()) + " problem" +
+                      (errors.size() == 1 ? "" : "s") + "):";
+    for (std::size_t i = 0; i < errors.size() && i < 50; ++i) msg += "\n  " + errors[i];
+    throw RequestError(ErrorCode::invalid_spec, msg);
+  }
+
+  const std::int64_t batch = m_store->insert_batch(jobs, *deps, sub.cwd, json(base), wall_now());
+  common::SubmitReply out{batch, {}};
+  for (auto& rec : jobs) {
+    out.ids.push_back(rec.id);
+    m_active[rec.id].rec = std::move(rec);
+  }
+  schedule_soon();
+  return out;
+}
+
+// ---- read commands ------------------------------------------------------------------------------
+
+std::optional<JobRecord> Daemon::lookup(std::int64_t id) {
+  if (auto it = m_active.find(id); it != m_active.end()) return it->second.rec;
+  return m_store->get(id);
+}
+
+common::JobInfo Daemon::info_of(const JobRecord& r, const std::string& wait_reason) const {
+  common::JobInfo i;
+  i.id = r.id;
+  i.batch = r.batch;
+  i.name = r.spec.name;
+  i.state = std::string(to_string(r.state));
+  i.attempt = r.attempt;
+  i.retries = r.spec.retries;
+  i.priority = r.spec.priority;
+  i.gpus_requested = r.spec.gpus;
+  i.mode = std::string(common::to_string(r.spec.mode));
+  i.ranks = r.spec.ranks;
+  i.gpus = r.gpus;
+  i.submitted_at = r.submitted_at;
+  i.started_at = r.started_at;
+  i.ended_at = r.ended_at;
+  i.exit_code = r.exit_code ? json(*r.exit_code) : json();
+  i.exit_signal = r.exit_signal ? json(*r.exit_signal) : json();
+  i.reason = r.state == JobState::queued && !wait_reason.empty() && r.reason.empty() ? wait_reason : r.reason;
+  i.progress = r.progress;
+  i.result = r.result;
+  i.after = r.after;
+  i.bad_event_lines = r.bad_event_lines;
+  i.job_dir = job_dir(m_config.state_dir, r.id);
+  i.labels = r.spec.labels;
+  return i;
+}
+
+json Daemon::cmd_status(const json& req) {
+  auto q = common::decode_status(req);
+  common::JobsReply out;
+  out.total = m_store->count_jobs();
+  if (q.all) {
+    m_store->for_each_job([&](const JobRecord& r) {
+      auto it = m_active.find(r.id);
+      out.jobs.push_back(it != m_active.end() ? info_of(it->second.rec, it->second.wait_reason) : info_of(r));
+    });
+    return out;
+  }
+  for (auto& r : m_store->recent_finished(q.limit)) out.jobs.push_back(info_of(r));
+  for (auto& [_, a] : m_active) out.jobs.push_back(info_of(a.rec, a.wait_reason));
+  std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
+  return out;
+}
+
+json Daemon::cmd_show(const json& req) {
+  auto q = common::decode_id(req);
+  auto rec = lookup(q.id);
+  if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(q.id));
+  common::ShowReply out;
+  auto it = m_active.find(q.id);
+  out.job = info_of(*rec, it != m_active.end() ? it->second.wait_reason : "");
+  out.spec = common::to_json(rec->spec);
+  out.history = m_store->history(q.id);
+  for (int a = 1; a <= rec->attempt; ++a)
+    for (int r = 0; r < rec->spec.ranks; ++r) {
+      std::string p = rank_log_path(attempt_dir(m_config.state_dir, q.id, a), r);
+      if (file_exists(p)) out.logs.push_back({a, r, p});
+    }
+  out.first_failure = rec->first_failure;
+  return out;
+}
+
+json Daemon::cmd_results(const json& req) {
+  auto q = common::decode_results(req);
+  if (q.ids.empty() && q.batch == 0) throw RequestError(ErrorCode::bad_request, "give job ids or a batch");
+  common::JobsReply out;
+  if (q.batch) {
+    auto rows = m_store->batch_jobs(q.batch);
+    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
+    for (auto& r : rows) {
+      auto it = m_active.find(r.id);
+      out.jobs.push_back(it != m_active.end() ? info_of(it->second.rec, it->second.wait_reason) : info_of(r));
+    }
+  }
+  for (auto id : q.ids) {
+    auto rec = lookup(id);
+    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+    out.jobs.push_back(info_of(*rec));
+  }
+  return out;
+}
+
+json Daemon::cmd_gpus(const json&) {
+  common::GpusReply out;
+  out.source = m_inventory.source();
+  auto readings = m_inventory.read();
+  for (std::size_t i = 0; i < m_inventory.gpus().size(); ++i) {
+    const auto& g = m_inventory.gpus()[i];
+    common::GpuInfo info;
+    info.index = g.index;
+    info.uuid = g.uuid;
+    info.name = g.name;
+    info.memory_total_mb = g.memory_total_mb;
+    if (readings[i].memory_used_mb) info.memory_used_mb = *readings[i].memory_used_mb;
+    if (readings[i].utilization) info.utilization = *readings[i].utilization;
+    for (const auto& [id, a] : m_active) {
+      if (a.rec.state != JobState::running) continue;
+      if (std::find(a.rec.gpus.begin(), a.rec.gpus.end(), g.index) == a.rec.gpus.end()) continue;
+      info.jobs.push_back(id);
+      info.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : g.memory_total_mb;
+      info.exclusive = info.exclusive || !a.rec.spec.shared;
+    }
+    out.gpus.push_back(std::move(info));
+  }
+  return out;
+}
+
+// ---- cancel and wait ----------------------------------------------------------------------------
+
+json Daemon::cmd_cancel(const json& req) {
+  auto q = common::decode_ids(req);
+  for (auto id : q.ids)
+    if (!lookup(id)) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+  common::CancelReply out;
+  for (auto id : q.ids) {
+    auto it = m_active.find(id);
+    if (it == m_active.end()) {
+      auto rec = m_store->get(id);
+      out.jobs.push_back({id, std::string(to_string(rec->state)), false});
+      continue;
+    }
+    Active& a = it->second;
+    if (a.rec.state == JobState::queued) {
+      JobRecord next = a.rec;
+      next.state = JobState::cancelled;
+      next.ended_at = wall_now();
+      next.reason = a.rec.attempt > 0 ? "cancelled while waiting to retry" : "cancelled before it started";
+      m_store->update(next, true);
+      a.rec = std::move(next);
+      out.jobs.push_back({id, "cancelled", true});
+      finalize(a);
+    } else {
+      // Record the intent first: whatever happens next, this job ends as cancelled.
+      if (!a.rec.cancel_requested) {
+        JobRecord next = a.rec;
+        next.cancel_requested = true;
+        m_store->update(next, false);
+        a.rec.cancel_requested = true;
+      }
+      if (a.shim.pid > 0 && is_alive(a.shim)) ::kill(a.shim.pid, SIGTERM);
+      out.jobs.push_back({id, "running", true});
+    }
+  }
+  schedule_soon();
+  return out;
+}
+
+void Daemon::cmd_wait(const json& req, Reply reply) {
+  auto q = common::decode_ids(req);
+  for (auto id : q.ids)
+    if (!lookup(id)) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+  Waiter w{std::set<std::int64_t>(q.ids.begin(), q.ids.end()), std::move(reply), nullptr};
+  if (q.timeout_s > 0) {
+    w.timer = std::make_shared<asio::steady_timer>(m_io);
+    w.timer->expires_after(std::chrono::milliseconds(static_cast<long long>(q.timeout_s * 1000)));
+    auto timer = w.timer;
+    w.timer->async_wait([this, timer](const boost::system::error_code& ec) {
+      if (ec) return;
+      for (auto it = m_waiters.begin(); it != m_waiters.end(); ++it) {
+        if (it->timer != timer) continue;
+        common::JobsReply out;
+        for (auto id : it->ids)
+          if (auto rec = lookup(id)) out.jobs.push_back(info_of(*rec));
+        out.timed_out = true;
+        Reply r = std::move(it->reply);
+        m_waiters.erase(it);
+        r(common::ok_reply(out));
+        return;
+      }
+    });
+  }
+  m_waiters.push_back(std::move(w));
+  notify_waiters();
+}
+
+void Daemon::notify_waiters() {
+  for (std::size_t i = 0; i < m_waiters.size();) {
+    bool done = true;
+    for (auto id : m_waiters[i].ids) done = done && !m_active.count(id);
+    if (!done) {
+      ++i;
+      continue;
+    }
+    common::JobsReply out;
+    for (auto id : m_waiters[i].ids)
+      if (auto rec = m_store->get(id)) out.jobs.push_back(info_of(*rec));
+    Waiter w = std::move(m_waiters[i]);
+    m_waiters.erase(m_waiters.begin() + static_cast<std::ptrdiff_t>(i));
+    if (w.timer) w.timer->cancel();
+    w.reply(common::ok_reply(out));
+  }
+}
+
+// ---- scheduling ---------------------------------------------------------------------------------
+
+void Daemon::schedule_soon() {
+  if (m_schedule_posted) return;
+  m_schedule_posted = true;
+  asio::post(m_io, [this] {
+    m_schedule_posted = false;
+    try {
+      schedule_now();
+    } catch (const std::exception& e) {
+      std::cerr << "gpuqd: scheduling pass failed: " << e.what() << "\n";
+    }
+  });
+}
+
+std::optional<JobState> Daemon::dependency_state(std::int64_t id) {
+  if (auto it = m_active.find(id); it != m_active.end()) return it->second.rec.state;
+  if (auto it = m_terminal_cache.find(id); it != m_terminal_cache.end()) return it->second;
+  auto rec = m_store->get(id);
+  if (!rec) return std::nullopt;
+  m_terminal_cache[id] = rec->state;
+  return rec->state;
+}
+
+// Fails queued jobs whose dependencies ended without success. Returns true if any changed.
+bool Daemon::fail_blocked_dependents(double now) {
+  std::vector<std::int64_t> doomed;
+  std::map<std::int64_t, std::string> why;
+  for (auto& [id, a] : m_active) {
+    if (a.rec.state != JobState::queued) continue;
+    for (auto dep : a.rec.after) {
+      auto st = dependency_state(dep);
+      if (!st || (is_terminal(*st) && *st != JobState::succeeded)) {
+        doomed.push_back(id);
+        why[id] = "dependency " + std::to_string(dep) + (st ? " ended " + std::string(to_string(*st)) : " is missing");
+        break;
+      }
+    }
+  }
+  for (auto id : doomed) {
+    Active& a = m_active.at(id);
+    JobRecord next = a.rec;
+    next.state = JobState::failed;
+    next.ended_at = now;
+    next.reason = why[id];
+    m_store->update(next, true);
+    a.rec = std::move(next);
+    finalize(a);
+  }
+  return !doomed.empty();
+}
+
+void Daemon::schedule_now() {
+  const double now = wall_now();
+  while (fail_blocked_dependents(now)) {
+  }
+
+  std::vector<PendingJob> queue;
+  double next_retry = 0;
+  for (auto& [id, a] : m_active) {
+    if (a.rec.state != JobState::queued) continue;
+    bool deps_done = true;
+    for (auto dep : a.rec.after) deps_done = deps_done && dependency_state(dep) == JobState::succeeded;
+    if (!deps_done) {
+      a.wait_reason = "waiting for dependencies";
+      continue;
+    }
+    if (a.rec.not_before > now) {
+      a.wait_reason = "retrying after a backoff";
+      next_retry = next_retry == 0 ? a.rec.not_before : std::min(next_retry, a.rec.not_before);
+      continue;
+    }
+    const auto& s = a.rec.spec;
+    queue.push_back({id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s});
+  }
+
+  std::vector<GpuState> gpus;
+  for (const auto& g : m_inventory.gpus()) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0});
+  for (const auto& [id, a] : m_active) {
+    if (a.rec.state != JobState::running) continue;
+    double ends = a.rec.spec.timeout_s > 0 ? a.rec.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;
+    for (int idx : a.rec.gpus)
+      for (auto& g : gpus)
+        if (g.index == idx) {
+          g.holders++;
+          g.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : g.total_mb;
+          g.exclusive = g.exclusive || !a.rec.spec.shared;
+          g.free_at = std::max(g.free_at, ends);
+        }
+  }
+
+  Plan plan = schedule(std::move(queue), std::move(gpus), now);
+  for (const auto& [id, reason] : plan.waiting) m_active.at(id).wait_reason = reason;
+  for (const auto& p : plan.start) {
+    Active& a = m_active.at(p.id);
+    try {
+      launch(a, p.gpus, now);
+    } catch (const RequestError& e) {
+      std::cerr << "gpuqd: cannot launch job " << p.id << ": " << e.what() << "\n";
+    }
+  }
+  if (next_retry > 0) {
+    m_backoff_timer.expires_after(std::chrono::milliseconds(static_cast<long long>((next_retry - now) * 1000) + 1));
+    m_backoff_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) schedule_soon();
+    });
+  }
+  arm_ingest_timer();
+}
+
+void Daemon::launch(Active& a, const std::vector<int>& gpus, double now) {
+  JobRecord next = a.rec;
+  next.attempt++;
+  next.state = JobState::running;
+  next.gpus = gpus;
+  next.started_at = now;
+  next.ended_at = 0;
+  next.exit_code.reset();
+  next.exit_signal.reset();
+  next.reason.clear();
+  next.progress = nullptr;
+  next.result = nullptr;
+  next.first_failure = nullptr;
+  if (next.spec.mode == common::Mode::ddp) {
+    std::set<int> in_use;
+    for (const auto& [id, other] : m_active)
+      if (other.rec.state == JobState::running && other.rec.master_port) in_use.insert(other.rec.master_port);
+    next.master_port = pick_free_port(in_use);
+  }
+
+  const std::string jdir = job_dir(m_config.state_dir, next.id);
+  const std::string adir = attempt_dir(m_config.state_dir, next.id, next.attempt);
+  make_dirs(adir);
+  make_dirs(jdir + "/checkpoints");
+  std::vector<std::string> uuids;
+  for (int idx : gpus)
+    if (const Gpu* g = m_inventory.find(idx)) uuids.push_back(g->uuid);
+  Env base;
+  for (const auto& [k, v] : m_store->batch_env(next.batch).items())
+    if (v.is_string()) base[k] = v.get<std::string>();
+  auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s);
+  if (auto w = write_file_atomic(adir + "/launch.json", doc.dump(2)); !w) throw RequestError(w.error());
+
+  // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.
+  m_store->update(next, true);
+  a.rec = std::move(next);
+  a.wait_reason.clear();
+  a.event_offsets.clear();
+
+  auto pid = spawn_supervisor(m_config.shim_path, adir);
+  if (!pid) {
+    std::cerr << "gpuqd: job " << a.rec.id << ": " << pid.error().message << "\n";
+    finish_attempt(a, json{{"error", pid.error().message}});
+    return;
+  }
+  a.shim = {*pid, process_start_time(*pid).value_or(0)};
+  a.own_child = true;
+  watch(a);
+}
+
+// ---- process exits ------------------------------------------------------------------------------
+
+void Daemon::watch(Active& a) {
+  const std::int64_t id = a.rec.id;
+  int fd = pidfd_open(a.shim.pid);
+  if (fd >= 0) {
+    a.pidfd = std::make_unique<asio::posix::stream_descriptor>(m_io, fd);
+    a.pidfd->async_wait(asio::posix::stream_descriptor::wait_read, [this, id](const boost::system::error_code& ec) {
+      if (!ec) on_shim_exit(id);
+    });
+    return;
+  }
+  if (errno == ESRCH) {
+    asio::post(m_io, [this, id] { on_shim_exit(id); });
+    return;
+  }
+  // No pidfd (old kernel): poll the supervisor's liveness.
+  a.poll = std::make_unique<asio::steady_timer>(m_io);
+  std::function<void()> tick;
+  auto* timer = a.poll.get();
+  auto poll = std::make_shared<std::function<void()>>();
+  *poll = [this, id, timer, poll] {
+    timer->expires_after(std::chrono::milliseconds(200));
+    timer->async_wait([this, id, poll](const boost::system::error_code& ec) {
+      if (ec) return;
+      auto it = m_active.find(id);
+      if (it == m_active.end()) return;
+      if (is_alive(it->second.shim)) (*poll)();
+      else on_shim_exit(id);
+    });
+  };
+  (*poll)();
+}
+
+void Daemon::on_shim_exit(std::int64_t id) {
+  auto it = m_active.find(id);
+  if (it == m_active.end() || it->second.rec.state != JobState::running) return;
+  Active& a = it->second;
+  if (a.own_child) ::waitpid(a.shim.pid, nullptr, WNOHANG);  // reap our zombie
+  a.pidfd.reset();
+  a.poll.reset();
+  ingest(a);
+  const std::string adir = attempt_dir(m_config.state_dir, id, a.rec.attempt);
+  json outcome = read_json_file(adir + "/exit.json");
+  if (!outcome.is_object()) outcome = json{{"error", "the job's supervisor ended without recording an outcome"}};
+  finish_attempt(a, outcome);
+}
+
+void Daemon::finish_attempt(Active& a, const json& outcome) {
+  const double now = wall_now();
+  JobRecord next = a.rec;
+  next.ended_at = outcome.value("ended_at", now);
+  bool all_ok = outcome.contains("ranks") && outcome["ranks"].is_array() && !outcome["ranks"].empty();
+  if (all_ok)
+    for (const auto& r : outcome["ranks"]) all_ok = all_ok && r.value("exit_code", json()) == json(0);
+  json failure = outcome.value("first_failure", json());
+  next.first_failure = failure;
+  next.exit_code.reset();
+  next.exit_signal.reset();
+  if (failure.is_object()) {
+    if (failure["exit_code"].is_number_integer()) next.exit_code = failure["exit_code"].get<int>();
+    if (failure["signal"].is_number_integer()) next.exit_signal = failure["signal"].get<int>();
+  } else if (all_ok) {
+    next.exit_code = 0;
+  }
+
+  bool retryable = false;
+  if (a.rec.cancel_requested || outcome.value("cancelled", false)) {
+    next.state = JobState::cancelled;
+    next.reason = "cancelled while running";
+  } else if (outcome.value("timed_out", false)) {
+    next.state = JobState::timed_out;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "timed out after %g s", next.spec.timeout_s);
+    next.reason = buf;
+  } else if (all_ok && !failure.is_object()) {
+    next.state = JobState::succeeded;
+    next.reason.clear();
+  } else {
+    next.state = JobState::failed;
+    next.reason = outcome.contains("error") ? outcome["error"].get<std::string>() : describe_exit(failure);
+    retryable = true;
+  }
+
+  if (retryable && next.attempt <= next.spec.retries) {
+    double delay = std::min(m_config.retry_backoff_max_s, m_config.retry_backoff_s * std::pow(2.0, next.attempt - 1));
+    next.reason = "attempt " + std::to_string(next.attempt) + " failed (" + next.reason + "); retry " +
+                  std::to_string(next.attempt) + "/" + std::to_string(next.spec.retries) + " in " +
+                  std::to_string(static_cast<int>(std::ceil(delay))) + " s";
+    // Record the failed attempt's end, then the requeue, as two transitions.
+    JobRecord failed = next;
+    failed.state = JobState::failed;
+    m_store->update(failed, true);
+    next.state = JobState::queued;
+    next.not_before = now + delay;
+    next.ended_at = 0;
+    m_store->update(next, true);
+    a.rec = std::move(next);
+    schedule_soon();
+    return;
+  }
+  m_store->update(next, true);
+  a.rec = std::move(next);
+  finalize(a);
+  schedule_soon();
+}
+
+void Daemon::finalize(Active& a) {
+  const std::int64_t id = a.rec.id;
+  m_terminal_cache[id] = a.rec.state;
+  m_active.erase(id);
+  notify_waiters();
+}
+
+// ---- events -------------------------------------------------------------------------------------
+
+void Daemon::ingest(Active& a) {
+  const std::string adir = attempt_dir(m_config.state_dir, a.rec.id, a.rec.attempt);
+  for (int r = 0; r < a.rec.spec.ranks; ++r) {
+    const std::string path = rank_events_path(adir, r);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::int64_t& offset = a.event_offsets[r];
+    struct stat st {};
+    ::fstat(fd, &st);
+    // Bounded reads: a job that floods its events file cannot balloon the daemon's memory.
+    constexpr std::int64_t k_chunk = 4 << 20;
+    while (st.st_size > offset) {
+      std::string buf(static_cast<std::size_t>(std::min<std::int64_t>(st.st_size - offset, k_chunk)), '\0');
+      ssize_t n = ::pread(fd, buf.data(), buf.size(), offset);
+      if (n <= 0) break;
+      buf.resize(static_cast<std::size_t>(n));
+      auto parsed = parse_events(buf, r, wall_now());
+      if (parsed.consumed == 0) break;  // an unfinished line: next time
+      JobRecord next = a.rec;
+      apply_events(next, parsed.events);
+      next.bad_event_lines += parsed.bad_lines;
+      try {
+        m_store->add_events(next, r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
+      } catch (const RequestError& e) {
+        std::cerr << "gpuqd: job " << a.rec.id << ": cannot store events: " << e.what() << "\n";
+        break;
+      }
+      a.rec = std::move(next);
+      offset += static_cast<std::int64_t>(parsed.consumed);
+    }
+    ::close(fd);
+  }
+}
+
+void Daemon::arm_ingest_timer() {
+  if (m_ingest_armed) return;
+  bool any_running = false;
+  for (const auto& [_, a] : m_active) any_running = any_running || a.rec.state == JobState::running;
+  if (!any_running) return;
+  m_ingest_armed = true;
+  m_ingest_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.ingest_interval_s * 1000)));
+  m_ingest_timer.async_wait([this](const boost::system::error_code& ec) {
+    m_ingest_armed = false;
+    if (ec) return;
+    for (auto& [_, a] : m_active)
+      if (a.rec.state == JobState::running) ingest(a);
+    arm_ingest_timer();
+  });
+}
+
+}  // namespace gpuq::daemon

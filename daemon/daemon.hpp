@@ -1,0 +1,113 @@
+// gpuqd's core: the job table, the state machine (queued -> running -> terminal, with retries),
+// recovery after a restart, event ingestion and the request handlers. Single-threaded on one
+// io_context: handlers, process exits and timers never race. The store is written before any
+// action is acknowledged or taken, so a crash at any point leaves a state the next start resumes.
+#pragma once
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+#include <boost/asio.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/protocol.hpp"
+#include "daemon/inventory.hpp"
+#include "daemon/launcher.hpp"
+#include "daemon/store.hpp"
+
+namespace gpuq::daemon {
+
+namespace asio = boost::asio;
+using json = nlohmann::json;
+
+struct Config {
+  std::string socket_path;
+  std::string state_dir;
+  std::string gpus = "auto";
+  std::string shim_path;
+  double grace_s = 10;             // SIGTERM -> SIGKILL for a job's processes
+  double retry_backoff_s = 1;      // first retry delay; doubles per attempt
+  double retry_backoff_max_s = 60;
+  double ingest_interval_s = 0.25; // how often running jobs' event files are read
+};
+
+using Reply = std::function<void(json)>;
+
+class Daemon {
+ public:
+  Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store, Inventory inventory);
+  ~Daemon();
+
+  // Re-adopts running jobs, records those that ended while no daemon ran, and schedules.
+  void recover();
+  // Handles one request; `reply` is called exactly once, possibly later (wait).
+  void dispatch(const json& request, Reply reply);
+  // Set by main: called when a client asks the daemon to shut down.
+  std::function<void()> on_shutdown;
+
+ private:
+  struct Active {
+    JobRecord rec;
+    std::string wait_reason;  // queued: why it is not running yet
+    ProcessId shim;
+    std::unique_ptr<asio::posix::stream_descriptor> pidfd;  // readable when the shim exits
+    std::unique_ptr<asio::steady_timer> poll;               // fallback where pidfd is missing
+    std::map<int, std::int64_t> event_offsets;
+    bool own_child = false;  // spawned by this daemon process: reap with waitpid
+  };
+  struct Waiter {
+    std::set<std::int64_t> ids;
+    Reply reply;
+    std::shared_ptr<asio::steady_timer> timer;
+  };
+
+  // Handlers (registered in one table in daemon.cpp).
+  json cmd_hello(const json& req);
+  json cmd_submit(const json& req);
+  json cmd_status(const json& req);
+  json cmd_show(const json& req);
+  json cmd_cancel(const json& req);
+  json cmd_results(const json& req);
+  json cmd_gpus(const json& req);
+  void cmd_wait(const json& req, Reply reply);
+
+  // Scheduling and the job state machine.
+  void schedule_soon();
+  void schedule_now();
+  bool fail_blocked_dependents(double now);
+  std::optional<JobState> dependency_state(std::int64_t id);
+  void launch(Active& a, const std::vector<int>& gpus, double now);
+  void watch(Active& a);
+  void on_shim_exit(std::int64_t id);
+  void finish_attempt(Active& a, const json& outcome);
+  void finalize(Active& a);  // terminal: persist, notify waiters, forget
+  void ingest(Active& a);
+  void arm_ingest_timer();
+  void notify_waiters();
+
+  common::JobInfo info_of(const JobRecord& rec, const std::string& wait_reason = "") const;
+  std::optional<JobRecord> lookup(std::int64_t id);
+
+  asio::io_context& m_io;
+  Config m_config;
+  std::unique_ptr<Store> m_store;
+  Inventory m_inventory;
+  std::map<std::int64_t, Active> m_active;                    // queued and running jobs
+  std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
+  std::vector<Waiter> m_waiters;
+  bool m_schedule_posted = false;
+  asio::steady_timer m_ingest_timer;
+  asio::steady_timer m_backoff_timer;
+  bool m_ingest_armed = false;
+};
+
+double wall_now();
+
+}  // namespace gpuq::daemon

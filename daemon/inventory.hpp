@@ -1,0 +1,58 @@
+// The GPUs gpuqd may use. NVML is loaded with dlopen at run time, so gpuqd has no link-time
+// dependency on the driver and runs on machines without one. `fake:N[:MiB]` stands in for GPUs
+// in tests and on GPU-less machines. CUDA_VISIBLE_DEVICES given to the daemon (indices or UUIDs)
+// limits the set it may hand out, as it would for any CUDA program.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace gpuq::daemon {
+
+struct Gpu {
+  int index = 0;  // NVML index (PCI bus order); what gpuq exports in CUDA_VISIBLE_DEVICES
+  std::string uuid;
+  std::string name;
+  std::int64_t memory_total_mb = 0;
+};
+
+struct GpuReading {
+  std::optional<std::int64_t> memory_used_mb;
+  std::optional<int> utilization;
+};
+
+class Nvml;
+
+class Inventory {
+ public:
+  // spec: "auto" (NVML if it loads, else no GPUs), "nvml", "none", or "fake:N[:MiB]".
+  // `visible` is the daemon's CUDA_VISIBLE_DEVICES (nullopt when unset).
+  static Result<Inventory> create(const std::string& spec, const std::optional<std::string>& visible);
+
+  Inventory(Inventory&&) noexcept;
+  Inventory& operator=(Inventory&&) noexcept;
+  ~Inventory();
+
+  const std::vector<Gpu>& gpus() const { return m_gpus; }
+  const Gpu* find(int index) const;
+  const std::string& source() const { return m_source; }
+  // Live readings (NVML), one per GPU in gpus() order; empty values for fake GPUs.
+  std::vector<GpuReading> read() const;
+
+ private:
+  Inventory() = default;
+  std::vector<Gpu> m_gpus;
+  std::string m_source;
+  std::unique_ptr<Nvml> m_nvml;
+};
+
+// Keeps the GPUs named by a CUDA_VISIBLE_DEVICES value (indices or UUID prefixes, in order;
+// parsing stops at the first invalid entry, as CUDA does). Pure, for tests.
+std::vector<Gpu> filter_visible(const std::vector<Gpu>& all, const std::string& visible);
+
+}  // namespace gpuq::daemon

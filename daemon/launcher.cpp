@@ -1,0 +1,228 @@
+// Launch documents, environments and supervisor spawning (see launcher.hpp).
+#include "daemon/launcher.hpp"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <boost/process.hpp>
+#include <boost/process/extend.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace gpuq::daemon {
+
+namespace bp = boost::process;
+
+std::string job_dir(const std::string& state_dir, std::int64_t id) {
+  return state_dir + "/jobs/" + std::to_string(id);
+}
+
+std::string attempt_dir(const std::string& state_dir, std::int64_t id, int attempt) {
+  return job_dir(state_dir, id) + "/attempt-" + std::to_string(attempt);
+}
+
+std::string rank_log_path(const std::string& dir, int rank) { return dir + "/rank-" + std::to_string(rank) + ".log"; }
+std::string rank_events_path(const std::string& dir, int rank) {
+  return dir + "/events-" + std::to_string(rank) + ".jsonl";
+}
+
+Env rank_environment(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
+                     const std::string& jdir, const std::string& adir, int rank) {
+  Env env = base_env;
+  for (const auto& [k, v] : job.spec.env) env[k] = v;
+
+  std::string visible, uuids;
+  for (std::size_t i = 0; i < job.gpus.size(); ++i) {
+    visible += (i ? "," : "") + std::to_string(job.gpus[i]);
+    if (i < gpu_uuids.size()) uuids += (i ? "," : "") + gpu_uuids[i];
+  }
+  // NVML and CUDA agree on numbering only in PCI bus order; indices here are NVML's.
+  env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
+  env["CUDA_VISIBLE_DEVICES"] = visible;  // empty: no GPU (CUDA sees none)
+  env["GPUQ_GPU_UUIDS"] = uuids;
+  env["GPUQ_JOB_ID"] = std::to_string(job.id);
+  env["GPUQ_JOB_NAME"] = job.spec.name;
+  env["GPUQ_JOB_DIR"] = jdir;
+  env["GPUQ_CHECKPOINT_DIR"] = jdir + "/checkpoints";
+  env["GPUQ_ATTEMPT"] = std::to_string(job.attempt);
+  env["GPUQ_EVENTS"] = rank_events_path(adir, rank);
+
+  if (job.spec.mode == common::Mode::ddp) {
+    const std::string world = std::to_string(job.spec.ranks);
+    env["RANK"] = std::to_string(rank);
+    env["LOCAL_RANK"] = std::to_string(rank);
+    env["WORLD_SIZE"] = world;
+    env["LOCAL_WORLD_SIZE"] = world;
+    env["GROUP_RANK"] = "0";
+    env["GROUP_WORLD_SIZE"] = "1";
+    env["ROLE_RANK"] = std::to_string(rank);
+    env["ROLE_WORLD_SIZE"] = world;
+    env["ROLE_NAME"] = "default";
+    env["MASTER_ADDR"] = "127.0.0.1";
+    env["MASTER_PORT"] = std::to_string(job.master_port);
+    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(job.attempt > 0 ? job.attempt - 1 : 0);
+    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(job.spec.retries);
+    env["TORCHELASTIC_RUN_ID"] = "gpuq-" + std::to_string(job.id);
+    env["TORCHELASTIC_ERROR_FILE"] = adir + "/error-" + std::to_string(rank) + ".json";
+    // As torchrun: NCCL errors abort the collective instead of hanging the survivors, and
+    // several ranks on one node do not oversubscribe the cores with OpenMP threads.
+    if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+    if (!env.count("OMP_NUM_THREADS") && job.spec.ranks > 1) env["OMP_NUM_THREADS"] = "1";
+  }
+  return env;
+}
+
+nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
+                               const std::string& state_dir, double grace_s) {
+  const std::string jdir = job_dir(state_dir, job.id);
+  const std::string adir = attempt_dir(state_dir, job.id, job.attempt);
+  nlohmann::json ranks = nlohmann::json::array();
+  const int n = job.spec.mode == common::Mode::ddp ? job.spec.ranks : 1;
+  for (int r = 0; r < n; ++r) {
+    ranks.push_back({{"rank", r},
+                     {"argv", job.spec.command},
+                     {"env", rank_environment(job, base_env, gpu_uuids, jdir, adir, r)},
+                     {"cwd", job.spec.cwd},
+                     {"log", rank_log_path(adir, r)}});
+  }
+  return {{"job_id", job.id},
+          {"attempt", job.attempt},
+          {"timeout_s", job.spec.timeout_s},
+          {"grace_s", grace_s},
+          {"ranks", ranks},
+          {"pid_file", adir + "/shim.pid"},
+          {"exit_file", adir + "/exit.json"}};
+}
+
+std::string resolve_executable(const std::string& name, const std::string& path_env, const std::string& cwd) {
+  auto executable = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) {
+    std::string p = name[0] == '/' ? name : cwd + "/" + name;
+    return executable(p) ? p : "";
+  }
+  std::stringstream dirs(path_env.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_env);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (dir.empty()) dir = ".";
+    std::string p = (dir[0] == '/' ? dir : cwd + "/" + dir) + "/" + name;
+    if (executable(p)) return p;
+  }
+  return "";
+}
+
+Result<bool> write_file_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Error{ErrorCode::store_error, "cannot write " + tmp + ": " + std::strerror(errno)};
+  std::size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Error{ErrorCode::store_error, "cannot write " + tmp + ": " + std::strerror(err)};
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Error{ErrorCode::store_error, "cannot write " + path + ": " + std::strerror(err)};
+  }
+  return true;
+}
+
+void mark_inherited_fds_cloexec() {
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+  if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+  // Kernels before 5.11: walk the descriptor table.
+  for (int fd = 3, max = static_cast<int>(::sysconf(_SC_OPEN_MAX)); fd < max && fd < 65536; ++fd) {
+    int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+}
+
+namespace {
+// Runs in the forked child before exec: a new session detaches the supervisor from the daemon's
+// terminal and process group, so signals aimed at the daemon never reach jobs.
+struct NewSession : bp::extend::handler {
+  template <class Executor>
+  void on_exec_setup(Executor&) const {
+    ::setsid();
+    mark_inherited_fds_cloexec();
+  }
+};
+}  // namespace
+
+Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir) {
+  try {
+    bp::child c(bp::exe = shim_path, bp::args = {adir + "/launch.json"}, bp::std_in<bp::null,
+                (bp::std_out & bp::std_err) > adir + "/shim.log", NewSession{});
+    int pid = c.id();
+    c.detach();  // the daemon reaps it through its pidfd, or init does after a daemon restart
+    return pid;
+  } catch (const std::exception& e) {
+    return Error{ErrorCode::internal, "cannot start the job supervisor " + shim_path + ": " + e.what()};
+  }
+}
+
+std::optional<std::uint64_t> process_start_time(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return std::nullopt;
+  // Field 2 (comm) may hold spaces and parentheses: parse after the last ')'.
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  // Fields 3.. : state is field 3; starttime is field 22, i.e. the 20th after ')'.
+  for (int i = 3; i <= 22 && (rest >> field); ++i)
+    if (i == 22) return std::stoull(field);
+  return std::nullopt;
+}
+
+std::optional<ProcessId> read_pid_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("pid") || !j.contains("start_time")) return std::nullopt;
+  return ProcessId{j["pid"].get<int>(), j["start_time"].get<std::uint64_t>()};
+}
+
+bool is_alive(const ProcessId& p) {
+  auto st = process_start_time(p.pid);
+  return st && *st == p.start_time;
+}
+
+int pick_free_port(const std::set<int>& in_use) {
+  for (int tries = 0; tries < 64; ++tries) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    int port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      port = ntohs(addr.sin_port);
+    ::close(fd);
+    if (port && !in_use.count(port)) return port;
+  }
+  return 0;
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,73 @@
+// Launching a job attempt. The daemon writes the attempt's launch document (argv, environment,
+// cwd and log file of every rank) into the attempt directory, then spawns gpuq-shim on it with
+// Boost.Process in a new session. The shim, not the daemon, is the parent of the job's processes,
+// so jobs keep running when the daemon stops or crashes (see daemon/supervisor.hpp).
+//
+// Layout of a job:   <state>/jobs/<id>/             GPUQ_JOB_DIR (stable across attempts)
+//                    <state>/jobs/<id>/checkpoints/ GPUQ_CHECKPOINT_DIR
+//                    <state>/jobs/<id>/attempt-<n>/ launch.json shim.pid exit.json
+//                                                   rank-<r>.log events-<r>.jsonl error-<r>.json
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "daemon/store.hpp"
+
+namespace gpuq::daemon {
+
+using Env = std::map<std::string, std::string>;
+
+std::string job_dir(const std::string& state_dir, std::int64_t id);
+std::string attempt_dir(const std::string& state_dir, std::int64_t id, int attempt);
+std::string rank_log_path(const std::string& attempt_dir, int rank);
+std::string rank_events_path(const std::string& attempt_dir, int rank);
+
+// The environment of one rank: the submitter's environment, then the spec's `env`, then what
+// gpuq sets (CUDA_VISIBLE_DEVICES, the torchrun variables for ddp jobs, GPUQ_*). Pure.
+// Every rank of a job sees all of the job's GPUs in rank order, as under torchrun or Slurm, so
+// `torch.cuda.set_device(LOCAL_RANK)` in an unmodified script selects the rank's own GPU.
+Env rank_environment(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
+                     const std::string& job_dir, const std::string& attempt_dir, int rank);
+
+// The launch document gpuq-shim executes (all ranks), also written for `gpuq show`.
+nlohmann::json launch_document(const JobRecord& job, const Env& base_env,
+                               const std::vector<std::string>& gpu_uuids, const std::string& state_dir,
+                               double grace_s);
+
+// Finds `name` the way execvp would: as a path when it contains '/', else in `path_env`.
+// Returns the absolute path, or "" when there is no executable file.
+std::string resolve_executable(const std::string& name, const std::string& path_env, const std::string& cwd);
+
+// Writes `text` to `path` atomically (temporary file, fsync, rename).
+Result<bool> write_file_atomic(const std::string& path, const std::string& text);
+
+// In a forked child before exec: marks every descriptor from 3 up close-on-exec, so nothing the
+// parent holds (the daemon's listening socket, client connections, pipes) leaks into a job.
+// Boost.Process v1 does not do this itself.
+void mark_inherited_fds_cloexec();
+
+// Spawns `shim_path attempt_dir/launch.json` in its own session; returns its pid.
+Result<int> spawn_supervisor(const std::string& shim_path, const std::string& attempt_dir);
+
+// Process identity across daemon restarts: a pid plus its start time (from /proc), so a reused
+// pid is never mistaken for a job's supervisor.
+struct ProcessId {
+  int pid = 0;
+  std::uint64_t start_time = 0;
+};
+std::optional<std::uint64_t> process_start_time(int pid);
+std::optional<ProcessId> read_pid_file(const std::string& path);
+bool is_alive(const ProcessId& p);
+
+// A TCP port on 127.0.0.1 that is free now and not in `in_use` (handed to DDP ranks).
+int pick_free_port(const std::set<int>& in_use);
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,167 @@
+// gpuqd: the gpuq daemon. Keeps the durable queue, knows the GPUs, schedules and supervises jobs.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+#include <boost/asio.hpp>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+#include "common/paths.hpp"
+#include "daemon/daemon.hpp"
+#include "daemon/server.hpp"
+
+namespace {
+
+using gpuq::daemon::Config;
+
+std::string self_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  buf[n] = 0;
+  return gpuq::common::parent_dir(buf);
+}
+
+// Background mode: the parent returns only once the child listens (exit 0) or failed (exit 1,
+// with the child's message), so `gpuqd && gpuq status` never races the socket.
+int g_ready_fd = -1;
+
+void report_ready(const std::string& error) {
+  if (g_ready_fd < 0) {
+    if (!error.empty()) std::cerr << "gpuqd: " << error << "\n";
+    return;
+  }
+  std::string msg = error.empty() ? "ok" : error;
+  [[maybe_unused]] auto n = ::write(g_ready_fd, msg.data(), msg.size());
+  ::close(g_ready_fd);
+  g_ready_fd = -1;
+  if (!error.empty()) std::cerr << "gpuqd: " << error << "\n";
+}
+
+int daemonize(const std::string& log_path) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid > 0) {
+    ::close(fds[1]);
+    std::string msg;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) msg.append(buf, static_cast<std::size_t>(n));
+    if (msg == "ok") std::_Exit(0);
+    std::cerr << "gpuqd: " << (msg.empty() ? "exited during start-up; see " + log_path : msg) << "\n";
+    std::_Exit(1);
+  }
+  ::close(fds[0]);
+  g_ready_fd = fds[1];
+  ::setsid();
+  int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null >= 0) ::dup2(null, 0);
+  int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (log >= 0) ::dup2(log, 1), ::dup2(log, 2);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Parse the command line
+  Config config;
+  bool foreground = false;
+  double idle_timeout_s = 300;
+  CLI::App app{"gpuqd: the gpuq daemon (multi-GPU job queue). Usually started by `gpuq daemon start`."};
+  app.set_version_flag("--version", GPUQ_VERSION);
+  app.add_option("--socket", config.socket_path, "Unix socket path (default: $GPUQ_SOCKET or " +
+                                                     gpuq::common::default_socket_path() + ")");
+  app.add_option("--state-dir", config.state_dir, "State directory (default: " + gpuq::common::default_state_dir() + ")");
+  app.add_option("--gpus", config.gpus, "GPUs: auto, nvml, none, or fake:N[:MiB]")->capture_default_str();
+  app.add_flag("--foreground,-f", foreground, "Stay in the foreground and log to stderr");
+  app.add_option("--grace", config.grace_s, "Seconds between SIGTERM and SIGKILL when stopping a job")->capture_default_str();
+  app.add_option("--retry-backoff", config.retry_backoff_s, "First retry delay in seconds (doubles per attempt)")
+      ->capture_default_str();
+  app.add_option("--idle-timeout", idle_timeout_s, "Close client connections silent for this many seconds")
+      ->capture_default_str();
+  app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
+  CLI11_PARSE(app, argc, argv);
+
+  // Resolve paths
+  if (config.socket_path.empty()) config.socket_path = gpuq::common::socket_path_from_env();
+  if (config.state_dir.empty()) config.state_dir = gpuq::common::default_state_dir();
+  if (config.shim_path.empty()) config.shim_path = self_dir() + "/gpuq-shim";
+  if (::access(config.shim_path.c_str(), X_OK) != 0) {
+    std::cerr << "gpuqd: job supervisor " << config.shim_path << " is missing or not executable\n";
+    return 1;
+  }
+
+  // Make the state directory private
+  if (auto dir = gpuq::common::ensure_private_dir(config.state_dir); !dir) {
+    std::cerr << "gpuqd: state dir: " << dir.error().message << "\n";
+    return 1;
+  }
+
+  // Go to the background once the basics are known to be right
+  if (!foreground && daemonize(config.state_dir + "/gpuqd.log") != 0) {
+    std::cerr << "gpuqd: cannot daemonize: " << std::strerror(errno) << "\n";
+    return 1;
+  }
+
+  // Hold the state directory's lock: one daemon per state directory
+  int lock = ::open((config.state_dir + "/gpuqd.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock < 0 || ::flock(lock, LOCK_EX | LOCK_NB) != 0) {
+    report_ready("another gpuqd is using the state dir " + config.state_dir);
+    return 1;
+  }
+
+  // Open the state store
+  auto store = gpuq::daemon::Store::open(config.state_dir + "/gpuq.db");
+  if (!store) {
+    report_ready(store.error().message);
+    return 1;
+  }
+
+  // Discover the GPUs
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  auto inventory = gpuq::daemon::Inventory::create(config.gpus, visible ? std::optional<std::string>(visible) : std::nullopt);
+  if (!inventory) {
+    report_ready(inventory.error().message);
+    return 1;
+  }
+  std::cerr << "gpuqd " GPUQ_VERSION ": " << inventory->gpus().size() << " GPU(s) from " << inventory->source()
+            << ", state in " << config.state_dir << "\n";
+
+  // Listen on the socket
+  boost::asio::io_context io;
+  ::signal(SIGPIPE, SIG_IGN);
+  gpuq::daemon::Daemon daemon(io, config, std::move(*store), std::move(*inventory));
+  gpuq::daemon::Server server(io, daemon, config.socket_path, idle_timeout_s);
+  if (auto listening = server.listen(); !listening) {
+    report_ready(listening.error().message);
+    return 1;
+  }
+
+  // Stop cleanly on SIGTERM/SIGINT or a shutdown request; running jobs keep running
+  boost::asio::signal_set signals(io, SIGTERM, SIGINT);
+  auto stop = [&] {
+    std::cerr << "gpuqd: shutting down; running jobs keep running and are re-adopted at the next start\n";
+    server.close();
+    io.stop();
+  };
+  signals.async_wait([&](const boost::system::error_code& ec, int) {
+    if (!ec) stop();
+  });
+  ::signal(SIGHUP, SIG_IGN);
+  daemon.on_shutdown = stop;
+
+  // Re-adopt running jobs, then serve
+  daemon.recover();
+  std::cerr << "gpuqd: listening on " << config.socket_path << "\n";
+  report_ready("");
+  io.run();
+  return 0;
+}

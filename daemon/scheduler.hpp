@@ -1,0 +1,56 @@
+// The scheduler: a pure function from (eligible queued jobs, GPU state, now) to the jobs to start
+// and the GPUs each gets. No I/O, so every policy is a unit test (tests/unit/test_scheduler.cpp).
+//
+// Policies:
+// - Order: priority (higher first), then submission order (lower id first).
+// - Exclusive jobs take whole idle GPUs; a multi-GPU job (a DDP gang) gets all its GPUs in the same
+//   pass or none.
+// - Shared jobs pack by memory, best fit (the GPU left with the least free memory that still fits),
+//   so idle GPUs stay idle for exclusive jobs.
+// - No starvation: a job that cannot start reserves the GPUs it waits for (EASY-style backfill, as
+//   in Slurm). A lower job may use reserved GPUs only when its timeout guarantees it ends before the
+//   reserved GPUs are expected to free up (from the running jobs' timeouts); otherwise it waits.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gpuq::daemon {
+
+constexpr double k_never = std::numeric_limits<double>::infinity();
+
+struct GpuState {
+  int index = 0;
+  std::int64_t total_mb = 0;
+  std::int64_t allocated_mb = 0;  // sum of gpu_memory_mb of jobs holding it
+  int holders = 0;                // jobs holding it
+  bool exclusive = false;         // held whole by one job
+  double free_at = 0;             // when all holders will have ended at the latest (k_never if unknown)
+};
+
+struct PendingJob {
+  std::int64_t id = 0;
+  int priority = 0;
+  int gpus = 0;
+  bool shared = false;
+  std::int64_t memory_mb = 0;  // per GPU; 0 = unspecified
+  double timeout_s = 0;        // 0 = none: can never backfill onto a reservation
+};
+
+struct Placement {
+  std::int64_t id = 0;
+  std::vector<int> gpus;
+};
+
+struct Plan {
+  std::vector<Placement> start;
+  std::map<std::int64_t, std::vector<int>> reservations;  // blocked job -> GPUs held for it
+  std::map<std::int64_t, std::string> waiting;            // blocked job -> why, for `gpuq show`
+};
+
+Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now);
+
+}  // namespace gpuq::daemon

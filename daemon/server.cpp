@@ -1,0 +1,171 @@
+// The socket server and its connections (see server.hpp).
+#include "daemon/server.hpp"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <iostream>
+
+#include "common/paths.hpp"
+#include "common/protocol.hpp"
+#include "daemon/daemon.hpp"
+
+namespace gpuq::daemon {
+
+namespace asio = boost::asio;
+using local = asio::local::stream_protocol;
+
+namespace {
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(local::socket socket, Daemon& daemon, double idle_s)
+      : m_socket(std::move(socket)),
+        m_daemon(daemon),
+        m_buffer(common::k_max_request_bytes + 1),
+        m_idle(m_socket.get_executor()),
+        m_idle_s(idle_s) {}
+
+  void start() {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        (cred.uid != ::getuid() && cred.uid != 0)) {
+      send(common::error_reply(ErrorCode::forbidden, "gpuqd serves only its own user (uid " +
+                                                         std::to_string(::getuid()) + ") and root"),
+           true);
+      return;
+    }
+    read();
+  }
+
+ private:
+  void read() {
+    auto self = shared_from_this();
+    m_idle.expires_after(std::chrono::milliseconds(static_cast<long long>(m_idle_s * 1000)));
+    m_idle.async_wait([self](const boost::system::error_code& ec) {
+      if (!ec) self->m_socket.close();  // silent client: let it go
+    });
+    asio::async_read_until(m_socket, m_buffer, '\n', [self](const boost::system::error_code& ec, std::size_t n) {
+      self->m_idle.cancel();
+      if (ec == asio::error::not_found) {
+        self->send(common::error_reply(ErrorCode::too_large, "request line longer than " +
+                                                                 std::to_string(common::k_max_request_bytes) +
+                                                                 " bytes; refused"),
+                   true);
+        return;
+      }
+      if (ec) return;  // closed by the peer or by the idle timer
+      std::string line(asio::buffers_begin(self->m_buffer.data()), asio::buffers_begin(self->m_buffer.data()) + n);
+      self->m_buffer.consume(n);
+      self->handle(line);
+    });
+  }
+
+  void handle(const std::string& line) {
+    auto self = shared_from_this();
+    nlohmann::json request = nlohmann::json::parse(line, nullptr, false);
+    if (request.is_discarded()) {
+      send(common::error_reply(ErrorCode::bad_request, "request is not valid JSON"), false);
+      read();
+      return;
+    }
+    // A reply may come later (wait): the next request is read once this one is answered.
+    m_daemon.dispatch(request, [self](nlohmann::json reply) {
+      self->send(std::move(reply), false);
+      self->read();
+    });
+  }
+
+  void send(nlohmann::json reply, bool close_after) {
+    std::string text;
+    try {
+      text = reply.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    } catch (const std::exception& e) {
+      text = common::error_reply(ErrorCode::internal, e.what()).dump() + "\n";
+    }
+    m_out.push_back(std::move(text));
+    m_close_after = m_close_after || close_after;
+    if (m_out.size() == 1) write();
+  }
+
+  void write() {
+    auto self = shared_from_this();
+    asio::async_write(m_socket, asio::buffer(m_out.front()), [self](const boost::system::error_code& ec, std::size_t) {
+      if (ec) return;
+      self->m_out.pop_front();
+      if (!self->m_out.empty()) self->write();
+      else if (self->m_close_after) self->m_socket.close();
+    });
+  }
+
+  local::socket m_socket;
+  Daemon& m_daemon;
+  asio::streambuf m_buffer;
+  asio::steady_timer m_idle;
+  double m_idle_s;
+  std::deque<std::string> m_out;
+  bool m_close_after = false;
+};
+
+// Is a daemon answering on `path`? (connect succeeds)
+bool socket_in_use(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  bool used = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return used;
+}
+
+}  // namespace
+
+Server::Server(asio::io_context& io, Daemon& daemon, std::string socket_path, double idle_timeout_s)
+    : m_io(io), m_daemon(daemon), m_path(std::move(socket_path)), m_idle_timeout_s(idle_timeout_s), m_acceptor(io) {}
+
+Server::~Server() { close(); }
+
+Result<bool> Server::listen() {
+  if (m_path.size() >= sizeof(sockaddr_un::sun_path))
+    return Error{ErrorCode::bad_request, "socket path too long (max 107 bytes): " + m_path};
+  if (auto dir = common::ensure_private_dir(common::parent_dir(m_path)); !dir) return dir.error();
+  struct stat st {};
+  if (::lstat(m_path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return Error{ErrorCode::bad_request, m_path + " exists and is not a socket; refusing to replace it"};
+    if (socket_in_use(m_path))
+      return Error{ErrorCode::unavailable, "another gpuqd is already serving " + m_path + "; stop it first (gpuq daemon stop)"};
+    ::unlink(m_path.c_str());  // stale: left by a daemon that died
+  }
+  boost::system::error_code ec;
+  m_acceptor.open(local(), ec);
+  if (!ec) m_acceptor.bind(local::endpoint(m_path), ec);
+  if (!ec) ::chmod(m_path.c_str(), 0600);
+  if (!ec) m_acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Error{ErrorCode::unavailable, "cannot listen on " + m_path + ": " + ec.message()};
+  accept();
+  return true;
+}
+
+void Server::close() {
+  if (!m_acceptor.is_open()) return;
+  boost::system::error_code ec;
+  m_acceptor.close(ec);
+  ::unlink(m_path.c_str());
+}
+
+void Server::accept() {
+  m_acceptor.async_accept([this](const boost::system::error_code& ec, local::socket socket) {
+    if (ec == asio::error::operation_aborted) return;
+    if (!ec) std::make_shared<Connection>(std::move(socket), m_daemon, m_idle_timeout_s)->start();
+    accept();
+  });
+}
+
+}  // namespace gpuq::daemon

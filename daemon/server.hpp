@@ -1,0 +1,35 @@
+// gpuqd's socket server: a unix stream socket (0600 in a 0700 directory), one JSON request per
+// line, replies in order. Peers are checked with SO_PEERCRED (same uid or root only). Lines over
+// k_max_request_bytes are refused without buffering them whole; a connection that sends nothing
+// for the idle timeout is closed, so no client can pin the daemon.
+#pragma once
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+#include <boost/asio.hpp>
+#include <memory>
+#include <string>
+
+#include "common/error.hpp"
+
+namespace gpuq::daemon {
+
+class Daemon;
+
+class Server {
+ public:
+  Server(boost::asio::io_context& io, Daemon& daemon, std::string socket_path, double idle_timeout_s = 300);
+  ~Server();
+  // Binds the socket. Refuses when another gpuqd answers on it; removes a stale socket file.
+  Result<bool> listen();
+  void close();
+
+ private:
+  void accept();
+  boost::asio::io_context& m_io;
+  Daemon& m_daemon;
+  std::string m_path;
+  double m_idle_timeout_s;
+  boost::asio::local::stream_protocol::acceptor m_acceptor;
+};
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,409 @@
+// SQLite-backed job store (see store.hpp). Statements are prepared once and cached.
+#include "daemon/store.hpp"
+
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace gpuq::daemon {
+
+namespace {
+
+constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
+constexpr int k_schema_version = 1;
+
+constexpr const char* k_schema = R"sql(
+CREATE TABLE IF NOT EXISTS batches(
+  id INTEGER PRIMARY KEY, submitted_at REAL NOT NULL, cwd TEXT NOT NULL, env TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs(
+  id INTEGER PRIMARY KEY, batch INTEGER NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL,
+  state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, reason TEXT NOT NULL DEFAULT '',
+  submitted_at REAL NOT NULL, started_at REAL NOT NULL DEFAULT 0, ended_at REAL NOT NULL DEFAULT 0,
+  exit_code INTEGER, exit_signal INTEGER, gpus TEXT NOT NULL DEFAULT '[]',
+  master_port INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL DEFAULT 0,
+  cancel_requested INTEGER NOT NULL DEFAULT 0, progress TEXT, result TEXT,
+  after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT);
+CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('queued', 'running');
+CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch);
+CREATE TABLE IF NOT EXISTS transitions(
+  job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL, at REAL NOT NULL,
+  reason TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);
+CREATE TABLE IF NOT EXISTS events(
+  job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL, type TEXT NOT NULL,
+  at REAL NOT NULL, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_job ON events(job_id, attempt);
+CREATE TABLE IF NOT EXISTS event_offsets(
+  job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL, offset INTEGER NOT NULL,
+  PRIMARY KEY(job_id, attempt, rank));
+)sql";
+
+
+[[noreturn]] void fail(sqlite3* db, const std::string& what) {
+  throw RequestError(ErrorCode::store_error, "state store: " + what + ": " + sqlite3_errmsg(db));
+}
+
+std::string text(sqlite3_stmt* st, int col) {
+  auto p = sqlite3_column_text(st, col);
+  return p ? reinterpret_cast<const char*>(p) : "";
+}
+
+json json_col(sqlite3_stmt* st, int col) {
+  if (sqlite3_column_type(st, col) == SQLITE_NULL) return nullptr;
+  return json::parse(text(st, col), nullptr, false);
+}
+
+void bind_text(sqlite3_stmt* st, int i, const std::string& s) {
+  sqlite3_bind_text(st, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
+}
+
+void bind_json(sqlite3_stmt* st, int i, const json& j) {
+  if (j.is_null()) sqlite3_bind_null(st, i);
+  else bind_text(st, i, j.dump());
+}
+
+void bind_opt(sqlite3_stmt* st, int i, const std::optional<int>& v) {
+  if (v) sqlite3_bind_int(st, i, *v);
+  else sqlite3_bind_null(st, i);
+}
+
+// Steps a statement that returns no rows, then resets it for reuse.
+void run(sqlite3* db, sqlite3_stmt* st, const char* what) {
+  int rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (rc != SQLITE_DONE) fail(db, what);
+}
+
+// A transaction that rolls back unless committed (exceptions included).
+class Txn {
+ public:
+  explicit Txn(sqlite3* db) : m_db(db) {
+    if (sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) fail(db, "begin");
+  }
+  void commit() {
+    if (sqlite3_exec(m_db, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) fail(m_db, "commit");
+    m_done = true;
+  }
+  ~Txn() {
+    if (!m_done) sqlite3_exec(m_db, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+
+ private:
+  sqlite3* m_db;
+  bool m_done = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                      nullptr) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return Error{ErrorCode::store_error, "cannot open state store " + path + ": " + msg};
+  }
+  std::unique_ptr<Store> store(new Store(db));
+  sqlite3_busy_timeout(db, 5000);
+
+  // Identify the file before changing anything: a foreign database is refused, never converted.
+  sqlite3_stmt* st = nullptr;
+  int app_id = -1, tables = -1;
+  if (sqlite3_prepare_v2(db, "PRAGMA application_id", -1, &st, nullptr) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    app_id = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  if (sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master", -1, &st, nullptr) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    tables = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  if (app_id < 0 || tables < 0)
+    return Error{ErrorCode::store_error, "state store " + path + " is not a readable SQLite database (" +
+                                             sqlite3_errmsg(db) + "); refusing to start. Move it away or pick another --state-dir"};
+  if (app_id != k_application_id && !(app_id == 0 && tables == 0))
+    return Error{ErrorCode::store_error, "state store " + path +
+                                             " is an SQLite database that gpuq did not create; refusing to use it. "
+                                             "Move it away or pick another --state-dir"};
+  try {
+    store->exec("PRAGMA journal_mode=WAL");
+    store->exec("PRAGMA synchronous=NORMAL");
+    store->exec("PRAGMA foreign_keys=ON");
+    if (app_id == 0) {
+      store->exec(("PRAGMA application_id=" + std::to_string(k_application_id)).c_str());
+      store->exec(("PRAGMA user_version=" + std::to_string(k_schema_version)).c_str());
+    }
+    store->exec(k_schema);
+  } catch (const RequestError& e) {
+    return Error{ErrorCode::store_error, e.what()};
+  }
+  return store;
+}
+
+Store::~Store() {
+  for (auto& [_, st] : m_stmts) sqlite3_finalize(st);
+  sqlite3_close(m_db);
+}
+
+void Store::exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(m_db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    throw RequestError(ErrorCode::store_error, "state store: " + msg);
+  }
+}
+
+sqlite3_stmt* Store::prepare(const char* sql) {
+  auto it = m_stmts.find(sql);
+  if (it != m_stmts.end()) return it->second;
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v3(m_db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, nullptr) != SQLITE_OK)
+    fail(m_db, std::string("prepare ") + sql);
+  m_stmts[sql] = st;
+  return st;
+}
+
+std::int64_t Store::insert_batch(std::vector<JobRecord>& jobs, const std::vector<std::vector<std::size_t>>& local_deps,
+                                 const std::string& cwd, const json& env, double now) {
+  Txn txn(m_db);
+  auto* b = prepare("INSERT INTO batches(submitted_at, cwd, env) VALUES(?, ?, ?)");
+  sqlite3_bind_double(b, 1, now);
+  bind_text(b, 2, cwd);
+  bind_text(b, 3, env.dump());
+  run(m_db, b, "insert batch");
+  std::int64_t batch = sqlite3_last_insert_rowid(m_db);
+
+  auto* ins = prepare("INSERT INTO jobs(batch, name, spec, state, submitted_at, after) VALUES(?, ?, ?, 'queued', ?, '[]')");
+  for (auto& j : jobs) {
+    j.batch = batch;
+    j.submitted_at = now;
+    sqlite3_bind_int64(ins, 1, batch);
+    bind_text(ins, 2, j.spec.name);
+    bind_text(ins, 3, common::to_json(j.spec).dump());
+    sqlite3_bind_double(ins, 4, now);
+    run(m_db, ins, "insert job");
+    j.id = sqlite3_last_insert_rowid(m_db);
+  }
+  // Now that ids exist: resolve in-batch names, record the dependency ids and the first transition.
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    for (std::size_t d : local_deps[i]) jobs[i].after.push_back(jobs[d].id);
+    for (auto& dep : jobs[i].spec.after)
+      if (dep.name.empty()) jobs[i].after.push_back(dep.id);
+    write_job(jobs[i]);
+    write_transition(jobs[i], now);
+  }
+  txn.commit();
+  return batch;
+}
+
+void Store::write_job(const JobRecord& j) {
+  auto* st = prepare(
+      "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
+      "gpus=?, master_port=?, not_before=?, cancel_requested=?, progress=?, result=?, after=?, "
+      "bad_event_lines=?, first_failure=? WHERE id=?");
+  bind_text(st, 1, std::string(to_string(j.state)));
+  sqlite3_bind_int(st, 2, j.attempt);
+  bind_text(st, 3, j.reason);
+  sqlite3_bind_double(st, 4, j.started_at);
+  sqlite3_bind_double(st, 5, j.ended_at);
+  bind_opt(st, 6, j.exit_code);
+  bind_opt(st, 7, j.exit_signal);
+  bind_text(st, 8, json(j.gpus).dump());
+  sqlite3_bind_int(st, 9, j.master_port);
+  sqlite3_bind_double(st, 10, j.not_before);
+  sqlite3_bind_int(st, 11, j.cancel_requested ? 1 : 0);
+  bind_json(st, 12, j.progress);
+  bind_json(st, 13, j.result);
+  bind_text(st, 14, json(j.after).dump());
+  sqlite3_bind_int64(st, 15, j.bad_event_lines);
+  bind_json(st, 16, j.first_failure);
+  sqlite3_bind_int64(st, 17, j.id);
+  run(m_db, st, "update job");
+}
+
+void Store::write_transition(const JobRecord& j, double at) {
+  auto* st = prepare("INSERT INTO transitions(job_id, attempt, state, at, reason) VALUES(?, ?, ?, ?, ?)");
+  sqlite3_bind_int64(st, 1, j.id);
+  sqlite3_bind_int(st, 2, j.attempt);
+  bind_text(st, 3, std::string(to_string(j.state)));
+  sqlite3_bind_double(st, 4, at);
+  bind_text(st, 5, j.reason);
+  run(m_db, st, "insert transition");
+}
+
+void Store::update(const JobRecord& job, bool transition) {
+  Txn txn(m_db);
+  write_job(job);
+  if (transition) {
+    double at = job.ended_at > 0 && is_terminal(job.state) ? job.ended_at
+                : job.state == JobState::running           ? job.started_at
+                                                            : 0;
+    if (at == 0) {
+      timespec ts{};
+      clock_gettime(CLOCK_REALTIME, &ts);
+      at = static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
+    }
+    write_transition(job, at);
+  }
+  txn.commit();
+}
+
+void Store::update_many(const std::vector<const JobRecord*>& jobs) {
+  Txn txn(m_db);
+  for (const auto* j : jobs) {
+    write_job(*j);
+    write_transition(*j, j->ended_at);
+  }
+  txn.commit();
+}
+
+std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
+  std::vector<JobRecord> out;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    JobRecord j;
+    j.id = sqlite3_column_int64(st, 0);
+    j.batch = sqlite3_column_int64(st, 1);
+    json spec = json::parse(text(st, 2), nullptr, false);
+    if (auto parsed = common::parse_job(spec, "/"); parsed) j.spec = std::move(*parsed);
+    j.state = job_state_from_string(text(st, 3)).value_or(JobState::failed);
+    j.attempt = sqlite3_column_int(st, 4);
+    j.reason = text(st, 5);
+    j.submitted_at = sqlite3_column_double(st, 6);
+    j.started_at = sqlite3_column_double(st, 7);
+    j.ended_at = sqlite3_column_double(st, 8);
+    if (sqlite3_column_type(st, 9) != SQLITE_NULL) j.exit_code = sqlite3_column_int(st, 9);
+    if (sqlite3_column_type(st, 10) != SQLITE_NULL) j.exit_signal = sqlite3_column_int(st, 10);
+    json gpus = json_col(st, 11);
+    if (gpus.is_array()) j.gpus = gpus.get<std::vector<int>>();
+    j.master_port = sqlite3_column_int(st, 12);
+    j.not_before = sqlite3_column_double(st, 13);
+    j.cancel_requested = sqlite3_column_int(st, 14) != 0;
+    j.progress = json_col(st, 15);
+    j.result = json_col(st, 16);
+    json after = json_col(st, 17);
+    if (after.is_array()) j.after = after.get<std::vector<std::int64_t>>();
+    j.bad_event_lines = sqlite3_column_int64(st, 18);
+    j.first_failure = json_col(st, 19);
+    out.push_back(std::move(j));
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (rc != SQLITE_DONE) fail(m_db, "read jobs");
+  return out;
+}
+
+#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure FROM jobs " where)
+
+std::vector<JobRecord> Store::load_active() {
+  return query_jobs(prepare(GPUQ_SELECT_JOBS("WHERE state IN ('queued', 'running') ORDER BY id")));
+}
+
+std::optional<JobRecord> Store::get(std::int64_t id) {
+  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE id=?"));
+  sqlite3_bind_int64(st, 1, id);
+  auto rows = query_jobs(st);
+  if (rows.empty()) return std::nullopt;
+  return std::move(rows[0]);
+}
+
+std::vector<JobRecord> Store::recent_finished(int limit) {
+  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE state NOT IN ('queued', 'running') ORDER BY id DESC LIMIT ?"));
+  sqlite3_bind_int(st, 1, limit);
+  auto rows = query_jobs(st);
+  std::reverse(rows.begin(), rows.end());
+  return rows;
+}
+
+std::vector<JobRecord> Store::page_after(std::int64_t after, int limit) {
+  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE id>? ORDER BY id LIMIT ?"));
+  sqlite3_bind_int64(st, 1, after);
+  sqlite3_bind_int(st, 2, limit);
+  return query_jobs(st);
+}
+
+std::vector<JobRecord> Store::batch_jobs(std::int64_t batch) {
+  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? ORDER BY id"));
+  sqlite3_bind_int64(st, 1, batch);
+  return query_jobs(st);
+}
+
+std::int64_t Store::count_jobs() {
+  auto* st = prepare("SELECT count(*) FROM jobs");
+  std::int64_t n = 0;
+  if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int64(st, 0);
+  sqlite3_reset(st);
+  return n;
+}
+
+json Store::batch_env(std::int64_t batch) {
+  auto* st = prepare("SELECT env FROM batches WHERE id=?");
+  sqlite3_bind_int64(st, 1, batch);
+  json env = json::object();
+  if (sqlite3_step(st) == SQLITE_ROW) env = json::parse(text(st, 0), nullptr, false);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return env.is_object() ? env : json::object();
+}
+
+std::vector<common::Transition> Store::history(std::int64_t id) {
+  auto* st = prepare("SELECT attempt, state, at, reason FROM transitions WHERE job_id=? ORDER BY rowid");
+  sqlite3_bind_int64(st, 1, id);
+  std::vector<common::Transition> out;
+  while (sqlite3_step(st) == SQLITE_ROW)
+    out.push_back({sqlite3_column_int(st, 0), text(st, 1), sqlite3_column_double(st, 2), text(st, 3)});
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
+std::int64_t Store::event_offset(std::int64_t id, int attempt, int rank) {
+  auto* st = prepare("SELECT offset FROM event_offsets WHERE job_id=? AND attempt=? AND rank=?");
+  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_int(st, 2, attempt);
+  sqlite3_bind_int(st, 3, rank);
+  std::int64_t off = 0;
+  if (sqlite3_step(st) == SQLITE_ROW) off = sqlite3_column_int64(st, 0);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return off;
+}
+
+void Store::add_events(const JobRecord& job, int rank, std::int64_t new_offset, const std::vector<EventRow>& events) {
+  Txn txn(m_db);
+  auto* ins = prepare("INSERT INTO events(job_id, attempt, rank, type, at, data) VALUES(?, ?, ?, ?, ?, ?)");
+  for (const auto& e : events) {
+    sqlite3_bind_int64(ins, 1, job.id);
+    sqlite3_bind_int(ins, 2, job.attempt);
+    sqlite3_bind_int(ins, 3, e.rank);
+    bind_text(ins, 4, e.type);
+    sqlite3_bind_double(ins, 5, e.at);
+    bind_text(ins, 6, e.data.dump());
+    run(m_db, ins, "insert event");
+  }
+  auto* off = prepare("INSERT OR REPLACE INTO event_offsets(job_id, attempt, rank, offset) VALUES(?, ?, ?, ?)");
+  sqlite3_bind_int64(off, 1, job.id);
+  sqlite3_bind_int(off, 2, job.attempt);
+  sqlite3_bind_int(off, 3, rank);
+  sqlite3_bind_int64(off, 4, new_offset);
+  run(m_db, off, "update event offset");
+  write_job(job);
+  txn.commit();
+}
+
+std::vector<EventRow> Store::events(std::int64_t id, int attempt) {
+  auto* st = prepare("SELECT rank, type, at, data FROM events WHERE job_id=? AND attempt=? ORDER BY rowid");
+  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_int(st, 2, attempt);
+  std::vector<EventRow> out;
+  while (sqlite3_step(st) == SQLITE_ROW)
+    out.push_back({sqlite3_column_int(st, 0), text(st, 1), sqlite3_column_double(st, 2),
+                   json::parse(text(st, 3), nullptr, false)});
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
+}  // namespace gpuq::daemon

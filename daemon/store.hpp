@@ -1,0 +1,110 @@
+// The durable state: every job, its spec, state transitions with timestamps, exit status,
+// assigned GPUs, progress, result events and the event-file offsets already ingested, in one
+// SQLite database (WAL) in the state dir. The daemon writes here before it acts, so a restart
+// (or kill -9) loses nothing it acknowledged. Write failures throw RequestError(store_error); each
+// multi-row change is one transaction, so the database is never half-updated.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "common/job_state.hpp"
+#include "common/protocol.hpp"
+#include "common/spec.hpp"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace gpuq::daemon {
+
+using json = nlohmann::json;
+
+struct JobRecord {
+  std::int64_t id = 0;
+  std::int64_t batch = 0;
+  common::JobSpec spec;
+  JobState state = JobState::queued;
+  int attempt = 0;
+  std::string reason;
+  double submitted_at = 0, started_at = 0, ended_at = 0;
+  std::optional<int> exit_code, exit_signal;
+  std::vector<int> gpus;
+  int master_port = 0;
+  double not_before = 0;  // retry backoff: not eligible before this time
+  bool cancel_requested = false;
+  json progress;  // last progress event
+  json result;    // merged result events of the current attempt
+  std::vector<std::int64_t> after;  // resolved dependency ids
+  std::int64_t bad_event_lines = 0;
+  json first_failure;  // {rank, exit_code, signal} of the last failed attempt
+};
+
+struct EventRow {
+  int rank = 0;
+  std::string type;
+  double at = 0;
+  json data;
+};
+
+class Store {
+ public:
+  // Opens or creates the database. Refuses a file that is not a gpuq database (never overwrites).
+  static Result<std::unique_ptr<Store>> open(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Inserts a batch and its jobs in one transaction; assigns batch and job ids (in order).
+  // `resolve` maps batch-local dependency indices to ids once ids are known.
+  std::int64_t insert_batch(std::vector<JobRecord>& jobs, const std::vector<std::vector<std::size_t>>& local_deps,
+                            const std::string& cwd, const json& env, double now);
+  // Writes the job's mutable columns; appends a transition row when `transition` is true.
+  void update(const JobRecord& job, bool transition);
+  // Several updates in one transaction (e.g. failing a chain of dependents).
+  void update_many(const std::vector<const JobRecord*>& jobs);
+
+  std::vector<JobRecord> load_active();
+  std::optional<JobRecord> get(std::int64_t id);
+  std::vector<JobRecord> recent_finished(int limit);
+  // Calls `fn` for every job in id order, reading in pages so memory stays bounded.
+  template <class Fn>
+  void for_each_job(Fn fn) {
+    for (std::int64_t after = 0;;) {
+      auto page = page_after(after, 500);
+      if (page.empty()) break;
+      for (auto& j : page) fn(j);
+      after = page.back().id;
+    }
+  }
+  std::vector<JobRecord> batch_jobs(std::int64_t batch);
+  std::int64_t count_jobs();
+  json batch_env(std::int64_t batch);
+  std::vector<common::Transition> history(std::int64_t id);
+
+  // Event ingestion: offsets already read per (job, attempt, rank), and an atomic append of new
+  // events with the job's updated progress/result and the new offset.
+  std::int64_t event_offset(std::int64_t id, int attempt, int rank);
+  void add_events(const JobRecord& job, int rank, std::int64_t new_offset, const std::vector<EventRow>& events);
+  std::vector<EventRow> events(std::int64_t id, int attempt);
+
+ private:
+  explicit Store(sqlite3* db) : m_db(db) {}
+  void exec(const char* sql);
+  sqlite3_stmt* prepare(const char* sql);
+  std::vector<JobRecord> page_after(std::int64_t after, int limit);
+  std::vector<JobRecord> query_jobs(sqlite3_stmt* st);
+  void write_job(const JobRecord& job);
+  void write_transition(const JobRecord& job, double at);
+
+  sqlite3* m_db = nullptr;
+  std::map<const char*, sqlite3_stmt*> m_stmts;  // keyed by the SQL literal's address
+};
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,264 @@
+// The job supervisor (see supervisor.hpp). Single-threaded: every signal it cares about is
+// blocked and taken synchronously with sigtimedwait, so there are no async-signal-safety traps.
+#include "daemon/supervisor.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/process.hpp>
+#include <boost/process/extend.hpp>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/launcher.hpp"
+
+namespace gpuq::daemon {
+
+namespace bp = boost::process;
+using json = nlohmann::json;
+
+namespace {
+
+double wall_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
+}
+
+double mono_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
+}
+
+// In the rank, between fork and exec: own process group (so the whole group can be signalled),
+// default signal mask (the shim blocks signals; a blocked mask survives exec), and death with
+// the shim.
+struct RankSetup : bp::extend::handler {
+  template <class Executor>
+  void on_exec_setup(Executor&) const {
+    ::setpgid(0, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    mark_inherited_fds_cloexec();
+  }
+};
+
+struct Rank {
+  int rank = 0;
+  int pid = 0;
+  bool exited = false;
+  std::optional<int> exit_code, signal;
+};
+
+// Direct children of this process: ranks, plus orphans re-parented to us as subreaper.
+std::vector<int> direct_children() {
+  std::vector<int> out;
+  const int self = ::getpid();
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return out;
+  while (dirent* e = ::readdir(proc)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream in(std::string("/proc/") + e->d_name + "/stat");
+    std::string stat;
+    if (!std::getline(in, stat)) continue;
+    auto close = stat.rfind(')');
+    if (close == std::string::npos || close + 4 >= stat.size()) continue;
+    // After ") " come: state, ppid.
+    int ppid = std::atoi(stat.c_str() + stat.find(' ', close + 2) + 1);
+    if (ppid == self) out.push_back(std::atoi(e->d_name));
+  }
+  ::closedir(proc);
+  return out;
+}
+
+class Supervisor {
+ public:
+  explicit Supervisor(json doc) : m_doc(std::move(doc)) {}
+
+  int run() {
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    sigemptyset(&m_signals);
+    for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&m_signals, s);
+    ::sigprocmask(SIG_BLOCK, &m_signals, nullptr);
+
+    // Announce ourselves before starting anything: the daemon adopts us through this file.
+    auto start = process_start_time(::getpid());
+    json pid = {{"pid", ::getpid()}, {"start_time", start.value_or(0)}};
+    if (auto w = write_file_atomic(m_doc["pid_file"].get<std::string>(), pid.dump()); !w) {
+      std::cerr << "gpuq-shim: " << w.error().message << "\n";
+      return 2;
+    }
+
+    m_started_at = wall_now();
+    const double timeout_s = m_doc.value("timeout_s", 0.0);
+    m_grace_s = m_doc.value("grace_s", 10.0);
+    const double deadline = timeout_s > 0 ? mono_now() + timeout_s : 0;
+
+    for (const auto& r : m_doc["ranks"]) spawn(r);
+
+    for (;;) {
+      reap();
+      if (m_ranks_left == 0 && !m_tearing_down) begin_teardown();  // only leftovers remain
+      if (m_tearing_down) {
+        if (!m_killing && mono_now() >= m_kill_at) m_killing = true;
+        signal_all(m_killing ? SIGKILL : SIGTERM);
+      }
+      if (m_ranks_left == 0 && direct_children().empty()) {
+        reap();
+        break;
+      }
+      // Wait for a signal, at most until the next deadline (or a short tick while tearing down,
+      // to catch processes re-parented to us in the meantime).
+      double wait_s = 1.0;
+      if (deadline > 0 && !m_tearing_down) wait_s = std::max(0.0, std::min(wait_s, deadline - mono_now()));
+      if (m_tearing_down) wait_s = 0.05;
+      timespec ts{static_cast<time_t>(wait_s), static_cast<long>((wait_s - static_cast<time_t>(wait_s)) * 1e9)};
+      siginfo_t info{};
+      int sig = ::sigtimedwait(&m_signals, &info, &ts);
+      if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+        if (!m_cancelled) m_cancelled = true, begin_teardown();
+      }
+      if (deadline > 0 && !m_tearing_down && mono_now() >= deadline) {
+        m_timed_out = true;
+        begin_teardown();
+      }
+    }
+    return write_outcome();
+  }
+
+ private:
+  void spawn(const json& r) {
+    Rank rank;
+    rank.rank = r["rank"].get<int>();
+    const auto argv = r["argv"].get<std::vector<std::string>>();
+    const auto env_map = r["env"].get<std::map<std::string, std::string>>();
+    const auto cwd = r["cwd"].get<std::string>();
+    const auto log = r["log"].get<std::string>();
+    auto path_it = env_map.find("PATH");
+    std::string exe = resolve_executable(argv[0], path_it == env_map.end() ? "" : path_it->second, cwd);
+    std::string error;
+    if (exe.empty()) {
+      error = "gpuq: cannot run `" + argv[0] + "`: no such executable (looked in PATH and " + cwd + ")";
+    } else {
+      try {
+        bp::environment env;
+        for (const auto& [k, v] : env_map) env[k] = v;
+        std::vector<std::string> args(argv.begin() + 1, argv.end());
+        bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
+                    (bp::std_out & bp::std_err) > log, RankSetup{});
+        rank.pid = c.id();
+        c.detach();  // reaped below with waitpid(-1), with any orphans
+      } catch (const std::exception& e) {
+        error = std::string("gpuq: cannot start rank: ") + e.what();
+      }
+    }
+    if (rank.pid == 0) {
+      std::ofstream(log, std::ios::app) << error << "\n";
+      rank.exited = true;
+      rank.exit_code = 127;
+      m_ranks.push_back(rank);
+      note_failure(m_ranks.back());
+      return;
+    }
+    m_ranks.push_back(rank);
+    m_ranks_left++;
+  }
+
+  void reap() {
+    int status = 0;
+    for (int pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+      for (auto& r : m_ranks) {
+        if (r.pid != pid || r.exited) continue;
+        r.exited = true;
+        m_ranks_left--;
+        if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+        else if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+        if (r.exit_code != 0) note_failure(r);
+      }
+    }
+  }
+
+  void note_failure(const Rank& r) {
+    if (m_first_failure.is_null() && !m_tearing_down) {
+      m_first_failure = {{"rank", r.rank}, {"exit_code", r.exit_code ? json(*r.exit_code) : json()},
+                         {"signal", r.signal ? json(*r.signal) : json()}, {"at", wall_now()}};
+    }
+    if (!m_tearing_down) begin_teardown();
+  }
+
+  void begin_teardown() {
+    m_tearing_down = true;
+    m_kill_at = mono_now() + m_grace_s;
+  }
+
+  // SIGTERM reaches each process group and process once (a handler may be slow to act); SIGKILL
+  // is repeated every tick until nothing is left.
+  void signal_all(int sig) {
+    auto signal_once = [&](int target, bool group) {
+      if (sig == SIGTERM && !m_termed.insert(group ? -target : target).second) return;
+      group ? ::killpg(target, sig) : ::kill(target, sig);
+    };
+    for (const auto& r : m_ranks)
+      if (r.pid > 0) signal_once(r.pid, true);  // the rank's process group; it may be gone
+    for (int pid : direct_children()) signal_once(pid, false);
+  }
+
+  int write_outcome() {
+    json ranks = json::array();
+    for (const auto& r : m_ranks)
+      ranks.push_back({{"rank", r.rank}, {"pid", r.pid}, {"exit_code", r.exit_code ? json(*r.exit_code) : json()},
+                       {"signal", r.signal ? json(*r.signal) : json()}});
+    json out = {{"ranks", ranks},         {"first_failure", m_first_failure}, {"cancelled", m_cancelled},
+                {"timed_out", m_timed_out}, {"started_at", m_started_at},       {"ended_at", wall_now()}};
+    if (auto w = write_file_atomic(m_doc["exit_file"].get<std::string>(), out.dump()); !w) {
+      std::cerr << "gpuq-shim: " << w.error().message << "\n";
+      return 1;
+    }
+    return 0;
+  }
+
+  json m_doc;
+  sigset_t m_signals{};
+  std::vector<Rank> m_ranks;
+  int m_ranks_left = 0;
+  bool m_tearing_down = false, m_killing = false, m_cancelled = false, m_timed_out = false;
+  double m_kill_at = 0, m_grace_s = 10, m_started_at = 0;
+  json m_first_failure;
+  std::set<int> m_termed;  // pids, and -pgids, already sent SIGTERM
+};
+
+}  // namespace
+
+int run_supervisor(const std::string& launch_path) {
+  std::ifstream in(launch_path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  json doc = json::parse(text, nullptr, false);
+  if (!doc.is_object() || !doc.contains("ranks") || !doc["ranks"].is_array() || !doc.contains("exit_file") ||
+      !doc.contains("pid_file")) {
+    std::cerr << "gpuq-shim: " << launch_path << " is not a launch document\n";
+    return 2;
+  }
+  try {
+    return Supervisor(std::move(doc)).run();
+  } catch (const std::exception& e) {
+    std::cerr << "gpuq-shim: " << e.what() << "\n";
+    return 2;
+  }
+}
+
+}  // namespace gpuq::daemon
