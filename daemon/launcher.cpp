@@ -103,7 +103,8 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const 
 std::string resolve_executable(const std::string& name, const std::string& path_env, const std::string& cwd) {
   auto executable = [](const std::string& p) {
     struct stat st {};
-    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+    // access() alone says yes to root for any file; require an execute bit as exec does.
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111) && ::access(p.c_str(), X_OK) == 0;
   };
   if (name.find('/') != std::string::npos) {
     std::string p = name[0] == '/' ? name : cwd + "/" + name;

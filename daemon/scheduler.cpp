@@ -2,6 +2,7 @@
 #include "daemon/scheduler.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace gpuq::daemon {
 
@@ -21,10 +22,11 @@ bool fits_shared(const Slot& s, const PendingJob& j) {
   return !s.gpu.exclusive && s.gpu.total_mb - s.gpu.allocated_mb >= j.memory_mb;
 }
 
-// May `j` use slot `s` given reservations? Only when it is sure to end before they start.
+// May `j` use slot `s` given reservations? Only when it is sure to end before they start; when
+// the reservation's start is unknown (a running job without timeout), never.
 bool may_use(const Slot& s, const PendingJob& j, double now) {
   if (!s.reserved) return true;
-  return j.timeout_s > 0 && now + j.timeout_s <= s.reserved_until;
+  return j.timeout_s > 0 && std::isfinite(s.reserved_until) && now + j.timeout_s <= s.reserved_until;
 }
 
 // Picks the GPUs for `j` now, or returns an empty vector.

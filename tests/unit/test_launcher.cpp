@@ -1,0 +1,122 @@
+// Launch environment: torchrun's contract for ddp ranks, GPU visibility, user env precedence.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "daemon/launcher.hpp"
+
+using namespace gpuq::daemon;
+
+namespace {
+JobRecord ddp_job() {
+  JobRecord j;
+  j.id = 42;
+  j.attempt = 2;
+  j.gpus = {1, 3};
+  j.master_port = 29555;
+  j.spec.name = "gang";
+  j.spec.command = {"python3", "train.py"};
+  j.spec.mode = gpuq::common::Mode::ddp;
+  j.spec.gpus = 2;
+  j.spec.ranks = 2;
+  j.spec.retries = 3;
+  j.spec.cwd = "/work";
+  j.spec.env = {{"HOME", "/spec-home"}, {"EXTRA", "1"}};
+  return j;
+}
+}  // namespace
+
+TEST_SUITE_BEGIN("launcher");
+
+TEST_CASE("each ddp rank gets a consistent torchrun environment") {
+  auto job = ddp_job();
+  for (int rank = 0; rank < 2; ++rank) {
+    auto env = rank_environment(job, {{"HOME", "/submitter"}, {"PATH", "/bin"}}, {"GPU-b", "GPU-d"}, "/s/jobs/42",
+                                "/s/jobs/42/attempt-2", rank);
+    CHECK(env["RANK"] == std::to_string(rank));
+    CHECK(env["LOCAL_RANK"] == std::to_string(rank));
+    CHECK(env["WORLD_SIZE"] == "2");
+    CHECK(env["LOCAL_WORLD_SIZE"] == "2");
+    CHECK(env["GROUP_RANK"] == "0");
+    CHECK(env["ROLE_RANK"] == std::to_string(rank));
+    CHECK(env["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(env["MASTER_PORT"] == "29555");
+    CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "1");  // second attempt = first restart
+    CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "3");
+    CHECK(env["TORCHELASTIC_RUN_ID"] == "gpuq-42");
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == "1,3");
+    CHECK(env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID");
+    CHECK(env["GPUQ_GPU_UUIDS"] == "GPU-b,GPU-d");
+    CHECK(env["GPUQ_EVENTS"] == "/s/jobs/42/attempt-2/events-" + std::to_string(rank) + ".jsonl");
+    CHECK(env["GPUQ_JOB_ID"] == "42");
+    CHECK(env["GPUQ_ATTEMPT"] == "2");
+    CHECK(env["OMP_NUM_THREADS"] == "1");
+    CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+    CHECK(env["HOME"] == "/spec-home");  // spec env wins over the submitter's
+    CHECK(env["PATH"] == "/bin");
+  }
+}
+
+TEST_CASE("independent jobs get no torchrun variables, and CPU jobs see no GPU") {
+  JobRecord j;
+  j.id = 1;
+  j.attempt = 1;
+  j.spec.command = {"true"};
+  auto env = rank_environment(j, {{"OMP_NUM_THREADS", "8"}}, {}, "/j", "/j/attempt-1", 0);
+  CHECK(env.count("RANK") == 0);
+  CHECK(env.count("MASTER_PORT") == 0);
+  CHECK(env["CUDA_VISIBLE_DEVICES"] == "");
+  CHECK(env["OMP_NUM_THREADS"] == "8");
+}
+
+TEST_CASE("the launch document has one entry per rank with its own log and events file") {
+  auto job = ddp_job();
+  auto doc = launch_document(job, {}, {"GPU-b", "GPU-d"}, "/s", 7.5);
+  REQUIRE(doc["ranks"].size() == 2);
+  CHECK(doc["ranks"][1]["log"] == "/s/jobs/42/attempt-2/rank-1.log");
+  CHECK(doc["ranks"][1]["env"]["RANK"] == "1");
+  CHECK(doc["grace_s"] == 7.5);
+  CHECK(doc["exit_file"] == "/s/jobs/42/attempt-2/exit.json");
+}
+
+TEST_CASE("executables resolve like execvp") {
+  CHECK(resolve_executable("sh", "/nonexistent:/bin", "/") == "/bin/sh");
+  CHECK(resolve_executable("/bin/sh", "", "/") == "/bin/sh");
+  CHECK(resolve_executable("no-such-program-xyz", "/bin:/usr/bin", "/") == "");
+  std::string plain = "/tmp/gpuq-unit-plain-" + std::to_string(::getpid());
+  { std::ofstream(plain) << "data\n"; }
+  CHECK(resolve_executable(plain, "", "/") == "");  // a regular file without execute bits
+  ::unlink(plain.c_str());
+}
+
+TEST_CASE("atomic writes replace the file whole") {
+  std::string path = "/tmp/gpuq-unit-atomic-" + std::to_string(::getpid());
+  REQUIRE(write_file_atomic(path, "first").ok());
+  REQUIRE(write_file_atomic(path, "second").ok());
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "second");
+  ::unlink(path.c_str());
+  CHECK_FALSE(write_file_atomic("/nonexistent-dir/x", "y").ok());
+}
+
+TEST_CASE("a process is identified by pid and start time, so a reused pid does not match") {
+  auto st = process_start_time(::getpid());
+  REQUIRE(st.has_value());
+  CHECK(is_alive({::getpid(), *st}));
+  CHECK_FALSE(is_alive({::getpid(), *st + 1}));
+  CHECK_FALSE(is_alive({0x3fffffff, 1}));
+}
+
+TEST_CASE("free ports are real and avoid ports already handed out") {
+  int a = pick_free_port({});
+  REQUIRE(a > 0);
+  int b = pick_free_port({a});
+  CHECK(b > 0);
+  CHECK(b != a);
+}
+
+TEST_SUITE_END();

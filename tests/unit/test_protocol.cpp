@@ -1,0 +1,90 @@
+// Protocol messages: round trips of every reply record, request decoding errors, the envelope.
+#include <doctest/doctest.h>
+
+#include "common/protocol.hpp"
+
+using namespace gpuq::common;
+
+TEST_SUITE_BEGIN("protocol");
+
+TEST_CASE("a JobInfo survives a JSON round trip, nulls included") {
+  JobInfo j;
+  j.id = 7;
+  j.batch = 2;
+  j.name = "mnist";
+  j.state = "failed";
+  j.attempt = 2;
+  j.retries = 3;
+  j.gpus = {1, 3};
+  j.exit_code = 137;
+  j.progress = {{"step", 10}, {"loss", 0.5}};
+  j.labels = {{"team", "vision"}};
+  JobInfo back = json(j).get<JobInfo>();
+  CHECK(json(back) == json(j));
+  CHECK(json(j)["exit_signal"].is_null());
+}
+
+TEST_CASE("replies decode with defaults for fields an older daemon did not send") {
+  auto r = json{{"jobs", json::array({{{"id", 1}, {"state", "queued"}}})}}.get<JobsReply>();
+  REQUIRE(r.jobs.size() == 1);
+  CHECK(r.jobs[0].ranks == 1);
+  CHECK(r.jobs[0].gpus.empty());
+  CHECK_FALSE(r.timed_out);
+}
+
+TEST_CASE("show, gpus, cancel and submit replies round-trip") {
+  ShowReply s;
+  s.job.id = 3;
+  s.history = {{1, "running", 12.5, ""}, {1, "failed", 13.0, "rank 1 exited with code 2"}};
+  s.logs = {{1, 0, "/x/rank-0.log"}};
+  s.first_failure = {{"rank", 1}, {"exit_code", 2}};
+  CHECK(json(json(s).get<ShowReply>()) == json(s));
+  GpusReply g{"fake:2:100", {{0, "GPU-a", "Fake", 100, nullptr, nullptr, 50, false, {4, 5}}}};
+  CHECK(json(json(g).get<GpusReply>()) == json(g));
+  CancelReply c{{{1, "cancelled", true}}};
+  CHECK(json(json(c).get<CancelReply>()) == json(c));
+  SubmitReply sub{4, {10, 11}};
+  CHECK(json(json(sub).get<SubmitReply>()) == json(sub));
+}
+
+TEST_CASE("request decoders name the offending field") {
+  auto message = [](auto fn, const json& j) {
+    try {
+      fn(j);
+    } catch (const gpuq::RequestError& e) {
+      CHECK(e.code() == gpuq::ErrorCode::bad_request);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message(decode_id, {{"id", "7"}}) == "field `id` must be a positive job id");
+  CHECK(message(decode_id, json::object()) == "field `id` must be a positive job id");
+  CHECK(message(decode_ids, {{"ids", {1, -2}}}) == "field `ids` must be an array of positive job ids");
+  CHECK(message(decode_ids, {{"ids", json::array()}}) == "field `ids` must be a non-empty array of job ids");
+  CHECK(message(decode_status, {{"all", 1}}) == "field `all` must be true or false");
+  CHECK(message(decode_submit, {{"cwd", "/"}}) == "field `jobs` must be a job spec object or an array of them");
+  CHECK(message(decode_submit, {{"jobs", {}}, {"env", {{"A", 1}}}}) == "field `env.A` must be a string");
+}
+
+TEST_CASE("the reply envelope carries ok, or an error code and message") {
+  auto ok = ok_reply({{"batch", 1}});
+  CHECK(ok["ok"] == true);
+  CHECK(unwrap_reply(ok).ok());
+  auto err = error_reply(gpuq::ErrorCode::not_found, "no job 9");
+  CHECK(err["error"]["code"] == "not_found");
+  auto unwrapped = unwrap_reply(err);
+  REQUIRE_FALSE(unwrapped.ok());
+  CHECK(unwrapped.error().code == gpuq::ErrorCode::not_found);
+  CHECK(unwrapped.error().message == "no job 9");
+  CHECK_FALSE(unwrap_reply(json::array()).ok());
+}
+
+TEST_CASE("every error code has a stable wire name") {
+  using gpuq::ErrorCode;
+  for (auto c : {ErrorCode::bad_request, ErrorCode::invalid_spec, ErrorCode::not_found, ErrorCode::unknown_command,
+                 ErrorCode::version_mismatch, ErrorCode::too_large, ErrorCode::forbidden, ErrorCode::unavailable,
+                 ErrorCode::store_error, ErrorCode::internal})
+    CHECK(gpuq::error_code_from_string(gpuq::to_string(c)) == c);
+}
+
+TEST_SUITE_END();

@@ -1,0 +1,140 @@
+// Scheduler policies: order, gangs, packing, reservations and backfill. Pure: no daemon needed.
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "daemon/scheduler.hpp"
+
+using namespace gpuq::daemon;
+
+namespace {
+std::vector<GpuState> idle_gpus(int n, std::int64_t mb = 81920) {
+  std::vector<GpuState> g;
+  for (int i = 0; i < n; ++i) g.push_back({i, mb, 0, 0, false, 0});
+  return g;
+}
+PendingJob exclusive(std::int64_t id, int gpus, int priority = 0, double timeout = 0) {
+  return {id, priority, gpus, false, 0, timeout};
+}
+PendingJob shared(std::int64_t id, std::int64_t mb, int priority = 0) { return {id, priority, 1, true, mb, 0}; }
+void hold(GpuState& g, bool excl, std::int64_t mb, double free_at = k_never) {
+  g.holders++;
+  g.exclusive = excl;
+  g.allocated_mb += excl ? g.total_mb : mb;
+  g.free_at = free_at;
+}
+std::vector<std::int64_t> started(const Plan& p) {
+  std::vector<std::int64_t> ids;
+  for (const auto& s : p.start) ids.push_back(s.id);
+  return ids;
+}
+}  // namespace
+
+TEST_SUITE_BEGIN("scheduler");
+
+TEST_CASE("exclusive jobs each get their own GPU, never more jobs than GPUs") {
+  std::vector<PendingJob> q;
+  for (int i = 1; i <= 6; ++i) q.push_back(exclusive(i, 1));
+  auto p = schedule(q, idle_gpus(4), 0);
+  REQUIRE(p.start.size() == 4);
+  std::set<int> used;
+  for (const auto& s : p.start) {
+    REQUIRE(s.gpus.size() == 1);
+    used.insert(s.gpus[0]);
+  }
+  CHECK(used.size() == 4);
+  CHECK(started(p) == std::vector<std::int64_t>{1, 2, 3, 4});
+}
+
+TEST_CASE("higher priority starts first, then submission order") {
+  auto p = schedule({exclusive(1, 1), exclusive(2, 1, 5), exclusive(3, 1), exclusive(4, 1, 5)}, idle_gpus(2), 0);
+  CHECK(started(p) == std::vector<std::int64_t>{2, 4});
+}
+
+TEST_CASE("jobs without GPUs always start") {
+  auto gpus = idle_gpus(1);
+  hold(gpus[0], true, 0);
+  auto p = schedule({exclusive(1, 0), exclusive(2, 1), exclusive(3, 0)}, gpus, 0);
+  CHECK(started(p) == std::vector<std::int64_t>{1, 3});
+}
+
+TEST_CASE("a 2-GPU ddp job waits until both GPUs are free, then gets both at once") {
+  auto gpus = idle_gpus(2);
+  hold(gpus[1], true, 0);
+  auto p = schedule({exclusive(1, 2)}, gpus, 0);
+  CHECK(p.start.empty());
+  CHECK(p.reservations.at(1).size() == 2);
+  gpus = idle_gpus(2);
+  p = schedule({exclusive(1, 2)}, gpus, 0);
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{0, 1});
+}
+
+TEST_CASE("a big gang is not starved by a stream of small jobs") {
+  // GPU 3 is busy; the 4-GPU job at the head of the queue reserves all four, so the small jobs
+  // behind it may not take GPUs 0-2 even though they are idle now.
+  auto gpus = idle_gpus(4);
+  hold(gpus[3], true, 0);
+  auto p = schedule({exclusive(1, 4), exclusive(2, 1), exclusive(3, 1)}, gpus, 0);
+  CHECK(p.start.empty());
+  CHECK(p.reservations.at(1) == std::vector<int>{0, 1, 2, 3});
+  CHECK(p.waiting.count(2) == 1);
+}
+
+TEST_CASE("a short job backfills onto reserved GPUs when its timeout ends before the reservation starts") {
+  auto gpus = idle_gpus(2);
+  hold(gpus[1], true, 0, /*free_at=*/1000);  // the running job's timeout ends at t=1000
+  auto p = schedule({exclusive(1, 2), exclusive(2, 1, 0, 500), exclusive(3, 1, 0, 5000), exclusive(4, 1)}, gpus, 100);
+  // job 2 (ends by 600) fits before the reservation at 1000; job 3 (ends by 5100) and job 4 (no timeout) do not
+  CHECK(started(p) == std::vector<std::int64_t>{2});
+}
+
+TEST_CASE("without timeouts on running jobs there is no backfill onto a reservation") {
+  auto gpus = idle_gpus(2);
+  hold(gpus[1], true, 0);  // free_at = never
+  auto p = schedule({exclusive(1, 2), exclusive(2, 1, 0, 1)}, gpus, 0);
+  CHECK(p.start.empty());
+}
+
+TEST_CASE("shared jobs pack onto one GPU by memory, best fit, leaving other GPUs idle") {
+  auto gpus = idle_gpus(2, 40000);
+  auto p = schedule({shared(1, 10000), shared(2, 10000), shared(3, 15000), shared(4, 10000)}, gpus, 0);
+  REQUIRE(p.start.size() == 4);
+  // 10000+10000+15000 = 35000 fit on GPU 0; the fourth (10000) no longer fits there.
+  CHECK(p.start[0].gpus == std::vector<int>{0});
+  CHECK(p.start[1].gpus == std::vector<int>{0});
+  CHECK(p.start[2].gpus == std::vector<int>{0});
+  CHECK(p.start[3].gpus == std::vector<int>{1});
+}
+
+TEST_CASE("best fit prefers the fuller GPU that still has room") {
+  auto gpus = idle_gpus(2, 40000);
+  hold(gpus[0], false, 10000);
+  hold(gpus[1], false, 30000);
+  auto p = schedule({shared(1, 8000)}, gpus, 0);
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{1});  // 2000 MiB left there vs 22000 on GPU 0
+}
+
+TEST_CASE("shared jobs never land on an exclusively held GPU, and exclusive jobs never on a shared one") {
+  auto gpus = idle_gpus(2);
+  hold(gpus[0], true, 0);
+  hold(gpus[1], false, 1000);
+  auto p = schedule({shared(1, 1000), exclusive(2, 1)}, gpus, 0);
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].id == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{1});
+}
+
+TEST_CASE("a job asking more GPUs than exist waits with a reason instead of blocking others") {
+  auto p = schedule({exclusive(1, 8), exclusive(2, 1)}, idle_gpus(4), 0);
+  CHECK(started(p) == std::vector<std::int64_t>{2});
+  CHECK(p.waiting.at(1).find("this machine has 4") != std::string::npos);
+}
+
+TEST_CASE("an exclusive job asking more memory than a GPU has is not placed there") {
+  auto p = schedule({{1, 0, 1, false, 100000, 0}}, idle_gpus(2, 81920), 0);
+  CHECK(p.start.empty());
+}
+
+TEST_SUITE_END();

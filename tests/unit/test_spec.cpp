@@ -1,0 +1,144 @@
+// Job-spec validation: every rule, and that each error names the job, the field and the fix.
+#include <doctest/doctest.h>
+
+#include "common/spec.hpp"
+
+using gpuq::common::json;
+using gpuq::common::parse_batch;
+
+namespace {
+std::string error_of(const std::string& text) {
+  auto r = parse_batch(json::parse(text), "/tmp");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == gpuq::ErrorCode::invalid_spec);
+  return r.error().message;
+}
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+}  // namespace
+
+TEST_SUITE_BEGIN("spec");
+
+TEST_CASE("a minimal command job gets the documented defaults") {
+  auto r = parse_batch(json::parse(R"({"command": ["python3", "train.py"]})"), "/home/u");
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 1);
+  const auto& s = r->at(0);
+  CHECK(s.command == std::vector<std::string>{"python3", "train.py"});
+  CHECK(s.gpus == 0);
+  CHECK(s.mode == gpuq::common::Mode::independent);
+  CHECK(s.ranks == 1);
+  CHECK(s.retries == 0);
+  CHECK(s.cwd == "/home/u");
+  CHECK_FALSE(s.shared);
+}
+
+TEST_CASE("a typo in a field name is an error that suggests the right name") {
+  auto msg = error_of(R"({"name": "x", "command": ["true"], "gpu": 2})");
+  CHECK(contains(msg, "job[0] (x): unknown field `gpu` (did you mean `gpus`?)"));
+}
+
+TEST_CASE("wrong types name the field and the type received") {
+  CHECK(contains(error_of(R"({"command": ["true"], "gpus": "2"})"), "field `gpus` must be an integer, got a string"));
+  CHECK(contains(error_of(R"({"command": "python3 train.py"})"), "field `command` must be a non-empty array"));
+  CHECK(contains(error_of(R"({"command": ["true", 3]})"), "field `command[1]` must be a string, got an integer"));
+  CHECK(contains(error_of(R"({"command": ["true"], "env": {"A": 1}})"), "field `env.A` must be a string"));
+  CHECK(contains(error_of(R"({"command": ["true"], "shared": "yes"})"), "field `shared` must be true or false"));
+}
+
+TEST_CASE("negative or absurd numbers are rejected with the allowed range") {
+  CHECK(contains(error_of(R"({"command": ["true"], "gpus": -1})"), "field `gpus` must be between 0 and 1024, got -1"));
+  CHECK(contains(error_of(R"({"command": ["true"], "retries": 1000})"), "field `retries` must be between 0 and 100"));
+  CHECK(contains(error_of(R"({"command": ["true"], "timeout_s": 0})"), "field `timeout_s` must be > 0"));
+}
+
+TEST_CASE("a job needs exactly one thing to run") {
+  CHECK(contains(error_of(R"({"name": "x"})"), "needs one of `command`"));
+  CHECK(contains(error_of(R"({"command": ["true"], "shell": "true"})"), "give only one of"));
+}
+
+TEST_CASE("a shell job runs through /bin/sh -c only when asked") {
+  auto r = parse_batch(json::parse(R"({"shell": "echo $HOME | wc -c"})"), "/");
+  REQUIRE(r.ok());
+  CHECK(r->at(0).command == std::vector<std::string>{"/bin/sh", "-c", "echo $HOME | wc -c"});
+}
+
+TEST_CASE("ddp jobs get one rank per GPU, or explicit CPU ranks") {
+  auto r = parse_batch(json::parse(R"({"command": ["t"], "mode": "ddp", "gpus": 4})"), "/");
+  REQUIRE(r.ok());
+  CHECK(r->at(0).ranks == 4);
+  r = parse_batch(json::parse(R"({"command": ["t"], "mode": "ddp", "ranks": 2})"), "/");
+  REQUIRE(r.ok());
+  CHECK(r->at(0).ranks == 2);
+  CHECK(r->at(0).gpus == 0);
+  CHECK(contains(error_of(R"({"command": ["t"], "mode": "ddp"})"), "needs `ranks`"));
+  CHECK(contains(error_of(R"({"command": ["t"], "mode": "ddp", "gpus": 2, "ranks": 3})"), "must equal `gpus`"));
+  CHECK(contains(error_of(R"({"command": ["t"], "ranks": 2})"), "needs \"mode\": \"ddp\""));
+  CHECK(contains(error_of(R"({"command": ["t"], "mode": "dpp"})"), "must be \"independent\" or \"ddp\""));
+}
+
+TEST_CASE("shared jobs must say how much memory they need") {
+  CHECK(contains(error_of(R"({"command": ["t"], "gpus": 1, "shared": true})"), "a shared job needs `gpu_memory_mb`"));
+  CHECK(contains(error_of(R"({"command": ["t"], "shared": true, "gpu_memory_mb": 100})"), "needs `gpus` >= 1"));
+  CHECK(contains(error_of(R"({"command": ["t"], "mode": "ddp", "gpus": 2, "shared": true, "gpu_memory_mb": 10})"),
+                 "a ddp job cannot be shared"));
+}
+
+TEST_CASE("gpuq's own environment variables cannot be overridden") {
+  CHECK(contains(error_of(R"({"command": ["t"], "env": {"CUDA_VISIBLE_DEVICES": "0"}})"),
+                 "field `env.CUDA_VISIBLE_DEVICES` is set by gpuq"));
+  CHECK(contains(error_of(R"({"command": ["t"], "env": {"RANK": "0"}})"), "`env.RANK`"));
+}
+
+TEST_CASE("cwd must be absolute and names must be safe") {
+  CHECK(contains(error_of(R"({"command": ["t"], "cwd": "rel/dir"})"), "field `cwd` must be an absolute path"));
+  CHECK(contains(error_of(R"({"command": ["t"], "name": "../../etc"})"), "field `name` must be 1-128 characters"));
+  CHECK(contains(error_of(R"({"command": ["t"], "name": "123"})"), "not all digits"));
+}
+
+TEST_CASE("a batch reports every problem at once, each with its job") {
+  auto msg = error_of(R"([{"name": "a", "command": ["t"], "gpus": -2}, {"name": "b", "comand": ["t"]}])");
+  CHECK(contains(msg, "3 problems"));  // the typo also leaves job[1] with nothing to run
+  CHECK(contains(msg, "job[0] (a): field `gpus`"));
+  CHECK(contains(msg, "job[1] (b): unknown field `comand` (did you mean `command`?)"));
+}
+
+TEST_CASE("a batch is an object or a non-empty array of objects") {
+  CHECK(contains(error_of("[]"), "the batch is empty"));
+  CHECK(contains(error_of("42"), "expected a job object or an array of jobs, got an integer"));
+  CHECK(contains(error_of(R"([{"command": ["t"]}, 7])"), "job[1]: must be an object"));
+}
+
+TEST_CASE("dependencies resolve by name within the batch") {
+  auto r = parse_batch(json::parse(R"([{"name": "prep", "command": ["t"]},
+                                      {"name": "train", "command": ["t"], "after": ["prep", 17]}])"),
+                       "/");
+  REQUIRE(r.ok());
+  auto deps = gpuq::common::resolve_batch_dependencies(*r);
+  REQUIRE(deps.ok());
+  CHECK(deps->at(1) == std::vector<std::size_t>{0});
+  CHECK(r->at(1).after.at(1).id == 17);  // an existing job: checked by the daemon
+}
+
+TEST_CASE("unknown dependency names, duplicates and cycles are rejected") {
+  CHECK(contains(error_of(R"([{"name": "a", "command": ["t"], "after": ["nope"]}])"),
+                 "`after` names \"nope\", which is not a job in this batch"));
+  CHECK(contains(error_of(R"([{"name": "a", "command": ["t"]}, {"name": "a", "command": ["t"]}])"),
+                 "name also used by job[0]"));
+  CHECK(contains(error_of(R"([{"name": "a", "command": ["t"], "after": ["a"]}])"), "depends on itself"));
+  auto msg = error_of(R"([{"name": "a", "command": ["t"], "after": ["c"]},
+                          {"name": "b", "command": ["t"], "after": ["a"]},
+                          {"name": "c", "command": ["t"], "after": ["b"]}])");
+  CHECK(contains(msg, "dependency cycle: a -> c -> b -> a"));
+}
+
+TEST_CASE("a stored spec parses back to the same job") {
+  auto r = parse_batch(json::parse(R"({"name": "n", "shell": "echo", "gpus": 2, "mode": "ddp", "retries": 3,
+                                      "timeout_s": 9.5, "env": {"A": "1"}, "labels": {"k": "v"}, "after": [4]})"),
+                       "/w");
+  REQUIRE(r.ok());
+  auto again = gpuq::common::parse_job(gpuq::common::to_json(r->at(0)), "/");
+  REQUIRE(again.ok());
+  CHECK(gpuq::common::to_json(*again) == gpuq::common::to_json(r->at(0)));
+}
+
+TEST_SUITE_END();

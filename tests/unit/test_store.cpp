@@ -1,0 +1,129 @@
+// The state store: round trips, transitions, event offsets, and refusing files that are not ours.
+#include <doctest/doctest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "daemon/store.hpp"
+
+using namespace gpuq::daemon;
+
+namespace {
+struct TempDb {
+  std::string path = "/tmp/gpuq-unit-store-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".db";
+  ~TempDb() {
+    for (auto suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+  }
+  static inline int counter = 0;
+};
+
+JobRecord job_named(const std::string& name) {
+  JobRecord j;
+  j.spec.name = name;
+  j.spec.command = {"true"};
+  j.spec.cwd = "/";
+  return j;
+}
+}  // namespace
+
+TEST_SUITE_BEGIN("store");
+
+TEST_CASE("a batch is stored with ids, resolved dependencies and a first transition") {
+  TempDb db;
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  std::vector<JobRecord> jobs{job_named("a"), job_named("b")};
+  jobs[1].spec.after = {{"a", 0}, {"", 99}};
+  auto batch = (*store)->insert_batch(jobs, {{}, {0}}, "/home", {{"PATH", "/bin"}}, 10.0);
+  CHECK(batch == 1);
+  CHECK(jobs[0].id == 1);
+  CHECK(jobs[1].after == std::vector<std::int64_t>{1, 99});
+  auto b = (*store)->get(2);
+  REQUIRE(b.has_value());
+  CHECK(b->spec.name == "b");
+  CHECK(b->after == std::vector<std::int64_t>{1, 99});
+  CHECK(b->state == gpuq::JobState::queued);
+  CHECK((*store)->history(2).size() == 1);
+  CHECK((*store)->batch_env(1)["PATH"] == "/bin");
+  CHECK((*store)->count_jobs() == 2);
+}
+
+TEST_CASE("updates persist across reopening, and only active jobs load as active") {
+  TempDb db;
+  {
+    auto store = Store::open(db.path);
+    REQUIRE(store.ok());
+    std::vector<JobRecord> jobs{job_named("a"), job_named("b"), job_named("c")};
+    (*store)->insert_batch(jobs, {{}, {}, {}}, "/", json::object(), 1.0);
+    jobs[0].state = gpuq::JobState::running;
+    jobs[0].attempt = 1;
+    jobs[0].gpus = {2};
+    jobs[0].started_at = 2.0;
+    (*store)->update(jobs[0], true);
+    jobs[1].state = gpuq::JobState::failed;
+    jobs[1].exit_signal = 9;
+    jobs[1].ended_at = 3.0;
+    jobs[1].reason = "rank 0 was killed by signal 9";
+    (*store)->update(jobs[1], true);
+  }
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  auto active = (*store)->load_active();
+  REQUIRE(active.size() == 2);
+  CHECK(active[0].state == gpuq::JobState::running);
+  CHECK(active[0].gpus == std::vector<int>{2});
+  auto failed = (*store)->get(2);
+  CHECK(failed->exit_signal == 9);
+  CHECK_FALSE(failed->exit_code.has_value());
+  CHECK(failed->reason == "rank 0 was killed by signal 9");
+  auto h = (*store)->history(2);
+  REQUIRE(h.size() == 2);
+  CHECK(h[1].state == "failed");
+  CHECK(h[1].at == 3.0);
+  CHECK((*store)->recent_finished(10).size() == 1);
+  int seen = 0;
+  (*store)->for_each_job([&](const JobRecord&) { ++seen; });
+  CHECK(seen == 3);
+}
+
+TEST_CASE("events and their file offset are stored together") {
+  TempDb db;
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  std::vector<JobRecord> jobs{job_named("a")};
+  (*store)->insert_batch(jobs, {{}}, "/", json::object(), 1.0);
+  jobs[0].attempt = 1;
+  jobs[0].result = {{"acc", 0.9}};
+  (*store)->add_events(jobs[0], 1, 120, {{1, "result", 5.0, {{"acc", 0.9}}}});
+  CHECK((*store)->event_offset(1, 1, 1) == 120);
+  CHECK((*store)->event_offset(1, 1, 0) == 0);
+  CHECK((*store)->events(1, 1).size() == 1);
+  CHECK((*store)->get(1)->result["acc"] == 0.9);
+}
+
+TEST_CASE("a file that is not a database is refused, not overwritten") {
+  TempDb db;
+  { std::ofstream(db.path) << "precious notes, not a database\n"; }
+  auto store = Store::open(db.path);
+  REQUIRE_FALSE(store.ok());
+  CHECK(store.error().message.find("not a readable SQLite database") != std::string::npos);
+  std::ifstream in(db.path);
+  std::string first;
+  std::getline(in, first);
+  CHECK(first == "precious notes, not a database");
+}
+
+TEST_CASE("another program's SQLite database is refused") {
+  TempDb db;
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(db.path.c_str(), &raw) == SQLITE_OK);
+  sqlite3_exec(raw, "CREATE TABLE mine(x)", nullptr, nullptr, nullptr);
+  sqlite3_close(raw);
+  auto store = Store::open(db.path);
+  REQUIRE_FALSE(store.ok());
+  CHECK(store.error().message.find("gpuq did not create") != std::string::npos);
+}
+
+TEST_SUITE_END();
