@@ -128,7 +128,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
     if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string())
       throw RequestError(ErrorCode::bad_request, "a request is a JSON object with a string field `cmd`");
     const std::string cmd = request["cmd"].get<std::string>();
-    if (cmd == "wait") return cmd_wait(request, std::move(reply));
+    if (cmd == "wait") return cmd_wait(request, reply);
     if (cmd == "shutdown") {
       reply(common::ok_reply());
       if (on_shutdown) asio::post(m_io, on_shutdown);
@@ -379,7 +379,7 @@ json Daemon::cmd_cancel(const json& req) {
   return out;
 }
 
-void Daemon::cmd_wait(const json& req, Reply reply) {
+void Daemon::cmd_wait(const json& req, Reply& reply) {
   auto q = common::decode_ids(req);
   for (auto id : q.ids)
     if (!lookup(id)) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
@@ -563,7 +563,8 @@ void Daemon::launch(Active& a, const std::vector<int>& gpus, double now) {
   for (int idx : gpus)
     if (const Gpu* g = m_inventory.find(idx)) uuids.push_back(g->uuid);
   Env base;
-  for (const auto& [k, v] : m_store->batch_env(next.batch).items())
+  const json batch_env = m_store->batch_env(next.batch);  // named: items() would dangle on a temporary
+  for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
   auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s);
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump(2)); !w) throw RequestError(w.error());

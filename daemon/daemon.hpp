@@ -76,7 +76,7 @@ class Daemon {
   json cmd_cancel(const json& req);
   json cmd_results(const json& req);
   json cmd_gpus(const json& req);
-  void cmd_wait(const json& req, Reply reply);
+  void cmd_wait(const json& req, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.
   void schedule_soon();

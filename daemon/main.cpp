@@ -162,6 +162,14 @@ int main(int argc, char** argv) {
   daemon.recover();
   std::cerr << "gpuqd: listening on " << config.socket_path << "\n";
   report_ready("");
-  io.run();
+  // A handler that throws is a bug, but it must not take the queue down with it: log and go on.
+  for (;;) {
+    try {
+      io.run();
+      break;
+    } catch (const std::exception& e) {
+      std::cerr << "gpuqd: internal error (continuing): " << e.what() << "\n";
+    }
+  }
   return 0;
 }

@@ -6,6 +6,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -54,16 +56,34 @@ class Connection : public std::enable_shared_from_this<Connection> {
     asio::async_read_until(m_socket, m_buffer, '\n', [self](const boost::system::error_code& ec, std::size_t n) {
       self->m_idle.cancel();
       if (ec == asio::error::not_found) {
+        // Refuse, then skip the rest of the line without keeping it; the connection stays usable.
         self->send(common::error_reply(ErrorCode::too_large, "request line longer than " +
                                                                  std::to_string(common::k_max_request_bytes) +
                                                                  " bytes; refused"),
-                   true);
+                   false);
+        self->m_buffer.consume(self->m_buffer.size());
+        self->discard_line();
         return;
       }
       if (ec) return;  // closed by the peer or by the idle timer
       std::string line(asio::buffers_begin(self->m_buffer.data()), asio::buffers_begin(self->m_buffer.data()) + n);
       self->m_buffer.consume(n);
       self->handle(line);
+    });
+  }
+
+  void discard_line() {
+    auto self = shared_from_this();
+    m_socket.async_read_some(asio::buffer(m_scratch), [self](const boost::system::error_code& ec, std::size_t n) {
+      if (ec) return;
+      auto* begin = self->m_scratch.data();
+      auto* nl = std::find(begin, begin + n, '\n');
+      if (nl == begin + n) return self->discard_line();
+      std::size_t rest = static_cast<std::size_t>(begin + n - (nl + 1));  // the next request's bytes
+      auto out = self->m_buffer.prepare(rest);
+      std::memcpy(out.data(), nl + 1, rest);
+      self->m_buffer.commit(rest);
+      self->read();
     });
   }
 
@@ -110,6 +130,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::steady_timer m_idle;
   double m_idle_s;
   std::deque<std::string> m_out;
+  std::array<char, 65536> m_scratch{};
   bool m_close_after = false;
 };
 

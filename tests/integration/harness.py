@@ -1,0 +1,145 @@
+"""Integration-test harness: a real gpuqd on a temporary socket and state dir, driven by the
+real gpuq. Binary paths come from CMake through $GPUQ_BIN_DIR. A failing test keeps its
+temporary directory and prints where it is."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+BIN = os.environ.get("GPUQ_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+
+
+def wait_until(pred, timeout=20.0, interval=0.05, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Daemon:
+    """One gpuqd in the foreground, as a child of the test."""
+
+    def __init__(self, tmp, gpus="fake:4", extra=()):
+        self.tmp = tmp
+        self.socket = os.path.join(tmp, "gpuqd.sock")
+        self.state = os.path.join(tmp, "state")
+        self.gpus = gpus
+        self.extra = list(extra)
+        self.proc = None
+        self.log = None
+
+    def start(self, env=None):
+        self.log = open(os.path.join(self.tmp, "gpuqd.log"), "ab")
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket, "--state-dir", self.state,
+             "--gpus", self.gpus, "--grace", "2", "--retry-backoff", "0.2", *self.extra],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        wait_until(lambda: self.proc.poll() is not None or self.run("daemon", "status").returncode == 0,
+                   what="gpuqd to answer")
+        if self.proc.poll() is not None:
+            raise AssertionError(f"gpuqd exited at start with {self.proc.returncode}; see {self.tmp}/gpuqd.log")
+        return self
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.log:
+            self.log.close()
+
+    def run(self, *args, input=None, cwd=None, timeout=120):
+        env = dict(os.environ, GPUQ_SOCKET=self.socket)
+        return subprocess.run([os.path.join(BIN, "gpuq"), *args], input=input, capture_output=True, text=True,
+                              env=env, cwd=cwd or self.tmp, timeout=timeout)
+
+    def ok(self, *args, **kw):
+        r = self.run(*args, **kw)
+        if r.returncode != 0:
+            raise AssertionError(f"gpuq {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+        return r.stdout
+
+    def json(self, *args, **kw):
+        return json.loads(self.ok(*args, "--json", **kw))
+
+    def submit(self, jobs, *extra):
+        return self.json("submit", "-", *extra, input=json.dumps(jobs))
+
+    def wait(self, ids, timeout=120):
+        r = self.run("wait", *map(str, ids), "--json", timeout=timeout)
+        return {j["id"]: j for j in json.loads(r.stdout)["jobs"]}
+
+    def show(self, job_id):
+        return self.json("show", str(job_id))
+
+    def request(self, obj_or_bytes):
+        """Raw protocol: send one line, read one reply line."""
+        data = obj_or_bytes if isinstance(obj_or_bytes, bytes) else (json.dumps(obj_or_bytes) + "\n").encode()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(self.socket)
+            s.sendall(data)
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+        return json.loads(buf) if buf else None
+
+
+class DaemonTest(unittest.TestCase):
+    """Each test gets a fresh daemon (self.d); override GPUS for another machine."""
+    GPUS = "fake:4"
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        self.d = Daemon(self.tmp, self.GPUS).start()
+
+    def tearDown(self):
+        self.d.stop()
+        # Jobs outlive the daemon by design: stop this test's job supervisors (each tears down its
+        # job's process tree on SIGTERM) so nothing leaks into the next test.
+        shims = pids_matching(f"gpuq-shim {self.tmp}/")
+        for pid in shims:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if shims:
+            wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), timeout=10, what="job supervisors to exit")
+        failed = any(e for _, e in (self._outcome.result.errors + self._outcome.result.failures)
+                     if _ is self) if hasattr(self._outcome, "result") else False
+        if failed:
+            print(f"\nkept {self.tmp} for inspection")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def tmp_path(self, name):
+        return os.path.join(self.tmp, name)
+
+
+def pids_matching(pattern):
+    r = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in r.stdout.split()]
+
+
+def event_line(**fields):
+    """Shell snippet appending one event line to $GPUQ_EVENTS."""
+    return "echo '" + json.dumps(fields) + "' >> \"$GPUQ_EVENTS\""

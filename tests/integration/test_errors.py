@@ -1,0 +1,109 @@
+"""Bad input gets a clear error that names the problem, loses nothing, and never takes the daemon
+down."""
+import json
+import os
+import socket
+import subprocess
+import unittest
+
+from harness import BIN, DaemonTest
+
+
+class SpecErrors(DaemonTest):
+    def submit_error(self, spec_text):
+        r = self.d.run("submit", "-", input=spec_text)
+        self.assertEqual(r.returncode, 4, r.stdout + r.stderr)
+        return r.stderr
+
+    def test_spec_errors_name_the_field_and_nothing_is_queued(self):
+        self.assertIn("unknown field `gpu` (did you mean `gpus`?)", self.submit_error('{"command":["true"],"gpu":2}'))
+        self.assertIn("field `gpus` must be between 0 and 1024, got -1",
+                      self.submit_error('{"command":["true"],"gpus":-1}'))
+        self.assertIn("dependency cycle", self.submit_error(
+            '[{"name":"a","command":["true"],"after":["b"]},{"name":"b","command":["true"],"after":["a"]}]'))
+        self.assertEqual(self.d.json("status")["total"], 0)
+
+    def test_machine_checks_more_gpus_than_exist_missing_program_unknown_dependency(self):
+        self.assertIn("asks for 8 GPUs; this machine has 4", self.submit_error('{"command":["true"],"gpus":8}'))
+        self.assertIn("command `no-such-program-here` is not an executable file in PATH",
+                      self.submit_error('{"command":["no-such-program-here"]}'))
+        self.assertIn("`after` names job 999, which does not exist",
+                      self.submit_error('{"command":["true"],"after":[999]}'))
+        self.assertIn("cwd /nonexistent-dir is not a directory",
+                      self.submit_error('{"command":["true"],"cwd":"/nonexistent-dir"}'))
+
+    def test_a_batch_is_rejected_whole(self):
+        err = self.submit_error('[{"name":"good","command":["true"]},{"name":"bad","command":["true"],"gpus":99}]')
+        self.assertIn("job[1] (bad)", err)
+        self.assertEqual(self.d.json("status")["total"], 0)
+
+    def test_a_file_that_is_not_json_is_reported_by_the_cli(self):
+        path = self.tmp_path("broken.json")
+        with open(path, "w") as f:
+            f.write('{"command": ["true"],,}')
+        r = self.d.run("submit", path)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("broken.json is not valid JSON", r.stderr)
+        self.assertIn("line 1", r.stderr)
+
+    def test_unknown_job_ids(self):
+        for cmd in (["show", "424242"], ["cancel", "424242"], ["wait", "424242"], ["result", "424242"],
+                    ["logs", "424242"]):
+            r = self.d.run(*cmd)
+            self.assertEqual(r.returncode, 4, cmd)
+            self.assertIn("no job 424242", r.stderr)
+
+
+class ProtocolAbuse(DaemonTest):
+    def test_malformed_requests_get_error_replies_and_the_daemon_lives(self):
+        cases = [
+            (b"this is not json\n", "bad_request"),
+            (b"[1,2,3]\n", "bad_request"),
+            (b'{"cmd": 7}\n', "bad_request"),
+            (b'{"cmd": "explode"}\n', "unknown_command"),
+            (b'{"cmd": "show", "id": "x"}\n', "bad_request"),
+            (b'{"cmd": "hello", "protocol_version": 99}\n', "version_mismatch"),
+            (b'{"cmd": "submit", "jobs": {"command": ["true"]}}\n', "bad_request"),  # no cwd
+            (b'{"cmd": "status", "limit": -1}\n', "bad_request"),
+            (b'{"cmd": "show", "id": 1}\xff\xfe\n', "bad_request"),  # invalid UTF-8
+            (b"[" * 10000 + b"\n", "bad_request"),  # deep nesting
+        ]
+        for data, code in cases:
+            reply = self.d.request(data)
+            self.assertFalse(reply["ok"], data[:40])
+            self.assertEqual(reply["error"]["code"], code, data[:40])
+            self.assertTrue(reply["error"]["message"])
+        self.assertEqual(self.d.request({"cmd": "status"})["ok"], True)
+
+    def test_an_oversized_line_is_refused_without_killing_the_daemon(self):
+        reply = self.d.request(b'{"cmd":"status","pad":"' + b"x" * (2 << 20) + b'"}\n')
+        self.assertEqual(reply["error"]["code"], "too_large")
+        self.d.ok("status")
+
+    def test_a_silent_client_does_not_block_others(self):
+        with socket.socket(socket.AF_UNIX) as idle:
+            idle.connect(self.d.socket)
+            idle.sendall(b'{"cmd": "sta')  # half a request, then nothing
+            self.d.ok("status")
+            self.d.ok("gpus")
+
+    def test_a_client_that_disconnects_mid_wait_is_harmless(self):
+        job = self.d.submit({"name": "w", "shell": "sleep 0.5"})["ids"][0]
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(self.d.socket)
+            s.sendall((json.dumps({"cmd": "wait", "ids": [job]}) + "\n").encode())
+        self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
+        self.d.ok("status")
+
+
+class NoDaemon(unittest.TestCase):
+    def test_the_cli_says_the_daemon_is_not_running_and_how_to_start_it(self):
+        env = dict(os.environ, GPUQ_SOCKET="/tmp/gpuq-no-such-daemon.sock")
+        r = subprocess.run([os.path.join(BIN, "gpuq"), "status"], env=env, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("gpuqd is not running on /tmp/gpuq-no-such-daemon.sock", r.stderr)
+        self.assertIn("gpuq daemon start", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

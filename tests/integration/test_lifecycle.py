@@ -1,0 +1,142 @@
+"""Process supervision and durability: cancel kills whole trees, jobs survive a killed daemon,
+one daemon per socket, private socket files, clean shutdown."""
+import json
+import os
+import stat
+import subprocess
+import time
+import unittest
+
+from harness import BIN, Daemon, DaemonTest, event_line, pids_matching, wait_until
+
+
+class Cancel(DaemonTest):
+    def test_cancel_kills_the_whole_tree_including_escaped_processes(self):
+        # A background child, a child that escapes into its own session, and a foreground one.
+        sub = self.d.submit({"name": "tree", "shell": "sleep 7301 & (setsid sleep 7302 &); sleep 7303"})
+        job_id = sub["ids"][0]
+        wait_until(lambda: len(pids_matching("^sleep 730[123]$")) == 3, what="the three sleeps")
+        out = self.d.ok("cancel", str(job_id))
+        self.assertIn("stopping", out)
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "cancelled")
+        self.assertEqual(pids_matching("^sleep 730[123]$"), [])
+
+    def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(self):
+        sub = self.d.submit({"name": "stubborn", "shell": "trap '' TERM; sleep 7311 & wait; sleep 7312"})
+        job_id = sub["ids"][0]
+        wait_until(lambda: pids_matching("^sleep 7311$"), what="the job to start")
+        t0 = time.time()
+        self.d.ok("cancel", str(job_id))
+        self.assertEqual(self.d.wait([job_id])[job_id]["state"], "cancelled")
+        self.assertLess(time.time() - t0, 10)  # grace is 2 s in the harness
+        self.assertEqual(pids_matching("^sleep 731[12]$"), [])
+
+    def test_cancel_of_queued_and_finished_jobs(self):
+        blocker = self.d.submit({"name": "all-gpus", "gpus": 4, "shell": "sleep 30"})["ids"][0]
+        queued = self.d.submit({"name": "waits", "gpus": 1, "command": ["true"]})["ids"][0]
+        wait_until(lambda: self.d.show(blocker)["job"]["state"] == "running", what="the blocker")
+        self.assertEqual(self.d.show(queued)["job"]["state"], "queued")
+        self.assertIn("cancelled", self.d.ok("cancel", str(queued)))
+        self.assertEqual(self.d.show(queued)["job"]["state"], "cancelled")
+        self.assertIn("already cancelled", self.d.ok("cancel", str(queued)))
+        self.d.ok("cancel", str(blocker))
+        self.assertEqual(self.d.wait([blocker])[blocker]["state"], "cancelled")
+
+    def test_leftover_background_processes_are_stopped_when_a_job_ends(self):
+        sub = self.d.submit({"name": "leaky", "shell": "sleep 7321 & echo started"})
+        self.assertEqual(self.d.wait(sub["ids"])[sub["ids"][0]]["state"], "succeeded")
+        self.assertEqual(pids_matching("^sleep 7321$"), [])
+
+
+class Durability(DaemonTest):
+    GPUS = "fake:1"
+
+    def test_kill_9_then_restart_keeps_queue_history_and_running_jobs(self):
+        runs = self.tmp_path("runs")
+        done_before = self.d.submit({"name": "early", "command": ["true"]})["ids"][0]
+        self.d.wait([done_before])
+        # One GPU: the first job runs, the other two queue behind it.
+        jobs = [{"name": f"q{i}", "gpus": 1, "shell": f"echo q{i} >> {runs}; sleep 1.5; " +
+                 event_line(type="result", n=i)} for i in range(3)]
+        ids = self.d.submit(jobs)["ids"]
+        wait_until(lambda: self.d.show(ids[0])["job"]["state"] == "running", what="the first job")
+        self.d.kill9()
+        time.sleep(0.3)
+        self.assertTrue(pids_matching(f"{self.d.state}/jobs/{ids[0]}/"), "the job died with the daemon")
+        self.d.start()
+        status = {j["id"]: j for j in self.d.json("status")["jobs"]}
+        self.assertEqual(status[done_before]["state"], "succeeded")
+        self.assertEqual(status[ids[0]]["state"], "running")
+        self.assertEqual([status[i]["state"] for i in ids[1:]], ["queued", "queued"])
+        done = self.d.wait(ids)
+        self.assertTrue(all(j["state"] == "succeeded" for j in done.values()), done)
+        self.assertEqual([done[i]["result"] for i in ids], [{"n": 0}, {"n": 1}, {"n": 2}])
+        # Every job ran exactly once.
+        self.assertEqual(sorted(open(runs).read().split()), ["q0", "q1", "q2"])
+        self.assertIn("re-adopted job", open(self.tmp_path("gpuqd.log")).read())
+
+    def test_a_job_that_ends_while_the_daemon_is_down_is_recorded(self):
+        job_id = self.d.submit({"name": "quick", "shell": "sleep 0.5; exit 4"})["ids"][0]
+        wait_until(lambda: self.d.show(job_id)["job"]["state"] == "running", what="the job")
+        self.d.kill9()
+        time.sleep(1.2)
+        self.d.start()
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "failed")
+        self.assertEqual(job["exit_code"], 4)
+
+    def test_sigterm_stops_the_daemon_cleanly_and_jobs_keep_running(self):
+        job_id = self.d.submit({"name": "survivor", "shell": "sleep 1; " + event_line(type="result", alive=True)})["ids"][0]
+        wait_until(lambda: self.d.show(job_id)["job"]["state"] == "running", what="the job")
+        self.d.stop()
+        self.assertEqual(self.d.proc.returncode, 0)
+        self.assertFalse(os.path.exists(self.d.socket), "socket left behind after a clean stop")
+        self.d.start()
+        self.assertEqual(self.d.wait([job_id])[job_id]["result"], {"alive": True})
+
+
+class OneDaemon(DaemonTest):
+    def test_a_second_daemon_on_the_same_socket_is_refused(self):
+        other = Daemon(self.tmp, "fake:1")
+        other.state = self.tmp_path("other-state")
+        r = subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.d.socket, "--state-dir",
+                            other.state, "--gpus", "fake:1"], capture_output=True, text=True, timeout=10)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("another gpuqd is already serving", r.stderr)
+        self.d.ok("status")  # the first one is unharmed
+
+    def test_a_second_daemon_on_the_same_state_dir_is_refused(self):
+        r = subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.tmp_path("s2"),
+                            "--state-dir", self.d.state], capture_output=True, text=True, timeout=10)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("another gpuqd is using the state dir", r.stderr)
+
+    def test_a_stale_socket_file_is_replaced(self):
+        self.d.kill9()
+        self.assertTrue(os.path.exists(self.d.socket))
+        self.d.start()
+        self.d.ok("status")
+
+    def test_socket_and_state_dir_are_private(self):
+        self.assertEqual(stat.S_IMODE(os.stat(self.d.socket).st_mode), 0o600)
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.dirname(self.d.socket)).st_mode) & 0o077, 0)
+        self.assertEqual(stat.S_IMODE(os.stat(self.d.state).st_mode), 0o700)
+
+    def test_daemon_start_and_stop_through_the_cli(self):
+        sock = self.tmp_path("cli.sock")
+        env = dict(os.environ, GPUQ_SOCKET=sock)
+        gpuq = os.path.join(BIN, "gpuq")
+        r = subprocess.run([gpuq, "daemon", "start", "--state-dir", self.tmp_path("cli-state"), "--gpus", "fake:2"],
+                           env=env, capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        st = json.loads(subprocess.run([gpuq, "daemon", "status", "--json"], env=env, capture_output=True,
+                                       text=True).stdout)
+        self.assertTrue(st["running"])
+        r = subprocess.run([gpuq, "daemon", "stop"], env=env, capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(subprocess.run([gpuq, "daemon", "status"], env=env, capture_output=True).returncode, 3)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,189 @@
+"""Scheduling through the real daemon: exclusivity, packing, dependencies, retries, timeouts,
+results, waits and logs."""
+import itertools
+import json
+import unittest
+
+from harness import DaemonTest, event_line, pids_matching, wait_until
+
+# A job that reports its GPU and when it ran (wall clock), as a result event.
+TIMED = ('t0=$(date +%s.%N); sleep {sleep}; t1=$(date +%s.%N); '
+         'echo "{{\\"type\\":\\"result\\",\\"gpu\\":\\"$CUDA_VISIBLE_DEVICES\\",\\"t0\\":$t0,\\"t1\\":$t1}}" >> "$GPUQ_EVENTS"')
+
+
+def max_overlap(intervals):
+    points = sorted([(t0, 1) for t0, _ in intervals] + [(t1, -1) for _, t1 in intervals])
+    return max(itertools.accumulate(d for _, d in points))
+
+
+class Exclusive(DaemonTest):
+    def test_fifty_jobs_on_four_gpus_never_share_a_gpu(self):
+        jobs = [{"name": f"j{i}", "gpus": 1, "shell": TIMED.format(sleep=0.2)} for i in range(50)]
+        sub = self.d.submit(jobs)
+        done = self.d.wait(sub["ids"], timeout=300)
+        self.assertEqual(len(done), 50)
+        self.assertTrue(all(j["state"] == "succeeded" for j in done.values()), done)
+        results = self.d.json("results", "--batch", str(sub["batch"]))["jobs"]
+        runs = [(r["result"]["gpu"], r["result"]["t0"], r["result"]["t1"]) for r in results]
+        # Each job saw exactly one GPU, one of the four.
+        self.assertTrue(all(gpu in {"0", "1", "2", "3"} for gpu, _, _ in runs), runs)
+        # Never more than four at once, and never two at once on one GPU.
+        self.assertLessEqual(max_overlap([(t0, t1) for _, t0, t1 in runs]), 4)
+        for (g1, a0, a1), (g2, b0, b1) in itertools.combinations(runs, 2):
+            if a0 < b1 and b0 < a1:
+                self.assertNotEqual(g1, g2, f"two jobs overlapped on GPU {g1}")
+        self.assertGreater(max_overlap([(t0, t1) for _, t0, t1 in runs]), 1, "jobs never ran in parallel")
+
+
+class Packing(DaemonTest):
+    GPUS = "fake:1:1000"
+
+    def test_shared_jobs_pack_by_memory(self):
+        jobs = [{"name": f"s{i}", "gpus": 1, "shared": True, "gpu_memory_mb": 400, "shell": TIMED.format(sleep=1)}
+                for i in range(3)]
+        sub = self.d.submit(jobs)
+        done = self.d.wait(sub["ids"])
+        self.assertTrue(all(j["state"] == "succeeded" for j in done.values()))
+        runs = [(r["result"]["t0"], r["result"]["t1"]) for r in self.d.json("results", *map(str, sub["ids"]))["jobs"]]
+        # 2 x 400 MiB fit in 1000 MiB, a third does not.
+        self.assertEqual(max_overlap(runs), 2)
+
+    def test_gpus_shows_the_shared_allocation(self):
+        sub = self.d.submit({"name": "holder", "gpus": 1, "shared": True, "gpu_memory_mb": 300, "shell": "sleep 30"})
+        wait_until(lambda: self.d.json("gpus")["gpus"][0]["jobs"] == sub["ids"], what="the job on GPU 0")
+        gpu = self.d.json("gpus")["gpus"][0]
+        self.assertEqual(gpu["allocated_mb"], 300)
+        self.assertFalse(gpu["exclusive"])
+        self.d.ok("cancel", str(sub["ids"][0]))
+
+
+class Dependencies(DaemonTest):
+    def test_after_runs_in_order_and_a_failed_dependency_fails_its_dependents(self):
+        order = self.tmp_path("order")
+        jobs = [
+            {"name": "prep", "shell": f"sleep 0.3; echo prep >> {order}"},
+            {"name": "train", "after": ["prep"], "shell": f"echo train >> {order}"},
+            {"name": "broken", "command": ["false"]},
+            {"name": "report", "after": ["broken", "train"], "command": ["true"]},
+            {"name": "later", "after": ["report"], "command": ["true"]},
+        ]
+        sub = self.d.submit(jobs)
+        done = self.d.wait(sub["ids"])
+        by_name = {j["name"]: j for j in done.values()}
+        self.assertEqual(open(order).read().split(), ["prep", "train"])
+        self.assertEqual(by_name["train"]["state"], "succeeded")
+        self.assertEqual(by_name["report"]["state"], "failed")
+        self.assertIn(f"dependency {sub['ids'][2]} ended failed", by_name["report"]["reason"])
+        self.assertEqual(by_name["later"]["state"], "failed")
+        self.assertIn("dependency", by_name["later"]["reason"])
+
+    def test_after_an_existing_job_by_id(self):
+        first = self.d.submit({"name": "first", "shell": "sleep 0.5"})["ids"][0]
+        second = self.d.submit({"name": "second", "after": [first], "command": ["true"]})["ids"][0]
+        done = self.d.wait([second])
+        self.assertEqual(done[second]["state"], "succeeded")
+        self.assertGreaterEqual(done[second]["started_at"], self.d.show(first)["job"]["ended_at"])
+
+
+class RetriesAndTimeouts(DaemonTest):
+    def test_a_failing_job_is_retried_with_its_attempt_number_then_succeeds(self):
+        sub = self.d.submit({"name": "flaky", "retries": 2,
+                             "shell": 'echo "attempt $GPUQ_ATTEMPT"; [ "$GPUQ_ATTEMPT" -ge 2 ]'})
+        job = self.d.wait(sub["ids"])[sub["ids"][0]]
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["attempt"], 2)
+        show = self.d.show(job["id"])
+        states = [(h["attempt"], h["state"]) for h in show["history"]]
+        self.assertEqual(states, [(0, "queued"), (1, "running"), (1, "failed"), (1, "queued"), (2, "running"),
+                                  (2, "succeeded")])
+        self.assertEqual(len(show["logs"]), 2)
+
+    def test_retries_run_out_and_the_reason_names_the_exit_code(self):
+        sub = self.d.submit({"name": "bad", "retries": 1, "shell": "exit 3"})
+        job = self.d.wait(sub["ids"])[sub["ids"][0]]
+        self.assertEqual(job["state"], "failed")
+        self.assertEqual(job["attempt"], 2)
+        self.assertEqual(job["exit_code"], 3)
+        self.assertEqual(job["reason"], "rank 0 exited with code 3")
+        self.assertIn("failed (3)", self.d.ok("show", str(job["id"])))
+
+    def test_a_signal_death_is_recorded_as_the_signal(self):
+        sub = self.d.submit({"name": "killed", "shell": "kill -9 $$"})
+        job = self.d.wait(sub["ids"])[sub["ids"][0]]
+        self.assertEqual(job["state"], "failed")
+        self.assertEqual(job["exit_signal"], 9)
+        self.assertIn("signal 9 (SIGKILL)", job["reason"])
+
+    def test_timeout_kills_the_job_and_marks_it_timed_out(self):
+        sub = self.d.submit({"name": "slow", "timeout_s": 0.5, "shell": "sleep 9187"})
+        job = self.d.wait(sub["ids"])[sub["ids"][0]]
+        self.assertEqual(job["state"], "timed_out")
+        self.assertLess(job["ended_at"] - job["started_at"], 5)
+        self.assertEqual(pids_matching("^sleep 9187$"), [])
+
+
+class ResultsWaitLogs(DaemonTest):
+    def test_results_of_a_batch_are_collected_in_one_json_document(self):
+        jobs = [{"name": f"ds{i}", "labels": {"dataset": f"d{i}"},
+                 "shell": event_line(type="progress", step=1, loss=1.5) + "; " +
+                 event_line(type="result", test_accuracy=0.5 + i / 10, epochs=i)} for i in range(3)]
+        sub = self.d.submit(jobs)
+        self.d.wait(sub["ids"])
+        res = self.d.json("results", "--batch", str(sub["batch"]))["jobs"]
+        self.assertEqual([r["name"] for r in res], ["ds0", "ds1", "ds2"])
+        self.assertEqual([r["result"]["test_accuracy"] for r in res], [0.5, 0.6, 0.7])
+        self.assertEqual(res[2]["labels"], {"dataset": "d2"})
+        table = self.d.ok("results", "--batch", str(sub["batch"]))
+        self.assertIn("test_accuracy", table.splitlines()[0])
+        self.assertEqual(self.d.json("result", str(sub["ids"][1]))["result"], {"test_accuracy": 0.6, "epochs": 1})
+
+    def test_bad_event_lines_are_counted_not_fatal(self):
+        sub = self.d.submit({"name": "noisy", "shell": "echo garbage >> $GPUQ_EVENTS; echo '{\"x\":1}' >> $GPUQ_EVENTS; " +
+                             event_line(type="result", ok=1)})
+        job = self.d.wait(sub["ids"])[sub["ids"][0]]
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["bad_event_lines"], 2)
+        self.assertEqual(job["result"], {"ok": 1})
+
+    def test_progress_is_visible_while_the_job_runs(self):
+        sub = self.d.submit({"name": "live", "shell": event_line(type="progress", epoch=1, step=7) + "; sleep 30"})
+        job_id = sub["ids"][0]
+        wait_until(lambda: (self.d.show(job_id)["job"]["progress"] or {}).get("step") == 7, what="live progress")
+        self.assertIn("step=7", self.d.ok("status"))
+        self.d.ok("cancel", str(job_id))
+
+    def test_wait_exit_codes_reflect_the_outcome(self):
+        ok = self.d.submit({"name": "ok", "command": ["true"]})["ids"][0]
+        bad = self.d.submit({"name": "bad", "command": ["false"]})["ids"][0]
+        slow = self.d.submit({"name": "slow", "shell": "sleep 30"})["ids"][0]
+        self.assertEqual(self.d.run("wait", str(ok)).returncode, 0)
+        self.assertEqual(self.d.run("wait", str(ok), str(bad)).returncode, 1)
+        self.assertEqual(self.d.run("wait", str(slow), "--timeout", "0.3").returncode, 124)
+        self.d.ok("cancel", str(slow))
+
+    def test_submit_wait_returns_the_jobs_outcome(self):
+        r = self.d.run("submit", "--wait", "-", input=json.dumps({"name": "w", "command": ["false"]}))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("failed", r.stdout)
+
+    def test_logs_follow_prints_everything_until_the_job_ends(self):
+        sub = self.d.submit({"name": "talker", "retries": 1,
+                             "shell": 'for i in 1 2 3; do echo "line $i of $GPUQ_ATTEMPT"; sleep 0.2; done; '
+                                      '[ "$GPUQ_ATTEMPT" = 2 ]'})
+        out = self.d.ok("logs", "-f", str(sub["ids"][0]), timeout=60)
+        self.assertEqual(out.split("\n")[:6], [f"line {i} of {a}" for a in (1, 2) for i in (1, 2, 3)])
+        last = self.d.ok("logs", str(sub["ids"][0]))
+        self.assertEqual(last.split(), "line 1 of 2 line 2 of 2 line 3 of 2".split())
+
+    def test_status_shows_active_and_recent_jobs_and_all_on_request(self):
+        ids = self.d.submit([{"name": f"n{i}", "command": ["true"]} for i in range(30)])["ids"]
+        self.d.wait(ids)
+        recent = self.d.json("status")
+        self.assertEqual(recent["total"], 30)
+        self.assertEqual(len(recent["jobs"]), 20)
+        self.assertEqual(len(self.d.json("status", "--all")["jobs"]), 30)
+        self.assertIn("20 of 30 jobs shown", self.d.ok("status"))
+
+
+if __name__ == "__main__":
+    unittest.main()
