@@ -41,7 +41,8 @@ std::string format_value(const nlohmann::json& v) {
   if (v.is_number_float()) {
     double d = v.get<double>();
     char buf[32];
-    if (d != 0 && (std::fabs(d) < 1e-3 || std::fabs(d) >= 1e6)) std::snprintf(buf, sizeof(buf), "%.3e", d);
+    if (d != 0 && (std::fabs(d) < 1e-3 || std::fabs(d) >= 1e12)) std::snprintf(buf, sizeof(buf), "%.3e", d);
+    else if (std::fabs(d) >= 1e4) std::snprintf(buf, sizeof(buf), "%.0f", d);  // 16070, not 1.607e+04
     else std::snprintf(buf, sizeof(buf), "%.4g", d);
     return buf;
   }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what gpuq needs to build, test and run its examples from Debian 12 packages.
+# Idempotent: packages already present are skipped, and apt is not touched when none are missing.
+set -euo pipefail
+
+packages=(
+  # build
+  g++ cmake ninja-build ccache pkg-config
+  # daemon and CLI
+  libboost-dev libboost-filesystem-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev
+  # tests and benchmarks
+  doctest-dev python3 procps task-spooler
+  # LibTorch trainer, the example torchrun-style jobs and their data
+  libtorch-dev libgloo-dev python3-torch dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

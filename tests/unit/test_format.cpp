@@ -1,0 +1,44 @@
+// CLI formatting: durations, numbers and tables read the way a person expects.
+#include <doctest/doctest.h>
+
+#include <sstream>
+
+#include "cli/format.hpp"
+
+using namespace gpuq::cli;
+
+TEST_SUITE_BEGIN("format");
+
+TEST_CASE("durations are compact and carry the two largest units") {
+  CHECK(format_duration(4.7) == "4s");
+  CHECK(format_duration(125) == "2m05s");
+  CHECK(format_duration(3 * 3600 + 2 * 60 + 9) == "3h02m");
+  CHECK(format_duration(2 * 86400 + 4 * 3600) == "2d04h");
+  CHECK(format_duration(-1) == "0s");
+}
+
+TEST_CASE("numbers keep four significant digits, without exponents for ordinary magnitudes") {
+  CHECK(format_value(0.86661) == "0.8666");
+  CHECK(format_value(16070.3) == "16070");
+  CHECK(format_value(0.00013) == "1.300e-04");
+  CHECK(format_value(3) == "3");
+  CHECK(format_value(nullptr) == "-");
+  CHECK(format_value("text") == "text");
+}
+
+TEST_CASE("progress fields print as key=value, skipping bookkeeping and nested values") {
+  nlohmann::json p = {{"epoch", 2}, {"loss", 0.41}, {"rank", 0}, {"at", 12.0}, {"hist", {1, 2}}};
+  CHECK(format_fields(p, 5) == "epoch=2 loss=0.41");
+  CHECK(format_fields(p, 1) == "epoch=2 ...");
+}
+
+TEST_CASE("tables align columns and trim trailing spaces") {
+  Table t({"ID", "NAME"});
+  t.add({"10", "a"});
+  t.add({"7", "longer"});
+  std::ostringstream out;
+  t.print(out);
+  CHECK(out.str() == "ID  NAME\n10  a\n7   longer\n");
+}
+
+TEST_SUITE_END();
