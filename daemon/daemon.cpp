@@ -79,7 +79,9 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_store(std::move(store)),
       m_inventory(std::move(inventory)),
       m_ingest_timer(io),
-      m_backoff_timer(io) {}
+      m_backoff_timer(io) {
+  if (m_config.cpu_slots <= 0) m_config.cpu_slots = std::max(1, static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)));
+}
 
 Daemon::~Daemon() = default;
 
@@ -498,8 +500,12 @@ void Daemon::schedule_now() {
       continue;
     }
     const auto& s = a.rec.spec;
-    queue.push_back({id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s});
+    queue.push_back({id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks});
   }
+
+  CpuSlots cpu{m_config.cpu_slots, 0};
+  for (const auto& [id, a] : m_active)
+    if (a.rec.state == JobState::running && a.rec.spec.gpus == 0) cpu.used += std::min(a.rec.spec.ranks, cpu.total);
 
   std::vector<GpuState> gpus;
   for (const auto& g : m_inventory.gpus()) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0});
@@ -516,7 +522,7 @@ void Daemon::schedule_now() {
         }
   }
 
-  Plan plan = schedule(std::move(queue), std::move(gpus), now);
+  Plan plan = schedule(std::move(queue), std::move(gpus), now, cpu);
   for (const auto& [id, reason] : plan.waiting) m_active.at(id).wait_reason = reason;
   for (const auto& p : plan.start) {
     Active& a = m_active.at(p.id);

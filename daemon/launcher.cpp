@@ -135,7 +135,7 @@ Result<bool> write_file_atomic(const std::string& path, const std::string& text)
     }
     done += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
     return Error{ErrorCode::store_error, "cannot write " + path + ": " + std::strerror(err)};

@@ -46,7 +46,10 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env,
 // Returns the absolute path, or "" when there is no executable file.
 std::string resolve_executable(const std::string& name, const std::string& path_env, const std::string& cwd);
 
-// Writes `text` to `path` atomically (temporary file, fsync, rename).
+// Writes `text` to `path` atomically (temporary file, rename): readers see the old file or the
+// new one, whichever process crashes. No fsync: like the store (SQLite WAL, synchronous=NORMAL),
+// job files are safe against crashes of gpuq or the job, not against power loss; after a reboot
+// the jobs are gone anyway and are recorded as failed (supervisor lost) and retried.
 Result<bool> write_file_atomic(const std::string& path, const std::string& text);
 
 // In a forked child before exec: marks every descriptor from 3 up close-on-exec, so nothing the

@@ -87,6 +87,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--idle-timeout", idle_timeout_s, "Close client connections silent for this many seconds")
       ->capture_default_str();
+  app.add_option("--cpu-slots", config.cpu_slots,
+                 "Ranks of jobs without GPUs that may run at once (default: the number of cores)");
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   CLI11_PARSE(app, argc, argv);
 

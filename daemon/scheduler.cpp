@@ -81,7 +81,7 @@ std::vector<int> reserve(std::vector<Slot>& slots, const PendingJob& j) {
 
 }  // namespace
 
-Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now) {
+Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu) {
   std::stable_sort(queue.begin(), queue.end(), [](const PendingJob& a, const PendingJob& b) {
     if (a.priority != b.priority) return a.priority > b.priority;
     return a.id < b.id;
@@ -91,9 +91,18 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
   for (auto& g : gpus) slots.push_back({g});
 
   Plan plan;
+  bool cpu_blocked = false;
   for (const auto& j : queue) {
     if (j.gpus == 0) {
-      plan.start.push_back({j.id, {}});
+      const int need = std::min(j.ranks, cpu.total);
+      if (!cpu_blocked && cpu.used + need <= cpu.total) {
+        cpu.used += need;
+        plan.start.push_back({j.id, {}});
+      } else {
+        cpu_blocked = true;
+        plan.waiting[j.id] = "waiting for " + std::to_string(need) + " CPU slot" + (need == 1 ? "" : "s") + " (" +
+                             std::to_string(cpu.total - cpu.used) + " of " + std::to_string(cpu.total) + " free)";
+      }
       continue;
     }
     if (j.gpus > static_cast<int>(slots.size())) {

@@ -10,6 +10,10 @@
 // - No starvation: a job that cannot start reserves the GPUs it waits for (EASY-style backfill, as
 //   in Slurm). A lower job may use reserved GPUs only when its timeout guarantees it ends before the
 //   reserved GPUs are expected to free up (from the running jobs' timeouts); otherwise it waits.
+// - Jobs without GPUs share a pool of CPU slots (one per rank; gpuqd's --cpu-slots, by default
+//   the number of cores). They start in order: once one waits for slots, later ones wait too, so
+//   a wide CPU gang is never starved by a stream of single-process jobs. A job wider than the
+//   whole pool runs when the pool is empty, alone.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +42,7 @@ struct PendingJob {
   bool shared = false;
   std::int64_t memory_mb = 0;  // per GPU; 0 = unspecified
   double timeout_s = 0;        // 0 = none: can never backfill onto a reservation
+  int ranks = 1;               // processes: CPU slots taken by a job without GPUs
 };
 
 struct Placement {
@@ -51,6 +56,11 @@ struct Plan {
   std::map<std::int64_t, std::string> waiting;            // blocked job -> why, for `gpuq show`
 };
 
-Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now);
+struct CpuSlots {
+  int total = 1;
+  int used = 0;  // by running jobs without GPUs
+};
+
+Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu = {1 << 30, 0});
 
 }  // namespace gpuq::daemon

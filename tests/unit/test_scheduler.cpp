@@ -138,3 +138,35 @@ TEST_CASE("an exclusive job asking more memory than a GPU has is not placed ther
 }
 
 TEST_SUITE_END();
+
+TEST_SUITE_BEGIN("scheduler");
+
+TEST_CASE("jobs without GPUs are limited by CPU slots, one per rank") {
+  PendingJob a{1, 0, 0, false, 0, 0, 1}, b{2, 0, 0, false, 0, 0, 1}, c{3, 0, 0, false, 0, 0, 1};
+  auto p = schedule({a, b, c}, {}, 0, CpuSlots{2, 0});
+  CHECK(started(p) == std::vector<std::int64_t>{1, 2});
+  CHECK(p.waiting.at(3) == "waiting for 1 CPU slot (0 of 2 free)");
+  p = schedule({a, b, c}, {}, 0, CpuSlots{2, 1});
+  CHECK(started(p) == std::vector<std::int64_t>{1});
+}
+
+TEST_CASE("a wide CPU gang is not starved by single-process CPU jobs behind it") {
+  PendingJob gang{1, 0, 0, false, 0, 0, 4}, small{2, 0, 0, false, 0, 0, 1};
+  auto p = schedule({gang, small}, {}, 0, CpuSlots{4, 2});
+  CHECK(p.start.empty());  // two slots are free, but the gang came first
+  p = schedule({gang, small}, {}, 0, CpuSlots{4, 0});
+  CHECK(started(p) == std::vector<std::int64_t>{1});
+}
+
+TEST_CASE("a CPU job wider than the pool runs alone once the pool is empty") {
+  PendingJob wide{1, 0, 0, false, 0, 0, 8};
+  CHECK(schedule({wide}, {}, 0, CpuSlots{2, 1}).start.empty());
+  CHECK(schedule({wide}, {}, 0, CpuSlots{2, 0}).start.size() == 1);
+}
+
+TEST_CASE("GPU jobs do not use CPU slots") {
+  auto p = schedule({exclusive(1, 1), {2, 0, 0, false, 0, 0, 1}}, idle_gpus(1), 0, CpuSlots{1, 1});
+  CHECK(started(p) == std::vector<std::int64_t>{1});
+}
+
+TEST_SUITE_END();
