@@ -573,7 +573,7 @@ void Daemon::launch(Active& a, const std::vector<int>& gpus, double now) {
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
   auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s);
-  if (auto w = write_file_atomic(adir + "/launch.json", doc.dump(2)); !w) throw RequestError(w.error());
+  if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.
   m_store->update(next, true);

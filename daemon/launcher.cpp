@@ -10,6 +10,7 @@
 
 #include <boost/process.hpp>
 #include <boost/process/extend.hpp>
+#include <boost/process/posix.hpp>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -156,8 +157,9 @@ void mark_inherited_fds_cloexec() {
 }
 
 namespace {
-// Runs in the forked child before exec: a new session detaches the supervisor from the daemon's
-// terminal and process group, so signals aimed at the daemon never reach jobs.
+// Runs in the child before exec: a new session detaches the supervisor from the daemon's
+// terminal and process group, so signals aimed at the daemon never reach jobs. The child is
+// created with vfork (no copy of the daemon's page tables), so this may only make system calls.
 struct NewSession : bp::extend::handler {
   template <class Executor>
   void on_exec_setup(Executor&) const {
@@ -170,7 +172,7 @@ struct NewSession : bp::extend::handler {
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir) {
   try {
     bp::child c(bp::exe = shim_path, bp::args = {adir + "/launch.json"}, bp::std_in<bp::null,
-                (bp::std_out & bp::std_err) > adir + "/shim.log", NewSession{});
+                (bp::std_out & bp::std_err) > adir + "/shim.log", NewSession{}, bp::posix::use_vfork);
     int pid = c.id();
     c.detach();  // the daemon reaps it through its pidfd, or init does after a daemon restart
     return pid;

@@ -11,6 +11,7 @@
 
 #include <boost/process.hpp>
 #include <boost/process/extend.hpp>
+#include <boost/process/posix.hpp>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -45,7 +46,7 @@ double mono_now() {
 
 // In the rank, between fork and exec: own process group (so the whole group can be signalled),
 // default signal mask (the shim blocks signals; a blocked mask survives exec), and death with
-// the shim.
+// the shim. Runs in a vfork child: system calls only.
 struct RankSetup : bp::extend::handler {
   template <class Executor>
   void on_exec_setup(Executor&) const {
@@ -112,15 +113,12 @@ class Supervisor {
     for (const auto& r : m_doc["ranks"]) spawn(r);
 
     for (;;) {
-      reap();
+      // As subreaper, every leftover descendant ends up our child: no children means done.
+      if (!reap()) break;
       if (m_ranks_left == 0 && !m_tearing_down) begin_teardown();  // only leftovers remain
       if (m_tearing_down) {
         if (!m_killing && mono_now() >= m_kill_at) m_killing = true;
         signal_all(m_killing ? SIGKILL : SIGTERM);
-      }
-      if (m_ranks_left == 0 && direct_children().empty()) {
-        reap();
-        break;
       }
       // Wait for a signal, at most until the next deadline (or a short tick while tearing down,
       // to catch processes re-parented to us in the meantime).
@@ -160,7 +158,7 @@ class Supervisor {
         for (const auto& [k, v] : env_map) env[k] = v;
         std::vector<std::string> args(argv.begin() + 1, argv.end());
         bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
-                    (bp::std_out & bp::std_err) > log, RankSetup{});
+                    (bp::std_out & bp::std_err) > log, RankSetup{}, bp::posix::use_vfork);
         rank.pid = c.id();
         c.detach();  // reaped below with waitpid(-1), with any orphans
       } catch (const std::exception& e) {
@@ -179,9 +177,11 @@ class Supervisor {
     m_ranks_left++;
   }
 
-  void reap() {
+  // Collects exited children; returns whether any child (rank or orphan) is still alive.
+  bool reap() {
     int status = 0;
-    for (int pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+    int pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
       for (auto& r : m_ranks) {
         if (r.pid != pid || r.exited) continue;
         r.exited = true;
@@ -191,6 +191,7 @@ class Supervisor {
         if (r.exit_code != 0) note_failure(r);
       }
     }
+    return pid == 0;  // 0: children remain; -1 (ECHILD): none left
   }
 
   void note_failure(const Rank& r) {

@@ -54,6 +54,30 @@ class SpecErrors(DaemonTest):
             self.assertIn("no job 424242", r.stderr)
 
 
+class LaunchErrors(DaemonTest):
+    def test_a_program_that_cannot_be_executed_fails_with_127_and_says_why(self):
+        bad = self.tmp_path("not-a-program")
+        with open(bad, "wb") as f:
+            f.write(b"\x01\x02 garbage")
+        os.chmod(bad, 0o755)
+        job_id = self.d.submit({"name": "badexec", "command": [bad]})["ids"][0]
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "failed")
+        self.assertEqual(job["exit_code"], 127)
+        self.assertIn("Exec format error", self.d.ok("logs", str(job_id)))
+
+
+class NoGpus(DaemonTest):
+    GPUS = "none"
+
+    def test_zero_gpus_is_a_valid_machine_for_cpu_jobs(self):
+        job_id = self.d.submit({"name": "cpu", "shell": 'test -z "$CUDA_VISIBLE_DEVICES"'})["ids"][0]
+        self.assertEqual(self.d.wait([job_id])[job_id]["state"], "succeeded")
+        r = self.d.run("submit", "-", input='{"command": ["true"], "gpus": 1}')
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("asks for 1 GPUs; this machine has 0", r.stderr)
+
+
 class ProtocolAbuse(DaemonTest):
     def test_malformed_requests_get_error_replies_and_the_daemon_lives(self):
         cases = [

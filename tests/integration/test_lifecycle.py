@@ -96,6 +96,21 @@ class Durability(DaemonTest):
         self.assertEqual(self.d.wait([job_id])[job_id]["result"], {"alive": True})
 
 
+class VisibleDevices(unittest.TestCase):
+    def test_the_daemon_hands_out_only_the_gpus_in_its_cuda_visible_devices(self):
+        import tempfile
+        tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        d = Daemon(tmp, "fake:4").start(env=dict(os.environ, CUDA_VISIBLE_DEVICES="3,1"))
+        try:
+            self.assertEqual([g["index"] for g in d.json("gpus")["gpus"]], [3, 1])
+            ids = d.submit([{"name": f"g{i}", "gpus": 1, "shell": 'echo "$CUDA_VISIBLE_DEVICES"; sleep 0.5'}
+                            for i in range(2)])["ids"]
+            d.wait(ids)
+            self.assertEqual(sorted(d.ok("logs", str(i)).strip() for i in ids), ["1", "3"])
+        finally:
+            d.stop()
+
+
 class OneDaemon(DaemonTest):
     def test_a_second_daemon_on_the_same_socket_is_refused(self):
         other = Daemon(self.tmp, "fake:1")
