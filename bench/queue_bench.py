@@ -5,7 +5,8 @@
    GPU) against `tsp -S 8`. gpuq is timed twice: one batch submit, and 1,000 separate submits
    (tsp has no batch submit). Time runs from the first submit to the last job's end.
 2. Round-trip latency of `gpuq status` and `gpuq submit` (the real CLI process, median and p99)
-   with 10,000 finished jobs in the history.
+   with 10,000 finished jobs in the history; submit both into a held queue (the submit path
+   alone) and with the job starting at once (competing with its own launch).
 
 Usage: bench/queue_bench.py [--bin build/bin] [--jobs 1000] [--history 10000]
 Prints a table of results and ratios (gpuq time / tsp time: < 1 means gpuq is faster).
@@ -104,8 +105,13 @@ def latency(history, samples):
             d.gpuq("wait", str(ids[-1]))
         while json.loads(d.gpuq("status", "--json", "-n", "0").stdout)["jobs"]:
             time.sleep(0.1)
+        # A blocker holds the queue so that "submit (held)" measures the submit path alone; plain
+        # "submit" jobs start at once and compete with their own launch for the cores.
+        blocker = json.loads(d.gpuq("submit", "-", "--json", input=json.dumps({"shell": "sleep 600"})).stdout)["ids"][0]
+        held = json.dumps({"command": ["true"], "after": [blocker]})
         out = {}
         for name, argv, inp in (("status", ["status"], None), ("status --json", ["status", "--json"], None),
+                                ("submit (held)", ["submit", "-"], held),
                                 ("submit", ["submit", "-"], json.dumps({"command": ["true"]}))):
             times = []
             for _ in range(samples):
@@ -115,6 +121,7 @@ def latency(history, samples):
                 assert r.returncode == 0, r.stderr
             out[name] = (statistics.median(times), percentile(times, 99))
         total = json.loads(d.gpuq("status", "--json").stdout)["total"]
+        d.gpuq("cancel", str(blocker))
         return out, total
     finally:
         d.close()
@@ -135,3 +142,7 @@ print(f"\nCLI round trip with {total} jobs in history ({args.samples} samples, m
 print(f"  {'command':<16}{'median':>8}{'p99':>8}")
 for name, (med, p99) in lat.items():
     print(f"  {name:<16}{med:>8.1f}{p99:>8.1f}")
+t0 = time.perf_counter()
+for _ in range(args.samples):
+    subprocess.run([os.path.join(BIN, "gpuq"), "--version"], capture_output=True)
+print(f"  {'gpuq --version':<16}{(time.perf_counter() - t0) * 1000 / args.samples:>8.1f}   (process start-up alone, mean)")
