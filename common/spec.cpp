@@ -1,6 +1,8 @@
 // Strict job-spec parsing and batch validation (see docs/job-spec.md).
 #include "common/spec.hpp"
 
+#include "common/train_spec.hpp"
+
 #include <algorithm>
 #include <array>
 #include <functional>
@@ -146,8 +148,10 @@ class JobParser {
     int what = (get("command") ? 1 : 0) + (get("shell") ? 1 : 0) + (get("train") ? 1 : 0);
     if (what == 0) fail("needs one of `command` (an argv array) or `shell` (a string)");
     if (what > 1) fail("give only one of `command`, `shell` and `train`");
-    if (get("train"))
-      fail("field `train`: this build of gpuq has no LibTorch trainer (gpuq-worker); use `command`");
+    if (const json* t = get("train")) {
+      s.train = to_json(parse_train(*t, m_prefix, m_errors));
+      s.command = {k_worker_placeholder, "--train", s.train.dump()};
+    }
     if (const json* c = get("command")) {
       if (!c->is_array() || c->empty()) {
         fail("field `command` must be a non-empty array of strings, e.g. [\"python3\", "
@@ -370,7 +374,8 @@ Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
 json to_json(const JobSpec& s) {
   json j;
   if (!s.name.empty()) j["name"] = s.name;
-  if (!s.shell.empty()) j["shell"] = s.shell;
+  if (!s.train.is_null()) j["train"] = s.train;
+  else if (!s.shell.empty()) j["shell"] = s.shell;
   else j["command"] = s.command;
   j["gpus"] = s.gpus;
   j["mode"] = to_string(s.mode);

@@ -42,7 +42,11 @@ struct JobSpec {
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
   std::string cwd;  // absolute; the submitter's directory when the spec has none
+  json train;       // a `train` job: the normalised train section (common/train_spec.hpp), else null
 };
+
+// The argv placeholder of a train job; gpuqd puts its gpuq-worker's path there at launch.
+constexpr const char* k_worker_placeholder = "gpuq-worker";
 
 constexpr int k_max_gpus = 1024;
 constexpr int k_max_retries = 100;

@@ -201,7 +201,11 @@ json Daemon::cmd_submit(const json& req) {
         errors.push_back(who + ": `after` names job " + std::to_string(d.id) + ", which does not exist");
     if (!is_directory(s.cwd)) errors.push_back(who + ": cwd " + s.cwd + " is not a directory");
     auto path = s.env.count("PATH") ? s.env.at("PATH") : (base.count("PATH") ? base.at("PATH") : "");
-    if (is_directory(s.cwd) && resolve_executable(s.command[0], path, s.cwd).empty())
+    if (!s.train.is_null()) {
+      if (m_config.worker_path.empty())
+        errors.push_back(who + ": a `train` job needs gpuq-worker, which this gpuqd was built without (LibTorch "
+                               "missing at build time); install libtorch-dev and rebuild, or use `command`");
+    } else if (is_directory(s.cwd) && resolve_executable(s.command[0], path, s.cwd).empty())
       errors.push_back(who + ": command `" + s.command[0] + "` is not an executable file" +
                        (s.command[0].find('/') == std::string::npos ? " in PATH" : "") + " (cwd " + s.cwd + ")");
     if (s.name.empty()) s.name = "job";
@@ -561,6 +565,7 @@ void Daemon::launch(Active& a, const std::vector<int>& gpus, double now) {
     next.master_port = pick_free_port(in_use);
   }
 
+  if (!next.spec.train.is_null()) next.spec.command[0] = m_config.worker_path;
   const std::string jdir = job_dir(m_config.state_dir, next.id);
   const std::string adir = attempt_dir(m_config.state_dir, next.id, next.attempt);
   make_dirs(adir);

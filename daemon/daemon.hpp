@@ -32,6 +32,7 @@ struct Config {
   std::string state_dir;
   std::string gpus = "auto";
   std::string shim_path;
+  std::string worker_path;  // gpuq-worker, for train jobs; empty when this build has none
   double grace_s = 10;             // SIGTERM -> SIGKILL for a job's processes
   double retry_backoff_s = 1;      // first retry delay; doubles per attempt
   double retry_backoff_max_s = 60;

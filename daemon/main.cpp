@@ -90,12 +90,15 @@ int main(int argc, char** argv) {
   app.add_option("--cpu-slots", config.cpu_slots,
                  "Ranks of jobs without GPUs that may run at once (default: the number of cores)");
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
+  app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   CLI11_PARSE(app, argc, argv);
 
   // Resolve paths
   if (config.socket_path.empty()) config.socket_path = gpuq::common::socket_path_from_env();
   if (config.state_dir.empty()) config.state_dir = gpuq::common::default_state_dir();
   if (config.shim_path.empty()) config.shim_path = self_dir() + "/gpuq-shim";
+  if (config.worker_path.empty() && ::access((self_dir() + "/gpuq-worker").c_str(), X_OK) == 0)
+    config.worker_path = self_dir() + "/gpuq-worker";
   if (::access(config.shim_path.c_str(), X_OK) != 0) {
     std::cerr << "gpuqd: job supervisor " << config.shim_path << " is missing or not executable\n";
     return 1;

@@ -11,7 +11,7 @@ packages=(
   # tests and benchmarks
   doctest-dev python3 procps task-spooler
   # LibTorch trainer, the example torchrun-style jobs and their data
-  libtorch-dev libgloo-dev python3-torch dataset-fashion-mnist
+  libtorch-dev libgloo-dev zlib1g-dev python3-torch dataset-fashion-mnist
 )
 
 missing=()

@@ -1,0 +1,138 @@
+// Parsing of the `train` section (see train_spec.hpp).
+#include "common/train_spec.hpp"
+
+#include "common/field_reader.hpp"
+
+namespace gpuq::common {
+
+using json = nlohmann::json;
+
+namespace {
+
+DatasetSpec parse_dataset(const json& obj, const std::string& who, std::vector<std::string>& errors) {
+  DatasetSpec d;
+  FieldReader r(obj, who, "train.dataset", errors,
+                {"kind", "path", "test_path", "test_fraction", "label_column", "task", "samples", "features",
+                 "classes", "class_weights", "limit"});
+  r.choice("kind", {"fashion-mnist", "mnist", "idx", "csv", "synthetic"}, d.kind);
+  if (d.kind == "fashion-mnist") d.path = "/usr/share/datasets/fashion-mnist";
+  r.string("path", d.path);
+  r.string("test_path", d.test_path);
+  r.number("test_fraction", 0.01, 0.99, d.test_fraction);
+  r.string("label_column", d.label_column);
+  r.choice("task", {"classification", "regression"}, d.task);
+  long long x = 0;
+  if (r.integer("samples", 10, 100000000, x)) d.samples = x;
+  if (r.integer("features", 1, 1 << 20, x)) d.features = static_cast<int>(x);
+  if (r.integer("classes", 2, 100000, x)) d.classes = static_cast<int>(x);
+  r.numbers("class_weights", 0, 1e9, d.class_weights);
+  if (r.integer("limit", 0, 1LL << 40, x)) d.limit = x;
+  if ((d.kind == "idx" || d.kind == "csv" || d.kind == "mnist") && d.path.empty())
+    r.fail("field `train.dataset.path` is needed for a \"" + d.kind + "\" dataset");
+  if (d.kind != "synthetic" && r.get("class_weights"))
+    r.fail("field `train.dataset.class_weights` applies to synthetic datasets only");
+  if (!d.class_weights.empty() && static_cast<int>(d.class_weights.size()) != d.classes)
+    r.fail("field `train.dataset.class_weights` needs one weight per class (" + std::to_string(d.classes) + ")");
+  return d;
+}
+
+ModelSpec parse_model(const json& obj, const std::string& who, std::vector<std::string>& errors) {
+  ModelSpec m;
+  FieldReader r(obj, who, "train.model", errors, {"kind", "hidden", "activation", "dropout"});
+  r.choice("kind", {"mlp"}, m.kind);
+  r.integers("hidden", 1, 1 << 20, m.hidden);
+  r.choice("activation", {"relu", "gelu", "tanh"}, m.activation);
+  r.number("dropout", 0, 0.95, m.dropout);
+  return m;
+}
+
+OptimizerSpec parse_optimizer(const json& obj, const std::string& who, std::vector<std::string>& errors) {
+  OptimizerSpec o;
+  FieldReader r(obj, who, "train.optimizer", errors, {"kind", "lr", "momentum", "weight_decay"});
+  r.choice("kind", {"sgd", "adam", "adamw"}, o.kind);
+  if (o.kind == "sgd") o.lr = 0.01;
+  r.number("lr", 1e-12, 100, o.lr);
+  r.number("momentum", 0, 0.9999, o.momentum);
+  r.number("weight_decay", 0, 10, o.weight_decay);
+  if (o.kind != "sgd" && r.get("momentum")) r.fail("field `train.optimizer.momentum` applies to sgd only");
+  return o;
+}
+
+}  // namespace
+
+TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::string>& errors) {
+  TrainSpec t;
+  if (!obj.is_object()) {
+    errors.push_back(who + ": field `train` must be an object, got " + json_type_name(obj));
+    return t;
+  }
+  FieldReader r(obj, who, "train", errors,
+                {"dataset", "model", "optimizer", "loss", "epochs", "batch_size", "accumulate", "clip_grad_norm",
+                 "sampler", "seed", "log_every", "device"});
+  if (const json* d = r.object("dataset")) t.dataset = parse_dataset(*d, who, errors);
+  else if (!r.get("dataset")) r.fail("field `train.dataset` is required, e.g. {\"kind\": \"fashion-mnist\"}");
+  if (const json* m = r.object("model")) t.model = parse_model(*m, who, errors);
+  if (const json* o = r.object("optimizer")) t.optimizer = parse_optimizer(*o, who, errors);
+  r.choice("loss", {"auto", "cross_entropy", "mse"}, t.loss);
+  long long x = 0;
+  if (r.integer("epochs", 1, 100000, x)) t.epochs = static_cast<int>(x);
+  if (r.integer("batch_size", 1, 1 << 24, x)) t.batch_size = static_cast<int>(x);
+  if (r.integer("accumulate", 1, 4096, x)) t.accumulate = static_cast<int>(x);
+  if (t.batch_size % t.accumulate != 0)
+    r.fail("field `train.batch_size` (" + std::to_string(t.batch_size) + ") must be a multiple of `train.accumulate` (" +
+           std::to_string(t.accumulate) + ")");
+  r.number("clip_grad_norm", 0, 1e9, t.clip_grad_norm);
+  r.choice("sampler", {"shuffle", "sequential", "weighted"}, t.sampler);
+  if (r.integer("seed", 0, 1LL << 62, x)) t.seed = static_cast<std::uint64_t>(x);
+  if (r.integer("log_every", 1, 1 << 30, x)) t.log_every = static_cast<int>(x);
+  r.choice("device", {"auto", "cpu", "cuda"}, t.device);
+  const bool regression = t.dataset.kind == "synthetic" && t.dataset.task == "regression";
+  if (t.loss == "auto") t.loss = regression ? "mse" : "cross_entropy";
+  if (regression && t.loss == "cross_entropy") r.fail("field `train.loss`: cross_entropy needs a classification task");
+  if (regression && t.sampler == "weighted") r.fail("field `train.sampler`: weighted sampling needs class labels");
+  return t;
+}
+
+Result<TrainSpec> parse_train(const json& obj) {
+  std::vector<std::string> errors;
+  TrainSpec t = parse_train(obj, "train spec", errors);
+  if (errors.empty()) return t;
+  std::string msg = "invalid train spec:";
+  for (const auto& e : errors) msg += "\n  " + e;
+  return Error{ErrorCode::invalid_spec, msg};
+}
+
+json to_json(const TrainSpec& t) {
+  const auto& d = t.dataset;
+  json dataset = {{"kind", d.kind}, {"limit", d.limit}};
+  if (!d.path.empty()) dataset["path"] = d.path;
+  if (d.kind == "csv") {
+    if (!d.test_path.empty()) dataset["test_path"] = d.test_path;
+    dataset["label_column"] = d.label_column;
+  }
+  if (d.kind == "csv" || d.kind == "synthetic") dataset["test_fraction"] = d.test_fraction;
+  if (d.kind == "synthetic") {
+    dataset["task"] = d.task;
+    dataset["samples"] = d.samples;
+    dataset["features"] = d.features;
+    dataset["classes"] = d.classes;
+    if (!d.class_weights.empty()) dataset["class_weights"] = d.class_weights;
+  }
+  json optimizer = {{"kind", t.optimizer.kind}, {"lr", t.optimizer.lr}, {"weight_decay", t.optimizer.weight_decay}};
+  if (t.optimizer.kind == "sgd") optimizer["momentum"] = t.optimizer.momentum;
+  return {{"dataset", dataset},
+          {"model",
+           {{"kind", t.model.kind}, {"hidden", t.model.hidden}, {"activation", t.model.activation}, {"dropout", t.model.dropout}}},
+          {"optimizer", optimizer},
+          {"loss", t.loss},
+          {"epochs", t.epochs},
+          {"batch_size", t.batch_size},
+          {"accumulate", t.accumulate},
+          {"clip_grad_norm", t.clip_grad_norm},
+          {"sampler", t.sampler},
+          {"seed", t.seed},
+          {"log_every", t.log_every},
+          {"device", t.device}};
+}
+
+}  // namespace gpuq::common

@@ -1,0 +1,64 @@
+// The `train` section of a job spec: what gpuq-worker trains (docs/job-spec.md, "train jobs").
+// Parsed here, without LibTorch, so gpuqd rejects a bad train spec at submit with the same strict,
+// field-naming messages as the rest of the job spec.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+
+namespace gpuq::common {
+
+struct DatasetSpec {
+  std::string kind = "synthetic";  // fashion-mnist | mnist | idx | csv | synthetic
+  std::string path;                // idx kinds: directory of the four IDX files; csv: the training file
+  std::string test_path;           // csv: the test file; without it a test_fraction is split off
+  double test_fraction = 0.2;      // csv without test_path, synthetic
+  std::string label_column = "label";  // csv
+  std::string task = "classification";  // synthetic: or regression
+  std::int64_t samples = 10000;         // synthetic: training + test
+  int features = 32;                    // synthetic
+  int classes = 10;                     // synthetic classification
+  std::vector<double> class_weights;    // synthetic: class proportions (imbalanced data)
+  std::int64_t limit = 0;               // use at most this many training samples (0 = all)
+};
+
+struct ModelSpec {
+  std::string kind = "mlp";        // mlp (cnn and torchscript: later)
+  std::vector<int> hidden{256, 128};
+  std::string activation = "relu";  // relu | gelu | tanh
+  double dropout = 0;
+};
+
+struct OptimizerSpec {
+  std::string kind = "adam";  // sgd | adam | adamw
+  double lr = 1e-3;
+  double momentum = 0;  // sgd
+  double weight_decay = 0;
+};
+
+struct TrainSpec {
+  DatasetSpec dataset;
+  ModelSpec model;
+  OptimizerSpec optimizer;
+  std::string loss = "auto";  // cross_entropy | mse | auto (from the dataset's task)
+  int epochs = 1;
+  int batch_size = 64;  // per rank, per optimiser step (split into `accumulate` micro-batches)
+  int accumulate = 1;
+  double clip_grad_norm = 0;  // 0 = off
+  std::string sampler = "shuffle";  // shuffle | sequential | weighted (inverse class frequency)
+  std::uint64_t seed = 0;
+  int log_every = 50;  // optimiser steps between progress events
+  std::string device = "auto";  // auto (CUDA when the job has a GPU) | cpu | cuda
+};
+
+// `who` prefixes messages ("job[0] (mnist)"); problems are appended to `errors`.
+TrainSpec parse_train(const nlohmann::json& obj, const std::string& who, std::vector<std::string>& errors);
+Result<TrainSpec> parse_train(const nlohmann::json& obj);
+nlohmann::json to_json(const TrainSpec& spec);
+
+}  // namespace gpuq::common

@@ -1,0 +1,88 @@
+"""gpuq-worker, the LibTorch trainer: DDP correctness on Gloo, gradient accumulation, and
+Fashion-MNIST training through the real daemon."""
+import json
+import os
+import subprocess
+import unittest
+
+from harness import BIN, DaemonTest
+
+WORKER = os.path.join(BIN, "gpuq-worker")
+HAVE_WORKER = os.path.exists(WORKER)
+FASHION = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+
+# Plain SGD on a small synthetic problem: deterministic, so results compare to 1e-5.
+SYNTHETIC = {"dataset": {"kind": "synthetic", "samples": 2000, "features": 16, "classes": 4},
+             "model": {"hidden": [32, 16]}, "optimizer": {"kind": "sgd", "lr": 0.05}, "epochs": 2, "seed": 3}
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def max_diff(a, b):
+    assert len(a) == len(b) and a, (len(a), len(b))
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+@unittest.skipUnless(HAVE_WORKER, "gpuq-worker not built (GPUQ_WITH_TORCH=OFF or no LibTorch)")
+class Worker(DaemonTest):
+    def run_worker(self, train, dump, env=None):
+        r = subprocess.run([WORKER, "--train", json.dumps(train), "--dump-params", dump], capture_output=True,
+                           text=True, env=dict(os.environ, **(env or {})), timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return load(dump)
+
+    def test_ddp_on_gloo_gives_identical_ranks_equal_to_single_process_training(self):
+        # Two ranks with batch 16 each see, step by step, the samples one process sees with batch 32.
+        ddp = dict(SYNTHETIC, batch_size=16)
+        # The rank picks its own dump file through $RANK, so the job runs through a shell.
+        shell = (f"exec {WORKER} --train '{json.dumps(ddp)}' --dump-params {self.tmp_path('rank')}-$RANK.json")
+        job_id = self.d.submit({"name": "ddp", "mode": "ddp", "ranks": 2, "shell": shell})["ids"][0]
+        done = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(done["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        self.assertEqual(done["result"]["world_size"], 2)
+        self.assertEqual(done["result"]["backend"], "gloo")
+        self.assertEqual(len(done["result"]["rank_samples_per_s"]), 2)
+        r0, r1 = (load(self.tmp_path(f"rank-{r}.json")) for r in (0, 1))
+        self.assertEqual(max_diff(r0, r1), 0.0, "ranks ended with different parameters")
+        single = self.run_worker(dict(SYNTHETIC, batch_size=32), self.tmp_path("single.json"))
+        self.assertLess(max_diff(r0, single), 1e-5)
+
+    def test_gradient_accumulation_equals_one_big_batch(self):
+        k4 = self.run_worker(dict(SYNTHETIC, batch_size=32, accumulate=4), self.tmp_path("k4.json"))
+        k1 = self.run_worker(dict(SYNTHETIC, batch_size=32, accumulate=1), self.tmp_path("k1.json"))
+        self.assertLess(max_diff(k4, k1), 1e-5)
+        other = self.run_worker(dict(SYNTHETIC, batch_size=8), self.tmp_path("b8.json"))
+        self.assertGreater(max_diff(other, k1), 1e-3, "the comparison cannot tell batches apart")
+
+    @unittest.skipUnless(os.path.exists(FASHION), "needs dataset-fashion-mnist")
+    def test_fashion_mnist_mlp_through_the_daemon_reaches_0_80(self):
+        spec = {"name": "fmnist", "gpus": 1,
+                "train": {"dataset": {"kind": "fashion-mnist", "limit": 20000}, "model": {"hidden": [128]},
+                          "epochs": 2, "batch_size": 64, "log_every": 100}}
+        job_id = self.d.submit(spec)["ids"][0]
+        job = self.d.wait([job_id], timeout=600)[job_id]
+        self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        self.assertGreaterEqual(job["result"]["test_accuracy"], 0.80)
+        self.assertEqual(job["result"]["epochs"], 2)
+        self.assertEqual(job["progress"]["epoch"], 2)  # per-epoch progress events arrived
+        self.assertIn("fashion-mnist: 20000 train, 10000 test, 784 features, 10 classes", self.d.ok("logs", str(job_id)))
+
+    def test_a_bad_train_spec_is_refused_at_submit_with_its_field_path(self):
+        r = self.d.run("submit", "-", input=json.dumps({"name": "t", "train": {"dataset": {"kind": "synthetic"},
+                                                                             "optimizer": {"lr": "fast"}}}))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("job[0] (t): field `train.optimizer.lr` must be a number, got a string", r.stderr)
+
+    def test_a_missing_dataset_fails_the_job_with_a_clear_message(self):
+        job_id = self.d.submit({"name": "nodata", "train": {"dataset": {"kind": "idx", "path": self.tmp_path("none")}}})["ids"][0]
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "failed")
+        self.assertEqual(job["exit_code"], 2)
+        self.assertIn("has no train-images-idx3-ubyte[.gz]", self.d.ok("logs", str(job_id)))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,81 @@
+// The `train` section: defaults, strictness with full field paths, and train jobs in a batch.
+#include <doctest/doctest.h>
+
+#include "common/spec.hpp"
+#include "common/train_spec.hpp"
+
+using gpuq::common::json;
+
+namespace {
+std::string train_error(const std::string& text) {
+  auto r = gpuq::common::parse_train(json::parse(text));
+  REQUIRE_FALSE(r.ok());
+  return r.error().message;
+}
+bool has(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+}  // namespace
+
+TEST_SUITE_BEGIN("train_spec");
+
+TEST_CASE("a minimal train spec gets documented defaults") {
+  auto r = gpuq::common::parse_train(json::parse(R"({"dataset": {"kind": "fashion-mnist"}})"));
+  REQUIRE(r.ok());
+  CHECK(r->dataset.path == "/usr/share/datasets/fashion-mnist");
+  CHECK(r->model.hidden == std::vector<int>{256, 128});
+  CHECK(r->optimizer.kind == "adam");
+  CHECK(r->loss == "cross_entropy");
+  CHECK(r->batch_size == 64);
+  CHECK(r->accumulate == 1);
+}
+
+TEST_CASE("regression data defaults to mse and rejects class-based options") {
+  auto r = gpuq::common::parse_train(json::parse(R"({"dataset": {"kind": "synthetic", "task": "regression"}})"));
+  REQUIRE(r.ok());
+  CHECK(r->loss == "mse");
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic", "task": "regression"}, "sampler": "weighted"})"),
+            "weighted sampling needs class labels"));
+}
+
+TEST_CASE("nested typos and bad values name the full field path") {
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "optimizer": {"kind": "sgd", "lr": -1}})"),
+            "field `train.optimizer.lr` must be between"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "optimiser": {}})"),
+            "unknown field `train.optimiser` (did you mean `train.optimizer`?)"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic", "featurs": 3}})"),
+            "unknown field `train.dataset.featurs` (did you mean `train.dataset.features`?)"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "imagenet"}})"), "field `train.dataset.kind` must be one of"));
+  CHECK(has(train_error(R"({"model": {"hidden": [0]}})"), "field `train.dataset` is required"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "csv"}})"), "`train.dataset.path` is needed"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "batch_size": 10, "accumulate": 4})"),
+            "must be a multiple of `train.accumulate`"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic", "classes": 3, "class_weights": [1, 2]}})"),
+            "one weight per class (3)"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "optimizer": {"kind": "adam", "momentum": 0.9}})"),
+            "applies to sgd only"));
+}
+
+TEST_CASE("a train job in a batch runs the worker with its normalised spec") {
+  auto r = gpuq::common::parse_batch(
+      json::parse(R"({"name": "t", "train": {"dataset": {"kind": "synthetic"}, "epochs": 3}, "gpus": 1})"), "/w");
+  REQUIRE(r.ok());
+  const auto& s = r->at(0);
+  CHECK(s.train["epochs"] == 3);
+  REQUIRE(s.command.size() == 3);
+  CHECK(s.command[0] == gpuq::common::k_worker_placeholder);
+  CHECK(json::parse(s.command[2]) == s.train);
+  // The stored form keeps `train`, and parses back to the same job.
+  auto stored = gpuq::common::to_json(s);
+  CHECK(stored.contains("train"));
+  CHECK_FALSE(stored.contains("command"));
+  auto again = gpuq::common::parse_job(stored, "/");
+  REQUIRE(again.ok());
+  CHECK(again->command == s.command);
+}
+
+TEST_CASE("train errors in a batch carry the job's name") {
+  auto r = gpuq::common::parse_batch(json::parse(R"({"name": "t", "train": {"dataset": {"kind": "synthetic"}, "epochs": 0}})"), "/");
+  REQUIRE_FALSE(r.ok());
+  CHECK(has(r.error().message, "job[0] (t): field `train.epochs` must be between 1 and"));
+}
+
+TEST_SUITE_END();

@@ -1,0 +1,361 @@
+// The LibTorch training loop (see trainer.hpp). DDP is done by hand on c10d process groups:
+// parameters are broadcast from rank 0, gradients are averaged with bucketed allreduces after
+// each optimiser step's backward passes, so every rank applies the same update. The dataset is
+// held on the device and batches are gathered there with index_select: no host round trip per
+// batch, so the input pipeline cannot starve the GPU for datasets that fit.
+#include "worker/trainer.hpp"
+
+#include <torch/torch.h>
+
+#ifdef GPUQ_HAVE_GLOO
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#ifdef GPUQ_HAVE_NCCL
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#if defined(GPUQ_HAVE_GLOO) || defined(GPUQ_HAVE_NCCL)
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "worker/data.hpp"
+#include "worker/sampler.hpp"
+
+namespace gpuq::worker {
+
+using json = nlohmann::json;
+
+std::string available_backends() {
+  std::string b;
+#ifdef GPUQ_HAVE_GLOO
+  b += "gloo";
+#endif
+#ifdef GPUQ_HAVE_NCCL
+  b += b.empty() ? "nccl" : ",nccl";
+#endif
+  return b.empty() ? "none" : b;
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Appends gpuq event lines; a no-op without an events file.
+class Events {
+ public:
+  explicit Events(const std::string& path) {
+    if (!path.empty()) m_out.open(path, std::ios::app);
+  }
+  void emit(json event) {
+    if (!m_out) return;
+    m_out << event.dump() << "\n";
+    m_out.flush();
+  }
+
+ private:
+  std::ofstream m_out;
+};
+
+// The collectives a rank needs, independent of the backend class (ProcessGroup in LibTorch 1.x,
+// Backend in 2.x).
+struct Collectives {
+  std::function<void(std::vector<torch::Tensor>&)> allreduce_sum;
+  std::function<void(std::vector<torch::Tensor>&)> broadcast_from_0;
+  std::string backend = "none";
+};
+
+Collectives connect(const RunOptions& o, const torch::Device& device) {
+  Collectives c;
+  if (o.world == 1) {
+    c.allreduce_sum = [](std::vector<torch::Tensor>&) {};
+    c.broadcast_from_0 = [](std::vector<torch::Tensor>&) {};
+    return c;
+  }
+#if defined(GPUQ_HAVE_GLOO) || defined(GPUQ_HAVE_NCCL)
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(o.master_port);
+  store_options.isServer = o.rank == 0;
+  store_options.numWorkers = static_cast<std::size_t>(o.world);
+  store_options.timeout = std::chrono::minutes(5);
+  auto store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, store_options);
+  auto bind = [&c](auto pg) {
+    c.allreduce_sum = [pg](std::vector<torch::Tensor>& t) {
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = c10d::ReduceOp::SUM;
+      pg->allreduce(t, opts)->wait();
+    };
+    c.broadcast_from_0 = [pg](std::vector<torch::Tensor>& t) {
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      pg->broadcast(t, opts)->wait();
+    };
+  };
+  if (device.is_cuda()) {
+#ifdef GPUQ_HAVE_NCCL
+    bind(c10::make_intrusive<c10d::ProcessGroupNCCL>(store, o.rank, o.world));
+    c.backend = "nccl";
+    return c;
+#else
+    throw std::runtime_error("DDP on CUDA needs NCCL, which this build of gpuq-worker lacks (backends: " +
+                             available_backends() + ")");
+#endif
+  }
+#ifdef GPUQ_HAVE_GLOO
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.master_addr));
+  bind(c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world, options));
+  c.backend = "gloo";
+  return c;
+#else
+  throw std::runtime_error("DDP on the CPU needs Gloo, which this build of gpuq-worker lacks (backends: " +
+                           available_backends() + ")");
+#endif
+#else
+  (void)device;
+  throw std::runtime_error("this build of gpuq-worker has no c10d backend; it cannot run DDP ranks");
+#endif
+}
+
+torch::nn::Sequential build_mlp(const common::ModelSpec& m, int in, int out) {
+  torch::nn::Sequential seq;
+  int width = in;
+  for (int h : m.hidden) {
+    seq->push_back(torch::nn::Linear(width, h));
+    if (m.activation == "gelu") seq->push_back(torch::nn::GELU());
+    else if (m.activation == "tanh") seq->push_back(torch::nn::Tanh());
+    else seq->push_back(torch::nn::ReLU());
+    if (m.dropout > 0) seq->push_back(torch::nn::Dropout(m.dropout));
+    width = h;
+  }
+  seq->push_back(torch::nn::Linear(width, out));
+  return seq;
+}
+
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::OptimizerSpec& o,
+                                                         std::vector<torch::Tensor> params) {
+  if (o.kind == "sgd")
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  if (o.kind == "adamw")
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
+  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay));
+}
+
+// Applies a collective to `tensors` in buckets of about 25 MiB, each flattened into one tensor (as
+// DDP's reducer does): a model of many small layers costs few collectives, and c10d takes one
+// tensor per device per call.
+void bucketed(const std::vector<torch::Tensor>& tensors, const std::function<void(torch::Tensor&)>& collective) {
+  constexpr std::int64_t k_bucket_bytes = 25 << 20;
+  std::vector<torch::Tensor> bucket;
+  std::int64_t bytes = 0;
+  auto flush = [&] {
+    if (bucket.empty()) return;
+    std::vector<torch::Tensor> views;
+    for (auto& t : bucket) views.push_back(t.reshape(-1));
+    auto flat = torch::cat(views);
+    collective(flat);
+    std::int64_t offset = 0;
+    for (auto& t : bucket) {
+      t.view(-1).copy_(flat.narrow(0, offset, t.numel()));
+      offset += t.numel();
+    }
+    bucket.clear();
+    bytes = 0;
+  };
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    bucket.push_back(t);
+    bytes += t.numel() * static_cast<std::int64_t>(t.element_size());
+    if (bytes >= k_bucket_bytes) flush();
+  }
+  flush();
+}
+
+void average_gradients(const std::vector<torch::Tensor>& params, Collectives& comm, int world) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) grads.push_back(p.grad());
+  bucketed(grads, [&](torch::Tensor& flat) {
+    std::vector<torch::Tensor> one{flat};
+    comm.allreduce_sum(one);
+    flat.div_(world);
+  });
+}
+
+void broadcast_parameters(const std::vector<torch::Tensor>& params, Collectives& comm) {
+  torch::NoGradGuard no_grad;
+  bucketed(params, [&](torch::Tensor& flat) {
+    std::vector<torch::Tensor> one{flat};
+    comm.broadcast_from_0(one);
+  });
+}
+
+torch::Tensor to_tensor(const std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
+  return torch::from_blob(const_cast<float*>(v.data()), {rows, cols}, torch::kFloat32).clone();
+}
+
+torch::Tensor loss_of(const torch::Tensor& out, const torch::Tensor& y, bool classification) {
+  return classification ? torch::nn::functional::cross_entropy(out, y) : torch::mse_loss(out.squeeze(1), y);
+}
+
+}  // namespace
+
+int train_or_throw(const RunOptions& o);
+
+int train(const RunOptions& o) {
+  try {
+    return train_or_throw(o);
+  } catch (const c10::Error& e) {  // its what() carries a C++ backtrace: not for a job log
+    std::cerr << "gpuq-worker: rank " << o.rank << ": " << e.what_without_backtrace() << "\n";
+    return 1;
+  }
+}
+
+int train_or_throw(const RunOptions& o) {
+  const auto& spec = o.spec;
+  const auto t_start = std::chrono::steady_clock::now();
+
+  // Pick the device: the rank's GPU when the job has GPUs (every rank sees the gang's GPUs in
+  // rank order, so LOCAL_RANK indexes its own), else the CPU.
+  const bool cuda = spec.device == "cuda" || (spec.device == "auto" && torch::cuda::is_available());
+  if (spec.device == "cuda" && !torch::cuda::is_available()) {
+    std::cerr << "gpuq-worker: train.device is \"cuda\" but no CUDA device is visible\n";
+    return 2;
+  }
+  const torch::Device device = cuda ? torch::Device(torch::kCUDA, o.local_rank) : torch::Device(torch::kCPU);
+
+  // Load the data and hold it on the device
+  auto data = load_dataset(spec.dataset, spec.seed);
+  if (!data) {
+    std::cerr << "gpuq-worker: " << data.error().message << "\n";
+    return 2;
+  }
+  const bool classification = data->classes > 0;
+  const int outputs = classification ? data->classes : 1;
+  auto x_train = to_tensor(data->train.x, data->train.n, data->features).to(device);
+  auto x_test = to_tensor(data->test.x, data->test.n, data->features).to(device);
+  auto y_of = [&](const Split& s) {
+    return classification ? torch::tensor(s.labels, torch::kInt64).to(device) : torch::tensor(s.targets).to(device);
+  };
+  auto y_train = y_of(data->train), y_test = y_of(data->test);
+  std::cout << "rank " << o.rank << "/" << o.world << " on " << device.str() << ": " << data->description << std::endl;
+
+  // Build the model and join the process group
+  torch::manual_seed(spec.seed);
+  auto model = build_mlp(spec.model, data->features, outputs);
+  model->to(device);
+  auto params = model->parameters();
+  Collectives comm;
+  try {
+    comm = connect(o, device);
+  } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::cerr << "gpuq-worker: rank " << o.rank << ": cannot join the process group: "
+              << (c10_error ? c10_error->what_without_backtrace() : e.what()) << "\n";
+    return 3;
+  }
+  broadcast_parameters(params, comm);  // identical start on every rank
+  auto optimizer = build_optimizer(spec.optimizer, params);
+  Events events(o.rank == 0 ? o.events : "");
+
+  // Train
+  const std::vector<double> weights =
+      spec.sampler == "weighted" ? inverse_class_frequency(data->train.labels, data->classes) : std::vector<double>{};
+  const int micro = spec.batch_size / spec.accumulate;
+  std::int64_t step = 0, samples = 0;
+  double train_seconds = 0, test_loss = 0, test_accuracy = 0, last_loss = 0;
+  for (int epoch = 1; epoch <= spec.epochs; ++epoch) {
+    auto order = spec.sampler == "weighted"
+                     ? weighted_indices(weights, data->train.n, o.rank, o.world, spec.seed, epoch)
+                     : shard_indices(data->train.n, o.rank, o.world, spec.seed, epoch, spec.sampler == "shuffle");
+    auto idx = torch::tensor(order, torch::kInt64).to(device);
+    const std::int64_t steps = static_cast<std::int64_t>(order.size()) / spec.batch_size;  // drop the last partial batch
+    const auto t_epoch = std::chrono::steady_clock::now();
+    model->train();
+    for (std::int64_t s = 0; s < steps; ++s) {
+      optimizer->zero_grad();
+      double step_loss = 0;
+      for (int m = 0; m < spec.accumulate; ++m) {
+        auto rows = idx.narrow(0, s * spec.batch_size + m * micro, micro);
+        auto loss = loss_of(model->forward(x_train.index_select(0, rows)), y_train.index_select(0, rows), classification) /
+                    spec.accumulate;
+        loss.backward();
+        step_loss += loss.item<double>();
+      }
+      if (o.world > 1) average_gradients(params, comm, o.world);
+      if (spec.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, spec.clip_grad_norm);
+      optimizer->step();
+      ++step;
+      samples += spec.batch_size;
+      last_loss = step_loss;
+      if (step % spec.log_every == 0)
+        events.emit({{"type", "progress"}, {"epoch", epoch}, {"step", step}, {"loss", step_loss},
+                     {"samples_per_s", samples * o.world / (train_seconds + seconds_since(t_epoch))}});
+    }
+    train_seconds += seconds_since(t_epoch);
+
+    // Evaluate on the test split
+    model->eval();
+    {
+      torch::NoGradGuard no_grad;
+      double loss_sum = 0, correct = 0;
+      for (std::int64_t i = 0; i < data->test.n; i += 4096) {
+        const std::int64_t n = std::min<std::int64_t>(4096, data->test.n - i);
+        auto out = model->forward(x_test.narrow(0, i, n));
+        auto y = y_test.narrow(0, i, n);
+        loss_sum += loss_of(out, y, classification).item<double>() * static_cast<double>(n);
+        if (classification) correct += out.argmax(1).eq(y).sum().item<double>();
+      }
+      test_loss = loss_sum / static_cast<double>(data->test.n);
+      test_accuracy = correct / static_cast<double>(data->test.n);
+    }
+    json progress = {{"type", "progress"}, {"epoch", epoch}, {"step", step}, {"loss", last_loss}, {"test_loss", test_loss}};
+    if (classification) progress["test_accuracy"] = test_accuracy;
+    events.emit(progress);
+    std::cout << "rank " << o.rank << " epoch " << epoch << ": loss " << last_loss << ", test_loss " << test_loss
+              << (classification ? ", test_accuracy " + std::to_string(test_accuracy) : std::string()) << std::endl;
+  }
+
+  // Every rank's throughput, gathered by an allreduce of one-hot slots
+  const double rank_rate = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0;
+  std::vector<torch::Tensor> rates{torch::zeros({o.world}, torch::kFloat64).to(device)};
+  rates[0][o.rank] = rank_rate;
+  comm.allreduce_sum(rates);
+  auto per_rank = rates[0].cpu();
+
+  if (!o.dump_params.empty()) {
+    json flat = json::array();
+    for (const auto& p : params) {
+      auto c = p.detach().cpu().contiguous().view(-1);
+      for (std::int64_t i = 0; i < c.numel(); ++i) flat.push_back(c[i].item<float>());
+    }
+    std::ofstream(o.dump_params) << flat.dump();
+  }
+  if (o.rank == 0) {
+    json result = {{"test_loss", test_loss}, {"epochs", spec.epochs}, {"steps", step}, {"world_size", o.world},
+                   {"device", device.str()}, {"backend", comm.backend}, {"train_seconds", train_seconds},
+                   {"wall_seconds", seconds_since(t_start)}, {"samples_per_s", per_rank.sum().item<double>()}};
+    if (classification) result["test_accuracy"] = test_accuracy;
+    json ranks = json::array();
+    for (int r = 0; r < o.world; ++r) ranks.push_back(per_rank[r].item<double>());
+    result["rank_samples_per_s"] = ranks;
+    result["type"] = "result";
+    events.emit(result);
+  }
+  return 0;
+}
+
+}  // namespace gpuq::worker
