@@ -46,6 +46,11 @@ std::string format_value(const nlohmann::json& v) {
     else std::snprintf(buf, sizeof(buf), "%.4g", d);
     return buf;
   }
+  if (v.is_array()) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + format_value(v[i]);
+    return out + "]";
+  }
   if (v.is_string()) return v.get<std::string>();
   if (v.is_null()) return "-";
   return v.dump();

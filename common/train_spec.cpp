@@ -38,11 +38,27 @@ DatasetSpec parse_dataset(const json& obj, const std::string& who, std::vector<s
 
 ModelSpec parse_model(const json& obj, const std::string& who, std::vector<std::string>& errors) {
   ModelSpec m;
-  FieldReader r(obj, who, "train.model", errors, {"kind", "hidden", "activation", "dropout"});
-  r.choice("kind", {"mlp"}, m.kind);
+  FieldReader r(obj, who, "train.model", errors,
+                {"kind", "hidden", "activation", "dropout", "channels", "batch_norm", "path"});
+  r.choice("kind", {"mlp", "cnn", "torchscript"}, m.kind);
+  if (m.kind == "cnn") m.hidden = {128};
   r.integers("hidden", 1, 1 << 20, m.hidden);
   r.choice("activation", {"relu", "gelu", "tanh"}, m.activation);
   r.number("dropout", 0, 0.95, m.dropout);
+  r.integers("channels", 1, 1 << 14, m.channels);
+  r.boolean("batch_norm", m.batch_norm);
+  r.string("path", m.path);
+  if (m.kind != "cnn")
+    for (auto f : {"channels", "batch_norm"})
+      if (r.get(f)) r.fail("field `train.model." + std::string(f) + "` applies to cnn models only");
+  if (m.kind == "cnn" && m.channels.empty()) r.fail("field `train.model.channels` needs at least one conv block");
+  if (m.kind == "torchscript") {
+    if (m.path.empty()) r.fail("field `train.model.path` is needed: a module saved with torch.jit.save");
+    for (auto f : {"hidden", "activation", "dropout"})
+      if (r.get(f)) r.fail("field `train.model." + std::string(f) + "` does not apply to a torchscript model");
+  } else if (r.get("path")) {
+    r.fail("field `train.model.path` applies to torchscript models only");
+  }
   return m;
 }
 
@@ -58,6 +74,18 @@ OptimizerSpec parse_optimizer(const json& obj, const std::string& who, std::vect
   return o;
 }
 
+ScheduleSpec parse_schedule(const json& obj, const std::string& who, std::vector<std::string>& errors) {
+  ScheduleSpec sc;
+  FieldReader r(obj, who, "train.schedule", errors, {"kind", "step_size", "gamma"});
+  r.choice("kind", {"none", "step", "cosine"}, sc.kind);
+  long long x = 0;
+  if (r.integer("step_size", 1, 1 << 20, x)) sc.step_size = static_cast<int>(x);
+  r.number("gamma", 1e-6, 1, sc.gamma);
+  if (sc.kind != "step" && (r.get("step_size") || r.get("gamma")))
+    r.fail("fields `train.schedule.step_size` and `gamma` apply to the step schedule only");
+  return sc;
+}
+
 }  // namespace
 
 TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::string>& errors) {
@@ -67,12 +95,13 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
     return t;
   }
   FieldReader r(obj, who, "train", errors,
-                {"dataset", "model", "optimizer", "loss", "epochs", "batch_size", "accumulate", "clip_grad_norm",
-                 "sampler", "seed", "log_every", "device"});
+                {"dataset", "model", "optimizer", "schedule", "loss", "epochs", "batch_size", "accumulate",
+                 "clip_grad_norm", "sampler", "seed", "log_every", "device", "checkpoint_every"});
   if (const json* d = r.object("dataset")) t.dataset = parse_dataset(*d, who, errors);
   else if (!r.get("dataset")) r.fail("field `train.dataset` is required, e.g. {\"kind\": \"fashion-mnist\"}");
   if (const json* m = r.object("model")) t.model = parse_model(*m, who, errors);
   if (const json* o = r.object("optimizer")) t.optimizer = parse_optimizer(*o, who, errors);
+  if (const json* sc = r.object("schedule")) t.schedule = parse_schedule(*sc, who, errors);
   r.choice("loss", {"auto", "cross_entropy", "mse"}, t.loss);
   long long x = 0;
   if (r.integer("epochs", 1, 100000, x)) t.epochs = static_cast<int>(x);
@@ -86,6 +115,9 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
   if (r.integer("seed", 0, 1LL << 62, x)) t.seed = static_cast<std::uint64_t>(x);
   if (r.integer("log_every", 1, 1 << 30, x)) t.log_every = static_cast<int>(x);
   r.choice("device", {"auto", "cpu", "cuda"}, t.device);
+  if (r.integer("checkpoint_every", 0, 1 << 20, x)) t.checkpoint_every = static_cast<int>(x);
+  if (t.model.kind == "cnn" && t.dataset.kind != "fashion-mnist" && t.dataset.kind != "mnist" && t.dataset.kind != "idx")
+    r.fail("field `train.model.kind`: a cnn needs image data (an idx, mnist or fashion-mnist dataset)");
   const bool regression = t.dataset.kind == "synthetic" && t.dataset.task == "regression";
   if (t.loss == "auto") t.loss = regression ? "mse" : "cross_entropy";
   if (regression && t.loss == "cross_entropy") r.fail("field `train.loss`: cross_entropy needs a classification task");
@@ -120,10 +152,20 @@ json to_json(const TrainSpec& t) {
   }
   json optimizer = {{"kind", t.optimizer.kind}, {"lr", t.optimizer.lr}, {"weight_decay", t.optimizer.weight_decay}};
   if (t.optimizer.kind == "sgd") optimizer["momentum"] = t.optimizer.momentum;
+  json model = {{"kind", t.model.kind}};
+  if (t.model.kind == "torchscript") {
+    model["path"] = t.model.path;
+  } else {
+    model.update({{"hidden", t.model.hidden}, {"activation", t.model.activation}, {"dropout", t.model.dropout}});
+    if (t.model.kind == "cnn") model.update({{"channels", t.model.channels}, {"batch_norm", t.model.batch_norm}});
+  }
+  json schedule = {{"kind", t.schedule.kind}};
+  if (t.schedule.kind == "step") schedule.update({{"step_size", t.schedule.step_size}, {"gamma", t.schedule.gamma}});
   return {{"dataset", dataset},
-          {"model",
-           {{"kind", t.model.kind}, {"hidden", t.model.hidden}, {"activation", t.model.activation}, {"dropout", t.model.dropout}}},
+          {"model", model},
           {"optimizer", optimizer},
+          {"schedule", schedule},
+          {"checkpoint_every", t.checkpoint_every},
           {"loss", t.loss},
           {"epochs", t.epochs},
           {"batch_size", t.batch_size},

@@ -28,10 +28,19 @@ struct DatasetSpec {
 };
 
 struct ModelSpec {
-  std::string kind = "mlp";        // mlp (cnn and torchscript: later)
-  std::vector<int> hidden{256, 128};
-  std::string activation = "relu";  // relu | gelu | tanh
+  std::string kind = "mlp";           // mlp | cnn | torchscript
+  std::vector<int> hidden{256, 128};  // dense layers (cnn: after the conv blocks; default [128])
+  std::string activation = "relu";    // relu | gelu | tanh
   double dropout = 0;
+  std::vector<int> channels{32, 64};  // cnn: one 3x3 conv block per entry, each halving H and W
+  bool batch_norm = false;            // cnn: batch norm after each conv
+  std::string path;                   // torchscript: a module saved with torch.jit.save
+};
+
+struct ScheduleSpec {
+  std::string kind = "none";  // none | step | cosine
+  int step_size = 1;          // step: epochs between decays
+  double gamma = 0.1;         // step: decay factor
 };
 
 struct OptimizerSpec {
@@ -45,6 +54,7 @@ struct TrainSpec {
   DatasetSpec dataset;
   ModelSpec model;
   OptimizerSpec optimizer;
+  ScheduleSpec schedule;
   std::string loss = "auto";  // cross_entropy | mse | auto (from the dataset's task)
   int epochs = 1;
   int batch_size = 64;  // per rank, per optimiser step (split into `accumulate` micro-batches)
@@ -54,6 +64,7 @@ struct TrainSpec {
   std::uint64_t seed = 0;
   int log_every = 50;  // optimiser steps between progress events
   std::string device = "auto";  // auto (CUDA when the job has a GPU) | cpu | cuda
+  int checkpoint_every = 1;     // epochs between checkpoints (when a checkpoint dir is known); 0 = off
 };
 
 // `who` prefixes messages ("job[0] (mnist)"); problems are appended to `errors`.

@@ -78,6 +78,7 @@ Result<Dataset> load_idx_dir(const common::DatasetSpec& spec) {
                                                 " do not match (images need N×H×W…, labels N, same N)"};
     int features = 1;
     for (std::size_t i = 1; i < images->dims.size(); ++i) features *= static_cast<int>(images->dims[i]);
+    if (images->dims.size() == 3) d.shape = {1, static_cast<int>(images->dims[1]), static_cast<int>(images->dims[2])};
     if (p == 1 && features != d.features)
       return Error{ErrorCode::invalid_spec, "dataset: test images have " + std::to_string(features) +
                                                 " features, training images " + std::to_string(d.features)};
@@ -256,6 +257,7 @@ Result<Dataset> load_dataset(const common::DatasetSpec& spec, std::uint64_t seed
   else if (spec.kind == "csv") d = load_csv(spec, seed);
   else d = load_idx_dir(spec);  // fashion-mnist, mnist, idx
   if (!d) return d;
+  if (d->shape.empty()) d->shape = {d->features};
   if (spec.kind != "synthetic") standardize(*d);  // synthetic data is already unit-scale
   apply_limit(*d, spec.limit);
   d->description = spec.kind + ": " + std::to_string(d->train.n) + " train, " + std::to_string(d->test.n) + " test, " +

@@ -21,6 +21,7 @@ struct Split {
 
 struct Dataset {
   int features = 0;
+  std::vector<int> shape;  // per-sample shape: {C, H, W} for images, {features} otherwise
   int classes = 0;  // 0 for regression
   Split train, test;
   std::string description;  // for logs: "fashion-mnist: 60000 train, 10000 test, 784 features, 10 classes"

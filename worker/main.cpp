@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   auto* file = app.add_option("--spec", spec_file, "JSON file: a job spec with a `train` section, or the section itself");
   app.add_option("--train", spec_text, "The `train` section as a JSON string")->excludes(file);
   app.add_option("--dump-params", options.dump_params, "Write the final parameters to this file (JSON)");
+  std::string checkpoint_dir;
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "Save checkpoints here and resume from the newest (default: $GPUQ_CHECKPOINT_DIR)");
   CLI11_PARSE(app, argc, argv);
 
   // Read and validate the train spec
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
   options.master_addr = env_str("MASTER_ADDR", "127.0.0.1");
   options.master_port = env_int("MASTER_PORT", 29500);
   options.events = env_str("GPUQ_EVENTS", "");
+  options.checkpoint_dir = checkpoint_dir.empty() ? env_str("GPUQ_CHECKPOINT_DIR", "") : checkpoint_dir;
   if (options.world < 1 || options.rank < 0 || options.rank >= options.world) {
     std::cerr << "gpuq-worker: RANK " << options.rank << " is not within WORLD_SIZE " << options.world << "\n";
     return 2;

@@ -5,6 +5,7 @@
 // batch, so the input pipeline cannot starve the GPU for datasets that fit.
 #include "worker/trainer.hpp"
 
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #ifdef GPUQ_HAVE_GLOO
@@ -24,6 +25,9 @@
 #endif
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -130,19 +134,169 @@ Collectives connect(const RunOptions& o, const torch::Device& device) {
 #endif
 }
 
-torch::nn::Sequential build_mlp(const common::ModelSpec& m, int in, int out) {
-  torch::nn::Sequential seq;
-  int width = in;
-  for (int h : m.hidden) {
-    seq->push_back(torch::nn::Linear(width, h));
-    if (m.activation == "gelu") seq->push_back(torch::nn::GELU());
-    else if (m.activation == "tanh") seq->push_back(torch::nn::Tanh());
-    else seq->push_back(torch::nn::ReLU());
-    if (m.dropout > 0) seq->push_back(torch::nn::Dropout(m.dropout));
-    width = h;
+// The model being trained: a torch::nn stack (mlp, cnn) or a TorchScript module, behind one
+// interface so the loop, DDP and checkpoints do not care which.
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  virtual std::vector<torch::Tensor> parameters() = 0;
+  virtual std::vector<torch::Tensor> buffers() = 0;
+  virtual void train(bool on) = 0;
+  virtual void to(const torch::Device& device) = 0;
+};
+
+class NnModel : public Model {
+ public:
+  NnModel(torch::nn::Sequential seq, std::vector<std::int64_t> input_shape)
+      : m_seq(std::move(seq)), m_shape(std::move(input_shape)) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return m_seq->forward(x.view(m_shape)); }
+  std::vector<torch::Tensor> parameters() override { return m_seq->parameters(); }
+  std::vector<torch::Tensor> buffers() override { return m_seq->buffers(); }
+  void train(bool on) override { m_seq->train(on); }
+  void to(const torch::Device& device) override { m_seq->to(device); }
+
+ private:
+  torch::nn::Sequential m_seq;
+  std::vector<std::int64_t> m_shape;  // {-1, ...sample shape}
+};
+
+class ScriptModel : public Model {
+ public:
+  explicit ScriptModel(torch::jit::Module module) : m_module(std::move(module)) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return m_module.forward({x}).toTensor(); }
+  std::vector<torch::Tensor> parameters() override {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : m_module.parameters()) out.push_back(p);
+    return out;
   }
-  seq->push_back(torch::nn::Linear(width, out));
-  return seq;
+  std::vector<torch::Tensor> buffers() override {
+    std::vector<torch::Tensor> out;
+    for (const auto& b : m_module.buffers()) out.push_back(b);
+    return out;
+  }
+  void train(bool on) override { m_module.train(on); }
+  void to(const torch::Device& device) override { m_module.to(device); }
+
+ private:
+  torch::jit::Module m_module;
+};
+
+void add_activation(torch::nn::Sequential& seq, const std::string& kind) {
+  if (kind == "gelu") seq->push_back(torch::nn::GELU());
+  else if (kind == "tanh") seq->push_back(torch::nn::Tanh());
+  else seq->push_back(torch::nn::ReLU());
+}
+
+void add_dense(torch::nn::Sequential& seq, const common::ModelSpec& m, int in, int out) {
+  for (int h : m.hidden) {
+    seq->push_back(torch::nn::Linear(in, h));
+    add_activation(seq, m.activation);
+    if (m.dropout > 0) seq->push_back(torch::nn::Dropout(m.dropout));
+    in = h;
+  }
+  seq->push_back(torch::nn::Linear(in, out));
+}
+
+std::unique_ptr<Model> build_model(const common::ModelSpec& m, const std::vector<int>& shape, int features, int out) {
+  if (m.kind == "torchscript") {
+    if (!std::filesystem::exists(m.path)) throw std::runtime_error("the TorchScript model " + m.path + " does not exist");
+    try {
+      return std::make_unique<ScriptModel>(torch::jit::load(m.path));
+    } catch (const c10::Error& e) {
+      throw std::runtime_error("cannot load the TorchScript model " + m.path + ": " + e.what_without_backtrace());
+    }
+  }
+  torch::nn::Sequential seq;
+  if (m.kind == "cnn") {
+    if (shape.size() != 3) throw std::runtime_error("a cnn needs image data (C×H×W samples)");
+    int c = shape[0], h = shape[1], w = shape[2];
+    for (int ch : m.channels) {
+      // conv 3x3 (same size) -> [batch norm] -> activation -> 2x2 max-pool (halves H and W)
+      seq->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(c, ch, 3).padding(1)));
+      if (m.batch_norm) seq->push_back(torch::nn::BatchNorm2d(ch));
+      add_activation(seq, m.activation);
+      seq->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
+      c = ch, h /= 2, w /= 2;
+    }
+    if (h < 1 || w < 1) throw std::runtime_error("too many conv blocks for " + std::to_string(shape[1]) + "x" +
+                                                 std::to_string(shape[2]) + " images");
+    seq->push_back(torch::nn::Flatten());
+    add_dense(seq, m, c * h * w, out);
+    return std::make_unique<NnModel>(seq, std::vector<std::int64_t>{-1, shape[0], shape[1], shape[2]});
+  }
+  add_dense(seq, m, features, out);
+  return std::make_unique<NnModel>(seq, std::vector<std::int64_t>{-1, features});
+}
+
+// Checkpoints: <dir>/epoch-<n>/{model.pt, optimizer.pt, state.json}, then <dir>/latest names the
+// newest complete one (written last, atomically), so a crash mid-save leaves the previous
+// checkpoint in force. The two newest are kept.
+class Checkpoints {
+ public:
+  explicit Checkpoints(std::string dir) : m_dir(std::move(dir)) {}
+  bool enabled() const { return !m_dir.empty(); }
+
+  void save(Model& model, torch::optim::Optimizer& opt, const json& state, int epoch) {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::path(m_dir) / ("epoch-" + std::to_string(epoch));
+    fs::create_directories(dir);
+    std::vector<torch::Tensor> tensors;
+    for (auto& t : model.parameters()) tensors.push_back(t.detach().cpu());
+    for (auto& t : model.buffers()) tensors.push_back(t.detach().cpu());
+    torch::save(tensors, (dir / "model.pt").string());
+    torch::save(opt, (dir / "optimizer.pt").string());
+    std::ofstream(dir / "state.json") << state.dump();
+    const fs::path tmp = fs::path(m_dir) / "latest.tmp";
+    std::ofstream(tmp) << dir.filename().string();
+    fs::rename(tmp, fs::path(m_dir) / "latest");
+    const fs::path old = fs::path(m_dir) / ("epoch-" + std::to_string(epoch - 2));
+    std::error_code ec;
+    fs::remove_all(old, ec);
+  }
+
+  // Restores the newest checkpoint into `model` and `opt`; returns its state, or null.
+  json load(Model& model, torch::optim::Optimizer& opt, const torch::Device& device) {
+    namespace fs = std::filesystem;
+    std::ifstream latest(fs::path(m_dir) / "latest");
+    std::string name;
+    if (!enabled() || !std::getline(latest, name)) return nullptr;
+    const fs::path dir = fs::path(m_dir) / name;
+    std::vector<torch::Tensor> tensors;
+    torch::load(tensors, (dir / "model.pt").string());
+    auto params = model.parameters();
+    auto buffers = model.buffers();
+    if (tensors.size() != params.size() + buffers.size())
+      throw std::runtime_error("checkpoint " + dir.string() + " does not match this model (" +
+                               std::to_string(tensors.size()) + " tensors, the model has " +
+                               std::to_string(params.size() + buffers.size()) + ")");
+    {
+      torch::NoGradGuard no_grad;
+      std::size_t i = 0;
+      for (auto& p : params) p.copy_(tensors[i++]);
+      for (auto& b : buffers) b.copy_(tensors[i++]);
+    }
+    torch::load(opt, (dir / "optimizer.pt").string(), device);
+    std::ifstream in(dir / "state.json");
+    return json::parse(in);
+  }
+
+  std::string path() const { return m_dir; }
+
+ private:
+  std::string m_dir;
+};
+
+double learning_rate(const common::TrainSpec& spec, int epoch, std::int64_t step, std::int64_t total_steps) {
+  const double base = spec.optimizer.lr;
+  if (spec.schedule.kind == "step") return base * std::pow(spec.schedule.gamma, (epoch - 1) / spec.schedule.step_size);
+  if (spec.schedule.kind == "cosine" && total_steps > 0)
+    return base * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(total_steps)));
+  return base;
+}
+
+void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
+  for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
 std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::OptimizerSpec& o,
@@ -195,9 +349,12 @@ void average_gradients(const std::vector<torch::Tensor>& params, Collectives& co
   });
 }
 
-void broadcast_parameters(const std::vector<torch::Tensor>& params, Collectives& comm) {
+void broadcast_parameters(const std::vector<torch::Tensor>& tensors, Collectives& comm) {
   torch::NoGradGuard no_grad;
-  bucketed(params, [&](torch::Tensor& flat) {
+  std::vector<torch::Tensor> floats;  // one dtype per flattened bucket; integer counters agree anyway
+  for (const auto& t : tensors)
+    if (t.is_floating_point()) floats.push_back(t);
+  bucketed(floats, [&](torch::Tensor& flat) {
     std::vector<torch::Tensor> one{flat};
     comm.broadcast_from_0(one);
   });
@@ -255,7 +412,7 @@ int train_or_throw(const RunOptions& o) {
 
   // Build the model and join the process group
   torch::manual_seed(spec.seed);
-  auto model = build_mlp(spec.model, data->features, outputs);
+  auto model = build_model(spec.model, data->shape, data->features, outputs);
   model->to(device);
   auto params = model->parameters();
   Collectives comm;
@@ -268,24 +425,40 @@ int train_or_throw(const RunOptions& o) {
     return 3;
   }
   broadcast_parameters(params, comm);  // identical start on every rank
+  broadcast_parameters(model->buffers(), comm);
   auto optimizer = build_optimizer(spec.optimizer, params);
   Events events(o.rank == 0 ? o.events : "");
+
+  // Resume from the newest checkpoint, if a previous attempt left one (every rank reads it)
+  Checkpoints checkpoints(spec.checkpoint_every > 0 ? o.checkpoint_dir : "");
+  std::int64_t step = 0, samples = 0;
+  double train_seconds = 0, test_loss = 0, test_accuracy = 0, last_loss = 0;
+  int first_epoch = 1;
+  if (json state = checkpoints.load(*model, *optimizer, device); !state.is_null()) {
+    first_epoch = state.value("epoch", 0) + 1;
+    step = state.value("step", std::int64_t{0});
+    samples = state.value("samples", std::int64_t{0});
+    train_seconds = state.value("train_seconds", 0.0);
+    std::cout << "rank " << o.rank << ": resumed from the checkpoint of epoch " << first_epoch - 1 << " in "
+              << checkpoints.path() << std::endl;
+  }
 
   // Train
   const std::vector<double> weights =
       spec.sampler == "weighted" ? inverse_class_frequency(data->train.labels, data->classes) : std::vector<double>{};
   const int micro = spec.batch_size / spec.accumulate;
-  std::int64_t step = 0, samples = 0;
-  double train_seconds = 0, test_loss = 0, test_accuracy = 0, last_loss = 0;
-  for (int epoch = 1; epoch <= spec.epochs; ++epoch) {
+  const std::int64_t steps_per_epoch = (data->train.n + o.world - 1) / o.world / spec.batch_size;
+  for (int epoch = first_epoch; epoch <= spec.epochs; ++epoch) {
+    torch::manual_seed(spec.seed + static_cast<std::uint64_t>(epoch));  // dropout: same masks after a resume
     auto order = spec.sampler == "weighted"
                      ? weighted_indices(weights, data->train.n, o.rank, o.world, spec.seed, epoch)
                      : shard_indices(data->train.n, o.rank, o.world, spec.seed, epoch, spec.sampler == "shuffle");
     auto idx = torch::tensor(order, torch::kInt64).to(device);
     const std::int64_t steps = static_cast<std::int64_t>(order.size()) / spec.batch_size;  // drop the last partial batch
     const auto t_epoch = std::chrono::steady_clock::now();
-    model->train();
+    model->train(true);
     for (std::int64_t s = 0; s < steps; ++s) {
+      set_learning_rate(*optimizer, learning_rate(spec, epoch, step, steps_per_epoch * spec.epochs));
       optimizer->zero_grad();
       double step_loss = 0;
       for (int m = 0; m < spec.accumulate; ++m) {
@@ -306,9 +479,10 @@ int train_or_throw(const RunOptions& o) {
                      {"samples_per_s", samples * o.world / (train_seconds + seconds_since(t_epoch))}});
     }
     train_seconds += seconds_since(t_epoch);
+    broadcast_parameters(model->buffers(), comm);  // batch-norm statistics: rank 0's, everywhere
 
     // Evaluate on the test split
-    model->eval();
+    model->train(false);
     {
       torch::NoGradGuard no_grad;
       double loss_sum = 0, correct = 0;
@@ -327,6 +501,10 @@ int train_or_throw(const RunOptions& o) {
     events.emit(progress);
     std::cout << "rank " << o.rank << " epoch " << epoch << ": loss " << last_loss << ", test_loss " << test_loss
               << (classification ? ", test_accuracy " + std::to_string(test_accuracy) : std::string()) << std::endl;
+
+    if (o.rank == 0 && checkpoints.enabled() && (epoch % spec.checkpoint_every == 0 || epoch == spec.epochs))
+      checkpoints.save(*model, *optimizer,
+                       {{"epoch", epoch}, {"step", step}, {"samples", samples}, {"train_seconds", train_seconds}}, epoch);
   }
 
   // Every rank's throughput, gathered by an allreduce of one-hot slots
@@ -349,6 +527,8 @@ int train_or_throw(const RunOptions& o) {
                    {"device", device.str()}, {"backend", comm.backend}, {"train_seconds", train_seconds},
                    {"wall_seconds", seconds_since(t_start)}, {"samples_per_s", per_rank.sum().item<double>()}};
     if (classification) result["test_accuracy"] = test_accuracy;
+    if (checkpoints.enabled()) result["checkpoint"] = checkpoints.path();
+    if (first_epoch > 1) result["resumed_from_epoch"] = first_epoch - 1;
     json ranks = json::array();
     for (int r = 0; r < o.world; ++r) ranks.push_back(per_rank[r].item<double>());
     result["rank_samples_per_s"] = ranks;

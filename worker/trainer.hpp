@@ -19,6 +19,7 @@ struct RunOptions {
   int master_port = 29500;
   std::string events;       // $GPUQ_EVENTS; empty = no events
   std::string dump_params;  // write the final parameters here (JSON array of floats), for tests
+  std::string checkpoint_dir;  // $GPUQ_CHECKPOINT_DIR: checkpoints go here, and resume from here
 };
 
 // Returns the process exit code; errors are printed to stderr.

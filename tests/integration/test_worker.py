@@ -2,14 +2,22 @@
 Fashion-MNIST training through the real daemon."""
 import json
 import os
+import signal
 import subprocess
 import unittest
 
-from harness import BIN, DaemonTest
+from harness import BIN, DaemonTest, pids_matching, wait_until
 
 WORKER = os.path.join(BIN, "gpuq-worker")
 HAVE_WORKER = os.path.exists(WORKER)
 FASHION = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+TORCH_PYTHON = os.environ.get("GPUQ_TEST_PYTHON", "/usr/bin/python3")
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+
+# Long enough per epoch (about a second) to stop a run between two checkpoints.
+RESUMABLE = {"dataset": {"kind": "synthetic", "samples": 40000, "features": 64},
+             "model": {"hidden": [128, 128], "dropout": 0.2}, "optimizer": {"kind": "adam"},
+             "schedule": {"kind": "cosine"}, "epochs": 3, "batch_size": 32}
 
 # Plain SGD on a small synthetic problem: deterministic, so results compare to 1e-5.
 SYNTHETIC = {"dataset": {"kind": "synthetic", "samples": 2000, "features": 16, "classes": 4},
@@ -19,6 +27,13 @@ SYNTHETIC = {"dataset": {"kind": "synthetic", "samples": 2000, "features": 16, "
 def load(path):
     with open(path) as f:
         return json.load(f)
+
+
+def read_text(path):
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return f.read()
 
 
 def max_diff(a, b):
@@ -69,6 +84,62 @@ class Worker(DaemonTest):
         self.assertEqual(job["result"]["epochs"], 2)
         self.assertEqual(job["progress"]["epoch"], 2)  # per-epoch progress events arrived
         self.assertIn("fashion-mnist: 20000 train, 10000 test, 784 features, 10 classes", self.d.ok("logs", str(job_id)))
+
+    def test_resuming_after_a_kill_gives_the_same_parameters_as_an_uninterrupted_run(self):
+        spec = dict(RESUMABLE, seed=4241)
+        full = self.run_worker(spec, self.tmp_path("full.json"), env={"GPUQ_CHECKPOINT_DIR": self.tmp_path("ck-full")})
+        ck = self.tmp_path("ck-cut")
+        proc = subprocess.Popen([WORKER, "--train", json.dumps(spec), "--checkpoint-dir", ck], stdout=subprocess.DEVNULL)
+        latest = os.path.join(ck, "latest")
+        wait_until(lambda: read_text(latest) == "epoch-1", timeout=120, interval=0.02,
+                   what="the first checkpoint")
+        proc.kill()
+        proc.wait()
+        self.assertEqual(read_text(latest), "epoch-1", "the run finished before it could be interrupted")
+        resumed = self.run_worker(spec, self.tmp_path("resumed.json"), env={"GPUQ_CHECKPOINT_DIR": ck})
+        self.assertLess(max_diff(full, resumed), 1e-5)
+
+    def test_a_retried_train_job_resumes_from_its_checkpoint(self):
+        spec = {"name": "resumable", "retries": 1, "train": dict(RESUMABLE, seed=4242)}
+        job_id = self.d.submit(spec)["ids"][0]
+        latest = os.path.join(self.d.state, "jobs", str(job_id), "checkpoints", "latest")
+        wait_until(lambda: read_text(latest) == "epoch-1", timeout=120, interval=0.02,
+                   what="the first checkpoint")
+        for pid in pids_matching('"seed":4242'):
+            os.kill(pid, signal.SIGKILL)
+        job = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        self.assertEqual(job["attempt"], 2)
+        self.assertEqual(job["result"]["resumed_from_epoch"], 1)
+        self.assertIn("resumed from the checkpoint of epoch 1", self.d.ok("logs", str(job_id)))
+        self.assertIn("was killed by signal 9", self.d.show(job_id)["history"][2]["reason"])
+
+    @unittest.skipUnless(subprocess.run([TORCH_PYTHON, "-c", "import torch"], capture_output=True).returncode == 0,
+                         "needs PyTorch for " + TORCH_PYTHON)
+    def test_a_torchscript_model_defined_in_python_trains_and_its_loss_falls(self):
+        model = self.tmp_path("net.pt")
+        subprocess.run([TORCH_PYTHON, os.path.join(REPO, "jobs/examples/script_model.py"), model, "--features", "16"],
+                       check=True, capture_output=True)
+        job_id = self.d.submit({"name": "scripted", "train": {
+            "dataset": {"kind": "synthetic", "samples": 3000, "features": 16}, "model": {"kind": "torchscript", "path": model},
+            "epochs": 3, "log_every": 5}})["ids"][0]
+        job = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        lines = read_text(os.path.join(job["job_dir"], "attempt-1", "events-0.jsonl")).splitlines()
+        events = [json.loads(line) for line in lines]
+        losses = [e["loss"] for e in events if e["type"] == "progress" and "test_loss" not in e]
+        self.assertGreater(len(losses), 5)
+        self.assertLess(losses[-1], 0.5 * losses[0])
+        self.assertGreater(job["result"]["test_accuracy"], 0.9)
+
+    @unittest.skipUnless(os.path.exists(FASHION), "needs dataset-fashion-mnist")
+    def test_a_cnn_with_batch_norm_trains_on_images(self):
+        job_id = self.d.submit({"name": "cnn", "train": {
+            "dataset": {"kind": "fashion-mnist", "limit": 3000}, "epochs": 1, "checkpoint_every": 0,
+            "model": {"kind": "cnn", "channels": [8, 16], "batch_norm": True, "hidden": [32]}}})["ids"][0]
+        job = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        self.assertGreater(job["result"]["test_accuracy"], 0.6)
 
     def test_a_bad_train_spec_is_refused_at_submit_with_its_field_path(self):
         r = self.d.run("submit", "-", input=json.dumps({"name": "t", "train": {"dataset": {"kind": "synthetic"},

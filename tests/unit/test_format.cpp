@@ -24,6 +24,7 @@ TEST_CASE("numbers keep four significant digits, without exponents for ordinary 
   CHECK(format_value(3) == "3");
   CHECK(format_value(nullptr) == "-");
   CHECK(format_value("text") == "text");
+  CHECK(format_value(nlohmann::json::parse("[4711.2343, 3318.9]")) == "[4711, 3319]");
 }
 
 TEST_CASE("progress fields print as key=value, skipping bookkeeping and nested values") {

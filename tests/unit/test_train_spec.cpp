@@ -54,6 +54,28 @@ TEST_CASE("nested typos and bad values name the full field path") {
             "applies to sgd only"));
 }
 
+TEST_CASE("cnn, torchscript and schedule options are checked against the model they apply to") {
+  auto cnn = gpuq::common::parse_train(json::parse(R"({"dataset": {"kind": "fashion-mnist"}, "model": {"kind": "cnn"}})"));
+  REQUIRE(cnn.ok());
+  CHECK(cnn->model.hidden == std::vector<int>{128});
+  CHECK(cnn->model.channels == std::vector<int>{32, 64});
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "model": {"kind": "cnn"}})"), "a cnn needs image data"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "model": {"batch_norm": true}})"),
+            "`train.model.batch_norm` applies to cnn models only"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "model": {"kind": "torchscript"}})"),
+            "`train.model.path` is needed"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "model": {"kind": "torchscript", "path": "m.pt", "hidden": [3]}})"),
+            "does not apply to a torchscript model"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "schedule": {"kind": "cosine", "gamma": 0.5}})"),
+            "apply to the step schedule only"));
+  auto step = gpuq::common::parse_train(
+      json::parse(R"({"dataset": {"kind": "synthetic"}, "schedule": {"kind": "step", "step_size": 3, "gamma": 0.5}})"));
+  REQUIRE(step.ok());
+  auto again = gpuq::common::parse_train(gpuq::common::to_json(*step));
+  REQUIRE(again.ok());
+  CHECK(gpuq::common::to_json(*again) == gpuq::common::to_json(*step));
+}
+
 TEST_CASE("a train job in a batch runs the worker with its normalised spec") {
   auto r = gpuq::common::parse_batch(
       json::parse(R"({"name": "t", "train": {"dataset": {"kind": "synthetic"}, "epochs": 3}, "gpus": 1})"), "/w");
