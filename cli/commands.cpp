@@ -143,14 +143,8 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
   json jobs = json::array();
   for (const auto& f : files)
     if (!read_spec_file(f, jobs)) return k_exit_usage;
-  json env = json::object();
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
   int code = 0;
-  auto reply = request(o, {{"cmd", "submit"}, {"jobs", jobs}, {"cwd", cwd()}, {"env", env}}, code);
+  auto reply = request(o, {{"cmd", "submit"}, {"jobs", jobs}, {"cwd", cwd()}, {"env", common::current_environment()}}, code);
   if (!reply) return code;
   auto sub = reply->get<common::SubmitReply>();
   if (!wait) {

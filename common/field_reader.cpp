@@ -42,7 +42,7 @@ std::string show(double x) {
 }  // namespace
 
 FieldReader::FieldReader(const json& obj, std::string who, std::string path, std::vector<std::string>& errors,
-                         std::initializer_list<std::string_view> known)
+                         const std::vector<std::string_view>& known)
     : m_obj(obj), m_who(std::move(who)), m_path(std::move(path)), m_errors(errors) {
   if (!obj.is_object()) return;
   for (const auto& [key, _] : obj.items()) {

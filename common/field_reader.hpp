@@ -18,7 +18,7 @@ class FieldReader {
   // `who` prefixes every message (e.g. "job[2] (mnist)"); `path` prefixes field names (e.g.
   // "train.optimizer"). Unknown fields of `obj` are reported here.
   FieldReader(const nlohmann::json& obj, std::string who, std::string path, std::vector<std::string>& errors,
-              std::initializer_list<std::string_view> known);
+              const std::vector<std::string_view>& known);
 
   void fail(const std::string& message);
   std::string field(std::string_view key) const;  // the full dotted name, for messages

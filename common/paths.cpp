@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
+extern char** environ;
+
 namespace gpuq::common {
 
 namespace {
@@ -35,6 +37,16 @@ std::string default_state_dir() {
   std::string home = env_or_empty("HOME");
   if (!home.empty()) return home + "/.local/state/gpuq";
   return uid_tmp_dir() + "/state";
+}
+
+std::map<std::string, std::string> current_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
 }
 
 std::string parent_dir(const std::string& path) {

@@ -1,6 +1,7 @@
 // Where gpuq keeps its socket and state, shared by daemon and CLI so both agree on defaults.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "common/error.hpp"
@@ -19,5 +20,8 @@ std::string default_state_dir();
 Result<bool> ensure_private_dir(const std::string& dir);
 
 std::string parent_dir(const std::string& path);
+
+// This process's environment as name -> value.
+std::map<std::string, std::string> current_environment();
 
 }  // namespace gpuq::common

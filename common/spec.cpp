@@ -1,6 +1,7 @@
 // Strict job-spec parsing and batch validation (see docs/job-spec.md).
 #include "common/spec.hpp"
 
+#include "common/field_reader.hpp"
 #include "common/train_spec.hpp"
 
 #include <algorithm>
@@ -25,31 +26,6 @@ constexpr std::array<std::string_view, 16> k_reserved_env{
     "GPUQ_EVENTS",          "GPUQ_ATTEMPT",      "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_RUN_ID"};
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-std::string type_name(const json& v) {
-  if (v.is_number_integer()) return "an integer";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return "null";
-}
-
 bool valid_name(const std::string& s) {
   if (s.empty() || s.size() > 128) return false;
   if (std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); }))
@@ -63,73 +39,27 @@ bool valid_name(const std::string& s) {
 class JobParser {
  public:
   JobParser(const json& obj, std::size_t index, std::vector<std::string>& errors)
-      : m_obj(obj), m_errors(errors) {
-    m_prefix = "job[" + std::to_string(index) + "]";
-    if (auto it = obj.find("name"); it != obj.end() && it->is_string())
-      m_prefix += " (" + it->get<std::string>().substr(0, 64) + ")";
-  }
+      : m_errors(errors),
+        m_prefix(prefix_of(obj, index)),
+        m_reader(obj, m_prefix, "", errors, {k_fields.begin(), k_fields.end()}) {}
 
-  void fail(const std::string& msg) { m_errors.push_back(m_prefix + ": " + msg); }
-
-  void check_unknown_fields() {
-    for (const auto& [key, _] : m_obj.items()) {
-      if (std::find(k_fields.begin(), k_fields.end(), key) != k_fields.end()) continue;
-      std::string_view best;
-      std::size_t best_d = 3;
-      for (auto f : k_fields) {
-        std::size_t d = edit_distance(key, f);
-        if (d < best_d) best_d = d, best = f;
-      }
-      std::string msg = "unknown field `" + key.substr(0, 64) + "`";
-      if (!best.empty()) msg += " (did you mean `" + std::string(best) + "`?)";
-      fail(msg);
-    }
-  }
-
-  const json* get(std::string_view key) {
-    auto it = m_obj.find(key);
-    return it == m_obj.end() ? nullptr : &*it;
-  }
-
+  void fail(const std::string& msg) { m_reader.fail(msg); }
+  const json* get(std::string_view key) { return m_reader.get(key); }
   bool int_field(std::string_view key, long long lo, long long hi, long long& out) {
-    const json* v = get(key);
-    if (!v) return false;
-    if (!v->is_number_integer()) {
-      fail("field `" + std::string(key) + "` must be an integer, got " + type_name(*v));
-      return false;
-    }
-    long long x = v->get<long long>();
-    if (x < lo || x > hi) {
-      fail("field `" + std::string(key) + "` must be between " + std::to_string(lo) + " and " +
-           std::to_string(hi) + ", got " + std::to_string(x));
-      return false;
-    }
-    out = x;
-    return true;
+    return m_reader.integer(key, lo, hi, out);
   }
-
-  bool string_field(std::string_view key, std::string& out) {
-    const json* v = get(key);
-    if (!v) return false;
-    if (!v->is_string()) {
-      fail("field `" + std::string(key) + "` must be a string, got " + type_name(*v));
-      return false;
-    }
-    out = v->get<std::string>();
-    return true;
-  }
+  bool string_field(std::string_view key, std::string& out) { return m_reader.string(key, out); }
 
   void string_map(std::string_view key, std::map<std::string, std::string>& out) {
     const json* v = get(key);
     if (!v) return;
     if (!v->is_object()) {
-      fail("field `" + std::string(key) + "` must be an object of strings, got " + type_name(*v));
+      fail("field `" + std::string(key) + "` must be an object of strings, got " + json_type_name(*v));
       return;
     }
     for (const auto& [k, val] : v->items()) {
       if (!val.is_string()) {
-        fail("field `" + std::string(key) + "." + k + "` must be a string, got " +
-             type_name(val));
+        fail("field `" + std::string(key) + "." + k + "` must be a string, got " + json_type_name(val));
         continue;
       }
       out[k] = val.get<std::string>();
@@ -138,8 +68,6 @@ class JobParser {
 
   JobSpec parse(const std::string& default_cwd) {
     JobSpec s;
-    check_unknown_fields();
-
     if (string_field("name", s.name) && !valid_name(s.name))
       fail("field `name` must be 1-128 characters of letters, digits, '-', '_' or '.', and not "
            "all digits, got \"" + s.name.substr(0, 64) + "\"");
@@ -159,8 +87,7 @@ class JobParser {
       } else {
         for (std::size_t i = 0; i < c->size(); ++i) {
           if (!(*c)[i].is_string()) {
-            fail("field `command[" + std::to_string(i) + "]` must be a string, got " +
-                 type_name((*c)[i]));
+            fail("field `command[" + std::to_string(i) + "]` must be a string, got " + json_type_name((*c)[i]));
             continue;
           }
           s.command.push_back((*c)[i].get<std::string>());
@@ -195,10 +122,7 @@ class JobParser {
     }
 
     if (int_field("gpu_memory_mb", 1, 1LL << 40, x)) s.gpu_memory_mb = x;
-    if (const json* v = get("shared")) {
-      if (!v->is_boolean()) fail("field `shared` must be true or false, got " + type_name(*v));
-      else s.shared = v->get<bool>();
-    }
+    m_reader.boolean("shared", s.shared);
     if (s.shared) {
       if (s.gpu_memory_mb == 0)
         fail("a shared job needs `gpu_memory_mb` so gpuq can pack it next to others");
@@ -211,7 +135,7 @@ class JobParser {
     if (int_field("priority", -1000000, 1000000, x)) s.priority = static_cast<int>(x);
     if (int_field("retries", 0, k_max_retries, x)) s.retries = static_cast<int>(x);
     if (const json* v = get("timeout_s")) {
-      if (!v->is_number()) fail("field `timeout_s` must be a number of seconds, got " + type_name(*v));
+      if (!v->is_number()) fail("field `timeout_s` must be a number of seconds, got " + json_type_name(*v));
       else if (v->get<double>() <= 0 || v->get<double>() > 1e9)
         fail("field `timeout_s` must be > 0 (leave it out for no timeout)");
       else s.timeout_s = v->get<double>();
@@ -247,9 +171,16 @@ class JobParser {
   }
 
  private:
-  const json& m_obj;
+  static std::string prefix_of(const json& obj, std::size_t index) {
+    std::string prefix = "job[" + std::to_string(index) + "]";
+    if (auto it = obj.find("name"); it != obj.end() && it->is_string())
+      prefix += " (" + it->get<std::string>().substr(0, 64) + ")";
+    return prefix;
+  }
+
   std::vector<std::string>& m_errors;
   std::string m_prefix;
+  FieldReader m_reader;
 };
 
 Error spec_error(const std::vector<std::string>& errors) {
@@ -269,7 +200,7 @@ bool is_reserved_env(const std::string& key) {
 std::string_view to_string(Mode mode) { return mode == Mode::ddp ? "ddp" : "independent"; }
 
 Result<JobSpec> parse_job(const json& obj, const std::string& default_cwd) {
-  if (!obj.is_object()) return Error{ErrorCode::invalid_spec, "invalid job spec: expected an object, got " + type_name(obj)};
+  if (!obj.is_object()) return Error{ErrorCode::invalid_spec, "invalid job spec: expected an object, got " + json_type_name(obj)};
   std::vector<std::string> errors;
   JobParser p(obj, 0, errors);
   JobSpec spec = p.parse(default_cwd);
@@ -290,7 +221,7 @@ Result<std::vector<JobSpec>> parse_batch(const json& doc, const std::string& def
                                                 std::to_string(k_max_batch) + " jobs"};
     for (std::size_t i = 0; i < doc.size(); ++i) {
       if (!doc[i].is_object()) {
-        errors.push_back("job[" + std::to_string(i) + "]: must be an object, got " + type_name(doc[i]));
+        errors.push_back("job[" + std::to_string(i) + "]: must be an object, got " + json_type_name(doc[i]));
         continue;
       }
       JobParser p(doc[i], i, errors);
@@ -298,7 +229,7 @@ Result<std::vector<JobSpec>> parse_batch(const json& doc, const std::string& def
     }
   } else {
     return Error{ErrorCode::invalid_spec,
-                 "invalid job spec: expected a job object or an array of jobs, got " + type_name(doc)};
+                 "invalid job spec: expected a job object or an array of jobs, got " + json_type_name(doc)};
   }
   if (!errors.empty()) return spec_error(errors);
   if (auto deps = resolve_batch_dependencies(out); !deps) return deps.error();

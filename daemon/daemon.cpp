@@ -15,19 +15,12 @@
 #include <fstream>
 #include <iostream>
 
+#include "common/paths.hpp"
 #include "common/spec.hpp"
 #include "daemon/events.hpp"
 #include "daemon/scheduler.hpp"
 
-extern char** environ;
-
 namespace gpuq::daemon {
-
-double wall_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
-}
 
 namespace {
 
@@ -170,16 +163,7 @@ json Daemon::cmd_submit(const json& req) {
   if (!deps) throw RequestError(deps.error());
 
   // The jobs' base environment: the submitter's, as sbatch and pueue do; the daemon's if none.
-  Env base;
-  if (sub.env.empty()) {
-    for (char** e = environ; *e; ++e) {
-      std::string kv = *e;
-      auto eq = kv.find('=');
-      if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-  } else {
-    base = sub.env;
-  }
+  const Env base = sub.env.empty() ? common::current_environment() : sub.env;
 
   // Checks that need this machine: GPU count and memory, dependencies, directories, executables.
   std::int64_t max_mb = 0;

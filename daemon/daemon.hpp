@@ -110,6 +110,4 @@ class Daemon {
   bool m_ingest_armed = false;
 };
 
-double wall_now();
-
 }  // namespace gpuq::daemon

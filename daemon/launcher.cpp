@@ -20,6 +20,12 @@ namespace gpuq::daemon {
 
 namespace bp = boost::process;
 
+double wall_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
+}
+
 std::string job_dir(const std::string& state_dir, std::int64_t id) {
   return state_dir + "/jobs/" + std::to_string(id);
 }

@@ -70,6 +70,9 @@ std::optional<std::uint64_t> process_start_time(int pid);
 std::optional<ProcessId> read_pid_file(const std::string& path);
 bool is_alive(const ProcessId& p);
 
+// Seconds since the epoch (CLOCK_REALTIME), as stored in exit.json and the store.
+double wall_now();
+
 // A TCP port on 127.0.0.1 that is free now and not in `in_use` (handed to DDP ranks).
 int pick_free_port(const std::set<int>& in_use);
 

@@ -32,12 +32,6 @@ using json = nlohmann::json;
 
 namespace {
 
-double wall_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
-}
-
 double mono_now() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -101,3 +101,23 @@ TEST_CASE("train errors in a batch carry the job's name") {
 }
 
 TEST_SUITE_END();
+
+#include <filesystem>
+#include <fstream>
+
+TEST_SUITE_BEGIN("train_spec");
+
+TEST_CASE("every bundled example job spec is valid") {
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(GPUQ_SOURCE_DIR "/jobs")) {
+    if (entry.path().extension() != ".json") continue;
+    INFO(entry.path().string());
+    std::ifstream in(entry.path());
+    auto parsed = gpuq::common::parse_batch(json::parse(in), "/");
+    CHECK_MESSAGE(parsed.ok(), (parsed.ok() ? "" : parsed.error().message));
+    ++files;
+  }
+  CHECK(files >= 4);
+}
+
+TEST_SUITE_END();

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Fashion-MNIST test accuracy of gpuq-worker's built-in models against the dataset's published
+benchmark table (MLP 256-128-100 about 0.883; 2 conv + pooling 0.876-0.916; 2 conv + pooling +
+batch norm about 0.934). Runs gpuq-worker directly, one configuration after another.
+
+Usage: bench/accuracy.py [--bin build/bin] [--only mlp,cnn,cnn-bn] [--epochs N] [--device auto|cpu|cuda]
+"""
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+CONFIGS = {
+    # name: (model, optimizer, epochs, target)
+    "mlp": ({"kind": "mlp", "hidden": [256, 128, 100]}, {"kind": "adam", "lr": 1e-3}, 15, 0.88),
+    "cnn": ({"kind": "cnn", "channels": [32, 64], "hidden": [128], "dropout": 0.25},
+            {"kind": "adam", "lr": 1e-3}, 15, 0.91),
+    "cnn-bn": ({"kind": "cnn", "channels": [32, 64], "hidden": [128], "batch_norm": True, "dropout": 0.25},
+               {"kind": "adam", "lr": 1e-3}, 15, 0.93),
+}
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "../build/bin"))
+ap.add_argument("--only", default="mlp,cnn,cnn-bn")
+ap.add_argument("--epochs", type=int, default=0, help="override every configuration's epochs")
+ap.add_argument("--device", default="auto")
+args = ap.parse_args()
+
+rows = []
+for name in args.only.split(","):
+    model, optimizer, epochs, target = CONFIGS[name]
+    epochs = args.epochs or epochs
+    train = {"dataset": {"kind": "fashion-mnist"}, "model": model, "optimizer": optimizer, "epochs": epochs,
+             "batch_size": 128, "schedule": {"kind": "cosine"}, "checkpoint_every": 0, "device": args.device}
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as events:
+        t0 = time.time()
+        subprocess.run([os.path.join(args.bin, "gpuq-worker"), "--train", json.dumps(train)], check=True,
+                       env=dict(os.environ, GPUQ_EVENTS=events.name), stdout=subprocess.DEVNULL)
+        wall = time.time() - t0
+        lines = [json.loads(l) for l in open(events.name)]
+    result = [l for l in lines if l["type"] == "result"][-1]
+    per_epoch = [l["test_accuracy"] for l in lines if l["type"] == "progress" and "test_accuracy" in l]
+    rows.append((name, epochs, result["test_accuracy"], max(per_epoch), target, result["device"], wall))
+    print(f"{name}: {result['test_accuracy']:.4f} after {epochs} epochs ({wall:.0f} s on {result['device']})", flush=True)
+
+print(f"\n{'model':<8}{'epochs':>7}{'final':>8}{'best':>8}{'target':>8}  {'met':<4}{'device':<8}{'seconds':>8}")
+for name, epochs, acc, best, target, device, wall in rows:
+    print(f"{name:<8}{epochs:>7}{acc:>8.4f}{best:>8.4f}{target:>8.2f}  {'yes' if acc >= target else 'no':<4}{device:<8}{wall:>8.0f}")
