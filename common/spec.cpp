@@ -77,7 +77,10 @@ class JobParser {
     if (what == 0) fail("needs one of `command` (an argv array) or `shell` (a string)");
     if (what > 1) fail("give only one of `command`, `shell` and `train`");
     if (const json* t = get("train")) {
-      s.train = to_json(parse_train(*t, m_prefix, m_errors));
+      TrainSpec train = parse_train(*t, m_prefix, m_errors);
+      if (!train.stages.empty() && get("mode") && get("mode")->is_string() && get("mode")->get<std::string>() == "ddp")
+        fail("field `train.stages` (model parallel) with \"mode\": \"ddp\" (hybrid) is not supported yet");
+      s.train = to_json(train);
       s.command = {k_worker_placeholder, "--train", s.train.dump()};
     }
     if (const json* c = get("command")) {

@@ -88,6 +88,10 @@ ScheduleSpec parse_schedule(const json& obj, const std::string& who, std::vector
 
 }  // namespace
 
+int model_blocks(const ModelSpec& m) {
+  return static_cast<int>(m.hidden.size()) + 1 + (m.kind == "cnn" ? static_cast<int>(m.channels.size()) : 0);
+}
+
 TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::string>& errors) {
   TrainSpec t;
   if (!obj.is_object()) {
@@ -96,7 +100,7 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
   }
   FieldReader r(obj, who, "train", errors,
                 {"dataset", "model", "optimizer", "schedule", "loss", "epochs", "batch_size", "accumulate",
-                 "clip_grad_norm", "sampler", "seed", "log_every", "device", "checkpoint_every"});
+                 "clip_grad_norm", "sampler", "seed", "log_every", "device", "checkpoint_every", "stages"});
   if (const json* d = r.object("dataset")) t.dataset = parse_dataset(*d, who, errors);
   else if (!r.get("dataset")) r.fail("field `train.dataset` is required, e.g. {\"kind\": \"fashion-mnist\"}");
   if (const json* m = r.object("model")) t.model = parse_model(*m, who, errors);
@@ -116,6 +120,15 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
   if (r.integer("log_every", 1, 1 << 30, x)) t.log_every = static_cast<int>(x);
   r.choice("device", {"auto", "cpu", "cuda"}, t.device);
   if (r.integer("checkpoint_every", 0, 1 << 20, x)) t.checkpoint_every = static_cast<int>(x);
+  if (r.integers("stages", 1, 1 << 16, t.stages) && !t.stages.empty()) {
+    int sum = 0;
+    for (int n : t.stages) sum += n;
+    if (t.model.kind == "torchscript")
+      r.fail("field `train.stages` needs an mlp or cnn model; a torchscript model runs on one device");
+    else if (sum != model_blocks(t.model))
+      r.fail("field `train.stages` must split the model's " + std::to_string(model_blocks(t.model)) +
+             " blocks (conv blocks, hidden layers, output layer), but adds up to " + std::to_string(sum));
+  }
   if (t.model.kind == "cnn" && t.dataset.kind != "fashion-mnist" && t.dataset.kind != "mnist" && t.dataset.kind != "idx")
     r.fail("field `train.model.kind`: a cnn needs image data (an idx, mnist or fashion-mnist dataset)");
   const bool regression = t.dataset.kind == "synthetic" && t.dataset.task == "regression";
@@ -161,7 +174,7 @@ json to_json(const TrainSpec& t) {
   }
   json schedule = {{"kind", t.schedule.kind}};
   if (t.schedule.kind == "step") schedule.update({{"step_size", t.schedule.step_size}, {"gamma", t.schedule.gamma}});
-  return {{"dataset", dataset},
+  json out = {{"dataset", dataset},
           {"model", model},
           {"optimizer", optimizer},
           {"schedule", schedule},
@@ -175,6 +188,8 @@ json to_json(const TrainSpec& t) {
           {"seed", t.seed},
           {"log_every", t.log_every},
           {"device", t.device}};
+  if (!t.stages.empty()) out["stages"] = t.stages;
+  return out;
 }
 
 }  // namespace gpuq::common

@@ -65,7 +65,12 @@ struct TrainSpec {
   int log_every = 50;  // optimiser steps between progress events
   std::string device = "auto";  // auto (CUDA when the job has a GPU) | cpu | cuda
   int checkpoint_every = 1;     // epochs between checkpoints (when a checkpoint dir is known); 0 = off
+  std::vector<int> stages;      // model parallel: blocks per stage, stage i on the job's i-th GPU
 };
+
+// Blocks of an mlp or cnn model, the units `stages` splits: one per conv block, one per hidden
+// dense layer, and the output layer.
+int model_blocks(const ModelSpec& model);
 
 // `who` prefixes messages ("job[0] (mnist)"); problems are appended to `errors`.
 TrainSpec parse_train(const nlohmann::json& obj, const std::string& who, std::vector<std::string>& errors);

@@ -146,18 +146,41 @@ class Model {
   virtual void to(const torch::Device& device) = 0;
 };
 
+// A torch::nn model as consecutive stages, each on its own device (model parallelism); an
+// ordinary model is one stage. Activations move to the next stage's device between stages.
 class NnModel : public Model {
  public:
-  NnModel(torch::nn::Sequential seq, std::vector<std::int64_t> input_shape)
-      : m_seq(std::move(seq)), m_shape(std::move(input_shape)) {}
-  torch::Tensor forward(const torch::Tensor& x) override { return m_seq->forward(x.view(m_shape)); }
-  std::vector<torch::Tensor> parameters() override { return m_seq->parameters(); }
-  std::vector<torch::Tensor> buffers() override { return m_seq->buffers(); }
-  void train(bool on) override { m_seq->train(on); }
-  void to(const torch::Device& device) override { m_seq->to(device); }
+  NnModel(std::vector<torch::nn::Sequential> stages, std::vector<torch::Device> devices, std::vector<std::int64_t> input_shape)
+      : m_stages(std::move(stages)), m_devices(std::move(devices)), m_shape(std::move(input_shape)) {}
+  torch::Tensor forward(const torch::Tensor& x) override {
+    torch::Tensor h = x.view(m_shape);
+    for (std::size_t i = 0; i < m_stages.size(); ++i) h = m_stages[i]->forward(h.to(m_devices[i]));
+    return h;
+  }
+  std::vector<torch::Tensor> parameters() override {
+    std::vector<torch::Tensor> out;
+    for (auto& s : m_stages)
+      for (auto& p : s->parameters()) out.push_back(p);
+    return out;
+  }
+  std::vector<torch::Tensor> buffers() override {
+    std::vector<torch::Tensor> out;
+    for (auto& s : m_stages)
+      for (auto& b : s->buffers()) out.push_back(b);
+    return out;
+  }
+  void train(bool on) override {
+    for (auto& s : m_stages) s->train(on);
+  }
+  // A single-stage model moves to `device`; stages of a split model stay on their own devices.
+  void to(const torch::Device& device) override {
+    if (m_stages.size() == 1) m_devices[0] = device;
+    for (std::size_t i = 0; i < m_stages.size(); ++i) m_stages[i]->to(m_devices[i]);
+  }
 
  private:
-  torch::nn::Sequential m_seq;
+  std::vector<torch::nn::Sequential> m_stages;
+  std::vector<torch::Device> m_devices;
   std::vector<std::int64_t> m_shape;  // {-1, ...sample shape}
 };
 
@@ -182,23 +205,42 @@ class ScriptModel : public Model {
   torch::jit::Module m_module;
 };
 
-void add_activation(torch::nn::Sequential& seq, const std::string& kind) {
+// One block of layers. A Sequential cannot hold a Sequential (its forward is a template), so
+// blocks are a Sequential with a concrete forward, as LibTorch's documentation suggests.
+struct BlockImpl : torch::nn::SequentialImpl {
+  using SequentialImpl::SequentialImpl;
+  torch::Tensor forward(torch::Tensor x) { return SequentialImpl::forward(x); }
+};
+TORCH_MODULE(Block);
+
+void add_activation(Block& seq, const std::string& kind) {
   if (kind == "gelu") seq->push_back(torch::nn::GELU());
   else if (kind == "tanh") seq->push_back(torch::nn::Tanh());
   else seq->push_back(torch::nn::ReLU());
 }
 
-void add_dense(torch::nn::Sequential& seq, const common::ModelSpec& m, int in, int out) {
+// Dense blocks: one per hidden layer (linear, activation, dropout), then the output layer.
+void add_dense(std::vector<Block>& blocks, const common::ModelSpec& m, int in, int out, bool flatten) {
   for (int h : m.hidden) {
-    seq->push_back(torch::nn::Linear(in, h));
-    add_activation(seq, m.activation);
-    if (m.dropout > 0) seq->push_back(torch::nn::Dropout(m.dropout));
+    Block b;
+    if (flatten) b->push_back(torch::nn::Flatten()), flatten = false;
+    b->push_back(torch::nn::Linear(in, h));
+    add_activation(b, m.activation);
+    if (m.dropout > 0) b->push_back(torch::nn::Dropout(m.dropout));
+    blocks.push_back(b);
     in = h;
   }
-  seq->push_back(torch::nn::Linear(in, out));
+  Block last;
+  if (flatten) last->push_back(torch::nn::Flatten());
+  last->push_back(torch::nn::Linear(in, out));
+  blocks.push_back(last);
 }
 
-std::unique_ptr<Model> build_model(const common::ModelSpec& m, const std::vector<int>& shape, int features, int out) {
+// `stages` (blocks per stage) places consecutive blocks on the job's devices: stage i on GPU i,
+// or every stage on the one device there is (the same code path, for CPU tests).
+std::unique_ptr<Model> build_model(const common::TrainSpec& spec, const std::vector<int>& shape, int features, int out,
+                                   const torch::Device& device) {
+  const auto& m = spec.model;
   if (m.kind == "torchscript") {
     if (!std::filesystem::exists(m.path)) throw std::runtime_error("the TorchScript model " + m.path + " does not exist");
     try {
@@ -207,26 +249,40 @@ std::unique_ptr<Model> build_model(const common::ModelSpec& m, const std::vector
       throw std::runtime_error("cannot load the TorchScript model " + m.path + ": " + e.what_without_backtrace());
     }
   }
-  torch::nn::Sequential seq;
+  std::vector<Block> blocks;
+  std::vector<std::int64_t> input_shape{-1, features};
   if (m.kind == "cnn") {
     if (shape.size() != 3) throw std::runtime_error("a cnn needs image data (C×H×W samples)");
     int c = shape[0], h = shape[1], w = shape[2];
     for (int ch : m.channels) {
       // conv 3x3 (same size) -> [batch norm] -> activation -> 2x2 max-pool (halves H and W)
-      seq->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(c, ch, 3).padding(1)));
-      if (m.batch_norm) seq->push_back(torch::nn::BatchNorm2d(ch));
-      add_activation(seq, m.activation);
-      seq->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
+      Block b;
+      b->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(c, ch, 3).padding(1)));
+      if (m.batch_norm) b->push_back(torch::nn::BatchNorm2d(ch));
+      add_activation(b, m.activation);
+      b->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
+      blocks.push_back(b);
       c = ch, h /= 2, w /= 2;
     }
     if (h < 1 || w < 1) throw std::runtime_error("too many conv blocks for " + std::to_string(shape[1]) + "x" +
                                                  std::to_string(shape[2]) + " images");
-    seq->push_back(torch::nn::Flatten());
-    add_dense(seq, m, c * h * w, out);
-    return std::make_unique<NnModel>(seq, std::vector<std::int64_t>{-1, shape[0], shape[1], shape[2]});
+    add_dense(blocks, m, c * h * w, out, true);
+    input_shape = {-1, shape[0], shape[1], shape[2]};
+  } else {
+    add_dense(blocks, m, features, out, false);
   }
-  add_dense(seq, m, features, out);
-  return std::make_unique<NnModel>(seq, std::vector<std::int64_t>{-1, features});
+  std::vector<int> stages = spec.stages.empty() ? std::vector<int>{static_cast<int>(blocks.size())} : spec.stages;
+  const int gpus = device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 1;
+  std::vector<torch::nn::Sequential> stage_modules;
+  std::vector<torch::Device> devices;
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    torch::nn::Sequential stage;
+    for (int k = 0; k < stages[i]; ++k) stage->push_back(blocks.at(next++));
+    stage_modules.push_back(stage);
+    devices.push_back(device.is_cuda() ? torch::Device(torch::kCUDA, static_cast<int>(i) % gpus) : device);
+  }
+  return std::make_unique<NnModel>(stage_modules, devices, input_shape);
 }
 
 // Checkpoints: <dir>/epoch-<n>/{model.pt, optimizer.pt, state.json}, then <dir>/latest names the
@@ -365,7 +421,9 @@ torch::Tensor to_tensor(const std::vector<float>& v, std::int64_t rows, std::int
 }
 
 torch::Tensor loss_of(const torch::Tensor& out, const torch::Tensor& y, bool classification) {
-  return classification ? torch::nn::functional::cross_entropy(out, y) : torch::mse_loss(out.squeeze(1), y);
+  // The output lives on the last stage's device (model parallelism): bring the labels there.
+  auto target = y.to(out.device());
+  return classification ? torch::nn::functional::cross_entropy(out, target) : torch::mse_loss(out.squeeze(1), target);
 }
 
 }  // namespace
@@ -412,7 +470,7 @@ int train_or_throw(const RunOptions& o) {
 
   // Build the model and join the process group
   torch::manual_seed(spec.seed);
-  auto model = build_model(spec.model, data->shape, data->features, outputs);
+  auto model = build_model(spec, data->shape, data->features, outputs, device);
   model->to(device);
   auto params = model->parameters();
   Collectives comm;
@@ -491,7 +549,7 @@ int train_or_throw(const RunOptions& o) {
         auto out = model->forward(x_test.narrow(0, i, n));
         auto y = y_test.narrow(0, i, n);
         loss_sum += loss_of(out, y, classification).item<double>() * static_cast<double>(n);
-        if (classification) correct += out.argmax(1).eq(y).sum().item<double>();
+        if (classification) correct += out.argmax(1).eq(y.to(out.device())).sum().item<double>();
       }
       test_loss = loss_sum / static_cast<double>(data->test.n);
       test_accuracy = correct / static_cast<double>(data->test.n);

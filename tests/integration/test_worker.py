@@ -141,6 +141,17 @@ class Worker(DaemonTest):
         self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
         self.assertGreater(job["result"]["test_accuracy"], 0.6)
 
+    def test_a_model_split_into_stages_trains_exactly_like_the_whole_model(self):
+        # On the CPU every stage shares one device: the same code path as stages on several GPUs.
+        spec = dict(SYNTHETIC, model={"hidden": [32, 16, 8]}, checkpoint_every=0)
+        whole = self.run_worker(spec, self.tmp_path("whole.json"))
+        job_id = self.d.submit({"name": "staged", "gpus": 2, "shell":
+                                f"exec {WORKER} --train '{json.dumps(dict(spec, stages=[1, 2, 1]))}' "
+                                f"--dump-params {self.tmp_path('staged.json')}"})["ids"][0]
+        job = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        self.assertEqual(max_diff(whole, load(self.tmp_path("staged.json"))), 0.0)
+
     def test_a_bad_train_spec_is_refused_at_submit_with_its_field_path(self):
         r = self.d.run("submit", "-", input=json.dumps({"name": "t", "train": {"dataset": {"kind": "synthetic"},
                                                                              "optimizer": {"lr": "fast"}}}))

@@ -76,6 +76,28 @@ TEST_CASE("cnn, torchscript and schedule options are checked against the model t
   CHECK(gpuq::common::to_json(*again) == gpuq::common::to_json(*step));
 }
 
+TEST_CASE("model-parallel stages must split the model's blocks exactly") {
+  auto ok = gpuq::common::parse_train(
+      json::parse(R"({"dataset": {"kind": "fashion-mnist"}, "model": {"kind": "cnn", "channels": [8, 8], "hidden": [16]},
+                     "stages": [2, 2]})"));
+  REQUIRE(ok.ok());
+  CHECK(gpuq::common::model_blocks(ok->model) == 4);
+  auto again = gpuq::common::parse_train(gpuq::common::to_json(*ok));  // the stored form parses back
+  REQUIRE(again.ok());
+  CHECK(again->stages == std::vector<int>{2, 2});
+  auto unsplit = gpuq::common::parse_train(gpuq::common::to_json(*gpuq::common::parse_train(json::parse(R"({"dataset": {"kind": "synthetic"}})"))));
+  REQUIRE(unsplit.ok());
+  CHECK(unsplit->stages.empty());
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "model": {"hidden": [8]}, "stages": [1, 2]})"),
+            "must split the model's 2 blocks (conv blocks, hidden layers, output layer), but adds up to 3"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "model": {"kind": "torchscript", "path": "m.pt"}, "stages": [1]})"),
+            "a torchscript model runs on one device"));
+  auto hybrid = gpuq::common::parse_batch(json::parse(R"({"name": "h", "mode": "ddp", "gpus": 2,
+      "train": {"dataset": {"kind": "synthetic"}, "model": {"hidden": [8]}, "stages": [1, 1]}})"), "/");
+  REQUIRE_FALSE(hybrid.ok());
+  CHECK(has(hybrid.error().message, "(hybrid) is not supported yet"));
+}
+
 TEST_CASE("a train job in a batch runs the worker with its normalised spec") {
   auto r = gpuq::common::parse_batch(
       json::parse(R"({"name": "t", "train": {"dataset": {"kind": "synthetic"}, "epochs": 3}, "gpus": 1})"), "/w");
