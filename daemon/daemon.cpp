@@ -42,13 +42,6 @@ json read_json_file(const std::string& p) {
   return j.is_discarded() ? json(nullptr) : j;
 }
 
-void make_dirs(const std::string& dir) {
-  for (std::size_t pos = 1; pos != std::string::npos;) {
-    pos = dir.find('/', pos + 1);
-    ::mkdir(dir.substr(0, pos).c_str(), 0700);
-  }
-}
-
 std::string describe_exit(const json& failure) {
   if (!failure.is_object()) return "failed";
   std::string who = "rank " + std::to_string(failure.value("rank", 0));
@@ -552,8 +545,8 @@ void Daemon::launch(Active& a, const std::vector<int>& gpus, double now) {
   if (!next.spec.train.is_null()) next.spec.command[0] = m_config.worker_path;
   const std::string jdir = job_dir(m_config.state_dir, next.id);
   const std::string adir = attempt_dir(m_config.state_dir, next.id, next.attempt);
-  make_dirs(adir);
-  make_dirs(jdir + "/checkpoints");
+  for (const auto& dir : {adir, jdir + "/checkpoints"})
+    if (auto made = common::ensure_private_dir(dir); !made) throw RequestError(made.error());
   std::vector<std::string> uuids;
   for (int idx : gpus)
     if (const Gpu* g = m_inventory.find(idx)) uuids.push_back(g->uuid);

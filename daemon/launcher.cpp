@@ -187,19 +187,22 @@ Result<int> spawn_supervisor(const std::string& shim_path, const std::string& ad
   }
 }
 
-std::optional<std::uint64_t> process_start_time(int pid) {
+std::optional<std::vector<std::string>> proc_stat_fields(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
   if (!std::getline(in, stat)) return std::nullopt;
-  // Field 2 (comm) may hold spaces and parentheses: parse after the last ')'.
   auto close = stat.rfind(')');
-  if (close == std::string::npos) return std::nullopt;
+  if (close == std::string::npos || close + 2 > stat.size()) return std::nullopt;
   std::istringstream rest(stat.substr(close + 2));
-  std::string field;
-  // Fields 3.. : state is field 3; starttime is field 22, i.e. the 20th after ')'.
-  for (int i = 3; i <= 22 && (rest >> field); ++i)
-    if (i == 22) return std::stoull(field);
-  return std::nullopt;
+  std::vector<std::string> fields;
+  for (std::string f; rest >> f;) fields.push_back(f);
+  return fields;
+}
+
+std::optional<std::uint64_t> process_start_time(int pid) {
+  auto fields = proc_stat_fields(pid);
+  if (!fields || fields->size() <= 22 - 3) return std::nullopt;
+  return std::stoull((*fields)[22 - 3]);  // field 22: starttime
 }
 
 std::optional<ProcessId> read_pid_file(const std::string& path) {

@@ -67,6 +67,9 @@ struct ProcessId {
   std::uint64_t start_time = 0;
 };
 std::optional<std::uint64_t> process_start_time(int pid);
+// Fields 3 onwards of /proc/<pid>/stat (state, ppid, …; field n is at index n - 3), parsed after
+// the command name, which may itself hold spaces and parentheses.
+std::optional<std::vector<std::string>> proc_stat_fields(int pid);
 std::optional<ProcessId> read_pid_file(const std::string& path);
 bool is_alive(const ProcessId& p);
 

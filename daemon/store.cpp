@@ -1,6 +1,8 @@
 // SQLite-backed job store (see store.hpp). Statements are prepared once and cached.
 #include "daemon/store.hpp"
 
+#include "daemon/launcher.hpp"
+
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -240,11 +242,7 @@ void Store::update(const JobRecord& job, bool transition) {
     double at = job.ended_at > 0 && is_terminal(job.state) ? job.ended_at
                 : job.state == JobState::running           ? job.started_at
                                                             : 0;
-    if (at == 0) {
-      timespec ts{};
-      clock_gettime(CLOCK_REALTIME, &ts);
-      at = static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
-    }
+    if (at == 0) at = wall_now();
     write_transition(job, at);
   }
   txn.commit();

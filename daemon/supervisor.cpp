@@ -68,14 +68,9 @@ std::vector<int> direct_children() {
   if (!proc) return out;
   while (dirent* e = ::readdir(proc)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    std::ifstream in(std::string("/proc/") + e->d_name + "/stat");
-    std::string stat;
-    if (!std::getline(in, stat)) continue;
-    auto close = stat.rfind(')');
-    if (close == std::string::npos || close + 4 >= stat.size()) continue;
-    // After ") " come: state, ppid.
-    int ppid = std::atoi(stat.c_str() + stat.find(' ', close + 2) + 1);
-    if (ppid == self) out.push_back(std::atoi(e->d_name));
+    const int pid = std::atoi(e->d_name);
+    auto fields = proc_stat_fields(pid);
+    if (fields && fields->size() > 4 - 3 && std::atoi((*fields)[4 - 3].c_str()) == self) out.push_back(pid);  // field 4: ppid
   }
   ::closedir(proc);
   return out;
