@@ -214,7 +214,10 @@ std::optional<JobRecord> Daemon::lookup(std::int64_t id) {
   return m_store->get(id);
 }
 
-common::JobInfo Daemon::info_of(const JobRecord& r, const std::string& wait_reason) const {
+common::JobInfo Daemon::info_of(const JobRecord& stored) const {
+  auto active = m_active.find(stored.id);
+  const JobRecord& r = active != m_active.end() ? active->second.rec : stored;
+  const std::string wait_reason = active != m_active.end() ? active->second.wait_reason : "";
   common::JobInfo i;
   i.id = r.id;
   i.batch = r.batch;
@@ -247,14 +250,11 @@ json Daemon::cmd_status(const json& req) {
   common::JobsReply out;
   out.total = m_store->count_jobs();
   if (q.all) {
-    m_store->for_each_job([&](const JobRecord& r) {
-      auto it = m_active.find(r.id);
-      out.jobs.push_back(it != m_active.end() ? info_of(it->second.rec, it->second.wait_reason) : info_of(r));
-    });
+    m_store->for_each_job([&](const JobRecord& r) { out.jobs.push_back(info_of(r)); });
     return out;
   }
   for (auto& r : m_store->recent_finished(q.limit)) out.jobs.push_back(info_of(r));
-  for (auto& [_, a] : m_active) out.jobs.push_back(info_of(a.rec, a.wait_reason));
+  for (auto& [_, a] : m_active) out.jobs.push_back(info_of(a.rec));
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   return out;
 }
@@ -264,8 +264,7 @@ json Daemon::cmd_show(const json& req) {
   auto rec = lookup(q.id);
   if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(q.id));
   common::ShowReply out;
-  auto it = m_active.find(q.id);
-  out.job = info_of(*rec, it != m_active.end() ? it->second.wait_reason : "");
+  out.job = info_of(*rec);
   out.spec = common::to_json(rec->spec);
   out.history = m_store->history(q.id);
   for (int a = 1; a <= rec->attempt; ++a)
@@ -284,10 +283,7 @@ json Daemon::cmd_results(const json& req) {
   if (q.batch) {
     auto rows = m_store->batch_jobs(q.batch);
     if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
-    for (auto& r : rows) {
-      auto it = m_active.find(r.id);
-      out.jobs.push_back(it != m_active.end() ? info_of(it->second.rec, it->second.wait_reason) : info_of(r));
-    }
+    for (auto& r : rows) out.jobs.push_back(info_of(r));
   }
   for (auto id : q.ids) {
     auto rec = lookup(id);
@@ -326,14 +322,18 @@ json Daemon::cmd_gpus(const json&) {
 
 json Daemon::cmd_cancel(const json& req) {
   auto q = common::decode_ids(req);
-  for (auto id : q.ids)
-    if (!lookup(id)) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+  // All ids must exist before anything is cancelled: a typo cancels nothing.
+  std::map<std::int64_t, JobState> states;
+  for (auto id : q.ids) {
+    auto rec = lookup(id);
+    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+    states[id] = rec->state;
+  }
   common::CancelReply out;
   for (auto id : q.ids) {
     auto it = m_active.find(id);
     if (it == m_active.end()) {
-      auto rec = m_store->get(id);
-      out.jobs.push_back({id, std::string(to_string(rec->state)), false});
+      out.jobs.push_back({id, std::string(to_string(states.at(id))), false});
       continue;
     }
     Active& a = it->second;

@@ -94,7 +94,9 @@ class Daemon {
   void arm_ingest_timer();
   void notify_waiters();
 
-  common::JobInfo info_of(const JobRecord& rec, const std::string& wait_reason = "") const;
+  // A job as clients see it: the in-memory record (with why it waits) when the job is active,
+  // else `stored`.
+  common::JobInfo info_of(const JobRecord& stored) const;
   std::optional<JobRecord> lookup(std::int64_t id);
 
   asio::io_context& m_io;

@@ -37,6 +37,11 @@ class Cancel(DaemonTest):
         queued = self.d.submit({"name": "waits", "gpus": 1, "command": ["true"]})["ids"][0]
         wait_until(lambda: self.d.show(blocker)["job"]["state"] == "running", what="the blocker")
         self.assertEqual(self.d.show(queued)["job"]["state"], "queued")
+        reason = self.d.show(queued)["job"]["reason"]
+        self.assertIn("waiting for 1 free GPU", reason)
+        self.assertEqual(self.d.json("results", str(queued))["jobs"][0]["state"], "queued")
+        status = {j["id"]: j for j in self.d.json("status")["jobs"]}
+        self.assertEqual(status[queued]["reason"], reason)
         self.assertIn("cancelled", self.d.ok("cancel", str(queued)))
         self.assertEqual(self.d.show(queued)["job"]["state"], "cancelled")
         self.assertIn("already cancelled", self.d.ok("cancel", str(queued)))
