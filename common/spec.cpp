@@ -76,10 +76,10 @@ class JobParser {
     int what = (get("command") ? 1 : 0) + (get("shell") ? 1 : 0) + (get("train") ? 1 : 0);
     if (what == 0) fail("needs one of `command` (an argv array) or `shell` (a string)");
     if (what > 1) fail("give only one of `command`, `shell` and `train`");
+    int gpus_per_rank = 1;  // a ddp rank of a model-parallel train job holds one GPU per stage
     if (const json* t = get("train")) {
       TrainSpec train = parse_train(*t, m_prefix, m_errors);
-      if (!train.stages.empty() && get("mode") && get("mode")->is_string() && get("mode")->get<std::string>() == "ddp")
-        fail("field `train.stages` (model parallel) with \"mode\": \"ddp\" (hybrid) is not supported yet");
+      if (!train.stages.empty()) gpus_per_rank = static_cast<int>(train.stages.size());
       s.train = to_json(train);
       s.command = {k_worker_placeholder, "--train", s.train.dump()};
     }
@@ -114,10 +114,14 @@ class JobParser {
     bool has_ranks = int_field("ranks", 1, 4096, x);
     if (has_ranks) s.ranks = static_cast<int>(x);
     if (s.mode == Mode::ddp) {
-      if (s.gpus > 0 && has_ranks && s.ranks != s.gpus)
-        fail("field `ranks` (" + std::to_string(s.ranks) + ") must equal `gpus` (" +
-             std::to_string(s.gpus) + ") for a ddp job on GPUs: one rank per GPU");
-      if (s.gpus > 0) s.ranks = s.gpus;
+      if (s.gpus > 0 && gpus_per_rank > 1 && s.gpus % gpus_per_rank != 0)
+        fail("field `gpus` (" + std::to_string(s.gpus) + ") must be a multiple of the " +
+             std::to_string(gpus_per_rank) + " `train.stages` for a ddp job of model-parallel replicas");
+      else if (s.gpus > 0 && has_ranks && s.ranks * gpus_per_rank != s.gpus)
+        fail("field `ranks` (" + std::to_string(s.ranks) + ") must equal `gpus` (" + std::to_string(s.gpus) + ")" +
+             (gpus_per_rank > 1 ? " / " + std::to_string(gpus_per_rank) + " stages" : std::string()) +
+             " for a ddp job on GPUs: " + (gpus_per_rank > 1 ? "one rank per replica" : "one rank per GPU"));
+      if (s.gpus > 0) s.ranks = s.gpus / gpus_per_rank;
       if (s.gpus == 0 && !has_ranks)
         fail("a ddp job without GPUs needs `ranks` (the number of CPU processes, e.g. 2)");
     } else if (has_ranks && s.ranks != 1) {

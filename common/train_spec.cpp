@@ -100,7 +100,8 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
   }
   FieldReader r(obj, who, "train", errors,
                 {"dataset", "model", "optimizer", "schedule", "loss", "epochs", "batch_size", "accumulate",
-                 "clip_grad_norm", "sampler", "seed", "log_every", "device", "checkpoint_every", "stages"});
+                 "clip_grad_norm", "sampler", "seed", "log_every", "device", "checkpoint_every", "stages",
+                 "precision", "data_on", "bucket_mb"});
   if (const json* d = r.object("dataset")) t.dataset = parse_dataset(*d, who, errors);
   else if (!r.get("dataset")) r.fail("field `train.dataset` is required, e.g. {\"kind\": \"fashion-mnist\"}");
   if (const json* m = r.object("model")) t.model = parse_model(*m, who, errors);
@@ -129,6 +130,11 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
       r.fail("field `train.stages` must split the model's " + std::to_string(model_blocks(t.model)) +
              " blocks (conv blocks, hidden layers, output layer), but adds up to " + std::to_string(sum));
   }
+  r.choice("precision", {"fp32", "bf16", "fp16"}, t.precision);
+  if (t.precision == "fp16" && t.device == "cpu")
+    r.fail("field `train.precision`: fp16 needs CUDA; on the CPU use \"bf16\"");
+  r.choice("data_on", {"auto", "device", "host"}, t.data_on);
+  r.number("bucket_mb", 0.0001, 4096, t.bucket_mb);
   if (t.model.kind == "cnn" && t.dataset.kind != "fashion-mnist" && t.dataset.kind != "mnist" && t.dataset.kind != "idx")
     r.fail("field `train.model.kind`: a cnn needs image data (an idx, mnist or fashion-mnist dataset)");
   const bool regression = t.dataset.kind == "synthetic" && t.dataset.task == "regression";
@@ -187,7 +193,10 @@ json to_json(const TrainSpec& t) {
           {"sampler", t.sampler},
           {"seed", t.seed},
           {"log_every", t.log_every},
-          {"device", t.device}};
+          {"device", t.device},
+          {"precision", t.precision},
+          {"data_on", t.data_on},
+          {"bucket_mb", t.bucket_mb}};
   if (!t.stages.empty()) out["stages"] = t.stages;
   return out;
 }

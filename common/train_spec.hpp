@@ -66,6 +66,9 @@ struct TrainSpec {
   std::string device = "auto";  // auto (CUDA when the job has a GPU) | cpu | cuda
   int checkpoint_every = 1;     // epochs between checkpoints (when a checkpoint dir is known); 0 = off
   std::vector<int> stages;      // model parallel: blocks per stage, stage i on the job's i-th GPU
+  std::string precision = "fp32";  // fp32 | bf16 | fp16 (autocast; fp16 with dynamic loss scaling, CUDA only)
+  std::string data_on = "auto";    // auto | device | host (pinned, prefetched by a thread)
+  double bucket_mb = 25;           // ddp: gradient allreduce bucket size
 };
 
 // Blocks of an mlp or cnn model, the units `stages` splits: one per conv block, one per hidden

@@ -59,6 +59,8 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
   env["GPUQ_CHECKPOINT_DIR"] = jdir + "/checkpoints";
   env["GPUQ_ATTEMPT"] = std::to_string(job.attempt);
   env["GPUQ_EVENTS"] = rank_events_path(adir, rank);
+  // The job's share of each GPU, for programs that size themselves to it (gpuq-worker does).
+  if (job.spec.gpu_memory_mb > 0) env["GPUQ_GPU_MEMORY_MB"] = std::to_string(job.spec.gpu_memory_mb);
 
   if (job.spec.mode == common::Mode::ddp) {
     const std::string world = std::to_string(job.spec.ranks);

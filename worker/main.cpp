@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   // Take the rank's place from the torchrun environment
   options.rank = env_int("RANK", 0);
   options.world = env_int("WORLD_SIZE", 1);
+  options.distributed = std::getenv("WORLD_SIZE") != nullptr;
   options.local_rank = env_int("LOCAL_RANK", 0);
   options.master_addr = env_str("MASTER_ADDR", "127.0.0.1");
   options.master_port = env_int("MASTER_PORT", 29500);

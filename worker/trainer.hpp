@@ -14,6 +14,9 @@ struct RunOptions {
   // The torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
   int rank = 0;
   int world = 1;
+  // Launched as a rank (WORLD_SIZE set, as gpuqd and torchrun do): join a process group and
+  // average gradients even when the gang has one rank, like DDP under torchrun --nproc 1.
+  bool distributed = false;
   int local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;

@@ -49,21 +49,73 @@ class Worker(DaemonTest):
         self.assertEqual(r.returncode, 0, r.stderr)
         return load(dump)
 
-    def test_ddp_on_gloo_gives_identical_ranks_equal_to_single_process_training(self):
-        # Two ranks with batch 16 each see, step by step, the samples one process sees with batch 32.
-        ddp = dict(SYNTHETIC, batch_size=16)
+    def run_worker_with_events(self, train, name):
+        """Runs the worker by hand; returns (final parameters, its events)."""
+        events = self.tmp_path(name + ".jsonl")
+        params = self.run_worker(train, self.tmp_path(name + ".json"), env={"GPUQ_EVENTS": events})
+        return params, [json.loads(line) for line in read_text(events).splitlines()]
+
+    def run_gang(self, name, train, ranks=2):
+        """Runs `train` as a ddp gang through the daemon; returns each rank's final parameters and the result."""
         # The rank picks its own dump file through $RANK, so the job runs through a shell.
-        shell = (f"exec {WORKER} --train '{json.dumps(ddp)}' --dump-params {self.tmp_path('rank')}-$RANK.json")
-        job_id = self.d.submit({"name": "ddp", "mode": "ddp", "ranks": 2, "shell": shell})["ids"][0]
+        shell = f"exec {WORKER} --train '{json.dumps(train)}' --dump-params {self.tmp_path(name)}-$RANK.json"
+        job_id = self.d.submit({"name": name, "mode": "ddp", "ranks": ranks, "shell": shell})["ids"][0]
         done = self.d.wait([job_id], timeout=300)[job_id]
         self.assertEqual(done["state"], "succeeded", self.d.ok("logs", str(job_id)))
-        self.assertEqual(done["result"]["world_size"], 2)
-        self.assertEqual(done["result"]["backend"], "gloo")
-        self.assertEqual(len(done["result"]["rank_samples_per_s"]), 2)
-        r0, r1 = (load(self.tmp_path(f"rank-{r}.json")) for r in (0, 1))
+        return [load(self.tmp_path(f"{name}-{r}.json")) for r in range(ranks)], done
+
+    def test_ddp_on_gloo_gives_identical_ranks_equal_to_single_process_training(self):
+        # Two ranks with batch 16 each see, step by step, the samples one process sees with batch 32.
+        (r0, r1), job = self.run_gang("ddp", dict(SYNTHETIC, batch_size=16))
+        result = job["result"]
+        self.assertEqual(result["world_size"], 2)
+        self.assertEqual(result["backend"], "gloo")
+        self.assertEqual(len(result["rank_samples_per_s"]), 2)
         self.assertEqual(max_diff(r0, r1), 0.0, "ranks ended with different parameters")
         single = self.run_worker(dict(SYNTHETIC, batch_size=32), self.tmp_path("single.json"))
         self.assertLess(max_diff(r0, single), 1e-5)
+        # A one-rank gang still runs as a rank of a process group (torchrun --nproc 1).
+        job_id = self.d.submit({"name": "one", "mode": "ddp", "ranks": 1, "train": SYNTHETIC})["ids"][0]
+        one = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(one["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        self.assertEqual((one["result"]["backend"], one["result"]["world_size"]), ("gloo", 1))
+
+    def test_ddp_of_model_parallel_replicas_with_many_small_buckets_equals_single_process_training(self):
+        # Stages [1, 2, 1] per rank (hybrid) and ~100-byte buckets: 5 allreduces per step, most
+        # started from the gradient hooks while backward runs.
+        model = {"hidden": [32, 16, 8]}
+        hybrid = dict(SYNTHETIC, batch_size=16, model=model, stages=[1, 2, 1], bucket_mb=0.0001, checkpoint_every=0)
+        (r0, r1), job = self.run_gang("hybrid", hybrid)
+        self.assertIn("gradients averaged in 5 bucket(s)", self.d.ok("logs", str(job["id"])))
+        self.assertEqual(max_diff(r0, r1), 0.0, "ranks ended with different parameters")
+        single = self.run_worker(dict(SYNTHETIC, batch_size=32, model=model), self.tmp_path("single.json"))
+        self.assertLess(max_diff(r0, single), 1e-5)
+        # The same as a train job: the spec accepts ddp + stages and gives one rank per replica.
+        job_id = self.d.submit({"name": "hybrid-job", "mode": "ddp", "ranks": 2, "train": hybrid})["ids"][0]
+        job = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        self.assertEqual(job["result"]["world_size"], 2)
+
+    def test_host_held_data_with_prefetch_trains_exactly_like_device_held_data(self):
+        spec = dict(SYNTHETIC, accumulate=2, batch_size=32, checkpoint_every=0)
+        device, device_events = self.run_worker_with_events(dict(spec, data_on="device"), "device")
+        host, host_events = self.run_worker_with_events(dict(spec, data_on="host"), "host")
+        self.assertEqual(max_diff(device, host), 0.0)
+        self.assertEqual(device_events[-1]["data_on"], "device")
+        self.assertEqual(host_events[-1]["data_on"], "host")
+
+    def test_bf16_autocast_trains_on_the_cpu_and_really_changes_the_arithmetic(self):
+        spec = dict(SYNTHETIC, epochs=3, log_every=10, checkpoint_every=0)
+        fp32, fp32_events = self.run_worker_with_events(spec, "fp32")
+        bf16, bf16_events = self.run_worker_with_events(dict(spec, precision="bf16"), "bf16")
+        result = bf16_events[-1]
+        self.assertEqual(result["type"], "result")
+        self.assertEqual(result["precision"], "bf16")
+        self.assertGreater(max_diff(fp32, bf16), 1e-4, "bf16 gave fp32's exact parameters: autocast did not run")
+        self.assertGreater(result["test_accuracy"], fp32_events[-1]["test_accuracy"] - 0.05)
+        # Progress events carry memory (host memory on the CPU; device memory on CUDA).
+        progress = [e for e in bf16_events if e["type"] == "progress"]
+        self.assertTrue(progress and all(e["host_memory_mib"] > 1 for e in progress), progress[:2])
 
     def test_gradient_accumulation_equals_one_big_batch(self):
         k4 = self.run_worker(dict(SYNTHETIC, batch_size=32, accumulate=4), self.tmp_path("k4.json"))

@@ -70,6 +70,12 @@ TEST_CASE("independent jobs get no torchrun variables, and CPU jobs see no GPU")
   CHECK(env.count("MASTER_PORT") == 0);
   CHECK(env["CUDA_VISIBLE_DEVICES"] == "");
   CHECK(env["OMP_NUM_THREADS"] == "8");
+  CHECK(env.count("GPUQ_GPU_MEMORY_MB") == 0);  // no declared share: the whole GPU
+  j.spec.gpus = 1;
+  j.spec.shared = true;
+  j.spec.gpu_memory_mb = 6000;
+  j.gpus = {2};
+  CHECK(rank_environment(j, {}, {"GPU-c"}, "/j", "/j/attempt-1", 0)["GPUQ_GPU_MEMORY_MB"] == "6000");
 }
 
 TEST_CASE("the launch document has one entry per rank with its own log and events file") {

@@ -92,10 +92,45 @@ TEST_CASE("model-parallel stages must split the model's blocks exactly") {
             "must split the model's 2 blocks (conv blocks, hidden layers, output layer), but adds up to 3"));
   CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "model": {"kind": "torchscript", "path": "m.pt"}, "stages": [1]})"),
             "a torchscript model runs on one device"));
-  auto hybrid = gpuq::common::parse_batch(json::parse(R"({"name": "h", "mode": "ddp", "gpus": 2,
+}
+
+TEST_CASE("a ddp job of model-parallel replicas gets one rank per group of stage GPUs") {
+  auto hybrid = gpuq::common::parse_batch(json::parse(R"({"name": "h", "mode": "ddp", "gpus": 4,
       "train": {"dataset": {"kind": "synthetic"}, "model": {"hidden": [8]}, "stages": [1, 1]}})"), "/");
-  REQUIRE_FALSE(hybrid.ok());
-  CHECK(has(hybrid.error().message, "(hybrid) is not supported yet"));
+  REQUIRE(hybrid.ok());
+  CHECK(hybrid->at(0).ranks == 2);
+  CHECK(hybrid->at(0).gpus == 4);
+  auto odd = gpuq::common::parse_batch(json::parse(R"({"name": "h", "mode": "ddp", "gpus": 3,
+      "train": {"dataset": {"kind": "synthetic"}, "model": {"hidden": [8]}, "stages": [1, 1]}})"), "/");
+  REQUIRE_FALSE(odd.ok());
+  CHECK(has(odd.error().message, "field `gpus` (3) must be a multiple of the 2 `train.stages`"));
+  auto wrong_ranks = gpuq::common::parse_batch(json::parse(R"({"name": "h", "mode": "ddp", "gpus": 4, "ranks": 4,
+      "train": {"dataset": {"kind": "synthetic"}, "model": {"hidden": [8]}, "stages": [1, 1]}})"), "/");
+  REQUIRE_FALSE(wrong_ranks.ok());
+  CHECK(has(wrong_ranks.error().message, "field `ranks` (4) must equal `gpus` (4) / 2 stages"));
+  auto cpu = gpuq::common::parse_batch(json::parse(R"({"name": "h", "mode": "ddp", "ranks": 2,
+      "train": {"dataset": {"kind": "synthetic"}, "model": {"hidden": [8]}, "stages": [1, 1]}})"), "/");
+  REQUIRE(cpu.ok());
+  CHECK(cpu->at(0).ranks == 2);
+}
+
+TEST_CASE("precision, data placement and bucket size are checked and kept") {
+  auto r = gpuq::common::parse_train(json::parse(
+      R"({"dataset": {"kind": "synthetic"}, "precision": "bf16", "data_on": "host", "bucket_mb": 0.5})"));
+  REQUIRE(r.ok());
+  auto again = gpuq::common::parse_train(gpuq::common::to_json(*r));
+  REQUIRE(again.ok());
+  CHECK(again->precision == "bf16");
+  CHECK(again->data_on == "host");
+  CHECK(again->bucket_mb == doctest::Approx(0.5));
+  auto defaults = gpuq::common::parse_train(json::parse(R"({"dataset": {"kind": "synthetic"}})"));
+  REQUIRE(defaults.ok());
+  CHECK(defaults->precision == "fp32");
+  CHECK(defaults->data_on == "auto");
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "precision": "fp8"})"), "train.precision"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "precision": "fp16", "device": "cpu"})"),
+            "fp16 needs CUDA; on the CPU use \"bf16\""));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "bucket_mb": 0})"), "train.bucket_mb"));
 }
 
 TEST_CASE("a train job in a batch runs the worker with its normalised spec") {

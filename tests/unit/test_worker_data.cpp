@@ -201,3 +201,35 @@ TEST_CASE("weighted sampling draws classes in proportion to their weights (withi
 }
 
 TEST_SUITE_END();
+
+#include "worker/loss_scale.hpp"
+
+TEST_SUITE_BEGIN("loss_scale");
+
+TEST_CASE("an overflowing fp16 step is skipped and halves the scale") {
+  LossScale s(1024.0, 3);
+  CHECK_FALSE(s.update(true));
+  CHECK(s.scale() == 512.0);
+  CHECK_FALSE(s.update(true));
+  CHECK(s.scale() == 256.0);
+}
+
+TEST_CASE("the scale doubles after growth_interval clean steps in a row, and an overflow restarts the count") {
+  LossScale s(1024.0, 3);
+  CHECK(s.update(false));
+  CHECK(s.update(false));
+  CHECK(s.scale() == 1024.0);
+  CHECK(s.update(false));
+  CHECK(s.scale() == 2048.0);
+  CHECK(s.update(false));
+  CHECK(s.update(false));
+  CHECK_FALSE(s.update(true));  // two clean steps, then an overflow: no growth
+  CHECK(s.scale() == 1024.0);
+  CHECK(s.update(false));
+  CHECK(s.update(false));
+  CHECK(s.scale() == 1024.0);
+  CHECK(s.update(false));
+  CHECK(s.scale() == 2048.0);
+}
+
+TEST_SUITE_END();

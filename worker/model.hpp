@@ -1,0 +1,52 @@
+// The models gpuq-worker trains (built-in mlp/cnn as stages of blocks, or a TorchScript module)
+// and their checkpoints. An internal header of the worker's LibTorch TUs: it includes LibTorch.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "common/train_spec.hpp"
+
+namespace gpuq::worker {
+
+// The model being trained, behind one interface so the loop, DDP and checkpoints do not care
+// which kind it is.
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  virtual std::vector<torch::Tensor> parameters() = 0;
+  virtual std::vector<torch::Tensor> buffers() = 0;
+  virtual void train(bool on) = 0;
+};
+
+// Builds the model of `spec` for samples of `shape` (C×H×W images, or {features}). `devices` has
+// one entry per stage (`spec.stages`, one stage when unsplit): stage i's blocks live on
+// devices[i] and activations move between them (model parallelism).
+std::unique_ptr<Model> build_model(const common::TrainSpec& spec, const std::vector<int>& shape, int features,
+                                   int outputs, const std::vector<torch::Device>& devices);
+
+// Checkpoints: <dir>/epoch-<n>/{model.pt, optimizer.pt, state.json}, then <dir>/latest names the
+// newest complete one (written last, atomically), so a crash mid-save leaves the previous
+// checkpoint in force. The two newest are kept.
+class Checkpoints {
+ public:
+  explicit Checkpoints(std::string dir) : m_dir(std::move(dir)) {}
+  bool enabled() const { return !m_dir.empty(); }
+  const std::string& path() const { return m_dir; }
+
+  void save(Model& model, torch::optim::Optimizer& opt, const nlohmann::json& state, int epoch);
+  // Restores the newest checkpoint into `model` and `opt`; returns its state, or null. The
+  // optimiser's state goes to `device` when the model lives on one device, else back to the
+  // devices it was saved from (the stages' devices).
+  nlohmann::json load(Model& model, torch::optim::Optimizer& opt, const std::vector<torch::Device>& devices);
+
+ private:
+  std::string m_dir;
+};
+
+}  // namespace gpuq::worker
