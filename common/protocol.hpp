@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,11 @@ using json = nlohmann::json;
 
 constexpr int k_protocol_version = 1;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
+constexpr int k_max_request_depth = 64;               // deeper nesting is refused (a job spec needs ~8)
+
+// Parses one request line: valid UTF-8 JSON nested at most k_max_request_depth deep, or a
+// bad_request error saying which.
+Result<json> parse_request(std::string_view line);
 
 // ---- shared records ---------------------------------------------------------------------------
 

@@ -39,7 +39,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
         (cred.uid != ::getuid() && cred.uid != 0)) {
       send(common::error_reply(ErrorCode::forbidden, "gpuqd serves only its own user (uid " +
-                                                         std::to_string(::getuid()) + ") and root"),
+                                                         std::to_string(::getuid()) + ") and root, not uid " +
+                                                         std::to_string(cred.uid)),
            true);
       return;
     }
@@ -89,14 +90,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void handle(const std::string& line) {
     auto self = shared_from_this();
-    nlohmann::json request = nlohmann::json::parse(line, nullptr, false);
-    if (request.is_discarded()) {
-      send(common::error_reply(ErrorCode::bad_request, "request is not valid JSON"), false);
+    auto request = common::parse_request(line);
+    if (!request) {
+      send(common::error_reply(request.error().code, request.error().message), false);
       read();
       return;
     }
     // A reply may come later (wait): the next request is read once this one is answered.
-    m_daemon.dispatch(request, [self](nlohmann::json reply) {
+    m_daemon.dispatch(*request, [self](nlohmann::json reply) {
       self->send(std::move(reply), false);
       self->read();
     });

@@ -41,13 +41,21 @@ class Daemon:
         self.log = open(os.path.join(self.tmp, "gpuqd.log"), "ab")
         self.proc = subprocess.Popen(
             [os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket, "--state-dir", self.state,
-             "--gpus", self.gpus, "--grace", "2", "--retry-backoff", "0.2", *self.extra],
+             "--gpus", self.gpus, *self.defaults(), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         wait_until(lambda: self.proc.poll() is not None or self.run("daemon", "status").returncode == 0,
                    what="gpuqd to answer")
         if self.proc.poll() is not None:
             raise AssertionError(f"gpuqd exited at start with {self.proc.returncode}; see {self.tmp}/gpuqd.log")
         return self
+
+    def defaults(self):
+        """Test-friendly settings, unless the test gives its own."""
+        out = []
+        for option, value in (("--grace", "2"), ("--retry-backoff", "0.2")):
+            if option not in self.extra:
+                out += [option, value]
+        return out
 
     def kill9(self):
         self.proc.send_signal(signal.SIGKILL)

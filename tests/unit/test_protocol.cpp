@@ -88,3 +88,20 @@ TEST_CASE("every error code has a stable wire name") {
 }
 
 TEST_SUITE_END();
+
+TEST_SUITE_BEGIN("protocol");
+
+TEST_CASE("requests nested deeper than the limit are refused while parsing") {
+  std::string ok = R"({"cmd": "status", "x": )" + std::string(60, '[') + std::string(60, ']') + "}";
+  CHECK(gpuq::common::parse_request(ok).ok());
+  std::string deep = R"({"cmd": "status", "x": )" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto r = gpuq::common::parse_request(deep);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == gpuq::ErrorCode::bad_request);
+  CHECK(r.error().message == "request nests deeper than 64 levels");
+  auto bad = gpuq::common::parse_request("{\"cmd\": \"show\"}\xff");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("not valid JSON") != std::string::npos);
+}
+
+TEST_SUITE_END();

@@ -1,0 +1,166 @@
+"""The fault matrix of docs/reliability.md: daemon death under load, a dying DDP rank, cancel
+during a retry backoff, log floods, other users, path tricks and the committed bad-input corpus."""
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import unittest
+
+from harness import BIN, REPO, Daemon, DaemonTest, event_line, pids_matching, wait_until
+
+WORKER = os.path.join(BIN, "gpuq-worker")
+CORPUS = os.path.join(REPO, "tests/corpus")
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+class DaemonDeath(DaemonTest):
+    def test_kill_9_with_4_running_and_100_queued_runs_every_job_exactly_once(self):
+        runs = self.tmp_path("runs")
+        # Each job appends its id (O_APPEND: one line per run), sleeps, and reports a result.
+        jobs = [{"name": f"j{i}", "gpus": 1, "shell": f'echo "$GPUQ_JOB_ID" >> {runs}; sleep 0.3; echo out-$GPUQ_JOB_ID; '
+                 + event_line(type="result", ok=1)} for i in range(104)]
+        ids = self.d.submit(jobs)["ids"]
+
+        def counts():
+            states = [j["state"] for j in self.d.json("status", "--all")["jobs"]]
+            return states.count("running"), states.count("queued")
+
+        wait_until(lambda: counts() == (4, 100), timeout=10, interval=0.01, what="4 running, 100 queued")
+        self.d.kill9()
+        time.sleep(1.0)  # the 4 running jobs end while no daemon is there
+        self.d.start()
+        # Once more, mid-queue.
+        wait_until(lambda: counts()[1] < 60, timeout=60, what="the queue to drain halfway")
+        self.d.kill9()
+        self.d.start()
+        done = self.d.wait(ids, timeout=180)
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
+        self.assertEqual({json.dumps(j["result"]) for j in done.values()}, {'{"ok": 1}'})
+        ran = read_text(runs).split()
+        self.assertEqual(sorted(map(int, ran)), sorted(ids), "a job ran twice or not at all")
+        for i in ids:
+            self.assertEqual(self.d.ok("logs", str(i)).strip(), f"out-{i}")
+        self.assertEqual(self.d.show(ids[0])["job"]["attempt"], 1)
+
+
+@unittest.skipUnless(os.path.exists(WORKER), "gpuq-worker not built")
+class DyingRank(DaemonTest):
+    def test_a_dying_ddp_rank_stops_its_gang_within_10_s_and_the_retry_resumes_from_the_checkpoint(self):
+        train = {"dataset": {"kind": "synthetic", "samples": 40000, "features": 64}, "model": {"hidden": [128, 128]},
+                 "epochs": 3, "batch_size": 32, "seed": 5151}
+        job_id = self.d.submit({"name": "gang", "mode": "ddp", "ranks": 2, "retries": 1, "train": train})["ids"][0]
+        latest = os.path.join(self.d.state, "jobs", str(job_id), "checkpoints", "latest")
+        wait_until(lambda: read_text(latest) == "epoch-1", timeout=120, interval=0.02, what="the first checkpoint")
+        ranks = {}
+        for pid in pids_matching('"seed":5151'):
+            env = read_text(f"/proc/{pid}/environ").split("\0")
+            rank = [e for e in env if e.startswith("RANK=")]
+            if rank:
+                ranks[rank[0][5:]] = pid
+        self.assertEqual(sorted(ranks), ["0", "1"])
+        killed_at = time.time()
+        os.kill(ranks["1"], signal.SIGKILL)
+        wait_until(lambda: not os.path.exists(f"/proc/{ranks['0']}"), timeout=10, interval=0.05,
+                   what="rank 0 to be stopped")
+        self.assertLess(time.time() - killed_at, 10)
+        job = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        self.assertEqual(job["attempt"], 2)
+        self.assertEqual(job["result"]["resumed_from_epoch"], 1)
+        first = self.d.show(job_id)["history"]
+        reasons = " ".join(h.get("reason") or "" for h in first)
+        self.assertIn("rank 1 was killed by signal 9 (SIGKILL)", reasons)
+
+
+class Cancel(DaemonTest):
+    def test_cancel_during_a_retry_backoff_ends_the_job_and_nothing_runs_again(self):
+        self.d.stop()
+        self.d = Daemon(self.tmp, extra=["--retry-backoff", "30"]).start()
+        runs = self.tmp_path("runs")
+        job_id = self.d.submit({"name": "flaky", "retries": 5, "shell": f"echo run >> {runs}; exit 3"})["ids"][0]
+        # Back in the queue after attempt 1, waiting out a 30 s backoff.
+        wait_until(lambda: (lambda j: (j["state"], j["attempt"]))(self.d.show(job_id)["job"]) == ("queued", 1),
+                   what="the retry backoff")
+        self.d.ok("cancel", str(job_id))
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "cancelled")
+        self.assertEqual(read_text(runs).split(), ["run"])
+        self.assertEqual(pids_matching(f"gpuq-shim {self.tmp}/"), [])
+
+
+class OtherUsers(DaemonTest):
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to act as another uid")
+    def test_a_client_of_another_uid_is_refused_even_when_the_socket_is_reachable(self):
+        # The directory (0700) and socket (0600) keep other users out; open them up to reach the
+        # second check, the peer's credentials.
+        os.chmod(os.path.dirname(self.d.socket), 0o755)
+        os.chmod(self.d.socket, 0o666)
+        probe = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+                 "s.sendall(b'{\"cmd\":\"status\"}\\n'); print(s.recv(4096).decode())")
+        r = subprocess.run(["/usr/bin/python3", "-c", probe, self.d.socket], capture_output=True, text=True,
+                           user=65534, group=65534, timeout=30)
+        reply = json.loads(r.stdout)
+        self.assertFalse(reply["ok"])
+        self.assertEqual(reply["error"]["code"], "forbidden")
+        self.assertIn("uid 65534", reply["error"]["message"])
+        self.d.ok("status")
+
+
+class PathTricks(DaemonTest):
+    def test_names_ids_and_log_requests_cannot_reach_outside_the_state_dir(self):
+        r = self.d.run("submit", "-", input=json.dumps({"name": "../../etc", "command": ["true"]}))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("field `name` must be 1-128 characters", r.stderr)
+        for bad in (b'{"cmd": "show", "id": "../../etc/passwd"}\n', b'{"cmd": "show", "id": -1}\n',
+                    b'{"cmd": "cancel", "ids": ["1/../2"]}\n'):
+            reply = self.d.request(bad)
+            self.assertFalse(reply["ok"], bad)
+            self.assertIn(reply["error"]["code"], ("bad_request", "not_found"), bad)
+        r = self.d.run("logs", "../../etc/passwd")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertNotIn("root:", r.stdout)
+
+
+class BadInputCorpus(DaemonTest):
+    """tests/corpus/requests/<code>--<what>: raw request lines, each answered with that error code.
+    tests/corpus/specs/<what>.json + .expect: job specs `gpuq submit` refuses with that message."""
+
+    def test_every_bad_request_in_the_corpus_gets_its_error_and_the_daemon_lives(self):
+        files = sorted(glob.glob(os.path.join(CORPUS, "requests", "*")))
+        self.assertGreater(len(files), 10)
+        for path in files:
+            code = os.path.basename(path).split("--")[0]
+            with open(path, "rb") as f:
+                data = f.read()
+            with self.subTest(case=os.path.basename(path)):
+                reply = self.d.request(data if data.endswith(b"\n") else data + b"\n")
+                self.assertFalse(reply["ok"])
+                self.assertEqual(reply["error"]["code"], code)
+                self.assertTrue(reply["error"]["message"])
+        self.d.ok("status")
+
+    def test_every_bad_job_spec_in_the_corpus_is_refused_with_its_message(self):
+        files = sorted(glob.glob(os.path.join(CORPUS, "specs", "*.json")))
+        self.assertGreater(len(files), 10)
+        for path in files:
+            with open(path[:-len(".json")] + ".expect") as f:
+                expect = f.read().strip()
+            with self.subTest(case=os.path.basename(path)):
+                r = self.d.run("submit", path)
+                self.assertEqual(r.returncode, 4, r.stdout + r.stderr)
+                self.assertIn(expect, r.stderr)
+        self.assertEqual(self.d.json("status", "--all")["jobs"], [])
+
+
+if __name__ == "__main__":
+    unittest.main()
