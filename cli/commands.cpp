@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <climits>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -233,22 +234,34 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
     return k_exit_usage;
   }
   const bool prefix = s->job.ranks > 1 && rank < 0;
-  // Follow state: per (attempt, rank) file offsets.
+  // Follow state: per (attempt, rank) file offsets. A capped log rotates to <log>.1 (gpuqd
+  // --log-limit-mb): its older part is printed first, and a log that shrank has rotated.
   std::map<std::pair<int, int>, std::streamoff> offsets;
+  auto print_from = [&](const std::string& path, std::streamoff& off, int r, bool whole) {
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(off);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (in.eof() && !whole) break;  // partial line: print when complete
+      std::cout << (prefix ? "[rank " + std::to_string(r) + "] " : "") << line << "\n";
+      off = in.tellg();
+    }
+  };
   auto pump = [&](const common::ShowReply& sr) {
     for (const auto& l : sr.logs) {
       if (rank >= 0 && l.rank != rank) continue;
       if (attempt > 0 && l.attempt != attempt) continue;
       if (attempt == 0 && !follow && l.attempt != sr.job.attempt) continue;  // last attempt only
-      std::ifstream in(l.path, std::ios::binary);
+      const bool first = !offsets.count({l.attempt, l.rank});
       auto& off = offsets[{l.attempt, l.rank}];
-      in.seekg(off);
-      std::string line;
-      while (std::getline(in, line)) {
-        if (in.eof()) break;  // partial line: print when complete
-        std::cout << (prefix ? "[rank " + std::to_string(l.rank) + "] " : "") << line << "\n";
-        off = in.tellg();
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(l.path, ec);
+      if (first || (!ec && static_cast<std::streamoff>(size) < off)) {
+        std::streamoff older = first ? 0 : off;
+        if (std::filesystem::exists(l.path + ".1")) print_from(l.path + ".1", older, l.rank, true);
+        off = 0;
       }
+      print_from(l.path, off, l.rank, false);
     }
     std::cout.flush();
   };

@@ -554,7 +554,7 @@ void Daemon::launch(Active& a, const std::vector<int>& gpus, double now) {
   const json batch_env = m_store->batch_env(next.batch);  // named: items() would dangle on a temporary
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
-  auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s);
+  auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20);
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.

@@ -34,6 +34,7 @@ struct Config {
   std::string shim_path;
   std::string worker_path;  // gpuq-worker, for train jobs; empty when this build has none
   double grace_s = 10;             // SIGTERM -> SIGKILL for a job's processes
+  std::int64_t log_limit_mb = 1024;  // per rank log file before it rotates (0: no cap)
   double retry_backoff_s = 1;      // first retry delay; doubles per attempt
   double retry_backoff_max_s = 60;
   double ingest_interval_s = 0.25; // how often running jobs' event files are read

@@ -88,7 +88,7 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
 }
 
 nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
-                               const std::string& state_dir, double grace_s) {
+                               const std::string& state_dir, double grace_s, std::int64_t log_limit_bytes) {
   const std::string jdir = job_dir(state_dir, job.id);
   const std::string adir = attempt_dir(state_dir, job.id, job.attempt);
   nlohmann::json ranks = nlohmann::json::array();
@@ -104,6 +104,7 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const 
           {"attempt", job.attempt},
           {"timeout_s", job.spec.timeout_s},
           {"grace_s", grace_s},
+          {"log_limit_bytes", log_limit_bytes},
           {"ranks", ranks},
           {"pid_file", adir + "/shim.pid"},
           {"exit_file", adir + "/exit.json"}};

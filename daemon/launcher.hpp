@@ -40,7 +40,7 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
 // The launch document gpuq-shim executes (all ranks), also written for `gpuq show`.
 nlohmann::json launch_document(const JobRecord& job, const Env& base_env,
                                const std::vector<std::string>& gpu_uuids, const std::string& state_dir,
-                               double grace_s);
+                               double grace_s, std::int64_t log_limit_bytes = 0);
 
 // Finds `name` the way execvp would: as a path when it contains '/', else in `path_env`.
 // Returns the absolute path, or "" when there is no executable file.

@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
   app.add_option("--gpus", config.gpus, "GPUs: auto, nvml, none, or fake:N[:MiB]")->capture_default_str();
   app.add_flag("--foreground,-f", foreground, "Stay in the foreground and log to stderr");
   app.add_option("--grace", config.grace_s, "Seconds between SIGTERM and SIGKILL when stopping a job")->capture_default_str();
+  app.add_option("--log-limit-mb", config.log_limit_mb,
+                 "Cap on each rank's log file; past it the log rotates to <log>.1 (0: no cap)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
+      ->capture_default_str();
   app.add_option("--retry-backoff", config.retry_backoff_s, "First retry delay in seconds (doubles per attempt)")
       ->capture_default_str();
   app.add_option("--idle-timeout", idle_timeout_s, "Close client connections silent for this many seconds")

@@ -1,11 +1,14 @@
 // The job supervisor (see supervisor.hpp). Single-threaded: every signal it cares about is
-// blocked and taken synchronously with sigtimedwait, so there are no async-signal-safety traps.
+// blocked and read from a signalfd in the same poll() as the ranks' output pipes (when logs are
+// capped), so there are no async-signal-safety traps.
 #include "daemon/supervisor.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/launcher.hpp"
+#include "daemon/log_sink.hpp"
 
 namespace gpuq::daemon {
 
@@ -99,6 +103,12 @@ class Supervisor {
     m_grace_s = m_doc.value("grace_s", 10.0);
     const double deadline = timeout_s > 0 ? mono_now() + timeout_s : 0;
 
+    m_log_limit = m_doc.value("log_limit_bytes", std::int64_t{0});
+    m_sigfd = ::signalfd(-1, &m_signals, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (m_sigfd < 0) {
+      std::cerr << "gpuq-shim: signalfd: " << std::strerror(errno) << "\n";
+      return 2;
+    }
     for (const auto& r : m_doc["ranks"]) spawn(r);
 
     for (;;) {
@@ -114,17 +124,14 @@ class Supervisor {
       double wait_s = 1.0;
       if (deadline > 0 && !m_tearing_down) wait_s = std::max(0.0, std::min(wait_s, deadline - mono_now()));
       if (m_tearing_down) wait_s = 0.05;
-      timespec ts{static_cast<time_t>(wait_s), static_cast<long>((wait_s - static_cast<time_t>(wait_s)) * 1e9)};
-      siginfo_t info{};
-      int sig = ::sigtimedwait(&m_signals, &info, &ts);
-      if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
-        if (!m_cancelled) m_cancelled = true, begin_teardown();
-      }
+      if (wait_for_events(wait_s) && !m_cancelled) m_cancelled = true, begin_teardown();
       if (deadline > 0 && !m_tearing_down && mono_now() >= deadline) {
         m_timed_out = true;
         begin_teardown();
       }
     }
+    // Every writer is gone: what is left in the pipes ends with EOF.
+    while (!m_pipes.empty()) pump_pipes(std::vector<pollfd>{});
     return write_outcome();
   }
 
@@ -146,10 +153,26 @@ class Supervisor {
         bp::environment env;
         for (const auto& [k, v] : env_map) env[k] = v;
         std::vector<std::string> args(argv.begin() + 1, argv.end());
-        bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
-                    (bp::std_out & bp::std_err) > log, RankSetup{}, bp::posix::use_vfork);
-        rank.pid = c.id();
-        c.detach();  // reaped below with waitpid(-1), with any orphans
+        if (m_log_limit > 0) {
+          // Capped log: the rank writes into a pipe, the shim copies it to a rotating LogSink.
+          LogSink sink(log, m_log_limit);
+          if (auto o = sink.open(); !o) throw std::runtime_error(o.error().message);
+          bp::pipe pipe;
+          bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
+                      (bp::std_out & bp::std_err) > pipe, RankSetup{}, bp::posix::use_vfork);
+          rank.pid = c.id();
+          c.detach();
+          const int fd = pipe.native_source();
+          pipe.assign_source(-1);  // ours now
+          ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+          ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+          m_pipes.emplace(fd, std::move(sink));
+        } else {
+          bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
+                      (bp::std_out & bp::std_err) > log, RankSetup{}, bp::posix::use_vfork);
+          rank.pid = c.id();
+          c.detach();  // reaped below with waitpid(-1), with any orphans
+        }
       } catch (const std::exception& e) {
         error = std::string("gpuq: cannot start rank: ") + e.what();
       }
@@ -164,6 +187,62 @@ class Supervisor {
     }
     m_ranks.push_back(rank);
     m_ranks_left++;
+  }
+
+  // Waits up to `wait_s` for a signal or rank output, copying any output to the logs; returns
+  // whether a stop signal (SIGTERM, SIGINT, SIGHUP) arrived. SIGCHLD just ends the wait.
+  bool wait_for_events(double wait_s) {
+    std::vector<pollfd> fds{{m_sigfd, POLLIN, 0}};
+    for (const auto& [fd, _] : m_pipes) fds.push_back({fd, POLLIN, 0});
+    const int timeout_ms = static_cast<int>(wait_s * 1000 + 0.5);
+    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return false;
+    bool stop = false;
+    signalfd_siginfo info{};
+    while (::read(m_sigfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      stop = stop || sig == SIGTERM || sig == SIGINT || sig == SIGHUP;
+    }
+    fds.erase(fds.begin());
+    pump_pipes(fds);
+    return stop;
+  }
+
+  // Copies what the readable pipes hold to the logs; a pipe at EOF is closed. With `ready` empty
+  // (the final drain, every rank gone) each pipe is read to its end.
+  void pump_pipes(const std::vector<pollfd>& ready) {
+    const bool drain = ready.empty();
+    std::vector<int> fds;
+    for (const auto& [fd, _] : m_pipes) fds.push_back(fd);
+    if (!drain) {
+      fds.clear();
+      for (const auto& p : ready)
+        if (p.revents & (POLLIN | POLLHUP | POLLERR)) fds.push_back(p.fd);
+    }
+    static char buf[1 << 16];
+    for (int fd : fds) {
+      bool done = false;
+      int idle_polls = 0;
+      for (int rounds = 0; !done && (drain || rounds < 16); ++rounds) {  // bounded: signals stay prompt
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n > 0) {
+          m_pipes.at(fd).write(buf, static_cast<std::size_t>(n));
+        } else if (n < 0 && errno == EINTR) {
+          continue;
+        } else if (n < 0 && errno == EAGAIN) {
+          if (!drain) break;
+          // Only a process outside the job's tree (handed the pipe) could still hold it open:
+          // give it two seconds, then stop reading.
+          pollfd one{fd, POLLIN, 0};
+          done = ++idle_polls > 20 || ::poll(&one, 1, 100) < 0;
+        } else {
+          done = true;  // EOF: every writer is gone (or a read error)
+        }
+      }
+      if (done) {
+        ::close(fd);
+        m_pipes.erase(fd);
+      }
+    }
   }
 
   // Collects exited children; returns whether any child (rank or orphan) is still alive.
@@ -230,6 +309,9 @@ class Supervisor {
   double m_kill_at = 0, m_grace_s = 10, m_started_at = 0;
   json m_first_failure;
   std::set<int> m_termed;  // pids, and -pgids, already sent SIGTERM
+  int m_sigfd = -1;
+  std::int64_t m_log_limit = 0;  // 0: ranks write their log files directly
+  std::map<int, LogSink> m_pipes;  // read end of a rank's output pipe -> its log
 };
 
 }  // namespace
