@@ -122,8 +122,18 @@ bool read_spec_file(const std::string& file, json& jobs) {
     text << in.rdbuf();
   }
   json doc;
+  bool too_deep = false;
+  json::parser_callback_t limit = [&too_deep](int depth, json::parse_event_t, json&) {
+    if (depth > common::k_max_request_depth) too_deep = true;  // gpuqd would refuse it anyway
+    return !too_deep;
+  };
   try {
-    doc = json::parse(text.str());
+    doc = json::parse(text.str(), limit);
+    if (too_deep) {
+      std::cerr << "gpuq: " << (file == "-" ? "stdin" : file) << " nests deeper than "
+                << common::k_max_request_depth << " levels\n";
+      return false;
+    }
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     auto pos = what.find("] ");

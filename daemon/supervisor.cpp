@@ -57,6 +57,16 @@ struct RankSetup : bp::extend::handler {
   }
 };
 
+// The rank's environment as an envp array, handed to the executor before it forks. (Boost
+// 1.74's bp::environment reads past shorter entries when it looks a name up: ASan finds it.)
+struct EnvSetup : bp::extend::handler {
+  char** envp;
+  template <class Executor>
+  void on_setup(Executor& e) const {
+    e.env = envp;
+  }
+};
+
 struct Rank {
   int rank = 0;
   int pid = 0;
@@ -150,8 +160,12 @@ class Supervisor {
       error = "gpuq: cannot run `" + argv[0] + "`: no such executable (looked in PATH and " + cwd + ")";
     } else {
       try {
-        bp::environment env;
-        for (const auto& [k, v] : env_map) env[k] = v;
+        std::vector<std::string> env_strings;
+        for (const auto& [k, v] : env_map) env_strings.push_back(k + "=" + v);
+        std::vector<char*> envp;
+        for (auto& e : env_strings) envp.push_back(e.data());
+        envp.push_back(nullptr);
+        const EnvSetup env{{}, envp.data()};
         std::vector<std::string> args(argv.begin() + 1, argv.end());
         if (m_log_limit > 0) {
           // Capped log: the rank writes into a pipe, the shim copies it to a rotating LogSink.

@@ -10,6 +10,8 @@ packages=(
   libboost-dev libboost-filesystem-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev
   # tests and benchmarks
   doctest-dev python3 procps task-spooler
+  # sanitizer and fuzzing stages of the test suite
+  clang libclang-rt-14-dev
   # LibTorch trainer, the example torchrun-style jobs and their data
   libtorch-dev libgloo-dev zlib1g-dev python3-torch dataset-fashion-mnist
 )

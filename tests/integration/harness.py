@@ -132,12 +132,28 @@ class DaemonTest(unittest.TestCase):
                 pass
         if shims:
             wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), timeout=10, what="job supervisors to exit")
+        if os.environ.get("GPUQ_SANITIZED"):
+            self.check_sanitizer_reports()
         failed = any(e for _, e in (self._outcome.result.errors + self._outcome.result.failures)
                      if _ is self) if hasattr(self._outcome, "result") else False
         if failed:
             print(f"\nkept {self.tmp} for inspection")
         else:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def check_sanitizer_reports(self):
+        """Fails the test when any process it started (gpuqd, gpuq-shim, gpuq) printed a sanitizer
+        report into the daemon's log or a job's log."""
+        markers = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+        for root, _, files in os.walk(self.tmp):
+            for name in files:
+                if not name.endswith(".log"):
+                    continue
+                with open(os.path.join(root, name), errors="replace") as f:
+                    text = f.read()
+                hit = next((m for m in markers if m in text), None)
+                if hit:
+                    self.fail(f"sanitizer report in {os.path.join(root, name)}:\n{text[text.index(hit) - 200:][:4000]}")
 
     def tmp_path(self, name):
         return os.path.join(self.tmp, name)

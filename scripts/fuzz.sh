@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) into build-fuzz/ and runs each over the
+# committed corpus for a bounded time: $GPUQ_FUZZ_SECONDS (default 60) per target. New inputs go
+# to a scratch directory, not into the repository. Any crash, leak or sanitizer report fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${GPUQ_FUZZ_BUILD_DIR:-build-fuzz}
+seconds=${GPUQ_FUZZ_SECONDS:-60}
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+[ -f "$build/CMakeCache.txt" ] || CC=clang CXX=clang++ cmake -S . -B "$build" "${generator[@]}" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUQ_BUILD_FUZZERS=ON -DGPUQ_WITH_TORCH=OFF -DGPUQ_BUILD_TESTS=OFF
+cmake --build "$build" --parallel "$(nproc)" --target fuzz_request fuzz_job_spec
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+mkdir -p "$scratch/request" "$scratch/job_spec"
+for target in request job_spec; do
+  case $target in
+    request) seeds=(tests/corpus/requests) ;;
+    job_spec) seeds=(tests/corpus/specs jobs) ;;
+  esac
+  echo "fuzz: $target for ${seconds}s"
+  "$build/bin/fuzz_$target" "$scratch/$target" "${seeds[@]}" -max_total_time="$seconds" \
+    -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 12
+done
