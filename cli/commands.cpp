@@ -172,9 +172,56 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
   return cmd_wait(o, sub.ids, 0);
 }
 
+// `status --all`: pages through the history over one connection and prints as it goes, so
+// neither gpuqd nor gpuq holds the whole history (100,000+ jobs) at once. --json writes the same
+// document as without --all, one job object at a time.
+int status_all(const Options& o) {
+  auto client = Client::connect(o.socket);
+  if (!client) return report(client.error());
+  std::vector<std::vector<std::string>> rows;  // table mode: short strings only
+  std::int64_t after = 0, total = 0, shown = 0;
+  if (o.json) std::cout << "{\n  \"jobs\": [";
+  for (bool more = true; more;) {
+    auto r = client->call({{"cmd", "status"}, {"all", true}, {"after", after}, {"page", 1000}});
+    if (!r) {
+      if (o.json) std::cout << "\n";
+      return report(r.error());
+    }
+    auto page = r->get<common::JobsReply>();
+    more = page.more && !page.jobs.empty();
+    total = page.total;
+    for (std::size_t i = 0; i < page.jobs.size(); ++i) {
+      const auto& j = page.jobs[i];
+      if (o.json) {
+        std::string text = (*r)["jobs"][i].dump(2);
+        for (std::size_t p = 0; (p = text.find('\n', p)) != std::string::npos; p += 5) text.replace(p, 1, "\n    ");
+        std::cout << (shown ? ",\n    " : "\n    ") << text;
+      } else {
+        rows.push_back({std::to_string(j.id), j.name, state_of(j), format_gpus(j.gpus),
+                        std::to_string(j.attempt) + "/" + std::to_string(j.retries + 1), runtime_of(j), detail_of(j)});
+      }
+      ++shown;
+    }
+    if (!page.jobs.empty()) after = page.jobs.back().id;
+  }
+  if (o.json) {
+    std::cout << (shown ? "\n  ],\n" : "],\n") << "  \"total\": " << total << "\n}\n";
+    return k_exit_ok;
+  }
+  if (rows.empty()) {
+    std::cout << "no jobs\n";
+    return k_exit_ok;
+  }
+  Table t({"ID", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"});
+  for (auto& row : rows) t.add(std::move(row));
+  t.print(std::cout);
+  return k_exit_ok;
+}
+
 int cmd_status(const Options& o, bool all, int limit) {
+  if (all) return status_all(o);
   int code = 0;
-  auto reply = request(o, {{"cmd", "status"}, {"all", all}, {"limit", limit}}, code);
+  auto reply = request(o, {{"cmd", "status"}, {"limit", limit}}, code);
   if (!reply) return code;
   auto st = reply->get<common::JobsReply>();
   if (o.json) {
@@ -186,7 +233,7 @@ int cmd_status(const Options& o, bool all, int limit) {
     return k_exit_ok;
   }
   print_jobs_table(st.jobs);
-  if (!all && st.total > static_cast<std::int64_t>(st.jobs.size()))
+  if (st.total > static_cast<std::int64_t>(st.jobs.size()))
     std::cout << "(" << st.jobs.size() << " of " << st.total << " jobs shown; --all for every job)\n";
   return k_exit_ok;
 }

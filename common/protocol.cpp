@@ -82,6 +82,10 @@ StatusRequest decode_status(const json& j) {
   r.all = get_or<bool>(j, "all", false, "true or false");
   r.limit = get_or<int>(j, "limit", 20, "an integer");
   if (r.limit < 0) bad("limit", ">= 0");
+  r.after = get_or<std::int64_t>(j, "after", 0, "a job id");
+  if (r.after < 0) bad("after", "a job id >= 0");
+  r.page = get_or<int>(j, "page", 1000, "an integer");
+  if (r.page < 1 || r.page > 10000) bad("page", "between 1 and 10000");
   return r;
 }
 

@@ -102,6 +102,11 @@ struct SubmitRequest {
 struct StatusRequest {
   bool all = false;
   int limit = 20;  // finished jobs shown besides the active ones (ignored with all)
+  // With all: one page of every job, in id order, from the first id above `after`; the reply's
+  // `more` says whether another page follows. Clients page through history of any size with
+  // bounded memory on both sides.
+  std::int64_t after = 0;
+  int page = 1000;  // 1..10000
 };
 struct IdRequest {  // show
   std::int64_t id = 0;
@@ -144,8 +149,9 @@ struct JobsReply {  // status, wait, results
   std::vector<JobInfo> jobs;
   std::int64_t total = 0;  // status: jobs in history (shown or not)
   bool timed_out = false;  // wait: the wait's own timeout expired first
+  bool more = false;       // status --all: another page follows (ask again with `after`)
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobsReply, jobs, total, timed_out)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobsReply, jobs, total, timed_out, more)
 
 struct ShowReply {
   JobInfo job;

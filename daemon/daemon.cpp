@@ -250,7 +250,11 @@ json Daemon::cmd_status(const json& req) {
   common::JobsReply out;
   out.total = m_store->count_jobs();
   if (q.all) {
-    m_store->for_each_job([&](const JobRecord& r) { out.jobs.push_back(info_of(r)); });
+    // One page more than asked tells whether another page follows.
+    auto rows = m_store->page_after(q.after, q.page + 1);
+    out.more = rows.size() > static_cast<std::size_t>(q.page);
+    if (out.more) rows.pop_back();
+    for (const auto& r : rows) out.jobs.push_back(info_of(r));
     return out;
   }
   for (auto& r : m_store->recent_finished(q.limit)) out.jobs.push_back(info_of(r));

@@ -73,16 +73,8 @@ class Store {
   std::vector<JobRecord> load_active();
   std::optional<JobRecord> get(std::int64_t id);
   std::vector<JobRecord> recent_finished(int limit);
-  // Calls `fn` for every job in id order, reading in pages so memory stays bounded.
-  template <class Fn>
-  void for_each_job(Fn fn) {
-    for (std::int64_t after = 0;;) {
-      auto page = page_after(after, 500);
-      if (page.empty()) break;
-      for (auto& j : page) fn(j);
-      after = page.back().id;
-    }
-  }
+  // Up to `limit` jobs with ids above `after`, in id order (keyset paging).
+  std::vector<JobRecord> page_after(std::int64_t after, int limit);
   std::vector<JobRecord> batch_jobs(std::int64_t batch);
   std::int64_t count_jobs();
   json batch_env(std::int64_t batch);
@@ -98,7 +90,6 @@ class Store {
   explicit Store(sqlite3* db) : m_db(db) {}
   void exec(const char* sql);
   sqlite3_stmt* prepare(const char* sql);
-  std::vector<JobRecord> page_after(std::int64_t after, int limit);
   std::vector<JobRecord> query_jobs(sqlite3_stmt* st);
   void write_job(const JobRecord& job);
   void write_transition(const JobRecord& job, double at);
