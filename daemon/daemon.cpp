@@ -47,6 +47,8 @@ std::string describe_exit(const json& failure) {
   std::string who = "rank " + std::to_string(failure.value("rank", 0));
   if (failure.contains("signal") && failure["signal"].is_number_integer()) {
     int sig = failure["signal"].get<int>();
+    if (failure.value("oom_kill", false))
+      return who + " was killed by the kernel's out-of-memory killer (signal 9, SIGKILL)";
     const char* name = sigabbrev_np(sig);
     return who + " was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
   }

@@ -90,6 +90,16 @@ std::vector<int> direct_children() {
   return out;
 }
 
+// The kernel's count of OOM kills so far (/proc/vmstat), or -1 where it cannot be read.
+std::int64_t oom_kills() {
+  std::ifstream in("/proc/vmstat");
+  std::string key;
+  std::int64_t value = 0;
+  while (in >> key >> value)
+    if (key == "oom_kill") return value;
+  return -1;
+}
+
 class Supervisor {
  public:
   explicit Supervisor(json doc) : m_doc(std::move(doc)) {}
@@ -109,6 +119,7 @@ class Supervisor {
     }
 
     m_started_at = wall_now();
+    m_oom_kills_at_start = oom_kills();
     const double timeout_s = m_doc.value("timeout_s", 0.0);
     m_grace_s = m_doc.value("grace_s", 10.0);
     const double deadline = timeout_s > 0 ? mono_now() + timeout_s : 0;
@@ -280,6 +291,10 @@ class Supervisor {
     if (m_first_failure.is_null() && !m_tearing_down) {
       m_first_failure = {{"rank", r.rank}, {"exit_code", r.exit_code ? json(*r.exit_code) : json()},
                          {"signal", r.signal ? json(*r.signal) : json()}, {"at", wall_now()}};
+      // A SIGKILL the shim did not send, while the kernel's OOM-kill count went up: most likely
+      // the OOM killer (the count is system-wide, so this is a strong hint, not proof).
+      if (r.signal == SIGKILL && m_oom_kills_at_start >= 0 && oom_kills() > m_oom_kills_at_start)
+        m_first_failure["oom_kill"] = true;
     }
     if (!m_tearing_down) begin_teardown();
   }
@@ -324,6 +339,7 @@ class Supervisor {
   json m_first_failure;
   std::set<int> m_termed;  // pids, and -pgids, already sent SIGTERM
   int m_sigfd = -1;
+  std::int64_t m_oom_kills_at_start = -1;
   std::int64_t m_log_limit = 0;  // 0: ranks write their log files directly
   std::map<int, LogSink> m_pipes;  // read end of a rank's output pipe -> its log
 };

@@ -9,7 +9,7 @@ packages=(
   # daemon and CLI
   libboost-dev libboost-filesystem-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev
   # tests and benchmarks
-  doctest-dev python3 procps task-spooler
+  doctest-dev python3 procps task-spooler sqlite3
   # sanitizer and fuzzing stages of the test suite
   clang libclang-rt-14-dev
   # LibTorch trainer, the example torchrun-style jobs and their data

@@ -82,6 +82,28 @@ class DyingRank(DaemonTest):
         self.assertIn("rank 1 was killed by signal 9 (SIGKILL)", reasons)
 
 
+class OutOfMemory(DaemonTest):
+    def test_an_oom_killed_job_is_recorded_as_killed_by_the_oom_killer_and_retried(self):
+        cgroup = f"/sys/fs/cgroup/memory/gpuq-test-{os.getpid()}"
+        try:
+            os.mkdir(cgroup)
+            with open(os.path.join(cgroup, "memory.limit_in_bytes"), "w") as f:
+                f.write(str(64 << 20))
+        except OSError as e:
+            self.skipTest(f"needs a writable memory cgroup (v1) to cause a real OOM kill: {e}")
+        self.addCleanup(lambda: os.rmdir(cgroup))
+        # The job moves itself into a 64 MiB cgroup, then asks for 512 MiB.
+        shell = (f"echo $$ > {cgroup}/cgroup.procs && "
+                 "exec /usr/bin/python3 -c 'x = bytearray(512 << 20); print(\"survived\")'")
+        job_id = self.d.submit({"name": "hog", "retries": 1, "shell": shell})["ids"][0]
+        job = self.d.wait([job_id], timeout=60)[job_id]
+        self.assertEqual(job["state"], "failed")
+        self.assertEqual(job["attempt"], 2, "an OOM-killed job is retried like any failure")
+        self.assertEqual(job["exit_signal"], 9)
+        self.assertEqual(job["reason"], "rank 0 was killed by the kernel's out-of-memory killer (signal 9, SIGKILL)")
+        self.assertTrue(self.d.show(job_id)["first_failure"]["oom_kill"])
+
+
 class Cancel(DaemonTest):
     def test_cancel_during_a_retry_backoff_ends_the_job_and_nothing_runs_again(self):
         self.d.stop()
@@ -96,6 +118,50 @@ class Cancel(DaemonTest):
         self.assertEqual(job["state"], "cancelled")
         self.assertEqual(read_text(runs).split(), ["run"])
         self.assertEqual(pids_matching(f"gpuq-shim {self.tmp}/"), [])
+
+
+def try_mount_tmpfs(path, size):
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path], capture_output=True)
+    return r.returncode == 0
+
+
+class FullDisk(DaemonTest):
+    def setUp(self):
+        # The daemon's state dir on a small tmpfs of its own, so the test can fill it.
+        self.tmp = __import__("tempfile").mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        self.state_mount = os.path.join(self.tmp, "state")
+        if os.geteuid() != 0 or not try_mount_tmpfs(self.state_mount, "4m"):
+            os.rmdir(self.state_mount) if os.path.isdir(self.state_mount) else None
+            self.skipTest("needs root and tmpfs mounts to fill a disk")
+        self.addCleanup(lambda: subprocess.run(["umount", "-l", self.state_mount]))
+        self.d = Daemon(self.tmp).start()
+
+    def fill(self):
+        filler = os.path.join(self.state_mount, "filler")
+        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
+        return filler
+
+    def test_a_full_disk_refuses_submits_with_a_clear_error_and_loses_nothing(self):
+        ids = self.d.submit([{"name": f"before{i}", "command": ["true"]} for i in range(3)])["ids"]
+        self.d.wait(ids)
+        filler = self.fill()
+        big = {"name": "big", "command": ["true"], "env": {"PAYLOAD": "x" * 100000}}
+        r = self.d.run("submit", "-", input=json.dumps(big))
+        self.assertEqual(r.returncode, 4, r.stdout + r.stderr)
+        self.assertIn("state store", r.stderr)
+        self.assertIn("full", r.stderr)
+        status = self.d.json("status", "--all")
+        self.assertEqual([j["state"] for j in status["jobs"]], ["succeeded"] * 3)
+        self.assertEqual(status["total"], 3)
+        # Space comes back: the same daemon takes and runs jobs again.
+        os.remove(filler)
+        job_id = self.d.submit(big)["ids"][0]
+        self.assertEqual(self.d.wait([job_id])[job_id]["state"], "succeeded")
+        r = subprocess.run(["/usr/bin/sqlite3", os.path.join(self.state_mount, "gpuq.db"), "PRAGMA integrity_check"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            self.assertEqual(r.stdout.strip(), "ok")
 
 
 class LogFlood(DaemonTest):
