@@ -84,7 +84,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       auto out = self->m_buffer.prepare(rest);
       std::memcpy(out.data(), nl + 1, rest);
       self->m_buffer.commit(rest);
-      self->read();
+      self->read_when_sent();
     });
   }
 
@@ -93,14 +93,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto request = common::parse_request(line);
     if (!request) {
       send(common::error_reply(request.error().code, request.error().message), false);
-      read();
+      read_when_sent();
       return;
     }
     // A reply may come later (wait): the next request is read once this one is answered.
     m_daemon.dispatch(*request, [self](nlohmann::json reply) {
       self->send(std::move(reply), false);
-      self->read();
+      self->read_when_sent();
     });
+  }
+
+  // Backpressure: the next request is read only once the replies so far have been written, so
+  // a client that sends and never reads holds at most one reply in gpuqd's memory; the rest
+  // waits in its own socket buffer.
+  void read_when_sent() {
+    if (m_out.empty()) read();
+    else m_read_after_write = true;
   }
 
   void send(nlohmann::json reply, bool close_after) {
@@ -115,13 +123,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (m_out.size() == 1) write();
   }
 
+  // A client that stops reading mid-reply is disconnected after the idle timeout, like a silent one.
   void write() {
     auto self = shared_from_this();
+    m_idle.expires_after(std::chrono::milliseconds(static_cast<long long>(m_idle_s * 1000)));
+    m_idle.async_wait([self](const boost::system::error_code& ec) {
+      if (!ec) self->m_socket.close();
+    });
     asio::async_write(m_socket, asio::buffer(m_out.front()), [self](const boost::system::error_code& ec, std::size_t) {
+      self->m_idle.cancel();
       if (ec) return;
       self->m_out.pop_front();
       if (!self->m_out.empty()) self->write();
       else if (self->m_close_after) self->m_socket.close();
+      else if (std::exchange(self->m_read_after_write, false)) self->read();
     });
   }
 
@@ -133,6 +148,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<std::string> m_out;
   std::array<char, 65536> m_scratch{};
   bool m_close_after = false;
+  bool m_read_after_write = false;
 };
 
 // Is a daemon answering on `path`? (connect succeeds)

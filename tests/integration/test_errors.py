@@ -4,9 +4,11 @@ import json
 import os
 import socket
 import subprocess
+import time
 import unittest
 
-from harness import BIN, DaemonTest
+from harness import BIN, Daemon, DaemonTest
+from loadgen import rss_kib
 
 
 class SpecErrors(DaemonTest):
@@ -110,6 +112,45 @@ class ProtocolAbuse(DaemonTest):
             idle.sendall(b'{"cmd": "sta')  # half a request, then nothing
             self.d.ok("status")
             self.d.ok("gpus")
+
+    def test_a_client_that_sends_and_never_reads_is_held_back_and_dropped(self):
+        self.d.stop()
+        self.d = Daemon(self.tmp, extra=["--idle-timeout", "2"]).start()
+        # A job whose show reply is ~100 KB; 200,000 pipelined requests (5 MB) would be 20 GB of
+        # replies. gpuqd buffers at most one request line (1 MiB) and one reply per connection.
+        job = self.d.submit({"name": "big", "command": ["true"], "env": {"PAD": "x" * 100000}})["ids"][0]
+        rss_before = rss_kib(self.d.proc.pid)
+        hog = socket.socket(socket.AF_UNIX)
+        hog.connect(self.d.socket)
+        hog.setblocking(False)
+        request = (json.dumps({"cmd": "show", "id": job}) + "\n").encode() * 200000
+        sent = 0
+        try:
+            while sent < len(request):
+                sent += hog.send(request[sent:sent + 65536])
+        except BlockingIOError:
+            pass  # gpuqd stopped reading: backpressure
+        self.assertLess(sent, len(request), "gpuqd kept reading requests it could not answer")
+        t0 = time.time()
+        self.d.ok("status")  # others are served meanwhile
+        self.assertLess(time.time() - t0, 2)
+        self.assertLess(rss_kib(self.d.proc.pid) - rss_before, 20 * 1024)
+        # The hog never reads: after the idle timeout gpuqd drops it.
+        hog.setblocking(True)
+        hog.settimeout(10)
+        time.sleep(3)
+        received = b""
+        try:
+            while True:
+                chunk = hog.recv(1 << 20)
+                if not chunk:
+                    break
+                received += chunk
+        except ConnectionResetError:
+            pass  # closed with our requests unread: dropped, as it should be
+        hog.close()
+        self.assertLess(received.count(b"\n"), 200000)
+        self.d.ok("status")
 
     def test_a_client_that_disconnects_mid_wait_is_harmless(self):
         job = self.d.submit({"name": "w", "shell": "sleep 0.5"})["ids"][0]
