@@ -164,6 +164,27 @@ class FullDisk(DaemonTest):
             self.assertEqual(r.stdout.strip(), "ok")
 
 
+class BadStore(unittest.TestCase):
+    def test_a_foreign_or_corrupt_database_is_refused_at_start_and_left_untouched(self):
+        import tempfile
+        for name, content in (("foreign", b"precious notes, not a database\n"),
+                              ("corrupt", b"SQLite format 3\x00" + os.urandom(4096))):
+            with self.subTest(case=name):
+                tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+                state = os.path.join(tmp, "state")
+                os.makedirs(state, mode=0o700)
+                db = os.path.join(state, "gpuq.db")
+                with open(db, "wb") as f:
+                    f.write(content)
+                r = subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", os.path.join(tmp, "s.sock"),
+                                    "--state-dir", state, "--gpus", "fake:1"], capture_output=True, text=True, timeout=30)
+                self.assertNotEqual(r.returncode, 0)
+                self.assertIn(db, r.stderr)
+                with open(db, "rb") as f:
+                    self.assertEqual(f.read(), content, "gpuqd changed a file it refused")
+                subprocess.run(["rm", "-rf", tmp])
+
+
 class LogFlood(DaemonTest):
     def test_a_job_flooding_its_output_rotates_its_log_and_the_daemon_does_not_grow(self):
         self.d.stop()
