@@ -2,6 +2,7 @@
 #include "cli/commands.hpp"
 
 #include <spawn.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "cli/format.hpp"
+#include "cli/progress.hpp"
 #include "common/client.hpp"
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
@@ -350,13 +352,62 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
   return k_exit_ok;
 }
 
+// Waits by polling the jobs twice a second and showing their progress: on a terminal one line
+// per job redrawn in place, elsewhere a plain line when a job's state changes or, at most every
+// 10 s, its progress. Ends with the same table and exit code as a plain wait.
+int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
+  auto client = Client::connect(o.socket);
+  if (!client) return report(client.error());
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  std::size_t width = 120;
+  if (winsize ws{}; tty && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20) width = ws.ws_col - 1;
+  const double deadline = timeout_s > 0 ? now_s() + timeout_s : 0;
+  std::map<std::int64_t, std::pair<std::string, double>> printed;  // plain mode: last state|epoch, when
+  std::size_t drawn = 0;
+  common::JobsReply w;
+  for (;;) {
+    auto r = client->call({{"cmd", "results"}, {"ids", ids}});
+    if (!r) return report(r.error());
+    w = r->get<common::JobsReply>();
+    const double now = now_s();
+    bool done = true;
+    for (const auto& j : w.jobs) done = done && j.state != "queued" && j.state != "running";
+    if (tty) {
+      if (drawn) std::cout << "\x1b[" << drawn << "F";  // back to the first line drawn
+      for (const auto& j : w.jobs) std::cout << "\x1b[2K" << progress_line(j, now, width) << "\n";
+      drawn = w.jobs.size();
+    } else {
+      for (const auto& j : w.jobs) {
+        auto& [last_key, at] = printed[j.id];
+        // A new state or epoch prints at once; finer progress at most every 10 s.
+        const std::string key = j.state + "|" + (j.progress.is_object() ? j.progress.value("epoch", json()).dump() : "");
+        if (key != last_key || (j.state == "running" && now - at >= 10)) {
+          std::cout << progress_line(j, now, 1 << 12) << "\n";
+          last_key = key, at = now;
+        }
+      }
+    }
+    std::cout.flush();
+    if (done) break;
+    if (deadline > 0 && now >= deadline) {
+      w.timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  std::cout << "\n";
+  print_jobs_table(w.jobs);
+  if (w.timed_out) return k_exit_timeout;
+  return all_succeeded(w) ? k_exit_ok : k_exit_job_failed;
+}
+
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
+  if (!o.json) return watch(o, ids, timeout_s);
   int code = 0;
   auto reply = request(o, {{"cmd", "wait"}, {"ids", ids}, {"timeout_s", timeout_s}}, code);
   if (!reply) return code;
   auto w = reply->get<common::JobsReply>();
-  if (o.json) print_json({{"jobs", (*reply)["jobs"]}, {"timed_out", w.timed_out}});
-  else print_jobs_table(w.jobs);
+  print_json({{"jobs", (*reply)["jobs"]}, {"timed_out", w.timed_out}});
   if (w.timed_out) return k_exit_timeout;
   return all_succeeded(w) ? k_exit_ok : k_exit_job_failed;
 }

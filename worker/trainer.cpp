@@ -445,7 +445,8 @@ int train_or_throw(const RunOptions& o) {
       ++step;
       samples += spec.batch_size;
       if (step % spec.log_every == 0) {
-        json progress = {{"type", "progress"}, {"epoch", epoch}, {"step", step}, {"loss", step_loss.item<double>()},
+        json progress = {{"type", "progress"}, {"epoch", epoch}, {"epochs", spec.epochs}, {"step", step},
+                         {"total_steps", steps_per_epoch * spec.epochs}, {"loss", step_loss.item<double>()},
                          {"samples_per_s", samples * o.world / (train_seconds + seconds_since(t_epoch))}};
         progress.update(memory_fields(devices));
         events.emit(progress);
@@ -475,7 +476,9 @@ int train_or_throw(const RunOptions& o) {
       test_loss = loss_sum / static_cast<double>(data->test.n);
       test_accuracy = correct / static_cast<double>(data->test.n);
     }
-    json progress = {{"type", "progress"}, {"epoch", epoch}, {"step", step}, {"loss", last_loss}, {"test_loss", test_loss}};
+    json progress = {{"type", "progress"}, {"epoch", epoch},          {"epochs", spec.epochs},
+                     {"step", step},         {"total_steps", steps_per_epoch * spec.epochs},
+                     {"loss", last_loss},    {"test_loss", test_loss}};
     if (classification) progress["test_accuracy"] = test_accuracy;
     progress.update(memory_fields(devices));
     events.emit(progress);

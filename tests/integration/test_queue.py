@@ -2,9 +2,11 @@
 results, waits and logs."""
 import itertools
 import json
+import os
+import subprocess
 import unittest
 
-from harness import DaemonTest, event_line, pids_matching, wait_until
+from harness import BIN, DaemonTest, event_line, pids_matching, wait_until
 
 # A job that reports its GPU and when it ran (wall clock), as a result event.
 TIMED = ('t0=$(date +%s.%N); sleep {sleep}; t1=$(date +%s.%N); '
@@ -160,6 +162,40 @@ class ResultsWaitLogs(DaemonTest):
         self.assertEqual(self.d.run("wait", str(ok), str(bad)).returncode, 1)
         self.assertEqual(self.d.run("wait", str(slow), "--timeout", "0.3").returncode, 124)
         self.d.ok("cancel", str(slow))
+
+    def test_wait_on_a_terminal_redraws_a_progress_bar_per_job(self):
+        import pty
+        steps = "; ".join(event_line(type="progress", epoch=e, epochs=4, loss=1.0 / e) + "; sleep 0.6"
+                          for e in range(1, 5))
+        job_id = self.d.submit({"name": "bar", "shell": steps + "; " + event_line(type="result", accuracy=0.9)})["ids"][0]
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, "wait", str(job_id)],
+                                stdin=follower, stdout=follower, stderr=follower)
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other side closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.close(leader)
+        self.assertEqual(proc.wait(30), 0)
+        text = out.decode(errors="replace")
+        self.assertIn("\x1b[2K", text)  # lines are cleared and redrawn in place
+        self.assertIn("\x1b[1F", text)
+        self.assertRegex(text, r"\[#{5,15}-{5,15}\] \d+%  epoch [23]/4")
+        self.assertIn("bar  succeeded  accuracy=0.9", text)
+
+    def test_wait_without_a_terminal_prints_plain_progress_lines(self):
+        job_id = self.d.submit({"name": "plain", "shell": event_line(type="progress", epoch=1, epochs=2) +
+                                "; sleep 0.8; " + event_line(type="result", ok=1)})["ids"][0]
+        out = self.d.ok("wait", str(job_id))
+        self.assertNotIn("\x1b", out)
+        self.assertIn(f"{job_id}  plain  [##########----------] 50%  epoch 1/2", out)
+        self.assertIn(f"{job_id}  plain  succeeded  ok=1", out)
 
     def test_submit_wait_returns_the_jobs_outcome(self):
         r = self.d.run("submit", "--wait", "-", input=json.dumps({"name": "w", "command": ["false"]}))

@@ -1,0 +1,21 @@
+// Live progress for `gpuq wait` and `gpuq submit --wait`: one line per job built from its last
+// progress event (a bar when the fraction done is known, epoch/step, loss, samples/s, ETA).
+// Pure functions of a JobInfo and the time, unit-tested; the redraw loop lives in commands.cpp.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "common/protocol.hpp"
+
+namespace gpuq::cli {
+
+// The fraction of the job done, from its progress event: step/total_steps, else
+// epoch/epochs; none when the event carries neither total.
+std::optional<double> fraction_done(const nlohmann::json& progress);
+
+// "12  mnist  [######------]  52%  epoch 3/10  step 1400  loss 0.412  2.1k samples/s  ETA 3m10s"
+// for a running job; the state and reason (or result) for others. `width` bounds the line.
+std::string progress_line(const common::JobInfo& job, double now, std::size_t width);
+
+}  // namespace gpuq::cli
