@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   # build
-  g++ cmake ninja-build ccache pkg-config
+  g++ cmake ninja-build ccache pkg-config dpkg-dev
   # daemon and CLI
   libboost-dev libboost-filesystem-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev
   # tests and benchmarks

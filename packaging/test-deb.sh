@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the Debian package from the build directory (cpack), checks what it holds and that its
+# systemd units parse, then runs the packaged gpuqd, gpuq and gpuq-worker: extracted into a
+# temporary root, and, with GPUQ_DEB_INSTALL=1 (CI, a throwaway machine), installed for real with
+# apt-get and removed again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=$(realpath "${GPUQ_BUILD_DIR:-build}")
+(cd "$build" && cpack -G DEB >/dev/null)
+deb=$(ls -t "$build"/gpuq_*.deb | head -n 1)
+echo "test-deb: $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB)"
+
+contents=$(dpkg-deb -c "$deb")
+for f in usr/bin/gpuqd usr/bin/gpuq usr/bin/gpuq-shim usr/bin/gpuq-worker usr/lib/systemd/user/gpuqd.service \
+ usr/lib/systemd/system/gpuqd@.service usr/share/bash-completion/completions/gpuq \
+         usr/share/gpuq/jobs/demo.json usr/share/doc/gpuq/README.md; do
+  grep -q " \./$f\$" <<<"$contents" || { echo "test-deb: $f missing from the package"; exit 1; }
+done
+dpkg-deb -f "$deb" Depends | grep -q libsqlite3 || { echo "test-deb: no shared-library dependencies"; exit 1; }
+
+tmp=$(mktemp -d)
+trap 'kill $(cat "$tmp/pid" 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+
+# Runs a daemon from $1/usr/bin on a private socket and submits a command job and a train job.
+exercise() {
+  local bin=$1/usr/bin sock=$tmp/gpuqd.sock
+  "$bin/gpuqd" --foreground --socket "$sock" --state-dir "$tmp/state" --gpus fake:1 >"$tmp/gpuqd.log" 2>&1 &
+  echo $! >"$tmp/pid"
+  for _ in $(seq 100); do "$bin/gpuq" --socket "$sock" daemon status >/dev/null 2>&1 && break; sleep 0.1; done
+  echo '[{"name": "hello", "shell": "echo packaged"},
+         {"name": "train", "train": {"dataset": {"kind": "synthetic", "samples": 2000}, "epochs": 1}}]' |
+    "$bin/gpuq" --socket "$sock" submit - --wait >"$tmp/out" || { cat "$tmp/out" "$tmp/gpuqd.log"; exit 1; }
+  grep -q "train .*succeeded" "$tmp/out" || { cat "$tmp/out"; exit 1; }
+  "$bin/gpuq" --socket "$sock" logs 1 | grep -q packaged
+  kill "$(cat "$tmp/pid")"
+  wait "$(cat "$tmp/pid")" 2>/dev/null || true
+  rm -rf "$tmp/state"
+}
+
+# The units: ExecStart pointed at the extracted binary, so verify can check it exists.
+dpkg-deb -x "$deb" "$tmp/root"
+if command -v systemd-analyze >/dev/null; then
+  for unit in gpuqd.service gpuqd@.service; do
+    sed "s|/usr/bin/gpuqd|$tmp/root/usr/bin/gpuqd|" "packaging/$unit" >"$tmp/$unit"
+  done
+  if ! (cd "$tmp" && systemd-analyze verify --man=no gpuqd.service "gpuqd@alice.service" >"$tmp/verify" 2>&1) ||
+     [ -s "$tmp/verify" ]; then
+    echo "test-deb: systemd-analyze verify complained:"; cat "$tmp/verify"; exit 1
+  fi
+fi
+exercise "$tmp/root"
+echo "test-deb: extracted package runs"
+
+if [ "${GPUQ_DEB_INSTALL:-0}" = 1 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$deb" >/dev/null
+  exercise ""
+  DEBIAN_FRONTEND=noninteractive apt-get remove -y -q gpuq >/dev/null
+  echo "test-deb: installed package runs (apt-get install, then removed)"
+fi
