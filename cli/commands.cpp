@@ -82,12 +82,16 @@ std::string detail_of(const common::JobInfo& j) {
   return j.reason;
 }
 
+const std::vector<std::string> k_jobs_header{"ID", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"};
+
+std::vector<std::string> job_row(const common::JobInfo& j) {
+  std::string tries = std::to_string(j.attempt) + "/" + std::to_string(j.retries + 1);
+  return {std::to_string(j.id), j.name, state_of(j), format_gpus(j.gpus), tries, runtime_of(j), detail_of(j)};
+}
+
 void print_jobs_table(const std::vector<common::JobInfo>& jobs) {
-  Table t({"ID", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"});
-  for (const auto& j : jobs) {
-    std::string tries = std::to_string(j.attempt) + "/" + std::to_string(j.retries + 1);
-    t.add({std::to_string(j.id), j.name, state_of(j), format_gpus(j.gpus), tries, runtime_of(j), detail_of(j)});
-  }
+  Table t(k_jobs_header);
+  for (const auto& j : jobs) t.add(job_row(j));
   t.print(std::cout);
 }
 
@@ -124,13 +128,9 @@ bool read_spec_file(const std::string& file, json& jobs) {
     text << in.rdbuf();
   }
   json doc;
-  bool too_deep = false;
-  json::parser_callback_t limit = [&too_deep](int depth, json::parse_event_t, json&) {
-    if (depth > common::k_max_request_depth) too_deep = true;  // gpuqd would refuse it anyway
-    return !too_deep;
-  };
+  bool too_deep = false;  // gpuqd would refuse it anyway
   try {
-    doc = json::parse(text.str(), limit);
+    doc = common::parse_depth_limited(text.str(), too_deep);
     if (too_deep) {
       std::cerr << "gpuq: " << (file == "-" ? "stdin" : file) << " nests deeper than "
                 << common::k_max_request_depth << " levels\n";
@@ -199,8 +199,7 @@ int status_all(const Options& o) {
         for (std::size_t p = 0; (p = text.find('\n', p)) != std::string::npos; p += 5) text.replace(p, 1, "\n    ");
         std::cout << (shown ? ",\n    " : "\n    ") << text;
       } else {
-        rows.push_back({std::to_string(j.id), j.name, state_of(j), format_gpus(j.gpus),
-                        std::to_string(j.attempt) + "/" + std::to_string(j.retries + 1), runtime_of(j), detail_of(j)});
+        rows.push_back(job_row(j));
       }
       ++shown;
     }
@@ -214,7 +213,7 @@ int status_all(const Options& o) {
     std::cout << "no jobs\n";
     return k_exit_ok;
   }
-  Table t({"ID", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"});
+  Table t(k_jobs_header);
   for (auto& row : rows) t.add(std::move(row));
   t.print(std::cout);
   return k_exit_ok;

@@ -3,18 +3,27 @@
 
 namespace gpuq::common {
 
-Result<json> parse_request(std::string_view line) {
-  // The parser is iterative, but deep documents cost recursion later (dump, comparisons): stop
-  // them while parsing, through the callback that sees every value's depth.
-  bool too_deep = false;
+json parse_depth_limited(std::string_view text, bool& too_deep) {
+  // The parser is iterative, but deep documents cost recursion later (dump, comparisons,
+  // destruction): stop them while parsing, through the callback that sees every value's depth.
+  too_deep = false;
   json::parser_callback_t limit = [&too_deep](int depth, json::parse_event_t, json&) {
     if (depth > k_max_request_depth) too_deep = true;
     return !too_deep;
   };
-  json request = json::parse(line.begin(), line.end(), limit, false);
+  return json::parse(text.begin(), text.end(), limit);
+}
+
+Result<json> parse_request(std::string_view line) {
+  bool too_deep = false;
+  json request;
+  try {
+    request = parse_depth_limited(line, too_deep);
+  } catch (const json::parse_error&) {
+    return Error{ErrorCode::bad_request, "request is not valid JSON (or not UTF-8)"};
+  }
   if (too_deep)
     return Error{ErrorCode::bad_request, "request nests deeper than " + std::to_string(k_max_request_depth) + " levels"};
-  if (request.is_discarded()) return Error{ErrorCode::bad_request, "request is not valid JSON (or not UTF-8)"};
   return request;
 }
 

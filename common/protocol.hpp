@@ -22,6 +22,10 @@ constexpr int k_protocol_version = 1;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
 constexpr int k_max_request_depth = 64;               // deeper nesting is refused (a job spec needs ~8)
 
+// Parses JSON nested at most k_max_request_depth deep: sets `too_deep` (and returns a discarded
+// value) for deeper documents; throws json::parse_error on invalid JSON, whose message says where.
+json parse_depth_limited(std::string_view text, bool& too_deep);
+
 // Parses one request line: valid UTF-8 JSON nested at most k_max_request_depth deep, or a
 // bad_request error saying which.
 Result<json> parse_request(std::string_view line);

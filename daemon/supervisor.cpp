@@ -178,25 +178,26 @@ class Supervisor {
         envp.push_back(nullptr);
         const EnvSetup env{{}, envp.data()};
         std::vector<std::string> args(argv.begin() + 1, argv.end());
+        // stdout and stderr go to `output`: the log file, or a pipe the shim copies from.
+        auto start = [&](auto&& output) {
+          bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
+                      (bp::std_out & bp::std_err) > output, RankSetup{}, bp::posix::use_vfork);
+          rank.pid = c.id();
+          c.detach();  // reaped below with waitpid(-1), with any orphans
+        };
         if (m_log_limit > 0) {
           // Capped log: the rank writes into a pipe, the shim copies it to a rotating LogSink.
           LogSink sink(log, m_log_limit);
           if (auto o = sink.open(); !o) throw std::runtime_error(o.error().message);
           bp::pipe pipe;
-          bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
-                      (bp::std_out & bp::std_err) > pipe, RankSetup{}, bp::posix::use_vfork);
-          rank.pid = c.id();
-          c.detach();
+          start(pipe);
           const int fd = pipe.native_source();
           pipe.assign_source(-1);  // ours now
           ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
           ::fcntl(fd, F_SETFD, FD_CLOEXEC);
           m_pipes.emplace(fd, std::move(sink));
         } else {
-          bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
-                      (bp::std_out & bp::std_err) > log, RankSetup{}, bp::posix::use_vfork);
-          rank.pid = c.id();
-          c.detach();  // reaped below with waitpid(-1), with any orphans
+          start(log);
         }
       } catch (const std::exception& e) {
         error = std::string("gpuq: cannot start rank: ") + e.what();

@@ -161,36 +161,46 @@ class Loader {
   std::exception_ptr m_error;
 };
 
+// The autocast switches of one device type, through LibTorch ≥ 2.4's per-device API or 1.x's
+// CUDA/CPU pairs.
+struct AutocastState {
+  bool enabled = false;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+};
+
+AutocastState get_autocast(c10::DeviceType type) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return {at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)};
+#else
+  if (type == c10::DeviceType::CUDA) return {at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()};
+  return {at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()};
+#endif
+}
+
+void set_autocast(c10::DeviceType type, AutocastState state) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_dtype(type, state.dtype);
+  at::autocast::set_autocast_enabled(type, state.enabled);
+#else
+  if (type == c10::DeviceType::CUDA) at::autocast::set_autocast_gpu_dtype(state.dtype), at::autocast::set_enabled(state.enabled);
+  else at::autocast::set_autocast_cpu_dtype(state.dtype), at::autocast::set_cpu_enabled(state.enabled);
+#endif
+}
+
 // Autocast over a forward pass, as `with torch.autocast(device_type, dtype)` in Python: eligible
 // ops (matmul, conv) run in `dtype`, the rest in fp32; parameters and gradients stay fp32.
 class Autocast {
  public:
   Autocast(c10::DeviceType type, c10::ScalarType dtype, bool on) : m_type(type), m_on(on) {
     if (!m_on) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    m_was_enabled = at::autocast::is_autocast_enabled(type);
-    m_old_dtype = at::autocast::get_autocast_dtype(type);
-    at::autocast::set_autocast_dtype(type, dtype);
-    at::autocast::set_autocast_enabled(type, true);
-#else
-    const bool cuda = type == c10::DeviceType::CUDA;
-    m_was_enabled = cuda ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-    m_old_dtype = cuda ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
-    if (cuda) at::autocast::set_autocast_gpu_dtype(dtype), at::autocast::set_enabled(true);
-    else at::autocast::set_autocast_cpu_dtype(dtype), at::autocast::set_cpu_enabled(true);
-#endif
+    m_before = get_autocast(type);
+    set_autocast(type, {true, dtype});
     at::autocast::increment_nesting();
   }
   ~Autocast() {
     if (!m_on) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();  // the cast weights
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(m_type, m_was_enabled);
-    at::autocast::set_autocast_dtype(m_type, m_old_dtype);
-#else
-    if (m_type == c10::DeviceType::CUDA) at::autocast::set_enabled(m_was_enabled), at::autocast::set_autocast_gpu_dtype(m_old_dtype);
-    else at::autocast::set_cpu_enabled(m_was_enabled), at::autocast::set_autocast_cpu_dtype(m_old_dtype);
-#endif
+    set_autocast(m_type, m_before);
   }
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
@@ -198,14 +208,13 @@ class Autocast {
  private:
   c10::DeviceType m_type;
   bool m_on;
-  bool m_was_enabled = false;
-  c10::ScalarType m_old_dtype = c10::ScalarType::Float;
+  AutocastState m_before;
 };
 
 // Memory for progress events: what tensors hold on the rank's devices (CUDA caching allocator:
 // current and peak), and the process's resident host memory.
 json memory_fields(const std::vector<torch::Device>& devices) {
-  constexpr double k_mib = 1024.0 * 1024.0;
+  auto mib = [](double bytes) { return std::round(bytes / (1024.0 * 1024.0) * 10) / 10; };  // 0.1 MiB
   json out;
 #ifdef GPUQ_HAVE_CUDA
   double current = 0, peak = 0, reserved = 0;
@@ -219,16 +228,16 @@ json memory_fields(const std::vector<torch::Device>& devices) {
     any = true;
   }
   if (any) {
-    out["device_memory_mib"] = std::round(current / k_mib * 10) / 10;
-    out["device_memory_peak_mib"] = std::round(peak / k_mib * 10) / 10;
-    out["device_memory_reserved_mib"] = std::round(reserved / k_mib * 10) / 10;
+    out["device_memory_mib"] = mib(current);
+    out["device_memory_peak_mib"] = mib(peak);
+    out["device_memory_reserved_mib"] = mib(reserved);
   }
 #else
   (void)devices;
 #endif
   long pages = 0, resident = 0;
   if (std::ifstream statm("/proc/self/statm"); statm >> pages >> resident)
-    out["host_memory_mib"] = std::round(static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / k_mib * 10) / 10;
+    out["host_memory_mib"] = mib(static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)));
   return out;
 }
 

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import unittest
 
@@ -129,7 +130,7 @@ def try_mount_tmpfs(path, size):
 class FullDisk(DaemonTest):
     def setUp(self):
         # The daemon's state dir on a small tmpfs of its own, so the test can fill it.
-        self.tmp = __import__("tempfile").mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
         self.state_mount = os.path.join(self.tmp, "state")
         if os.geteuid() != 0 or not try_mount_tmpfs(self.state_mount, "4m"):
             os.rmdir(self.state_mount) if os.path.isdir(self.state_mount) else None
@@ -166,7 +167,6 @@ class FullDisk(DaemonTest):
 
 class BadStore(unittest.TestCase):
     def test_a_foreign_or_corrupt_database_is_refused_at_start_and_left_untouched(self):
-        import tempfile
         for name, content in (("foreign", b"precious notes, not a database\n"),
                               ("corrupt", b"SQLite format 3\x00" + os.urandom(4096))):
             with self.subTest(case=name):
