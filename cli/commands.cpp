@@ -136,7 +136,7 @@ bool read_spec_file(const std::string& file, json& jobs) {
                 << common::k_max_request_depth << " levels\n";
       return false;
     }
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range (a number like 9e999)
     std::string what = e.what();
     auto pos = what.find("] ");
     std::cerr << "gpuq: " << (file == "-" ? "stdin" : file) << " is not valid JSON: "

@@ -19,7 +19,7 @@ Result<json> parse_request(std::string_view line) {
   json request;
   try {
     request = parse_depth_limited(line, too_deep);
-  } catch (const json::parse_error&) {
+  } catch (const json::exception&) {  // parse_error, and out_of_range for numbers like 9e999
     return Error{ErrorCode::bad_request, "request is not valid JSON (or not UTF-8)"};
   }
   if (too_deep)

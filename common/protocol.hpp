@@ -23,7 +23,8 @@ constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refuse
 constexpr int k_max_request_depth = 64;               // deeper nesting is refused (a job spec needs ~8)
 
 // Parses JSON nested at most k_max_request_depth deep: sets `too_deep` (and returns a discarded
-// value) for deeper documents; throws json::parse_error on invalid JSON, whose message says where.
+// value) for deeper documents; throws json::exception on invalid JSON (parse_error, or
+// out_of_range for a number beyond double's range), whose message says where.
 json parse_depth_limited(std::string_view text, bool& too_deep);
 
 // Parses one request line: valid UTF-8 JSON nested at most k_max_request_depth deep, or a

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) into build-fuzz/ and runs each over the
 # committed corpus for a bounded time: $GPUQ_FUZZ_SECONDS (default 60) per target. New inputs go
-# to a scratch directory, not into the repository. Any crash, leak or sanitizer report fails.
+# to a scratch directory, crashing inputs into build-fuzz/ (crash-*): add them to tests/corpus once
+# fixed. Any crash, leak or sanitizer report fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${GPUQ_FUZZ_BUILD_DIR:-build-fuzz}
@@ -23,5 +24,5 @@ for target in request job_spec; do
   esac
   echo "fuzz: $target for ${seconds}s"
   "$build/bin/fuzz_$target" "$scratch/$target" "${seeds[@]}" -max_total_time="$seconds" \
-    -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 12
+    -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/" 2>&1 | tail -n 12
 done

@@ -105,3 +105,13 @@ TEST_CASE("requests nested deeper than the limit are refused while parsing") {
 }
 
 TEST_SUITE_END();
+
+TEST_SUITE_BEGIN("protocol");
+
+TEST_CASE("a number beyond double's range is a bad request, not an exception (found by fuzz_request)") {
+  auto r = gpuq::common::parse_request("{\"cmnd\": 9e999}");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == gpuq::ErrorCode::bad_request);
+}
+
+TEST_SUITE_END();
