@@ -152,7 +152,9 @@ class Supervisor {
       }
     }
     // Every writer is gone: what is left in the pipes ends with EOF.
-    while (!m_pipes.empty()) pump_pipes(std::vector<pollfd>{});
+    std::vector<int> all;
+    for (const auto& [fd, _] : m_pipes) all.push_back(fd);
+    pump_pipes(all, true);
     return write_outcome();
   }
 
@@ -228,22 +230,16 @@ class Supervisor {
       const int sig = static_cast<int>(info.ssi_signo);
       stop = stop || sig == SIGTERM || sig == SIGINT || sig == SIGHUP;
     }
-    fds.erase(fds.begin());
-    pump_pipes(fds);
+    std::vector<int> ready;
+    for (std::size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) ready.push_back(fds[i].fd);
+    pump_pipes(ready, false);
     return stop;
   }
 
-  // Copies what the readable pipes hold to the logs; a pipe at EOF is closed. With `ready` empty
-  // (the final drain, every rank gone) each pipe is read to its end.
-  void pump_pipes(const std::vector<pollfd>& ready) {
-    const bool drain = ready.empty();
-    std::vector<int> fds;
-    for (const auto& [fd, _] : m_pipes) fds.push_back(fd);
-    if (!drain) {
-      fds.clear();
-      for (const auto& p : ready)
-        if (p.revents & (POLLIN | POLLHUP | POLLERR)) fds.push_back(p.fd);
-    }
+  // Copies what the pipes `fds` hold to their logs; a pipe at EOF is closed. With `drain` (the
+  // final pass, every rank gone) each pipe is read to its end.
+  void pump_pipes(const std::vector<int>& fds, bool drain) {
     static char buf[1 << 16];
     for (int fd : fds) {
       bool done = false;

@@ -424,7 +424,6 @@ int train_or_throw(const RunOptions& o) {
     for (std::int64_t s = 0; s < steps; ++s) {
       set_learning_rate(*optimizer, learning_rate(spec, epoch, step, steps_per_epoch * spec.epochs));
       optimizer->zero_grad();
-      step_loss = torch::zeros({}, torch::TensorOptions().device(device));
       for (int m = 0; m < spec.accumulate; ++m) {
         auto [x, y] = train_data->next();
         torch::Tensor loss;
@@ -434,7 +433,8 @@ int train_or_throw(const RunOptions& o) {
         }
         if (reducer && m == spec.accumulate - 1) reducer->arm();
         (loss_scale ? loss * loss_scale->scale() : loss).backward();
-        step_loss += loss.detach().to(device);
+        const auto part = loss.detach().to(device);
+        step_loss = m == 0 ? part : step_loss + part;  // no zero tensor to fill on the hot path
       }
       if (reducer) reducer->finish();
       bool apply = true;
