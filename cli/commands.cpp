@@ -17,6 +17,7 @@
 
 #include "cli/format.hpp"
 #include "cli/progress.hpp"
+#include "cli/rpc.hpp"
 #include "common/client.hpp"
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
@@ -28,19 +29,11 @@ namespace gpuq::cli {
 using json = nlohmann::json;
 using common::Client;
 
-namespace {
-
-int exit_code_for(const Error& e) {
-  if (e.code == ErrorCode::unavailable) return k_exit_unavailable;
-  return k_exit_refused;
-}
-
 int report(const Error& e) {
   std::cerr << "gpuq: " << e.message << "\n";
-  return exit_code_for(e);
+  return e.code == ErrorCode::unavailable ? k_exit_unavailable : k_exit_refused;
 }
 
-// Connects and sends one request; prints the error and sets `code` on failure.
 std::optional<json> request(const Options& o, const json& req, int& code) {
   auto client = Client::connect(o.socket);
   if (!client) {
@@ -60,6 +53,8 @@ void print_json(const json& j) { std::cout << j.dump(2) << "\n"; }
 double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+
+namespace {
 
 std::string runtime_of(const common::JobInfo& j) {
   if (j.started_at <= 0) return "-";

@@ -30,6 +30,16 @@ int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double time
 int cmd_result(const Options& o, std::int64_t id);
 int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch);
 int cmd_gpus(const Options& o);
+struct PlotArgs {
+  std::vector<std::int64_t> ids;
+  std::string output;  // .png or .svg
+  std::string x = "auto";
+  std::vector<std::string> metrics;  // empty: the loss and accuracy fields
+  int attempt = 0;                   // 0: each job's latest
+  std::string title;
+  int width = 1100;
+};
+int cmd_plot(const Options& o, const PlotArgs& a);
 int cmd_daemon_start(const Options& o, const std::string& state_dir, const std::string& gpus);
 int cmd_daemon_stop(const Options& o);
 int cmd_daemon_status(const Options& o);

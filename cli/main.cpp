@@ -83,6 +83,18 @@ int main(int argc, char** argv) {
   json_flag(gpus);
   gpus->callback([&] { run = [&] { return cmd_gpus(opt); }; });
 
+  PlotArgs plot;
+  auto* plotc = app.add_subcommand("plot", "Draw jobs' training curves (loss, accuracy) into one PNG or SVG chart");
+  plotc->add_option("ids", plot.ids, "Job ids")->required();
+  plotc->add_option("--output,-o", plot.output, "The picture: FILE.png or FILE.svg")->required();
+  plotc->add_option("--x", plot.x, "x axis: auto (epoch, else step, else time), epoch, step or time")->capture_default_str();
+  plotc->add_option("--metric,-m", plot.metrics, "A progress field to plot (repeatable; default: the loss and accuracy fields)");
+  plotc->add_option("--attempt", plot.attempt, "Plot this attempt (default: each job's latest)");
+  plotc->add_option("--title", plot.title, "Chart title (default: the jobs' names)");
+  plotc->add_option("--width", plot.width, "Picture width in pixels")->check(CLI::Range(400, 8000))->capture_default_str();
+  json_flag(plotc);
+  plotc->callback([&] { run = [&] { return cmd_plot(opt, plot); }; });
+
   std::string state_dir, gpu_spec;
   auto* daemon = app.add_subcommand("daemon", "Start, stop or check gpuqd");
   daemon->require_subcommand(1);

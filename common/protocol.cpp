@@ -121,6 +121,20 @@ ResultsRequest decode_results(const json& j) {
   return r;
 }
 
+EventsRequest decode_events(const json& j) {
+  EventsRequest r;
+  r.id = decode_id(j).id;
+  r.attempt = get_or<int>(j, "attempt", 0, "an attempt number");
+  if (r.attempt < 0) bad("attempt", "an attempt number >= 1, or 0 for the latest");
+  r.type = get_or<std::string>(j, "type", "", "\"progress\", \"result\" or \"\"");
+  if (r.type != "" && r.type != "progress" && r.type != "result") bad("type", "\"progress\", \"result\" or \"\"");
+  r.after = get_or<std::int64_t>(j, "after", 0, "an event seq");
+  if (r.after < 0) bad("after", "an event seq >= 0");
+  r.page = get_or<int>(j, "page", 10000, "an integer");
+  if (r.page < 1 || r.page > 100000) bad("page", "between 1 and 100000");
+  return r;
+}
+
 json ok_reply(json body) {
   if (!body.is_object()) body = json::object();
   body["ok"] = true;

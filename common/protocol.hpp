@@ -125,6 +125,14 @@ struct ResultsRequest {
   std::int64_t batch = 0;
 };
 
+struct EventsRequest {
+  std::int64_t id = 0;
+  int attempt = 0;         // 0: the job's latest attempt
+  std::string type;        // "progress", "result", or "" for both
+  std::int64_t after = 0;  // events with seq above this (paging: the last seq received)
+  int page = 10000;        // 1..100000
+};
+
 // Decoders: throw RequestError(bad_request) naming the field on a wrong type.
 HelloRequest decode_hello(const json& j);
 SubmitRequest decode_submit(const json& j);
@@ -132,6 +140,7 @@ StatusRequest decode_status(const json& j);
 IdRequest decode_id(const json& j);
 IdsRequest decode_ids(const json& j);
 ResultsRequest decode_results(const json& j);
+EventsRequest decode_events(const json& j);
 
 // ---- replies ----------------------------------------------------------------------------------
 
@@ -166,6 +175,22 @@ struct ShowReply {
   json first_failure;  // {rank, exit_code, signal} of the last failed attempt, or null
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShowReply, job, spec, history, logs, first_failure)
+
+struct Event {
+  std::int64_t seq = 0;  // increasing in the order gpuqd read the events
+  int rank = 0;
+  std::string type;      // "progress" or "result"
+  double at = 0;         // when gpuqd read it (unix seconds)
+  json data;             // the event as the job wrote it
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Event, seq, rank, type, at, data)
+struct EventsReply {
+  std::int64_t id = 0;
+  int attempt = 0;  // the attempt these events belong to (0: the job never started)
+  std::vector<Event> events;
+  bool more = false;  // another page follows: ask again with `after` = the last seq
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EventsReply, id, attempt, events, more)
 
 struct CancelOutcome {
   std::int64_t id = 0;

@@ -112,7 +112,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
   static const std::map<std::string, Sync> k_commands{
       {"hello", &Daemon::cmd_hello},   {"submit", &Daemon::cmd_submit},   {"status", &Daemon::cmd_status},
       {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
-      {"gpus", &Daemon::cmd_gpus},
+      {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},
   };
   try {
     if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string())
@@ -128,7 +128,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
     if (it == k_commands.end())
       throw RequestError(ErrorCode::unknown_command,
                          "unknown command `" + cmd.substr(0, 64) +
-                             "`; known: hello, submit, status, show, cancel, wait, results, gpus, shutdown");
+                             "`; known: hello, submit, status, show, cancel, wait, results, events, gpus, shutdown");
     reply(common::ok_reply((this->*(it->second))(request)));
   } catch (const RequestError& e) {
     reply(common::error_reply(e.code(), e.what()));
@@ -279,6 +279,24 @@ json Daemon::cmd_show(const json& req) {
       if (file_exists(p)) out.logs.push_back({a, r, p});
     }
   out.first_failure = rec->first_failure;
+  return out;
+}
+
+json Daemon::cmd_events(const json& req) {
+  auto q = common::decode_events(req);
+  auto rec = lookup(q.id);
+  if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(q.id));
+  if (q.attempt > rec->attempt)
+    throw RequestError(ErrorCode::not_found, "job " + std::to_string(q.id) + " has " + std::to_string(rec->attempt) +
+                                                 " attempt(s); there is no attempt " + std::to_string(q.attempt));
+  common::EventsReply out;
+  out.id = q.id;
+  out.attempt = q.attempt ? q.attempt : rec->attempt;
+  // One row more than asked tells whether another page follows.
+  auto rows = m_store->events(q.id, out.attempt, q.after, q.page + 1, q.type);
+  out.more = rows.size() > static_cast<std::size_t>(q.page);
+  if (out.more) rows.pop_back();
+  for (auto& e : rows) out.events.push_back({e.seq, e.rank, e.type, e.at, std::move(e.data)});
   return out;
 }
 

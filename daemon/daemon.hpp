@@ -78,6 +78,7 @@ class Daemon {
   json cmd_show(const json& req);
   json cmd_cancel(const json& req);
   json cmd_results(const json& req);
+  json cmd_events(const json& req);
   json cmd_gpus(const json& req);
   void cmd_wait(const json& req, Reply& reply);  // takes `reply` only once the request is valid
 

@@ -35,7 +35,7 @@ ParsedEvents parse_events(std::string_view data, int rank, double now) {
       continue;
     }
     j.erase("type");
-    out.events.push_back({rank, type, now, std::move(j)});
+    out.events.push_back({0, rank, type, now, std::move(j)});
   }
   return out;
 }

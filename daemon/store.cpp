@@ -391,14 +391,20 @@ void Store::add_events(const JobRecord& job, int rank, std::int64_t new_offset, 
   txn.commit();
 }
 
-std::vector<EventRow> Store::events(std::int64_t id, int attempt) {
-  auto* st = prepare("SELECT rank, type, at, data FROM events WHERE job_id=? AND attempt=? ORDER BY rowid");
+std::vector<EventRow> Store::events(std::int64_t id, int attempt, std::int64_t after, int limit, const std::string& type) {
+  auto* st = prepare(
+      "SELECT rowid, rank, type, at, data FROM events WHERE job_id=? AND attempt=? AND rowid>? AND (?='' OR type=?) "
+      "ORDER BY rowid LIMIT ?");
   sqlite3_bind_int64(st, 1, id);
   sqlite3_bind_int(st, 2, attempt);
+  sqlite3_bind_int64(st, 3, after);
+  bind_text(st, 4, type);
+  bind_text(st, 5, type);
+  sqlite3_bind_int(st, 6, limit);
   std::vector<EventRow> out;
   while (sqlite3_step(st) == SQLITE_ROW)
-    out.push_back({sqlite3_column_int(st, 0), text(st, 1), sqlite3_column_double(st, 2),
-                   json::parse(text(st, 3), nullptr, false)});
+    out.push_back({sqlite3_column_int64(st, 0), sqlite3_column_int(st, 1), text(st, 2), sqlite3_column_double(st, 3),
+                   json::parse(text(st, 4), nullptr, false)});
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   return out;

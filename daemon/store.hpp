@@ -47,6 +47,7 @@ struct JobRecord {
 };
 
 struct EventRow {
+  std::int64_t seq = 0;  // store order (rowid); 0 until stored
   int rank = 0;
   std::string type;
   double at = 0;
@@ -84,7 +85,10 @@ class Store {
   // events with the job's updated progress/result and the new offset.
   std::int64_t event_offset(std::int64_t id, int attempt, int rank);
   void add_events(const JobRecord& job, int rank, std::int64_t new_offset, const std::vector<EventRow>& events);
-  std::vector<EventRow> events(std::int64_t id, int attempt);
+  // One attempt's events in the order they were ingested: those with seq > `after`, at most
+  // `limit`, only of `type` unless it is empty.
+  std::vector<EventRow> events(std::int64_t id, int attempt, std::int64_t after = 0, int limit = -1,
+                               const std::string& type = "");
 
  private:
   explicit Store(sqlite3* db) : m_db(db) {}

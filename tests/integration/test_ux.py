@@ -1,10 +1,14 @@
 """User-facing extras: bash completion (subcommands and options from gpuq's own --help, job ids
-from the running daemon)."""
+from the running daemon), training-curve pictures (`gpuq plot`), `logs -f` across retries and ranks."""
+import json
 import os
+import struct
 import subprocess
 import unittest
+import xml.etree.ElementTree as ET
+import zlib
 
-from harness import BIN, REPO, DaemonTest
+from harness import BIN, REPO, DaemonTest, event_line, wait_until
 
 COMPLETION = os.path.join(REPO, "packaging/gpuq.bash-completion")
 
@@ -29,6 +33,152 @@ class Completion(DaemonTest):
         ids = self.d.submit([{"name": f"j{i}", "shell": "sleep 30"} for i in range(3)])["ids"]
         self.assertEqual(self.complete("gpuq", "cancel", ""), sorted(str(i) for i in ids))
         self.assertEqual(self.complete("gpuq", "logs", str(ids[1])), [str(ids[1])])
+
+
+def read_png(path):
+    """(width, height, rows of (r, g, b) pixels) of an 8-bit RGB/RGBA PNG, decoded with zlib only."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and color in (2, 6), (depth, color)
+            bpp = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw, stride, rows, prev = zlib.decompress(idat), width * bpp, [], bytearray(width * bpp)
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1: line[i] = (line[i] + a) & 255
+            elif f == 2: line[i] = (line[i] + b) & 255
+            elif f == 3: line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[x * bpp:x * bpp + 3]) for x in range(width)])
+        prev = line
+    return width, height, rows
+
+
+def curve_job(name, epochs, steps):
+    """A shell job reporting progress like a trainer: loss per step, test accuracy per epoch."""
+    lines = []
+    for e in range(1, epochs + 1):
+        for s in range(1, steps + 1):
+            step = (e - 1) * steps + s
+            lines.append(event_line(type="progress", epoch=e, epochs=epochs, step=step,
+                                    total_steps=epochs * steps, loss=round(2.0 / step, 4)))
+        lines.append(event_line(type="progress", epoch=e, epochs=epochs, step=e * steps, total_steps=epochs * steps,
+                                loss=round(2.0 / (e * steps), 4), test_accuracy=0.5 + 0.1 * e))
+    return {"name": name, "shell": "; ".join(lines)}
+
+
+class Plot(DaemonTest):
+    BLUE, ORANGE = (0x4e, 0x79, 0xa7), (0xf2, 0x8e, 0x2b)  # the first two jobs' colours
+
+    def setUp(self):
+        super().setUp()
+        self.ids = self.d.submit([curve_job("dataset-a", 3, 10), curve_job("dataset-b", 2, 25)])["ids"]
+        self.d.wait(self.ids)
+
+    def test_svg_has_one_curve_per_job_and_metric_with_every_point(self):
+        out = self.tmp_path("curves.svg")
+        r = self.d.ok("plot", *map(str, self.ids), "-o", out, "--json")
+        self.assertEqual(json.loads(r)["x"], "epoch")
+        ns = {"s": "http://www.w3.org/2000/svg"}
+        root = ET.parse(out).getroot()
+        series = {(int(p.get("data-job")), p.get("data-metric")): len(p.get("points").split())
+                  for p in root.iter("{http://www.w3.org/2000/svg}polyline") if p.get("class") == "series"}
+        a, b = self.ids
+        # loss: every step plus the epoch-end events; test_accuracy: one point per epoch
+        self.assertEqual(series, {(a, "loss"): 33, (a, "test_accuracy"): 3, (b, "loss"): 52, (b, "test_accuracy"): 2})
+        texts = [t.text for t in root.findall(".//s:text", ns)]
+        self.assertIn("loss", texts)
+        self.assertIn("accuracy", texts)
+        self.assertTrue(any("dataset-b" in (t or "") for t in texts))
+
+    def test_png_is_a_real_picture_with_both_jobs_curves(self):
+        out = self.tmp_path("curves.png")
+        self.d.ok("plot", *map(str, self.ids), "-o", out, "--width", "900")
+        width, height, rows = read_png(out)
+        self.assertEqual(width, 900)
+        self.assertGreater(height, 600)  # two panels: loss and accuracy
+
+        def near(px, rgb):
+            return all(abs(p - q) <= 24 for p, q in zip(px, rgb))
+        blue = sum(near(px, self.BLUE) for row in rows for px in row)
+        orange = sum(near(px, self.ORANGE) for row in rows for px in row)
+        white = sum(px == (255, 255, 255) for row in rows for px in row)
+        self.assertGreater(blue, 300, "job 1's curves are missing")
+        self.assertGreater(orange, 300, "job 2's curves are missing")
+        self.assertGreater(white, width * height // 2)  # a chart, not a smear
+
+    def test_metric_choice_step_axis_and_bad_requests(self):
+        out = self.tmp_path("acc.svg")
+        r = self.d.ok("plot", str(self.ids[0]), "-o", out, "--metric", "test_accuracy", "--x", "step")
+        self.assertIn("1 curve(s) of 1 job(s) against step", r)
+        r = self.d.run("plot", str(self.ids[0]), "-o", self.tmp_path("x.jpg"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("must end in .png or .svg", r.stderr)
+        r = self.d.run("plot", str(self.ids[0]), "-o", out, "--metric", "nothing_like_this")
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("no such fields", r.stderr)
+        quiet = self.d.submit({"name": "quiet", "shell": "true"})["ids"][0]
+        self.d.wait([quiet])
+        r = self.d.run("plot", str(quiet), "-o", out)
+        self.assertEqual(r.returncode, 4)
+        self.assertIn(f"job {quiet} (quiet) has no progress events", r.stderr)
+        r = self.d.run("plot", "999", "-o", out)
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("no job 999", r.stderr)
+
+    def test_events_request_pages_and_names_a_missing_attempt(self):
+        a = self.ids[0]
+        got, after = [], 0
+        while True:
+            r = self.d.request({"cmd": "events", "id": a, "type": "progress", "after": after, "page": 7})
+            self.assertTrue(r["ok"], r)
+            got += r["events"]
+            if not r["more"]:
+                break
+            after = r["events"][-1]["seq"]
+        self.assertEqual(len(got), 33)
+        self.assertEqual([e["data"]["step"] for e in got[:3]], [1, 2, 3])
+        r = self.d.request({"cmd": "events", "id": a, "attempt": 5})
+        self.assertEqual(r["error"]["code"], "not_found")
+        self.assertIn("no attempt 5", r["error"]["message"])
+        r = self.d.request({"cmd": "events", "id": a, "type": "bogus"})
+        self.assertEqual(r["error"]["code"], "bad_request")
+
+
+class FollowLogs(DaemonTest):
+    def test_logs_follow_prints_every_rank_of_every_attempt_with_a_rank_prefix(self):
+        # Two ranks; rank 0 fails the first attempt once both have printed, the retry succeeds.
+        job = {"name": "flaky", "mode": "ddp", "ranks": 2, "retries": 1,
+               "shell": 'echo "try $GPUQ_ATTEMPT rank $RANK"; sleep 1; echo "late $GPUQ_ATTEMPT rank $RANK"; '
+                        'if [ "$RANK$GPUQ_ATTEMPT" = 01 ]; then sleep 0.5; exit 1; fi'}
+        job_id = self.d.submit(job)["ids"][0]
+        r = self.d.run("logs", "-f", str(job_id), timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        for attempt in (1, 2):
+            for rank in (0, 1):
+                self.assertIn(f"[rank {rank}] try {attempt} rank {rank}", lines)
+                self.assertIn(f"[rank {rank}] late {attempt} rank {rank}", lines)
+        self.assertEqual(len(lines), 8)
+        self.assertEqual(self.d.show(job_id)["job"]["state"], "succeeded")
+        # Without -f: the last attempt only; --rank picks one rank and drops the prefix
+        r = self.d.ok("logs", str(job_id), "--rank", "1")
+        self.assertEqual(r.splitlines(), ["try 2 rank 1", "late 2 rank 1"])
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ TEST_CASE("an endless line without a newline is dropped once it exceeds the limi
 
 TEST_CASE("progress keeps the latest event; results merge field by field") {
   JobRecord job;
-  apply_events(job, {{0, "progress", 1, {{"step", 1}}},
-                     {1, "result", 2, {{"acc", 0.5}, {"loss", 1.0}}},
-                     {0, "progress", 3, {{"step", 2}}},
-                     {0, "result", 4, {{"acc", 0.9}}}});
+  apply_events(job, {{0, 0, "progress", 1, {{"step", 1}}},
+                     {0, 1, "result", 2, {{"acc", 0.5}, {"loss", 1.0}}},
+                     {0, 0, "progress", 3, {{"step", 2}}},
+                     {0, 0, "result", 4, {{"acc", 0.9}}}});
   CHECK(job.progress["step"] == 2);
   CHECK(job.progress["rank"] == 0);
   CHECK(job.result == json{{"acc", 0.9}, {"loss", 1.0}});

@@ -99,11 +99,40 @@ TEST_CASE("events and their file offset are stored together") {
   (*store)->insert_batch(jobs, {{}}, "/", json::object(), 1.0);
   jobs[0].attempt = 1;
   jobs[0].result = {{"acc", 0.9}};
-  (*store)->add_events(jobs[0], 1, 120, {{1, "result", 5.0, {{"acc", 0.9}}}});
+  (*store)->add_events(jobs[0], 1, 120, {{0, 1, "result", 5.0, {{"acc", 0.9}}}});
   CHECK((*store)->event_offset(1, 1, 1) == 120);
   CHECK((*store)->event_offset(1, 1, 0) == 0);
   CHECK((*store)->events(1, 1).size() == 1);
   CHECK((*store)->get(1)->result["acc"] == 0.9);
+}
+
+TEST_CASE("events page by seq, filter by type and stay within their attempt") {
+  TempDb db;
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  std::vector<JobRecord> jobs{job_named("a")};
+  (*store)->insert_batch(jobs, {{}}, "/", json::object(), 1.0);
+  jobs[0].attempt = 1;
+  std::vector<EventRow> rows;
+  for (int i = 0; i < 5; ++i) rows.push_back({0, 0, "progress", 1.0 + i, {{"step", i}}});
+  rows.push_back({0, 0, "result", 9.0, {{"acc", 0.5}}});
+  (*store)->add_events(jobs[0], 0, 10, rows);
+  jobs[0].attempt = 2;
+  (*store)->add_events(jobs[0], 0, 10, {{0, 0, "progress", 20.0, {{"step", 99}}}});
+
+  auto first = (*store)->events(1, 1, 0, 2, "progress");
+  REQUIRE(first.size() == 2);
+  CHECK(first[0].data["step"] == 0);
+  CHECK(first[1].seq > first[0].seq);
+  auto rest = (*store)->events(1, 1, first[1].seq, 100, "progress");
+  REQUIRE(rest.size() == 3);
+  CHECK(rest[0].data["step"] == 2);
+  CHECK(rest[2].data["step"] == 4);
+  CHECK((*store)->events(1, 1, 0, 100, "result").size() == 1);
+  CHECK((*store)->events(1, 1).size() == 6);
+  auto second = (*store)->events(1, 2);
+  REQUIRE(second.size() == 1);
+  CHECK(second[0].data["step"] == 99);
 }
 
 TEST_CASE("a file that is not a database is refused, not overwritten") {

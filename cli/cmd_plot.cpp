@@ -1,0 +1,135 @@
+// `gpuq plot ID... -o FILE.png|.svg`: fetches the jobs' progress events and draws their curves.
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "cli/plot.hpp"
+#include "cli/rpc.hpp"
+
+namespace gpuq::cli {
+
+using json = nlohmann::json;
+
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Every progress event of one attempt, page by page.
+Result<std::vector<common::Event>> progress_events(common::Client& client, std::int64_t id, int attempt) {
+  std::vector<common::Event> out;
+  for (std::int64_t after = 0;;) {
+    auto r = client.call({{"cmd", "events"}, {"id", id}, {"attempt", attempt}, {"type", "progress"}, {"after", after}});
+    if (!r) return r.error();
+    auto page = r->get<common::EventsReply>();
+    for (auto& e : page.events) out.push_back(std::move(e));
+    if (!page.more || page.events.empty()) return out;
+    after = out.back().seq;
+  }
+}
+
+}  // namespace
+
+int cmd_plot(const Options& o, const PlotArgs& a) {
+  const std::string ext = lower(a.output);
+  const bool png = ends_with(ext, ".png");
+  if (!png && !ends_with(ext, ".svg")) {
+    std::cerr << "gpuq: the plot's file name must end in .png or .svg, got " << a.output << "\n";
+    return k_exit_usage;
+  }
+  if (png && !plot::png_supported()) {
+    std::cerr << "gpuq: this gpuq was built without cairo and cannot write PNG; use an .svg file\n";
+    return k_exit_usage;
+  }
+  auto wanted = plot::parse_x_axis(a.x);
+  if (!wanted) {
+    std::cerr << "gpuq: --x must be auto, epoch, step or time, got " << a.x << "\n";
+    return k_exit_usage;
+  }
+
+  // Names and events of every job
+  auto client = common::Client::connect(o.socket);
+  if (!client) return report(client.error());
+  auto info = client->call({{"cmd", "results"}, {"ids", a.ids}});
+  if (!info) return report(info.error());
+  const auto jobs = info->get<common::JobsReply>().jobs;
+  std::vector<std::vector<common::Event>> events;
+  std::vector<std::size_t> plotted;  // indexes into jobs of those with progress events
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    auto ev = progress_events(*client, jobs[i].id, a.attempt);
+    if (!ev) return report(ev.error());
+    if (ev->empty()) {
+      std::cerr << "gpuq: job " << jobs[i].id << " (" << jobs[i].name << ") has no progress events"
+                << (jobs[i].state == "queued" ? " yet (it has not run)" : "") << "; left out\n";
+      continue;
+    }
+    events.push_back(std::move(*ev));
+    plotted.push_back(i);
+  }
+  if (plotted.empty()) {
+    std::cerr << "gpuq: nothing to plot: no job has progress events (docs/job-spec.md, \"Events\")\n";
+    return k_exit_refused;
+  }
+  auto x = plot::common_x_axis(events, *wanted);
+  if (!x) {
+    std::cerr << "gpuq: not every job's progress events have " << (*wanted == plot::XAxis::automatic ? "a step or epoch" : a.x)
+              << "; try --x time\n";
+    return k_exit_refused;
+  }
+
+  // Curves, chart, file
+  std::vector<plot::JobCurves> curves;
+  std::size_t n_curves = 0;
+  for (std::size_t k = 0; k < plotted.size(); ++k) {
+    const auto& j = jobs[plotted[k]];
+    curves.push_back(plot::curves_from_events(j.id, j.name, events[k], *x, a.metrics));
+    n_curves += curves.back().curves.size();
+  }
+  if (n_curves == 0) {
+    std::cerr << "gpuq: the jobs' progress events have no "
+              << (a.metrics.empty() ? "loss or accuracy fields; name the fields to plot with --metric" : "such fields")
+              << "\n";
+    return k_exit_refused;
+  }
+  plot::ChartOptions chart;
+  chart.x = *x;
+  chart.width = a.width;
+  chart.title = a.title;
+  if (chart.title.empty()) {
+    for (std::size_t k = 0; k < plotted.size(); ++k)
+      chart.title += (k ? ", " : "") + jobs[plotted[k]].name + " (#" + std::to_string(jobs[plotted[k]].id) + ")";
+  }
+  if (png) {
+    if (auto w = plot::render_png(curves, chart, a.output); !w) {
+      std::cerr << "gpuq: " << w.error().message << "\n";
+      return k_exit_refused;
+    }
+  } else {
+    std::ofstream out(a.output, std::ios::binary | std::ios::trunc);
+    out << plot::render_svg(curves, chart);
+    out.close();
+    if (!out) {
+      std::cerr << "gpuq: cannot write " << a.output << "\n";
+      return k_exit_refused;
+    }
+  }
+  if (o.json) {
+    json series = json::array();
+    for (const auto& c : curves)
+      for (const auto& cv : c.curves) series.push_back({{"id", c.id}, {"metric", cv.metric}, {"points", cv.points.size()}});
+    print_json({{"file", a.output}, {"x", plot::x_axis_name(*x)}, {"series", series}});
+  } else {
+    std::cout << "wrote " << a.output << ": " << n_curves << " curve(s) of " << plotted.size() << " job(s) against "
+              << plot::x_axis_name(*x) << "\n";
+  }
+  return k_exit_ok;
+}
+
+}  // namespace gpuq::cli

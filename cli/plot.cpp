@@ -1,0 +1,342 @@
+// `gpuq plot`: curves from progress events, the chart layout, and the SVG canvas (see plot.hpp).
+#include "cli/plot.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace gpuq::cli::plot {
+
+using json = nlohmann::json;
+
+std::optional<XAxis> parse_x_axis(const std::string& name) {
+  if (name == "auto") return XAxis::automatic;
+  if (name == "epoch") return XAxis::epoch;
+  if (name == "step") return XAxis::step;
+  if (name == "time") return XAxis::time;
+  return std::nullopt;
+}
+
+std::string x_axis_name(XAxis x) {
+  switch (x) {
+    case XAxis::automatic: return "auto";
+    case XAxis::epoch: return "epoch";
+    case XAxis::step: return "step";
+    case XAxis::time: return "time";
+  }
+  return "?";
+}
+
+namespace {
+
+bool number(const json& d, const char* key) { return d.contains(key) && d[key].is_number(); }
+
+// Where an event sits on the x axis, if it can.
+std::optional<double> x_of(const common::Event& e, XAxis x, double t0) {
+  const json& d = e.data;
+  switch (x) {
+    case XAxis::epoch:
+      if (number(d, "step") && number(d, "total_steps") && number(d, "epochs") && d["total_steps"].get<double>() > 0)
+        return d["step"].get<double>() / d["total_steps"].get<double>() * d["epochs"].get<double>();
+      if (number(d, "epoch")) return d["epoch"].get<double>();
+      return std::nullopt;
+    case XAxis::step:
+      if (number(d, "step")) return d["step"].get<double>();
+      return std::nullopt;
+    case XAxis::time: return e.at - t0;
+    case XAxis::automatic: break;
+  }
+  return std::nullopt;
+}
+
+bool supports(const std::vector<common::Event>& events, XAxis x) {
+  for (const auto& e : events)
+    if (e.type == "progress" && x_of(e, x, 0)) return true;
+  return false;
+}
+
+bool is_default_metric(const std::string& key) {
+  return key.find("loss") != std::string::npos || key.find("acc") != std::string::npos;
+}
+
+bool is_eval_metric(const std::string& m) {
+  return m.rfind("test", 0) == 0 || m.rfind("val", 0) == 0 || m.rfind("eval", 0) == 0;
+}
+
+// The panel a metric is drawn in.
+std::string panel_of(const std::string& m) {
+  if (m.find("loss") != std::string::npos) return "loss";
+  if (m.find("acc") != std::string::npos) return "accuracy";
+  return m;
+}
+
+const Rgb k_palette[] = {{0.306, 0.475, 0.655}, {0.949, 0.557, 0.169}, {0.882, 0.341, 0.349}, {0.463, 0.718, 0.698},
+                         {0.349, 0.631, 0.310}, {0.929, 0.788, 0.282}, {0.690, 0.478, 0.631}, {1.000, 0.616, 0.655},
+                         {0.612, 0.459, 0.373}, {0.729, 0.690, 0.675}};
+const Rgb k_ink{0.15, 0.15, 0.15}, k_grid{0.88, 0.88, 0.88}, k_muted{0.4, 0.4, 0.4}, k_white{1, 1, 1};
+
+Rgb color_of(std::size_t job_index) { return k_palette[job_index % std::size(k_palette)]; }
+
+std::vector<std::string> panels_of(const std::vector<JobCurves>& jobs) {
+  std::vector<std::string> panels;
+  for (const auto& j : jobs)
+    for (const auto& c : j.curves)
+      if (std::find(panels.begin(), panels.end(), panel_of(c.metric)) == panels.end())
+        panels.push_back(panel_of(c.metric));
+  // Losses first, then accuracies, then the rest in first-seen order.
+  std::stable_sort(panels.begin(), panels.end(), [](const std::string& a, const std::string& b) {
+    auto rank = [](const std::string& p) { return p == "loss" ? 0 : p == "accuracy" ? 1 : 2; };
+    return rank(a) < rank(b);
+  });
+  return panels;
+}
+
+constexpr double k_title_h = 56, k_margin_left = 78, k_legend_w = 260, k_margin_right = 24, k_panel_gap = 18;
+
+}  // namespace
+
+std::optional<XAxis> common_x_axis(const std::vector<std::vector<common::Event>>& jobs, XAxis wanted) {
+  std::vector<XAxis> order = wanted == XAxis::automatic ? std::vector<XAxis>{XAxis::epoch, XAxis::step, XAxis::time}
+                                                        : std::vector<XAxis>{wanted};
+  for (XAxis x : order) {
+    bool all = true;
+    for (const auto& events : jobs) all = all && supports(events, x);
+    if (all) return x;
+  }
+  return std::nullopt;
+}
+
+JobCurves curves_from_events(std::int64_t id, const std::string& name, const std::vector<common::Event>& events,
+                             XAxis x, const std::vector<std::string>& metrics) {
+  JobCurves out{id, name, {}};
+  int rank = std::numeric_limits<int>::max();
+  double t0 = std::numeric_limits<double>::max();
+  for (const auto& e : events)
+    if (e.type == "progress") rank = std::min(rank, e.rank), t0 = std::min(t0, e.at);
+  std::map<std::string, std::size_t> index;
+  auto curve = [&](const std::string& m) -> Curve& {
+    auto [it, fresh] = index.emplace(m, out.curves.size());
+    if (fresh) out.curves.push_back({m, {}});
+    return out.curves[it->second];
+  };
+  for (const auto& m : metrics) curve(m);  // asked-for metrics keep the order they were asked in
+  for (const auto& e : events) {
+    if (e.type != "progress" || e.rank != rank || !e.data.is_object()) continue;
+    auto px = x_of(e, x, t0);
+    if (!px) continue;
+    for (const auto& [k, v] : e.data.items()) {
+      if (!v.is_number()) continue;
+      if (metrics.empty() ? !is_default_metric(k) : !index.count(k)) continue;
+      const double y = v.get<double>();
+      if (std::isfinite(y)) curve(k).points.push_back({*px, y});
+    }
+  }
+  std::erase_if(out.curves, [](const Curve& c) { return c.points.empty(); });
+  return out;
+}
+
+Ticks nice_ticks(double lo, double hi, int target) {
+  if (!std::isfinite(lo) || !std::isfinite(hi)) lo = 0, hi = 1;
+  if (hi < lo) std::swap(lo, hi);
+  if (hi - lo < 1e-12 * std::max(1.0, std::abs(hi))) {  // one value: a unit-sized window around it
+    const double pad = std::abs(hi) > 0 ? std::abs(hi) * 0.1 : 1;
+    lo -= pad, hi += pad;
+  }
+  const double raw = (hi - lo) / std::max(1, target);
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double f : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (raw <= f * mag * (1 + 1e-9)) {
+      step = f * mag;
+      break;
+    }
+  Ticks t;
+  t.step = step;
+  t.lo = std::floor(lo / step + 1e-9) * step;
+  t.hi = std::ceil(hi / step - 1e-9) * step;
+  for (double v = t.lo; v <= t.hi + step * 1e-6; v += step) t.values.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  return t;
+}
+
+std::string tick_label(double v, double step) {
+  int decimals = 0;
+  while (decimals < 8 && std::abs(step * std::pow(10.0, decimals) - std::round(step * std::pow(10.0, decimals))) > 1e-6)
+    ++decimals;
+  char buf[64];
+  if (std::abs(v) >= 1e6 || (std::abs(v) > 0 && std::abs(v) < 1e-4)) std::snprintf(buf, sizeof buf, "%.3g", v);
+  else std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+int chart_height(const std::vector<JobCurves>& jobs, const ChartOptions& o) {
+  const auto n = std::max<std::size_t>(1, panels_of(jobs).size());
+  return static_cast<int>(k_title_h + n * (o.panel_height + k_panel_gap) + 8);
+}
+
+void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOptions& o) {
+  const double W = o.width, H = chart_height(jobs, o);
+  c.rect(0, 0, W, H, k_white);
+  c.text({W / 2, 34}, o.title, 20, Anchor::middle, k_ink, true);
+  const auto panels = panels_of(jobs);
+  if (panels.empty()) {
+    c.text({W / 2, H / 2}, "no progress events to plot", 16, Anchor::middle, k_muted);
+    return;
+  }
+  const double px0 = k_margin_left, px1 = W - k_legend_w - k_margin_right;
+  for (std::size_t p = 0; p < panels.size(); ++p) {
+    const std::string& panel = panels[p];
+    const double top = k_title_h + static_cast<double>(p) * (o.panel_height + k_panel_gap);
+    const double py0 = top + 28, py1 = top + o.panel_height - 44;  // plot area, y grows down
+
+    // Ranges over this panel's curves
+    double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
+    for (const auto& j : jobs)
+      for (const auto& cv : j.curves)
+        if (panel_of(cv.metric) == panel)
+          for (auto pt : cv.points) xlo = std::min(xlo, pt.x), xhi = std::max(xhi, pt.x), ylo = std::min(ylo, pt.y), yhi = std::max(yhi, pt.y);
+    if (panel == "accuracy" && ylo >= 0 && yhi <= 1)  // fractions: up to 1 exactly, a little room below
+      ylo = std::max(0.0, ylo - std::max(0.05, (1 - ylo) * 0.1)), yhi = 1;
+    const Ticks xt = nice_ticks(std::min(xlo, 0.0), xhi, 8), yt = nice_ticks(ylo, yhi, 5);
+    auto X = [&](double x) { return px0 + (x - xt.lo) / (xt.hi - xt.lo) * (px1 - px0); };
+    auto Y = [&](double y) { return py1 - (y - yt.lo) / (yt.hi - yt.lo) * (py1 - py0); };
+
+    // Panel title, grid, ticks, axis labels
+    c.text({px0, top + 16}, panel, 15, Anchor::start, k_ink, true);
+    for (double v : yt.values) {
+      c.polyline({{px0, Y(v)}, {px1, Y(v)}}, k_grid, 1, false, "", 0, "");
+      c.text({px0 - 8, Y(v) + 4}, tick_label(v, yt.step), 12, Anchor::end, k_muted);
+    }
+    for (double v : xt.values) {
+      c.polyline({{X(v), py0}, {X(v), py1}}, k_grid, 1, false, "", 0, "");
+      c.text({X(v), py1 + 18}, tick_label(v, xt.step), 12, Anchor::middle, k_muted);
+    }
+    c.frame(px0, py0, px1 - px0, py1 - py0, k_muted);
+    c.text({(px0 + px1) / 2, py1 + 36}, x_axis_name(o.x) + (o.x == XAxis::time ? " (s)" : ""), 13, Anchor::middle, k_ink);
+
+    // Curves: a colour per job; evaluation metrics dashed with dots (they are sparse)
+    std::vector<std::tuple<Rgb, bool, std::string>> legend;
+    for (std::size_t ji = 0; ji < jobs.size(); ++ji) {
+      const auto& j = jobs[ji];
+      for (const auto& cv : j.curves) {
+        if (panel_of(cv.metric) != panel) continue;
+        const bool eval = is_eval_metric(cv.metric);
+        std::vector<Point> pts;
+        for (auto pt : cv.points) pts.push_back({X(pt.x), Y(pt.y)});
+        const std::string label = "#" + std::to_string(j.id) + " " + j.name + "  " + cv.metric;
+        c.polyline(pts, color_of(ji), eval ? 2.2 : 1.6, eval, label, j.id, cv.metric);
+        if (eval || pts.size() == 1)
+          for (auto pt : pts) c.dot(pt, 3.2, color_of(ji));
+        legend.emplace_back(color_of(ji), eval, label);
+      }
+    }
+
+    // Legend, right of the plot
+    double ly = py0 + 8;
+    const double lx = px1 + 18;
+    for (const auto& [color, eval, label] : legend) {
+      c.polyline({{lx, ly}, {lx + 26, ly}}, color, eval ? 2.2 : 1.6, eval, "", 0, "");
+      if (eval) c.dot({lx + 13, ly}, 3.2, color);
+      std::string shown = label;
+      for (std::size_t k = label.size(); k > 4 && c.text_width(shown, 12) > k_legend_w - 40;) {
+        do --k;
+        while (k > 0 && (static_cast<unsigned char>(label[k]) & 0xC0) == 0x80);  // whole UTF-8 characters
+        shown = label.substr(0, k) + "…";
+      }
+      c.text({lx + 34, ly + 4}, shown, 12, Anchor::start, k_ink);
+      ly += 20;
+    }
+  }
+}
+
+// ---- SVG ----------------------------------------------------------------------------------------
+
+namespace {
+
+std::string esc(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    switch (ch) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default:
+        if (static_cast<unsigned char>(ch) >= 0x20 || ch == '\t') out += ch;  // no control characters in XML
+    }
+  }
+  return out;
+}
+
+std::string hex(Rgb c) {
+  char buf[8];
+  auto b = [](double v) { return static_cast<int>(std::lround(std::clamp(v, 0.0, 1.0) * 255)); };
+  std::snprintf(buf, sizeof buf, "#%02x%02x%02x", b(c.r), b(c.g), b(c.b));
+  return buf;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
+}
+
+class SvgCanvas final : public Canvas {
+ public:
+  std::ostringstream out;
+
+  void rect(double x, double y, double w, double h, Rgb fill) override {
+    out << "<rect x=\"" << num(x) << "\" y=\"" << num(y) << "\" width=\"" << num(w) << "\" height=\"" << num(h)
+        << "\" fill=\"" << hex(fill) << "\"/>\n";
+  }
+  void frame(double x, double y, double w, double h, Rgb stroke) override {
+    out << "<rect x=\"" << num(x) << "\" y=\"" << num(y) << "\" width=\"" << num(w) << "\" height=\"" << num(h)
+        << "\" fill=\"none\" stroke=\"" << hex(stroke) << "\"/>\n";
+  }
+  void polyline(const std::vector<Point>& pts, Rgb color, double width, bool dashed, const std::string& series,
+                std::int64_t job, const std::string& metric) override {
+    out << "<polyline";
+    if (!series.empty())
+      out << " class=\"series\" data-job=\"" << job << "\" data-metric=\"" << esc(metric) << "\"";
+    out << " fill=\"none\" stroke=\"" << hex(color) << "\" stroke-width=\"" << num(width) << "\""
+        << (dashed ? " stroke-dasharray=\"6 4\"" : "") << " stroke-linejoin=\"round\" points=\"";
+    for (std::size_t i = 0; i < pts.size(); ++i) out << (i ? " " : "") << num(pts[i].x) << "," << num(pts[i].y);
+    out << "\">";
+    if (!series.empty()) out << "<title>" << esc(series) << "</title>";
+    out << "</polyline>\n";
+  }
+  void dot(Point p, double radius, Rgb color) override {
+    out << "<circle cx=\"" << num(p.x) << "\" cy=\"" << num(p.y) << "\" r=\"" << num(radius) << "\" fill=\""
+        << hex(color) << "\"/>\n";
+  }
+  void text(Point p, const std::string& s, double size, Anchor a, Rgb color, bool bold, bool vertical) override {
+    const char* anchor = a == Anchor::start ? "start" : a == Anchor::middle ? "middle" : "end";
+    out << "<text x=\"" << num(p.x) << "\" y=\"" << num(p.y) << "\" font-size=\"" << num(size) << "\" text-anchor=\""
+        << anchor << "\" fill=\"" << hex(color) << "\"" << (bold ? " font-weight=\"bold\"" : "");
+    if (vertical) out << " transform=\"rotate(-90 " << num(p.x) << " " << num(p.y) << ")\"";
+    out << ">" << esc(s) << "</text>\n";
+  }
+  double text_width(const std::string& s, double size) override {
+    std::size_t chars = 0;
+    for (unsigned char ch : s) chars += (ch & 0xC0) != 0x80;  // UTF-8 code points
+    return 0.56 * size * static_cast<double>(chars);
+  }
+};
+
+}  // namespace
+
+std::string render_svg(const std::vector<JobCurves>& jobs, const ChartOptions& o) {
+  SvgCanvas c;
+  const int h = chart_height(jobs, o);
+  c.out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << o.width
+        << "\" height=\"" << h << "\" viewBox=\"0 0 " << o.width << " " << h
+        << "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n";
+  draw_chart(c, jobs, o);
+  c.out << "</svg>\n";
+  return c.out.str();
+}
+
+}  // namespace gpuq::cli::plot

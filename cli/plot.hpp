@@ -1,0 +1,90 @@
+// `gpuq plot`: training curves of one or more jobs on one chart, as SVG or PNG.
+// The chart is laid out once against a small Canvas interface; SvgCanvas writes SVG text (series
+// carry data-job/data-metric attributes), PngCanvas (plot_png.cpp, cairo) paints pixels. The data
+// side (curves from progress events, axis ticks) is pure and unit-tested.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/protocol.hpp"
+
+namespace gpuq::cli::plot {
+
+struct Point {
+  double x = 0, y = 0;
+};
+
+// The x axis: auto picks epoch (fractional, from step/total_steps), else step, else time.
+enum class XAxis { automatic, epoch, step, time };
+std::optional<XAxis> parse_x_axis(const std::string& name);
+std::string x_axis_name(XAxis x);
+
+struct Curve {
+  std::string metric;  // the progress field, e.g. "loss", "test_accuracy"
+  std::vector<Point> points;
+};
+
+struct JobCurves {
+  std::int64_t id = 0;
+  std::string name;
+  std::vector<Curve> curves;  // in first-seen order of the metrics
+};
+
+// The x axis every job's events support (`wanted` unless automatic); none if they share none.
+std::optional<XAxis> common_x_axis(const std::vector<std::vector<common::Event>>& jobs, XAxis wanted);
+
+// One curve per metric from a job's progress events, rank 0's only (or the lowest rank seen).
+// `metrics` empty: every numeric field whose name contains "loss" or "acc". Non-finite values
+// are skipped.
+JobCurves curves_from_events(std::int64_t id, const std::string& name, const std::vector<common::Event>& events,
+                             XAxis x, const std::vector<std::string>& metrics);
+
+// Axis ticks at 1, 2 or 5 × 10^k covering [lo, hi] with about `target` intervals.
+struct Ticks {
+  double lo = 0, hi = 1, step = 1;
+  std::vector<double> values;
+};
+Ticks nice_ticks(double lo, double hi, int target);
+std::string tick_label(double v, double step);
+
+struct Rgb {
+  double r = 0, g = 0, b = 0;
+};
+enum class Anchor { start, middle, end };
+
+class Canvas {
+ public:
+  virtual ~Canvas() = default;
+  virtual void rect(double x, double y, double w, double h, Rgb fill) = 0;
+  virtual void frame(double x, double y, double w, double h, Rgb stroke) = 0;
+  // A polyline; `series` names it for readers of the output ("job 7 loss"), may be empty.
+  virtual void polyline(const std::vector<Point>& pts, Rgb color, double width, bool dashed, const std::string& series,
+                        std::int64_t job, const std::string& metric) = 0;
+  virtual void dot(Point p, double radius, Rgb color) = 0;
+  virtual void text(Point p, const std::string& s, double size, Anchor a, Rgb color, bool bold = false,
+                    bool vertical = false) = 0;
+  virtual double text_width(const std::string& s, double size) = 0;
+};
+
+struct ChartOptions {
+  std::string title;
+  XAxis x = XAxis::epoch;
+  int width = 1100;
+  int panel_height = 320;
+};
+
+// Panels: one for losses, one for accuracies, one per other metric; a colour per job, solid
+// lines for training metrics and dashed lines with dots for test/validation ones.
+int chart_height(const std::vector<JobCurves>& jobs, const ChartOptions& o);
+void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOptions& o);
+
+std::string render_svg(const std::vector<JobCurves>& jobs, const ChartOptions& o);
+// Writes a PNG (cairo); an error when this build has no cairo or the file cannot be written.
+Result<bool> render_png(const std::vector<JobCurves>& jobs, const ChartOptions& o, const std::string& path);
+bool png_supported();
+
+}  // namespace gpuq::cli::plot

@@ -1,0 +1,18 @@
+// Helpers shared by the CLI's commands: one request to gpuqd with errors printed, JSON output.
+#pragma once
+
+#include <optional>
+
+#include "cli/commands.hpp"
+#include "common/client.hpp"
+
+namespace gpuq::cli {
+
+// Prints "gpuq: <message>" and returns the exit code for the error (3 unreachable, 4 refused).
+int report(const Error& e);
+// Connects and sends one request; on failure prints the error and sets `code`.
+std::optional<nlohmann::json> request(const Options& o, const nlohmann::json& req, int& code);
+void print_json(const nlohmann::json& j);
+double now_s();  // unix seconds
+
+}  // namespace gpuq::cli

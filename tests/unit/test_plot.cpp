@@ -1,0 +1,122 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "cli/plot.hpp"
+
+using namespace gpuq::cli::plot;
+using gpuq::common::Event;
+using json = nlohmann::json;
+
+namespace {
+
+// Progress like gpuq-worker's: per-step loss, per-epoch test metrics.
+std::vector<Event> training_events(int rank, int epochs, int steps_per_epoch) {
+  std::vector<Event> ev;
+  std::int64_t seq = 0;
+  for (int e = 1; e <= epochs; ++e) {
+    for (int s = 1; s <= steps_per_epoch; ++s) {
+      const int step = (e - 1) * steps_per_epoch + s;
+      ev.push_back({++seq, rank, "progress", 100.0 + step,
+                    {{"epoch", e}, {"epochs", epochs}, {"step", step}, {"total_steps", epochs * steps_per_epoch},
+                     {"loss", 1.0 / step}, {"samples_per_s", 1000}}});
+    }
+    ev.push_back({++seq, rank, "progress", 100.0 + e * steps_per_epoch,
+                  {{"epoch", e}, {"epochs", epochs}, {"step", e * steps_per_epoch}, {"total_steps", epochs * steps_per_epoch},
+                   {"loss", 0.5}, {"test_loss", 0.6}, {"test_accuracy", 0.7 + 0.1 * e}}});
+  }
+  return ev;
+}
+
+const Curve* find(const JobCurves& j, const std::string& metric) {
+  for (const auto& c : j.curves)
+    if (c.metric == metric) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_SUITE_BEGIN("plot");
+
+TEST_CASE("curves: the loss and accuracy fields by default, x in fractional epochs") {
+  auto ev = training_events(0, 2, 4);
+  auto j = curves_from_events(7, "a", ev, XAxis::epoch, {});
+  CHECK(j.curves.size() == 3);  // loss, test_loss, test_accuracy; not samples_per_s
+  const Curve* loss = find(j, "loss");
+  REQUIRE(loss);
+  CHECK(loss->points.size() == 10);  // 8 steps + 2 epoch ends
+  CHECK(loss->points[0].x == doctest::Approx(0.25));
+  CHECK(loss->points[0].y == doctest::Approx(1.0));
+  const Curve* acc = find(j, "test_accuracy");
+  REQUIRE(acc);
+  REQUIRE(acc->points.size() == 2);
+  CHECK(acc->points[1].x == doctest::Approx(2.0));
+  CHECK(acc->points[1].y == doctest::Approx(0.9));
+  CHECK_FALSE(find(j, "samples_per_s"));
+}
+
+TEST_CASE("curves: named metrics only, rank 0 only, non-finite values skipped") {
+  auto ev = training_events(0, 1, 3);
+  auto other = training_events(1, 1, 3);
+  for (auto& e : other) e.data["samples_per_s"] = 5;
+  ev.insert(ev.end(), other.begin(), other.end());
+  ev.push_back({99, 0, "progress", 200, {{"step", 9}, {"samples_per_s", std::nan("")}}});
+  auto j = curves_from_events(1, "a", ev, XAxis::step, {"samples_per_s"});
+  REQUIRE(j.curves.size() == 1);
+  CHECK(j.curves[0].metric == "samples_per_s");
+  CHECK(j.curves[0].points.size() == 3);  // rank 0's 3 steps (epoch ends carry no rate); rank 1 and NaN left out
+  for (auto p : j.curves[0].points) CHECK(p.y == 1000);
+}
+
+TEST_CASE("x axis: auto takes the first axis every job supports") {
+  std::vector<Event> steps_only{{1, 0, "progress", 5, {{"step", 1}, {"loss", 1}}}};
+  std::vector<Event> times_only{{1, 0, "progress", 5, {{"loss", 1}}}};
+  auto full = training_events(0, 1, 2);
+  CHECK(common_x_axis({full, full}, XAxis::automatic) == XAxis::epoch);
+  CHECK(common_x_axis({full, steps_only}, XAxis::automatic) == XAxis::step);
+  CHECK(common_x_axis({full, times_only}, XAxis::automatic) == XAxis::time);
+  CHECK_FALSE(common_x_axis({times_only}, XAxis::step).has_value());
+  CHECK(parse_x_axis("epoch") == XAxis::epoch);
+  CHECK_FALSE(parse_x_axis("epochs").has_value());
+}
+
+TEST_CASE("nice ticks cover the range at 1-2-5 steps") {
+  auto t = nice_ticks(0.013, 0.97, 5);
+  CHECK(t.step == doctest::Approx(0.2));
+  CHECK(t.lo == doctest::Approx(0.0));
+  CHECK(t.hi == doctest::Approx(1.0));
+  CHECK(t.values.size() == 6);
+  auto w = nice_ticks(0, 2400, 8);
+  CHECK(w.step == doctest::Approx(500));  // 300 per interval rounds up to 500
+  CHECK(w.hi == doctest::Approx(2500));
+  auto flat = nice_ticks(3, 3, 5);  // one value: still a window around it
+  CHECK(flat.lo < 3);
+  CHECK(flat.hi > 3);
+  CHECK(tick_label(0.25, 0.05) == "0.25");
+  CHECK(tick_label(2000, 500) == "2000");
+  CHECK(tick_label(0.5, 0.25) == "0.50");
+}
+
+TEST_CASE("svg: one named polyline per job and metric, names escaped, panels for loss and accuracy") {
+  std::vector<JobCurves> jobs{curves_from_events(3, "a<b>&\"c\"", training_events(0, 2, 4), XAxis::epoch, {}),
+                              curves_from_events(4, "second", training_events(0, 3, 2), XAxis::epoch, {})};
+  ChartOptions o;
+  o.title = "t";
+  const std::string svg = render_svg(jobs, o);
+  CHECK(svg.rfind("<?xml", 0) == 0);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  std::size_t series = 0;
+  for (std::size_t p = 0; (p = svg.find("class=\"series\"", p)) != std::string::npos; ++p) ++series;
+  CHECK(series == 6);
+  CHECK(svg.find("data-job=\"4\" data-metric=\"test_accuracy\"") != std::string::npos);
+  CHECK(svg.find("a&lt;b&gt;&amp;&quot;c&quot;") != std::string::npos);
+  CHECK(svg.find("a<b>") == std::string::npos);
+  CHECK(svg.find(">loss</text>") != std::string::npos);
+  CHECK(svg.find(">accuracy</text>") != std::string::npos);
+  CHECK(chart_height(jobs, o) > 2 * o.panel_height);
+}
+
+TEST_CASE("svg: no curves gives a chart that says so") {
+  const std::string svg = render_svg({}, ChartOptions{});
+  CHECK(svg.find("no progress events") != std::string::npos);
+}
