@@ -40,6 +40,8 @@ struct PlotArgs {
   int width = 1100;
 };
 int cmd_plot(const Options& o, const PlotArgs& a);
+// interval_s between refreshes; once (or stdout not a terminal): print one frame and return.
+int cmd_top(const Options& o, double interval_s, bool once);
 int cmd_daemon_start(const Options& o, const std::string& state_dir, const std::string& gpus);
 int cmd_daemon_stop(const Options& o);
 int cmd_daemon_status(const Options& o);

@@ -58,15 +58,24 @@ std::string format_value(const nlohmann::json& v) {
 
 std::string format_fields(const nlohmann::json& obj, std::size_t max_fields) {
   if (!obj.is_object()) return "";
+  // What a person looks for first: quality metrics, then other numbers, then the rest (paths,
+  // names); within each group the object's (alphabetical) order.
+  auto group = [](const std::string& k, const nlohmann::json& v) {
+    for (const char* m : {"acc", "loss", "score", "f1", "error", "perplexity"})
+      if (k.find(m) != std::string::npos) return 0;
+    return v.is_number() ? 1 : 2;
+  };
+  std::vector<std::pair<int, std::string>> shown;
+  for (const auto& [k, v] : obj.items())
+    if (k != "rank" && k != "at" && k != "type" && !v.is_object() && !v.is_array()) shown.push_back({group(k, v), k});
+  std::stable_sort(shown.begin(), shown.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::string out;
-  std::size_t n = 0;
-  for (const auto& [k, v] : obj.items()) {
-    if (k == "rank" || k == "at" || v.is_object() || v.is_array()) continue;
-    if (n++ == max_fields) {
+  for (std::size_t n = 0; n < shown.size(); ++n) {
+    if (n == max_fields) {
       out += " ...";
       break;
     }
-    out += (out.empty() ? "" : " ") + k + "=" + format_value(v);
+    out += (out.empty() ? "" : " ") + shown[n].second + "=" + format_value(obj[shown[n].second]);
   }
   return out;
 }

@@ -95,6 +95,13 @@ int main(int argc, char** argv) {
   json_flag(plotc);
   plotc->callback([&] { run = [&] { return cmd_plot(opt, plot); }; });
 
+  double interval_s = 1;
+  bool once = false;
+  auto* top = app.add_subcommand("top", "Live full-screen view of GPUs and jobs (q quits)");
+  top->add_option("--interval,-i", interval_s, "Seconds between refreshes")->check(CLI::Range(0.1, 3600.0))->capture_default_str();
+  top->add_flag("--once", once, "Print one frame and exit (also when stdout is not a terminal)");
+  top->callback([&] { run = [&] { return cmd_top(opt, interval_s, once); }; });
+
   std::string state_dir, gpu_spec;
   auto* daemon = app.add_subcommand("daemon", "Start, stop or check gpuqd");
   daemon->require_subcommand(1);

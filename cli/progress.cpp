@@ -36,6 +36,31 @@ std::optional<double> fraction_done(const nlohmann::json& progress) {
   return std::nullopt;
 }
 
+std::string progress_text(const common::JobInfo& job, double now, int bar) {
+  std::string line;
+  const auto& p = job.progress;
+  const auto done = fraction_done(p);
+  if (done) {
+    const int filled = static_cast<int>(std::lround(*done * bar));
+    line += "[" + std::string(filled, '#') + std::string(bar - filled, '-') + "] " +
+            std::to_string(static_cast<int>(std::lround(*done * 100))) + "%  ";
+  } else {
+    line += "running  ";
+  }
+  if (p.is_object()) {
+    const double epoch = number(p, "epoch"), epochs = number(p, "epochs"), step = number(p, "step");
+    const double loss = number(p, "loss"), per_s = number(p, "samples_per_s");
+    if (std::isfinite(epoch))
+      line += "epoch " + format_value(epoch) + (std::isfinite(epochs) ? "/" + format_value(epochs) : "") + "  ";
+    if (std::isfinite(step)) line += "step " + format_value(step) + "  ";
+    if (std::isfinite(loss)) line += "loss " + format_value(loss) + "  ";
+    if (std::isfinite(per_s)) line += rate(per_s) + " samples/s  ";
+  }
+  const double elapsed = job.started_at > 0 ? now - job.started_at : 0;
+  if (done && *done > 0.01 && elapsed > 0) line += "ETA " + format_duration(elapsed * (1 - *done) / *done) + "  ";
+  return line + format_duration(elapsed);
+}
+
 std::string progress_line(const common::JobInfo& job, double now, std::size_t width) {
   std::string line = std::to_string(job.id) + "  " + job.name + "  ";
   if (job.state != "running") {
@@ -44,28 +69,7 @@ std::string progress_line(const common::JobInfo& job, double now, std::size_t wi
     if (job.state == "succeeded" && job.result.is_object()) line += "  " + format_fields(job.result, 4);
     else if (!job.reason.empty()) line += "  " + job.reason;
   } else {
-    const auto& p = job.progress;
-    const auto done = fraction_done(p);
-    if (done) {
-      constexpr int k_bar = 20;
-      const int filled = static_cast<int>(std::lround(*done * k_bar));
-      line += "[" + std::string(filled, '#') + std::string(k_bar - filled, '-') + "] " +
-              std::to_string(static_cast<int>(std::lround(*done * 100))) + "%  ";
-    } else {
-      line += "running  ";
-    }
-    if (p.is_object()) {
-      const double epoch = number(p, "epoch"), epochs = number(p, "epochs"), step = number(p, "step");
-      const double loss = number(p, "loss"), per_s = number(p, "samples_per_s");
-      if (std::isfinite(epoch))
-        line += "epoch " + format_value(epoch) + (std::isfinite(epochs) ? "/" + format_value(epochs) : "") + "  ";
-      if (std::isfinite(step)) line += "step " + format_value(step) + "  ";
-      if (std::isfinite(loss)) line += "loss " + format_value(loss) + "  ";
-      if (std::isfinite(per_s)) line += rate(per_s) + " samples/s  ";
-    }
-    const double elapsed = job.started_at > 0 ? now - job.started_at : 0;
-    if (done && *done > 0.01 && elapsed > 0) line += "ETA " + format_duration(elapsed * (1 - *done) / *done) + "  ";
-    line += format_duration(elapsed);
+    line += progress_text(job, now, 20);
   }
   if (line.size() > width && width > 3) line = line.substr(0, width - 3) + "...";
   return line;

@@ -14,6 +14,10 @@ namespace gpuq::cli {
 // epoch/epochs; none when the event carries neither total.
 std::optional<double> fraction_done(const nlohmann::json& progress);
 
+// A running job's progress: "[######------]  52%  epoch 3/10  step 1400  loss 0.412  2.1k samples/s
+// ETA 3m10s  4m02s" (a bar `bar` wide when the fraction done is known; the last time is the runtime).
+std::string progress_text(const common::JobInfo& job, double now, int bar);
+
 // "12  mnist  [######------]  52%  epoch 3/10  step 1400  loss 0.412  2.1k samples/s  ETA 3m10s"
 // for a running job; the state and reason (or result) for others. `width` bounds the line.
 std::string progress_line(const common::JobInfo& job, double now, std::size_t width);

@@ -8,8 +8,10 @@ packages=(
   g++ cmake ninja-build ccache pkg-config dpkg-dev
   # daemon and CLI
   libboost-dev libboost-filesystem-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev
+  # gpuq plot's PNGs, and man pages from --help
+  libcairo2-dev fonts-dejavu-core help2man
   # tests and benchmarks
-  doctest-dev python3 procps task-spooler sqlite3
+  doctest-dev python3 procps task-spooler sqlite3 tmux
   # sanitizer and fuzzing stages of the test suite
   clang libclang-rt-14-dev
   # LibTorch trainer, the example torchrun-style jobs and their data

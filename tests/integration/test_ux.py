@@ -2,6 +2,8 @@
 from the running daemon), training-curve pictures (`gpuq plot`), `logs -f` across retries and ranks."""
 import json
 import os
+import re
+import shutil
 import struct
 import subprocess
 import unittest
@@ -179,6 +181,62 @@ class FollowLogs(DaemonTest):
         # Without -f: the last attempt only; --rank picks one rank and drops the prefix
         r = self.d.ok("logs", str(job_id), "--rank", "1")
         self.assertEqual(r.splitlines(), ["try 2 rank 1", "late 2 rank 1"])
+
+
+@unittest.skipUnless(shutil.which("tmux"), "needs tmux")
+class Top(DaemonTest):
+    """gpuq top in a real terminal: tmux runs it, the test reads the screen and presses q."""
+
+    def setUp(self):
+        super().setUp()
+        self.server = f"gpuq-test-{os.getpid()}-{id(self)}"
+
+    def tmux(self, *args):
+        r = subprocess.run(["tmux", "-L", self.server, "-f", "/dev/null", *args], capture_output=True, text=True,
+                           timeout=10)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
+
+    def screen(self):
+        return self.tmux("capture-pane", "-p", "-t", "top")
+
+    def tearDown(self):
+        subprocess.run(["tmux", "-L", self.server, "kill-server"], capture_output=True)
+        super().tearDown()
+
+    def test_top_shows_gpus_and_jobs_live_and_quits_on_q(self):
+        train = {"name": "trainer", "gpus": 1,
+                 "shell": "; ".join(event_line(type="progress", epoch=1, epochs=4, step=s, total_steps=40, loss=1.0 / s)
+                                    for s in range(1, 11)) + "; sleep 60"}
+        ids = self.d.submit([train, {"name": "short", "gpus": 2, "shell": "sleep 2"}])["ids"]
+        wait_until(lambda: self.d.show(ids[0])["job"]["progress"] is not None, what="progress")
+        self.tmux("new-session", "-d", "-s", "top", "-x", "150", "-y", "30",
+                  f"env GPUQ_SOCKET={self.d.socket} {BIN}/gpuq top --interval 0.5")
+        self.tmux("set-option", "-t", "top", "remain-on-exit", "on")
+        wait_until(lambda: "short" in self.screen() and "trainer" in self.screen(), what="top's first screen")
+        text = self.screen()
+        self.assertIn("4 GPU(s) from fake:4", text)
+        self.assertRegex(text, rf"\n0 +Fake GPU +\[\|+ *\] +80/80 GiB held +- +exclusive +{ids[0]} trainer")
+        self.assertRegex(text, rf"{ids[0]} +trainer +running .*\] 25% +epoch 1/4 +step 10 +loss 0.1")
+        self.assertRegex(text, rf"{ids[1]} +short +running")
+        # Live: the short job ends and the screen says so without a key press
+        wait_until(lambda: re.search(rf"{ids[1]} +short +succeeded", self.screen()), timeout=15, what="a refresh")
+        self.assertTrue(self.screen().startswith("gpuq top "), "redrawn from the top-left corner, never scrolled")
+        self.tmux("send-keys", "-t", "top", "q")
+        wait_until(lambda: self.tmux("display", "-p", "-t", "top", "#{pane_dead}").strip() == "1", what="top to quit")
+        self.assertEqual(self.tmux("display", "-p", "-t", "top", "#{pane_dead_status}").strip(), "0")
+        self.assertNotIn("trainer", self.screen())  # back on the main screen: the alternate one is gone
+
+    def test_top_once_prints_one_frame_for_scripts(self):
+        self.d.submit({"name": "solo", "gpus": 1, "shell": "sleep 30"})
+        wait_until(lambda: "running" in self.d.ok("status"), what="solo to run")
+        out = self.d.ok("top", "--once")
+        self.assertIn("solo", out)
+        self.assertNotIn("\x1b", out)
+        r = subprocess.run([os.path.join(BIN, "gpuq"), "--socket", self.tmp_path("none.sock"), "top", "--once"],
+                           capture_output=True, text=True, timeout=10)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("is not running", r.stdout)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,13 @@ TEST_CASE("numbers keep four significant digits, without exponents for ordinary 
   CHECK(format_value(nlohmann::json::parse("[4711.2343, 3318.9]")) == "[4711, 3319]");
 }
 
-TEST_CASE("progress fields print as key=value, skipping bookkeeping and nested values") {
+TEST_CASE("fields print as key=value, metrics first, skipping bookkeeping and nested values") {
   nlohmann::json p = {{"epoch", 2}, {"loss", 0.41}, {"rank", 0}, {"at", 12.0}, {"hist", {1, 2}}};
-  CHECK(format_fields(p, 5) == "epoch=2 loss=0.41");
-  CHECK(format_fields(p, 1) == "epoch=2 ...");
+  CHECK(format_fields(p, 5) == "loss=0.41 epoch=2");
+  CHECK(format_fields(p, 1) == "loss=0.41 ...");
+  nlohmann::json r = {{"backend", "gloo"}, {"checkpoint", "/x"}, {"epochs", 2}, {"test_accuracy", 0.87},
+                      {"test_loss", 0.35}, {"type", "result"}};
+  CHECK(format_fields(r, 3) == "test_accuracy=0.87 test_loss=0.35 epochs=2 ...");
 }
 
 TEST_CASE("tables align columns and trim trailing spaces") {

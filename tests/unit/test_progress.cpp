@@ -1,10 +1,13 @@
-// Live progress lines for `gpuq wait`: fraction done, bar, ETA, and the end states.
+// Live progress: lines for `gpuq wait` (fraction done, bar, ETA, end states) and the `gpuq top` screen.
 #include <doctest/doctest.h>
 
 #include "cli/progress.hpp"
+#include "cli/top.hpp"
 
 using gpuq::cli::fraction_done;
 using gpuq::cli::progress_line;
+using gpuq::cli::top_screen;
+using gpuq::cli::TopSnapshot;
 using gpuq::common::JobInfo;
 using gpuq::common::json;
 
@@ -53,3 +56,49 @@ TEST_CASE("jobs without totals, and finished jobs, get a line too") {
 }
 
 TEST_SUITE_END();
+
+TEST_CASE("top: the screen fills the terminal exactly and shows GPUs, holders and job progress") {
+  TopSnapshot s;
+  s.socket = "/tmp/x.sock";
+  s.daemon_version = "0.1.0";
+  s.gpus.source = "fake:2:81920";
+  s.gpus.gpus.resize(2);
+  s.gpus.gpus[0] = {0, "GPU-0", "Fake GPU", 81920, nullptr, nullptr, 81920, true, {7}};
+  s.gpus.gpus[1] = {1, "GPU-1", "Fake GPU", 81920, 40960, 97, 0, false, {}};
+  gpuq::common::JobInfo run;
+  run.id = 7, run.name = "mnist", run.state = "running", run.gpus = {0}, run.attempt = 1, run.started_at = 100;
+  run.progress = {{"epoch", 1}, {"epochs", 4}, {"step", 50}, {"total_steps", 200}, {"loss", 0.5}};
+  gpuq::common::JobInfo done;
+  done.id = 3, done.name = "old", done.state = "succeeded", done.attempt = 1, done.started_at = 10, done.ended_at = 70;
+  done.result = {{"test_accuracy", 0.91}, {"backend", "gloo"}};
+  gpuq::common::JobInfo queued;
+  queued.id = 9, queued.name = "next", queued.state = "queued", queued.reason = "waiting for 1 free GPU";
+  s.jobs.jobs = {done, run, queued};
+  s.jobs.total = 3;
+
+  auto lines = top_screen(s, 150, 100, 30);
+  REQUIRE(lines.size() == 30);
+  for (const auto& l : lines) CHECK(l.size() == 100);
+  std::string all;
+  for (const auto& l : lines) all += l + "\n";
+  CHECK(all.find("1 running, 1 queued, 3 in history") != std::string::npos);
+  CHECK(all.find("exclusive  7 mnist") != std::string::npos);
+  CHECK(all.find("40/80 GiB") != std::string::npos);  // NVML's reading, when there is one
+  CHECK(all.find("97%") != std::string::npos);
+  CHECK(all.find("25%  epoch 1/4") != std::string::npos);
+  CHECK(all.find("test_accuracy=0.91") != std::string::npos);
+  // running before queued before finished
+  CHECK(all.find("7   mnist") < all.find("9   next"));
+  CHECK(all.find("9   next") < all.find("3   old"));
+
+  auto narrow = top_screen(s, 150, 40, 5);
+  REQUIRE(narrow.size() == 5);
+  for (const auto& l : narrow) CHECK(l.size() == 40);
+
+  TopSnapshot down;
+  down.socket = "/tmp/x.sock";
+  down.error = "gpuqd is not running";
+  auto d = top_screen(down, 150, 80, 0);
+  REQUIRE(d.size() == 3);
+  CHECK(d[2].find("gpuqd is not running (retrying every second)") == 0);
+}

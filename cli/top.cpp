@@ -1,0 +1,238 @@
+// `gpuq top`: the screen (top_screen) and the terminal loop (cmd_top). See top.hpp.
+#include "cli/top.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <ctime>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "cli/format.hpp"
+#include "cli/progress.hpp"
+#include "cli/rpc.hpp"
+
+namespace gpuq::cli {
+
+using json = nlohmann::json;
+
+namespace {
+
+std::string fit(std::string s, std::size_t width) {
+  if (s.size() <= width) return s + std::string(width - s.size(), ' ');
+  return width > 1 ? s.substr(0, width - 1) + "~" : s.substr(0, width);
+}
+
+std::string bar(double fraction, int width) {
+  const int filled = static_cast<int>(std::lround(std::clamp(fraction, 0.0, 1.0) * width));
+  return "[" + std::string(filled, '|') + std::string(width - filled, ' ') + "]";
+}
+
+std::string gib(double mib) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, mib >= 10240 ? "%.0f" : "%.1f", mib / 1024);
+  return buf;
+}
+
+int order_of(const common::JobInfo& j) {
+  if (j.state == "running") return 0;
+  if (j.state == "queued") return 1;
+  return 2;
+}
+
+// Aligned columns: widths from the header and rows, the last column takes what is left.
+std::vector<std::string> columns(const std::vector<std::vector<std::string>>& rows, std::size_t width) {
+  std::vector<std::size_t> w;
+  for (const auto& r : rows)
+    for (std::size_t i = 0; i + 1 < r.size(); ++i) {
+      if (w.size() <= i) w.resize(i + 1, 0);
+      w[i] = std::max(w[i], std::min<std::size_t>(r[i].size(), 24));
+    }
+  std::vector<std::string> out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (std::size_t i = 0; i < r.size(); ++i) line += i + 1 < r.size() ? fit(r[i], w[i]) + "  " : r[i];
+    out.push_back(fit(line, width));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> top_screen(const TopSnapshot& s, double now, std::size_t width, std::size_t height) {
+  std::vector<std::string> lines;
+  char clock[16];
+  const std::time_t t = static_cast<std::time_t>(now);
+  std::tm tm{};
+  ::localtime_r(&t, &tm);
+  std::strftime(clock, sizeof clock, "%H:%M:%S", &tm);
+  lines.push_back(fit(std::string("gpuq top  ") + clock + "  gpuqd " +
+                          (s.error.empty() ? s.daemon_version : "?") + " on " + s.socket + "   (q to quit)",
+                      width));
+  if (!s.error.empty()) {
+    lines.push_back(fit("", width));
+    lines.push_back(fit(s.error + " (retrying every second)", width));
+  } else {
+    int running = 0, queued = 0;
+    for (const auto& j : s.jobs.jobs) running += j.state == "running", queued += j.state == "queued";
+    lines.push_back(fit(std::to_string(s.gpus.gpus.size()) + " GPU(s) from " + s.gpus.source + "   jobs: " +
+                            std::to_string(running) + " running, " + std::to_string(queued) + " queued, " +
+                            std::to_string(s.jobs.total) + " in history",
+                        width));
+    lines.push_back(fit("", width));
+
+    // GPUs: memory (NVML's reading, else what gpuq handed out), utilisation, holders
+    std::vector<std::vector<std::string>> g{{"GPU", "NAME", "MEMORY", "", "UTIL", "GPUQ", "JOBS"}};
+    for (const auto& x : s.gpus.gpus) {
+      const bool measured = x.memory_used_mb.is_number();
+      const double used = measured ? x.memory_used_mb.get<double>() : static_cast<double>(x.allocated_mb);
+      const double total = static_cast<double>(std::max<std::int64_t>(1, x.memory_total_mb));
+      std::string holders;
+      for (auto id : x.jobs) {
+        std::string name;
+        for (const auto& j : s.jobs.jobs)
+          if (j.id == id) name = j.name;
+        holders += (holders.empty() ? "" : ", ") + std::to_string(id) + (name.empty() ? "" : " " + name);
+      }
+      g.push_back({std::to_string(x.index), x.name, bar(used / total, 20),
+                   gib(used) + "/" + gib(total) + " GiB" + (measured ? "" : " held"),
+                   x.utilization.is_number() ? x.utilization.dump() + "%" : "-",
+                   x.jobs.empty() ? "free" : x.exclusive ? "exclusive" : "shared", holders.empty() ? "-" : holders});
+    }
+    if (s.gpus.gpus.empty()) g.push_back({"-", "no GPUs: jobs run on the CPU", "", "", "", "", ""});
+    for (auto& l : columns(g, width)) lines.push_back(std::move(l));
+    lines.push_back(fit("", width));
+
+    // Jobs: running first, then queued, then the most recently ended
+    auto jobs = s.jobs.jobs;
+    std::stable_sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) {
+      if (order_of(a) != order_of(b)) return order_of(a) < order_of(b);
+      return order_of(a) == 2 ? a.ended_at > b.ended_at : a.id < b.id;
+    });
+    std::vector<std::vector<std::string>> r{{"ID", "NAME", "STATE", "GPUS", "TRY", "PROGRESS / RESULT / REASON"}};
+    for (const auto& j : jobs) {
+      std::string state = j.state == "queued" && j.attempt > 0 ? "retrying" : j.state;
+      std::string detail = j.state == "running"  ? progress_text(j, now, 16)
+                           : j.state == "succeeded" && j.result.is_object()
+                               ? format_fields(j.result, 4) + "  (" + format_duration(j.ended_at - j.started_at) + ")"
+                               : j.reason;
+      r.push_back({std::to_string(j.id), j.name, state, format_gpus(j.gpus),
+                   std::to_string(j.attempt) + "/" + std::to_string(j.retries + 1), detail});
+    }
+    if (jobs.empty()) r.push_back({"-", "no jobs", "", "", "", ""});
+    for (auto& l : columns(r, width)) lines.push_back(std::move(l));
+  }
+  if (height > 0) lines.resize(height, fit("", width));
+  return lines;
+}
+
+// ---- the terminal loop --------------------------------------------------------------------------
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+volatile std::sig_atomic_t g_resized = 0;
+termios g_saved{};
+bool g_raw = false;
+
+void restore_terminal() {
+  if (g_raw) ::tcsetattr(STDIN_FILENO, TCSAFLUSH, &g_saved), g_raw = false;
+  std::cout << "\x1b[?25h\x1b[?1049l" << std::flush;  // cursor back, main screen back
+}
+
+TopSnapshot snapshot(const Options& o, std::optional<common::Client>& client) {
+  TopSnapshot s;
+  s.socket = o.socket;
+  for (int tries = 0; tries < 2; ++tries) {
+    if (!client) {
+      auto c = common::Client::connect(o.socket);
+      if (!c) {
+        s.error = c.error().message;
+        return s;
+      }
+      client.emplace(std::move(*c));
+    }
+    auto g = client->call({{"cmd", "gpus"}});
+    auto j = g ? client->call({{"cmd", "status"}, {"limit", 15}}) : g;
+    if (g && j) {
+      s.error.clear();
+      s.daemon_version = client->hello().value("daemon_version", "");
+      s.gpus = g->get<common::GpusReply>();
+      s.jobs = j->get<common::JobsReply>();
+      return s;
+    }
+    s.error = (g ? j : g).error().message;
+    client.reset();  // the daemon restarted or dropped us: one fresh connection, then report
+  }
+  return s;
+}
+
+}  // namespace
+
+int cmd_top(const Options& o, double interval_s, bool once) {
+  std::optional<common::Client> client;
+  auto size = [] {
+    winsize ws{};
+    if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 && ws.ws_row > 0)
+      return std::pair<std::size_t, std::size_t>{ws.ws_col, ws.ws_row};
+    return std::pair<std::size_t, std::size_t>{120, 40};
+  };
+  if (once || ::isatty(STDOUT_FILENO) != 1) {  // one frame, for pipes and scripts
+    auto s = snapshot(o, client);
+    for (const auto& l : top_screen(s, now_s(), size().first, 0)) {
+      std::string t = l;
+      t.erase(t.find_last_not_of(' ') + 1);
+      std::cout << t << "\n";
+    }
+    return s.error.empty() ? k_exit_ok : k_exit_unavailable;
+  }
+
+  // Raw keys (no echo, no line buffering; Ctrl-C still signals), alternate screen, no cursor
+  if (::isatty(STDIN_FILENO) == 1 && ::tcgetattr(STDIN_FILENO, &g_saved) == 0) {
+    termios raw = g_saved;
+    raw.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO);
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
+    g_raw = ::tcsetattr(STDIN_FILENO, TCSAFLUSH, &raw) == 0;
+  }
+  struct sigaction sa{};
+  sa.sa_handler = [](int sig) { (sig == SIGWINCH ? g_resized : g_stop) = 1; };
+  ::sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGWINCH}) ::sigaction(sig, &sa, nullptr);
+  std::cout << "\x1b[?1049h\x1b[?25l";
+
+  while (!g_stop) {
+    auto [w, h] = size();
+    auto lines = top_screen(snapshot(o, client), now_s(), w, h);
+    std::string frame = "\x1b[H";
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      const bool header = i == 0 || lines[i].rfind("GPU  ", 0) == 0 || lines[i].rfind("ID  ", 0) == 0;
+      frame += (header ? "\x1b[7m" + lines[i] + "\x1b[0m" : lines[i]) + (i + 1 < lines.size() ? "\r\n" : "");
+    }
+    std::cout << frame << std::flush;
+    // Wait for the next refresh, a key, or a resize
+    const double until = now_s() + interval_s;
+    g_resized = 0;
+    while (!g_stop && !g_resized) {
+      const double left = until - now_s();
+      if (left <= 0) break;
+      pollfd p{STDIN_FILENO, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left * 1000) + 1) > 0) {
+        char key = 0;
+        if (::read(STDIN_FILENO, &key, 1) == 1 && (key == 'q' || key == 'Q' || key == 27 || key == 3)) g_stop = 1;
+        if (p.revents & (POLLHUP | POLLERR)) g_stop = 1;  // the terminal went away
+      }
+    }
+  }
+  restore_terminal();
+  return k_exit_ok;
+}
+
+}  // namespace gpuq::cli
