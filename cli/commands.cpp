@@ -486,6 +486,39 @@ int cmd_gpus(const Options& o) {
   return k_exit_ok;
 }
 
+int cmd_config(const Options& o, const common::Settings& s, const std::string& socket_flag) {
+  const std::string path = common::config_path();
+  json settings = json::object();
+  auto add = [&](const char* key, const auto& value) {
+    if (value) settings[key] = {{"value", *value}, {"from", s.source.at(key)}};
+  };
+  add("socket", s.socket);
+  add("state_dir", s.state_dir);
+  add("gpus", s.gpus);
+  add("log_limit_mb", s.log_limit_mb);
+  add("retries", s.retries);
+  add("grace_s", s.grace_s);
+  add("retry_backoff_s", s.retry_backoff_s);
+  add("idle_timeout_s", s.idle_timeout_s);
+  add("cpu_slots", s.cpu_slots);
+  if (!socket_flag.empty()) settings["socket"] = {{"value", o.socket}, {"from", socket_flag}};
+  if (o.json) {
+    print_json({{"file", path}, {"file_found", !s.file.empty()}, {"socket", o.socket}, {"settings", settings}});
+    return k_exit_ok;
+  }
+  std::cout << "configuration file: " << (path.empty() ? "none ($GPUQ_CONFIG is empty)" : path)
+            << (path.empty() || !s.file.empty() ? "" : " (not present)") << "\n"
+            << "socket: " << o.socket << (settings.contains("socket") ? "" : " (default)") << "\n";
+  if (settings.empty()) {
+    std::cout << "no settings from the file or the environment; gpuqd uses its built-in defaults\n";
+    return k_exit_ok;
+  }
+  Table t({"SETTING", "VALUE", "FROM"});
+  for (const auto& [k, v] : settings.items()) t.add({k, format_value(v["value"]), v["from"].get<std::string>()});
+  t.print(std::cout);
+  return k_exit_ok;
+}
+
 int cmd_daemon_start(const Options& o, const std::string& state_dir, const std::string& gpus) {
   if (auto c = Client::connect(o.socket)) {
     std::cout << "gpuqd is already running on " << o.socket << " (pid " << c->hello().value("pid", 0) << ")\n";

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/config.hpp"
+
 namespace gpuq::cli {
 
 constexpr int k_exit_ok = 0;
@@ -42,6 +44,8 @@ struct PlotArgs {
 int cmd_plot(const Options& o, const PlotArgs& a);
 // interval_s between refreshes; once (or stdout not a terminal): print one frame and return.
 int cmd_top(const Options& o, double interval_s, bool once);
+// The settings in effect (socket and the daemon defaults of the configuration file) and their sources.
+int cmd_config(const Options& o, const common::Settings& s, const std::string& socket_flag);
 int cmd_daemon_start(const Options& o, const std::string& state_dir, const std::string& gpus);
 int cmd_daemon_stop(const Options& o);
 int cmd_daemon_status(const Options& o);

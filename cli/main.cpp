@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "common/config.hpp"
 #include "common/paths.hpp"
 
 int main(int argc, char** argv) {
@@ -11,7 +12,8 @@ int main(int argc, char** argv) {
 
   // Global options
   CLI::App app{"gpuq: a multi-GPU job queue. Submit jobs, watch them, collect their results.\n"
-               "The daemon (gpuqd) is found through --socket, $GPUQ_SOCKET, or " +
+               "The daemon (gpuqd) is found through --socket, else $GPUQ_SOCKET, else `socket` in the "
+               "configuration file (" + gpuq::common::config_path() + "), else " +
                gpuq::common::default_socket_path() + "."};
   app.set_version_flag("--version", GPUQ_VERSION);
   app.require_subcommand(1);
@@ -102,6 +104,11 @@ int main(int argc, char** argv) {
   top->add_flag("--once", once, "Print one frame and exit (also when stdout is not a terminal)");
   top->callback([&] { run = [&] { return cmd_top(opt, interval_s, once); }; });
 
+  bool show_config = false;
+  auto* config = app.add_subcommand("config", "Show the settings in effect and where each comes from");
+  json_flag(config);
+  config->callback([&] { show_config = true; });
+
   std::string state_dir, gpu_spec;
   auto* daemon = app.add_subcommand("daemon", "Start, stop or check gpuqd");
   daemon->require_subcommand(1);
@@ -122,6 +129,13 @@ int main(int argc, char** argv) {
     int code = app.exit(e);
     return code == 0 ? k_exit_ok : k_exit_usage;
   }
-  opt.socket = socket.empty() ? gpuq::common::socket_path_from_env() : socket;
+  // Settings: the command line, else $GPUQ_SOCKET, else the configuration file, else the default
+  auto settings = gpuq::common::load_settings();
+  if (!settings) {
+    std::cerr << "gpuq: " << settings.error().message << "\n";
+    return k_exit_usage;
+  }
+  opt.socket = !socket.empty() ? socket : settings->socket.value_or(gpuq::common::default_socket_path());
+  if (show_config) return cmd_config(opt, *settings, socket.empty() ? "" : "--socket");
   return run ? run() : k_exit_usage;
 }

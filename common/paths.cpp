@@ -26,11 +26,6 @@ std::string default_socket_path() {
   return uid_tmp_dir() + "/gpuqd.sock";
 }
 
-std::string socket_path_from_env() {
-  std::string s = env_or_empty("GPUQ_SOCKET");
-  return s.empty() ? default_socket_path() : s;
-}
-
 std::string default_state_dir() {
   std::string state = env_or_empty("XDG_STATE_HOME");
   if (!state.empty()) return state + "/gpuq";

@@ -10,8 +10,6 @@ namespace gpuq::common {
 
 // $XDG_RUNTIME_DIR/gpuq/gpuqd.sock, else /tmp/gpuq-$UID/gpuqd.sock.
 std::string default_socket_path();
-// $GPUQ_SOCKET if set and non-empty, else the default. (A --socket flag wins over both.)
-std::string socket_path_from_env();
 // $XDG_STATE_HOME/gpuq, else $HOME/.local/state/gpuq, else /tmp/gpuq-$UID/state.
 std::string default_state_dir();
 

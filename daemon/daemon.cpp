@@ -152,6 +152,15 @@ json Daemon::cmd_submit(const json& req) {
   auto sub = common::decode_submit(req);
   if (sub.cwd.empty() || sub.cwd[0] != '/')
     throw RequestError(ErrorCode::bad_request, "field `cwd` must be the submitter's absolute working directory");
+  if (m_config.default_retries > 0) {  // the configured default, for specs that name none
+    auto fill = [&](json& spec) {
+      if (spec.is_object() && !spec.contains("retries")) spec["retries"] = m_config.default_retries;
+    };
+    if (sub.jobs.is_array())
+      for (auto& spec : sub.jobs) fill(spec);
+    else
+      fill(sub.jobs);
+  }
   auto parsed = common::parse_batch(sub.jobs, sub.cwd);
   if (!parsed) throw RequestError(parsed.error());
   auto deps = common::resolve_batch_dependencies(*parsed);

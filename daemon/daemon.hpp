@@ -39,6 +39,7 @@ struct Config {
   double retry_backoff_max_s = 60;
   double ingest_interval_s = 0.25; // how often running jobs' event files are read
   int cpu_slots = 0;               // concurrent ranks of jobs without GPUs; 0 = number of cores
+  int default_retries = 0;         // for jobs whose spec names no `retries`
 };
 
 using Reply = std::function<void(json)>;

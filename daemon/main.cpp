@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "common/config.hpp"
 #include "common/paths.hpp"
 #include "daemon/daemon.hpp"
 #include "daemon/server.hpp"
@@ -75,10 +76,28 @@ int main(int argc, char** argv) {
   Config config;
   bool foreground = false;
   double idle_timeout_s = 300;
+  // Defaults from the configuration file and the environment; the command line overrides them.
+  auto settings = gpuq::common::load_settings();
+  if (settings) {
+    const auto& st = *settings;
+    config.socket_path = st.socket.value_or("");
+    config.state_dir = st.state_dir.value_or("");
+    config.gpus = st.gpus.value_or(config.gpus);
+    config.log_limit_mb = st.log_limit_mb.value_or(config.log_limit_mb);
+    config.grace_s = st.grace_s.value_or(config.grace_s);
+    config.retry_backoff_s = st.retry_backoff_s.value_or(config.retry_backoff_s);
+    config.cpu_slots = st.cpu_slots.value_or(config.cpu_slots);
+    config.default_retries = st.retries.value_or(0);
+    idle_timeout_s = st.idle_timeout_s.value_or(idle_timeout_s);
+  }
   CLI::App app{"gpuqd: the gpuq daemon (multi-GPU job queue). Usually started by `gpuq daemon start`."};
   app.set_version_flag("--version", GPUQ_VERSION);
-  app.add_option("--socket", config.socket_path, "Unix socket path (default: $GPUQ_SOCKET or " +
-                                                     gpuq::common::default_socket_path() + ")");
+  app.footer("Defaults come from " + (gpuq::common::config_path().empty() ? std::string("no file ($GPUQ_CONFIG is empty)")
+                                                                              : gpuq::common::config_path()) +
+             " (JSON: socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, "
+             "cpu_slots), then $GPUQ_SOCKET, $GPUQ_STATE_DIR, $GPUQ_GPUS, $GPUQ_LOG_LIMIT_MB, $GPUQ_RETRIES; "
+             "options given here win.");
+  app.add_option("--socket", config.socket_path, "Unix socket path (default: " + gpuq::common::default_socket_path() + ")");
   app.add_option("--state-dir", config.state_dir, "State directory (default: " + gpuq::common::default_state_dir() + ")");
   app.add_option("--gpus", config.gpus, "GPUs: auto, nvml, none, or fake:N[:MiB]")->capture_default_str();
   app.add_flag("--foreground,-f", foreground, "Stay in the foreground and log to stderr");
@@ -91,14 +110,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--idle-timeout", idle_timeout_s, "Close client connections silent for this many seconds")
       ->capture_default_str();
+  app.add_option("--default-retries", config.default_retries, "Retries for jobs whose spec names none")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
   app.add_option("--cpu-slots", config.cpu_slots,
                  "Ranks of jobs without GPUs that may run at once (default: the number of cores)");
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   CLI11_PARSE(app, argc, argv);
+  if (!settings) {
+    std::cerr << "gpuqd: " << settings.error().message << "\n";
+    return 2;
+  }
 
   // Resolve paths
-  if (config.socket_path.empty()) config.socket_path = gpuq::common::socket_path_from_env();
+  if (config.socket_path.empty()) config.socket_path = gpuq::common::default_socket_path();
   if (config.state_dir.empty()) config.state_dir = gpuq::common::default_state_dir();
   if (config.shim_path.empty()) config.shim_path = self_dir() + "/gpuq-shim";
   if (config.worker_path.empty() && ::access((self_dir() + "/gpuq-worker").c_str(), X_OK) == 0)

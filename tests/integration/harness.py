@@ -13,6 +13,11 @@ import unittest
 
 BIN = os.environ.get("GPUQ_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+# The tests' gpuqd and gpuq read no configuration file and no defaults from the environment
+# (a developer's ~/.config/gpuq/config.json must not change what they test).
+os.environ["GPUQ_CONFIG"] = ""
+for _variable in ("GPUQ_SOCKET", "GPUQ_STATE_DIR", "GPUQ_GPUS", "GPUQ_LOG_LIMIT_MB", "GPUQ_RETRIES"):
+    os.environ.pop(_variable, None)
 
 
 def wait_until(pred, timeout=20.0, interval=0.05, what="condition"):

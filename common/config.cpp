@@ -1,0 +1,168 @@
+// Configuration file and environment defaults; see config.hpp.
+#include "common/config.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/protocol.hpp"
+
+namespace gpuq::common {
+
+using json = nlohmann::json;
+
+namespace {
+
+const char* k_keys = "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots";
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+Error bad(const std::string& origin, const std::string& what) { return {ErrorCode::bad_request, origin + ": " + what}; }
+
+// "~/x" -> $HOME/x; other paths must be absolute (a daemon's working directory is not the user's).
+std::optional<std::string> path_value(const std::string& v) {
+  if (v.rfind("~/", 0) == 0 && !env("HOME").empty()) return env("HOME") + v.substr(1);
+  if (!v.empty() && v[0] == '/') return v;
+  return std::nullopt;
+}
+
+// Numbers from JSON or from an environment variable's text, with the same range checks.
+template <class T>
+std::optional<T> in_range(double v, double lo, double hi) {
+  if (!std::isfinite(v) || v < lo || v > hi) return std::nullopt;
+  if (std::is_integral_v<T> && v != std::floor(v)) return std::nullopt;
+  return static_cast<T>(v);
+}
+
+struct Rule {
+  const char* key;
+  const char* variable;  // nullptr: file only
+  const char* kind;      // "path", "text", "int", "number"
+  double lo, hi;
+};
+constexpr Rule k_rules[] = {
+    {"socket", "GPUQ_SOCKET", "path", 0, 0},
+    {"state_dir", "GPUQ_STATE_DIR", "path", 0, 0},
+    {"gpus", "GPUQ_GPUS", "text", 0, 0},
+    {"log_limit_mb", "GPUQ_LOG_LIMIT_MB", "int", 0, 1 << 30},
+    {"retries", "GPUQ_RETRIES", "int", 0, 100},
+    {"grace_s", nullptr, "number", 0, 86400},
+    {"retry_backoff_s", nullptr, "number", 0, 86400},
+    {"idle_timeout_s", nullptr, "number", 0.1, 86400 * 7},
+    {"cpu_slots", nullptr, "int", 1, 1 << 20},
+};
+
+// Stores one value (a JSON string or number) under its rule; an error message otherwise.
+std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const std::string& source) {
+  const std::string key = r.key;
+  auto range = [&] {
+    std::ostringstream o;
+    o << "must be " << (std::string(r.kind) == "int" ? "an integer" : "a number") << " from " << r.lo << " to " << r.hi;
+    return o.str();
+  };
+  if (std::string(r.kind) == "path" || std::string(r.kind) == "text") {
+    if (!v.is_string() || v.get<std::string>().empty()) return "`" + key + "` must be a non-empty string";
+    std::string text = v.get<std::string>();
+    if (std::string(r.kind) == "path") {
+      auto p = path_value(text);
+      if (!p) return "`" + key + "` must be an absolute path or start with ~/, got \"" + text.substr(0, 64) + "\"";
+      text = *p;
+    }
+    (key == "socket" ? s.socket : key == "state_dir" ? s.state_dir : s.gpus) = text;
+  } else {
+    if (!v.is_number()) return "`" + key + "` " + range();
+    const double x = v.get<double>();
+    if (std::string(r.kind) == "int") {
+      auto i = in_range<std::int64_t>(x, r.lo, r.hi);
+      if (!i) return "`" + key + "` " + range();
+      if (key == "log_limit_mb") s.log_limit_mb = *i;
+      else if (key == "retries") s.retries = static_cast<int>(*i);
+      else s.cpu_slots = static_cast<int>(*i);
+    } else {
+      auto d = in_range<double>(x, r.lo, r.hi);
+      if (!d) return "`" + key + "` " + range();
+      (key == "grace_s" ? s.grace_s : key == "retry_backoff_s" ? s.retry_backoff_s : s.idle_timeout_s) = *d;
+    }
+  }
+  s.source[key] = source;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string config_path() {
+  if (const char* c = std::getenv("GPUQ_CONFIG")) return c;
+  if (!env("XDG_CONFIG_HOME").empty()) return env("XDG_CONFIG_HOME") + "/gpuq/config.json";
+  if (!env("HOME").empty()) return env("HOME") + "/.config/gpuq/config.json";
+  return "";
+}
+
+Result<Settings> parse_settings(const std::string& text, const std::string& origin) {
+  Settings s;
+  json doc;
+  try {
+    bool too_deep = false;
+    doc = parse_depth_limited(text, too_deep);
+    if (too_deep) return bad(origin, "nests too deeply");
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    auto pos = what.find("] ");
+    return bad(origin, "not valid JSON: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
+  }
+  if (!doc.is_object()) return bad(origin, "must be a JSON object of settings (" + std::string(k_keys) + ")");
+  for (const auto& [key, value] : doc.items()) {
+    const Rule* rule = nullptr;
+    for (const auto& r : k_rules)
+      if (key == r.key) rule = &r;
+    if (!rule) return bad(origin, "unknown setting `" + key.substr(0, 64) + "`; known: " + k_keys);
+    if (auto err = set(s, *rule, value, origin)) return bad(origin, *err);
+  }
+  s.file = origin;
+  return s;
+}
+
+Result<bool> apply_environment(Settings& s) {
+  for (const auto& r : k_rules) {
+    if (!r.variable) continue;
+    const std::string text = env(r.variable);
+    if (text.empty()) continue;
+    json v = text;
+    if (std::string(r.kind) == "int") {  // the whole text must be a number
+      char* end = nullptr;
+      errno = 0;
+      const double x = std::strtod(text.c_str(), &end);
+      v = (*end == 0 && errno == 0) ? json(x) : json(nullptr);
+    }
+    if (auto err = set(s, r, v, std::string("$") + r.variable))
+      return Error{ErrorCode::bad_request, std::string("$") + r.variable + ": " + err->substr(err->find('`', 1) + 2)};
+  }
+  return true;
+}
+
+Result<Settings> load_settings() {
+  Settings s;
+  const std::string path = config_path();
+  if (!path.empty()) {
+    std::ifstream in(path);
+    if (in) {
+      std::stringstream text;
+      text << in.rdbuf();
+      auto parsed = parse_settings(text.str(), path);
+      if (!parsed) return parsed.error();
+      s = std::move(*parsed);
+    } else if (errno != ENOENT) {
+      return Error{ErrorCode::bad_request, path + ": cannot be read"};
+    }
+  }
+  if (auto e = apply_environment(s); !e) return e.error();
+  return s;
+}
+
+}  // namespace gpuq::common

@@ -1,0 +1,40 @@
+// Defaults from a configuration file and the environment, shared by gpuqd and gpuq.
+// Precedence, lowest first: built-in defaults < the file < environment variables < command line.
+// The file is $GPUQ_CONFIG (empty: none), else $XDG_CONFIG_HOME/gpuq/config.json, else
+// ~/.config/gpuq/config.json; a missing file is no settings, a bad one an error naming the key.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "common/error.hpp"
+
+namespace gpuq::common {
+
+struct Settings {
+  std::optional<std::string> socket;     // "socket"          $GPUQ_SOCKET
+  std::optional<std::string> state_dir;  // "state_dir"       $GPUQ_STATE_DIR
+  std::optional<std::string> gpus;       // "gpus"            $GPUQ_GPUS
+  std::optional<std::int64_t> log_limit_mb;  // "log_limit_mb" $GPUQ_LOG_LIMIT_MB
+  std::optional<int> retries;            // "retries"         $GPUQ_RETRIES (jobs that name none)
+  std::optional<double> grace_s;         // "grace_s"
+  std::optional<double> retry_backoff_s; // "retry_backoff_s"
+  std::optional<double> idle_timeout_s;  // "idle_timeout_s"
+  std::optional<int> cpu_slots;          // "cpu_slots"
+  std::string file;                      // the file read, empty if none
+  std::map<std::string, std::string> source;  // key -> the file's path or "$VARIABLE"
+};
+
+// The configuration file's path ("" when $GPUQ_CONFIG is set empty).
+std::string config_path();
+
+// Parses a configuration document; `origin` names it in errors.
+Result<Settings> parse_settings(const std::string& text, const std::string& origin);
+// Applies the environment's variables over `s` (an unset or empty variable changes nothing).
+Result<bool> apply_environment(Settings& s);
+// The file (if any), then the environment.
+Result<Settings> load_settings();
+
+}  // namespace gpuq::common

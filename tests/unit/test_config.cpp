@@ -1,0 +1,65 @@
+// Configuration file parsing and the environment's precedence over it.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+
+#include "common/config.hpp"
+
+using namespace gpuq::common;
+
+TEST_SUITE_BEGIN("config");
+
+TEST_CASE("a configuration file's settings, with ~ expanded and sources recorded") {
+  const char* home = std::getenv("HOME");
+  const std::string saved = home ? home : "";
+  ::setenv("HOME", "/home/u", 1);
+  auto s = parse_settings(R"({"socket": "~/q.sock", "state_dir": "/srv/gpuq", "gpus": "fake:2", "retries": 3,
+                              "log_limit_mb": 0, "grace_s": 2.5, "cpu_slots": 4})",
+                          "/etc/c.json");
+  REQUIRE(s.ok());
+  CHECK(*s->socket == "/home/u/q.sock");
+  CHECK(*s->state_dir == "/srv/gpuq");
+  CHECK(*s->gpus == "fake:2");
+  CHECK(*s->retries == 3);
+  CHECK(*s->log_limit_mb == 0);
+  CHECK(*s->grace_s == 2.5);
+  CHECK(*s->cpu_slots == 4);
+  CHECK_FALSE(s->idle_timeout_s.has_value());
+  CHECK(s->source.at("retries") == "/etc/c.json");
+  if (home) ::setenv("HOME", saved.c_str(), 1);
+  else ::unsetenv("HOME");
+}
+
+TEST_CASE("bad settings are refused with the key and the rule") {
+  auto check = [](const char* text, const char* message) {
+    auto s = parse_settings(text, "c.json");
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.error().message.find(message) != std::string::npos);
+    CHECK(s.error().message.rfind("c.json: ", 0) == 0);
+  };
+  check(R"({"retries": 1.5})", "`retries` must be an integer from 0 to 100");
+  check(R"({"retries": "2"})", "`retries` must be an integer");
+  check(R"({"grace_s": -1})", "`grace_s` must be a number from 0 to 86400");
+  check(R"({"gpus": ""})", "`gpus` must be a non-empty string");
+  check(R"({"state_dir": "state"})", "must be an absolute path");
+  check(R"({"colour": "red"})", "unknown setting `colour`; known: socket");
+  check(R"({"a": 1e999})", "not valid JSON");
+  check("[]", "must be a JSON object");
+}
+
+TEST_CASE("the environment overrides the file, and a bad variable is named") {
+  auto s = parse_settings(R"({"gpus": "fake:2", "retries": 1})", "c.json");
+  REQUIRE(s.ok());
+  ::setenv("GPUQ_GPUS", "none", 1);
+  ::setenv("GPUQ_RETRIES", "", 1);  // empty: no override
+  REQUIRE(apply_environment(*s).ok());
+  CHECK(*s->gpus == "none");
+  CHECK(s->source.at("gpus") == "$GPUQ_GPUS");
+  CHECK(*s->retries == 1);
+  ::setenv("GPUQ_RETRIES", "7x", 1);
+  auto bad = apply_environment(*s);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message == "$GPUQ_RETRIES: must be an integer from 0 to 100");
+  ::unsetenv("GPUQ_GPUS");
+  ::unsetenv("GPUQ_RETRIES");
+}
