@@ -1,9 +1,11 @@
-// `gpuq plot ID... -o FILE.png|.svg`: fetches the jobs' progress events and draws their curves.
+// `gpuq plot ID... -o FILE.png|.svg` draws the jobs' progress events as curves; `gpuq events ID`
+// prints them.
 #include <algorithm>
 #include <fstream>
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/format.hpp"
 #include "cli/plot.hpp"
 #include "cli/rpc.hpp"
 
@@ -22,13 +24,15 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// Every progress event of one attempt, page by page.
-Result<std::vector<common::Event>> progress_events(common::Client& client, std::int64_t id, int attempt) {
+// Every event of one attempt (of `type`, if not empty), page by page; the attempt they belong to.
+Result<std::vector<common::Event>> fetch_events(common::Client& client, std::int64_t id, int attempt,
+                                                const std::string& type, int* attempt_out = nullptr) {
   std::vector<common::Event> out;
   for (std::int64_t after = 0;;) {
-    auto r = client.call({{"cmd", "events"}, {"id", id}, {"attempt", attempt}, {"type", "progress"}, {"after", after}});
+    auto r = client.call({{"cmd", "events"}, {"id", id}, {"attempt", attempt}, {"type", type}, {"after", after}});
     if (!r) return r.error();
     auto page = r->get<common::EventsReply>();
+    if (attempt_out) *attempt_out = page.attempt;
     for (auto& e : page.events) out.push_back(std::move(e));
     if (!page.more || page.events.empty()) return out;
     after = out.back().seq;
@@ -63,7 +67,7 @@ int cmd_plot(const Options& o, const PlotArgs& a) {
   std::vector<std::vector<common::Event>> events;
   std::vector<std::size_t> plotted;  // indexes into jobs of those with progress events
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    auto ev = progress_events(*client, jobs[i].id, a.attempt);
+    auto ev = fetch_events(*client, jobs[i].id, a.attempt, "progress");
     if (!ev) return report(ev.error());
     if (ev->empty()) {
       std::cerr << "gpuq: job " << jobs[i].id << " (" << jobs[i].name << ") has no progress events"
@@ -129,6 +133,38 @@ int cmd_plot(const Options& o, const PlotArgs& a) {
     std::cout << "wrote " << a.output << ": " << n_curves << " curve(s) of " << plotted.size() << " job(s) against "
               << plot::x_axis_name(*x) << "\n";
   }
+  return k_exit_ok;
+}
+
+int cmd_events(const Options& o, std::int64_t id, int attempt, const std::string& type) {
+  if (!type.empty() && type != "progress" && type != "result") {
+    std::cerr << "gpuq: --type must be progress or result, got " << type << "\n";
+    return k_exit_usage;
+  }
+  auto client = common::Client::connect(o.socket);
+  if (!client) return report(client.error());
+  int shown_attempt = 0;
+  auto events = fetch_events(*client, id, attempt, type, &shown_attempt);
+  if (!events) return report(events.error());
+  if (o.json) {
+    std::cout << "{\n  \"id\": " << id << ",\n  \"attempt\": " << shown_attempt << ",\n  \"events\": [";
+    for (std::size_t i = 0; i < events->size(); ++i) std::cout << (i ? ",\n    " : "\n    ") << json((*events)[i]).dump();
+    std::cout << (events->empty() ? "]\n}\n" : "\n  ]\n}\n");
+    return k_exit_ok;
+  }
+  if (events->empty()) {
+    std::cout << "job " << id << " has no " << (type.empty() ? "" : type + " ") << "events"
+              << (shown_attempt ? " in attempt " + std::to_string(shown_attempt) : "") << "\n";
+    return k_exit_ok;
+  }
+  Table t({"SEQ", "TIME", "RANK", "TYPE", "FIELDS"});
+  for (const auto& e : *events) {
+    std::string fields;
+    for (const auto& [k, v] : e.data.items())
+      if (k != "type") fields += (fields.empty() ? "" : " ") + k + "=" + format_value(v);
+    t.add({std::to_string(e.seq), format_time(e.at).substr(11), std::to_string(e.rank), e.type, fields});
+  }
+  t.print(std::cout);
   return k_exit_ok;
 }
 

@@ -147,6 +147,21 @@ bool read_spec_file(const std::string& file, json& jobs) {
 
 }  // namespace
 
+int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t>& ids) {
+  if (batch != 0) {
+    int code = 0;
+    auto reply = request(o, {{"cmd", "results"}, {"batch", batch}}, code);
+    if (!reply) return code;
+    for (const auto& j : reply->get<common::JobsReply>().jobs)
+      if (std::find(ids.begin(), ids.end(), j.id) == ids.end()) ids.push_back(j.id);
+  }
+  if (ids.empty()) {
+    std::cerr << "gpuq: give job ids or --batch B\n";
+    return k_exit_usage;
+  }
+  return 0;
+}
+
 int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait) {
   json jobs = json::array();
   for (const auto& f : files)

@@ -23,6 +23,10 @@ struct Options {
   bool json = false;
 };
 
+// Appends the ids of `batch`'s jobs (if batch != 0) to `ids`; 0, or the exit code of a failure
+// (also a usage error when there are no ids at all).
+int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t>& ids);
+
 int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait);
 int cmd_status(const Options& o, bool all, int limit);
 int cmd_show(const Options& o, std::int64_t id);
@@ -42,6 +46,8 @@ struct PlotArgs {
   int width = 1100;
 };
 int cmd_plot(const Options& o, const PlotArgs& a);
+// One attempt's events (0: the latest), of `type` ("progress", "result", or "" for both).
+int cmd_events(const Options& o, std::int64_t id, int attempt, const std::string& type);
 // interval_s between refreshes; once (or stdout not a terminal): print one frame and return.
 int cmd_top(const Options& o, double interval_s, bool once);
 // The settings in effect (socket and the daemon defaults of the configuration file) and their sources.

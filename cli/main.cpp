@@ -64,17 +64,23 @@ int main(int argc, char** argv) {
 
   double timeout_s = 0;
   auto* waitc = app.add_subcommand("wait", "Wait for jobs to end; exit 0 if all succeeded, 1 if not, 124 on timeout");
-  waitc->add_option("ids", ids, "Job ids")->required();
+  std::int64_t batch = 0;
+  waitc->add_option("ids", ids, "Job ids");
+  waitc->add_option("--batch,-b", batch, "Every job of this batch (besides any ids)");
   waitc->add_option("--timeout", timeout_s, "Give up after this many seconds");
   json_flag(waitc);
-  waitc->callback([&] { run = [&] { return cmd_wait(opt, ids, timeout_s); }; });
+  waitc->callback([&] {
+    run = [&] {
+      int code = add_batch_ids(opt, batch, ids);
+      return code ? code : cmd_wait(opt, ids, timeout_s);
+    };
+  });
 
   auto* result = app.add_subcommand("result", "The final result a job reported");
   result->add_option("id", id, "Job id")->required();
   json_flag(result);
   result->callback([&] { run = [&] { return cmd_result(opt, id); }; });
 
-  std::int64_t batch = 0;
   auto* results = app.add_subcommand("results", "Results of many jobs in one table");
   results->add_option("ids", ids, "Job ids");
   results->add_option("--batch,-b", batch, "Every job of this batch");
@@ -87,7 +93,8 @@ int main(int argc, char** argv) {
 
   PlotArgs plot;
   auto* plotc = app.add_subcommand("plot", "Draw jobs' training curves (loss, accuracy) into one PNG or SVG chart");
-  plotc->add_option("ids", plot.ids, "Job ids")->required();
+  plotc->add_option("ids", plot.ids, "Job ids");
+  plotc->add_option("--batch,-b", batch, "Every job of this batch (besides any ids)");
   plotc->add_option("--output,-o", plot.output, "The picture: FILE.png or FILE.svg")->required();
   plotc->add_option("--x", plot.x, "x axis: auto (epoch, else step, else time), epoch, step or time")->capture_default_str();
   plotc->add_option("--metric,-m", plot.metrics, "A progress field to plot (repeatable; default: the loss and accuracy fields)");
@@ -95,7 +102,20 @@ int main(int argc, char** argv) {
   plotc->add_option("--title", plot.title, "Chart title (default: the jobs' names)");
   plotc->add_option("--width", plot.width, "Picture width in pixels")->check(CLI::Range(400, 8000))->capture_default_str();
   json_flag(plotc);
-  plotc->callback([&] { run = [&] { return cmd_plot(opt, plot); }; });
+  plotc->callback([&] {
+    run = [&] {
+      int code = add_batch_ids(opt, batch, plot.ids);
+      return code ? code : cmd_plot(opt, plot);
+    };
+  });
+
+  std::string event_type;
+  auto* events = app.add_subcommand("events", "A job's progress and result events, as it reported them");
+  events->add_option("id", id, "Job id")->required();
+  events->add_option("--attempt", attempt, "This attempt (default: the latest)");
+  events->add_option("--type", event_type, "Only progress or only result events");
+  json_flag(events);
+  events->callback([&] { run = [&] { return cmd_events(opt, id, attempt, event_type); }; });
 
   double interval_s = 1;
   bool once = false;

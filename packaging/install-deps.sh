@@ -11,7 +11,7 @@ packages=(
   # gpuq plot's PNGs, and man pages from --help
   libcairo2-dev fonts-dejavu-core help2man
   # tests and benchmarks
-  doctest-dev python3 procps task-spooler sqlite3 tmux
+  doctest-dev python3 procps task-spooler sqlite3 tmux jq
   # sanitizer and fuzzing stages of the test suite
   clang libclang-rt-14-dev
   # LibTorch trainer, the example torchrun-style jobs and their data

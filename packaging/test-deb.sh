@@ -13,7 +13,8 @@ echo "test-deb: $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB)"
 contents=$(dpkg-deb -c "$deb")
 for f in usr/bin/gpuqd usr/bin/gpuq usr/bin/gpuq-shim usr/bin/gpuq-worker usr/lib/systemd/user/gpuqd.service \
  usr/lib/systemd/system/gpuqd@.service usr/share/bash-completion/completions/gpuq \
-         usr/share/gpuq/jobs/demo.json usr/share/doc/gpuq/README.md; do
+         usr/share/gpuq/jobs/demo.json usr/share/doc/gpuq/README.md usr/share/doc/gpuq/docs/cookbook.md \
+         usr/share/man/man1/gpuq.1.gz usr/share/man/man1/gpuqd.1.gz usr/share/man/man1/gpuq-worker.1.gz; do
   grep -q " \./$f\$" <<<"$contents" || { echo "test-deb: $f missing from the package"; exit 1; }
 done
 dpkg-deb -f "$deb" Depends | grep -q libsqlite3 || { echo "test-deb: no shared-library dependencies"; exit 1; }
@@ -32,6 +33,8 @@ exercise() {
     "$bin/gpuq" --socket "$sock" submit - --wait >"$tmp/out" || { cat "$tmp/out" "$tmp/gpuqd.log"; exit 1; }
   grep -q "train .*succeeded" "$tmp/out" || { cat "$tmp/out"; exit 1; }
   "$bin/gpuq" --socket "$sock" logs 1 | grep -q packaged
+  "$bin/gpuq" --socket "$sock" plot 2 -o "$tmp/curves.png" >/dev/null  # cairo, from the package's dependencies
+  [ "$(head -c 4 "$tmp/curves.png" | tail -c 3)" = PNG ] || { echo "test-deb: gpuq plot wrote no PNG"; exit 1; }
   kill "$(cat "$tmp/pid")"
   wait "$(cat "$tmp/pid")" 2>/dev/null || true
   rm -rf "$tmp/state"
@@ -49,11 +52,20 @@ if command -v systemd-analyze >/dev/null; then
   fi
 fi
 exercise "$tmp/root"
-echo "test-deb: extracted package runs"
+if command -v man >/dev/null; then
+  for page in gpuq gpuqd gpuq-worker; do
+    man -l "$tmp/root/usr/share/man/man1/$page.1.gz" 2>/dev/null | grep -q "^NAME" ||
+      { echo "test-deb: the $page man page does not render"; exit 1; }
+  done
+  man -l "$tmp/root/usr/share/man/man1/gpuq.1.gz" 2>/dev/null | grep -q "gpuq daemon start" ||
+    { echo "test-deb: the gpuq man page lacks its subcommands"; exit 1; }
+fi
+echo "test-deb: extracted package runs, man pages render"
 
 if [ "${GPUQ_DEB_INSTALL:-0}" = 1 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$deb" >/dev/null
   exercise ""
+  if command -v man >/dev/null; then man -w gpuq >/dev/null || { echo "test-deb: man gpuq not found"; exit 1; }; fi
   DEBIAN_FRONTEND=noninteractive apt-get remove -y -q gpuq >/dev/null
   echo "test-deb: installed package runs (apt-get install, then removed)"
 fi

@@ -183,6 +183,30 @@ class FollowLogs(DaemonTest):
         self.assertEqual(r.splitlines(), ["try 2 rank 1", "late 2 rank 1"])
 
 
+@unittest.skipUnless(shutil.which("jq"), "needs jq")
+class JqOneLiners(DaemonTest):
+    def test_every_jq_example_in_the_cli_docs_runs_and_prints_something(self):
+        with open(os.path.join(REPO, "docs/cli.md")) as f:
+            doc = f.read()
+        block = doc.split("One-liners", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+        commands = [line for line in block.split("\n") if line.strip() and not line.startswith("#")]
+        self.assertGreaterEqual(len(commands), 8)
+        good = [dict(curve_job(f"good-{i}", 1, 3), shell=curve_job(f"good-{i}", 1, 3)["shell"] + "; " +
+                     event_line(type="result", test_accuracy=0.8 + 0.1 * i)) for i in range(2)]
+        batch = self.d.submit(good)
+        bad = self.d.submit(dict(curve_job("bad", 1, 4), shell=curve_job("bad", 1, 4)["shell"] + "; exit 3"))["ids"][0]
+        self.d.wait(batch["ids"] + [bad])
+        env = dict(os.environ, GPUQ_SOCKET=self.d.socket, PATH=BIN + ":" + os.environ["PATH"],
+                   batch=str(batch["batch"]), id=str(bad))
+        for command in commands:
+            with self.subTest(command=command):
+                r = subprocess.run(["bash", "-c", "set -o pipefail; " + command], capture_output=True, text=True,
+                                   env=env, timeout=30)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertTrue(r.stdout.strip(), "printed nothing")
+                self.assertNotIn("null", r.stdout.split("\n")[0], r.stdout)
+
+
 @unittest.skipUnless(shutil.which("tmux"), "needs tmux")
 class Top(DaemonTest):
     """gpuq top in a real terminal: tmux runs it, the test reads the screen and presses q."""
@@ -223,8 +247,11 @@ class Top(DaemonTest):
         wait_until(lambda: re.search(rf"{ids[1]} +short +succeeded", self.screen()), timeout=15, what="a refresh")
         self.assertTrue(self.screen().startswith("gpuq top "), "redrawn from the top-left corner, never scrolled")
         self.tmux("send-keys", "-t", "top", "q")
-        wait_until(lambda: self.tmux("display", "-p", "-t", "top", "#{pane_dead}").strip() == "1", what="top to quit")
-        self.assertEqual(self.tmux("display", "-p", "-t", "top", "#{pane_dead_status}").strip(), "0")
+        # tmux marks the pane dead when the terminal closes, and fills in the exit status once it
+        # has reaped the process
+        how = lambda: self.tmux("display", "-p", "-t", "top", "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}").strip()
+        wait_until(lambda: how() not in ("0::", "1::"), what="top to quit")
+        self.assertEqual(how(), "1:0:", "exit status 0, no signal")
         self.assertNotIn("trainer", self.screen())  # back on the main screen: the alternate one is gone
 
     def test_top_once_prints_one_frame_for_scripts(self):
