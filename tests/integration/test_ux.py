@@ -35,6 +35,10 @@ class Completion(DaemonTest):
         ids = self.d.submit([{"name": f"j{i}", "shell": "sleep 30"} for i in range(3)])["ids"]
         self.assertEqual(self.complete("gpuq", "cancel", ""), sorted(str(i) for i in ids))
         self.assertEqual(self.complete("gpuq", "logs", str(ids[1])), [str(ids[1])])
+        self.assertEqual(self.complete("gpuq", "plot", ""), sorted(str(i) for i in ids))
+        self.assertEqual(self.complete("gpuq", "plot", "1", "--x", "e"), ["epoch"])
+        self.assertIn("--output", self.complete("gpuq", "plot", "--"))
+        self.assertEqual(self.complete("gpuq", "t"), ["top"])
 
 
 def read_png(path):
