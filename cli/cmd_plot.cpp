@@ -105,6 +105,7 @@ int cmd_plot(const Options& o, const PlotArgs& a) {
   plot::ChartOptions chart;
   chart.x = *x;
   chart.width = a.width;
+  chart.log_y = a.log_y;
   chart.title = a.title;
   if (chart.title.empty()) {
     for (std::size_t k = 0; k < plotted.size(); ++k)

@@ -44,6 +44,7 @@ struct PlotArgs {
   int attempt = 0;                   // 0: each job's latest
   std::string title;
   int width = 1100;
+  bool log_y = false;
 };
 int cmd_plot(const Options& o, const PlotArgs& a);
 // One attempt's events (0: the latest), of `type` ("progress", "result", or "" for both).

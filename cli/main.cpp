@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   plotc->add_option("--metric,-m", plot.metrics, "A progress field to plot (repeatable; default: the loss and accuracy fields)");
   plotc->add_option("--attempt", plot.attempt, "Plot this attempt (default: each job's latest)");
   plotc->add_option("--title", plot.title, "Chart title (default: the jobs' names)");
+  plotc->add_flag("--log-y", plot.log_y, "Log scale for every panel of positive values (losses spanning 3 decades get one anyway)");
   plotc->add_option("--width", plot.width, "Picture width in pixels")->check(CLI::Range(400, 8000))->capture_default_str();
   json_flag(plotc);
   plotc->callback([&] {

@@ -163,10 +163,16 @@ Ticks nice_ticks(double lo, double hi, int target) {
 }
 
 std::string tick_label(double v, double step) {
+  char buf[64];
+  if (step <= 0) {  // log-scale ticks: 1e5 for big and small decades, else plain
+    const double e = std::round(std::log10(std::abs(v)));
+    if (v > 0 && std::abs(e) >= 4 && std::abs(v - std::pow(10.0, e)) < 1e-9 * v) std::snprintf(buf, sizeof buf, "1e%d", static_cast<int>(e));
+    else std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+  }
   int decimals = 0;
   while (decimals < 8 && std::abs(step * std::pow(10.0, decimals) - std::round(step * std::pow(10.0, decimals))) > 1e-6)
     ++decimals;
-  char buf[64];
   if (std::abs(v) >= 1e6 || (std::abs(v) > 0 && std::abs(v) < 1e-4)) std::snprintf(buf, sizeof buf, "%.3g", v);
   else std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
@@ -177,10 +183,49 @@ int chart_height(const std::vector<JobCurves>& jobs, const ChartOptions& o) {
   return static_cast<int>(k_title_h + n * (o.panel_height + k_panel_gap) + 8);
 }
 
+namespace {
+
+// `text` shortened with "…" (at a UTF-8 boundary) until it fits `width` at `size`.
+std::string fit_text(Canvas& c, const std::string& text, double size, double width) {
+  std::string shown = text;
+  for (std::size_t k = text.size(); k > 1 && c.text_width(shown, size) > width;) {
+    do --k;
+    while (k > 0 && (static_cast<unsigned char>(text[k]) & 0xC0) == 0x80);
+    shown = text.substr(0, k) + "…";
+  }
+  return shown;
+}
+
+// Log-scale ticks: every decade, plus 2 and 5 times it when the range spans few decades.
+Ticks log_ticks(double lo, double hi) {
+  Ticks t;
+  t.lo = std::pow(10.0, std::floor(std::log10(lo)));
+  t.hi = std::pow(10.0, std::ceil(std::log10(hi)));
+  if (t.hi <= t.lo) t.hi = t.lo * 10;
+  const double decades = std::log10(t.hi / t.lo);
+  const int stride = decades > 8 ? static_cast<int>(std::ceil(decades / 8)) : 1;
+  int i = 0;
+  for (double d = t.lo; d <= t.hi * 1.0001; d *= 10, ++i) {
+    if (i % stride == 0) t.values.push_back(d);
+    if (decades <= 2 && d * 2 < t.hi) t.values.push_back(d * 2);
+    if (decades <= 2 && d * 5 < t.hi) t.values.push_back(d * 5);
+  }
+  std::sort(t.values.begin(), t.values.end());
+  t.step = 0;  // tick_label: significant digits
+  return t;
+}
+
+}  // namespace
+
+bool wants_log_scale(const std::string& panel, double ylo, double yhi, bool forced) {
+  if (!(ylo > 0) || !std::isfinite(yhi)) return false;  // zero or negative values: linear only
+  return forced || (panel == "loss" && yhi / ylo >= 1000);
+}
+
 void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOptions& o) {
   const double W = o.width, H = chart_height(jobs, o);
   c.rect(0, 0, W, H, k_white);
-  c.text({W / 2, 34}, o.title, 20, Anchor::middle, k_ink, true);
+  c.text({W / 2, 34}, fit_text(c, o.title, 20, W - 40), 20, Anchor::middle, k_ink, true);
   const auto panels = panels_of(jobs);
   if (panels.empty()) {
     c.text({W / 2, H / 2}, "no progress events to plot", 16, Anchor::middle, k_muted);
@@ -192,20 +237,28 @@ void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOption
     const double top = k_title_h + static_cast<double>(p) * (o.panel_height + k_panel_gap);
     const double py0 = top + 28, py1 = top + o.panel_height - 44;  // plot area, y grows down
 
-    // Ranges over this panel's curves
+    // Ranges over this panel's curves; a log scale for losses spanning 3+ decades (a diverged run)
     double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
+    std::vector<std::string> metrics;  // of this panel, first-seen order
     for (const auto& j : jobs)
-      for (const auto& cv : j.curves)
-        if (panel_of(cv.metric) == panel)
-          for (auto pt : cv.points) xlo = std::min(xlo, pt.x), xhi = std::max(xhi, pt.x), ylo = std::min(ylo, pt.y), yhi = std::max(yhi, pt.y);
-    if (panel == "accuracy" && ylo >= 0 && yhi <= 1)  // fractions: up to 1 exactly, a little room below
+      for (const auto& cv : j.curves) {
+        if (panel_of(cv.metric) != panel) continue;
+        if (std::find(metrics.begin(), metrics.end(), cv.metric) == metrics.end()) metrics.push_back(cv.metric);
+        for (auto pt : cv.points) xlo = std::min(xlo, pt.x), xhi = std::max(xhi, pt.x), ylo = std::min(ylo, pt.y), yhi = std::max(yhi, pt.y);
+      }
+    const bool log_y = wants_log_scale(panel, ylo, yhi, o.log_y);
+    if (!log_y && panel == "accuracy" && ylo >= 0 && yhi <= 1)  // fractions: up to 1 exactly, a little room below
       ylo = std::max(0.0, ylo - std::max(0.05, (1 - ylo) * 0.1)), yhi = 1;
-    const Ticks xt = nice_ticks(std::min(xlo, 0.0), xhi, 8), yt = nice_ticks(ylo, yhi, 5);
+    const Ticks xt = nice_ticks(std::min(xlo, 0.0), xhi, 8);
+    const Ticks yt = log_y ? log_ticks(ylo, yhi) : nice_ticks(ylo, yhi, 5);
     auto X = [&](double x) { return px0 + (x - xt.lo) / (xt.hi - xt.lo) * (px1 - px0); };
-    auto Y = [&](double y) { return py1 - (y - yt.lo) / (yt.hi - yt.lo) * (py1 - py0); };
+    auto Y = [&](double y) {
+      const double f = log_y ? std::log10(y / yt.lo) / std::log10(yt.hi / yt.lo) : (y - yt.lo) / (yt.hi - yt.lo);
+      return py1 - f * (py1 - py0);
+    };
 
     // Panel title, grid, ticks, axis labels
-    c.text({px0, top + 16}, panel, 15, Anchor::start, k_ink, true);
+    c.text({px0, top + 16}, panel + (log_y ? "  (log scale)" : ""), 15, Anchor::start, k_ink, true);
     for (double v : yt.values) {
       c.polyline({{px0, Y(v)}, {px1, Y(v)}}, k_grid, 1, false, "", 0, "");
       c.text({px0 - 8, Y(v) + 4}, tick_label(v, yt.step), 12, Anchor::end, k_muted);
@@ -218,9 +271,10 @@ void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOption
     c.text({(px0 + px1) / 2, py1 + 36}, x_axis_name(o.x) + (o.x == XAxis::time ? " (s)" : ""), 13, Anchor::middle, k_ink);
 
     // Curves: a colour per job; evaluation metrics dashed with dots (they are sparse)
-    std::vector<std::tuple<Rgb, bool, std::string>> legend;
+    std::vector<std::size_t> shown_jobs;
     for (std::size_t ji = 0; ji < jobs.size(); ++ji) {
       const auto& j = jobs[ji];
+      bool any = false;
       for (const auto& cv : j.curves) {
         if (panel_of(cv.metric) != panel) continue;
         const bool eval = is_eval_metric(cv.metric);
@@ -230,24 +284,36 @@ void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOption
         c.polyline(pts, color_of(ji), eval ? 2.2 : 1.6, eval, label, j.id, cv.metric);
         if (eval || pts.size() == 1)
           for (auto pt : pts) c.dot(pt, 3.2, color_of(ji));
-        legend.emplace_back(color_of(ji), eval, label);
+        any = true;
       }
+      if (any) shown_jobs.push_back(ji);
     }
 
-    // Legend, right of the plot
+    // Legend, right of the plot: the jobs by colour, then the metrics by line style
+    const double lx = px1 + 18, row = 18;
+    const auto rows = static_cast<std::size_t>((py1 - py0) / row);
+    const std::size_t job_rows = rows > metrics.size() + 2 ? rows - metrics.size() - 1 : 1;
     double ly = py0 + 8;
-    const double lx = px1 + 18;
-    for (const auto& [color, eval, label] : legend) {
-      c.polyline({{lx, ly}, {lx + 26, ly}}, color, eval ? 2.2 : 1.6, eval, "", 0, "");
-      if (eval) c.dot({lx + 13, ly}, 3.2, color);
-      std::string shown = label;
-      for (std::size_t k = label.size(); k > 4 && c.text_width(shown, 12) > k_legend_w - 40;) {
-        do --k;
-        while (k > 0 && (static_cast<unsigned char>(label[k]) & 0xC0) == 0x80);  // whole UTF-8 characters
-        shown = label.substr(0, k) + "…";
+    for (std::size_t k = 0; k < shown_jobs.size(); ++k) {
+      if (k + 1 == job_rows && shown_jobs.size() > job_rows) {
+        c.text({lx + 34, ly + 4}, "… " + std::to_string(shown_jobs.size() - k) + " more jobs", 12, Anchor::start, k_muted);
+        ly += row;
+        break;
       }
-      c.text({lx + 34, ly + 4}, shown, 12, Anchor::start, k_ink);
-      ly += 20;
+      const auto& j = jobs[shown_jobs[k]];
+      c.polyline({{lx, ly}, {lx + 26, ly}}, color_of(shown_jobs[k]), 3, false, "", 0, "");
+      c.text({lx + 34, ly + 4}, fit_text(c, "#" + std::to_string(j.id) + " " + j.name, 12, k_legend_w - 40), 12,
+             Anchor::start, k_ink);
+      ly += row;
+    }
+    ly += row / 2;
+    for (const auto& m : metrics) {
+      if (ly > py1) break;
+      const bool eval = is_eval_metric(m);
+      c.polyline({{lx, ly}, {lx + 26, ly}}, k_muted, eval ? 2.2 : 1.6, eval, "", 0, "");
+      if (eval) c.dot({lx + 13, ly}, 3.2, k_muted);
+      c.text({lx + 34, ly + 4}, fit_text(c, m, 12, k_legend_w - 40), 12, Anchor::start, k_ink);
+      ly += row;
     }
   }
 }

@@ -49,7 +49,7 @@ struct Ticks {
   std::vector<double> values;
 };
 Ticks nice_ticks(double lo, double hi, int target);
-std::string tick_label(double v, double step);
+std::string tick_label(double v, double step);  // step 0: log-scale tick
 
 struct Rgb {
   double r = 0, g = 0, b = 0;
@@ -75,7 +75,12 @@ struct ChartOptions {
   XAxis x = XAxis::epoch;
   int width = 1100;
   int panel_height = 320;
+  bool log_y = false;  // log scale on every panel whose values are all > 0 (losses get one anyway
+                       // when they span 3 decades or more)
 };
+
+// Whether a panel is drawn on a log scale.
+bool wants_log_scale(const std::string& panel, double ylo, double yhi, bool forced);
 
 // Panels: one for losses, one for accuracies, one per other metric; a colour per job, solid
 // lines for training metrics and dashed lines with dots for test/validation ones.

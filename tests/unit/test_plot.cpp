@@ -116,6 +116,41 @@ TEST_CASE("svg: one named polyline per job and metric, names escaped, panels for
   CHECK(chart_height(jobs, o) > 2 * o.panel_height);
 }
 
+TEST_CASE("log scale: for losses spanning 3 decades, or when asked, never for values <= 0") {
+  CHECK(wants_log_scale("loss", 0.01, 1e12, false));
+  CHECK_FALSE(wants_log_scale("loss", 0.1, 2.5, false));
+  CHECK(wants_log_scale("loss", 0.1, 2.5, true));
+  CHECK_FALSE(wants_log_scale("accuracy", 0.001, 1, false));
+  CHECK_FALSE(wants_log_scale("loss", 0, 1e9, true));
+  CHECK(tick_label(1e-3, 0) == "0.001");
+  CHECK(tick_label(1e12, 0) == "1e12");
+  CHECK(tick_label(1e-5, 0) == "1e-5");
+  CHECK(tick_label(500, 0) == "500");
+  // A diverged run next to a healthy one: the loss panel says log scale and its ticks are decades
+  auto healthy = training_events(0, 2, 4);
+  auto diverged = training_events(0, 2, 4);
+  for (auto& e : diverged) e.data["loss"] = 1e9;
+  std::vector<JobCurves> jobs{curves_from_events(1, "ok", healthy, XAxis::epoch, {}),
+                              curves_from_events(2, "boom", diverged, XAxis::epoch, {})};
+  const std::string svg = render_svg(jobs, ChartOptions{});
+  CHECK(svg.find(">loss  (log scale)</text>") != std::string::npos);
+  CHECK(svg.find(">1e9</text>") != std::string::npos);
+  CHECK(svg.find(">0.1</text>") != std::string::npos);
+}
+
+TEST_CASE("legend: one row per job and one per metric, many jobs summarised") {
+  std::vector<JobCurves> jobs;
+  for (int i = 0; i < 30; ++i) jobs.push_back(curves_from_events(i + 1, "job" + std::to_string(i), training_events(0, 1, 2), XAxis::epoch, {}));
+  ChartOptions o;
+  o.title = std::string(400, 'x');
+  const std::string svg = render_svg(jobs, o);
+  CHECK(svg.find("more jobs</text>") != std::string::npos);
+  CHECK(svg.find(">#1 job0</text>") != std::string::npos);
+  CHECK(svg.find(">test_loss</text>") != std::string::npos);
+  CHECK(svg.find(std::string(400, 'x')) == std::string::npos);  // the title was shortened to fit
+  CHECK(svg.find("…</text>") != std::string::npos);
+}
+
 TEST_CASE("svg: no curves gives a chart that says so") {
   const std::string svg = render_svg({}, ChartOptions{});
   CHECK(svg.find("no progress events") != std::string::npos);
