@@ -440,7 +440,8 @@ int cmd_result(const Options& o, std::int64_t id) {
   return k_exit_ok;
 }
 
-int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch) {
+int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch,
+                const std::vector<std::string>& fields) {
   if (ids.empty() && batch == 0) {
     std::cerr << "gpuq: results needs job ids or --batch B\n";
     return k_exit_usage;
@@ -458,21 +459,42 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
     print_json({{"jobs", out}});
     return k_exit_ok;
   }
-  // One column per result key, in first-seen order.
-  std::vector<std::string> keys;
-  for (const auto& j : r.jobs)
-    if (j.result.is_object())
-      for (const auto& [k, _] : j.result.items())
-        if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
-  std::vector<std::string> header{"ID", "NAME", "STATE"};
-  header.insert(header.end(), keys.begin(), keys.end());
-  Table t(header);
-  for (const auto& j : r.jobs) {
-    std::vector<std::string> row{std::to_string(j.id), j.name, state_of(j)};
-    for (const auto& k : keys) row.push_back(j.result.is_object() && j.result.contains(k) ? format_value(j.result[k]) : "-");
-    t.add(row);
+  // Columns: the asked-for fields, else every plain field, metrics first (field_rank).
+  std::vector<std::string> keys = fields;
+  if (keys.empty()) {
+    std::vector<std::pair<int, std::string>> seen;
+    for (const auto& j : r.jobs)
+      if (j.result.is_object())
+        for (const auto& [k, v] : j.result.items())
+          if (!v.is_object() && !v.is_array() &&
+              std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.second == k; }) == seen.end())
+            seen.push_back({field_rank(k, v), k});
+    std::stable_sort(seen.begin(), seen.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [_, k] : seen) keys.push_back(k);
   }
-  t.print(std::cout);
+  auto table = [&](std::size_t n) {
+    std::vector<std::string> header{"ID", "NAME", "STATE"};
+    header.insert(header.end(), keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n));
+    Table t(header);
+    for (const auto& j : r.jobs) {
+      std::vector<std::string> row{std::to_string(j.id), j.name, state_of(j)};
+      for (std::size_t i = 0; i < n; ++i)
+        row.push_back(j.result.is_object() && j.result.contains(keys[i]) ? format_value(j.result[keys[i]]) : "-");
+      t.add(row);
+    }
+    return t;
+  };
+  // On a terminal the table keeps to its width: the last (least telling) columns go first.
+  std::size_t n = keys.size();
+  winsize ws{};
+  if (fields.empty() && ::isatty(STDOUT_FILENO) == 1 && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+    while (n > 1 && table(n).width() > ws.ws_col) --n;
+  table(n).print(std::cout);
+  if (n < keys.size()) {
+    std::string rest;
+    for (std::size_t i = n; i < keys.size(); ++i) rest += (i > n ? ", " : "") + keys[i];
+    std::cout << "(" << keys.size() - n << " more field(s): " << rest << "; --fields or --json)\n";
+  }
   return k_exit_ok;
 }
 

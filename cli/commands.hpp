@@ -34,7 +34,10 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids);
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s);
 int cmd_result(const Options& o, std::int64_t id);
-int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch);
+// `fields`: the result fields to show as columns (default: all plain ones, metrics first, as
+// many as fit a terminal).
+int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch,
+                const std::vector<std::string>& fields);
 int cmd_gpus(const Options& o);
 struct PlotArgs {
   std::vector<std::int64_t> ids;

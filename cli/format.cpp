@@ -26,6 +26,18 @@ void Table::print(std::ostream& out) const {
   }
 }
 
+std::size_t Table::width() const {
+  std::vector<std::size_t> width;
+  for (const auto& row : m_rows)
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      if (width.size() <= c) width.push_back(0);
+      width[c] = std::max(width[c], row[c].size());
+    }
+  std::size_t total = 0;
+  for (auto w : width) total += w + 2;
+  return total > 2 ? total - 2 : 0;
+}
+
 std::string format_duration(double s) {
   if (s < 0) s = 0;
   long long t = static_cast<long long>(s);
@@ -56,18 +68,17 @@ std::string format_value(const nlohmann::json& v) {
   return v.dump();
 }
 
+int field_rank(const std::string& key, const nlohmann::json& value) {
+  for (const char* m : {"acc", "loss", "score", "f1", "error", "perplexity"})
+    if (key.find(m) != std::string::npos) return 0;
+  return value.is_number() ? 1 : 2;
+}
+
 std::string format_fields(const nlohmann::json& obj, std::size_t max_fields) {
   if (!obj.is_object()) return "";
-  // What a person looks for first: quality metrics, then other numbers, then the rest (paths,
-  // names); within each group the object's (alphabetical) order.
-  auto group = [](const std::string& k, const nlohmann::json& v) {
-    for (const char* m : {"acc", "loss", "score", "f1", "error", "perplexity"})
-      if (k.find(m) != std::string::npos) return 0;
-    return v.is_number() ? 1 : 2;
-  };
   std::vector<std::pair<int, std::string>> shown;
   for (const auto& [k, v] : obj.items())
-    if (k != "rank" && k != "at" && k != "type" && !v.is_object() && !v.is_array()) shown.push_back({group(k, v), k});
+    if (k != "rank" && k != "at" && k != "type" && !v.is_object() && !v.is_array()) shown.push_back({field_rank(k, v), k});
   std::stable_sort(shown.begin(), shown.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::string out;
   for (std::size_t n = 0; n < shown.size(); ++n) {

@@ -14,6 +14,7 @@ class Table {
   explicit Table(std::vector<std::string> header) : m_rows{std::move(header)} {}
   void add(std::vector<std::string> row) { m_rows.push_back(std::move(row)); }
   void print(std::ostream& out) const;
+  std::size_t width() const;  // of the widest line print() writes
 
  private:
   std::vector<std::vector<std::string>> m_rows;
@@ -21,7 +22,10 @@ class Table {
 
 std::string format_duration(double seconds);              // 4s, 2m05s, 3h02m, 2d04h
 std::string format_value(const nlohmann::json& v);        // numbers to 4 significant digits
-std::string format_fields(const nlohmann::json& obj, std::size_t max_fields);  // "loss=0.41 epoch=2"
+// What a person looks for first in results and progress: 0 quality metrics (accuracy, loss, …),
+// 1 other numbers, 2 the rest (paths, names).
+int field_rank(const std::string& key, const nlohmann::json& value);
+std::string format_fields(const nlohmann::json& obj, std::size_t max_fields);  // "loss=0.41 epoch=2", metrics first
 std::string format_gpus(const std::vector<int>& gpus);    // "0,1" or "-"
 std::string format_time(double unix_seconds);             // local time, "2026-11-22 10:41:07"
 

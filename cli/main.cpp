@@ -83,9 +83,12 @@ int main(int argc, char** argv) {
 
   auto* results = app.add_subcommand("results", "Results of many jobs in one table");
   results->add_option("ids", ids, "Job ids");
+  std::vector<std::string> fields;
   results->add_option("--batch,-b", batch, "Every job of this batch");
+  results->add_option("--fields,-f", fields, "Result fields to show, comma-separated (default: all, metrics first)")
+      ->delimiter(',');
   json_flag(results);
-  results->callback([&] { run = [&] { return cmd_results(opt, ids, batch); }; });
+  results->callback([&] { run = [&] { return cmd_results(opt, ids, batch, fields); }; });
 
   auto* gpus = app.add_subcommand("gpus", "GPUs, their memory and which jobs hold them");
   json_flag(gpus);

@@ -258,6 +258,23 @@ class Top(DaemonTest):
         self.assertEqual(how(), "1:0:", "exit status 0, no signal")
         self.assertNotIn("trainer", self.screen())  # back on the main screen: the alternate one is gone
 
+    def test_results_keep_to_the_terminal_width_metrics_first(self):
+        fields = {f"field_{i:02d}": i for i in range(20)}
+        job = {"name": "wide", "shell": event_line(type="result", test_accuracy=0.9, **fields)}
+        job_id = self.d.submit(job)["ids"][0]
+        self.d.wait([job_id])
+        self.tmux("new-session", "-d", "-s", "top", "-x", "80", "-y", "10",
+                  f"env GPUQ_SOCKET={self.d.socket} {BIN}/gpuq results {job_id}; sleep 30")
+        wait_until(lambda: "more field(s)" in self.screen(), what="the results table")
+        lines = self.screen().rstrip("\n").split("\n")
+        self.assertTrue(lines[0].startswith("ID  NAME  STATE      test_accuracy  field_00"), lines[0])
+        self.assertTrue(all(len(l) <= 80 for l in lines[:2]), lines)
+        self.assertIn("field_19", self.screen())  # named in the note
+        # Not a terminal: every column; --fields: those asked for
+        self.assertIn("field_19", self.d.ok("results", str(job_id)).split("\n")[0])
+        self.assertEqual(self.d.ok("results", str(job_id), "--fields", "field_03,test_accuracy").split("\n")[1].split(),
+                         [str(job_id), "wide", "succeeded", "3", "0.9"])
+
     def test_top_once_prints_one_frame_for_scripts(self):
         self.d.submit({"name": "solo", "gpus": 1, "shell": "sleep 30"})
         wait_until(lambda: "running" in self.d.ok("status"), what="solo to run")
