@@ -86,6 +86,7 @@ Result<bool> render_png(const std::vector<JobCurves>& jobs, const ChartOptions& 
   cairo_destroy(cr);
   const cairo_status_t status = cairo_surface_write_to_png(surface, path.c_str());
   cairo_surface_destroy(surface);
+  cairo_debug_reset_static_data();  // drop cairo's font caches: one chart per process
   if (status != CAIRO_STATUS_SUCCESS)
     return Error{ErrorCode::internal, "cannot write " + path + ": " + cairo_status_to_string(status)};
   return true;

@@ -13,5 +13,6 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 cmake --build "$build" --parallel "$(nproc)"
 export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
 export GPUQ_SANITIZED=1  # the integration harness then scans every log for sanitizer reports
 ctest --test-dir "$build" --output-on-failure --parallel 2

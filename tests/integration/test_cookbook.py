@@ -47,9 +47,15 @@ class Cookbook(DaemonTest):
                     self.assertEqual(json.loads(text), json.load(f)[0])
             checked += 1
         self.assertEqual(checked, 5)
-        # Every job file of the cookbook is valid as it stands
+        # Every job file of the cookbook is valid as it stands (a build without LibTorch checks the
+        # specs, then refuses train jobs for want of gpuq-worker)
+        has_worker = os.path.exists(os.path.join(BIN, "gpuq-worker"))
         for name in sorted(os.listdir(os.path.join(REPO, "jobs/cookbook"))):
             r = self.d.run("submit", os.path.join(REPO, "jobs/cookbook", name), "--json")
+            if r.returncode != 0 and not has_worker:
+                self.assertIn("needs gpuq-worker, which this gpuqd was built without", r.stderr, name)
+                self.assertNotIn("invalid job spec", r.stderr, name)
+                continue
             self.assertEqual(r.returncode, 0, (name, r.stderr))
             self.d.ok("cancel", *map(str, json.loads(r.stdout)["ids"]))
 
