@@ -196,6 +196,31 @@ std::string fit_text(Canvas& c, const std::string& text, double size, double wid
   return shown;
 }
 
+}  // namespace
+
+std::vector<Point> decimate(const std::vector<Point>& pts) {
+  // Points sharing a pixel column collapse to their first, lowest, highest and last: the drawn
+  // line looks the same, and 100,000 steps make a few thousand points instead of a huge file.
+  if (pts.size() < 4) return pts;
+  std::vector<Point> out;
+  std::size_t i = 0;
+  while (i < pts.size()) {
+    const double column = std::floor(pts[i].x);
+    std::size_t lo = i, hi = i, j = i;
+    for (; j < pts.size() && std::floor(pts[j].x) == column; ++j) {
+      if (pts[j].y < pts[lo].y) lo = j;
+      if (pts[j].y > pts[hi].y) hi = j;
+    }
+    std::size_t keep[] = {i, std::min(lo, hi), std::max(lo, hi), j - 1};
+    for (std::size_t k = 0; k < 4; ++k)
+      if (k == 0 || keep[k] != keep[k - 1]) out.push_back(pts[keep[k]]);
+    i = j;
+  }
+  return out;
+}
+
+namespace {
+
 // Log-scale ticks: every decade, plus 2 and 5 times it when the range spans few decades.
 Ticks log_ticks(double lo, double hi) {
   Ticks t;
@@ -280,6 +305,7 @@ void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOption
         const bool eval = is_eval_metric(cv.metric);
         std::vector<Point> pts;
         for (auto pt : cv.points) pts.push_back({X(pt.x), Y(pt.y)});
+        pts = decimate(pts);
         const std::string label = "#" + std::to_string(j.id) + " " + j.name + "  " + cv.metric;
         c.polyline(pts, color_of(ji), eval ? 2.2 : 1.6, eval, label, j.id, cv.metric);
         if (eval || pts.size() == 1)

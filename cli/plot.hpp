@@ -79,6 +79,9 @@ struct ChartOptions {
                        // when they span 3 decades or more)
 };
 
+// Pixel-space points reduced to at most 4 per pixel column (first, min, max, last), in order.
+std::vector<Point> decimate(const std::vector<Point>& pts);
+
 // Whether a panel is drawn on a log scale.
 bool wants_log_scale(const std::string& panel, double ylo, double yhi, bool forced);
 

@@ -151,6 +151,22 @@ TEST_CASE("legend: one row per job and one per metric, many jobs summarised") {
   CHECK(svg.find("…</text>") != std::string::npos);
 }
 
+TEST_CASE("decimation keeps each pixel column's first, extremes and last point, in order") {
+  std::vector<Point> pts;
+  for (int i = 0; i < 1000; ++i) pts.push_back({10 + i / 100.0, std::sin(i * 0.7)});  // 10 columns
+  auto d = decimate(pts);
+  CHECK(d.size() <= 40);
+  CHECK(d.front().x == pts.front().x);
+  CHECK(d.back().x == pts.back().x);
+  for (std::size_t k = 1; k < d.size(); ++k) CHECK(d[k].x >= d[k - 1].x);
+  double lo = 1, hi = -1;
+  for (auto p : d) lo = std::min(lo, p.y), hi = std::max(hi, p.y);
+  CHECK(lo < -0.99);  // the extremes survive
+  CHECK(hi > 0.99);
+  std::vector<Point> few{{0, 1}, {5, 2}, {9, 3}};
+  CHECK(decimate(few).size() == 3);
+}
+
 TEST_CASE("svg: no curves gives a chart that says so") {
   const std::string svg = render_svg({}, ChartOptions{});
   CHECK(svg.find("no progress events") != std::string::npos);
