@@ -8,34 +8,39 @@
 
 namespace gpuq::cli {
 
-void Table::print(std::ostream& out) const {
+std::vector<std::string> Table::lines(std::size_t max_column) const {
   std::vector<std::size_t> width;
   for (const auto& row : m_rows)
     for (std::size_t c = 0; c < row.size(); ++c) {
       if (width.size() <= c) width.push_back(0);
-      width[c] = std::max(width[c], row[c].size());
+      const bool last = c + 1 == row.size();
+      width[c] = std::max(width[c], last ? row[c].size() : std::min(row[c].size(), std::max<std::size_t>(max_column, 2)));
     }
+  std::vector<std::string> out;
   for (const auto& row : m_rows) {
     std::string line;
     for (std::size_t c = 0; c < row.size(); ++c) {
-      line += row[c];
-      if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
+      if (c + 1 == row.size()) {
+        line += row[c];
+      } else {
+        std::string cell = row[c].size() > width[c] ? row[c].substr(0, width[c] - 1) + "~" : row[c];
+        line += cell + std::string(width[c] - cell.size() + 2, ' ');
+      }
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
-    out << line << "\n";
+    out.push_back(std::move(line));
   }
+  return out;
+}
+
+void Table::print(std::ostream& out) const {
+  for (const auto& l : lines()) out << l << "\n";
 }
 
 std::size_t Table::width() const {
-  std::vector<std::size_t> width;
-  for (const auto& row : m_rows)
-    for (std::size_t c = 0; c < row.size(); ++c) {
-      if (width.size() <= c) width.push_back(0);
-      width[c] = std::max(width[c], row[c].size());
-    }
-  std::size_t total = 0;
-  for (auto w : width) total += w + 2;
-  return total > 2 ? total - 2 : 0;
+  std::size_t w = 0;
+  for (const auto& l : lines()) w = std::max(w, l.size());
+  return w;
 }
 
 std::string format_duration(double s) {

@@ -13,8 +13,11 @@ class Table {
  public:
   explicit Table(std::vector<std::string> header) : m_rows{std::move(header)} {}
   void add(std::vector<std::string> row) { m_rows.push_back(std::move(row)); }
+  // The rows as lines with aligned columns, trailing blanks trimmed; every column but a row's
+  // last is cut to `max_column` characters ("~" marks a cut).
+  std::vector<std::string> lines(std::size_t max_column = std::string::npos) const;
   void print(std::ostream& out) const;
-  std::size_t width() const;  // of the widest line print() writes
+  std::size_t width() const;  // of the widest line
 
  private:
   std::vector<std::vector<std::string>> m_rows;

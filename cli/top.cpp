@@ -47,20 +47,12 @@ int order_of(const common::JobInfo& j) {
   return 2;
 }
 
-// Aligned columns: widths from the header and rows, the last column takes what is left.
+// Aligned columns (none but the last over 24 characters), each line exactly `width` wide.
 std::vector<std::string> columns(const std::vector<std::vector<std::string>>& rows, std::size_t width) {
-  std::vector<std::size_t> w;
-  for (const auto& r : rows)
-    for (std::size_t i = 0; i + 1 < r.size(); ++i) {
-      if (w.size() <= i) w.resize(i + 1, 0);
-      w[i] = std::max(w[i], std::min<std::size_t>(r[i].size(), 24));
-    }
+  Table t(rows.front());
+  for (std::size_t i = 1; i < rows.size(); ++i) t.add(rows[i]);
   std::vector<std::string> out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (std::size_t i = 0; i < r.size(); ++i) line += i + 1 < r.size() ? fit(r[i], w[i]) + "  " : r[i];
-    out.push_back(fit(line, width));
-  }
+  for (auto& l : t.lines(24)) out.push_back(fit(std::move(l), width));
   return out;
 }
 

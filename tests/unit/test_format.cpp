@@ -43,6 +43,16 @@ TEST_CASE("tables align columns and trim trailing spaces") {
   std::ostringstream out;
   t.print(out);
   CHECK(out.str() == "ID  NAME\n10  a\n7   longer\n");
+  CHECK(t.width() == 10);  // "7   longer"
+}
+
+TEST_CASE("table lines cut wide columns but the last") {
+  Table t({"ID", "NAME", "DETAIL"});
+  t.add({"1", "a-very-long-job-name", "a detail longer than the cap"});
+  auto lines = t.lines(8);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0] == "ID  NAME      DETAIL");
+  CHECK(lines[1] == "1   a-very-~  a detail longer than the cap");
 }
 
 TEST_SUITE_END();
