@@ -3,7 +3,8 @@
 eager PyTorch loop in Python, on the same device: same model (MLP 784-256-128-10), optimiser
 (Adam), batch sizes, data held on the device, one process. Each side runs alone and as a 1-rank
 DDP gang (NCCL on CUDA, Gloo on the CPU). Samples/s count the training steps of every epoch
-(evaluation excluded) on both sides; neither side reads the loss back every step.
+(evaluation excluded) on both sides; neither side reads the loss back every step. A third row
+per batch size runs gpuq-worker with LibTorch's one-parameter-at-a-time Adam (`foreach: false`).
 
 One command does it all on a CUDA machine with PyTorch installed:
 
@@ -83,10 +84,10 @@ def build(python):
     return os.path.join(build_dir, "bin")
 
 
-def run_worker(bin_dir, device, batch, epochs, samples, ddp):
+def run_worker(bin_dir, device, batch, epochs, samples, ddp, foreach=True):
     train = {"dataset": {"kind": "synthetic", "samples": samples, "features": FEATURES, "classes": CLASSES,
                          "test_fraction": 0.05},
-             "model": {"kind": "mlp", "hidden": HIDDEN}, "optimizer": {"kind": "adam", "lr": 1e-3},
+             "model": {"kind": "mlp", "hidden": HIDDEN}, "optimizer": {"kind": "adam", "lr": 1e-3, "foreach": foreach},
              "epochs": epochs, "batch_size": batch, "checkpoint_every": 0, "log_every": 1 << 30, "device": device}
     env = dict(os.environ)
     if ddp:
@@ -124,12 +125,15 @@ def main():
     bin_dir = build(args.python) if args.build else args.bin
 
     rows = []
+    # "alone" and "ddp-1" use the multi-tensor optimiser (gpuq-worker's default); "per-param" is
+    # LibTorch's one-tensor-at-a-time Adam, to show what that choice is worth.
     for batch in [int(b) for b in args.batches.split(",")]:
-        for ddp in (False, True):
+        for mode, ddp, foreach in (("alone", False, True), ("per-param", False, False), ("ddp-1", True, True)):
             t0 = time.time()
-            cpp = run_worker(bin_dir, args.device, batch, args.epochs, args.samples, ddp)
-            py = run_eager(args.python, args.device, batch, args.epochs, args.samples, ddp)
-            row = {"batch": batch, "mode": "ddp-1" if ddp else "alone", "device": cpp["device"],
+            cpp = run_worker(bin_dir, args.device, batch, args.epochs, args.samples, ddp, foreach)
+            if foreach:  # the Python side of "per-param" is the "alone" one
+                py = run_eager(args.python, args.device, batch, args.epochs, args.samples, ddp)
+            row = {"batch": batch, "mode": mode, "device": cpp["device"],
                    "backend": cpp["backend"], "worker_samples_per_s": round(cpp["samples_per_s"]),
                    "python_samples_per_s": round(py["samples_per_s"]),
                    "speedup": round(cpp["samples_per_s"] / py["samples_per_s"], 2), "torch": py["torch"]}
@@ -137,9 +141,9 @@ def main():
             print(f"batch {batch} {row['mode']}: gpuq-worker {row['worker_samples_per_s']}/s, "
                   f"python {row['python_samples_per_s']}/s ({row['speedup']}x, {time.time() - t0:.0f} s)", flush=True)
 
-    print(f"\n{'batch':>6} {'mode':<7}{'device':<8}{'backend':<8}{'worker/s':>10}{'python/s':>10}{'speedup':>9}")
+    print(f"\n{'batch':>6} {'mode':<10}{'device':<8}{'backend':<8}{'worker/s':>10}{'python/s':>10}{'speedup':>9}")
     for r in rows:
-        print(f"{r['batch']:>6} {r['mode']:<7}{r['device']:<8}{r['backend']:<8}{r['worker_samples_per_s']:>10}"
+        print(f"{r['batch']:>6} {r['mode']:<10}{r['device']:<8}{r['backend']:<8}{r['worker_samples_per_s']:>10}"
               f"{r['python_samples_per_s']:>10}{r['speedup']:>8}x")
     if args.out:
         with open(args.out, "w") as f:

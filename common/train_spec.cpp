@@ -64,12 +64,13 @@ ModelSpec parse_model(const json& obj, const std::string& who, std::vector<std::
 
 OptimizerSpec parse_optimizer(const json& obj, const std::string& who, std::vector<std::string>& errors) {
   OptimizerSpec o;
-  FieldReader r(obj, who, "train.optimizer", errors, {"kind", "lr", "momentum", "weight_decay"});
+  FieldReader r(obj, who, "train.optimizer", errors, {"kind", "lr", "momentum", "weight_decay", "foreach"});
   r.choice("kind", {"sgd", "adam", "adamw"}, o.kind);
   if (o.kind == "sgd") o.lr = 0.01;
   r.number("lr", 1e-12, 100, o.lr);
   r.number("momentum", 0, 0.9999, o.momentum);
   r.number("weight_decay", 0, 10, o.weight_decay);
+  r.boolean("foreach", o.foreach);
   if (o.kind != "sgd" && r.get("momentum")) r.fail("field `train.optimizer.momentum` applies to sgd only");
   return o;
 }
@@ -169,7 +170,8 @@ json to_json(const TrainSpec& t) {
     dataset["classes"] = d.classes;
     if (!d.class_weights.empty()) dataset["class_weights"] = d.class_weights;
   }
-  json optimizer = {{"kind", t.optimizer.kind}, {"lr", t.optimizer.lr}, {"weight_decay", t.optimizer.weight_decay}};
+  json optimizer = {{"kind", t.optimizer.kind}, {"lr", t.optimizer.lr}, {"weight_decay", t.optimizer.weight_decay},
+                    {"foreach", t.optimizer.foreach}};
   if (t.optimizer.kind == "sgd") optimizer["momentum"] = t.optimizer.momentum;
   json model = {{"kind", t.model.kind}};
   if (t.model.kind == "torchscript") {

@@ -48,6 +48,7 @@ struct OptimizerSpec {
   double lr = 1e-3;
   double momentum = 0;  // sgd
   double weight_decay = 0;
+  bool foreach = true;  // update all parameters with multi-tensor kernels (false: one at a time)
 };
 
 struct TrainSpec {

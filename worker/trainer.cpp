@@ -31,6 +31,7 @@
 #include "worker/data.hpp"
 #include "worker/loss_scale.hpp"
 #include "worker/model.hpp"
+#include "worker/optim.hpp"
 #include "worker/parallel.hpp"
 #include "worker/sampler.hpp"
 
@@ -253,16 +254,6 @@ void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
-std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::OptimizerSpec& o,
-                                                         std::vector<torch::Tensor> params) {
-  if (o.kind == "sgd")
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
-  if (o.kind == "adamw")
-    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
-  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay));
-}
-
 torch::Tensor to_tensor(const std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
   return torch::from_blob(const_cast<float*>(v.data()), {rows, cols}, torch::kFloat32).clone();
 }
@@ -423,13 +414,14 @@ int train_or_throw(const RunOptions& o) {
     torch::Tensor step_loss;
     for (std::int64_t s = 0; s < steps; ++s) {
       set_learning_rate(*optimizer, learning_rate(spec, epoch, step, steps_per_epoch * spec.epochs));
-      optimizer->zero_grad();
+      clear_gradients(params);
       for (int m = 0; m < spec.accumulate; ++m) {
         auto [x, y] = train_data->next();
         torch::Tensor loss;
         {
           Autocast scope(device.type(), low, autocast);
-          loss = loss_of(model->forward(x), y, classification) / spec.accumulate;
+          loss = loss_of(model->forward(x), y, classification);
+          if (spec.accumulate > 1) loss = loss / spec.accumulate;
         }
         if (reducer && m == spec.accumulate - 1) reducer->arm();
         (loss_scale ? loss * loss_scale->scale() : loss).backward();

@@ -26,6 +26,7 @@ TEST_CASE("a minimal train spec gets documented defaults") {
   CHECK(r->loss == "cross_entropy");
   CHECK(r->batch_size == 64);
   CHECK(r->accumulate == 1);
+  CHECK(r->optimizer.foreach);
 }
 
 TEST_CASE("regression data defaults to mse and rejects class-based options") {
@@ -39,6 +40,8 @@ TEST_CASE("regression data defaults to mse and rejects class-based options") {
 TEST_CASE("nested typos and bad values name the full field path") {
   CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "optimizer": {"kind": "sgd", "lr": -1}})"),
             "field `train.optimizer.lr` must be between"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "optimizer": {"foreach": "yes"}})"),
+            "field `train.optimizer.foreach` must be true or false, got a string"));
   CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "optimiser": {}})"),
             "unknown field `train.optimiser` (did you mean `train.optimizer`?)"));
   CHECK(has(train_error(R"({"dataset": {"kind": "synthetic", "featurs": 3}})"),

@@ -1,0 +1,186 @@
+// Multi-tensor SGD, Adam and AdamW on top of LibTorch's optimisers; see optim.hpp.
+#include "worker/optim.hpp"
+
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+namespace gpuq::worker {
+namespace {
+
+// LibTorch keys an optimiser's per-parameter state by the parameter's TensorImpl: the pointer
+// itself (2.x), or the pointer as c10::guts::to_string prints it (1.x). Using the same key keeps
+// LibTorch's save/load (checkpoints) working on the state these optimisers create.
+template <class Map>
+typename Map::key_type state_key(const Map& /*state*/, const torch::Tensor& p) {
+  auto* impl = p.unsafeGetTensorImpl();
+  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
+    std::ostringstream s;
+    s << static_cast<const void*>(impl);
+    return s.str();
+  } else {
+    return impl;
+  }
+}
+
+// The tensors of one multi-tensor call: ATen's fast path wants one device and dtype, and Adam's
+// bias correction one step count.
+struct Batch {
+  std::vector<torch::Tensor> params, grads, first, second;  // first/second: the moments, or SGD's buffers
+};
+using BatchKey = std::tuple<std::string, int, std::int64_t>;
+
+BatchKey batch_key(const torch::Tensor& p, std::int64_t step) {
+  return {p.device().str(), static_cast<int>(p.scalar_type()), step};
+}
+
+// Adam (L2 weight decay added to the gradient) or AdamW (decoupled weight decay: the parameters
+// shrink by lr·wd first), each step as LibTorch's Adam::step / AdamW::step computes it.
+template <class Base, class Options, class State, bool Decoupled>
+class MultiTensorAdam final : public Base {
+ public:
+  using Base::Base;
+
+  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    for (auto& group : this->param_groups_)
+      if (static_cast<const Options&>(group.options()).amsgrad()) return Base::step(std::move(closure));
+    torch::Tensor loss;
+    if (closure) {
+      torch::AutoGradMode grad_mode(true);
+      loss = closure();
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& group : this->param_groups_) {
+      const auto& o = static_cast<const Options&>(group.options());
+      std::map<BatchKey, Batch> batches;
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        TORCH_CHECK(!p.grad().is_sparse(), "multi-tensor Adam does not support sparse gradients");
+        auto key = state_key(this->state_, p);
+        auto it = this->state_.find(key);
+        if (it == this->state_.end()) {
+          auto fresh = std::make_unique<State>();
+          fresh->step(0);
+          fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+          fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+          it = this->state_.emplace(std::move(key), std::move(fresh)).first;
+        }
+        auto& s = static_cast<State&>(*it->second);
+        s.step(s.step() + 1);
+        auto& b = batches[batch_key(p, s.step())];
+        b.params.push_back(p);
+        b.grads.push_back(p.grad());
+        b.first.push_back(s.exp_avg());
+        b.second.push_back(s.exp_avg_sq());
+      }
+      const auto [beta1, beta2] = o.betas();
+      for (auto& [key, b] : batches) {
+        const auto t = static_cast<double>(std::get<2>(key));
+        const double correction1 = 1 - std::pow(beta1, t), correction2 = 1 - std::pow(beta2, t);
+        auto grads = b.grads;
+        if (o.weight_decay() != 0) {
+          if constexpr (Decoupled)
+            at::_foreach_mul_(b.params, 1 - o.lr() * o.weight_decay());
+          else
+            grads = at::_foreach_add(b.grads, b.params, o.weight_decay());
+        }
+        at::_foreach_mul_(b.first, beta1);
+        at::_foreach_add_(b.first, grads, 1 - beta1);
+        at::_foreach_mul_(b.second, beta2);
+        at::_foreach_addcmul_(b.second, grads, grads, 1 - beta2);
+        auto denominators = at::_foreach_sqrt(b.second);
+        at::_foreach_div_(denominators, std::sqrt(correction2));
+        at::_foreach_add_(denominators, o.eps());
+        at::_foreach_addcdiv_(b.params, b.first, denominators, -o.lr() / correction1);
+      }
+    }
+    return loss;
+  }
+};
+
+// SGD with momentum, dampening and Nesterov, as LibTorch's SGD::step computes it.
+class MultiTensorSGD final : public torch::optim::SGD {
+ public:
+  using SGD::SGD;
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::Tensor loss;
+    if (closure) {
+      torch::AutoGradMode grad_mode(true);
+      loss = closure();
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& group : param_groups_) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      std::map<BatchKey, Batch> batches;
+      for (auto& p : group.params())
+        if (p.grad().defined()) {
+          auto& b = batches[batch_key(p, 0)];
+          b.params.push_back(p);
+          b.grads.push_back(p.grad());
+        }
+      for (auto& [key, b] : batches) {
+        auto steps = o.weight_decay() != 0 ? at::_foreach_add(b.grads, b.params, o.weight_decay()) : b.grads;
+        if (o.momentum() != 0) {
+          // A parameter's first step starts its buffer at the step itself; later ones decay it.
+          std::vector<torch::Tensor> buffers(b.params.size()), decayed, incoming;
+          for (std::size_t i = 0; i < b.params.size(); ++i) {
+            auto key_of = state_key(state_, b.params[i]);
+            auto it = state_.find(key_of);
+            if (it == state_.end()) {
+              auto fresh = std::make_unique<torch::optim::SGDParamState>();
+              fresh->momentum_buffer(torch::clone(steps[i]).detach());
+              buffers[i] = fresh->momentum_buffer();
+              state_.emplace(std::move(key_of), std::move(fresh));
+            } else {
+              buffers[i] = static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer();
+              decayed.push_back(buffers[i]);
+              incoming.push_back(steps[i]);
+            }
+          }
+          if (!decayed.empty()) {
+            at::_foreach_mul_(decayed, o.momentum());
+            at::_foreach_add_(decayed, incoming, 1 - o.dampening());
+          }
+          steps = o.nesterov() ? at::_foreach_add(steps, buffers, o.momentum()) : buffers;
+        }
+        at::_foreach_add_(b.params, steps, -1 * o.lr());
+      }
+    }
+    return loss;
+  }
+};
+
+using MultiTensorAdamL2 =
+    MultiTensorAdam<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState, false>;
+using MultiTensorAdamW =
+    MultiTensorAdam<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::OptimizerSpec& o,
+                                                         std::vector<torch::Tensor> params) {
+  if (o.kind == "sgd") {
+    auto options = torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay);
+    if (o.foreach) return std::make_unique<MultiTensorSGD>(params, options);
+    return std::make_unique<torch::optim::SGD>(params, options);
+  }
+  if (o.kind == "adamw") {
+    auto options = torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay);
+    if (o.foreach) return std::make_unique<MultiTensorAdamW>(params, options);
+    return std::make_unique<torch::optim::AdamW>(params, options);
+  }
+  auto options = torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay);
+  if (o.foreach) return std::make_unique<MultiTensorAdamL2>(params, options);
+  return std::make_unique<torch::optim::Adam>(params, options);
+}
+
+void clear_gradients(const std::vector<torch::Tensor>& params) {
+  for (auto p : params)
+    if (p.grad().defined()) p.mutable_grad().reset();
+}
+
+}  // namespace gpuq::worker

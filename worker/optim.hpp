@@ -1,0 +1,31 @@
+// The optimisers gpuq-worker trains with. An internal header of the worker's LibTorch TUs.
+//
+// LibTorch's own SGD, Adam and AdamW update one parameter at a time: Adam launches eight kernels
+// per parameter tensor, so for a small model on a GPU the optimiser step is mostly launch
+// overhead (an MLP with 6 tensors: ~50 launches, more than its forward and backward together).
+// The multi-tensor versions here update every parameter of a device at once with ATen's
+// `_foreach_` kernels, as PyTorch's `foreach` optimisers do: eight launches per step for Adam,
+// whatever the number of tensors. They are LibTorch's optimisers otherwise: same options,
+// per-parameter state, parameter groups, learning-rate setting and serialisation, so schedules
+// and checkpoints work unchanged (and a checkpoint moves between the two kinds), and the same
+// arithmetic (an integration test checks both give the same parameters).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/train_spec.hpp"
+
+namespace gpuq::worker {
+
+// The optimiser of `spec` over `params`: multi-tensor unless `spec.foreach` is false.
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::OptimizerSpec& spec,
+                                                         std::vector<torch::Tensor> params);
+
+// Sets every parameter's gradient to none (as PyTorch's `zero_grad(set_to_none=True)`): nothing
+// to launch, and the next backward writes gradients instead of adding to zeros.
+void clear_gradients(const std::vector<torch::Tensor>& params);
+
+}  // namespace gpuq::worker
