@@ -178,6 +178,29 @@ std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::Optimizer
   return std::make_unique<torch::optim::Adam>(params, options);
 }
 
+bool unscale_gradients(const std::vector<torch::Tensor>& params, double scale) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, std::vector<torch::Tensor>> cuda;  // by device
+  bool found = false;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    auto grad = p.grad();
+    if (grad.is_cuda()) {
+      cuda[grad.device().str()].push_back(grad);
+      continue;
+    }
+    grad.mul_(1.0 / scale);
+    found = found || !grad.isfinite().all().item<bool>();
+  }
+  for (auto& [device, grads] : cuda) {
+    const auto options = grads.front().options().dtype(torch::kFloat32);
+    auto found_inf = torch::zeros({1}, options);
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, torch::full({1}, 1.0 / scale, options));
+    found = found_inf.item<float>() != 0 || found;
+  }
+  return found;
+}
+
 void clear_gradients(const std::vector<torch::Tensor>& params) {
   for (auto p : params)
     if (p.grad().defined()) p.mutable_grad().reset();

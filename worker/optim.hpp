@@ -28,4 +28,9 @@ std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::Optimizer
 // to launch, and the next backward writes gradients instead of adding to zeros.
 void clear_gradients(const std::vector<torch::Tensor>& params);
 
+// Divides every gradient by the fp16 loss scale, in place; returns whether any of them holds an
+// inf or NaN (the step must then be skipped). On CUDA one fused kernel per device checks and
+// unscales all gradients (what GradScaler.unscale_ uses); elsewhere one tensor at a time.
+bool unscale_gradients(const std::vector<torch::Tensor>& params, double scale);
+
 }  // namespace gpuq::worker

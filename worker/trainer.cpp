@@ -431,14 +431,7 @@ int train_or_throw(const RunOptions& o) {
       if (reducer) reducer->finish();
       bool apply = true;
       if (loss_scale) {  // unscale; skip the step if fp16 overflowed (every rank sees the same sums)
-        torch::NoGradGuard no_grad;
-        auto found_inf = torch::zeros({}, torch::TensorOptions().dtype(torch::kBool).device(device));
-        for (auto& p : params) {
-          if (!p.grad().defined()) continue;
-          p.mutable_grad().mul_(1.0 / loss_scale->scale());
-          found_inf.logical_or_(p.grad().isfinite().logical_not().any().to(device));
-        }
-        apply = loss_scale->update(found_inf.item<bool>());
+        apply = loss_scale->update(unscale_gradients(params, loss_scale->scale()));
         if (!apply) ++skipped;
       }
       if (apply && spec.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, spec.clip_grad_norm);
