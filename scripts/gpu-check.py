@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""The checks that need an NVIDIA GPU, in one command, on a machine with a CUDA build of PyTorch.
+
+Builds gpuq against PyTorch's LibTorch (CUDA, NCCL), then: gpuq-worker on the GPU alone, in bf16
+and fp16, with host-held data, and as a 1-rank NCCL DDP gang; gpuqd on the real GPUs (NVML) with
+bundled example jobs; training throughput against eager PyTorch (bench/throughput.py); the
+Fashion-MNIST accuracy of the CNNs (bench/accuracy.py). Every stage goes on after a failed check
+and writes its log to OUT; OUT/summary.json and the last lines printed say what passed.
+
+Build dependencies the machine lacks (SQLite, zlib, nlohmann-json, CLI11, doctest headers, the
+Fashion-MNIST files) can come as Debian packages in a folder (scripts/fetch-debs.sh makes one):
+they are unpacked into a prefix inside the build folder, never over the system, except that the
+dataset is copied to /usr/share/datasets where it is missing, so the example jobs run as written.
+
+Usage: scripts/gpu-check.py [--out DIR] [--build DIR] [--debs DIR] [--device cuda|cpu] [STAGE ...]
+       STAGE: build worker daemon throughput accuracy (default: all of them, in this order)
+       --device cpu runs the same checks without a GPU (two fake ones for gpuqd; no fp16): a dry
+       run of this script itself.
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+STAGES = ["build", "worker", "daemon", "throughput", "accuracy"]
+FASHION = "/usr/share/datasets/fashion-mnist"
+MLP = {"dataset": {"kind": "fashion-mnist"}, "model": {"kind": "mlp", "hidden": [256, 128]}, "epochs": 2,
+       "batch_size": 128, "log_every": 50}
+
+
+class Check:
+    """Records named checks of one stage; a failed check is logged and the stage goes on."""
+
+    def __init__(self, out, stage):
+        self.stage, self.results = stage, []
+        self.log = open(os.path.join(out, stage + ".log"), "a")
+
+    def say(self, text):
+        print(f"[{self.stage}] {text}", flush=True)
+        self.log.write(text + "\n")
+        self.log.flush()
+
+    def that(self, name, ok, detail=""):
+        self.results.append({"check": name, "ok": bool(ok), "detail": str(detail)[:2000]})
+        self.say(f"{'PASS' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""))
+        return ok
+
+    def run(self, cmd, env=None, timeout=600, cwd=REPO):
+        """Runs cmd with its output in the stage log; returns (exit status, output)."""
+        self.say("$ " + " ".join(cmd))
+        t0 = time.time()
+        try:
+            r = subprocess.run(cmd, cwd=cwd, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
+            status, output = r.returncode, r.stdout
+        except subprocess.TimeoutExpired as e:
+            status, output = 124, (e.stdout or b"").decode(errors="replace") + f"\n(timed out after {timeout} s)"
+        self.log.write(output + f"(exit {status}, {time.time() - t0:.1f} s)\n")
+        self.log.flush()
+        return status, output
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unpack_debs(c, debs, prefix):
+    os.makedirs(prefix, exist_ok=True)
+    packages = sorted(glob.glob(os.path.join(debs, "*.deb")))
+    failed = [deb for deb in packages if c.run(["dpkg-deb", "-x", deb, prefix])[0] != 0]
+    c.that(f"unpack {len(packages)} packages from {debs}", packages and not failed, failed)
+    # A -dev package's lib*.so points at the runtime library in /usr/lib, which is not unpacked
+    # here: drop those dangling links so the static archives beside them are linked instead.
+    for link in glob.glob(os.path.join(prefix, "usr/lib/*/lib*.so")):
+        if os.path.islink(link) and not os.path.exists(link):
+            os.unlink(link)
+    data = os.path.join(prefix, FASHION.lstrip("/"))
+    if os.path.isdir(data) and not os.path.isdir(FASHION):
+        shutil.copytree(data, FASHION)
+        c.say(f"Fashion-MNIST copied to {FASHION}")
+
+
+def stage_build(c, a):
+    prefix = subprocess.check_output([a.python, "-c", "import torch; print(torch.utils.cmake_prefix_path)"],
+                                     text=True).strip()
+    info = subprocess.check_output([a.python, "-c", "import torch; print(torch.__version__, torch.version.cuda, "
+                                    "torch.cuda.is_available(), torch.cuda.get_device_name(0) if "
+                                    "torch.cuda.is_available() else '-')"], text=True).strip()
+    if a.device == "cuda":
+        c.that("PyTorch sees a GPU", "True" in info.split(), info)
+    prefixes = [prefix]
+    if a.debs:
+        deps = os.path.join(a.build, "deps")
+        unpack_debs(c, a.debs, deps)
+        prefixes.append(os.path.join(deps, "usr"))
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    status, out = c.run(["cmake", "-S", REPO, "-B", a.build, *generator, "-DCMAKE_BUILD_TYPE=Release",
+                         "-DCMAKE_PREFIX_PATH=" + ";".join(prefixes)])
+    if not c.that("configure", status == 0, out.strip().splitlines()[-1] if out.strip() else ""):
+        return False
+    backends = next((l for l in out.splitlines() if "gpuq-worker:" in l), "no gpuq-worker line")
+    if a.device == "cuda":
+        c.that("configure finds CUDA and NCCL", "GPUQ_HAVE_NCCL" in out and "GPUQ_HAVE_CUDA" in out, backends)
+    t0 = time.time()
+    status, out = c.run(["cmake", "--build", a.build, "--parallel", str(os.cpu_count() or 4)], timeout=1200)
+    if not c.that("build", status == 0, f"{time.time() - t0:.0f} s" if status == 0 else out[-3000:]):
+        return False
+    status, out = c.run([os.path.join(a.build, "bin/gpuq-worker"), "--version"])
+    c.that("gpuq-worker runs", status == 0 and ("nccl" in out or a.device == "cpu"), out.strip())
+    status, out = c.run([os.path.join(a.build, "bin/gpuq_unit_tests")])
+    c.that("unit tests", status == 0, out.strip().splitlines()[-2:] if out.strip() else "")
+    return True
+
+
+def run_worker(c, a, name, train, env=None):
+    """Runs gpuq-worker by hand; returns (exit status, result event or {}, progress events)."""
+    events = os.path.join(a.out, name + ".events.jsonl")
+    if os.path.exists(events):
+        os.unlink(events)
+    status, out = c.run([os.path.join(a.build, "bin/gpuq-worker"), "--train", json.dumps(train)],
+                        env=dict(env or {}, GPUQ_EVENTS=events))
+    lines = [json.loads(l) for l in open(events)] if os.path.exists(events) else []
+    result = next((l for l in reversed(lines) if l.get("type") == "result"), {})
+    if status != 0:
+        c.say(out[-2000:])
+    return status, result, [l for l in lines if l.get("type") == "progress"]
+
+
+def brief(result):
+    keys = ("device", "backend", "precision", "data_on", "test_accuracy", "samples_per_s", "train_seconds",
+            "skipped_steps", "device_memory_peak_mib")
+    return {k: result[k] for k in keys if k in result}
+
+
+def stage_worker(c, a):
+    cuda = a.device == "cuda"
+    status, result, progress = run_worker(c, a, "mlp", MLP)
+    c.that(f"MLP trains on {a.where}", status == 0 and result.get("device") == a.where, brief(result))
+    c.that(f"MLP reaches {a.accuracy}", result.get("test_accuracy", 0) >= a.accuracy, result.get("test_accuracy"))
+    memory = "device_memory_mib" if cuda else "host_memory_mib"
+    c.that(f"progress events carry {memory}", progress and all(memory in p for p in progress),
+           progress[-1] if progress else "no progress events")
+    for precision in ("bf16", "fp16") if cuda else ("bf16",):
+        status, result, _ = run_worker(c, a, "mlp-" + precision, dict(MLP, precision=precision))
+        c.that(f"{precision} autocast trains", status == 0 and result.get("test_accuracy", 0) >= a.accuracy, brief(result))
+    status, result, _ = run_worker(c, a, "mlp-host", dict(MLP, data_on="host"))
+    c.that("host-held data with prefetch trains", status == 0 and result.get("data_on") == "host"
+           and result.get("test_accuracy", 0) >= a.accuracy, brief(result))
+    status, result, _ = run_worker(c, a, "mlp-per-param", dict(MLP, optimizer={"kind": "adam", "foreach": False}))
+    c.that("LibTorch's per-parameter Adam trains", status == 0 and result.get("test_accuracy", 0) >= a.accuracy,
+           brief(result))
+    cnn = dict(MLP, model={"kind": "cnn", "channels": [32, 64], "batch_norm": True, "hidden": [128]}, epochs=1)
+    status, result, _ = run_worker(c, a, "cnn", cnn)
+    c.that(f"batch-norm CNN trains on {a.where}", status == 0 and result.get("test_accuracy", 0) >= a.accuracy, brief(result))
+    ddp = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    status, result, _ = run_worker(c, a, "mlp-ddp1", MLP, env=ddp)
+    backend = "nccl" if cuda else "gloo"
+    c.that(f"1-rank DDP on {backend}", status == 0 and result.get("backend") == backend
+           and result.get("test_accuracy", 0) >= a.accuracy, brief(result))
+
+
+def stage_daemon(c, a):
+    tmp = tempfile.mkdtemp(prefix="gpuq-check-")
+    sock, state = os.path.join(tmp, "gpuqd.sock"), os.path.join(tmp, "state")
+    env = {"GPUQ_CONFIG": "", "GPUQ_SOCKET": sock, "GPUQ_STATE_DIR": state}
+    bin_dir = os.path.join(a.build, "bin")
+    log = open(os.path.join(a.out, "gpuqd.log"), "w")
+    gpus = "nvml" if a.device == "cuda" else "fake:2"
+    daemon = subprocess.Popen([os.path.join(bin_dir, "gpuqd"), "--foreground", "--socket", sock, "--state-dir", state,
+                               "--gpus", gpus],
+                              stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **env))
+    gpuq = lambda *args, timeout=600: c.run([os.path.join(bin_dir, "gpuq"), *args], env=env, timeout=timeout)
+    try:
+        for _ in range(100):
+            if gpuq("status")[0] == 0:
+                break
+            time.sleep(0.1)
+        status, out = gpuq("gpus", "--json")
+        doc = json.loads(out) if status == 0 else {}
+        c.that(f"gpuqd finds the GPUs ({gpus})", doc.get("source", "").startswith(gpus) and doc.get("gpus"),
+               out.strip()[:800])
+        jobs = [os.path.join(REPO, "jobs", f) for f in ("fashion-mnist-mlp.json", "fashion-mnist-cnn.json")]
+        if a.device == "cpu":  # the dry run: the same jobs, shortened
+            for i, path in enumerate(jobs):
+                with open(path) as f:
+                    job = json.load(f)
+                job["train"]["epochs"], job["train"]["dataset"]["limit"] = 1, MLP["dataset"]["limit"]
+                jobs[i] = os.path.join(tmp, os.path.basename(path))
+                with open(jobs[i], "w") as f:
+                    json.dump(job, f)
+        status, out = gpuq("submit", "--json", *jobs)
+        ids = [str(i) for i in json.loads(out)["ids"]] if status == 0 else []
+        c.that("submit the example jobs", status == 0, out.strip())
+        spec = os.path.join(tmp, "script.json")
+        with open(spec, "w") as f:
+            json.dump({"name": "torchrun-script", "gpus": 1, "cwd": REPO, "command": [
+                a.python, "jobs/examples/train.py", "--dataset", "synthetic", "--epochs", "3"]}, f)
+        status, out = gpuq("submit", "--json", spec)
+        ids += [str(i) for i in json.loads(out)["ids"]] if status == 0 else []
+        c.that("submit a torchrun-style script", status == 0, out.strip())
+        status, out = gpuq("top", "--once")
+        c.that("gpuq top shows the GPU", status == 0 and "GPU" in out, "\n" + out)
+        status, out = gpuq("wait", "--json", *ids, timeout=1500)
+        states = {j["name"]: j["state"] for j in json.loads(out)["jobs"]} if out.strip().startswith("{") else {}
+        c.that("the jobs succeed", status == 0 and set(states.values()) == {"succeeded"}, states or out[-1500:])
+        status, out = gpuq("results", "--json", *ids)
+        devices = {j["name"]: (j.get("result") or {}).get("device") for j in json.loads(out)["jobs"]} if status == 0 else {}
+        c.that(f"train jobs ran on {a.where}", devices.get("fashion-mnist-mlp") == a.where
+               and devices.get("fashion-mnist-cnn") == a.where, out.strip()[:3000])
+        status, out = gpuq("results", *ids)
+        c.say(out)
+        for name in ("curves.png", "curves.svg"):
+            status, out = gpuq("plot", *ids, "-o", os.path.join(a.out, name))
+            if status == 0:
+                break
+        c.that("plot the curves", status == 0, out.strip())
+        if len(doc.get("gpus", [])) < 2:
+            status, out = gpuq("submit", os.path.join(REPO, "jobs", "fashion-mnist-ddp.json"))
+            c.that("a gang larger than the machine is refused with a reason", status != 0, out.strip())
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+
+
+def stage_throughput(c, a):
+    status, out = c.run([a.python, os.path.join(REPO, "bench/throughput.py"), "--bin", os.path.join(a.build, "bin"),
+                         "--device", a.device, "--out", os.path.join(a.out, "throughput.json")], timeout=1200)
+    c.that("throughput benchmark", status == 0, "\n" + "\n".join(out.strip().splitlines()[-8:]))
+    if status == 0:
+        rows = json.load(open(os.path.join(a.out, "throughput.json")))
+        at64 = [r for r in rows if r["batch"] == 64 and r["mode"] == "alone"]
+        c.that("at least 1.5x eager PyTorch at batch 64", at64 and at64[0]["speedup"] >= 1.5, at64)
+
+
+def stage_accuracy(c, a):
+    status, out = c.run([a.python, os.path.join(REPO, "bench/accuracy.py"), "--bin", os.path.join(a.build, "bin"),
+                         "--only", "cnn,cnn-bn", "--device", a.device], timeout=1800)
+    c.that("Fashion-MNIST CNN accuracy benchmark", status == 0, "\n" + "\n".join(out.strip().splitlines()[-4:]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.path.join(REPO, "gpu-check"))
+    ap.add_argument("--build", default=os.path.join(REPO, "build-gpu"))
+    ap.add_argument("--debs", help="a folder of Debian packages to unpack for the build (scripts/fetch-debs.sh)")
+    ap.add_argument("--python", default=sys.executable, help="the Python that has PyTorch")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("stages", nargs="*", metavar="STAGE", help=" ".join(STAGES))
+    a = ap.parse_args()
+    unknown = [s for s in a.stages if s not in STAGES]
+    if unknown:
+        ap.error(f"unknown stage {unknown[0]!r} (stages: {' '.join(STAGES)})")
+    os.makedirs(a.out, exist_ok=True)
+    a.where = "cuda:0" if a.device == "cuda" else "cpu"
+    MLP["device"] = a.device
+    a.accuracy = 0.85
+    if a.device == "cpu":  # a dry run: a tenth of the data, so it takes minutes
+        MLP["dataset"]["limit"], a.accuracy = 6000, 0.75
+    summary = []
+    for stage in a.stages or STAGES:
+        c = Check(a.out, stage)
+        t0 = time.time()
+        try:
+            ok = globals()["stage_" + stage](c, a)
+        except Exception as e:  # a broken stage must not hide the others' results
+            ok = c.that("stage ran to its end", False, repr(e))
+        summary.append({"stage": stage, "seconds": round(time.time() - t0), "checks": c.results})
+        json.dump(summary, open(os.path.join(a.out, "summary.json"), "w"), indent=1)
+        if stage == "build" and ok is False:
+            break
+    failed = [f"{s['stage']}: {r['check']}" for s in summary for r in s["checks"] if not r["ok"]]
+    total = sum(len(s["checks"]) for s in summary)
+    print(f"\n{total - len(failed)}/{total} checks passed" + "".join("\n  FAIL " + f for f in failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
