@@ -1,6 +1,8 @@
 // Multi-tensor SGD, Adam and AdamW on top of LibTorch's optimisers; see optim.hpp.
 #include "worker/optim.hpp"
 
+#include <torch/version.h>
+
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -199,6 +201,32 @@ bool unscale_gradients(const std::vector<torch::Tensor>& params, double scale) {
     found = found_inf.item<float>() != 0 || found;
   }
   return found;
+}
+
+void clip_gradients(const std::vector<torch::Tensor>& params, double max_norm, bool foreach) {
+  if (!foreach) {
+    torch::nn::utils::clip_grad_norm_(params, max_norm);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  std::map<std::string, std::vector<torch::Tensor>> by_device;
+  for (const auto& p : params)
+    if (p.grad().defined()) by_device[p.grad().device().str()].push_back(p.grad());
+  if (by_device.empty()) return;
+  const auto first = by_device.begin()->second.front().device();
+  std::vector<torch::Tensor> norms;
+  for (auto& [device, grads] : by_device)
+    for (auto& n : at::_foreach_norm(grads, 2)) norms.push_back(n.to(first));
+  const auto total = torch::stack(norms).norm(2);
+  const auto coef = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);  // LibTorch's epsilon
+  for (auto& [device, grads] : by_device) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+    at::_foreach_mul_(grads, coef.to(grads.front().device()));
+#else
+    const auto c = coef.to(grads.front().device());  // no Tensor overload of _foreach_mul_ before 2.1
+    for (auto& g : grads) g.mul_(c);
+#endif
+  }
 }
 
 void clear_gradients(const std::vector<torch::Tensor>& params) {

@@ -33,4 +33,10 @@ void clear_gradients(const std::vector<torch::Tensor>& params);
 // unscales all gradients (what GradScaler.unscale_ uses); elsewhere one tensor at a time.
 bool unscale_gradients(const std::vector<torch::Tensor>& params, double scale);
 
+// Scales the gradients down so that their joint 2-norm is at most `max_norm`, as PyTorch's
+// `clip_grad_norm_(foreach=True)`: one `_foreach_norm` and one `_foreach_mul_` per device, and the
+// norm never leaves the device. LibTorch's `clip_grad_norm_` launches two kernels per tensor and
+// returns the norm as a double, so the host waits for the GPU every step. `foreach` false uses it.
+void clip_gradients(const std::vector<torch::Tensor>& params, double max_norm, bool foreach);
+
 }  // namespace gpuq::worker

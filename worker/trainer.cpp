@@ -434,7 +434,7 @@ int train_or_throw(const RunOptions& o) {
         apply = loss_scale->update(unscale_gradients(params, loss_scale->scale()));
         if (!apply) ++skipped;
       }
-      if (apply && spec.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, spec.clip_grad_norm);
+      if (apply && spec.clip_grad_norm > 0) clip_gradients(params, spec.clip_grad_norm, spec.optimizer.foreach);
       if (apply) optimizer->step();
       ++step;
       samples += spec.batch_size;
@@ -454,7 +454,10 @@ int train_or_throw(const RunOptions& o) {
     model->train(false);
     {
       torch::NoGradGuard no_grad;
-      double loss_sum = 0, correct = 0;
+      // Sums stay on the device until the end: one wait for the device per evaluation, not two
+      // per batch.
+      auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+      auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
       for (std::int64_t i = 0; i < data->test.n; i += 4096) {
         const std::int64_t n = std::min<std::int64_t>(4096, data->test.n - i);
         auto x = test_data->x().narrow(0, i, n).to(device);
@@ -464,11 +467,11 @@ int train_or_throw(const RunOptions& o) {
           Autocast scope(device.type(), low, autocast);
           out = model->forward(x);
         }
-        loss_sum += loss_of(out, y, classification).item<double>() * static_cast<double>(n);
-        if (classification) correct += out.argmax(1).eq(y.to(out.device())).sum().item<double>();
+        loss_sum += loss_of(out, y, classification).to(device, torch::kFloat64) * static_cast<double>(n);
+        if (classification) correct += out.argmax(1).eq(y.to(out.device())).sum().to(device);
       }
-      test_loss = loss_sum / static_cast<double>(data->test.n);
-      test_accuracy = correct / static_cast<double>(data->test.n);
+      test_loss = loss_sum.item<double>() / static_cast<double>(data->test.n);
+      test_accuracy = static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(data->test.n);
     }
     json progress = {{"type", "progress"}, {"epoch", epoch},          {"epochs", spec.epochs},
                      {"step", step},         {"total_steps", steps_per_epoch * spec.epochs},

@@ -137,6 +137,16 @@ class Worker(DaemonTest):
                                         self.tmp_path(f"{optimizer['kind']}-plain.json"))
                 self.assertGreater(max_diff(plain, runs[True]), 1e-4)
 
+    def test_multi_tensor_gradient_clipping_computes_what_libtorchs_does(self):
+        # A max norm well below the gradients' so that every step is clipped.
+        spec = dict(SYNTHETIC, epochs=3, optimizer={"kind": "sgd", "lr": 0.5, "momentum": 0.9})
+        runs = {foreach: self.run_worker(dict(spec, clip_grad_norm=0.05, optimizer=dict(spec["optimizer"], foreach=foreach)),
+                                         self.tmp_path(f"clip-{foreach}.json"))
+                for foreach in (True, False)}
+        self.assertLess(max_diff(runs[True], runs[False]), 1e-6)
+        unclipped = self.run_worker(spec, self.tmp_path("unclipped.json"))
+        self.assertGreater(max_diff(unclipped, runs[True]), 1e-3)
+
     def test_a_checkpoint_of_the_multi_tensor_optimiser_resumes_with_libtorchs_and_back(self):
         # Adam's moments must survive the round trip: a resume without them lands elsewhere.
         spec = dict(SYNTHETIC, epochs=3, checkpoint_every=1, optimizer={"kind": "adam", "lr": 3e-3})
