@@ -8,17 +8,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <boost/process.hpp>
-#include <boost/process/extend.hpp>
-#include <boost/process/posix.hpp>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
-namespace gpuq::daemon {
+#include "daemon/boost_process.hpp"
 
-namespace bp = boost::process;
+namespace gpuq::daemon {
 
 double wall_now() {
   timespec ts{};

@@ -12,9 +12,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <boost/process.hpp>
-#include <boost/process/extend.hpp>
-#include <boost/process/posix.hpp>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -26,12 +23,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "daemon/boost_process.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/log_sink.hpp"
 
 namespace gpuq::daemon {
 
-namespace bp = boost::process;
 using json = nlohmann::json;
 
 namespace {

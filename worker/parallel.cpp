@@ -18,6 +18,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
 
+#include <torch/version.h>
+
+#include <cstdlib>
+#include <iostream>
 #include <set>
 #include <stdexcept>
 
@@ -34,6 +38,34 @@ std::string available_backends() {
   return b.empty() ? "none" : b;
 }
 
+#if defined(GPUQ_HAVE_GLOO) || defined(GPUQ_HAVE_NCCL)
+namespace {
+
+// The rendezvous store, as torch.distributed's env:// opens it: LibTorch ≥ 2.4 serves it with
+// libuv unless USE_LIBUV=0. A LibTorch built without libuv (Debian's) refuses that, where Python
+// would need USE_LIBUV=0 set by hand: here the classic backend, which speaks the same protocol,
+// takes over.
+c10::intrusive_ptr<c10d::TCPStore> open_store(const std::string& host, c10d::TCPStoreOptions options) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  const char* use_libuv = std::getenv("USE_LIBUV");
+  if (use_libuv && std::string(use_libuv) == "0") options.useLibUV = false;
+  if (options.useLibUV) {
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(host, options);
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("without libuv") == std::string::npos) throw;
+      std::cerr << "gpuq-worker: this LibTorch was built without libuv: the rendezvous store uses "
+                   "its classic backend\n";
+      options.useLibUV = false;
+    }
+  }
+#endif
+  return c10::make_intrusive<c10d::TCPStore>(host, options);
+}
+
+}  // namespace
+#endif
+
 Collectives Collectives::connect(const RunOptions& o, const std::vector<torch::Device>& devices) {
   Collectives c;
   c.m_world = o.world;
@@ -45,7 +77,7 @@ Collectives Collectives::connect(const RunOptions& o, const std::vector<torch::D
   store_options.isServer = o.rank == 0;
   store_options.numWorkers = static_cast<std::size_t>(o.world);
   store_options.timeout = std::chrono::minutes(5);
-  auto store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, store_options);
+  auto store = open_store(o.master_addr, store_options);
   // The ProcessGroup class (LibTorch 1.x) or Backend (2.x) behind two closures.
   auto bind = [](auto pg) {
     Group g;

@@ -30,6 +30,7 @@ class Completion(DaemonTest):
         self.assertEqual(self.complete("gpuq", "ca"), ["cancel"])
         self.assertEqual(self.complete("gpuq", "res"), ["result", "results"])
         self.assertIn("wait", self.complete("gpuq", ""))
+        self.assertEqual(self.complete("gpuq", "SIG"), [])  # no word of a wrapped description ("...then SIGKILL")
         self.assertEqual(self.complete("gpuq", "wait", "--ti"), ["--timeout"])
         self.assertEqual(self.complete("gpuq", "--socket", "x", "submit", "--wa"), ["--wait"])
         self.assertEqual(self.complete("gpuq", "daemon", "st"), ["start", "status", "stop"])
