@@ -158,6 +158,13 @@ def stage_worker(c, a):
     status, result, _ = run_worker(c, a, "mlp-per-param", dict(MLP, optimizer={"kind": "adam", "foreach": False}))
     c.that("LibTorch's per-parameter Adam trains", status == 0 and result.get("test_accuracy", 0) >= a.accuracy,
            brief(result))
+    clip = dict(MLP, clip_grad_norm=0.5, accumulate=2, precision="fp16" if cuda else "fp32")
+    runs = {foreach: run_worker(c, a, f"mlp-clip-{foreach}", dict(clip, optimizer={"kind": "adam", "foreach": foreach}))[1]
+            for foreach in (True, False)}
+    c.that("multi-tensor gradient clipping trains like LibTorch's",
+           runs[True].get("test_accuracy", 0) >= a.accuracy
+           and abs(runs[True].get("test_loss", 1) - runs[False].get("test_loss", 0)) < 0.02,
+           f"multi-tensor: {brief(runs[True])}; LibTorch's: {brief(runs[False])}")
     cnn = dict(MLP, model={"kind": "cnn", "channels": [32, 64], "batch_norm": True, "hidden": [128]}, epochs=1)
     status, result, _ = run_worker(c, a, "cnn", cnn)
     c.that(f"batch-norm CNN trains on {a.where}", status == 0 and result.get("test_accuracy", 0) >= a.accuracy, brief(result))
