@@ -6,6 +6,12 @@
 #include <filesystem>
 #include <fstream>
 
+// From torch/csrc/jit/codegen/fuser/interface.h, which not every LibTorch package ships (Debian's
+// does not); exported by libtorch_cpu since 1.x.
+namespace torch::jit {
+TORCH_API void overrideCanFuseOnCPU(bool value);
+}
+
 namespace gpuq::worker {
 
 using json = nlohmann::json;
@@ -107,6 +113,10 @@ std::unique_ptr<Model> build_model(const common::TrainSpec& spec, const std::vec
   const auto& m = spec.model;
   if (m.kind == "torchscript") {
     if (!std::filesystem::exists(m.path)) throw std::runtime_error("the TorchScript model " + m.path + " does not exist");
+    // TorchScript fuses CPU ops only where LibTorch was built with LLVM (PyTorch's wheels are
+    // not; Debian's is), and with Debian 13's LibTorch 2.6 that LLVM code generation never
+    // finishes: CPU graphs run unfused, as under PyTorch's own builds. CUDA fusion is untouched.
+    torch::jit::overrideCanFuseOnCPU(false);
     try {
       return std::make_unique<ScriptModel>(torch::jit::load(m.path), devices.at(0));
     } catch (const c10::Error& e) {
