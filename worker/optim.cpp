@@ -229,6 +229,29 @@ void clip_gradients(const std::vector<torch::Tensor>& params, double max_norm, b
   }
 }
 
+bool optimizer_state_fits(torch::optim::Optimizer& optimizer) {
+  auto& state = optimizer.state();
+  for (const auto& entry : state)
+    if (!entry.second) return false;
+  std::size_t owned = 0;
+  for (auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      const auto it = state.find(state_key(state, p));
+      if (it == state.end()) continue;
+      ++owned;
+      const auto fits = [&](const torch::Tensor& t) { return !t.defined() || t.sizes() == p.sizes(); };
+      const auto* s = it->second.get();
+      if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+        if (!fits(a->exp_avg()) || !fits(a->exp_avg_sq())) return false;
+      } else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+        if (!fits(w->exp_avg()) || !fits(w->exp_avg_sq())) return false;
+      } else if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+        if (!fits(m->momentum_buffer())) return false;
+      }
+    }
+  return owned == state.size();
+}
+
 void clear_gradients(const std::vector<torch::Tensor>& params) {
   for (auto p : params)
     if (p.grad().defined()) p.mutable_grad().reset();

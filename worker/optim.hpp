@@ -24,6 +24,12 @@ namespace gpuq::worker {
 std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::OptimizerSpec& spec,
                                                          std::vector<torch::Tensor> params);
 
+// Whether the per-parameter state that loading a checkpoint gave `optimizer` belongs to its
+// parameters: one entry per parameter at most, none empty, each moment or momentum buffer shaped
+// like its parameter. LibTorch 2.x reads a 1.x optimiser archive into empty or misplaced states
+// (1.x wrote the keys as "0x…" text, 2.x parses them as decimal), on which a step would crash.
+bool optimizer_state_fits(torch::optim::Optimizer& optimizer);
+
 // Sets every parameter's gradient to none (as PyTorch's `zero_grad(set_to_none=True)`): nothing
 // to launch, and the next backward writes gradients instead of adding to zeros.
 void clear_gradients(const std::vector<torch::Tensor>& params);

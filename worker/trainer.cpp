@@ -389,6 +389,12 @@ int train_or_throw(const RunOptions& o) {
     train_seconds = state.value("train_seconds", 0.0);
     std::cout << "rank " << o.rank << ": resumed from the checkpoint of epoch " << first_epoch - 1 << " in "
               << checkpoints.path() << std::endl;
+    if (!optimizer_state_fits(*optimizer)) {
+      optimizer->state().clear();
+      std::cerr << "gpuq-worker: rank " << o.rank << ": the checkpoint's optimiser state does not fit this model "
+                   "(written by another LibTorch version?): training goes on from the checkpoint's weights with "
+                   "fresh optimiser state\n";
+    }
   }
 
   // Train

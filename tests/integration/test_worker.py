@@ -2,6 +2,7 @@
 Fashion-MNIST training through the real daemon."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import unittest
@@ -174,6 +175,22 @@ class Worker(DaemonTest):
         self.assertEqual(job["result"]["epochs"], 2)
         self.assertEqual(job["progress"]["epoch"], 2)  # per-epoch progress events arrived
         self.assertIn("fashion-mnist: 20000 train, 10000 test, 784 features, 10 classes", self.d.ok("logs", str(job_id)))
+
+    def test_optimiser_state_that_does_not_fit_the_model_is_dropped_with_a_warning_not_a_crash(self):
+        # What LibTorch 2.x makes of a 1.x optimiser archive: state the parameters cannot use. Here
+        # the optimiser state of a model with the same number of tensors but other shapes.
+        spec = dict(SYNTHETIC, epochs=1, checkpoint_every=1, optimizer={"kind": "adam", "lr": 3e-3})
+        ck, other = self.tmp_path("ck"), self.tmp_path("ck-other")
+        self.run_worker(spec, self.tmp_path("one.json"), env={"GPUQ_CHECKPOINT_DIR": ck})
+        self.run_worker(dict(spec, model={"hidden": [16, 32]}), self.tmp_path("other.json"),
+                        env={"GPUQ_CHECKPOINT_DIR": other})
+        shutil.copy(os.path.join(other, "epoch-1", "optimizer.pt"), os.path.join(ck, "epoch-1", "optimizer.pt"))
+        r = subprocess.run([WORKER, "--train", json.dumps(dict(spec, epochs=2)), "--checkpoint-dir", ck],
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("resumed from the checkpoint of epoch 1", r.stdout)
+        self.assertIn("the checkpoint's optimiser state does not fit this model", r.stderr)
+        self.assertIn("epoch 2: loss", r.stdout)
 
     def test_resuming_after_a_kill_gives_the_same_parameters_as_an_uninterrupted_run(self):
         spec = dict(RESUMABLE, seed=4241)
