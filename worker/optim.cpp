@@ -28,6 +28,14 @@ typename Map::key_type state_key(const Map& /*state*/, const torch::Tensor& p) {
   }
 }
 
+// The parameters' gradients (those that have one), grouped by device, for multi-tensor kernels.
+std::map<std::string, std::vector<torch::Tensor>> gradients_by_device(const std::vector<torch::Tensor>& params) {
+  std::map<std::string, std::vector<torch::Tensor>> out;
+  for (const auto& p : params)
+    if (p.grad().defined()) out[p.grad().device().str()].push_back(p.grad());
+  return out;
+}
+
 // The tensors of one multi-tensor call: ATen's fast path wants one device and dtype, and Adam's
 // bias correction one step count.
 struct Batch {
@@ -182,19 +190,15 @@ std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::Optimizer
 
 bool unscale_gradients(const std::vector<torch::Tensor>& params, double scale) {
   torch::NoGradGuard no_grad;
-  std::map<std::string, std::vector<torch::Tensor>> cuda;  // by device
   bool found = false;
-  for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
-    auto grad = p.grad();
-    if (grad.is_cuda()) {
-      cuda[grad.device().str()].push_back(grad);
+  for (auto& [device, grads] : gradients_by_device(params)) {
+    if (!grads.front().is_cuda()) {
+      for (auto& grad : grads) {
+        grad.mul_(1.0 / scale);
+        found = found || !grad.isfinite().all().item<bool>();
+      }
       continue;
     }
-    grad.mul_(1.0 / scale);
-    found = found || !grad.isfinite().all().item<bool>();
-  }
-  for (auto& [device, grads] : cuda) {
     const auto options = grads.front().options().dtype(torch::kFloat32);
     auto found_inf = torch::zeros({1}, options);
     at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, torch::full({1}, 1.0 / scale, options));
@@ -209,22 +213,20 @@ void clip_gradients(const std::vector<torch::Tensor>& params, double max_norm, b
     return;
   }
   torch::NoGradGuard no_grad;
-  std::map<std::string, std::vector<torch::Tensor>> by_device;
-  for (const auto& p : params)
-    if (p.grad().defined()) by_device[p.grad().device().str()].push_back(p.grad());
+  const auto by_device = gradients_by_device(params);
   if (by_device.empty()) return;
   const auto first = by_device.begin()->second.front().device();
   std::vector<torch::Tensor> norms;
-  for (auto& [device, grads] : by_device)
+  for (const auto& [device, grads] : by_device)
     for (auto& n : at::_foreach_norm(grads, 2)) norms.push_back(n.to(first));
   const auto total = torch::stack(norms).norm(2);
   const auto coef = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);  // LibTorch's epsilon
-  for (auto& [device, grads] : by_device) {
+  for (const auto& [device, grads] : by_device) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
     at::_foreach_mul_(grads, coef.to(grads.front().device()));
 #else
     const auto c = coef.to(grads.front().device());  // no Tensor overload of _foreach_mul_ before 2.1
-    for (auto& g : grads) g.mul_(c);
+    for (auto g : grads) g.mul_(c);
 #endif
   }
 }
