@@ -21,6 +21,7 @@
 #include "common/client.hpp"
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
+#include "common/spec.hpp"
 
 extern char** environ;
 
@@ -263,8 +264,11 @@ int cmd_show(const Options& o, std::int64_t id) {
   std::cout << "job " << j.id << " (" << j.name << "), batch " << j.batch << "\n"
             << "  state:     " << state_of(j) << (j.reason.empty() ? "" : " - " + j.reason) << "\n"
             << "  mode:      " << j.mode << ", " << j.ranks << " rank(s), gpus requested " << j.gpus_requested
-            << ", assigned " << format_gpus(j.gpus) << "\n"
-            << "  attempt:   " << j.attempt << " of " << j.retries + 1 << "\n"
+            << ", assigned " << format_gpus(j.gpus) << "\n";
+  if (j.cpus_requested > 0)
+    std::cout << "  cpus:      " << j.cpus_requested << " per rank"
+              << (j.cpus.empty() ? std::string() : ", pinned to " + common::format_cpu_list(j.cpus)) << "\n";
+  std::cout << "  attempt:   " << j.attempt << " of " << j.retries + 1 << "\n"
             << "  submitted: " << format_time(j.submitted_at) << "\n"
             << "  started:   " << format_time(j.started_at) << "\n"
             << "  ended:     " << format_time(j.ended_at) << "   runtime " << runtime_of(j) << "\n";

@@ -46,6 +46,8 @@ struct JobInfo {
   std::string mode;
   int ranks = 1;
   std::vector<int> gpus;  // assigned GPU indices (current or last attempt)
+  int cpus_requested = 0;  // `cpus`: cores per rank, 0 = not asked
+  std::vector<int> cpus;   // the cores its ranks are pinned to (current or last attempt)
   double submitted_at = 0, started_at = 0, ended_at = 0;  // unix seconds, 0 = not yet
   json exit_code;    // int or null
   json exit_signal;  // int or null
@@ -59,7 +61,7 @@ struct JobInfo {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
                                                 priority, gpus_requested, mode, ranks, gpus,
-                                                submitted_at, started_at, ended_at, exit_code,
+                                                cpus_requested, cpus, submitted_at, started_at, ended_at, exit_code,
                                                 exit_signal, reason, progress, result, after,
                                                 bad_event_lines, job_dir, labels)
 

@@ -15,16 +15,16 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 17> k_fields{
-    "name", "command", "shell",    "train",   "gpus", "mode",      "ranks", "gpu_memory_mb",
-    "shared", "priority", "after", "retries", "timeout_s", "env", "cwd", "labels", "comment"};
+constexpr std::array<std::string_view, 18> k_fields{
+    "name",     "command", "shell",   "train",     "gpus", "mode", "ranks",  "cpus",   "gpu_memory_mb",
+    "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment"};
 
-constexpr std::array<std::string_view, 16> k_reserved_env{
+constexpr std::array<std::string_view, 17> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
     "WORLD_SIZE",           "LOCAL_WORLD_SIZE",  "GROUP_RANK", "ROLE_RANK",
     "MASTER_ADDR",          "MASTER_PORT",       "GPUQ_JOB_ID", "GPUQ_JOB_DIR",
     "GPUQ_EVENTS",          "GPUQ_ATTEMPT",      "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_RUN_ID"};
+    "TORCHELASTIC_RUN_ID",  "GPUQ_CPUS"};
 
 bool valid_name(const std::string& s) {
   if (s.empty() || s.size() > 128) return false;
@@ -127,6 +127,8 @@ class JobParser {
     } else if (has_ranks && s.ranks != 1) {
       fail("field `ranks` needs \"mode\": \"ddp\"; an independent job is one process");
     }
+
+    if (int_field("cpus", 1, k_max_cpus, x)) s.cpus = static_cast<int>(x);
 
     if (int_field("gpu_memory_mb", 1, 1LL << 40, x)) s.gpu_memory_mb = x;
     m_reader.boolean("shared", s.shared);
@@ -309,6 +311,21 @@ Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
   return edges;
 }
 
+std::string format_cpu_list(const std::vector<int>& cores) {
+  std::vector<int> c(cores);
+  std::sort(c.begin(), c.end());
+  c.erase(std::unique(c.begin(), c.end()), c.end());
+  std::string out;
+  for (std::size_t i = 0; i < c.size();) {
+    std::size_t j = i;
+    while (j + 1 < c.size() && c[j + 1] == c[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(c[i]);
+    if (j > i) out += "-" + std::to_string(c[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
 json to_json(const JobSpec& s) {
   json j;
   if (!s.name.empty()) j["name"] = s.name;
@@ -318,6 +335,7 @@ json to_json(const JobSpec& s) {
   j["gpus"] = s.gpus;
   j["mode"] = to_string(s.mode);
   j["ranks"] = s.ranks;
+  if (s.cpus) j["cpus"] = s.cpus;
   if (s.gpu_memory_mb) j["gpu_memory_mb"] = s.gpu_memory_mb;
   j["shared"] = s.shared;
   j["priority"] = s.priority;

@@ -33,6 +33,7 @@ struct JobSpec {
   int gpus = 0;
   Mode mode = Mode::independent;
   int ranks = 1;  // processes: 1 for independent jobs, one per GPU (or `ranks` on CPU) for ddp
+  int cpus = 0;   // cores per rank, pinned and counted against gpuqd's CPU pool; 0 = unspecified
   std::int64_t gpu_memory_mb = 0;  // per GPU; 0 = unspecified
   bool shared = false;             // may share a GPU with other shared jobs when memory allows
   int priority = 0;
@@ -49,6 +50,7 @@ struct JobSpec {
 constexpr const char* k_worker_placeholder = "gpuq-worker";
 
 constexpr int k_max_gpus = 1024;
+constexpr int k_max_cpus = 4096;
 constexpr int k_max_retries = 100;
 constexpr std::size_t k_max_batch = 100000;
 
@@ -65,6 +67,10 @@ Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
     const std::vector<JobSpec>& batch);
 
 json to_json(const JobSpec& spec);
+
+// A set of core ids the way the kernel writes one (cpuset, taskset -c): ascending, runs as ranges:
+// {0, 1, 2, 3, 6} -> "0-3,6".
+std::string format_cpu_list(const std::vector<int>& cores);
 std::string_view to_string(Mode mode);
 
 // Environment variables gpuq sets for every job; a spec may not override them.

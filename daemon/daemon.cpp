@@ -66,9 +66,10 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_config(std::move(config)),
       m_store(std::move(store)),
       m_inventory(std::move(inventory)),
+      m_cores(usable_cores()),
       m_ingest_timer(io),
       m_backoff_timer(io) {
-  if (m_config.cpu_slots <= 0) m_config.cpu_slots = std::max(1, static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)));
+  if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
 }
 
 Daemon::~Daemon() = default;
@@ -241,6 +242,10 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.mode = std::string(common::to_string(r.spec.mode));
   i.ranks = r.spec.ranks;
   i.gpus = r.gpus;
+  i.cpus_requested = r.spec.cpus;
+  std::set<int> cores;
+  for (const auto& rank : rank_cores(r, m_cores)) cores.insert(rank.begin(), rank.end());
+  i.cpus.assign(cores.begin(), cores.end());
   i.submitted_at = r.submitted_at;
   i.started_at = r.started_at;
   i.ended_at = r.ended_at;
@@ -514,12 +519,20 @@ void Daemon::schedule_now() {
       continue;
     }
     const auto& s = a.rec.spec;
-    queue.push_back({id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks});
+    queue.push_back({id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus});
   }
 
-  CpuSlots cpu{m_config.cpu_slots, 0};
-  for (const auto& [id, a] : m_active)
-    if (a.rec.state == JobState::running && a.rec.spec.gpus == 0) cpu.used += std::min(a.rec.spec.ranks, cpu.total);
+  CpuSlots cpu{m_config.cpu_slots, {}};
+  std::vector<std::pair<int, int>> unnumbered;  // running jobs started by a gpuqd before CPU slots had numbers
+  for (const auto& [id, a] : m_active) {
+    if (a.rec.state != JobState::running) continue;
+    cpu.taken.insert(a.rec.cpu_slots.begin(), a.rec.cpu_slots.end());
+    const auto& s = a.rec.spec;
+    if (a.rec.cpu_slots.empty() && s.gpus == 0) unnumbered.push_back({id, std::min(s.ranks, cpu.total)});
+  }
+  for (auto [id, n] : unnumbered)
+    for (int slot = 0; n > 0 && slot < cpu.total; ++slot)
+      if (cpu.taken.insert(slot).second) --n;
 
   std::vector<GpuState> gpus;
   for (const auto& g : m_inventory.gpus()) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0});
@@ -541,7 +554,7 @@ void Daemon::schedule_now() {
   for (const auto& p : plan.start) {
     Active& a = m_active.at(p.id);
     try {
-      launch(a, p.gpus, now);
+      launch(a, p, now);
     } catch (const RequestError& e) {
       std::cerr << "gpuqd: cannot launch job " << p.id << ": " << e.what() << "\n";
     }
@@ -555,11 +568,13 @@ void Daemon::schedule_now() {
   arm_ingest_timer();
 }
 
-void Daemon::launch(Active& a, const std::vector<int>& gpus, double now) {
+void Daemon::launch(Active& a, const Placement& placement, double now) {
+  const std::vector<int>& gpus = placement.gpus;
   JobRecord next = a.rec;
   next.attempt++;
   next.state = JobState::running;
   next.gpus = gpus;
+  next.cpu_slots = placement.cpu_slots;
   next.started_at = now;
   next.ended_at = 0;
   next.exit_code.reset();
@@ -587,7 +602,8 @@ void Daemon::launch(Active& a, const std::vector<int>& gpus, double now) {
   const json batch_env = m_store->batch_env(next.batch);  // named: items() would dangle on a temporary
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
-  auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20);
+  auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
+                             m_cores);
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.

@@ -20,6 +20,7 @@
 #include "common/protocol.hpp"
 #include "daemon/inventory.hpp"
 #include "daemon/launcher.hpp"
+#include "daemon/scheduler.hpp"
 #include "daemon/store.hpp"
 
 namespace gpuq::daemon {
@@ -38,7 +39,7 @@ struct Config {
   double retry_backoff_s = 1;      // first retry delay; doubles per attempt
   double retry_backoff_max_s = 60;
   double ingest_interval_s = 0.25; // how often running jobs' event files are read
-  int cpu_slots = 0;               // concurrent ranks of jobs without GPUs; 0 = number of cores
+  int cpu_slots = 0;               // the CPU pool (see scheduler.hpp); 0 = the cores gpuqd may use
   int default_retries = 0;         // for jobs whose spec names no `retries`
 };
 
@@ -88,7 +89,7 @@ class Daemon {
   void schedule_now();
   bool fail_blocked_dependents(double now);
   std::optional<JobState> dependency_state(std::int64_t id);
-  void launch(Active& a, const std::vector<int>& gpus, double now);
+  void launch(Active& a, const Placement& placement, double now);
   void watch(Active& a);
   void on_shim_exit(std::int64_t id);
   void finish_attempt(Active& a, const json& outcome);
@@ -106,6 +107,7 @@ class Daemon {
   Config m_config;
   std::unique_ptr<Store> m_store;
   Inventory m_inventory;
+  std::vector<int> m_cores;  // usable cores, ascending: CPU slot s is core m_cores[s % size]
   std::map<std::int64_t, Active> m_active;                    // queued and running jobs
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;

@@ -2,6 +2,7 @@
 #include "daemon/launcher.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -37,7 +38,7 @@ std::string rank_events_path(const std::string& dir, int rank) {
 }
 
 Env rank_environment(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
-                     const std::string& jdir, const std::string& adir, int rank) {
+                     const std::string& jdir, const std::string& adir, int rank, const std::vector<int>& cores) {
   Env env = base_env;
   for (const auto& [k, v] : job.spec.env) env[k] = v;
 
@@ -58,6 +59,12 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
   env["GPUQ_EVENTS"] = rank_events_path(adir, rank);
   // The job's share of each GPU, for programs that size themselves to it (gpuq-worker does).
   if (job.spec.gpu_memory_mb > 0) env["GPUQ_GPU_MEMORY_MB"] = std::to_string(job.spec.gpu_memory_mb);
+  if (!cores.empty()) {
+    // As Slurm's --cpus-per-task: OpenMP (and so PyTorch's intra-op pool) sizes itself to the
+    // rank's cores instead of every core of the machine.
+    env["GPUQ_CPUS"] = common::format_cpu_list(cores);
+    if (!job.spec.env.count("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = std::to_string(cores.size());
+  }
 
   if (job.spec.mode == common::Mode::ddp) {
     const std::string world = std::to_string(job.spec.ranks);
@@ -84,18 +91,57 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
   return env;
 }
 
+std::vector<std::vector<int>> rank_cores(const JobRecord& job, const std::vector<int>& cores) {
+  const int n = job.spec.mode == common::Mode::ddp ? job.spec.ranks : 1;
+  if (job.spec.cpus <= 0 || job.cpu_slots.empty() || cores.empty()) return {};
+  std::vector<std::vector<int>> out(n);
+  const std::size_t slots = job.cpu_slots.size();
+  for (int r = 0; r < n; ++r) {
+    std::set<int> mine;
+    for (int k = 0; k < job.spec.cpus && mine.size() < slots; ++k) {
+      const int slot = job.cpu_slots[(static_cast<std::size_t>(r) * job.spec.cpus + k) % slots];
+      mine.insert(cores[static_cast<std::size_t>(slot) % cores.size()]);
+    }
+    out[r].assign(mine.begin(), mine.end());
+  }
+  return out;
+}
+
+std::vector<int> usable_cores() {
+  std::vector<int> out;
+  // Machines with more CPUs than a cpu_set_t holds: grow the mask until the kernel accepts it.
+  for (int ncpu = CPU_SETSIZE; ncpu <= (1 << 20); ncpu *= 2) {
+    cpu_set_t* set = CPU_ALLOC(ncpu);
+    const std::size_t size = CPU_ALLOC_SIZE(ncpu);
+    CPU_ZERO_S(size, set);
+    const bool ok = ::sched_getaffinity(0, size, set) == 0;
+    if (ok)
+      for (int c = 0; c < ncpu; ++c)
+        if (CPU_ISSET_S(c, size, set)) out.push_back(c);
+    CPU_FREE(set);
+    if (ok || errno != EINVAL) break;
+  }
+  if (out.empty()) out.push_back(0);
+  return out;
+}
+
 nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
-                               const std::string& state_dir, double grace_s, std::int64_t log_limit_bytes) {
+                               const std::string& state_dir, double grace_s, std::int64_t log_limit_bytes,
+                               const std::vector<int>& cores) {
   const std::string jdir = job_dir(state_dir, job.id);
   const std::string adir = attempt_dir(state_dir, job.id, job.attempt);
   nlohmann::json ranks = nlohmann::json::array();
   const int n = job.spec.mode == common::Mode::ddp ? job.spec.ranks : 1;
+  const auto pinned = rank_cores(job, cores);
   for (int r = 0; r < n; ++r) {
-    ranks.push_back({{"rank", r},
-                     {"argv", job.spec.command},
-                     {"env", rank_environment(job, base_env, gpu_uuids, jdir, adir, r)},
-                     {"cwd", job.spec.cwd},
-                     {"log", rank_log_path(adir, r)}});
+    const std::vector<int> mine = pinned.empty() ? std::vector<int>{} : pinned[r];
+    nlohmann::json rank = {{"rank", r},
+                           {"argv", job.spec.command},
+                           {"env", rank_environment(job, base_env, gpu_uuids, jdir, adir, r, mine)},
+                           {"cwd", job.spec.cwd},
+                           {"log", rank_log_path(adir, r)}};
+    if (!mine.empty()) rank["cpus"] = mine;
+    ranks.push_back(std::move(rank));
   }
   return {{"job_id", job.id},
           {"attempt", job.attempt},

@@ -34,13 +34,26 @@ std::string rank_events_path(const std::string& attempt_dir, int rank);
 // gpuq sets (CUDA_VISIBLE_DEVICES, the torchrun variables for ddp jobs, GPUQ_*). Pure.
 // Every rank of a job sees all of the job's GPUs in rank order, as under torchrun or Slurm, so
 // `torch.cuda.set_device(LOCAL_RANK)` in an unmodified script selects the rank's own GPU.
+// A rank pinned to `cores` also gets GPUQ_CPUS (the list) and OMP_NUM_THREADS (their number).
 Env rank_environment(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
-                     const std::string& job_dir, const std::string& attempt_dir, int rank);
+                     const std::string& job_dir, const std::string& attempt_dir, int rank,
+                     const std::vector<int>& cores = {});
 
-// The launch document gpuq-shim executes (all ranks), also written for `gpuq show`.
+// The launch document gpuq-shim executes (all ranks), also written for `gpuq show`. `cores` maps
+// CPU-pool slots to core ids (slot s is core cores[s % size]); a job with `cpus` has each rank
+// pinned to the cores of its share of the job's slots.
 nlohmann::json launch_document(const JobRecord& job, const Env& base_env,
                                const std::vector<std::string>& gpu_uuids, const std::string& state_dir,
-                               double grace_s, std::int64_t log_limit_bytes = 0);
+                               double grace_s, std::int64_t log_limit_bytes = 0, const std::vector<int>& cores = {});
+
+// The cores each rank of a `cpus` job is pinned to: rank r takes `cpus` consecutive entries of
+// the job's slots, wrapping around when the job got fewer slots than it asked (a job wider than
+// the pool), mapped to cores as above. Ascending, without repeats; empty without `cpus`.
+std::vector<std::vector<int>> rank_cores(const JobRecord& job, const std::vector<int>& cores);
+
+// The cores this process may run on (its affinity mask, which honours taskset and cpusets),
+// ascending; gpuqd's CPU pool is made of them.
+std::vector<int> usable_cores();
 
 // Finds `name` the way execvp would: as a path when it contains '/', else in `path_env`.
 // Returns the absolute path, or "" when there is no executable file.

@@ -114,7 +114,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 100))
       ->capture_default_str();
   app.add_option("--cpu-slots", config.cpu_slots,
-                 "Ranks of jobs without GPUs that may run at once (default: the number of cores)");
+                 "CPU slots: ranks of jobs without GPUs, or cores of jobs with `cpus`, that may run at once "
+                 "(default: the cores gpuqd may run on)");
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   CLI11_PARSE(app, argc, argv);

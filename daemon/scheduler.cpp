@@ -79,7 +79,44 @@ std::vector<int> reserve(std::vector<Slot>& slots, const PendingJob& j) {
   return chosen;
 }
 
+int free_slots(const CpuSlots& cpu) {
+  int taken = 0;
+  for (int s : cpu.taken) taken += s < cpu.total;
+  return cpu.total - taken;
+}
+
+// Takes `need` free slots: the first run of consecutive free slots that is long enough (nearby
+// cores tend to share caches and a NUMA node), else the lowest free ones.
+std::vector<int> take_slots(CpuSlots& cpu, int need) {
+  std::vector<int> chosen;
+  if (need <= 0) return chosen;
+  int run_start = 0;
+  for (int s = 0; s < cpu.total; ++s) {
+    if (cpu.taken.count(s)) {
+      run_start = s + 1;
+    } else if (s - run_start + 1 == need) {
+      for (int k = run_start; k <= s; ++k) chosen.push_back(k);
+      break;
+    }
+  }
+  if (chosen.empty())  // no run is long enough: the lowest free slots, scattered
+    for (int s = 0; s < cpu.total && static_cast<int>(chosen.size()) < need; ++s)
+      if (!cpu.taken.count(s)) chosen.push_back(s);
+  cpu.taken.insert(chosen.begin(), chosen.end());
+  return chosen;
+}
+
+std::string cpu_wait_reason(int need, const CpuSlots& cpu) {
+  return "waiting for " + std::to_string(need) + " CPU slot" + (need == 1 ? "" : "s") + " (" +
+         std::to_string(free_slots(cpu)) + " of " + std::to_string(cpu.total) + " free)";
+}
+
 }  // namespace
+
+int cpu_slots_needed(const PendingJob& j, int total) {
+  const long long per_rank = j.cpus > 0 ? j.cpus : j.gpus == 0 ? 1 : 0;
+  return static_cast<int>(std::min<long long>(per_rank * j.ranks, total));
+}
 
 Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu) {
   std::stable_sort(queue.begin(), queue.end(), [](const PendingJob& a, const PendingJob& b) {
@@ -93,15 +130,14 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
   Plan plan;
   bool cpu_blocked = false;
   for (const auto& j : queue) {
+    const int need = cpu_slots_needed(j, cpu.total);
+    const bool cpus_free = need == 0 || (!cpu_blocked && free_slots(cpu) >= need);
     if (j.gpus == 0) {
-      const int need = std::min(j.ranks, cpu.total);
-      if (!cpu_blocked && cpu.used + need <= cpu.total) {
-        cpu.used += need;
-        plan.start.push_back({j.id, {}});
+      if (cpus_free) {
+        plan.start.push_back({j.id, {}, take_slots(cpu, need)});
       } else {
         cpu_blocked = true;
-        plan.waiting[j.id] = "waiting for " + std::to_string(need) + " CPU slot" + (need == 1 ? "" : "s") + " (" +
-                             std::to_string(cpu.total - cpu.used) + " of " + std::to_string(cpu.total) + " free)";
+        plan.waiting[j.id] = cpu_wait_reason(need, cpu);
       }
       continue;
     }
@@ -110,9 +146,16 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
                            std::to_string(slots.size());
       continue;
     }
+    if (!cpus_free) {
+      // Hold its GPUs too, or GPU-only jobs behind it could keep taking them.
+      cpu_blocked = true;
+      if (auto held = reserve(slots, j); !held.empty()) plan.reservations[j.id] = held;
+      plan.waiting[j.id] = cpu_wait_reason(need, cpu);
+      continue;
+    }
     auto chosen = pick(slots, j, now);
     if (!chosen.empty()) {
-      plan.start.push_back({j.id, std::move(chosen)});
+      plan.start.push_back({j.id, std::move(chosen), take_slots(cpu, need)});
       continue;
     }
     auto held = reserve(slots, j);

@@ -10,15 +10,19 @@
 // - No starvation: a job that cannot start reserves the GPUs it waits for (EASY-style backfill, as
 //   in Slurm). A lower job may use reserved GPUs only when its timeout guarantees it ends before the
 //   reserved GPUs are expected to free up (from the running jobs' timeouts); otherwise it waits.
-// - Jobs without GPUs share a pool of CPU slots (one per rank; gpuqd's --cpu-slots, by default
-//   the number of cores). They start in order: once one waits for slots, later ones wait too, so
-//   a wide CPU gang is never starved by a stream of single-process jobs. A job wider than the
-//   whole pool runs when the pool is empty, alone.
+// - CPU slots (gpuqd's --cpu-slots, by default one per core gpuqd may run on): a job with `cpus`
+//   takes that many per rank, GPUs or not; a job without `cpus` takes one per rank when it has no
+//   GPUs, none when it has. A job gets numbered slots (the first free run long enough, else the
+//   lowest free ones), which gpuqd maps to cores to pin a `cpus` job's ranks to. Jobs start in
+//   order for slots: once one waits for slots, later ones wait too, so a wide CPU gang is never
+//   starved by a stream of single-process jobs; a GPU job waiting for slots also reserves its
+//   GPUs. A job wider than the whole pool runs when the pool is empty, alone, on every slot.
 #pragma once
 
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,12 +46,14 @@ struct PendingJob {
   bool shared = false;
   std::int64_t memory_mb = 0;  // per GPU; 0 = unspecified
   double timeout_s = 0;        // 0 = none: can never backfill onto a reservation
-  int ranks = 1;               // processes: CPU slots taken by a job without GPUs
+  int ranks = 1;               // processes
+  int cpus = 0;                // CPU slots per rank; 0 = one per rank without GPUs, none with
 };
 
 struct Placement {
   std::int64_t id = 0;
   std::vector<int> gpus;
+  std::vector<int> cpu_slots;  // ascending
 };
 
 struct Plan {
@@ -57,10 +63,13 @@ struct Plan {
 };
 
 struct CpuSlots {
-  int total = 1;
-  int used = 0;  // by running jobs without GPUs
+  int total = 1 << 30;
+  std::set<int> taken;  // slots held by running jobs (numbers >= total are ignored)
 };
 
-Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu = {1 << 30, 0});
+// The CPU slots `j` takes from a pool of `total`.
+int cpu_slots_needed(const PendingJob& j, int total);
+
+Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu = {});
 
 }  // namespace gpuq::daemon

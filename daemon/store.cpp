@@ -13,7 +13,7 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 1;
+constexpr int k_schema_version = 2;  // 2: jobs.cpu_slots
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   exit_code INTEGER, exit_signal INTEGER, gpus TEXT NOT NULL DEFAULT '[]',
   master_port INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL DEFAULT 0,
   cancel_requested INTEGER NOT NULL DEFAULT 0, progress TEXT, result TEXT,
-  after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT);
+  after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT,
+  cpu_slots TEXT NOT NULL DEFAULT '[]');
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch);
 CREATE TABLE IF NOT EXISTS transitions(
@@ -112,10 +113,13 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
 
   // Identify the file before changing anything: a foreign database is refused, never converted.
   sqlite3_stmt* st = nullptr;
-  int app_id = -1, tables = -1;
+  int app_id = -1, tables = -1, version = -1;
   if (sqlite3_prepare_v2(db, "PRAGMA application_id", -1, &st, nullptr) == SQLITE_OK &&
       sqlite3_step(st) == SQLITE_ROW)
     app_id = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+    version = sqlite3_column_int(st, 0);
   sqlite3_finalize(st);
   if (sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master", -1, &st, nullptr) == SQLITE_OK &&
       sqlite3_step(st) == SQLITE_ROW)
@@ -128,6 +132,10 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
     return Error{ErrorCode::store_error, "state store " + path +
                                              " is an SQLite database that gpuq did not create; refusing to use it. "
                                              "Move it away or pick another --state-dir"};
+  if (app_id == k_application_id && version > k_schema_version)
+    return Error{ErrorCode::store_error, "state store " + path + " has schema version " + std::to_string(version) +
+                                             ", newer than this gpuqd's " + std::to_string(k_schema_version) +
+                                             ": a newer gpuq wrote it. Run that gpuq, or pick another --state-dir"};
   try {
     store->exec("PRAGMA journal_mode=WAL");
     store->exec("PRAGMA synchronous=NORMAL");
@@ -137,6 +145,10 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
       store->exec(("PRAGMA user_version=" + std::to_string(k_schema_version)).c_str());
     }
     store->exec(k_schema);
+    if (app_id == k_application_id && version < 2) {  // migrations, each in one transaction
+      store->exec("BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN cpu_slots TEXT NOT NULL DEFAULT '[]'; "
+                  "PRAGMA user_version=2; COMMIT");
+    }
   } catch (const RequestError& e) {
     return Error{ErrorCode::store_error, e.what()};
   }
@@ -204,7 +216,7 @@ void Store::write_job(const JobRecord& j) {
   auto* st = prepare(
       "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
       "gpus=?, master_port=?, not_before=?, cancel_requested=?, progress=?, result=?, after=?, "
-      "bad_event_lines=?, first_failure=? WHERE id=?");
+      "bad_event_lines=?, first_failure=?, cpu_slots=? WHERE id=?");
   bind_text(st, 1, std::string(to_string(j.state)));
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, j.reason);
@@ -221,7 +233,8 @@ void Store::write_job(const JobRecord& j) {
   bind_text(st, 14, json(j.after).dump());
   sqlite3_bind_int64(st, 15, j.bad_event_lines);
   bind_json(st, 16, j.first_failure);
-  sqlite3_bind_int64(st, 17, j.id);
+  bind_text(st, 17, json(j.cpu_slots).dump());
+  sqlite3_bind_int64(st, 18, j.id);
   run(m_db, st, "update job");
 }
 
@@ -285,6 +298,8 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     if (after.is_array()) j.after = after.get<std::vector<std::int64_t>>();
     j.bad_event_lines = sqlite3_column_int64(st, 18);
     j.first_failure = json_col(st, 19);
+    json cpu_slots = json_col(st, 20);
+    if (cpu_slots.is_array()) j.cpu_slots = cpu_slots.get<std::vector<int>>();
     out.push_back(std::move(j));
   }
   sqlite3_reset(st);
@@ -293,7 +308,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
   return out;
 }
 
-#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure FROM jobs " where)
+#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots FROM jobs " where)
 
 std::vector<JobRecord> Store::load_active() {
   return query_jobs(prepare(GPUQ_SELECT_JOBS("WHERE state IN ('queued', 'running') ORDER BY id")));

@@ -36,6 +36,7 @@ struct JobRecord {
   double submitted_at = 0, started_at = 0, ended_at = 0;
   std::optional<int> exit_code, exit_signal;
   std::vector<int> gpus;
+  std::vector<int> cpu_slots;  // CPU-pool slots held (current or last attempt); see scheduler.hpp
   int master_port = 0;
   double not_before = 0;  // retry backoff: not eligible before this time
   bool cancel_requested = false;

@@ -6,12 +6,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -23,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/spec.hpp"
 #include "daemon/boost_process.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/log_sink.hpp"
@@ -39,12 +42,44 @@ double mono_now() {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
 }
 
+// A rank's CPU affinity mask, built before the fork (the child may only make system calls).
+class CpuMask {
+ public:
+  explicit CpuMask(const std::vector<int>& cores) {
+    if (cores.empty()) return;
+    const int ncpu = std::max(CPU_SETSIZE, *std::max_element(cores.begin(), cores.end()) + 1);
+    m_set = CPU_ALLOC(ncpu);
+    m_size = CPU_ALLOC_SIZE(ncpu);
+    CPU_ZERO_S(m_size, m_set);
+    for (int c : cores) CPU_SET_S(c, m_size, m_set);
+    m_failed = "gpuq: cannot pin this rank to CPUs " + common::format_cpu_list(cores) + "; it runs unpinned\n";
+  }
+  ~CpuMask() {
+    if (m_set) CPU_FREE(m_set);
+  }
+  CpuMask(const CpuMask&) = delete;
+  CpuMask& operator=(const CpuMask&) = delete;
+  // In the child. A core that went offline since gpuqd started must not stop the job.
+  void apply() const {
+    if (m_set && ::sched_setaffinity(0, m_size, m_set) != 0) {
+      [[maybe_unused]] ssize_t n = ::write(2, m_failed.data(), m_failed.size());
+    }
+  }
+
+ private:
+  cpu_set_t* m_set = nullptr;
+  std::size_t m_size = 0;
+  std::string m_failed;
+};
+
 // In the rank, between fork and exec: own process group (so the whole group can be signalled),
-// default signal mask (the shim blocks signals; a blocked mask survives exec), and death with
-// the shim. Runs in a vfork child: system calls only.
+// default signal mask (the shim blocks signals; a blocked mask survives exec), death with the
+// shim, and the rank's cores when it has some. Runs in a vfork child: system calls only.
 struct RankSetup : bp::extend::handler {
+  const CpuMask* cpus = nullptr;
   template <class Executor>
   void on_exec_setup(Executor&) const {
+    cpus->apply();
     ::setpgid(0, 0);
     sigset_t none;
     sigemptyset(&none);
@@ -163,6 +198,7 @@ class Supervisor {
     const auto env_map = r["env"].get<std::map<std::string, std::string>>();
     const auto cwd = r["cwd"].get<std::string>();
     const auto log = r["log"].get<std::string>();
+    const CpuMask cpus(r.value("cpus", std::vector<int>{}));
     auto path_it = env_map.find("PATH");
     std::string exe = resolve_executable(argv[0], path_it == env_map.end() ? "" : path_it->second, cwd);
     std::string error;
@@ -180,7 +216,7 @@ class Supervisor {
         // stdout and stderr go to `output`: the log file, or a pipe the shim copies from.
         auto start = [&](auto&& output) {
           bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
-                      (bp::std_out & bp::std_err) > output, RankSetup{}, bp::posix::use_vfork);
+                      (bp::std_out & bp::std_err) > output, RankSetup{{}, &cpus}, bp::posix::use_vfork);
           rank.pid = c.id();
           c.detach();  // reaped below with waitpid(-1), with any orphans
         };

@@ -4,6 +4,7 @@ import itertools
 import json
 import os
 import subprocess
+import time
 import unittest
 
 from harness import BIN, DaemonTest, event_line, pids_matching, wait_until
@@ -35,6 +36,71 @@ class Exclusive(DaemonTest):
             if a0 < b1 and b0 < a1:
                 self.assertNotEqual(g1, g2, f"two jobs overlapped on GPU {g1}")
         self.assertGreater(max_overlap([(t0, t1) for _, t0, t1 in runs]), 1, "jobs never ran in parallel")
+
+
+# Reports the rank's CPU affinity and thread settings as a result event, then waits for `go`.
+PINNED = ('cpus=$(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status); '
+          'echo "{{\\"type\\":\\"result\\",\\"allowed\\":\\"$cpus\\",\\"omp\\":\\"$OMP_NUM_THREADS\\",'
+          '\\"gpuq_cpus\\":\\"${{GPUQ_CPUS-unset}}\\",\\"gpu\\":\\"$CUDA_VISIBLE_DEVICES\\"}}" >> "$GPUQ_EVENTS"; '
+          'while [ ! -e {go} ]; do sleep 0.05; done')
+
+
+def cpu_list(text):
+    """Parses the kernel's "0-3,6" core lists."""
+    out = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+class CpuPinning(DaemonTest):
+    def test_cpus_jobs_are_pinned_to_disjoint_cores_and_wait_for_the_pool_even_across_a_restart(self):
+        cores = sorted(os.sched_getaffinity(0))  # gpuqd's pool: one slot per core it may use
+        if len(cores) < 2:
+            self.skipTest("needs at least 2 cores")
+        go = self.tmp_path("go")
+        rest = len(cores) - 1
+        sub = self.d.submit([
+            {"name": "one", "cpus": 1, "shell": PINNED.format(go=go)},
+            {"name": "gpu-rest", "gpus": 1, "cpus": rest, "shell": PINNED.format(go=go)},
+            {"name": "all", "cpus": len(cores), "shell": PINNED.format(go=go)},
+            {"name": "gpu-plain", "gpus": 1, "shell": PINNED.format(go=go)},
+        ])
+        one, gpu_rest, all_, gpu_plain = sub["ids"]
+        results = lambda: {j["id"]: j["result"] for j in self.d.json("results", *map(str, sub["ids"]))["jobs"]}
+        wait_until(lambda: all(results().get(i) for i in (one, gpu_rest, gpu_plain)), what="three jobs running")
+        r = results()
+        got_one, got_rest = cpu_list(r[one]["allowed"]), cpu_list(r[gpu_rest]["allowed"])
+        self.assertEqual(len(got_one), 1, r)
+        self.assertEqual(len(got_rest), rest, r)
+        self.assertFalse(got_one & got_rest, "two jobs were pinned to the same core")
+        self.assertEqual(got_one | got_rest, set(cores))
+        self.assertEqual((r[one]["omp"], r[gpu_rest]["omp"]), ("1", str(rest)))
+        self.assertEqual(cpu_list(r[gpu_rest]["gpuq_cpus"]), got_rest)
+        self.assertNotEqual(r[gpu_rest]["gpu"], "")
+        # A GPU job without `cpus` takes no slot and is not pinned.
+        self.assertEqual(cpu_list(r[gpu_plain]["allowed"]), set(cores))
+        self.assertEqual(r[gpu_plain]["gpuq_cpus"], "unset")
+        show = self.d.show(gpu_rest)
+        self.assertEqual(set(show["job"]["cpus"]), got_rest)
+        self.assertIn(f"cpus:      {rest} per rank, pinned to ", self.d.ok("show", str(gpu_rest)))
+
+        waiting = f"waiting for {len(cores)} CPU slots (0 of {len(cores)} free)"
+        self.assertEqual(self.d.show(all_)["job"]["reason"], waiting)
+        # The slots are in the store: a restarted gpuqd neither starts the wide job nor reuses a core.
+        self.d.kill9()
+        self.d.start()
+        time.sleep(0.5)
+        self.assertEqual(self.d.show(all_)["job"]["state"], "queued")
+        self.assertEqual(self.d.show(all_)["job"]["reason"], waiting)
+
+        open(go, "w").close()
+        done = self.d.wait(sub["ids"])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"}, done)
+        wide = results()[all_]
+        self.assertEqual(cpu_list(wide["allowed"]), set(cores))
+        self.assertEqual(wide["omp"], str(len(cores)))
 
 
 class Packing(DaemonTest):

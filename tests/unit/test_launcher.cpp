@@ -1,8 +1,10 @@
 // Launch environment: torchrun's contract for ddp ranks, GPU visibility, user env precedence.
 #include <doctest/doctest.h>
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -86,6 +88,48 @@ TEST_CASE("the launch document has one entry per rank with its own log and event
   CHECK(doc["ranks"][1]["env"]["RANK"] == "1");
   CHECK(doc["grace_s"] == 7.5);
   CHECK(doc["exit_file"] == "/s/jobs/42/attempt-2/exit.json");
+}
+
+TEST_CASE("a `cpus` job's ranks are pinned to their own share of the job's slots, mapped to cores") {
+  auto job = ddp_job();  // 2 ranks
+  job.spec.cpus = 2;
+  job.cpu_slots = {2, 3, 4, 5};
+  const std::vector<int> cores{0, 1, 8, 9, 10, 11};  // slot s -> cores[s % 6]
+  CHECK(rank_cores(job, cores) == std::vector<std::vector<int>>{{8, 9}, {10, 11}});
+  auto doc = launch_document(job, {{"OMP_NUM_THREADS", "64"}}, {"GPU-b", "GPU-d"}, "/s", 7.5, 0, cores);
+  CHECK(doc["ranks"][0]["cpus"] == nlohmann::json({8, 9}));
+  CHECK(doc["ranks"][1]["cpus"] == nlohmann::json({10, 11}));
+  CHECK(doc["ranks"][1]["env"]["GPUQ_CPUS"] == "10-11");
+  CHECK(doc["ranks"][1]["env"]["OMP_NUM_THREADS"] == "2");  // over the submitter's, and ddp's 1
+
+  // The spec's own OMP_NUM_THREADS still wins.
+  job.spec.env["OMP_NUM_THREADS"] = "3";
+  CHECK(rank_environment(job, {}, {}, "/j", "/j/a", 0, {8, 9})["OMP_NUM_THREADS"] == "3");
+
+  // Fewer slots than asked (a job wider than the pool): ranks wrap around and share them.
+  job.cpu_slots = {0, 1, 2};
+  CHECK(rank_cores(job, cores) == std::vector<std::vector<int>>{{0, 1}, {0, 8}});
+  // More slots than cores (an oversubscribed pool): a rank's slots may land on one core.
+  job.cpu_slots = {5, 11};
+  job.spec.mode = gpuq::common::Mode::independent;
+  CHECK(rank_cores(job, cores) == std::vector<std::vector<int>>{{11}});
+
+  // Without `cpus`: no pinning, even with slots (a CPU job's default one per rank).
+  job.spec.cpus = 0;
+  CHECK(rank_cores(job, cores).empty());
+  auto plain = launch_document(job, {}, {}, "/s", 7.5, 0, cores);
+  CHECK_FALSE(plain["ranks"][0].contains("cpus"));
+  CHECK_FALSE(plain["ranks"][0]["env"].contains("GPUQ_CPUS"));
+}
+
+TEST_CASE("gpuqd's usable cores are this process's affinity mask") {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+  auto cores = usable_cores();
+  CHECK(static_cast<int>(cores.size()) == CPU_COUNT(&set));
+  for (int c : cores) CHECK(CPU_ISSET(c, &set));
+  CHECK(std::is_sorted(cores.begin(), cores.end()));
 }
 
 TEST_CASE("executables resolve like execvp") {

@@ -143,30 +143,94 @@ TEST_SUITE_BEGIN("scheduler");
 
 TEST_CASE("jobs without GPUs are limited by CPU slots, one per rank") {
   PendingJob a{1, 0, 0, false, 0, 0, 1}, b{2, 0, 0, false, 0, 0, 1}, c{3, 0, 0, false, 0, 0, 1};
-  auto p = schedule({a, b, c}, {}, 0, CpuSlots{2, 0});
+  auto p = schedule({a, b, c}, {}, 0, CpuSlots{2, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1, 2});
   CHECK(p.waiting.at(3) == "waiting for 1 CPU slot (0 of 2 free)");
-  p = schedule({a, b, c}, {}, 0, CpuSlots{2, 1});
+  p = schedule({a, b, c}, {}, 0, CpuSlots{2, {0}});
   CHECK(started(p) == std::vector<std::int64_t>{1});
 }
 
 TEST_CASE("a wide CPU gang is not starved by single-process CPU jobs behind it") {
   PendingJob gang{1, 0, 0, false, 0, 0, 4}, small{2, 0, 0, false, 0, 0, 1};
-  auto p = schedule({gang, small}, {}, 0, CpuSlots{4, 2});
+  auto p = schedule({gang, small}, {}, 0, CpuSlots{4, {0, 1}});
   CHECK(p.start.empty());  // two slots are free, but the gang came first
-  p = schedule({gang, small}, {}, 0, CpuSlots{4, 0});
+  p = schedule({gang, small}, {}, 0, CpuSlots{4, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1});
 }
 
 TEST_CASE("a CPU job wider than the pool runs alone once the pool is empty") {
   PendingJob wide{1, 0, 0, false, 0, 0, 8};
-  CHECK(schedule({wide}, {}, 0, CpuSlots{2, 1}).start.empty());
-  CHECK(schedule({wide}, {}, 0, CpuSlots{2, 0}).start.size() == 1);
+  CHECK(schedule({wide}, {}, 0, CpuSlots{2, {0}}).start.empty());
+  CHECK(schedule({wide}, {}, 0, CpuSlots{2, {}}).start.size() == 1);
 }
 
-TEST_CASE("GPU jobs do not use CPU slots") {
-  auto p = schedule({exclusive(1, 1), {2, 0, 0, false, 0, 0, 1}}, idle_gpus(1), 0, CpuSlots{1, 1});
+TEST_CASE("GPU jobs without `cpus` do not use CPU slots") {
+  auto p = schedule({exclusive(1, 1), {2, 0, 0, false, 0, 0, 1}}, idle_gpus(1), 0, CpuSlots{1, {0}});
   CHECK(started(p) == std::vector<std::int64_t>{1});
+  CHECK(p.start[0].cpu_slots.empty());
+}
+
+TEST_CASE("a job gets numbered CPU slots: the first free run long enough, else the lowest free ones") {
+  PendingJob two{1, 0, 0, false, 0, 0, 1, 2}, one{2, 0, 0, false, 0, 0, 1, 0};
+  // Free: 1, 3, 4, 5. Two slots fit first at 3-4; one slot goes to the first free, 1.
+  auto p = schedule({two, one}, {}, 0, CpuSlots{6, {0, 2}});
+  REQUIRE(p.start.size() == 2);
+  CHECK(p.start[0].cpu_slots == std::vector<int>{3, 4});
+  CHECK(p.start[1].cpu_slots == std::vector<int>{1});
+  // Free: 1, 3, 5. No run of three: the lowest three.
+  PendingJob three{3, 0, 0, false, 0, 0, 1, 3};
+  p = schedule({three}, {}, 0, CpuSlots{6, {0, 2, 4}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].cpu_slots == std::vector<int>{1, 3, 5});
+}
+
+TEST_CASE("`cpus` is per rank, and a job without GPUs with `cpus` takes exactly that many per rank") {
+  PendingJob gang{1, 0, 0, false, 0, 0, 3, 2};  // 3 ranks x 2 cores
+  PendingJob small{2, 0, 0, false, 0, 0, 1, 0};
+  auto p = schedule({gang, small}, {}, 0, CpuSlots{7, {}});
+  REQUIRE(started(p) == std::vector<std::int64_t>{1, 2});
+  CHECK(p.start[0].cpu_slots == std::vector<int>{0, 1, 2, 3, 4, 5});
+  CHECK(p.start[1].cpu_slots == std::vector<int>{6});
+  p = schedule({gang, small}, {}, 0, CpuSlots{7, {6}});
+  CHECK(started(p) == std::vector<std::int64_t>{1});
+  CHECK(p.waiting.at(2) == "waiting for 1 CPU slot (0 of 7 free)");
+}
+
+TEST_CASE("a GPU job with `cpus` needs both, and while it waits for CPU slots it holds its GPUs") {
+  PendingJob gpu_cpus{1, 0, 1, false, 0, 0, 1, 2};
+  PendingJob gpu_only = exclusive(2, 1, 0, 60);
+  PendingJob cpu_only{3, 0, 0, false, 0, 0, 1, 0};
+  auto p = schedule({gpu_cpus, gpu_only, cpu_only}, idle_gpus(2), 0, CpuSlots{3, {}});
+  REQUIRE(started(p) == std::vector<std::int64_t>{1, 2, 3});
+  CHECK(p.start[0].gpus == std::vector<int>{0});
+  CHECK(p.start[0].cpu_slots == std::vector<int>{0, 1});
+  CHECK(p.start[2].cpu_slots == std::vector<int>{2});
+
+  // One slot free: the GPU job waits for CPUs and reserves the only GPU, which the GPU-only job
+  // behind it may not take (it cannot promise to end before an unknown start); the CPU job waits
+  // in order even though one slot is free.
+  p = schedule({gpu_cpus, gpu_only, cpu_only}, idle_gpus(1), 0, CpuSlots{3, {0, 1}});
+  CHECK(started(p).empty());
+  CHECK(p.waiting.at(1) == "waiting for 2 CPU slots (1 of 3 free)");
+  CHECK(p.reservations.at(1) == std::vector<int>{0});
+  CHECK(p.waiting.count(2));
+  CHECK(p.waiting.at(3) == "waiting for 1 CPU slot (1 of 3 free)");
+}
+
+TEST_CASE("a job asking more CPU slots than the pool has runs alone on all of them") {
+  PendingJob wide{1, 0, 0, false, 0, 0, 2, 4};  // 2 ranks x 4 cores on a pool of 3
+  CHECK(cpu_slots_needed(wide, 3) == 3);
+  CHECK(schedule({wide}, {}, 0, CpuSlots{3, {1}}).start.empty());
+  auto p = schedule({wide}, {}, 0, CpuSlots{3, {}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].cpu_slots == std::vector<int>{0, 1, 2});
+}
+
+TEST_CASE("slots beyond the pool (a smaller --cpu-slots after a restart) do not count as taken") {
+  PendingJob one{1, 0, 0, false, 0, 0, 1, 1};
+  auto p = schedule({one}, {}, 0, CpuSlots{2, {1, 5, 7}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].cpu_slots == std::vector<int>{0});
 }
 
 TEST_SUITE_END();

@@ -28,6 +28,7 @@ TEST_CASE("a minimal command job gets the documented defaults") {
   CHECK(s.mode == gpuq::common::Mode::independent);
   CHECK(s.ranks == 1);
   CHECK(s.retries == 0);
+  CHECK(s.cpus == 0);  // not asked: no pinning
   CHECK(s.cwd == "/home/u");
   CHECK_FALSE(s.shared);
 }
@@ -49,6 +50,24 @@ TEST_CASE("negative or absurd numbers are rejected with the allowed range") {
   CHECK(contains(error_of(R"({"command": ["true"], "gpus": -1})"), "field `gpus` must be between 0 and 1024, got -1"));
   CHECK(contains(error_of(R"({"command": ["true"], "retries": 1000})"), "field `retries` must be between 0 and 100"));
   CHECK(contains(error_of(R"({"command": ["true"], "timeout_s": 0})"), "field `timeout_s` must be > 0"));
+}
+
+TEST_CASE("`cpus` is cores per rank, at least one") {
+  auto r = parse_batch(json::parse(R"({"shell": "true", "mode": "ddp", "ranks": 3, "cpus": 4})"), "/");
+  REQUIRE(r.ok());
+  CHECK(r->at(0).cpus == 4);
+  CHECK(contains(error_of(R"({"command": ["true"], "cpus": 0})"), "field `cpus` must be between 1 and 4096, got 0"));
+  CHECK(contains(error_of(R"({"command": ["true"], "cpus": 2.5})"), "field `cpus` must be an integer"));
+  CHECK(contains(error_of(R"({"command": ["true"], "cpu": 2})"), "unknown field `cpu` (did you mean `cpus`?)"));
+  CHECK(contains(error_of(R"({"command": ["true"], "env": {"GPUQ_CPUS": "0"}})"), "cannot be overridden"));
+}
+
+TEST_CASE("core lists are written the way the kernel writes them") {
+  using gpuq::common::format_cpu_list;
+  CHECK(format_cpu_list({}) == "");
+  CHECK(format_cpu_list({5}) == "5");
+  CHECK(format_cpu_list({6, 0, 1, 2, 3}) == "0-3,6");
+  CHECK(format_cpu_list({1, 1, 2, 4, 5, 9}) == "1-2,4-5,9");
 }
 
 TEST_CASE("a job needs exactly one thing to run") {
@@ -133,11 +152,12 @@ TEST_CASE("unknown dependency names, duplicates and cycles are rejected") {
 
 TEST_CASE("a stored spec parses back to the same job") {
   auto r = parse_batch(json::parse(R"({"name": "n", "shell": "echo", "gpus": 2, "mode": "ddp", "retries": 3,
-                                      "timeout_s": 9.5, "env": {"A": "1"}, "labels": {"k": "v"}, "after": [4]})"),
+                                      "timeout_s": 9.5, "env": {"A": "1"}, "labels": {"k": "v"}, "after": [4], "cpus": 3})"),
                        "/w");
   REQUIRE(r.ok());
   auto again = gpuq::common::parse_job(gpuq::common::to_json(r->at(0)), "/");
   REQUIRE(again.ok());
+  CHECK(again->cpus == 3);
   CHECK(gpuq::common::to_json(*again) == gpuq::common::to_json(r->at(0)));
 }
 

@@ -60,6 +60,7 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
     jobs[0].state = gpuq::JobState::running;
     jobs[0].attempt = 1;
     jobs[0].gpus = {2};
+    jobs[0].cpu_slots = {4, 5};
     jobs[0].started_at = 2.0;
     (*store)->update(jobs[0], true);
     jobs[1].state = gpuq::JobState::failed;
@@ -74,6 +75,7 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
   REQUIRE(active.size() == 2);
   CHECK(active[0].state == gpuq::JobState::running);
   CHECK(active[0].gpus == std::vector<int>{2});
+  CHECK(active[0].cpu_slots == std::vector<int>{4, 5});
   auto failed = (*store)->get(2);
   CHECK(failed->exit_signal == 9);
   CHECK_FALSE(failed->exit_code.has_value());
@@ -156,6 +158,71 @@ TEST_CASE("another program's SQLite database is refused") {
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
   CHECK(store.error().message.find("gpuq did not create") != std::string::npos);
+}
+
+namespace {
+int user_version(const std::string& path) {
+  sqlite3* raw = nullptr;
+  sqlite3_stmt* st = nullptr;
+  int v = -1;
+  if (sqlite3_open(path.c_str(), &raw) == SQLITE_OK &&
+      sqlite3_prepare_v2(raw, "PRAGMA user_version", -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+    v = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_close(raw);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("a version 1 state store (before CPU slots had numbers) is migrated in place, its jobs kept") {
+  TempDb db;
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(db.path.c_str(), &raw) == SQLITE_OK);
+  // The jobs table as gpuq 1's schema made it, with a running job.
+  const char* v1 = R"sql(
+    PRAGMA application_id=1735423345; PRAGMA user_version=1;
+    CREATE TABLE jobs(
+      id INTEGER PRIMARY KEY, batch INTEGER NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL,
+      state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, reason TEXT NOT NULL DEFAULT '',
+      submitted_at REAL NOT NULL, started_at REAL NOT NULL DEFAULT 0, ended_at REAL NOT NULL DEFAULT 0,
+      exit_code INTEGER, exit_signal INTEGER, gpus TEXT NOT NULL DEFAULT '[]',
+      master_port INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL DEFAULT 0,
+      cancel_requested INTEGER NOT NULL DEFAULT 0, progress TEXT, result TEXT,
+      after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT);
+    INSERT INTO jobs(id, batch, name, spec, state, attempt, submitted_at, started_at, gpus)
+      VALUES(7, 1, 'old', '{"name": "old", "command": ["true"], "cwd": "/"}', 'running', 1, 1.0, 2.0, '[1]');
+  )sql";
+  REQUIRE(sqlite3_exec(raw, v1, nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(raw);
+
+  {
+    auto store = Store::open(db.path);
+    REQUIRE(store.ok());
+    auto active = (*store)->load_active();
+    REQUIRE(active.size() == 1);
+    CHECK(active[0].spec.name == "old");
+    CHECK(active[0].gpus == std::vector<int>{1});
+    CHECK(active[0].cpu_slots.empty());
+    active[0].cpu_slots = {3};
+    (*store)->update(active[0], false);
+  }
+  CHECK(user_version(db.path) == 2);
+  auto again = Store::open(db.path);  // opening a migrated store changes nothing
+  REQUIRE(again.ok());
+  CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
+}
+
+TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
+  TempDb db;
+  REQUIRE(Store::open(db.path).ok());
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(db.path.c_str(), &raw) == SQLITE_OK);
+  sqlite3_exec(raw, "PRAGMA user_version=99", nullptr, nullptr, nullptr);
+  sqlite3_close(raw);
+  auto store = Store::open(db.path);
+  REQUIRE_FALSE(store.ok());
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 2") != std::string::npos);
+  CHECK(user_version(db.path) == 99);
 }
 
 TEST_SUITE_END();
