@@ -512,7 +512,8 @@ int cmd_gpus(const Options& o) {
     return k_exit_ok;
   }
   auto g = reply->get<common::GpusReply>();
-  std::cout << g.gpus.size() << " GPU(s) from " << g.source << "\n";
+  std::cout << g.gpus.size() << " GPU(s) from " << g.source << "; CPU slots " << g.cpu_slots_used << " of "
+            << g.cpu_slots << " in use (cores " << g.cores << ")\n";
   if (g.gpus.empty()) return k_exit_ok;
   Table t({"GPU", "NAME", "MEMORY", "USED", "UTIL", "GPUQ", "JOBS"});
   for (const auto& x : g.gpus) {

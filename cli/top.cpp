@@ -74,7 +74,8 @@ std::vector<std::string> top_screen(const TopSnapshot& s, double now, std::size_
   } else {
     int running = 0, queued = 0;
     for (const auto& j : s.jobs.jobs) running += j.state == "running", queued += j.state == "queued";
-    lines.push_back(fit(std::to_string(s.gpus.gpus.size()) + " GPU(s) from " + s.gpus.source + "   jobs: " +
+    lines.push_back(fit(std::to_string(s.gpus.gpus.size()) + " GPU(s) from " + s.gpus.source + "   CPU slots: " +
+                            std::to_string(s.gpus.cpu_slots_used) + "/" + std::to_string(s.gpus.cpu_slots) + "   jobs: " +
                             std::to_string(running) + " running, " + std::to_string(queued) + " queued, " +
                             std::to_string(s.jobs.total) + " in history",
                         width));

@@ -208,8 +208,11 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelReply, jobs)
 struct GpusReply {
   std::string source;  // "nvml" or "fake:N:MiB" or "none"
   std::vector<GpuInfo> gpus;
+  int cpu_slots = 0;       // gpuqd's CPU pool
+  int cpu_slots_used = 0;  // held by running jobs
+  std::string cores;       // the cores the pool's slots map to, e.g. "0-15"
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpusReply, source, gpus)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores)
 
 // Wraps a reply body: {"ok": true, ...body}. Errors: {"ok": false, "error": {...}}.
 json ok_reply(json body = json::object());

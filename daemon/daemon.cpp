@@ -353,7 +353,25 @@ json Daemon::cmd_gpus(const json&) {
     }
     out.gpus.push_back(std::move(info));
   }
+  const CpuSlots cpu = cpu_pool();
+  out.cpu_slots = cpu.total;
+  for (int slot : cpu.taken) out.cpu_slots_used += slot < cpu.total;
+  out.cores = common::format_cpu_list(m_cores);
   return out;
+}
+
+CpuSlots Daemon::cpu_pool() const {
+  CpuSlots cpu{m_config.cpu_slots, {}};
+  std::vector<int> unnumbered;  // running jobs started by a gpuqd whose CPU slots had no numbers yet
+  for (const auto& [id, a] : m_active) {
+    if (a.rec.state != JobState::running) continue;
+    cpu.taken.insert(a.rec.cpu_slots.begin(), a.rec.cpu_slots.end());
+    if (a.rec.cpu_slots.empty() && a.rec.spec.gpus == 0) unnumbered.push_back(std::min(a.rec.spec.ranks, cpu.total));
+  }
+  for (int n : unnumbered)
+    for (int slot = 0; n > 0 && slot < cpu.total; ++slot)
+      if (cpu.taken.insert(slot).second) --n;
+  return cpu;
 }
 
 // ---- cancel and wait ----------------------------------------------------------------------------
@@ -522,17 +540,7 @@ void Daemon::schedule_now() {
     queue.push_back({id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus});
   }
 
-  CpuSlots cpu{m_config.cpu_slots, {}};
-  std::vector<std::pair<int, int>> unnumbered;  // running jobs started by a gpuqd before CPU slots had numbers
-  for (const auto& [id, a] : m_active) {
-    if (a.rec.state != JobState::running) continue;
-    cpu.taken.insert(a.rec.cpu_slots.begin(), a.rec.cpu_slots.end());
-    const auto& s = a.rec.spec;
-    if (a.rec.cpu_slots.empty() && s.gpus == 0) unnumbered.push_back({id, std::min(s.ranks, cpu.total)});
-  }
-  for (auto [id, n] : unnumbered)
-    for (int slot = 0; n > 0 && slot < cpu.total; ++slot)
-      if (cpu.taken.insert(slot).second) --n;
+  CpuSlots cpu = cpu_pool();
 
   std::vector<GpuState> gpus;
   for (const auto& g : m_inventory.gpus()) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0});

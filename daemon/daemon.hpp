@@ -87,6 +87,7 @@ class Daemon {
   // Scheduling and the job state machine.
   void schedule_soon();
   void schedule_now();
+  CpuSlots cpu_pool() const;  // the pool with the slots running jobs hold
   bool fail_blocked_dependents(double now);
   std::optional<JobState> dependency_state(std::int64_t id);
   void launch(Active& a, const Placement& placement, double now);

@@ -85,6 +85,10 @@ class CpuPinning(DaemonTest):
         show = self.d.show(gpu_rest)
         self.assertEqual(set(show["job"]["cpus"]), got_rest)
         self.assertIn(f"cpus:      {rest} per rank, pinned to ", self.d.ok("show", str(gpu_rest)))
+        pool = self.d.json("gpus")
+        self.assertEqual((pool["cpu_slots"], pool["cpu_slots_used"]), (len(cores), len(cores)))
+        self.assertEqual(cpu_list(pool["cores"]), set(cores))
+        self.assertIn(f"CPU slots {len(cores)} of {len(cores)} in use", self.d.ok("gpus"))
 
         waiting = f"waiting for {len(cores)} CPU slots (0 of {len(cores)} free)"
         self.assertEqual(self.d.show(all_)["job"]["reason"], waiting)
