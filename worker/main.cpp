@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include <nlohmann/json.hpp>
+#include <torch/version.h>  // macros only: this TU stays free of LibTorch proper
 
 #include "common/train_spec.hpp"
 #include "worker/trainer.hpp"
@@ -26,7 +27,8 @@ std::string env_str(const char* name, const std::string& fallback) {
 int main(int argc, char** argv) {
   // Parse the command line
   CLI::App app{"gpuq-worker: trains a model from a gpuq `train` spec (alone or as a DDP rank)"};
-  app.set_version_flag("--version", std::string(GPUQ_VERSION) + " (backends: " + gpuq::worker::available_backends() + ")");
+  app.set_version_flag("--version", std::string(GPUQ_VERSION) + " (LibTorch " TORCH_VERSION ", backends: " +
+                                         gpuq::worker::available_backends() + ")");
   std::string spec_file, spec_text;
   gpuq::worker::RunOptions options;
   auto* file = app.add_option("--spec", spec_file, "JSON file: a job spec with a `train` section, or the section itself");

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "worker/optim.hpp"
+
 // From torch/csrc/jit/codegen/fuser/interface.h, which not every LibTorch package ships (Debian's
 // does not); exported by libtorch_cpu since 1.x.
 namespace torch::jit {
@@ -159,7 +161,7 @@ std::unique_ptr<Model> build_model(const common::TrainSpec& spec, const std::vec
   return std::make_unique<NnModel>(stage_modules, devices, input_shape);
 }
 
-void Checkpoints::save(Model& model, torch::optim::Optimizer& opt, const json& state, int epoch) {
+void Checkpoints::save(Model& model, torch::optim::Optimizer& opt, json state, int epoch) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(m_dir) / ("epoch-" + std::to_string(epoch));
   fs::create_directories(dir);
@@ -167,7 +169,9 @@ void Checkpoints::save(Model& model, torch::optim::Optimizer& opt, const json& s
   for (auto& t : model.parameters()) tensors.push_back(t.detach().cpu());
   for (auto& t : model.buffers()) tensors.push_back(t.detach().cpu());
   torch::save(tensors, (dir / "model.pt").string());
-  torch::save(opt, (dir / "optimizer.pt").string());
+  auto optimizer = export_optimizer_state(opt);
+  torch::save(optimizer.tensors, (dir / "optimizer-state.pt").string());
+  state["optimizer"] = std::move(optimizer.meta);
   std::ofstream(dir / "state.json") << state.dump();
   const fs::path tmp = fs::path(m_dir) / "latest.tmp";
   std::ofstream(tmp) << dir.filename().string();
@@ -177,11 +181,12 @@ void Checkpoints::save(Model& model, torch::optim::Optimizer& opt, const json& s
   fs::remove_all(old, ec);
 }
 
-json Checkpoints::load(Model& model, torch::optim::Optimizer& opt, const std::vector<torch::Device>& devices) {
+std::optional<Checkpoints::Resumed> Checkpoints::load(Model& model, torch::optim::Optimizer& opt,
+                                                     const std::vector<torch::Device>& devices) {
   namespace fs = std::filesystem;
   std::ifstream latest(fs::path(m_dir) / "latest");
   std::string name;
-  if (!enabled() || !std::getline(latest, name)) return nullptr;
+  if (!enabled() || !std::getline(latest, name)) return std::nullopt;
   const fs::path dir = fs::path(m_dir) / name;
   std::vector<torch::Tensor> tensors;
   torch::load(tensors, (dir / "model.pt").string());
@@ -197,12 +202,26 @@ json Checkpoints::load(Model& model, torch::optim::Optimizer& opt, const std::ve
     for (auto& p : params) p.copy_(tensors[i++]);
     for (auto& b : buffers) b.copy_(tensors[i++]);
   }
-  bool one_device = true;
-  for (const auto& d : devices) one_device = one_device && d == devices.at(0);
-  if (one_device) torch::load(opt, (dir / "optimizer.pt").string(), devices.at(0));
-  else torch::load(opt, (dir / "optimizer.pt").string());
+  Resumed out;
   std::ifstream in(dir / "state.json");
-  return json::parse(in);
+  out.state = json::parse(in);
+  if (out.state.contains("optimizer")) {
+    PortableOptimizerState saved;
+    torch::load(saved.tensors, (dir / "optimizer-state.pt").string());
+    saved.meta = out.state["optimizer"];
+    out.optimizer_dropped = import_optimizer_state(opt, saved);
+  } else {
+    // gpuq's checkpoints before the portable format: LibTorch's optimiser archive.
+    bool one_device = true;
+    for (const auto& d : devices) one_device = one_device && d == devices.at(0);
+    if (one_device) torch::load(opt, (dir / "optimizer.pt").string(), devices.at(0));
+    else torch::load(opt, (dir / "optimizer.pt").string());
+    if (!optimizer_state_fits(opt)) {
+      opt.state().clear();
+      out.optimizer_dropped = "it is a LibTorch optimiser archive that this LibTorch version misreads";
+    }
+  }
+  return out;
 }
 
 }  // namespace gpuq::worker

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,20 +31,28 @@ class Model {
 std::unique_ptr<Model> build_model(const common::TrainSpec& spec, const std::vector<int>& shape, int features,
                                    int outputs, const std::vector<torch::Device>& devices);
 
-// Checkpoints: <dir>/epoch-<n>/{model.pt, optimizer.pt, state.json}, then <dir>/latest names the
-// newest complete one (written last, atomically), so a crash mid-save leaves the previous
-// checkpoint in force. The two newest are kept.
+// Checkpoints: <dir>/epoch-<n>/{model.pt, optimizer-state.pt, state.json}, then <dir>/latest
+// names the newest complete one (written last, atomically), so a crash mid-save leaves the
+// previous checkpoint in force. The two newest are kept. Weights and optimiser state are plain
+// tensor lists (state.json describes the optimiser's, see PortableOptimizerState), which every
+// LibTorch version reads alike. Checkpoints of earlier gpuq versions hold LibTorch's optimiser
+// archive (optimizer.pt) instead and are still read.
 class Checkpoints {
  public:
   explicit Checkpoints(std::string dir) : m_dir(std::move(dir)) {}
   bool enabled() const { return !m_dir.empty(); }
   const std::string& path() const { return m_dir; }
 
-  void save(Model& model, torch::optim::Optimizer& opt, const nlohmann::json& state, int epoch);
-  // Restores the newest checkpoint into `model` and `opt`; returns its state, or null. The
-  // optimiser's state goes to `device` when the model lives on one device, else back to the
-  // devices it was saved from (the stages' devices).
-  nlohmann::json load(Model& model, torch::optim::Optimizer& opt, const std::vector<torch::Device>& devices);
+  void save(Model& model, torch::optim::Optimizer& opt, nlohmann::json state, int epoch);
+
+  struct Resumed {
+    nlohmann::json state;           // what save() was given
+    std::string optimizer_dropped;  // why the optimiser state did not fit and was dropped, or ""
+  };
+  // Restores the newest checkpoint into `model` and `opt` (each optimiser tensor on its
+  // parameter's device); nothing when there is none. Optimiser state that does not belong to
+  // `opt` is dropped, not fatal: training goes on from the weights.
+  std::optional<Resumed> load(Model& model, torch::optim::Optimizer& opt, const std::vector<torch::Device>& devices);
 
  private:
   std::string m_dir;

@@ -231,6 +231,135 @@ void clip_gradients(const std::vector<torch::Tensor>& params, double max_norm, b
   }
 }
 
+namespace {
+
+std::string kind_of(torch::optim::Optimizer& o) {
+  if (dynamic_cast<torch::optim::AdamW*>(&o)) return "adamw";
+  if (dynamic_cast<torch::optim::Adam*>(&o)) return "adam";
+  if (dynamic_cast<torch::optim::SGD*>(&o)) return "sgd";
+  return "";
+}
+
+// The tensors of one parameter's state by name, in a fixed order; undefined ones are absent.
+template <class AdamState>
+std::vector<std::pair<std::string, torch::Tensor>> adam_tensors(const AdamState& a) {
+  return {{"exp_avg", a.exp_avg()}, {"exp_avg_sq", a.exp_avg_sq()}, {"max_exp_avg_sq", a.max_exp_avg_sq()}};
+}
+
+template <class AdamState>
+std::unique_ptr<torch::optim::OptimizerParamState> make_adam_state(std::int64_t step,
+                                                                   std::map<std::string, torch::Tensor>& t) {
+  auto s = std::make_unique<AdamState>();
+  s->step(step);
+  if (t.count("exp_avg")) s->exp_avg(t["exp_avg"]);
+  if (t.count("exp_avg_sq")) s->exp_avg_sq(t["exp_avg_sq"]);
+  if (t.count("max_exp_avg_sq")) s->max_exp_avg_sq(t["max_exp_avg_sq"]);
+  return s;
+}
+
+}  // namespace
+
+PortableOptimizerState export_optimizer_state(torch::optim::Optimizer& optimizer) {
+  PortableOptimizerState out;
+  auto& state = optimizer.state();
+  nlohmann::json lrs = nlohmann::json::array(), params = nlohmann::json::array();
+  for (auto& group : optimizer.param_groups()) {
+    lrs.push_back(group.options().get_lr());
+    for (const auto& p : group.params()) {
+      const auto it = state.find(state_key(state, p));
+      if (it == state.end() || !it->second) {
+        params.push_back(nullptr);
+        continue;
+      }
+      std::vector<std::pair<std::string, torch::Tensor>> named;
+      std::int64_t step = 0;
+      const auto* s = it->second.get();
+      if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+        step = a->step(), named = adam_tensors(*a);
+      } else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+        step = w->step(), named = adam_tensors(*w);
+      } else if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+        named = {{"momentum_buffer", m->momentum_buffer()}};
+      }
+      nlohmann::json names = nlohmann::json::array();
+      for (auto& [name, t] : named) {
+        if (!t.defined()) continue;
+        names.push_back(name);
+        out.tensors.push_back(t.detach().cpu());
+      }
+      params.push_back({{"step", step}, {"tensors", names}});
+    }
+  }
+  out.meta = {{"format", 1}, {"kind", kind_of(optimizer)}, {"lr", lrs}, {"params", params}};
+  return out;
+}
+
+namespace {
+
+std::string import_state(torch::optim::Optimizer& optimizer, const PortableOptimizerState& in) {
+  auto& state = optimizer.state();
+  state.clear();
+  const auto& meta = in.meta;
+  const std::string kind = kind_of(optimizer);
+  if (!meta.is_object() || meta.value("format", 0) != 1)
+    return "its format is not 1 but " + (meta.is_object() && meta.contains("format") ? meta["format"].dump() : "missing");
+  if (meta.value("kind", "") != kind) return "it is " + meta.value("kind", "") + " state, this optimiser is " + kind;
+  std::vector<torch::Tensor> params;
+  for (auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) params.push_back(p);
+  const auto& entries = meta.at("params");
+  if (entries.size() != params.size())
+    return "it has state for " + std::to_string(entries.size()) + " parameters, the model has " +
+           std::to_string(params.size());
+  std::size_t next = 0;
+  std::string why;
+  for (std::size_t i = 0; i < params.size() && why.empty(); ++i) {
+    if (entries[i].is_null()) continue;
+    std::map<std::string, torch::Tensor> named;
+    for (const auto& name : entries[i].at("tensors")) {
+      if (next == in.tensors.size()) {
+        why = "it has fewer tensors than it describes";
+        break;
+      }
+      const auto& t = in.tensors[next++];
+      if (t.sizes() != params[i].sizes()) {
+        why = "parameter " + std::to_string(i) + "'s " + name.get<std::string>() + " has another shape than the parameter";
+        break;
+      }
+      named[name.get<std::string>()] = t.to(params[i].device());
+    }
+    const std::int64_t step = entries[i].value("step", std::int64_t{0});
+    std::unique_ptr<torch::optim::OptimizerParamState> s;
+    if (kind == "adam") s = make_adam_state<torch::optim::AdamParamState>(step, named);
+    else if (kind == "adamw") s = make_adam_state<torch::optim::AdamWParamState>(step, named);
+    else if (named.count("momentum_buffer")) {
+      auto m = std::make_unique<torch::optim::SGDParamState>();
+      m->momentum_buffer(named["momentum_buffer"]);
+      s = std::move(m);
+    }
+    if (s) state[state_key(state, params[i])] = std::move(s);
+  }
+  if (why.empty() && next != in.tensors.size()) why = "it has more tensors than it describes";
+  if (!why.empty()) {
+    state.clear();
+    return why;
+  }
+  if (const auto lrs = meta.value("lr", nlohmann::json::array()); lrs.size() == optimizer.param_groups().size())
+    for (std::size_t g = 0; g < lrs.size(); ++g) optimizer.param_groups()[g].options().set_lr(lrs[g].get<double>());
+  return "";
+}
+
+}  // namespace
+
+std::string import_optimizer_state(torch::optim::Optimizer& optimizer, const PortableOptimizerState& in) {
+  try {
+    return import_state(optimizer, in);
+  } catch (const std::exception& e) {  // a malformed description (nlohmann) or tensor (c10)
+    optimizer.state().clear();
+    return std::string("it is unreadable: ") + e.what();
+  }
+}
+
 bool optimizer_state_fits(torch::optim::Optimizer& optimizer) {
   auto& state = optimizer.state();
   for (const auto& entry : state)

@@ -12,8 +12,10 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "common/train_spec.hpp"
@@ -24,10 +26,27 @@ namespace gpuq::worker {
 std::unique_ptr<torch::optim::Optimizer> build_optimizer(const common::OptimizerSpec& spec,
                                                          std::vector<torch::Tensor> params);
 
-// Whether the per-parameter state that loading a checkpoint gave `optimizer` belongs to its
-// parameters: one entry per parameter at most, none empty, each moment or momentum buffer shaped
-// like its parameter. LibTorch 2.x reads a 1.x optimiser archive into empty or misplaced states
-// (1.x wrote the keys as "0x…" text, 2.x parses them as decimal), on which a step would crash.
+// The optimiser's state in a form every LibTorch version reads alike, as model.pt holds the
+// weights: a plain list of tensors (CPU) and a JSON description of it,
+//   {"format": 1, "kind": "adam", "lr": [per group], "params": [per parameter in group order:
+//    null (no state yet) or {"step": n, "tensors": ["exp_avg", "exp_avg_sq"]}]}
+// LibTorch's own optimiser archive keys the state by TensorImpl addresses written as text, which
+// 2.x misreads in a 1.x archive ("0x…" parsed as decimal), so it cannot carry a checkpoint across
+// versions.
+struct PortableOptimizerState {
+  std::vector<torch::Tensor> tensors;
+  nlohmann::json meta;
+};
+PortableOptimizerState export_optimizer_state(torch::optim::Optimizer& optimizer);
+// Replaces `optimizer`'s state with `state`, each tensor on its parameter's device. Returns ""
+// or, when the state does not belong to this optimiser and its parameters (another kind, count
+// or shape), why; the optimiser is then left with no state.
+std::string import_optimizer_state(torch::optim::Optimizer& optimizer, const PortableOptimizerState& state);
+
+// Whether the per-parameter state that loading a LibTorch optimiser archive (checkpoints written
+// before the portable format) gave `optimizer` belongs to its parameters: one entry per parameter
+// at most, none empty, each moment or momentum buffer shaped like its parameter. LibTorch 2.x
+// reads a 1.x archive into empty or misplaced states, on which a step would crash.
 bool optimizer_state_fits(torch::optim::Optimizer& optimizer);
 
 // Sets every parameter's gradient to none (as PyTorch's `zero_grad(set_to_none=True)`): nothing

@@ -382,19 +382,18 @@ int train_or_throw(const RunOptions& o) {
   std::int64_t step = 0, samples = 0, skipped = 0;
   double train_seconds = 0, test_loss = 0, test_accuracy = 0, last_loss = 0;
   int first_epoch = 1;
-  if (json state = checkpoints.load(*model, *optimizer, devices); !state.is_null()) {
+  if (auto resumed = checkpoints.load(*model, *optimizer, devices)) {
+    const json& state = resumed->state;
     first_epoch = state.value("epoch", 0) + 1;
     step = state.value("step", std::int64_t{0});
     samples = state.value("samples", std::int64_t{0});
     train_seconds = state.value("train_seconds", 0.0);
     std::cout << "rank " << o.rank << ": resumed from the checkpoint of epoch " << first_epoch - 1 << " in "
               << checkpoints.path() << std::endl;
-    if (!optimizer_state_fits(*optimizer)) {
-      optimizer->state().clear();
-      std::cerr << "gpuq-worker: rank " << o.rank << ": the checkpoint's optimiser state does not fit this model "
-                   "(written by another LibTorch version?): training goes on from the checkpoint's weights with "
-                   "fresh optimiser state\n";
-    }
+    if (!resumed->optimizer_dropped.empty())
+      std::cerr << "gpuq-worker: rank " << o.rank << ": the checkpoint's optimiser state does not fit this model ("
+                << resumed->optimizer_dropped << "): training goes on from the checkpoint's weights with fresh "
+                << "optimiser state\n";
   }
 
   // Train

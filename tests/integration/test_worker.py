@@ -149,19 +149,22 @@ class Worker(DaemonTest):
         self.assertGreater(max_diff(unclipped, runs[True]), 1e-3)
 
     def test_a_checkpoint_of_the_multi_tensor_optimiser_resumes_with_libtorchs_and_back(self):
-        # Adam's moments must survive the round trip: a resume without them lands elsewhere.
-        spec = dict(SYNTHETIC, epochs=3, checkpoint_every=1, optimizer={"kind": "adam", "lr": 3e-3})
-        full = self.run_worker(spec, self.tmp_path("full.json"))
-        for first, then in ((True, False), (False, True)):
-            with self.subTest(first=first, then=then):
-                ck = self.tmp_path(f"ck-{first}")
-                self.run_worker(dict(spec, epochs=2, optimizer=dict(spec["optimizer"], foreach=first)),
-                                self.tmp_path("two.json"), env={"GPUQ_CHECKPOINT_DIR": ck})
-                resumed, events = self.run_worker_with_events(
-                    dict(spec, optimizer=dict(spec["optimizer"], foreach=then)), f"resumed-{first}",
-                    env={"GPUQ_CHECKPOINT_DIR": ck})
-                self.assertEqual(events[-1]["resumed_from_epoch"], 2)
-                self.assertLess(max_diff(full, resumed), 1e-6)
+        # Adam's moments and SGD's momentum must survive the round trip: a resume without them
+        # lands elsewhere.
+        for optimizer in ({"kind": "adam", "lr": 3e-3}, {"kind": "adamw", "lr": 3e-3, "weight_decay": 0.05},
+                          {"kind": "sgd", "lr": 0.05, "momentum": 0.9}):
+            spec = dict(SYNTHETIC, epochs=3, checkpoint_every=1, optimizer=optimizer)
+            full = self.run_worker(spec, self.tmp_path("full.json"))
+            for first, then in ((True, False), (False, True)):
+                with self.subTest(optimizer=optimizer["kind"], first=first, then=then):
+                    ck = self.tmp_path(f"ck-{optimizer['kind']}-{first}")
+                    self.run_worker(dict(spec, epochs=2, optimizer=dict(optimizer, foreach=first)),
+                                    self.tmp_path("two.json"), env={"GPUQ_CHECKPOINT_DIR": ck})
+                    resumed, events = self.run_worker_with_events(
+                        dict(spec, optimizer=dict(optimizer, foreach=then)), f"resumed-{first}",
+                        env={"GPUQ_CHECKPOINT_DIR": ck})
+                    self.assertEqual(events[-1]["resumed_from_epoch"], 2)
+                    self.assertLess(max_diff(full, resumed), 1e-6)
 
     @unittest.skipUnless(os.path.exists(FASHION), "needs dataset-fashion-mnist")
     def test_fashion_mnist_mlp_through_the_daemon_reaches_0_80(self):
@@ -177,20 +180,43 @@ class Worker(DaemonTest):
         self.assertIn("fashion-mnist: 20000 train, 10000 test, 784 features, 10 classes", self.d.ok("logs", str(job_id)))
 
     def test_optimiser_state_that_does_not_fit_the_model_is_dropped_with_a_warning_not_a_crash(self):
-        # What LibTorch 2.x makes of a 1.x optimiser archive: state the parameters cannot use. Here
-        # the optimiser state of a model with the same number of tensors but other shapes.
+        # The optimiser state of a model with the same number of tensors but other shapes.
         spec = dict(SYNTHETIC, epochs=1, checkpoint_every=1, optimizer={"kind": "adam", "lr": 3e-3})
         ck, other = self.tmp_path("ck"), self.tmp_path("ck-other")
         self.run_worker(spec, self.tmp_path("one.json"), env={"GPUQ_CHECKPOINT_DIR": ck})
         self.run_worker(dict(spec, model={"hidden": [16, 32]}), self.tmp_path("other.json"),
                         env={"GPUQ_CHECKPOINT_DIR": other})
-        shutil.copy(os.path.join(other, "epoch-1", "optimizer.pt"), os.path.join(ck, "epoch-1", "optimizer.pt"))
+        shutil.copy(os.path.join(other, "epoch-1", "optimizer-state.pt"),
+                    os.path.join(ck, "epoch-1", "optimizer-state.pt"))
         r = subprocess.run([WORKER, "--train", json.dumps(dict(spec, epochs=2)), "--checkpoint-dir", ck],
                            capture_output=True, text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("resumed from the checkpoint of epoch 1", r.stdout)
-        self.assertIn("the checkpoint's optimiser state does not fit this model", r.stderr)
+        self.assertIn("the checkpoint's optimiser state does not fit this model (parameter 0's exp_avg has "
+                      "another shape than the parameter)", r.stderr)
         self.assertIn("epoch 2: loss", r.stdout)
+
+    def test_a_checkpoint_of_an_earlier_gpuq_with_libtorchs_optimiser_archive_still_resumes(self):
+        # tests/fixtures/checkpoint-libtorch-1.13: epoch 1 of `spec`, written by gpuq-worker before
+        # the portable optimiser format, on LibTorch 1.13. Its Adam moments must come back (a
+        # resume without them ends ~0.07 away); a LibTorch 2.x misreads the archive and drops it.
+        spec = dict(SYNTHETIC, epochs=2, checkpoint_every=1, optimizer={"kind": "adam", "lr": 3e-3})
+        full = self.run_worker(spec, self.tmp_path("full.json"))
+        ck = self.tmp_path("ck")
+        shutil.copytree(os.path.join(REPO, "tests/fixtures/checkpoint-libtorch-1.13"), ck)
+        r = subprocess.run([WORKER, "--train", json.dumps(spec), "--checkpoint-dir", ck,
+                            "--dump-params", self.tmp_path("resumed.json")], capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("resumed from the checkpoint of epoch 1", r.stdout)
+        if r.stderr.find("LibTorch optimiser archive that this LibTorch version misreads") >= 0:
+            version = subprocess.run([WORKER, "--version"], capture_output=True, text=True).stdout
+            self.assertNotIn("LibTorch 1.", version, "LibTorch 1.x must read its own archive")
+        else:
+            self.assertNotIn("does not fit", r.stderr)
+            self.assertLess(max_diff(full, load(self.tmp_path("resumed.json"))), 1e-4)
+        # The next checkpoint is in the portable format.
+        self.assertTrue(os.path.exists(os.path.join(ck, "epoch-2", "optimizer-state.pt")))
+        self.assertEqual(load(os.path.join(ck, "epoch-2", "state.json"))["optimizer"]["kind"], "adam")
 
     def test_resuming_after_a_kill_gives_the_same_parameters_as_an_uninterrupted_run(self):
         spec = dict(RESUMABLE, seed=4241)
