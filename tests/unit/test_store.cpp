@@ -19,6 +19,14 @@ struct TempDb {
   static inline int counter = 0;
 };
 
+// Runs `sql` on the database file directly, as another program (or an older gpuq) would.
+void raw_exec(const std::string& path, const char* sql) {
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &raw) == SQLITE_OK);
+  CHECK(sqlite3_exec(raw, sql, nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(raw);
+}
+
 JobRecord job_named(const std::string& name) {
   JobRecord j;
   j.spec.name = name;
@@ -151,10 +159,7 @@ TEST_CASE("a file that is not a database is refused, not overwritten") {
 
 TEST_CASE("another program's SQLite database is refused") {
   TempDb db;
-  sqlite3* raw = nullptr;
-  REQUIRE(sqlite3_open(db.path.c_str(), &raw) == SQLITE_OK);
-  sqlite3_exec(raw, "CREATE TABLE mine(x)", nullptr, nullptr, nullptr);
-  sqlite3_close(raw);
+  raw_exec(db.path, "CREATE TABLE mine(x)");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
   CHECK(store.error().message.find("gpuq did not create") != std::string::npos);
@@ -176,10 +181,8 @@ int user_version(const std::string& path) {
 
 TEST_CASE("a version 1 state store (before CPU slots had numbers) is migrated in place, its jobs kept") {
   TempDb db;
-  sqlite3* raw = nullptr;
-  REQUIRE(sqlite3_open(db.path.c_str(), &raw) == SQLITE_OK);
-  // The jobs table as gpuq 1's schema made it, with a running job.
-  const char* v1 = R"sql(
+  // The jobs table as schema version 1 made it, with a running job.
+  raw_exec(db.path, R"sql(
     PRAGMA application_id=1735423345; PRAGMA user_version=1;
     CREATE TABLE jobs(
       id INTEGER PRIMARY KEY, batch INTEGER NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL,
@@ -191,9 +194,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers) is migrated in
       after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT);
     INSERT INTO jobs(id, batch, name, spec, state, attempt, submitted_at, started_at, gpus)
       VALUES(7, 1, 'old', '{"name": "old", "command": ["true"], "cwd": "/"}', 'running', 1, 1.0, 2.0, '[1]');
-  )sql";
-  REQUIRE(sqlite3_exec(raw, v1, nullptr, nullptr, nullptr) == SQLITE_OK);
-  sqlite3_close(raw);
+  )sql");
 
   {
     auto store = Store::open(db.path);
@@ -215,10 +216,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers) is migrated in
 TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   TempDb db;
   REQUIRE(Store::open(db.path).ok());
-  sqlite3* raw = nullptr;
-  REQUIRE(sqlite3_open(db.path.c_str(), &raw) == SQLITE_OK);
-  sqlite3_exec(raw, "PRAGMA user_version=99", nullptr, nullptr, nullptr);
-  sqlite3_close(raw);
+  raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
   CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 2") != std::string::npos);
