@@ -240,10 +240,23 @@ std::string kind_of(torch::optim::Optimizer& o) {
   return "";
 }
 
-// The tensors of one parameter's state by name, in a fixed order; undefined ones are absent.
+// One parameter's state: its step (Adam) and its tensors by name, in a fixed order, undefined
+// ones (no amsgrad, no momentum yet) included.
+struct NamedState {
+  std::int64_t step = 0;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+};
+
 template <class AdamState>
-std::vector<std::pair<std::string, torch::Tensor>> adam_tensors(const AdamState& a) {
-  return {{"exp_avg", a.exp_avg()}, {"exp_avg_sq", a.exp_avg_sq()}, {"max_exp_avg_sq", a.max_exp_avg_sq()}};
+NamedState adam_state(const AdamState& a) {
+  return {a.step(), {{"exp_avg", a.exp_avg()}, {"exp_avg_sq", a.exp_avg_sq()}, {"max_exp_avg_sq", a.max_exp_avg_sq()}}};
+}
+
+NamedState named_state(const torch::optim::OptimizerParamState& s) {
+  if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s)) return adam_state(*a);
+  if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(&s)) return adam_state(*w);
+  if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(&s)) return {0, {{"momentum_buffer", m->momentum_buffer()}}};
+  return {};
 }
 
 template <class AdamState>
@@ -256,45 +269,6 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_adam_state(std::int64_t 
   if (t.count("max_exp_avg_sq")) s->max_exp_avg_sq(t["max_exp_avg_sq"]);
   return s;
 }
-
-}  // namespace
-
-PortableOptimizerState export_optimizer_state(torch::optim::Optimizer& optimizer) {
-  PortableOptimizerState out;
-  auto& state = optimizer.state();
-  nlohmann::json lrs = nlohmann::json::array(), params = nlohmann::json::array();
-  for (auto& group : optimizer.param_groups()) {
-    lrs.push_back(group.options().get_lr());
-    for (const auto& p : group.params()) {
-      const auto it = state.find(state_key(state, p));
-      if (it == state.end() || !it->second) {
-        params.push_back(nullptr);
-        continue;
-      }
-      std::vector<std::pair<std::string, torch::Tensor>> named;
-      std::int64_t step = 0;
-      const auto* s = it->second.get();
-      if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
-        step = a->step(), named = adam_tensors(*a);
-      } else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
-        step = w->step(), named = adam_tensors(*w);
-      } else if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
-        named = {{"momentum_buffer", m->momentum_buffer()}};
-      }
-      nlohmann::json names = nlohmann::json::array();
-      for (auto& [name, t] : named) {
-        if (!t.defined()) continue;
-        names.push_back(name);
-        out.tensors.push_back(t.detach().cpu());
-      }
-      params.push_back({{"step", step}, {"tensors", names}});
-    }
-  }
-  out.meta = {{"format", 1}, {"kind", kind_of(optimizer)}, {"lr", lrs}, {"params", params}};
-  return out;
-}
-
-namespace {
 
 std::string import_state(torch::optim::Optimizer& optimizer, const PortableOptimizerState& in) {
   auto& state = optimizer.state();
@@ -351,6 +325,32 @@ std::string import_state(torch::optim::Optimizer& optimizer, const PortableOptim
 
 }  // namespace
 
+PortableOptimizerState export_optimizer_state(torch::optim::Optimizer& optimizer) {
+  PortableOptimizerState out;
+  auto& state = optimizer.state();
+  nlohmann::json lrs = nlohmann::json::array(), params = nlohmann::json::array();
+  for (auto& group : optimizer.param_groups()) {
+    lrs.push_back(group.options().get_lr());
+    for (const auto& p : group.params()) {
+      const auto it = state.find(state_key(state, p));
+      if (it == state.end() || !it->second) {
+        params.push_back(nullptr);
+        continue;
+      }
+      const NamedState named = named_state(*it->second);
+      nlohmann::json names = nlohmann::json::array();
+      for (const auto& [name, t] : named.tensors) {
+        if (!t.defined()) continue;
+        names.push_back(name);
+        out.tensors.push_back(t.detach().cpu());
+      }
+      params.push_back({{"step", named.step}, {"tensors", names}});
+    }
+  }
+  out.meta = {{"format", 1}, {"kind", kind_of(optimizer)}, {"lr", lrs}, {"params", params}};
+  return out;
+}
+
 std::string import_optimizer_state(torch::optim::Optimizer& optimizer, const PortableOptimizerState& in) {
   try {
     return import_state(optimizer, in);
@@ -370,15 +370,8 @@ bool optimizer_state_fits(torch::optim::Optimizer& optimizer) {
       const auto it = state.find(state_key(state, p));
       if (it == state.end()) continue;
       ++owned;
-      const auto fits = [&](const torch::Tensor& t) { return !t.defined() || t.sizes() == p.sizes(); };
-      const auto* s = it->second.get();
-      if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
-        if (!fits(a->exp_avg()) || !fits(a->exp_avg_sq())) return false;
-      } else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
-        if (!fits(w->exp_avg()) || !fits(w->exp_avg_sq())) return false;
-      } else if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
-        if (!fits(m->momentum_buffer())) return false;
-      }
+      for (const auto& [name, t] : named_state(*it->second).tensors)
+        if (t.defined() && t.sizes() != p.sizes()) return false;
     }
   return owned == state.size();
 }
