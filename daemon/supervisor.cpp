@@ -76,10 +76,10 @@ class CpuMask {
 // default signal mask (the shim blocks signals; a blocked mask survives exec), death with the
 // shim, and the rank's cores when it has some. Runs in a vfork child: system calls only.
 struct RankSetup : bp::extend::handler {
-  const CpuMask* cpus = nullptr;
+  const CpuMask& cpus;
   template <class Executor>
   void on_exec_setup(Executor&) const {
-    cpus->apply();
+    cpus.apply();
     ::setpgid(0, 0);
     sigset_t none;
     sigemptyset(&none);
@@ -216,7 +216,7 @@ class Supervisor {
         // stdout and stderr go to `output`: the log file, or a pipe the shim copies from.
         auto start = [&](auto&& output) {
           bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
-                      (bp::std_out & bp::std_err) > output, RankSetup{{}, &cpus}, bp::posix::use_vfork);
+                      (bp::std_out & bp::std_err) > output, RankSetup{{}, cpus}, bp::posix::use_vfork);
           rank.pid = c.id();
           c.detach();  // reaped below with waitpid(-1), with any orphans
         };
