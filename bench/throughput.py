@@ -4,7 +4,9 @@ eager PyTorch loop in Python, on the same device: same model (MLP 784-256-128-10
 (Adam), batch sizes, data held on the device, one process. Each side runs alone and as a 1-rank
 DDP gang (NCCL on CUDA, Gloo on the CPU). Samples/s count the training steps of every epoch
 (evaluation excluded) on both sides; neither side reads the loss back every step. A third row
-per batch size runs gpuq-worker with LibTorch's one-parameter-at-a-time Adam (`foreach: false`).
+per batch size runs gpuq-worker with LibTorch's one-parameter-at-a-time Adam (`foreach: false`);
+on CUDA a fourth replays each step's forward and backward passes from a CUDA graph
+(`cuda_graph: on`), against the same eager Python loop.
 
 One command does it all on a CUDA machine with PyTorch installed:
 
@@ -84,11 +86,12 @@ def build(python):
     return os.path.join(build_dir, "bin")
 
 
-def run_worker(bin_dir, device, batch, epochs, samples, ddp, foreach=True):
+def run_worker(bin_dir, device, batch, epochs, samples, ddp, foreach=True, graph=False):
     train = {"dataset": {"kind": "synthetic", "samples": samples, "features": FEATURES, "classes": CLASSES,
                          "test_fraction": 0.05},
              "model": {"kind": "mlp", "hidden": HIDDEN}, "optimizer": {"kind": "adam", "lr": 1e-3, "foreach": foreach},
-             "epochs": epochs, "batch_size": batch, "checkpoint_every": 0, "log_every": 1 << 30, "device": device}
+             "epochs": epochs, "batch_size": batch, "checkpoint_every": 0, "log_every": 1 << 30, "device": device,
+             "cuda_graph": "on" if graph else "off"}
     env = dict(os.environ)
     if ddp:
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -126,13 +129,21 @@ def main():
 
     rows = []
     # "alone" and "ddp-1" use the multi-tensor optimiser (gpuq-worker's default); "per-param" is
-    # LibTorch's one-tensor-at-a-time Adam, to show what that choice is worth.
+    # LibTorch's one-tensor-at-a-time Adam, to show what that choice is worth; "graph" (CUDA only)
+    # replays the forward and backward passes from a CUDA graph.
+    modes = [("alone", False, True, False), ("per-param", False, False, False), ("ddp-1", True, True, False)]
+    if args.device == "cuda":
+        modes.append(("graph", False, True, True))
     for batch in [int(b) for b in args.batches.split(",")]:
-        for mode, ddp, foreach in (("alone", False, True), ("per-param", False, False), ("ddp-1", True, True)):
+        python_alone = None
+        for mode, ddp, foreach, graph in modes:
             t0 = time.time()
-            cpp = run_worker(bin_dir, args.device, batch, args.epochs, args.samples, ddp, foreach)
-            if foreach:  # the Python side of "per-param" is the "alone" one
+            cpp = run_worker(bin_dir, args.device, batch, args.epochs, args.samples, ddp, foreach, graph)
+            if mode in ("alone", "ddp-1"):  # "per-param" and "graph" compare with the "alone" Python loop
                 py = run_eager(args.python, args.device, batch, args.epochs, args.samples, ddp)
+                python_alone = py if mode == "alone" else python_alone
+            else:
+                py = python_alone
             row = {"batch": batch, "mode": mode, "device": cpp["device"],
                    "backend": cpp["backend"], "worker_samples_per_s": round(cpp["samples_per_s"]),
                    "python_samples_per_s": round(py["samples_per_s"]),

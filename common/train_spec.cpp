@@ -102,7 +102,7 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
   FieldReader r(obj, who, "train", errors,
                 {"dataset", "model", "optimizer", "schedule", "loss", "epochs", "batch_size", "accumulate",
                  "clip_grad_norm", "sampler", "seed", "log_every", "device", "checkpoint_every", "stages",
-                 "precision", "data_on", "bucket_mb"});
+                 "precision", "data_on", "bucket_mb", "cuda_graph"});
   if (const json* d = r.object("dataset")) t.dataset = parse_dataset(*d, who, errors);
   else if (!r.get("dataset")) r.fail("field `train.dataset` is required, e.g. {\"kind\": \"fashion-mnist\"}");
   if (const json* m = r.object("model")) t.model = parse_model(*m, who, errors);
@@ -136,13 +136,27 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
     r.fail("field `train.precision`: fp16 needs CUDA; on the CPU use \"bf16\"");
   r.choice("data_on", {"auto", "device", "host"}, t.data_on);
   r.number("bucket_mb", 0.0001, 4096, t.bucket_mb);
+  r.choice("cuda_graph", {"off", "auto", "on"}, t.cuda_graph);
   if (t.model.kind == "cnn" && t.dataset.kind != "fashion-mnist" && t.dataset.kind != "mnist" && t.dataset.kind != "idx")
     r.fail("field `train.model.kind`: a cnn needs image data (an idx, mnist or fashion-mnist dataset)");
   const bool regression = t.dataset.kind == "synthetic" && t.dataset.task == "regression";
   if (t.loss == "auto") t.loss = regression ? "mse" : "cross_entropy";
   if (regression && t.loss == "cross_entropy") r.fail("field `train.loss`: cross_entropy needs a classification task");
   if (regression && t.sampler == "weighted") r.fail("field `train.sampler`: weighted sampling needs class labels");
+  if (t.cuda_graph == "on")
+    if (const auto why = cuda_graph_obstacle(t); !why.empty())
+      r.fail("field `train.cuda_graph`: \"on\" cannot capture this step: " + why +
+             " (\"auto\" falls back to eager steps)");
   return t;
+}
+
+std::string cuda_graph_obstacle(const TrainSpec& t) {
+  if (t.device == "cpu") return "train.device is \"cpu\"";
+  // The loss scale is a number on the host that changes between steps; a graph would freeze it.
+  if (t.precision == "fp16") return "fp16's loss scale changes between steps";
+  // TorchScript's profiling executor re-specialises the graph during its first runs.
+  if (t.model.kind == "torchscript") return "a torchscript model is recompiled by its executor while it runs";
+  return "";
 }
 
 Result<TrainSpec> parse_train(const json& obj) {
@@ -198,7 +212,8 @@ json to_json(const TrainSpec& t) {
           {"device", t.device},
           {"precision", t.precision},
           {"data_on", t.data_on},
-          {"bucket_mb", t.bucket_mb}};
+          {"bucket_mb", t.bucket_mb},
+          {"cuda_graph", t.cuda_graph}};
   if (!t.stages.empty()) out["stages"] = t.stages;
   return out;
 }

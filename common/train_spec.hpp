@@ -70,7 +70,14 @@ struct TrainSpec {
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (autocast; fp16 with dynamic loss scaling, CUDA only)
   std::string data_on = "auto";    // auto | device | host (pinned, prefetched by a thread)
   double bucket_mb = 25;           // ddp: gradient allreduce bucket size
+  // off | auto | on: replay each step's forward and backward passes from a CUDA graph (auto: when
+  // the step can be captured, else eager steps; on: a step that cannot be captured is an error)
+  std::string cuda_graph = "off";
 };
+
+// Why the training step of `spec` cannot be replayed from a CUDA graph, or "" where nothing in the
+// spec stops it. The worker adds what only the run tells: a GPU, a single process, one device.
+std::string cuda_graph_obstacle(const TrainSpec& spec);
 
 // Blocks of an mlp or cnn model, the units `stages` splits: one per conv block, one per hidden
 // dense layer, and the output layer.

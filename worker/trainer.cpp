@@ -21,6 +21,7 @@
 #include <deque>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,7 @@
 #include "worker/optim.hpp"
 #include "worker/parallel.hpp"
 #include "worker/sampler.hpp"
+#include "worker/step_graph.hpp"
 
 namespace gpuq::worker {
 
@@ -104,14 +106,21 @@ class Loader {
       auto rows = m_order.narrow(0, m_next++ * m_micro, m_micro);
       return {m_x.index_select(0, rows), m_y.index_select(0, rows)};
     }
-    std::unique_lock<std::mutex> lock(m_mutex);
-    m_ready.wait(lock, [this] { return !m_queue.empty() || m_error; });
-    if (m_queue.empty()) std::rethrow_exception(m_error);
-    auto [xb, yb] = std::move(m_queue.front());
-    m_queue.pop_front();
-    m_space.notify_one();
-    lock.unlock();
+    auto [xb, yb] = pop_gathered();
     return {xb.to(m_device, /*non_blocking=*/true), yb.to(m_device, /*non_blocking=*/true)};
+  }
+
+  // The next micro-batch, written into `x` and `y` on the device (a CUDA graph's static inputs).
+  void next_into(torch::Tensor& x, torch::Tensor& y) {
+    if (m_on_device) {
+      auto rows = m_order.narrow(0, m_next++ * m_micro, m_micro);
+      torch::index_select_out(x, m_x, 0, rows);
+      torch::index_select_out(y, m_y, 0, rows);
+      return;
+    }
+    auto [xb, yb] = pop_gathered();
+    x.copy_(xb, /*non_blocking=*/true);
+    y.copy_(yb, /*non_blocking=*/true);
   }
 
   void stop() {
@@ -127,6 +136,17 @@ class Loader {
 
  private:
   static constexpr std::size_t k_depth = 4;  // batches gathered ahead
+
+  // The next batch the thread gathered (host data), waiting for it if need be.
+  std::pair<torch::Tensor, torch::Tensor> pop_gathered() {
+    std::unique_lock<std::mutex> lock(m_mutex);
+    m_ready.wait(lock, [this] { return !m_queue.empty() || m_error; });
+    if (m_queue.empty()) std::rethrow_exception(m_error);
+    auto batch = std::move(m_queue.front());
+    m_queue.pop_front();
+    m_space.notify_one();
+    return batch;
+  }
 
   void produce(std::int64_t count) {
     try {
@@ -288,6 +308,71 @@ bool data_on_device(const std::string& data_on, const torch::Device& device, std
   return true;
 }
 
+// A micro-batch (inputs, targets) by its index within the step.
+using BatchOf = std::function<std::pair<torch::Tensor, torch::Tensor>(int)>;
+// The forward and backward passes of one step's micro-batches; returns the step's loss.
+using ForwardBackward = std::function<torch::Tensor(const BatchOf&)>;
+
+// The step's forward and backward passes through a StepGraph: k_warmup eager steps on the graph's
+// stream, then one capture that reads static batch buffers, then a replay per step after the
+// buffers are refilled. Gradients are not cleared between replays: each replay writes them into
+// the tensors the captured backward gave the parameters. The optimiser step stays eager (its step
+// counts and learning rate change on the host), as in PyTorch's partial-network capture.
+class GraphedStep {
+ public:
+  static constexpr int k_warmup = 3;
+
+  GraphedStep(std::unique_ptr<StepGraph> graph, const Loader& data, const torch::Device& device, int micro,
+              int accumulate)
+      : m_graph(std::move(graph)) {
+    const auto x_options = data.x().options().device(device).pinned_memory(false);
+    const auto y_options = data.y().options().device(device).pinned_memory(false);
+    for (int m = 0; m < accumulate; ++m)
+      m_inputs.emplace_back(torch::empty({micro, data.x().size(1)}, x_options), torch::empty({micro}, y_options));
+  }
+
+  bool captured() const { return m_captured; }
+  // The static batch buffers: after a failed capture they hold that step's micro-batches.
+  const std::vector<std::pair<torch::Tensor, torch::Tensor>>& inputs() const { return m_inputs; }
+
+  // Runs one step's forward and backward passes and returns its loss (during replays, the same
+  // tensor every step, rewritten). A failed capture throws, with nothing captured.
+  torch::Tensor run(Loader& data, const std::vector<torch::Tensor>& params, const ForwardBackward& forward_backward) {
+    if (m_eager_steps < k_warmup) {
+      ++m_eager_steps;
+      clear_gradients(params);
+      return forward_backward([&](int) { return data.next(); });
+    }
+    for (auto& [x, y] : m_inputs) data.next_into(x, y);
+    if (!m_captured) {
+      clear_gradients(params);  // so the captured backward assigns gradients rather than adding to them
+      m_graph->capture([&] { m_loss = forward_backward([this](int m) { return m_inputs[m]; }); });
+      m_captured = true;
+    }
+    m_graph->replay();
+    return m_loss;
+  }
+
+ private:
+  std::unique_ptr<StepGraph> m_graph;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> m_inputs;  // one (x, y) per micro-batch
+  torch::Tensor m_loss;
+  int m_eager_steps = 0;
+  bool m_captured = false;
+};
+
+// Why this run's step cannot be replayed from a CUDA graph, or "": the spec's reasons, then the
+// run's.
+std::string cuda_graph_obstacle(const RunOptions& o, bool cuda, bool distributed,
+                                const std::vector<torch::Device>& devices) {
+  if (auto why = common::cuda_graph_obstacle(o.spec); !why.empty()) return why;
+  if (!cuda && !o.emulate_cuda_graph) return "no CUDA device";
+  if (distributed) return "a ddp rank averages its gradients by collectives outside the graph";
+  for (const auto& d : devices)
+    if (d != devices.front()) return "the stages span several GPUs";
+  return "";
+}
+
 }  // namespace
 
 int train_or_throw(const RunOptions& o);
@@ -405,6 +490,42 @@ int train_or_throw(const RunOptions& o) {
       spec.sampler == "weighted" ? inverse_class_frequency(data->train.labels, data->classes) : std::vector<double>{};
   const int micro = spec.batch_size / spec.accumulate;
   const std::int64_t steps_per_epoch = (data->train.n + o.world - 1) / o.world / spec.batch_size;
+  const ForwardBackward forward_backward = [&](const BatchOf& batch_of) {
+    torch::Tensor total;
+    for (int m = 0; m < spec.accumulate; ++m) {
+      auto [x, y] = batch_of(m);
+      torch::Tensor loss;
+      {
+        Autocast scope(device.type(), low, autocast);
+        loss = loss_of(model->forward(x), y, classification);
+        if (spec.accumulate > 1) loss = loss / spec.accumulate;
+      }
+      if (reducer && m == spec.accumulate - 1) reducer->arm();
+      (loss_scale ? loss * loss_scale->scale() : loss).backward();
+      const auto part = loss.detach().to(device);
+      total = m == 0 ? part : total + part;  // no zero tensor to fill on the hot path
+    }
+    return total;
+  };
+
+  // Replay the step from a CUDA graph where the spec asks and the step can be captured
+  std::unique_ptr<GraphedStep> graphed;
+  if (spec.cuda_graph != "off") {
+    const auto obstacle = cuda_graph_obstacle(o, cuda, comm.distributed(), devices);
+    if (!obstacle.empty() && spec.cuda_graph == "on") {
+      std::cerr << "gpuq-worker: rank " << o.rank << ": train.cuda_graph is \"on\" but this step cannot be captured: "
+                << obstacle << "\n";
+      return 2;
+    }
+    if (obstacle.empty()) {
+      auto graph = o.emulate_cuda_graph ? make_emulated_step_graph([&] { clear_gradients(params); })
+                                        : make_cuda_step_graph(device.index());
+      graphed = std::make_unique<GraphedStep>(std::move(graph), *train_data, device, micro, spec.accumulate);
+    } else {
+      std::cout << "rank " << o.rank << ": eager steps, no CUDA graph: " << obstacle << std::endl;
+    }
+  }
+  bool graph_announced = false;
   for (int epoch = first_epoch; epoch <= spec.epochs; ++epoch) {
     torch::manual_seed(spec.seed + static_cast<std::uint64_t>(epoch));  // dropout: same masks after a resume
     auto order = spec.sampler == "weighted"
@@ -419,19 +540,27 @@ int train_or_throw(const RunOptions& o) {
     torch::Tensor step_loss;
     for (std::int64_t s = 0; s < steps; ++s) {
       set_learning_rate(*optimizer, learning_rate(spec, epoch, step, steps_per_epoch * spec.epochs));
-      clear_gradients(params);
-      for (int m = 0; m < spec.accumulate; ++m) {
-        auto [x, y] = train_data->next();
-        torch::Tensor loss;
-        {
-          Autocast scope(device.type(), low, autocast);
-          loss = loss_of(model->forward(x), y, classification);
-          if (spec.accumulate > 1) loss = loss / spec.accumulate;
+      if (!graphed) {
+        clear_gradients(params);
+        step_loss = forward_backward([&](int) { return train_data->next(); });
+      } else {
+        try {
+          step_loss = graphed->run(*train_data, params, forward_backward);
+        } catch (const c10::Error& e) {
+          if (graphed->captured() || spec.cuda_graph == "on") throw;
+          // "auto": this step and the rest run eagerly, from the batches already taken
+          std::cerr << "gpuq-worker: rank " << o.rank << ": CUDA graph capture failed, eager steps from here: "
+                    << e.what_without_backtrace() << "\n";
+          const auto inputs = graphed->inputs();
+          graphed.reset();
+          clear_gradients(params);
+          step_loss = forward_backward([&](int m) { return inputs[static_cast<std::size_t>(m)]; });
         }
-        if (reducer && m == spec.accumulate - 1) reducer->arm();
-        (loss_scale ? loss * loss_scale->scale() : loss).backward();
-        const auto part = loss.detach().to(device);
-        step_loss = m == 0 ? part : step_loss + part;  // no zero tensor to fill on the hot path
+        if (graphed && graphed->captured() && !graph_announced) {
+          graph_announced = true;
+          std::cout << "rank " << o.rank << ": step " << step + 1 << " captured into a CUDA graph"
+                    << (o.emulate_cuda_graph ? " (emulated)" : "") << "; every later step replays it" << std::endl;
+        }
       }
       if (reducer) reducer->finish();
       bool apply = true;
@@ -492,6 +621,8 @@ int train_or_throw(const RunOptions& o) {
                        {{"epoch", epoch}, {"step", step}, {"samples", samples}, {"train_seconds", train_seconds}}, epoch);
   }
   train_data->stop();
+  const bool graph_used = graphed && graphed->captured();
+  graphed.reset();  // waits for the graph's stream; later work goes to the default stream again
 
   // Every rank's throughput, gathered by an allreduce of one-hot slots
   const double rank_rate = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0;
@@ -512,7 +643,7 @@ int train_or_throw(const RunOptions& o) {
     json result = {{"test_loss", test_loss}, {"epochs", spec.epochs}, {"steps", step}, {"world_size", o.world},
                    {"device", device.str()}, {"backend", comm.backend()}, {"train_seconds", train_seconds},
                    {"wall_seconds", seconds_since(t_start)}, {"samples_per_s", per_rank.sum().item<double>()},
-                   {"precision", spec.precision}, {"data_on", data_place}};
+                   {"precision", spec.precision}, {"data_on", data_place}, {"cuda_graph", graph_used}};
     if (classification) result["test_accuracy"] = test_accuracy;
     if (checkpoints.enabled()) result["checkpoint"] = checkpoints.path();
     if (first_epoch > 1) result["resumed_from_epoch"] = first_epoch - 1;

@@ -285,6 +285,43 @@ class Worker(DaemonTest):
         self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
         self.assertEqual(max_diff(whole, load(self.tmp_path("staged.json"))), 0.0)
 
+    def test_a_step_replayed_from_a_cuda_graph_trains_exactly_like_eager_steps(self):
+        # Without CUDA the graph is emulated: each replay runs the captured passes again. What this
+        # checks is the trainer's data flow around a graph (static batches refilled for every
+        # micro-batch, gradients left to the replay, the loss read from the capture's output).
+        for extra in ({}, {"accumulate": 2, "data_on": "host"}):
+            spec = dict(SYNTHETIC, batch_size=32, model={"hidden": [32, 16], "dropout": 0.2}, optimizer={"kind": "adam"},
+                        checkpoint_every=0, log_every=3, **extra)
+            eager, eager_events = self.run_worker_with_events(spec, f"eager-{len(extra)}")
+            name = f"graph-{len(extra)}"
+            events = self.tmp_path(name + ".jsonl")
+            r = subprocess.run([WORKER, "--train", json.dumps(dict(spec, cuda_graph="on")), "--emulate-cuda-graph",
+                                "--dump-params", self.tmp_path(name + ".json")], capture_output=True, text=True,
+                               env=dict(os.environ, GPUQ_EVENTS=events), timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("step 4 captured into a CUDA graph (emulated)", r.stdout)
+            graph_events = [json.loads(line) for line in read_text(events).splitlines()]
+            self.assertEqual(max_diff(eager, load(self.tmp_path(name + ".json"))), 0.0, extra)
+            losses = lambda evs: [e["loss"] for e in evs if e["type"] == "progress"]
+            self.assertGreater(len(losses(eager_events)), 10)
+            self.assertEqual(losses(graph_events), losses(eager_events), extra)
+            self.assertIs(graph_events[-1]["cuda_graph"], True)
+            self.assertIs(eager_events[-1]["cuda_graph"], False)
+
+    def test_cuda_graph_on_without_a_gpu_is_an_error_and_auto_trains_eagerly_saying_why(self):
+        r = self.d.run("submit", "-", input=json.dumps({"name": "g", "train": dict(SYNTHETIC, device="cpu", cuda_graph="on")}))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("field `train.cuda_graph`: \"on\" cannot capture this step: train.device is \"cpu\"", r.stderr)
+        on, auto = self.d.submit([{"name": "on", "train": dict(SYNTHETIC, cuda_graph="on")},
+                                  {"name": "auto", "train": dict(SYNTHETIC, cuda_graph="auto")}])["ids"]
+        jobs = self.d.wait([on, auto], timeout=300)
+        self.assertEqual((jobs[on]["state"], jobs[on]["exit_code"]), ("failed", 2))
+        self.assertIn('train.cuda_graph is "on" but this step cannot be captured: no CUDA device',
+                      self.d.ok("logs", str(on)))
+        self.assertEqual(jobs[auto]["state"], "succeeded", self.d.ok("logs", str(auto)))
+        self.assertIs(jobs[auto]["result"]["cuda_graph"], False)
+        self.assertIn("eager steps, no CUDA graph: no CUDA device", self.d.ok("logs", str(auto)))
+
     def test_a_bad_train_spec_is_refused_at_submit_with_its_field_path(self):
         r = self.d.run("submit", "-", input=json.dumps({"name": "t", "train": {"dataset": {"kind": "synthetic"},
                                                                              "optimizer": {"lr": "fast"}}}))

@@ -136,6 +136,31 @@ TEST_CASE("precision, data placement and bucket size are checked and kept") {
   CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "bucket_mb": 0})"), "train.bucket_mb"));
 }
 
+TEST_CASE("cuda_graph is off by default, kept, and \"on\" is refused where the spec rules capture out") {
+  const auto parse = [](const std::string& text) { return gpuq::common::parse_train(json::parse(text)); };
+  auto defaults = parse(R"({"dataset": {"kind": "synthetic"}})");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->cuda_graph == "off");
+  CHECK(gpuq::common::cuda_graph_obstacle(*defaults).empty());
+  auto on = parse(R"({"dataset": {"kind": "synthetic"}, "cuda_graph": "on", "accumulate": 2, "precision": "bf16"})");
+  REQUIRE(on.ok());
+  auto again = gpuq::common::parse_train(gpuq::common::to_json(*on));
+  REQUIRE(again.ok());
+  CHECK(again->cuda_graph == "on");
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "cuda_graph": true})"), "train.cuda_graph"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "cuda_graph": "on", "device": "cpu"})"),
+            "field `train.cuda_graph`: \"on\" cannot capture this step: train.device is \"cpu\""));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "cuda_graph": "on", "precision": "fp16"})"),
+            "fp16's loss scale changes between steps"));
+  CHECK(has(train_error(R"({"dataset": {"kind": "synthetic"}, "cuda_graph": "on",
+                           "model": {"kind": "torchscript", "path": "m.pt"}})"),
+            "torchscript"));
+  // "auto" takes the same specs and leaves the choice to the worker.
+  auto fallback = parse(R"({"dataset": {"kind": "synthetic"}, "cuda_graph": "auto", "precision": "fp16"})");
+  REQUIRE(fallback.ok());
+  CHECK(gpuq::common::cuda_graph_obstacle(*fallback) == "fp16's loss scale changes between steps");
+}
+
 TEST_CASE("a train job in a batch runs the worker with its normalised spec") {
   auto r = gpuq::common::parse_batch(
       json::parse(R"({"name": "t", "train": {"dataset": {"kind": "synthetic"}, "epochs": 3}, "gpus": 1})"), "/w");

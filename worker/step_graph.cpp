@@ -1,0 +1,92 @@
+// CUDA graph capture and replay of the training step (see step_graph.hpp), and its stand-in
+// for the CPU.
+#include "worker/step_graph.hpp"
+
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+#ifdef GPUQ_HAVE_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace gpuq::worker {
+
+namespace {
+
+#ifdef GPUQ_HAVE_CUDA
+class CudaStepGraph final : public StepGraph {
+ public:
+  explicit CudaStepGraph(int device)
+      : m_stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, static_cast<c10::DeviceIndex>(device))) {
+    // The parameters, optimiser state and data were made on the default stream.
+    c10::cuda::device_synchronize();
+    m_guard.emplace(m_stream);
+  }
+  ~CudaStepGraph() override {
+    m_stream.synchronize();
+    m_guard.reset();
+  }
+  CudaStepGraph(const CudaStepGraph&) = delete;
+  CudaStepGraph& operator=(const CudaStepGraph&) = delete;
+
+  void capture(const std::function<void()>& body) override {
+    // Memory the body allocates comes from a pool of the graph's own, so replays find their
+    // intermediate tensors, gradients and loss where the capture put them.
+    m_graph.capture_begin();
+    try {
+      body();
+    } catch (...) {
+      try {
+        m_graph.capture_end();  // the stream must leave capture mode before it runs anything else
+      } catch (...) {
+      }
+      throw;
+    }
+    m_graph.capture_end();
+  }
+
+  void replay() override { m_graph.replay(); }
+
+ private:
+  c10::cuda::CUDAStream m_stream;
+  std::optional<c10::cuda::CUDAStreamGuard> m_guard;
+  at::cuda::CUDAGraph m_graph;
+};
+#endif
+
+class EmulatedStepGraph final : public StepGraph {
+ public:
+  explicit EmulatedStepGraph(std::function<void()> before_replay) : m_before_replay(std::move(before_replay)) {}
+
+  void capture(const std::function<void()>& body) override { m_body = body; }
+
+  void replay() override {
+    if (!m_body) throw std::logic_error("StepGraph::replay before capture");
+    m_before_replay();
+    m_body();
+  }
+
+ private:
+  std::function<void()> m_before_replay;
+  std::function<void()> m_body;
+};
+
+}  // namespace
+
+std::unique_ptr<StepGraph> make_cuda_step_graph([[maybe_unused]] int device) {
+#ifdef GPUQ_HAVE_CUDA
+  return std::make_unique<CudaStepGraph>(device);
+#else
+  throw std::runtime_error("gpuq-worker was built without CUDA: no CUDA graphs");
+#endif
+}
+
+std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay) {
+  return std::make_unique<EmulatedStepGraph>(std::move(before_replay));
+}
+
+}  // namespace gpuq::worker
