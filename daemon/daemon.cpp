@@ -76,12 +76,27 @@ Daemon::~Daemon() = default;
 
 // ---- recovery -----------------------------------------------------------------------------------
 
+// A running job's slots map to the cores it was pinned to only under the affinity mask of the
+// gpuqd that launched it. Under another mask (say a restart under a new taskset or systemd
+// CPUAffinity) it holds instead the slots of its real cores in this mapping, and none for cores
+// outside this gpuqd's mask, so no other job is pinned onto them.
+void Daemon::rederive_slots(JobRecord& rec) {
+  if (rec.cores.empty() || job_cores(rec, m_cores) == rec.cores) return;
+  rec.cpu_slots = slots_on_cores(rec.cores, m_cores, m_config.cpu_slots);
+  std::cerr << "gpuqd: job " << rec.id << " runs on cores " << common::format_cpu_list(rec.cores)
+            << ", launched under another CPU mask; it holds CPU slots [";
+  for (std::size_t k = 0; k < rec.cpu_slots.size(); ++k) std::cerr << (k ? ", " : "") << rec.cpu_slots[k];
+  std::cerr << "] of this gpuqd's pool (cores " << common::format_cpu_list(m_cores) << ")\n";
+  m_store->update(rec, false);
+}
+
 void Daemon::recover() {
   for (auto& rec : m_store->load_active()) {
     const std::int64_t id = rec.id;
     Active& a = m_active[id];
     a.rec = std::move(rec);
     if (a.rec.state != JobState::running) continue;
+    rederive_slots(a.rec);
     const std::string adir = attempt_dir(m_config.state_dir, id, a.rec.attempt);
     for (int r = 0; r < a.rec.spec.ranks; ++r) a.event_offsets[r] = m_store->event_offset(id, a.rec.attempt, r);
     if (file_exists(adir + "/exit.json")) {
@@ -243,9 +258,8 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.ranks = r.spec.ranks;
   i.gpus = r.gpus;
   i.cpus_requested = r.spec.cpus;
-  std::set<int> cores;
-  for (const auto& rank : rank_cores(r, m_cores)) cores.insert(rank.begin(), rank.end());
-  i.cpus.assign(cores.begin(), cores.end());
+  // The cores as launched; a store from before they were kept has the slots alone.
+  i.cpus = !r.cores.empty() ? r.cores : job_cores(r, m_cores);
   i.submitted_at = r.submitted_at;
   i.started_at = r.started_at;
   i.ended_at = r.ended_at;
@@ -583,6 +597,7 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   next.state = JobState::running;
   next.gpus = gpus;
   next.cpu_slots = placement.cpu_slots;
+  next.cores = job_cores(next, m_cores);
   next.started_at = now;
   next.ended_at = 0;
   next.exit_code.reset();

@@ -92,6 +92,7 @@ class Daemon {
   std::optional<JobState> dependency_state(std::int64_t id);
   void launch(Active& a, const Placement& placement, double now);
   void watch(Active& a);
+  void rederive_slots(JobRecord& rec);  // a re-adopted job's slots under this gpuqd's CPU mask
   void on_shim_exit(std::int64_t id);
   void finish_attempt(Active& a, const json& outcome);
   void finalize(Active& a);  // terminal: persist, notify waiters, forget

@@ -107,6 +107,21 @@ std::vector<std::vector<int>> rank_cores(const JobRecord& job, const std::vector
   return out;
 }
 
+std::vector<int> job_cores(const JobRecord& job, const std::vector<int>& cores) {
+  std::set<int> all;
+  for (const auto& rank : rank_cores(job, cores)) all.insert(rank.begin(), rank.end());
+  return {all.begin(), all.end()};
+}
+
+std::vector<int> slots_on_cores(const std::vector<int>& job_cores, const std::vector<int>& cores, int total) {
+  std::vector<int> out;
+  if (cores.empty()) return out;
+  const std::set<int> wanted(job_cores.begin(), job_cores.end());
+  for (int s = 0; s < total; ++s)
+    if (wanted.count(cores[static_cast<std::size_t>(s) % cores.size()])) out.push_back(s);
+  return out;
+}
+
 std::vector<int> usable_cores() {
   std::vector<int> out;
   // Machines with more CPUs than a cpu_set_t holds: grow the mask until the kernel accepts it.

@@ -50,6 +50,14 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env,
 // the job's slots, wrapping around when the job got fewer slots than it asked (a job wider than
 // the pool), mapped to cores as above. Ascending, without repeats; empty without `cpus`.
 std::vector<std::vector<int>> rank_cores(const JobRecord& job, const std::vector<int>& cores);
+// Their union: what JobRecord::cores keeps.
+std::vector<int> job_cores(const JobRecord& job, const std::vector<int>& cores);
+
+// The slots of a pool of `total` that map onto `job_cores` when slot s is core cores[s % size]:
+// what a job pinned to those cores holds in this mapping, so no other job is given them. A
+// restarted gpuqd under another affinity mask maps slots to other cores than the one that
+// launched the job; its slots are re-derived from the cores it really runs on.
+std::vector<int> slots_on_cores(const std::vector<int>& job_cores, const std::vector<int>& cores, int total);
 
 // The cores this process may run on (its affinity mask, which honours taskset and cpusets),
 // ascending; gpuqd's CPU pool is made of them.

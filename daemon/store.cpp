@@ -13,7 +13,7 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 2;  // 2: jobs.cpu_slots
+constexpr int k_schema_version = 3;  // 2: jobs.cpu_slots; 3: jobs.cores
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS jobs(
   master_port INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL DEFAULT 0,
   cancel_requested INTEGER NOT NULL DEFAULT 0, progress TEXT, result TEXT,
   after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT,
-  cpu_slots TEXT NOT NULL DEFAULT '[]');
+  cpu_slots TEXT NOT NULL DEFAULT '[]', cores TEXT NOT NULL DEFAULT '[]');
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch);
 CREATE TABLE IF NOT EXISTS transitions(
@@ -149,6 +149,10 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
       store->exec("BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN cpu_slots TEXT NOT NULL DEFAULT '[]'; "
                   "PRAGMA user_version=2; COMMIT");
     }
+    if (app_id == k_application_id && version < 3) {
+      store->exec("BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN cores TEXT NOT NULL DEFAULT '[]'; "
+                  "PRAGMA user_version=3; COMMIT");
+    }
   } catch (const RequestError& e) {
     return Error{ErrorCode::store_error, e.what()};
   }
@@ -216,7 +220,7 @@ void Store::write_job(const JobRecord& j) {
   auto* st = prepare(
       "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
       "gpus=?, master_port=?, not_before=?, cancel_requested=?, progress=?, result=?, after=?, "
-      "bad_event_lines=?, first_failure=?, cpu_slots=? WHERE id=?");
+      "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=? WHERE id=?");
   bind_text(st, 1, std::string(to_string(j.state)));
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, j.reason);
@@ -234,7 +238,8 @@ void Store::write_job(const JobRecord& j) {
   sqlite3_bind_int64(st, 15, j.bad_event_lines);
   bind_json(st, 16, j.first_failure);
   bind_text(st, 17, json(j.cpu_slots).dump());
-  sqlite3_bind_int64(st, 18, j.id);
+  bind_text(st, 18, json(j.cores).dump());
+  sqlite3_bind_int64(st, 19, j.id);
   run(m_db, st, "update job");
 }
 
@@ -300,6 +305,8 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     j.first_failure = json_col(st, 19);
     json cpu_slots = json_col(st, 20);
     if (cpu_slots.is_array()) j.cpu_slots = cpu_slots.get<std::vector<int>>();
+    json cores = json_col(st, 21);
+    if (cores.is_array()) j.cores = cores.get<std::vector<int>>();
     out.push_back(std::move(j));
   }
   sqlite3_reset(st);
@@ -308,7 +315,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
   return out;
 }
 
-#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots FROM jobs " where)
+#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots, cores FROM jobs " where)
 
 std::vector<JobRecord> Store::load_active() {
   return query_jobs(prepare(GPUQ_SELECT_JOBS("WHERE state IN ('queued', 'running') ORDER BY id")));

@@ -37,6 +37,9 @@ struct JobRecord {
   std::optional<int> exit_code, exit_signal;
   std::vector<int> gpus;
   std::vector<int> cpu_slots;  // CPU-pool slots held (current or last attempt); see scheduler.hpp
+  // The cores that attempt's ranks were pinned to, ascending (empty: unpinned). Kept beside the
+  // slots because the slot -> core mapping follows gpuqd's affinity mask, which a restart may change.
+  std::vector<int> cores;
   int master_port = 0;
   double not_before = 0;  // retry backoff: not eligible before this time
   bool cancel_requested = false;

@@ -42,12 +42,16 @@ class Daemon:
         self.proc = None
         self.log = None
 
-    def start(self, env=None):
+    def start(self, env=None, cpus=None):
+        """Starts gpuqd; `cpus` (a set of cores) is its affinity mask, as under taskset -c."""
+        if self.log:
+            self.log.close()
         self.log = open(os.path.join(self.tmp, "gpuqd.log"), "ab")
         self.proc = subprocess.Popen(
             [os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket, "--state-dir", self.state,
              "--gpus", self.gpus, *self.defaults(), *self.extra],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         wait_until(lambda: self.proc.poll() is not None or self.run("daemon", "status").returncode == 0,
                    what="gpuqd to answer")
         if self.proc.poll() is not None:

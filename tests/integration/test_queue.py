@@ -107,6 +107,38 @@ class CpuPinning(DaemonTest):
         self.assertEqual(wide["omp"], str(len(cores)))
 
 
+    def test_a_gpuqd_restarted_under_another_cpu_mask_keeps_a_running_jobs_real_cores_to_it(self):
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            self.skipTest("needs at least 2 cores")
+        low, high = cores[0], cores[1]
+        go = self.tmp_path("go")
+        # Launched by a gpuqd that may use only `high`: the job's one slot, slot 0, is that core.
+        self.d.stop()
+        self.d.start(cpus={high})
+        first = self.d.submit({"name": "first", "cpus": 1, "shell": PINNED.format(go=go)})["ids"][0]
+        wait_until(lambda: self.d.show(first)["job"].get("result"), what="the first job running")
+        self.assertEqual(cpu_list(self.d.show(first)["job"]["result"]["allowed"]), {high})
+        # Restarted under both cores: slot 0 is now `low`, but the job still runs on `high`.
+        self.d.kill9()
+        self.d.start(cpus={low, high})
+        self.assertEqual(self.d.show(first)["job"]["cpus"], [high])
+        second = self.d.submit({"name": "second", "cpus": 1, "shell": PINNED.format(go=go)})["ids"][0]
+        wait_until(lambda: self.d.show(second)["job"].get("result"), what="the second job running")
+        self.assertEqual(cpu_list(self.d.show(second)["job"]["result"]["allowed"]), {low},
+                         "the second job was pinned onto the first job's core")
+        self.assertEqual(self.d.show(second)["job"]["cpus"], [low])
+        with open(self.tmp_path("gpuqd.log")) as log:
+            self.assertIn(f"job {first} runs on cores {high}, launched under another CPU mask", log.read())
+        # Two cores, two jobs of one: the pool is full, and a third waits.
+        third = self.d.submit({"name": "third", "cpus": 1, "shell": PINNED.format(go=go)})["ids"][0]
+        time.sleep(0.3)
+        self.assertEqual(self.d.show(third)["job"]["state"], "queued")
+        open(go, "w").close()
+        done = self.d.wait([first, second, third])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"}, done)
+
+
 class Packing(DaemonTest):
     GPUS = "fake:1:1000"
 

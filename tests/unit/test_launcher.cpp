@@ -122,6 +122,25 @@ TEST_CASE("a `cpus` job's ranks are pinned to their own share of the job's slots
   CHECK_FALSE(plain["ranks"][0]["env"].contains("GPUQ_CPUS"));
 }
 
+TEST_CASE("a job's cores give back its slots under another CPU mask, and none for cores outside it") {
+  JobRecord job;
+  job.spec.mode = gpuq::common::Mode::ddp;
+  job.spec.ranks = 2;
+  job.spec.cpus = 1;
+  job.cpu_slots = {0, 1};
+  const std::vector<int> before{2, 3, 4, 5};  // launched under taskset -c 2-5: slots 0, 1 are cores 2, 3
+  CHECK(job_cores(job, before) == std::vector<int>{2, 3});
+  // Restarted under 0-5: slots 0 and 1 are now cores 0 and 1, but the job runs on 2 and 3.
+  const std::vector<int> after{0, 1, 2, 3, 4, 5};
+  CHECK(job_cores(job, after) != job_cores(job, before));
+  CHECK(slots_on_cores({2, 3}, after, 6) == std::vector<int>{2, 3});
+  // Restarted under 3-4: core 2 is outside the pool; core 3 is slot 0.
+  CHECK(slots_on_cores({2, 3}, {3, 4}, 2) == std::vector<int>{0});
+  // An oversubscribed pool (8 slots on 4 cores): every slot on the job's cores is held.
+  CHECK(slots_on_cores({2, 3}, before, 8) == std::vector<int>{0, 1, 4, 5});
+  CHECK(slots_on_cores({2, 3}, {}, 4).empty());
+}
+
 TEST_CASE("gpuqd's usable cores are this process's affinity mask") {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -69,6 +69,7 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
     jobs[0].attempt = 1;
     jobs[0].gpus = {2};
     jobs[0].cpu_slots = {4, 5};
+    jobs[0].cores = {8, 9};
     jobs[0].started_at = 2.0;
     (*store)->update(jobs[0], true);
     jobs[1].state = gpuq::JobState::failed;
@@ -84,6 +85,7 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
   CHECK(active[0].state == gpuq::JobState::running);
   CHECK(active[0].gpus == std::vector<int>{2});
   CHECK(active[0].cpu_slots == std::vector<int>{4, 5});
+  CHECK(active[0].cores == std::vector<int>{8, 9});
   auto failed = (*store)->get(2);
   CHECK(failed->exit_signal == 9);
   CHECK_FALSE(failed->exit_code.has_value());
@@ -179,7 +181,7 @@ int user_version(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("a version 1 state store (before CPU slots had numbers) is migrated in place, its jobs kept") {
+TEST_CASE("a version 1 state store (before CPU slots had numbers, or cores were kept) is migrated in place, its jobs kept") {
   TempDb db;
   // The jobs table as schema version 1 made it, with a running job.
   raw_exec(db.path, R"sql(
@@ -204,13 +206,16 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers) is migrated in
     CHECK(active[0].spec.name == "old");
     CHECK(active[0].gpus == std::vector<int>{1});
     CHECK(active[0].cpu_slots.empty());
+    CHECK(active[0].cores.empty());
     active[0].cpu_slots = {3};
+    active[0].cores = {6, 7};
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 2);
+  CHECK(user_version(db.path) == 3);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
+  CHECK((*again)->get(7)->cores == std::vector<int>{6, 7});
 }
 
 TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
@@ -219,7 +224,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 2") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 3") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
