@@ -103,6 +103,15 @@ class JobParser {
       s.command = {"/bin/sh", "-c", s.shell};
     }
 
+    // exec refuses any one argument or environment string longer than the kernel's MAX_ARG_STRLEN
+    // (E2BIG): say so now rather than fail the launch. A train job's spec is one such argument.
+    for (std::size_t i = 0; i < s.command.size(); ++i)
+      if (s.command[i].size() + 1 > k_max_exec_string)
+        fail((get("train")   ? "field `train` (given to gpuq-worker as one argument) is "
+              : get("shell") ? "field `shell` is "
+                             : "field `command[" + std::to_string(i) + "]` is ") +
+             std::to_string(s.command[i].size()) + " bytes; exec takes at most 128 KiB in one argument");
+
     long long x = 0;
     if (int_field("gpus", 0, k_max_gpus, x)) s.gpus = static_cast<int>(x);
     std::string mode;
@@ -163,11 +172,14 @@ class JobParser {
     }
 
     string_map("env", s.env);
-    for (const auto& [k, _] : s.env) {
+    for (const auto& [k, v] : s.env) {
       if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos)
         fail("field `env` has an invalid variable name \"" + k.substr(0, 64) + "\"");
       else if (is_reserved_env(k))
         fail("field `env." + k + "` is set by gpuq for every job and cannot be overridden");
+      else if (k.size() + 1 + v.size() + 1 > k_max_exec_string)
+        fail("field `env." + k.substr(0, 64) + "` is " + std::to_string(v.size()) +
+             " bytes; exec takes at most 128 KiB in one environment variable");
     }
     string_map("labels", s.labels);
 

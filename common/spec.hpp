@@ -53,6 +53,9 @@ constexpr int k_max_gpus = 1024;
 constexpr int k_max_cpus = 4096;
 constexpr int k_max_retries = 100;
 constexpr std::size_t k_max_batch = 100000;
+// Linux's MAX_ARG_STRLEN (32 pages of 4 KiB): the longest single argv or environment string,
+// with its NUL, that exec accepts.
+constexpr std::size_t k_max_exec_string = 32 * 4096;
 
 // Parses one job object or an array of them. `default_cwd` fills jobs without `cwd`.
 // On failure the Error lists every problem found, one per line, each prefixed with its job.

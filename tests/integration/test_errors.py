@@ -69,6 +69,21 @@ class LaunchErrors(DaemonTest):
         self.assertIn("Exec format error", self.d.ok("logs", str(job_id)))
 
 
+    def test_the_longest_environment_value_exec_takes_runs_and_one_byte_more_is_refused_at_submit(self):
+        # "V=" + value + NUL is at most 128 KiB (the kernel's MAX_ARG_STRLEN).
+        longest = "x" * (128 * 1024 - 3)
+        shell = 'printf "%s" "${#V}" > ' + self.tmp_path("length")
+        job_id = self.d.submit({"name": "long-env", "shell": shell, "env": {"V": longest}})["ids"][0]
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        with open(self.tmp_path("length")) as f:
+            self.assertEqual(f.read(), str(len(longest)))
+        r = self.d.run("submit", "-", input=json.dumps({"name": "too-long", "shell": shell, "env": {"V": longest + "x"}}))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("field `env.V` is 131070 bytes; exec takes at most 128 KiB in one environment variable", r.stderr)
+        self.assertEqual(len(self.d.json("status", "--all")["jobs"]), 1)
+
+
 class NoGpus(DaemonTest):
     GPUS = "none"
 

@@ -108,6 +108,26 @@ TEST_CASE("gpuq's own environment variables cannot be overridden") {
   CHECK(contains(error_of(R"({"command": ["t"], "env": {"RANK": "0"}})"), "`env.RANK`"));
 }
 
+TEST_CASE("strings exec would refuse (over 128 KiB) are refused at submit, naming the field") {
+  const std::string big(128 * 1024, 'x');
+  const auto job = [](json fields) {
+    fields["name"] = "big";
+    return fields.dump();
+  };
+  CHECK(contains(error_of(job({{"command", {"echo", big}}})),
+                 "field `command[1]` is 131072 bytes; exec takes at most 128 KiB in one argument"));
+  CHECK(contains(error_of(job({{"shell", big}})), "field `shell` is 131072 bytes"));
+  CHECK(contains(error_of(job({{"shell", "true"}, {"env", {{"BIG", big}}}})),
+                 "field `env.BIG` is 131072 bytes; exec takes at most 128 KiB in one environment variable"));
+  // A train spec reaches gpuq-worker as one argument: 100,000 class weights do not fit.
+  json train = {{"dataset", {{"kind", "synthetic"}, {"classes", 100000},
+                             {"class_weights", std::vector<double>(100000, 0.123456789)}}}};
+  CHECK(contains(error_of(job({{"train", train}})), "field `train` (given to gpuq-worker as one argument) is "));
+  // Just under the limit is fine: 131071 bytes and the NUL.
+  CHECK(parse_batch(json::parse(job({{"command", {"echo", big.substr(1)}}})), "/tmp").ok());
+  CHECK(parse_batch(json::parse(job({{"shell", "true"}, {"env", {{"B", big.substr(3)}}}})), "/tmp").ok());
+}
+
 TEST_CASE("cwd must be absolute and names must be safe") {
   CHECK(contains(error_of(R"({"command": ["t"], "cwd": "rel/dir"})"), "field `cwd` must be an absolute path"));
   CHECK(contains(error_of(R"({"command": ["t"], "name": "../../etc"})"), "field `name` must be 1-128 characters"));
