@@ -59,6 +59,8 @@ std::string describe_exit(const json& failure) {
 
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
+constexpr double k_launch_retry_s = 5;  // a launch that failed (job dir, disk) is tried again after
+
 }  // namespace
 
 Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store, Inventory inventory)
@@ -578,7 +580,12 @@ void Daemon::schedule_now() {
     try {
       launch(a, p, now);
     } catch (const RequestError& e) {
+      // Still queued (a full disk, say): tried again on a timer, not only when something else
+      // happens to trigger a pass.
       std::cerr << "gpuqd: cannot launch job " << p.id << ": " << e.what() << "\n";
+      a.wait_reason = std::string("cannot start: ") + e.what() + "; trying again every " +
+                      std::to_string(static_cast<int>(k_launch_retry_s)) + " s";
+      next_retry = next_retry == 0 ? now + k_launch_retry_s : std::min(next_retry, now + k_launch_retry_s);
     }
   }
   if (next_retry > 0) {

@@ -7,7 +7,7 @@ import subprocess
 import time
 import unittest
 
-from harness import BIN, Daemon, DaemonTest
+from harness import BIN, Daemon, DaemonTest, wait_until
 from loadgen import rss_kib
 
 
@@ -82,6 +82,26 @@ class LaunchErrors(DaemonTest):
         self.assertEqual(r.returncode, 4)
         self.assertIn("field `env.V` is 131070 bytes; exec takes at most 128 KiB in one environment variable", r.stderr)
         self.assertEqual(len(self.d.json("status", "--all")["jobs"]), 1)
+
+
+    def test_a_launch_that_fails_is_tried_again_on_a_timer_once_the_cause_is_gone(self):
+        go = self.tmp_path("go")
+        blocker = self.d.submit({"name": "blocker", "shell": f"while [ ! -e {go} ]; do sleep 0.05; done"})["ids"][0]
+        job_id = self.d.submit({"name": "later", "command": ["true"], "after": [blocker]})["ids"][0]
+        # A file where the job's directory must go: its launch fails.
+        obstacle = os.path.join(self.d.state, "jobs", str(job_id))
+        with open(obstacle, "w") as f:
+            f.write("in the way\n")
+        open(go, "w").close()
+        wait_until(lambda: self.d.show(job_id)["job"]["reason"].startswith("cannot start: "), what="the failed launch")
+        job = self.d.show(job_id)["job"]
+        self.assertEqual(job["state"], "queued")
+        self.assertIn("trying again every 5 s", job["reason"])
+        # Nothing else happens in gpuqd from here: the retry timer alone starts the job.
+        os.remove(obstacle)
+        done = self.d.wait([job_id], timeout=30)[job_id]
+        self.assertEqual(done["state"], "succeeded")
+        self.assertEqual(done["attempt"], 1)
 
 
 class NoGpus(DaemonTest):
