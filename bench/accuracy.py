@@ -18,7 +18,7 @@ CONFIGS = {
     "cnn": ({"kind": "cnn", "channels": [32, 64], "hidden": [128], "dropout": 0.25},
             {"kind": "adam", "lr": 1e-3}, 15, 0.91),
     "cnn-bn": ({"kind": "cnn", "channels": [32, 64], "hidden": [128], "batch_norm": True, "dropout": 0.25},
-               {"kind": "adam", "lr": 1e-3}, 15, 0.93),
+               {"kind": "adamw", "lr": 1e-3, "weight_decay": 0.05}, 20, 0.93),
 }
 
 ap = argparse.ArgumentParser()

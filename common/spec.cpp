@@ -5,6 +5,7 @@
 #include "common/train_spec.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <functional>
 #include <set>
@@ -336,6 +337,25 @@ std::string format_cpu_list(const std::vector<int>& cores) {
     i = j + 1;
   }
   return out;
+}
+
+std::optional<std::vector<int>> parse_cpu_list(const std::string& text) {
+  std::set<int> out;
+  std::stringstream parts(text);
+  for (std::string part; std::getline(parts, part, ',');) {
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.back()))) part.pop_back();
+    if (part.empty()) continue;
+    const auto dash = part.find('-');
+    const std::string lo_text = part.substr(0, dash), hi_text = dash == std::string::npos ? lo_text : part.substr(dash + 1);
+    auto number = [](const std::string& t) -> std::optional<int> {
+      if (t.empty() || t.size() > 7 || t.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+      return std::stoi(t);
+    };
+    const auto lo = number(lo_text), hi = number(hi_text);
+    if (!lo || !hi || *hi < *lo) return std::nullopt;
+    for (int c = *lo; c <= *hi; ++c) out.insert(c);
+  }
+  return std::vector<int>(out.begin(), out.end());
 }
 
 json to_json(const JobSpec& s) {

@@ -74,6 +74,8 @@ json to_json(const JobSpec& spec);
 // A set of core ids the way the kernel writes one (cpuset, taskset -c): ascending, runs as ranges:
 // {0, 1, 2, 3, 6} -> "0-3,6".
 std::string format_cpu_list(const std::vector<int>& cores);
+// The inverse: "0-3,8" -> {0, 1, 2, 3, 8}, ascending, without repeats; nullopt if malformed.
+std::optional<std::vector<int>> parse_cpu_list(const std::string& text);
 std::string_view to_string(Mode mode);
 
 // Environment variables gpuq sets for every job; a spec may not override them.

@@ -17,6 +17,7 @@
 
 #include "common/paths.hpp"
 #include "common/spec.hpp"
+#include "daemon/cpu_topology.hpp"
 #include "daemon/events.hpp"
 #include "daemon/scheduler.hpp"
 
@@ -68,7 +69,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_config(std::move(config)),
       m_store(std::move(store)),
       m_inventory(std::move(inventory)),
-      m_cores(usable_cores()),
+      m_cores(slot_order(usable_cores(), read_cpu_topology("/sys", usable_cores()))),
       m_ingest_timer(io),
       m_backoff_timer(io) {
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());

@@ -109,7 +109,7 @@ class Daemon {
   Config m_config;
   std::unique_ptr<Store> m_store;
   Inventory m_inventory;
-  std::vector<int> m_cores;  // usable cores, ascending: CPU slot s is core m_cores[s % size]
+  std::vector<int> m_cores;  // usable cores in slot order (cpu_topology.hpp): slot s is core m_cores[s % size]
   std::map<std::int64_t, Active> m_active;                    // queued and running jobs
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;
