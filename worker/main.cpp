@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   app.add_flag("--emulate-cuda-graph", options.emulate_cuda_graph,
                "Test aid: with train.cuda_graph, run the graph step's data flow without CUDA (each replay "
                "runs the captured passes again)");
+  app.add_flag("--emulate-capture-failure", options.emulate_capture_failure,
+               "Test aid: with --emulate-cuda-graph, the capture fails");
   CLI11_PARSE(app, argc, argv);
 
   // Read and validate the train spec

@@ -60,9 +60,13 @@ class CudaStepGraph final : public StepGraph {
 
 class EmulatedStepGraph final : public StepGraph {
  public:
-  explicit EmulatedStepGraph(std::function<void()> before_replay) : m_before_replay(std::move(before_replay)) {}
+  EmulatedStepGraph(std::function<void()> before_replay, bool fail_capture)
+      : m_before_replay(std::move(before_replay)), m_fail_capture(fail_capture) {}
 
-  void capture(const std::function<void()>& body) override { m_body = body; }
+  void capture(const std::function<void()>& body) override {
+    if (m_fail_capture) throw std::runtime_error("operation not permitted when stream is capturing (emulated)");
+    m_body = body;
+  }
 
   void replay() override {
     if (!m_body) throw std::logic_error("StepGraph::replay before capture");
@@ -72,6 +76,7 @@ class EmulatedStepGraph final : public StepGraph {
 
  private:
   std::function<void()> m_before_replay;
+  bool m_fail_capture;
   std::function<void()> m_body;
 };
 
@@ -85,8 +90,8 @@ std::unique_ptr<StepGraph> make_cuda_step_graph([[maybe_unused]] int device) {
 #endif
 }
 
-std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay) {
-  return std::make_unique<EmulatedStepGraph>(std::move(before_replay));
+std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay, bool fail_capture) {
+  return std::make_unique<EmulatedStepGraph>(std::move(before_replay), fail_capture);
 }
 
 }  // namespace gpuq::worker

@@ -32,7 +32,8 @@ std::unique_ptr<StepGraph> make_cuda_step_graph(int device);
 // Stands in for a CUDA graph without CUDA: each replay calls `before_replay` (the trainer clears
 // the gradients there, which a real replay overwrites) and runs the body again. The trainer's
 // data flow around a graph — static batches refilled, the loss read from the capture's output —
-// then runs, and is tested, on the CPU (gpuq-worker --emulate-cuda-graph).
-std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay);
+// then runs, and is tested, on the CPU (gpuq-worker --emulate-cuda-graph). With `fail_capture`
+// the capture throws, as a CUDA capture does on work it cannot record (--emulate-capture-failure).
+std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay, bool fail_capture = false);
 
 }  // namespace gpuq::worker

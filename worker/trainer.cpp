@@ -25,6 +25,7 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -322,6 +323,12 @@ class GraphedStep {
  public:
   static constexpr int k_warmup = 3;
 
+  // The capture failed: nothing was captured, and the static buffers hold the step's batches.
+  // Errors of the warm-up steps, of loading data and of replays are not this.
+  struct CaptureFailed : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+
   GraphedStep(std::unique_ptr<StepGraph> graph, const Loader& data, const torch::Device& device, int micro,
               int accumulate)
       : m_graph(std::move(graph)) {
@@ -336,7 +343,7 @@ class GraphedStep {
   const std::vector<std::pair<torch::Tensor, torch::Tensor>>& inputs() const { return m_inputs; }
 
   // Runs one step's forward and backward passes and returns its loss (during replays, the same
-  // tensor every step, rewritten). A failed capture throws, with nothing captured.
+  // tensor every step, rewritten). A failed capture throws CaptureFailed.
   torch::Tensor run(Loader& data, const std::vector<torch::Tensor>& params, const ForwardBackward& forward_backward) {
     if (m_eager_steps < k_warmup) {
       ++m_eager_steps;
@@ -346,7 +353,13 @@ class GraphedStep {
     for (auto& [x, y] : m_inputs) data.next_into(x, y);
     if (!m_captured) {
       clear_gradients(params);  // so the captured backward assigns gradients rather than adding to them
-      m_graph->capture([&] { m_loss = forward_backward([this](int m) { return m_inputs[m]; }); });
+      try {
+        m_graph->capture([&] { m_loss = forward_backward([this](int m) { return m_inputs[m]; }); });
+      } catch (const c10::Error& e) {
+        throw CaptureFailed(std::string("CUDA graph capture failed: ") + e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        throw CaptureFailed(std::string("CUDA graph capture failed: ") + e.what());
+      }
       m_captured = true;
     }
     m_graph->replay();
@@ -518,8 +531,9 @@ int train_or_throw(const RunOptions& o) {
       return 2;
     }
     if (obstacle.empty()) {
-      auto graph = o.emulate_cuda_graph ? make_emulated_step_graph([&] { clear_gradients(params); })
-                                        : make_cuda_step_graph(device.index());
+      auto graph = o.emulate_cuda_graph
+                       ? make_emulated_step_graph([&] { clear_gradients(params); }, o.emulate_capture_failure)
+                       : make_cuda_step_graph(device.index());
       graphed = std::make_unique<GraphedStep>(std::move(graph), *train_data, device, micro, spec.accumulate);
     } else {
       std::cout << "rank " << o.rank << ": eager steps, no CUDA graph: " << obstacle << std::endl;
@@ -546,11 +560,10 @@ int train_or_throw(const RunOptions& o) {
       } else {
         try {
           step_loss = graphed->run(*train_data, params, forward_backward);
-        } catch (const c10::Error& e) {
-          if (graphed->captured() || spec.cuda_graph == "on") throw;
+        } catch (const GraphedStep::CaptureFailed& e) {
+          if (spec.cuda_graph == "on") throw;
           // "auto": this step and the rest run eagerly, from the batches already taken
-          std::cerr << "gpuq-worker: rank " << o.rank << ": CUDA graph capture failed, eager steps from here: "
-                    << e.what_without_backtrace() << "\n";
+          std::cerr << "gpuq-worker: rank " << o.rank << ": " << e.what() << "; eager steps from here\n";
           const auto inputs = graphed->inputs();
           graphed.reset();
           clear_gradients(params);

@@ -308,6 +308,25 @@ class Worker(DaemonTest):
             self.assertIs(graph_events[-1]["cuda_graph"], True)
             self.assertIs(eager_events[-1]["cuda_graph"], False)
 
+    def test_a_failed_capture_falls_back_to_eager_steps_under_auto_and_fails_the_run_under_on(self):
+        spec = dict(SYNTHETIC, batch_size=32, accumulate=2, checkpoint_every=0)
+        eager = self.run_worker(spec, self.tmp_path("eager.json"))
+        flags = ["--emulate-cuda-graph", "--emulate-capture-failure"]
+        events = self.tmp_path("auto.jsonl")
+        r = subprocess.run([WORKER, "--train", json.dumps(dict(spec, cuda_graph="auto")), *flags,
+                            "--dump-params", self.tmp_path("auto.json")], capture_output=True, text=True,
+                           env=dict(os.environ, GPUQ_EVENTS=events), timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("CUDA graph capture failed: operation not permitted when stream is capturing (emulated); "
+                      "eager steps from here", r.stderr)
+        # The step whose capture failed still trains, on its own batches: nothing is lost or repeated.
+        self.assertEqual(max_diff(eager, load(self.tmp_path("auto.json"))), 0.0)
+        self.assertIs(json.loads(read_text(events).splitlines()[-1])["cuda_graph"], False)
+        r = subprocess.run([WORKER, "--train", json.dumps(dict(spec, cuda_graph="on")), *flags], capture_output=True,
+                           text=True, timeout=300)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("gpuq-worker: rank 0: CUDA graph capture failed: operation not permitted", r.stderr)
+
     def test_cuda_graph_on_without_a_gpu_is_an_error_and_auto_trains_eagerly_saying_why(self):
         r = self.d.run("submit", "-", input=json.dumps({"name": "g", "train": dict(SYNTHETIC, device="cpu", cuda_graph="on")}))
         self.assertEqual(r.returncode, 4)
