@@ -135,15 +135,13 @@ def main():
     if args.device == "cuda":
         modes.append(("graph", False, True, True))
     for batch in [int(b) for b in args.batches.split(",")]:
-        python_alone = None
+        python = {}  # the eager Python loop, alone and as a 1-rank DDP gang: run once, shared by the rows
         for mode, ddp, foreach, graph in modes:
             t0 = time.time()
             cpp = run_worker(bin_dir, args.device, batch, args.epochs, args.samples, ddp, foreach, graph)
-            if mode in ("alone", "ddp-1"):  # "per-param" and "graph" compare with the "alone" Python loop
-                py = run_eager(args.python, args.device, batch, args.epochs, args.samples, ddp)
-                python_alone = py if mode == "alone" else python_alone
-            else:
-                py = python_alone
+            if ddp not in python:
+                python[ddp] = run_eager(args.python, args.device, batch, args.epochs, args.samples, ddp)
+            py = python[ddp]
             row = {"batch": batch, "mode": mode, "device": cpp["device"],
                    "backend": cpp["backend"], "worker_samples_per_s": round(cpp["samples_per_s"]),
                    "python_samples_per_s": round(py["samples_per_s"]),

@@ -70,4 +70,8 @@ std::vector<int> slot_order(std::vector<int> cpus, const std::map<int, CpuPlace>
   return cpus;
 }
 
+std::vector<int> sysfs_slot_order(const std::string& sys_root, const std::vector<int>& cpus) {
+  return slot_order(cpus, read_cpu_topology(sys_root, cpus));
+}
+
 }  // namespace gpuq::daemon

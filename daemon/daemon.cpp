@@ -69,7 +69,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_config(std::move(config)),
       m_store(std::move(store)),
       m_inventory(std::move(inventory)),
-      m_cores(slot_order(usable_cores(), read_cpu_topology("/sys", usable_cores()))),
+      m_cores(sysfs_slot_order("/sys", usable_cores())),
       m_ingest_timer(io),
       m_backoff_timer(io) {
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
@@ -87,9 +87,8 @@ void Daemon::rederive_slots(JobRecord& rec) {
   if (rec.cores.empty() || job_cores(rec, m_cores) == rec.cores) return;
   rec.cpu_slots = slots_on_cores(rec.cores, m_cores, m_config.cpu_slots);
   std::cerr << "gpuqd: job " << rec.id << " runs on cores " << common::format_cpu_list(rec.cores)
-            << ", launched under another CPU mask; it holds CPU slots [";
-  for (std::size_t k = 0; k < rec.cpu_slots.size(); ++k) std::cerr << (k ? ", " : "") << rec.cpu_slots[k];
-  std::cerr << "] of this gpuqd's pool (cores " << common::format_cpu_list(m_cores) << ")\n";
+            << ", launched under another CPU mask; it holds CPU slots " << json(rec.cpu_slots).dump()
+            << " of this gpuqd's pool (cores " << common::format_cpu_list(m_cores) << ")\n";
   m_store->update(rec, false);
 }
 

@@ -13,6 +13,7 @@ namespace fs = std::filesystem;
 using gpuq::daemon::CpuPlace;
 using gpuq::daemon::read_cpu_topology;
 using gpuq::daemon::slot_order;
+using gpuq::daemon::sysfs_slot_order;
 
 namespace {
 
@@ -37,9 +38,7 @@ struct FakeSys {
     fs::create_directories(root / "devices/system/node/power");  // not a node
   }
   ~FakeSys() { fs::remove_all(root); }
-  std::vector<int> order(const std::vector<int>& cpus) const {
-    return slot_order(cpus, read_cpu_topology(root.string(), cpus));
-  }
+  std::vector<int> order(const std::vector<int>& cpus) const { return sysfs_slot_order(root.string(), cpus); }
 };
 
 }  // namespace
