@@ -515,14 +515,21 @@ int cmd_gpus(const Options& o) {
   std::cout << g.gpus.size() << " GPU(s) from " << g.source << "; CPU slots " << g.cpu_slots_used << " of "
             << g.cpu_slots << " in use (cores " << g.cores << ")\n";
   if (g.gpus.empty()) return k_exit_ok;
-  Table t({"GPU", "NAME", "MEMORY", "USED", "UTIL", "GPUQ", "JOBS"});
+  // The NUMA column only where some GPU's node is known (machines with several sockets).
+  const bool numa = std::any_of(g.gpus.begin(), g.gpus.end(), [](const auto& x) { return x.numa_node.is_number(); });
+  std::vector<std::string> header{"GPU", "NAME", "MEMORY", "USED", "UTIL", "GPUQ", "JOBS"};
+  if (numa) header.insert(header.begin() + 2, "NUMA");
+  Table t(header);
   for (const auto& x : g.gpus) {
     std::string jobs;
     for (auto id : x.jobs) jobs += (jobs.empty() ? "" : ",") + std::to_string(id);
     std::string held = x.jobs.empty() ? "free" : x.exclusive ? "exclusive" : std::to_string(x.allocated_mb) + " MiB shared";
-    t.add({std::to_string(x.index), x.name, std::to_string(x.memory_total_mb) + " MiB",
-           x.memory_used_mb.is_number() ? x.memory_used_mb.dump() + " MiB" : "-",
-           x.utilization.is_number() ? x.utilization.dump() + "%" : "-", held, jobs.empty() ? "-" : jobs});
+    std::vector<std::string> row{std::to_string(x.index), x.name, std::to_string(x.memory_total_mb) + " MiB",
+                                 x.memory_used_mb.is_number() ? x.memory_used_mb.dump() + " MiB" : "-",
+                                 x.utilization.is_number() ? x.utilization.dump() + "%" : "-", held,
+                                 jobs.empty() ? "-" : jobs};
+    if (numa) row.insert(row.begin() + 2, x.numa_node.is_number() ? x.numa_node.dump() : "-");
+    t.add(row);
   }
   t.print(std::cout);
   return k_exit_ok;

@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
   daemon->require_subcommand(1);
   auto* start = daemon->add_subcommand("start", "Start gpuqd in the background (no-op if running)");
   start->add_option("--state-dir", state_dir, "State directory");
-  start->add_option("--gpus", gpu_spec, "auto, nvml, none or fake:N[:MiB]");
+  start->add_option("--gpus", gpu_spec, "auto, nvml, none or fake:N[:MiB[:NODES]]");
   start->callback([&] { run = [&] { return cmd_daemon_start(opt, state_dir, gpu_spec); }; });
   auto* stop = daemon->add_subcommand("stop", "Stop gpuqd (running jobs keep running)");
   stop->callback([&] { run = [&] { return cmd_daemon_stop(opt); }; });

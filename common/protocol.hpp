@@ -90,10 +90,11 @@ struct GpuInfo {
   std::int64_t allocated_mb = 0;  // gpuq's own bookkeeping
   bool exclusive = false;         // held whole by one job
   std::vector<std::int64_t> jobs;
+  json numa_node;  // the NUMA node of its PCI slot, null when unknown
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpuInfo, index, uuid, name, memory_total_mb,
                                                 memory_used_mb, utilization, allocated_mb,
-                                                exclusive, jobs)
+                                                exclusive, jobs, numa_node)
 
 // ---- requests ---------------------------------------------------------------------------------
 
@@ -206,7 +207,7 @@ struct CancelReply {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelReply, jobs)
 
 struct GpusReply {
-  std::string source;  // "nvml" or "fake:N:MiB" or "none"
+  std::string source;  // "nvml", "fake:N:MiB[:NODES]" or "none"
   std::vector<GpuInfo> gpus;
   int cpu_slots = 0;       // gpuqd's CPU pool
   int cpu_slots_used = 0;  // held by running jobs

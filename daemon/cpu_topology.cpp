@@ -70,8 +70,12 @@ std::vector<int> slot_order(std::vector<int> cpus, const std::map<int, CpuPlace>
   return cpus;
 }
 
-std::vector<int> sysfs_slot_order(const std::string& sys_root, const std::vector<int>& cpus) {
-  return slot_order(cpus, read_cpu_topology(sys_root, cpus));
+SlotCores sysfs_slot_cores(const std::string& sys_root, const std::vector<int>& cpus) {
+  const auto places = read_cpu_topology(sys_root, cpus);
+  SlotCores out{slot_order(cpus, places), {}};
+  for (int c : out.cores)
+    out.nodes.push_back(places.at(c).node);
+  return out;
 }
 
 }  // namespace gpuq::daemon

@@ -25,7 +25,11 @@ std::map<int, CpuPlace> read_cpu_topology(const std::string& sys_root, const std
 
 // `cpus` in slot order: by thread, then node, package, core, then number.
 std::vector<int> slot_order(std::vector<int> cpus, const std::map<int, CpuPlace>& places);
-// The same, with the places read from sysfs under `sys_root`.
-std::vector<int> sysfs_slot_order(const std::string& sys_root, const std::vector<int>& cpus);
+// `cpus` in slot order with each one's NUMA node, from sysfs under `sys_root`.
+struct SlotCores {
+  std::vector<int> cores;
+  std::vector<int> nodes;  // nodes[i]: the node of cores[i]
+};
+SlotCores sysfs_slot_cores(const std::string& sys_root, const std::vector<int>& cpus);
 
 }  // namespace gpuq::daemon

@@ -69,9 +69,11 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_config(std::move(config)),
       m_store(std::move(store)),
       m_inventory(std::move(inventory)),
-      m_cores(sysfs_slot_order("/sys", usable_cores())),
       m_ingest_timer(io),
       m_backoff_timer(io) {
+  auto slot_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
+  m_cores = std::move(slot_cores.cores);
+  m_core_nodes = std::move(slot_cores.nodes);
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
 }
 
@@ -358,6 +360,7 @@ json Daemon::cmd_gpus(const json&) {
     info.uuid = g.uuid;
     info.name = g.name;
     info.memory_total_mb = g.memory_total_mb;
+    if (g.numa_node >= 0) info.numa_node = g.numa_node;
     if (readings[i].memory_used_mb) info.memory_used_mb = *readings[i].memory_used_mb;
     if (readings[i].utilization) info.utilization = *readings[i].utilization;
     for (const auto& [id, a] : m_active) {
@@ -377,7 +380,7 @@ json Daemon::cmd_gpus(const json&) {
 }
 
 CpuSlots Daemon::cpu_pool() const {
-  CpuSlots cpu{m_config.cpu_slots, {}};
+  CpuSlots cpu{m_config.cpu_slots, {}, m_core_nodes};
   std::vector<int> unnumbered;  // running jobs started by a gpuqd whose CPU slots had no numbers yet
   for (const auto& [id, a] : m_active) {
     if (a.rec.state != JobState::running) continue;
@@ -559,7 +562,7 @@ void Daemon::schedule_now() {
   CpuSlots cpu = cpu_pool();
 
   std::vector<GpuState> gpus;
-  for (const auto& g : m_inventory.gpus()) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0});
+  for (const auto& g : m_inventory.gpus()) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0, g.numa_node});
   for (const auto& [id, a] : m_active) {
     if (a.rec.state != JobState::running) continue;
     double ends = a.rec.spec.timeout_s > 0 ? a.rec.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;

@@ -41,6 +41,7 @@ struct Config {
   double ingest_interval_s = 0.25; // how often running jobs' event files are read
   int cpu_slots = 0;               // the CPU pool (see scheduler.hpp); 0 = the cores gpuqd may use
   int default_retries = 0;         // for jobs whose spec names no `retries`
+  std::string sysfs_root = "/sys"; // CPU topology and NUMA nodes (another tree in tests)
 };
 
 using Reply = std::function<void(json)>;
@@ -110,6 +111,7 @@ class Daemon {
   std::unique_ptr<Store> m_store;
   Inventory m_inventory;
   std::vector<int> m_cores;  // usable cores in slot order (cpu_topology.hpp): slot s is core m_cores[s % size]
+  std::vector<int> m_core_nodes;  // the NUMA node of each of m_cores
   std::map<std::int64_t, Active> m_active;                    // queued and running jobs
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;

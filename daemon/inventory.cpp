@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 namespace gpuq::daemon {
@@ -17,6 +18,11 @@ class Nvml {
   };
   struct Utilization {
     unsigned int gpu, memory;
+  };
+  struct PciInfo {  // nvmlPciInfo_t (v2 and v3 share the layout)
+    char bus_id_legacy[16];
+    unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
+    char bus_id[32];
   };
 
   static std::unique_ptr<Nvml> load(std::string& error) {
@@ -34,6 +40,7 @@ class Nvml {
       error = "libnvidia-ml.so.1 lacks the NVML functions gpuq needs";
       return nullptr;
     }
+    if (!n->sym(n->pci_info, "nvmlDeviceGetPciInfo_v3")) n->sym(n->pci_info, "nvmlDeviceGetPciInfo_v2");  // optional
     if (int rc = n->init(); rc != 0) {
       error = "nvmlInit failed with NVML error " + std::to_string(rc);
       return nullptr;
@@ -55,6 +62,7 @@ class Nvml {
   int (*name)(Device, char*, unsigned int) = nullptr;
   int (*memory)(Device, Memory*) = nullptr;
   int (*utilization)(Device, Utilization*) = nullptr;
+  int (*pci_info)(Device, PciInfo*) = nullptr;
 
  private:
   explicit Nvml(void* lib) : m_lib(lib) {}
@@ -88,26 +96,72 @@ std::vector<Gpu> filter_visible(const std::vector<Gpu>& all, const std::string& 
   return out;
 }
 
+int pci_numa_node(const std::string& sys_root, unsigned domain, unsigned bus, unsigned device) {
+  char address[32];
+  std::snprintf(address, sizeof(address), "%04x:%02x:%02x.0", domain, bus, device);
+  std::ifstream in(sys_root + "/bus/pci/devices/" + address + "/numa_node");
+  int node = -1;
+  if (!(in >> node) || node < 0) return -1;
+  return node;
+}
+
+namespace {
+
+// "fake:N[:MiB[:NODES]]" -> N fake GPUs; `source` gets the spec with the defaults filled in.
+Result<std::vector<Gpu>> fake_gpus(const std::string& spec, std::string& source) {
+  const Error bad{ErrorCode::bad_request,
+                  "--gpus " + spec + ": expected fake:N, fake:N:MiB or fake:N:MiB:NODES, e.g. fake:4:81920:0,0,1,1"};
+  std::vector<std::string> parts;
+  std::stringstream in(spec);
+  for (std::string part; std::getline(in, part, ':');)
+    parts.push_back(part);
+  auto number = [](const std::string& text, long long lo, long long hi) -> std::optional<long long> {
+    if (text.empty() || text.size() > 12 || text.find_first_not_of("0123456789") != std::string::npos)
+      return std::nullopt;
+    const long long v = std::stoll(text);
+    if (v < lo || v > hi) return std::nullopt;
+    return v;
+  };
+  if (parts.size() < 2 || parts.size() > 4 || spec.back() == ':') return bad;
+  const auto n = number(parts[1], 0, 1024);
+  const auto mib = parts.size() > 2 ? number(parts[2], 1, 1LL << 40) : std::optional<long long>(81920);
+  if (!n || !mib) return bad;
+  std::vector<int> nodes;
+  if (parts.size() == 4) {
+    std::stringstream list(parts[3]);
+    for (std::string item; std::getline(list, item, ',');) {
+      const auto node = number(item, 0, 4095);
+      if (!node) return bad;
+      nodes.push_back(static_cast<int>(*node));
+    }
+    if (nodes.size() != static_cast<std::size_t>(*n) || parts[3].back() == ',')
+      return Error{ErrorCode::bad_request, "--gpus " + spec + ": NODES names " + std::to_string(nodes.size()) +
+                                               " NUMA node(s) for " + std::to_string(*n) + " GPU(s); give one per GPU"};
+  }
+  source = "fake:" + std::to_string(*n) + ":" + std::to_string(*mib) + (parts.size() == 4 ? ":" + parts[3] : "");
+  std::vector<Gpu> out;
+  for (int i = 0; i < *n; ++i) {
+    char uuid[64];
+    std::snprintf(uuid, sizeof(uuid), "GPU-fake0000-0000-0000-0000-%012d", i);
+    out.push_back({i, uuid, "Fake GPU", *mib, nodes.empty() ? -1 : nodes[static_cast<std::size_t>(i)]});
+  }
+  return out;
+}
+
+}  // namespace
+
 Inventory::Inventory(Inventory&&) noexcept = default;
 Inventory& Inventory::operator=(Inventory&&) noexcept = default;
 Inventory::~Inventory() = default;
 
-Result<Inventory> Inventory::create(const std::string& spec, const std::optional<std::string>& visible) {
+Result<Inventory> Inventory::create(const std::string& spec, const std::optional<std::string>& visible,
+                                    const std::string& sys_root) {
   Inventory inv;
   std::vector<Gpu> all;
   if (spec.rfind("fake:", 0) == 0) {
-    int n = 0;
-    long long mib = 81920;
-    char extra = 0;
-    int got = std::sscanf(spec.c_str(), "fake:%d:%lld%c", &n, &mib, &extra);
-    if (got < 1 || got > 2 || n < 0 || n > 1024 || mib <= 0)
-      return Error{ErrorCode::bad_request, "--gpus " + spec + ": expected fake:N or fake:N:MiB, e.g. fake:4:81920"};
-    for (int i = 0; i < n; ++i) {
-      char uuid[64];
-      std::snprintf(uuid, sizeof(uuid), "GPU-fake0000-0000-0000-0000-%012d", i);
-      all.push_back({i, uuid, "Fake GPU", mib});
-    }
-    inv.m_source = "fake:" + std::to_string(n) + ":" + std::to_string(mib);
+    auto fake = fake_gpus(spec, inv.m_source);
+    if (!fake) return fake.error();
+    all = std::move(*fake);
   } else if (spec == "none") {
     inv.m_source = "none";
   } else if (spec == "auto" || spec == "nvml") {
@@ -127,12 +181,16 @@ Result<Inventory> Inventory::create(const std::string& spec, const std::optional
         inv.m_nvml->uuid(d, uuid, sizeof(uuid));
         inv.m_nvml->name(d, name, sizeof(name));
         inv.m_nvml->memory(d, &mem);
-        all.push_back({static_cast<int>(i), uuid, name, static_cast<std::int64_t>(mem.total >> 20)});
+        Nvml::PciInfo pci{};
+        const int node = inv.m_nvml->pci_info && inv.m_nvml->pci_info(d, &pci) == 0
+                             ? pci_numa_node(sys_root, pci.domain, pci.bus, pci.device)
+                             : -1;
+        all.push_back({static_cast<int>(i), uuid, name, static_cast<std::int64_t>(mem.total >> 20), node});
       }
       inv.m_source = "nvml";
     }
   } else {
-    return Error{ErrorCode::bad_request, "--gpus " + spec + ": expected auto, nvml, none or fake:N[:MiB]"};
+    return Error{ErrorCode::bad_request, "--gpus " + spec + ": expected auto, nvml, none or fake:N[:MiB[:NODES]]"};
   }
   inv.m_gpus = visible ? filter_visible(all, *visible) : all;
   if (visible) inv.m_source += " (CUDA_VISIBLE_DEVICES=" + *visible + ")";

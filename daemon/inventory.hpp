@@ -1,7 +1,8 @@
 // The GPUs gpuqd may use. NVML is loaded with dlopen at run time, so gpuqd has no link-time
 // dependency on the driver and runs on machines without one. `fake:N[:MiB]` stands in for GPUs
-// in tests and on GPU-less machines. CUDA_VISIBLE_DEVICES given to the daemon (indices or UUIDs)
-// limits the set it may hand out, as it would for any CUDA program.
+// in tests and on GPU-less machines (`fake:N:MiB:NODES` also puts them on NUMA nodes).
+// CUDA_VISIBLE_DEVICES given to the daemon (indices or UUIDs) limits the set it may hand out, as
+// it would for any CUDA program.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@ struct Gpu {
   std::string uuid;
   std::string name;
   std::int64_t memory_total_mb = 0;
+  int numa_node = -1;  // the node of its PCI slot (sysfs), -1 when unknown
 };
 
 struct GpuReading {
@@ -30,9 +32,11 @@ class Nvml;
 
 class Inventory {
  public:
-  // spec: "auto" (NVML if it loads, else no GPUs), "nvml", "none", or "fake:N[:MiB]".
-  // `visible` is the daemon's CUDA_VISIBLE_DEVICES (nullopt when unset).
-  static Result<Inventory> create(const std::string& spec, const std::optional<std::string>& visible);
+  // spec: "auto" (NVML if it loads, else no GPUs), "nvml", "none", or "fake:N[:MiB[:NODES]]"
+  // (NODES: one NUMA node per GPU, e.g. 0,0,1,1). `visible` is the daemon's CUDA_VISIBLE_DEVICES
+  // (nullopt when unset). NVML GPUs' NUMA nodes are read from sysfs under `sys_root`.
+  static Result<Inventory> create(const std::string& spec, const std::optional<std::string>& visible,
+                                  const std::string& sys_root = "/sys");
 
   Inventory(Inventory&&) noexcept;
   Inventory& operator=(Inventory&&) noexcept;
@@ -54,5 +58,9 @@ class Inventory {
 // Keeps the GPUs named by a CUDA_VISIBLE_DEVICES value (indices or UUID prefixes, in order;
 // parsing stops at the first invalid entry, as CUDA does). Pure, for tests.
 std::vector<Gpu> filter_visible(const std::vector<Gpu>& all, const std::string& visible);
+
+// The NUMA node of the PCI device domain:bus:device.0 from sysfs under `sys_root`, -1 when the
+// kernel does not know it (one-node machines) or there is no such device.
+int pci_numa_node(const std::string& sys_root, unsigned domain, unsigned bus, unsigned device);
 
 }  // namespace gpuq::daemon

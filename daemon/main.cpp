@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
              "options given here win.");
   app.add_option("--socket", config.socket_path, "Unix socket path (default: " + gpuq::common::default_socket_path() + ")");
   app.add_option("--state-dir", config.state_dir, "State directory (default: " + gpuq::common::default_state_dir() + ")");
-  app.add_option("--gpus", config.gpus, "GPUs: auto, nvml, none, or fake:N[:MiB]")->capture_default_str();
+  app.add_option("--gpus", config.gpus, "GPUs: auto, nvml, none, or fake:N[:MiB[:NODES]]")->capture_default_str();
   app.add_flag("--foreground,-f", foreground, "Stay in the foreground and log to stderr");
   app.add_option("--grace", config.grace_s, "Seconds between SIGTERM and SIGKILL when stopping a job")->capture_default_str();
   app.add_option("--log-limit-mb", config.log_limit_mb,
@@ -118,6 +118,8 @@ int main(int argc, char** argv) {
                  "(default: the cores gpuqd may run on)");
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
+  // Tests describe a CPU and PCI topology with a tree of their own.
+  app.add_option("--sysfs-root", config.sysfs_root, "Where sysfs is mounted")->group("");
   CLI11_PARSE(app, argc, argv);
   if (!settings) {
     std::cerr << "gpuqd: " << settings.error().message << "\n";
@@ -163,7 +165,8 @@ int main(int argc, char** argv) {
 
   // Discover the GPUs
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  auto inventory = gpuq::daemon::Inventory::create(config.gpus, visible ? std::optional<std::string>(visible) : std::nullopt);
+  auto inventory = gpuq::daemon::Inventory::create(
+      config.gpus, visible ? std::optional<std::string>(visible) : std::nullopt, config.sysfs_root);
   if (!inventory) {
     report_ready(inventory.error().message);
     return 1;

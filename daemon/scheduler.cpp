@@ -29,6 +29,24 @@ bool may_use(const Slot& s, const PendingJob& j, double now) {
   return j.timeout_s > 0 && std::isfinite(s.reserved_until) && now + j.timeout_s <= s.reserved_until;
 }
 
+// The first `n` of `cands`, or, for several GPUs, the first `n` on one NUMA node when a node has
+// that many (the node of the earliest such candidate).
+std::vector<Slot*> one_node_first(std::vector<Slot*> cands, int n) {
+  for (const Slot* first : cands) {
+    if (n < 2) break;
+    if (first->gpu.node < 0) continue;
+    std::vector<Slot*> same;
+    for (Slot* s : cands)
+      if (s->gpu.node == first->gpu.node) same.push_back(s);
+    if (same.size() >= static_cast<std::size_t>(n)) {
+      same.resize(n);
+      return same;
+    }
+  }
+  cands.resize(n);
+  return cands;
+}
+
 // Picks the GPUs for `j` now, or returns an empty vector.
 std::vector<int> pick(std::vector<Slot>& slots, const PendingJob& j, double now) {
   std::vector<Slot*> cands;
@@ -42,8 +60,8 @@ std::vector<int> pick(std::vector<Slot>& slots, const PendingJob& j, double now)
     });
   }
   std::vector<int> chosen;
-  for (int k = 0; k < j.gpus; ++k) {
-    Slot& s = *cands[k];
+  for (Slot* taken : one_node_first(cands, j.gpus)) {
+    Slot& s = *taken;
     chosen.push_back(s.gpu.index);
     s.gpu.holders++;
     s.gpu.allocated_mb += j.shared ? j.memory_mb : s.gpu.total_mb;
@@ -85,25 +103,63 @@ int free_slots(const CpuSlots& cpu) {
   return cpu.total - taken;
 }
 
-// Takes `need` free slots: the first run of consecutive free slots that is long enough (nearby
-// cores tend to share caches and a NUMA node), else the lowest free ones.
-std::vector<int> take_slots(CpuSlots& cpu, int need) {
+int slot_node(const CpuSlots& cpu, int slot) {
+  return cpu.core_nodes[static_cast<std::size_t>(slot) % cpu.core_nodes.size()];
+}
+
+// Takes `need` free slots, ascending, those on the `near` NUMA nodes first (any node when `near`
+// is empty or the slots' nodes are unknown): the first run of consecutive free near slots that is
+// long enough (nearby cores tend to share caches), else the lowest free near ones, then others.
+std::vector<int> take_slots(CpuSlots& cpu, int need, std::set<int> near = {}) {
   std::vector<int> chosen;
   if (need <= 0) return chosen;
+  if (cpu.core_nodes.empty()) near.clear();
+  auto usable = [&](int s, bool anywhere) {
+    return !cpu.taken.count(s) && (anywhere || near.empty() || near.count(slot_node(cpu, s)));
+  };
   int run_start = 0;
   for (int s = 0; s < cpu.total; ++s) {
-    if (cpu.taken.count(s)) {
+    if (!usable(s, false)) {
       run_start = s + 1;
     } else if (s - run_start + 1 == need) {
       for (int k = run_start; k <= s; ++k) chosen.push_back(k);
       break;
     }
   }
-  if (chosen.empty())  // no run is long enough: the lowest free slots, scattered
-    for (int s = 0; s < cpu.total && static_cast<int>(chosen.size()) < need; ++s)
-      if (!cpu.taken.count(s)) chosen.push_back(s);
+  if (chosen.empty()) {  // no run is long enough: the lowest free slots, scattered, near ones first
+    for (bool anywhere : {false, true})
+      for (int s = 0; s < cpu.total && static_cast<int>(chosen.size()) < need; ++s)
+        if (usable(s, anywhere) && std::find(chosen.begin(), chosen.end(), s) == chosen.end()) chosen.push_back(s);
+    std::sort(chosen.begin(), chosen.end());
+  }
   cpu.taken.insert(chosen.begin(), chosen.end());
   return chosen;
+}
+
+// The slots of a job placed on `gpus` (ascending), in rank order. Where the nodes are known each
+// rank's are near its own GPUs: rank r of a job with k GPUs per rank drives gpus[r·k, (r+1)·k)
+// (its LOCAL_RANK's device; a stage split's devices; a single process's all of them).
+std::vector<int> take_job_slots(CpuSlots& cpu, const PendingJob& j, const std::vector<int>& gpus,
+                                const std::vector<Slot>& slots) {
+  auto nodes_of = [&](std::size_t from, std::size_t to) {
+    std::set<int> nodes;
+    for (const auto& s : slots)
+      if (s.gpu.node >= 0 && std::find(gpus.begin() + from, gpus.begin() + to, s.gpu.index) != gpus.begin() + to)
+        nodes.insert(s.gpu.node);
+    return nodes;
+  };
+  const int need = cpu_slots_needed(j, cpu.total);
+  const std::set<int> all = nodes_of(0, gpus.size());
+  const std::size_t ranks = static_cast<std::size_t>(std::max(1, j.ranks));
+  if (all.empty() || cpu.core_nodes.empty() || j.cpus <= 0 || need != j.cpus * j.ranks || gpus.size() % ranks != 0)
+    return take_slots(cpu, need, all);
+  const std::size_t k = gpus.size() / ranks;
+  std::vector<int> out;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    auto mine = take_slots(cpu, j.cpus, nodes_of(r * k, (r + 1) * k));
+    out.insert(out.end(), mine.begin(), mine.end());
+  }
+  return out;
 }
 
 std::string cpu_wait_reason(int need, const CpuSlots& cpu) {
@@ -155,7 +211,8 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
     }
     auto chosen = pick(slots, j, now);
     if (!chosen.empty()) {
-      plan.start.push_back({j.id, std::move(chosen), take_slots(cpu, need)});
+      auto cpu_slots = take_job_slots(cpu, j, chosen, slots);
+      plan.start.push_back({j.id, std::move(chosen), std::move(cpu_slots)});
       continue;
     }
     auto held = reserve(slots, j);

@@ -17,6 +17,11 @@
 //   order for slots: once one waits for slots, later ones wait too, so a wide CPU gang is never
 //   starved by a stream of single-process jobs; a GPU job waiting for slots also reserves its
 //   GPUs. A job wider than the whole pool runs when the pool is empty, alone, on every slot.
+// - NUMA: where the GPUs' and cores' NUMA nodes are known, a multi-GPU job gets GPUs of one node
+//   when enough of them are free (their traffic then stays off the inter-socket link), and a GPU
+//   job's slots are taken on its GPUs' node first: each DDP rank's near its own GPU, a single
+//   process's near any of its GPUs. A preference, never a wait: with no free slot there, other
+//   slots serve (Slurm without --gres-flags=enforce-binding).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +42,7 @@ struct GpuState {
   int holders = 0;                // jobs holding it
   bool exclusive = false;         // held whole by one job
   double free_at = 0;             // when all holders will have ended at the latest (k_never if unknown)
+  int node = -1;                  // NUMA node, -1 when unknown
 };
 
 struct PendingJob {
@@ -53,7 +59,7 @@ struct PendingJob {
 struct Placement {
   std::int64_t id = 0;
   std::vector<int> gpus;
-  std::vector<int> cpu_slots;  // ascending
+  std::vector<int> cpu_slots;  // in rank order: rank r has [r·cpus, (r+1)·cpus), each rank's ascending
 };
 
 struct Plan {
@@ -64,7 +70,8 @@ struct Plan {
 
 struct CpuSlots {
   int total = 1 << 30;
-  std::set<int> taken;  // slots held by running jobs (numbers >= total are ignored)
+  std::set<int> taken;          // slots held by running jobs (numbers >= total are ignored)
+  std::vector<int> core_nodes;  // slot s is on NUMA node core_nodes[s % size]; empty when unknown
 };
 
 // The CPU slots `j` takes from a pool of `total`.

@@ -3,6 +3,7 @@ results, waits and logs."""
 import itertools
 import json
 import os
+import pathlib
 import subprocess
 import time
 import unittest
@@ -106,6 +107,46 @@ class CpuPinning(DaemonTest):
         self.assertEqual(cpu_list(wide["allowed"]), set(cores))
         self.assertEqual(wide["omp"], str(len(cores)))
 
+
+    def test_a_gpu_jobs_cores_are_on_its_gpus_numa_node_and_each_ddp_rank_near_its_own_gpu(self):
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            self.skipTest("needs at least 2 cores")
+        low, high = cores[0], cores[1]
+        # A two-socket machine in miniature: node 0 has core `low` (slot 0), node 1 core `high`
+        # (slot 1); GPU 0 sits on node 1 and GPU 1 on node 0.
+        sysfs = self.tmp_path("sys")
+        for node, core in ((0, low), (1, high)):
+            os.makedirs(f"{sysfs}/devices/system/node/node{node}")
+            with open(f"{sysfs}/devices/system/node/node{node}/cpulist", "w") as f:
+                f.write(f"{core}\n")
+        self.d.stop()
+        self.d.gpus = "fake:2:1000:1,0"
+        self.d.extra = ["--sysfs-root", sysfs]
+        self.d.start(cpus={low, high})
+        gpus = self.d.json("gpus")
+        self.assertEqual([g["numa_node"] for g in gpus["gpus"]], [1, 0])
+        self.assertEqual(self.d.ok("gpus").splitlines()[1].split()[:3], ["GPU", "NAME", "NUMA"])
+
+        # One GPU and one core: GPU 0, and node 1's core, not slot 0's.
+        go = self.tmp_path("go")
+        one = self.d.submit({"name": "one", "gpus": 1, "cpus": 1, "shell": PINNED.format(go=go)})["ids"][0]
+        wait_until(lambda: self.d.show(one)["job"].get("result"), what="the job running")
+        result = self.d.show(one)["job"]["result"]
+        self.assertEqual((result["gpu"], cpu_list(result["allowed"])), ("0", {high}))
+        self.assertEqual(self.d.show(one)["job"]["cpus"], [high])
+        open(go, "w").close()
+        self.assertEqual(self.d.wait([one])[one]["state"], "succeeded")
+
+        # A DDP pair: rank 0 drives GPU 0 (node 1), rank 1 GPU 1 (node 0); each is pinned near it.
+        ranks = self.tmp_path("ranks")
+        os.makedirs(ranks)
+        gang = self.d.submit({"name": "gang", "mode": "ddp", "gpus": 2, "cpus": 1, "shell":
+                              f'sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status > {ranks}/$RANK'})
+        gang = gang["ids"][0]
+        self.assertEqual(self.d.wait([gang])[gang]["state"], "succeeded")
+        allowed = {r: cpu_list(pathlib.Path(ranks, r).read_text().strip()) for r in ("0", "1")}
+        self.assertEqual(allowed, {"0": {high}, "1": {low}})
 
     def test_a_gpuqd_restarted_under_another_cpu_mask_keeps_a_running_jobs_real_cores_to_it(self):
         cores = sorted(os.sched_getaffinity(0))

@@ -13,7 +13,7 @@ namespace fs = std::filesystem;
 using gpuq::daemon::CpuPlace;
 using gpuq::daemon::read_cpu_topology;
 using gpuq::daemon::slot_order;
-using gpuq::daemon::sysfs_slot_order;
+using gpuq::daemon::sysfs_slot_cores;
 
 namespace {
 
@@ -38,7 +38,7 @@ struct FakeSys {
     fs::create_directories(root / "devices/system/node/power");  // not a node
   }
   ~FakeSys() { fs::remove_all(root); }
-  std::vector<int> order(const std::vector<int>& cpus) const { return sysfs_slot_order(root.string(), cpus); }
+  std::vector<int> order(const std::vector<int>& cpus) const { return sysfs_slot_cores(root.string(), cpus).cores; }
 };
 
 }  // namespace
@@ -87,6 +87,8 @@ TEST_CASE("two NUMA nodes with interleaved numbering: a node's cores are consecu
   CHECK(places[7].package == 1);
   CHECK(places[7].core == 3);
   CHECK(sys.order({0, 1, 2, 3, 4, 5, 6, 7}) == std::vector<int>{0, 2, 4, 6, 1, 3, 5, 7});
+  // Each slot's core comes with its node, for the scheduler's NUMA preference.
+  CHECK(sysfs_slot_cores(sys.root.string(), {5, 0, 1}).nodes == std::vector<int>{0, 1, 1});
 }
 
 TEST_CASE("without topology files the order is numeric") {

@@ -1,6 +1,11 @@
 // GPU inventory: fake GPUs and CUDA_VISIBLE_DEVICES filtering as CUDA does it.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "daemon/inventory.hpp"
 
 using namespace gpuq::daemon;
@@ -20,11 +25,38 @@ TEST_CASE("fake GPUs have distinct indices, UUIDs and the given memory") {
 }
 
 TEST_CASE("bad --gpus values are refused with the expected form") {
-  for (auto bad : {"fake:", "fake:x", "fake:2:0", "fake:2:10:3", "gpus", "fake:-1"}) {
+  for (auto bad : {"fake:", "fake:x", "fake:2:0", "fake:2:10:3", "gpus", "fake:-1", "fake:2:10:0,", "fake:2:10:0,x",
+                   "fake:2:10:0,0,0", "fake:2:10:0,0:", "fake:2:", "fake:4:81920x"}) {
     auto inv = Inventory::create(bad, std::nullopt);
     REQUIRE_FALSE(inv.ok());
     CHECK(inv.error().message.find("--gpus") != std::string::npos);
   }
+}
+
+TEST_CASE("fake GPUs sit on the NUMA nodes listed, one per GPU, and on none when no list is given") {
+  auto inv = Inventory::create("fake:4:1024:0,0,1,1", std::nullopt);
+  REQUIRE(inv.ok());
+  CHECK(inv->gpus()[1].numa_node == 0);
+  CHECK(inv->gpus()[2].numa_node == 1);
+  CHECK(inv->source() == "fake:4:1024:0,0,1,1");
+  CHECK(Inventory::create("fake:2", std::nullopt)->gpus()[1].numa_node == -1);
+  CHECK(Inventory::create("fake:2", std::nullopt)->source() == "fake:2:81920");
+  auto short_list = Inventory::create("fake:3:1024:0,1", std::nullopt);
+  REQUIRE_FALSE(short_list.ok());
+  CHECK(short_list.error().message.find("2 NUMA node(s) for 3 GPU(s)") != std::string::npos);
+}
+
+TEST_CASE("a PCI device's NUMA node comes from sysfs; -1 there, or no device, is unknown") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("gpuq-unit-pci-" + std::to_string(::getpid()));
+  fs::create_directories(root / "bus/pci/devices/0000:3b:00.0");
+  fs::create_directories(root / "bus/pci/devices/0001:c1:1f.0");
+  std::ofstream(root / "bus/pci/devices/0000:3b:00.0/numa_node") << "1\n";
+  std::ofstream(root / "bus/pci/devices/0001:c1:1f.0/numa_node") << "-1\n";
+  CHECK(pci_numa_node(root.string(), 0, 0x3b, 0) == 1);
+  CHECK(pci_numa_node(root.string(), 1, 0xc1, 0x1f) == -1);
+  CHECK(pci_numa_node(root.string(), 0, 0x5e, 0) == -1);
+  fs::remove_all(root);
 }
 
 TEST_CASE("zero GPUs is a valid machine") {

@@ -1,4 +1,5 @@
-// Scheduler policies: order, gangs, packing, reservations and backfill. Pure: no daemon needed.
+// Scheduler policies: order, gangs, packing, reservations, backfill, CPU slots and NUMA. Pure: no
+// daemon needed.
 #include <doctest/doctest.h>
 
 #include <set>
@@ -22,6 +23,13 @@ void hold(GpuState& g, bool excl, std::int64_t mb, double free_at = k_never) {
   g.exclusive = excl;
   g.allocated_mb += excl ? g.total_mb : mb;
   g.free_at = free_at;
+}
+// n idle GPUs on the NUMA nodes listed.
+std::vector<GpuState> gpus_on(const std::vector<int>& nodes) {
+  auto g = idle_gpus(static_cast<int>(nodes.size()));
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    g[i].node = nodes[i];
+  return g;
 }
 std::vector<std::int64_t> started(const Plan& p) {
   std::vector<std::int64_t> ids;
@@ -143,29 +151,29 @@ TEST_SUITE_BEGIN("scheduler");
 
 TEST_CASE("jobs without GPUs are limited by CPU slots, one per rank") {
   PendingJob a{1, 0, 0, false, 0, 0, 1}, b{2, 0, 0, false, 0, 0, 1}, c{3, 0, 0, false, 0, 0, 1};
-  auto p = schedule({a, b, c}, {}, 0, CpuSlots{2, {}});
+  auto p = schedule({a, b, c}, {}, 0, CpuSlots{2, {}, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1, 2});
   CHECK(p.waiting.at(3) == "waiting for 1 CPU slot (0 of 2 free)");
-  p = schedule({a, b, c}, {}, 0, CpuSlots{2, {0}});
+  p = schedule({a, b, c}, {}, 0, CpuSlots{2, {0}, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1});
 }
 
 TEST_CASE("a wide CPU gang is not starved by single-process CPU jobs behind it") {
   PendingJob gang{1, 0, 0, false, 0, 0, 4}, small{2, 0, 0, false, 0, 0, 1};
-  auto p = schedule({gang, small}, {}, 0, CpuSlots{4, {0, 1}});
+  auto p = schedule({gang, small}, {}, 0, CpuSlots{4, {0, 1}, {}});
   CHECK(p.start.empty());  // two slots are free, but the gang came first
-  p = schedule({gang, small}, {}, 0, CpuSlots{4, {}});
+  p = schedule({gang, small}, {}, 0, CpuSlots{4, {}, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1});
 }
 
 TEST_CASE("a CPU job wider than the pool runs alone once the pool is empty") {
   PendingJob wide{1, 0, 0, false, 0, 0, 8};
-  CHECK(schedule({wide}, {}, 0, CpuSlots{2, {0}}).start.empty());
-  CHECK(schedule({wide}, {}, 0, CpuSlots{2, {}}).start.size() == 1);
+  CHECK(schedule({wide}, {}, 0, CpuSlots{2, {0}, {}}).start.empty());
+  CHECK(schedule({wide}, {}, 0, CpuSlots{2, {}, {}}).start.size() == 1);
 }
 
 TEST_CASE("GPU jobs without `cpus` do not use CPU slots") {
-  auto p = schedule({exclusive(1, 1), {2, 0, 0, false, 0, 0, 1}}, idle_gpus(1), 0, CpuSlots{1, {0}});
+  auto p = schedule({exclusive(1, 1), {2, 0, 0, false, 0, 0, 1}}, idle_gpus(1), 0, CpuSlots{1, {0}, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1});
   CHECK(p.start[0].cpu_slots.empty());
 }
@@ -173,13 +181,13 @@ TEST_CASE("GPU jobs without `cpus` do not use CPU slots") {
 TEST_CASE("a job gets numbered CPU slots: the first free run long enough, else the lowest free ones") {
   PendingJob two{1, 0, 0, false, 0, 0, 1, 2}, one{2, 0, 0, false, 0, 0, 1, 0};
   // Free: 1, 3, 4, 5. Two slots fit first at 3-4; one slot goes to the first free, 1.
-  auto p = schedule({two, one}, {}, 0, CpuSlots{6, {0, 2}});
+  auto p = schedule({two, one}, {}, 0, CpuSlots{6, {0, 2}, {}});
   REQUIRE(p.start.size() == 2);
   CHECK(p.start[0].cpu_slots == std::vector<int>{3, 4});
   CHECK(p.start[1].cpu_slots == std::vector<int>{1});
   // Free: 1, 3, 5. No run of three: the lowest three.
   PendingJob three{3, 0, 0, false, 0, 0, 1, 3};
-  p = schedule({three}, {}, 0, CpuSlots{6, {0, 2, 4}});
+  p = schedule({three}, {}, 0, CpuSlots{6, {0, 2, 4}, {}});
   REQUIRE(p.start.size() == 1);
   CHECK(p.start[0].cpu_slots == std::vector<int>{1, 3, 5});
 }
@@ -187,11 +195,11 @@ TEST_CASE("a job gets numbered CPU slots: the first free run long enough, else t
 TEST_CASE("`cpus` is per rank, and a job without GPUs with `cpus` takes exactly that many per rank") {
   PendingJob gang{1, 0, 0, false, 0, 0, 3, 2};  // 3 ranks x 2 cores
   PendingJob small{2, 0, 0, false, 0, 0, 1, 0};
-  auto p = schedule({gang, small}, {}, 0, CpuSlots{7, {}});
+  auto p = schedule({gang, small}, {}, 0, CpuSlots{7, {}, {}});
   REQUIRE(started(p) == std::vector<std::int64_t>{1, 2});
   CHECK(p.start[0].cpu_slots == std::vector<int>{0, 1, 2, 3, 4, 5});
   CHECK(p.start[1].cpu_slots == std::vector<int>{6});
-  p = schedule({gang, small}, {}, 0, CpuSlots{7, {6}});
+  p = schedule({gang, small}, {}, 0, CpuSlots{7, {6}, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1});
   CHECK(p.waiting.at(2) == "waiting for 1 CPU slot (0 of 7 free)");
 }
@@ -200,7 +208,7 @@ TEST_CASE("a GPU job with `cpus` needs both, and while it waits for CPU slots it
   PendingJob gpu_cpus{1, 0, 1, false, 0, 0, 1, 2};
   PendingJob gpu_only = exclusive(2, 1, 0, 60);
   PendingJob cpu_only{3, 0, 0, false, 0, 0, 1, 0};
-  auto p = schedule({gpu_cpus, gpu_only, cpu_only}, idle_gpus(2), 0, CpuSlots{3, {}});
+  auto p = schedule({gpu_cpus, gpu_only, cpu_only}, idle_gpus(2), 0, CpuSlots{3, {}, {}});
   REQUIRE(started(p) == std::vector<std::int64_t>{1, 2, 3});
   CHECK(p.start[0].gpus == std::vector<int>{0});
   CHECK(p.start[0].cpu_slots == std::vector<int>{0, 1});
@@ -209,7 +217,7 @@ TEST_CASE("a GPU job with `cpus` needs both, and while it waits for CPU slots it
   // One slot free: the GPU job waits for CPUs and reserves the only GPU, which the GPU-only job
   // behind it may not take (it cannot promise to end before an unknown start); the CPU job waits
   // in order even though one slot is free.
-  p = schedule({gpu_cpus, gpu_only, cpu_only}, idle_gpus(1), 0, CpuSlots{3, {0, 1}});
+  p = schedule({gpu_cpus, gpu_only, cpu_only}, idle_gpus(1), 0, CpuSlots{3, {0, 1}, {}});
   CHECK(started(p).empty());
   CHECK(p.waiting.at(1) == "waiting for 2 CPU slots (1 of 3 free)");
   CHECK(p.reservations.at(1) == std::vector<int>{0});
@@ -220,17 +228,91 @@ TEST_CASE("a GPU job with `cpus` needs both, and while it waits for CPU slots it
 TEST_CASE("a job asking more CPU slots than the pool has runs alone on all of them") {
   PendingJob wide{1, 0, 0, false, 0, 0, 2, 4};  // 2 ranks x 4 cores on a pool of 3
   CHECK(cpu_slots_needed(wide, 3) == 3);
-  CHECK(schedule({wide}, {}, 0, CpuSlots{3, {1}}).start.empty());
-  auto p = schedule({wide}, {}, 0, CpuSlots{3, {}});
+  CHECK(schedule({wide}, {}, 0, CpuSlots{3, {1}, {}}).start.empty());
+  auto p = schedule({wide}, {}, 0, CpuSlots{3, {}, {}});
   REQUIRE(p.start.size() == 1);
   CHECK(p.start[0].cpu_slots == std::vector<int>{0, 1, 2});
 }
 
 TEST_CASE("slots beyond the pool (a smaller --cpu-slots after a restart) do not count as taken") {
   PendingJob one{1, 0, 0, false, 0, 0, 1, 1};
-  auto p = schedule({one}, {}, 0, CpuSlots{2, {1, 5, 7}});
+  auto p = schedule({one}, {}, 0, CpuSlots{2, {1, 5, 7}, {}});
   REQUIRE(p.start.size() == 1);
   CHECK(p.start[0].cpu_slots == std::vector<int>{0});
+}
+
+TEST_CASE("a multi-GPU job gets GPUs of one NUMA node when one has enough free") {
+  auto gpus = gpus_on({0, 0, 1, 1});
+  hold(gpus[0], true, 0);
+  auto p = schedule({exclusive(1, 2)}, gpus, 0);
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{2, 3});  // not 1 and 2, across the sockets
+  // Where no node has enough, the lowest free GPUs, as without nodes.
+  hold(gpus[2], true, 0);
+  p = schedule({exclusive(1, 2)}, gpus, 0);
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{1, 3});
+  // Unknown nodes: the lowest free GPUs.
+  auto plain = idle_gpus(4);
+  hold(plain[0], true, 0);
+  CHECK(schedule({exclusive(1, 2)}, plain, 0).start[0].gpus == std::vector<int>{1, 2});
+  // Shared jobs: the node of the best-fitting GPU (3, the fullest), then best fit within it.
+  // Without nodes, best fit alone would take GPUs 3 and 0, across the sockets.
+  auto packed = gpus_on({0, 0, 1, 1});
+  hold(packed[0], false, 10000);
+  hold(packed[3], false, 10000);
+  hold(packed[3], false, 10000);
+  PendingJob pair{1, 0, 2, true, 20000, 0};
+  CHECK(schedule({pair}, packed, 0).start[0].gpus == std::vector<int>{2, 3});
+  for (auto& g : packed)
+    g.node = -1;
+  CHECK(schedule({pair}, packed, 0).start[0].gpus == std::vector<int>{0, 3});
+}
+
+TEST_CASE("a GPU job's CPU slots are on its GPU's NUMA node, each DDP rank's near its own GPU") {
+  // Slots 0-1 on node 0, 2-3 on node 1; GPU 0 on node 0 is busy, so the job gets GPU 1.
+  auto gpus = gpus_on({0, 1});
+  hold(gpus[0], true, 0);
+  PendingJob one{1, 0, 1, false, 0, 0, 1, 2};
+  auto p = schedule({one}, gpus, 0, CpuSlots{4, {}, {0, 0, 1, 1}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{1});
+  CHECK(p.start[0].cpu_slots == std::vector<int>{2, 3});
+  // Slots map to cores cyclically (more slots than cores): slot 5 is core 1's.
+  p = schedule({one}, gpus, 0, CpuSlots{6, {2, 3}, {0, 1}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].cpu_slots == std::vector<int>{1, 5});
+
+  // A 2-rank DDP job over both nodes' GPUs (none has two): rank 0 drives GPU 0 (node 0) and
+  // gets node 0's slot, rank 1 node 1's, listed in rank order.
+  PendingJob ddp{2, 0, 2, false, 0, 0, 2, 1};
+  p = schedule({ddp}, gpus_on({0, 1}), 0, CpuSlots{4, {}, {1, 1, 0, 0}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{0, 1});
+  CHECK(p.start[0].cpu_slots == std::vector<int>{2, 0});
+
+  // Hybrid (2 ranks x 2 stages): rank r drives GPUs 2r and 2r+1, here on node 1 for rank 0.
+  PendingJob hybrid{3, 0, 4, false, 0, 0, 2, 1};
+  p = schedule({hybrid}, gpus_on({1, 1, 0, 0}), 0, CpuSlots{4, {}, {0, 0, 1, 1}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].cpu_slots == std::vector<int>{2, 0});
+}
+
+TEST_CASE("NUMA is a preference: with no free slot near its GPU a job takes others and starts") {
+  PendingJob one{1, 0, 1, false, 0, 0, 1, 2};
+  auto gpus = gpus_on({1, 0});  // GPU 0 is on node 1, whose only free slot is 3
+  auto p = schedule({one}, gpus, 0, CpuSlots{4, {2}, {0, 0, 1, 1}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{0});
+  CHECK(p.start[0].cpu_slots == std::vector<int>{0, 3});  // the near one, then the lowest other
+  // Near slots that are not consecutive still come first.
+  p = schedule({one}, gpus, 0, CpuSlots{6, {3}, {1, 0, 1, 0, 1, 0}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].cpu_slots == std::vector<int>{0, 2});
+  // Jobs without GPUs ignore nodes: the first run, as before.
+  PendingJob cpu_only{2, 0, 0, false, 0, 0, 1, 2};
+  p = schedule({cpu_only}, {}, 0, CpuSlots{4, {}, {1, 1, 0, 0}});
+  CHECK(p.start[0].cpu_slots == std::vector<int>{0, 1});
 }
 
 TEST_SUITE_END();
