@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 namespace gpuq::daemon {
 
@@ -29,6 +30,19 @@ bool may_use(const Slot& s, const PendingJob& j, double now) {
   return j.timeout_s > 0 && std::isfinite(s.reserved_until) && now + j.timeout_s <= s.reserved_until;
 }
 
+int slot_node(const CpuSlots& cpu, int slot) {
+  return cpu.core_nodes[static_cast<std::size_t>(slot) % cpu.core_nodes.size()];
+}
+
+// Free CPU slots per NUMA node (empty when the slots' nodes are unknown).
+std::map<int, int> free_by_node(const CpuSlots& cpu) {
+  std::map<int, int> out;
+  if (!cpu.core_nodes.empty())
+    for (int s = 0; s < cpu.total; ++s)
+      if (!cpu.taken.count(s)) ++out[slot_node(cpu, s)];
+  return out;
+}
+
 // The first `n` of `cands`, or, for several GPUs, the first `n` on one NUMA node when a node has
 // that many (the node of the earliest such candidate).
 std::vector<Slot*> one_node_first(std::vector<Slot*> cands, int n) {
@@ -48,7 +62,7 @@ std::vector<Slot*> one_node_first(std::vector<Slot*> cands, int n) {
 }
 
 // Picks the GPUs for `j` now, or returns an empty vector.
-std::vector<int> pick(std::vector<Slot>& slots, const PendingJob& j, double now) {
+std::vector<int> pick(std::vector<Slot>& slots, const PendingJob& j, double now, const CpuSlots& cpu) {
   std::vector<Slot*> cands;
   for (auto& s : slots)
     if (may_use(s, j, now) && (j.shared ? fits_shared(s, j) : fits_exclusive(s, j))) cands.push_back(&s);
@@ -57,6 +71,15 @@ std::vector<int> pick(std::vector<Slot>& slots, const PendingJob& j, double now)
     // Best fit: least free memory left after placing the job; then lowest index.
     std::stable_sort(cands.begin(), cands.end(), [](const Slot* a, const Slot* b) {
       return a->gpu.total_mb - a->gpu.allocated_mb < b->gpu.total_mb - b->gpu.allocated_mb;
+    });
+  }
+  if (j.cpus > 0) {
+    // A job with `cpus` first looks at GPUs whose node still has a rank's worth of free slots, as
+    // Slurm picks GPUs bound to the cores it allocates.
+    const auto free = free_by_node(cpu);
+    std::stable_partition(cands.begin(), cands.end(), [&](const Slot* s) {
+      const auto it = free.find(s->gpu.node);
+      return it != free.end() && it->second >= j.cpus;
     });
   }
   std::vector<int> chosen;
@@ -101,10 +124,6 @@ int free_slots(const CpuSlots& cpu) {
   int taken = 0;
   for (int s : cpu.taken) taken += s < cpu.total;
   return cpu.total - taken;
-}
-
-int slot_node(const CpuSlots& cpu, int slot) {
-  return cpu.core_nodes[static_cast<std::size_t>(slot) % cpu.core_nodes.size()];
 }
 
 // Takes `need` free slots, ascending, those on the `near` NUMA nodes first (any node when `near`
@@ -209,7 +228,7 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
       plan.waiting[j.id] = cpu_wait_reason(need, cpu);
       continue;
     }
-    auto chosen = pick(slots, j, now);
+    auto chosen = pick(slots, j, now, cpu);
     if (!chosen.empty()) {
       auto cpu_slots = take_job_slots(cpu, j, chosen, slots);
       plan.start.push_back({j.id, std::move(chosen), std::move(cpu_slots)});

@@ -298,9 +298,25 @@ TEST_CASE("a GPU job's CPU slots are on its GPU's NUMA node, each DDP rank's nea
   CHECK(p.start[0].cpu_slots == std::vector<int>{2, 0});
 }
 
+TEST_CASE("a job with `cpus` prefers a GPU whose node still has free slots") {
+  // Node 0's slots (0, 1) are taken: GPU 1 on node 1, beside free cores, rather than GPU 0.
+  PendingJob one{1, 0, 1, false, 0, 0, 1, 2};
+  auto p = schedule({one}, gpus_on({0, 1}), 0, CpuSlots{4, {0, 1}, {0, 0, 1, 1}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{1});
+  CHECK(p.start[0].cpu_slots == std::vector<int>{2, 3});
+  // A job without `cpus` keeps the lowest GPU.
+  CHECK(schedule({exclusive(2, 1)}, gpus_on({0, 1}), 0, CpuSlots{4, {0, 1}, {0, 0, 1, 1}}).start[0].gpus ==
+        std::vector<int>{0});
+  // Where no node has enough, the order is as without nodes.
+  p = schedule({one}, gpus_on({0, 1}), 0, CpuSlots{4, {0, 2}, {0, 0, 1, 1}});
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{0});
+}
+
 TEST_CASE("NUMA is a preference: with no free slot near its GPU a job takes others and starts") {
   PendingJob one{1, 0, 1, false, 0, 0, 1, 2};
-  auto gpus = gpus_on({1, 0});  // GPU 0 is on node 1, whose only free slot is 3
+  auto gpus = gpus_on({1});  // GPU 0 is on node 1, whose only free slot is 3
   auto p = schedule({one}, gpus, 0, CpuSlots{4, {2}, {0, 0, 1, 1}});
   REQUIRE(p.start.size() == 1);
   CHECK(p.start[0].gpus == std::vector<int>{0});
