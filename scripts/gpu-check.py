@@ -22,6 +22,7 @@ import argparse
 import glob
 import json
 import os
+import pathlib
 import shutil
 import socket
 import subprocess
@@ -209,6 +210,19 @@ def check_cuda_graph(c, a):
            brief(result))
 
 
+def sysfs_gpu_nodes(c):
+    """Each GPU's NUMA node as the kernel reports it for its PCI address (None where -1)."""
+    status, out = c.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"])
+    nodes = []
+    for bus_id in out.split() if status == 0 else []:
+        domain, bus, rest = bus_id.strip().split(":")
+        path = f"/sys/bus/pci/devices/{int(domain, 16):04x}:{bus.lower()}:{rest.lower()}/numa_node"
+        node = int(pathlib.Path(path).read_text()) if os.path.exists(path) else -1
+        nodes.append(node if node >= 0 else None)
+    c.say(f"sysfs NUMA nodes of the GPUs: {nodes}")
+    return nodes
+
+
 def stage_daemon(c, a):
     tmp = tempfile.mkdtemp(prefix="gpuq-check-")
     sock, state = os.path.join(tmp, "gpuqd.sock"), os.path.join(tmp, "state")
@@ -229,6 +243,9 @@ def stage_daemon(c, a):
         doc = json.loads(out) if status == 0 else {}
         c.that(f"gpuqd finds the GPUs ({gpus})", doc.get("source", "").startswith(gpus) and doc.get("gpus"),
                out.strip()[:800])
+        if a.device == "cuda":
+            c.that("each GPU's NUMA node is its PCI device's in sysfs", [g.get("numa_node") for g in doc.get("gpus", [])]
+                   == sysfs_gpu_nodes(c), f"gpuqd {[g.get('numa_node') for g in doc.get('gpus', [])]}")
         jobs = [os.path.join(REPO, "jobs", f) for f in ("fashion-mnist-mlp.json", "fashion-mnist-cnn.json")]
         if a.device == "cpu":  # the dry run: the same jobs, shortened
             for i, path in enumerate(jobs):
