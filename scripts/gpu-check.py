@@ -208,6 +208,13 @@ def check_cuda_graph(c, a):
     status, result, _ = run_worker(c, a, "mlp-graph-dropout", dropout, args=emulate)
     c.that("dropout (random masks) in a CUDA graph trains", status == 0 and result.get("test_accuracy", 0) >= a.accuracy,
            brief(result))
+    # A capture that fails for real leaves the CUDA generator in capture mode; the eager steps that
+    # `auto` falls back to must still draw dropout masks.
+    status, result, _ = run_worker(c, a, "mlp-graph-failed", dict(dropout, cuda_graph="auto"),
+                                   args=("--fail-capture", *emulate))
+    c.that("after a failed capture, `auto` trains on with eager steps, dropout included",
+           status == 0 and result.get("cuda_graph") is False and result.get("test_accuracy", 0) >= a.accuracy,
+           brief(result))
 
 
 def sysfs_gpu_nodes(c):

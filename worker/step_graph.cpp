@@ -7,6 +7,7 @@
 #include <utility>
 
 #ifdef GPUQ_HAVE_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -18,10 +19,26 @@ namespace gpuq::worker {
 namespace {
 
 #ifdef GPUQ_HAVE_CUDA
+// Takes the default CUDA generator out of capture mode after a failed capture. capture_begin puts
+// it in that mode and only a successful capture_end takes it out, so without this every random op
+// after the failure (dropout in the eager steps that follow) throws. Since LibTorch 2.4 the mode
+// lives in the generator's state, which is swapped for `before`, a clone taken before the capture;
+// earlier versions end it on the generator itself.
+template <class Generator>
+auto end_generator_capture(Generator& gen, const Generator& before, int) -> decltype(gen.graphsafe_set_state(before)) {
+  gen.graphsafe_set_state(before);
+}
+template <class Generator>
+void end_generator_capture(Generator& gen, const Generator&, long) {
+  gen.template get<at::CUDAGeneratorImpl>()->capture_epilogue();
+}
+
 class CudaStepGraph final : public StepGraph {
  public:
-  explicit CudaStepGraph(int device)
-      : m_stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, static_cast<c10::DeviceIndex>(device))) {
+  CudaStepGraph(int device, bool fail_capture)
+      : m_fail_capture(fail_capture),
+        m_device(static_cast<c10::DeviceIndex>(device)),
+        m_stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, m_device)) {
     // The parameters, optimiser state and data were made on the default stream.
     c10::cuda::device_synchronize();
     m_guard.emplace(m_stream);
@@ -36,22 +53,33 @@ class CudaStepGraph final : public StepGraph {
   void capture(const std::function<void()>& body) override {
     // Memory the body allocates comes from a pool of the graph's own, so replays find their
     // intermediate tensors, gradients and loss where the capture put them.
+    at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(m_device);
+    const at::Generator before = generator.clone();
     m_graph.capture_begin();
     try {
       body();
+      if (m_fail_capture) c10::cuda::device_synchronize();  // test aid: forbidden during capture
     } catch (...) {
       try {
         m_graph.capture_end();  // the stream must leave capture mode before it runs anything else
       } catch (...) {
+        end_generator_capture(generator, before, 0);
       }
       throw;
     }
-    m_graph.capture_end();
+    try {
+      m_graph.capture_end();
+    } catch (...) {
+      end_generator_capture(generator, before, 0);
+      throw;
+    }
   }
 
   void replay() override { m_graph.replay(); }
 
  private:
+  bool m_fail_capture;
+  c10::DeviceIndex m_device;
   c10::cuda::CUDAStream m_stream;
   std::optional<c10::cuda::CUDAStreamGuard> m_guard;
   at::cuda::CUDAGraph m_graph;
@@ -82,9 +110,9 @@ class EmulatedStepGraph final : public StepGraph {
 
 }  // namespace
 
-std::unique_ptr<StepGraph> make_cuda_step_graph([[maybe_unused]] int device) {
+std::unique_ptr<StepGraph> make_cuda_step_graph([[maybe_unused]] int device, [[maybe_unused]] bool fail_capture) {
 #ifdef GPUQ_HAVE_CUDA
-  return std::make_unique<CudaStepGraph>(device);
+  return std::make_unique<CudaStepGraph>(device, fail_capture);
 #else
   throw std::runtime_error("gpuq-worker was built without CUDA: no CUDA graphs");
 #endif

@@ -26,14 +26,16 @@ class StepGraph {
 // goes to a side stream (capture cannot use the default stream, and warm-up steps must run on the
 // capture's stream so that cuBLAS's per-stream handles and workspaces exist before capture);
 // work queued before is waited for first, and the side stream is waited for at the end.
-// Throws where gpuq-worker was built without CUDA.
-std::unique_ptr<StepGraph> make_cuda_step_graph(int device);
+// With `fail_capture` the capture waits for the device, which capture forbids, so it fails the way
+// a capture of unsupported work does (--fail-capture). Throws where gpuq-worker was built without
+// CUDA.
+std::unique_ptr<StepGraph> make_cuda_step_graph(int device, bool fail_capture = false);
 
 // Stands in for a CUDA graph without CUDA: each replay calls `before_replay` (the trainer clears
 // the gradients there, which a real replay overwrites) and runs the body again. The trainer's
 // data flow around a graph — static batches refilled, the loss read from the capture's output —
 // then runs, and is tested, on the CPU (gpuq-worker --emulate-cuda-graph). With `fail_capture`
-// the capture throws, as a CUDA capture does on work it cannot record (--emulate-capture-failure).
+// the capture throws, as a CUDA capture does on work it cannot record (--fail-capture).
 std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay, bool fail_capture = false);
 
 }  // namespace gpuq::worker

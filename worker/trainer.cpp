@@ -523,21 +523,23 @@ int train_or_throw(const RunOptions& o) {
 
   // Replay the step from a CUDA graph where the spec asks and the step can be captured
   std::unique_ptr<GraphedStep> graphed;
-  if (spec.cuda_graph != "off") {
-    const auto obstacle = cuda_graph_obstacle(o, cuda, comm.distributed(), devices);
-    if (!obstacle.empty() && spec.cuda_graph == "on") {
-      std::cerr << "gpuq-worker: rank " << o.rank << ": train.cuda_graph is \"on\" but this step cannot be captured: "
-                << obstacle << "\n";
-      return 2;
-    }
-    if (obstacle.empty()) {
-      auto graph = o.emulate_cuda_graph
-                       ? make_emulated_step_graph([&] { clear_gradients(params); }, o.emulate_capture_failure)
-                       : make_cuda_step_graph(device.index());
-      graphed = std::make_unique<GraphedStep>(std::move(graph), *train_data, device, micro, spec.accumulate);
-    } else {
-      std::cout << "rank " << o.rank << ": eager steps, no CUDA graph: " << obstacle << std::endl;
-    }
+  const std::string obstacle = spec.cuda_graph == "off" ? "train.cuda_graph is \"off\""
+                                                        : cuda_graph_obstacle(o, cuda, comm.distributed(), devices);
+  if (!obstacle.empty() && spec.cuda_graph == "on") {
+    std::cerr << "gpuq-worker: rank " << o.rank << ": train.cuda_graph is \"on\" but this step cannot be captured: "
+              << obstacle << "\n";
+    return 2;
+  }
+  if (!obstacle.empty() && o.fail_capture) {
+    std::cerr << "gpuq-worker: --fail-capture: this run captures no CUDA graph: " << obstacle << "\n";
+    return 2;
+  }
+  if (obstacle.empty()) {
+    auto graph = o.emulate_cuda_graph ? make_emulated_step_graph([&] { clear_gradients(params); }, o.fail_capture)
+                                      : make_cuda_step_graph(device.index(), o.fail_capture);
+    graphed = std::make_unique<GraphedStep>(std::move(graph), *train_data, device, micro, spec.accumulate);
+  } else if (spec.cuda_graph == "auto") {
+    std::cout << "rank " << o.rank << ": eager steps, no CUDA graph: " << obstacle << std::endl;
   }
   bool graph_announced = false;
   for (int epoch = first_epoch; epoch <= spec.epochs; ++epoch) {

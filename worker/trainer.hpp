@@ -24,7 +24,7 @@ struct RunOptions {
   std::string dump_params;  // write the final parameters here (JSON array of floats), for tests
   std::string checkpoint_dir;  // $GPUQ_CHECKPOINT_DIR: checkpoints go here, and resume from here
   bool emulate_cuda_graph = false;  // train.cuda_graph without CUDA, for tests (make_emulated_step_graph)
-  bool emulate_capture_failure = false;  // and its capture fails
+  bool fail_capture = false;        // the graph's capture fails (emulated, or a real one on CUDA), for tests
 };
 
 // Returns the process exit code; errors are printed to stderr.

@@ -311,7 +311,7 @@ class Worker(DaemonTest):
     def test_a_failed_capture_falls_back_to_eager_steps_under_auto_and_fails_the_run_under_on(self):
         spec = dict(SYNTHETIC, batch_size=32, accumulate=2, checkpoint_every=0)
         eager = self.run_worker(spec, self.tmp_path("eager.json"))
-        flags = ["--emulate-cuda-graph", "--emulate-capture-failure"]
+        flags = ["--emulate-cuda-graph", "--fail-capture"]
         events = self.tmp_path("auto.jsonl")
         r = subprocess.run([WORKER, "--train", json.dumps(dict(spec, cuda_graph="auto")), *flags,
                             "--dump-params", self.tmp_path("auto.json")], capture_output=True, text=True,
@@ -326,6 +326,12 @@ class Worker(DaemonTest):
                            text=True, timeout=300)
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("gpuq-worker: rank 0: CUDA graph capture failed: operation not permitted", r.stderr)
+        # Where nothing would be captured the test aid is refused, not silently ignored.
+        for train, why in ((dict(spec, cuda_graph="auto"), "no CUDA device"), (spec, 'train.cuda_graph is "off"')):
+            r = subprocess.run([WORKER, "--train", json.dumps(train), "--fail-capture"], capture_output=True,
+                               text=True, timeout=300)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"--fail-capture: this run captures no CUDA graph: {why}", r.stderr)
 
     def test_cuda_graph_on_without_a_gpu_is_an_error_and_auto_trains_eagerly_saying_why(self):
         r = self.d.run("submit", "-", input=json.dumps({"name": "g", "train": dict(SYNTHETIC, device="cpu", cuda_graph="on")}))
