@@ -2,6 +2,7 @@
 // for the CPU.
 #include "worker/step_graph.hpp"
 
+#include <exception>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -56,23 +57,20 @@ class CudaStepGraph final : public StepGraph {
     at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(m_device);
     const at::Generator before = generator.clone();
     m_graph.capture_begin();
+    std::exception_ptr failure;
     try {
       body();
       if (m_fail_capture) c10::cuda::device_synchronize();  // test aid: forbidden during capture
     } catch (...) {
-      try {
-        m_graph.capture_end();  // the stream must leave capture mode before it runs anything else
-      } catch (...) {
-        end_generator_capture(generator, before, 0);
-      }
-      throw;
+      failure = std::current_exception();
     }
     try {
-      m_graph.capture_end();
+      m_graph.capture_end();  // also after a failure: the stream must leave capture mode
     } catch (...) {
       end_generator_capture(generator, before, 0);
-      throw;
+      if (!failure) failure = std::current_exception();
     }
+    if (failure) std::rethrow_exception(failure);  // the body's error first: it names the cause
   }
 
   void replay() override { m_graph.replay(); }
