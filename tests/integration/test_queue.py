@@ -56,6 +56,13 @@ def cpu_list(text):
 
 
 class CpuPinning(DaemonTest):
+    def two_cores(self):
+        """The first two cores of the test's (and so gpuqd's) affinity mask, or a skip."""
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            self.skipTest("needs at least 2 cores")
+        return cores[0], cores[1]
+
     def test_cpus_jobs_are_pinned_to_disjoint_cores_and_wait_for_the_pool_even_across_a_restart(self):
         cores = sorted(os.sched_getaffinity(0))  # gpuqd's pool: one slot per core it may use
         if len(cores) < 2:
@@ -109,10 +116,7 @@ class CpuPinning(DaemonTest):
 
 
     def test_a_gpu_jobs_cores_are_on_its_gpus_numa_node_and_each_ddp_rank_near_its_own_gpu(self):
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) < 2:
-            self.skipTest("needs at least 2 cores")
-        low, high = cores[0], cores[1]
+        low, high = self.two_cores()
         # A two-socket machine in miniature: node 0 has core `low` (slot 0), node 1 core `high`
         # (slot 1); GPU 0 sits on node 1 and GPU 1 on node 0.
         sysfs = self.tmp_path("sys")
@@ -149,10 +153,7 @@ class CpuPinning(DaemonTest):
         self.assertEqual(allowed, {"0": {high}, "1": {low}})
 
     def test_a_gpuqd_restarted_under_another_cpu_mask_keeps_a_running_jobs_real_cores_to_it(self):
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) < 2:
-            self.skipTest("needs at least 2 cores")
-        low, high = cores[0], cores[1]
+        low, high = self.two_cores()
         go = self.tmp_path("go")
         # Launched by a gpuqd that may use only `high`: the job's one slot, slot 0, is that core.
         self.d.stop()
