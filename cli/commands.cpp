@@ -268,6 +268,15 @@ int cmd_show(const Options& o, std::int64_t id) {
   if (j.cpus_requested > 0)
     std::cout << "  cpus:      " << j.cpus_requested << " per rank"
               << (j.cpus.empty() ? std::string() : ", pinned to " + common::format_cpu_list(j.cpus)) << "\n";
+  if (j.mem_bind != "none") {
+    const std::string verb = j.mem_bind == "local" ? "bound to " : "prefers ";
+    std::cout << "  memory:    " << j.mem_bind << ": "
+              << (j.cpus.empty()        ? verb + "its cores' NUMA nodes"
+                  : j.mem_nodes.empty() ? std::string("not bound, its cores' NUMA nodes are unknown")
+                                        : verb + (j.mem_nodes.size() == 1 ? "NUMA node " : "NUMA nodes ") +
+                                              common::format_cpu_list(j.mem_nodes))
+              << "\n";
+  }
   std::cout << "  attempt:   " << j.attempt << " of " << j.retries + 1 << "\n"
             << "  submitted: " << format_time(j.submitted_at) << "\n"
             << "  started:   " << format_time(j.started_at) << "\n"

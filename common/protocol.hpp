@@ -48,6 +48,8 @@ struct JobInfo {
   std::vector<int> gpus;  // assigned GPU indices (current or last attempt)
   int cpus_requested = 0;  // `cpus`: cores per rank, 0 = not asked
   std::vector<int> cpus;   // the cores its ranks are pinned to (current or last attempt)
+  std::string mem_bind = "none";  // `mem_bind`: "none", "local" or "prefer"
+  std::vector<int> mem_nodes;     // with mem_bind: the NUMA nodes of `cpus` (empty: unknown)
   double submitted_at = 0, started_at = 0, ended_at = 0;  // unix seconds, 0 = not yet
   json exit_code;    // int or null
   json exit_signal;  // int or null
@@ -61,7 +63,7 @@ struct JobInfo {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
                                                 priority, gpus_requested, mode, ranks, gpus,
-                                                cpus_requested, cpus, submitted_at, started_at, ended_at, exit_code,
+                                                cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
                                                 exit_signal, reason, progress, result, after,
                                                 bad_event_lines, job_dir, labels)
 

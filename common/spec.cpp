@@ -16,8 +16,8 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 18> k_fields{
-    "name",     "command", "shell",   "train",     "gpus", "mode", "ranks",  "cpus",   "gpu_memory_mb",
+constexpr std::array<std::string_view, 19> k_fields{
+    "name",     "command", "shell",   "train",     "gpus", "mode", "ranks",  "cpus",   "mem_bind", "gpu_memory_mb",
     "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment"};
 
 constexpr std::array<std::string_view, 17> k_reserved_env{
@@ -139,6 +139,15 @@ class JobParser {
     }
 
     if (int_field("cpus", 1, k_max_cpus, x)) s.cpus = static_cast<int>(x);
+    std::string mem_bind;
+    if (string_field("mem_bind", mem_bind)) {
+      if (mem_bind == "none") s.mem_bind = MemBind::none;
+      else if (mem_bind == "local") s.mem_bind = MemBind::local;
+      else if (mem_bind == "prefer") s.mem_bind = MemBind::prefer;
+      else fail("field `mem_bind` must be \"local\", \"prefer\" or \"none\", got \"" + mem_bind.substr(0, 32) + "\"");
+      if (s.mem_bind != MemBind::none && s.cpus == 0)
+        fail("field `mem_bind` needs `cpus`: memory is bound to the NUMA nodes of each rank's pinned cores");
+    }
 
     if (int_field("gpu_memory_mb", 1, 1LL << 40, x)) s.gpu_memory_mb = x;
     m_reader.boolean("shared", s.shared);
@@ -220,6 +229,10 @@ bool is_reserved_env(const std::string& key) {
 }
 
 std::string_view to_string(Mode mode) { return mode == Mode::ddp ? "ddp" : "independent"; }
+
+std::string_view to_string(MemBind bind) {
+  return bind == MemBind::local ? "local" : bind == MemBind::prefer ? "prefer" : "none";
+}
 
 Result<JobSpec> parse_job(const json& obj, const std::string& default_cwd) {
   if (!obj.is_object()) return Error{ErrorCode::invalid_spec, "invalid job spec: expected an object, got " + json_type_name(obj)};
@@ -368,6 +381,7 @@ json to_json(const JobSpec& s) {
   j["mode"] = to_string(s.mode);
   j["ranks"] = s.ranks;
   if (s.cpus) j["cpus"] = s.cpus;
+  if (s.mem_bind != MemBind::none) j["mem_bind"] = to_string(s.mem_bind);
   if (s.gpu_memory_mb) j["gpu_memory_mb"] = s.gpu_memory_mb;
   j["shared"] = s.shared;
   j["priority"] = s.priority;

@@ -20,6 +20,11 @@ using json = nlohmann::json;
 
 enum class Mode { independent, ddp };
 
+// Memory placement of a job with `cpus`, as Slurm's --mem-bind: `local` binds each rank's memory
+// to the NUMA nodes of its cores (MPOL_BIND: allocations fail over to the OOM killer, not to
+// another node), `prefer` only prefers them (MPOL_PREFERRED: other nodes once they are full).
+enum class MemBind { none, local, prefer };
+
 // `after` entries: a name of a job in the same batch, or the id of an already submitted job.
 struct Dependency {
   std::string name;     // set when the dependency names a job in the same batch
@@ -34,6 +39,7 @@ struct JobSpec {
   Mode mode = Mode::independent;
   int ranks = 1;  // processes: 1 for independent jobs, one per GPU (or `ranks` on CPU) for ddp
   int cpus = 0;   // cores per rank, pinned and counted against gpuqd's CPU pool; 0 = unspecified
+  MemBind mem_bind = MemBind::none;  // needs cpus
   std::int64_t gpu_memory_mb = 0;  // per GPU; 0 = unspecified
   bool shared = false;             // may share a GPU with other shared jobs when memory allows
   int priority = 0;
@@ -77,6 +83,7 @@ std::string format_cpu_list(const std::vector<int>& cores);
 // The inverse: "0-3,8" -> {0, 1, 2, 3, 8}, ascending, without repeats; nullopt if malformed.
 std::optional<std::vector<int>> parse_cpu_list(const std::string& text);
 std::string_view to_string(Mode mode);
+std::string_view to_string(MemBind bind);
 
 // Environment variables gpuq sets for every job; a spec may not override them.
 bool is_reserved_env(const std::string& key);

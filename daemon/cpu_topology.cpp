@@ -47,7 +47,7 @@ std::map<int, CpuPlace> read_cpu_topology(const std::string& sys_root, const std
   for (int c : cpus) {
     const fs::path topology = system / "cpu" / ("cpu" + std::to_string(c)) / "topology";
     CpuPlace p;
-    p.node = node_of.count(c) ? node_of[c] : 0;
+    p.node = node_of.count(c) ? node_of[c] : -1;
     p.package = read_int(topology / "physical_package_id");
     p.core = read_int(topology / "core_id");
     // Counted among the usable cpus: a thread whose siblings are all outside the mask is its
@@ -75,6 +75,8 @@ SlotCores sysfs_slot_cores(const std::string& sys_root, const std::vector<int>& 
   SlotCores out{slot_order(cpus, places), {}};
   for (int c : out.cores)
     out.nodes.push_back(places.at(c).node);
+  // No node lists the cores (a kernel without NUMA, or no sysfs): their nodes are unknown.
+  if (std::all_of(out.nodes.begin(), out.nodes.end(), [](int n) { return n < 0; })) out.nodes.clear();
   return out;
 }
 

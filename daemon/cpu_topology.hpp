@@ -13,14 +13,14 @@
 namespace gpuq::daemon {
 
 struct CpuPlace {
-  int node = 0;     // NUMA node
+  int node = 0;     // NUMA node; -1 where no node lists the cpu
   int package = 0;  // socket
   int core = 0;     // core_id within the package
   int thread = 0;   // position among its core's usable hardware threads (0: the first)
 };
 
-// Where each of `cpus` sits, from sysfs under `sys_root` ("/sys"). What cannot be read is 0, so a
-// machine (or container) without topology files orders its cores numerically.
+// Where each of `cpus` sits, from sysfs under `sys_root` ("/sys"). What cannot be read is 0 (the
+// node -1), so a machine (or container) without topology files orders its cores numerically.
 std::map<int, CpuPlace> read_cpu_topology(const std::string& sys_root, const std::vector<int>& cpus);
 
 // `cpus` in slot order: by thread, then node, package, core, then number.
@@ -28,7 +28,7 @@ std::vector<int> slot_order(std::vector<int> cpus, const std::map<int, CpuPlace>
 // `cpus` in slot order with each one's NUMA node, from sysfs under `sys_root`.
 struct SlotCores {
   std::vector<int> cores;
-  std::vector<int> nodes;  // nodes[i]: the node of cores[i]
+  std::vector<int> nodes;  // nodes[i]: the node of cores[i]; empty when no core's node is known
 };
 SlotCores sysfs_slot_cores(const std::string& sys_root, const std::vector<int>& cpus);
 

@@ -264,6 +264,8 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.cpus_requested = r.spec.cpus;
   // The cores as launched; a store from before they were kept has the slots alone.
   i.cpus = !r.cores.empty() ? r.cores : job_cores(r, m_cores);
+  i.mem_bind = std::string(common::to_string(r.spec.mem_bind));
+  if (r.spec.mem_bind != common::MemBind::none) i.mem_nodes = numa_nodes_of(i.cpus, m_cores, m_core_nodes);
   i.submitted_at = r.submitted_at;
   i.started_at = r.started_at;
   i.ended_at = r.ended_at;
@@ -636,7 +638,7 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
   auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
-                             m_cores);
+                             m_cores, m_core_nodes);
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.

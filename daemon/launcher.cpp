@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -113,6 +114,18 @@ std::vector<int> job_cores(const JobRecord& job, const std::vector<int>& cores) 
   return {all.begin(), all.end()};
 }
 
+std::vector<int> numa_nodes_of(const std::vector<int>& subset, const std::vector<int>& cores,
+                               const std::vector<int>& core_nodes) {
+  std::set<int> nodes;
+  for (int core : subset) {
+    const auto it = std::find(cores.begin(), cores.end(), core);
+    const auto i = static_cast<std::size_t>(it - cores.begin());
+    if (it == cores.end() || i >= core_nodes.size() || core_nodes[i] < 0) return {};
+    nodes.insert(core_nodes[i]);
+  }
+  return {nodes.begin(), nodes.end()};
+}
+
 std::vector<int> slots_on_cores(const std::vector<int>& job_cores, const std::vector<int>& cores, int total) {
   std::vector<int> out;
   if (cores.empty()) return out;
@@ -142,7 +155,7 @@ std::vector<int> usable_cores() {
 
 nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
                                const std::string& state_dir, double grace_s, std::int64_t log_limit_bytes,
-                               const std::vector<int>& cores) {
+                               const std::vector<int>& cores, const std::vector<int>& core_nodes) {
   const std::string jdir = job_dir(state_dir, job.id);
   const std::string adir = attempt_dir(state_dir, job.id, job.attempt);
   nlohmann::json ranks = nlohmann::json::array();
@@ -156,6 +169,9 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const 
                            {"cwd", job.spec.cwd},
                            {"log", rank_log_path(adir, r)}};
     if (!mine.empty()) rank["cpus"] = mine;
+    if (!mine.empty() && job.spec.mem_bind != common::MemBind::none)
+      rank["mem_bind"] = {{"policy", common::to_string(job.spec.mem_bind)},
+                          {"nodes", numa_nodes_of(mine, cores, core_nodes)}};
     ranks.push_back(std::move(rank));
   }
   return {{"job_id", job.id},

@@ -41,10 +41,18 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
 
 // The launch document gpuq-shim executes (all ranks), also written for `gpuq show`. `cores` maps
 // CPU-pool slots to core ids (slot s is core cores[s % size]); a job with `cpus` has each rank
-// pinned to the cores of its share of the job's slots.
+// pinned to the cores of its share of the job's slots. `core_nodes[i]` is the NUMA node of
+// cores[i] (-1 or missing: unknown); with `mem_bind` a rank's entry names its cores' nodes
+// ({"policy": "local", "nodes": [0]}; no nodes where one is unknown) for the shim to bind to.
 nlohmann::json launch_document(const JobRecord& job, const Env& base_env,
                                const std::vector<std::string>& gpu_uuids, const std::string& state_dir,
-                               double grace_s, std::int64_t log_limit_bytes = 0, const std::vector<int>& cores = {});
+                               double grace_s, std::int64_t log_limit_bytes = 0, const std::vector<int>& cores = {},
+                               const std::vector<int>& core_nodes = {});
+
+// The NUMA nodes of the cores `subset`, where cores[i] is on node core_nodes[i]: ascending,
+// distinct; empty when the node of any of them is unknown.
+std::vector<int> numa_nodes_of(const std::vector<int>& subset, const std::vector<int>& cores,
+                               const std::vector<int>& core_nodes);
 
 // The cores each rank of a `cpus` job is pinned to: rank r takes `cpus` consecutive entries of
 // the job's slots, wrapping around when the job got fewer slots than it asked (a job wider than

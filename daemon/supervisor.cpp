@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,14 +73,61 @@ class CpuMask {
   std::string m_failed;
 };
 
+// A rank's NUMA memory policy (`mem_bind`), built before the fork like CpuMask and set in the
+// child with set_mempolicy(2), which exec keeps: every allocation of the job's processes then
+// comes from its cores' nodes (local) or from them first (prefer).
+class MemPolicy {
+ public:
+  explicit MemPolicy(const json& bind) {
+    if (!bind.is_object()) return;
+    const std::string policy = bind.value("policy", "");
+    const auto nodes = bind.value("nodes", std::vector<int>{});
+    if (nodes.empty() || *std::min_element(nodes.begin(), nodes.end()) < 0) {
+      m_message = "gpuq: mem_bind: the NUMA nodes of this rank's cores are unknown; its memory is not bound\n";
+      return;
+    }
+    constexpr int k_bits = 8 * sizeof(unsigned long);
+    const int max_node = *std::max_element(nodes.begin(), nodes.end());
+    m_mask.assign(static_cast<std::size_t>(max_node / k_bits + 1), 0UL);
+    for (int n : nodes) m_mask[static_cast<std::size_t>(n / k_bits)] |= 1UL << (n % k_bits);
+    m_max_node = static_cast<unsigned long>(m_mask.size() * k_bits + 1);  // the kernel reads one bit fewer
+    m_mode = policy == "local" ? k_bind : nodes.size() == 1 ? k_preferred : k_preferred_many;
+    m_message = "gpuq: cannot set this rank's memory policy (mem_bind " + policy + ", NUMA node(s) " +
+                common::format_cpu_list(nodes) + "); its memory is not bound\n";
+  }
+  // In the child: system calls only.
+  void apply() const {
+    long r = -1;
+    if (!m_mask.empty()) {
+      r = ::syscall(SYS_set_mempolicy, m_mode, m_mask.data(), m_max_node);
+      // Kernels before 5.15 have no MPOL_PREFERRED_MANY: prefer the first node.
+      if (r != 0 && m_mode == k_preferred_many) {
+        const unsigned long first = m_mask[0] & (~m_mask[0] + 1);  // lowest set bit (node 0-63)
+        r = first ? ::syscall(SYS_set_mempolicy, k_preferred, &first, 65UL) : -1;
+      }
+    }
+    if (r != 0 && !m_message.empty()) [[maybe_unused]] ssize_t n = ::write(2, m_message.data(), m_message.size());
+  }
+
+ private:
+  // <linux/mempolicy.h>, whose copy in older kernel headers lacks MPOL_PREFERRED_MANY.
+  static constexpr int k_preferred = 1, k_bind = 2, k_preferred_many = 5;
+  std::vector<unsigned long> m_mask;
+  unsigned long m_max_node = 0;
+  int m_mode = 0;
+  std::string m_message;  // written to the rank's log when no policy could be set
+};
+
 // In the rank, between fork and exec: own process group (so the whole group can be signalled),
 // default signal mask (the shim blocks signals; a blocked mask survives exec), death with the
 // shim, and the rank's cores when it has some. Runs in a vfork child: system calls only.
 struct RankSetup : bp::extend::handler {
   const CpuMask& cpus;
+  const MemPolicy& memory;
   template <class Executor>
   void on_exec_setup(Executor&) const {
     cpus.apply();
+    memory.apply();
     ::setpgid(0, 0);
     sigset_t none;
     sigemptyset(&none);
@@ -199,6 +247,7 @@ class Supervisor {
     const auto cwd = r["cwd"].get<std::string>();
     const auto log = r["log"].get<std::string>();
     const CpuMask cpus(r.value("cpus", std::vector<int>{}));
+    const MemPolicy memory(r.value("mem_bind", json()));
     auto path_it = env_map.find("PATH");
     std::string exe = resolve_executable(argv[0], path_it == env_map.end() ? "" : path_it->second, cwd);
     std::string error;
@@ -216,7 +265,7 @@ class Supervisor {
         // stdout and stderr go to `output`: the log file, or a pipe the shim copies from.
         auto start = [&](auto&& output) {
           bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
-                      (bp::std_out & bp::std_err) > output, RankSetup{{}, cpus}, bp::posix::use_vfork);
+                      (bp::std_out & bp::std_err) > output, RankSetup{{}, cpus, memory}, bp::posix::use_vfork);
           rank.pid = c.id();
           c.detach();  // reaped below with waitpid(-1), with any orphans
         };

@@ -1,5 +1,6 @@
 """Scheduling through the real daemon: exclusivity, packing, dependencies, retries, timeouts,
 results, waits and logs."""
+import glob
 import itertools
 import json
 import os
@@ -53,6 +54,19 @@ def cpu_list(text):
         lo, _, hi = part.partition("-")
         out.update(range(int(lo), int(hi or lo) + 1))
     return out
+
+
+# Writes the rank's cores, then the memory policies its mappings show (set_mempolicy's, inherited
+# across fork and exec), one per line, to {out}/<job name>.
+MEMPOLICY = ('sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status > {out}/$GPUQ_JOB_NAME; '
+             "awk '{{print $2}}' /proc/self/numa_maps | sort -u >> {out}/$GPUQ_JOB_NAME")
+
+
+def numa_node_of(core, sys="/sys"):
+    for path in glob.glob(f"{sys}/devices/system/node/node*/cpulist"):
+        if core in cpu_list(pathlib.Path(path).read_text().strip()):
+            return int(pathlib.Path(path).parent.name[4:])
+    return None
 
 
 class CpuPinning(DaemonTest):
@@ -151,6 +165,70 @@ class CpuPinning(DaemonTest):
         self.assertEqual(self.d.wait([gang])[gang]["state"], "succeeded")
         allowed = {r: cpu_list(pathlib.Path(ranks, r).read_text().strip()) for r in ("0", "1")}
         self.assertEqual(allowed, {"0": {high}, "1": {low}})
+
+    def policies(self, out, name):
+        """The core a job ran on, and the memory policies its mappings showed."""
+        lines = pathlib.Path(out, name).read_text().split()
+        (core,) = cpu_list(lines[0])
+        return core, set(lines[1:])
+
+    def test_mem_bind_binds_each_ranks_memory_to_the_numa_node_of_its_cores(self):
+        if not os.path.exists("/proc/self/numa_maps") or numa_node_of(min(os.sched_getaffinity(0))) is None:
+            self.skipTest("needs a kernel with NUMA (/proc/self/numa_maps, /sys/devices/system/node)")
+        out = self.tmp_path("policies")
+        os.makedirs(out)
+        sub = self.d.submit([
+            {"name": "local", "cpus": 1, "mem_bind": "local", "shell": MEMPOLICY.format(out=out)},
+            {"name": "prefer", "cpus": 1, "mem_bind": "prefer", "shell": MEMPOLICY.format(out=out)},
+            {"name": "plain", "cpus": 1, "shell": MEMPOLICY.format(out=out)},
+        ])
+        done = self.d.wait(sub["ids"])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"}, done)
+        local, prefer, plain = sub["ids"]
+        core, seen = self.policies(out, "local")
+        node = numa_node_of(core)
+        self.assertEqual(seen, {f"bind:{node}"})
+        job = self.d.show(local)["job"]
+        self.assertEqual((job["mem_bind"], job["mem_nodes"]), ("local", [node]))
+        self.assertIn(f"memory:    local: bound to NUMA node {node}\n", self.d.ok("show", str(local)))
+        core, seen = self.policies(out, "prefer")
+        self.assertEqual(seen, {f"prefer:{numa_node_of(core)}"})
+        self.assertIn(f"memory:    prefer: prefers NUMA node {numa_node_of(core)}\n", self.d.ok("show", str(prefer)))
+        # Without mem_bind the kernel's default (first touch) stands, and show says nothing.
+        self.assertEqual(self.policies(out, "plain")[1], {"default"})
+        self.assertEqual(self.d.show(plain)["job"]["mem_bind"], "none")
+        self.assertNotIn("memory:", self.d.ok("show", str(plain)))
+
+    def test_mem_bind_where_a_node_is_unknown_or_cannot_be_bound_says_so_and_runs_unbound(self):
+        low, high = self.two_cores()
+        # Core `high` is on node 63, which no real machine here has: binding to it fails. Core
+        # `low` is in no node's list: its node is unknown.
+        sysfs = self.tmp_path("sys")
+        os.makedirs(f"{sysfs}/devices/system/node/node63")
+        pathlib.Path(f"{sysfs}/devices/system/node/node63/cpulist").write_text(f"{high}\n")
+        self.d.stop()
+        self.d.extra = ["--sysfs-root", sysfs]
+        self.d.start(cpus={low, high})
+        out = self.tmp_path("policies")
+        os.makedirs(out)
+        sub = self.d.submit([{"name": f"j{i}", "cpus": 1, "mem_bind": "local", "shell": MEMPOLICY.format(out=out)}
+                             for i in range(2)])
+        done = self.d.wait(sub["ids"])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"}, done)
+        for i, job_id in enumerate(sub["ids"]):
+            core, seen = self.policies(out, f"j{i}")
+            self.assertNotIn("bind:63", seen)
+            log, show = self.d.ok("logs", str(job_id)), self.d.ok("show", str(job_id))
+            if core == high:
+                self.assertIn("gpuq: cannot set this rank's memory policy (mem_bind local, NUMA node(s) 63); "
+                              "its memory is not bound", log)
+                self.assertIn("memory:    local: bound to NUMA node 63\n", show)
+            else:
+                self.assertEqual(core, low)
+                self.assertIn("gpuq: mem_bind: the NUMA nodes of this rank's cores are unknown; "
+                              "its memory is not bound", log)
+                self.assertIn("memory:    local: not bound, its cores' NUMA nodes are unknown\n", show)
+        self.assertEqual({self.policies(out, f"j{i}")[0] for i in range(2)}, {low, high})
 
     def test_a_gpuqd_restarted_under_another_cpu_mask_keeps_a_running_jobs_real_cores_to_it(self):
         low, high = self.two_cores()

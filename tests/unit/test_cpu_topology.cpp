@@ -97,6 +97,9 @@ TEST_CASE("without topology files the order is numeric") {
   CHECK(places.at(1).thread == 0);
   CHECK(empty.order({3, 1, 2}) == std::vector<int>{1, 2, 3});
   CHECK(slot_order({2, 0, 1}, {}) == std::vector<int>{0, 1, 2});
+  // Nor NUMA nodes: unknown, not node 0 (memory is never bound to a node that was guessed).
+  CHECK(places.at(1).node == -1);
+  CHECK(sysfs_slot_cores(empty.root.string(), {3, 1, 2}).nodes.empty());
 }
 
 TEST_SUITE_END();

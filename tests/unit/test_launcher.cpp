@@ -122,6 +122,37 @@ TEST_CASE("a `cpus` job's ranks are pinned to their own share of the job's slots
   CHECK_FALSE(plain["ranks"][0]["env"].contains("GPUQ_CPUS"));
 }
 
+TEST_CASE("with `mem_bind`, each rank's entry names the NUMA nodes of its own cores") {
+  auto job = ddp_job();  // 2 ranks
+  job.spec.cpus = 2;
+  job.spec.mem_bind = gpuq::common::MemBind::local;
+  job.cpu_slots = {0, 1, 2, 3};
+  const std::vector<int> cores{0, 1, 8, 9}, nodes{0, 0, 1, 1};
+  auto doc = launch_document(job, {}, {}, "/s", 7.5, 0, cores, nodes);
+  CHECK(doc["ranks"][0]["mem_bind"] == nlohmann::json({{"policy", "local"}, {"nodes", {0}}}));
+  CHECK(doc["ranks"][1]["mem_bind"] == nlohmann::json({{"policy", "local"}, {"nodes", {1}}}));
+
+  // A rank whose cores straddle two nodes is bound to both.
+  job.cpu_slots = {1, 2, 0, 3};
+  job.spec.mem_bind = gpuq::common::MemBind::prefer;
+  doc = launch_document(job, {}, {}, "/s", 7.5, 0, cores, nodes);
+  CHECK(doc["ranks"][0]["mem_bind"] == nlohmann::json({{"policy", "prefer"}, {"nodes", {0, 1}}}));
+
+  // Nodes unknown (no sysfs, or fewer nodes than cores): no nodes, so the shim says it cannot bind.
+  doc = launch_document(job, {}, {}, "/s", 7.5, 0, cores, {});
+  CHECK(doc["ranks"][0]["mem_bind"]["nodes"].empty());
+  CHECK(numa_nodes_of({0, 8}, cores, {0, -1, 1, 1}) == std::vector<int>{0, 1});
+  CHECK(numa_nodes_of({1, 8}, cores, {0, -1, 1, 1}).empty());
+  CHECK(numa_nodes_of({5}, cores, nodes).empty());  // a core outside the pool
+
+  // No `mem_bind`, or no pinned cores: nothing for the shim to do.
+  job.spec.mem_bind = gpuq::common::MemBind::none;
+  CHECK_FALSE(launch_document(job, {}, {}, "/s", 7.5, 0, cores, nodes)["ranks"][0].contains("mem_bind"));
+  job.spec.mem_bind = gpuq::common::MemBind::local;
+  job.spec.cpus = 0;
+  CHECK_FALSE(launch_document(job, {}, {}, "/s", 7.5, 0, cores, nodes)["ranks"][0].contains("mem_bind"));
+}
+
 TEST_CASE("a job's cores give back its slots under another CPU mask, and none for cores outside it") {
   JobRecord job;
   job.spec.mode = gpuq::common::Mode::ddp;

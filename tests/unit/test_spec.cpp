@@ -62,6 +62,25 @@ TEST_CASE("`cpus` is cores per rank, at least one") {
   CHECK(contains(error_of(R"({"command": ["true"], "env": {"GPUQ_CPUS": "0"}})"), "cannot be overridden"));
 }
 
+TEST_CASE("`mem_bind` is local, prefer or none, and needs `cpus`") {
+  using gpuq::common::MemBind;
+  auto r = parse_batch(json::parse(R"([{"shell": "true", "cpus": 2, "mem_bind": "local"},
+                                       {"shell": "true", "cpus": 2, "mem_bind": "prefer"},
+                                       {"shell": "true", "cpus": 2, "mem_bind": "none"},
+                                       {"shell": "true", "cpus": 2}])"),
+                       "/");
+  REQUIRE(r.ok());
+  CHECK(r->at(0).mem_bind == MemBind::local);
+  CHECK(r->at(1).mem_bind == MemBind::prefer);
+  CHECK(r->at(2).mem_bind == MemBind::none);
+  CHECK(r->at(3).mem_bind == MemBind::none);
+  CHECK(contains(error_of(R"({"command": ["true"], "cpus": 1, "mem_bind": "strict"})"),
+                 "field `mem_bind` must be \"local\", \"prefer\" or \"none\", got \"strict\""));
+  CHECK(contains(error_of(R"({"command": ["true"], "mem_bind": "local"})"), "field `mem_bind` needs `cpus`"));
+  CHECK(contains(error_of(R"({"command": ["true"], "cpus": 1, "mem_bind": true})"), "field `mem_bind` must be a string"));
+  CHECK(contains(error_of(R"({"command": ["true"], "membind": "local"})"), "(did you mean `mem_bind`?)"));
+}
+
 TEST_CASE("core lists are written the way the kernel writes them") {
   using gpuq::common::format_cpu_list;
   CHECK(format_cpu_list({}) == "");
@@ -172,12 +191,14 @@ TEST_CASE("unknown dependency names, duplicates and cycles are rejected") {
 
 TEST_CASE("a stored spec parses back to the same job") {
   auto r = parse_batch(json::parse(R"({"name": "n", "shell": "echo", "gpus": 2, "mode": "ddp", "retries": 3,
-                                      "timeout_s": 9.5, "env": {"A": "1"}, "labels": {"k": "v"}, "after": [4], "cpus": 3})"),
+                                      "timeout_s": 9.5, "env": {"A": "1"}, "labels": {"k": "v"}, "after": [4], "cpus": 3,
+                                      "mem_bind": "prefer"})"),
                        "/w");
   REQUIRE(r.ok());
   auto again = gpuq::common::parse_job(gpuq::common::to_json(r->at(0)), "/");
   REQUIRE(again.ok());
   CHECK(again->cpus == 3);
+  CHECK(again->mem_bind == gpuq::common::MemBind::prefer);
   CHECK(gpuq::common::to_json(*again) == gpuq::common::to_json(r->at(0)));
 }
 
