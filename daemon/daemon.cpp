@@ -60,7 +60,12 @@ std::string describe_exit(const json& failure) {
 
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
-constexpr double k_launch_retry_s = 5;  // a launch that failed (job dir, disk) is tried again after
+constexpr double k_launch_retry_s = 5;
+
+PendingJob pending_of(const JobRecord& r) {
+  const auto& s = r.spec;
+  return {r.id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus};
+}  // a launch that failed (job dir, disk) is tried again after
 
 }  // namespace
 
@@ -99,6 +104,7 @@ void Daemon::recover() {
     const std::int64_t id = rec.id;
     Active& a = m_active[id];
     a.rec = std::move(rec);
+    index(a);
     if (a.rec.state != JobState::running) continue;
     rederive_slots(a.rec);
     const std::string adir = attempt_dir(m_config.state_dir, id, a.rec.attempt);
@@ -232,7 +238,9 @@ json Daemon::cmd_submit(const json& req) {
   common::SubmitReply out{batch, {}};
   for (auto& rec : jobs) {
     out.ids.push_back(rec.id);
-    m_active[rec.id].rec = std::move(rec);
+    Active& a = m_active[rec.id];
+    a.rec = std::move(rec);
+    index(a);
   }
   schedule_soon();
   return out;
@@ -248,7 +256,14 @@ std::optional<JobRecord> Daemon::lookup(std::int64_t id) {
 common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   auto active = m_active.find(stored.id);
   const JobRecord& r = active != m_active.end() ? active->second.rec : stored;
-  const std::string wait_reason = active != m_active.end() ? active->second.wait_reason : "";
+  std::string wait_reason;
+  if (active != m_active.end()) {
+    const Active& a = active->second;
+    // A job the last pass did not reach waits for what that pass left everyone behind it.
+    wait_reason = a.reason_pass == m_pass || !m_tail_stopped || r.state != JobState::queued
+                      ? a.wait_reason
+                      : tail_wait_reason(pending_of(r), m_tail);
+  }
   common::JobInfo i;
   i.id = r.id;
   i.batch = r.batch;
@@ -365,8 +380,8 @@ json Daemon::cmd_gpus(const json&) {
     if (g.numa_node >= 0) info.numa_node = g.numa_node;
     if (readings[i].memory_used_mb) info.memory_used_mb = *readings[i].memory_used_mb;
     if (readings[i].utilization) info.utilization = *readings[i].utilization;
-    for (const auto& [id, a] : m_active) {
-      if (a.rec.state != JobState::running) continue;
+    for (std::int64_t id : m_running) {
+      const Active& a = m_active.at(id);
       if (std::find(a.rec.gpus.begin(), a.rec.gpus.end(), g.index) == a.rec.gpus.end()) continue;
       info.jobs.push_back(id);
       info.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : g.memory_total_mb;
@@ -384,8 +399,8 @@ json Daemon::cmd_gpus(const json&) {
 CpuSlots Daemon::cpu_pool() const {
   CpuSlots cpu{m_config.cpu_slots, {}, m_core_nodes};
   std::vector<int> unnumbered;  // running jobs started by a gpuqd whose CPU slots had no numbers yet
-  for (const auto& [id, a] : m_active) {
-    if (a.rec.state != JobState::running) continue;
+  for (std::int64_t id : m_running) {
+    const Active& a = m_active.at(id);
     cpu.taken.insert(a.rec.cpu_slots.begin(), a.rec.cpu_slots.end());
     if (a.rec.cpu_slots.empty() && a.rec.spec.gpus == 0) unnumbered.push_back(std::min(a.rec.spec.ranks, cpu.total));
   }
@@ -443,7 +458,8 @@ void Daemon::cmd_wait(const json& req, Reply& reply) {
   auto q = common::decode_ids(req);
   for (auto id : q.ids)
     if (!lookup(id)) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
-  Waiter w{std::set<std::int64_t>(q.ids.begin(), q.ids.end()), std::move(reply), nullptr};
+  std::set<std::int64_t> ids(q.ids.begin(), q.ids.end());
+  Waiter w{ids, ids, std::move(reply), nullptr};
   if (q.timeout_s > 0) {
     w.timer = std::make_shared<asio::steady_timer>(m_io);
     w.timer->expires_after(std::chrono::milliseconds(static_cast<long long>(q.timeout_s * 1000)));
@@ -469,9 +485,10 @@ void Daemon::cmd_wait(const json& req, Reply& reply) {
 
 void Daemon::notify_waiters() {
   for (std::size_t i = 0; i < m_waiters.size();) {
-    bool done = true;
-    for (auto id : m_waiters[i].ids) done = done && !m_active.count(id);
-    if (!done) {
+    // Each id leaves `pending` once, so a wait on a whole batch costs O(1) per job that ends.
+    auto& pending = m_waiters[i].pending;
+    while (!pending.empty() && !m_active.count(*pending.begin())) pending.erase(pending.begin());
+    if (!pending.empty()) {
       ++i;
       continue;
     }
@@ -513,8 +530,8 @@ std::optional<JobState> Daemon::dependency_state(std::int64_t id) {
 bool Daemon::fail_blocked_dependents(double now) {
   std::vector<std::int64_t> doomed;
   std::map<std::int64_t, std::string> why;
-  for (auto& [id, a] : m_active) {
-    if (a.rec.state != JobState::queued) continue;
+  for (std::int64_t id : m_with_deps) {
+    const Active& a = m_active.at(id);
     for (auto dep : a.rec.after) {
       auto st = dependency_state(dep);
       if (!st || (is_terminal(*st) && *st != JobState::succeeded)) {
@@ -538,35 +555,40 @@ bool Daemon::fail_blocked_dependents(double now) {
 }
 
 void Daemon::schedule_now() {
+  ++m_pass;
   const double now = wall_now();
   while (fail_blocked_dependents(now)) {
   }
 
   std::vector<PendingJob> queue;
+  queue.reserve(m_queue.size());
   double next_retry = 0;
-  for (auto& [id, a] : m_active) {
-    if (a.rec.state != JobState::queued) continue;
-    bool deps_done = true;
-    for (auto dep : a.rec.after) deps_done = deps_done && dependency_state(dep) == JobState::succeeded;
-    if (!deps_done) {
-      a.wait_reason = "waiting for dependencies";
-      continue;
+  for (const auto& [_, q] : m_queue) {
+    if (q.has_deps || q.not_before > now) {
+      Active& a = m_active.at(q.job.id);
+      bool deps_done = true;
+      for (auto dep : a.rec.after) deps_done = deps_done && dependency_state(dep) == JobState::succeeded;
+      if (!deps_done) {
+        a.wait_reason = "waiting for dependencies";
+        a.reason_pass = m_pass;
+        continue;
+      }
+      if (q.not_before > now) {
+        a.wait_reason = "retrying after a backoff";
+        a.reason_pass = m_pass;
+        next_retry = next_retry == 0 ? q.not_before : std::min(next_retry, q.not_before);
+        continue;
+      }
     }
-    if (a.rec.not_before > now) {
-      a.wait_reason = "retrying after a backoff";
-      next_retry = next_retry == 0 ? a.rec.not_before : std::min(next_retry, a.rec.not_before);
-      continue;
-    }
-    const auto& s = a.rec.spec;
-    queue.push_back({id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus});
+    queue.push_back(q.job);  // in scheduling order already
   }
 
   CpuSlots cpu = cpu_pool();
 
   std::vector<GpuState> gpus;
   for (const auto& g : m_inventory.gpus()) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0, g.numa_node});
-  for (const auto& [id, a] : m_active) {
-    if (a.rec.state != JobState::running) continue;
+  for (std::int64_t id : m_running) {
+    const Active& a = m_active.at(id);
     double ends = a.rec.spec.timeout_s > 0 ? a.rec.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;
     for (int idx : a.rec.gpus)
       for (auto& g : gpus)
@@ -579,7 +601,13 @@ void Daemon::schedule_now() {
   }
 
   Plan plan = schedule(std::move(queue), std::move(gpus), now, cpu);
-  for (const auto& [id, reason] : plan.waiting) m_active.at(id).wait_reason = reason;
+  m_tail_stopped = plan.stopped;
+  m_tail = plan.tail;
+  for (auto& [id, reason] : plan.waiting) {
+    Active& a = m_active.at(id);
+    a.wait_reason = std::move(reason);
+    a.reason_pass = m_pass;
+  }
   for (const auto& p : plan.start) {
     Active& a = m_active.at(p.id);
     try {
@@ -590,6 +618,7 @@ void Daemon::schedule_now() {
       std::cerr << "gpuqd: cannot launch job " << p.id << ": " << e.what() << "\n";
       a.wait_reason = std::string("cannot start: ") + e.what() + "; trying again every " +
                       std::to_string(static_cast<int>(k_launch_retry_s)) + " s";
+      a.reason_pass = m_pass;
       next_retry = next_retry == 0 ? now + k_launch_retry_s : std::min(next_retry, now + k_launch_retry_s);
     }
   }
@@ -620,8 +649,8 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   next.first_failure = nullptr;
   if (next.spec.mode == common::Mode::ddp) {
     std::set<int> in_use;
-    for (const auto& [id, other] : m_active)
-      if (other.rec.state == JobState::running && other.rec.master_port) in_use.insert(other.rec.master_port);
+    for (std::int64_t id : m_running)
+      if (const int port = m_active.at(id).rec.master_port) in_use.insert(port);
     next.master_port = pick_free_port(in_use);
   }
 
@@ -644,6 +673,7 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.
   m_store->update(next, true);
   a.rec = std::move(next);
+  index(a);
   a.wait_reason.clear();
   a.event_offsets.clear();
 
@@ -756,6 +786,7 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     next.ended_at = 0;
     m_store->update(next, true);
     a.rec = std::move(next);
+    index(a);
     schedule_soon();
     return;
   }
@@ -765,9 +796,24 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   schedule_soon();
 }
 
+void Daemon::index(const Active& a) {
+  unindex(a.rec);
+  if (a.rec.state == JobState::running) m_running.insert(a.rec.id);
+  if (a.rec.state != JobState::queued) return;
+  m_queue[{-a.rec.spec.priority, a.rec.id}] = {pending_of(a.rec), a.rec.not_before, !a.rec.after.empty()};
+  if (!a.rec.after.empty()) m_with_deps.insert(a.rec.id);
+}
+
+void Daemon::unindex(const JobRecord& r) {
+  m_running.erase(r.id);
+  m_queue.erase({-r.spec.priority, r.id});
+  m_with_deps.erase(r.id);
+}
+
 void Daemon::finalize(Active& a) {
   const std::int64_t id = a.rec.id;
   m_terminal_cache[id] = a.rec.state;
+  unindex(a.rec);
   m_active.erase(id);
   notify_waiters();
 }
@@ -810,16 +856,13 @@ void Daemon::ingest(Active& a) {
 
 void Daemon::arm_ingest_timer() {
   if (m_ingest_armed) return;
-  bool any_running = false;
-  for (const auto& [_, a] : m_active) any_running = any_running || a.rec.state == JobState::running;
-  if (!any_running) return;
+  if (m_running.empty()) return;
   m_ingest_armed = true;
   m_ingest_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.ingest_interval_s * 1000)));
   m_ingest_timer.async_wait([this](const boost::system::error_code& ec) {
     m_ingest_armed = false;
     if (ec) return;
-    for (auto& [_, a] : m_active)
-      if (a.rec.state == JobState::running) ingest(a);
+    for (std::int64_t id : m_running) ingest(m_active.at(id));
     arm_ingest_timer();
   });
 }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <optional>
 #include <set>
 #include <string>
@@ -61,7 +62,8 @@ class Daemon {
  private:
   struct Active {
     JobRecord rec;
-    std::string wait_reason;  // queued: why it is not running yet
+    std::string wait_reason;  // queued: why it is not running yet, as of pass `reason_pass`
+    std::uint64_t reason_pass = 0;
     ProcessId shim;
     std::unique_ptr<asio::posix::stream_descriptor> pidfd;  // readable when the shim exits
     std::unique_ptr<asio::steady_timer> poll;               // fallback where pidfd is missing
@@ -70,6 +72,7 @@ class Daemon {
   };
   struct Waiter {
     std::set<std::int64_t> ids;
+    std::set<std::int64_t> pending;  // of `ids`, those not known to have ended: emptied from the front
     Reply reply;
     std::shared_ptr<asio::steady_timer> timer;
   };
@@ -97,6 +100,9 @@ class Daemon {
   void on_shim_exit(std::int64_t id);
   void finish_attempt(Active& a, const json& outcome);
   void finalize(Active& a);  // terminal: persist, notify waiters, forget
+  // Files a job in the indexes by its record's state (after every change of state), or takes it out.
+  void index(const Active& a);
+  void unindex(const JobRecord& r);
   void ingest(Active& a);
   void arm_ingest_timer();
   void notify_waiters();
@@ -113,9 +119,24 @@ class Daemon {
   std::vector<int> m_cores;  // usable cores in slot order (cpu_topology.hpp): slot s is core m_cores[s % size]
   std::vector<int> m_core_nodes;  // the NUMA node of each of m_cores
   std::map<std::int64_t, Active> m_active;                    // queued and running jobs
+  // Indexes of m_active by state, so that a pass and an event tick never walk the whole queue.
+  struct Queued {
+    PendingJob job;
+    double not_before = 0;  // retry backoff
+    bool has_deps = false;
+  };
+  std::set<std::int64_t> m_running;
+  // Queued jobs in scheduling order, (-priority, id). Pooled nodes lie together in memory, so the
+  // walk each pass makes over a deep queue stays in cache.
+  std::pmr::unsynchronized_pool_resource m_queue_pool;
+  std::pmr::map<std::pair<int, std::int64_t>, Queued> m_queue{&m_queue_pool};
+  std::set<std::int64_t> m_with_deps;                      // queued jobs with `after`
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;
   bool m_schedule_posted = false;
+  std::uint64_t m_pass = 0;  // scheduling passes so far
+  bool m_tail_stopped = false;  // the last pass stopped early: the jobs it left wait as m_tail says
+  TailState m_tail;
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
   bool m_ingest_armed = false;

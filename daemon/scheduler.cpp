@@ -181,10 +181,18 @@ std::vector<int> take_job_slots(CpuSlots& cpu, const PendingJob& j, const std::v
   return out;
 }
 
-std::string cpu_wait_reason(int need, const CpuSlots& cpu) {
-  return "waiting for " + std::to_string(need) + " CPU slot" + (need == 1 ? "" : "s") + " (" +
-         std::to_string(free_slots(cpu)) + " of " + std::to_string(cpu.total) + " free)";
+std::string cpu_wait_reason(int need, int free, int total) {
+  return "waiting for " + std::to_string(need) + " CPU slot" + (need == 1 ? "" : "s") + " (" + std::to_string(free) +
+         " of " + std::to_string(total) + " free)";
 }
+
+std::string cpu_wait_reason(int need, const CpuSlots& cpu) { return cpu_wait_reason(need, free_slots(cpu), cpu.total); }
+
+std::string too_many_gpus_reason(const PendingJob& j, std::size_t gpus) {
+  return "needs " + std::to_string(j.gpus) + " GPUs; this machine has " + std::to_string(gpus);
+}
+
+const char* k_gpus_held = "waiting for GPUs held by higher-priority jobs";
 
 }  // namespace
 
@@ -193,18 +201,49 @@ int cpu_slots_needed(const PendingJob& j, int total) {
   return static_cast<int>(std::min<long long>(per_rank * j.ranks, total));
 }
 
-Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu) {
-  std::stable_sort(queue.begin(), queue.end(), [](const PendingJob& a, const PendingJob& b) {
+std::string tail_wait_reason(const PendingJob& j, const TailState& tail) {
+  // As the pass's own branches, in the state it stopped in: a job needing CPU slots finds none it
+  // can take, and one needing none finds every GPU held and reserved.
+  if (j.gpus > tail.gpu_count) return too_many_gpus_reason(j, static_cast<std::size_t>(tail.gpu_count));
+  const int need = cpu_slots_needed(j, tail.cpu_total);
+  if (need > 0) return cpu_wait_reason(need, tail.cpu_free, tail.cpu_total);
+  return k_gpus_held;
+}
+
+Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu, bool stop_early) {
+  const auto before = [](const PendingJob& a, const PendingJob& b) {
     if (a.priority != b.priority) return a.priority > b.priority;
     return a.id < b.id;
-  });
+  };
+  if (!std::is_sorted(queue.begin(), queue.end(), before)) std::stable_sort(queue.begin(), queue.end(), before);
   std::vector<Slot> slots;
   slots.reserve(gpus.size());
   for (auto& g : gpus) slots.push_back({g});
 
+  // Which later jobs could still start: one needing CPU slots only while a slot can be taken, a
+  // GPU job needing none (no `cpus`) only while some GPU is not held whole and reserved, and one
+  // needing neither (a pool of no slots) always. Once every kind left is blocked, the pass stops.
+  std::size_t past_needy = 0, past_slotless = 0, past_free = 0;
+  for (std::size_t i = 0; i < queue.size(); ++i) {
+    if (queue[i].gpus > static_cast<int>(slots.size())) continue;  // never starts, whatever is free
+    if (cpu_slots_needed(queue[i], cpu.total) > 0) past_needy = i + 1;
+    else if (queue[i].gpus > 0) past_slotless = i + 1;
+    else past_free = i + 1;
+  }
+  const auto gpus_dead = [&] {
+    return std::all_of(slots.begin(), slots.end(), [](const Slot& s) { return s.reserved && s.gpu.exclusive; });
+  };
+
   Plan plan;
   bool cpu_blocked = false;
-  for (const auto& j : queue) {
+  for (std::size_t i = 0; i < queue.size(); ++i) {
+    const PendingJob& j = queue[i];
+    if (stop_early && i >= past_free && (i >= past_needy || cpu_blocked || free_slots(cpu) == 0) &&
+        (i >= past_slotless || gpus_dead())) {
+      plan.stopped = true;
+      plan.tail = {static_cast<int>(slots.size()), free_slots(cpu), cpu.total};
+      break;
+    }
     const int need = cpu_slots_needed(j, cpu.total);
     const bool cpus_free = need == 0 || (!cpu_blocked && free_slots(cpu) >= need);
     if (j.gpus == 0) {
@@ -217,8 +256,7 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
       continue;
     }
     if (j.gpus > static_cast<int>(slots.size())) {
-      plan.waiting[j.id] = "needs " + std::to_string(j.gpus) + " GPUs; this machine has " +
-                           std::to_string(slots.size());
+      plan.waiting[j.id] = too_many_gpus_reason(j, slots.size());
       continue;
     }
     if (!cpus_free) {
@@ -239,7 +277,7 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
       plan.reservations[j.id] = held;
       plan.waiting[j.id] = "waiting for " + std::to_string(j.gpus) + (j.shared ? " GPU with " + std::to_string(j.memory_mb) + " MiB free" : j.gpus == 1 ? " free GPU" : " free GPUs") + " (reserved)";
     } else {
-      plan.waiting[j.id] = "waiting for GPUs held by higher-priority jobs";
+      plan.waiting[j.id] = k_gpus_held;
     }
   }
   return plan;

@@ -62,10 +62,23 @@ struct Placement {
   std::vector<int> cpu_slots;  // in rank order: rank r has [r·cpus, (r+1)·cpus), each rank's ascending
 };
 
+// What the jobs a pass did not examine wait for (see Plan::stopped).
+struct TailState {
+  int gpu_count = 0;
+  int cpu_free = 0, cpu_total = 0;
+};
+
 struct Plan {
   std::vector<Placement> start;
   std::map<std::int64_t, std::vector<int>> reservations;  // blocked job -> GPUs held for it
   std::map<std::int64_t, std::string> waiting;            // blocked job -> why, for `gpuq show`
+  // A pass stops at the first job from which no job can start: no CPU slot can be taken (or no
+  // later job needs one), and every GPU is held whole and reserved (or no later job could start
+  // on a GPU alone). A deep queue then costs a pass the jobs up to that point, not the whole
+  // queue. `waiting` and `reservations` cover the examined jobs; the others wait for
+  // tail_wait_reason(job, tail), which is what examining them would have said.
+  bool stopped = false;
+  TailState tail;
 };
 
 struct CpuSlots {
@@ -74,9 +87,14 @@ struct CpuSlots {
   std::vector<int> core_nodes;  // slot s is on NUMA node core_nodes[s % size]; empty when unknown
 };
 
+// Why a job the pass did not examine waits.
+std::string tail_wait_reason(const PendingJob& j, const TailState& tail);
+
 // The CPU slots `j` takes from a pool of `total`.
 int cpu_slots_needed(const PendingJob& j, int total);
 
-Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu = {});
+// `stop_early = false` examines every job (tests compare the two).
+Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu = {},
+              bool stop_early = true);
 
 }  // namespace gpuq::daemon

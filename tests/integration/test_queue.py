@@ -40,6 +40,36 @@ class Exclusive(DaemonTest):
         self.assertGreater(max_overlap([(t0, t1) for _, t0, t1 in runs]), 1, "jobs never ran in parallel")
 
 
+class DeepQueue(DaemonTest):
+    def test_a_deep_queue_behind_busy_gpus_still_starts_a_cpu_job_at_its_end_and_says_why_each_waits(self):
+        go = self.tmp_path("go")
+        self.d.stop()
+        self.d.gpus = "fake:2"
+        self.d.start()
+        hold = f"while [ ! -e {go} ]; do sleep 0.05; done"
+        batch = ([{"name": f"busy{i}", "gpus": 1, "shell": hold} for i in range(2)] +
+                 [{"name": f"gpu{i}", "gpus": 1, "command": ["true"]} for i in range(300)] +
+                 [{"name": "cpu", "command": ["true"]}])
+        ids = self.d.submit(batch)["ids"]
+        # The CPU job is last in line, but a CPU slot is free: the pass must reach it.
+        self.assertEqual(self.d.wait([ids[-1]])[ids[-1]]["state"], "succeeded")
+        reason = lambda i: self.d.show(ids[i])["job"]["reason"]
+        # The first two waiting jobs reserve a GPU each; the pass stops there, and the jobs behind
+        # it wait for the same thing examining them would have said.
+        self.assertEqual([reason(2), reason(3)], ["waiting for 1 free GPU (reserved)"] * 2)
+        for i in (4, 150, 301):
+            self.assertEqual(reason(i), "waiting for GPUs held by higher-priority jobs")
+        # Jobs submitted now are behind where every pass stops: never examined, they still say why.
+        more = self.d.submit([{"name": f"late{i}", "gpus": 1, "command": ["true"]} for i in range(50)])["ids"]
+        self.assertEqual(self.d.show(more[-1])["job"]["reason"], "waiting for GPUs held by higher-priority jobs")
+        self.assertIn("waiting for GPUs held by higher-priority jobs", self.d.ok("show", str(more[0])))
+        ids += more
+        open(go, "w").close()
+        done = self.d.wait(ids, timeout=300)
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
+        self.assertEqual(len(done), len(batch) + 50)
+
+
 # Reports the rank's CPU affinity and thread settings as a result event, then waits for `go`.
 PINNED = ('cpus=$(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status); '
           'echo "{{\\"type\\":\\"result\\",\\"allowed\\":\\"$cpus\\",\\"omp\\":\\"$OMP_NUM_THREADS\\",'

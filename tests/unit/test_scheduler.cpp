@@ -2,6 +2,7 @@
 // daemon needed.
 #include <doctest/doctest.h>
 
+#include <random>
 #include <set>
 
 #include "daemon/scheduler.hpp"
@@ -35,6 +36,11 @@ std::vector<std::int64_t> started(const Plan& p) {
   std::vector<std::int64_t> ids;
   for (const auto& s : p.start) ids.push_back(s.id);
   return ids;
+}
+// Why `j` waits after the pass `p`: the pass's word for the jobs it examined, else the tail's.
+std::string why(const Plan& p, const PendingJob& j) {
+  if (const auto it = p.waiting.find(j.id); it != p.waiting.end()) return it->second;
+  return p.stopped ? tail_wait_reason(j, p.tail) : "";
 }
 }  // namespace
 
@@ -153,7 +159,7 @@ TEST_CASE("jobs without GPUs are limited by CPU slots, one per rank") {
   PendingJob a{1, 0, 0, false, 0, 0, 1}, b{2, 0, 0, false, 0, 0, 1}, c{3, 0, 0, false, 0, 0, 1};
   auto p = schedule({a, b, c}, {}, 0, CpuSlots{2, {}, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1, 2});
-  CHECK(p.waiting.at(3) == "waiting for 1 CPU slot (0 of 2 free)");
+  CHECK(why(p, c) == "waiting for 1 CPU slot (0 of 2 free)");
   p = schedule({a, b, c}, {}, 0, CpuSlots{2, {0}, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1});
 }
@@ -201,7 +207,7 @@ TEST_CASE("`cpus` is per rank, and a job without GPUs with `cpus` takes exactly 
   CHECK(p.start[1].cpu_slots == std::vector<int>{6});
   p = schedule({gang, small}, {}, 0, CpuSlots{7, {6}, {}});
   CHECK(started(p) == std::vector<std::int64_t>{1});
-  CHECK(p.waiting.at(2) == "waiting for 1 CPU slot (0 of 7 free)");
+  CHECK(why(p, small) == "waiting for 1 CPU slot (0 of 7 free)");
 }
 
 TEST_CASE("a GPU job with `cpus` needs both, and while it waits for CPU slots it holds its GPUs") {
@@ -221,8 +227,8 @@ TEST_CASE("a GPU job with `cpus` needs both, and while it waits for CPU slots it
   CHECK(started(p).empty());
   CHECK(p.waiting.at(1) == "waiting for 2 CPU slots (1 of 3 free)");
   CHECK(p.reservations.at(1) == std::vector<int>{0});
-  CHECK(p.waiting.count(2));
-  CHECK(p.waiting.at(3) == "waiting for 1 CPU slot (1 of 3 free)");
+  CHECK(why(p, gpu_only) == "waiting for GPUs held by higher-priority jobs");
+  CHECK(why(p, cpu_only) == "waiting for 1 CPU slot (1 of 3 free)");
 }
 
 TEST_CASE("a job asking more CPU slots than the pool has runs alone on all of them") {
@@ -329,6 +335,81 @@ TEST_CASE("NUMA is a preference: with no free slot near its GPU a job takes othe
   PendingJob cpu_only{2, 0, 0, false, 0, 0, 1, 2};
   p = schedule({cpu_only}, {}, 0, CpuSlots{4, {}, {1, 1, 0, 0}});
   CHECK(p.start[0].cpu_slots == std::vector<int>{0, 1});
+}
+
+TEST_CASE("a deep queue behind busy GPUs is examined only up to where nothing more can start") {
+  // 8 busy GPUs, one just freed, 10,000 single-GPU jobs: one starts, 8 reserve a GPU each, and
+  // the pass stops; the rest wait for the GPUs, as examining them would say.
+  auto gpus = idle_gpus(8);
+  for (int g = 1; g < 8; ++g) hold(gpus[g], true, 0);
+  std::vector<PendingJob> queue;
+  for (int id = 1; id <= 10000; ++id) queue.push_back(exclusive(id, 1));
+  CpuSlots cpu{2, {0, 1}, {}};  // and no CPU slot free
+  const Plan plan = schedule(queue, gpus, 0, cpu);
+  CHECK(started(plan) == std::vector<std::int64_t>{1});
+  CHECK(plan.stopped);
+  CHECK(plan.waiting.size() == 8);
+  CHECK(plan.waiting.at(2) == "waiting for 1 free GPU (reserved)");
+  CHECK(tail_wait_reason(queue[9999], plan.tail) == "waiting for GPUs held by higher-priority jobs");
+  CHECK(tail_wait_reason({5, 0, 0, false, 0, 0, 2}, plan.tail) == "waiting for 2 CPU slots (0 of 2 free)");
+  CHECK(tail_wait_reason(exclusive(6, 9), plan.tail) == "needs 9 GPUs; this machine has 8");
+
+  // A free CPU slot and a CPU job at the very end: the pass must reach it.
+  cpu.taken = {0};
+  queue.push_back({10001, 0, 0, false, 0, 0, 1});
+  const Plan reach = schedule(queue, gpus, 0, cpu);
+  CHECK(started(reach) == std::vector<std::int64_t>{1, 10001});
+  CHECK(reach.stopped == false);
+}
+
+TEST_CASE("stopping early changes nothing: random queues give the same plan as examining every job") {
+  std::mt19937 rng(20261123);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int stopped = 0, tail_jobs = 0;
+  for (int round = 0; round < 3000; ++round) {
+    std::vector<GpuState> gpus = idle_gpus(pick(0, 4), 1000);
+    for (auto& g : gpus) {
+      const int what = pick(0, 3);  // idle, exclusive, shared, shared twice
+      for (int k = 0; k < what - 1 || (what == 1 && k == 0); ++k)
+        hold(g, what == 1, 300, pick(0, 1) ? k_never : pick(10, 100));
+    }
+    CpuSlots cpu{pick(0, 5), {}, {}};
+    for (int s = 0; s < cpu.total; ++s)
+      if (pick(0, 1)) cpu.taken.insert(s);
+    std::vector<PendingJob> queue;
+    const int n = pick(0, 25);
+    for (int id = 1; id <= n; ++id) {
+      PendingJob j{id, pick(-1, 1), pick(0, 5), false, 0, pick(0, 1) ? 0.0 : pick(1, 50), pick(1, 3), pick(0, 2) ? 0 : pick(1, 2)};
+      j.shared = j.gpus == 1 && pick(0, 2) == 0;
+      j.memory_mb = j.shared ? pick(1, 6) * 200 : pick(0, 3) ? 0 : pick(1, 12) * 100;
+      queue.push_back(j);
+    }
+    const Plan full = schedule(queue, gpus, 0, cpu, false);
+    const Plan early = schedule(queue, gpus, 0, cpu, true);
+    CHECK_FALSE(full.stopped);
+    REQUIRE(early.start.size() == full.start.size());
+    for (std::size_t i = 0; i < full.start.size(); ++i) {
+      CHECK(early.start[i].id == full.start[i].id);
+      CHECK(early.start[i].gpus == full.start[i].gpus);
+      CHECK(early.start[i].cpu_slots == full.start[i].cpu_slots);
+    }
+    for (const auto& [id, held] : early.reservations) CHECK(full.reservations.at(id) == held);
+    stopped += early.stopped;
+    for (const auto& j : queue) {
+      const auto it = full.waiting.find(j.id);
+      if (it == full.waiting.end()) continue;  // started
+      if (early.waiting.count(j.id)) {
+        CHECK(early.waiting.at(j.id) == it->second);
+      } else {
+        REQUIRE(early.stopped);
+        CHECK(tail_wait_reason(j, early.tail) == it->second);
+        ++tail_jobs;
+      }
+    }
+  }
+  // The comparison covered passes that stopped, and jobs they did not examine.
+  CHECK(stopped > 300);
+  CHECK(tail_jobs > 3000);
 }
 
 TEST_SUITE_END();
