@@ -374,30 +374,45 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
   return k_exit_ok;
 }
 
-// Waits by polling the jobs twice a second and showing their progress: on a terminal one line
-// per job redrawn in place, elsewhere a plain line when a job's state changes or, at most every
-// 10 s, its progress. Ends with the same table and exit code as a plain wait.
+// Waits by polling the jobs twice a second and showing their progress: on a terminal the
+// wait_screen redrawn in place (a line per job, or a summary when they do not fit), elsewhere a
+// plain line when a job's state changes or, at most every 10 s, its progress. Ended jobs do not
+// change again, so each poll asks only for the others. Ends with the same table and exit code as
+// a plain wait.
 int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
   auto client = Client::connect(o.socket);
   if (!client) return report(client.error());
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
-  std::size_t width = 120;
-  if (winsize ws{}; tty && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20) width = ws.ws_col - 1;
-  const double deadline = timeout_s > 0 ? now_s() + timeout_s : 0;
+  std::size_t width = 120, rows = 24;
+  if (winsize ws{}; tty && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20) {
+    width = ws.ws_col - 1;
+    if (ws.ws_row > 4) rows = ws.ws_row - 2;
+  }
+  const double since = now_s();
+  const double deadline = timeout_s > 0 ? since + timeout_s : 0;
   std::map<std::int64_t, std::pair<std::string, double>> printed;  // plain mode: last state|epoch, when
+  std::map<std::int64_t, common::JobInfo> latest;
+  std::vector<std::int64_t> pending = ids;
   std::size_t drawn = 0;
   common::JobsReply w;
   for (;;) {
-    auto r = client->call({{"cmd", "results"}, {"ids", ids}});
+    auto r = client->call({{"cmd", "results"}, {"ids", pending}});
     if (!r) return report(r.error());
-    w = r->get<common::JobsReply>();
+    for (auto& j : r->get<common::JobsReply>().jobs) latest[j.id] = std::move(j);
+    w.jobs.clear();
+    pending.clear();
+    for (const auto& [id, j] : latest) {
+      w.jobs.push_back(j);
+      if (j.state == "queued" || j.state == "running") pending.push_back(id);
+    }
     const double now = now_s();
-    bool done = true;
-    for (const auto& j : w.jobs) done = done && j.state != "queued" && j.state != "running";
+    const bool done = pending.empty();
     if (tty) {
       if (drawn) std::cout << "\x1b[" << drawn << "F";  // back to the first line drawn
-      for (const auto& j : w.jobs) std::cout << "\x1b[2K" << progress_line(j, now, width) << "\n";
-      drawn = w.jobs.size();
+      const auto lines = wait_screen(w.jobs, now, since, width, rows);
+      for (const auto& line : lines) std::cout << "\x1b[2K" << line << "\n";
+      for (std::size_t k = lines.size(); k < drawn; ++k) std::cout << "\x1b[2K\n";  // a shorter screen
+      drawn = std::max(drawn, lines.size());
     } else {
       for (const auto& j : w.jobs) {
         auto& [last_key, at] = printed[j.id];

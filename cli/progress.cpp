@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "cli/format.hpp"
 
@@ -73,6 +74,52 @@ std::string progress_line(const common::JobInfo& job, double now, std::size_t wi
   }
   if (line.size() > width && width > 3) line = line.substr(0, width - 3) + "...";
   return line;
+}
+
+std::vector<std::string> wait_screen(const std::vector<common::JobInfo>& jobs, double now, double since,
+                                     std::size_t width, std::size_t rows) {
+  std::vector<std::string> lines;
+  rows = std::max<std::size_t>(rows, 2);
+  if (jobs.size() <= rows) {
+    for (const auto& j : jobs) lines.push_back(progress_line(j, now, width));
+    return lines;
+  }
+  std::map<std::string, std::size_t> count;
+  std::size_t ended = 0, ended_since = 0;
+  for (const auto& j : jobs) {
+    count[j.state]++;
+    if (j.state == "queued" || j.state == "running") continue;
+    ++ended;
+    ended_since += j.ended_at >= since;
+  }
+  const double done = static_cast<double>(ended) / static_cast<double>(jobs.size());
+  constexpr int k_bar = 20;
+  const int filled = static_cast<int>(std::lround(done * k_bar));
+  std::string head = std::to_string(jobs.size()) + " jobs  [" + std::string(filled, '#') +
+                     std::string(k_bar - filled, '-') + "] " + std::to_string(static_cast<int>(done * 100)) + "%";
+  for (const char* state : {"succeeded", "failed", "timed_out", "cancelled", "running", "queued"})
+    if (count[state]) head += "  " + std::to_string(count[state]) + " " + state;
+  const std::size_t left = jobs.size() - ended;
+  if (ended_since > 0 && left > 0 && now > since)
+    head += "  ETA " + format_duration(static_cast<double>(left) * (now - since) / static_cast<double>(ended_since));
+  if (head.size() > width && width > 3) head = head.substr(0, width - 3) + "...";
+  lines.push_back(head);
+
+  // Then what needs an eye: the running jobs, then the failed ones, newest first.
+  std::vector<const common::JobInfo*> shown;
+  for (const auto& j : jobs)
+    if (j.state == "running") shown.push_back(&j);
+  std::vector<const common::JobInfo*> failed;
+  for (const auto& j : jobs)
+    if (j.state == "failed" || j.state == "timed_out") failed.push_back(&j);
+  std::sort(failed.begin(), failed.end(), [](const auto* a, const auto* b) { return a->ended_at > b->ended_at; });
+  shown.insert(shown.end(), failed.begin(), failed.end());
+  const std::size_t room = rows - 1;
+  const bool cut = shown.size() > room;
+  for (std::size_t i = 0; i < shown.size() && i < (cut ? room - 1 : room); ++i)
+    lines.push_back(progress_line(*shown[i], now, width));
+  if (cut) lines.push_back("... and " + std::to_string(shown.size() - (room - 1)) + " more running or failed");
+  return lines;
 }
 
 }  // namespace gpuq::cli

@@ -441,6 +441,37 @@ class ResultsWaitLogs(DaemonTest):
         self.assertRegex(text, r"\[#{5,15}-{5,15}\] \d+%  epoch [23]/4")
         self.assertIn("bar  succeeded  accuracy=0.9", text)
 
+    def test_wait_on_a_small_terminal_summarises_a_batch_that_does_not_fit(self):
+        import fcntl
+        import pty
+        import struct
+        import termios
+        sub = self.d.submit([{"name": f"many{i}", "shell": "sleep 0.3"} for i in range(20)] +
+                            [{"name": "broken", "command": ["false"]}])
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 10, 100, 0, 0))  # 10 rows
+        proc = subprocess.Popen([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, "wait", "--batch",
+                                 str(sub["batch"])], stdin=follower, stdout=follower, stderr=follower)
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.close(leader)
+        self.assertEqual(proc.wait(60), 1)  # one job failed
+        text = out.decode(errors="replace")
+        # 21 jobs do not fit in 8 lines: one summary line, then what runs and what failed.
+        self.assertRegex(text, r"21 jobs  \[[#-]{20}\] \d+%")
+        self.assertRegex(text, r"21 jobs  \[#{20}\] 100%  20 succeeded  1 failed")
+        self.assertRegex(text, r"\d+  many\d+  running")
+        self.assertRegex(text, r"\d+  broken  failed")
+        self.assertNotRegex(text, r"many\d+  queued")  # queued jobs get no line of their own
+
     def test_wait_without_a_terminal_prints_plain_progress_lines(self):
         job_id = self.d.submit({"name": "plain", "shell": event_line(type="progress", epoch=1, epochs=2) +
                                 "; sleep 0.8; " + event_line(type="result", ok=1)})["ids"][0]

@@ -7,6 +7,7 @@
 using gpuq::cli::fraction_done;
 using gpuq::cli::progress_line;
 using gpuq::cli::top_screen;
+using gpuq::cli::wait_screen;
 using gpuq::cli::TopSnapshot;
 using gpuq::common::JobInfo;
 using gpuq::common::json;
@@ -53,6 +54,37 @@ TEST_CASE("jobs without totals, and finished jobs, get a line too") {
   j.attempt = 1;
   j.reason = "";
   CHECK(progress_line(j, 0, 200) == "3  script  queued (retrying)");
+}
+
+TEST_CASE("a wait on more jobs than the terminal has rows shows a summary, then running and failed jobs") {
+  std::vector<JobInfo> jobs;
+  for (int id = 1; id <= 100; ++id) {
+    JobInfo j;
+    j.id = id;
+    j.name = "sweep-" + std::to_string(id);
+    j.state = id <= 40 ? "succeeded" : id <= 42 ? "failed" : id <= 45 ? "running" : "queued";
+    j.started_at = id <= 45 ? 1000 : 0;
+    j.ended_at = id <= 42 ? 1000 + id : 0;  // 42 ended, all after the wait began at 1000
+    if (id == 41) j.reason = "rank 0 exited with code 1";
+    jobs.push_back(j);
+  }
+  // 42 of 100 ended in 100 s since the wait began: 58 left take 138 s more.
+  auto lines = wait_screen(jobs, 1100, 1000, 200, 10);
+  REQUIRE(lines.size() == 6);  // the summary, 3 running, 2 failed
+  CHECK(lines[0] == "100 jobs  [########------------] 42%  40 succeeded  2 failed  3 running  55 queued  ETA 2m18s");
+  CHECK(lines[1].rfind("43  sweep-43  running", 0) == 0);
+  CHECK(lines[3].rfind("45  sweep-45  running", 0) == 0);
+  CHECK(lines[4] == "42  sweep-42  failed");  // the newest failure first
+  CHECK(lines[5] == "41  sweep-41  failed  rank 0 exited with code 1");
+
+  // Fewer rows than running and failed jobs: as many as fit, then how many more.
+  lines = wait_screen(jobs, 1100, 1000, 200, 4);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[3] == "... and 3 more running or failed");
+  // Jobs that fit get a line each, as before; no ETA before anything ended since the wait began.
+  CHECK(wait_screen(std::vector<JobInfo>(jobs.begin(), jobs.begin() + 5), 1100, 1000, 200, 10).size() == 5);
+  CHECK(wait_screen(jobs, 1100, 2000, 200, 10)[0].find("ETA") == std::string::npos);
+  CHECK(wait_screen(jobs, 1100, 1000, 30, 10)[0].size() == 30);
 }
 
 TEST_SUITE_END();
