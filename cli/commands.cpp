@@ -163,10 +163,40 @@ int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t
   return 0;
 }
 
-int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait) {
+// `submit --dry-run`: the jobs the batch makes (matrices expanded, defaults filled), checked as
+// gpuqd checks them except against the machine (its GPU count), and nothing submitted.
+int dry_run(const Options& o, const json& jobs) {
+  auto parsed = common::parse_batch(jobs, cwd());
+  if (!parsed) return report(parsed.error());
+  if (o.json) {
+    json out = json::array();
+    for (const auto& spec : *parsed) out.push_back(common::to_json(spec));
+    print_json({{"jobs", out}});
+    return k_exit_ok;
+  }
+  Table t({"#", "NAME", "GPUS", "MODE", "LABELS", "RUNS"});
+  for (std::size_t i = 0; i < parsed->size(); ++i) {
+    const auto& spec = (*parsed)[i];
+    std::string labels, runs;
+    for (const auto& [k, v] : spec.labels) labels += (labels.empty() ? "" : ",") + k + "=" + v;
+    if (!spec.train.is_null()) runs = "train " + spec.train.dump();
+    else if (!spec.shell.empty()) runs = spec.shell;
+    else
+      for (const auto& arg : spec.command) runs += (runs.empty() ? "" : " ") + arg;
+    t.add({std::to_string(i), spec.name.empty() ? "-" : spec.name, std::to_string(spec.gpus),
+           std::string(common::to_string(spec.mode)) + (spec.mode == common::Mode::ddp ? " x" + std::to_string(spec.ranks) : ""),
+           labels.empty() ? "-" : labels, runs});
+  }
+  t.print(std::cout);
+  std::cout << parsed->size() << (parsed->size() == 1 ? " job" : " jobs") << "; dry run, nothing submitted\n";
+  return k_exit_ok;
+}
+
+int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry) {
   json jobs = json::array();
   for (const auto& f : files)
     if (!read_spec_file(f, jobs)) return k_exit_usage;
+  if (dry) return dry_run(o, jobs);
   int code = 0;
   auto reply = request(o, {{"cmd", "submit"}, {"jobs", jobs}, {"cwd", cwd()}, {"env", common::current_environment()}}, code);
   if (!reply) return code;

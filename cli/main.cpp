@@ -26,12 +26,14 @@ int main(int argc, char** argv) {
 
   // Subcommands
   std::vector<std::string> files;
-  bool wait = false;
+  bool wait = false, dry_run = false;
   auto* submit = app.add_subcommand("submit", "Submit jobs from JSON spec files ('-' reads stdin); one batch");
   submit->add_option("files", files, "Job spec files")->required();
   submit->add_flag("--wait,-w", wait, "Wait for the jobs; exit 1 unless all succeed");
+  submit->add_flag("--dry-run,-n", dry_run, "Check the specs and list the jobs they make (matrices expanded); submit nothing")
+      ->excludes("--wait");
   json_flag(submit);
-  submit->callback([&] { run = [&] { return cmd_submit(opt, files, wait); }; });
+  submit->callback([&] { run = [&] { return cmd_submit(opt, files, wait, dry_run); }; });
 
   bool all = false;
   int limit = 20;

@@ -2,6 +2,7 @@
 #include "common/spec.hpp"
 
 #include "common/field_reader.hpp"
+#include "common/matrix.hpp"
 #include "common/train_spec.hpp"
 
 #include <algorithm>
@@ -16,9 +17,9 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 19> k_fields{
+constexpr std::array<std::string_view, 20> k_fields{
     "name",     "command", "shell",   "train",     "gpus", "mode", "ranks",  "cpus",   "mem_bind", "gpu_memory_mb",
-    "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment"};
+    "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment", "matrix"};
 
 constexpr std::array<std::string_view, 17> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
@@ -73,6 +74,7 @@ class JobParser {
       fail("field `name` must be 1-128 characters of letters, digits, '-', '_' or '.', and not "
            "all digits, got \"" + s.name.substr(0, 64) + "\"");
 
+    if (get("matrix")) fail("field `matrix` is expanded when a batch is submitted; a stored job has none");
     // What to run: exactly one of command, shell, train.
     int what = (get("command") ? 1 : 0) + (get("shell") ? 1 : 0) + (get("train") ? 1 : 0);
     if (what == 0) fail("needs one of `command` (an argv array) or `shell` (a string)");
@@ -214,15 +216,15 @@ class JobParser {
   FieldReader m_reader;
 };
 
-Error spec_error(const std::vector<std::string>& errors) {
+}  // namespace
+
+Error invalid_spec_error(const std::vector<std::string>& errors) {
   std::ostringstream out;
   out << "invalid job spec (" << errors.size() << (errors.size() == 1 ? " problem" : " problems") << "):";
   for (std::size_t i = 0; i < errors.size() && i < 50; ++i) out << "\n  " << errors[i];
   if (errors.size() > 50) out << "\n  ... and " << errors.size() - 50 << " more";
   return {ErrorCode::invalid_spec, out.str()};
 }
-
-}  // namespace
 
 bool is_reserved_env(const std::string& key) {
   return std::find(k_reserved_env.begin(), k_reserved_env.end(), key) != k_reserved_env.end();
@@ -239,11 +241,14 @@ Result<JobSpec> parse_job(const json& obj, const std::string& default_cwd) {
   std::vector<std::string> errors;
   JobParser p(obj, 0, errors);
   JobSpec spec = p.parse(default_cwd);
-  if (!errors.empty()) return spec_error(errors);
+  if (!errors.empty()) return invalid_spec_error(errors);
   return spec;
 }
 
-Result<std::vector<JobSpec>> parse_batch(const json& doc, const std::string& default_cwd) {
+Result<std::vector<JobSpec>> parse_batch(const json& submitted, const std::string& default_cwd) {
+  auto expanded = expand_matrices(submitted, k_max_batch);
+  if (!expanded) return expanded.error();
+  const json& doc = *expanded;
   std::vector<std::string> errors;
   std::vector<JobSpec> out;
   if (doc.is_object()) {
@@ -266,7 +271,7 @@ Result<std::vector<JobSpec>> parse_batch(const json& doc, const std::string& def
     return Error{ErrorCode::invalid_spec,
                  "invalid job spec: expected a job object or an array of jobs, got " + json_type_name(doc)};
   }
-  if (!errors.empty()) return spec_error(errors);
+  if (!errors.empty()) return invalid_spec_error(errors);
   if (auto deps = resolve_batch_dependencies(out); !deps) return deps.error();
   return out;
 }
@@ -299,7 +304,7 @@ Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
       }
     }
   }
-  if (!errors.empty()) return spec_error(errors);
+  if (!errors.empty()) return invalid_spec_error(errors);
 
   // Cycle check: iterative DFS with colours; report one cycle by its names.
   std::vector<int> colour(batch.size(), 0);
@@ -325,7 +330,7 @@ Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
         }
         std::string cycle;
         for (auto it = path.rbegin(); it != path.rend(); ++it) cycle += batch[*it].name + " -> ";
-        return spec_error({"dependency cycle: " + cycle + batch[to].name});
+        return invalid_spec_error({"dependency cycle: " + cycle + batch[to].name});
       }
       if (colour[to] == 0) {
         colour[to] = 1;

@@ -63,9 +63,13 @@ constexpr std::size_t k_max_batch = 100000;
 // with its NUL, that exec accepts.
 constexpr std::size_t k_max_exec_string = 32 * 4096;
 
-// Parses one job object or an array of them. `default_cwd` fills jobs without `cwd`.
+// Parses one job object or an array of them, jobs with a `matrix` expanded first (matrix.hpp).
+// `default_cwd` fills jobs without `cwd`.
 // On failure the Error lists every problem found, one per line, each prefixed with its job.
 Result<std::vector<JobSpec>> parse_batch(const json& doc, const std::string& default_cwd);
+
+// The error for a spec with these problems: "invalid job spec (2 problems):" and one per line.
+Error invalid_spec_error(const std::vector<std::string>& problems);
 
 // Parses one job object without batch-level checks (used to reload stored specs).
 Result<JobSpec> parse_job(const json& obj, const std::string& default_cwd);

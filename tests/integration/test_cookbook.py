@@ -39,12 +39,9 @@ class Cookbook(DaemonTest):
             if lang != "json":
                 continue
             m = re.match(r"^`(jobs/cookbook/[\w.-]+\.json)`:$", before)
-            if m:
-                with open(os.path.join(REPO, m.group(1))) as f:
-                    self.assertEqual(json.loads(text), json.load(f), m.group(1))
-            else:  # the sweep's first job
-                with open(os.path.join(REPO, "jobs/cookbook/sweep.json")) as f:
-                    self.assertEqual(json.loads(text), json.load(f)[0])
+            self.assertTrue(m, f"a json block that names no job file: {before}")
+            with open(os.path.join(REPO, m.group(1))) as f:
+                self.assertEqual(json.loads(text), json.load(f), m.group(1))
             checked += 1
         self.assertEqual(checked, 5)
         # Every job file of the cookbook is valid as it stands (a build without LibTorch checks the

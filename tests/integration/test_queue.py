@@ -40,6 +40,42 @@ class Exclusive(DaemonTest):
         self.assertGreater(max_overlap([(t0, t1) for _, t0, t1 in runs]), 1, "jobs never ran in parallel")
 
 
+class Matrix(DaemonTest):
+    def test_a_matrix_submits_one_job_per_combination_and_after_waits_for_all_of_them(self):
+        out = self.tmp_path("out")
+        os.makedirs(out)
+        spec = [
+            {"name": "train", "matrix": {"lr": [0.1, 0.3], "seed": [1, 2]},
+             "env": {"SEED": "{seed}"},
+             "shell": f'echo "{{lr}} $SEED" > {out}/$GPUQ_JOB_NAME; ' + event_line(type="result", lr="{lr}")},
+            {"name": "report", "after": ["train"], "shell": f"cat {out}/train-* > {out}/report"},
+        ]
+        dry = self.d.ok("submit", "--dry-run", "-", input=json.dumps(spec))
+        self.assertIn("5 jobs; dry run, nothing submitted", dry)
+        self.assertIn("train-0.3-2", dry)
+        self.assertEqual(self.d.json("status")["jobs"], [])  # nothing was submitted
+        sub = self.d.submit(spec)
+        self.assertEqual(len(sub["ids"]), 5)
+        done = self.d.wait(sub["ids"])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
+        jobs = self.d.json("results", "--batch", str(sub["batch"]))["jobs"]
+        by_name = {j["name"]: j for j in jobs}
+        self.assertEqual(sorted(by_name), ["report", "train-0.1-1", "train-0.1-2", "train-0.3-1", "train-0.3-2"])
+        self.assertEqual(by_name["train-0.3-1"]["labels"], {"lr": "0.3", "seed": "1"})
+        self.assertEqual(pathlib.Path(out, "train-0.3-1").read_text(), "0.3 1\n")
+        # The report ran after all four: it saw every file.
+        self.assertEqual(sorted(pathlib.Path(out, "report").read_text().splitlines()),
+                         ["0.1 1", "0.1 2", "0.3 1", "0.3 2"])
+        self.assertEqual(sorted(self.d.show(by_name["report"]["id"])["job"]["after"]),
+                         sorted(by_name[n]["id"] for n in by_name if n.startswith("train-")))
+
+    def test_a_matrix_mistake_is_refused_with_the_key_named(self):
+        r = self.d.run("submit", "-", input=json.dumps({"name": "s", "matrix": {"lr": [0.1], "sed": [1]},
+                                                       "shell": "run {lr} {seed}"}))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("job[0] (s): field `matrix.sed` is used nowhere", r.stderr)
+
+
 class DeepQueue(DaemonTest):
     def test_a_deep_queue_behind_busy_gpus_still_starts_a_cpu_job_at_its_end_and_says_why_each_waits(self):
         go = self.tmp_path("go")
