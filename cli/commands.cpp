@@ -260,14 +260,15 @@ int status_all(const Options& o) {
   return k_exit_ok;
 }
 
-int cmd_status(const Options& o, bool all, int limit) {
+int cmd_status(const Options& o, bool all, int limit, std::int64_t queued) {
   if (all) return status_all(o);
+  if (queued == -2) queued = o.json ? -1 : 50;
   int code = 0;
-  auto reply = request(o, {{"cmd", "status"}, {"limit", limit}}, code);
+  auto reply = request(o, {{"cmd", "status"}, {"limit", limit}, {"queued", queued}}, code);
   if (!reply) return code;
   auto st = reply->get<common::JobsReply>();
   if (o.json) {
-    print_json({{"jobs", (*reply)["jobs"]}, {"total", st.total}});
+    print_json({{"jobs", (*reply)["jobs"]}, {"total", st.total}, {"queued_total", st.queued_total}});
     return k_exit_ok;
   }
   if (st.jobs.empty()) {
@@ -275,6 +276,11 @@ int cmd_status(const Options& o, bool all, int limit) {
     return k_exit_ok;
   }
   print_jobs_table(st.jobs);
+  std::int64_t queued_shown = 0;
+  for (const auto& j : st.jobs) queued_shown += j.state == "queued";
+  if (st.queued_total > queued_shown)
+    std::cout << "(" << queued_shown << " of " << st.queued_total
+              << " queued jobs shown, the first in line; --queued N for more)\n";
   if (st.total > static_cast<std::int64_t>(st.jobs.size()))
     std::cout << "(" << st.jobs.size() << " of " << st.total << " jobs shown; --all for every job)\n";
   return k_exit_ok;

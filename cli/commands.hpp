@@ -28,7 +28,7 @@ struct Options {
 int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t>& ids);
 
 int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry_run = false);
-int cmd_status(const Options& o, bool all, int limit);
+int cmd_status(const Options& o, bool all, int limit, std::int64_t queued = -2);
 int cmd_show(const Options& o, std::int64_t id);
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt);
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids);

@@ -40,8 +40,11 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "Queued and running jobs, and the most recent finished ones");
   status->add_flag("--all,-a", all, "Every job in the history");
   status->add_option("--limit,-n", limit, "Finished jobs to show")->capture_default_str();
+  std::int64_t queued = -2;  // not given: 50 in the table, every one with --json
+  status->add_option("--queued,-q", queued, "Queued jobs to show, the first in line (default 50; --json: all)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   json_flag(status);
-  status->callback([&] { run = [&] { return cmd_status(opt, all, limit); }; });
+  status->callback([&] { run = [&] { return cmd_status(opt, all, limit, queued); }; });
 
   std::int64_t id = 0;
   auto* show = app.add_subcommand("show", "Everything about one job: state history, failure, logs");

@@ -95,6 +95,8 @@ StatusRequest decode_status(const json& j) {
   if (r.after < 0) bad("after", "a job id >= 0");
   r.page = get_or<int>(j, "page", 1000, "an integer");
   if (r.page < 1 || r.page > 10000) bad("page", "between 1 and 10000");
+  r.queued = get_or<std::int64_t>(j, "queued", -1, "an integer");
+  if (r.queued < -1) bad("queued", "-1 (every queued job) or more");
   return r;
 }
 

@@ -117,6 +117,7 @@ struct StatusRequest {
   // bounded memory on both sides.
   std::int64_t after = 0;
   int page = 1000;  // 1..10000
+  std::int64_t queued = -1;  // without all: at most this many queued jobs, the first in line; -1 = every one
 };
 struct IdRequest {  // show
   std::int64_t id = 0;
@@ -169,8 +170,9 @@ struct JobsReply {  // status, wait, results
   std::int64_t total = 0;  // status: jobs in history (shown or not)
   bool timed_out = false;  // wait: the wait's own timeout expired first
   bool more = false;       // status --all: another page follows (ask again with `after`)
+  std::int64_t queued_total = 0;  // status: queued jobs, shown or not
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobsReply, jobs, total, timed_out, more)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobsReply, jobs, total, timed_out, more, queued_total)
 
 struct ShowReply {
   JobInfo job;

@@ -309,7 +309,14 @@ json Daemon::cmd_status(const json& req) {
     return out;
   }
   for (auto& r : m_store->recent_finished(q.limit)) out.jobs.push_back(info_of(r));
-  for (auto& [_, a] : m_active) out.jobs.push_back(info_of(a.rec));
+  for (std::int64_t id : m_running) out.jobs.push_back(info_of(m_active.at(id).rec));
+  // Queued jobs in line order, as many as asked: a deep queue need not travel whole.
+  out.queued_total = static_cast<std::int64_t>(m_queue.size());
+  std::int64_t shown = 0;
+  for (const auto& [_, queued] : m_queue) {
+    if (q.queued >= 0 && shown++ >= q.queued) break;
+    out.jobs.push_back(info_of(m_active.at(queued.job.id).rec));
+  }
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   return out;
 }

@@ -105,6 +105,31 @@ class DeepQueue(DaemonTest):
         self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
         self.assertEqual(len(done), len(batch) + 50)
 
+    def test_status_shows_the_first_queued_jobs_in_line_and_counts_the_rest(self):
+        go = self.tmp_path("go")
+        self.d.stop()
+        self.d.gpus = "fake:1"
+        self.d.start()
+        hold = f"while [ ! -e {go} ]; do sleep 0.05; done"
+        ids = self.d.submit([{"name": "busy", "gpus": 1, "shell": hold}] +
+                            [{"name": f"q{i}", "gpus": 1, "command": ["true"]} for i in range(30)])["ids"]
+        urgent = self.d.submit({"name": "urgent", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
+        wait_until(lambda: self.d.show(ids[0])["job"]["state"] == "running", what="the busy job running")
+        table = self.d.ok("status", "-q", "3")
+        names = [line.split()[1] for line in table.splitlines()[1:] if line and not line.startswith("(")]
+        self.assertEqual(names, ["busy", "q0", "q1", "urgent"])  # in id order; urgent is first in line
+        self.assertIn("(3 of 31 queued jobs shown, the first in line; --queued N for more)", table)
+        everything = self.d.json("status")  # --json: every queued job unless asked otherwise
+        self.assertEqual((len(everything["jobs"]), everything["queued_total"]), (32, 31))
+        few = self.d.json("status", "--queued", "0")
+        self.assertEqual([j["name"] for j in few["jobs"]], ["busy"])
+        self.assertEqual(few["queued_total"], 31)
+        bad = self.d.request({"cmd": "status", "queued": -5})
+        self.assertFalse(bad["ok"])
+        self.assertIn("queued", bad["error"]["message"])
+        open(go, "w").close()
+        self.d.wait(ids + [urgent])
+
 
 # Reports the rank's CPU affinity and thread settings as a result event, then waits for `go`.
 PINNED = ('cpus=$(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status); '
