@@ -1,11 +1,15 @@
 """Scheduling through the real daemon: exclusivity, packing, dependencies, retries, timeouts,
 results, waits and logs."""
+import fcntl
 import glob
 import itertools
 import json
 import os
 import pathlib
+import pty
+import struct
 import subprocess
+import termios
 import time
 import unittest
 
@@ -14,6 +18,25 @@ from harness import BIN, DaemonTest, event_line, pids_matching, wait_until
 # A job that reports its GPU and when it ran (wall clock), as a result event.
 TIMED = ('t0=$(date +%s.%N); sleep {sleep}; t1=$(date +%s.%N); '
          'echo "{{\\"type\\":\\"result\\",\\"gpu\\":\\"$CUDA_VISIBLE_DEVICES\\",\\"t0\\":$t0,\\"t1\\":$t1}}" >> "$GPUQ_EVENTS"')
+
+
+def on_terminal(argv, rows=24, cols=100, timeout=60):
+    """Runs argv on a pseudo-terminal of rows x cols; returns its exit code and everything it wrote."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal's other side closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    return proc.wait(timeout), out.decode(errors="replace")
 
 
 def max_overlap(intervals):
@@ -77,12 +100,16 @@ class Matrix(DaemonTest):
 
 
 class DeepQueue(DaemonTest):
-    def test_a_deep_queue_behind_busy_gpus_still_starts_a_cpu_job_at_its_end_and_says_why_each_waits(self):
+    def on_fake_gpus(self, n):
+        """Restarts gpuqd on n fake GPUs; returns a file to create and a shell line that waits for it."""
         go = self.tmp_path("go")
         self.d.stop()
-        self.d.gpus = "fake:2"
+        self.d.gpus = f"fake:{n}"
         self.d.start()
-        hold = f"while [ ! -e {go} ]; do sleep 0.05; done"
+        return go, f"while [ ! -e {go} ]; do sleep 0.05; done"
+
+    def test_a_deep_queue_behind_busy_gpus_still_starts_a_cpu_job_at_its_end_and_says_why_each_waits(self):
+        go, hold = self.on_fake_gpus(2)
         batch = ([{"name": f"busy{i}", "gpus": 1, "shell": hold} for i in range(2)] +
                  [{"name": f"gpu{i}", "gpus": 1, "command": ["true"]} for i in range(300)] +
                  [{"name": "cpu", "command": ["true"]}])
@@ -106,11 +133,7 @@ class DeepQueue(DaemonTest):
         self.assertEqual(len(done), len(batch) + 50)
 
     def test_status_shows_the_first_queued_jobs_in_line_and_counts_the_rest(self):
-        go = self.tmp_path("go")
-        self.d.stop()
-        self.d.gpus = "fake:1"
-        self.d.start()
-        hold = f"while [ ! -e {go} ]; do sleep 0.05; done"
+        go, hold = self.on_fake_gpus(1)
         ids = self.d.submit([{"name": "busy", "gpus": 1, "shell": hold}] +
                             [{"name": f"q{i}", "gpus": 1, "command": ["true"]} for i in range(30)])["ids"]
         urgent = self.d.submit({"name": "urgent", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
@@ -477,55 +500,22 @@ class ResultsWaitLogs(DaemonTest):
         self.d.ok("cancel", str(slow))
 
     def test_wait_on_a_terminal_redraws_a_progress_bar_per_job(self):
-        import pty
         steps = "; ".join(event_line(type="progress", epoch=e, epochs=4, loss=1.0 / e) + "; sleep 0.6"
                           for e in range(1, 5))
         job_id = self.d.submit({"name": "bar", "shell": steps + "; " + event_line(type="result", accuracy=0.9)})["ids"][0]
-        leader, follower = pty.openpty()
-        proc = subprocess.Popen([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, "wait", str(job_id)],
-                                stdin=follower, stdout=follower, stderr=follower)
-        os.close(follower)
-        out = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: the terminal's other side closed
-                break
-            if not chunk:
-                break
-            out += chunk
-        os.close(leader)
-        self.assertEqual(proc.wait(30), 0)
-        text = out.decode(errors="replace")
+        code, text = on_terminal([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, "wait", str(job_id)])
+        self.assertEqual(code, 0)
         self.assertIn("\x1b[2K", text)  # lines are cleared and redrawn in place
         self.assertIn("\x1b[1F", text)
         self.assertRegex(text, r"\[#{5,15}-{5,15}\] \d+%  epoch [23]/4")
         self.assertIn("bar  succeeded  accuracy=0.9", text)
 
     def test_wait_on_a_small_terminal_summarises_a_batch_that_does_not_fit(self):
-        import fcntl
-        import pty
-        import struct
-        import termios
         sub = self.d.submit([{"name": f"many{i}", "shell": "sleep 0.3"} for i in range(20)] +
                             [{"name": "broken", "command": ["false"]}])
-        leader, follower = pty.openpty()
-        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 10, 100, 0, 0))  # 10 rows
-        proc = subprocess.Popen([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, "wait", "--batch",
-                                 str(sub["batch"])], stdin=follower, stdout=follower, stderr=follower)
-        os.close(follower)
-        out = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            out += chunk
-        os.close(leader)
-        self.assertEqual(proc.wait(60), 1)  # one job failed
-        text = out.decode(errors="replace")
+        code, text = on_terminal([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, "wait", "--batch",
+                                  str(sub["batch"])], rows=10)
+        self.assertEqual(code, 1)  # one job failed
         # 21 jobs do not fit in 8 lines: one summary line, then what runs and what failed.
         self.assertRegex(text, r"21 jobs  \[[#-]{20}\] \d+%")
         self.assertRegex(text, r"21 jobs  \[#{20}\] 100%  20 succeeded  1 failed")
