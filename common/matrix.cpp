@@ -98,13 +98,14 @@ std::string name_part(const json& v) {
   return s;
 }
 
-// Checks a job's `matrix`; returns its keys and values, or nothing after reporting why.
-bool read_matrix(const json& m, const std::string& who, std::size_t max_jobs, std::vector<std::string>& errors,
-                 std::vector<std::pair<std::string, std::vector<json>>>& out) {
+// Checks a job's `matrix` and fills `out` with its keys and values; returns how many jobs it
+// makes, or 0 after reporting why it is wrong.
+std::size_t read_matrix(const json& m, const std::string& who, std::size_t max_jobs, std::vector<std::string>& errors,
+                        std::vector<std::pair<std::string, std::vector<json>>>& out) {
   if (!m.is_object() || m.empty()) {
     errors.push_back(who + ": field `matrix` must be an object of value lists, e.g. {\"lr\": [0.1, 0.3]}, got " +
                      json_type_name(m));
-    return false;
+    return 0;
   }
   std::size_t product = 1;
   bool ok = true;
@@ -135,7 +136,7 @@ bool read_matrix(const json& m, const std::string& who, std::size_t max_jobs, st
     errors.push_back(who + ": field `matrix` makes more than " + std::to_string(max_jobs) + " jobs");
     ok = false;
   }
-  return ok;
+  return ok ? product : 0;
 }
 
 }  // namespace
@@ -160,15 +161,14 @@ Result<json> expand_matrices(const json& doc, std::size_t max_jobs) {
     const std::string base = name_it != job.end() && name_it->is_string() ? name_it->get<std::string>() : "";
     const std::string who = "job[" + std::to_string(i) + "]" + (base.empty() ? "" : " (" + base.substr(0, 64) + ")");
     std::vector<std::pair<std::string, std::vector<json>>> keys;
-    if (!read_matrix(job["matrix"], who, max_jobs, errors, keys)) continue;
+    const std::size_t product = read_matrix(job["matrix"], who, max_jobs, errors, keys);
+    if (product == 0) continue;
 
     json body = job;
     body.erase("matrix");
     const json comment = body.contains("comment") ? body["comment"] : json();
     body.erase("comment");  // free text: never substituted
     // A small request must not expand into gigabytes: bound what the jobs add up to.
-    std::size_t product = 1;
-    for (const auto& [_, values] : keys) product *= values.size();  // <= max_jobs, checked above
     const std::size_t bytes = (body.dump().size() + (comment.is_null() ? 0 : comment.dump().size())) * product;
     if (bytes > k_max_expanded_bytes) {
       errors.push_back(who + ": field `matrix` makes " + std::to_string(product) + " jobs of " +

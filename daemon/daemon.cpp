@@ -60,12 +60,13 @@ std::string describe_exit(const json& failure) {
 
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
-constexpr double k_launch_retry_s = 5;
+constexpr double k_launch_retry_s = 5;  // a launch that failed (job dir, disk) is tried again after
 
+// What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r) {
   const auto& s = r.spec;
   return {r.id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus};
-}  // a launch that failed (job dir, disk) is tried again after
+}
 
 }  // namespace
 

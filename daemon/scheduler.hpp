@@ -20,8 +20,9 @@
 // - NUMA: where the GPUs' and cores' NUMA nodes are known, a multi-GPU job gets GPUs of one node
 //   when enough of them are free (their traffic then stays off the inter-socket link), and a GPU
 //   job's slots are taken on its GPUs' node first: each DDP rank's near its own GPU, a single
-//   process's near any of its GPUs. A job with `cpus` prefers GPUs whose node has free slots. A preference, never a wait: with no free slot there, other
-//   slots serve (Slurm without --gres-flags=enforce-binding).
+//   process's near any of its GPUs. A job with `cpus` prefers GPUs whose node has free slots. A
+//   preference, never a wait: with no free slot there, other slots serve (Slurm without
+//   --gres-flags=enforce-binding).
 #pragma once
 
 #include <cstdint>
