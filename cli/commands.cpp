@@ -63,7 +63,7 @@ std::string runtime_of(const common::JobInfo& j) {
 }
 
 std::string state_of(const common::JobInfo& j) {
-  if (j.state == "queued" && j.attempt > 0) return "retrying";
+  if (is_retrying(j)) return "retrying";
   if (j.state == "failed" || j.state == "succeeded") {
     if (j.exit_signal.is_number()) return j.state + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
     if (j.exit_code.is_number() && j.exit_code.get<int>() != 0)
@@ -81,8 +81,7 @@ std::string detail_of(const common::JobInfo& j) {
 const std::vector<std::string> k_jobs_header{"ID", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"};
 
 std::vector<std::string> job_row(const common::JobInfo& j) {
-  std::string tries = std::to_string(j.attempt) + "/" + std::to_string(j.retries + 1);
-  return {std::to_string(j.id), j.name, state_of(j), format_gpus(j.gpus), tries, runtime_of(j), detail_of(j)};
+  return {std::to_string(j.id), j.name, state_of(j), format_gpus(j.gpus), format_try(j), runtime_of(j), detail_of(j)};
 }
 
 void print_jobs_table(const std::vector<common::JobInfo>& jobs) {
@@ -313,7 +312,11 @@ int cmd_show(const Options& o, std::int64_t id) {
                                               common::format_cpu_list(j.mem_nodes))
               << "\n";
   }
-  std::cout << "  attempt:   " << j.attempt << " of " << j.retries + 1 << "\n"
+  std::cout << "  attempt:   " << j.attempt - j.attempt_base << " of " << j.retries + 1
+            << (j.restarts ? " since restart " + std::to_string(j.restarts) + " (attempt " + std::to_string(j.attempt) +
+                                 " in all)"
+                           : std::string())
+            << "\n"
             << "  submitted: " << format_time(j.submitted_at) << "\n"
             << "  started:   " << format_time(j.started_at) << "\n"
             << "  ended:     " << format_time(j.ended_at) << "   runtime " << runtime_of(j) << "\n";
@@ -407,6 +410,25 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
     else if (j.state == "running") std::cout << "job " << j.id << ": stopping (SIGTERM to all its processes)\n";
     else std::cout << "job " << j.id << ": cancelled\n";
   }
+  return k_exit_ok;
+}
+
+int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool fresh) {
+  int code = 0;
+  json req{{"cmd", "restart"}, {"ids", ids}, {"fresh", fresh}};
+  if (batch != 0) req["batch"] = batch;
+  auto reply = request(o, req, code);
+  if (!reply) return code;
+  auto r = reply->get<common::RestartReply>();
+  if (o.json) {
+    print_json({{"jobs", (*reply)["jobs"]}});
+    return k_exit_ok;
+  }
+  if (r.jobs.empty()) std::cout << "nothing to restart: every job of batch " << batch << " succeeded\n";
+  for (const auto& j : r.jobs)
+    std::cout << "job " << j.id << ": queued again (it had " << (j.was == "timed_out" ? "timed out" : "ended " + j.was)
+              << ")" << (j.with ? ", with job " + std::to_string(j.with) + " that it waits for" : "")
+              << (fresh ? ", checkpoints removed" : "") << "\n";
   return k_exit_ok;
 }
 

@@ -32,6 +32,9 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued = -2);
 int cmd_show(const Options& o, std::int64_t id);
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt);
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids);
+// Queues ended jobs again (any of `ids`; the unsuccessful ones of `batch`), with the jobs that
+// failed waiting for them; `fresh` empties their checkpoint directories first.
+int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool fresh);
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s);
 int cmd_result(const Options& o, std::int64_t id);
 // `fields`: the result fields to show as columns (default: all plain ones, metrics first, as

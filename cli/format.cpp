@@ -103,6 +103,12 @@ std::string format_gpus(const std::vector<int>& gpus) {
   return out;
 }
 
+std::string format_try(const common::JobInfo& j) {
+  return std::to_string(j.attempt - j.attempt_base) + "/" + std::to_string(j.retries + 1);
+}
+
+bool is_retrying(const common::JobInfo& j) { return j.state == "queued" && j.attempt > j.attempt_base; }
+
 std::string format_time(double t) {
   if (t <= 0) return "-";
   std::time_t secs = static_cast<std::time_t>(t);

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/protocol.hpp"
+
 namespace gpuq::cli {
 
 class Table {
@@ -31,5 +33,10 @@ int field_rank(const std::string& key, const nlohmann::json& value);
 std::string format_fields(const nlohmann::json& obj, std::size_t max_fields);  // "loss=0.41 epoch=2", metrics first
 std::string format_gpus(const std::vector<int>& gpus);    // "0,1" or "-"
 std::string format_time(double unix_seconds);             // local time, "2026-11-22 10:41:07"
+// A job's try in its current run (since it was submitted or last restarted), of the tries its
+// retries allow: "2/3".
+std::string format_try(const common::JobInfo& j);
+// Queued again after a failed attempt of this run, for a retry (not after a restart).
+bool is_retrying(const common::JobInfo& j);
 
 }  // namespace gpuq::cli

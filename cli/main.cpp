@@ -67,9 +67,27 @@ int main(int argc, char** argv) {
   json_flag(cancel);
   cancel->callback([&] { run = [&] { return cmd_cancel(opt, ids); }; });
 
+  std::int64_t batch = 0;
+  bool fresh = false;
+  auto* restart = app.add_subcommand(
+      "restart", "Queue ended jobs again (same ids; train jobs resume from their checkpoints), with the jobs "
+                 "that failed waiting for them");
+  restart->add_option("ids", ids, "Job ids (any that ended)");
+  restart->add_option("--batch,-b", batch, "The jobs of this batch that failed, were cancelled or timed out");
+  restart->add_flag("--fresh", fresh, "Remove their checkpoints first: start over instead of resuming");
+  json_flag(restart);
+  restart->callback([&] {
+    run = [&] {
+      if (ids.empty() && batch == 0) {
+        std::cerr << "gpuq restart: name job ids or --batch\n";
+        return k_exit_usage;
+      }
+      return cmd_restart(opt, ids, batch, fresh);
+    };
+  });
+
   double timeout_s = 0;
   auto* waitc = app.add_subcommand("wait", "Wait for jobs to end; exit 0 if all succeeded, 1 if not, 124 on timeout");
-  std::int64_t batch = 0;
   waitc->add_option("ids", ids, "Job ids");
   waitc->add_option("--batch,-b", batch, "Every job of this batch (besides any ids)");
   waitc->add_option("--timeout", timeout_s, "Give up after this many seconds");

@@ -111,13 +111,12 @@ std::vector<std::string> top_screen(const TopSnapshot& s, double now, std::size_
     });
     std::vector<std::vector<std::string>> r{{"ID", "NAME", "STATE", "GPUS", "TRY", "PROGRESS / RESULT / REASON"}};
     for (const auto& j : jobs) {
-      std::string state = j.state == "queued" && j.attempt > 0 ? "retrying" : j.state;
+      std::string state = is_retrying(j) ? "retrying" : j.state;
       std::string detail = j.state == "running"  ? progress_text(j, now, 16)
                            : j.state == "succeeded" && j.result.is_object()
                                ? format_fields(j.result, 4) + "  (" + format_duration(j.ended_at - j.started_at) + ")"
                                : j.reason;
-      r.push_back({std::to_string(j.id), j.name, state, format_gpus(j.gpus),
-                   std::to_string(j.attempt) + "/" + std::to_string(j.retries + 1), detail});
+      r.push_back({std::to_string(j.id), j.name, state, format_gpus(j.gpus), format_try(j), detail});
     }
     if (jobs.empty()) r.push_back({"-", "no jobs", "", "", "", ""});
     for (auto& l : columns(r, width)) lines.push_back(std::move(l));

@@ -6,10 +6,11 @@
 namespace gpuq {
 
 namespace {
-constexpr std::array<std::pair<ErrorCode, std::string_view>, 10> k_names{{
+constexpr std::array<std::pair<ErrorCode, std::string_view>, 11> k_names{{
     {ErrorCode::bad_request, "bad_request"},
     {ErrorCode::invalid_spec, "invalid_spec"},
     {ErrorCode::not_found, "not_found"},
+    {ErrorCode::wrong_state, "wrong_state"},
     {ErrorCode::unknown_command, "unknown_command"},
     {ErrorCode::version_mismatch, "version_mismatch"},
     {ErrorCode::too_large, "too_large"},

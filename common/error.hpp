@@ -15,6 +15,7 @@ enum class ErrorCode {
   bad_request,       // malformed JSON, wrong field types, missing fields
   invalid_spec,      // a job spec failed validation
   not_found,         // unknown job id, batch or command target
+  wrong_state,       // the job is not in a state the request applies to (restarting a running job)
   unknown_command,   // the request's "cmd" is not one the daemon knows
   version_mismatch,  // client and daemon speak different protocol versions
   too_large,         // a request line over the size limit

@@ -123,6 +123,16 @@ ResultsRequest decode_results(const json& j) {
   return r;
 }
 
+RestartRequest decode_restart(const json& j) {
+  RestartRequest r;
+  r.ids = id_list(j, "ids");
+  r.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
+  if (r.batch < 0) bad("batch", "a batch id");
+  if (r.ids.empty() && r.batch == 0) bad("ids", "a non-empty array of job ids, or `batch`");
+  r.fresh = get_or<bool>(j, "fresh", false, "true or false");
+  return r;
+}
+
 EventsRequest decode_events(const json& j) {
   EventsRequest r;
   r.id = decode_id(j).id;

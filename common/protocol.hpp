@@ -39,8 +39,10 @@ struct JobInfo {
   std::int64_t batch = 0;
   std::string name;
   std::string state;
-  int attempt = 0;  // 0 before the first start; n during/after the n-th run
+  int attempt = 0;  // 0 before the first start; n during/after the n-th run (restarts included)
   int retries = 0;  // allowed retries from the spec
+  int restarts = 0;      // times `restart` queued it again after it had ended
+  int attempt_base = 0;  // attempts before the latest restart: its retries count from there
   int priority = 0;
   int gpus_requested = 0;
   std::string mode;
@@ -62,6 +64,7 @@ struct JobInfo {
   std::map<std::string, std::string> labels;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
+                                                restarts, attempt_base,
                                                 priority, gpus_requested, mode, ranks, gpus,
                                                 cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
                                                 exit_signal, reason, progress, result, after,
@@ -126,6 +129,11 @@ struct IdsRequest {  // cancel, wait
   std::vector<std::int64_t> ids;
   double timeout_s = 0;  // wait only: 0 = until done
 };
+struct RestartRequest {
+  std::vector<std::int64_t> ids;  // ended jobs, in any end state
+  std::int64_t batch = 0;         // and this batch's jobs that ended without success
+  bool fresh = false;             // empty their checkpoint directories: start over, not resume
+};
 struct ResultsRequest {
   std::vector<std::int64_t> ids;
   std::int64_t batch = 0;
@@ -146,6 +154,7 @@ StatusRequest decode_status(const json& j);
 IdRequest decode_id(const json& j);
 IdsRequest decode_ids(const json& j);
 ResultsRequest decode_results(const json& j);
+RestartRequest decode_restart(const json& j);
 EventsRequest decode_events(const json& j);
 
 // ---- replies ----------------------------------------------------------------------------------
@@ -209,6 +218,17 @@ struct CancelReply {
   std::vector<CancelOutcome> jobs;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelReply, jobs)
+
+struct RestartOutcome {
+  std::int64_t id = 0;
+  std::string was;          // the state it had ended in
+  std::int64_t with = 0;    // 0: asked for; else the restarted job it had failed waiting for
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RestartOutcome, id, was, with)
+struct RestartReply {
+  std::vector<RestartOutcome> jobs;  // in id order
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RestartReply, jobs)
 
 struct GpusReply {
   std::string source;  // "nvml", "fake:N:MiB[:NODES]" or "none"

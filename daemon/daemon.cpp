@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -139,7 +140,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
   static const std::map<std::string, Sync> k_commands{
       {"hello", &Daemon::cmd_hello},   {"submit", &Daemon::cmd_submit},   {"status", &Daemon::cmd_status},
       {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
-      {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},
+      {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},   {"restart", &Daemon::cmd_restart},
   };
   try {
     if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string())
@@ -155,7 +156,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
     if (it == k_commands.end())
       throw RequestError(ErrorCode::unknown_command,
                          "unknown command `" + cmd.substr(0, 64) +
-                             "`; known: hello, submit, status, show, cancel, wait, results, events, gpus, shutdown");
+                             "`; known: hello, submit, status, show, cancel, restart, wait, results, events, gpus, shutdown");
     reply(common::ok_reply((this->*(it->second))(request)));
   } catch (const RequestError& e) {
     reply(common::error_reply(e.code(), e.what()));
@@ -272,6 +273,8 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.state = std::string(to_string(r.state));
   i.attempt = r.attempt;
   i.retries = r.spec.retries;
+  i.restarts = r.restarts;
+  i.attempt_base = r.attempt_base;
   i.priority = r.spec.priority;
   i.gpus_requested = r.spec.gpus;
   i.mode = std::string(common::to_string(r.spec.mode));
@@ -462,6 +465,108 @@ json Daemon::cmd_cancel(const json& req) {
   return out;
 }
 
+// Queues ended jobs again under their own ids (as Slurm's requeue): same spec, batch and job
+// directory, attempts numbered on, a fresh retry budget. The jobs that failed only because one of
+// them had failed come along, so a DAG runs again from where it broke. All or nothing: a job that
+// has not ended, or that would wait for a dependency that failed and stays failed, restarts none.
+json Daemon::cmd_restart(const json& req) {
+  auto q = common::decode_restart(req);
+  std::map<std::int64_t, JobRecord> chosen;  // by id, so they are requeued in line order
+  std::map<std::int64_t, std::int64_t> with;  // a dependent -> the restarted job it had failed waiting for
+  for (auto id : q.ids) {
+    auto rec = lookup(id);
+    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+    if (!is_terminal(rec->state))
+      throw RequestError(ErrorCode::wrong_state, "job " + std::to_string(id) + " (" + rec->spec.name + ") is " +
+                                                     std::string(to_string(rec->state)) +
+                                                     "; only a job that has ended can be restarted");
+    chosen.emplace(id, std::move(*rec));
+  }
+  if (q.batch != 0) {
+    auto rows = m_store->batch_jobs(q.batch);
+    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
+    for (auto& rec : rows)
+      if (is_terminal(rec.state) && rec.state != JobState::succeeded)
+        chosen.emplace(rec.id, std::move(rec));
+  }
+  // Then, transitively, the jobs that failed waiting for one of them.
+  std::vector<std::int64_t> frontier;
+  for (const auto& [id, _] : chosen) frontier.push_back(id);
+  while (!frontier.empty()) {
+    const std::int64_t id = frontier.back();
+    frontier.pop_back();
+    for (auto& dep : m_store->failed_waiting_for(id))
+      if (!chosen.count(dep.id)) {
+        with[dep.id] = id;
+        frontier.push_back(dep.id);
+        chosen.emplace(dep.id, std::move(dep));
+      }
+  }
+  for (const auto& [id, rec] : chosen)
+    for (auto dep : rec.after) {
+      if (chosen.count(dep)) continue;
+      auto st = dependency_state(dep);
+      if (!st || (is_terminal(*st) && *st != JobState::succeeded))
+        throw RequestError(ErrorCode::wrong_state,
+                           "job " + std::to_string(id) + " (" + rec.spec.name + ") waits for job " + std::to_string(dep) +
+                               (st ? ", which ended " + std::string(to_string(*st)) : ", which no longer exists") +
+                               ": restart that job too (the jobs that failed waiting for it come with it)");
+    }
+
+  if (q.fresh)
+    for (const auto& [id, _] : chosen) {
+      // Emptied, not removed: the job may be given the directory's path again.
+      const std::string dir = job_dir(m_config.state_dir, id) + "/checkpoints";
+      std::error_code ec;
+      for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        std::filesystem::remove_all(it->path(), ec);
+      if (ec && ec != std::errc::no_such_file_or_directory)
+        throw RequestError(ErrorCode::store_error, "cannot empty " + dir + ": " + ec.message() + "; nothing was restarted");
+    }
+
+  common::RestartReply out;
+  std::vector<JobRecord> requeued;
+  std::vector<std::string> why;  // for the history; while queued a job shows why it waits
+  for (const auto& [id, rec] : chosen) {
+    const auto w = with.find(id);
+    const std::int64_t along = w != with.end() ? w->second : 0;
+    out.jobs.push_back({id, std::string(to_string(rec.state)), along});
+    JobRecord next = rec;
+    next.state = JobState::queued;
+    next.attempt_base = rec.attempt;
+    next.restarts = rec.restarts + 1;
+    why.push_back(along ? "restarted with job " + std::to_string(along)
+                        : "restarted (it had ended " + std::string(to_string(rec.state)) + ")");
+    next.reason.clear();
+    next.started_at = next.ended_at = next.not_before = 0;
+    next.exit_code.reset();
+    next.exit_signal.reset();
+    next.gpus.clear();
+    next.cpu_slots.clear();
+    next.cores.clear();
+    next.master_port = 0;
+    next.cancel_requested = false;
+    next.progress = next.result = next.first_failure = nullptr;
+    next.blocked_by = 0;
+    requeued.push_back(std::move(next));
+  }
+  std::vector<const JobRecord*> rows;
+  for (const auto& r : requeued) rows.push_back(&r);
+  m_store->update_many(rows, why);  // one transaction: all of them, or none
+
+  for (auto& rec : requeued) {
+    const std::int64_t id = rec.id;
+    m_terminal_cache.erase(id);
+    Active& a = m_active[id];
+    a.rec = std::move(rec);
+    index(a);
+    for (auto& w : m_waiters)  // a wait that names it waits for it again
+      if (w.ids.count(id)) w.pending.insert(id);
+  }
+  schedule_soon();
+  return out;
+}
+
 void Daemon::cmd_wait(const json& req, Reply& reply) {
   auto q = common::decode_ids(req);
   for (auto id : q.ids)
@@ -537,14 +642,15 @@ std::optional<JobState> Daemon::dependency_state(std::int64_t id) {
 // Fails queued jobs whose dependencies ended without success. Returns true if any changed.
 bool Daemon::fail_blocked_dependents(double now) {
   std::vector<std::int64_t> doomed;
-  std::map<std::int64_t, std::string> why;
+  std::map<std::int64_t, std::pair<std::int64_t, std::string>> why;  // the dependency, and what became of it
   for (std::int64_t id : m_with_deps) {
     const Active& a = m_active.at(id);
     for (auto dep : a.rec.after) {
       auto st = dependency_state(dep);
       if (!st || (is_terminal(*st) && *st != JobState::succeeded)) {
         doomed.push_back(id);
-        why[id] = "dependency " + std::to_string(dep) + (st ? " ended " + std::string(to_string(*st)) : " is missing");
+        why[id] = {dep, "dependency " + std::to_string(dep) +
+                            (st ? " ended " + std::string(to_string(*st)) : " is missing")};
         break;
       }
     }
@@ -554,7 +660,8 @@ bool Daemon::fail_blocked_dependents(double now) {
     JobRecord next = a.rec;
     next.state = JobState::failed;
     next.ended_at = now;
-    next.reason = why[id];
+    next.blocked_by = why[id].first;
+    next.reason = why[id].second;
     m_store->update(next, true);
     a.rec = std::move(next);
     finalize(a);
@@ -780,10 +887,11 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     retryable = true;
   }
 
-  if (retryable && next.attempt <= next.spec.retries) {
-    double delay = std::min(m_config.retry_backoff_max_s, m_config.retry_backoff_s * std::pow(2.0, next.attempt - 1));
+  const int run = next.attempt - next.attempt_base;  // attempts since the job was submitted or restarted
+  if (retryable && run <= next.spec.retries) {
+    double delay = std::min(m_config.retry_backoff_max_s, m_config.retry_backoff_s * std::pow(2.0, run - 1));
     next.reason = "attempt " + std::to_string(next.attempt) + " failed (" + next.reason + "); retry " +
-                  std::to_string(next.attempt) + "/" + std::to_string(next.spec.retries) + " in " +
+                  std::to_string(run) + "/" + std::to_string(next.spec.retries) + " in " +
                   std::to_string(static_cast<int>(std::ceil(delay))) + " s";
     // Record the failed attempt's end, then the requeue, as two transitions.
     JobRecord failed = next;

@@ -83,6 +83,7 @@ class Daemon {
   json cmd_status(const json& req);
   json cmd_show(const json& req);
   json cmd_cancel(const json& req);
+  json cmd_restart(const json& req);
   json cmd_results(const json& req);
   json cmd_events(const json& req);
   json cmd_gpus(const json& req);

@@ -80,7 +80,8 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
     env["ROLE_NAME"] = "default";
     env["MASTER_ADDR"] = "127.0.0.1";
     env["MASTER_PORT"] = std::to_string(job.master_port);
-    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(job.attempt > 0 ? job.attempt - 1 : 0);
+    // torchrun's count is of restarts within this run, as its max is: since submission or `restart`.
+    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(std::max(0, job.attempt - job.attempt_base - 1));
     env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(job.spec.retries);
     env["TORCHELASTIC_RUN_ID"] = "gpuq-" + std::to_string(job.id);
     env["TORCHELASTIC_ERROR_FILE"] = adir + "/error-" + std::to_string(rank) + ".json";

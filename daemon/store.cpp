@@ -13,7 +13,7 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 3;  // 2: jobs.cpu_slots; 3: jobs.cores
+constexpr int k_schema_version = 4;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -26,7 +26,9 @@ CREATE TABLE IF NOT EXISTS jobs(
   master_port INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL DEFAULT 0,
   cancel_requested INTEGER NOT NULL DEFAULT 0, progress TEXT, result TEXT,
   after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT,
-  cpu_slots TEXT NOT NULL DEFAULT '[]', cores TEXT NOT NULL DEFAULT '[]');
+  cpu_slots TEXT NOT NULL DEFAULT '[]', cores TEXT NOT NULL DEFAULT '[]',
+  attempt_base INTEGER NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0,
+  blocked_by INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch);
 CREATE TABLE IF NOT EXISTS transitions(
@@ -153,6 +155,13 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
       store->exec("BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN cores TEXT NOT NULL DEFAULT '[]'; "
                   "PRAGMA user_version=3; COMMIT");
     }
+    if (app_id == k_application_id && version < 4) {
+      store->exec("BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN attempt_base INTEGER NOT NULL DEFAULT 0; "
+                  "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0; "
+                  "ALTER TABLE jobs ADD COLUMN blocked_by INTEGER NOT NULL DEFAULT 0; PRAGMA user_version=4; COMMIT");
+    }
+    // After the migrations: it needs a column that older schemas lack.
+    store->exec("CREATE INDEX IF NOT EXISTS jobs_blocked ON jobs(blocked_by) WHERE blocked_by != 0");
   } catch (const RequestError& e) {
     return Error{ErrorCode::store_error, e.what()};
   }
@@ -220,7 +229,7 @@ void Store::write_job(const JobRecord& j) {
   auto* st = prepare(
       "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
       "gpus=?, master_port=?, not_before=?, cancel_requested=?, progress=?, result=?, after=?, "
-      "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=? WHERE id=?");
+      "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=?, attempt_base=?, restarts=?, blocked_by=? WHERE id=?");
   bind_text(st, 1, std::string(to_string(j.state)));
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, j.reason);
@@ -239,41 +248,47 @@ void Store::write_job(const JobRecord& j) {
   bind_json(st, 16, j.first_failure);
   bind_text(st, 17, json(j.cpu_slots).dump());
   bind_text(st, 18, json(j.cores).dump());
-  sqlite3_bind_int64(st, 19, j.id);
+  sqlite3_bind_int(st, 19, j.attempt_base);
+  sqlite3_bind_int(st, 20, j.restarts);
+  sqlite3_bind_int64(st, 21, j.blocked_by);
+  sqlite3_bind_int64(st, 22, j.id);
   run(m_db, st, "update job");
 }
 
-void Store::write_transition(const JobRecord& j, double at) {
+void Store::write_transition(const JobRecord& j, double at, const std::string* reason) {
   auto* st = prepare("INSERT INTO transitions(job_id, attempt, state, at, reason) VALUES(?, ?, ?, ?, ?)");
   sqlite3_bind_int64(st, 1, j.id);
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, std::string(to_string(j.state)));
   sqlite3_bind_double(st, 4, at);
-  bind_text(st, 5, j.reason);
+  bind_text(st, 5, reason ? *reason : j.reason);
   run(m_db, st, "insert transition");
+}
+
+// When a job entered its current state: its end or start where it has one, else now.
+double Store::transition_time(const JobRecord& job) {
+  double at = job.ended_at > 0 && is_terminal(job.state) ? job.ended_at
+              : job.state == JobState::running           ? job.started_at
+                                                          : 0;
+  return at == 0 ? wall_now() : at;
 }
 
 void Store::update(const JobRecord& job, bool transition) {
   Txn txn(m_db);
   write_job(job);
-  if (transition) {
-    double at = job.ended_at > 0 && is_terminal(job.state) ? job.ended_at
-                : job.state == JobState::running           ? job.started_at
-                                                            : 0;
-    if (at == 0) at = wall_now();
-    write_transition(job, at);
+  if (transition) write_transition(job, transition_time(job));
+  txn.commit();
+}
+
+void Store::update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why) {
+  Txn txn(m_db);
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    write_job(*jobs[i]);
+    write_transition(*jobs[i], transition_time(*jobs[i]), i < why.size() ? &why[i] : nullptr);
   }
   txn.commit();
 }
 
-void Store::update_many(const std::vector<const JobRecord*>& jobs) {
-  Txn txn(m_db);
-  for (const auto* j : jobs) {
-    write_job(*j);
-    write_transition(*j, j->ended_at);
-  }
-  txn.commit();
-}
 
 std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
   std::vector<JobRecord> out;
@@ -307,6 +322,9 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     if (cpu_slots.is_array()) j.cpu_slots = cpu_slots.get<std::vector<int>>();
     json cores = json_col(st, 21);
     if (cores.is_array()) j.cores = cores.get<std::vector<int>>();
+    j.attempt_base = sqlite3_column_int(st, 22);
+    j.restarts = sqlite3_column_int(st, 23);
+    j.blocked_by = sqlite3_column_int64(st, 24);
     out.push_back(std::move(j));
   }
   sqlite3_reset(st);
@@ -315,7 +333,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
   return out;
 }
 
-#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots, cores FROM jobs " where)
+#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots, cores, attempt_base, restarts, blocked_by FROM jobs " where)
 
 std::vector<JobRecord> Store::load_active() {
   return query_jobs(prepare(GPUQ_SELECT_JOBS("WHERE state IN ('queued', 'running') ORDER BY id")));
@@ -347,6 +365,12 @@ std::vector<JobRecord> Store::page_after(std::int64_t after, int limit) {
 std::vector<JobRecord> Store::batch_jobs(std::int64_t batch) {
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? ORDER BY id"));
   sqlite3_bind_int64(st, 1, batch);
+  return query_jobs(st);
+}
+
+std::vector<JobRecord> Store::failed_waiting_for(std::int64_t id) {
+  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE blocked_by=? AND state='failed' ORDER BY id"));
+  sqlite3_bind_int64(st, 1, id);
   return query_jobs(st);
 }
 

@@ -48,6 +48,9 @@ struct JobRecord {
   std::vector<std::int64_t> after;  // resolved dependency ids
   std::int64_t bad_event_lines = 0;
   json first_failure;  // {rank, exit_code, signal} of the last failed attempt
+  int attempt_base = 0;  // attempts before the latest restart; `retries` counts from there
+  int restarts = 0;      // times it was restarted after it had ended
+  std::int64_t blocked_by = 0;  // failed without running because this dependency ended unsuccessfully
 };
 
 struct EventRow {
@@ -72,8 +75,9 @@ class Store {
                             const std::string& cwd, const json& env, double now);
   // Writes the job's mutable columns; appends a transition row when `transition` is true.
   void update(const JobRecord& job, bool transition);
-  // Several updates in one transaction (e.g. failing a chain of dependents).
-  void update_many(const std::vector<const JobRecord*>& jobs);
+  // Several updates in one transaction, each with a transition whose reason is `why[i]` (the
+  // job's own reason where `why` has none): restarting jobs with their dependents.
+  void update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why = {});
 
   std::vector<JobRecord> load_active();
   std::optional<JobRecord> get(std::int64_t id);
@@ -81,6 +85,8 @@ class Store {
   // Up to `limit` jobs with ids above `after`, in id order (keyset paging).
   std::vector<JobRecord> page_after(std::int64_t after, int limit);
   std::vector<JobRecord> batch_jobs(std::int64_t batch);
+  // The jobs that failed without running because job `id` had ended without success.
+  std::vector<JobRecord> failed_waiting_for(std::int64_t id);
   std::int64_t count_jobs();
   json batch_env(std::int64_t batch);
   std::vector<common::Transition> history(std::int64_t id);
@@ -100,7 +106,8 @@ class Store {
   sqlite3_stmt* prepare(const char* sql);
   std::vector<JobRecord> query_jobs(sqlite3_stmt* st);
   void write_job(const JobRecord& job);
-  void write_transition(const JobRecord& job, double at);
+  void write_transition(const JobRecord& job, double at, const std::string* reason = nullptr);
+  static double transition_time(const JobRecord& job);
 
   sqlite3* m_db = nullptr;
   std::map<const char*, sqlite3_stmt*> m_stmts;  // keyed by the SQL literal's address

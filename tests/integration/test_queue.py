@@ -555,5 +555,116 @@ class ResultsWaitLogs(DaemonTest):
         self.assertIn("20 of 30 jobs shown", self.d.ok("status"))
 
 
+class Restart(DaemonTest):
+    def test_a_failed_job_restarts_under_its_id_with_fresh_retries_and_brings_back_what_failed_waiting_for_it(self):
+        jobs = [
+            # Fails attempts 1 and 2 (its retry); after the restart fails attempt 3 and succeeds on
+            # attempt 4, which only a retry budget counted from the restart allows.
+            {"name": "prep", "retries": 1, "shell": 'echo "prep $GPUQ_ATTEMPT"; [ "$GPUQ_ATTEMPT" -ge 4 ]'},
+            {"name": "train", "after": ["prep"], "command": ["true"]},
+            {"name": "eval", "after": ["train"], "command": ["true"]},
+            {"name": "aside", "command": ["true"]},
+        ]
+        prep, train, evaluate, aside = self.d.submit(jobs)["ids"]
+        first = self.d.wait([prep, train, evaluate, aside])
+        self.assertEqual([first[i]["state"] for i in (prep, train, evaluate, aside)],
+                         ["failed", "failed", "failed", "succeeded"])
+        self.assertEqual(first[prep]["attempt"], 2)
+
+        out = self.d.json("restart", str(prep))["jobs"]
+        self.assertEqual(out, [{"id": prep, "was": "failed", "with": 0}, {"id": train, "was": "failed", "with": prep},
+                               {"id": evaluate, "was": "failed", "with": train}])
+        # Durable as soon as it is acknowledged: a daemon killed now finds them queued (or running).
+        self.d.kill9()
+        self.d.start()
+        done = self.d.wait([prep, train, evaluate, aside])
+        self.assertEqual([done[i]["state"] for i in (prep, train, evaluate, aside)], ["succeeded"] * 4)
+        self.assertEqual((done[prep]["attempt"], done[prep]["attempt_base"], done[prep]["restarts"]), (4, 2, 1))
+        self.assertEqual((done[train]["attempt"], done[train]["restarts"]), (1, 1))
+        self.assertEqual(done[aside]["restarts"], 0)
+        self.assertGreaterEqual(done[train]["started_at"], done[prep]["ended_at"])
+
+        show = self.d.show(prep)
+        states = [(h["attempt"], h["state"]) for h in show["history"]]
+        self.assertEqual(states, [(0, "queued"), (1, "running"), (1, "failed"), (1, "queued"), (2, "running"),
+                                  (2, "failed"), (2, "queued"), (3, "running"), (3, "failed"), (3, "queued"),
+                                  (4, "running"), (4, "succeeded")])
+        self.assertEqual(show["history"][6]["reason"], "restarted (it had ended failed)")
+        self.assertEqual(self.d.show(train)["history"][-3]["reason"], f"restarted with job {prep}")
+        self.assertEqual(sorted({log["attempt"] for log in show["logs"]}), [1, 2, 3, 4])  # every attempt's log kept
+        self.assertEqual(self.d.ok("logs", str(prep), "--attempt", "1").split(), ["prep", "1"])
+        text = self.d.ok("show", str(prep))
+        self.assertIn("attempt:   2 of 2 since restart 1 (attempt 4 in all)", text)
+
+    def test_a_restart_that_cannot_be_done_changes_nothing_and_says_why(self):
+        broken, waiting = self.d.submit([{"name": "broken", "command": ["false"]},
+                                         {"name": "waiting", "after": ["broken"], "command": ["true"]}])["ids"]
+        self.d.wait([broken, waiting])
+        r = self.d.run("restart", str(waiting))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn(f"job {waiting} (waiting) waits for job {broken}, which ended failed: restart that job too",
+                      r.stderr)
+        running = self.d.submit({"name": "busy", "shell": "sleep 9187"})["ids"][0]
+        wait_until(lambda: self.d.show(running)["job"]["state"] == "running", what="busy to start")
+        r = self.d.run("restart", str(broken), str(running))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn(f"job {running} (busy) is running; only a job that has ended can be restarted", r.stderr)
+        self.assertIn("wrong_state", self.d.request({"cmd": "restart", "ids": [running]})["error"]["code"])
+        r = self.d.run("restart", "999")
+        self.assertEqual((r.returncode, "no job 999" in r.stderr), (4, True))
+        self.assertEqual(self.d.run("restart").returncode, 2)
+        # Nothing moved: both still failed, with their first and only end.
+        for job_id in (broken, waiting):
+            self.assertEqual(self.d.show(job_id)["job"]["state"], "failed")
+            self.assertEqual(self.d.show(job_id)["history"][-1]["state"], "failed")
+        self.d.ok("cancel", str(running))
+
+    def test_restarting_a_batch_requeues_only_what_did_not_succeed_and_a_running_wait_waits_for_it_again(self):
+        flag = self.tmp_path("second-time")
+        again = f'[ -e {flag} ]'
+        jobs = [
+            {"name": "ok", "command": ["true"]},
+            {"name": "bad", "shell": f"{again} && sleep 1"},
+            {"name": "slow", "timeout_s": 0.5, "shell": f"{again} || sleep 9187"},
+            {"name": "stopped", "shell": f"{again} || sleep 9187"},
+            {"name": "long", "shell": f"while [ ! -e {flag}.go ]; do sleep 0.1; done"},
+        ]
+        sub = self.d.submit(jobs)
+        ok, bad, slow, stopped, long_ = sub["ids"]
+        wait_until(lambda: self.d.show(stopped)["job"]["state"] == "running", what="stopped to start")
+        self.d.ok("cancel", str(stopped))
+        self.d.wait([ok, bad, slow, stopped])
+        # A wait on `bad` and a job still running: it must not return before the restarted `bad` ends again.
+        waiter = subprocess.Popen([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, "wait", str(bad), str(long_),
+                                   "--json"], stdout=subprocess.PIPE, text=True)
+        open(flag, "w").close()
+        out = self.d.json("restart", "--batch", str(sub["batch"]))["jobs"]
+        self.assertEqual([(j["id"], j["was"]) for j in out], [(bad, "failed"), (slow, "timed_out"), (stopped, "cancelled")])
+        open(flag + ".go", "w").close()  # `long` ends now; `bad` takes a second more
+        waited = {j["id"]: j for j in json.loads(waiter.communicate(timeout=60)[0])["jobs"]}
+        self.assertEqual(waiter.returncode, 0)
+        self.assertEqual(waited[bad]["state"], "succeeded")
+        done = self.d.wait(sub["ids"])
+        self.assertEqual({done[i]["state"] for i in sub["ids"]}, {"succeeded"})
+        self.assertEqual(done[ok]["restarts"], 0)
+        nothing = self.d.run("restart", "--batch", str(sub["batch"]))
+        self.assertEqual(nothing.returncode, 0)
+        self.assertIn(f"nothing to restart: every job of batch {sub['batch']} succeeded", nothing.stdout)
+        self.assertEqual(self.d.run("restart", "--batch", "99").returncode, 4)
+
+    def test_a_restarted_job_resumes_from_its_checkpoints_unless_fresh(self):
+        job_id = self.d.submit({"name": "ck", "shell": 'ck="$GPUQ_CHECKPOINT_DIR/epoch"; '
+                                '[ -e "$ck" ] && echo "resumed from $(cat "$ck")" || echo "from scratch"; '
+                                'echo "$GPUQ_ATTEMPT" > "$ck"; exit 1'})["ids"][0]
+        self.d.wait([job_id])
+        self.d.ok("restart", str(job_id))
+        self.d.wait([job_id])
+        out = self.d.ok("restart", "--fresh", str(job_id))
+        self.assertIn(f"job {job_id}: queued again (it had ended failed), checkpoints removed", out)
+        self.d.wait([job_id])
+        logs = [self.d.ok("logs", str(job_id), "--attempt", str(a)).strip() for a in (1, 2, 3)]
+        self.assertEqual(logs, ["from scratch", "resumed from 1", "from scratch"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -28,7 +28,8 @@ class Completion(DaemonTest):
 
     def test_subcommands_options_and_job_ids_complete(self):
         self.assertEqual(self.complete("gpuq", "ca"), ["cancel"])
-        self.assertEqual(self.complete("gpuq", "res"), ["result", "results"])
+        self.assertEqual(self.complete("gpuq", "res"), ["restart", "result", "results"])
+        self.assertEqual(self.complete("gpuq", "restart", "--f"), ["--fresh"])
         self.assertIn("wait", self.complete("gpuq", ""))
         self.assertEqual(self.complete("gpuq", "SIG"), [])  # no word of a wrapped description ("...then SIGKILL")
         self.assertEqual(self.complete("gpuq", "wait", "--ti"), ["--timeout"])
@@ -38,6 +39,7 @@ class Completion(DaemonTest):
         self.assertEqual(self.complete("gpuq", "cancel", ""), sorted(str(i) for i in ids))
         self.assertEqual(self.complete("gpuq", "logs", str(ids[1])), [str(ids[1])])
         self.assertEqual(self.complete("gpuq", "plot", ""), sorted(str(i) for i in ids))
+        self.assertEqual(self.complete("gpuq", "restart", ""), sorted(str(i) for i in ids))
         self.assertEqual(self.complete("gpuq", "plot", "1", "--x", "e"), ["epoch"])
         self.assertIn("--output", self.complete("gpuq", "plot", "--"))
         self.assertEqual(self.complete("gpuq", "t"), ["top"])

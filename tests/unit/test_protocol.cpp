@@ -45,6 +45,8 @@ TEST_CASE("show, gpus, cancel and submit replies round-trip") {
   CHECK(json(json(c).get<CancelReply>()) == json(c));
   SubmitReply sub{4, {10, 11}};
   CHECK(json(json(sub).get<SubmitReply>()) == json(sub));
+  RestartReply r{{{3, "failed", 0}, {4, "failed", 3}}};
+  CHECK(json(json(r).get<RestartReply>()) == json(r));
 }
 
 TEST_CASE("request decoders name the offending field") {
@@ -62,6 +64,11 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_ids, {{"ids", {1, -2}}}) == "field `ids` must be an array of positive job ids");
   CHECK(message(decode_ids, {{"ids", json::array()}}) == "field `ids` must be a non-empty array of job ids");
   CHECK(message(decode_status, {{"all", 1}}) == "field `all` must be true or false");
+  CHECK(message(decode_restart, json::object()) == "field `ids` must be a non-empty array of job ids, or `batch`");
+  CHECK(message(decode_restart, {{"batch", -1}}) == "field `batch` must be a batch id");
+  CHECK(message(decode_restart, {{"ids", {3}}, {"fresh", "yes"}}) == "field `fresh` must be true or false");
+  CHECK(decode_restart({{"batch", 2}, {"fresh", true}}).fresh);
+  CHECK(decode_restart({{"ids", {3, 4}}}).ids == std::vector<std::int64_t>{3, 4});
   CHECK(message(decode_submit, {{"cwd", "/"}}) == "field `jobs` must be a job spec object or an array of them");
   CHECK(message(decode_submit, {{"jobs", {}}, {"env", {{"A", 1}}}}) == "field `env.A` must be a string");
 }
@@ -81,7 +88,8 @@ TEST_CASE("the reply envelope carries ok, or an error code and message") {
 
 TEST_CASE("every error code has a stable wire name") {
   using gpuq::ErrorCode;
-  for (auto c : {ErrorCode::bad_request, ErrorCode::invalid_spec, ErrorCode::not_found, ErrorCode::unknown_command,
+  for (auto c : {ErrorCode::bad_request, ErrorCode::invalid_spec, ErrorCode::not_found, ErrorCode::wrong_state,
+                 ErrorCode::unknown_command,
                  ErrorCode::version_mismatch, ErrorCode::too_large, ErrorCode::forbidden, ErrorCode::unavailable,
                  ErrorCode::store_error, ErrorCode::internal})
     CHECK(gpuq::error_code_from_string(gpuq::to_string(c)) == c);

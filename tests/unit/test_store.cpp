@@ -103,6 +103,46 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
   CHECK((*store)->page_after(rest[0].id, 2).empty());
 }
 
+TEST_CASE("the jobs that failed waiting for a job are found, and a restart is one transaction with its own reasons") {
+  TempDb db;
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  std::vector<JobRecord> jobs{job_named("prep"), job_named("train"), job_named("eval"), job_named("other")};
+  (*store)->insert_batch(jobs, {{}, {0}, {1}, {0}}, "/", json::object(), 1.0);
+  jobs[0].state = gpuq::JobState::failed;
+  jobs[0].ended_at = 2.0;
+  jobs[0].attempt = 1;
+  (*store)->update(jobs[0], true);
+  for (int i : {1, 3}) {  // failed waiting for prep; "other" was cancelled instead
+    jobs[i].state = i == 1 ? gpuq::JobState::failed : gpuq::JobState::cancelled;
+    jobs[i].ended_at = 3.0;
+    jobs[i].blocked_by = jobs[0].id;
+    jobs[i].reason = "dependency " + std::to_string(jobs[0].id) + " ended failed";
+    (*store)->update(jobs[i], true);
+  }
+  auto waiting = (*store)->failed_waiting_for(jobs[0].id);
+  REQUIRE(waiting.size() == 1);
+  CHECK(waiting[0].spec.name == "train");
+  CHECK(waiting[0].blocked_by == jobs[0].id);
+  CHECK((*store)->failed_waiting_for(jobs[1].id).empty());
+
+  for (int i : {0, 1}) {
+    jobs[i].state = gpuq::JobState::queued;
+    jobs[i].ended_at = 0;
+    jobs[i].blocked_by = 0;
+    jobs[i].reason.clear();
+  }
+  (*store)->update_many({&jobs[0], &jobs[1]}, {"restarted (it had ended failed)", "restarted with job 1"});
+  CHECK((*store)->failed_waiting_for(jobs[0].id).empty());
+  CHECK((*store)->load_active().size() == 3);  // prep, train and eval (never ended)
+  CHECK((*store)->get(jobs[1].id)->reason.empty());
+  auto h = (*store)->history(jobs[1].id);
+  REQUIRE(h.size() == 3);
+  CHECK(h[2].state == "queued");
+  CHECK(h[2].reason == "restarted with job 1");
+  CHECK(h[2].at > 3.0);  // when it happened, not the cleared end time
+}
+
 TEST_CASE("events and their file offset are stored together") {
   TempDb db;
   auto store = Store::open(db.path);
@@ -181,7 +221,7 @@ int user_version(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("a version 1 state store (before CPU slots had numbers, or cores were kept) is migrated in place, its jobs kept") {
+TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kept or jobs restarted) is migrated in place, its jobs kept") {
   TempDb db;
   // The jobs table as schema version 1 made it, with a running job.
   raw_exec(db.path, R"sql(
@@ -207,15 +247,22 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, or cores were 
     CHECK(active[0].gpus == std::vector<int>{1});
     CHECK(active[0].cpu_slots.empty());
     CHECK(active[0].cores.empty());
+    CHECK(active[0].attempt_base == 0);
+    CHECK(active[0].restarts == 0);
+    CHECK(active[0].blocked_by == 0);
     active[0].cpu_slots = {3};
     active[0].cores = {6, 7};
+    active[0].attempt_base = 1;
+    active[0].restarts = 1;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 3);
+  CHECK(user_version(db.path) == 4);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
   CHECK((*again)->get(7)->cores == std::vector<int>{6, 7});
+  CHECK((*again)->get(7)->attempt_base == 1);
+  CHECK((*again)->get(7)->restarts == 1);
 }
 
 TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
@@ -224,7 +271,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 3") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 4") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
