@@ -324,7 +324,13 @@ int cmd_show(const Options& o, std::int64_t id) {
   if (j.progress.is_object()) std::cout << "  progress:  " << format_fields(j.progress, 12) << "\n";
   if (j.result.is_object()) std::cout << "  result:    " << format_fields(j.result, 24) << "\n";
   if (j.bad_event_lines) std::cout << "  skipped event lines: " << j.bad_event_lines << "\n";
-  std::cout << "  directory: " << j.job_dir << "\n  command:   " << s.spec.value("command", json()).dump() << "\n";
+  std::cout << "  directory: " << j.job_dir << "\n";
+  if (s.spec.contains("shell") && s.spec["shell"].is_string())
+    std::cout << "  shell:     " << s.spec["shell"].get<std::string>() << "\n";
+  else if (s.spec.contains("train") && s.spec["train"].is_object())
+    std::cout << "  train:     " << s.spec["train"].dump() << "\n";
+  else
+    std::cout << "  command:   " << s.spec.value("command", json()).dump() << "\n";
   std::cout << "  history:\n";
   for (const auto& t : s.history)
     std::cout << "    " << format_time(t.at) << "  " << t.state << (t.attempt ? " (attempt " + std::to_string(t.attempt) + ")" : "")
