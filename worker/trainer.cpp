@@ -486,6 +486,7 @@ int train_or_throw(const RunOptions& o) {
     step = state.value("step", std::int64_t{0});
     samples = state.value("samples", std::int64_t{0});
     train_seconds = state.value("train_seconds", 0.0);
+    last_loss = state.value("loss", 0.0);
     std::cout << "rank " << o.rank << ": resumed from the checkpoint of epoch " << first_epoch - 1 << " in "
               << checkpoints.path() << std::endl;
     if (!resumed->optimizer_dropped.empty())
@@ -519,6 +520,30 @@ int train_or_throw(const RunOptions& o) {
       total = m == 0 ? part : total + part;  // no zero tensor to fill on the hot path
     }
     return total;
+  };
+
+  // The test split's loss and accuracy of the model as it is now
+  const auto evaluate = [&] {
+    model->train(false);
+    torch::NoGradGuard no_grad;
+    // Sums stay on the device until the end: one wait for the device per evaluation, not two
+    // per batch.
+    auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+    auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+    for (std::int64_t i = 0; i < data->test.n; i += 4096) {
+      const std::int64_t n = std::min<std::int64_t>(4096, data->test.n - i);
+      auto x = test_data->x().narrow(0, i, n).to(device);
+      auto y = test_data->y().narrow(0, i, n).to(device);
+      torch::Tensor out;
+      {
+        Autocast scope(device.type(), low, autocast);
+        out = model->forward(x);
+      }
+      loss_sum += loss_of(out, y, classification).to(device, torch::kFloat64) * static_cast<double>(n);
+      if (classification) correct += out.argmax(1).eq(y.to(out.device())).sum().to(device);
+    }
+    test_loss = loss_sum.item<double>() / static_cast<double>(data->test.n);
+    test_accuracy = static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(data->test.n);
   };
 
   // Replay the step from a CUDA graph where the spec asks and the step can be captured
@@ -599,29 +624,7 @@ int train_or_throw(const RunOptions& o) {
     train_seconds += seconds_since(t_epoch);
     broadcast_from_0(model->buffers(), comm);  // batch-norm statistics: rank 0's, everywhere
 
-    // Evaluate on the test split
-    model->train(false);
-    {
-      torch::NoGradGuard no_grad;
-      // Sums stay on the device until the end: one wait for the device per evaluation, not two
-      // per batch.
-      auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
-      auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
-      for (std::int64_t i = 0; i < data->test.n; i += 4096) {
-        const std::int64_t n = std::min<std::int64_t>(4096, data->test.n - i);
-        auto x = test_data->x().narrow(0, i, n).to(device);
-        auto y = test_data->y().narrow(0, i, n).to(device);
-        torch::Tensor out;
-        {
-          Autocast scope(device.type(), low, autocast);
-          out = model->forward(x);
-        }
-        loss_sum += loss_of(out, y, classification).to(device, torch::kFloat64) * static_cast<double>(n);
-        if (classification) correct += out.argmax(1).eq(y.to(out.device())).sum().to(device);
-      }
-      test_loss = loss_sum.item<double>() / static_cast<double>(data->test.n);
-      test_accuracy = static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(data->test.n);
-    }
+    evaluate();
     json progress = {{"type", "progress"}, {"epoch", epoch},          {"epochs", spec.epochs},
                      {"step", step},         {"total_steps", steps_per_epoch * spec.epochs},
                      {"loss", last_loss},    {"test_loss", test_loss}};
@@ -633,8 +636,13 @@ int train_or_throw(const RunOptions& o) {
 
     if (o.rank == 0 && checkpoints.enabled() && (epoch % spec.checkpoint_every == 0 || epoch == spec.epochs))
       checkpoints.save(*model, *optimizer,
-                       {{"epoch", epoch}, {"step", step}, {"samples", samples}, {"train_seconds", train_seconds}}, epoch);
+                       {{"epoch", epoch}, {"step", step}, {"samples", samples}, {"train_seconds", train_seconds},
+                        {"loss", last_loss}},
+                       epoch);
   }
+  // A resume from the last epoch's checkpoint (a job that ended after saving it, or restarted
+  // after it succeeded) trains nothing: it reports what that model scores.
+  if (first_epoch > spec.epochs) evaluate();
   train_data->stop();
   const bool graph_used = graphed && graphed->captured();
   graphed.reset();  // waits for the graph's stream; later work goes to the default stream again

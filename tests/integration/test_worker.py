@@ -247,6 +247,24 @@ class Worker(DaemonTest):
         self.assertIn("resumed from the checkpoint of epoch 1", self.d.ok("logs", str(job_id)))
         self.assertIn("was killed by signal 9", self.d.show(job_id)["history"][2]["reason"])
 
+    def test_a_restarted_train_job_resumes_from_its_last_checkpoint_and_reports_that_models_scores(self):
+        job_id = self.d.submit({"name": "done", "train": SYNTHETIC})["ids"][0]
+        first = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(first["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        self.d.ok("restart", str(job_id))
+        again = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(again["state"], "succeeded", self.d.ok("logs", str(job_id)))
+        # Nothing left to train: the checkpoint's model is evaluated, not reported as zeros.
+        self.assertEqual(again["result"]["resumed_from_epoch"], SYNTHETIC["epochs"])
+        self.assertEqual(again["result"]["steps"], first["result"]["steps"])
+        self.assertAlmostEqual(again["result"]["test_accuracy"], first["result"]["test_accuracy"], places=6)
+        self.assertAlmostEqual(again["result"]["test_loss"], first["result"]["test_loss"], places=5)
+        self.d.ok("restart", "--fresh", str(job_id))
+        fresh = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertNotIn("resumed_from_epoch", fresh["result"])
+        self.assertEqual(fresh["attempt"], 3)
+        self.assertNotIn("resumed from the checkpoint", self.d.ok("logs", str(job_id)))
+
     @unittest.skipUnless(subprocess.run([TORCH_PYTHON, "-c", "import torch"], capture_output=True).returncode == 0,
                          "needs PyTorch for " + TORCH_PYTHON)
     def test_a_torchscript_model_defined_in_python_trains_and_its_loss_falls(self):
