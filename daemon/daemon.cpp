@@ -124,7 +124,11 @@ void Daemon::recover() {
       a.rec.state = JobState::queued;
       a.rec.attempt--;
       a.rec.reason = "requeued: gpuqd stopped before the job started";
+      a.rec.gpus.clear();
+      a.rec.cpu_slots.clear();
+      a.rec.cores.clear();
       m_store->update(a.rec, true);
+      index(a);  // into the queue: it was filed as running above
     } else {
       asio::post(m_io, [this, id] { on_shim_exit(id); });  // supervisor gone without an outcome
     }

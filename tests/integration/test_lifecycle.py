@@ -2,6 +2,7 @@
 one daemon per socket, private socket files, clean shutdown."""
 import json
 import os
+import signal
 import stat
 import subprocess
 import time
@@ -90,6 +91,25 @@ class Durability(DaemonTest):
         job = self.d.wait([job_id])[job_id]
         self.assertEqual(job["state"], "failed")
         self.assertEqual(job["exit_code"], 4)
+
+    def test_a_job_marked_running_that_never_started_runs_again_after_a_crash(self):
+        # gpuqd records `running` before it spawns the supervisor; a crash between the two leaves
+        # a running job with no shim.pid. Made here by killing daemon and job and removing the file.
+        flag = self.tmp_path("second-run")
+        job_id = self.d.submit({"name": "orphan", "gpus": 1, "shell": f"[ -e {flag} ] || sleep 9187"})["ids"][0]
+        wait_until(lambda: self.d.show(job_id)["job"]["state"] == "running", what="the job")
+        self.d.kill9()
+        for pid in pids_matching(f"gpuq-shim {self.tmp}/") + pids_matching("sleep 9187"):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), what="the supervisor to die")
+        os.remove(os.path.join(self.d.state, "jobs", str(job_id), "attempt-1", "shim.pid"))
+        open(flag, "w").close()
+        self.d.start()
+        job = self.d.wait([job_id], timeout=30)[job_id]
+        self.assertEqual((job["state"], job["attempt"]), ("succeeded", 1))
+        self.assertIn("requeued: gpuqd stopped before the job started",
+                      [h["reason"] for h in self.d.show(job_id)["history"]])
+        self.assertEqual(self.d.json("gpus")["gpus"][0]["jobs"], [])  # its GPU is free again
 
     def test_sigterm_stops_the_daemon_cleanly_and_jobs_keep_running(self):
         job_id = self.d.submit({"name": "survivor", "shell": "sleep 1; " + event_line(type="result", alive=True)})["ids"][0]
