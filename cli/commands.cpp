@@ -63,7 +63,7 @@ std::string runtime_of(const common::JobInfo& j) {
 }
 
 std::string state_of(const common::JobInfo& j) {
-  if (is_retrying(j)) return "retrying";
+  if (j.state == "queued") return display_state(j);
   if (j.state == "failed" || j.state == "succeeded") {
     if (j.exit_signal.is_number()) return j.state + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
     if (j.exit_code.is_number() && j.exit_code.get<int>() != 0)
@@ -191,13 +191,15 @@ int dry_run(const Options& o, const json& jobs) {
   return k_exit_ok;
 }
 
-int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry) {
+int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry, bool hold) {
   json jobs = json::array();
   for (const auto& f : files)
     if (!read_spec_file(f, jobs)) return k_exit_usage;
   if (dry) return dry_run(o, jobs);
   int code = 0;
-  auto reply = request(o, {{"cmd", "submit"}, {"jobs", jobs}, {"cwd", cwd()}, {"env", common::current_environment()}}, code);
+  json req{{"cmd", "submit"}, {"jobs", jobs}, {"cwd", cwd()}, {"env", common::current_environment()}};
+  if (hold) req["hold"] = true;
+  auto reply = request(o, req, code);
   if (!reply) return code;
   auto sub = reply->get<common::SubmitReply>();
   if (!wait) {
@@ -206,7 +208,8 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
     } else {
       std::cout << "submitted batch " << sub.batch << ": job" << (sub.ids.size() == 1 ? " " : "s ");
       for (std::size_t i = 0; i < sub.ids.size(); ++i) std::cout << (i ? " " : "") << sub.ids[i];
-      std::cout << "\n";
+      std::cout << (hold ? ", held (`gpuq release --batch " + std::to_string(sub.batch) + "` lets them start)" : "")
+                << "\n";
     }
     return k_exit_ok;
   }
@@ -415,6 +418,27 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
     if (!j.changed) std::cout << "job " << j.id << ": already " << j.state << "\n";
     else if (j.state == "running") std::cout << "job " << j.id << ": stopping (SIGTERM to all its processes)\n";
     else std::cout << "job " << j.id << ": cancelled\n";
+  }
+  return k_exit_ok;
+}
+
+int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold) {
+  int code = 0;
+  json req{{"cmd", hold ? "hold" : "release"}, {"ids", ids}};
+  if (batch != 0) req["batch"] = batch;
+  auto reply = request(o, req, code);
+  if (!reply) return code;
+  auto c = reply->get<common::CancelReply>();
+  if (o.json) {
+    print_json({{"jobs", (*reply)["jobs"]}});
+    return k_exit_ok;
+  }
+  if (c.jobs.empty()) std::cout << "batch " << batch << " has no queued jobs\n";
+  for (const auto& j : c.jobs) {
+    std::cout << "job " << j.id << ": ";
+    if (j.changed) std::cout << (hold ? "held" : "released") << "\n";
+    else if (j.state != "queued") std::cout << j.state << ", not held\n";
+    else std::cout << (hold ? "already held" : "was not held") << "\n";
   }
   return k_exit_ok;
 }

@@ -27,11 +27,15 @@ struct Options {
 // (also a usage error when there are no ids at all).
 int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t>& ids);
 
-int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry_run = false);
+// `hold`: the jobs are queued held, none starts before `release`.
+int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry_run = false,
+               bool hold = false);
 int cmd_status(const Options& o, bool all, int limit, std::int64_t queued = -2);
 int cmd_show(const Options& o, std::int64_t id);
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt);
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids);
+// Holds queued jobs out of line (`hold`), or releases them: `ids` and the queued jobs of `batch`.
+int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold);
 // Queues ended jobs again (any of `ids`; the unsuccessful ones of `batch`), with the jobs that
 // failed waiting for them; `fresh` empties their checkpoint directories first.
 int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool fresh);

@@ -107,7 +107,11 @@ std::string format_try(const common::JobInfo& j) {
   return std::to_string(j.attempt - j.attempt_base) + "/" + std::to_string(j.retries + 1);
 }
 
-bool is_retrying(const common::JobInfo& j) { return j.state == "queued" && j.attempt > j.attempt_base; }
+std::string display_state(const common::JobInfo& j) {
+  if (j.state == "queued" && j.held) return "held";
+  if (j.state == "queued" && j.attempt > j.attempt_base) return "retrying";
+  return j.state;
+}
 
 std::string format_time(double t) {
   if (t <= 0) return "-";

@@ -36,7 +36,8 @@ std::string format_time(double unix_seconds);             // local time, "2026-1
 // A job's try in its current run (since it was submitted or last restarted), of the tries its
 // retries allow: "2/3".
 std::string format_try(const common::JobInfo& j);
-// Queued again after a failed attempt of this run, for a retry (not after a restart).
-bool is_retrying(const common::JobInfo& j);
+// The state as people read it: a queued job is "held" while held, "retrying" when queued again
+// after a failed attempt of this run (not after a restart); other states as they are.
+std::string display_state(const common::JobInfo& j);
 
 }  // namespace gpuq::cli

@@ -26,14 +26,15 @@ int main(int argc, char** argv) {
 
   // Subcommands
   std::vector<std::string> files;
-  bool wait = false, dry_run = false;
+  bool wait = false, dry_run = false, hold = false;
   auto* submit = app.add_subcommand("submit", "Submit jobs from JSON spec files ('-' reads stdin); one batch");
   submit->add_option("files", files, "Job spec files")->required();
   submit->add_flag("--wait,-w", wait, "Wait for the jobs; exit 1 unless all succeed");
   submit->add_flag("--dry-run,-n", dry_run, "Check the specs and list the jobs they make (matrices expanded); submit nothing")
       ->excludes("--wait");
+  submit->add_flag("--hold", hold, "Queue the jobs held: none starts before `gpuq release`");
   json_flag(submit);
-  submit->callback([&] { run = [&] { return cmd_submit(opt, files, wait, dry_run); }; });
+  submit->callback([&] { run = [&] { return cmd_submit(opt, files, wait, dry_run, hold); }; });
 
   bool all = false;
   int limit = 20;
@@ -85,6 +86,23 @@ int main(int argc, char** argv) {
       return cmd_restart(opt, ids, batch, fresh);
     };
   });
+
+  for (const bool holding : {true, false}) {
+    auto* sub = holding ? app.add_subcommand("hold", "Keep queued jobs from starting (they wait out of line) until released")
+                        : app.add_subcommand("release", "Let held jobs start");
+    sub->add_option("ids", ids, "Job ids");
+    sub->add_option("--batch,-b", batch, holding ? "Every queued job of this batch" : "Every held job of this batch");
+    json_flag(sub);
+    sub->callback([&, holding] {
+      run = [&, holding] {
+        if (ids.empty() && batch == 0) {
+          std::cerr << "gpuq " << (holding ? "hold" : "release") << ": name job ids or --batch\n";
+          return k_exit_usage;
+        }
+        return cmd_hold(opt, ids, batch, holding);
+      };
+    });
+  }
 
   double timeout_s = 0;
   auto* waitc = app.add_subcommand("wait", "Wait for jobs to end; exit 0 if all succeeded, 1 if not, 124 on timeout");

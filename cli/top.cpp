@@ -111,7 +111,7 @@ std::vector<std::string> top_screen(const TopSnapshot& s, double now, std::size_
     });
     std::vector<std::vector<std::string>> r{{"ID", "NAME", "STATE", "GPUS", "TRY", "PROGRESS / RESULT / REASON"}};
     for (const auto& j : jobs) {
-      std::string state = is_retrying(j) ? "retrying" : j.state;
+      std::string state = display_state(j);
       std::string detail = j.state == "running"  ? progress_text(j, now, 16)
                            : j.state == "succeeded" && j.result.is_object()
                                ? format_fields(j.result, 4) + "  (" + format_duration(j.ended_at - j.started_at) + ")"

@@ -76,6 +76,7 @@ SubmitRequest decode_submit(const json& j) {
   if (it == j.end()) bad("jobs", "a job spec object or an array of them");
   r.jobs = *it;
   r.cwd = get_or<std::string>(j, "cwd", "", "an absolute directory path");
+  r.hold = get_or<bool>(j, "hold", false, "true or false");
   if (auto e = j.find("env"); e != j.end() && !e->is_null()) {
     if (!e->is_object()) bad("env", "an object of strings");
     for (const auto& [k, v] : e->items()) {
@@ -123,14 +124,18 @@ ResultsRequest decode_results(const json& j) {
   return r;
 }
 
-RestartRequest decode_restart(const json& j) {
-  RestartRequest r;
+SelectRequest decode_select(const json& j) {
+  SelectRequest r;
   r.ids = id_list(j, "ids");
   r.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
   if (r.batch < 0) bad("batch", "a batch id");
   if (r.ids.empty() && r.batch == 0) bad("ids", "a non-empty array of job ids, or `batch`");
-  r.fresh = get_or<bool>(j, "fresh", false, "true or false");
   return r;
+}
+
+RestartRequest decode_restart(const json& j) {
+  auto selected = decode_select(j);
+  return {std::move(selected.ids), selected.batch, get_or<bool>(j, "fresh", false, "true or false")};
 }
 
 EventsRequest decode_events(const json& j) {

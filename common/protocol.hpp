@@ -42,6 +42,7 @@ struct JobInfo {
   int attempt = 0;  // 0 before the first start; n during/after the n-th run (restarts included)
   int retries = 0;  // allowed retries from the spec
   int restarts = 0;      // times `restart` queued it again after it had ended
+  bool held = false;     // queued, but kept from starting until `release`
   int attempt_base = 0;  // attempts before the latest restart: its retries count from there
   int priority = 0;
   int gpus_requested = 0;
@@ -64,7 +65,7 @@ struct JobInfo {
   std::map<std::string, std::string> labels;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
-                                                restarts, attempt_base,
+                                                restarts, attempt_base, held,
                                                 priority, gpus_requested, mode, ranks, gpus,
                                                 cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
                                                 exit_signal, reason, progress, result, after,
@@ -111,6 +112,7 @@ struct SubmitRequest {
   json jobs;  // one spec object or an array: validated by common::parse_batch in the daemon
   std::string cwd;
   std::map<std::string, std::string> env;  // the submitter's environment, the jobs' base env
+  bool hold = false;  // queue the jobs held: none starts before `release`
 };
 struct StatusRequest {
   bool all = false;
@@ -128,6 +130,10 @@ struct IdRequest {  // show
 struct IdsRequest {  // cancel, wait
   std::vector<std::int64_t> ids;
   double timeout_s = 0;  // wait only: 0 = until done
+};
+struct SelectRequest {  // hold, release
+  std::vector<std::int64_t> ids;
+  std::int64_t batch = 0;  // and this batch's jobs the command applies to
 };
 struct RestartRequest {
   std::vector<std::int64_t> ids;  // ended jobs, in any end state
@@ -155,6 +161,7 @@ IdRequest decode_id(const json& j);
 IdsRequest decode_ids(const json& j);
 ResultsRequest decode_results(const json& j);
 RestartRequest decode_restart(const json& j);
+SelectRequest decode_select(const json& j);  // ids and/or batch, at least one
 EventsRequest decode_events(const json& j);
 
 // ---- replies ----------------------------------------------------------------------------------
@@ -208,7 +215,7 @@ struct EventsReply {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EventsReply, id, attempt, events, more)
 
-struct CancelOutcome {
+struct CancelOutcome {  // cancel, hold, release
   std::int64_t id = 0;
   std::string state;  // state after the request
   bool changed = false;

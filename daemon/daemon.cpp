@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -145,6 +146,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
       {"hello", &Daemon::cmd_hello},   {"submit", &Daemon::cmd_submit},   {"status", &Daemon::cmd_status},
       {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
       {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},   {"restart", &Daemon::cmd_restart},
+      {"hold", &Daemon::cmd_hold},     {"release", &Daemon::cmd_release},
   };
   try {
     if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string())
@@ -160,7 +162,8 @@ void Daemon::dispatch(const json& request, Reply reply) {
     if (it == k_commands.end())
       throw RequestError(ErrorCode::unknown_command,
                          "unknown command `" + cmd.substr(0, 64) +
-                             "`; known: hello, submit, status, show, cancel, restart, wait, results, events, gpus, shutdown");
+                             "`; known: hello, submit, status, show, cancel, restart, hold, release, wait, results, events, gpus, "
+                             "shutdown");
     reply(common::ok_reply((this->*(it->second))(request)));
   } catch (const RequestError& e) {
     reply(common::error_reply(e.code(), e.what()));
@@ -231,6 +234,7 @@ json Daemon::cmd_submit(const json& req) {
     if (s.name.empty()) s.name = "job";
     JobRecord rec;
     rec.spec = std::move(s);
+    rec.held = sub.hold;
     jobs.push_back(std::move(rec));
   }
   if (!errors.empty()) {
@@ -279,6 +283,7 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.retries = r.spec.retries;
   i.restarts = r.restarts;
   i.attempt_base = r.attempt_base;
+  i.held = r.held;
   i.priority = r.spec.priority;
   i.gpus_requested = r.spec.gpus;
   i.mode = std::string(common::to_string(r.spec.mode));
@@ -295,6 +300,8 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.exit_code = r.exit_code ? json(*r.exit_code) : json();
   i.exit_signal = r.exit_signal ? json(*r.exit_signal) : json();
   i.reason = r.state == JobState::queued && !wait_reason.empty() && r.reason.empty() ? wait_reason : r.reason;
+  if (r.held && r.state == JobState::queued)
+    i.reason = "held until `gpuq release " + std::to_string(r.id) + "`" + (r.reason.empty() ? "" : "; " + r.reason);
   i.progress = r.progress;
   i.result = r.result;
   i.after = r.after;
@@ -319,11 +326,16 @@ json Daemon::cmd_status(const json& req) {
   for (auto& r : m_store->recent_finished(q.limit)) out.jobs.push_back(info_of(r));
   for (std::int64_t id : m_running) out.jobs.push_back(info_of(m_active.at(id).rec));
   // Queued jobs in line order, as many as asked: a deep queue need not travel whole.
-  out.queued_total = static_cast<std::int64_t>(m_queue.size());
+  // Held jobs are not in line: they come after it.
+  out.queued_total = static_cast<std::int64_t>(m_queue.size() + m_held.size());
   std::int64_t shown = 0;
   for (const auto& [_, queued] : m_queue) {
     if (q.queued >= 0 && shown++ >= q.queued) break;
     out.jobs.push_back(info_of(m_active.at(queued.job.id).rec));
+  }
+  for (std::int64_t id : m_held) {
+    if (q.queued >= 0 && shown++ >= q.queued) break;
+    out.jobs.push_back(info_of(m_active.at(id).rec));
   }
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   return out;
@@ -447,6 +459,7 @@ json Daemon::cmd_cancel(const json& req) {
     if (a.rec.state == JobState::queued) {
       JobRecord next = a.rec;
       next.state = JobState::cancelled;
+      next.held = false;
       next.ended_at = wall_now();
       next.reason = a.rec.attempt > 0 ? "cancelled while waiting to retry" : "cancelled before it started";
       m_store->update(next, true);
@@ -550,6 +563,7 @@ json Daemon::cmd_restart(const json& req) {
     next.cores.clear();
     next.master_port = 0;
     next.cancel_requested = false;
+    next.held = false;
     next.progress = next.result = next.first_failure = nullptr;
     next.blocked_by = 0;
     requeued.push_back(std::move(next));
@@ -568,6 +582,58 @@ json Daemon::cmd_restart(const json& req) {
       if (w.ids.count(id)) w.pending.insert(id);
   }
   schedule_soon();
+  return out;
+}
+
+json Daemon::cmd_hold(const json& req) { return set_held(common::decode_select(req), true); }
+json Daemon::cmd_release(const json& req) { return set_held(common::decode_select(req), false); }
+
+// Holds queued jobs out of line (as Slurm's hold: they keep their place in the history, reserve
+// nothing, and start only once released), or releases them. Holding needs every named job to be
+// queued, or nothing is held; releasing a job that is not held changes nothing. With a batch,
+// its queued jobs. Each change is a transition in the job's history.
+json Daemon::set_held(const common::SelectRequest& q, bool hold) {
+  std::vector<std::int64_t> ids;
+  for (auto id : q.ids) {
+    auto rec = lookup(id);
+    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+    if (hold && rec->state != JobState::queued)
+      throw RequestError(ErrorCode::wrong_state,
+                         "job " + std::to_string(id) + " (" + rec->spec.name + ") is " + std::string(to_string(rec->state)) +
+                             "; only a queued job can be held" +
+                             (rec->state == JobState::running ? " (`gpuq cancel` stops a running one)" : ""));
+    ids.push_back(id);
+  }
+  if (q.batch != 0) {
+    auto rows = m_store->batch_jobs(q.batch);
+    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
+    for (const auto& rec : rows)
+      if (rec.state == JobState::queued) ids.push_back(rec.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+
+  common::CancelReply out;
+  std::vector<JobRecord> changed;
+  for (auto id : ids) {
+    auto it = m_active.find(id);
+    const bool change = it != m_active.end() && it->second.rec.state == JobState::queued && it->second.rec.held != hold;
+    if (change) {
+      changed.push_back(it->second.rec);
+      changed.back().held = hold;
+    }
+    const JobState state = it != m_active.end() ? it->second.rec.state : lookup(id)->state;
+    out.jobs.push_back({id, std::string(to_string(state)), change});
+  }
+  std::vector<const JobRecord*> rows;
+  for (const auto& r : changed) rows.push_back(&r);
+  m_store->update_many(rows, std::vector<std::string>(rows.size(), hold ? "held" : "released"));
+  for (auto& rec : changed) {
+    Active& a = m_active.at(rec.id);
+    a.rec = std::move(rec);
+    index(a);
+  }
+  if (!hold && !changed.empty()) schedule_soon();
   return out;
 }
 
@@ -663,6 +729,7 @@ bool Daemon::fail_blocked_dependents(double now) {
     Active& a = m_active.at(id);
     JobRecord next = a.rec;
     next.state = JobState::failed;
+    next.held = false;
     next.ended_at = now;
     next.blocked_by = why[id].first;
     next.reason = why[id].second;
@@ -920,14 +987,19 @@ void Daemon::index(const Active& a) {
   unindex(a.rec);
   if (a.rec.state == JobState::running) m_running.insert(a.rec.id);
   if (a.rec.state != JobState::queued) return;
-  m_queue[{-a.rec.spec.priority, a.rec.id}] = {pending_of(a.rec), a.rec.not_before, !a.rec.after.empty()};
+  // A held job is out of line, but still fails when a dependency does.
   if (!a.rec.after.empty()) m_with_deps.insert(a.rec.id);
+  if (a.rec.held)
+    m_held.insert(a.rec.id);
+  else
+    m_queue[{-a.rec.spec.priority, a.rec.id}] = {pending_of(a.rec), a.rec.not_before, !a.rec.after.empty()};
 }
 
 void Daemon::unindex(const JobRecord& r) {
   m_running.erase(r.id);
   m_queue.erase({-r.spec.priority, r.id});
   m_with_deps.erase(r.id);
+  m_held.erase(r.id);
 }
 
 void Daemon::finalize(Active& a) {

@@ -84,6 +84,9 @@ class Daemon {
   json cmd_show(const json& req);
   json cmd_cancel(const json& req);
   json cmd_restart(const json& req);
+  json cmd_hold(const json& req);
+  json cmd_release(const json& req);
+  json set_held(const common::SelectRequest& q, bool hold);
   json cmd_results(const json& req);
   json cmd_events(const json& req);
   json cmd_gpus(const json& req);
@@ -132,6 +135,7 @@ class Daemon {
   std::pmr::unsynchronized_pool_resource m_queue_pool;
   std::pmr::map<std::pair<int, std::int64_t>, Queued> m_queue{&m_queue_pool};
   std::set<std::int64_t> m_with_deps;                      // queued jobs with `after`
+  std::set<std::int64_t> m_held;                           // queued jobs held out of line
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;
   bool m_schedule_posted = false;

@@ -13,7 +13,7 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 4;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by
+constexpr int k_schema_version = 5;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS jobs(
   after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT,
   cpu_slots TEXT NOT NULL DEFAULT '[]', cores TEXT NOT NULL DEFAULT '[]',
   attempt_base INTEGER NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0,
-  blocked_by INTEGER NOT NULL DEFAULT 0);
+  blocked_by INTEGER NOT NULL DEFAULT 0, held INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch);
 CREATE TABLE IF NOT EXISTS transitions(
@@ -160,6 +160,10 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
                   "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0; "
                   "ALTER TABLE jobs ADD COLUMN blocked_by INTEGER NOT NULL DEFAULT 0; PRAGMA user_version=4; COMMIT");
     }
+    if (app_id == k_application_id && version < 5) {
+      store->exec("BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0; "
+                  "PRAGMA user_version=5; COMMIT");
+    }
     // After the migrations: it needs a column that older schemas lack.
     store->exec("CREATE INDEX IF NOT EXISTS jobs_blocked ON jobs(blocked_by) WHERE blocked_by != 0");
   } catch (const RequestError& e) {
@@ -229,7 +233,7 @@ void Store::write_job(const JobRecord& j) {
   auto* st = prepare(
       "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
       "gpus=?, master_port=?, not_before=?, cancel_requested=?, progress=?, result=?, after=?, "
-      "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=?, attempt_base=?, restarts=?, blocked_by=? WHERE id=?");
+      "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=?, attempt_base=?, restarts=?, blocked_by=?, held=? WHERE id=?");
   bind_text(st, 1, std::string(to_string(j.state)));
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, j.reason);
@@ -251,7 +255,8 @@ void Store::write_job(const JobRecord& j) {
   sqlite3_bind_int(st, 19, j.attempt_base);
   sqlite3_bind_int(st, 20, j.restarts);
   sqlite3_bind_int64(st, 21, j.blocked_by);
-  sqlite3_bind_int64(st, 22, j.id);
+  sqlite3_bind_int(st, 22, j.held ? 1 : 0);
+  sqlite3_bind_int64(st, 23, j.id);
   run(m_db, st, "update job");
 }
 
@@ -325,6 +330,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     j.attempt_base = sqlite3_column_int(st, 22);
     j.restarts = sqlite3_column_int(st, 23);
     j.blocked_by = sqlite3_column_int64(st, 24);
+    j.held = sqlite3_column_int(st, 25) != 0;
     out.push_back(std::move(j));
   }
   sqlite3_reset(st);
@@ -333,7 +339,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
   return out;
 }
 
-#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots, cores, attempt_base, restarts, blocked_by FROM jobs " where)
+#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots, cores, attempt_base, restarts, blocked_by, held FROM jobs " where)
 
 std::vector<JobRecord> Store::load_active() {
   return query_jobs(prepare(GPUQ_SELECT_JOBS("WHERE state IN ('queued', 'running') ORDER BY id")));

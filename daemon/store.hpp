@@ -51,6 +51,7 @@ struct JobRecord {
   int attempt_base = 0;  // attempts before the latest restart; `retries` counts from there
   int restarts = 0;      // times it was restarted after it had ended
   std::int64_t blocked_by = 0;  // failed without running because this dependency ended unsuccessfully
+  bool held = false;            // queued, kept from starting until released
 };
 
 struct EventRow {

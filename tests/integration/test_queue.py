@@ -666,5 +666,60 @@ class Restart(DaemonTest):
         self.assertEqual(logs, ["from scratch", "resumed from 1", "from scratch"])
 
 
+class Hold(DaemonTest):
+    GPUS = "fake:1"
+
+    def test_held_jobs_wait_out_of_line_across_a_daemon_crash_until_released(self):
+        held = self.d.submit([{"name": f"later{i}", "gpus": 1, "command": ["true"]} for i in range(2)], "--hold")
+        free = self.d.submit({"name": "now", "gpus": 1, "command": ["true"]})["ids"][0]
+        self.assertEqual(self.d.wait([free])[free]["state"], "succeeded")  # nothing held is in its way
+        self.assertEqual(self.d.run("wait", *map(str, held["ids"]), "--timeout", "0.5").returncode, 124)
+        jobs = {j["id"]: j for j in self.d.json("status")["jobs"]}
+        for job_id in held["ids"]:
+            self.assertEqual((jobs[job_id]["state"], jobs[job_id]["held"]), ("queued", True))
+            self.assertEqual(jobs[job_id]["reason"], f"held until `gpuq release {job_id}`")
+        self.assertRegex(self.d.ok("status"), rf"{held['ids'][0]}\s+later0\s+held")
+        self.d.kill9()
+        self.d.start()
+        time.sleep(0.5)
+        self.assertEqual({self.d.show(i)["job"]["state"] for i in held["ids"]}, {"queued"})
+        out = self.d.ok("release", "--batch", str(held["batch"]))
+        self.assertEqual(out.split("\n")[:2], [f"job {i}: released" for i in held["ids"]])
+        done = self.d.wait(held["ids"])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
+        self.assertFalse(any(j["held"] for j in done.values()))
+        history = [(h["state"], h["reason"]) for h in self.d.show(held["ids"][0])["history"]]
+        self.assertEqual(history[:2], [("queued", ""), ("queued", "released")])
+
+    def test_a_held_job_reserves_nothing_and_a_later_job_takes_the_gpu(self):
+        busy = self.d.submit({"name": "busy", "gpus": 1, "shell": f"while [ ! -e {self.tmp}/go ]; do sleep 0.05; done"})
+        first, second = self.d.submit([{"name": "first", "gpus": 1, "priority": 5, "command": ["true"]},
+                                       {"name": "second", "gpus": 1, "command": ["true"]}])["ids"]
+        self.assertEqual(self.d.json("hold", str(first))["jobs"], [{"id": first, "state": "queued", "changed": True}])
+        self.assertEqual(self.d.json("hold", str(first))["jobs"][0]["changed"], False)
+        open(f"{self.tmp}/go", "w").close()
+        self.assertEqual(self.d.wait([second])[second]["state"], "succeeded")
+        self.assertEqual(self.d.show(first)["job"]["state"], "queued")
+        self.assertGreaterEqual(self.d.show(second)["job"]["started_at"], self.d.show(busy["ids"][0])["job"]["ended_at"])
+        self.d.ok("release", str(first))
+        self.assertEqual(self.d.wait([first])[first]["state"], "succeeded")
+
+    def test_only_queued_jobs_can_be_held_and_a_held_job_can_be_cancelled(self):
+        running = self.d.submit({"name": "running", "shell": "sleep 9187"})["ids"][0]
+        wait_until(lambda: self.d.show(running)["job"]["state"] == "running", what="the job to start")
+        queued = self.d.submit({"name": "queued", "command": ["true"]}, "--hold")["ids"][0]
+        r = self.d.run("hold", str(queued), str(running))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn(f"job {running} (running) is running; only a queued job can be held (`gpuq cancel` stops a "
+                      "running one)", r.stderr)
+        self.assertEqual(self.d.run("hold", "424242").returncode, 4)
+        self.assertEqual(self.d.run("hold").returncode, 2)
+        self.assertEqual(self.d.ok("release", str(running)).strip(), f"job {running}: running, not held")
+        self.d.ok("cancel", str(queued))
+        job = self.d.show(queued)["job"]
+        self.assertEqual((job["state"], job["held"]), ("cancelled", False))
+        self.d.ok("cancel", str(running))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -250,19 +250,22 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     CHECK(active[0].attempt_base == 0);
     CHECK(active[0].restarts == 0);
     CHECK(active[0].blocked_by == 0);
+    CHECK_FALSE(active[0].held);
     active[0].cpu_slots = {3};
     active[0].cores = {6, 7};
     active[0].attempt_base = 1;
     active[0].restarts = 1;
+    active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 4);
+  CHECK(user_version(db.path) == 5);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
   CHECK((*again)->get(7)->cores == std::vector<int>{6, 7});
   CHECK((*again)->get(7)->attempt_base == 1);
   CHECK((*again)->get(7)->restarts == 1);
+  CHECK((*again)->get(7)->held);
 }
 
 TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
@@ -271,7 +274,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 4") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 5") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
