@@ -362,6 +362,8 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
     std::cerr << "gpuq: job " << id << " has " << s->job.ranks << " rank(s); --rank " << rank << " does not exist\n";
     return k_exit_usage;
   }
+  if (s->logs.empty() && s->job.attempt > 0)
+    std::cerr << "gpuq: job " << id << " has no log files left (`gpuq clean` removed them)\n";
   const bool prefix = s->job.ranks > 1 && rank < 0;
   // Follow state: per (attempt, rank) file offsets. A capped log rotates to <log>.1 (gpuqd
   // --log-limit-mb): its older part is printed first, and a log that shrank has rotated.
@@ -440,6 +442,29 @@ int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_
     else if (j.state != "queued") std::cout << j.state << ", not held\n";
     else std::cout << (hold ? "already held" : "was not held") << "\n";
   }
+  return k_exit_ok;
+}
+
+int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
+              bool checkpoints_only) {
+  int code = 0;
+  json req{{"cmd", "clean"}, {"ids", ids}, {"checkpoints_only", checkpoints_only}};
+  if (batch != 0) req["batch"] = batch;
+  if (older_than_s >= 0) req["ended_before"] = std::max(1e-3, now_s() - older_than_s);
+  auto reply = request(o, req, code);
+  if (!reply) return code;
+  auto c = reply->get<common::CleanReply>();
+  if (o.json) {
+    print_json(*reply);
+    return k_exit_ok;
+  }
+  if (c.cleaned.empty()) {
+    std::cout << "nothing to remove\n";
+    return k_exit_ok;
+  }
+  std::cout << "removed the " << (checkpoints_only ? "checkpoints" : "files") << " of " << c.cleaned.size()
+            << (c.cleaned.size() == 1 ? " job" : " jobs") << " (" << format_bytes(c.bytes_freed)
+            << "); their results and history stay\n";
   return k_exit_ok;
 }
 

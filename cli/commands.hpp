@@ -34,6 +34,10 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued = -2);
 int cmd_show(const Options& o, std::int64_t id);
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt);
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids);
+// Removes ended jobs' files (or only their checkpoints): `ids`, the ended jobs of `batch`, those
+// that ended over `older_than_s` ago (< 0: no age limit; alone: every such job).
+int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
+              bool checkpoints_only);
 // Holds queued jobs out of line (`hold`), or releases them: `ids` and the queued jobs of `batch`.
 int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold);
 // Queues ended jobs again (any of `ids`; the unsuccessful ones of `batch`), with the jobs that

@@ -2,9 +2,12 @@
 #include "cli/format.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <map>
+#include <stdexcept>
 
 namespace gpuq::cli {
 
@@ -94,6 +97,36 @@ std::string format_fields(const nlohmann::json& obj, std::size_t max_fields) {
     out += (out.empty() ? "" : " ") + shown[n].second + "=" + format_value(obj[shown[n].second]);
   }
   return out;
+}
+
+std::optional<double> parse_duration(const std::string& text) {
+  static const std::map<std::string, double> k_units{{"", 1}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400},
+                                                     {"w", 604800}};
+  std::size_t used = 0;
+  double n = 0;
+  try {
+    n = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  auto unit = k_units.find(text.substr(used));
+  if (unit == k_units.end() || !(n >= 0) || std::isinf(n) || !std::isdigit(static_cast<unsigned char>(text[0])))
+    return std::nullopt;
+  return n * unit->second;
+}
+
+std::string format_bytes(std::int64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = -1;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f %s", v, units[u]);
+  return buf;
 }
 
 std::string format_gpus(const std::vector<int>& gpus) {

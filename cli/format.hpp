@@ -1,6 +1,8 @@
 // Human output for the CLI: aligned tables and compact durations, values and progress.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -26,6 +28,9 @@ class Table {
 };
 
 std::string format_duration(double seconds);              // 4s, 2m05s, 3h02m, 2d04h
+// "90", "90s", "30m", "12h", "7d", "2w" (a number and one unit) in seconds; nullopt if malformed.
+std::optional<double> parse_duration(const std::string& text);
+std::string format_bytes(std::int64_t bytes);             // 512 B, 3.4 KiB, 12.0 MiB, 1.5 GiB
 std::string format_value(const nlohmann::json& v);        // numbers to 4 significant digits
 // What a person looks for first in results and progress: 0 quality metrics (accuracy, loss, …),
 // 1 other numbers, 2 the rest (paths, names).

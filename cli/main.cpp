@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/format.hpp"
 #include "common/config.hpp"
 #include "common/paths.hpp"
 
@@ -103,6 +104,34 @@ int main(int argc, char** argv) {
       };
     });
   }
+
+  std::string older_than;
+  bool checkpoints_only = false;
+  auto* clean = app.add_subcommand(
+      "clean", "Free the disk ended jobs take: remove their logs and checkpoints (results and history stay)");
+  clean->add_option("ids", ids, "Job ids (ended ones)");
+  clean->add_option("--batch,-b", batch, "The ended jobs of this batch");
+  clean->add_option("--older-than", older_than, "Only jobs that ended this long ago: 90s, 30m, 12h, 7d, 2w (alone: every such job)");
+  clean->add_flag("--checkpoints", checkpoints_only, "Remove only the checkpoints, keep the logs");
+  json_flag(clean);
+  clean->callback([&] {
+    run = [&] {
+      double age = -1;
+      if (!older_than.empty()) {
+        auto parsed = parse_duration(older_than);
+        if (!parsed) {
+          std::cerr << "gpuq clean: --older-than " << older_than << " is not a duration like 90s, 30m, 12h, 7d or 2w\n";
+          return k_exit_usage;
+        }
+        age = *parsed;
+      }
+      if (ids.empty() && batch == 0 && age < 0) {
+        std::cerr << "gpuq clean: name job ids, --batch or --older-than (--older-than 0 cleans every ended job)\n";
+        return k_exit_usage;
+      }
+      return cmd_clean(opt, ids, batch, age, checkpoints_only);
+    };
+  });
 
   double timeout_s = 0;
   auto* waitc = app.add_subcommand("wait", "Wait for jobs to end; exit 0 if all succeeded, 1 if not, 124 on timeout");

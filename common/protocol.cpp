@@ -133,6 +133,19 @@ SelectRequest decode_select(const json& j) {
   return r;
 }
 
+CleanRequest decode_clean(const json& j) {
+  CleanRequest r;
+  r.ids = id_list(j, "ids");
+  r.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
+  if (r.batch < 0) bad("batch", "a batch id");
+  r.ended_before = get_or<double>(j, "ended_before", 0.0, "a unix time");
+  if (!(r.ended_before >= 0)) bad("ended_before", "a unix time");
+  if (r.ids.empty() && r.batch == 0 && r.ended_before == 0)
+    bad("ids", "a non-empty array of job ids, or `batch` or `ended_before`");
+  r.checkpoints_only = get_or<bool>(j, "checkpoints_only", false, "true or false");
+  return r;
+}
+
 RestartRequest decode_restart(const json& j) {
   auto selected = decode_select(j);
   return {std::move(selected.ids), selected.batch, get_or<bool>(j, "fresh", false, "true or false")};

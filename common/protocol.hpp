@@ -140,6 +140,12 @@ struct RestartRequest {
   std::int64_t batch = 0;         // and this batch's jobs that ended without success
   bool fresh = false;             // empty their checkpoint directories: start over, not resume
 };
+struct CleanRequest {
+  std::vector<std::int64_t> ids;  // ended jobs
+  std::int64_t batch = 0;         // and this batch's ended jobs
+  double ended_before = 0;        // > 0: only jobs that ended before this time (alone: every such job)
+  bool checkpoints_only = false;  // remove the checkpoints, keep the logs
+};
 struct ResultsRequest {
   std::vector<std::int64_t> ids;
   std::int64_t batch = 0;
@@ -162,6 +168,7 @@ IdsRequest decode_ids(const json& j);
 ResultsRequest decode_results(const json& j);
 RestartRequest decode_restart(const json& j);
 SelectRequest decode_select(const json& j);  // ids and/or batch, at least one
+CleanRequest decode_clean(const json& j);
 EventsRequest decode_events(const json& j);
 
 // ---- replies ----------------------------------------------------------------------------------
@@ -236,6 +243,12 @@ struct RestartReply {
   std::vector<RestartOutcome> jobs;  // in id order
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RestartReply, jobs)
+
+struct CleanReply {
+  std::vector<std::int64_t> cleaned;  // jobs whose files were removed, by id
+  std::int64_t bytes_freed = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CleanReply, cleaned, bytes_freed)
 
 struct GpusReply {
   std::string source;  // "nvml", "fake:N:MiB[:NODES]" or "none"

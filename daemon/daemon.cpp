@@ -146,7 +146,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
       {"hello", &Daemon::cmd_hello},   {"submit", &Daemon::cmd_submit},   {"status", &Daemon::cmd_status},
       {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
       {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},   {"restart", &Daemon::cmd_restart},
-      {"hold", &Daemon::cmd_hold},     {"release", &Daemon::cmd_release},
+      {"hold", &Daemon::cmd_hold},     {"release", &Daemon::cmd_release}, {"clean", &Daemon::cmd_clean},
   };
   try {
     if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string())
@@ -162,8 +162,8 @@ void Daemon::dispatch(const json& request, Reply reply) {
     if (it == k_commands.end())
       throw RequestError(ErrorCode::unknown_command,
                          "unknown command `" + cmd.substr(0, 64) +
-                             "`; known: hello, submit, status, show, cancel, restart, hold, release, wait, results, events, gpus, "
-                             "shutdown");
+                             "`; known: hello, submit, status, show, cancel, restart, hold, release, clean, wait, results, events, "
+                             "gpus, shutdown");
     reply(common::ok_reply((this->*(it->second))(request)));
   } catch (const RequestError& e) {
     reply(common::error_reply(e.code(), e.what()));
@@ -634,6 +634,66 @@ json Daemon::set_held(const common::SelectRequest& q, bool hold) {
     index(a);
   }
   if (!hold && !changed.empty()) schedule_soon();
+  return out;
+}
+
+// Frees the disk ended jobs' files take: the whole job directory (logs, checkpoints, launch and
+// events files), or only the checkpoints. Their records, state history, events and results stay,
+// so status, show, results and plot still know them. A job named that has not ended cleans
+// nothing; a directory that cannot be removed is reported after the others are.
+json Daemon::cmd_clean(const json& req) {
+  auto q = common::decode_clean(req);
+  std::map<std::int64_t, double> ended;  // id -> ended_at
+  for (auto id : q.ids) {
+    auto rec = lookup(id);
+    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+    if (!is_terminal(rec->state))
+      throw RequestError(ErrorCode::wrong_state, "job " + std::to_string(id) + " (" + rec->spec.name + ") is " +
+                                                     std::string(to_string(rec->state)) +
+                                                     "; only the files of a job that has ended can be removed");
+    ended[id] = rec->ended_at;
+  }
+  if (q.batch != 0) {
+    auto rows = m_store->batch_jobs(q.batch);
+    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
+    for (const auto& rec : rows)
+      if (is_terminal(rec.state)) ended[rec.id] = rec.ended_at;
+  }
+  if (q.ids.empty() && q.batch == 0) {
+    for (auto id : m_store->ended_before(q.ended_before)) ended[id] = 0;
+  } else if (q.ended_before > 0) {
+    std::erase_if(ended, [&](const auto& e) { return e.second >= q.ended_before; });
+  }
+
+  common::CleanReply out;
+  std::vector<std::string> failures;
+  for (const auto& [id, _] : ended) {
+    const std::string dir = job_dir(m_config.state_dir, id) + (q.checkpoints_only ? "/checkpoints" : "");
+    std::error_code ec;
+    if (!std::filesystem::exists(dir, ec)) continue;
+    std::int64_t bytes = 0;
+    for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->is_regular_file(ec)) bytes += static_cast<std::int64_t>(it->file_size(ec));
+    ec.clear();
+    if (q.checkpoints_only) {  // emptied, not removed, as `restart --fresh` leaves it
+      for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        std::filesystem::remove_all(it->path(), ec);
+    } else {
+      std::filesystem::remove_all(dir, ec);
+    }
+    if (ec) {
+      failures.push_back(dir + ": " + ec.message());
+      continue;
+    }
+    out.cleaned.push_back(id);
+    out.bytes_freed += bytes;
+  }
+  if (!failures.empty()) {
+    std::string msg = "could not remove the files of " + std::to_string(failures.size()) + " job(s) (" +
+                      std::to_string(out.cleaned.size()) + " others cleaned):";
+    for (std::size_t i = 0; i < failures.size() && i < 10; ++i) msg += "\n  " + failures[i];
+    throw RequestError(ErrorCode::store_error, msg);
+  }
   return out;
 }
 

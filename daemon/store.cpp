@@ -380,6 +380,18 @@ std::vector<JobRecord> Store::failed_waiting_for(std::int64_t id) {
   return query_jobs(st);
 }
 
+std::vector<std::int64_t> Store::ended_before(double t) {
+  auto* st = prepare("SELECT id FROM jobs WHERE state NOT IN ('queued', 'running') AND ended_at < ? ORDER BY id");
+  sqlite3_bind_double(st, 1, t);
+  std::vector<std::int64_t> out;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) out.push_back(sqlite3_column_int64(st, 0));
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (rc != SQLITE_DONE) fail(m_db, "read jobs");
+  return out;
+}
+
 std::int64_t Store::count_jobs() {
   auto* st = prepare("SELECT count(*) FROM jobs");
   std::int64_t n = 0;

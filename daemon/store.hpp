@@ -86,6 +86,8 @@ class Store {
   // Up to `limit` jobs with ids above `after`, in id order (keyset paging).
   std::vector<JobRecord> page_after(std::int64_t after, int limit);
   std::vector<JobRecord> batch_jobs(std::int64_t batch);
+  // The ids of the jobs that ended before `t`, in id order.
+  std::vector<std::int64_t> ended_before(double t);
   // The jobs that failed without running because job `id` had ended without success.
   std::vector<JobRecord> failed_waiting_for(std::int64_t id);
   std::int64_t count_jobs();

@@ -721,5 +721,48 @@ class Hold(DaemonTest):
         self.d.ok("cancel", str(running))
 
 
+class Clean(DaemonTest):
+    def test_clean_frees_ended_jobs_files_and_keeps_their_results_and_history(self):
+        write = ('head -c 200000 /dev/zero > "$GPUQ_CHECKPOINT_DIR/model.pt"; echo "trained $GPUQ_JOB_NAME"; ' +
+                 event_line(type="result", accuracy=0.9))
+        sub = self.d.submit([{"name": "a", "shell": write}, {"name": "b", "shell": write},
+                             {"name": "busy", "shell": "sleep 9187"}])
+        a, b, busy = sub["ids"]
+        self.d.wait([a, b])
+        wait_until(lambda: self.d.show(busy)["job"]["state"] == "running", what="busy to start")
+        jobs_dir = os.path.join(self.d.state, "jobs")
+
+        out = self.d.json("clean", "--checkpoints", str(a))
+        self.assertEqual(out["cleaned"], [a])
+        self.assertGreaterEqual(out["bytes_freed"], 200000)
+        self.assertEqual(os.listdir(os.path.join(jobs_dir, str(a), "checkpoints")), [])
+        self.assertEqual(self.d.ok("logs", str(a)).strip(), "trained a")  # logs kept
+
+        r = self.d.run("clean", str(busy))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn(f"job {busy} (busy) is running; only the files of a job that has ended can be removed", r.stderr)
+        self.assertIn("nothing to remove", self.d.ok("clean", "--older-than", "1h"))  # all ended just now
+
+        out = self.d.ok("clean", "--batch", str(sub["batch"]))
+        self.assertRegex(out, r"removed the files of 2 jobs \(\d+\.\d KiB\); their results and history stay")
+        self.assertFalse(os.path.exists(os.path.join(jobs_dir, str(a))))
+        self.assertFalse(os.path.exists(os.path.join(jobs_dir, str(b))))
+        self.assertTrue(os.path.exists(os.path.join(jobs_dir, str(busy))))  # still running: untouched
+        results = {j["id"]: j["result"] for j in self.d.json("results", "--batch", str(sub["batch"]))["jobs"]}
+        self.assertEqual(results[b], {"accuracy": 0.9})
+        self.assertEqual(self.d.show(b)["history"][-1]["state"], "succeeded")
+        r = self.d.run("logs", str(b))
+        self.assertEqual(r.returncode, 0)
+        self.assertIn(f"job {b} has no log files left", r.stderr)
+        self.assertIn("nothing to remove", self.d.ok("clean", str(a), str(b)))
+
+        self.d.ok("cancel", str(busy))
+        self.d.wait([busy])
+        self.assertEqual(self.d.json("clean", "--older-than", "0")["cleaned"], [busy])
+        self.assertEqual(os.listdir(jobs_dir), [])
+        self.assertEqual(self.d.run("clean", "--older-than", "soon").returncode, 2)
+        self.assertEqual(self.d.run("clean").returncode, 2)
+
+
 if __name__ == "__main__":
     unittest.main()

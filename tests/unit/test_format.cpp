@@ -17,6 +17,23 @@ TEST_CASE("durations are compact and carry the two largest units") {
   CHECK(format_duration(-1) == "0s");
 }
 
+TEST_CASE("a duration is read as a number and one unit, and sizes print in binary units") {
+  CHECK(parse_duration("90") == 90.0);
+  CHECK(parse_duration("90s") == 90.0);
+  CHECK(parse_duration("30m") == 1800.0);
+  CHECK(parse_duration("1.5h") == 5400.0);
+  CHECK(parse_duration("7d") == 7 * 86400.0);
+  CHECK(parse_duration("2w") == 2 * 604800.0);
+  CHECK(parse_duration("0") == 0.0);
+  for (const char* bad : {"", "d", "7 d", "7dd", "7y", "-1h", "nan", "inf", "1e999d", "h7"})
+    CHECK_MESSAGE(!parse_duration(bad), bad);
+  CHECK(format_bytes(0) == "0 B");
+  CHECK(format_bytes(1023) == "1023 B");
+  CHECK(format_bytes(1536) == "1.5 KiB");
+  CHECK(format_bytes(12LL << 20) == "12.0 MiB");
+  CHECK(format_bytes(3LL << 40) == "3.0 TiB");
+}
+
 TEST_CASE("numbers keep four significant digits, without exponents for ordinary magnitudes") {
   CHECK(format_value(0.86661) == "0.8666");
   CHECK(format_value(16070.3) == "16070");

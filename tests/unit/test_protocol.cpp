@@ -69,6 +69,10 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_restart, {{"ids", {3}}, {"fresh", "yes"}}) == "field `fresh` must be true or false");
   CHECK(decode_restart({{"batch", 2}, {"fresh", true}}).fresh);
   CHECK(decode_restart({{"ids", {3, 4}}}).ids == std::vector<std::int64_t>{3, 4});
+  CHECK(message(decode_select, {{"batch", "2"}}) == "field `batch` must be a batch id");
+  CHECK(message(decode_clean, json::object()) == "field `ids` must be a non-empty array of job ids, or `batch` or `ended_before`");
+  CHECK(message(decode_clean, {{"ended_before", -1.0}}) == "field `ended_before` must be a unix time");
+  CHECK(decode_clean({{"ended_before", 5.0}, {"checkpoints_only", true}}).checkpoints_only);
   CHECK(message(decode_submit, {{"cwd", "/"}}) == "field `jobs` must be a job spec object or an array of them");
   CHECK(message(decode_submit, {{"jobs", {}}, {"env", {{"A", 1}}}}) == "field `env.A` must be a string");
 }
