@@ -124,20 +124,28 @@ ResultsRequest decode_results(const json& j) {
   return r;
 }
 
-SelectRequest decode_select(const json& j) {
+namespace {
+// The `ids` and `batch` of a command that selects jobs by both.
+SelectRequest read_selection(const json& j) {
   SelectRequest r;
   r.ids = id_list(j, "ids");
   r.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
   if (r.batch < 0) bad("batch", "a batch id");
+  return r;
+}
+}  // namespace
+
+SelectRequest decode_select(const json& j) {
+  SelectRequest r = read_selection(j);
   if (r.ids.empty() && r.batch == 0) bad("ids", "a non-empty array of job ids, or `batch`");
   return r;
 }
 
 CleanRequest decode_clean(const json& j) {
+  auto selected = read_selection(j);
   CleanRequest r;
-  r.ids = id_list(j, "ids");
-  r.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
-  if (r.batch < 0) bad("batch", "a batch id");
+  r.ids = std::move(selected.ids);
+  r.batch = selected.batch;
   r.ended_before = get_or<double>(j, "ended_before", 0.0, "a unix time");
   if (!(r.ended_before >= 0)) bad("ended_before", "a unix time");
   if (r.ids.empty() && r.batch == 0 && r.ended_before == 0)

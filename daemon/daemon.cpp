@@ -482,6 +482,15 @@ json Daemon::cmd_cancel(const json& req) {
   return out;
 }
 
+JobRecord Daemon::ended_job(std::int64_t id, const std::string& only) {
+  auto rec = lookup(id);
+  if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+  if (!is_terminal(rec->state))
+    throw RequestError(ErrorCode::wrong_state, "job " + std::to_string(id) + " (" + rec->spec.name + ") is " +
+                                                   std::string(to_string(rec->state)) + "; " + only);
+  return std::move(*rec);
+}
+
 // Queues ended jobs again under their own ids (as Slurm's requeue): same spec, batch and job
 // directory, attempts numbered on, a fresh retry budget. The jobs that failed only because one of
 // them had failed come along, so a DAG runs again from where it broke. All or nothing: a job that
@@ -490,15 +499,7 @@ json Daemon::cmd_restart(const json& req) {
   auto q = common::decode_restart(req);
   std::map<std::int64_t, JobRecord> chosen;  // by id, so they are requeued in line order
   std::map<std::int64_t, std::int64_t> with;  // a dependent -> the restarted job it had failed waiting for
-  for (auto id : q.ids) {
-    auto rec = lookup(id);
-    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
-    if (!is_terminal(rec->state))
-      throw RequestError(ErrorCode::wrong_state, "job " + std::to_string(id) + " (" + rec->spec.name + ") is " +
-                                                     std::string(to_string(rec->state)) +
-                                                     "; only a job that has ended can be restarted");
-    chosen.emplace(id, std::move(*rec));
-  }
+  for (auto id : q.ids) chosen.emplace(id, ended_job(id, "only a job that has ended can be restarted"));
   if (q.batch != 0) {
     auto rows = m_store->batch_jobs(q.batch);
     if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
@@ -644,15 +645,7 @@ json Daemon::set_held(const common::SelectRequest& q, bool hold) {
 json Daemon::cmd_clean(const json& req) {
   auto q = common::decode_clean(req);
   std::map<std::int64_t, double> ended;  // id -> ended_at
-  for (auto id : q.ids) {
-    auto rec = lookup(id);
-    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
-    if (!is_terminal(rec->state))
-      throw RequestError(ErrorCode::wrong_state, "job " + std::to_string(id) + " (" + rec->spec.name + ") is " +
-                                                     std::string(to_string(rec->state)) +
-                                                     "; only the files of a job that has ended can be removed");
-    ended[id] = rec->ended_at;
-  }
+  for (auto id : q.ids) ended[id] = ended_job(id, "only the files of a job that has ended can be removed").ended_at;
   if (q.batch != 0) {
     auto rows = m_store->batch_jobs(q.batch);
     if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));

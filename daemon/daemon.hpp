@@ -116,6 +116,8 @@ class Daemon {
   // else `stored`.
   common::JobInfo info_of(const JobRecord& stored) const;
   std::optional<JobRecord> lookup(std::int64_t id);
+  // Job `id`, which must have ended: else not_found, or wrong_state "job N (name) is S; <only>".
+  JobRecord ended_job(std::int64_t id, const std::string& only);
 
   asio::io_context& m_io;
   Config m_config;

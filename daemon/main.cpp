@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
 #include <boost/asio.hpp>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -149,9 +150,16 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  // Hold the state directory's lock: one daemon per state directory
+  // Hold the state directory's lock: one daemon per state directory. A predecessor killed while
+  // spawning a job leaves a child that holds the lock until it execs, so a busy lock is tried
+  // again for a moment before it counts as another daemon's.
   int lock = ::open((config.state_dir + "/gpuqd.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock < 0 || ::flock(lock, LOCK_EX | LOCK_NB) != 0) {
+  bool locked = lock >= 0 && ::flock(lock, LOCK_EX | LOCK_NB) == 0;
+  for (int tries = 0; lock >= 0 && !locked && errno == EWOULDBLOCK && tries < 40; ++tries) {
+    ::usleep(50'000);
+    locked = ::flock(lock, LOCK_EX | LOCK_NB) == 0;
+  }
+  if (!locked) {
     report_ready("another gpuqd is using the state dir " + config.state_dir);
     return 1;
   }
