@@ -755,6 +755,10 @@ class Clean(DaemonTest):
         self.assertEqual(r.returncode, 0)
         self.assertIn(f"job {b} has no log files left", r.stderr)
         self.assertIn("nothing to remove", self.d.ok("clean", str(a), str(b)))
+        self.d.ok("restart", str(a))  # a cleaned job runs again in a new directory
+        self.assertEqual(self.d.wait([a])[a]["state"], "succeeded")
+        self.assertEqual(self.d.ok("logs", str(a)).strip(), "trained a")
+        self.d.ok("clean", str(a))
 
         self.d.ok("cancel", str(busy))
         self.d.wait([busy])
