@@ -445,6 +445,22 @@ int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_
   return k_exit_ok;
 }
 
+int cmd_update(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, const json& set) {
+  int code = 0;
+  json req{{"cmd", "update"}, {"ids", ids}, {"set", set}};
+  if (batch != 0) req["batch"] = batch;
+  auto reply = request(o, req, code);
+  if (!reply) return code;
+  auto c = reply->get<common::CancelReply>();
+  if (o.json) {
+    print_json({{"jobs", (*reply)["jobs"]}});
+    return k_exit_ok;
+  }
+  if (c.jobs.empty()) std::cout << "batch " << batch << " has no queued jobs\n";
+  for (const auto& j : c.jobs) std::cout << "job " << j.id << ": " << (j.changed ? "updated" : "unchanged") << "\n";
+  return k_exit_ok;
+}
+
 int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
               bool checkpoints_only) {
   int code = 0;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/config.hpp"
 
 namespace gpuq::cli {
@@ -38,6 +40,8 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids);
 // that ended over `older_than_s` ago (< 0: no age limit; alone: every such job).
 int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
               bool checkpoints_only);
+// Sets `set`'s spec fields (priority, retries, timeout_s) of `ids` and the queued jobs of `batch`.
+int cmd_update(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, const nlohmann::json& set);
 // Holds queued jobs out of line (`hold`), or releases them: `ids` and the queued jobs of `batch`.
 int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold);
 // Queues ended jobs again (any of `ids`; the unsuccessful ones of `batch`), with the jobs that

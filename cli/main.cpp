@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <iostream>
+#include <optional>
 
 #include "cli/commands.hpp"
 #include "cli/format.hpp"
@@ -104,6 +105,39 @@ int main(int argc, char** argv) {
       };
     });
   }
+
+  std::optional<int> new_priority, new_retries;
+  std::string new_timeout;
+  auto* update = app.add_subcommand("update", "Change waiting jobs' priority, retries or timeout (running ones: "
+                                              "priority and retries, for their next attempt)");
+  update->add_option("ids", ids, "Job ids");
+  update->add_option("--batch,-b", batch, "Every queued job of this batch");
+  update->add_option("--priority,-p", new_priority, "New priority (higher starts first)");
+  update->add_option("--retries", new_retries, "New number of retries");
+  update->add_option("--timeout", new_timeout, "New timeout: 90s, 30m, 12h, 2d, or none");
+  json_flag(update);
+  update->callback([&] {
+    run = [&] {
+      nlohmann::json set = nlohmann::json::object();
+      if (new_priority) set["priority"] = *new_priority;
+      if (new_retries) set["retries"] = *new_retries;
+      if (new_timeout == "none") {
+        set["timeout_s"] = nullptr;
+      } else if (!new_timeout.empty()) {
+        auto parsed = parse_duration(new_timeout);
+        if (!parsed) {
+          std::cerr << "gpuq update: --timeout " << new_timeout << " is not a duration like 90s, 30m, 12h or 2d, or none\n";
+          return k_exit_usage;
+        }
+        set["timeout_s"] = *parsed;
+      }
+      if ((ids.empty() && batch == 0) || set.empty()) {
+        std::cerr << "gpuq update: name job ids or --batch, and what to change (--priority, --retries, --timeout)\n";
+        return k_exit_usage;
+      }
+      return cmd_update(opt, ids, batch, set);
+    };
+  });
 
   std::string older_than;
   bool checkpoints_only = false;

@@ -1,6 +1,8 @@
 // Request decoding with field-naming errors, and the reply envelope.
 #include "common/protocol.hpp"
 
+#include "common/spec.hpp"
+
 namespace gpuq::common {
 
 json parse_depth_limited(std::string_view text, bool& too_deep) {
@@ -151,6 +153,30 @@ CleanRequest decode_clean(const json& j) {
   if (r.ids.empty() && r.batch == 0 && r.ended_before == 0)
     bad("ids", "a non-empty array of job ids, or `batch` or `ended_before`");
   r.checkpoints_only = get_or<bool>(j, "checkpoints_only", false, "true or false");
+  return r;
+}
+
+UpdateRequest decode_update(const json& j) {
+  auto selected = decode_select(j);
+  UpdateRequest r;
+  r.ids = std::move(selected.ids);
+  r.batch = selected.batch;
+  auto it = j.find("set");
+  if (it == j.end() || !it->is_object() || it->empty())
+    bad("set", "an object of the spec fields to change: priority, retries, timeout_s");
+  // The values are checked by the job-spec parser itself, on a spec that holds only them.
+  json probe = {{"command", {"true"}}};
+  for (const auto& [k, v] : it->items()) {
+    if (k != "priority" && k != "retries" && k != "timeout_s")
+      bad("set." + k, "left out: only priority, retries and timeout_s can change after submission");
+    if (!v.is_null()) probe[k] = v;
+    else if (k != "timeout_s") bad("set." + k, "a number");
+  }
+  auto parsed = parse_job(probe, "/");
+  if (!parsed) throw RequestError(parsed.error());
+  if (it->contains("priority")) r.priority = parsed->priority;
+  if (it->contains("retries")) r.retries = parsed->retries;
+  if (it->contains("timeout_s")) r.timeout_s = parsed->timeout_s;
   return r;
 }
 

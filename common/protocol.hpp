@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -140,6 +141,13 @@ struct RestartRequest {
   std::int64_t batch = 0;         // and this batch's jobs that ended without success
   bool fresh = false;             // empty their checkpoint directories: start over, not resume
 };
+struct UpdateRequest {
+  std::vector<std::int64_t> ids;  // queued jobs (running ones: `priority` and `retries` only)
+  std::int64_t batch = 0;         // and this batch's queued jobs
+  // From `set`, checked as a job spec's fields are: the ones to change.
+  std::optional<int> priority, retries;
+  std::optional<double> timeout_s;  // 0: no timeout (`"timeout_s": null`)
+};
 struct CleanRequest {
   std::vector<std::int64_t> ids;  // ended jobs
   std::int64_t batch = 0;         // and this batch's ended jobs
@@ -169,6 +177,8 @@ ResultsRequest decode_results(const json& j);
 RestartRequest decode_restart(const json& j);
 SelectRequest decode_select(const json& j);  // ids and/or batch, at least one
 CleanRequest decode_clean(const json& j);
+// Also throws RequestError(invalid_spec) for a value a job spec could not hold.
+UpdateRequest decode_update(const json& j);
 EventsRequest decode_events(const json& j);
 
 // ---- replies ----------------------------------------------------------------------------------

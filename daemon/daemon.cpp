@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "common/paths.hpp"
 #include "common/spec.hpp"
@@ -147,6 +148,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
       {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
       {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},   {"restart", &Daemon::cmd_restart},
       {"hold", &Daemon::cmd_hold},     {"release", &Daemon::cmd_release}, {"clean", &Daemon::cmd_clean},
+      {"update", &Daemon::cmd_update},
   };
   try {
     if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string())
@@ -162,8 +164,8 @@ void Daemon::dispatch(const json& request, Reply reply) {
     if (it == k_commands.end())
       throw RequestError(ErrorCode::unknown_command,
                          "unknown command `" + cmd.substr(0, 64) +
-                             "`; known: hello, submit, status, show, cancel, restart, hold, release, clean, wait, results, events, "
-                             "gpus, shutdown");
+                             "`; known: hello, submit, status, show, cancel, restart, hold, release, update, clean, wait, results, "
+                             "events, gpus, shutdown");
     reply(common::ok_reply((this->*(it->second))(request)));
   } catch (const RequestError& e) {
     reply(common::error_reply(e.code(), e.what()));
@@ -635,6 +637,71 @@ json Daemon::set_held(const common::SelectRequest& q, bool hold) {
     index(a);
   }
   if (!hold && !changed.empty()) schedule_soon();
+  return out;
+}
+
+// Changes jobs' priority, retries or timeout after submission, as Slurm's `scontrol update`:
+// the spec is rewritten and the job takes its new place in line. A running job takes `priority`
+// and `retries`, which decide its next attempt; its supervisor enforces the timeout it started
+// with, so that cannot change under it. All or nothing; each change is in the job's history.
+json Daemon::cmd_update(const json& req) {
+  auto q = common::decode_update(req);
+  std::vector<std::int64_t> ids;
+  for (auto id : q.ids) {
+    auto it = m_active.find(id);
+    if (it == m_active.end()) {
+      auto rec = ended_job(id, "");  // not_found, or ended
+      throw RequestError(ErrorCode::wrong_state, "job " + std::to_string(id) + " (" + rec.spec.name + ") has ended " +
+                                                     std::string(to_string(rec.state)) +
+                                                     "; `gpuq restart` queues it again, and then it can be updated");
+    }
+    if (it->second.rec.state == JobState::running && q.timeout_s)
+      throw RequestError(ErrorCode::wrong_state,
+                         "job " + std::to_string(id) + " (" + it->second.rec.spec.name +
+                             ") is running: its supervisor enforces the timeout it started with; only priority and "
+                             "retries can change now");
+    ids.push_back(id);
+  }
+  if (q.batch != 0) {
+    auto rows = m_store->batch_jobs(q.batch);
+    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
+    for (const auto& rec : rows)
+      if (rec.state == JobState::queued) ids.push_back(rec.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+
+  auto change = [](auto& field, const auto& value, const char* name, std::string& why) {
+    if (!value || field == *value) return;
+    std::ostringstream text;
+    text << (why.empty() ? "updated: " : ", ") << name << " " << field << " -> " << *value;
+    why += text.str();
+    field = *value;
+  };
+  common::CancelReply out;
+  std::vector<JobRecord> changed;
+  std::vector<std::string> why;
+  for (auto id : ids) {
+    JobRecord next = m_active.at(id).rec;
+    std::string what;
+    change(next.spec.priority, q.priority, "priority", what);
+    change(next.spec.retries, q.retries, "retries", what);
+    change(next.spec.timeout_s, q.timeout_s, "timeout_s", what);
+    out.jobs.push_back({id, std::string(to_string(next.state)), !what.empty()});
+    if (what.empty()) continue;
+    changed.push_back(std::move(next));
+    why.push_back(std::move(what));
+  }
+  std::vector<const JobRecord*> rows;
+  for (const auto& r : changed) rows.push_back(&r);
+  m_store->rewrite_specs(rows, why);
+  for (auto& rec : changed) {
+    Active& a = m_active.at(rec.id);
+    unindex(a.rec);  // filed under the old priority
+    a.rec = std::move(rec);
+    index(a);
+  }
+  if (!changed.empty()) schedule_soon();
   return out;
 }
 

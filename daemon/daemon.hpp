@@ -88,6 +88,7 @@ class Daemon {
   json cmd_release(const json& req);
   json set_held(const common::SelectRequest& q, bool hold);
   json cmd_clean(const json& req);
+  json cmd_update(const json& req);
   json cmd_results(const json& req);
   json cmd_events(const json& req);
   json cmd_gpus(const json& req);

@@ -374,6 +374,19 @@ std::vector<JobRecord> Store::batch_jobs(std::int64_t batch) {
   return query_jobs(st);
 }
 
+void Store::rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why) {
+  Txn txn(m_db);
+  auto* st = prepare("UPDATE jobs SET spec=? WHERE id=?");
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    bind_text(st, 1, common::to_json(jobs[i]->spec).dump());
+    sqlite3_bind_int64(st, 2, jobs[i]->id);
+    run(m_db, st, "update job spec");
+    write_job(*jobs[i]);
+    write_transition(*jobs[i], wall_now(), &why[i]);
+  }
+  txn.commit();
+}
+
 std::vector<JobRecord> Store::failed_waiting_for(std::int64_t id) {
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE blocked_by=? AND state='failed' ORDER BY id"));
   sqlite3_bind_int64(st, 1, id);

@@ -80,6 +80,9 @@ class Store {
   // job's own reason where `why` has none): restarting jobs with their dependents.
   void update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why = {});
 
+  // Rewrites the jobs' specs in one transaction, each with a transition whose reason is `why[i]`.
+  void rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why);
+
   std::vector<JobRecord> load_active();
   std::optional<JobRecord> get(std::int64_t id);
   std::vector<JobRecord> recent_finished(int limit);

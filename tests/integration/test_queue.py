@@ -768,5 +768,56 @@ class Clean(DaemonTest):
         self.assertEqual(self.d.run("clean").returncode, 2)
 
 
+class Update(DaemonTest):
+    GPUS = "fake:1"
+
+    def test_a_queued_job_moves_up_the_line_and_a_running_one_takes_new_retries(self):
+        go = self.tmp_path("go")
+        busy = self.d.submit({"name": "busy", "gpus": 1, "shell": f"while [ ! -e {go} ]; do sleep 0.05; done; "
+                                                                   '[ "$GPUQ_ATTEMPT" -ge 2 ]'})["ids"][0]
+        wait_until(lambda: self.d.show(busy)["job"]["state"] == "running", what="busy to start")
+        order = self.tmp_path("order")
+        ids = self.d.submit([{"name": f"q{i}", "gpus": 1, "shell": f"echo q{i} >> {order}"} for i in range(3)])["ids"]
+        out = self.d.json("update", str(ids[2]), "--priority", "5", "--timeout", "1h")["jobs"]
+        self.assertEqual(out, [{"id": ids[2], "state": "queued", "changed": True}])
+        self.assertEqual(self.d.json("update", str(ids[2]), "--priority", "5")["jobs"][0]["changed"], False)
+        # The running job fails its first attempt: with the retry given now, it runs again.
+        self.d.ok("update", str(busy), "--retries", "1")
+        r = self.d.run("update", str(busy), "--timeout", "1h")
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("is running: its supervisor enforces the timeout it started with", r.stderr)
+        open(go, "w").close()
+        done = self.d.wait([busy] + ids)
+        self.assertEqual((done[busy]["state"], done[busy]["attempt"]), ("succeeded", 2))
+        self.assertEqual(pathlib.Path(order).read_text().split(), ["q2", "q0", "q1"])
+        show = self.d.show(ids[2])
+        self.assertEqual((show["spec"]["priority"], show["spec"]["timeout_s"]), (5, 3600))
+        self.assertIn(("queued", "updated: priority 0 -> 5, timeout_s 0 -> 3600"),
+                      [(h["state"], h["reason"]) for h in show["history"]])
+        # Stored: a restarted daemon keeps the new values.
+        self.d.stop()
+        self.d.start()
+        self.assertEqual(self.d.show(ids[2])["spec"]["priority"], 5)
+
+    def test_an_update_that_cannot_be_made_changes_nothing_and_says_why(self):
+        ended = self.d.submit({"name": "ended", "command": ["true"]})["ids"][0]
+        self.d.wait([ended])
+        queued = self.d.submit({"name": "waiting", "after": [ended], "gpus": 1, "command": ["true"]}, "--hold")["ids"][0]
+        r = self.d.run("update", str(queued), str(ended), "--priority", "3")
+        self.assertEqual(r.returncode, 4)
+        self.assertIn(f"job {ended} (ended) has ended succeeded; `gpuq restart` queues it again", r.stderr)
+        self.assertEqual(self.d.show(queued)["spec"]["priority"], 0)
+        r = self.d.run("update", str(queued), "--retries", "1000")
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("`retries`", r.stderr)
+        self.assertEqual(self.d.run("update", str(queued), "--timeout", "soon").returncode, 2)
+        self.assertEqual(self.d.run("update", str(queued)).returncode, 2)
+        reply = self.d.request({"cmd": "update", "ids": [queued], "set": {"gpus": 4}})
+        self.assertEqual(reply["error"]["code"], "bad_request")
+        self.assertIn("only priority, retries and timeout_s", reply["error"]["message"])
+        self.d.ok("update", str(queued), "--timeout", "none", "--priority", "-2")
+        self.assertEqual(self.d.show(queued)["spec"]["priority"], -2)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -73,8 +73,29 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_clean, json::object()) == "field `ids` must be a non-empty array of job ids, or `batch` or `ended_before`");
   CHECK(message(decode_clean, {{"ended_before", -1.0}}) == "field `ended_before` must be a unix time");
   CHECK(decode_clean({{"ended_before", 5.0}, {"checkpoints_only", true}}).checkpoints_only);
+  CHECK(message(decode_update, {{"ids", {1}}}) ==
+        "field `set` must be an object of the spec fields to change: priority, retries, timeout_s");
+  CHECK(message(decode_update, {{"ids", {1}}, {"set", {{"gpus", 2}}}}) ==
+        "field `set.gpus` must be left out: only priority, retries and timeout_s can change after submission");
+  CHECK(message(decode_update, {{"ids", {1}}, {"set", {{"priority", nullptr}}}}) == "field `set.priority` must be a number");
+  auto update = decode_update({{"batch", 2}, {"set", {{"priority", 7}, {"timeout_s", nullptr}}}});
+  CHECK(update.priority == 7);
+  CHECK_FALSE(update.retries);
+  CHECK(update.timeout_s == 0.0);
   CHECK(message(decode_submit, {{"cwd", "/"}}) == "field `jobs` must be a job spec object or an array of them");
   CHECK(message(decode_submit, {{"jobs", {}}, {"env", {{"A", 1}}}}) == "field `env.A` must be a string");
+}
+
+TEST_CASE("an update's values are checked as a job spec's fields are") {
+  try {
+    decode_update({{"ids", {1}}, {"set", {{"retries", 1000}}}});
+    FAIL("no error");
+  } catch (const gpuq::RequestError& e) {
+    CHECK(e.code() == gpuq::ErrorCode::invalid_spec);
+    CHECK(std::string(e.what()).find("`retries`") != std::string::npos);
+  }
+  CHECK_THROWS_AS(decode_update({{"ids", {1}}, {"set", {{"timeout_s", -5}}}}), gpuq::RequestError);
+  CHECK_THROWS_AS(decode_update({{"ids", {1}}, {"set", {{"priority", "high"}}}}), gpuq::RequestError);
 }
 
 TEST_CASE("the reply envelope carries ok, or an error code and message") {
