@@ -416,6 +416,13 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
     print_json((*reply)["jobs"]);
     return k_exit_ok;
   }
+  if (c.jobs.size() > 20) {  // a batch: counts, not a line per job
+    int cancelled = 0, stopping = 0, ended = 0;
+    for (const auto& j : c.jobs) (!j.changed ? ended : j.state == "running" ? stopping : cancelled)++;
+    std::cout << cancelled << " queued jobs cancelled, " << stopping << " running jobs stopping (SIGTERM to all their "
+              << "processes), " << ended << " had already ended\n";
+    return k_exit_ok;
+  }
   for (const auto& j : c.jobs) {
     if (!j.changed) std::cout << "job " << j.id << ": already " << j.state << "\n";
     else if (j.state == "running") std::cout << "job " << j.id << ": stopping (SIGTERM to all its processes)\n";

@@ -66,9 +66,16 @@ int main(int argc, char** argv) {
 
   std::vector<std::int64_t> ids;
   auto* cancel = app.add_subcommand("cancel", "Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL");
-  cancel->add_option("ids", ids, "Job ids")->required();
+  cancel->add_option("ids", ids, "Job ids");
+  std::int64_t cancel_batch = 0;
+  cancel->add_option("--batch,-b", cancel_batch, "Every job of this batch (besides any ids)");
   json_flag(cancel);
-  cancel->callback([&] { run = [&] { return cmd_cancel(opt, ids); }; });
+  cancel->callback([&] {
+    run = [&] {
+      int code = add_batch_ids(opt, cancel_batch, ids);
+      return code ? code : cmd_cancel(opt, ids);
+    };
+  });
 
   std::int64_t batch = 0;
   bool fresh = false;

@@ -49,6 +49,19 @@ class Cancel(DaemonTest):
         self.d.ok("cancel", str(blocker))
         self.assertEqual(self.d.wait([blocker])[blocker]["state"], "cancelled")
 
+    def test_cancel_of_a_whole_batch_counts_what_it_did(self):
+        done = self.d.submit({"name": "done", "command": ["true"]})["ids"][0]
+        self.d.wait([done])
+        sub = self.d.submit([{"name": f"s{i}", "gpus": 1, "shell": "sleep 9187"} for i in range(24)])
+        wait_until(lambda: sum(j["state"] == "running" for j in self.d.json("status")["jobs"]) == 4,
+                   what="four jobs to start")
+        out = self.d.ok("cancel", "--batch", str(sub["batch"]), str(done))
+        self.assertEqual(out.strip(), "20 queued jobs cancelled, 4 running jobs stopping (SIGTERM to all their "
+                                      "processes), 1 had already ended")
+        states = {j["state"] for j in self.d.wait(sub["ids"]).values()}
+        self.assertEqual(states, {"cancelled"})
+        self.assertEqual(self.d.run("cancel").returncode, 2)
+
     def test_leftover_background_processes_are_stopped_when_a_job_ends(self):
         sub = self.d.submit({"name": "leaky", "shell": "sleep 7321 & echo started"})
         self.assertEqual(self.d.wait(sub["ids"])[sub["ids"][0]]["state"], "succeeded")
