@@ -345,7 +345,36 @@ int cmd_show(const Options& o, std::int64_t id) {
   return k_exit_ok;
 }
 
-int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt) {
+// Where the last `n` complete lines of a file start (0 when it has fewer); `lines`: how many of
+// them it has, up to n. Read backwards, so a long log costs only its tail.
+std::streamoff tail_start(const std::string& path, int n, int& lines) {
+  lines = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return 0;
+  in.seekg(0, std::ios::end);
+  std::streamoff pos = in.tellg();
+  std::vector<char> buf(64 << 10);
+  bool seen_last = false;  // the newline that ends the last complete line
+  while (pos > 0) {
+    const std::streamoff len = std::min<std::streamoff>(pos, static_cast<std::streamoff>(buf.size()));
+    pos -= len;
+    in.seekg(pos);
+    in.read(buf.data(), len);
+    for (std::streamoff i = len - 1; i >= 0; --i) {
+      if (buf[static_cast<std::size_t>(i)] != '\n') continue;
+      if (!seen_last) {
+        seen_last = true;
+        if (n == 0) return pos + i + 1;
+      } else if (++lines == n) {
+        return pos + i + 1;  // just after the newline that ends the line before the last n
+      }
+    }
+  }
+  lines += seen_last ? 1 : 0;
+  return 0;
+}
+
+int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail) {
   auto client = Client::connect(o.socket);
   if (!client) return report(client.error());
   auto show = [&]() -> std::optional<common::ShowReply> {
@@ -373,12 +402,17 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
     in.seekg(off);
     std::string line;
     while (std::getline(in, line)) {
-      if (in.eof() && !whole) break;  // partial line: print when complete
+      const bool complete = !in.eof();
+      if (!complete && !whole) break;  // partial line: print when complete
       std::cout << (prefix ? "[rank " + std::to_string(r) + "] " : "") << line << "\n";
-      off = in.tellg();
+      off += static_cast<std::streamoff>(line.size()) + (complete ? 1 : 0);
     }
   };
+  bool initial = true;
+  // An unfinished last line waits for its end while the job may still write it (-f); a plain
+  // `logs`, like cat, and the last pump after the job ended print it as it is.
   auto pump = [&](const common::ShowReply& sr) {
+    const bool whole = !follow || (sr.job.state != "queued" && sr.job.state != "running");
     for (const auto& l : sr.logs) {
       if (rank >= 0 && l.rank != rank) continue;
       if (attempt > 0 && l.attempt != attempt) continue;
@@ -387,16 +421,32 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
       auto& off = offsets[{l.attempt, l.rank}];
       std::error_code ec;
       const auto size = std::filesystem::file_size(l.path, ec);
+      if (first && initial && tail >= 0) {  // as tail -n: the chosen attempt's last lines only
+        if (l.attempt != (attempt > 0 ? attempt : sr.job.attempt)) {
+          off = ec ? 0 : static_cast<std::streamoff>(size);
+          continue;
+        }
+        int have = 0;
+        off = tail_start(l.path, tail, have);
+        if (have < tail && std::filesystem::exists(l.path + ".1")) {
+          int older_lines = 0;
+          std::streamoff older = tail_start(l.path + ".1", tail - have, older_lines);
+          print_from(l.path + ".1", older, l.rank, true);
+        }
+        print_from(l.path, off, l.rank, whole);
+        continue;
+      }
       if (first || (!ec && static_cast<std::streamoff>(size) < off)) {
         std::streamoff older = first ? 0 : off;
         if (std::filesystem::exists(l.path + ".1")) print_from(l.path + ".1", older, l.rank, true);
         off = 0;
       }
-      print_from(l.path, off, l.rank, false);
+      print_from(l.path, off, l.rank, whole);
     }
     std::cout.flush();
   };
   pump(*s);
+  initial = false;
   while (follow && (s->job.state == "queued" || s->job.state == "running")) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     s = show();

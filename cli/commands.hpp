@@ -34,7 +34,8 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
                bool hold = false);
 int cmd_status(const Options& o, bool all, int limit, std::int64_t queued = -2);
 int cmd_show(const Options& o, std::int64_t id);
-int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt);
+// `tail` >= 0: only the last `tail` lines of each rank's log (of the chosen attempt), as tail -n.
+int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail = -1);
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids);
 // Removes ended jobs' files (or only their checkpoints): `ids`, the ended jobs of `batch`, those
 // that ended over `older_than_s` ago (< 0: no age limit; alone: every such job).

@@ -62,7 +62,10 @@ int main(int argc, char** argv) {
   logs->add_flag("--follow,-f", follow, "Keep printing until the job ends, across retries");
   logs->add_option("--rank", rank, "Only this rank (ddp jobs)");
   logs->add_option("--attempt", attempt, "Only this attempt (default: the last; with -f, all)");
-  logs->callback([&] { run = [&] { return cmd_logs(opt, id, follow, rank, attempt); }; });
+  int tail = -1;
+  logs->add_option("--tail,-n", tail, "Only the last N lines of each rank's log, then (with -f) what follows")
+      ->check(CLI::Range(0, 1 << 30));
+  logs->callback([&] { run = [&] { return cmd_logs(opt, id, follow, rank, attempt, tail); }; });
 
   std::vector<std::int64_t> ids;
   auto* cancel = app.add_subcommand("cancel", "Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL");

@@ -545,6 +545,25 @@ class ResultsWaitLogs(DaemonTest):
         last = self.d.ok("logs", str(sub["ids"][0]))
         self.assertEqual(last.split(), "line 1 of 2 line 2 of 2 line 3 of 2".split())
 
+    def test_logs_tail_prints_the_last_lines_then_follows(self):
+        # 100,000 lines before the ones that matter: a tail reads only the end of the file.
+        job_id = self.d.submit({"name": "long", "retries": 1, "shell":
+                                'seq 1 100000; [ "$GPUQ_ATTEMPT" = 2 ] || exit 1; seq 100001 100003; '
+                                f'while [ ! -e {self.tmp}/more ]; do sleep 0.05; done; echo last; printf partial'})["ids"][0]
+        wait_until(lambda: self.d.show(job_id)["job"]["attempt"] == 2 and
+                   self.d.ok("logs", str(job_id), "-n", "1").strip() == "100003", what="attempt 2 to print")
+        self.assertEqual(self.d.ok("logs", str(job_id), "--tail", "2").split(), ["100002", "100003"])
+        self.assertEqual(self.d.ok("logs", str(job_id), "--attempt", "1", "-n", "3").split(),
+                         ["99998", "99999", "100000"])
+        self.assertEqual(self.d.ok("logs", str(job_id), "-n", "0"), "")
+        follower = subprocess.Popen([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, "logs", "-f", "-n", "1",
+                                     str(job_id)], stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        open(f"{self.tmp}/more", "w").close()
+        out, _ = follower.communicate(timeout=30)
+        # Attempt 1 is skipped; the partial last line is printed once the job has ended.
+        self.assertEqual(out.split(), ["100003", "last", "partial"])
+
     def test_status_shows_active_and_recent_jobs_and_all_on_request(self):
         ids = self.d.submit([{"name": f"n{i}", "command": ["true"]} for i in range(30)])["ids"]
         self.d.wait(ids)
