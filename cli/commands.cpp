@@ -712,9 +712,18 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
   return k_exit_ok;
 }
 
-int cmd_gpus(const Options& o) {
+int cmd_gpus(const Options& o) { return gpus_request(o, {{"cmd", "gpus"}}); }
+
+int cmd_drain(const Options& o, const std::vector<int>& gpus, bool drain, const std::string& reason) {
+  json req{{"cmd", drain ? "drain" : "undrain"}, {"gpus", gpus}};
+  if (!reason.empty()) req["reason"] = reason;
+  return gpus_request(o, req);
+}
+
+// Sends a request answered with the GPUs (gpus, drain, undrain) and prints them.
+int gpus_request(const Options& o, const json& req) {
   int code = 0;
-  auto reply = request(o, {{"cmd", "gpus"}}, code);
+  auto reply = request(o, req, code);
   if (!reply) return code;
   if (o.json) {
     reply->erase("ok");
@@ -734,6 +743,7 @@ int cmd_gpus(const Options& o) {
     std::string jobs;
     for (auto id : x.jobs) jobs += (jobs.empty() ? "" : ",") + std::to_string(id);
     std::string held = x.jobs.empty() ? "free" : x.exclusive ? "exclusive" : std::to_string(x.allocated_mb) + " MiB shared";
+    if (x.drained) held = "drained" + (x.jobs.empty() ? std::string() : ", " + held) + ": " + x.drain_reason;
     std::vector<std::string> row{std::to_string(x.index), x.name, std::to_string(x.memory_total_mb) + " MiB",
                                  x.memory_used_mb.is_number() ? x.memory_used_mb.dump() + " MiB" : "-",
                                  x.utilization.is_number() ? x.utilization.dump() + "%" : "-", held,

@@ -55,6 +55,9 @@ int cmd_result(const Options& o, std::int64_t id);
 int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch,
                 const std::vector<std::string>& fields);
 int cmd_gpus(const Options& o);
+int gpus_request(const Options& o, const nlohmann::json& req);
+// Takes GPUs out of service (`drain`, with why) or back; prints the GPUs as `gpus` does.
+int cmd_drain(const Options& o, const std::vector<int>& gpus, bool drain, const std::string& reason);
 struct PlotArgs {
   std::vector<std::int64_t> ids;
   std::string output;  // .png or .svg

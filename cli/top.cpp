@@ -97,7 +97,8 @@ std::vector<std::string> top_screen(const TopSnapshot& s, double now, std::size_
       g.push_back({std::to_string(x.index), x.name, bar(used / total, 20),
                    gib(used) + "/" + gib(total) + " GiB" + (measured ? "" : " held"),
                    x.utilization.is_number() ? x.utilization.dump() + "%" : "-",
-                   x.jobs.empty() ? "free" : x.exclusive ? "exclusive" : "shared", holders.empty() ? "-" : holders});
+                   x.drained ? "drained" : x.jobs.empty() ? "free" : x.exclusive ? "exclusive" : "shared",
+                   holders.empty() ? "-" : holders});
     }
     if (s.gpus.gpus.empty()) g.push_back({"-", "no GPUs: jobs run on the CPU", "", "", "", "", ""});
     for (auto& l : columns(g, width)) lines.push_back(std::move(l));

@@ -180,6 +180,20 @@ UpdateRequest decode_update(const json& j) {
   return r;
 }
 
+DrainRequest decode_drain(const json& j) {
+  DrainRequest r;
+  auto it = j.find("gpus");
+  if (it == j.end() || !it->is_array() || it->empty()) bad("gpus", "a non-empty array of GPU indices");
+  for (const auto& v : *it) {
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > 1 << 20)
+      bad("gpus", "a non-empty array of GPU indices");
+    r.gpus.push_back(v.get<int>());
+  }
+  r.reason = get_or<std::string>(j, "reason", "", "a string");
+  if (r.reason.size() > 1000) bad("reason", "at most 1000 characters");
+  return r;
+}
+
 RestartRequest decode_restart(const json& j) {
   auto selected = decode_select(j);
   return {std::move(selected.ids), selected.batch, get_or<bool>(j, "fresh", false, "true or false")};

@@ -98,10 +98,12 @@ struct GpuInfo {
   bool exclusive = false;         // held whole by one job
   std::vector<std::int64_t> jobs;
   json numa_node;  // the NUMA node of its PCI slot, null when unknown
+  bool drained = false;      // out of service: no job is given it (those on it run on)
+  std::string drain_reason;  // why, as `drain` was told
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpuInfo, index, uuid, name, memory_total_mb,
                                                 memory_used_mb, utilization, allocated_mb,
-                                                exclusive, jobs, numa_node)
+                                                exclusive, jobs, numa_node, drained, drain_reason)
 
 // ---- requests ---------------------------------------------------------------------------------
 
@@ -141,6 +143,10 @@ struct RestartRequest {
   std::int64_t batch = 0;         // and this batch's jobs that ended without success
   bool fresh = false;             // empty their checkpoint directories: start over, not resume
 };
+struct DrainRequest {  // drain, undrain
+  std::vector<int> gpus;  // GPU indices, as `gpuq gpus` shows them
+  std::string reason;     // drain: why
+};
 struct UpdateRequest {
   std::vector<std::int64_t> ids;  // queued jobs (running ones: `priority` and `retries` only)
   std::int64_t batch = 0;         // and this batch's queued jobs
@@ -179,6 +185,7 @@ SelectRequest decode_select(const json& j);  // ids and/or batch, at least one
 CleanRequest decode_clean(const json& j);
 // Also throws RequestError(invalid_spec) for a value a job spec could not hold.
 UpdateRequest decode_update(const json& j);
+DrainRequest decode_drain(const json& j);
 EventsRequest decode_events(const json& j);
 
 // ---- replies ----------------------------------------------------------------------------------

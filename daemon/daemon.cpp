@@ -84,6 +84,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
   m_cores = std::move(slot_cores.cores);
   m_core_nodes = std::move(slot_cores.nodes);
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
+  m_drained = m_store->drained_gpus();
 }
 
 Daemon::~Daemon() = default;
@@ -148,7 +149,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
       {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
       {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},   {"restart", &Daemon::cmd_restart},
       {"hold", &Daemon::cmd_hold},     {"release", &Daemon::cmd_release}, {"clean", &Daemon::cmd_clean},
-      {"update", &Daemon::cmd_update},
+      {"update", &Daemon::cmd_update},   {"drain", &Daemon::cmd_drain},     {"undrain", &Daemon::cmd_undrain},
   };
   try {
     if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string())
@@ -165,7 +166,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
       throw RequestError(ErrorCode::unknown_command,
                          "unknown command `" + cmd.substr(0, 64) +
                              "`; known: hello, submit, status, show, cancel, restart, hold, release, update, clean, wait, results, "
-                             "events, gpus, shutdown");
+                             "events, gpus, drain, undrain, shutdown");
     reply(common::ok_reply((this->*(it->second))(request)));
   } catch (const RequestError& e) {
     reply(common::error_reply(e.code(), e.what()));
@@ -274,7 +275,7 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
     // A job the last pass did not reach waits for what that pass left everyone behind it.
     wait_reason = a.reason_pass == m_pass || !m_tail_stopped || r.state != JobState::queued
                       ? a.wait_reason
-                      : tail_wait_reason(pending_of(r), m_tail);
+                      : with_drain_note(tail_wait_reason(pending_of(r), m_tail));
   }
   common::JobInfo i;
   i.id = r.id;
@@ -407,6 +408,10 @@ json Daemon::cmd_gpus(const json&) {
     info.name = g.name;
     info.memory_total_mb = g.memory_total_mb;
     if (g.numa_node >= 0) info.numa_node = g.numa_node;
+    if (auto d = m_drained.find(g.uuid); d != m_drained.end()) {
+      info.drained = true;
+      info.drain_reason = d->second;
+    }
     if (readings[i].memory_used_mb) info.memory_used_mb = *readings[i].memory_used_mb;
     if (readings[i].utilization) info.utilization = *readings[i].utilization;
     for (std::int64_t id : m_running) {
@@ -423,6 +428,48 @@ json Daemon::cmd_gpus(const json&) {
   for (int slot : cpu.taken) out.cpu_slots_used += slot < cpu.total;
   out.cores = common::format_cpu_list(m_cores);
   return out;
+}
+
+json Daemon::cmd_drain(const json& req) { return set_drained(common::decode_drain(req), true); }
+json Daemon::cmd_undrain(const json& req) { return set_drained(common::decode_drain(req), false); }
+
+// Takes GPUs out of service (as Slurm's drain) or back: a drained GPU is given to no job, while
+// the jobs already on it run on. Kept by UUID in the store, so it stays drained across restarts
+// even if indices change. Answers with the GPUs as `gpus` does.
+json Daemon::set_drained(const common::DrainRequest& q, bool drain) {
+  std::vector<const Gpu*> targets;
+  for (int index : q.gpus) {
+    const Gpu* g = m_inventory.find(index);
+    if (!g) {
+      std::string have;
+      for (const auto& x : m_inventory.gpus()) have += (have.empty() ? "" : ", ") + std::to_string(x.index);
+      throw RequestError(ErrorCode::not_found, "no GPU " + std::to_string(index) + "; this machine has " +
+                                                   (have.empty() ? "none" : "GPUs " + have) + " (" +
+                                                   m_inventory.source() + ")");
+    }
+    targets.push_back(g);
+  }
+  const std::string reason = q.reason.empty() ? "drained with gpuq drain" : q.reason;
+  for (const Gpu* g : targets) {
+    const auto it = m_drained.find(g->uuid);
+    if (drain ? it != m_drained.end() && it->second == reason : it == m_drained.end()) continue;  // as asked already
+    m_store->set_drained(g->uuid, drain, reason);
+    if (drain) m_drained[g->uuid] = reason;
+    else m_drained.erase(g->uuid);
+    std::cerr << "gpuqd: GPU " << g->index << (drain ? " drained: " + reason : " back in service") << "\n";
+  }
+  schedule_soon();  // jobs may start on a GPU back in service, and reasons change either way
+  return cmd_gpus(json::object());
+}
+
+// "needs 4 GPUs; this machine has 3" says why when a GPU is drained.
+std::string Daemon::with_drain_note(std::string reason) const {
+  if (m_drained.empty() || reason.rfind("needs ", 0) != 0 || reason.find("; this machine has ") == std::string::npos)
+    return reason;
+  std::string drained;
+  for (const auto& g : m_inventory.gpus())
+    if (m_drained.count(g.uuid)) drained += (drained.empty() ? "" : ", ") + std::to_string(g.index);
+  return drained.empty() ? reason : reason + " in service (GPU " + drained + " drained)";
 }
 
 CpuSlots Daemon::cpu_pool() const {
@@ -892,7 +939,8 @@ void Daemon::schedule_now() {
   CpuSlots cpu = cpu_pool();
 
   std::vector<GpuState> gpus;
-  for (const auto& g : m_inventory.gpus()) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0, g.numa_node});
+  for (const auto& g : m_inventory.gpus())  // a drained GPU is not there for a pass
+    if (!m_drained.count(g.uuid)) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0, g.numa_node});
   for (std::int64_t id : m_running) {
     const Active& a = m_active.at(id);
     double ends = a.rec.spec.timeout_s > 0 ? a.rec.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;
@@ -911,7 +959,7 @@ void Daemon::schedule_now() {
   m_tail = plan.tail;
   for (auto& [id, reason] : plan.waiting) {
     Active& a = m_active.at(id);
-    a.wait_reason = std::move(reason);
+    a.wait_reason = with_drain_note(std::move(reason));
     a.reason_pass = m_pass;
   }
   for (const auto& p : plan.start) {

@@ -89,6 +89,10 @@ class Daemon {
   json set_held(const common::SelectRequest& q, bool hold);
   json cmd_clean(const json& req);
   json cmd_update(const json& req);
+  json cmd_drain(const json& req);
+  json cmd_undrain(const json& req);
+  json set_drained(const common::DrainRequest& q, bool drain);
+  std::string with_drain_note(std::string reason) const;
   json cmd_results(const json& req);
   json cmd_events(const json& req);
   json cmd_gpus(const json& req);
@@ -140,6 +144,7 @@ class Daemon {
   std::pmr::map<std::pair<int, std::int64_t>, Queued> m_queue{&m_queue_pool};
   std::set<std::int64_t> m_with_deps;                      // queued jobs with `after`
   std::set<std::int64_t> m_held;                           // queued jobs held out of line
+  std::map<std::string, std::string> m_drained;            // GPUs out of service: UUID -> reason
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;
   bool m_schedule_posted = false;

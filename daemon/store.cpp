@@ -13,7 +13,8 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 5;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held
+constexpr int k_schema_version = 6;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
+                                     // 6: drained_gpus
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -39,6 +40,7 @@ CREATE TABLE IF NOT EXISTS events(
   job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL, type TEXT NOT NULL,
   at REAL NOT NULL, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, attempt);
+CREATE TABLE IF NOT EXISTS drained_gpus(uuid TEXT PRIMARY KEY, reason TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS event_offsets(
   job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL, offset INTEGER NOT NULL,
   PRIMARY KEY(job_id, attempt, rank));
@@ -164,6 +166,7 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
       store->exec("BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0; "
                   "PRAGMA user_version=5; COMMIT");
     }
+    if (app_id == k_application_id && version < 6) store->exec("PRAGMA user_version=6");  // k_schema made the table
     // After the migrations: it needs a column that older schemas lack.
     store->exec("CREATE INDEX IF NOT EXISTS jobs_blocked ON jobs(blocked_by) WHERE blocked_by != 0");
   } catch (const RequestError& e) {
@@ -385,6 +388,27 @@ void Store::rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::
     write_transition(*jobs[i], wall_now(), &why[i]);
   }
   txn.commit();
+}
+
+std::map<std::string, std::string> Store::drained_gpus() {
+  auto* st = prepare("SELECT uuid, reason FROM drained_gpus");
+  std::map<std::string, std::string> out;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) out[text(st, 0)] = text(st, 1);
+  sqlite3_reset(st);
+  if (rc != SQLITE_DONE) fail(m_db, "read drained GPUs");
+  return out;
+}
+
+void Store::set_drained(const std::string& uuid, bool drained, const std::string& reason) {
+  auto* st = drained ? prepare("INSERT OR REPLACE INTO drained_gpus(uuid, reason, at) VALUES(?, ?, ?)")
+                     : prepare("DELETE FROM drained_gpus WHERE uuid=?");
+  bind_text(st, 1, uuid);
+  if (drained) {
+    bind_text(st, 2, reason);
+    sqlite3_bind_double(st, 3, wall_now());
+  }
+  run(m_db, st, "update drained GPUs");
 }
 
 std::vector<JobRecord> Store::failed_waiting_for(std::int64_t id) {

@@ -83,6 +83,10 @@ class Store {
   // Rewrites the jobs' specs in one transaction, each with a transition whose reason is `why[i]`.
   void rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why);
 
+  // GPUs out of service, by UUID (stable where indices are not): UUID -> reason.
+  std::map<std::string, std::string> drained_gpus();
+  void set_drained(const std::string& uuid, bool drained, const std::string& reason);
+
   std::vector<JobRecord> load_active();
   std::optional<JobRecord> get(std::int64_t id);
   std::vector<JobRecord> recent_finished(int limit);

@@ -26,6 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     else if (cmd == "hold" || cmd == "release") decode_select(r);
     else if (cmd == "clean") decode_clean(r);
     else if (cmd == "update") decode_update(r);
+    else if (cmd == "drain" || cmd == "undrain") decode_drain(r);
     else if (cmd == "submit") {
       auto submit = decode_submit(r);
       if (auto batch = parse_batch(submit.jobs, submit.cwd.empty() ? "/" : submit.cwd)) resolve_batch_dependencies(*batch);

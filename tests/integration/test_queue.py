@@ -838,5 +838,37 @@ class Update(DaemonTest):
         self.assertEqual(self.d.show(queued)["spec"]["priority"], -2)
 
 
+class Drain(DaemonTest):
+    GPUS = "fake:2"
+
+    def test_a_drained_gpu_is_given_to_no_job_across_a_restart_and_the_job_on_it_runs_on(self):
+        go = self.tmp_path("go")
+        on_one = self.d.submit({"name": "on-one", "gpus": 2, "shell": f"while [ ! -e {go} ]; do sleep 0.05; done"})["ids"][0]
+        wait_until(lambda: self.d.show(on_one)["job"]["state"] == "running", what="the 2-GPU job")
+        gpus = self.d.json("drain", "1", "--reason", "ECC errors")["gpus"]
+        self.assertEqual([(g["drained"], g["drain_reason"]) for g in gpus], [(False, ""), (True, "ECC errors")])
+        self.assertIn("drained, exclusive: ECC errors", self.d.ok("gpus"))
+        self.d.stop()
+        self.d.start()  # kept in the store
+        self.assertEqual(self.d.show(on_one)["job"]["state"], "running")  # drain stops nothing
+        singles = self.d.submit([{"name": f"one{i}", "gpus": 1, "shell": TIMED.format(sleep=0.2)} for i in range(3)])["ids"]
+        pair = self.d.submit({"name": "pair", "gpus": 2, "command": ["true"]})["ids"][0]
+        open(go, "w").close()
+        done = self.d.wait(singles)
+        self.assertEqual({done[i]["result"]["gpu"] for i in singles}, {"0"})
+        wait_until(lambda: "in service" in self.d.show(pair)["job"]["reason"], what="the pair's reason")
+        self.assertEqual(self.d.show(pair)["job"]["reason"], "needs 2 GPUs; this machine has 1 in service (GPU 1 drained)")
+        self.d.ok("undrain", "1")
+        self.assertEqual(self.d.wait([pair])[pair]["state"], "succeeded")
+        self.assertFalse(any(g["drained"] for g in self.d.json("gpus")["gpus"]))
+
+    def test_draining_a_gpu_that_does_not_exist_says_which_do(self):
+        r = self.d.run("drain", "5")
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("no GPU 5; this machine has GPUs 0, 1", r.stderr)
+        self.assertEqual(self.d.run("drain").returncode, 2)
+        self.assertFalse(any(g["drained"] for g in self.d.json("gpus")["gpus"]))
+
+
 if __name__ == "__main__":
     unittest.main()

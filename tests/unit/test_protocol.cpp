@@ -39,7 +39,7 @@ TEST_CASE("show, gpus, cancel and submit replies round-trip") {
   s.logs = {{1, 0, "/x/rank-0.log"}};
   s.first_failure = {{"rank", 1}, {"exit_code", 2}};
   CHECK(json(json(s).get<ShowReply>()) == json(s));
-  GpusReply g{"fake:2:100", {{0, "GPU-a", "Fake", 100, nullptr, nullptr, 50, false, {4, 5}, 1}}, 8, 3, "0-7"};
+  GpusReply g{"fake:2:100", {{0, "GPU-a", "Fake", 100, nullptr, nullptr, 50, false, {4, 5}, 1, true, "ECC"}}, 8, 3, "0-7"};
   CHECK(json(json(g).get<GpusReply>()) == json(g));
   CancelReply c{{{1, "cancelled", true}}};
   CHECK(json(json(c).get<CancelReply>()) == json(c));
@@ -73,6 +73,10 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_clean, json::object()) == "field `ids` must be a non-empty array of job ids, or `batch` or `ended_before`");
   CHECK(message(decode_clean, {{"ended_before", -1.0}}) == "field `ended_before` must be a unix time");
   CHECK(decode_clean({{"ended_before", 5.0}, {"checkpoints_only", true}}).checkpoints_only);
+  CHECK(message(decode_drain, json::object()) == "field `gpus` must be a non-empty array of GPU indices");
+  CHECK(message(decode_drain, {{"gpus", {0, -1}}}) == "field `gpus` must be a non-empty array of GPU indices");
+  CHECK(message(decode_drain, {{"gpus", {0}}, {"reason", 5}}) == "field `reason` must be a string");
+  CHECK(decode_drain({{"gpus", {2, 3}}, {"reason", "ECC"}}).gpus == std::vector<int>{2, 3});
   CHECK(message(decode_update, {{"ids", {1}}}) ==
         "field `set` must be an object of the spec fields to change: priority, retries, timeout_s");
   CHECK(message(decode_update, {{"ids", {1}}, {"set", {{"gpus", 2}}}}) ==

@@ -258,7 +258,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 5);
+  CHECK(user_version(db.path) == 6);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
@@ -266,6 +266,11 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
   CHECK((*again)->get(7)->attempt_base == 1);
   CHECK((*again)->get(7)->restarts == 1);
   CHECK((*again)->get(7)->held);
+  CHECK((*again)->drained_gpus().empty());  // the table a version 6 store added
+  (*again)->set_drained("GPU-a", true, "ECC errors");
+  (*again)->set_drained("GPU-b", true, "");
+  (*again)->set_drained("GPU-b", false, "");
+  CHECK((*again)->drained_gpus() == std::map<std::string, std::string>{{"GPU-a", "ECC errors"}});
 }
 
 TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
@@ -274,7 +279,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 5") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 6") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
