@@ -51,6 +51,9 @@ std::optional<json> request(const Options& o, const json& req, int& code) {
 
 void print_json(const json& j) { std::cout << j.dump(2) << "\n"; }
 
+// Commands that act on many jobs print a line per job up to this many, then counts instead.
+constexpr std::size_t k_lines_per_job = 20;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -466,7 +469,7 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
     print_json((*reply)["jobs"]);
     return k_exit_ok;
   }
-  if (c.jobs.size() > 20) {  // a batch: counts, not a line per job
+  if (c.jobs.size() > k_lines_per_job) {  // a batch: counts, not a line per job
     int cancelled = 0, stopping = 0, ended = 0;
     for (const auto& j : c.jobs) (!j.changed ? ended : j.state == "running" ? stopping : cancelled)++;
     std::cout << cancelled << " queued jobs cancelled, " << stopping << " running jobs stopping (SIGTERM to all their "
@@ -493,6 +496,11 @@ int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_
     return k_exit_ok;
   }
   if (c.jobs.empty()) std::cout << "batch " << batch << " has no queued jobs\n";
+  if (c.jobs.size() > k_lines_per_job) {
+    const auto n = std::count_if(c.jobs.begin(), c.jobs.end(), [](const auto& j) { return j.changed; });
+    std::cout << n << " jobs " << (hold ? "held" : "released") << ", " << c.jobs.size() - n << " left as they were\n";
+    return k_exit_ok;
+  }
   for (const auto& j : c.jobs) {
     std::cout << "job " << j.id << ": ";
     if (j.changed) std::cout << (hold ? "held" : "released") << "\n";
@@ -514,6 +522,11 @@ int cmd_update(const Options& o, const std::vector<std::int64_t>& ids, std::int6
     return k_exit_ok;
   }
   if (c.jobs.empty()) std::cout << "batch " << batch << " has no queued jobs\n";
+  if (c.jobs.size() > k_lines_per_job) {
+    const auto n = std::count_if(c.jobs.begin(), c.jobs.end(), [](const auto& j) { return j.changed; });
+    std::cout << n << " jobs updated, " << c.jobs.size() - n << " unchanged\n";
+    return k_exit_ok;
+  }
   for (const auto& j : c.jobs) std::cout << "job " << j.id << ": " << (j.changed ? "updated" : "unchanged") << "\n";
   return k_exit_ok;
 }
@@ -553,6 +566,20 @@ int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int
     return k_exit_ok;
   }
   if (r.jobs.empty()) std::cout << "nothing to restart: every job of batch " << batch << " succeeded\n";
+  if (r.jobs.size() > k_lines_per_job) {
+    std::map<std::string, int> was;
+    int along = 0;
+    for (const auto& j : r.jobs) {
+      ++was[j.was];
+      along += j.with != 0;
+    }
+    std::cout << r.jobs.size() << " jobs queued again (";
+    for (auto it = was.begin(); it != was.end(); ++it)
+      std::cout << (it == was.begin() ? "" : ", ") << it->second << " had " << (it->first == "timed_out" ? "timed out" : "ended " + it->first);
+    std::cout << ")" << (along ? ", " + std::to_string(along) + " of them with a job they wait for" : "")
+              << (fresh ? ", checkpoints removed" : "") << "\n";
+    return k_exit_ok;
+  }
   for (const auto& j : r.jobs)
     std::cout << "job " << j.id << ": queued again (it had " << (j.was == "timed_out" ? "timed out" : "ended " + j.was)
               << ")" << (j.with ? ", with job " + std::to_string(j.with) + " that it waits for" : "")

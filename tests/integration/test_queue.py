@@ -870,5 +870,20 @@ class Drain(DaemonTest):
         self.assertFalse(any(g["drained"] for g in self.d.json("gpus")["gpus"]))
 
 
+class BigBatches(DaemonTest):
+    def test_commands_on_many_jobs_print_counts_instead_of_a_line_each(self):
+        failed = self.d.submit([{"name": f"f{i}", "command": ["false"]} for i in range(25)])
+        self.d.wait(failed["ids"])
+        self.assertEqual(self.d.ok("restart", "--batch", str(failed["batch"]), "--fresh").strip(),
+                         "25 jobs queued again (25 had ended failed), checkpoints removed")
+        held = self.d.submit([{"name": f"h{i}", "command": ["true"]} for i in range(25)], "--hold")
+        batch = str(held["batch"])
+        self.assertEqual(self.d.ok("update", "--batch", batch, "--priority", "3").strip(), "25 jobs updated, 0 unchanged")
+        self.assertEqual(self.d.ok("hold", "--batch", batch).strip(), "0 jobs held, 25 left as they were")
+        self.assertEqual(self.d.ok("release", "--batch", batch).strip(), "25 jobs released, 0 left as they were")
+        done = self.d.wait(failed["ids"] + held["ids"])
+        self.assertEqual(sum(j["state"] == "succeeded" for j in done.values()), 25)
+
+
 if __name__ == "__main__":
     unittest.main()
