@@ -105,6 +105,7 @@ void Daemon::rederive_slots(JobRecord& rec) {
 }
 
 void Daemon::recover() {
+  empty_leftover_trash();
   for (auto& rec : m_store->load_active()) {
     const std::int64_t id = rec.id;
     Active& a = m_active[id];
@@ -148,7 +149,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
       {"hello", &Daemon::cmd_hello},   {"submit", &Daemon::cmd_submit},   {"status", &Daemon::cmd_status},
       {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
       {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},   {"restart", &Daemon::cmd_restart},
-      {"hold", &Daemon::cmd_hold},     {"release", &Daemon::cmd_release}, {"clean", &Daemon::cmd_clean},
+      {"hold", &Daemon::cmd_hold},     {"release", &Daemon::cmd_release},
       {"update", &Daemon::cmd_update},   {"drain", &Daemon::cmd_drain},     {"undrain", &Daemon::cmd_undrain},
   };
   try {
@@ -156,6 +157,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
       throw RequestError(ErrorCode::bad_request, "a request is a JSON object with a string field `cmd`");
     const std::string cmd = request["cmd"].get<std::string>();
     if (cmd == "wait") return cmd_wait(request, reply);
+    if (cmd == "clean") return cmd_clean(request, reply);
     if (cmd == "shutdown") {
       reply(common::ok_reply());
       if (on_shutdown) asio::post(m_io, on_shutdown);
@@ -755,8 +757,11 @@ json Daemon::cmd_update(const json& req) {
 // Frees the disk ended jobs' files take: the whole job directory (logs, checkpoints, launch and
 // events files), or only the checkpoints. Their records, state history, events and results stay,
 // so status, show, results and plot still know them. A job named that has not ended cleans
-// nothing; a directory that cannot be removed is reported after the others are.
-json Daemon::cmd_clean(const json& req) {
+// nothing. Each directory is first renamed into the state dir's trash, which is instant, so a
+// restarted job finds its place free at once; the trash is emptied on a thread of its own, so
+// gpuqd goes on serving while thousands of directories are deleted, and the reply comes when
+// they are gone.
+void Daemon::cmd_clean(const json& req, Reply& reply) {
   auto q = common::decode_clean(req);
   std::map<std::int64_t, double> ended;  // id -> ended_at
   for (auto id : q.ids) ended[id] = ended_job(id, "only the files of a job that has ended can be removed").ended_at;
@@ -772,36 +777,59 @@ json Daemon::cmd_clean(const json& req) {
     std::erase_if(ended, [&](const auto& e) { return e.second >= q.ended_before; });
   }
 
-  common::CleanReply out;
+  const std::string trash = m_config.state_dir + "/trash";
+  if (auto made = common::ensure_private_dir(trash); !made) throw RequestError(made.error());
+  std::vector<std::pair<std::int64_t, std::string>> moved;  // job, its files' place in the trash
   std::vector<std::string> failures;
   for (const auto& [id, _] : ended) {
     const std::string dir = job_dir(m_config.state_dir, id) + (q.checkpoints_only ? "/checkpoints" : "");
     std::error_code ec;
-    if (!std::filesystem::exists(dir, ec)) continue;
-    std::int64_t bytes = 0;
-    for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-      if (it->is_regular_file(ec)) bytes += static_cast<std::int64_t>(it->file_size(ec));
-    ec.clear();
-    if (q.checkpoints_only) {  // emptied, not removed, as `restart --fresh` leaves it
-      for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-        std::filesystem::remove_all(it->path(), ec);
-    } else {
-      std::filesystem::remove_all(dir, ec);
+    if (q.checkpoints_only && std::filesystem::is_empty(dir, ec)) continue;  // nothing to free
+    const std::string to =
+        trash + "/" + std::to_string(id) + "-" + std::to_string(::getpid()) + "-" + std::to_string(++m_trash_seq);
+    if (::rename(dir.c_str(), to.c_str()) == 0) {
+      moved.emplace_back(id, to);
+      if (q.checkpoints_only) (void)common::ensure_private_dir(dir);  // emptied, as restart --fresh leaves it
+    } else if (errno != ENOENT) {
+      failures.push_back(dir + ": " + std::strerror(errno));
     }
-    if (ec) {
-      failures.push_back(dir + ": " + ec.message());
-      continue;
-    }
-    out.cleaned.push_back(id);
-    out.bytes_freed += bytes;
   }
   if (!failures.empty()) {
     std::string msg = "could not remove the files of " + std::to_string(failures.size()) + " job(s) (" +
-                      std::to_string(out.cleaned.size()) + " others cleaned):";
+                      std::to_string(moved.size()) + " others are being removed):";
     for (std::size_t i = 0; i < failures.size() && i < 10; ++i) msg += "\n  " + failures[i];
+    empty_trash(std::move(moved), nullptr);
     throw RequestError(ErrorCode::store_error, msg);
   }
-  return out;
+  empty_trash(std::move(moved), std::move(reply));
+}
+
+// Deletes directories moved into the trash, on the file-system thread; then, on gpuqd's own
+// thread, answers `reply` (when there is one) with what was freed.
+void Daemon::empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply) {
+  asio::post(m_fs_thread, [this, moved = std::move(moved), reply = std::move(reply)]() mutable {
+    common::CleanReply out;
+    for (const auto& [id, dir] : moved) {
+      std::error_code ec;
+      for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        if (it->is_regular_file(ec)) out.bytes_freed += static_cast<std::int64_t>(it->file_size(ec));
+      ec.clear();
+      std::filesystem::remove_all(dir, ec);
+      if (ec) std::cerr << "gpuqd: cannot delete " << dir << ": " << ec.message() << "\n";
+      if (id > 0) out.cleaned.push_back(id);
+    }
+    if (reply) asio::post(m_io, [reply = std::move(reply), out = std::move(out)] { reply(common::ok_reply(out)); });
+  });
+}
+
+// What a clean left in the trash when gpuqd stopped before it was emptied.
+void Daemon::empty_leftover_trash() {
+  std::vector<std::pair<std::int64_t, std::string>> left;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(m_config.state_dir + "/trash", ec), end; !ec && it != end;
+       it.increment(ec))
+    left.emplace_back(0, it->path().string());
+  if (!left.empty()) empty_trash(std::move(left), nullptr);
 }
 
 void Daemon::cmd_wait(const json& req, Reply& reply) {

@@ -87,7 +87,9 @@ class Daemon {
   json cmd_hold(const json& req);
   json cmd_release(const json& req);
   json set_held(const common::SelectRequest& q, bool hold);
-  json cmd_clean(const json& req);
+  void cmd_clean(const json& req, Reply& reply);  // answers once the files are deleted
+  void empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply);
+  void empty_leftover_trash();
   json cmd_update(const json& req);
   json cmd_drain(const json& req);
   json cmd_undrain(const json& req);
@@ -154,6 +156,9 @@ class Daemon {
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
   bool m_ingest_armed = false;
+  std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has
+  // Deletes cleaned jobs' files; declared last, so it is joined before the state it posts to goes.
+  asio::thread_pool m_fs_thread{1};
 };
 
 }  // namespace gpuq::daemon

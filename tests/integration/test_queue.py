@@ -785,6 +785,16 @@ class Clean(DaemonTest):
         self.assertEqual(os.listdir(jobs_dir), [])
         self.assertEqual(self.d.run("clean", "--older-than", "soon").returncode, 2)
         self.assertEqual(self.d.run("clean").returncode, 2)
+        self.assertIn("nothing to remove", self.d.ok("clean", "--checkpoints", str(a)))
+
+    def test_a_clean_cut_short_by_a_stop_is_finished_at_the_next_start(self):
+        # A clean moves the directories into the trash at once and deletes them on another thread.
+        left = os.path.join(self.d.state, "trash", "7-1-1", "attempt-1")
+        os.makedirs(left)
+        open(os.path.join(left, "rank-0.log"), "w").close()
+        self.d.stop()
+        self.d.start()
+        wait_until(lambda: os.listdir(os.path.join(self.d.state, "trash")) == [], what="the trash to be emptied")
 
 
 class Update(DaemonTest):
