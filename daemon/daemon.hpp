@@ -1,7 +1,9 @@
 // gpuqd's core: the job table, the state machine (queued -> running -> terminal, with retries),
 // recovery after a restart, event ingestion and the request handlers. Single-threaded on one
-// io_context: handlers, process exits and timers never race. The store is written before any
-// action is acknowledged or taken, so a crash at any point leaves a state the next start resumes.
+// io_context: handlers, process exits and timers never race. (One helper thread deletes what
+// `clean` moved into the trash; it touches no daemon state and answers through the io_context.)
+// The store is written before any action is acknowledged or taken, so a crash at any point
+// leaves a state the next start resumes.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
