@@ -268,6 +268,31 @@ std::optional<JobRecord> Daemon::lookup(std::int64_t id) {
   return m_store->get(id);
 }
 
+JobRecord Daemon::existing_job(std::int64_t id) {
+  auto rec = lookup(id);
+  if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+  return std::move(*rec);
+}
+
+std::vector<JobRecord> Daemon::jobs_of_batch(std::int64_t batch) {
+  auto rows = m_store->batch_jobs(batch);
+  if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(batch));
+  return rows;
+}
+
+std::vector<std::int64_t> Daemon::with_queued_of_batch(std::vector<std::int64_t> ids, std::int64_t batch) {
+  if (batch != 0)
+    for (const auto& rec : jobs_of_batch(batch))
+      if (rec.state == JobState::queued) ids.push_back(rec.id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+std::string Daemon::job_label(const JobRecord& rec) {
+  return "job " + std::to_string(rec.id) + " (" + rec.spec.name + ")";
+}
+
 common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   auto active = m_active.find(stored.id);
   const JobRecord& r = active != m_active.end() ? active->second.rec : stored;
@@ -277,7 +302,7 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
     // A job the last pass did not reach waits for what that pass left everyone behind it.
     wait_reason = a.reason_pass == m_pass || !m_tail_stopped || r.state != JobState::queued
                       ? a.wait_reason
-                      : with_drain_note(tail_wait_reason(pending_of(r), m_tail));
+                      : with_drain_note(r.spec.gpus, tail_wait_reason(pending_of(r), m_tail));
   }
   common::JobInfo i;
   i.id = r.id;
@@ -348,31 +373,29 @@ json Daemon::cmd_status(const json& req) {
 
 json Daemon::cmd_show(const json& req) {
   auto q = common::decode_id(req);
-  auto rec = lookup(q.id);
-  if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(q.id));
+  const JobRecord rec = existing_job(q.id);
   common::ShowReply out;
-  out.job = info_of(*rec);
-  out.spec = common::to_json(rec->spec);
+  out.job = info_of(rec);
+  out.spec = common::to_json(rec.spec);
   out.history = m_store->history(q.id);
-  for (int a = 1; a <= rec->attempt; ++a)
-    for (int r = 0; r < rec->spec.ranks; ++r) {
+  for (int a = 1; a <= rec.attempt; ++a)
+    for (int r = 0; r < rec.spec.ranks; ++r) {
       std::string p = rank_log_path(attempt_dir(m_config.state_dir, q.id, a), r);
       if (file_exists(p)) out.logs.push_back({a, r, p});
     }
-  out.first_failure = rec->first_failure;
+  out.first_failure = rec.first_failure;
   return out;
 }
 
 json Daemon::cmd_events(const json& req) {
   auto q = common::decode_events(req);
-  auto rec = lookup(q.id);
-  if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(q.id));
-  if (q.attempt > rec->attempt)
-    throw RequestError(ErrorCode::not_found, "job " + std::to_string(q.id) + " has " + std::to_string(rec->attempt) +
+  const int attempts = existing_job(q.id).attempt;
+  if (q.attempt > attempts)
+    throw RequestError(ErrorCode::not_found, "job " + std::to_string(q.id) + " has " + std::to_string(attempts) +
                                                  " attempt(s); there is no attempt " + std::to_string(q.attempt));
   common::EventsReply out;
   out.id = q.id;
-  out.attempt = q.attempt ? q.attempt : rec->attempt;
+  out.attempt = q.attempt ? q.attempt : attempts;
   // One row more than asked tells whether another page follows.
   auto rows = m_store->events(q.id, out.attempt, q.after, q.page + 1, q.type);
   out.more = rows.size() > static_cast<std::size_t>(q.page);
@@ -385,16 +408,9 @@ json Daemon::cmd_results(const json& req) {
   auto q = common::decode_results(req);
   if (q.ids.empty() && q.batch == 0) throw RequestError(ErrorCode::bad_request, "give job ids or a batch");
   common::JobsReply out;
-  if (q.batch) {
-    auto rows = m_store->batch_jobs(q.batch);
-    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
-    for (auto& r : rows) out.jobs.push_back(info_of(r));
-  }
-  for (auto id : q.ids) {
-    auto rec = lookup(id);
-    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
-    out.jobs.push_back(info_of(*rec));
-  }
+  if (q.batch)
+    for (const auto& r : jobs_of_batch(q.batch)) out.jobs.push_back(info_of(r));
+  for (auto id : q.ids) out.jobs.push_back(info_of(existing_job(id)));
   return out;
 }
 
@@ -464,14 +480,17 @@ json Daemon::set_drained(const common::DrainRequest& q, bool drain) {
   return cmd_gpus(json::object());
 }
 
-// "needs 4 GPUs; this machine has 3" says why when a GPU is drained.
-std::string Daemon::with_drain_note(std::string reason) const {
-  if (m_drained.empty() || reason.rfind("needs ", 0) != 0 || reason.find("; this machine has ") == std::string::npos)
-    return reason;
+// A job needing more GPUs than are in service waits with the scheduler's "needs 4 GPUs; this
+// machine has 3" (it is given only the GPUs in service); this adds why there are 3.
+std::string Daemon::with_drain_note(int gpus_needed, std::string reason) const {
+  if (m_drained.empty()) return reason;  // the usual case, and a pass's hot path
   std::string drained;
-  for (const auto& g : m_inventory.gpus())
-    if (m_drained.count(g.uuid)) drained += (drained.empty() ? "" : ", ") + std::to_string(g.index);
-  return drained.empty() ? reason : reason + " in service (GPU " + drained + " drained)";
+  int in_service = 0;
+  for (const auto& g : m_inventory.gpus()) {
+    if (!m_drained.count(g.uuid)) ++in_service;
+    else drained += (drained.empty() ? "" : ", ") + std::to_string(g.index);
+  }
+  return drained.empty() || gpus_needed <= in_service ? reason : reason + " in service (GPU " + drained + " drained)";
 }
 
 CpuSlots Daemon::cpu_pool() const {
@@ -494,11 +513,7 @@ json Daemon::cmd_cancel(const json& req) {
   auto q = common::decode_ids(req);
   // All ids must exist before anything is cancelled: a typo cancels nothing.
   std::map<std::int64_t, JobState> states;
-  for (auto id : q.ids) {
-    auto rec = lookup(id);
-    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
-    states[id] = rec->state;
-  }
+  for (auto id : q.ids) states[id] = existing_job(id).state;
   common::CancelReply out;
   for (auto id : q.ids) {
     auto it = m_active.find(id);
@@ -534,12 +549,10 @@ json Daemon::cmd_cancel(const json& req) {
 }
 
 JobRecord Daemon::ended_job(std::int64_t id, const std::string& only) {
-  auto rec = lookup(id);
-  if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
-  if (!is_terminal(rec->state))
-    throw RequestError(ErrorCode::wrong_state, "job " + std::to_string(id) + " (" + rec->spec.name + ") is " +
-                                                   std::string(to_string(rec->state)) + "; " + only);
-  return std::move(*rec);
+  JobRecord rec = existing_job(id);
+  if (!is_terminal(rec.state))
+    throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is " + std::string(to_string(rec.state)) + "; " + only);
+  return rec;
 }
 
 // Queues ended jobs again under their own ids (as Slurm's requeue): same spec, batch and job
@@ -551,13 +564,9 @@ json Daemon::cmd_restart(const json& req) {
   std::map<std::int64_t, JobRecord> chosen;  // by id, so they are requeued in line order
   std::map<std::int64_t, std::int64_t> with;  // a dependent -> the restarted job it had failed waiting for
   for (auto id : q.ids) chosen.emplace(id, ended_job(id, "only a job that has ended can be restarted"));
-  if (q.batch != 0) {
-    auto rows = m_store->batch_jobs(q.batch);
-    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
-    for (auto& rec : rows)
-      if (is_terminal(rec.state) && rec.state != JobState::succeeded)
-        chosen.emplace(rec.id, std::move(rec));
-  }
+  if (q.batch != 0)
+    for (auto& rec : jobs_of_batch(q.batch))
+      if (is_terminal(rec.state) && rec.state != JobState::succeeded) chosen.emplace(rec.id, std::move(rec));
   // Then, transitively, the jobs that failed waiting for one of them.
   std::vector<std::int64_t> frontier;
   for (const auto& [id, _] : chosen) frontier.push_back(id);
@@ -577,21 +586,23 @@ json Daemon::cmd_restart(const json& req) {
       auto st = dependency_state(dep);
       if (!st || (is_terminal(*st) && *st != JobState::succeeded))
         throw RequestError(ErrorCode::wrong_state,
-                           "job " + std::to_string(id) + " (" + rec.spec.name + ") waits for job " + std::to_string(dep) +
+                           job_label(rec) + " waits for job " + std::to_string(dep) +
                                (st ? ", which ended " + std::string(to_string(*st)) : ", which no longer exists") +
                                ": restart that job too (the jobs that failed waiting for it come with it)");
     }
 
-  if (q.fresh)
-    for (const auto& [id, _] : chosen) {
-      // Emptied, not removed: the job may be given the directory's path again.
-      const std::string dir = job_dir(m_config.state_dir, id) + "/checkpoints";
-      std::error_code ec;
-      for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-        std::filesystem::remove_all(it->path(), ec);
-      if (ec && ec != std::errc::no_such_file_or_directory)
-        throw RequestError(ErrorCode::store_error, "cannot empty " + dir + ": " + ec.message() + "; nothing was restarted");
+  if (q.fresh) {
+    std::vector<std::pair<std::int64_t, std::string>> moved;
+    try {
+      for (const auto& [id, _] : chosen)
+        if (auto to = move_to_trash(id, job_dir(m_config.state_dir, id) + "/checkpoints", true); !to.empty())
+          moved.emplace_back(id, std::move(to));
+    } catch (const RequestError& e) {
+      empty_trash(std::move(moved), nullptr);
+      throw RequestError(ErrorCode::store_error, std::string(e.what()) + "; nothing was restarted");
     }
+    empty_trash(std::move(moved), nullptr);
+  }
 
   common::RestartReply out;
   std::vector<JobRecord> requeued;
@@ -645,25 +656,14 @@ json Daemon::cmd_release(const json& req) { return set_held(common::decode_selec
 // queued, or nothing is held; releasing a job that is not held changes nothing. With a batch,
 // its queued jobs. Each change is a transition in the job's history.
 json Daemon::set_held(const common::SelectRequest& q, bool hold) {
-  std::vector<std::int64_t> ids;
   for (auto id : q.ids) {
-    auto rec = lookup(id);
-    if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
-    if (hold && rec->state != JobState::queued)
+    const JobRecord rec = existing_job(id);
+    if (hold && rec.state != JobState::queued)
       throw RequestError(ErrorCode::wrong_state,
-                         "job " + std::to_string(id) + " (" + rec->spec.name + ") is " + std::string(to_string(rec->state)) +
-                             "; only a queued job can be held" +
-                             (rec->state == JobState::running ? " (`gpuq cancel` stops a running one)" : ""));
-    ids.push_back(id);
+                         job_label(rec) + " is " + std::string(to_string(rec.state)) + "; only a queued job can be held" +
+                             (rec.state == JobState::running ? " (`gpuq cancel` stops a running one)" : ""));
   }
-  if (q.batch != 0) {
-    auto rows = m_store->batch_jobs(q.batch);
-    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
-    for (const auto& rec : rows)
-      if (rec.state == JobState::queued) ids.push_back(rec.id);
-  }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  const std::vector<std::int64_t> ids = with_queued_of_batch(q.ids, q.batch);
 
   common::CancelReply out;
   std::vector<JobRecord> changed;
@@ -695,30 +695,17 @@ json Daemon::set_held(const common::SelectRequest& q, bool hold) {
 // with, so that cannot change under it. All or nothing; each change is in the job's history.
 json Daemon::cmd_update(const json& req) {
   auto q = common::decode_update(req);
-  std::vector<std::int64_t> ids;
   for (auto id : q.ids) {
-    auto it = m_active.find(id);
-    if (it == m_active.end()) {
-      auto rec = ended_job(id, "");  // not_found, or ended
-      throw RequestError(ErrorCode::wrong_state, "job " + std::to_string(id) + " (" + rec.spec.name + ") has ended " +
-                                                     std::string(to_string(rec.state)) +
+    const JobRecord rec = existing_job(id);
+    if (is_terminal(rec.state))
+      throw RequestError(ErrorCode::wrong_state, job_label(rec) + " has ended " + std::string(to_string(rec.state)) +
                                                      "; `gpuq restart` queues it again, and then it can be updated");
-    }
-    if (it->second.rec.state == JobState::running && q.timeout_s)
-      throw RequestError(ErrorCode::wrong_state,
-                         "job " + std::to_string(id) + " (" + it->second.rec.spec.name +
-                             ") is running: its supervisor enforces the timeout it started with; only priority and "
-                             "retries can change now");
-    ids.push_back(id);
+    if (rec.state == JobState::running && q.timeout_s)
+      throw RequestError(ErrorCode::wrong_state, job_label(rec) +
+                                                     " is running: its supervisor enforces the timeout it started "
+                                                     "with; only priority and retries can change now");
   }
-  if (q.batch != 0) {
-    auto rows = m_store->batch_jobs(q.batch);
-    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
-    for (const auto& rec : rows)
-      if (rec.state == JobState::queued) ids.push_back(rec.id);
-  }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  const std::vector<std::int64_t> ids = with_queued_of_batch(q.ids, q.batch);
 
   auto change = [](auto& field, const auto& value, const char* name, std::string& why) {
     if (!value || field == *value) return;
@@ -765,33 +752,23 @@ void Daemon::cmd_clean(const json& req, Reply& reply) {
   auto q = common::decode_clean(req);
   std::map<std::int64_t, double> ended;  // id -> ended_at
   for (auto id : q.ids) ended[id] = ended_job(id, "only the files of a job that has ended can be removed").ended_at;
-  if (q.batch != 0) {
-    auto rows = m_store->batch_jobs(q.batch);
-    if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(q.batch));
-    for (const auto& rec : rows)
+  if (q.batch != 0)
+    for (const auto& rec : jobs_of_batch(q.batch))
       if (is_terminal(rec.state)) ended[rec.id] = rec.ended_at;
-  }
   if (q.ids.empty() && q.batch == 0) {
     for (auto id : m_store->ended_before(q.ended_before)) ended[id] = 0;
   } else if (q.ended_before > 0) {
     std::erase_if(ended, [&](const auto& e) { return e.second >= q.ended_before; });
   }
 
-  const std::string trash = m_config.state_dir + "/trash";
-  if (auto made = common::ensure_private_dir(trash); !made) throw RequestError(made.error());
   std::vector<std::pair<std::int64_t, std::string>> moved;  // job, its files' place in the trash
   std::vector<std::string> failures;
   for (const auto& [id, _] : ended) {
-    const std::string dir = job_dir(m_config.state_dir, id) + (q.checkpoints_only ? "/checkpoints" : "");
-    std::error_code ec;
-    if (q.checkpoints_only && std::filesystem::is_empty(dir, ec)) continue;  // nothing to free
-    const std::string to =
-        trash + "/" + std::to_string(id) + "-" + std::to_string(::getpid()) + "-" + std::to_string(++m_trash_seq);
-    if (::rename(dir.c_str(), to.c_str()) == 0) {
-      moved.emplace_back(id, to);
-      if (q.checkpoints_only) (void)common::ensure_private_dir(dir);  // emptied, as restart --fresh leaves it
-    } else if (errno != ENOENT) {
-      failures.push_back(dir + ": " + std::strerror(errno));
+    try {
+      const std::string dir = job_dir(m_config.state_dir, id) + (q.checkpoints_only ? "/checkpoints" : "");
+      if (auto to = move_to_trash(id, dir, q.checkpoints_only); !to.empty()) moved.emplace_back(id, std::move(to));
+    } catch (const RequestError& e) {
+      failures.push_back(e.what());
     }
   }
   if (!failures.empty()) {
@@ -802,6 +779,21 @@ void Daemon::cmd_clean(const json& req, Reply& reply) {
     throw RequestError(ErrorCode::store_error, msg);
   }
   empty_trash(std::move(moved), std::move(reply));
+}
+
+std::string Daemon::move_to_trash(std::int64_t id, const std::string& dir, bool keep_dir) {
+  std::error_code ec;
+  if (keep_dir && std::filesystem::is_empty(dir, ec)) return "";  // nothing to free
+  const std::string trash = m_config.state_dir + "/trash";
+  if (auto made = common::ensure_private_dir(trash); !made) throw RequestError(made.error());
+  const std::string to =
+      trash + "/" + std::to_string(id) + "-" + std::to_string(::getpid()) + "-" + std::to_string(++m_trash_seq);
+  if (::rename(dir.c_str(), to.c_str()) != 0) {
+    if (errno == ENOENT) return "";
+    throw RequestError(ErrorCode::store_error, "cannot move " + dir + " into the trash: " + std::strerror(errno));
+  }
+  if (keep_dir) (void)common::ensure_private_dir(dir);  // emptied: the job may be given its path again
+  return to;
 }
 
 // Deletes directories moved into the trash, on the file-system thread; then, on gpuqd's own
@@ -834,8 +826,7 @@ void Daemon::empty_leftover_trash() {
 
 void Daemon::cmd_wait(const json& req, Reply& reply) {
   auto q = common::decode_ids(req);
-  for (auto id : q.ids)
-    if (!lookup(id)) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+  for (auto id : q.ids) existing_job(id);  // all known, or no wait
   std::set<std::int64_t> ids(q.ids.begin(), q.ids.end());
   Waiter w{ids, ids, std::move(reply), nullptr};
   if (q.timeout_s > 0) {
@@ -987,7 +978,7 @@ void Daemon::schedule_now() {
   m_tail = plan.tail;
   for (auto& [id, reason] : plan.waiting) {
     Active& a = m_active.at(id);
-    a.wait_reason = with_drain_note(std::move(reason));
+    a.wait_reason = with_drain_note(a.rec.spec.gpus, std::move(reason));
     a.reason_pass = m_pass;
   }
   for (const auto& p : plan.start) {

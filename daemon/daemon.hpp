@@ -90,13 +90,17 @@ class Daemon {
   json cmd_release(const json& req);
   json set_held(const common::SelectRequest& q, bool hold);
   void cmd_clean(const json& req, Reply& reply);  // answers once the files are deleted
+  // Moves job `id`'s `dir` into the state dir's trash: one rename, the deletion is the trash
+  // thread's (empty_trash). Returns its place there, or "" when `dir` is missing (or, with
+  // keep_dir, empty); throws store_error naming `dir`. With keep_dir an empty `dir` stays.
+  std::string move_to_trash(std::int64_t id, const std::string& dir, bool keep_dir);
   void empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply);
   void empty_leftover_trash();
   json cmd_update(const json& req);
   json cmd_drain(const json& req);
   json cmd_undrain(const json& req);
   json set_drained(const common::DrainRequest& q, bool drain);
-  std::string with_drain_note(std::string reason) const;
+  std::string with_drain_note(int gpus_needed, std::string reason) const;
   json cmd_results(const json& req);
   json cmd_events(const json& req);
   json cmd_gpus(const json& req);
@@ -125,8 +129,15 @@ class Daemon {
   // else `stored`.
   common::JobInfo info_of(const JobRecord& stored) const;
   std::optional<JobRecord> lookup(std::int64_t id);
+  // Job `id`, or not_found.
+  JobRecord existing_job(std::int64_t id);
   // Job `id`, which must have ended: else not_found, or wrong_state "job N (name) is S; <only>".
   JobRecord ended_job(std::int64_t id, const std::string& only);
+  // The jobs of `batch`, or not_found.
+  std::vector<JobRecord> jobs_of_batch(std::int64_t batch);
+  // `ids` and the queued jobs of `batch` (0: none), ascending, each once.
+  std::vector<std::int64_t> with_queued_of_batch(std::vector<std::int64_t> ids, std::int64_t batch);
+  static std::string job_label(const JobRecord& rec);  // "job 7 (name)", as errors name a job
 
   asio::io_context& m_io;
   Config m_config;
