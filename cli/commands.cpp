@@ -11,6 +11,7 @@
 #include <climits>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -484,60 +485,55 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
   return k_exit_ok;
 }
 
-int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold) {
-  int code = 0;
-  json req{{"cmd", hold ? "hold" : "release"}, {"ids", ids}};
+// Sends `req` naming jobs by `ids` and by `batch` (hold, release, update, restart, clean).
+std::optional<json> select_request(const Options& o, json req, const std::vector<std::int64_t>& ids,
+                                   std::int64_t batch, int& code) {
+  req["ids"] = ids;
   if (batch != 0) req["batch"] = batch;
-  auto reply = request(o, req, code);
-  if (!reply) return code;
-  auto c = reply->get<common::CancelReply>();
+  return request(o, req, code);
+}
+
+// Prints what a hold, release or update did to queued jobs: a line per job ("job 7: <done>", or
+// `unchanged` of it), or past k_lines_per_job the counts ("25 jobs <done>, 0 <rest>").
+int print_changes(const Options& o, const json& reply, std::int64_t batch, const std::string& done,
+                  const std::string& rest, const std::function<std::string(const common::CancelOutcome&)>& unchanged) {
+  auto c = reply.get<common::CancelReply>();
   if (o.json) {
-    print_json({{"jobs", (*reply)["jobs"]}});
+    print_json({{"jobs", reply["jobs"]}});
     return k_exit_ok;
   }
   if (c.jobs.empty()) std::cout << "batch " << batch << " has no queued jobs\n";
   if (c.jobs.size() > k_lines_per_job) {
     const auto n = std::count_if(c.jobs.begin(), c.jobs.end(), [](const auto& j) { return j.changed; });
-    std::cout << n << " jobs " << (hold ? "held" : "released") << ", " << c.jobs.size() - n << " left as they were\n";
+    std::cout << n << " jobs " << done << ", " << c.jobs.size() - n << " " << rest << "\n";
     return k_exit_ok;
   }
-  for (const auto& j : c.jobs) {
-    std::cout << "job " << j.id << ": ";
-    if (j.changed) std::cout << (hold ? "held" : "released") << "\n";
-    else if (j.state != "queued") std::cout << j.state << ", not held\n";
-    else std::cout << (hold ? "already held" : "was not held") << "\n";
-  }
+  for (const auto& j : c.jobs) std::cout << "job " << j.id << ": " << (j.changed ? done : unchanged(j)) << "\n";
   return k_exit_ok;
+}
+
+int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold) {
+  int code = 0;
+  auto reply = select_request(o, {{"cmd", hold ? "hold" : "release"}}, ids, batch, code);
+  if (!reply) return code;
+  return print_changes(o, *reply, batch, hold ? "held" : "released", "left as they were", [&](const auto& j) {
+    return j.state != "queued" ? j.state + ", not held" : hold ? "already held" : "was not held";
+  });
 }
 
 int cmd_update(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, const json& set) {
   int code = 0;
-  json req{{"cmd", "update"}, {"ids", ids}, {"set", set}};
-  if (batch != 0) req["batch"] = batch;
-  auto reply = request(o, req, code);
+  auto reply = select_request(o, {{"cmd", "update"}, {"set", set}}, ids, batch, code);
   if (!reply) return code;
-  auto c = reply->get<common::CancelReply>();
-  if (o.json) {
-    print_json({{"jobs", (*reply)["jobs"]}});
-    return k_exit_ok;
-  }
-  if (c.jobs.empty()) std::cout << "batch " << batch << " has no queued jobs\n";
-  if (c.jobs.size() > k_lines_per_job) {
-    const auto n = std::count_if(c.jobs.begin(), c.jobs.end(), [](const auto& j) { return j.changed; });
-    std::cout << n << " jobs updated, " << c.jobs.size() - n << " unchanged\n";
-    return k_exit_ok;
-  }
-  for (const auto& j : c.jobs) std::cout << "job " << j.id << ": " << (j.changed ? "updated" : "unchanged") << "\n";
-  return k_exit_ok;
+  return print_changes(o, *reply, batch, "updated", "unchanged", [](const auto&) { return "unchanged"; });
 }
 
 int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
               bool checkpoints_only) {
   int code = 0;
-  json req{{"cmd", "clean"}, {"ids", ids}, {"checkpoints_only", checkpoints_only}};
-  if (batch != 0) req["batch"] = batch;
+  json req{{"cmd", "clean"}, {"checkpoints_only", checkpoints_only}};
   if (older_than_s >= 0) req["ended_before"] = std::max(1e-3, now_s() - older_than_s);
-  auto reply = request(o, req, code);
+  auto reply = select_request(o, req, ids, batch, code);
   if (!reply) return code;
   auto c = reply->get<common::CleanReply>();
   if (o.json) {
@@ -556,9 +552,7 @@ int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64
 
 int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool fresh) {
   int code = 0;
-  json req{{"cmd", "restart"}, {"ids", ids}, {"fresh", fresh}};
-  if (batch != 0) req["batch"] = batch;
-  auto reply = request(o, req, code);
+  auto reply = select_request(o, {{"cmd", "restart"}, {"fresh", fresh}}, ids, batch, code);
   if (!reply) return code;
   auto r = reply->get<common::RestartReply>();
   if (o.json) {

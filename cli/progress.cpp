@@ -66,7 +66,7 @@ std::string progress_line(const common::JobInfo& job, double now, std::size_t wi
   std::string line = std::to_string(job.id) + "  " + job.name + "  ";
   if (job.state != "running") {
     line += job.state;
-    if (display_state(job) != job.state) line += " (" + display_state(job) + ")";
+    if (const std::string shown = display_state(job); shown != job.state) line += " (" + shown + ")";
     if (job.state == "succeeded" && job.result.is_object()) line += "  " + format_fields(job.result, 4);
     else if (!job.reason.empty()) line += "  " + job.reason;
   } else {

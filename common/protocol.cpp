@@ -144,10 +144,8 @@ SelectRequest decode_select(const json& j) {
 }
 
 CleanRequest decode_clean(const json& j) {
-  auto selected = read_selection(j);
   CleanRequest r;
-  r.ids = std::move(selected.ids);
-  r.batch = selected.batch;
+  static_cast<SelectRequest&>(r) = read_selection(j);
   r.ended_before = get_or<double>(j, "ended_before", 0.0, "a unix time");
   if (!(r.ended_before >= 0)) bad("ended_before", "a unix time");
   if (r.ids.empty() && r.batch == 0 && r.ended_before == 0)
@@ -157,10 +155,8 @@ CleanRequest decode_clean(const json& j) {
 }
 
 UpdateRequest decode_update(const json& j) {
-  auto selected = decode_select(j);
   UpdateRequest r;
-  r.ids = std::move(selected.ids);
-  r.batch = selected.batch;
+  static_cast<SelectRequest&>(r) = decode_select(j);
   auto it = j.find("set");
   if (it == j.end() || !it->is_object() || it->empty())
     bad("set", "an object of the spec fields to change: priority, retries, timeout_s");
@@ -195,8 +191,10 @@ DrainRequest decode_drain(const json& j) {
 }
 
 RestartRequest decode_restart(const json& j) {
-  auto selected = decode_select(j);
-  return {std::move(selected.ids), selected.batch, get_or<bool>(j, "fresh", false, "true or false")};
+  RestartRequest r;
+  static_cast<SelectRequest&>(r) = decode_select(j);
+  r.fresh = get_or<bool>(j, "fresh", false, "true or false");
+  return r;
 }
 
 EventsRequest decode_events(const json& j) {

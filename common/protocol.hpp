@@ -134,29 +134,24 @@ struct IdsRequest {  // cancel, wait
   std::vector<std::int64_t> ids;
   double timeout_s = 0;  // wait only: 0 = until done
 };
-struct SelectRequest {  // hold, release
+// Jobs named by id and by batch: hold and release (the batch's queued jobs), and the requests below.
+struct SelectRequest {
   std::vector<std::int64_t> ids;
   std::int64_t batch = 0;  // and this batch's jobs the command applies to
 };
-struct RestartRequest {
-  std::vector<std::int64_t> ids;  // ended jobs, in any end state
-  std::int64_t batch = 0;         // and this batch's jobs that ended without success
-  bool fresh = false;             // empty their checkpoint directories: start over, not resume
+struct RestartRequest : SelectRequest {  // ids: ended jobs; batch: its jobs that ended without success
+  bool fresh = false;                     // empty their checkpoint directories: start over, not resume
 };
 struct DrainRequest {  // drain, undrain
   std::vector<int> gpus;  // GPU indices, as `gpuq gpus` shows them
   std::string reason;     // drain: why
 };
-struct UpdateRequest {
-  std::vector<std::int64_t> ids;  // queued jobs (running ones: `priority` and `retries` only)
-  std::int64_t batch = 0;         // and this batch's queued jobs
+struct UpdateRequest : SelectRequest {  // ids: queued jobs (running ones: `priority` and `retries` only)
   // From `set`, checked as a job spec's fields are: the ones to change.
   std::optional<int> priority, retries;
   std::optional<double> timeout_s;  // 0: no timeout (`"timeout_s": null`)
 };
-struct CleanRequest {
-  std::vector<std::int64_t> ids;  // ended jobs
-  std::int64_t batch = 0;         // and this batch's ended jobs
+struct CleanRequest : SelectRequest {  // ids: ended jobs; batch: its ended jobs
   double ended_before = 0;        // > 0: only jobs that ended before this time (alone: every such job)
   bool checkpoints_only = false;  // remove the checkpoints, keep the logs
 };
