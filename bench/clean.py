@@ -35,10 +35,7 @@ for n in map(int, args.jobs.split(",")):
     with tempfile.TemporaryDirectory() as tmp:
         d = Daemon(tmp, gpus="fake:8").start()
         try:
-            path = os.path.join(tmp, "batch.json")
-            with open(path, "w") as f:
-                json.dump([{"shell": JOB, "gpus": 1} for _ in range(n)], f)
-            batch = json.loads(d.ok("submit", path, "--json"))["batch"]
+            batch = d.submit([{"shell": JOB, "gpus": 1} for _ in range(n)])["batch"]
             d.ok("wait", "--batch", str(batch), "--json", timeout=7200)
 
             def status_time():
