@@ -195,7 +195,8 @@ int dry_run(const Options& o, const json& jobs) {
   return k_exit_ok;
 }
 
-int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry, bool hold) {
+int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry, bool hold,
+               int max_running) {
   json jobs = json::array();
   for (const auto& f : files)
     if (!read_spec_file(f, jobs)) return k_exit_usage;
@@ -203,6 +204,7 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
   int code = 0;
   json req{{"cmd", "submit"}, {"jobs", jobs}, {"cwd", cwd()}, {"env", common::current_environment()}};
   if (hold) req["hold"] = true;
+  if (max_running > 0) req["max_running"] = max_running;
   auto reply = request(o, req, code);
   if (!reply) return code;
   auto sub = reply->get<common::SubmitReply>();
@@ -303,7 +305,10 @@ int cmd_show(const Options& o, std::int64_t id) {
   }
   auto s = reply->get<common::ShowReply>();
   const auto& j = s.job;
-  std::cout << "job " << j.id << " (" << j.name << "), batch " << j.batch << "\n"
+  std::cout << "job " << j.id << " (" << j.name << "), batch " << j.batch
+            << (s.batch_max_running > 0 ? " (at most " + std::to_string(s.batch_max_running) + " of it run at once)"
+                                        : std::string())
+            << "\n"
             << "  state:     " << state_of(j) << (j.reason.empty() ? "" : " - " + j.reason) << "\n"
             << "  mode:      " << j.mode << ", " << j.ranks << " rank(s), gpus requested " << j.gpus_requested
             << ", assigned " << format_gpus(j.gpus) << "\n";
@@ -525,6 +530,17 @@ int cmd_update(const Options& o, const std::vector<std::int64_t>& ids, std::int6
   int code = 0;
   auto reply = select_request(o, {{"cmd", "update"}, {"set", set}}, ids, batch, code);
   if (!reply) return code;
+  if (o.json) {
+    reply->erase("ok");
+    print_json(*reply);
+    return k_exit_ok;
+  }
+  if (auto it = reply->find("batch_limit"); it != reply->end()) {
+    auto limit = it->get<common::BatchLimitChange>();
+    const auto text = [](int n) { return n > 0 ? "at most " + std::to_string(n) + " jobs at once" : std::string("no limit"); };
+    std::cout << "batch " << limit.batch << ": " << text(limit.max_running) << " (was " << text(limit.was) << ")\n";
+    if (set.size() == 1) return k_exit_ok;  // only the limit: no job was asked to change
+  }
   return print_changes(o, *reply, batch, "updated", "unchanged", [](const auto&) { return "unchanged"; });
 }
 

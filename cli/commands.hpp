@@ -29,9 +29,10 @@ struct Options {
 // (also a usage error when there are no ids at all).
 int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t>& ids);
 
-// `hold`: the jobs are queued held, none starts before `release`.
+// `hold`: the jobs are queued held, none starts before `release`. `max_running`: at most this
+// many of the batch run at once (0: no limit).
 int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry_run = false,
-               bool hold = false);
+               bool hold = false, int max_running = 0);
 int cmd_status(const Options& o, bool all, int limit, std::int64_t queued = -2);
 int cmd_show(const Options& o, std::int64_t id);
 // `tail` >= 0: only the last `tail` lines of each rank's log (of the chosen attempt), as tail -n.

@@ -1,5 +1,6 @@
 // gpuq: the command-line client of gpuqd.
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -35,8 +36,11 @@ int main(int argc, char** argv) {
   submit->add_flag("--dry-run,-n", dry_run, "Check the specs and list the jobs they make (matrices expanded); submit nothing")
       ->excludes("--wait");
   submit->add_flag("--hold", hold, "Queue the jobs held: none starts before `gpuq release`");
+  int max_running = 0;
+  submit->add_option("--max-running,-m", max_running, "Run at most N of the batch's jobs at once (Slurm's %N)")
+      ->check(CLI::Range(1, gpuq::common::k_max_running_limit));
   json_flag(submit);
-  submit->callback([&] { run = [&] { return cmd_submit(opt, files, wait, dry_run, hold); }; });
+  submit->callback([&] { run = [&] { return cmd_submit(opt, files, wait, dry_run, hold, max_running); }; });
 
   bool all = false;
   int limit = 20;
@@ -125,6 +129,8 @@ int main(int argc, char** argv) {
   update->add_option("--priority,-p", new_priority, "New priority (higher starts first)");
   update->add_option("--retries", new_retries, "New number of retries");
   update->add_option("--timeout", new_timeout, "New timeout: 90s, 30m, 12h, 2d, or none");
+  std::string new_limit;
+  update->add_option("--max-running,-m", new_limit, "The batch's new limit on jobs running at once, or none (needs --batch)");
   json_flag(update);
   update->callback([&] {
     run = [&] {
@@ -141,8 +147,26 @@ int main(int argc, char** argv) {
         }
         set["timeout_s"] = *parsed;
       }
+      if (new_limit == "none") {
+        set["max_running"] = nullptr;
+      } else if (!new_limit.empty()) {
+        int n = 0;
+        const auto [end, ec] = std::from_chars(new_limit.data(), new_limit.data() + new_limit.size(), n);
+        if (ec != std::errc() || end != new_limit.data() + new_limit.size() || n < 1 ||
+            n > gpuq::common::k_max_running_limit) {
+          std::cerr << "gpuq update: --max-running " << new_limit << " is not a number from 1 to "
+                    << gpuq::common::k_max_running_limit << ", or none\n";
+          return k_exit_usage;
+        }
+        if (batch == 0) {
+          std::cerr << "gpuq update: --max-running is a batch's limit; name the batch with --batch\n";
+          return k_exit_usage;
+        }
+        set["max_running"] = n;
+      }
       if ((ids.empty() && batch == 0) || set.empty()) {
-        std::cerr << "gpuq update: name job ids or --batch, and what to change (--priority, --retries, --timeout)\n";
+        std::cerr << "gpuq update: name job ids or --batch, and what to change (--priority, --retries, --timeout, "
+                     "--max-running)\n";
         return k_exit_usage;
       }
       return cmd_update(opt, ids, batch, set);

@@ -79,6 +79,10 @@ SubmitRequest decode_submit(const json& j) {
   r.jobs = *it;
   r.cwd = get_or<std::string>(j, "cwd", "", "an absolute directory path");
   r.hold = get_or<bool>(j, "hold", false, "true or false");
+  const auto limit = get_or<std::int64_t>(j, "max_running", 0, "an integer");
+  if (limit < 0 || limit > k_max_running_limit)
+    bad("max_running", "an integer from 1 to " + std::to_string(k_max_running_limit) + ", or 0 for no limit");
+  r.max_running = static_cast<int>(limit);
   if (auto e = j.find("env"); e != j.end() && !e->is_null()) {
     if (!e->is_object()) bad("env", "an object of strings");
     for (const auto& [k, v] : e->items()) {
@@ -159,12 +163,23 @@ UpdateRequest decode_update(const json& j) {
   static_cast<SelectRequest&>(r) = decode_select(j);
   auto it = j.find("set");
   if (it == j.end() || !it->is_object() || it->empty())
-    bad("set", "an object of the spec fields to change: priority, retries, timeout_s");
+    bad("set", "an object of the fields to change: priority, retries, timeout_s, max_running");
   // The values are checked by the job-spec parser itself, on a spec that holds only them.
   json probe = {{"command", {"true"}}};
   for (const auto& [k, v] : it->items()) {
+    if (k == "max_running") {
+      if (r.batch == 0) bad("set.max_running", "a batch's limit: name the batch (`batch`)");
+      if (v.is_null()) {
+        r.max_running = 0;
+      } else if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > k_max_running_limit) {
+        bad("set.max_running", "an integer from 1 to " + std::to_string(k_max_running_limit) + ", or null for no limit");
+      } else {
+        r.max_running = v.get<int>();
+      }
+      continue;
+    }
     if (k != "priority" && k != "retries" && k != "timeout_s")
-      bad("set." + k, "left out: only priority, retries and timeout_s can change after submission");
+      bad("set." + k, "left out: only priority, retries, timeout_s and max_running can change after submission");
     if (!v.is_null()) probe[k] = v;
     else if (k != "timeout_s") bad("set." + k, "a number");
   }

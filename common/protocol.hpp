@@ -111,11 +111,14 @@ struct HelloRequest {
   int protocol_version = k_protocol_version;
   std::string client;
 };
+constexpr int k_max_running_limit = 1000000;  // the largest batch limit on running jobs
+
 struct SubmitRequest {
   json jobs;  // one spec object or an array: validated by common::parse_batch in the daemon
   std::string cwd;
   std::map<std::string, std::string> env;  // the submitter's environment, the jobs' base env
   bool hold = false;  // queue the jobs held: none starts before `release`
+  int max_running = 0;  // at most this many of the batch's jobs run at once (0: no limit)
 };
 struct StatusRequest {
   bool all = false;
@@ -150,6 +153,7 @@ struct UpdateRequest : SelectRequest {  // ids: queued jobs (running ones: `prio
   // From `set`, checked as a job spec's fields are: the ones to change.
   std::optional<int> priority, retries;
   std::optional<double> timeout_s;  // 0: no timeout (`"timeout_s": null`)
+  std::optional<int> max_running;   // the batch's limit (needs `batch`); 0: none (`null`)
 };
 struct CleanRequest : SelectRequest {  // ids: ended jobs; batch: its ended jobs
   double ended_before = 0;        // > 0: only jobs that ended before this time (alone: every such job)
@@ -211,12 +215,13 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobsReply, jobs, total, timed_ou
 
 struct ShowReply {
   JobInfo job;
+  int batch_max_running = 0;  // its batch's limit on running jobs, 0 for none
   json spec;
   std::vector<Transition> history;
   std::vector<LogFile> logs;
   json first_failure;  // {rank, exit_code, signal} of the last failed attempt, or null
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShowReply, job, spec, history, logs, first_failure)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShowReply, job, batch_max_running, spec, history, logs, first_failure)
 
 struct Event {
   std::int64_t seq = 0;  // increasing in the order gpuqd read the events
@@ -244,6 +249,13 @@ struct CancelReply {
   std::vector<CancelOutcome> jobs;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelReply, jobs)
+// update's reply: a CancelReply (the jobs whose spec fields were asked to change), with
+// `batch_limit` when it set the batch's `max_running`.
+struct BatchLimitChange {
+  std::int64_t batch = 0;
+  int max_running = 0, was = 0;  // 0: no limit
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(BatchLimitChange, batch, max_running, was)
 
 struct RestartOutcome {
   std::int64_t id = 0;

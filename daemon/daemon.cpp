@@ -68,7 +68,7 @@ constexpr double k_launch_retry_s = 5;  // a launch that failed (job dir, disk) 
 // What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r) {
   const auto& s = r.spec;
-  return {r.id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus};
+  return {r.id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus, r.batch};
 }
 
 }  // namespace
@@ -85,6 +85,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
   m_core_nodes = std::move(slot_cores.nodes);
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
   m_drained = m_store->drained_gpus();
+  m_batch_limits = m_store->batch_limits();
 }
 
 Daemon::~Daemon() = default;
@@ -249,7 +250,8 @@ json Daemon::cmd_submit(const json& req) {
     throw RequestError(ErrorCode::invalid_spec, msg);
   }
 
-  const std::int64_t batch = m_store->insert_batch(jobs, *deps, sub.cwd, json(base), wall_now());
+  const std::int64_t batch = m_store->insert_batch(jobs, *deps, sub.cwd, json(base), wall_now(), sub.max_running);
+  if (sub.max_running > 0) m_batch_limits[batch] = sub.max_running;
   common::SubmitReply out{batch, {}};
   for (auto& rec : jobs) {
     out.ids.push_back(rec.id);
@@ -376,6 +378,7 @@ json Daemon::cmd_show(const json& req) {
   const JobRecord rec = existing_job(q.id);
   common::ShowReply out;
   out.job = info_of(rec);
+  if (auto it = m_batch_limits.find(rec.batch); it != m_batch_limits.end()) out.batch_max_running = it->second;
   out.spec = common::to_json(rec.spec);
   out.history = m_store->history(q.id);
   for (int a = 1; a <= rec.attempt; ++a)
@@ -705,7 +708,10 @@ json Daemon::cmd_update(const json& req) {
                                                      " is running: its supervisor enforces the timeout it started "
                                                      "with; only priority and retries can change now");
   }
-  const std::vector<std::int64_t> ids = with_queued_of_batch(q.ids, q.batch);
+  const bool spec_fields = q.priority || q.retries || q.timeout_s;
+  // Only the batch's limit: its queued jobs are not asked to change.
+  const std::vector<std::int64_t> ids = spec_fields ? with_queued_of_batch(q.ids, q.batch) : q.ids;
+  if (!spec_fields) jobs_of_batch(q.batch);  // one that exists
 
   auto change = [](auto& field, const auto& value, const char* name, std::string& why) {
     if (!value || field == *value) return;
@@ -737,8 +743,17 @@ json Daemon::cmd_update(const json& req) {
     a.rec = std::move(rec);
     index(a);
   }
-  if (!changed.empty()) schedule_soon();
-  return out;
+  json reply = out;
+  if (q.max_running) {  // jobs already running past a lowered limit run on, as in Slurm
+    auto it = m_batch_limits.find(q.batch);
+    const common::BatchLimitChange limit{q.batch, *q.max_running, it == m_batch_limits.end() ? 0 : it->second};
+    m_store->set_batch_limit(q.batch, limit.max_running);
+    if (limit.max_running > 0) m_batch_limits[q.batch] = limit.max_running;
+    else m_batch_limits.erase(q.batch);
+    reply["batch_limit"] = limit;
+  }
+  if (!changed.empty() || q.max_running) schedule_soon();
+  return reply;
 }
 
 // Frees the disk ended jobs' files take: the whole job directory (logs, checkpoints, launch and
@@ -934,6 +949,7 @@ void Daemon::schedule_now() {
 
   std::vector<PendingJob> queue;
   queue.reserve(m_queue.size());
+  BatchLimits limits;  // of the batches with a job in this pass
   double next_retry = 0;
   for (const auto& [_, q] : m_queue) {
     if (q.has_deps || q.not_before > now) {
@@ -953,7 +969,11 @@ void Daemon::schedule_now() {
       }
     }
     queue.push_back(q.job);  // in scheduling order already
+    if (auto it = m_batch_limits.find(q.job.batch); it != m_batch_limits.end()) limits[it->first].limit = it->second;
   }
+  if (!limits.empty())
+    for (std::int64_t id : m_running)
+      if (auto it = limits.find(m_active.at(id).rec.batch); it != limits.end()) ++it->second.running;
 
   CpuSlots cpu = cpu_pool();
 
@@ -973,7 +993,7 @@ void Daemon::schedule_now() {
         }
   }
 
-  Plan plan = schedule(std::move(queue), std::move(gpus), now, cpu);
+  Plan plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits));
   m_tail_stopped = plan.stopped;
   m_tail = plan.tail;
   for (auto& [id, reason] : plan.waiting) {

@@ -160,6 +160,7 @@ class Daemon {
   std::set<std::int64_t> m_with_deps;                      // queued jobs with `after`
   std::set<std::int64_t> m_held;                           // queued jobs held out of line
   std::map<std::string, std::string> m_drained;            // GPUs out of service: UUID -> reason
+  std::map<std::int64_t, int> m_batch_limits;              // batch -> max_running, for those with one
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;
   bool m_schedule_posted = false;

@@ -210,7 +210,13 @@ std::string tail_wait_reason(const PendingJob& j, const TailState& tail) {
   return k_gpus_held;
 }
 
-Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu, bool stop_early) {
+std::string batch_limit_reason(std::int64_t batch, const BatchLimit& limit) {
+  return "batch " + std::to_string(batch) + " runs " + std::to_string(limit.running) + " jobs, its limit (max_running " +
+         std::to_string(limit.limit) + ")";
+}
+
+Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu, bool stop_early,
+              BatchLimits limits) {
   const auto before = [](const PendingJob& a, const PendingJob& b) {
     if (a.priority != b.priority) return a.priority > b.priority;
     return a.id < b.id;
@@ -244,19 +250,28 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
       plan.tail = {static_cast<int>(slots.size()), free_slots(cpu), cpu.total};
       break;
     }
+    if (j.gpus > static_cast<int>(slots.size())) {
+      plan.waiting[j.id] = too_many_gpus_reason(j, slots.size());
+      continue;
+    }
+    BatchLimit* limit = nullptr;
+    if (auto it = limits.find(j.batch); it != limits.end()) {
+      limit = &it->second;
+      if (limit->running >= limit->limit) {
+        plan.waiting[j.id] = batch_limit_reason(j.batch, *limit);
+        continue;
+      }
+    }
     const int need = cpu_slots_needed(j, cpu.total);
     const bool cpus_free = need == 0 || (!cpu_blocked && free_slots(cpu) >= need);
     if (j.gpus == 0) {
       if (cpus_free) {
         plan.start.push_back({j.id, {}, take_slots(cpu, need)});
+        if (limit) ++limit->running;
       } else {
         cpu_blocked = true;
         plan.waiting[j.id] = cpu_wait_reason(need, cpu);
       }
-      continue;
-    }
-    if (j.gpus > static_cast<int>(slots.size())) {
-      plan.waiting[j.id] = too_many_gpus_reason(j, slots.size());
       continue;
     }
     if (!cpus_free) {
@@ -270,6 +285,7 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
     if (!chosen.empty()) {
       auto cpu_slots = take_job_slots(cpu, j, chosen, slots);
       plan.start.push_back({j.id, std::move(chosen), std::move(cpu_slots)});
+      if (limit) ++limit->running;
       continue;
     }
     auto held = reserve(slots, j);

@@ -23,6 +23,9 @@
 //   process's near any of its GPUs. A job with `cpus` prefers GPUs whose node has free slots. A
 //   preference, never a wait: with no free slot there, other slots serve (Slurm without
 //   --gres-flags=enforce-binding).
+// - Batch limits (`gpuq submit --max-running N`, as Slurm's array throttle `%N`): a job whose
+//   batch already runs its limit waits without reserving anything, so the jobs behind it start as
+//   if it were not there.
 #pragma once
 
 #include <cstdint>
@@ -55,7 +58,15 @@ struct PendingJob {
   double timeout_s = 0;        // 0 = none: can never backfill onto a reservation
   int ranks = 1;               // processes
   int cpus = 0;                // CPU slots per rank; 0 = one per rank without GPUs, none with
+  std::int64_t batch = 0;
 };
+
+// A batch's limit on running jobs, and how many of its jobs run now.
+struct BatchLimit {
+  int limit = 0;
+  int running = 0;
+};
+using BatchLimits = std::map<std::int64_t, BatchLimit>;  // batches without a limit are absent
 
 struct Placement {
   std::int64_t id = 0;
@@ -94,8 +105,11 @@ std::string tail_wait_reason(const PendingJob& j, const TailState& tail);
 // The CPU slots `j` takes from a pool of `total`.
 int cpu_slots_needed(const PendingJob& j, int total);
 
+// Why a job waits for its batch's limit.
+std::string batch_limit_reason(std::int64_t batch, const BatchLimit& limit);
+
 // `stop_early = false` examines every job (tests compare the two).
 Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu = {},
-              bool stop_early = true);
+              bool stop_early = true, BatchLimits limits = {});
 
 }  // namespace gpuq::daemon

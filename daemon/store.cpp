@@ -13,12 +13,13 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 6;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
-                                     // 6: drained_gpus
+constexpr int k_schema_version = 7;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
+                                     // 6: drained_gpus; 7: batches.max_running
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
-  id INTEGER PRIMARY KEY, submitted_at REAL NOT NULL, cwd TEXT NOT NULL, env TEXT NOT NULL);
+  id INTEGER PRIMARY KEY, submitted_at REAL NOT NULL, cwd TEXT NOT NULL, env TEXT NOT NULL,
+  max_running INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS jobs(
   id INTEGER PRIMARY KEY, batch INTEGER NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL,
   state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, reason TEXT NOT NULL DEFAULT '',
@@ -167,6 +168,10 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
                   "PRAGMA user_version=5; COMMIT");
     }
     if (app_id == k_application_id && version < 6) store->exec("PRAGMA user_version=6");  // k_schema made the table
+    if (app_id == k_application_id && version < 7) {
+      store->exec("BEGIN IMMEDIATE; ALTER TABLE batches ADD COLUMN max_running INTEGER NOT NULL DEFAULT 0; "
+                  "PRAGMA user_version=7; COMMIT");
+    }
     // After the migrations: it needs a column that older schemas lack.
     store->exec("CREATE INDEX IF NOT EXISTS jobs_blocked ON jobs(blocked_by) WHERE blocked_by != 0");
   } catch (const RequestError& e) {
@@ -200,12 +205,13 @@ sqlite3_stmt* Store::prepare(const char* sql) {
 }
 
 std::int64_t Store::insert_batch(std::vector<JobRecord>& jobs, const std::vector<std::vector<std::size_t>>& local_deps,
-                                 const std::string& cwd, const json& env, double now) {
+                                 const std::string& cwd, const json& env, double now, int max_running) {
   Txn txn(m_db);
-  auto* b = prepare("INSERT INTO batches(submitted_at, cwd, env) VALUES(?, ?, ?)");
+  auto* b = prepare("INSERT INTO batches(submitted_at, cwd, env, max_running) VALUES(?, ?, ?, ?)");
   sqlite3_bind_double(b, 1, now);
   bind_text(b, 2, cwd);
   bind_text(b, 3, env.dump());
+  sqlite3_bind_int(b, 4, max_running);
   run(m_db, b, "insert batch");
   std::int64_t batch = sqlite3_last_insert_rowid(m_db);
 
@@ -445,6 +451,21 @@ json Store::batch_env(std::int64_t batch) {
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   return env.is_object() ? env : json::object();
+}
+
+std::map<std::int64_t, int> Store::batch_limits() {
+  auto* st = prepare("SELECT id, max_running FROM batches WHERE max_running > 0");
+  std::map<std::int64_t, int> out;
+  while (sqlite3_step(st) == SQLITE_ROW) out[sqlite3_column_int64(st, 0)] = sqlite3_column_int(st, 1);
+  sqlite3_reset(st);
+  return out;
+}
+
+void Store::set_batch_limit(std::int64_t batch, int max_running) {
+  auto* st = prepare("UPDATE batches SET max_running=? WHERE id=?");
+  sqlite3_bind_int(st, 1, max_running);
+  sqlite3_bind_int64(st, 2, batch);
+  run(m_db, st, "set a batch's limit");
 }
 
 std::vector<common::Transition> Store::history(std::int64_t id) {

@@ -71,9 +71,10 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   // Inserts a batch and its jobs in one transaction; assigns batch and job ids (in order).
-  // `resolve` maps batch-local dependency indices to ids once ids are known.
+  // `resolve` maps batch-local dependency indices to ids once ids are known. `max_running`: how
+  // many of its jobs may run at once (0: no limit).
   std::int64_t insert_batch(std::vector<JobRecord>& jobs, const std::vector<std::vector<std::size_t>>& local_deps,
-                            const std::string& cwd, const json& env, double now);
+                            const std::string& cwd, const json& env, double now, int max_running = 0);
   // Writes the job's mutable columns; appends a transition row when `transition` is true.
   void update(const JobRecord& job, bool transition);
   // Several updates in one transaction, each with a transition whose reason is `why[i]` (the
@@ -99,6 +100,9 @@ class Store {
   std::vector<JobRecord> failed_waiting_for(std::int64_t id);
   std::int64_t count_jobs();
   json batch_env(std::int64_t batch);
+  // Batches' limits on running jobs: batch -> max_running, for those that have one.
+  std::map<std::int64_t, int> batch_limits();
+  void set_batch_limit(std::int64_t batch, int max_running);  // 0: no limit
   std::vector<common::Transition> history(std::int64_t id);
 
   // Event ingestion: offsets already read per (job, attempt, rank), and an atomic append of new

@@ -849,9 +849,68 @@ class Update(DaemonTest):
         self.assertEqual(self.d.run("update", str(queued)).returncode, 2)
         reply = self.d.request({"cmd": "update", "ids": [queued], "set": {"gpus": 4}})
         self.assertEqual(reply["error"]["code"], "bad_request")
-        self.assertIn("only priority, retries and timeout_s", reply["error"]["message"])
+        self.assertIn("only priority, retries, timeout_s and max_running", reply["error"]["message"])
         self.d.ok("update", str(queued), "--timeout", "none", "--priority", "-2")
         self.assertEqual(self.d.show(queued)["spec"]["priority"], -2)
+
+
+class BatchLimit(DaemonTest):
+    GPUS = "fake:4"
+
+    def running(self, batch):
+        return sorted(j["id"] for j in self.d.json("status")["jobs"] if j["batch"] == batch and j["state"] == "running")
+
+    def test_a_batch_runs_at_most_its_limit_and_a_new_limit_takes_effect_at_once(self):
+        go = self.tmp_path("go")
+        sweep = self.d.submit([{"name": f"s{i}", "gpus": 1, "shell": f"while [ ! -e {go} ]; do sleep 0.05; done"}
+                               for i in range(5)], "--max-running", "2")
+        batch, ids = sweep["batch"], sweep["ids"]
+        wait_until(lambda: self.running(batch) == ids[:2], what="the first two of the batch")
+        # The waiting jobs reserve nothing: a later job of another batch takes a free GPU at once.
+        other = self.d.submit({"name": "other", "gpus": 1, "command": ["true"]})["ids"][0]
+        self.assertEqual(self.d.wait([other])[other]["state"], "succeeded")
+        limit_reason = f"batch {batch} runs 2 jobs, its limit (max_running 2)"
+        for job_id in ids[2:]:
+            self.assertEqual(self.d.show(job_id)["job"]["reason"], limit_reason)
+        self.assertIn(f"batch {batch} (at most 2 of it run at once)", self.d.ok("show", str(ids[3])))
+        # Stored with the batch: a gpuqd killed and started again keeps to it.
+        self.d.kill9()
+        self.d.start()
+        self.assertEqual(self.running(batch), ids[:2])
+        self.assertEqual(self.d.show(ids[4])["job"]["reason"], limit_reason)
+
+        self.assertEqual(self.d.ok("update", "--batch", str(batch), "--max-running", "3"),
+                         f"batch {batch}: at most 3 jobs at once (was at most 2 jobs at once)\n")
+        wait_until(lambda: self.running(batch) == ids[:3], what="a third job under the raised limit")
+        # Lowered below what runs: the running jobs run on, and no more start.
+        out = self.d.json("update", "--batch", str(batch), "--max-running", "1")
+        self.assertEqual(out["batch_limit"], {"batch": batch, "max_running": 1, "was": 3})
+        self.assertEqual(out["jobs"], [])
+        self.assertEqual(self.running(batch), ids[:3])
+        self.assertEqual(self.d.show(ids[3])["batch_max_running"], 1)
+        self.d.ok("update", "--batch", str(batch), "--max-running", "none")
+        wait_until(lambda: self.running(batch) == ids[:4], what="every GPU in use without a limit")
+        self.assertEqual(self.d.show(ids[4])["batch_max_running"], 0)
+        open(go, "w").close()
+        self.assertEqual({j["state"] for j in self.d.wait(ids).values()}, {"succeeded"})
+
+    def test_a_limit_that_cannot_be_set_says_why(self):
+        job = self.d.submit({"name": "one", "command": ["true"]})["ids"][0]
+        r = self.d.run("update", str(job), "--max-running", "2")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--max-running is a batch's limit; name the batch with --batch", r.stderr)
+        for bad in ("0", "many", "2x"):
+            r = self.d.run("update", "--batch", "1", "--max-running", bad)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(f"--max-running {bad} is not a number from 1 to 1000000, or none", r.stderr)
+        self.assertEqual(self.d.run("submit", "-", "--max-running", "0", input="{}").returncode, 2)
+        r = self.d.run("update", "--batch", "999", "--max-running", "2")
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("no batch 999", r.stderr)
+        reply = self.d.request({"cmd": "update", "ids": [job], "set": {"max_running": 2}})
+        self.assertEqual(reply["error"]["code"], "bad_request")
+        reply = self.d.request({"cmd": "submit", "jobs": {"command": ["true"]}, "cwd": "/", "max_running": -3})
+        self.assertIn("field `max_running` must be", reply["error"]["message"])
 
 
 class Drain(DaemonTest):

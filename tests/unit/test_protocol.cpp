@@ -78,9 +78,19 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_drain, {{"gpus", {0}}, {"reason", 5}}) == "field `reason` must be a string");
   CHECK(decode_drain({{"gpus", {2, 3}}, {"reason", "ECC"}}).gpus == std::vector<int>{2, 3});
   CHECK(message(decode_update, {{"ids", {1}}}) ==
-        "field `set` must be an object of the spec fields to change: priority, retries, timeout_s");
+        "field `set` must be an object of the fields to change: priority, retries, timeout_s, max_running");
   CHECK(message(decode_update, {{"ids", {1}}, {"set", {{"gpus", 2}}}}) ==
-        "field `set.gpus` must be left out: only priority, retries and timeout_s can change after submission");
+        "field `set.gpus` must be left out: only priority, retries, timeout_s and max_running can change after "
+        "submission");
+  CHECK(message(decode_update, {{"ids", {1}}, {"set", {{"max_running", 2}}}}) ==
+        "field `set.max_running` must be a batch's limit: name the batch (`batch`)");
+  CHECK(message(decode_update, {{"batch", 1}, {"set", {{"max_running", 0}}}}) ==
+        "field `set.max_running` must be an integer from 1 to 1000000, or null for no limit");
+  CHECK(message(decode_update, {{"batch", 1}, {"set", {{"max_running", 1.5}}}}) ==
+        "field `set.max_running` must be an integer from 1 to 1000000, or null for no limit");
+  CHECK(decode_update({{"batch", 1}, {"set", {{"max_running", 3}}}}).max_running == 3);
+  CHECK(decode_update({{"batch", 1}, {"set", {{"max_running", nullptr}}}}).max_running == 0);
+  CHECK_FALSE(decode_update({{"batch", 1}, {"set", {{"retries", 2}}}}).max_running);
   CHECK(message(decode_update, {{"ids", {1}}, {"set", {{"priority", nullptr}}}}) == "field `set.priority` must be a number");
   auto update = decode_update({{"batch", 2}, {"set", {{"priority", 7}, {"timeout_s", nullptr}}}});
   CHECK(update.priority == 7);
@@ -88,6 +98,11 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(update.timeout_s == 0.0);
   CHECK(message(decode_submit, {{"cwd", "/"}}) == "field `jobs` must be a job spec object or an array of them");
   CHECK(message(decode_submit, {{"jobs", {}}, {"env", {{"A", 1}}}}) == "field `env.A` must be a string");
+  CHECK(message(decode_submit, {{"jobs", {}}, {"max_running", -1}}) ==
+        "field `max_running` must be an integer from 1 to 1000000, or 0 for no limit");
+  CHECK(message(decode_submit, {{"jobs", {}}, {"max_running", 1LL << 40}}) ==
+        "field `max_running` must be an integer from 1 to 1000000, or 0 for no limit");
+  CHECK(decode_submit({{"jobs", {}}, {"max_running", 2}}).max_running == 2);
 }
 
 TEST_CASE("an update's values are checked as a job spec's fields are") {

@@ -362,6 +362,29 @@ TEST_CASE("a deep queue behind busy GPUs is examined only up to where nothing mo
   CHECK(reach.stopped == false);
 }
 
+TEST_CASE("a batch at its limit waits without reserving anything, and the jobs behind it start") {
+  auto in_batch = [](PendingJob j, std::int64_t batch) {
+    j.batch = batch;
+    return j;
+  };
+  // Batch 1 may run 2 jobs and runs 1: one more of it starts, the rest wait; batch 2 and the job
+  // of no limited batch take the GPUs its waiting jobs would have had.
+  const std::vector<PendingJob> queue{in_batch(exclusive(1, 1), 1), in_batch(exclusive(2, 1), 1),
+                                      in_batch(exclusive(3, 1, 0, 10), 1), in_batch(exclusive(4, 2), 2),
+                                      in_batch(exclusive(5, 1), 3), in_batch({6, 0, 0, false, 0, 0, 1}, 1)};
+  const Plan p = schedule(queue, idle_gpus(4), 0, {}, true, {{1, {2, 1}}});
+  CHECK(started(p) == std::vector<std::int64_t>{1, 4, 5});
+  CHECK(p.reservations.empty());
+  for (std::int64_t id : {2, 3, 6}) CHECK(p.waiting.at(id) == "batch 1 runs 2 jobs, its limit (max_running 2)");
+
+  // The limit counts the jobs a pass starts: a CPU job of the batch is one of them.
+  PendingJob urgent_cpu = queue[5];
+  urgent_cpu.priority = 1;
+  const Plan cpu_first = schedule({urgent_cpu, queue[0], queue[1]}, idle_gpus(4), 0, {}, true, {{1, {2, 0}}});
+  CHECK(started(cpu_first) == std::vector<std::int64_t>{6, 1});
+  CHECK(cpu_first.waiting.at(2) == "batch 1 runs 2 jobs, its limit (max_running 2)");
+}
+
 TEST_CASE("stopping early changes nothing: random queues give the same plan as examining every job") {
   std::mt19937 rng(20261123);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -382,10 +405,13 @@ TEST_CASE("stopping early changes nothing: random queues give the same plan as e
       PendingJob j{id, pick(-1, 1), pick(0, 5), false, 0, pick(0, 1) ? 0.0 : pick(1, 50), pick(1, 3), pick(0, 2) ? 0 : pick(1, 2)};
       j.shared = j.gpus == 1 && pick(0, 2) == 0;
       j.memory_mb = j.shared ? pick(1, 6) * 200 : pick(0, 3) ? 0 : pick(1, 12) * 100;
+      j.batch = pick(0, 2);  // 1 and 2 are limited
       queue.push_back(j);
     }
-    const Plan full = schedule(queue, gpus, 0, cpu, false);
-    const Plan early = schedule(queue, gpus, 0, cpu, true);
+    const int limit = pick(1, 3);
+    const BatchLimits limits{{1, {limit, pick(0, limit)}}, {2, {1, 0}}};
+    const Plan full = schedule(queue, gpus, 0, cpu, false, limits);
+    const Plan early = schedule(queue, gpus, 0, cpu, true, limits);
     CHECK_FALSE(full.stopped);
     REQUIRE(early.start.size() == full.start.size());
     for (std::size_t i = 0; i < full.start.size(); ++i) {
@@ -401,8 +427,9 @@ TEST_CASE("stopping early changes nothing: random queues give the same plan as e
       if (early.waiting.count(j.id)) {
         CHECK(early.waiting.at(j.id) == it->second);
       } else {
+        // The tail's reason is about resources: a job of a limited batch there waits for them too.
         REQUIRE(early.stopped);
-        CHECK(tail_wait_reason(j, early.tail) == it->second);
+        if (j.batch == 0) CHECK(tail_wait_reason(j, early.tail) == it->second);
         ++tail_jobs;
       }
     }

@@ -56,6 +56,10 @@ TEST_CASE("a batch is stored with ids, resolved dependencies and a first transit
   CHECK((*store)->history(2).size() == 1);
   CHECK((*store)->batch_env(1)["PATH"] == "/bin");
   CHECK((*store)->count_jobs() == 2);
+  CHECK((*store)->batch_limits().empty());
+  std::vector<JobRecord> more{job_named("c")};
+  CHECK((*store)->insert_batch(more, {{}}, "/", json::object(), 11.0, 4) == 2);
+  CHECK((*store)->batch_limits() == std::map<std::int64_t, int>{{2, 4}});
 }
 
 TEST_CASE("updates persist across reopening, and only active jobs load as active") {
@@ -221,11 +225,13 @@ int user_version(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kept or jobs restarted) is migrated in place, its jobs kept") {
+TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kept, jobs restarted or batches limited) is migrated in place, its jobs kept") {
   TempDb db;
-  // The jobs table as schema version 1 made it, with a running job.
+  // The tables as schema version 1 made them, with a running job.
   raw_exec(db.path, R"sql(
     PRAGMA application_id=1735423345; PRAGMA user_version=1;
+    CREATE TABLE batches(id INTEGER PRIMARY KEY, submitted_at REAL NOT NULL, cwd TEXT NOT NULL, env TEXT NOT NULL);
+    INSERT INTO batches VALUES(1, 1.0, '/', '{}');
     CREATE TABLE jobs(
       id INTEGER PRIMARY KEY, batch INTEGER NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL,
       state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, reason TEXT NOT NULL DEFAULT '',
@@ -258,7 +264,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 6);
+  CHECK(user_version(db.path) == 7);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
@@ -271,6 +277,11 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
   (*again)->set_drained("GPU-b", true, "");
   (*again)->set_drained("GPU-b", false, "");
   CHECK((*again)->drained_gpus() == std::map<std::string, std::string>{{"GPU-a", "ECC errors"}});
+  CHECK((*again)->batch_limits().empty());  // the column a version 7 store added, 0 for old batches
+  (*again)->set_batch_limit(1, 3);
+  CHECK((*again)->batch_limits() == std::map<std::int64_t, int>{{1, 3}});
+  (*again)->set_batch_limit(1, 0);
+  CHECK((*again)->batch_limits().empty());
 }
 
 TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
@@ -279,7 +290,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 6") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 7") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
