@@ -807,6 +807,7 @@ int cmd_config(const Options& o, const common::Settings& s, const std::string& s
   add("retry_backoff_s", s.retry_backoff_s);
   add("idle_timeout_s", s.idle_timeout_s);
   add("cpu_slots", s.cpu_slots);
+  add("health_interval_s", s.health_interval_s);
   if (!socket_flag.empty()) settings["socket"] = {{"value", o.socket}, {"from", socket_flag}};
   if (o.json) {
     print_json({{"file", path}, {"file_found", !s.file.empty()}, {"socket", o.socket}, {"settings", settings}});

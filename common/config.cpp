@@ -17,7 +17,9 @@ using json = nlohmann::json;
 
 namespace {
 
-const char* k_keys = "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots";
+const char* k_keys =
+    "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
+    "health_interval_s";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -57,6 +59,7 @@ constexpr Rule k_rules[] = {
     {"retry_backoff_s", nullptr, "number", 0, 86400},
     {"idle_timeout_s", nullptr, "number", 0.1, 86400 * 7},
     {"cpu_slots", nullptr, "int", 1, 1 << 20},
+    {"health_interval_s", nullptr, "number", 0, 86400},
 };
 
 // Stores one value (a JSON string or number) under its rule; an error message otherwise.
@@ -88,7 +91,10 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
     } else {
       auto d = in_range<double>(x, r.lo, r.hi);
       if (!d) return "`" + key + "` " + range();
-      (key == "grace_s" ? s.grace_s : key == "retry_backoff_s" ? s.retry_backoff_s : s.idle_timeout_s) = *d;
+      (key == "grace_s"             ? s.grace_s
+       : key == "retry_backoff_s"   ? s.retry_backoff_s
+       : key == "health_interval_s" ? s.health_interval_s
+                                    : s.idle_timeout_s) = *d;
     }
   }
   s.source[key] = source;

@@ -23,6 +23,7 @@ struct Settings {
   std::optional<double> retry_backoff_s; // "retry_backoff_s"
   std::optional<double> idle_timeout_s;  // "idle_timeout_s"
   std::optional<int> cpu_slots;          // "cpu_slots"
+  std::optional<double> health_interval_s;  // "health_interval_s"
   std::string file;                      // the file read, empty if none
   std::map<std::string, std::string> source;  // key -> the file's path or "$VARIABLE"
 };

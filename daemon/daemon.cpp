@@ -79,7 +79,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_store(std::move(store)),
       m_inventory(std::move(inventory)),
       m_ingest_timer(io),
-      m_backoff_timer(io) {
+      m_backoff_timer(io),
+      m_health_timer(io) {
   auto slot_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
   m_cores = std::move(slot_cores.cores);
   m_core_nodes = std::move(slot_cores.nodes);
@@ -139,6 +140,7 @@ void Daemon::recover() {
     }
   }
   arm_ingest_timer();
+  start_health_checks();
   schedule_soon();
 }
 
@@ -477,10 +479,53 @@ json Daemon::set_drained(const common::DrainRequest& q, bool drain) {
     m_store->set_drained(g->uuid, drain, reason);
     if (drain) m_drained[g->uuid] = reason;
     else m_drained.erase(g->uuid);
+    if (!drain && m_ecc_base.count(g->uuid)) {  // back in service: errors so far are forgiven
+      const auto health = m_inventory.health();
+      for (std::size_t i = 0; i < health.size(); ++i)
+        if (m_inventory.gpus()[i].uuid == g->uuid) m_ecc_base[g->uuid] = health[i].ecc_uncorrected;
+    }
     std::cerr << "gpuqd: GPU " << g->index << (drain ? " drained: " + reason : " back in service") << "\n";
   }
   schedule_soon();  // jobs may start on a GPU back in service, and reasons change either way
   return cmd_gpus(json::object());
+}
+
+void Daemon::start_health_checks() {
+  if (m_config.health_interval_s <= 0 || m_inventory.source().rfind("nvml", 0) != 0) return;
+  // Errors counted before gpuqd started are not held against a GPU: only new ones drain it.
+  const auto health = m_inventory.health();
+  for (std::size_t i = 0; i < health.size(); ++i) m_ecc_base[m_inventory.gpus()[i].uuid] = health[i].ecc_uncorrected;
+  check_health();
+}
+
+void Daemon::check_health() {
+  const auto health = m_inventory.health();
+  bool drained = false;
+  for (std::size_t i = 0; i < health.size(); ++i) {
+    const Gpu& g = m_inventory.gpus()[i];
+    if (m_drained.count(g.uuid)) continue;
+    const std::string problem = health_problem(health[i], m_ecc_base[g.uuid]);
+    if (problem.empty()) {
+      m_ecc_base[g.uuid] = health[i].ecc_uncorrected;  // follows a count reset by a driver reload
+      continue;
+    }
+    const std::string reason = "health check: " + problem;
+    try {
+      m_store->set_drained(g.uuid, true, reason);
+    } catch (const RequestError& e) {
+      std::cerr << "gpuqd: GPU " << g.index << " is unhealthy (" << problem << ") but cannot be drained: " << e.what()
+                << "\n";
+      continue;
+    }
+    m_drained[g.uuid] = reason;
+    drained = true;
+    std::cerr << "gpuqd: GPU " << g.index << " drained: " << reason << "\n";
+  }
+  if (drained) schedule_soon();
+  m_health_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.health_interval_s * 1000)));
+  m_health_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) check_health();
+  });
 }
 
 // A job needing more GPUs than are in service waits with the scheduler's "needs 4 GPUs; this

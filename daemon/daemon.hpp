@@ -45,6 +45,7 @@ struct Config {
   int cpu_slots = 0;               // the CPU pool (see scheduler.hpp); 0 = the cores gpuqd may use
   int default_retries = 0;         // for jobs whose spec names no `retries`
   std::string sysfs_root = "/sys"; // CPU topology and NUMA nodes (another tree in tests)
+  double health_interval_s = 60;   // NVML health checks (lost GPU, ECC, row remapping); 0: none
 };
 
 using Reply = std::function<void(json)>;
@@ -101,6 +102,10 @@ class Daemon {
   json cmd_undrain(const json& req);
   json set_drained(const common::DrainRequest& q, bool drain);
   std::string with_drain_note(int gpus_needed, std::string reason) const;
+  // NVML health checks every health_interval_s: a GPU found lost, with failed row remapping or
+  // with new uncorrectable ECC errors is drained, its reason starting "health check: ".
+  void start_health_checks();
+  void check_health();
   json cmd_results(const json& req);
   json cmd_events(const json& req);
   json cmd_gpus(const json& req);
@@ -160,6 +165,7 @@ class Daemon {
   std::set<std::int64_t> m_with_deps;                      // queued jobs with `after`
   std::set<std::int64_t> m_held;                           // queued jobs held out of line
   std::map<std::string, std::string> m_drained;            // GPUs out of service: UUID -> reason
+  std::map<std::string, std::optional<std::uint64_t>> m_ecc_base;  // UUID -> ECC errors when last found healthy
   std::map<std::int64_t, int> m_batch_limits;              // batch -> max_running, for those with one
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;
@@ -169,6 +175,7 @@ class Daemon {
   TailState m_tail;
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
+  asio::steady_timer m_health_timer;
   bool m_ingest_armed = false;
   std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has
   // Deletes cleaned jobs' files; declared last, so it is joined before the state it posts to goes.

@@ -41,6 +41,8 @@ class Nvml {
       return nullptr;
     }
     if (!n->sym(n->pci_info, "nvmlDeviceGetPciInfo_v3")) n->sym(n->pci_info, "nvmlDeviceGetPciInfo_v2");  // optional
+    n->sym(n->ecc_errors, "nvmlDeviceGetTotalEccErrors");  // optional: health checks
+    n->sym(n->remapped_rows, "nvmlDeviceGetRemappedRows");
     if (int rc = n->init(); rc != 0) {
       error = "nvmlInit failed with NVML error " + std::to_string(rc);
       return nullptr;
@@ -63,6 +65,11 @@ class Nvml {
   int (*memory)(Device, Memory*) = nullptr;
   int (*utilization)(Device, Utilization*) = nullptr;
   int (*pci_info)(Device, PciInfo*) = nullptr;
+  int (*ecc_errors)(Device, int, int, unsigned long long*) = nullptr;  // (error type, counter type)
+  int (*remapped_rows)(Device, unsigned int*, unsigned int*, unsigned int*, unsigned int*) = nullptr;
+
+  static constexpr int k_gpu_is_lost = 15;                // NVML_ERROR_GPU_IS_LOST
+  static constexpr int k_uncorrected = 1, k_volatile = 0;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
 
  private:
   explicit Nvml(void* lib) : m_lib(lib) {}
@@ -215,6 +222,38 @@ std::vector<GpuReading> Inventory::read() const {
     if (m_nvml->utilization(d, &u) == 0) out[i].utilization = static_cast<int>(u.gpu);
   }
   return out;
+}
+
+std::vector<GpuHealth> Inventory::health() const {
+  std::vector<GpuHealth> out(m_gpus.size());
+  if (!m_nvml) return out;
+  for (std::size_t i = 0; i < m_gpus.size(); ++i) {
+    Nvml::Device d = nullptr;
+    const int rc = m_nvml->handle(static_cast<unsigned int>(m_gpus[i].index), &d);
+    Nvml::Memory mem{};
+    if (rc == Nvml::k_gpu_is_lost || (rc == 0 && m_nvml->memory(d, &mem) == Nvml::k_gpu_is_lost)) {
+      out[i].lost = true;
+      continue;
+    }
+    if (rc != 0) continue;
+    unsigned long long ecc = 0;
+    if (m_nvml->ecc_errors && m_nvml->ecc_errors(d, Nvml::k_uncorrected, Nvml::k_volatile, &ecc) == 0)
+      out[i].ecc_uncorrected = ecc;
+    unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
+    if (m_nvml->remapped_rows && m_nvml->remapped_rows(d, &corrected, &uncorrected, &pending, &failed) == 0)
+      out[i].remap_failed = failed != 0;
+  }
+  return out;
+}
+
+std::string health_problem(const GpuHealth& now, std::optional<std::uint64_t> ecc_base) {
+  if (now.lost) return "the GPU is lost (fell off the bus; NVML_ERROR_GPU_IS_LOST)";
+  if (now.remap_failed) return "memory row remapping failed";
+  if (now.ecc_uncorrected && *now.ecc_uncorrected > ecc_base.value_or(0)) {
+    const auto n = *now.ecc_uncorrected - ecc_base.value_or(0);
+    return std::to_string(n) + " new uncorrectable ECC error" + (n == 1 ? "" : "s");
+  }
+  return "";
 }
 
 }  // namespace gpuq::daemon

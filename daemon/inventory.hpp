@@ -28,6 +28,18 @@ struct GpuReading {
   std::optional<int> utilization;
 };
 
+// What NVML says of a GPU's health (see health_problem).
+struct GpuHealth {
+  bool lost = false;                             // NVML_ERROR_GPU_IS_LOST: fell off the bus
+  std::optional<std::uint64_t> ecc_uncorrected;  // volatile uncorrectable ECC errors, where reported
+  bool remap_failed = false;                     // row remapping failed (A100 and later)
+};
+
+// Why a GPU should be taken out of service, or "" when it is fine: it is lost, its row remapping
+// failed, or it has more uncorrectable ECC errors than `ecc_base` (the count when it was last
+// found healthy; nullopt: none known, so any error counts). Pure, for tests.
+std::string health_problem(const GpuHealth& now, std::optional<std::uint64_t> ecc_base);
+
 class Nvml;
 
 class Inventory {
@@ -47,6 +59,8 @@ class Inventory {
   const std::string& source() const { return m_source; }
   // Live readings (NVML), one per GPU in gpus() order; empty values for fake GPUs.
   std::vector<GpuReading> read() const;
+  // Health, one per GPU in gpus() order; all healthy for fake GPUs.
+  std::vector<GpuHealth> health() const;
 
  private:
   Inventory() = default;

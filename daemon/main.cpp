@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
     config.grace_s = st.grace_s.value_or(config.grace_s);
     config.retry_backoff_s = st.retry_backoff_s.value_or(config.retry_backoff_s);
     config.cpu_slots = st.cpu_slots.value_or(config.cpu_slots);
+    config.health_interval_s = st.health_interval_s.value_or(config.health_interval_s);
     config.default_retries = st.retries.value_or(0);
     idle_timeout_s = st.idle_timeout_s.value_or(idle_timeout_s);
   }
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
   app.footer("Defaults come from " + (gpuq::common::config_path().empty() ? std::string("no file ($GPUQ_CONFIG is empty)")
                                                                               : gpuq::common::config_path()) +
              " (JSON: socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, "
-             "cpu_slots), then $GPUQ_SOCKET, $GPUQ_STATE_DIR, $GPUQ_GPUS, $GPUQ_LOG_LIMIT_MB, $GPUQ_RETRIES; "
+             "cpu_slots, health_interval_s), then $GPUQ_SOCKET, $GPUQ_STATE_DIR, $GPUQ_GPUS, $GPUQ_LOG_LIMIT_MB, $GPUQ_RETRIES; "
              "options given here win.");
   app.add_option("--socket", config.socket_path, "Unix socket path (default: " + gpuq::common::default_socket_path() + ")");
   app.add_option("--state-dir", config.state_dir, "State directory (default: " + gpuq::common::default_state_dir() + ")");
@@ -117,6 +118,11 @@ int main(int argc, char** argv) {
   app.add_option("--cpu-slots", config.cpu_slots,
                  "CPU slots: ranks of jobs without GPUs, or cores of jobs with `cpus`, that may run at once "
                  "(default: the cores gpuqd may run on)");
+  app.add_option("--health-interval", config.health_interval_s,
+                 "Seconds between NVML health checks of the GPUs; a GPU found lost, with failed row remapping or "
+                 "with new uncorrectable ECC errors is drained (0: no checks)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   // Tests describe a CPU and PCI topology with a tree of their own.

@@ -13,6 +13,8 @@ import unittest
 
 BIN = os.environ.get("GPUQ_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+# libnvidia-ml.so.1 stand-in (tests/fake_nvml), for gpuqd --gpus nvml without NVIDIA GPUs.
+FAKE_NVML_DIR = os.path.abspath(os.path.join(BIN, "..", "tests", "fake-nvml"))
 # The tests' gpuqd and gpuq read no configuration file and no defaults from the environment
 # (a developer's ~/.config/gpuq/config.json must not change what they test).
 os.environ["GPUQ_CONFIG"] = ""
@@ -33,8 +35,9 @@ def wait_until(pred, timeout=20.0, interval=0.05, what="condition"):
 class Daemon:
     """One gpuqd in the foreground, as a child of the test."""
 
-    def __init__(self, tmp, gpus="fake:4", extra=()):
+    def __init__(self, tmp, gpus="fake:4", extra=(), env=None):
         self.tmp = tmp
+        self.env = env  # gpuqd's environment (None: the test's), at every start
         self.socket = os.path.join(tmp, "gpuqd.sock")
         self.state = os.path.join(tmp, "state")
         self.gpus = gpus
@@ -50,7 +53,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket, "--state-dir", self.state,
              "--gpus", self.gpus, *self.defaults(), *self.extra],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env,
+            stdout=self.log, stderr=subprocess.STDOUT, env=env if env is not None else self.env,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         wait_until(lambda: self.proc.poll() is not None or self.run("daemon", "status").returncode == 0,
                    what="gpuqd to answer")

@@ -9,11 +9,12 @@ import pathlib
 import pty
 import struct
 import subprocess
+import tempfile
 import termios
 import time
 import unittest
 
-from harness import BIN, DaemonTest, event_line, pids_matching, wait_until
+from harness import BIN, FAKE_NVML_DIR, Daemon, DaemonTest, event_line, pids_matching, wait_until
 
 # A job that reports its GPU and when it ran (wall clock), as a result event.
 TIMED = ('t0=$(date +%s.%N); sleep {sleep}; t1=$(date +%s.%N); '
@@ -943,6 +944,85 @@ class Drain(DaemonTest):
         self.assertIn("no GPU 5; this machine has GPUs 0, 1", r.stderr)
         self.assertEqual(self.d.run("drain").returncode, 2)
         self.assertFalse(any(g["drained"] for g in self.d.json("gpus")["gpus"]))
+
+
+class NvmlGpus(DaemonTest):
+    """gpuqd --gpus nvml over the stand-in libnvidia-ml.so.1 (tests/fake_nvml), whose GPUs are
+    lines of a file the test rewrites: UUID NAME TOTAL USED UTIL BUS ECC REMAP_FAILED LOST."""
+    GPUS = ["GPU-11111111-aaaa H100-SXM 81559 1200 37 1a 0 0 0",
+            "GPU-22222222-bbbb H100-SXM 81559 0 0 3b 0 0 0",
+            "GPU-33333333-cccc A100-PCIE 40960 0 0 5c -1 0 0"]  # no ECC counter
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        self.devices = self.tmp_path("nvml-devices")
+        self.set_gpus(self.GPUS)
+        env = dict(os.environ, LD_LIBRARY_PATH=FAKE_NVML_DIR, GPUQ_FAKE_NVML=self.devices)
+        self.d = Daemon(self.tmp, "nvml", extra=["--health-interval", "0.1"], env=env).start()
+
+    def set_gpus(self, lines):
+        with open(self.devices + ".new", "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(self.devices + ".new", self.devices)
+
+    def gpu(self, index):
+        return self.d.json("gpus")["gpus"][index]
+
+    def test_gpus_come_from_nvml_with_their_readings_and_jobs_get_their_uuids(self):
+        gpus = self.d.json("gpus")["gpus"]
+        self.assertEqual([(g["index"], g["uuid"], g["name"], g["memory_total_mb"]) for g in gpus],
+                         [(0, "GPU-11111111-aaaa", "H100-SXM", 81559), (1, "GPU-22222222-bbbb", "H100-SXM", 81559),
+                          (2, "GPU-33333333-cccc", "A100-PCIE", 40960)])
+        self.assertEqual((gpus[0]["memory_used_mb"], gpus[0]["utilization"]), (1200, 37))
+        self.assertIn("3 GPU(s) from nvml", self.d.ok("gpus"))
+        # Readings are live: what NVML says now.
+        self.set_gpus([self.GPUS[0].replace(" 1200 37 ", " 70000 99 ")] + self.GPUS[1:])
+        self.assertEqual((self.gpu(0)["memory_used_mb"], self.gpu(0)["utilization"]), (70000, 99))
+        out = self.tmp_path("out")
+        job = self.d.submit({"name": "two", "gpus": 2, "gpu_memory_mb": 50000,
+                             "shell": f'echo "$CUDA_VISIBLE_DEVICES $GPUQ_GPU_UUIDS" > {out}'})["ids"][0]
+        self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
+        self.assertEqual(pathlib.Path(out).read_text().split(), ["0,1", "GPU-11111111-aaaa,GPU-22222222-bbbb"])
+        r = self.d.run("submit", "-", input=json.dumps({"gpus": 1, "gpu_memory_mb": 90000, "command": ["true"]}))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("the largest GPU here has 81559 MiB", r.stderr)
+
+    def test_an_unhealthy_gpu_is_drained_while_the_job_on_it_runs_on(self):
+        go = self.tmp_path("go")
+        on_zero = self.d.submit({"name": "on-zero", "gpus": 1, "shell": f"while [ ! -e {go} ]; do sleep 0.05; done"})
+        on_zero = on_zero["ids"][0]
+        wait_until(lambda: self.d.show(on_zero)["job"]["gpus"] == [0], what="the job on GPU 0")
+        self.set_gpus([self.GPUS[0].replace(" 0 0 0", " 2 0 0")] + self.GPUS[1:])
+        wait_until(lambda: self.gpu(0)["drained"], what="GPU 0 drained")
+        self.assertEqual(self.gpu(0)["drain_reason"], "health check: 2 new uncorrectable ECC errors")
+        self.assertEqual(self.d.show(on_zero)["job"]["state"], "running")
+        self.assertIn("drained, exclusive: health check: 2 new uncorrectable ECC errors", self.d.ok("gpus"))
+
+        # A GPU that falls off the bus, and one whose row remapping failed.
+        self.set_gpus([self.GPUS[0].replace(" 0 0 0", " 2 0 0"), self.GPUS[1].replace(" 0 0 0", " 0 1 0"),
+                       self.GPUS[2][:-1] + "1"])
+        wait_until(lambda: self.gpu(1)["drained"] and self.gpu(2)["drained"], what="GPUs 1 and 2 drained")
+        self.assertEqual(self.gpu(1)["drain_reason"], "health check: memory row remapping failed")
+        self.assertEqual(self.gpu(2)["drain_reason"],
+                         "health check: the GPU is lost (fell off the bus; NVML_ERROR_GPU_IS_LOST)")
+        waiting = self.d.submit({"name": "waiting", "gpus": 1, "command": ["true"]})["ids"][0]
+        wait_until(lambda: "in service" in self.d.show(waiting)["job"]["reason"], what="the job's reason")
+
+        # Back in service after a reset: the errors counted so far are forgiven, new ones are not.
+        self.set_gpus([self.GPUS[0].replace(" 0 0 0", " 2 0 0")] + self.GPUS[1:])
+        self.d.ok("undrain", "0", "1", "2")
+        self.assertEqual(self.d.wait([waiting])[waiting]["state"], "succeeded")
+        time.sleep(0.5)  # five health checks
+        self.assertFalse(any(g["drained"] for g in self.d.json("gpus")["gpus"]))
+        self.set_gpus([self.GPUS[0].replace(" 0 0 0", " 3 0 0")] + self.GPUS[1:])
+        wait_until(lambda: self.gpu(0)["drained"], what="GPU 0 drained again")
+        self.assertEqual(self.gpu(0)["drain_reason"], "health check: 1 new uncorrectable ECC error")
+        # A drain is kept across a restart like any other.
+        self.d.kill9()
+        self.d.start()
+        self.assertEqual(self.gpu(0)["drain_reason"], "health check: 1 new uncorrectable ECC error")
+        open(go, "w").close()
+        self.assertEqual(self.d.wait([on_zero])[on_zero]["state"], "succeeded")
 
 
 class BigBatches(DaemonTest):

@@ -96,4 +96,24 @@ TEST_CASE("auto without an NVIDIA driver means no GPUs, not an error") {
   if (inv->source() != "nvml") CHECK(inv->gpus().empty());
 }
 
+TEST_CASE("a GPU is unhealthy when lost, when row remapping failed, or with new uncorrectable ECC errors") {
+  CHECK(health_problem({}, std::nullopt).empty());
+  CHECK(health_problem({false, 0, false}, 0).empty());
+  CHECK(health_problem({false, 4, false}, 4).empty());  // errors it had when last found healthy
+  CHECK(health_problem({false, 3, false}, 4).empty());  // a count reset by a driver reload
+  CHECK(health_problem({false, 6, false}, 4) == "2 new uncorrectable ECC errors");
+  CHECK(health_problem({false, 1, false}, std::nullopt) == "1 new uncorrectable ECC error");
+  CHECK(health_problem({false, std::nullopt, true}, std::nullopt) == "memory row remapping failed");
+  CHECK(health_problem({true, std::nullopt, false}, 0) == "the GPU is lost (fell off the bus; NVML_ERROR_GPU_IS_LOST)");
+  CHECK(health_problem({true, 9, true}, 0).find("lost") != std::string::npos);  // the gravest first
+}
+
+TEST_CASE("fake GPUs are always healthy") {
+  auto inv = Inventory::create("fake:2", std::nullopt);
+  REQUIRE(inv.ok());
+  const auto health = inv->health();
+  REQUIRE(health.size() == 2);
+  for (const auto& h : health) CHECK(health_problem(h, std::nullopt).empty());
+}
+
 TEST_SUITE_END();

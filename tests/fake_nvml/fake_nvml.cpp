@@ -1,0 +1,166 @@
+// A stand-in libnvidia-ml.so.1 for tests on machines without NVIDIA GPUs: it implements the NVML
+// entry points gpuqd loads, for the GPUs listed in the file named by $GPUQ_FAKE_NVML. The file is
+// read again on every call, so a test changes a GPU's readings or health while gpuqd runs. One
+// line per GPU, fields separated by spaces:
+//
+//   UUID NAME TOTAL_MIB USED_MIB UTIL_PERCENT PCI_BUS ECC_UNCORRECTED REMAP_FAILED LOST
+//
+// NAME has no spaces; PCI_BUS is hexadecimal (domain 0, device 0); LOST=1 makes every call about
+// that GPU return NVML_ERROR_GPU_IS_LOST, as NVML does for a GPU that fell off the bus; an ECC
+// count of -1 answers NVML_ERROR_NOT_SUPPORTED. Not installed; built only for the tests.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+enum { NVML_SUCCESS = 0, NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_GPU_IS_LOST = 15 };
+enum { MAX_GPUS = 64 };
+
+struct Gpu {
+  char uuid[96], name[96];
+  unsigned long long total_mib, used_mib;
+  unsigned util, bus;
+  long long ecc;
+  unsigned remap_failed, lost;
+};
+
+struct Memory {
+  unsigned long long total, free, used;
+};
+struct Utilization {
+  unsigned gpu, memory;
+};
+struct PciInfo {
+  char bus_id_legacy[16];
+  unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
+  char bus_id[32];
+};
+
+int load(Gpu* gpus) {
+  const char* path = getenv("GPUQ_FAKE_NVML");
+  FILE* f = path ? std::fopen(path, "r") : nullptr;
+  if (!f) return 0;
+  int n = 0;
+  char line[512];
+  while (n < MAX_GPUS && fgets(line, sizeof line, f)) {
+    Gpu* g = &gpus[n];
+    if (sscanf(line, "%95s %95s %llu %llu %u %x %lld %u %u", g->uuid, g->name, &g->total_mib, &g->used_mib,
+               &g->util, &g->bus, &g->ecc, &g->remap_failed, &g->lost) == 9)
+      ++n;
+  }
+  fclose(f);
+  return n;
+}
+
+// The GPU a handle names, or null (with *rc set) when there is none or it is lost.
+Gpu* gpu_of(void* device, Gpu* gpus, int* rc) {
+  const int n = load(gpus);
+  const std::uintptr_t i = reinterpret_cast<std::uintptr_t>(device);
+  if (i == 0 || i > static_cast<std::uintptr_t>(n)) {
+    *rc = NVML_ERROR_INVALID_ARGUMENT;
+    return nullptr;
+  }
+  if (gpus[i - 1].lost) {
+    *rc = NVML_ERROR_GPU_IS_LOST;
+    return nullptr;
+  }
+  *rc = NVML_SUCCESS;
+  return &gpus[i - 1];
+}
+
+}  // namespace
+
+extern "C" {
+
+int nvmlInit_v2(void) { return NVML_SUCCESS; }
+int nvmlShutdown(void) { return NVML_SUCCESS; }
+
+int nvmlDeviceGetCount_v2(unsigned* count) {
+  Gpu gpus[MAX_GPUS];
+  *count = static_cast<unsigned>(load(gpus));
+  return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned index, void** device) {
+  Gpu gpus[MAX_GPUS];
+  const int n = load(gpus);
+  if (index >= static_cast<unsigned>(n)) return NVML_ERROR_INVALID_ARGUMENT;
+  if (gpus[index].lost) return NVML_ERROR_GPU_IS_LOST;
+  *device = reinterpret_cast<void*>(static_cast<std::uintptr_t>(index) + 1);
+  return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetUUID(void* device, char* out, unsigned size) {
+  Gpu gpus[MAX_GPUS];
+  int rc;
+  Gpu* g = gpu_of(device, gpus, &rc);
+  if (g) snprintf(out, size, "%s", g->uuid);
+  return rc;
+}
+
+int nvmlDeviceGetName(void* device, char* out, unsigned size) {
+  Gpu gpus[MAX_GPUS];
+  int rc;
+  Gpu* g = gpu_of(device, gpus, &rc);
+  if (g) snprintf(out, size, "%s", g->name);
+  return rc;
+}
+
+int nvmlDeviceGetMemoryInfo(void* device, Memory* m) {
+  Gpu gpus[MAX_GPUS];
+  int rc;
+  Gpu* g = gpu_of(device, gpus, &rc);
+  if (g) {
+    m->total = g->total_mib << 20;
+    m->used = g->used_mib << 20;
+    m->free = m->total - m->used;
+  }
+  return rc;
+}
+
+int nvmlDeviceGetUtilizationRates(void* device, Utilization* u) {
+  Gpu gpus[MAX_GPUS];
+  int rc;
+  Gpu* g = gpu_of(device, gpus, &rc);
+  if (g) u->gpu = u->memory = g->util;
+  return rc;
+}
+
+int nvmlDeviceGetPciInfo_v3(void* device, PciInfo* p) {
+  Gpu gpus[MAX_GPUS];
+  int rc;
+  Gpu* g = gpu_of(device, gpus, &rc);
+  if (g) {
+    std::memset(p, 0, sizeof *p);
+    p->bus = g->bus;
+    snprintf(p->bus_id, sizeof p->bus_id, "00000000:%02X:00.0", g->bus);
+  }
+  return rc;
+}
+
+// error_type 1: NVML_MEMORY_ERROR_TYPE_UNCORRECTED; counter_type 0: NVML_VOLATILE_ECC
+int nvmlDeviceGetTotalEccErrors(void* device, int error_type, int counter_type, unsigned long long* count) {
+  Gpu gpus[MAX_GPUS];
+  int rc;
+  Gpu* g = gpu_of(device, gpus, &rc);
+  if (!g) return rc;
+  if (error_type != 1 || counter_type != 0) return NVML_ERROR_INVALID_ARGUMENT;
+  if (g->ecc < 0) return NVML_ERROR_NOT_SUPPORTED;
+  *count = static_cast<unsigned long long>(g->ecc);
+  return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetRemappedRows(void* device, unsigned* corrected, unsigned* uncorrected, unsigned* pending,
+                              unsigned* failed) {
+  Gpu gpus[MAX_GPUS];
+  int rc;
+  Gpu* g = gpu_of(device, gpus, &rc);
+  if (!g) return rc;
+  *corrected = *uncorrected = *pending = 0;
+  *failed = g->remap_failed;
+  return NVML_SUCCESS;
+}
+
+}  // extern "C"
