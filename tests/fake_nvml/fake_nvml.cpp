@@ -15,7 +15,7 @@
 
 namespace {
 
-enum { NVML_SUCCESS = 0, NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_GPU_IS_LOST = 15 };
+enum : int { NVML_SUCCESS = 0, NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_GPU_IS_LOST = 15 };
 enum { MAX_GPUS = 64 };
 
 struct Gpu {
@@ -70,6 +70,15 @@ Gpu* gpu_of(void* device, Gpu* gpus, int* rc) {
   return &gpus[i - 1];
 }
 
+// Calls f(gpu) for the GPU a handle names; returns what NVML would.
+template <class F>
+int with_gpu(void* device, F f) {
+  Gpu gpus[MAX_GPUS];
+  int rc;
+  if (Gpu* g = gpu_of(device, gpus, &rc)) rc = f(*g);
+  return rc;
+}
+
 }  // namespace
 
 extern "C" {
@@ -93,74 +102,61 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned index, void** device) {
 }
 
 int nvmlDeviceGetUUID(void* device, char* out, unsigned size) {
-  Gpu gpus[MAX_GPUS];
-  int rc;
-  Gpu* g = gpu_of(device, gpus, &rc);
-  if (g) snprintf(out, size, "%s", g->uuid);
-  return rc;
+  return with_gpu(device, [&](Gpu& g) {
+    std::snprintf(out, size, "%s", g.uuid);
+    return NVML_SUCCESS;
+  });
 }
 
 int nvmlDeviceGetName(void* device, char* out, unsigned size) {
-  Gpu gpus[MAX_GPUS];
-  int rc;
-  Gpu* g = gpu_of(device, gpus, &rc);
-  if (g) snprintf(out, size, "%s", g->name);
-  return rc;
+  return with_gpu(device, [&](Gpu& g) {
+    std::snprintf(out, size, "%s", g.name);
+    return NVML_SUCCESS;
+  });
 }
 
 int nvmlDeviceGetMemoryInfo(void* device, Memory* m) {
-  Gpu gpus[MAX_GPUS];
-  int rc;
-  Gpu* g = gpu_of(device, gpus, &rc);
-  if (g) {
-    m->total = g->total_mib << 20;
-    m->used = g->used_mib << 20;
+  return with_gpu(device, [&](Gpu& g) {
+    m->total = g.total_mib << 20;
+    m->used = g.used_mib << 20;
     m->free = m->total - m->used;
-  }
-  return rc;
+    return NVML_SUCCESS;
+  });
 }
 
 int nvmlDeviceGetUtilizationRates(void* device, Utilization* u) {
-  Gpu gpus[MAX_GPUS];
-  int rc;
-  Gpu* g = gpu_of(device, gpus, &rc);
-  if (g) u->gpu = u->memory = g->util;
-  return rc;
+  return with_gpu(device, [&](Gpu& g) {
+    u->gpu = u->memory = g.util;
+    return NVML_SUCCESS;
+  });
 }
 
 int nvmlDeviceGetPciInfo_v3(void* device, PciInfo* p) {
-  Gpu gpus[MAX_GPUS];
-  int rc;
-  Gpu* g = gpu_of(device, gpus, &rc);
-  if (g) {
+  return with_gpu(device, [&](Gpu& g) {
     std::memset(p, 0, sizeof *p);
-    p->bus = g->bus;
-    snprintf(p->bus_id, sizeof p->bus_id, "00000000:%02X:00.0", g->bus);
-  }
-  return rc;
+    p->bus = g.bus;
+    std::snprintf(p->bus_id, sizeof p->bus_id, "00000000:%02X:00.0", g.bus);
+    return NVML_SUCCESS;
+  });
 }
 
 // error_type 1: NVML_MEMORY_ERROR_TYPE_UNCORRECTED; counter_type 0: NVML_VOLATILE_ECC
 int nvmlDeviceGetTotalEccErrors(void* device, int error_type, int counter_type, unsigned long long* count) {
-  Gpu gpus[MAX_GPUS];
-  int rc;
-  Gpu* g = gpu_of(device, gpus, &rc);
-  if (!g) return rc;
-  if (error_type != 1 || counter_type != 0) return NVML_ERROR_INVALID_ARGUMENT;
-  if (g->ecc < 0) return NVML_ERROR_NOT_SUPPORTED;
-  *count = static_cast<unsigned long long>(g->ecc);
-  return NVML_SUCCESS;
+  return with_gpu(device, [&](Gpu& g) {
+    if (error_type != 1 || counter_type != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g.ecc < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *count = static_cast<unsigned long long>(g.ecc);
+    return NVML_SUCCESS;
+  });
 }
 
 int nvmlDeviceGetRemappedRows(void* device, unsigned* corrected, unsigned* uncorrected, unsigned* pending,
                               unsigned* failed) {
-  Gpu gpus[MAX_GPUS];
-  int rc;
-  Gpu* g = gpu_of(device, gpus, &rc);
-  if (!g) return rc;
-  *corrected = *uncorrected = *pending = 0;
-  *failed = g->remap_failed;
-  return NVML_SUCCESS;
+  return with_gpu(device, [&](Gpu& g) {
+    *corrected = *uncorrected = *pending = 0;
+    *failed = g.remap_failed;
+    return NVML_SUCCESS;
+  });
 }
 
 }  // extern "C"
