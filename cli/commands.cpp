@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <filesystem>
@@ -751,7 +752,19 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
 
 int cmd_gpus(const Options& o) { return gpus_request(o, {{"cmd", "gpus"}}); }
 
-int cmd_drain(const Options& o, const std::vector<int>& gpus, bool drain, const std::string& reason) {
+int cmd_drain(const Options& o, const std::vector<std::string>& names, bool drain, const std::string& reason) {
+  json gpus = json::array();
+  for (const auto& name : names) {
+    int index = -1;
+    const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), index);
+    if (ec == std::errc() && end == name.data() + name.size() && index >= 0) gpus.push_back(index);
+    else if (name.rfind("GPU-", 0) == 0 || name.rfind("MIG-", 0) == 0) gpus.push_back(name);
+    else {
+      std::cerr << "gpuq " << (drain ? "drain" : "undrain") << ": " << name
+                << " is neither a GPU index nor a UUID (GPU-…)\n";
+      return k_exit_usage;
+    }
+  }
   json req{{"cmd", drain ? "drain" : "undrain"}, {"gpus", gpus}};
   if (!reason.empty()) req["reason"] = reason;
   return gpus_request(o, req);

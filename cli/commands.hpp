@@ -58,7 +58,7 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
 int cmd_gpus(const Options& o);
 int gpus_request(const Options& o, const nlohmann::json& req);
 // Takes GPUs out of service (`drain`, with why) or back; prints the GPUs as `gpus` does.
-int cmd_drain(const Options& o, const std::vector<int>& gpus, bool drain, const std::string& reason);
+int cmd_drain(const Options& o, const std::vector<std::string>& gpus, bool drain, const std::string& reason);
 struct PlotArgs {
   std::vector<std::int64_t> ids;
   std::string output;  // .png or .svg

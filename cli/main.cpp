@@ -232,15 +232,16 @@ int main(int argc, char** argv) {
   json_flag(gpus);
   gpus->callback([&] { run = [&] { return cmd_gpus(opt); }; });
 
-  std::vector<int> gpu_indices;
+  std::vector<std::string> gpu_names;
   std::string drain_reason;
   for (const bool draining : {true, false}) {
     auto* sub = draining ? app.add_subcommand("drain", "Take GPUs out of service: no job is given them (jobs on them run on)")
                          : app.add_subcommand("undrain", "Put drained GPUs back in service");
-    sub->add_option("gpus", gpu_indices, "GPU indices, as gpuq gpus shows them")->required();
+    sub->add_option("gpus", gpu_names, "GPU indices as gpuq gpus shows them, or UUIDs (or a prefix: GPU-1a2b)")
+        ->required();
     if (draining) sub->add_option("--reason,-r", drain_reason, "Why (shown by gpuq gpus)");
     json_flag(sub);
-    sub->callback([&, draining] { run = [&, draining] { return cmd_drain(opt, gpu_indices, draining, drain_reason); }; });
+    sub->callback([&, draining] { run = [&, draining] { return cmd_drain(opt, gpu_names, draining, drain_reason); }; });
   }
 
   PlotArgs plot;

@@ -194,10 +194,16 @@ UpdateRequest decode_update(const json& j) {
 DrainRequest decode_drain(const json& j) {
   DrainRequest r;
   auto it = j.find("gpus");
-  if (it == j.end() || !it->is_array() || it->empty()) bad("gpus", "a non-empty array of GPU indices");
+  constexpr const char* want = "a non-empty array of GPU indices or UUIDs (GPU-…, MIG-…)";
+  if (it == j.end() || !it->is_array() || it->empty()) bad("gpus", want);
   for (const auto& v : *it) {
-    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > 1 << 20)
-      bad("gpus", "a non-empty array of GPU indices");
+    if (v.is_string()) {
+      const auto& s = v.get_ref<const std::string&>();
+      if (s.size() < 5 || s.size() > 128 || (s.rfind("GPU-", 0) != 0 && s.rfind("MIG-", 0) != 0)) bad("gpus", want);
+      r.uuids.push_back(s);
+      continue;
+    }
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > 1 << 20) bad("gpus", want);
     r.gpus.push_back(v.get<int>());
   }
   r.reason = get_or<std::string>(j, "reason", "", "a string");

@@ -146,7 +146,8 @@ struct RestartRequest : SelectRequest {  // ids: ended jobs; batch: its jobs tha
   bool fresh = false;                     // empty their checkpoint directories: start over, not resume
 };
 struct DrainRequest {  // drain, undrain
-  std::vector<int> gpus;  // GPU indices, as `gpuq gpus` shows them
+  std::vector<int> gpus;           // GPU indices, as `gpuq gpus` shows them
+  std::vector<std::string> uuids;  // and GPUs by UUID, or a prefix of one naming one GPU ("GPU-1a2b")
   std::string reason;     // drain: why
 };
 struct UpdateRequest : SelectRequest {  // ids: queued jobs (running ones: `priority` and `retries` only)

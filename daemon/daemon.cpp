@@ -472,6 +472,17 @@ json Daemon::set_drained(const common::DrainRequest& q, bool drain) {
     }
     targets.push_back(g);
   }
+  for (const auto& prefix : q.uuids) {
+    std::vector<const Gpu*> found;
+    for (const auto& g : m_inventory.gpus())
+      if (g.uuid.rfind(prefix, 0) == 0) found.push_back(&g);
+    if (found.size() != 1)
+      throw RequestError(found.empty() ? ErrorCode::not_found : ErrorCode::bad_request,
+                         found.empty() ? "no GPU with UUID " + prefix + " (" + m_inventory.source() + ")"
+                                       : "UUID prefix " + prefix + " names GPUs " + std::to_string(found[0]->index) +
+                                             " and " + std::to_string(found[1]->index) + "; give more of it");
+    targets.push_back(found[0]);
+  }
   const std::string reason = q.reason.empty() ? "drained with gpuq drain" : q.reason;
   for (const Gpu* g : targets) {
     const auto it = m_drained.find(g->uuid);

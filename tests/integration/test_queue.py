@@ -943,6 +943,14 @@ class Drain(DaemonTest):
         self.assertEqual(r.returncode, 4)
         self.assertIn("no GPU 5; this machine has GPUs 0, 1", r.stderr)
         self.assertEqual(self.d.run("drain").returncode, 2)
+        r = self.d.run("drain", "first")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("first is neither a GPU index nor a UUID", r.stderr)
+        r = self.d.run("drain", "GPU-fake", "-r", "x")
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("UUID prefix GPU-fake names GPUs 0 and 1; give more of it", r.stderr)
+        r = self.d.run("drain", "GPU-0000")
+        self.assertEqual((r.returncode, "no GPU with UUID GPU-0000" in r.stderr), (4, True))
         self.assertFalse(any(g["drained"] for g in self.d.json("gpus")["gpus"]))
 
 
@@ -1009,8 +1017,9 @@ class NvmlGpus(DaemonTest):
         wait_until(lambda: "in service" in self.d.show(waiting)["job"]["reason"], what="the job's reason")
 
         # Back in service after a reset: the errors counted so far are forgiven, new ones are not.
+        # GPUs by UUID (or a unique prefix), which stay theirs when indices change.
         self.set_gpus([self.GPUS[0].replace(" 0 0 0", " 2 0 0")] + self.GPUS[1:])
-        self.d.ok("undrain", "0", "1", "2")
+        self.d.ok("undrain", "GPU-11111111-aaaa", "GPU-2222", "2")
         self.assertEqual(self.d.wait([waiting])[waiting]["state"], "succeeded")
         time.sleep(0.5)  # five health checks
         self.assertFalse(any(g["drained"] for g in self.d.json("gpus")["gpus"]))

@@ -73,8 +73,12 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_clean, json::object()) == "field `ids` must be a non-empty array of job ids, or `batch` or `ended_before`");
   CHECK(message(decode_clean, {{"ended_before", -1.0}}) == "field `ended_before` must be a unix time");
   CHECK(decode_clean({{"ended_before", 5.0}, {"checkpoints_only", true}}).checkpoints_only);
-  CHECK(message(decode_drain, json::object()) == "field `gpus` must be a non-empty array of GPU indices");
-  CHECK(message(decode_drain, {{"gpus", {0, -1}}}) == "field `gpus` must be a non-empty array of GPU indices");
+  const std::string gpus_wanted = "field `gpus` must be a non-empty array of GPU indices or UUIDs (GPU-…, MIG-…)";
+  CHECK(message(decode_drain, json::object()) == gpus_wanted);
+  CHECK(message(decode_drain, {{"gpus", {0, -1}}}) == gpus_wanted);
+  CHECK(message(decode_drain, {{"gpus", {"GPU-"}}}) == gpus_wanted);
+  CHECK(message(decode_drain, {{"gpus", {"1a2b"}}}) == gpus_wanted);
+  CHECK(decode_drain({{"gpus", {1, "GPU-1a2b"}}}).uuids == std::vector<std::string>{"GPU-1a2b"});
   CHECK(message(decode_drain, {{"gpus", {0}}, {"reason", 5}}) == "field `reason` must be a string");
   CHECK(decode_drain({{"gpus", {2, 3}}, {"reason", "ECC"}}).gpus == std::vector<int>{2, 3});
   CHECK(message(decode_update, {{"ids", {1}}}) ==
