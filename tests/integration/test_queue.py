@@ -878,7 +878,7 @@ class BatchLimit(DaemonTest):
         self.d.kill9()
         self.d.start()
         self.assertEqual(self.running(batch), ids[:2])
-        self.assertEqual(self.d.show(ids[4])["job"]["reason"], limit_reason)
+        wait_until(lambda: self.d.show(ids[4])["job"]["reason"] == limit_reason, what="the limit's reason")
 
         self.assertEqual(self.d.ok("update", "--batch", str(batch), "--max-running", "3"),
                          f"batch {batch}: at most 3 jobs at once (was at most 2 jobs at once)\n")
