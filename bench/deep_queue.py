@@ -6,7 +6,10 @@ whole batch (`gpuq wait --batch`), and reports the drain rate and gpuqd's own CP
 (user + system, from /proc). A scheduling pass or a wait that walks the whole queue shows up as
 CPU per job growing with N.
 
-Usage: bench/deep_queue.py [--bin build/bin] [--jobs 1000,4000,16000]
+With --max-running M the batch is submitted with that limit (a throttled sweep): every pass then
+passes over the jobs beyond the limit, which must stay cheap.
+
+Usage: bench/deep_queue.py [--bin build/bin] [--jobs 1000,4000,16000] [--max-running M]
 """
 import argparse
 import json
@@ -20,6 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "../tests/integration"))
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(HERE, "../build/bin"))
 ap.add_argument("--jobs", default="1000,4000,16000")
+ap.add_argument("--max-running", type=int, default=0)
 args = ap.parse_args()
 os.environ["GPUQ_BIN_DIR"] = os.path.abspath(args.bin)
 
@@ -43,7 +47,8 @@ for n in map(int, args.jobs.split(",")):
                 json.dump([{"command": ["true"], "gpus": 1} for _ in range(n)], f)
             cpu0 = cpu_seconds(d.proc.pid)
             t0 = time.monotonic()
-            batch = json.loads(d.ok("submit", path, "--json"))["batch"]
+            limit = ["--max-running", str(args.max_running)] if args.max_running else []
+            batch = json.loads(d.ok("submit", path, "--json", *limit))["batch"]
             t1 = time.monotonic()
             done = json.loads(d.ok("wait", "--batch", str(batch), "--json", timeout=7200))
             t2 = time.monotonic()

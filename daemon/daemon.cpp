@@ -303,10 +303,13 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   std::string wait_reason;
   if (active != m_active.end()) {
     const Active& a = active->second;
-    // A job the last pass did not reach waits for what that pass left everyone behind it.
-    wait_reason = a.reason_pass == m_pass || !m_tail_stopped || r.state != JobState::queued
-                      ? a.wait_reason
-                      : with_drain_note(r.spec.gpus, tail_wait_reason(pending_of(r), m_tail));
+    // A job the last pass passed over for its batch's limit, or did not reach, waits for that
+    // limit, or for what the pass left everyone behind it.
+    const auto limit = m_at_limit.find(r.batch);
+    if (a.reason_pass == m_pass || r.state != JobState::queued) wait_reason = a.wait_reason;
+    else if (limit != m_at_limit.end()) wait_reason = batch_limit_reason(r.batch, limit->second);
+    else if (m_tail_stopped) wait_reason = with_drain_note(r.spec.gpus, tail_wait_reason(pending_of(r), m_tail));
+    else wait_reason = a.wait_reason;
   }
   common::JobInfo i;
   i.id = r.id;
@@ -1052,6 +1055,7 @@ void Daemon::schedule_now() {
   Plan plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits));
   m_tail_stopped = plan.stopped;
   m_tail = plan.tail;
+  m_at_limit = std::move(plan.at_limit);
   for (auto& [id, reason] : plan.waiting) {
     Active& a = m_active.at(id);
     a.wait_reason = with_drain_note(a.rec.spec.gpus, std::move(reason));

@@ -173,6 +173,7 @@ class Daemon {
   std::uint64_t m_pass = 0;  // scheduling passes so far
   bool m_tail_stopped = false;  // the last pass stopped early: the jobs it left wait as m_tail says
   TailState m_tail;
+  std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_health_timer;

@@ -258,7 +258,7 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
     if (auto it = limits.find(j.batch); it != limits.end()) {
       limit = &it->second;
       if (limit->running >= limit->limit) {
-        plan.waiting[j.id] = batch_limit_reason(j.batch, *limit);
+        plan.at_limit.emplace(j.batch, *limit);
         continue;
       }
     }

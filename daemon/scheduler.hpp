@@ -84,6 +84,10 @@ struct Plan {
   std::vector<Placement> start;
   std::map<std::int64_t, std::vector<int>> reservations;  // blocked job -> GPUs held for it
   std::map<std::int64_t, std::string> waiting;            // blocked job -> why, for `gpuq show`
+  // Batches whose jobs the pass passed over for their limit (as they stood then). Those jobs are
+  // not in `waiting`: a throttled sweep of 100,000 jobs costs a pass no string per job; their
+  // reason is batch_limit_reason(batch, at_limit[batch]).
+  std::map<std::int64_t, BatchLimit> at_limit;
   // A pass stops at the first job from which no job can start: no CPU slot can be taken (or no
   // later job needs one), and every GPU is held whole and reserved (or no later job could start
   // on a GPU alone). A deep queue then costs a pass the jobs up to that point, not the whole

@@ -375,14 +375,17 @@ TEST_CASE("a batch at its limit waits without reserving anything, and the jobs b
   const Plan p = schedule(queue, idle_gpus(4), 0, {}, true, {{1, {2, 1}}});
   CHECK(started(p) == std::vector<std::int64_t>{1, 4, 5});
   CHECK(p.reservations.empty());
-  for (std::int64_t id : {2, 3, 6}) CHECK(p.waiting.at(id) == "batch 1 runs 2 jobs, its limit (max_running 2)");
+  for (std::int64_t id : {2, 3, 6}) CHECK_FALSE(p.waiting.count(id));  // no string per job
+  REQUIRE(p.at_limit.count(1));
+  CHECK(batch_limit_reason(1, p.at_limit.at(1)) == "batch 1 runs 2 jobs, its limit (max_running 2)");
+  CHECK_FALSE(p.at_limit.count(2));  // batch 2 had room
 
   // The limit counts the jobs a pass starts: a CPU job of the batch is one of them.
   PendingJob urgent_cpu = queue[5];
   urgent_cpu.priority = 1;
   const Plan cpu_first = schedule({urgent_cpu, queue[0], queue[1]}, idle_gpus(4), 0, {}, true, {{1, {2, 0}}});
   CHECK(started(cpu_first) == std::vector<std::int64_t>{6, 1});
-  CHECK(cpu_first.waiting.at(2) == "batch 1 runs 2 jobs, its limit (max_running 2)");
+  CHECK(batch_limit_reason(1, cpu_first.at_limit.at(1)) == "batch 1 runs 2 jobs, its limit (max_running 2)");
 }
 
 TEST_CASE("stopping early changes nothing: random queues give the same plan as examining every job") {
