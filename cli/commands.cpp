@@ -7,7 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <charconv>
 #include <chrono>
 #include <climits>
 #include <filesystem>
@@ -755,9 +754,7 @@ int cmd_gpus(const Options& o) { return gpus_request(o, {{"cmd", "gpus"}}); }
 int cmd_drain(const Options& o, const std::vector<std::string>& names, bool drain, const std::string& reason) {
   json gpus = json::array();
   for (const auto& name : names) {
-    int index = -1;
-    const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), index);
-    if (ec == std::errc() && end == name.data() + name.size() && index >= 0) gpus.push_back(index);
+    if (const auto index = parse_int(name, 0, INT_MAX)) gpus.push_back(*index);
     else if (name.rfind("GPU-", 0) == 0 || name.rfind("MIG-", 0) == 0) gpus.push_back(name);
     else {
       std::cerr << "gpuq " << (drain ? "drain" : "undrain") << ": " << name

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -97,6 +98,13 @@ std::string format_fields(const nlohmann::json& obj, std::size_t max_fields) {
     out += (out.empty() ? "" : " ") + shown[n].second + "=" + format_value(obj[shown[n].second]);
   }
   return out;
+}
+
+std::optional<int> parse_int(const std::string& text, int lo, int hi) {
+  int n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || n < lo || n > hi) return std::nullopt;
+  return n;
 }
 
 std::optional<double> parse_duration(const std::string& text) {

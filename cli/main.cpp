@@ -1,6 +1,5 @@
 // gpuq: the command-line client of gpuqd.
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -150,10 +149,8 @@ int main(int argc, char** argv) {
       if (new_limit == "none") {
         set["max_running"] = nullptr;
       } else if (!new_limit.empty()) {
-        int n = 0;
-        const auto [end, ec] = std::from_chars(new_limit.data(), new_limit.data() + new_limit.size(), n);
-        if (ec != std::errc() || end != new_limit.data() + new_limit.size() || n < 1 ||
-            n > gpuq::common::k_max_running_limit) {
+        const auto n = parse_int(new_limit, 1, gpuq::common::k_max_running_limit);
+        if (!n) {
           std::cerr << "gpuq update: --max-running " << new_limit << " is not a number from 1 to "
                     << gpuq::common::k_max_running_limit << ", or none\n";
           return k_exit_usage;
@@ -162,7 +159,7 @@ int main(int argc, char** argv) {
           std::cerr << "gpuq update: --max-running is a batch's limit; name the batch with --batch\n";
           return k_exit_usage;
         }
-        set["max_running"] = n;
+        set["max_running"] = *n;
       }
       if ((ids.empty() && batch == 0) || set.empty()) {
         std::cerr << "gpuq update: name job ids or --batch, and what to change (--priority, --retries, --timeout, "

@@ -17,6 +17,14 @@ TEST_CASE("durations are compact and carry the two largest units") {
   CHECK(format_duration(-1) == "0s");
 }
 
+TEST_CASE("a count is a whole string of digits within its bounds") {
+  CHECK(parse_int("3", 1, 10) == 3);
+  CHECK(parse_int("10", 1, 10) == 10);
+  CHECK(parse_int("0", 0, 5) == 0);
+  for (const char* bad : {"", "0", "11", "-1", "3x", " 3", "+3", "1.5", "99999999999"})
+    CHECK_MESSAGE(!parse_int(bad, 1, 10), bad);
+}
+
 TEST_CASE("a duration is read as a number and one unit, and sizes print in binary units") {
   CHECK(parse_duration("90") == 90.0);
   CHECK(parse_duration("90s") == 90.0);
