@@ -487,21 +487,24 @@ json Daemon::set_drained(const common::DrainRequest& q, bool drain) {
     targets.push_back(found[0]);
   }
   const std::string reason = q.reason.empty() ? "drained with gpuq drain" : q.reason;
+  // Back in service, a GPU's ECC errors so far are forgiven: its health baseline is what it has now.
+  const auto health = !drain && !m_ecc_base.empty() ? m_inventory.health() : std::vector<GpuHealth>{};
   for (const Gpu* g : targets) {
     const auto it = m_drained.find(g->uuid);
     if (drain ? it != m_drained.end() && it->second == reason : it == m_drained.end()) continue;  // as asked already
-    m_store->set_drained(g->uuid, drain, reason);
-    if (drain) m_drained[g->uuid] = reason;
-    else m_drained.erase(g->uuid);
-    if (!drain && m_ecc_base.count(g->uuid)) {  // back in service: errors so far are forgiven
-      const auto health = m_inventory.health();
-      for (std::size_t i = 0; i < health.size(); ++i)
-        if (m_inventory.gpus()[i].uuid == g->uuid) m_ecc_base[g->uuid] = health[i].ecc_uncorrected;
-    }
-    std::cerr << "gpuqd: GPU " << g->index << (drain ? " drained: " + reason : " back in service") << "\n";
+    mark_drained(*g, drain, reason);
+    if (!health.empty())  // in gpus() order, which `g` points into
+      m_ecc_base[g->uuid] = health[static_cast<std::size_t>(g - m_inventory.gpus().data())].ecc_uncorrected;
   }
   schedule_soon();  // jobs may start on a GPU back in service, and reasons change either way
   return cmd_gpus(json::object());
+}
+
+void Daemon::mark_drained(const Gpu& g, bool drain, const std::string& reason) {
+  m_store->set_drained(g.uuid, drain, reason);
+  if (drain) m_drained[g.uuid] = reason;
+  else m_drained.erase(g.uuid);
+  std::cerr << "gpuqd: GPU " << g.index << (drain ? " drained: " + reason : " back in service") << "\n";
 }
 
 void Daemon::start_health_checks() {
@@ -523,17 +526,13 @@ void Daemon::check_health() {
       m_ecc_base[g.uuid] = health[i].ecc_uncorrected;  // follows a count reset by a driver reload
       continue;
     }
-    const std::string reason = "health check: " + problem;
     try {
-      m_store->set_drained(g.uuid, true, reason);
+      mark_drained(g, true, "health check: " + problem);
+      drained = true;
     } catch (const RequestError& e) {
       std::cerr << "gpuqd: GPU " << g.index << " is unhealthy (" << problem << ") but cannot be drained: " << e.what()
                 << "\n";
-      continue;
     }
-    m_drained[g.uuid] = reason;
-    drained = true;
-    std::cerr << "gpuqd: GPU " << g.index << " drained: " << reason << "\n";
   }
   if (drained) schedule_soon();
   m_health_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.health_interval_s * 1000)));

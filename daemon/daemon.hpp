@@ -101,6 +101,8 @@ class Daemon {
   json cmd_drain(const json& req);
   json cmd_undrain(const json& req);
   json set_drained(const common::DrainRequest& q, bool drain);
+  // Takes one GPU out of service or puts it back: the store, the in-memory set, the log.
+  void mark_drained(const Gpu& g, bool drain, const std::string& reason);
   std::string with_drain_note(int gpus_needed, std::string reason) const;
   // NVML health checks every health_interval_s: a GPU found lost, with failed row remapping or
   // with new uncorrectable ECC errors is drained, its reason starting "health check: ".
