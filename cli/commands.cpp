@@ -545,9 +545,9 @@ int cmd_update(const Options& o, const std::vector<std::int64_t>& ids, std::int6
 }
 
 int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
-              bool checkpoints_only) {
+              bool checkpoints_only, bool forget) {
   int code = 0;
-  json req{{"cmd", "clean"}, {"checkpoints_only", checkpoints_only}};
+  json req{{"cmd", "clean"}, {"checkpoints_only", checkpoints_only}, {"forget", forget}};
   if (older_than_s >= 0) req["ended_before"] = std::max(1e-3, now_s() - older_than_s);
   auto reply = select_request(o, req, ids, batch, code);
   if (!reply) return code;
@@ -556,13 +556,21 @@ int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64
     print_json(*reply);
     return k_exit_ok;
   }
+  const auto jobs = [](std::size_t n) { return std::to_string(n) + (n == 1 ? " job" : " jobs"); };
+  if (forget) {
+    if (c.forgotten.empty()) std::cout << "nothing to forget\n";
+    else
+      std::cout << "forgot " << jobs(c.forgotten.size()) << ": removed their records and files ("
+                << format_bytes(c.bytes_freed) << ")\n";
+    for (const auto& k : c.kept) std::cout << "kept job " << k.id << ": " << k.reason << "\n";
+    return k_exit_ok;
+  }
   if (c.cleaned.empty()) {
     std::cout << "nothing to remove\n";
     return k_exit_ok;
   }
-  std::cout << "removed the " << (checkpoints_only ? "checkpoints" : "files") << " of " << c.cleaned.size()
-            << (c.cleaned.size() == 1 ? " job" : " jobs") << " (" << format_bytes(c.bytes_freed)
-            << "); their results and history stay\n";
+  std::cout << "removed the " << (checkpoints_only ? "checkpoints" : "files") << " of " << jobs(c.cleaned.size())
+            << " (" << format_bytes(c.bytes_freed) << "); their results and history stay\n";
   return k_exit_ok;
 }
 
@@ -818,6 +826,7 @@ int cmd_config(const Options& o, const common::Settings& s, const std::string& s
   add("idle_timeout_s", s.idle_timeout_s);
   add("cpu_slots", s.cpu_slots);
   add("health_interval_s", s.health_interval_s);
+  add("forget_after_s", s.forget_after_s);
   if (!socket_flag.empty()) settings["socket"] = {{"value", o.socket}, {"from", socket_flag}};
   if (o.json) {
     print_json({{"file", path}, {"file_found", !s.file.empty()}, {"socket", o.socket}, {"settings", settings}});

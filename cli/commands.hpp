@@ -38,10 +38,11 @@ int cmd_show(const Options& o, std::int64_t id);
 // `tail` >= 0: only the last `tail` lines of each rank's log (of the chosen attempt), as tail -n.
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail = -1);
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids);
-// Removes ended jobs' files (or only their checkpoints): `ids`, the ended jobs of `batch`, those
-// that ended over `older_than_s` ago (< 0: no age limit; alone: every such job).
+// Removes ended jobs' files (or only their checkpoints; or with `forget` their records too): `ids`,
+// the ended jobs of `batch`, those that ended over `older_than_s` ago (< 0: no age limit; alone:
+// every such job).
 int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
-              bool checkpoints_only);
+              bool checkpoints_only, bool forget);
 // Sets `set`'s spec fields (priority, retries, timeout_s) of `ids` and the queued jobs of `batch`.
 int cmd_update(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, const nlohmann::json& set);
 // Holds queued jobs out of line (`hold`), or releases them: `ids` and the queued jobs of `batch`.

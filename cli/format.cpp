@@ -107,22 +107,6 @@ std::optional<int> parse_int(const std::string& text, int lo, int hi) {
   return n;
 }
 
-std::optional<double> parse_duration(const std::string& text) {
-  static const std::map<std::string, double> k_units{{"", 1}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400},
-                                                     {"w", 604800}};
-  std::size_t used = 0;
-  double n = 0;
-  try {
-    n = std::stod(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  auto unit = k_units.find(text.substr(used));
-  if (unit == k_units.end() || !(n >= 0) || std::isinf(n) || !std::isdigit(static_cast<unsigned char>(text[0])))
-    return std::nullopt;
-  return n * unit->second;
-}
-
 std::string format_bytes(std::int64_t bytes) {
   if (bytes < 1024) return std::to_string(bytes) + " B";
   const char* units[] = {"KiB", "MiB", "GiB", "TiB"};

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/config.hpp"
 #include "common/protocol.hpp"
 
 namespace gpuq::cli {
@@ -28,8 +29,7 @@ class Table {
 };
 
 std::string format_duration(double seconds);              // 4s, 2m05s, 3h02m, 2d04h
-// "90", "90s", "30m", "12h", "7d", "2w" (a number and one unit) in seconds; nullopt if malformed.
-std::optional<double> parse_duration(const std::string& text);
+using common::parse_duration;  // "90", "30m", "7d", … in seconds
 // A whole string of decimal digits from `lo` to `hi` ("3"); nullopt otherwise ("3x", "-1", "").
 std::optional<int> parse_int(const std::string& text, int lo, int hi);
 std::string format_bytes(std::int64_t bytes);             // 512 B, 3.4 KiB, 12.0 MiB, 1.5 GiB

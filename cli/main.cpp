@@ -171,13 +171,17 @@ int main(int argc, char** argv) {
   });
 
   std::string older_than;
-  bool checkpoints_only = false;
+  bool checkpoints_only = false, forget = false;
   auto* clean = app.add_subcommand(
-      "clean", "Free the disk ended jobs take: remove their logs and checkpoints (results and history stay)");
+      "clean", "Free the disk ended jobs take: remove their logs and checkpoints (results and history stay, "
+               "unless --forget)");
   clean->add_option("ids", ids, "Job ids (ended ones)");
   clean->add_option("--batch,-b", batch, "The ended jobs of this batch");
   clean->add_option("--older-than", older_than, "Only jobs that ended this long ago: 90s, 30m, 12h, 7d, 2w (alone: every such job)");
-  clean->add_flag("--checkpoints", checkpoints_only, "Remove only the checkpoints, keep the logs");
+  auto* ckpt = clean->add_flag("--checkpoints", checkpoints_only, "Remove only the checkpoints, keep the logs");
+  clean->add_flag("--forget", forget,
+                  "Remove the jobs' records too: status, show, results no longer know them (ids are not reused)")
+      ->excludes(ckpt);
   json_flag(clean);
   clean->callback([&] {
     run = [&] {
@@ -194,7 +198,7 @@ int main(int argc, char** argv) {
         std::cerr << "gpuq clean: name job ids, --batch or --older-than (--older-than 0 cleans every ended job)\n";
         return k_exit_usage;
       }
-      return cmd_clean(opt, ids, batch, age, checkpoints_only);
+      return cmd_clean(opt, ids, batch, age, checkpoints_only, forget);
     };
   });
 

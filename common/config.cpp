@@ -1,10 +1,12 @@
 // Configuration file and environment defaults; see config.hpp.
 #include "common/config.hpp"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -19,7 +21,7 @@ namespace {
 
 const char* k_keys =
     "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
-    "health_interval_s";
+    "health_interval_s, forget_after_s";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -60,6 +62,7 @@ constexpr Rule k_rules[] = {
     {"idle_timeout_s", nullptr, "number", 0.1, 86400 * 7},
     {"cpu_slots", nullptr, "int", 1, 1 << 20},
     {"health_interval_s", nullptr, "number", 0, 86400},
+    {"forget_after_s", nullptr, "number", 0, 86400 * 3660},
 };
 
 // Stores one value (a JSON string or number) under its rule; an error message otherwise.
@@ -67,6 +70,7 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
   const std::string key = r.key;
   auto range = [&] {
     std::ostringstream o;
+    o.precision(15);  // 316224000, not 3.16224e+08
     o << "must be " << (std::string(r.kind) == "int" ? "an integer" : "a number") << " from " << r.lo << " to " << r.hi;
     return o.str();
   };
@@ -94,6 +98,7 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
       (key == "grace_s"             ? s.grace_s
        : key == "retry_backoff_s"   ? s.retry_backoff_s
        : key == "health_interval_s" ? s.health_interval_s
+       : key == "forget_after_s"    ? s.forget_after_s
                                     : s.idle_timeout_s) = *d;
     }
   }
@@ -102,6 +107,22 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
 }
 
 }  // namespace
+
+std::optional<double> parse_duration(const std::string& text) {
+  static const std::map<std::string, double> k_units{{"", 1}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400},
+                                                     {"w", 604800}};
+  std::size_t used = 0;
+  double n = 0;
+  try {
+    n = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  auto unit = k_units.find(text.substr(used));
+  if (unit == k_units.end() || !(n >= 0) || std::isinf(n) || !std::isdigit(static_cast<unsigned char>(text[0])))
+    return std::nullopt;
+  return n * unit->second;
+}
 
 std::string config_path() {
   if (const char* c = std::getenv("GPUQ_CONFIG")) return c;

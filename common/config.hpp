@@ -24,9 +24,13 @@ struct Settings {
   std::optional<double> idle_timeout_s;  // "idle_timeout_s"
   std::optional<int> cpu_slots;          // "cpu_slots"
   std::optional<double> health_interval_s;  // "health_interval_s"
+  std::optional<double> forget_after_s;  // "forget_after_s"
   std::string file;                      // the file read, empty if none
   std::map<std::string, std::string> source;  // key -> the file's path or "$VARIABLE"
 };
+
+// "90", "90s", "30m", "12h", "7d", "2w" (a number and one unit) in seconds; nullopt if malformed.
+std::optional<double> parse_duration(const std::string& text);
 
 // The configuration file's path ("" when $GPUQ_CONFIG is set empty).
 std::string config_path();

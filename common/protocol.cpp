@@ -155,6 +155,8 @@ CleanRequest decode_clean(const json& j) {
   if (r.ids.empty() && r.batch == 0 && r.ended_before == 0)
     bad("ids", "a non-empty array of job ids, or `batch` or `ended_before`");
   r.checkpoints_only = get_or<bool>(j, "checkpoints_only", false, "true or false");
+  r.forget = get_or<bool>(j, "forget", false, "true or false");
+  if (r.forget && r.checkpoints_only) bad("forget", "false with `checkpoints_only`: a forgotten job keeps no files");
   return r;
 }
 

@@ -159,6 +159,7 @@ struct UpdateRequest : SelectRequest {  // ids: queued jobs (running ones: `prio
 struct CleanRequest : SelectRequest {  // ids: ended jobs; batch: its ended jobs
   double ended_before = 0;        // > 0: only jobs that ended before this time (alone: every such job)
   bool checkpoints_only = false;  // remove the checkpoints, keep the logs
+  bool forget = false;            // remove the jobs' records too (not with checkpoints_only)
 };
 struct ResultsRequest {
   std::vector<std::int64_t> ids;
@@ -269,11 +270,18 @@ struct RestartReply {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RestartReply, jobs)
 
+struct KeptJob {  // an ended job a clean --forget selected but kept, and why
+  std::int64_t id = 0;
+  std::string reason;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(KeptJob, id, reason)
 struct CleanReply {
   std::vector<std::int64_t> cleaned;  // jobs whose files were removed, by id
   std::int64_t bytes_freed = 0;
+  std::vector<std::int64_t> forgotten;  // forget: jobs whose records were removed, by id
+  std::vector<KeptJob> kept;            // forget: selected by batch or age but still needed
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CleanReply, cleaned, bytes_freed)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CleanReply, cleaned, bytes_freed, forgotten, kept)
 
 struct GpusReply {
   std::string source;  // "nvml", "fake:N:MiB[:NODES]" or "none"

@@ -80,7 +80,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_inventory(std::move(inventory)),
       m_ingest_timer(io),
       m_backoff_timer(io),
-      m_health_timer(io) {
+      m_health_timer(io),
+      m_forget_timer(io) {
   auto slot_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
   m_cores = std::move(slot_cores.cores);
   m_core_nodes = std::move(slot_cores.nodes);
@@ -141,6 +142,7 @@ void Daemon::recover() {
   }
   arm_ingest_timer();
   start_health_checks();
+  forget_old_jobs();
   schedule_soon();
 }
 
@@ -229,7 +231,7 @@ json Daemon::cmd_submit(const json& req) {
                        std::to_string(max_mb) + " MiB");
     for (const auto& d : s.after)
       if (d.name.empty() && !lookup(d.id))
-        errors.push_back(who + ": `after` names job " + std::to_string(d.id) + ", which does not exist");
+        errors.push_back(who + ": `after` names " + missing_job(d.id));
     if (!is_directory(s.cwd)) errors.push_back(who + ": cwd " + s.cwd + " is not a directory");
     auto path = s.env.count("PATH") ? s.env.at("PATH") : (base.count("PATH") ? base.at("PATH") : "");
     if (!s.train.is_null()) {
@@ -267,6 +269,10 @@ json Daemon::cmd_submit(const json& req) {
 
 // ---- read commands ------------------------------------------------------------------------------
 
+namespace {
+const std::string k_forgotten = "was forgotten (`gpuq clean --forget`)";  // what became of a removed job or batch
+}  // namespace
+
 std::optional<JobRecord> Daemon::lookup(std::int64_t id) {
   if (auto it = m_active.find(id); it != m_active.end()) return it->second.rec;
   return m_store->get(id);
@@ -274,13 +280,21 @@ std::optional<JobRecord> Daemon::lookup(std::int64_t id) {
 
 JobRecord Daemon::existing_job(std::int64_t id) {
   auto rec = lookup(id);
-  if (!rec) throw RequestError(ErrorCode::not_found, "no job " + std::to_string(id));
+  if (!rec)
+    throw RequestError(ErrorCode::not_found, m_store->was_removed(id) ? "job " + std::to_string(id) + " " + k_forgotten
+                                                                      : "no job " + std::to_string(id));
   return std::move(*rec);
+}
+
+std::string Daemon::missing_job(std::int64_t id) {
+  return "job " + std::to_string(id) + ", which " + (m_store->was_removed(id) ? k_forgotten : "does not exist");
 }
 
 std::vector<JobRecord> Daemon::jobs_of_batch(std::int64_t batch) {
   auto rows = m_store->batch_jobs(batch);
-  if (rows.empty()) throw RequestError(ErrorCode::not_found, "no batch " + std::to_string(batch));
+  if (rows.empty())
+    throw RequestError(ErrorCode::not_found, m_store->was_removed(batch, true) ? "batch " + std::to_string(batch) + " " + k_forgotten
+                                                                             : "no batch " + std::to_string(batch));
   return rows;
 }
 
@@ -647,9 +661,10 @@ json Daemon::cmd_restart(const json& req) {
       auto st = dependency_state(dep);
       if (!st || (is_terminal(*st) && *st != JobState::succeeded))
         throw RequestError(ErrorCode::wrong_state,
-                           job_label(rec) + " waits for job " + std::to_string(dep) +
-                               (st ? ", which ended " + std::string(to_string(*st)) : ", which no longer exists") +
-                               ": restart that job too (the jobs that failed waiting for it come with it)");
+                           job_label(rec) + " waits for " +
+                               (st ? "job " + std::to_string(dep) + ", which ended " + std::string(to_string(*st)) +
+                                         ": restart that job too (the jobs that failed waiting for it come with it)"
+                                   : missing_job(dep) + ", so it cannot run again"));
     }
 
   if (q.fresh) {
@@ -824,7 +839,9 @@ json Daemon::cmd_update(const json& req) {
 void Daemon::cmd_clean(const json& req, Reply& reply) {
   auto q = common::decode_clean(req);
   std::map<std::int64_t, double> ended;  // id -> ended_at
-  for (auto id : q.ids) ended[id] = ended_job(id, "only the files of a job that has ended can be removed").ended_at;
+  const char* only = q.forget ? "only a job that has ended can be forgotten"
+                              : "only the files of a job that has ended can be removed";
+  for (auto id : q.ids) ended[id] = ended_job(id, only).ended_at;
   if (q.batch != 0)
     for (const auto& rec : jobs_of_batch(q.batch))
       if (is_terminal(rec.state)) ended[rec.id] = rec.ended_at;
@@ -832,6 +849,20 @@ void Daemon::cmd_clean(const json& req, Reply& reply) {
     for (auto id : m_store->ended_before(q.ended_before)) ended[id] = 0;
   } else if (q.ended_before > 0) {
     std::erase_if(ended, [&](const auto& e) { return e.second >= q.ended_before; });
+  }
+
+  common::CleanReply out;
+  if (q.forget) {  // an ended job that is still needed stays: named, it is an error; selected, it is kept
+    const auto needed = still_needed();
+    for (auto id : q.ids)
+      if (auto it = needed.find(id); it != needed.end())
+        throw RequestError(ErrorCode::wrong_state, job_label(existing_job(id)) + " cannot be forgotten: " + it->second);
+    std::erase_if(ended, [&](const auto& e) {
+      auto it = needed.find(e.first);
+      if (it == needed.end()) return false;
+      out.kept.push_back({e.first, it->second});
+      return true;
+    });
   }
 
   std::vector<std::pair<std::int64_t, std::string>> moved;  // job, its files' place in the trash
@@ -846,12 +877,53 @@ void Daemon::cmd_clean(const json& req, Reply& reply) {
   }
   if (!failures.empty()) {
     std::string msg = "could not remove the files of " + std::to_string(failures.size()) + " job(s) (" +
-                      std::to_string(moved.size()) + " others are being removed):";
+                      std::to_string(moved.size()) + " others are being removed" +
+                      (q.forget ? "; no job was forgotten" : "") + "):";
     for (std::size_t i = 0; i < failures.size() && i < 10; ++i) msg += "\n  " + failures[i];
     empty_trash(std::move(moved), nullptr);
     throw RequestError(ErrorCode::store_error, msg);
   }
-  empty_trash(std::move(moved), std::move(reply));
+  if (q.forget && !ended.empty()) {
+    // After the files: should the store fail here, the jobs are as a plain clean leaves them.
+    for (const auto& [id, _] : ended) out.forgotten.push_back(id);
+    for (auto b : m_store->remove_jobs(out.forgotten)) m_batch_limits.erase(b);
+    for (auto id : out.forgotten) m_terminal_cache.erase(id);
+  }
+  empty_trash(std::move(moved), std::move(reply), std::move(out));
+}
+
+void Daemon::forget_old_jobs() {
+  if (m_config.forget_after_s <= 0) return;
+  const double age = m_config.forget_after_s;
+  Reply log = [age](json reply) {
+    if (!reply.value("ok", false)) {
+      std::cerr << "gpuqd: forgetting old jobs failed: " << reply.value("error", json::object()).value("message", "") << "\n";
+      return;
+    }
+    if (auto n = reply["forgotten"].size())
+      std::cerr << "gpuqd: forgot " << n << " job(s) that ended over " << static_cast<long long>(age) << " s ago\n";
+  };
+  try {
+    cmd_clean({{"cmd", "clean"}, {"forget", true}, {"ended_before", std::max(1e-3, wall_now() - age)}}, log);
+  } catch (const RequestError& e) {
+    log(common::error_reply(e.code(), e.what()));
+  }
+  // A tenth of the age, within a second and an hour: a job outlives its time by at most that.
+  m_forget_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(std::clamp(age / 10, 1.0, 3600.0) * 1000)));
+  m_forget_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) forget_old_jobs();
+  });
+}
+
+std::map<std::int64_t, std::string> Daemon::still_needed() const {
+  std::map<std::int64_t, std::string> needed;
+  for (std::int64_t id : m_with_deps) {
+    const JobRecord& r = m_active.at(id).rec;
+    for (auto dep : r.after) needed.try_emplace(dep, "queued " + job_label(r) + " waits for it (`after`)");
+  }
+  for (const auto& w : m_waiters)
+    for (auto id : w.ids) needed.try_emplace(id, "a `gpuq wait` is waiting on it");
+  return needed;
 }
 
 std::string Daemon::move_to_trash(std::int64_t id, const std::string& dir, bool keep_dir) {
@@ -871,9 +943,8 @@ std::string Daemon::move_to_trash(std::int64_t id, const std::string& dir, bool 
 
 // Deletes directories moved into the trash, on the file-system thread; then, on gpuqd's own
 // thread, answers `reply` (when there is one) with what was freed.
-void Daemon::empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply) {
-  asio::post(m_fs_thread, [this, moved = std::move(moved), reply = std::move(reply)]() mutable {
-    common::CleanReply out;
+void Daemon::empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply, common::CleanReply out) {
+  asio::post(m_fs_thread, [this, moved = std::move(moved), reply = std::move(reply), out = std::move(out)]() mutable {
     for (const auto& [id, dir] : moved) {
       std::error_code ec;
       for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
@@ -978,8 +1049,8 @@ bool Daemon::fail_blocked_dependents(double now) {
       auto st = dependency_state(dep);
       if (!st || (is_terminal(*st) && *st != JobState::succeeded)) {
         doomed.push_back(id);
-        why[id] = {dep, "dependency " + std::to_string(dep) +
-                            (st ? " ended " + std::string(to_string(*st)) : " is missing")};
+        why[id] = {dep, st ? "dependency " + std::to_string(dep) + " ended " + std::string(to_string(*st))
+                           : "dependency: " + missing_job(dep)};
         break;
       }
     }

@@ -46,6 +46,7 @@ struct Config {
   int default_retries = 0;         // for jobs whose spec names no `retries`
   std::string sysfs_root = "/sys"; // CPU topology and NUMA nodes (another tree in tests)
   double health_interval_s = 60;   // NVML health checks (lost GPU, ECC, row remapping); 0: none
+  double forget_after_s = 0;       // ended jobs are forgotten (records and files) this long after; 0: kept
 };
 
 using Reply = std::function<void(json)>;
@@ -95,7 +96,10 @@ class Daemon {
   // thread's (empty_trash). Returns its place there, or "" when `dir` is missing (or, with
   // keep_dir, empty); throws store_error naming `dir`. With keep_dir an empty `dir` stays.
   std::string move_to_trash(std::int64_t id, const std::string& dir, bool keep_dir);
-  void empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply);
+  // `out`: what the reply says besides the files (forgotten, kept).
+  void empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply, common::CleanReply out = {});
+  // Ended jobs that a queued job's `after` or a pending wait names: id -> why it must stay.
+  std::map<std::int64_t, std::string> still_needed() const;
   void empty_leftover_trash();
   json cmd_update(const json& req);
   json cmd_drain(const json& req);
@@ -108,6 +112,8 @@ class Daemon {
   // with new uncorrectable ECC errors is drained, its reason starting "health check: ".
   void start_health_checks();
   void check_health();
+  // Every so often, forgets the jobs that ended over forget_after_s ago (as clean --forget --older-than).
+  void forget_old_jobs();
   json cmd_results(const json& req);
   json cmd_events(const json& req);
   json cmd_gpus(const json& req);
@@ -136,6 +142,8 @@ class Daemon {
   // else `stored`.
   common::JobInfo info_of(const JobRecord& stored) const;
   std::optional<JobRecord> lookup(std::int64_t id);
+  // "job N, which does not exist" or "…, which was forgotten": what to say of an id not found.
+  std::string missing_job(std::int64_t id);
   // Job `id`, or not_found.
   JobRecord existing_job(std::int64_t id);
   // Job `id`, which must have ended: else not_found, or wrong_state "job N (name) is S; <only>".
@@ -179,6 +187,7 @@ class Daemon {
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_health_timer;
+  asio::steady_timer m_forget_timer;
   bool m_ingest_armed = false;
   std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has
   // Deletes cleaned jobs' files; declared last, so it is joined before the state it posts to goes.

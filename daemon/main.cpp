@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
     config.retry_backoff_s = st.retry_backoff_s.value_or(config.retry_backoff_s);
     config.cpu_slots = st.cpu_slots.value_or(config.cpu_slots);
     config.health_interval_s = st.health_interval_s.value_or(config.health_interval_s);
+    config.forget_after_s = st.forget_after_s.value_or(config.forget_after_s);
     config.default_retries = st.retries.value_or(0);
     idle_timeout_s = st.idle_timeout_s.value_or(idle_timeout_s);
   }
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
   app.footer("Defaults come from " + (gpuq::common::config_path().empty() ? std::string("no file ($GPUQ_CONFIG is empty)")
                                                                               : gpuq::common::config_path()) +
              " (JSON: socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, "
-             "cpu_slots, health_interval_s), then $GPUQ_SOCKET, $GPUQ_STATE_DIR, $GPUQ_GPUS, $GPUQ_LOG_LIMIT_MB, $GPUQ_RETRIES; "
+             "cpu_slots, health_interval_s, forget_after_s), then $GPUQ_SOCKET, $GPUQ_STATE_DIR, $GPUQ_GPUS, $GPUQ_LOG_LIMIT_MB, $GPUQ_RETRIES; "
              "options given here win.");
   app.add_option("--socket", config.socket_path, "Unix socket path (default: " + gpuq::common::default_socket_path() + ")");
   app.add_option("--state-dir", config.state_dir, "State directory (default: " + gpuq::common::default_state_dir() + ")");
@@ -123,6 +124,15 @@ int main(int argc, char** argv) {
                  "with new uncorrectable ECC errors is drained (0: no checks)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--forget-after",
+         [&](const std::string& text) {
+           auto d = gpuq::common::parse_duration(text);
+           if (!d) throw CLI::ValidationError("--forget-after", text + " is not a duration like 90s, 30m, 12h, 7d or 2w");
+           config.forget_after_s = *d;
+         },
+         "Forget ended jobs (their records and files, as `gpuq clean --forget`) this long after they end: 12h, "
+         "30d, … (default: keep them)");
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   // Tests describe a CPU and PCI topology with a tree of their own.

@@ -6,15 +6,17 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 
 namespace gpuq::daemon {
 
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 7;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
-                                     // 6: drained_gpus; 7: batches.max_running
+constexpr int k_schema_version = 8;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
+                                     // 6: drained_gpus; 7: batches.max_running; 8: removed_ids
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -42,6 +44,7 @@ CREATE TABLE IF NOT EXISTS events(
   at REAL NOT NULL, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, attempt);
 CREATE TABLE IF NOT EXISTS drained_gpus(uuid TEXT PRIMARY KEY, reason TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS removed_ids(tbl TEXT PRIMARY KEY, max_id INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS event_offsets(
   job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL, offset INTEGER NOT NULL,
   PRIMARY KEY(job_id, attempt, rank));
@@ -172,6 +175,7 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
       store->exec("BEGIN IMMEDIATE; ALTER TABLE batches ADD COLUMN max_running INTEGER NOT NULL DEFAULT 0; "
                   "PRAGMA user_version=7; COMMIT");
     }
+    if (app_id == k_application_id && version < 8) store->exec("PRAGMA user_version=8");  // k_schema made the table
     // After the migrations: it needs a column that older schemas lack.
     store->exec("CREATE INDEX IF NOT EXISTS jobs_blocked ON jobs(blocked_by) WHERE blocked_by != 0");
   } catch (const RequestError& e) {
@@ -204,27 +208,46 @@ sqlite3_stmt* Store::prepare(const char* sql) {
   return st;
 }
 
+std::int64_t Store::next_id(const char* table) {
+  // max(id) of a rowid table is one index probe; the removed high-water mark keeps ids unreused.
+  auto* st = std::strcmp(table, "jobs") == 0
+                 ? prepare("SELECT max(coalesce((SELECT max(id) FROM jobs), 0), "
+                           "coalesce((SELECT max_id FROM removed_ids WHERE tbl='jobs'), 0)) + 1")
+                 : prepare("SELECT max(coalesce((SELECT max(id) FROM batches), 0), "
+                           "coalesce((SELECT max_id FROM removed_ids WHERE tbl='batches'), 0)) + 1");
+  std::int64_t id = 0;
+  if (sqlite3_step(st) == SQLITE_ROW) id = sqlite3_column_int64(st, 0);
+  sqlite3_reset(st);
+  if (id <= 0) fail(m_db, std::string("read the next id of ") + table);
+  return id;
+}
+
 std::int64_t Store::insert_batch(std::vector<JobRecord>& jobs, const std::vector<std::vector<std::size_t>>& local_deps,
                                  const std::string& cwd, const json& env, double now, int max_running) {
   Txn txn(m_db);
-  auto* b = prepare("INSERT INTO batches(submitted_at, cwd, env, max_running) VALUES(?, ?, ?, ?)");
-  sqlite3_bind_double(b, 1, now);
-  bind_text(b, 2, cwd);
-  bind_text(b, 3, env.dump());
-  sqlite3_bind_int(b, 4, max_running);
+  // Ids are given explicitly: SQLite's own choice (max + 1) would hand out a removed job's id again.
+  const std::int64_t batch = next_id("batches");
+  auto* b = prepare("INSERT INTO batches(id, submitted_at, cwd, env, max_running) VALUES(?, ?, ?, ?, ?)");
+  sqlite3_bind_int64(b, 1, batch);
+  sqlite3_bind_double(b, 2, now);
+  bind_text(b, 3, cwd);
+  bind_text(b, 4, env.dump());
+  sqlite3_bind_int(b, 5, max_running);
   run(m_db, b, "insert batch");
-  std::int64_t batch = sqlite3_last_insert_rowid(m_db);
 
-  auto* ins = prepare("INSERT INTO jobs(batch, name, spec, state, submitted_at, after) VALUES(?, ?, ?, 'queued', ?, '[]')");
+  std::int64_t id = next_id("jobs");
+  auto* ins = prepare(
+      "INSERT INTO jobs(id, batch, name, spec, state, submitted_at, after) VALUES(?, ?, ?, ?, 'queued', ?, '[]')");
   for (auto& j : jobs) {
+    j.id = id++;
     j.batch = batch;
     j.submitted_at = now;
-    sqlite3_bind_int64(ins, 1, batch);
-    bind_text(ins, 2, j.spec.name);
-    bind_text(ins, 3, common::to_json(j.spec).dump());
-    sqlite3_bind_double(ins, 4, now);
+    sqlite3_bind_int64(ins, 1, j.id);
+    sqlite3_bind_int64(ins, 2, batch);
+    bind_text(ins, 3, j.spec.name);
+    bind_text(ins, 4, common::to_json(j.spec).dump());
+    sqlite3_bind_double(ins, 5, now);
     run(m_db, ins, "insert job");
-    j.id = sqlite3_last_insert_rowid(m_db);
   }
   // Now that ids exist: resolve in-batch names, record the dependency ids and the first transition.
   for (std::size_t i = 0; i < jobs.size(); ++i) {
@@ -415,6 +438,64 @@ void Store::set_drained(const std::string& uuid, bool drained, const std::string
     sqlite3_bind_double(st, 3, wall_now());
   }
   run(m_db, st, "update drained GPUs");
+}
+
+std::vector<std::int64_t> Store::remove_jobs(const std::vector<std::int64_t>& ids) {
+  Txn txn(m_db);
+  std::set<std::int64_t> batches;
+  std::int64_t max_id = 0;
+  auto* batch_of = prepare("SELECT batch FROM jobs WHERE id=?");
+  auto* del_job = prepare("DELETE FROM jobs WHERE id=?");
+  auto* del_transitions = prepare("DELETE FROM transitions WHERE job_id=?");
+  auto* del_events = prepare("DELETE FROM events WHERE job_id=?");
+  auto* del_offsets = prepare("DELETE FROM event_offsets WHERE job_id=?");
+  for (auto id : ids) {
+    sqlite3_bind_int64(batch_of, 1, id);
+    const bool found = sqlite3_step(batch_of) == SQLITE_ROW;
+    if (found) batches.insert(sqlite3_column_int64(batch_of, 0));
+    sqlite3_reset(batch_of);
+    if (!found) continue;
+    max_id = std::max(max_id, id);
+    for (auto* st : {del_job, del_transitions, del_events, del_offsets}) {
+      sqlite3_bind_int64(st, 1, id);
+      run(m_db, st, "remove a job");
+    }
+  }
+  std::vector<std::int64_t> emptied;
+  auto* left = prepare("SELECT 1 FROM jobs WHERE batch=? LIMIT 1");
+  auto* del_batch = prepare("DELETE FROM batches WHERE id=?");
+  for (auto b : batches) {
+    sqlite3_bind_int64(left, 1, b);
+    const bool any = sqlite3_step(left) == SQLITE_ROW;
+    sqlite3_reset(left);
+    if (any) continue;
+    sqlite3_bind_int64(del_batch, 1, b);
+    run(m_db, del_batch, "remove a batch");
+    emptied.push_back(b);
+  }
+  auto* mark = prepare("INSERT INTO removed_ids(tbl, max_id) VALUES(?, ?) "
+                       "ON CONFLICT(tbl) DO UPDATE SET max_id=max(max_id, excluded.max_id)");
+  for (auto [tbl, top] : {std::pair<const char*, std::int64_t>{"jobs", max_id},
+                          {"batches", emptied.empty() ? 0 : emptied.back()}}) {
+    if (top == 0) continue;
+    bind_text(mark, 1, tbl);
+    sqlite3_bind_int64(mark, 2, top);
+    run(m_db, mark, "record removed ids");
+  }
+  txn.commit();
+  return emptied;
+}
+
+bool Store::was_removed(std::int64_t id, bool batch) {
+  // gpuq hands out ids in order without gaps, so a missing id at or below the highest removed one was removed.
+  auto* st = prepare("SELECT max_id FROM removed_ids WHERE tbl=?");
+  bind_text(st, 1, batch ? "batches" : "jobs");
+  std::int64_t top = 0;
+  if (sqlite3_step(st) == SQLITE_ROW) top = sqlite3_column_int64(st, 0);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (id <= 0 || id > top) return false;
+  return batch ? batch_jobs(id).empty() : !get(id);
 }
 
 std::vector<JobRecord> Store::failed_waiting_for(std::int64_t id) {

@@ -70,7 +70,8 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  // Inserts a batch and its jobs in one transaction; assigns batch and job ids (in order).
+  // Inserts a batch and its jobs in one transaction; assigns batch and job ids (in order), never
+  // one a removed job or batch had.
   // `resolve` maps batch-local dependency indices to ids once ids are known. `max_running`: how
   // many of its jobs may run at once (0: no limit).
   std::int64_t insert_batch(std::vector<JobRecord>& jobs, const std::vector<std::vector<std::size_t>>& local_deps,
@@ -96,6 +97,11 @@ class Store {
   std::vector<JobRecord> batch_jobs(std::int64_t batch);
   // The ids of the jobs that ended before `t`, in id order.
   std::vector<std::int64_t> ended_before(double t);
+  // Deletes ended jobs' records (job, history, events, event offsets) in one transaction, and
+  // each batch left without jobs. Returns those batches. Ids not found are skipped.
+  std::vector<std::int64_t> remove_jobs(const std::vector<std::int64_t>& ids);
+  // Whether job (or batch) `id` existed and was removed, as against never having existed.
+  bool was_removed(std::int64_t id, bool batch = false);
   // The jobs that failed without running because job `id` had ended without success.
   std::vector<JobRecord> failed_waiting_for(std::int64_t id);
   std::int64_t count_jobs();
@@ -119,6 +125,7 @@ class Store {
   void exec(const char* sql);
   sqlite3_stmt* prepare(const char* sql);
   std::vector<JobRecord> query_jobs(sqlite3_stmt* st);
+  std::int64_t next_id(const char* table);  // "jobs" or "batches": the id the next insert gets
   void write_job(const JobRecord& job);
   void write_transition(const JobRecord& job, double at, const std::string* reason = nullptr);
   static double transition_time(const JobRecord& job);

@@ -50,7 +50,7 @@ class Config(DaemonTest):
 
     def test_file_then_environment_then_command_line(self):
         self.write_config({"socket": self.socket, "state_dir": "~/state", "gpus": "fake:3", "retries": 2,
-                           "log_limit_mb": 5})
+                           "log_limit_mb": 5, "forget_after_s": 2592000})
         # The file alone: socket, state dir, GPUs and default retries come from it
         d = self.gpuqd()
         wait_until(lambda: self.gpuq("daemon", "status").returncode == 0, what="the configured gpuqd")
@@ -91,6 +91,7 @@ class Config(DaemonTest):
         self.assertTrue(shown["file_found"])
         self.assertEqual(shown["settings"]["retries"], {"value": 4, "from": "$GPUQ_RETRIES"})
         self.assertEqual(shown["settings"]["gpus"]["from"], shown["file"])
+        self.assertEqual(shown["settings"]["forget_after_s"], {"value": 2592000, "from": shown["file"]})
         self.assertEqual(shown["settings"]["state_dir"]["value"], os.path.join(self.home, "state"))
 
     def test_gpuq_config_without_a_file_and_with_an_explicit_path(self):

@@ -794,6 +794,95 @@ class Clean(DaemonTest):
         self.assertEqual(self.d.run("clean").returncode, 2)
         self.assertIn("nothing to remove", self.d.ok("clean", "--checkpoints", str(a)))
 
+    def test_forget_removes_ended_jobs_records_keeps_what_is_still_needed_and_never_reuses_an_id(self):
+        write = 'echo "ran $GPUQ_JOB_NAME"; ' + event_line(type="result", accuracy=0.5)
+        sub = self.d.submit([{"name": "bad", "shell": "exit 3"}, {"name": "c", "shell": write},
+                             {"name": "a", "shell": write}])
+        bad, c, a = sub["ids"]
+        self.d.wait(sub["ids"])
+        y = self.d.submit({"name": "y", "after": [a], "command": ["true"]}, "--hold")["ids"][0]
+        busy = self.d.submit({"name": "busy", "shell": "sleep 9187"})["ids"][0]
+        waiting = subprocess.Popen([os.path.join(BIN, "gpuq"), "wait", "--json", str(bad), str(busy)],
+                                   env=dict(os.environ, GPUQ_SOCKET=self.d.socket),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            # Named, a job still needed is an error that forgets nothing. (`a` is always needed, so the
+            # probe changes nothing while the wait is still on its way in.)
+            def refused_for_the_wait():
+                r = self.d.run("clean", "--forget", str(bad), str(a))
+                self.assertEqual(r.returncode, 4, r.stderr)
+                return f"job {bad} (bad) cannot be forgotten: a `gpuq wait` is waiting on it" in r.stderr
+            wait_until(refused_for_the_wait, what="the wait to reach gpuqd")
+            r = self.d.run("clean", "--forget", str(a))
+            self.assertIn(f"job {a} (a) cannot be forgotten: queued job {y} (y) waits for it (`after`)", r.stderr)
+            r = self.d.run("clean", "--forget", str(busy))
+            self.assertEqual(r.returncode, 4)
+            self.assertIn(f"job {busy} (busy) is running; only a job that has ended can be forgotten", r.stderr)
+
+            # Selected by age, the needed ones are kept and say why; the rest are forgotten whole.
+            out = self.d.json("clean", "--forget", "--older-than", "0")
+            self.assertEqual(out["forgotten"], [c])
+            self.assertEqual(out["cleaned"], [c])
+            self.assertEqual([k["id"] for k in out["kept"]], [bad, a])
+            self.assertFalse(os.path.exists(os.path.join(self.d.state, "jobs", str(c))))
+            r = self.d.run("show", str(c))
+            self.assertEqual((r.returncode, r.stderr.strip()), (4, f"gpuq: job {c} was forgotten (`gpuq clean --forget`)"))
+            self.assertNotIn(c, [j["id"] for j in self.d.json("status", "--all")["jobs"]])
+            self.assertEqual(sorted(j["id"] for j in self.d.json("results", "--batch", str(sub["batch"]))["jobs"]),
+                             [bad, a])
+            self.assertEqual(self.d.show(a)["job"]["result"], {"accuracy": 0.5})
+        finally:
+            self.d.ok("cancel", str(busy), str(y))
+            self.assertEqual(waiting.wait(timeout=60), 1)  # bad failed
+
+        out = self.d.ok("clean", "--forget", "--batch", str(sub["batch"]))
+        self.assertRegex(out, r"^forgot 2 jobs: removed their records and files \(\d+(\.\d)? (B|KiB)\)\n$")
+        r = self.d.run("results", "--batch", str(sub["batch"]))
+        self.assertEqual((r.returncode, r.stderr.strip()),
+                         (4, f"gpuq: batch {sub['batch']} was forgotten (`gpuq clean --forget`)"))
+        r = self.d.run("restart", str(y))  # cancelled; it waits for `a`, gone now
+        self.assertEqual(r.returncode, 4)
+        self.assertIn(f"job {y} (y) waits for job {a}, which was forgotten (`gpuq clean --forget`), so it cannot run "
+                      "again", r.stderr)
+        self.assertEqual(self.d.json("clean", "--forget", str(y), str(busy))["forgotten"], [y, busy])
+        self.assertEqual(self.d.json("status", "--all")["jobs"], [])
+
+        # The highest ids were forgotten, yet neither they nor their batches' come back, even after
+        # a crash; a new job cannot wait for a forgotten one.
+        self.d.kill9()
+        self.d.start()
+        r = self.d.run("submit", "-", input=json.dumps({"name": "late", "after": [c], "command": ["true"]}))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn(f"`after` names job {c}, which was forgotten (`gpuq clean --forget`)", r.stderr)
+        late = self.d.submit({"name": "late", "command": ["true"]})
+        self.assertEqual(late["ids"], [busy + 1])
+        self.assertGreater(late["batch"], sub["batch"] + 2)
+        self.assertIn("was forgotten", self.d.run("show", str(a)).stderr)
+        self.assertIn(f"no job {busy + 2}", self.d.run("show", str(busy + 2)).stderr)
+        self.assertEqual(self.d.run("clean", "--forget", "--checkpoints", str(busy + 1)).returncode, 2)
+
+    def test_forget_after_forgets_jobs_that_ended_long_enough_ago_but_not_one_still_needed(self):
+        self.d.stop()
+        self.d = Daemon(self.tmp, extra=["--forget-after", "2s"]).start()
+        first = self.d.submit([{"name": "old", "command": ["true"]}, {"name": "needed", "command": ["true"]}])
+        old, needed = first["ids"]
+        self.d.wait(first["ids"])
+        held = self.d.submit({"name": "later", "after": [needed], "command": ["true"]}, "--hold")["ids"][0]
+        self.assertEqual(self.d.show(old)["job"]["state"], "succeeded")  # not before its time
+        wait_until(lambda: self.d.run("show", str(old)).returncode == 4, timeout=30, what="the old job to be forgotten")
+        self.assertIn(f"job {old} was forgotten", self.d.run("show", str(old)).stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.d.state, "jobs", str(old))))
+        self.assertEqual(self.d.show(needed)["job"]["state"], "succeeded")  # `later` waits for it
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            self.assertIn("gpuqd: forgot 1 job(s) that ended over 2 s ago", f.read())
+        self.d.ok("release", str(held))
+        self.d.wait([held])
+        wait_until(lambda: self.d.json("status", "--all")["jobs"] == [], timeout=30, what="every job to be forgotten")
+        for bad in ("soon", "-1d"):
+            r = subprocess.run([os.path.join(BIN, "gpuqd"), "--forget-after", bad], capture_output=True, text=True)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn(f"--forget-after: {bad} is not a duration like 90s, 30m, 12h, 7d or 2w", r.stderr)
+
     def test_a_clean_cut_short_by_a_stop_is_finished_at_the_next_start(self):
         # A clean moves the directories into the trash at once and deletes them on another thread.
         left = os.path.join(self.d.state, "trash", "7-1-1", "attempt-1")

@@ -73,6 +73,10 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_clean, json::object()) == "field `ids` must be a non-empty array of job ids, or `batch` or `ended_before`");
   CHECK(message(decode_clean, {{"ended_before", -1.0}}) == "field `ended_before` must be a unix time");
   CHECK(decode_clean({{"ended_before", 5.0}, {"checkpoints_only", true}}).checkpoints_only);
+  CHECK(decode_clean({{"batch", 2}, {"forget", true}}).forget);
+  CHECK(message(decode_clean, {{"ids", {1}}, {"forget", 1}}) == "field `forget` must be true or false");
+  CHECK(message(decode_clean, {{"ids", {1}}, {"forget", true}, {"checkpoints_only", true}}) ==
+        "field `forget` must be false with `checkpoints_only`: a forgotten job keeps no files");
   const std::string gpus_wanted = "field `gpus` must be a non-empty array of GPU indices or UUIDs (GPU-…, MIG-…)";
   CHECK(message(decode_drain, json::object()) == gpus_wanted);
   CHECK(message(decode_drain, {{"gpus", {0, -1}}}) == gpus_wanted);

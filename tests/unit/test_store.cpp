@@ -162,6 +162,53 @@ TEST_CASE("events and their file offset are stored together") {
   CHECK((*store)->get(1)->result["acc"] == 0.9);
 }
 
+TEST_CASE("removed jobs leave no rows, their emptied batch goes with them, and no id is handed out again") {
+  TempDb db;
+  {
+    auto store = Store::open(db.path);
+    REQUIRE(store.ok());
+    std::vector<JobRecord> first{job_named("a"), job_named("b")}, second{job_named("c")};
+    const auto b1 = (*store)->insert_batch(first, {{}, {}}, "/", json::object(), 1.0);
+    const auto b2 = (*store)->insert_batch(second, {{}}, "/", json::object(), 1.0, 3);
+    for (auto* j : {&first[0], &first[1], &second[0]}) {
+      j->state = gpuq::JobState::succeeded;
+      j->attempt = 1;
+      j->ended_at = 2.0;
+      (*store)->update(*j, true);
+      (*store)->add_events(*j, 0, 64, {{0, 0, "result", 2.0, {{"acc", 0.5}}}});
+    }
+    // b (the first batch's last job) and c (the highest job and batch ids) go; a keeps batch 1.
+    CHECK((*store)->remove_jobs({first[1].id, second[0].id, 999}) == std::vector<std::int64_t>{b2});
+    CHECK_FALSE((*store)->get(first[1].id));
+    CHECK((*store)->history(second[0].id).empty());
+    CHECK((*store)->events(second[0].id, 1).empty());
+    CHECK((*store)->event_offset(second[0].id, 1, 0) == 0);
+    CHECK((*store)->batch_limits().empty());  // c's batch, with its limit, is gone
+    CHECK((*store)->count_jobs() == 1);
+    CHECK((*store)->events(first[0].id, 1).size() == 1);  // a is untouched
+    CHECK((*store)->history(first[0].id).size() == 2);
+    CHECK((*store)->was_removed(second[0].id));
+    CHECK((*store)->was_removed(b2, true));
+    CHECK_FALSE((*store)->was_removed(first[0].id));  // still there
+    CHECK_FALSE((*store)->was_removed(b1, true));
+    CHECK_FALSE((*store)->was_removed(4));  // never existed
+    CHECK_FALSE((*store)->was_removed(3, true));
+  }
+  auto store = Store::open(db.path);  // the high-water marks are durable
+  REQUIRE(store.ok());
+  std::vector<JobRecord> next{job_named("d")};
+  const auto b3 = (*store)->insert_batch(next, {{}}, "/", json::object(), 5.0);
+  CHECK(b3 == 3);
+  CHECK(next[0].id == 4);
+  CHECK((*store)->get(4)->spec.name == "d");
+  CHECK((*store)->was_removed(3));
+  CHECK((*store)->remove_jobs({next[0].id}) == std::vector<std::int64_t>{b3});
+  std::vector<JobRecord> last{job_named("e"), job_named("f")};
+  (*store)->insert_batch(last, {{}, {0}}, "/", json::object(), 6.0);
+  CHECK(last[0].id == 5);
+  CHECK(last[1].after == std::vector<std::int64_t>{5});
+}
+
 TEST_CASE("events page by seq, filter by type and stay within their attempt") {
   TempDb db;
   auto store = Store::open(db.path);
@@ -225,7 +272,7 @@ int user_version(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kept, jobs restarted or batches limited) is migrated in place, its jobs kept") {
+TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kept, jobs restarted, batches limited or jobs removed) is migrated in place, its jobs kept") {
   TempDb db;
   // The tables as schema version 1 made them, with a running job.
   raw_exec(db.path, R"sql(
@@ -264,7 +311,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 7);
+  CHECK(user_version(db.path) == 8);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
@@ -282,6 +329,13 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
   CHECK((*again)->batch_limits() == std::map<std::int64_t, int>{{1, 3}});
   (*again)->set_batch_limit(1, 0);
   CHECK((*again)->batch_limits().empty());
+  // Version 8 keeps removed ids from being handed out again; an old store has none removed.
+  CHECK_FALSE((*again)->was_removed(6));
+  (*again)->remove_jobs({7});
+  CHECK((*again)->was_removed(7));
+  std::vector<JobRecord> fresh{job_named("new")};
+  CHECK((*again)->insert_batch(fresh, {{}}, "/", json::object(), 9.0) == 2);
+  CHECK(fresh[0].id == 8);
 }
 
 TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
@@ -290,7 +344,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 7") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 8") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
