@@ -523,6 +523,9 @@ void Daemon::mark_drained(const Gpu& g, bool drain, const std::string& reason) {
 
 void Daemon::start_health_checks() {
   if (m_config.health_interval_s <= 0 || m_inventory.source().rfind("nvml", 0) != 0) return;
+  if (!m_inventory.gpus().empty())
+    std::cerr << "gpuqd: " << m_inventory.watch_xids() << " of " << m_inventory.gpus().size()
+              << " GPU(s) report critical Xid events to the health checks\n";
   // Errors counted before gpuqd started are not held against a GPU: only new ones drain it.
   const auto health = m_inventory.health();
   for (std::size_t i = 0; i < health.size(); ++i) m_ecc_base[m_inventory.gpus()[i].uuid] = health[i].ecc_uncorrected;

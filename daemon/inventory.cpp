@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace gpuq::daemon {
@@ -23,6 +24,11 @@ class Nvml {
     char bus_id_legacy[16];
     unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
     char bus_id[32];
+  };
+  struct EventData {  // nvmlEventData_t; nvmlEventSetWait (v1) fills the first three fields
+    Device device;
+    unsigned long long type, data;  // data: the Xid, for an Xid event
+    unsigned int gpu_instance, compute_instance;
   };
 
   static std::unique_ptr<Nvml> load(std::string& error) {
@@ -43,6 +49,10 @@ class Nvml {
     if (!n->sym(n->pci_info, "nvmlDeviceGetPciInfo_v3")) n->sym(n->pci_info, "nvmlDeviceGetPciInfo_v2");  // optional
     n->sym(n->ecc_errors, "nvmlDeviceGetTotalEccErrors");  // optional: health checks
     n->sym(n->remapped_rows, "nvmlDeviceGetRemappedRows");
+    if (!n->sym(n->event_set_wait, "nvmlEventSetWait_v2")) n->sym(n->event_set_wait, "nvmlEventSetWait");
+    n->sym(n->event_set_create, "nvmlEventSetCreate");  // optional: Xid events
+    n->sym(n->register_events, "nvmlDeviceRegisterEvents");
+    n->sym(n->event_set_free, "nvmlEventSetFree");
     if (int rc = n->init(); rc != 0) {
       error = "nvmlInit failed with NVML error " + std::to_string(rc);
       return nullptr;
@@ -52,6 +62,7 @@ class Nvml {
   }
 
   ~Nvml() {
+    if (events && event_set_free) event_set_free(events);
     if (m_initialised) shutdown();
     ::dlclose(m_lib);
   }
@@ -67,7 +78,25 @@ class Nvml {
   int (*pci_info)(Device, PciInfo*) = nullptr;
   int (*ecc_errors)(Device, int, int, unsigned long long*) = nullptr;  // (error type, counter type)
   int (*remapped_rows)(Device, unsigned int*, unsigned int*, unsigned int*, unsigned int*) = nullptr;
+  int (*event_set_create)(void**) = nullptr;
+  int (*register_events)(Device, unsigned long long, void*) = nullptr;
+  int (*event_set_wait)(void*, EventData*, unsigned int) = nullptr;  // timeout in ms
+  int (*event_set_free)(void*) = nullptr;
+  void* events = nullptr;  // the set the GPUs' Xid events are registered in, when NVML has one
 
+  // Registers each device for critical Xid events; returns how many are watched.
+  int watch_xids(const std::vector<Device>& devices) {
+    if (!event_set_create || !register_events || !event_set_wait || !event_set_free) return 0;
+    if (!events && event_set_create(&events) != 0) {
+      events = nullptr;
+      return 0;
+    }
+    int watched = 0;
+    for (auto d : devices) watched += register_events(d, k_xid_critical_error, events) == 0;
+    return watched;
+  }
+
+  static constexpr unsigned long long k_xid_critical_error = 0x8;  // nvmlEventTypeXidCriticalError
   static constexpr int k_gpu_is_lost = 15;                // NVML_ERROR_GPU_IS_LOST
   static constexpr int k_uncorrected = 1, k_volatile = 0;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
 
@@ -224,12 +253,35 @@ std::vector<GpuReading> Inventory::read() const {
   return out;
 }
 
+int Inventory::watch_xids() {
+  if (!m_nvml) return 0;
+  std::vector<Nvml::Device> devices;
+  for (const auto& g : m_gpus) {
+    Nvml::Device d = nullptr;
+    if (m_nvml->handle(static_cast<unsigned int>(g.index), &d) == 0) devices.push_back(d);
+  }
+  return m_nvml->watch_xids(devices);
+}
+
 std::vector<GpuHealth> Inventory::health() const {
   std::vector<GpuHealth> out(m_gpus.size());
   if (!m_nvml) return out;
+  std::vector<Nvml::Device> devices(m_gpus.size(), nullptr);
+  std::vector<int> rcs(m_gpus.size());
+  for (std::size_t i = 0; i < m_gpus.size(); ++i)
+    rcs[i] = m_nvml->handle(static_cast<unsigned int>(m_gpus[i].index), &devices[i]);
+  // The Xid events since the last call, without waiting; a bounded number, so a GPU flooding
+  // them cannot hold gpuqd's thread (the rest are read at the next check).
+  if (m_nvml->events) {
+    Nvml::EventData ev{};
+    for (int n = 0; n < 1024 && m_nvml->event_set_wait(m_nvml->events, &ev, 0) == 0; ++n, ev = {})
+      for (std::size_t i = 0; i < devices.size(); ++i)
+        if (rcs[i] == 0 && devices[i] == ev.device && (ev.type & Nvml::k_xid_critical_error))
+          out[i].xids.push_back(ev.data);
+  }
   for (std::size_t i = 0; i < m_gpus.size(); ++i) {
-    Nvml::Device d = nullptr;
-    const int rc = m_nvml->handle(static_cast<unsigned int>(m_gpus[i].index), &d);
+    Nvml::Device d = devices[i];
+    const int rc = rcs[i];
     Nvml::Memory mem{};
     if (rc == Nvml::k_gpu_is_lost || (rc == 0 && m_nvml->memory(d, &mem) == Nvml::k_gpu_is_lost)) {
       out[i].lost = true;
@@ -246,8 +298,24 @@ std::vector<GpuHealth> Inventory::health() const {
   return out;
 }
 
+std::string xid_problem(std::uint64_t xid) {
+  // The Xids whose immediate action in NVIDIA's Xid catalog is a GPU reset or a reboot. The rest
+  // are left alone: most are the application's own (13, 31, 43, 45 …), and a contained ECC error
+  // (94) ends only the job that touched the memory, the GPU staying fit for new work.
+  static const std::map<std::uint64_t, const char*> k_fatal{
+      {48, "double-bit ECC error"},       {62, "internal micro-controller halt"},
+      {64, "ECC row remapping failed"},   {74, "NVLink error"},
+      {79, "the GPU fell off the bus"},   {95, "uncontained ECC error"},
+      {119, "GSP RPC timeout"},           {120, "GSP error"},
+      {140, "unrecovered ECC error"}};
+  auto it = k_fatal.find(xid);
+  return it == k_fatal.end() ? "" : "Xid " + std::to_string(xid) + ": " + it->second;
+}
+
 std::string health_problem(const GpuHealth& now, std::optional<std::uint64_t> ecc_base) {
   if (now.lost) return "the GPU is lost (fell off the bus; NVML_ERROR_GPU_IS_LOST)";
+  for (auto xid : now.xids)
+    if (auto problem = xid_problem(xid); !problem.empty()) return problem;
   if (now.remap_failed) return "memory row remapping failed";
   if (now.ecc_uncorrected && *now.ecc_uncorrected > ecc_base.value_or(0)) {
     const auto n = *now.ecc_uncorrected - ecc_base.value_or(0);

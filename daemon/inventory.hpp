@@ -33,12 +33,16 @@ struct GpuHealth {
   bool lost = false;                             // NVML_ERROR_GPU_IS_LOST: fell off the bus
   std::optional<std::uint64_t> ecc_uncorrected;  // volatile uncorrectable ECC errors, where reported
   bool remap_failed = false;                     // row remapping failed (A100 and later)
+  std::vector<std::uint64_t> xids;               // critical Xid events since the last reading
 };
 
-// Why a GPU should be taken out of service, or "" when it is fine: it is lost, its row remapping
-// failed, or it has more uncorrectable ECC errors than `ecc_base` (the count when it was last
-// found healthy; nullopt: none known, so any error counts). Pure, for tests.
+// Why a GPU should be taken out of service, or "" when it is fine: it is lost, it reported an Xid
+// that needs a GPU reset (xid_problem), its row remapping failed, or it has more uncorrectable
+// ECC errors than `ecc_base` (the count when it was last found healthy; nullopt: none known, so
+// any error counts). Pure, for tests.
 std::string health_problem(const GpuHealth& now, std::optional<std::uint64_t> ecc_base);
+// "Xid 79: the GPU fell off the bus" for an Xid after which the GPU needs a reset; "" for the rest.
+std::string xid_problem(std::uint64_t xid);
 
 class Nvml;
 
@@ -59,8 +63,12 @@ class Inventory {
   const std::string& source() const { return m_source; }
   // Live readings (NVML), one per GPU in gpus() order; empty values for fake GPUs.
   std::vector<GpuReading> read() const;
-  // Health, one per GPU in gpus() order; all healthy for fake GPUs.
+  // Health, one per GPU in gpus() order; all healthy for fake GPUs. Reading it takes the Xid
+  // events that arrived since the last reading.
   std::vector<GpuHealth> health() const;
+  // Asks NVML for the GPUs' critical Xid events from now on, which health() then reads. Returns
+  // how many GPUs have them (an NVML event set; some GPUs and drivers have none).
+  int watch_xids();
 
  private:
   Inventory() = default;

@@ -251,6 +251,12 @@ def stage_daemon(c, a):
         c.that(f"gpuqd finds the GPUs ({gpus})", doc.get("source", "").startswith(gpus) and doc.get("gpus"),
                out.strip()[:800])
         if a.device == "cuda":
+            log.flush()
+            with open(os.path.join(a.out, "gpuqd.log")) as f:
+                said = [line.strip() for line in f if "Xid events" in line]
+            n = len(doc.get("gpus", []))
+            c.that("NVML reports each GPU's critical Xid events to the health checks",
+                   said == [f"gpuqd: {n} of {n} GPU(s) report critical Xid events to the health checks"], said)
             c.that("each GPU's NUMA node is its PCI device's in sysfs", [g.get("numa_node") for g in doc.get("gpus", [])]
                    == sysfs_gpu_nodes(c), f"gpuqd {[g.get('numa_node') for g in doc.get('gpus', [])]}")
         jobs = [os.path.join(REPO, "jobs", f) for f in ("fashion-mnist-mlp.json", "fashion-mnist-cnn.json")]

@@ -3,11 +3,14 @@
 // read again on every call, so a test changes a GPU's readings or health while gpuqd runs. One
 // line per GPU, fields separated by spaces:
 //
-//   UUID NAME TOTAL_MIB USED_MIB UTIL_PERCENT PCI_BUS ECC_UNCORRECTED REMAP_FAILED LOST
+//   UUID NAME TOTAL_MIB USED_MIB UTIL_PERCENT PCI_BUS ECC_UNCORRECTED REMAP_FAILED LOST [XIDS]
 //
 // NAME has no spaces; PCI_BUS is hexadecimal (domain 0, device 0); LOST=1 makes every call about
 // that GPU return NVML_ERROR_GPU_IS_LOST, as NVML does for a GPU that fell off the bus; an ECC
-// count of -1 answers NVML_ERROR_NOT_SUPPORTED. Not installed; built only for the tests.
+// count of -1 answers NVML_ERROR_NOT_SUPPORTED. XIDS (default "-": none) is the GPU's critical
+// Xid events so far, comma-separated; an event set registered for it delivers each once, in
+// order, so a test appends one to raise it. "x" makes registering for its events NOT_SUPPORTED.
+// Not installed; built only for the tests.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,7 +18,13 @@
 
 namespace {
 
-enum : int { NVML_SUCCESS = 0, NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_GPU_IS_LOST = 15 };
+enum : int {
+  NVML_SUCCESS = 0,
+  NVML_ERROR_INVALID_ARGUMENT = 2,
+  NVML_ERROR_NOT_SUPPORTED = 3,
+  NVML_ERROR_TIMEOUT = 10,
+  NVML_ERROR_GPU_IS_LOST = 15
+};
 enum { MAX_GPUS = 64 };
 
 struct Gpu {
@@ -24,7 +33,18 @@ struct Gpu {
   unsigned util, bus;
   long long ecc;
   unsigned remap_failed, lost;
+  char xids[256];
 };
+
+struct EventData {  // nvmlEventData_t
+  void* device;
+  unsigned long long type, data;
+  unsigned gpu_instance, compute_instance;
+};
+
+int g_event_set;                       // the one event set; its address is the handle
+bool g_registered[MAX_GPUS];           // GPUs registered in it
+unsigned g_delivered[MAX_GPUS];        // Xids of each already delivered
 
 struct Memory {
   unsigned long long total, free, used;
@@ -46,8 +66,9 @@ int load(Gpu* gpus) {
   char line[512];
   while (n < MAX_GPUS && fgets(line, sizeof line, f)) {
     Gpu* g = &gpus[n];
-    if (sscanf(line, "%95s %95s %llu %llu %u %x %lld %u %u", g->uuid, g->name, &g->total_mib, &g->used_mib,
-               &g->util, &g->bus, &g->ecc, &g->remap_failed, &g->lost) == 9)
+    std::strcpy(g->xids, "-");
+    if (sscanf(line, "%95s %95s %llu %llu %u %x %lld %u %u %255s", g->uuid, g->name, &g->total_mib, &g->used_mib,
+               &g->util, &g->bus, &g->ecc, &g->remap_failed, &g->lost, g->xids) >= 9)
       ++n;
   }
   fclose(f);
@@ -157,6 +178,48 @@ int nvmlDeviceGetRemappedRows(void* device, unsigned* corrected, unsigned* uncor
     *failed = g.remap_failed;
     return NVML_SUCCESS;
   });
+}
+
+int nvmlEventSetCreate(void** set) {
+  *set = &g_event_set;
+  return NVML_SUCCESS;
+}
+
+int nvmlEventSetFree(void* set) { return set == &g_event_set ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT; }
+
+int nvmlDeviceRegisterEvents(void* device, unsigned long long types, void* set) {
+  if (set != &g_event_set || !(types & 0x8)) return NVML_ERROR_INVALID_ARGUMENT;
+  const std::uintptr_t i = reinterpret_cast<std::uintptr_t>(device);
+  return with_gpu(device, [&](Gpu& g) {
+    if (std::strcmp(g.xids, "x") == 0) return NVML_ERROR_NOT_SUPPORTED;
+    g_registered[i - 1] = true;
+    return NVML_SUCCESS;
+  });
+}
+
+// Delivers the next undelivered Xid of a registered GPU; never waits (the file is the driver).
+int nvmlEventSetWait_v2(void* set, EventData* data, unsigned /*timeout_ms*/) {
+  if (set != &g_event_set) return NVML_ERROR_INVALID_ARGUMENT;
+  Gpu gpus[MAX_GPUS];
+  const int n = load(gpus);
+  for (int i = 0; i < n; ++i) {
+    if (!g_registered[i] || gpus[i].xids[0] == '-' || gpus[i].xids[0] == 'x') continue;
+    unsigned k = 0;
+    for (char* p = gpus[i].xids; *p; ++k) {
+      const unsigned long long xid = std::strtoull(p, &p, 10);
+      if (k == g_delivered[i]) {
+        ++g_delivered[i];
+        std::memset(data, 0, sizeof *data);
+        data->device = reinterpret_cast<void*>(static_cast<std::uintptr_t>(i) + 1);
+        data->type = 0x8;  // nvmlEventTypeXidCriticalError
+        data->data = xid;
+        return NVML_SUCCESS;
+      }
+      if (*p == ',') ++p;
+      else break;
+    }
+  }
+  return NVML_ERROR_TIMEOUT;
 }
 
 }  // extern "C"

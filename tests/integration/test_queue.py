@@ -1123,6 +1123,30 @@ class NvmlGpus(DaemonTest):
         self.assertEqual(self.d.wait([on_zero])[on_zero]["state"], "succeeded")
 
 
+    def test_an_xid_that_needs_a_reset_drains_its_gpu_and_one_from_the_application_does_not(self):
+        # GPU 2's driver cannot report Xid events: said once at start, its other checks go on.
+        self.set_gpus(self.GPUS[:2] + [self.GPUS[2] + " x"])
+        self.d.stop()
+        self.d.start()
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            self.assertIn("gpuqd: 2 of 3 GPU(s) report critical Xid events to the health checks", f.read())
+        # Read in one health check: the application's Xids on GPU 0 (an illegal address, a channel
+        # torn down) and GPU 1 falling off the bus.
+        self.set_gpus([self.GPUS[0] + " 13,43", self.GPUS[1] + " 79", self.GPUS[2] + " x"])
+        wait_until(lambda: self.gpu(1)["drained"], what="GPU 1 drained")
+        self.assertEqual(self.gpu(1)["drain_reason"], "health check: Xid 79: the GPU fell off the bus")
+        self.assertFalse(self.gpu(0)["drained"])
+        # Each event counts once: put back after a reset, GPU 1 stays in service until a new one.
+        self.d.ok("undrain", "1")
+        job = self.d.submit({"name": "after-reset", "gpus": 3, "command": ["true"]})["ids"][0]
+        self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
+        time.sleep(0.5)  # five health checks
+        self.assertFalse(self.gpu(1)["drained"])
+        self.set_gpus([self.GPUS[0] + " 13,43", self.GPUS[1] + " 79,48", self.GPUS[2] + " x"])
+        wait_until(lambda: self.gpu(1)["drained"], what="GPU 1 drained again")
+        self.assertEqual(self.gpu(1)["drain_reason"], "health check: Xid 48: double-bit ECC error")
+
+
 class BigBatches(DaemonTest):
     def test_commands_on_many_jobs_print_counts_instead_of_a_line_each(self):
         failed = self.d.submit([{"name": f"f{i}", "command": ["false"]} for i in range(25)])

@@ -96,16 +96,23 @@ TEST_CASE("auto without an NVIDIA driver means no GPUs, not an error") {
   if (inv->source() != "nvml") CHECK(inv->gpus().empty());
 }
 
-TEST_CASE("a GPU is unhealthy when lost, when row remapping failed, or with new uncorrectable ECC errors") {
+TEST_CASE("a GPU is unhealthy when lost, after an Xid that needs a reset, when row remapping failed, or with new uncorrectable ECC errors") {
   CHECK(health_problem({}, std::nullopt).empty());
-  CHECK(health_problem({false, 0, false}, 0).empty());
-  CHECK(health_problem({false, 4, false}, 4).empty());  // errors it had when last found healthy
-  CHECK(health_problem({false, 3, false}, 4).empty());  // a count reset by a driver reload
-  CHECK(health_problem({false, 6, false}, 4) == "2 new uncorrectable ECC errors");
-  CHECK(health_problem({false, 1, false}, std::nullopt) == "1 new uncorrectable ECC error");
-  CHECK(health_problem({false, std::nullopt, true}, std::nullopt) == "memory row remapping failed");
-  CHECK(health_problem({true, std::nullopt, false}, 0) == "the GPU is lost (fell off the bus; NVML_ERROR_GPU_IS_LOST)");
-  CHECK(health_problem({true, 9, true}, 0).find("lost") != std::string::npos);  // the gravest first
+  CHECK(health_problem({false, 0, false, {}}, 0).empty());
+  CHECK(health_problem({false, 4, false, {}}, 4).empty());  // errors it had when last found healthy
+  CHECK(health_problem({false, 3, false, {}}, 4).empty());  // a count reset by a driver reload
+  CHECK(health_problem({false, 6, false, {}}, 4) == "2 new uncorrectable ECC errors");
+  CHECK(health_problem({false, 1, false, {}}, std::nullopt) == "1 new uncorrectable ECC error");
+  CHECK(health_problem({false, std::nullopt, true, {}}, std::nullopt) == "memory row remapping failed");
+  CHECK(health_problem({true, std::nullopt, false, {}}, 0) == "the GPU is lost (fell off the bus; NVML_ERROR_GPU_IS_LOST)");
+  CHECK(health_problem({true, 9, true, {}}, 0).find("lost") != std::string::npos);  // the gravest first
+  // Xids: the application's own (13, 31, 43, 45) and a contained ECC error (94) leave the GPU in service.
+  CHECK(health_problem({false, 0, false, {13, 31, 43, 45, 94}}, 0).empty());
+  CHECK(health_problem({false, 0, false, {13, 79, 48}}, 0) == "Xid 79: the GPU fell off the bus");
+  CHECK(health_problem({false, 0, true, {95}}, 0) == "Xid 95: uncontained ECC error");
+  for (std::uint64_t xid : {48, 62, 64, 74, 79, 95, 119, 120, 140})
+    CHECK(xid_problem(xid).rfind("Xid " + std::to_string(xid) + ": ", 0) == 0);
+  for (std::uint64_t xid : {8, 13, 31, 43, 45, 63, 92, 94, 109, 999}) CHECK(xid_problem(xid).empty());
 }
 
 TEST_CASE("fake GPUs are always healthy") {
