@@ -1082,6 +1082,7 @@ void Daemon::schedule_now() {
   std::vector<PendingJob> queue;
   queue.reserve(m_queue.size());
   BatchLimits limits;  // of the batches with a job in this pass
+  std::int64_t seen_batch = 0;  // a batch's jobs lie together in line: its limit is looked up once a run
   double next_retry = 0;
   for (const auto& [_, q] : m_queue) {
     if (q.has_deps || q.not_before > now) {
@@ -1101,7 +1102,10 @@ void Daemon::schedule_now() {
       }
     }
     queue.push_back(q.job);  // in scheduling order already
-    if (auto it = m_batch_limits.find(q.job.batch); it != m_batch_limits.end()) limits[it->first].limit = it->second;
+    if (q.job.batch != seen_batch && !m_batch_limits.empty()) {
+      seen_batch = q.job.batch;
+      if (auto it = m_batch_limits.find(seen_batch); it != m_batch_limits.end()) limits[it->first].limit = it->second;
+    }
   }
   if (!limits.empty())
     for (std::int64_t id : m_running)

@@ -242,6 +242,11 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
 
   Plan plan;
   bool cpu_blocked = false;
+  // The limit of the batch of the job before: a batch's jobs mostly lie together in line, so a
+  // full batch costs a comparison per job, not a lookup.
+  std::int64_t limit_batch = 0;
+  BatchLimit* limit = nullptr;
+  bool noted = false;  // limit_batch is in plan.at_limit
   for (std::size_t i = 0; i < queue.size(); ++i) {
     const PendingJob& j = queue[i];
     if (stop_early && i >= past_free && (i >= past_needy || cpu_blocked || free_slots(cpu) == 0) &&
@@ -254,13 +259,16 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
       plan.waiting[j.id] = too_many_gpus_reason(j, slots.size());
       continue;
     }
-    BatchLimit* limit = nullptr;
-    if (auto it = limits.find(j.batch); it != limits.end()) {
-      limit = &it->second;
-      if (limit->running >= limit->limit) {
-        plan.at_limit.emplace(j.batch, *limit);
-        continue;
-      }
+    if (j.batch != limit_batch) {
+      limit_batch = j.batch;
+      auto it = limits.find(j.batch);
+      limit = it == limits.end() ? nullptr : &it->second;
+      noted = false;
+    }
+    if (limit && limit->running >= limit->limit) {
+      if (!noted) plan.at_limit.emplace(j.batch, *limit);  // as the batch first reached its limit
+      noted = true;
+      continue;
     }
     const int need = cpu_slots_needed(j, cpu.total);
     const bool cpus_free = need == 0 || (!cpu_blocked && free_slots(cpu) >= need);
