@@ -223,17 +223,25 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
   return cmd_wait(o, sub.ids, 0);
 }
 
+// The filter's fields in a status request.
+json with_filter(json req, const common::JobFilter& f) {
+  if (f.batch) req["batch"] = f.batch;
+  if (!f.states.empty()) req["states"] = f.states;
+  if (!f.name.empty()) req["name"] = f.name;
+  return req;
+}
+
 // `status --all`: pages through the history over one connection and prints as it goes, so
 // neither gpuqd nor gpuq holds the whole history (100,000+ jobs) at once. --json writes the same
 // document as without --all, one job object at a time.
-int status_all(const Options& o) {
+int status_all(const Options& o, const common::JobFilter& f) {
   auto client = Client::connect(o.socket);
   if (!client) return report(client.error());
   std::vector<std::vector<std::string>> rows;  // table mode: short strings only
   std::int64_t after = 0, total = 0, shown = 0;
   if (o.json) std::cout << "{\n  \"jobs\": [";
   for (bool more = true; more;) {
-    auto r = client->call({{"cmd", "status"}, {"all", true}, {"after", after}, {"page", 1000}});
+    auto r = client->call(with_filter({{"cmd", "status"}, {"all", true}, {"after", after}, {"page", 1000}}, f));
     if (!r) {
       if (o.json) std::cout << "\n";
       return report(r.error());
@@ -268,11 +276,11 @@ int status_all(const Options& o) {
   return k_exit_ok;
 }
 
-int cmd_status(const Options& o, bool all, int limit, std::int64_t queued) {
-  if (all) return status_all(o);
+int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const common::JobFilter& filter) {
+  if (all) return status_all(o, filter);
   if (queued == -2) queued = o.json ? -1 : 50;
   int code = 0;
-  auto reply = request(o, {{"cmd", "status"}, {"limit", limit}, {"queued", queued}}, code);
+  auto reply = request(o, with_filter({{"cmd", "status"}, {"limit", limit}, {"queued", queued}}, filter), code);
   if (!reply) return code;
   auto st = reply->get<common::JobsReply>();
   if (o.json) {
@@ -280,7 +288,7 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued) {
     return k_exit_ok;
   }
   if (st.jobs.empty()) {
-    std::cout << "no jobs\n";
+    std::cout << (filter.empty() ? "no jobs\n" : "no jobs match\n");
     return k_exit_ok;
   }
   print_jobs_table(st.jobs);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config.hpp"
+#include "common/protocol.hpp"
 
 namespace gpuq::cli {
 
@@ -33,7 +34,8 @@ int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t
 // many of the batch run at once (0: no limit).
 int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry_run = false,
                bool hold = false, int max_running = 0);
-int cmd_status(const Options& o, bool all, int limit, std::int64_t queued = -2);
+// `filter`: only the jobs of a batch, in some states, with names matching a glob.
+int cmd_status(const Options& o, bool all, int limit, std::int64_t queued = -2, const common::JobFilter& filter = {});
 int cmd_show(const Options& o, std::int64_t id);
 // `tail` >= 0: only the last `tail` lines of each rank's log (of the chosen attempt), as tail -n.
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail = -1);

@@ -49,8 +49,16 @@ int main(int argc, char** argv) {
   std::int64_t queued = -2;  // not given: 50 in the table, every one with --json
   status->add_option("--queued,-q", queued, "Queued jobs to show, the first in line (default 50; --json: all)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  gpuq::common::JobFilter filter;
+  status->add_option("--batch,-b", filter.batch, "Only the jobs of this batch");
+  status->add_option("--state,-s", filter.states,
+                     "Only jobs in these states: queued, running, succeeded, failed, cancelled, timed_out "
+                     "(comma-separated, or the option again)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"queued", "running", "succeeded", "failed", "cancelled", "timed_out"}));
+  status->add_option("--name", filter.name, "Only jobs whose names match this shell-style glob ('lr-*')");
   json_flag(status);
-  status->callback([&] { run = [&] { return cmd_status(opt, all, limit, queued); }; });
+  status->callback([&] { run = [&] { return cmd_status(opt, all, limit, queued, filter); }; });
 
   std::int64_t id = 0;
   auto* show = app.add_subcommand("show", "Everything about one job: state history, failure, logs");

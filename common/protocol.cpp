@@ -1,6 +1,11 @@
 // Request decoding with field-naming errors, and the reply envelope.
 #include "common/protocol.hpp"
 
+#include <fnmatch.h>
+
+#include <algorithm>
+
+#include "common/job_state.hpp"
 #include "common/spec.hpp"
 
 namespace gpuq::common {
@@ -104,7 +109,25 @@ StatusRequest decode_status(const json& j) {
   if (r.page < 1 || r.page > 10000) bad("page", "between 1 and 10000");
   r.queued = get_or<std::int64_t>(j, "queued", -1, "an integer");
   if (r.queued < -1) bad("queued", "-1 (every queued job) or more");
+  r.filter.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
+  if (r.filter.batch < 0) bad("batch", "a batch id");
+  if (auto it = j.find("states"); it != j.end()) {
+    const char* want = "an array of job states: queued, running, succeeded, failed, cancelled, timed_out";
+    if (!it->is_array()) bad("states", want);
+    for (const auto& s : *it) {
+      if (!s.is_string() || !job_state_from_string(s.get<std::string>())) bad("states", want);
+      r.filter.states.push_back(s.get<std::string>());
+    }
+  }
+  r.filter.name = get_or<std::string>(j, "name", "", "a string (a shell-style glob)");
+  if (r.filter.name.size() > 256) bad("name", "at most 256 characters");
   return r;
+}
+
+bool matches(const JobFilter& f, std::int64_t batch, std::string_view state, const std::string& name) {
+  if (f.batch != 0 && batch != f.batch) return false;
+  if (!f.states.empty() && std::find(f.states.begin(), f.states.end(), state) == f.states.end()) return false;
+  return f.name.empty() || ::fnmatch(f.name.c_str(), name.c_str(), 0) == 0;
 }
 
 IdRequest decode_id(const json& j) {

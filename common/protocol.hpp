@@ -120,7 +120,17 @@ struct SubmitRequest {
   bool hold = false;  // queue the jobs held: none starts before `release`
   int max_running = 0;  // at most this many of the batch's jobs run at once (0: no limit)
 };
+// Which jobs a status lists: all three must hold (an empty one holds for every job).
+struct JobFilter {
+  std::int64_t batch = 0;           // its jobs only (0: any batch)
+  std::vector<std::string> states;  // jobs in one of these states ("queued", "failed", …)
+  std::string name;                 // names matching this shell-style glob: * ? [...]
+  bool empty() const { return batch == 0 && states.empty() && name.empty(); }
+};
+bool matches(const JobFilter& f, std::int64_t batch, std::string_view state, const std::string& name);
+
 struct StatusRequest {
+  JobFilter filter;
   bool all = false;
   int limit = 20;  // finished jobs shown besides the active ones (ignored with all)
   // With all: one page of every job, in id order, from the first id above `after`; the reply's
@@ -208,10 +218,10 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SubmitReply, batch, ids)
 
 struct JobsReply {  // status, wait, results
   std::vector<JobInfo> jobs;
-  std::int64_t total = 0;  // status: jobs in history (shown or not)
+  std::int64_t total = 0;  // status: jobs in history (shown or not) that the filter keeps
   bool timed_out = false;  // wait: the wait's own timeout expired first
   bool more = false;       // status --all: another page follows (ask again with `after`)
-  std::int64_t queued_total = 0;  // status: queued jobs, shown or not
+  std::int64_t queued_total = 0;  // status: queued jobs, shown or not, that the filter keeps
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobsReply, jobs, total, timed_out, more, queued_total)
 

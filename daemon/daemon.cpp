@@ -365,29 +365,41 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
 json Daemon::cmd_status(const json& req) {
   auto q = common::decode_status(req);
   common::JobsReply out;
-  out.total = m_store->count_jobs();
+  const auto& f = q.filter;
+  out.total = m_store->count_jobs(f);
   if (q.all) {
     // One page more than asked tells whether another page follows.
-    auto rows = m_store->page_after(q.after, q.page + 1);
+    auto rows = m_store->page_after(q.after, q.page + 1, f);
     out.more = rows.size() > static_cast<std::size_t>(q.page);
     if (out.more) rows.pop_back();
     for (const auto& r : rows) out.jobs.push_back(info_of(r));
     return out;
   }
-  for (auto& r : m_store->recent_finished(q.limit)) out.jobs.push_back(info_of(r));
-  for (std::int64_t id : m_running) out.jobs.push_back(info_of(m_active.at(id).rec));
-  // Queued jobs in line order, as many as asked: a deep queue need not travel whole.
-  // Held jobs are not in line: they come after it.
-  out.queued_total = static_cast<std::int64_t>(m_queue.size() + m_held.size());
-  std::int64_t shown = 0;
-  for (const auto& [_, queued] : m_queue) {
-    if (q.queued >= 0 && shown++ >= q.queued) break;
-    out.jobs.push_back(info_of(m_active.at(queued.job.id).rec));
+  const auto keep = [&](const JobRecord& r) {
+    return f.empty() || common::matches(f, r.batch, to_string(r.state), r.spec.name);
+  };
+  for (auto& r : m_store->recent_finished(q.limit, f)) out.jobs.push_back(info_of(r));
+  for (std::int64_t id : m_running)
+    if (keep(m_active.at(id).rec)) out.jobs.push_back(info_of(m_active.at(id).rec));
+  // Queued jobs in line order, as many as asked: a deep queue need not travel whole (unless a
+  // filter has them counted). Held jobs are not in line: they come after it.
+  const bool queued_wanted = f.states.empty() || common::matches({0, f.states, ""}, 0, "queued", "");
+  out.queued_total = !queued_wanted ? 0 : f.empty() ? static_cast<std::int64_t>(m_queue.size() + m_held.size()) : -1;
+  std::int64_t shown = 0, kept = 0;
+  const auto add = [&](const JobRecord& r) {
+    if (!keep(r)) return true;
+    ++kept;
+    if (q.queued >= 0 && shown >= q.queued) return !f.empty();  // counting on, for the filter's total
+    ++shown;
+    out.jobs.push_back(info_of(r));
+    return true;
+  };
+  if (queued_wanted) {
+    bool more = true;
+    for (auto it = m_queue.begin(); more && it != m_queue.end(); ++it) more = add(m_active.at(it->second.job.id).rec);
+    for (auto it = m_held.begin(); more && it != m_held.end(); ++it) more = add(m_active.at(*it).rec);
   }
-  for (std::int64_t id : m_held) {
-    if (q.queued >= 0 && shown++ >= q.queued) break;
-    out.jobs.push_back(info_of(m_active.at(id).rec));
-  }
+  if (out.queued_total < 0) out.queued_total = kept;
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   return out;
 }

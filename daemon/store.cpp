@@ -385,18 +385,37 @@ std::optional<JobRecord> Store::get(std::int64_t id) {
   return std::move(rows[0]);
 }
 
-std::vector<JobRecord> Store::recent_finished(int limit) {
-  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE state NOT IN ('queued', 'running') ORDER BY id DESC LIMIT ?"));
+// A JobFilter in SQL, its parameters numbered from 10: a batch (0: any), states as ",a,b," ("":
+// any) and a GLOB pattern ("": any); SQLite's GLOB is the shell's, as fnmatch in `matches`.
+#define GPUQ_JOB_FILTER \
+  "(?10 = 0 OR batch = ?10) AND (?11 = '' OR instr(?11, ',' || state || ',') > 0) AND (?12 = '' OR name GLOB ?12)"
+
+namespace {
+void bind_filter(sqlite3_stmt* st, const common::JobFilter& f) {
+  std::string states;
+  for (const auto& s : f.states) states += "," + s;
+  if (!states.empty()) states += ",";
+  sqlite3_bind_int64(st, 10, f.batch);
+  bind_text(st, 11, states);
+  bind_text(st, 12, f.name);
+}
+}  // namespace
+
+std::vector<JobRecord> Store::recent_finished(int limit, const common::JobFilter& f) {
+  auto* st = prepare(
+      GPUQ_SELECT_JOBS("WHERE state NOT IN ('queued', 'running') AND " GPUQ_JOB_FILTER " ORDER BY id DESC LIMIT ?1"));
   sqlite3_bind_int(st, 1, limit);
+  bind_filter(st, f);
   auto rows = query_jobs(st);
   std::reverse(rows.begin(), rows.end());
   return rows;
 }
 
-std::vector<JobRecord> Store::page_after(std::int64_t after, int limit) {
-  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE id>? ORDER BY id LIMIT ?"));
+std::vector<JobRecord> Store::page_after(std::int64_t after, int limit, const common::JobFilter& f) {
+  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE id > ?1 AND " GPUQ_JOB_FILTER " ORDER BY id LIMIT ?2"));
   sqlite3_bind_int64(st, 1, after);
   sqlite3_bind_int(st, 2, limit);
+  bind_filter(st, f);
   return query_jobs(st);
 }
 
@@ -516,8 +535,9 @@ std::vector<std::int64_t> Store::ended_before(double t) {
   return out;
 }
 
-std::int64_t Store::count_jobs() {
-  auto* st = prepare("SELECT count(*) FROM jobs");
+std::int64_t Store::count_jobs(const common::JobFilter& f) {
+  auto* st = f.empty() ? prepare("SELECT count(*) FROM jobs") : prepare("SELECT count(*) FROM jobs WHERE " GPUQ_JOB_FILTER);
+  if (!f.empty()) bind_filter(st, f);
   std::int64_t n = 0;
   if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int64(st, 0);
   sqlite3_reset(st);

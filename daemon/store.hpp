@@ -91,9 +91,10 @@ class Store {
 
   std::vector<JobRecord> load_active();
   std::optional<JobRecord> get(std::int64_t id);
-  std::vector<JobRecord> recent_finished(int limit);
-  // Up to `limit` jobs with ids above `after`, in id order (keyset paging).
-  std::vector<JobRecord> page_after(std::int64_t after, int limit);
+  // The last `limit` ended jobs that `f` keeps, in id order.
+  std::vector<JobRecord> recent_finished(int limit, const common::JobFilter& f = {});
+  // Up to `limit` jobs that `f` keeps with ids above `after`, in id order (keyset paging).
+  std::vector<JobRecord> page_after(std::int64_t after, int limit, const common::JobFilter& f = {});
   std::vector<JobRecord> batch_jobs(std::int64_t batch);
   // The ids of the jobs that ended before `t`, in id order.
   std::vector<std::int64_t> ended_before(double t);
@@ -104,7 +105,7 @@ class Store {
   bool was_removed(std::int64_t id, bool batch = false);
   // The jobs that failed without running because job `id` had ended without success.
   std::vector<JobRecord> failed_waiting_for(std::int64_t id);
-  std::int64_t count_jobs();
+  std::int64_t count_jobs(const common::JobFilter& f = {});
   json batch_env(std::int64_t batch);
   // Batches' limits on running jobs: batch -> max_running, for those that have one.
   std::map<std::int64_t, int> batch_limits();

@@ -574,6 +574,33 @@ class ResultsWaitLogs(DaemonTest):
         self.assertEqual(len(self.d.json("status", "--all")["jobs"]), 30)
         self.assertIn("20 of 30 jobs shown", self.d.ok("status"))
 
+    def test_status_lists_only_the_jobs_of_a_batch_in_given_states_with_matching_names(self):
+        sweep = self.d.submit([{"name": "lr-0.1", "command": ["true"]}, {"name": "lr-0.01", "command": ["false"]},
+                               {"name": "eval", "command": ["true"]}])
+        self.d.wait(sweep["ids"])
+        lr1, lr01, ev = sweep["ids"]
+        busy = self.d.submit({"name": "lr-1", "shell": "sleep 9187"})["ids"][0]
+        held = self.d.submit({"name": "lr-held", "command": ["true"]}, "--hold")["ids"][0]
+        wait_until(lambda: self.d.show(busy)["job"]["state"] == "running", what="lr-1 to start")
+        ids = lambda *args: [j["id"] for j in self.d.json("status", *args)["jobs"]]
+        self.assertEqual(ids("--state", "failed"), [lr01])
+        self.assertEqual(ids("--name", "lr-*"), [lr1, lr01, busy, held])
+        self.assertEqual(ids("-b", str(sweep["batch"]), "-s", "succeeded,failed", "--name", "lr*"), [lr1, lr01])
+        self.assertEqual(ids("-s", "succeeded", "-s", "running"), [lr1, ev, busy])
+        queued = self.d.json("status", "--state", "queued")
+        self.assertEqual(([j["id"] for j in queued["jobs"]], queued["queued_total"], queued["total"]), ([held], 1, 1))
+        self.assertEqual(self.d.json("status", "--name", "lr-0.?")["total"], 1)  # lr-0.1, not lr-0.01
+        self.assertEqual(ids("--all", "--state", "running"), [busy])
+        self.assertEqual(ids("--all", "--name", "[e]*"), [ev])
+        self.assertEqual(self.d.ok("status", "--name", "nothing*").strip(), "no jobs match")
+        r = self.d.run("status", "--state", "done")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("done", r.stderr)
+        reply = self.d.request({"cmd": "status", "states": ["done"]})
+        self.assertEqual(reply["error"]["message"], "field `states` must be an array of job states: queued, running, "
+                                                    "succeeded, failed, cancelled, timed_out")
+        self.d.ok("cancel", str(busy), str(held))
+
 
 class Restart(DaemonTest):
     def test_a_failed_job_restarts_under_its_id_with_fresh_retries_and_brings_back_what_failed_waiting_for_it(self):

@@ -64,6 +64,18 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_ids, {{"ids", {1, -2}}}) == "field `ids` must be an array of positive job ids");
   CHECK(message(decode_ids, {{"ids", json::array()}}) == "field `ids` must be a non-empty array of job ids");
   CHECK(message(decode_status, {{"all", 1}}) == "field `all` must be true or false");
+  const std::string states_wanted =
+      "field `states` must be an array of job states: queued, running, succeeded, failed, cancelled, timed_out";
+  CHECK(message(decode_status, {{"states", "failed"}}) == states_wanted);
+  CHECK(message(decode_status, {{"states", {"failed", "lost"}}}) == states_wanted);
+  CHECK(message(decode_status, {{"name", std::string(257, '*')}}) == "field `name` must be at most 256 characters");
+  const auto f = decode_status({{"batch", 3}, {"states", {"failed", "timed_out"}}, {"name", "lr-[0-9]*"}}).filter;
+  CHECK(matches(f, 3, "failed", "lr-0.1"));
+  CHECK_FALSE(matches(f, 4, "failed", "lr-0.1"));      // another batch
+  CHECK_FALSE(matches(f, 3, "succeeded", "lr-0.1"));   // another state
+  CHECK_FALSE(matches(f, 3, "timed_out", "lr-x"));     // another name
+  CHECK(matches({}, 9, "queued", "anything"));         // no filter keeps every job
+  CHECK(decode_status(json::object()).filter.empty());
   CHECK(message(decode_restart, json::object()) == "field `ids` must be a non-empty array of job ids, or `batch`");
   CHECK(message(decode_restart, {{"batch", -1}}) == "field `batch` must be a batch id");
   CHECK(message(decode_restart, {{"ids", {3}}, {"fresh", "yes"}}) == "field `fresh` must be true or false");
