@@ -109,11 +109,15 @@ class Durability(DaemonTest):
         # gpuqd records `running` before it spawns the supervisor; a crash between the two leaves
         # a running job with no shim.pid. Made here by killing daemon and job and removing the file.
         flag = self.tmp_path("second-run")
-        job_id = self.d.submit({"name": "orphan", "gpus": 1, "shell": f"[ -e {flag} ] || sleep 9187"})["ids"][0]
+        # A sleep of its own, so that only this job's is killed (other modules' tests run alongside).
+        job_id = self.d.submit({"name": "orphan", "gpus": 1, "shell": f"[ -e {flag} ] || sleep 7331"})["ids"][0]
         wait_until(lambda: self.d.show(job_id)["job"]["state"] == "running", what="the job")
         self.d.kill9()
-        for pid in pids_matching(f"gpuq-shim {self.tmp}/") + pids_matching("sleep 9187"):
-            os.kill(pid, signal.SIGKILL)
+        for pid in pids_matching(f"gpuq-shim {self.tmp}/") + pids_matching("^sleep 7331$"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # the shim took it down first
+                pass
         wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), what="the supervisor to die")
         os.remove(os.path.join(self.d.state, "jobs", str(job_id), "attempt-1", "shim.pid"))
         open(flag, "w").close()

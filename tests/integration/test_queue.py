@@ -454,11 +454,12 @@ class RetriesAndTimeouts(DaemonTest):
         self.assertIn("signal 9 (SIGKILL)", job["reason"])
 
     def test_timeout_kills_the_job_and_marks_it_timed_out(self):
-        sub = self.d.submit({"name": "slow", "timeout_s": 0.5, "shell": "sleep 9187"})
+        # A sleep of its own: other tests' jobs (and other modules', run alongside) sleep 9187.
+        sub = self.d.submit({"name": "slow", "timeout_s": 0.5, "shell": "sleep 9461"})
         job = self.d.wait(sub["ids"])[sub["ids"][0]]
         self.assertEqual(job["state"], "timed_out")
         self.assertLess(job["ended_at"] - job["started_at"], 5)
-        self.assertEqual(pids_matching("^sleep 9187$"), [])
+        self.assertEqual(pids_matching("^sleep 9461$"), [])
 
 
 class ResultsWaitLogs(DaemonTest):
@@ -600,6 +601,7 @@ class ResultsWaitLogs(DaemonTest):
         self.assertEqual(reply["error"]["message"], "field `states` must be an array of job states: queued, running, "
                                                     "succeeded, failed, cancelled, timed_out")
         self.d.ok("cancel", str(busy), str(held))
+        self.d.wait([busy, held])
 
 
 class Restart(DaemonTest):
