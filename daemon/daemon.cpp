@@ -381,25 +381,24 @@ json Daemon::cmd_status(const json& req) {
   for (auto& r : m_store->recent_finished(q.limit, f)) out.jobs.push_back(info_of(r));
   for (std::int64_t id : m_running)
     if (keep(m_active.at(id).rec)) out.jobs.push_back(info_of(m_active.at(id).rec));
-  // Queued jobs in line order, as many as asked: a deep queue need not travel whole (unless a
-  // filter has them counted). Held jobs are not in line: they come after it.
-  const bool queued_wanted = f.states.empty() || common::matches({0, f.states, ""}, 0, "queued", "");
-  out.queued_total = !queued_wanted ? 0 : f.empty() ? static_cast<std::int64_t>(m_queue.size() + m_held.size()) : -1;
+  // Queued jobs in line order, as many as asked: a deep queue need not travel whole, unless a
+  // filter has its jobs counted. Held jobs are not in line: they come after it.
   std::int64_t shown = 0, kept = 0;
-  const auto add = [&](const JobRecord& r) {
+  const auto visit = [&](std::int64_t id) {  // false: the rest of the line need not be looked at
+    const JobRecord& r = m_active.at(id).rec;
     if (!keep(r)) return true;
     ++kept;
-    if (q.queued >= 0 && shown >= q.queued) return !f.empty();  // counting on, for the filter's total
+    if (q.queued >= 0 && shown >= q.queued) return !f.empty();
     ++shown;
     out.jobs.push_back(info_of(r));
     return true;
   };
-  if (queued_wanted) {
+  if (f.states.empty() || std::find(f.states.begin(), f.states.end(), "queued") != f.states.end()) {
     bool more = true;
-    for (auto it = m_queue.begin(); more && it != m_queue.end(); ++it) more = add(m_active.at(it->second.job.id).rec);
-    for (auto it = m_held.begin(); more && it != m_held.end(); ++it) more = add(m_active.at(*it).rec);
+    for (auto it = m_queue.begin(); more && it != m_queue.end(); ++it) more = visit(it->second.job.id);
+    for (auto it = m_held.begin(); more && it != m_held.end(); ++it) more = visit(*it);
   }
-  if (out.queued_total < 0) out.queued_total = kept;
+  out.queued_total = f.empty() ? static_cast<std::int64_t>(m_queue.size() + m_held.size()) : kept;
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   return out;
 }
