@@ -84,15 +84,26 @@ class Nvml {
   int (*event_set_free)(void*) = nullptr;
   void* events = nullptr;  // the set the GPUs' Xid events are registered in, when NVML has one
 
-  // Registers each device for critical Xid events; returns how many are watched.
-  int watch_xids(const std::vector<Device>& devices) {
+  // The handle of each of `gpus` into `devices`; returns each one's NVML status (0: found).
+  std::vector<int> handles(const std::vector<Gpu>& gpus, std::vector<Device>& devices) const {
+    std::vector<int> rcs(gpus.size());
+    devices.assign(gpus.size(), nullptr);
+    for (std::size_t i = 0; i < gpus.size(); ++i) rcs[i] = handle(static_cast<unsigned int>(gpus[i].index), &devices[i]);
+    return rcs;
+  }
+
+  // Registers each of `gpus` for critical Xid events; returns how many are watched.
+  int watch_xids(const std::vector<Gpu>& gpus) {
     if (!event_set_create || !register_events || !event_set_wait || !event_set_free) return 0;
     if (!events && event_set_create(&events) != 0) {
       events = nullptr;
       return 0;
     }
+    std::vector<Device> devices;
+    const auto rcs = handles(gpus, devices);
     int watched = 0;
-    for (auto d : devices) watched += register_events(d, k_xid_critical_error, events) == 0;
+    for (std::size_t i = 0; i < gpus.size(); ++i)
+      watched += rcs[i] == 0 && register_events(devices[i], k_xid_critical_error, events) == 0;
     return watched;
   }
 
@@ -253,23 +264,13 @@ std::vector<GpuReading> Inventory::read() const {
   return out;
 }
 
-int Inventory::watch_xids() {
-  if (!m_nvml) return 0;
-  std::vector<Nvml::Device> devices;
-  for (const auto& g : m_gpus) {
-    Nvml::Device d = nullptr;
-    if (m_nvml->handle(static_cast<unsigned int>(g.index), &d) == 0) devices.push_back(d);
-  }
-  return m_nvml->watch_xids(devices);
-}
+int Inventory::watch_xids() { return m_nvml ? m_nvml->watch_xids(m_gpus) : 0; }
 
 std::vector<GpuHealth> Inventory::health() const {
   std::vector<GpuHealth> out(m_gpus.size());
   if (!m_nvml) return out;
-  std::vector<Nvml::Device> devices(m_gpus.size(), nullptr);
-  std::vector<int> rcs(m_gpus.size());
-  for (std::size_t i = 0; i < m_gpus.size(); ++i)
-    rcs[i] = m_nvml->handle(static_cast<unsigned int>(m_gpus[i].index), &devices[i]);
+  std::vector<Nvml::Device> devices;
+  const auto rcs = m_nvml->handles(m_gpus, devices);
   // The Xid events since the last call, without waiting; a bounded number, so a GPU flooding
   // them cannot hold gpuqd's thread (the rest are read at the next check).
   if (m_nvml->events) {
