@@ -126,22 +126,12 @@ bool read_spec_file(const std::string& file, json& jobs) {
     }
     text << in.rdbuf();
   }
-  json doc;
-  bool too_deep = false;  // gpuqd would refuse it anyway
-  try {
-    doc = common::parse_depth_limited(text.str(), too_deep);
-    if (too_deep) {
-      std::cerr << "gpuq: " << (file == "-" ? "stdin" : file) << " nests deeper than "
-                << common::k_max_request_depth << " levels\n";
-      return false;
-    }
-  } catch (const json::exception& e) {  // parse_error, or out_of_range (a number like 9e999)
-    std::string what = e.what();
-    auto pos = what.find("] ");
-    std::cerr << "gpuq: " << (file == "-" ? "stdin" : file) << " is not valid JSON: "
-              << (pos == std::string::npos ? what : what.substr(pos + 2)) << "\n";
+  auto parsed = common::parse_untrusted(text.str(), file == "-" ? "stdin" : file);
+  if (!parsed) {
+    std::cerr << "gpuq: " << parsed.error().message << "\n";
     return false;
   }
+  json doc = std::move(*parsed);
   if (doc.is_array())
     for (auto& j : doc) jobs.push_back(std::move(j));
   else

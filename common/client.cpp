@@ -76,9 +76,9 @@ Result<json> Client::roundtrip(const json& request) {
   }
   std::string reply_line = m_buffer.substr(0, nl);
   m_buffer.erase(0, nl + 1);
-  json reply = json::parse(reply_line, nullptr, false);
-  if (reply.is_discarded()) return Error{ErrorCode::internal, "gpuqd sent a reply that is not JSON"};
-  return unwrap_reply(reply);
+  auto reply = parse_untrusted(reply_line, "gpuqd's reply", 2 * k_max_json_depth);
+  if (!reply) return Error{ErrorCode::internal, reply.error().message};
+  return unwrap_reply(*reply);
 }
 
 }  // namespace gpuq::common

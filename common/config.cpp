@@ -133,16 +133,9 @@ std::string config_path() {
 
 Result<Settings> parse_settings(const std::string& text, const std::string& origin) {
   Settings s;
-  json doc;
-  try {
-    bool too_deep = false;
-    doc = parse_depth_limited(text, too_deep);
-    if (too_deep) return bad(origin, "nests too deeply");
-  } catch (const json::exception& e) {
-    std::string what = e.what();
-    auto pos = what.find("] ");
-    return bad(origin, "not valid JSON: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
-  }
+  auto parsed = parse_untrusted(text, "the file");
+  if (!parsed) return bad(origin, parsed.error().message);
+  json doc = std::move(*parsed);
   if (!doc.is_object()) return bad(origin, "must be a JSON object of settings (" + std::string(k_keys) + ")");
   for (const auto& [key, value] : doc.items()) {
     const Rule* rule = nullptr;

@@ -10,29 +10,7 @@
 
 namespace gpuq::common {
 
-json parse_depth_limited(std::string_view text, bool& too_deep) {
-  // The parser is iterative, but deep documents cost recursion later (dump, comparisons,
-  // destruction): stop them while parsing, through the callback that sees every value's depth.
-  too_deep = false;
-  json::parser_callback_t limit = [&too_deep](int depth, json::parse_event_t, json&) {
-    if (depth > k_max_request_depth) too_deep = true;
-    return !too_deep;
-  };
-  return json::parse(text.begin(), text.end(), limit);
-}
-
-Result<json> parse_request(std::string_view line) {
-  bool too_deep = false;
-  json request;
-  try {
-    request = parse_depth_limited(line, too_deep);
-  } catch (const json::exception&) {  // parse_error, and out_of_range for numbers like 9e999
-    return Error{ErrorCode::bad_request, "request is not valid JSON (or not UTF-8)"};
-  }
-  if (too_deep)
-    return Error{ErrorCode::bad_request, "request nests deeper than " + std::to_string(k_max_request_depth) + " levels"};
-  return request;
-}
+Result<json> parse_request(std::string_view line) { return parse_untrusted(line, "request"); }
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/json_input.hpp"
 
 namespace gpuq::common {
 
@@ -21,15 +22,9 @@ using json = nlohmann::json;
 
 constexpr int k_protocol_version = 1;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
-constexpr int k_max_request_depth = 64;               // deeper nesting is refused (a job spec needs ~8)
 
-// Parses JSON nested at most k_max_request_depth deep: sets `too_deep` (and returns a discarded
-// value) for deeper documents; throws json::exception on invalid JSON (parse_error, or
-// out_of_range for a number beyond double's range), whose message says where.
-json parse_depth_limited(std::string_view text, bool& too_deep);
-
-// Parses one request line: valid UTF-8 JSON nested at most k_max_request_depth deep, or a
-// bad_request error saying which.
+// Parses one request line within json_input.hpp's limits (depth, no NUL byte), or a bad_request
+// error saying which.
 Result<json> parse_request(std::string_view line);
 
 // ---- shared records ---------------------------------------------------------------------------

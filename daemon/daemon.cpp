@@ -18,6 +18,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "common/json_input.hpp"
 #include "common/paths.hpp"
 #include "common/spec.hpp"
 #include "daemon/cpu_topology.hpp"
@@ -38,12 +39,43 @@ bool is_directory(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-json read_json_file(const std::string& p) {
-  std::ifstream in(p);
-  if (!in) return nullptr;
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  json j = json::parse(text, nullptr, false);
-  return j.is_discarded() ? json(nullptr) : j;
+constexpr std::size_t k_max_exit_record = 4 << 20;  // ~4,000 bytes a rank would be 1,000 ranks
+
+// The shim's exit record (see supervisor.cpp's write_outcome). It lies in the job's directory,
+// which the job can write, so it is read as untrusted input: bounded, and each field kept only
+// with the type finish_attempt expects.
+json read_outcome(const std::string& path) {
+  auto raw = common::read_untrusted_file(path, k_max_exit_record, "exit record");
+  if (!raw || !raw->is_object()) return json{{"error", "the job's supervisor ended without recording an outcome"}};
+  const auto is_int = [](const json& v) { return v.is_number_integer(); };
+  const auto is_num = [](const json& v) { return v.is_number(); };
+  const auto is_bool = [](const json& v) { return v.is_boolean(); };
+  const auto keep = [&](const json& from, json& to, const char* key, auto type_ok) {
+    if (auto it = from.find(key); it != from.end() && type_ok(*it)) to[key] = *it;
+  };
+  json out = json::object();
+  keep(*raw, out, "ended_at", is_num);
+  keep(*raw, out, "cancelled", is_bool);
+  keep(*raw, out, "timed_out", is_bool);
+  if (auto it = raw->find("error"); it != raw->end() && it->is_string()) out["error"] = it->get<std::string>().substr(0, 1000);
+  if (auto it = raw->find("ranks"); it != raw->end() && it->is_array()) {
+    out["ranks"] = json::array();
+    for (const auto& r : *it) {
+      json rank = json::object();
+      if (r.is_object()) keep(r, rank, "exit_code", is_int);
+      out["ranks"].push_back(std::move(rank));
+    }
+  }
+  if (auto it = raw->find("first_failure"); it != raw->end() && it->is_object()) {
+    json f = json::object();
+    keep(*it, f, "rank", is_int);
+    keep(*it, f, "exit_code", is_int);
+    keep(*it, f, "signal", is_int);
+    keep(*it, f, "oom_kill", is_bool);
+    keep(*it, f, "at", is_num);
+    out["first_failure"] = std::move(f);
+  }
+  return out;
 }
 
 std::string describe_exit(const json& failure) {
@@ -1270,11 +1302,9 @@ void Daemon::on_shim_exit(std::int64_t id) {
   if (a.own_child) ::waitpid(a.shim.pid, nullptr, WNOHANG);  // reap our zombie
   a.pidfd.reset();
   a.poll.reset();
-  ingest(a);
+  ingest(a, true);
   const std::string adir = attempt_dir(m_config.state_dir, id, a.rec.attempt);
-  json outcome = read_json_file(adir + "/exit.json");
-  if (!outcome.is_object()) outcome = json{{"error", "the job's supervisor ended without recording an outcome"}};
-  finish_attempt(a, outcome);
+  finish_attempt(a, read_outcome(adir + "/exit.json"));
 }
 
 void Daemon::finish_attempt(Active& a, const json& outcome) {
@@ -1367,27 +1397,32 @@ void Daemon::finalize(Active& a) {
 
 // ---- events -------------------------------------------------------------------------------------
 
-void Daemon::ingest(Active& a) {
+void Daemon::ingest(Active& a, bool ended) {
   const std::string adir = attempt_dir(m_config.state_dir, a.rec.id, a.rec.attempt);
   for (int r = 0; r < a.rec.spec.ranks; ++r) {
     const std::string path = rank_events_path(adir, r);
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) continue;
     std::int64_t& offset = a.event_offsets[r];
     struct stat st {};
-    ::fstat(fd, &st);
-    // Bounded reads: a job that floods its events file cannot balloon the daemon's memory.
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) st.st_size = 0;  // a fifo in its place: nothing to read
+    // Bounded reads: a job that floods its events file cannot balloon the daemon's memory. Each
+    // read starts one byte early, to tell whether the last one stopped inside a line.
     constexpr std::int64_t k_chunk = 4 << 20;
     while (st.st_size > offset) {
-      std::string buf(static_cast<std::size_t>(std::min<std::int64_t>(st.st_size - offset, k_chunk)), '\0');
-      ssize_t n = ::pread(fd, buf.data(), buf.size(), offset);
-      if (n <= 0) break;
+      const std::int64_t from = offset > 0 ? offset - 1 : 0;
+      std::string buf(static_cast<std::size_t>(std::min<std::int64_t>(st.st_size - from, k_chunk)), '\0');
+      ssize_t n = ::pread(fd, buf.data(), buf.size(), from);
+      if (n <= offset - from) break;
       buf.resize(static_cast<std::size_t>(n));
-      auto parsed = parse_events(buf, r, wall_now());
+      std::string_view data(buf);
+      const bool mid_line = offset > 0 && data[0] != '\n';
+      data.remove_prefix(static_cast<std::size_t>(offset - from));
+      const bool at_end = from + n >= st.st_size;  // an unterminated line here is the file's last
+      auto parsed = parse_events(data, r, wall_now(), mid_line, ended && at_end);
       if (parsed.consumed == 0) break;  // an unfinished line: next time
       JobRecord next = a.rec;
-      apply_events(next, parsed.events);
-      next.bad_event_lines += parsed.bad_lines;
+      next.bad_event_lines += parsed.bad_lines + apply_events(next, parsed.events);
       try {
         m_store->add_events(next, r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
       } catch (const RequestError& e) {

@@ -134,7 +134,9 @@ class Daemon {
   // Files a job in the indexes by its record's state (after every change of state), or takes it out.
   void index(const Active& a);
   void unindex(const JobRecord& r);
-  void ingest(Active& a);
+  // Reads new event lines of the job's ranks into its record and the store. `ended`: the job's
+  // processes are gone, so a last line without its newline is read too.
+  void ingest(Active& a, bool ended = false);
   void arm_ingest_timer();
   void notify_waiters();
 

@@ -1,46 +1,65 @@
 // Parsing and folding of job event lines (see events.hpp).
 #include "daemon/events.hpp"
 
+#include "common/json_input.hpp"
+
 namespace gpuq::daemon {
 
-ParsedEvents parse_events(std::string_view data, int rank, double now) {
+namespace {
+
+// One line's event, or nothing (a bad line).
+bool parse_line(std::string_view line, int rank, double now, ParsedEvents& out) {
+  if (line.size() > k_max_event_line) return false;
+  auto parsed = common::parse_untrusted(line, "event line");
+  if (!parsed) return false;
+  json& j = *parsed;
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) return false;
+  std::string type = j["type"].get<std::string>();
+  if (type != "progress" && type != "result") return false;
+  j.erase("type");
+  out.events.push_back({0, rank, type, now, std::move(j)});
+  return true;
+}
+
+bool blank(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
+
+}  // namespace
+
+ParsedEvents parse_events(std::string_view data, int rank, double now, bool mid_line, bool ended) {
   ParsedEvents out;
   std::size_t pos = 0;
+  if (mid_line) {  // the rest of a line already dropped as too long
+    std::size_t nl = data.find('\n');
+    out.consumed = pos = nl == std::string_view::npos ? data.size() : nl + 1;
+  }
   while (pos < data.size()) {
     std::size_t nl = data.find('\n', pos);
     if (nl == std::string_view::npos) {
-      // An unfinished line: wait for the rest, unless it is already too long to ever be valid.
-      if (data.size() - pos > k_max_event_line) {
+      std::string_view tail = data.substr(pos);
+      if (tail.size() > k_max_event_line) {
+        // Too long to ever be valid: drop it now (its rest is skipped as mid_line next time).
         out.bad_lines++;
         out.consumed = data.size();
+      } else if (ended) {
+        // The job is gone: no newline will come.
+        if (!blank(tail) && !parse_line(tail, rank, now, out)) out.bad_lines++;
+        out.consumed = data.size();
       }
-      break;
+      break;  // else an unfinished line: wait for the rest
     }
     std::string_view line = data.substr(pos, nl - pos);
     pos = nl + 1;
     out.consumed = pos;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank lines are fine
-    if (line.size() > k_max_event_line) {
-      out.bad_lines++;
-      continue;
-    }
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("type") || !j["type"].is_string()) {
-      out.bad_lines++;
-      continue;
-    }
-    std::string type = j["type"].get<std::string>();
-    if (type != "progress" && type != "result") {
-      out.bad_lines++;
-      continue;
-    }
-    j.erase("type");
-    out.events.push_back({0, rank, type, now, std::move(j)});
+    if (blank(line)) continue;
+    if (!parse_line(line, rank, now, out)) out.bad_lines++;
   }
   return out;
 }
 
-void apply_events(JobRecord& job, const std::vector<EventRow>& events) {
+std::int64_t apply_events(JobRecord& job, const std::vector<EventRow>& events) {
+  std::int64_t refused = 0;
+  std::size_t result_bytes = 0;  // measured once, at the first result event
+  bool measured = false;
   for (const auto& e : events) {
     if (e.type == "progress") {
       json p = e.data;
@@ -49,9 +68,22 @@ void apply_events(JobRecord& job, const std::vector<EventRow>& events) {
       job.progress = std::move(p);
     } else if (e.type == "result") {
       if (!job.result.is_object()) job.result = json::object();
+      if (!measured) result_bytes = job.result.dump().size(), measured = true;
+      // The result after the merge: each field replaced adds its new size and drops its old one.
+      std::size_t after = result_bytes;
+      for (const auto& [k, v] : e.data.items()) {
+        after += k.size() + 4 + v.dump().size();  // "k":v,
+        if (auto old = job.result.find(k); old != job.result.end()) after -= k.size() + 4 + old->dump().size();
+      }
+      if (after > k_max_result_bytes) {
+        refused++;
+        continue;
+      }
       for (const auto& [k, v] : e.data.items()) job.result[k] = v;
+      result_bytes = after;
     }
   }
+  return refused;
 }
 
 }  // namespace gpuq::daemon

@@ -13,8 +13,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
+#include "common/json_input.hpp"
 #include "daemon/boost_process.hpp"
 
 namespace gpuq::daemon {
@@ -284,11 +286,14 @@ std::optional<std::uint64_t> process_start_time(int pid) {
 }
 
 std::optional<ProcessId> read_pid_file(const std::string& path) {
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("pid") || !j.contains("start_time")) return std::nullopt;
-  return ProcessId{j["pid"].get<int>(), j["start_time"].get<std::uint64_t>()};
+  // In the job's directory, so the job could have written it: checked like any input.
+  auto j = common::read_untrusted_file(path, 4096, "pid file");
+  if (!j || !j->is_object()) return std::nullopt;
+  const auto pid = j->find("pid"), start = j->find("start_time");
+  if (pid == j->end() || start == j->end() || !pid->is_number_unsigned() || !start->is_number_unsigned() ||
+      pid->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<int>::max()) || pid->get<std::uint64_t>() == 0)
+    return std::nullopt;
+  return ProcessId{pid->get<int>(), start->get<std::uint64_t>()};
 }
 
 bool is_alive(const ProcessId& p) {

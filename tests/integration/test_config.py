@@ -110,7 +110,8 @@ class Config(DaemonTest):
             ('{"sokcet": "/tmp/x"}', "unknown setting `sokcet`"),
             ('{"retries": -1}', "`retries` must be an integer from 0 to 100"),
             ('{"socket": "relative.sock"}', "`socket` must be an absolute path or start with ~/"),
-            ('{"gpus": "fake:2",}', "not valid JSON"),
+            ('{"gpus": "fake:2",}', "the file is not valid JSON"),
+            ('{"gpus": "fake:2"}\0junk', "the file contains a NUL byte (at byte 18)"),
             ('[1, 2]', "must be a JSON object of settings"),
         ]
         for text, message in cases:

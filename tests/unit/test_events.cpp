@@ -35,6 +35,76 @@ TEST_CASE("an endless line without a newline is dropped once it exceeds the limi
   CHECK(p.consumed == data.size());
 }
 
+TEST_CASE("an event line nested 100,000 deep is one bad line, not a crash") {
+  std::string line = R"({"type":"progress","x":)" + std::string(100000, '[') + std::string(100000, ']') + "}\n";
+  std::string data = line + R"({"type":"progress","step":2})" "\n";
+  auto p = parse_events(data, 0, 0);
+  CHECK(p.bad_lines == 1);
+  REQUIRE(p.events.size() == 1);
+  CHECK(p.events[0].data == json{{"step", 2}});
+  CHECK(p.consumed == data.size());
+}
+
+TEST_CASE("a line with a NUL byte is a bad line, not the part before the NUL") {
+  std::string data = std::string(R"({"type":"result","acc":1})") + '\0' + "junk\n";
+  auto p = parse_events(data, 0, 0);
+  CHECK(p.bad_lines == 1);
+  CHECK(p.events.empty());
+}
+
+TEST_CASE("an overlong line read in several pieces counts once and its tail is not a line of its own") {
+  // The forged result sits at the end of a line far over the limit, after padding.
+  const std::string forged = R"(,{"type":"result","acc":1.0})";
+  std::string line = std::string(3 * k_max_event_line, ' ') + forged + "\n";
+  std::string data = line + R"({"type":"result","real":1})" "\n";
+  // As the daemon reads it: chunks of a bit over the limit, each read saying whether the last
+  // one stopped inside a line.
+  const std::size_t chunk = k_max_event_line + 4096;
+  std::size_t offset = 0;
+  std::int64_t bad = 0;
+  std::vector<EventRow> events;
+  while (offset < data.size()) {
+    const bool mid_line = offset > 0 && data[offset - 1] != '\n';
+    auto p = parse_events(std::string_view(data).substr(offset, chunk), 0, 0, mid_line);
+    bad += p.bad_lines;
+    events.insert(events.end(), p.events.begin(), p.events.end());
+    REQUIRE(p.consumed > 0);
+    offset += p.consumed;
+  }
+  CHECK(bad == 1);
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].data == json{{"real", 1}});
+}
+
+TEST_CASE("a last line without a newline waits while the job runs and is read once it has ended") {
+  std::string data = R"({"type":"progress","step":1})" "\n" R"({"type":"result","acc":0.9})";
+  auto running = parse_events(data, 0, 0);
+  CHECK(running.events.size() == 1);
+  CHECK(running.consumed == data.find('\n') + 1);
+  auto ended = parse_events(data, 0, 0, false, true);
+  REQUIRE(ended.events.size() == 2);
+  CHECK(ended.events[1].data == json{{"acc", 0.9}});
+  CHECK(ended.consumed == data.size());
+  auto broken = parse_events(R"({"type":"result","acc":)", 0, 0, false, true);
+  CHECK(broken.bad_lines == 1);
+  CHECK(broken.events.empty());
+}
+
+TEST_CASE("a result is bounded: an event that would grow it past the limit is refused") {
+  JobRecord job;
+  const std::string big(k_max_result_bytes / 4, 'x');  // three fit, four do not
+  std::vector<EventRow> events;
+  for (int i = 0; i < 5; ++i) events.push_back({0, 0, "result", 1, {{"f" + std::to_string(i), big}}});
+  events.push_back({0, 0, "result", 1, {{"f0", "small"}}});  // replacing a field frees its room
+  events.push_back({0, 0, "result", 1, {{"f9", big}}});
+  CHECK(apply_events(job, events) == 2);  // f3 and f4; f9 fits again after f0 shrank
+  CHECK(job.result.contains("f2"));
+  CHECK_FALSE(job.result.contains("f3"));
+  CHECK(job.result["f0"] == "small");
+  CHECK(job.result.contains("f9"));
+  CHECK(job.result.dump().size() <= k_max_result_bytes);
+}
+
 TEST_CASE("progress keeps the latest event; results merge field by field") {
   JobRecord job;
   apply_events(job, {{0, 0, "progress", 1, {{"step", 1}}},

@@ -171,6 +171,9 @@ TEST_CASE("requests nested deeper than the limit are refused while parsing") {
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().code == gpuq::ErrorCode::bad_request);
   CHECK(r.error().message == "request nests deeper than 64 levels");
+  auto nul = gpuq::common::parse_request(std::string("{\"cmd\": \"hello\"}\0junk", 22));
+  REQUIRE_FALSE(nul.ok());
+  CHECK(nul.error().message == "request contains a NUL byte (at byte 16)");
   auto bad = gpuq::common::parse_request("{\"cmd\": \"show\"}\xff");
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().message.find("not valid JSON") != std::string::npos);

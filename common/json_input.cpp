@@ -1,0 +1,71 @@
+// Limited parsing of untrusted JSON (see json_input.hpp).
+#include "common/json_input.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace gpuq::common {
+
+json parse_depth_limited(std::string_view text, bool& too_deep, int max_depth) {
+  // Stop deep documents while parsing, through the callback that sees every value's depth: the
+  // parser drops what the callback refuses, so no deep value is ever built.
+  too_deep = false;
+  json::parser_callback_t limit = [&too_deep, max_depth](int depth, json::parse_event_t, json&) {
+    if (depth > max_depth) too_deep = true;
+    return !too_deep;
+  };
+  return json::parse(text.begin(), text.end(), limit);
+}
+
+Result<json> parse_untrusted(std::string_view text, std::string_view what, int max_depth) {
+  const std::string name(what);
+  if (auto nul = text.find('\0'); nul != std::string_view::npos)
+    return Error{ErrorCode::bad_request, name + " contains a NUL byte (at byte " + std::to_string(nul) + ")"};
+  bool too_deep = false;
+  json doc;
+  try {
+    doc = parse_depth_limited(text, too_deep, max_depth);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 9e999
+    // "[json.exception.parse_error.101] parse error at line 1, column 2: ..." -> from "parse error".
+    std::string detail = e.what();
+    if (auto pos = detail.find("] "); pos != std::string::npos) detail.erase(0, pos + 2);
+    if (detail.size() > 300) detail.resize(300);
+    return Error{ErrorCode::bad_request, name + " is not valid JSON (or not UTF-8): " + detail};
+  }
+  if (too_deep)
+    return Error{ErrorCode::bad_request, name + " nests deeper than " + std::to_string(max_depth) + " levels"};
+  return doc;
+}
+
+Result<json> read_untrusted_file(const std::string& path, std::size_t max_bytes, std::string_view what) {
+  // O_NONBLOCK: a fifo put in the file's place must not hang the reader; fstat refuses it below.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  if (fd < 0) return Error{ErrorCode::not_found, std::string(what) + ": cannot open " + path + ": " + std::strerror(errno)};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Error{ErrorCode::bad_request, std::string(what) + ": " + path + " is not a regular file"};
+  }
+  if (static_cast<std::size_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Error{ErrorCode::too_large, std::string(what) + ": " + path + " is " + std::to_string(st.st_size) +
+                                           " bytes, over the limit of " + std::to_string(max_bytes)};
+  }
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  text.resize(got);  // shrunk meanwhile: parse what is there (a grown file is read up to its old size)
+  return parse_untrusted(text, what);
+}
+
+}  // namespace gpuq::common

@@ -1,0 +1,79 @@
+"""What a hostile or buggy job or client sends: each case a reproduction of an attack that once
+crashed, stalled or fooled gpuqd (docs/reliability.md, "Untrusted input"). Every test checks the
+daemon is still answering afterwards."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import unittest
+
+from harness import DaemonTest, event_line, wait_until
+
+
+def python_job(code, **spec):
+    """A job whose command is a Python program (for bytes a shell cannot write easily)."""
+    return dict({"command": ["python3", "-c", code]}, **spec)
+
+
+class HostileEvents(DaemonTest):
+    def assert_alive(self):
+        self.assertEqual(self.d.request({"cmd": "hello", "protocol_version": 1})["ok"], True)
+
+    def test_an_event_line_nested_100000_deep_is_one_bad_line_and_survives_a_restart(self):
+        # It used to overflow gpuqd's stack, and its offset was never committed, so every restart
+        # read it again and died again.
+        code = ("import os\n"
+                "with open(os.environ['GPUQ_EVENTS'], 'a') as f:\n"
+                "    f.write('{\"type\":\"progress\",\"x\":' + '[' * 100000 + ']' * 100000 + '}\\n')\n"
+                "    f.write('{\"type\": \"result\", \"after\": 1}\\n')\n")
+        job_id = self.d.submit(python_job(code, name="deep"))["ids"][0]
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["bad_event_lines"], 1)
+        self.assertEqual(job["result"], {"after": 1})
+        self.d.kill9()
+        self.d.start()
+        self.assert_alive()
+        self.assertEqual(self.d.show(job_id)["job"]["bad_event_lines"], 1)
+
+    def test_a_last_event_line_without_a_newline_is_read_once_the_job_ends(self):
+        code = ("import json, os\n"
+                "with open(os.environ['GPUQ_EVENTS'], 'a') as f:\n"
+                "    f.write(json.dumps({'type': 'result', 'acc': 0.5}))\n")
+        job_id = self.d.submit(python_job(code, name="no-newline"))["ids"][0]
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["result"], {"acc": 0.5})
+        self.assertEqual(job["bad_event_lines"], 0)
+
+    def test_a_50_mb_line_counts_once_and_a_result_forged_at_its_end_is_not_taken(self):
+        code = ("import os\n"
+                "with open(os.environ['GPUQ_EVENTS'], 'a') as f:\n"
+                "    f.write(' ' * (50 << 20) + ',{\"type\": \"result\", \"forged\": 1}\\n')\n"
+                "    f.write('{\"type\": \"result\", \"real\": 1}\\n')\n")
+        job_id = self.d.submit(python_job(code, name="overlong"))["ids"][0]
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["result"], {"real": 1})
+        self.assertEqual(job["bad_event_lines"], 1)
+        self.assert_alive()
+
+    def test_a_forged_exit_record_of_the_wrong_types_fails_the_job_instead_of_gpuqd(self):
+        # The job's directory is the job's to write: an exit record with every field of the wrong
+        # type, left where the supervisor would write one, must not throw inside gpuqd.
+        bad = json.dumps({"ranks": [1, "x", None], "first_failure": {"rank": "r", "signal": "9"},
+                          "ended_at": "now", "cancelled": "yes", "error": 7})
+        code = ("import os, signal\n"
+                "d = os.path.dirname(os.environ['GPUQ_EVENTS'])\n"
+                f"open(os.path.join(d, 'exit.json'), 'w').write({bad!r})\n"
+                "os.kill(os.getppid(), signal.SIGKILL)\n")  # the supervisor: no record of its own
+        job_id = self.d.submit(python_job(code, name="forger"))["ids"][0]
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "failed")
+        self.assert_alive()
+
+
+if __name__ == "__main__":
+    unittest.main()
