@@ -150,13 +150,15 @@ void Daemon::recover() {
     rederive_slots(a.rec);
     const std::string adir = attempt_dir(m_config.state_dir, id, a.rec.attempt);
     for (int r = 0; r < a.rec.spec.ranks; ++r) a.event_offsets[r] = m_store->event_offset(id, a.rec.attempt, r);
-    if (file_exists(adir + "/exit.json")) {
-      // Ended while no daemon was running: record it now.
-      asio::post(m_io, [this, id] { on_shim_exit(id); });
-    } else if (auto pid = read_pid_file(adir + "/shim.pid"); pid && is_alive(*pid)) {
+    // A live supervisor first: an exit record may also be a file the running job wrote itself.
+    const auto pid = read_pid_file(adir + "/shim.pid");
+    if (pid && is_alive(*pid)) {
       a.shim = *pid;
       std::cerr << "gpuqd: re-adopted job " << id << " (supervisor pid " << pid->pid << ")\n";
       watch(a);
+    } else if (file_exists(adir + "/exit.json")) {
+      // Ended while no daemon was running: record it now.
+      asio::post(m_io, [this, id] { on_shim_exit(id); });
     } else if (!pid) {
       // Marked running but never started (the daemon stopped between the two): start it again
       // as the same attempt.

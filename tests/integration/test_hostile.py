@@ -74,6 +74,28 @@ class HostileEvents(DaemonTest):
         self.assertEqual(job["state"], "failed")
         self.assert_alive()
 
+    def test_an_exit_record_written_by_a_running_job_does_not_end_it_across_a_restart(self):
+        release = self.tmp_path("release")
+        code = ("import json, os, time\n"
+                "d = os.path.dirname(os.environ['GPUQ_EVENTS'])\n"
+                "open(os.path.join(d, 'exit.json'), 'w').write(json.dumps({'ranks': [{'exit_code': 0}]}))\n"
+                "with open(os.environ['GPUQ_EVENTS'], 'a') as f:\n"
+                "    f.write('{\"type\": \"progress\", \"forged\": 1}\\n')\n"
+                f"while not os.path.exists({release!r}):\n"
+                "    time.sleep(0.05)\n"
+                "with open(os.environ['GPUQ_EVENTS'], 'a') as f:\n"
+                "    f.write('{\"type\": \"result\", \"finished\": 1}\\n')\n")
+        job_id = self.d.submit(python_job(code, name="early-record"))["ids"][0]
+        wait_until(lambda: (self.d.show(job_id)["job"]["progress"] or {}).get("forged") == 1,
+                   what="the forged record to be written")
+        self.d.kill9()
+        self.d.start()
+        self.assertEqual(self.d.show(job_id)["job"]["state"], "running")
+        open(release, "w").close()
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["result"], {"finished": 1})
+
 
 if __name__ == "__main__":
     unittest.main()
