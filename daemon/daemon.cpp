@@ -1252,6 +1252,14 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   a.wait_reason.clear();
   a.event_offsets.clear();
 
+  // A working directory gone since submission fails the attempt with that reason (a job like
+  // `rm -rf ./*` must never run elsewhere; the rank's own chdir also refuses, should it go later).
+  struct stat st {};
+  if (const bool missing = ::stat(a.rec.spec.cwd.c_str(), &st) != 0; missing || !S_ISDIR(st.st_mode)) {
+    const std::string why = missing ? std::strerror(errno) : "not a directory";
+    finish_attempt(a, json{{"error", "the job's working directory " + a.rec.spec.cwd + " is gone (" + why + "); not started"}});
+    return;
+  }
   auto pid = spawn_supervisor(m_config.shim_path, adir);
   if (!pid) {
     std::cerr << "gpuqd: job " << a.rec.id << ": " << pid.error().message << "\n";

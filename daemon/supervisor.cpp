@@ -118,14 +118,22 @@ class MemPolicy {
   std::string m_message;  // written to the rank's log when no policy could be set
 };
 
-// In the rank, between fork and exec: own process group (so the whole group can be signalled),
-// default signal mask (the shim blocks signals; a blocked mask survives exec), death with the
-// shim, and the rank's cores when it has some. Runs in a vfork child: system calls only.
+// In the rank, between fork and exec: its working directory, own process group (so the whole
+// group can be signalled), default signal mask (the shim blocks signals; a blocked mask survives
+// exec), death with the shim, and the rank's cores when it has some. Runs in a vfork child:
+// system calls only. A working directory that cannot be entered ends the rank with 127 and
+// `chdir_failed` in its log (bp::start_dir ignores a failed chdir: the job ran in the shim's).
 struct RankSetup : bp::extend::handler {
+  const std::string& cwd;
+  const std::string& chdir_failed;
   const CpuMask& cpus;
   const MemPolicy& memory;
   template <class Executor>
   void on_exec_setup(Executor&) const {
+    if (::chdir(cwd.c_str()) != 0) {
+      [[maybe_unused]] auto n = ::write(STDERR_FILENO, chdir_failed.data(), chdir_failed.size());
+      ::_exit(127);
+    }
     cpus.apply();
     memory.apply();
     ::setpgid(0, 0);
@@ -263,9 +271,10 @@ class Supervisor {
         const EnvSetup env{{}, envp.data()};
         std::vector<std::string> args(argv.begin() + 1, argv.end());
         // stdout and stderr go to `output`: the log file, or a pipe the shim copies from.
+        const std::string chdir_failed = "gpuq: cannot enter the job's working directory " + cwd + "; not started\n";
         auto start = [&](auto&& output) {
-          bp::child c(bp::exe = exe, bp::args = args, env, bp::start_dir = cwd, bp::std_in < bp::null,
-                      (bp::std_out & bp::std_err) > output, RankSetup{{}, cpus, memory}, bp::posix::use_vfork);
+          bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in < bp::null, (bp::std_out & bp::std_err) > output,
+                      RankSetup{{}, cwd, chdir_failed, cpus, memory}, bp::posix::use_vfork);
           rank.pid = c.id();
           c.detach();  // reaped below with waitpid(-1), with any orphans
         };

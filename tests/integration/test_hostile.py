@@ -9,7 +9,7 @@ import subprocess
 import time
 import unittest
 
-from harness import DaemonTest, event_line, wait_until
+from harness import BIN, DaemonTest, event_line, wait_until
 
 
 def python_job(code, **spec):
@@ -95,6 +95,43 @@ class HostileEvents(DaemonTest):
         job = self.d.wait([job_id])[job_id]
         self.assertEqual(job["state"], "succeeded")
         self.assertEqual(job["result"], {"finished": 1})
+
+
+class VanishedCwd(DaemonTest):
+    def test_a_job_whose_cwd_vanished_fails_with_the_reason_and_runs_nowhere_else(self):
+        scratch = self.tmp_path("scratch")
+        os.mkdir(scratch)
+        job_id = self.d.submit({"name": "rm-star", "shell": "pwd; touch CREATED_BY_JOB", "cwd": scratch},
+                               "--hold")["ids"][0]
+        os.rmdir(scratch)
+        self.d.ok("release", str(job_id))
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "failed")
+        self.assertIn(f"working directory {scratch} is gone (No such file or directory)", job["reason"])
+        created = [os.path.join(root, "CREATED_BY_JOB") for root, _, files in os.walk(self.tmp)
+                   if "CREATED_BY_JOB" in files]
+        self.assertEqual(created, [])
+        self.assertFalse(os.path.exists(os.path.join(os.getcwd(), "CREATED_BY_JOB")))
+
+    def test_the_supervisor_refuses_a_working_directory_that_vanishes_after_gpuqd_checked_it(self):
+        # The window between gpuqd's check and the rank's start, driven by hand: the supervisor
+        # alone, given a launch document whose directory is gone.
+        adir = self.tmp_path("attempt")
+        os.mkdir(adir)
+        doc = {"job_id": 1, "attempt": 1, "timeout_s": 0, "grace_s": 1, "log_limit_bytes": 0,
+               "ranks": [{"rank": 0, "argv": ["/bin/sh", "-c", "touch CREATED_BY_JOB"],
+                          "env": {"PATH": "/usr/bin:/bin"}, "cwd": self.tmp_path("gone"),
+                          "log": os.path.join(adir, "rank-0.log")}],
+               "pid_file": os.path.join(adir, "shim.pid"), "exit_file": os.path.join(adir, "exit.json")}
+        with open(os.path.join(adir, "launch.json"), "w") as f:
+            json.dump(doc, f)
+        subprocess.run([os.path.join(BIN, "gpuq-shim"), os.path.join(adir, "launch.json")], cwd=self.tmp,
+                       timeout=60, check=True)
+        with open(os.path.join(adir, "exit.json")) as f:
+            self.assertEqual(json.load(f)["ranks"][0]["exit_code"], 127)
+        with open(os.path.join(adir, "rank-0.log")) as f:
+            self.assertIn(f"cannot enter the job's working directory {self.tmp_path('gone')}", f.read())
+        self.assertFalse(os.path.exists(self.tmp_path("CREATED_BY_JOB")))
 
 
 if __name__ == "__main__":
