@@ -1073,7 +1073,12 @@ void Daemon::schedule_soon() {
     try {
       schedule_now();
     } catch (const std::exception& e) {
-      std::cerr << "gpuqd: scheduling pass failed: " << e.what() << "\n";
+      // A store write that failed (failing a job whose dependency failed): try the pass again.
+      std::cerr << "gpuqd: scheduling pass failed: " << e.what() << "; trying again in " << k_launch_retry_s << " s\n";
+      m_backoff_timer.expires_after(std::chrono::milliseconds(static_cast<int>(k_launch_retry_s * 1000)));
+      m_backoff_timer.async_wait([this](const boost::system::error_code& ec) {
+        if (!ec) schedule_soon();
+      });
     }
   });
 }
@@ -1310,11 +1315,23 @@ void Daemon::on_shim_exit(std::int64_t id) {
   if (it == m_active.end() || it->second.rec.state != JobState::running) return;
   Active& a = it->second;
   if (a.own_child) ::waitpid(a.shim.pid, nullptr, WNOHANG);  // reap our zombie
+  a.own_child = false;  // reaped: its pid may be another child's by the next try
   a.pidfd.reset();
   a.poll.reset();
-  ingest(a, true);
-  const std::string adir = attempt_dir(m_config.state_dir, id, a.rec.attempt);
-  finish_attempt(a, read_outcome(adir + "/exit.json"));
+  try {
+    if (!ingest(a, true)) throw RequestError(ErrorCode::store_error, "its last events could not be stored");
+    const std::string adir = attempt_dir(m_config.state_dir, id, a.rec.attempt);
+    finish_attempt(a, read_outcome(adir + "/exit.json"));
+  } catch (const RequestError& e) {
+    // A full disk, say: the job stays running in the records until its end is stored, and its
+    // end is tried again, as a launch is; nothing else would ever record it.
+    std::cerr << "gpuqd: job " << id << " ended, but its end cannot be recorded (" << e.what() << "); trying again in "
+              << k_launch_retry_s << " s\n";
+    a.poll = std::make_unique<asio::steady_timer>(m_io, std::chrono::milliseconds(static_cast<int>(k_launch_retry_s * 1000)));
+    a.poll->async_wait([this, id](const boost::system::error_code& ec) {
+      if (!ec) on_shim_exit(id);
+    });
+  }
 }
 
 void Daemon::finish_attempt(Active& a, const json& outcome) {
@@ -1359,14 +1376,13 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     next.reason = "attempt " + std::to_string(next.attempt) + " failed (" + next.reason + "); retry " +
                   std::to_string(run) + "/" + std::to_string(next.spec.retries) + " in " +
                   std::to_string(static_cast<int>(std::ceil(delay))) + " s";
-    // Record the failed attempt's end, then the requeue, as two transitions.
+    // Record the failed attempt's end, then the requeue, as two transitions of one transaction.
     JobRecord failed = next;
     failed.state = JobState::failed;
-    m_store->update(failed, true);
     next.state = JobState::queued;
     next.not_before = now + delay;
     next.ended_at = 0;
-    m_store->update(next, true);
+    m_store->update_many({&failed, &next});
     a.rec = std::move(next);
     index(a);
     schedule_soon();
@@ -1407,8 +1423,9 @@ void Daemon::finalize(Active& a) {
 
 // ---- events -------------------------------------------------------------------------------------
 
-void Daemon::ingest(Active& a, bool ended) {
+bool Daemon::ingest(Active& a, bool ended) {
   const std::string adir = attempt_dir(m_config.state_dir, a.rec.id, a.rec.attempt);
+  bool stored = true;
   for (int r = 0; r < a.rec.spec.ranks; ++r) {
     const std::string path = rank_events_path(adir, r);
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -1437,6 +1454,7 @@ void Daemon::ingest(Active& a, bool ended) {
         m_store->add_events(next, r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
       } catch (const RequestError& e) {
         std::cerr << "gpuqd: job " << a.rec.id << ": cannot store events: " << e.what() << "\n";
+        stored = false;
         break;
       }
       a.rec = std::move(next);
@@ -1444,6 +1462,7 @@ void Daemon::ingest(Active& a, bool ended) {
     }
     ::close(fd);
   }
+  return stored;
 }
 
 void Daemon::arm_ingest_timer() {

@@ -135,8 +135,9 @@ class Daemon {
   void index(const Active& a);
   void unindex(const JobRecord& r);
   // Reads new event lines of the job's ranks into its record and the store. `ended`: the job's
-  // processes are gone, so a last line without its newline is read too.
-  void ingest(Active& a, bool ended = false);
+  // processes are gone, so a last line without its newline is read too. False: the store
+  // refused some (they are read again next time).
+  bool ingest(Active& a, bool ended = false);
   void arm_ingest_timer();
   void notify_waiters();
 

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <set>
 
 namespace gpuq::daemon {
@@ -90,7 +92,9 @@ void run(sqlite3* db, sqlite3_stmt* st, const char* what) {
 // A transaction that rolls back unless committed (exceptions included).
 class Txn {
  public:
-  explicit Txn(sqlite3* db) : m_db(db) {
+  Txn(sqlite3* db, StoreFaults& faults) : m_db(db) {
+    if (faults.next_fails())
+      throw RequestError(ErrorCode::store_error, "state store: database or disk is full (injected: GPUQ_TEST_STORE_FAULTS)");
     if (sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) fail(db, "begin");
   }
   void commit() {
@@ -108,6 +112,29 @@ class Txn {
 
 }  // namespace
 
+StoreFaults StoreFaults::from_env() {
+  StoreFaults f;
+  const char* v = std::getenv("GPUQ_TEST_STORE_FAULTS");
+  if (!v || !*v) return f;
+  const std::string spec = v;
+  if (spec.rfind("file:", 0) == 0) {
+    f.while_exists = spec.substr(5);
+  } else {
+    f.fail_at = std::atoll(spec.c_str());
+    f.from_on = spec.back() == '+';
+  }
+  std::cerr << "gpuqd: store fault injection on (GPUQ_TEST_STORE_FAULTS=" << spec << ")\n";
+  return f;
+}
+
+bool StoreFaults::next_fails() {
+  ++writes;
+  const bool fail = !while_exists.empty() ? ::access(while_exists.c_str(), F_OK) == 0
+                                          : fail_at > 0 && (writes == fail_at || (from_on && writes > fail_at));
+  if (fail) std::cerr << "gpuqd: store: failed write " << writes << " (GPUQ_TEST_STORE_FAULTS)\n";
+  return fail;
+}
+
 Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
@@ -117,6 +144,7 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
     return Error{ErrorCode::store_error, "cannot open state store " + path + ": " + msg};
   }
   std::unique_ptr<Store> store(new Store(db));
+  store->m_faults = StoreFaults::from_env();
   sqlite3_busy_timeout(db, 5000);
 
   // Identify the file before changing anything: a foreign database is refused, never converted.
@@ -224,7 +252,7 @@ std::int64_t Store::next_id(const char* table) {
 
 std::int64_t Store::insert_batch(std::vector<JobRecord>& jobs, const std::vector<std::vector<std::size_t>>& local_deps,
                                  const std::string& cwd, const json& env, double now, int max_running) {
-  Txn txn(m_db);
+  Txn txn(m_db, m_faults);
   // Ids are given explicitly: SQLite's own choice (max + 1) would hand out a removed job's id again.
   const std::int64_t batch = next_id("batches");
   auto* b = prepare("INSERT INTO batches(id, submitted_at, cwd, env, max_running) VALUES(?, ?, ?, ?, ?)");
@@ -311,14 +339,14 @@ double Store::transition_time(const JobRecord& job) {
 }
 
 void Store::update(const JobRecord& job, bool transition) {
-  Txn txn(m_db);
+  Txn txn(m_db, m_faults);
   write_job(job);
   if (transition) write_transition(job, transition_time(job));
   txn.commit();
 }
 
 void Store::update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why) {
-  Txn txn(m_db);
+  Txn txn(m_db, m_faults);
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     write_job(*jobs[i]);
     write_transition(*jobs[i], transition_time(*jobs[i]), i < why.size() ? &why[i] : nullptr);
@@ -426,7 +454,7 @@ std::vector<JobRecord> Store::batch_jobs(std::int64_t batch) {
 }
 
 void Store::rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why) {
-  Txn txn(m_db);
+  Txn txn(m_db, m_faults);
   auto* st = prepare("UPDATE jobs SET spec=? WHERE id=?");
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     bind_text(st, 1, common::to_json(jobs[i]->spec).dump());
@@ -451,16 +479,18 @@ std::map<std::string, std::string> Store::drained_gpus() {
 void Store::set_drained(const std::string& uuid, bool drained, const std::string& reason) {
   auto* st = drained ? prepare("INSERT OR REPLACE INTO drained_gpus(uuid, reason, at) VALUES(?, ?, ?)")
                      : prepare("DELETE FROM drained_gpus WHERE uuid=?");
+  Txn txn(m_db, m_faults);
   bind_text(st, 1, uuid);
   if (drained) {
     bind_text(st, 2, reason);
     sqlite3_bind_double(st, 3, wall_now());
   }
   run(m_db, st, "update drained GPUs");
+  txn.commit();
 }
 
 std::vector<std::int64_t> Store::remove_jobs(const std::vector<std::int64_t>& ids) {
-  Txn txn(m_db);
+  Txn txn(m_db, m_faults);
   std::set<std::int64_t> batches;
   std::int64_t max_id = 0;
   auto* batch_of = prepare("SELECT batch FROM jobs WHERE id=?");
@@ -518,7 +548,9 @@ bool Store::was_removed(std::int64_t id, bool batch) {
 }
 
 std::vector<JobRecord> Store::failed_waiting_for(std::int64_t id) {
-  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE blocked_by=? AND state='failed' ORDER BY id"));
+  // `blocked_by != 0` restates the partial index's condition: SQLite cannot use the index for a
+  // bound `?` alone, and a restart of a long failed chain made one full scan per job.
+  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE blocked_by=? AND blocked_by != 0 AND state='failed' ORDER BY id"));
   sqlite3_bind_int64(st, 1, id);
   return query_jobs(st);
 }
@@ -564,9 +596,11 @@ std::map<std::int64_t, int> Store::batch_limits() {
 
 void Store::set_batch_limit(std::int64_t batch, int max_running) {
   auto* st = prepare("UPDATE batches SET max_running=? WHERE id=?");
+  Txn txn(m_db, m_faults);
   sqlite3_bind_int(st, 1, max_running);
   sqlite3_bind_int64(st, 2, batch);
   run(m_db, st, "set a batch's limit");
+  txn.commit();
 }
 
 std::vector<common::Transition> Store::history(std::int64_t id) {
@@ -593,7 +627,7 @@ std::int64_t Store::event_offset(std::int64_t id, int attempt, int rank) {
 }
 
 void Store::add_events(const JobRecord& job, int rank, std::int64_t new_offset, const std::vector<EventRow>& events) {
-  Txn txn(m_db);
+  Txn txn(m_db, m_faults);
   auto* ins = prepare("INSERT INTO events(job_id, attempt, rank, type, at, data) VALUES(?, ?, ?, ?, ?, ?)");
   for (const auto& e : events) {
     sqlite3_bind_int64(ins, 1, job.id);

@@ -62,6 +62,19 @@ struct EventRow {
   json data;
 };
 
+// Test-only fault injection, so that every path's handling of a failed write can be walked
+// (tests/integration/test_store_faults.py): write transactions fail as on a full disk.
+// $GPUQ_TEST_STORE_FAULTS, read when the store opens: "N" fails the Nth write transaction, "N+"
+// every one from the Nth on, "file:PATH" every one while PATH exists. Unset: no cost but a branch.
+struct StoreFaults {
+  std::int64_t writes = 0;   // write transactions begun so far
+  std::int64_t fail_at = 0;  // 0: by count, none
+  bool from_on = false;
+  std::string while_exists;
+  static StoreFaults from_env();
+  bool next_fails();  // counts one write; true: it is to fail
+};
+
 class Store {
  public:
   // Opens or creates the database. Refuses a file that is not a gpuq database (never overwrites).
@@ -133,6 +146,7 @@ class Store {
 
   sqlite3* m_db = nullptr;
   std::map<const char*, sqlite3_stmt*> m_stmts;  // keyed by the SQL literal's address
+  StoreFaults m_faults;
 };
 
 }  // namespace gpuq::daemon

@@ -1,0 +1,105 @@
+"""Store failures on every path: with GPUQ_TEST_STORE_FAULTS a write transaction fails as on a
+full disk (daemon/store.hpp). Each failure must be retried or reported to the client who asked,
+never leave a job in a state nothing will change, and never take gpuqd down."""
+import json
+import os
+import tempfile
+import shutil
+import unittest
+
+from harness import Daemon, DaemonTest, event_line, wait_until
+
+TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
+
+
+def log_text(d):
+    with open(os.path.join(d.tmp, "gpuqd.log"), errors="replace") as f:
+        return f.read()
+
+
+class DiskFullAtJobEnd(DaemonTest):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        self.full = os.path.join(self.tmp, "disk-full")
+        self.d = Daemon(self.tmp, "fake:2", env=dict(os.environ, GPUQ_TEST_STORE_FAULTS="file:" + self.full)).start()
+
+    def test_a_job_that_ends_while_the_store_fails_is_recorded_once_it_works_again(self):
+        release = self.tmp_path("release")
+        job_id = self.d.submit({"name": "ends-on-full-disk",
+                                "shell": f"while [ ! -e {release} ]; do sleep 0.05; done; "
+                                + event_line(type="result", done=1)})["ids"][0]
+        wait_until(lambda: self.d.show(job_id)["job"]["state"] == "running", what="the job to run")
+        open(self.full, "w").close()
+        open(release, "w").close()
+        wait_until(lambda: f"job {job_id} ended, but its end cannot be recorded" in log_text(self.d),
+                   what="gpuqd to fail recording the end")
+        # Still answering, and honest: the end is not recorded yet.
+        self.assertEqual(self.d.show(job_id)["job"]["state"], "running")
+        r = self.d.run("submit", "-", input=json.dumps({"shell": "true"}))  # refused, saying why
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("database or disk is full", r.stderr)
+        os.unlink(self.full)
+        job = self.d.wait([job_id], timeout=60)[job_id]
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["result"], {"done": 1})
+        history = [t["state"] for t in self.d.show(job_id)["history"]]
+        self.assertEqual(history.count("succeeded"), 1, history)
+
+
+class FaultWalk(unittest.TestCase):
+    """One failed write at each point of a scenario that passes through submit, launch, events,
+    a retry, a dependency failing, restart and clean --forget."""
+
+    def scenario(self, d):
+        def retrying(*args):  # a store_error reply is the client's to retry: nothing happened
+            for _ in range(3):
+                r = d.run(*args, "--json")
+                if r.returncode == 0:
+                    return json.loads(r.stdout)
+                self.assertIn("state store", r.stderr, r.stderr)
+            self.fail(f"gpuq {' '.join(args)} kept failing")
+
+        jobs = [{"name": "a", "shell": event_line(type="result", ok=1)},
+                {"name": "b", "shell": "exit 3", "retries": 1},
+                {"name": "c", "shell": "true", "after": ["b"]}]
+        with open(os.path.join(d.tmp, "jobs.json"), "w") as f:
+            json.dump(jobs, f)
+        ids = retrying("submit", os.path.join(d.tmp, "jobs.json"))["ids"]
+
+        def all_ended():
+            r = d.run("status", "--all", "--json")
+            return r.returncode == 0 and {j["state"] for j in json.loads(r.stdout)["jobs"]} <= TERMINAL
+
+        wait_until(all_ended, timeout=60, what="every job to end")
+        retrying("restart", str(ids[1]))
+        wait_until(all_ended, timeout=60, what="every job to end after the restart")
+        retrying("clean", str(ids[0]), "--forget")
+        return ids
+
+    def test_one_failed_write_anywhere_is_retried_or_reported_and_no_job_is_left_hanging(self):
+        # Write n fails, for n = 1, 2, ... until a run makes fewer than n writes: every write of
+        # the scenario has failed once.
+        for n in range(1, 80):
+            tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+            d = Daemon(tmp, "fake:2", env=dict(os.environ, GPUQ_TEST_STORE_FAULTS=str(n))).start()
+            with self.subTest(failing_write=n):
+                try:
+                    ids = self.scenario(d)
+                    states = {j["id"]: j["state"] for j in d.json("status", "--all")["jobs"]}
+                    self.assertNotIn(ids[0], states)  # forgotten
+                    self.assertEqual(states[ids[1]], "failed")
+                    self.assertEqual(states[ids[2]], "failed")
+                    self.assertIsNone(d.proc.poll(), "gpuqd died")
+                finally:
+                    d.stop()
+                text = log_text(d)
+                self.assertNotIn("internal error", text)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if f"failed write {n} (GPUQ_TEST_STORE_FAULTS)" not in text:
+                self.assertGreater(n, 10, "the scenario makes more writes than that")
+                return
+        self.fail("the scenario never ran out of writes to fail")
+
+
+if __name__ == "__main__":
+    unittest.main()
