@@ -61,9 +61,9 @@ int cmd_plot(const Options& o, const PlotArgs& a) {
   // Names and events of every job
   auto client = common::Client::connect(o.socket);
   if (!client) return report(client.error());
-  auto info = client->call({{"cmd", "results"}, {"ids", a.ids}});
+  auto info = all_results(*client, {{"cmd", "results"}, {"ids", a.ids}});
   if (!info) return report(info.error());
-  const auto jobs = info->get<common::JobsReply>().jobs;
+  const auto jobs = std::move(info->jobs);
   std::vector<std::vector<common::Event>> events;
   std::vector<std::size_t> plotted;  // indexes into jobs of those with progress events
   for (std::size_t i = 0; i < jobs.size(); ++i) {

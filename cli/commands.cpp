@@ -50,6 +50,33 @@ std::optional<json> request(const Options& o, const json& req, int& code) {
   return *reply;
 }
 
+Result<common::JobsReply> all_results(Client& client, json req) {
+  common::JobsReply all;
+  for (bool more = true; more;) {
+    auto r = client.call(req);
+    if (!r) return r.error();
+    auto page = r->get<common::JobsReply>();
+    more = page.more && !page.jobs.empty();
+    if (more) req["after"] = page.jobs.back().id;
+    std::move(page.jobs.begin(), page.jobs.end(), std::back_inserter(all.jobs));
+  }
+  return all;
+}
+
+std::optional<common::JobsReply> all_results(const Options& o, const json& req, int& code) {
+  auto client = Client::connect(o.socket);
+  if (!client) {
+    code = report(client.error());
+    return std::nullopt;
+  }
+  auto r = all_results(*client, req);
+  if (!r) {
+    code = report(r.error());
+    return std::nullopt;
+  }
+  return std::move(*r);
+}
+
 void print_json(const json& j) { std::cout << j.dump(2) << "\n"; }
 
 // Commands that act on many jobs print a line per job up to this many, then counts instead.
@@ -144,9 +171,9 @@ bool read_spec_file(const std::string& file, json& jobs) {
 int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t>& ids) {
   if (batch != 0) {
     int code = 0;
-    auto reply = request(o, {{"cmd", "results"}, {"batch", batch}}, code);
+    auto reply = all_results(o, {{"cmd", "results"}, {"batch", batch}}, code);
     if (!reply) return code;
-    for (const auto& j : reply->get<common::JobsReply>().jobs)
+    for (const auto& j : reply->jobs)
       if (std::find(ids.begin(), ids.end(), j.id) == ids.end()) ids.push_back(j.id);
   }
   if (ids.empty()) {
@@ -274,7 +301,7 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const
   if (!reply) return code;
   auto st = reply->get<common::JobsReply>();
   if (o.json) {
-    print_json({{"jobs", (*reply)["jobs"]}, {"total", st.total}, {"queued_total", st.queued_total}});
+    print_json({{"jobs", (*reply)["jobs"]}, {"total", st.total}, {"queued_total", st.queued_total}, {"more", st.more}});
     return k_exit_ok;
   }
   if (st.jobs.empty()) {
@@ -625,9 +652,9 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
   std::size_t drawn = 0;
   common::JobsReply w;
   for (;;) {
-    auto r = client->call({{"cmd", "results"}, {"ids", pending}});
+    auto r = all_results(*client, {{"cmd", "results"}, {"ids", pending}});
     if (!r) return report(r.error());
-    for (auto& j : r->get<common::JobsReply>().jobs) latest[j.id] = std::move(j);
+    for (auto& j : r->jobs) latest[j.id] = std::move(j);
     w.jobs.clear();
     pending.clear();
     for (const auto& [id, j] : latest) {
@@ -673,7 +700,12 @@ int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double time
   auto reply = request(o, {{"cmd", "wait"}, {"ids", ids}, {"timeout_s", timeout_s}}, code);
   if (!reply) return code;
   auto w = reply->get<common::JobsReply>();
-  print_json({{"jobs", (*reply)["jobs"]}, {"timed_out", w.timed_out}});
+  if (w.more) {  // a reply holds so many jobs: the rest, as they are now
+    auto rest = all_results(o, {{"cmd", "results"}, {"ids", ids}, {"after", w.jobs.back().id}}, code);
+    if (!rest) return code;
+    std::move(rest->jobs.begin(), rest->jobs.end(), std::back_inserter(w.jobs));
+  }
+  print_json({{"jobs", w.jobs}, {"timed_out", w.timed_out}});
   if (w.timed_out) return k_exit_timeout;
   return all_succeeded(w) ? k_exit_ok : k_exit_job_failed;
 }
@@ -706,9 +738,9 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
   int code = 0;
   json req = {{"cmd", "results"}, {"ids", ids}};
   if (batch) req["batch"] = batch;
-  auto reply = request(o, req, code);
+  auto reply = all_results(o, req, code);
   if (!reply) return code;
-  auto r = reply->get<common::JobsReply>();
+  const auto& r = *reply;
   if (o.json) {
     json out = json::array();
     for (const auto& j : r.jobs)

@@ -12,6 +12,10 @@ namespace gpuq::cli {
 int report(const Error& e);
 // Connects and sends one request; on failure prints the error and sets `code`.
 std::optional<nlohmann::json> request(const Options& o, const nlohmann::json& req, int& code);
+// Every job a `results` request names, over as many pages as gpuqd sends (each reply is bounded:
+// common::k_max_reply_jobs), in id order.
+Result<common::JobsReply> all_results(common::Client& client, nlohmann::json req);
+std::optional<common::JobsReply> all_results(const Options& o, const nlohmann::json& req, int& code);
 void print_json(const nlohmann::json& j);
 double now_s();  // unix seconds
 

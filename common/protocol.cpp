@@ -4,6 +4,8 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 #include "common/job_state.hpp"
 #include "common/spec.hpp"
@@ -25,13 +27,22 @@ T get_or(const json& j, const char* field, T fallback, const char* want) {
   if constexpr (std::is_same_v<T, bool>) {
     if (!it->is_boolean()) bad(field, want);
   } else if constexpr (std::is_integral_v<T>) {
+    // In range of T, not wrapped: `attempt: 4294967297` is not attempt 1.
+    const bool fits = it->is_number_unsigned()
+                          ? it->template get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
+                          : it->is_number_integer() && it->template get<std::int64_t>() >= std::numeric_limits<T>::min() &&
+                                it->template get<std::int64_t>() <= std::numeric_limits<T>::max();
     if (!it->is_number_integer()) bad(field, want);
+    if (!fits) bad(field, std::string(want) + " (at most " + std::to_string(std::numeric_limits<T>::max()) + ")");
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!it->is_number()) bad(field, want);
   } else {
     if (!it->is_string()) bad(field, want);
+    // Strings reach C APIs (fnmatch, paths), which would cut them at a NUL byte.
+    if (it->template get_ref<const std::string&>().find('\0') != std::string::npos)
+      bad(field, std::string(want) + " without NUL bytes");
   }
-  return it->get<T>();
+  return it->template get<T>();
 }
 
 std::vector<std::int64_t> id_list(const json& j, const char* field) {
@@ -40,7 +51,8 @@ std::vector<std::int64_t> id_list(const json& j, const char* field) {
   if (it == j.end() || it->is_null()) return ids;
   if (!it->is_array()) bad(field, "an array of job ids");
   for (const auto& v : *it) {
-    if (!v.is_number_integer() || v.get<std::int64_t>() <= 0) bad(field, "an array of positive job ids");
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX) || v.get<std::int64_t>() <= 0)
+      bad(field, "an array of positive job ids");
     ids.push_back(v.get<std::int64_t>());
   }
   return ids;
@@ -79,14 +91,16 @@ SubmitRequest decode_submit(const json& j) {
 StatusRequest decode_status(const json& j) {
   StatusRequest r;
   r.all = get_or<bool>(j, "all", false, "true or false");
+  const std::string up_to = "between 1 and " + std::to_string(k_max_reply_jobs);
   r.limit = get_or<int>(j, "limit", 20, "an integer");
-  if (r.limit < 0) bad("limit", ">= 0");
+  if (r.limit < 0 || r.limit > k_max_reply_jobs) bad("limit", "between 0 and " + std::to_string(k_max_reply_jobs));
   r.after = get_or<std::int64_t>(j, "after", 0, "a job id");
   if (r.after < 0) bad("after", "a job id >= 0");
   r.page = get_or<int>(j, "page", 1000, "an integer");
-  if (r.page < 1 || r.page > 10000) bad("page", "between 1 and 10000");
+  if (r.page < 1 || r.page > k_max_reply_jobs) bad("page", up_to);
   r.queued = get_or<std::int64_t>(j, "queued", -1, "an integer");
-  if (r.queued < -1) bad("queued", "-1 (every queued job) or more");
+  if (r.queued < -1 || r.queued > k_max_reply_jobs)
+    bad("queued", "-1 (as many as a reply holds) or 0 to " + std::to_string(k_max_reply_jobs));
   r.filter.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
   if (r.filter.batch < 0) bad("batch", "a batch id");
   if (auto it = j.find("states"); it != j.end()) {
@@ -127,7 +141,14 @@ IdsRequest decode_ids(const json& j) {
 ResultsRequest decode_results(const json& j) {
   ResultsRequest r;
   r.ids = id_list(j, "ids");
+  std::sort(r.ids.begin(), r.ids.end());
+  r.ids.erase(std::unique(r.ids.begin(), r.ids.end()), r.ids.end());
   r.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
+  if (r.batch < 0) bad("batch", "a batch id");
+  r.after = get_or<std::int64_t>(j, "after", 0, "a job id");
+  if (r.after < 0) bad("after", "a job id >= 0");
+  r.page = get_or<int>(j, "page", k_max_reply_jobs, "an integer");
+  if (r.page < 1 || r.page > k_max_reply_jobs) bad("page", "between 1 and " + std::to_string(k_max_reply_jobs));
   return r;
 }
 

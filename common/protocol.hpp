@@ -107,6 +107,13 @@ struct HelloRequest {
   std::string client;
 };
 constexpr int k_max_running_limit = 1000000;  // the largest batch limit on running jobs
+// Every reply that lists jobs is bounded, so no request can make gpuqd build a huge reply or hold
+// its thread long (docs/reliability.md): at most k_max_reply_jobs jobs in any list (about 50 ms
+// of gpuqd's time at 2,000), and a list stops early once its results and progress pass
+// k_max_reply_bytes (each job's are bounded too, at 1 MiB). A cut list says `more`; the client
+// asks again from the last id it got (`after`).
+constexpr int k_max_reply_jobs = 2000;
+constexpr std::size_t k_max_reply_bytes = 64 << 20;
 
 struct SubmitRequest {
   json jobs;  // one spec object or an array: validated by common::parse_batch in the daemon
@@ -127,13 +134,15 @@ bool matches(const JobFilter& f, std::int64_t batch, std::string_view state, con
 struct StatusRequest {
   JobFilter filter;
   bool all = false;
-  int limit = 20;  // finished jobs shown besides the active ones (ignored with all)
+  int limit = 20;  // finished jobs shown besides the active ones (ignored with all): 0..k_max_reply_jobs
   // With all: one page of every job, in id order, from the first id above `after`; the reply's
   // `more` says whether another page follows. Clients page through history of any size with
   // bounded memory on both sides.
   std::int64_t after = 0;
-  int page = 1000;  // 1..10000
-  std::int64_t queued = -1;  // without all: at most this many queued jobs, the first in line; -1 = every one
+  int page = 1000;  // 1..k_max_reply_jobs
+  // Without all: at most this many queued jobs, the first in line, up to k_max_reply_jobs; -1 =
+  // as many as a reply holds. `queued_total` counts them all.
+  std::int64_t queued = -1;
 };
 struct IdRequest {  // show
   std::int64_t id = 0;
@@ -167,8 +176,12 @@ struct CleanRequest : SelectRequest {  // ids: ended jobs; batch: its ended jobs
   bool forget = false;            // remove the jobs' records too (not with checkpoints_only)
 };
 struct ResultsRequest {
-  std::vector<std::int64_t> ids;
+  std::vector<std::int64_t> ids;  // each once, ascending, whatever the request repeated
   std::int64_t batch = 0;
+  // One page: the jobs named (ids and batch) with ids above `after`, in id order, at most `page`
+  // (1..k_max_reply_jobs); the reply's `more` says whether another page follows.
+  std::int64_t after = 0;
+  int page = k_max_reply_jobs;
 };
 
 struct EventsRequest {
@@ -215,7 +228,7 @@ struct JobsReply {  // status, wait, results
   std::vector<JobInfo> jobs;
   std::int64_t total = 0;  // status: jobs in history (shown or not) that the filter keeps
   bool timed_out = false;  // wait: the wait's own timeout expired first
-  bool more = false;       // status --all: another page follows (ask again with `after`)
+  bool more = false;       // the list was cut (a page, or the reply's bound): ask again with `after`
   std::int64_t queued_total = 0;  // status: queued jobs, shown or not, that the filter keeps
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobsReply, jobs, total, timed_out, more, queued_total)

@@ -37,13 +37,33 @@ bool valid_name(const std::string& s) {
   });
 }
 
+// The path of the first string (or key) in `v` that holds a NUL byte, or "" when none does.
+// Such a string is cut at the NUL by exec and every C API, so the job would run something other
+// than its stored spec. Depth is bounded by the parser (json_input.hpp).
+std::string nul_path(const json& v, const std::string& path) {
+  if (v.is_string()) return v.get_ref<const std::string&>().find('\0') != std::string::npos ? path : "";
+  if (v.is_array())
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (auto p = nul_path(v[i], path + "[" + std::to_string(i) + "]"); !p.empty()) return p;
+  if (v.is_object())
+    for (const auto& [k, item] : v.items()) {
+      const std::string at = path.empty() ? k : path + "." + k;
+      if (k.find('\0') != std::string::npos) return path.empty() ? "(a key)" : path + " (a key)";
+      if (auto p = nul_path(item, at); !p.empty()) return p;
+    }
+  return "";
+}
+
 // Collects the problems of one job; every message is prefixed with the job's position and name.
 class JobParser {
  public:
   JobParser(const json& obj, std::size_t index, std::vector<std::string>& errors)
       : m_errors(errors),
         m_prefix(prefix_of(obj, index)),
-        m_reader(obj, m_prefix, "", errors, {k_fields.begin(), k_fields.end()}) {}
+        m_reader(obj, m_prefix, "", errors, {k_fields.begin(), k_fields.end()}) {
+    if (auto at = nul_path(obj, ""); !at.empty())
+      fail("field `" + at.substr(0, 128) + "` contains a NUL byte (\\u0000), which would cut it short at exec");
+  }
 
   void fail(const std::string& msg) { m_reader.fail(msg); }
   const json* get(std::string_view key) { return m_reader.get(key); }
@@ -166,8 +186,10 @@ class JobParser {
     if (int_field("retries", 0, k_max_retries, x)) s.retries = static_cast<int>(x);
     if (const json* v = get("timeout_s")) {
       if (!v->is_number()) fail("field `timeout_s` must be a number of seconds, got " + json_type_name(*v));
-      else if (v->get<double>() <= 0 || v->get<double>() > 1e9)
+      else if (v->get<double>() <= 0)
         fail("field `timeout_s` must be > 0 (leave it out for no timeout)");
+      else if (v->get<double>() > k_max_timeout_s)
+        fail("field `timeout_s` must be at most 1e9 seconds (31 years; leave it out for no timeout)");
       else s.timeout_s = v->get<double>();
     }
 

@@ -95,6 +95,7 @@ std::string describe_exit(const json& failure) {
 
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
+constexpr std::size_t k_env_reserve_bytes = 16 << 10;  // the variables gpuq sets for a rank (job-spec.md), with room
 constexpr double k_launch_retry_s = 5;  // a launch that failed (job dir, disk) is tried again after
 
 // What the scheduler needs to know of a queued job.
@@ -252,11 +253,24 @@ json Daemon::cmd_submit(const json& req) {
   std::int64_t max_mb = 0;
   for (const auto& g : m_inventory.gpus()) max_mb = std::max(max_mb, g.memory_total_mb);
   const int n_gpus = static_cast<int>(m_inventory.gpus().size());
+  // exec takes at most ARG_MAX bytes of arguments and environment in all (E2BIG), pointers
+  // included: a job that would pass it is refused now, not failed at every launch.
+  const auto exec_bytes = [](const std::string& s) { return s.size() + 1 + sizeof(char*); };
+  std::size_t base_bytes = 0;
+  for (const auto& [k, v] : base) base_bytes += exec_bytes(k + "=" + v);
+  const long arg_max = ::sysconf(_SC_ARG_MAX);
   std::vector<std::string> errors;
   std::vector<JobRecord> jobs;
   for (std::size_t i = 0; i < parsed->size(); ++i) {
     auto& s = (*parsed)[i];
     std::string who = "job[" + std::to_string(i) + "]" + (s.name.empty() ? "" : " (" + s.name + ")");
+    std::size_t bytes = base_bytes + k_env_reserve_bytes;
+    for (const auto& a : s.command) bytes += exec_bytes(a);
+    for (const auto& [k, v] : s.env) bytes += exec_bytes(k + "=" + v);
+    if (arg_max > 0 && bytes > static_cast<std::size_t>(arg_max))
+      errors.push_back(who + ": its command and environment come to " + std::to_string(bytes >> 10) +
+                       " KiB; exec takes at most " + std::to_string(arg_max >> 10) + " KiB in all (the submitter's " +
+                       "environment is " + std::to_string(base_bytes >> 10) + " KiB of it)");
     if (s.gpus > n_gpus)
       errors.push_back(who + ": asks for " + std::to_string(s.gpus) + " GPUs; this machine has " +
                        std::to_string(n_gpus) + " (" + m_inventory.source() + ")");
@@ -396,25 +410,40 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   return i;
 }
 
+bool Daemon::add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t& bytes) const {
+  if (out.jobs.size() >= static_cast<std::size_t>(common::k_max_reply_jobs) || bytes >= common::k_max_reply_bytes) {
+    out.more = true;
+    return false;
+  }
+  out.jobs.push_back(info_of(r));
+  const auto& i = out.jobs.back();
+  // What the record's fixed fields take is small; results and progress are what can be large.
+  bytes += 512 + (i.result.is_null() ? 0 : i.result.dump().size()) + (i.progress.is_null() ? 0 : i.progress.dump().size());
+  return true;
+}
+
 json Daemon::cmd_status(const json& req) {
   auto q = common::decode_status(req);
   common::JobsReply out;
   const auto& f = q.filter;
   out.total = m_store->count_jobs(f);
+  std::size_t bytes = 0;
   if (q.all) {
     // One page more than asked tells whether another page follows.
     auto rows = m_store->page_after(q.after, q.page + 1, f);
     out.more = rows.size() > static_cast<std::size_t>(q.page);
     if (out.more) rows.pop_back();
-    for (const auto& r : rows) out.jobs.push_back(info_of(r));
+    for (const auto& r : rows)
+      if (!add_to_reply(out, r, bytes)) break;
     return out;
   }
   const auto keep = [&](const JobRecord& r) {
     return f.empty() || common::matches(f, r.batch, to_string(r.state), r.spec.name);
   };
-  for (auto& r : m_store->recent_finished(q.limit, f)) out.jobs.push_back(info_of(r));
+  // Without all, the lists are cut to the reply's bound (`more`), never paged: running jobs first,
+  // then the queue's head, then the most recent ended jobs.
   for (std::int64_t id : m_running)
-    if (keep(m_active.at(id).rec)) out.jobs.push_back(info_of(m_active.at(id).rec));
+    if (keep(m_active.at(id).rec) && !add_to_reply(out, m_active.at(id).rec, bytes)) break;
   // Queued jobs in line order, as many as asked: a deep queue need not travel whole, unless a
   // filter has its jobs counted. Held jobs are not in line: they come after it.
   std::int64_t shown = 0, kept = 0;
@@ -422,9 +451,8 @@ json Daemon::cmd_status(const json& req) {
     const JobRecord& r = m_active.at(id).rec;
     if (!keep(r)) return true;
     ++kept;
-    if (q.queued >= 0 && shown >= q.queued) return !f.empty();
-    ++shown;
-    out.jobs.push_back(info_of(r));
+    if ((q.queued >= 0 && shown >= q.queued) || out.more) return !f.empty();
+    if (add_to_reply(out, r, bytes)) ++shown;
     return true;
   };
   if (f.states.empty() || std::find(f.states.begin(), f.states.end(), "queued") != f.states.end()) {
@@ -433,6 +461,8 @@ json Daemon::cmd_status(const json& req) {
     for (auto it = m_held.begin(); more && it != m_held.end(); ++it) more = visit(*it);
   }
   out.queued_total = f.empty() ? static_cast<std::int64_t>(m_queue.size() + m_held.size()) : kept;
+  for (auto& r : m_store->recent_finished(q.limit, f))
+    if (!add_to_reply(out, r, bytes)) break;
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   return out;
 }
@@ -467,17 +497,43 @@ json Daemon::cmd_events(const json& req) {
   auto rows = m_store->events(q.id, out.attempt, q.after, q.page + 1, q.type);
   out.more = rows.size() > static_cast<std::size_t>(q.page);
   if (out.more) rows.pop_back();
-  for (auto& e : rows) out.events.push_back({e.seq, e.rank, e.type, e.at, std::move(e.data)});
+  std::size_t bytes = 0;
+  for (auto& e : rows) {
+    if (bytes >= common::k_max_reply_bytes) {  // each event is under 1 MiB: the reply stays bounded
+      out.more = true;
+      break;
+    }
+    bytes += 64 + e.data.dump().size();
+    out.events.push_back({e.seq, e.rank, e.type, e.at, std::move(e.data)});
+  }
   return out;
 }
 
 json Daemon::cmd_results(const json& req) {
   auto q = common::decode_results(req);
   if (q.ids.empty() && q.batch == 0) throw RequestError(ErrorCode::bad_request, "give job ids or a batch");
+  // Every id named must exist, on every page alike; then one page of them, in id order.
+  std::vector<std::int64_t> ids = q.ids;  // ascending, each once
+  for (auto id : ids) existing_job(id);
+  std::vector<JobRecord> batch_rows;
+  if (q.batch) batch_rows = jobs_of_batch(q.batch);
+  for (const auto& r : batch_rows) ids.push_back(r.id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   common::JobsReply out;
-  if (q.batch)
-    for (const auto& r : jobs_of_batch(q.batch)) out.jobs.push_back(info_of(r));
-  for (auto id : q.ids) out.jobs.push_back(info_of(existing_job(id)));
+  std::size_t bytes = 0;
+  int shown = 0;
+  for (auto it = std::upper_bound(ids.begin(), ids.end(), q.after); it != ids.end(); ++it) {
+    if (shown == q.page) {
+      out.more = true;
+      break;
+    }
+    auto row = std::lower_bound(batch_rows.begin(), batch_rows.end(), *it,
+                                [](const JobRecord& r, std::int64_t id) { return r.id < id; });
+    const bool in_batch = row != batch_rows.end() && row->id == *it;
+    if (!add_to_reply(out, in_batch ? *row : existing_job(*it), bytes)) break;
+    ++shown;
+  }
   return out;
 }
 
@@ -1030,8 +1086,9 @@ void Daemon::cmd_wait(const json& req, Reply& reply) {
       for (auto it = m_waiters.begin(); it != m_waiters.end(); ++it) {
         if (it->timer != timer) continue;
         common::JobsReply out;
+        std::size_t bytes = 0;
         for (auto id : it->ids)
-          if (auto rec = lookup(id)) out.jobs.push_back(info_of(*rec));
+          if (auto rec = lookup(id); rec && !add_to_reply(out, *rec, bytes)) break;
         out.timed_out = true;
         Reply r = std::move(it->reply);
         m_waiters.erase(it);
@@ -1054,8 +1111,9 @@ void Daemon::notify_waiters() {
       continue;
     }
     common::JobsReply out;
+    std::size_t bytes = 0;
     for (auto id : m_waiters[i].ids)
-      if (auto rec = m_store->get(id)) out.jobs.push_back(info_of(*rec));
+      if (auto rec = m_store->get(id); rec && !add_to_reply(out, *rec, bytes)) break;
     Waiter w = std::move(m_waiters[i]);
     m_waiters.erase(m_waiters.begin() + static_cast<std::ptrdiff_t>(i));
     if (w.timer) w.timer->cancel();

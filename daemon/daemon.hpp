@@ -144,6 +144,10 @@ class Daemon {
   // A job as clients see it: the in-memory record (with why it waits) when the job is active,
   // else `stored`.
   common::JobInfo info_of(const JobRecord& stored) const;
+  // Appends `r` as clients see it, counting it against the reply's bound (common::k_max_reply_jobs
+  // and k_max_reply_bytes, with `bytes` so far); once the reply is full, adds nothing, sets
+  // `more` and returns false.
+  bool add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t& bytes) const;
   std::optional<JobRecord> lookup(std::int64_t id);
   // "job N, which does not exist" or "…, which was forgotten": what to say of an id not found.
   std::string missing_job(std::int64_t id);

@@ -166,7 +166,12 @@ bool socket_in_use(const std::string& path) {
 }  // namespace
 
 Server::Server(asio::io_context& io, Daemon& daemon, std::string socket_path, double idle_timeout_s)
-    : m_io(io), m_daemon(daemon), m_path(std::move(socket_path)), m_idle_timeout_s(idle_timeout_s), m_acceptor(io) {}
+    : m_io(io),
+      m_daemon(daemon),
+      m_path(std::move(socket_path)),
+      m_idle_timeout_s(idle_timeout_s),
+      m_acceptor(io),
+      m_accept_retry(io) {}
 
 Server::~Server() { close(); }
 
@@ -193,6 +198,7 @@ Result<bool> Server::listen() {
 
 void Server::close() {
   if (!m_acceptor.is_open()) return;
+  m_accept_retry.cancel();
   boost::system::error_code ec;
   m_acceptor.close(ec);
   ::unlink(m_path.c_str());
@@ -200,8 +206,20 @@ void Server::close() {
 
 void Server::accept() {
   m_acceptor.async_accept([this](const boost::system::error_code& ec, local::socket socket) {
-    if (ec == asio::error::operation_aborted) return;
-    if (!ec) std::make_shared<Connection>(std::move(socket), m_daemon, m_idle_timeout_s)->start();
+    if (ec == asio::error::operation_aborted || !m_acceptor.is_open()) return;
+    if (ec) {
+      // EMFILE or ENFILE, mostly: the connection stays in the backlog, so accepting again at
+      // once fails again at once, at 100% CPU. Pause; the client is served once fds free up.
+      if (!std::exchange(m_accept_failing, true))
+        std::cerr << "gpuqd: cannot accept connections (" << ec.message() << "); trying again every 100 ms\n";
+      m_accept_retry.expires_after(std::chrono::milliseconds(100));
+      m_accept_retry.async_wait([this](const boost::system::error_code& e) {
+        if (!e) accept();
+      });
+      return;
+    }
+    if (std::exchange(m_accept_failing, false)) std::cerr << "gpuqd: accepting connections again\n";
+    std::make_shared<Connection>(std::move(socket), m_daemon, m_idle_timeout_s)->start();
     accept();
   });
 }

@@ -1,7 +1,8 @@
 // gpuqd's socket server: a unix stream socket (0600 in a 0700 directory), one JSON request per
 // line, replies in order. Peers are checked with SO_PEERCRED (same uid or root only). Lines over
 // k_max_request_bytes are refused without buffering them whole; a connection that sends nothing
-// for the idle timeout is closed, so no client can pin the daemon.
+// for the idle timeout is closed, so no client can pin the daemon. Out of file descriptors,
+// accepting pauses (100 ms at a time) instead of failing again at once in a loop.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
@@ -30,6 +31,8 @@ class Server {
   std::string m_path;
   double m_idle_timeout_s;
   boost::asio::local::stream_protocol::acceptor m_acceptor;
+  boost::asio::steady_timer m_accept_retry;  // after a failed accept (out of file descriptors)
+  bool m_accept_failing = false;
 };
 
 }  // namespace gpuq::daemon

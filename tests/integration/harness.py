@@ -3,6 +3,7 @@ real gpuq. Binary paths come from CMake through $GPUQ_BIN_DIR. A failing test ke
 temporary directory and prints where it is."""
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -45,8 +46,18 @@ class Daemon:
         self.proc = None
         self.log = None
 
-    def start(self, env=None, cpus=None):
-        """Starts gpuqd; `cpus` (a set of cores) is its affinity mask, as under taskset -c."""
+    def start(self, env=None, cpus=None, stack_kb=None, nofile=None):
+        """Starts gpuqd; `cpus` (a set of cores) is its affinity mask, as under taskset -c;
+        `stack_kb` its stack limit, as under ulimit -s (exec's ARG_MAX is a quarter of it);
+        `nofile` its limit on open files, as under ulimit -n."""
+        def setup():
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            if stack_kb:
+                resource.setrlimit(resource.RLIMIT_STACK, (stack_kb << 10, stack_kb << 10))
+            if nofile:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         if self.log:
             self.log.close()
         self.log = open(os.path.join(self.tmp, "gpuqd.log"), "ab")
@@ -54,7 +65,7 @@ class Daemon:
             [os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket, "--state-dir", self.state,
              "--gpus", self.gpus, *self.defaults(), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env if env is not None else self.env,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+            preexec_fn=setup if cpus or stack_kb or nofile else None)
         wait_until(lambda: self.proc.poll() is not None or self.run("daemon", "status").returncode == 0,
                    what="gpuqd to answer")
         if self.proc.poll() is not None:

@@ -134,5 +134,107 @@ class VanishedCwd(DaemonTest):
         self.assertFalse(os.path.exists(self.tmp_path("CREATED_BY_JOB")))
 
 
+class BoundedReplies(DaemonTest):
+    def test_a_result_asked_for_1000_times_comes_once(self):
+        # A 7 KB request naming one job with a 1 MB result 1,000 times made a 1 GB reply.
+        code = ("import json, os\n"
+                "with open(os.environ['GPUQ_EVENTS'], 'a') as f:\n"
+                "    f.write(json.dumps({'type': 'result', 'blob': 'x' * 900000}) + '\\n')\n")
+        job_id = self.d.submit(python_job(code, name="big-result"))["ids"][0]
+        self.assertEqual(len(self.d.wait([job_id])[job_id]["result"]["blob"]), 900000)
+        for cmd in ("results", "wait"):
+            reply = self.d.request({"cmd": cmd, "ids": [job_id] * 1000})
+            self.assertTrue(reply["ok"], reply)
+            self.assertEqual([j["id"] for j in reply["jobs"]], [job_id])
+
+    def test_lists_are_cut_at_the_reply_bound_and_the_cli_pages_through_all_of_them(self):
+        n = 2500  # over k_max_reply_jobs (2,000)
+        ids = self.d.submit([{"name": f"q{i}", "shell": "true"} for i in range(n)], "--hold")["ids"]
+        status = self.d.request({"cmd": "status", "queued": -1})
+        self.assertEqual(len(status["jobs"]), 2000)
+        self.assertTrue(status["more"])
+        self.assertEqual(status["queued_total"], n)
+        self.assertEqual(len(self.d.json("status", "--all")["jobs"]), n)
+        page = self.d.request({"cmd": "results", "batch": 1})
+        self.assertEqual(len(page["jobs"]), 2000)
+        self.assertTrue(page["more"])
+        self.assertEqual([j["id"] for j in self.d.json("results", "--batch", "1")["jobs"]], ids)
+        self.d.ok("cancel", "--batch", "1")
+        r = self.d.run("wait", *map(str, ids), "--json")
+        self.assertEqual(r.returncode, 1, r.stderr)  # cancelled is not success
+        self.assertEqual([j["id"] for j in json.loads(r.stdout)["jobs"]], ids)
+
+    def test_request_integers_out_of_range_are_refused_not_wrapped(self):
+        job_id = self.d.submit({"name": "one", "shell": "true"})["ids"][0]
+        self.d.wait([job_id])
+        for request, field in (({"cmd": "events", "id": job_id, "attempt": 4294967297}, "attempt"),
+                               ({"cmd": "events", "id": job_id, "page": 4294967297}, "page"),
+                               ({"cmd": "status", "limit": 4294967296}, "limit"),
+                               ({"cmd": "status", "limit": 1000000}, "limit"),
+                               ({"cmd": "status", "all": True, "page": 0}, "page"),
+                               ({"cmd": "status", "queued": 10 ** 9}, "queued"),
+                               ({"cmd": "show", "id": 18446744073709551615}, "id"),
+                               ({"cmd": "results", "ids": [18446744073709551615]}, "ids"),
+                               ({"cmd": "hello", "protocol_version": 4294967297}, "protocol_version")):
+            with self.subTest(request=request):
+                reply = self.d.request(request)
+                self.assertFalse(reply["ok"], reply)
+                self.assertEqual(reply["error"]["code"], "bad_request")
+                self.assertIn(f"`{field}`", reply["error"]["message"])
+
+
+class RefusedAtSubmit(DaemonTest):
+    def test_a_command_and_environment_past_exec_s_limit_is_refused_at_submit(self):
+        # Under `ulimit -s 1024` exec takes 256 KiB of arguments and environment; each variable
+        # here is under the 128 KiB a single one may have, all of them are not.
+        self.d.stop()
+        self.d.start(stack_kb=1024)
+        env = {f"V{i}": "x" * 100000 for i in range(3)}
+        r = self.d.run("submit", "-", input=json.dumps({"name": "fat-env", "shell": "true", "env": env}))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("exec takes at most 256 KiB in all", r.stderr)
+        self.assertEqual(self.d.json("status", "--all")["jobs"], [])
+
+    def test_a_nul_byte_in_a_command_or_after_a_request_is_refused(self):
+        r = self.d.run("submit", "-", input=json.dumps({"command": ["echo", "safe\0; touch PWNED"]}))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("field `command[1]` contains a NUL byte", r.stderr)
+        reply = self.d.request(b'{"cmd": "hello", "protocol_version": 1}\0junk\n')
+        self.assertFalse(reply["ok"])
+        self.assertIn("NUL byte", reply["error"]["message"])
+        reply = self.d.request({"cmd": "status", "name": "a\0*"})
+        self.assertFalse(reply["ok"])
+        self.assertIn("`name`", reply["error"]["message"])
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+class OutOfDescriptors(DaemonTest):
+    def test_out_of_file_descriptors_accepting_pauses_instead_of_spinning_and_then_recovers(self):
+        self.d.stop()
+        self.d.start(nofile=64)
+        log = os.path.join(self.tmp, "gpuqd.log")
+        held = []
+        try:
+            for _ in range(100):  # more than gpuqd can hold open: the rest wait in the backlog
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(self.d.socket)
+                held.append(s)
+            wait_until(lambda: "cannot accept connections" in open(log).read(), what="gpuqd to run out of fds")
+            # A measurement over one second: a spinning accept loop burns most of it.
+            before = cpu_seconds(self.d.proc.pid)
+            time.sleep(1.0)
+            self.assertLess(cpu_seconds(self.d.proc.pid) - before, 0.5)
+        finally:
+            for s in held:
+                s.close()
+        self.assertEqual(self.d.request({"cmd": "hello", "protocol_version": 1})["ok"], True)
+        wait_until(lambda: "accepting connections again" in open(log).read(), what="the recovery to be logged")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -33,6 +33,20 @@ TEST_CASE("a minimal command job gets the documented defaults") {
   CHECK_FALSE(s.shared);
 }
 
+TEST_CASE("a NUL byte in any string of a spec is refused by its field, not cut short at exec") {
+  CHECK(contains(error_of(R"({"command": ["echo", "a\u0000; rm -rf ~"]})"),
+                 "field `command[1]` contains a NUL byte"));
+  CHECK(contains(error_of(R"({"shell": "true\u0000junk"})"), "field `shell` contains a NUL byte"));
+  CHECK(contains(error_of(R"({"command": ["true"], "env": {"A": "x\u0000y"}})"), "field `env.A` contains a NUL byte"));
+  CHECK(contains(error_of(R"({"command": ["true"], "cwd": "/tmp\u0000/x"})"), "field `cwd` contains a NUL byte"));
+}
+
+TEST_CASE("a timeout beyond the limit says the limit, not that it must be positive") {
+  CHECK(contains(error_of(R"({"command": ["true"], "timeout_s": 2e9})"), "field `timeout_s` must be at most 1e9 seconds"));
+  auto ok = parse_batch(json::parse(R"({"command": ["true"], "timeout_s": 1e9})"), "/tmp");
+  CHECK(ok.ok());
+}
+
 TEST_CASE("a typo in a field name is an error that suggests the right name") {
   auto msg = error_of(R"({"name": "x", "command": ["true"], "gpu": 2})");
   CHECK(contains(msg, "job[0] (x): unknown field `gpu` (did you mean `gpus`?)"));
