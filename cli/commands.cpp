@@ -36,12 +36,24 @@ int report(const Error& e) {
   return e.code == ErrorCode::unavailable ? k_exit_unavailable : k_exit_refused;
 }
 
-std::optional<json> request(const Options& o, const json& req, int& code) {
+void outlive_restarts(const Options& o, Client& client) {
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  const double window = o.reconnect_s;
+  client.reconnect_for(window, [tty, window](const std::string& what) {
+    if (!tty) return;
+    std::cerr << "gpuq: " << what;
+    if (what != "reconnected") std::cerr << " for up to " << window << " s";
+    std::cerr << "\n";
+  });
+}
+
+std::optional<json> request(const Options& o, const json& req, int& code, bool reconnect) {
   auto client = Client::connect(o.socket);
   if (!client) {
     code = report(client.error());
     return std::nullopt;
   }
+  if (reconnect) outlive_restarts(o, *client);
   auto reply = client->call(req);
   if (!reply) {
     code = report(reply.error());
@@ -411,6 +423,7 @@ std::streamoff tail_start(const std::string& path, int n, int& lines) {
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail) {
   auto client = Client::connect(o.socket);
   if (!client) return report(client.error());
+  if (follow) outlive_restarts(o, *client);
   auto show = [&]() -> std::optional<common::ShowReply> {
     auto r = client->call({{"cmd", "show"}, {"id", id}});
     if (!r) {
@@ -638,6 +651,7 @@ int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int
 int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
   auto client = Client::connect(o.socket);
   if (!client) return report(client.error());
+  outlive_restarts(o, *client);
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   std::size_t width = 120, rows = 24;
   if (winsize ws{}; tty && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20) {
@@ -697,7 +711,7 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
   if (!o.json) return watch(o, ids, timeout_s);
   int code = 0;
-  auto reply = request(o, {{"cmd", "wait"}, {"ids", ids}, {"timeout_s", timeout_s}}, code);
+  auto reply = request(o, {{"cmd", "wait"}, {"ids", ids}, {"timeout_s", timeout_s}}, code, true);
   if (!reply) return code;
   auto w = reply->get<common::JobsReply>();
   if (w.more) {  // a reply holds so many jobs: the rest, as they are now
@@ -857,6 +871,7 @@ int cmd_config(const Options& o, const common::Settings& s, const std::string& s
   add("cpu_slots", s.cpu_slots);
   add("health_interval_s", s.health_interval_s);
   add("forget_after_s", s.forget_after_s);
+  add("reconnect_s", s.reconnect_s);
   if (!socket_flag.empty()) settings["socket"] = {{"value", o.socket}, {"from", socket_flag}};
   if (o.json) {
     print_json({{"file", path}, {"file_found", !s.file.empty()}, {"socket", o.socket}, {"settings", settings}});

@@ -24,6 +24,9 @@ constexpr int k_exit_timeout = 124;
 struct Options {
   std::string socket;  // resolved: --socket, $GPUQ_SOCKET, default
   bool json = false;
+  // How long `wait`, `submit --wait` and `logs -f` keep reconnecting after losing gpuqd (a
+  // restart is ordinary: systemctl restart, a crash and its restart); setting reconnect_s.
+  double reconnect_s = 60;
 };
 
 // Appends the ids of `batch`'s jobs (if batch != 0) to `ids`; 0, or the exit code of a failure

@@ -319,6 +319,7 @@ int main(int argc, char** argv) {
     return k_exit_usage;
   }
   opt.socket = !socket.empty() ? socket : settings->socket.value_or(gpuq::common::default_socket_path());
+  opt.reconnect_s = settings->reconnect_s.value_or(opt.reconnect_s);
   if (show_config) return cmd_config(opt, *settings, socket.empty() ? "" : "--socket");
   return run ? run() : k_exit_usage;
 }

@@ -5,8 +5,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
+#include <utility>
 
 #include "common/protocol.hpp"
 
@@ -30,6 +34,8 @@ Result<Client> Client::connect(const std::string& socket_path, const std::string
                                              std::strerror(err) + "); start it with `gpuq daemon start`"};
   }
   Client c(fd);
+  c.m_socket_path = socket_path;
+  c.m_client_name = client_name;
   auto hello = c.roundtrip({{"cmd", "hello"}, {"protocol_version", k_protocol_version}, {"client", client_name}});
   if (!hello) return hello.error();
   c.m_hello = *hello;
@@ -37,7 +43,13 @@ Result<Client> Client::connect(const std::string& socket_path, const std::string
 }
 
 Client::Client(Client&& other) noexcept
-    : m_fd(other.m_fd), m_buffer(std::move(other.m_buffer)), m_hello(std::move(other.m_hello)) {
+    : m_fd(other.m_fd),
+      m_buffer(std::move(other.m_buffer)),
+      m_hello(std::move(other.m_hello)),
+      m_socket_path(std::move(other.m_socket_path)),
+      m_client_name(std::move(other.m_client_name)),
+      m_reconnect_s(other.m_reconnect_s),
+      m_on_retry(std::move(other.m_on_retry)) {
   other.m_fd = -1;
 }
 
@@ -48,6 +60,10 @@ Client& Client::operator=(Client&& other) noexcept {
     other.m_fd = -1;
     m_buffer = std::move(other.m_buffer);
     m_hello = std::move(other.m_hello);
+    m_socket_path = std::move(other.m_socket_path);
+    m_client_name = std::move(other.m_client_name);
+    m_reconnect_s = other.m_reconnect_s;
+    m_on_retry = std::move(other.m_on_retry);
   }
   return *this;
 }
@@ -56,7 +72,39 @@ Client::~Client() {
   if (m_fd >= 0) ::close(m_fd);
 }
 
-Result<json> Client::call(const json& request) { return roundtrip(request); }
+void Client::reconnect_for(double seconds, std::function<void(const std::string&)> on_retry) {
+  m_reconnect_s = seconds;
+  m_on_retry = std::move(on_retry);
+}
+
+Result<json> Client::call(const json& request) {
+  auto reply = roundtrip(request);
+  if (reply || reply.error().code != ErrorCode::unavailable || m_reconnect_s <= 0) return reply;
+  // gpuqd went away mid-request: connect again until one answers or the time is up. The reply
+  // is unavailable only when no gpuqd answered: errors of the new one's come back as they are.
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(m_reconnect_s);
+  if (m_on_retry) m_on_retry("lost gpuqd (" + reply.error().message + "); reconnecting");
+  for (double delay = 0.1; clock::now() < deadline; delay = std::min(2.0, delay * 2)) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    auto fresh = connect(m_socket_path, m_client_name);
+    if (!fresh) {
+      if (fresh.error().code != ErrorCode::unavailable) return fresh.error();
+      reply = fresh.error();
+      continue;
+    }
+    ::close(m_fd);
+    m_fd = std::exchange(fresh->m_fd, -1);
+    m_buffer = std::move(fresh->m_buffer);
+    m_hello = std::move(fresh->m_hello);
+    reply = roundtrip(request);
+    if (reply || reply.error().code != ErrorCode::unavailable) {
+      if (m_on_retry) m_on_retry("reconnected");
+      return reply;
+    }
+  }
+  return reply;
+}
 
 Result<json> Client::roundtrip(const json& request) {
   std::string line = request.dump() + "\n";

@@ -2,6 +2,7 @@
 // exchange on connect, so a version mismatch is reported before any command is sent.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +25,11 @@ class Client {
 
   // Sends one request and reads one reply line; returns the reply body or its error.
   Result<nlohmann::json> call(const nlohmann::json& request);
+  // For clients that outlive a daemon restart (`wait`, `logs -f`), with idempotent requests
+  // only: when gpuqd goes away (systemctl restart, a crash and its restart), `call` connects
+  // again with backoff (0.1 s doubling to 2 s) for up to `seconds` and sends the request again.
+  // `on_retry` hears of each lost connection (once per outage) and of the reconnection.
+  void reconnect_for(double seconds, std::function<void(const std::string& what)> on_retry = {});
   const nlohmann::json& hello() const { return m_hello; }
 
  private:
@@ -33,6 +39,9 @@ class Client {
   int m_fd = -1;
   std::string m_buffer;  // bytes read past the last reply line
   nlohmann::json m_hello;
+  std::string m_socket_path, m_client_name;  // to connect again
+  double m_reconnect_s = 0;
+  std::function<void(const std::string&)> m_on_retry;
 };
 
 }  // namespace gpuq::common

@@ -63,6 +63,7 @@ constexpr Rule k_rules[] = {
     {"cpu_slots", nullptr, "int", 1, 1 << 20},
     {"health_interval_s", nullptr, "number", 0, 86400},
     {"forget_after_s", nullptr, "number", 0, 86400 * 3660},
+    {"reconnect_s", "GPUQ_RECONNECT_S", "number", 0, 86400},
 };
 
 // Stores one value (a JSON string or number) under its rule; an error message otherwise.
@@ -99,6 +100,7 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
        : key == "retry_backoff_s"   ? s.retry_backoff_s
        : key == "health_interval_s" ? s.health_interval_s
        : key == "forget_after_s"    ? s.forget_after_s
+       : key == "reconnect_s"       ? s.reconnect_s
                                     : s.idle_timeout_s) = *d;
     }
   }
@@ -154,7 +156,7 @@ Result<bool> apply_environment(Settings& s) {
     const std::string text = env(r.variable);
     if (text.empty()) continue;
     json v = text;
-    if (std::string(r.kind) == "int") {  // the whole text must be a number
+    if (std::string(r.kind) == "int" || std::string(r.kind) == "number") {  // the whole text must be a number
       char* end = nullptr;
       errno = 0;
       const double x = std::strtod(text.c_str(), &end);

@@ -25,6 +25,7 @@ struct Settings {
   std::optional<int> cpu_slots;          // "cpu_slots"
   std::optional<double> health_interval_s;  // "health_interval_s"
   std::optional<double> forget_after_s;  // "forget_after_s"
+  std::optional<double> reconnect_s;     // "reconnect_s"     $GPUQ_RECONNECT_S (gpuq wait, logs -f)
   std::string file;                      // the file read, empty if none
   std::map<std::string, std::string> source;  // key -> the file's path or "$VARIABLE"
 };

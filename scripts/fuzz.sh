@@ -11,16 +11,17 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 [ -f "$build/CMakeCache.txt" ] || CC=clang CXX=clang++ cmake -S . -B "$build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUQ_BUILD_FUZZERS=ON -DGPUQ_WITH_TORCH=OFF -DGPUQ_BUILD_TESTS=OFF
-cmake --build "$build" --parallel "$(nproc)" --target fuzz_request fuzz_job_spec
+cmake --build "$build" --parallel "$(nproc)" --target fuzz_request fuzz_job_spec fuzz_events
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-mkdir -p "$scratch/request" "$scratch/job_spec"
-for target in request job_spec; do
+mkdir -p "$scratch/request" "$scratch/job_spec" "$scratch/events"
+for target in request job_spec events; do
   case $target in
     request) seeds=(tests/corpus/requests) ;;
     job_spec) seeds=(tests/corpus/specs jobs) ;;
+    events) seeds=(tests/corpus/events) ;;
   esac
   echo "fuzz: $target for ${seconds}s"
   "$build/bin/fuzz_$target" "$scratch/$target" "${seeds[@]}" -max_total_time="$seconds" \

@@ -19,7 +19,7 @@ FAKE_NVML_DIR = os.path.abspath(os.path.join(BIN, "..", "tests", "fake-nvml"))
 # The tests' gpuqd and gpuq read no configuration file and no defaults from the environment
 # (a developer's ~/.config/gpuq/config.json must not change what they test).
 os.environ["GPUQ_CONFIG"] = ""
-for _variable in ("GPUQ_SOCKET", "GPUQ_STATE_DIR", "GPUQ_GPUS", "GPUQ_LOG_LIMIT_MB", "GPUQ_RETRIES"):
+for _variable in ("GPUQ_SOCKET", "GPUQ_STATE_DIR", "GPUQ_GPUS", "GPUQ_LOG_LIMIT_MB", "GPUQ_RETRIES", "GPUQ_RECONNECT_S"):
     os.environ.pop(_variable, None)
 
 

@@ -3,9 +3,11 @@ crashed, stalled or fooled gpuqd (docs/reliability.md, "Untrusted input"). Every
 daemon is still answering afterwards."""
 import json
 import os
+import pty
 import signal
 import socket
 import subprocess
+import threading
 import time
 import unittest
 
@@ -205,6 +207,113 @@ class RefusedAtSubmit(DaemonTest):
         reply = self.d.request({"cmd": "status", "name": "a\0*"})
         self.assertFalse(reply["ok"])
         self.assertIn("`name`", reply["error"]["message"])
+
+
+def read_all(fd, out):
+    """Appends what a pseudo-terminal's other side writes to `out` until it closes."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the other side closed
+            return
+        if not chunk:
+            return
+        out.append(chunk.decode(errors="replace"))
+
+
+def sockets_of(pid):
+    """How many sockets a process holds open (a client connected to gpuqd adds one)."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+class ClientsOutliveRestarts(DaemonTest):
+    """`systemctl restart gpuqd` (or a crash and its restart) under someone's scripted wait."""
+
+    def blocked_job(self, first="", second=""):
+        release = self.tmp_path("release")
+        job_id = self.d.submit({"name": "slow", "shell": f"echo {first or 'started'}; "
+                                f"while [ ! -e {release} ]; do sleep 0.05; done; echo {second or 'done'}"})["ids"][0]
+        wait_until(lambda: self.d.show(job_id)["job"]["state"] == "running", what="the job to run")
+        return job_id, release
+
+    def restart_daemon(self, release):
+        self.d.kill9()
+        self.d.start()
+        open(release, "w").close()
+
+    def client(self, *args, reconnect_s=None):
+        env = dict(os.environ, GPUQ_SOCKET=self.d.socket)
+        if reconnect_s is not None:
+            env["GPUQ_RECONNECT_S"] = str(reconnect_s)
+        return subprocess.Popen([os.path.join(BIN, "gpuq"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+
+    def test_wait_reconnects_and_exits_with_the_job_s_outcome(self):
+        job_id, release = self.blocked_job()
+        p = self.client("wait", str(job_id))
+        self.assertIn("running", p.stdout.readline())  # connected: it has seen the job run
+        self.restart_daemon(release)
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertIn("succeeded", out)
+
+    def test_wait_json_reconnects_and_exits_with_the_job_s_outcome(self):
+        job_id, release = self.blocked_job()
+        before = sockets_of(self.d.proc.pid)
+        p = self.client("wait", "--json", str(job_id))
+        wait_until(lambda: sockets_of(self.d.proc.pid) > before, what="the wait to connect")
+        self.restart_daemon(release)
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertEqual([j["state"] for j in json.loads(out)["jobs"]], ["succeeded"])
+
+    def test_logs_follow_reconnects_and_prints_what_follows(self):
+        job_id, release = self.blocked_job("first-line", "second-line")
+        p = self.client("logs", "-f", str(job_id))
+        self.assertEqual(p.stdout.readline().strip(), "first-line")
+        self.restart_daemon(release)
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertEqual(out.split(), ["second-line"])
+
+    def test_on_a_terminal_it_says_it_lost_gpuqd_and_reconnected(self):
+        job_id, release = self.blocked_job("first-line", "second-line")
+        leader, follower = pty.openpty()
+        env = dict(os.environ, GPUQ_SOCKET=self.d.socket)
+        p = subprocess.Popen([os.path.join(BIN, "gpuq"), "logs", "-f", str(job_id)], stdin=follower, stdout=follower,
+                             stderr=follower, env=env)
+        os.close(follower)
+        out = []
+        reader = threading.Thread(target=lambda: read_all(leader, out))
+        reader.start()
+        try:
+            wait_until(lambda: "first-line" in "".join(out), what="the first line")
+            self.restart_daemon(release)
+            self.assertEqual(p.wait(timeout=120), 0)
+        finally:
+            reader.join(timeout=30)
+            os.close(leader)
+        text = "".join(out)
+        self.assertIn("gpuq: lost gpuqd (", text)
+        self.assertIn("reconnecting for up to 60 s", text)
+        self.assertIn("gpuq: reconnected", text)
+        self.assertIn("second-line", text)
+
+    def test_a_wait_on_a_daemon_that_never_comes_back_still_fails_and_says_so(self):
+        job_id, _ = self.blocked_job()
+        before = sockets_of(self.d.proc.pid)
+        p = self.client("wait", "--json", str(job_id), reconnect_s=2)
+        wait_until(lambda: sockets_of(self.d.proc.pid) > before, what="the wait to connect")
+        self.d.kill9()  # and no restart: it gives up after its reconnect window
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 3, out + err)
+        self.assertIn("gpuqd is not running", err)
 
 
 def cpu_seconds(pid):

@@ -75,19 +75,23 @@ class Durability(DaemonTest):
         runs = self.tmp_path("runs")
         done_before = self.d.submit({"name": "early", "command": ["true"]})["ids"][0]
         self.d.wait([done_before])
-        # One GPU: the first job runs, the other two queue behind it.
-        jobs = [{"name": f"q{i}", "gpus": 1, "shell": f"echo q{i} >> {runs}; sleep 1.5; " +
-                 event_line(type="result", n=i)} for i in range(3)]
+        # One GPU: the first job runs, the other two queue behind it. Each waits until the test
+        # releases it, so the first is still running when the daemon comes back however slow the
+        # machine is.
+        release = self.tmp_path("release")
+        jobs = [{"name": f"q{i}", "gpus": 1, "shell": f"echo q{i} >> {runs}; "
+                 f"while [ ! -e {release} ]; do sleep 0.02; done; " + event_line(type="result", n=i)}
+                for i in range(3)]
         ids = self.d.submit(jobs)["ids"]
         wait_until(lambda: self.d.show(ids[0])["job"]["state"] == "running", what="the first job")
         self.d.kill9()
-        time.sleep(0.3)
         self.assertTrue(pids_matching(f"{self.d.state}/jobs/{ids[0]}/"), "the job died with the daemon")
         self.d.start()
         status = {j["id"]: j for j in self.d.json("status")["jobs"]}
         self.assertEqual(status[done_before]["state"], "succeeded")
         self.assertEqual(status[ids[0]]["state"], "running")
         self.assertEqual([status[i]["state"] for i in ids[1:]], ["queued", "queued"])
+        open(release, "w").close()
         done = self.d.wait(ids)
         self.assertTrue(all(j["state"] == "succeeded" for j in done.values()), done)
         self.assertEqual([done[i]["result"] for i in ids], [{"n": 0}, {"n": 1}, {"n": 2}])
@@ -96,10 +100,13 @@ class Durability(DaemonTest):
         self.assertIn("re-adopted job", open(self.tmp_path("gpuqd.log")).read())
 
     def test_a_job_that_ends_while_the_daemon_is_down_is_recorded(self):
-        job_id = self.d.submit({"name": "quick", "shell": "sleep 0.5; exit 4"})["ids"][0]
+        release = self.tmp_path("release")
+        job_id = self.d.submit({"name": "quick", "shell": f"while [ ! -e {release} ]; do sleep 0.02; done; exit 4"})["ids"][0]
         wait_until(lambda: self.d.show(job_id)["job"]["state"] == "running", what="the job")
         self.d.kill9()
-        time.sleep(1.2)
+        open(release, "w").close()  # it ends now, with no daemon: its supervisor records the end
+        exit_record = os.path.join(self.d.state, "jobs", str(job_id), "attempt-1", "exit.json")
+        wait_until(lambda: os.path.exists(exit_record), what="the job to end")
         self.d.start()
         job = self.d.wait([job_id])[job_id]
         self.assertEqual(job["state"], "failed")

@@ -232,9 +232,9 @@ class CpuPinning(DaemonTest):
         # The slots are in the store: a restarted gpuqd neither starts the wide job nor reuses a core.
         self.d.kill9()
         self.d.start()
-        time.sleep(0.5)
+        # The restarted gpuqd's first pass has looked at the job once it gives the reason again.
+        wait_until(lambda: self.d.show(all_)["job"]["reason"] == waiting, what="a scheduling pass")
         self.assertEqual(self.d.show(all_)["job"]["state"], "queued")
-        self.assertEqual(self.d.show(all_)["job"]["reason"], waiting)
 
         open(go, "w").close()
         done = self.d.wait(sub["ids"])
@@ -367,7 +367,7 @@ class CpuPinning(DaemonTest):
             self.assertIn(f"job {first} runs on cores {high}, launched under another CPU mask", log.read())
         # Two cores, two jobs of one: the pool is full, and a third waits.
         third = self.d.submit({"name": "third", "cpus": 1, "shell": PINNED.format(go=go)})["ids"][0]
-        time.sleep(0.3)
+        wait_until(lambda: "CPU slot" in self.d.show(third)["job"]["reason"], what="a pass to look at the job")
         self.assertEqual(self.d.show(third)["job"]["state"], "queued")
         open(go, "w").close()
         done = self.d.wait([first, second, third])

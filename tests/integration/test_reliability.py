@@ -28,8 +28,11 @@ def read_text(path):
 class DaemonDeath(DaemonTest):
     def test_kill_9_with_4_running_and_100_queued_runs_every_job_exactly_once(self):
         runs = self.tmp_path("runs")
-        # Each job appends its id (O_APPEND: one line per run), sleeps, and reports a result.
-        jobs = [{"name": f"j{i}", "gpus": 1, "shell": f'echo "$GPUQ_JOB_ID" >> {runs}; sleep 0.3; echo out-$GPUQ_JOB_ID; '
+        release = self.tmp_path("release")
+        # Each job appends its id (O_APPEND: one line per run), waits until the test releases the
+        # jobs (so the first four hold their GPUs however slow the machine), and reports a result.
+        jobs = [{"name": f"j{i}", "gpus": 1, "shell": f'echo "$GPUQ_JOB_ID" >> {runs}; '
+                 f'while [ ! -e {release} ]; do sleep 0.02; done; echo out-$GPUQ_JOB_ID; '
                  + event_line(type="result", ok=1)} for i in range(104)]
         ids = self.d.submit(jobs)["ids"]
 
@@ -37,9 +40,13 @@ class DaemonDeath(DaemonTest):
             states = [j["state"] for j in self.d.json("status", "--all")["jobs"]]
             return states.count("running"), states.count("queued")
 
-        wait_until(lambda: counts() == (4, 100), timeout=10, interval=0.01, what="4 running, 100 queued")
+        wait_until(lambda: counts() == (4, 100), what="4 running, 100 queued")
+        running = [j["id"] for j in self.d.json("status", "--all")["jobs"] if j["state"] == "running"]
         self.d.kill9()
-        time.sleep(1.0)  # the 4 running jobs end while no daemon is there
+        # The 4 running jobs end while no daemon is there: their supervisors record it.
+        open(release, "w").close()
+        exits = [os.path.join(self.d.state, "jobs", str(i), "attempt-1", "exit.json") for i in running]
+        wait_until(lambda: all(os.path.exists(e) for e in exits), what="the running jobs to end")
         self.d.start()
         # Once more, mid-queue.
         wait_until(lambda: counts()[1] < 60, timeout=60, what="the queue to drain halfway")
