@@ -693,35 +693,45 @@ json Daemon::cmd_cancel(const json& req) {
   // All ids must exist before anything is cancelled: a typo cancels nothing.
   std::map<std::int64_t, JobState> states;
   for (auto id : q.ids) states[id] = existing_job(id).state;
+  // The queued ones end in one transaction: a failed write (disk full) cancels none of them.
+  std::vector<JobRecord> cancelled;
+  std::set<std::int64_t> now_cancelled;
+  for (auto id : q.ids)
+    if (auto it = m_active.find(id); it != m_active.end() && it->second.rec.state == JobState::queued &&
+                                     now_cancelled.insert(id).second) {
+      JobRecord next = it->second.rec;
+      next.state = JobState::cancelled;
+      next.held = false;
+      next.ended_at = wall_now();
+      next.reason = next.attempt > 0 ? "cancelled while waiting to retry" : "cancelled before it started";
+      cancelled.push_back(std::move(next));
+    }
+  std::vector<const JobRecord*> rows;
+  for (const auto& r : cancelled) rows.push_back(&r);
+  if (!rows.empty()) m_store->update_many(rows);
+  for (auto& r : cancelled) {
+    Active& a = m_active.at(r.id);
+    a.rec = std::move(r);
+    finalize(a);
+  }
   common::CancelReply out;
   for (auto id : q.ids) {
     auto it = m_active.find(id);
     if (it == m_active.end()) {
-      out.jobs.push_back({id, std::string(to_string(states.at(id))), false});
+      const bool done_now = now_cancelled.count(id) > 0;
+      out.jobs.push_back({id, done_now ? "cancelled" : std::string(to_string(states.at(id))), done_now});
       continue;
     }
     Active& a = it->second;
-    if (a.rec.state == JobState::queued) {
+    // Record the intent first: whatever happens next, this job ends as cancelled.
+    if (!a.rec.cancel_requested) {
       JobRecord next = a.rec;
-      next.state = JobState::cancelled;
-      next.held = false;
-      next.ended_at = wall_now();
-      next.reason = a.rec.attempt > 0 ? "cancelled while waiting to retry" : "cancelled before it started";
-      m_store->update(next, true);
-      a.rec = std::move(next);
-      out.jobs.push_back({id, "cancelled", true});
-      finalize(a);
-    } else {
-      // Record the intent first: whatever happens next, this job ends as cancelled.
-      if (!a.rec.cancel_requested) {
-        JobRecord next = a.rec;
-        next.cancel_requested = true;
-        m_store->update(next, false);
-        a.rec.cancel_requested = true;
-      }
-      if (a.shim.pid > 0 && is_alive(a.shim)) ::kill(a.shim.pid, SIGTERM);
-      out.jobs.push_back({id, "running", true});
+      next.cancel_requested = true;
+      m_store->update(next, false);
+      a.rec.cancel_requested = true;
     }
+    if (a.shim.pid > 0 && is_alive(a.shim)) ::kill(a.shim.pid, SIGTERM);
+    out.jobs.push_back({id, "running", true});
   }
   schedule_soon();
   return out;

@@ -1,6 +1,7 @@
 // SQLite-backed job store (see store.hpp). Statements are prepared once and cached.
 #include "daemon/store.hpp"
 
+#include "common/json_input.hpp"
 #include "daemon/launcher.hpp"
 
 #include <sqlite3.h>
@@ -62,9 +63,20 @@ std::string text(sqlite3_stmt* st, int col) {
   return p ? reinterpret_cast<const char*>(p) : "";
 }
 
+// A JSON column. What gpuqd stores went through json_input.hpp's limits, but a store written by
+// an older gpuq may hold results and events nested without a limit (a 50,000-deep result made
+// every `status --json` take gigabytes): those read back as a string saying so, never as a value
+// whose printing recurses that deep.
 json json_col(sqlite3_stmt* st, int col) {
   if (sqlite3_column_type(st, col) == SQLITE_NULL) return nullptr;
-  return json::parse(text(st, col), nullptr, false);
+  bool too_deep = false;
+  try {
+    json v = common::parse_depth_limited(text(st, col), too_deep);
+    if (too_deep) return "(dropped: nested deeper than " + std::to_string(common::k_max_json_depth) + " levels)";
+    return v;
+  } catch (const json::exception&) {
+    return json::value_t::discarded;
+  }
 }
 
 void bind_text(sqlite3_stmt* st, int i, const std::string& s) {
@@ -661,7 +673,7 @@ std::vector<EventRow> Store::events(std::int64_t id, int attempt, std::int64_t a
   std::vector<EventRow> out;
   while (sqlite3_step(st) == SQLITE_ROW)
     out.push_back({sqlite3_column_int64(st, 0), sqlite3_column_int(st, 1), text(st, 2), sqlite3_column_double(st, 3),
-                   json::parse(text(st, 4), nullptr, false)});
+                   json_col(st, 4)});
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   return out;

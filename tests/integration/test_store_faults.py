@@ -48,7 +48,7 @@ class DiskFullAtJobEnd(DaemonTest):
 
 class FaultWalk(unittest.TestCase):
     """One failed write at each point of a scenario that passes through submit, launch, events,
-    a retry, a dependency failing, restart and clean --forget."""
+    a retry, a dependency failing, restart, cancel and clean --forget."""
 
     def scenario(self, d):
         def retrying(*args):  # a store_error reply is the client's to retry: nothing happened
@@ -61,7 +61,8 @@ class FaultWalk(unittest.TestCase):
 
         jobs = [{"name": "a", "shell": event_line(type="result", ok=1)},
                 {"name": "b", "shell": "exit 3", "retries": 1},
-                {"name": "c", "shell": "true", "after": ["b"]}]
+                {"name": "c", "shell": "true", "after": ["b"]},
+                {"name": "d", "shell": "true", "after": ["c"]}]
         with open(os.path.join(d.tmp, "jobs.json"), "w") as f:
             json.dump(jobs, f)
         ids = retrying("submit", os.path.join(d.tmp, "jobs.json"))["ids"]
@@ -71,7 +72,8 @@ class FaultWalk(unittest.TestCase):
             return r.returncode == 0 and {j["state"] for j in json.loads(r.stdout)["jobs"]} <= TERMINAL
 
         wait_until(all_ended, timeout=60, what="every job to end")
-        retrying("restart", str(ids[1]))
+        retrying("restart", str(ids[1]))  # b, with c and d that failed waiting for it
+        retrying("cancel", str(ids[3]))  # d, queued behind c
         wait_until(all_ended, timeout=60, what="every job to end after the restart")
         retrying("clean", str(ids[0]), "--forget")
         return ids
@@ -89,6 +91,7 @@ class FaultWalk(unittest.TestCase):
                     self.assertNotIn(ids[0], states)  # forgotten
                     self.assertEqual(states[ids[1]], "failed")
                     self.assertEqual(states[ids[2]], "failed")
+                    self.assertIn(states[ids[3]], ("failed", "cancelled"))
                     self.assertIsNone(d.proc.poll(), "gpuqd died")
                 finally:
                     d.stop()

@@ -62,6 +62,26 @@ TEST_CASE("a batch is stored with ids, resolved dependencies and a first transit
   CHECK((*store)->batch_limits() == std::map<std::int64_t, int>{{2, 4}});
 }
 
+TEST_CASE("a result nested without limit by an older gpuq reads back as a note, not a deep value") {
+  TempDb db;
+  std::int64_t id = 0;
+  {
+    auto store = Store::open(db.path);
+    REQUIRE(store.ok());
+    std::vector<JobRecord> jobs{job_named("deep")};
+    (*store)->insert_batch(jobs, {{}}, "/", json::object(), 1.0);
+    id = jobs[0].id;
+  }
+  const std::string deep = std::string(50000, '[') + std::string(50000, ']');
+  raw_exec(db.path, ("UPDATE jobs SET result='{\"x\": " + deep + "}', progress='{\"step\": 3}'").c_str());
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  auto job = (*store)->get(id);
+  REQUIRE(job);
+  CHECK(job->result == "(dropped: nested deeper than 64 levels)");
+  CHECK(job->progress == json{{"step", 3}});
+}
+
 TEST_CASE("updates persist across reopening, and only active jobs load as active") {
   TempDb db;
   {
