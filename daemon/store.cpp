@@ -459,6 +459,14 @@ std::vector<JobRecord> Store::page_after(std::int64_t after, int limit, const co
   return query_jobs(st);
 }
 
+std::vector<JobRecord> Store::batch_page(std::int64_t batch, std::int64_t after, int limit) {
+  auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? AND id>? ORDER BY id LIMIT ?"));
+  sqlite3_bind_int64(st, 1, batch);
+  sqlite3_bind_int64(st, 2, after);
+  sqlite3_bind_int(st, 3, limit);
+  return query_jobs(st);
+}
+
 std::vector<JobRecord> Store::batch_jobs(std::int64_t batch) {
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? ORDER BY id"));
   sqlite3_bind_int64(st, 1, batch);

@@ -109,6 +109,8 @@ class Store {
   // Up to `limit` jobs that `f` keeps with ids above `after`, in id order (keyset paging).
   std::vector<JobRecord> page_after(std::int64_t after, int limit, const common::JobFilter& f = {});
   std::vector<JobRecord> batch_jobs(std::int64_t batch);
+  // Up to `limit` of the batch's jobs with ids above `after`, in id order (through its index).
+  std::vector<JobRecord> batch_page(std::int64_t batch, std::int64_t after, int limit);
   // The ids of the jobs that ended before `t`, in id order.
   std::vector<std::int64_t> ended_before(double t);
   // Deletes ended jobs' records (job, history, events, event offsets) in one transaction, and

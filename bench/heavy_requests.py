@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Heavy requests against one client's latency: while one client sends a request that makes gpuqd
+work hard, another times `hello` on its own connection over and over. gpuqd serves everyone on one
+thread, so the slowest hello is how long the heavy request held everyone else up. Each request
+here once froze gpuqd for seconds to minutes (docs/reliability.md, "Untrusted input"); replies
+are now bounded and the store's lookups indexed.
+
+  status-queued   `status --json` with N queued jobs (the reply's queued list is capped)
+  results-repeat  `results` naming one job with a 900 KB result 1,000 times (ids deduplicated)
+  results-batch   one page of `results` for a batch of N jobs
+  restart-chain   `restart` of the head of a failed chain of N jobs (each `after` the previous),
+                  N jobs more in the store; also times the chain's failing, job after job
+
+Usage: bench/heavy_requests.py [--bin build/bin] [--jobs 20000]
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "../tests/integration"))
+ap = argparse.ArgumentParser()
+ap.add_argument("--bin", default=os.path.join(HERE, "../build/bin"))
+ap.add_argument("--jobs", type=int, default=20000)
+args = ap.parse_args()
+os.environ["GPUQ_BIN_DIR"] = os.path.abspath(args.bin)
+
+from harness import Daemon, wait_until  # noqa: E402
+
+
+def line_client(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    f = s.makefile("rwb")
+    return s, f
+
+
+def ask(f, req):
+    f.write((json.dumps(req) + "\n").encode())
+    f.flush()
+    return f.readline()
+
+
+def timed(d, req):
+    """(seconds the request took, reply bytes, slowest hello meanwhile)"""
+    s, f = line_client(d.socket)
+    hs, hf = line_client(d.socket)
+    slowest, stop = [0.0], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            t = time.monotonic()
+            ask(hf, {"cmd": "hello", "protocol_version": 1})
+            slowest[0] = max(slowest[0], time.monotonic() - t)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    time.sleep(0.05)
+    t = time.monotonic()
+    reply = ask(f, req)
+    took = time.monotonic() - t
+    stop.set()
+    poller.join()
+    s.close()
+    hs.close()
+    return took, len(reply), slowest[0]
+
+
+def report(name, took, size, slowest):
+    print(f"| {name} | {took * 1000:.0f} ms | {size / 1e6:.2f} MB | {slowest * 1000:.0f} ms |", flush=True)
+
+
+n = args.jobs
+print(f"N = {n}\n\n| request | took | reply | slowest hello meanwhile |\n|---|---|---|---|")
+with tempfile.TemporaryDirectory() as tmp:
+    d = Daemon(tmp, gpus="fake:1").start()
+    try:
+        big = d.submit({"command": ["python3", "-c", "import json,os; open(os.environ['GPUQ_EVENTS'],'a')"
+                                    ".write(json.dumps({'type':'result','blob':'x'*900000})+'\\n')"]})["ids"][0]
+        d.wait([big])
+        report("results-repeat (1 job × 1,000)", *timed(d, {"cmd": "results", "ids": [big] * 1000}))
+        batch = d.submit([{"shell": "true", "name": f"q{i}"} for i in range(n)], "--hold")["batch"]
+        report(f"status-queued ({n} queued)", *timed(d, {"cmd": "status", "queued": -1}))
+        report(f"results-batch ({n} jobs, one page)", *timed(d, {"cmd": "results", "batch": batch}))
+        d.ok("cancel", "--batch", str(batch))
+        # A chain whose head fails: every job after it fails in turn, waiting for the one before.
+        chain = [{"name": "c0", "shell": "exit 1"}] + \
+                [{"name": f"c{i}", "shell": "true", "after": [f"c{i - 1}"]} for i in range(1, n)]
+        t = time.monotonic()
+        ids = d.submit(chain)["ids"]
+        wait_until(lambda: d.show(ids[-1])["job"]["state"] == "failed", timeout=3600, interval=0.5,
+                   what="the chain to fail")
+        print(f"| (the chain of {n} failing, submit to last failure) | {time.monotonic() - t:.1f} s | | |")
+        report(f"restart-chain ({n} jobs, {2 * n + 1} in the store)", *timed(d, {"cmd": "restart", "ids": [ids[0]]}))
+    finally:
+        d.stop()
