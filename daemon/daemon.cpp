@@ -512,9 +512,12 @@ json Daemon::cmd_events(const json& req) {
 json Daemon::cmd_results(const json& req) {
   auto q = common::decode_results(req);
   if (q.ids.empty() && q.batch == 0) throw RequestError(ErrorCode::bad_request, "give job ids or a batch");
-  // Every id named must exist, on every page alike; then one page of them, in id order.
+  // Every id named must exist (checked on the first page, with one index probe each: a client
+  // polling many ids pages through them); then one page of them, in id order.
   std::vector<std::int64_t> ids = q.ids;  // ascending, each once
-  for (auto id : ids) existing_job(id);
+  if (q.after == 0)
+    for (auto id : ids)
+      if (!m_active.count(id) && !m_store->exists(id)) existing_job(id);  // not_found, saying why
   // Of the batch, only the page's worth after `after`: the union's first page lies within it.
   std::vector<JobRecord> batch_rows;
   if (q.batch) {

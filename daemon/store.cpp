@@ -459,6 +459,15 @@ std::vector<JobRecord> Store::page_after(std::int64_t after, int limit, const co
   return query_jobs(st);
 }
 
+bool Store::exists(std::int64_t id) {
+  auto* st = prepare("SELECT 1 FROM jobs WHERE id=?");
+  sqlite3_bind_int64(st, 1, id);
+  const bool found = sqlite3_step(st) == SQLITE_ROW;
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return found;
+}
+
 std::vector<JobRecord> Store::batch_page(std::int64_t batch, std::int64_t after, int limit) {
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? AND id>? ORDER BY id LIMIT ?"));
   sqlite3_bind_int64(st, 1, batch);
