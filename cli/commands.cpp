@@ -47,12 +47,21 @@ void outlive_restarts(const Options& o, Client& client) {
   });
 }
 
-std::optional<json> request(const Options& o, const json& req, int& code, bool reconnect) {
+namespace {
+// A connection to gpuqd, or nothing with the error printed and `code` set.
+std::optional<Client> connect(const Options& o, int& code) {
   auto client = Client::connect(o.socket);
   if (!client) {
     code = report(client.error());
     return std::nullopt;
   }
+  return std::move(*client);
+}
+}  // namespace
+
+std::optional<json> request(const Options& o, const json& req, int& code, bool reconnect) {
+  auto client = connect(o, code);
+  if (!client) return std::nullopt;
   if (reconnect) outlive_restarts(o, *client);
   auto reply = client->call(req);
   if (!reply) {
@@ -76,11 +85,8 @@ Result<common::JobsReply> all_results(Client& client, json req) {
 }
 
 std::optional<common::JobsReply> all_results(const Options& o, const json& req, int& code) {
-  auto client = Client::connect(o.socket);
-  if (!client) {
-    code = report(client.error());
-    return std::nullopt;
-  }
+  auto client = connect(o, code);
+  if (!client) return std::nullopt;
   auto r = all_results(*client, req);
   if (!r) {
     code = report(r.error());

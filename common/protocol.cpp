@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <set>
 
 #include "common/job_state.hpp"
 #include "common/spec.hpp"
@@ -27,12 +28,12 @@ T get_or(const json& j, const char* field, T fallback, const char* want) {
   if constexpr (std::is_same_v<T, bool>) {
     if (!it->is_boolean()) bad(field, want);
   } else if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) bad(field, want);
     // In range of T, not wrapped: `attempt: 4294967297` is not attempt 1.
     const bool fits = it->is_number_unsigned()
                           ? it->template get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
-                          : it->is_number_integer() && it->template get<std::int64_t>() >= std::numeric_limits<T>::min() &&
+                          : it->template get<std::int64_t>() >= std::numeric_limits<T>::min() &&
                                 it->template get<std::int64_t>() <= std::numeric_limits<T>::max();
-    if (!it->is_number_integer()) bad(field, want);
     if (!fits) bad(field, std::string(want) + " (at most " + std::to_string(std::numeric_limits<T>::max()) + ")");
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!it->is_number()) bad(field, want);
@@ -91,13 +92,12 @@ SubmitRequest decode_submit(const json& j) {
 StatusRequest decode_status(const json& j) {
   StatusRequest r;
   r.all = get_or<bool>(j, "all", false, "true or false");
-  const std::string up_to = "between 1 and " + std::to_string(k_max_reply_jobs);
   r.limit = get_or<int>(j, "limit", 20, "an integer");
   if (r.limit < 0 || r.limit > k_max_reply_jobs) bad("limit", "between 0 and " + std::to_string(k_max_reply_jobs));
   r.after = get_or<std::int64_t>(j, "after", 0, "a job id");
   if (r.after < 0) bad("after", "a job id >= 0");
   r.page = get_or<int>(j, "page", 1000, "an integer");
-  if (r.page < 1 || r.page > k_max_reply_jobs) bad("page", up_to);
+  if (r.page < 1 || r.page > k_max_reply_jobs) bad("page", "between 1 and " + std::to_string(k_max_reply_jobs));
   r.queued = get_or<std::int64_t>(j, "queued", -1, "an integer");
   if (r.queued < -1 || r.queued > k_max_reply_jobs)
     bad("queued", "-1 (as many as a reply holds) or 0 to " + std::to_string(k_max_reply_jobs));
@@ -132,6 +132,11 @@ IdRequest decode_id(const json& j) {
 IdsRequest decode_ids(const json& j) {
   IdsRequest r;
   r.ids = id_list(j, "ids");
+  // Each id once, in the order first named: a request repeating one id 1,000 times is not 1,000
+  // times the work (or the reply).
+  std::set<std::int64_t> seen;
+  r.ids.erase(std::remove_if(r.ids.begin(), r.ids.end(), [&](std::int64_t id) { return !seen.insert(id).second; }),
+              r.ids.end());
   if (r.ids.empty()) bad("ids", "a non-empty array of job ids");
   r.timeout_s = get_or<double>(j, "timeout_s", 0.0, "a number of seconds");
   if (r.timeout_s < 0) bad("timeout_s", ">= 0");

@@ -148,7 +148,7 @@ struct IdRequest {  // show
   std::int64_t id = 0;
 };
 struct IdsRequest {  // cancel, wait
-  std::vector<std::int64_t> ids;
+  std::vector<std::int64_t> ids;  // each once, in the order first named
   double timeout_s = 0;  // wait only: 0 = until done
 };
 // Jobs named by id and by batch: hold and release (the batch's queued jobs), and the requests below.

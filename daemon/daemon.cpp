@@ -698,8 +698,13 @@ CpuSlots Daemon::cpu_pool() const {
 json Daemon::cmd_cancel(const json& req) {
   auto q = common::decode_ids(req);
   // All ids must exist before anything is cancelled: a typo cancels nothing.
+  // (Their states alone: an ended job's row may hold a result of a megabyte.)
   std::map<std::int64_t, JobState> states;
-  for (auto id : q.ids) states[id] = existing_job(id).state;
+  for (auto id : q.ids) {
+    auto active = m_active.find(id);
+    auto st = active != m_active.end() ? active->second.rec.state : m_store->state_of(id);
+    states[id] = st ? *st : existing_job(id).state;  // not_found, saying why
+  }
   // The queued ones end in one transaction: a failed write (disk full) cancels none of them.
   std::vector<JobRecord> cancelled;
   std::set<std::int64_t> now_cancelled;
@@ -1091,7 +1096,8 @@ void Daemon::empty_leftover_trash() {
 
 void Daemon::cmd_wait(const json& req, Reply& reply) {
   auto q = common::decode_ids(req);
-  for (auto id : q.ids) existing_job(id);  // all known, or no wait
+  for (auto id : q.ids)  // all known, or no wait (one index probe each)
+    if (!m_active.count(id) && !m_store->exists(id)) existing_job(id);
   std::set<std::int64_t> ids(q.ids.begin(), q.ids.end());
   Waiter w{ids, ids, std::move(reply), nullptr};
   if (q.timeout_s > 0) {

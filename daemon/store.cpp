@@ -468,6 +468,16 @@ bool Store::exists(std::int64_t id) {
   return found;
 }
 
+std::optional<JobState> Store::state_of(std::int64_t id) {
+  auto* st = prepare("SELECT state FROM jobs WHERE id=?");
+  sqlite3_bind_int64(st, 1, id);
+  std::optional<JobState> state;
+  if (sqlite3_step(st) == SQLITE_ROW) state = job_state_from_string(text(st, 0));
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return state;
+}
+
 std::vector<JobRecord> Store::batch_page(std::int64_t batch, std::int64_t after, int limit) {
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? AND id>? ORDER BY id LIMIT ?"));
   sqlite3_bind_int64(st, 1, batch);

@@ -105,6 +105,7 @@ class Store {
   std::vector<JobRecord> load_active();
   std::optional<JobRecord> get(std::int64_t id);
   bool exists(std::int64_t id);  // one index probe: no row is read
+  std::optional<JobState> state_of(std::int64_t id);  // the state alone, without reading the row
   // The last `limit` ended jobs that `f` keeps, in id order.
   std::vector<JobRecord> recent_finished(int limit, const common::JobFilter& f = {});
   // Up to `limit` jobs that `f` keeps with ids above `after`, in id order (keyset paging).
