@@ -48,9 +48,23 @@ void outlive_restarts(const Options& o, Client& client) {
 }
 
 namespace {
-// A connection to gpuqd, or nothing with the error printed and `code` set.
-std::optional<Client> connect(const Options& o, int& code) {
+// A connection to gpuqd, or nothing with the error printed and `code` set. `waiting`: for a client
+// that waits on gpuqd, a socket that is there but unanswered (a gpuqd killed and not yet back)
+// is waited out for o.reconnect_s, as a connection lost later is (outlive_restarts); no socket
+// at all is no daemon, said at once.
+std::optional<Client> connect(const Options& o, int& code, bool waiting = false) {
   auto client = Client::connect(o.socket);
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(o.reconnect_s);
+  bool said = false;
+  for (double delay = 0.1; waiting && !client && client.error().code == ErrorCode::unavailable &&
+                           std::filesystem::exists(o.socket) && clock::now() < deadline;
+       delay = std::min(2.0, delay * 2)) {
+    if (!std::exchange(said, true) && ::isatty(STDERR_FILENO) == 1)
+      std::cerr << "gpuq: gpuqd does not answer on " << o.socket << "; waiting for up to " << o.reconnect_s << " s\n";
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    client = Client::connect(o.socket);
+  }
   if (!client) {
     code = report(client.error());
     return std::nullopt;
@@ -60,7 +74,7 @@ std::optional<Client> connect(const Options& o, int& code) {
 }  // namespace
 
 std::optional<json> request(const Options& o, const json& req, int& code, bool reconnect) {
-  auto client = connect(o, code);
+  auto client = connect(o, code, reconnect);
   if (!client) return std::nullopt;
   if (reconnect) outlive_restarts(o, *client);
   auto reply = client->call(req);
@@ -427,8 +441,9 @@ std::streamoff tail_start(const std::string& path, int n, int& lines) {
 }
 
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail) {
-  auto client = Client::connect(o.socket);
-  if (!client) return report(client.error());
+  int code = 0;
+  auto client = connect(o, code, follow);
+  if (!client) return code;
   if (follow) outlive_restarts(o, *client);
   auto show = [&]() -> std::optional<common::ShowReply> {
     auto r = client->call({{"cmd", "show"}, {"id", id}});
@@ -655,8 +670,9 @@ int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int
 // change again, so each poll asks only for the others. Ends with the same table and exit code as
 // a plain wait.
 int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
-  auto client = Client::connect(o.socket);
-  if (!client) return report(client.error());
+  int code = 0;
+  auto client = connect(o, code, true);
+  if (!client) return code;
   outlive_restarts(o, *client);
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   std::size_t width = 120, rows = 24;
