@@ -718,14 +718,7 @@ json Daemon::cmd_cancel(const json& req) {
       next.reason = next.attempt > 0 ? "cancelled while waiting to retry" : "cancelled before it started";
       cancelled.push_back(std::move(next));
     }
-  std::vector<const JobRecord*> rows;
-  for (const auto& r : cancelled) rows.push_back(&r);
-  if (!rows.empty()) m_store->update_many(rows);
-  for (auto& r : cancelled) {
-    Active& a = m_active.at(r.id);
-    a.rec = std::move(r);
-    finalize(a);
-  }
+  end_queued(std::move(cancelled));
   common::CancelReply out;
   for (auto id : q.ids) {
     auto it = m_active.find(id);
@@ -1209,14 +1202,7 @@ bool Daemon::fail_blocked_dependents(double now) {
     next.reason = why[id].second;
     failed.push_back(std::move(next));
   }
-  std::vector<const JobRecord*> rows;
-  for (const auto& r : failed) rows.push_back(&r);
-  m_store->update_many(rows);
-  for (auto& r : failed) {
-    Active& a = m_active.at(r.id);
-    a.rec = std::move(r);
-    finalize(a);
-  }
+  end_queued(std::move(failed));
   return true;
 }
 
@@ -1489,6 +1475,18 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   a.rec = std::move(next);
   finalize(a);
   schedule_soon();
+}
+
+void Daemon::end_queued(std::vector<JobRecord> ended) {
+  if (ended.empty()) return;
+  std::vector<const JobRecord*> rows;
+  for (const auto& r : ended) rows.push_back(&r);
+  m_store->update_many(rows);  // throws before anything changed in memory
+  for (auto& r : ended) {
+    Active& a = m_active.at(r.id);
+    a.rec = std::move(r);
+    finalize(a);
+  }
 }
 
 void Daemon::index(const Active& a) {

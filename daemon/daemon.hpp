@@ -131,6 +131,9 @@ class Daemon {
   void on_shim_exit(std::int64_t id);
   void finish_attempt(Active& a, const json& outcome);
   void finalize(Active& a);  // terminal: persist, notify waiters, forget
+  // Queued jobs that end without running (cancelled, or failed for a dependency), given as their
+  // terminal records: stored in one transaction, then finalized.
+  void end_queued(std::vector<JobRecord> ended);
   // Files a job in the indexes by its record's state (after every change of state), or takes it out.
   void index(const Active& a);
   void unindex(const JobRecord& r);
