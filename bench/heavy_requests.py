@@ -10,6 +10,9 @@ are now bounded and the store's lookups indexed.
   results-batch   one page of `results` for a batch of N jobs
   restart-chain   `restart` of the head of a failed chain of N jobs (each `after` the previous),
                   N jobs more in the store; also times the chain's failing, job after job
+  submit-matrix   `submit` of one spec with a matrix of --submit-jobs jobs (100,000: the most a
+                  batch may hold), held
+  clean-forget    `clean --forget` of the N jobs of a cancelled batch
 
 Usage: bench/heavy_requests.py [--bin build/bin] [--jobs 20000]
 """
@@ -27,6 +30,7 @@ sys.path.insert(0, os.path.join(HERE, "../tests/integration"))
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(HERE, "../build/bin"))
 ap.add_argument("--jobs", type=int, default=20000)
+ap.add_argument("--submit-jobs", type=int, default=100000)
 args = ap.parse_args()
 os.environ["GPUQ_BIN_DIR"] = os.path.abspath(args.bin)
 
@@ -97,5 +101,13 @@ with tempfile.TemporaryDirectory() as tmp:
                    what="the chain to fail")
         print(f"| (the chain of {n} failing, submit to last failure) | {time.monotonic() - t:.1f} s | | |")
         report(f"restart-chain ({n} jobs, {2 * n + 1} in the store)", *timed(d, {"cmd": "restart", "ids": [ids[0]]}))
+        d.ok("cancel", *map(str, ids))
+        m = args.submit_jobs
+        matrix = {"name": "m{i}-{j}", "command": ["true"], "matrix": {"i": list(range(m // 100)), "j": list(range(100))}}
+        took, size, slowest = timed(d, {"cmd": "submit", "jobs": matrix, "cwd": tmp, "env": {"PATH": os.environ["PATH"]},
+                                        "hold": True})
+        assert size > 1000, "the submit was refused"
+        report(f"submit-matrix ({m} jobs)", took, size, slowest)
+        report(f"clean-forget ({n} jobs of a batch)", *timed(d, {"cmd": "clean", "batch": batch, "forget": True}))
     finally:
         d.stop()

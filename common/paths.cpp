@@ -51,6 +51,11 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, pos);
 }
 
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 Result<bool> ensure_private_dir(const std::string& dir) {
   // Parents are created with the default mode; only the last component must be private.
   for (std::size_t pos = 1; pos != std::string::npos;) {

@@ -313,6 +313,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpusReply, source, gpus, cpu_slo
 // Wraps a reply body: {"ok": true, ...body}. Errors: {"ok": false, "error": {...}}.
 json ok_reply(json body = json::object());
 json error_reply(ErrorCode code, const std::string& message);
+inline json error_reply(const Error& e) { return error_reply(e.code, e.message); }
 // Turns a reply into its body, or the Error it carries (also for replies that are not objects).
 Result<json> unwrap_reply(const json& reply);
 

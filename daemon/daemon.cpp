@@ -24,6 +24,7 @@
 #include "daemon/cpu_topology.hpp"
 #include "daemon/events.hpp"
 #include "daemon/scheduler.hpp"
+#include "daemon/submit_check.hpp"
 
 namespace gpuq::daemon {
 
@@ -32,11 +33,6 @@ namespace {
 bool file_exists(const std::string& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0;
-}
-
-bool is_directory(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 constexpr std::size_t k_max_exit_record = 4 << 20;  // ~4,000 bytes a rank would be 1,000 ranks
@@ -95,8 +91,9 @@ std::string describe_exit(const json& failure) {
 
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
-constexpr std::size_t k_env_reserve_bytes = 16 << 10;  // the variables gpuq sets for a rank (job-spec.md), with room
 constexpr double k_launch_retry_s = 5;  // a launch that failed (job dir, disk) is tried again after
+// How long one part of a submission's writing may hold gpuqd's thread (Store::insert_batch_part).
+constexpr auto k_submit_part = std::chrono::milliseconds(10);
 
 // What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r) {
@@ -114,7 +111,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_ingest_timer(io),
       m_backoff_timer(io),
       m_health_timer(io),
-      m_forget_timer(io) {
+      m_forget_timer(io),
+      m_submit_timer(io) {
   auto slot_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
   m_cores = std::move(slot_cores.cores);
   m_core_nodes = std::move(slot_cores.nodes);
@@ -186,7 +184,7 @@ void Daemon::recover() {
 void Daemon::dispatch(const json& request, Reply reply) {
   using Sync = json (Daemon::*)(const json&);
   static const std::map<std::string, Sync> k_commands{
-      {"hello", &Daemon::cmd_hello},   {"submit", &Daemon::cmd_submit},   {"status", &Daemon::cmd_status},
+      {"hello", &Daemon::cmd_hello},   {"status", &Daemon::cmd_status},
       {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
       {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},   {"restart", &Daemon::cmd_restart},
       {"hold", &Daemon::cmd_hold},     {"release", &Daemon::cmd_release},
@@ -198,6 +196,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
     const std::string cmd = request["cmd"].get<std::string>();
     if (cmd == "wait") return cmd_wait(request, reply);
     if (cmd == "clean") return cmd_clean(request, reply);
+    if (cmd == "submit") return cmd_submit(request, reply);
     if (cmd == "shutdown") {
       reply(common::ok_reply());
       if (on_shutdown) asio::post(m_io, on_shutdown);
@@ -228,91 +227,106 @@ json Daemon::cmd_hello(const json& req) {
 
 // ---- submit -------------------------------------------------------------------------------------
 
-json Daemon::cmd_submit(const json& req) {
+// A submit is checked on a helper thread (check_batch: parsing, file-system lookups), then written
+// in parts, one per turn of gpuqd's loop (Store::insert_batch_part), so that no client waits
+// behind a 100,000-job matrix for more than a part's time. Submissions are written one at a time,
+// in the order their checks end; the jobs exist for other requests only once all are written.
+void Daemon::cmd_submit(const json& req, Reply& reply) {
   auto sub = common::decode_submit(req);
   if (sub.cwd.empty() || sub.cwd[0] != '/')
     throw RequestError(ErrorCode::bad_request, "field `cwd` must be the submitter's absolute working directory");
-  if (m_config.default_retries > 0) {  // the configured default, for specs that name none
-    auto fill = [&](json& spec) {
-      if (spec.is_object() && !spec.contains("retries")) spec["retries"] = m_config.default_retries;
-    };
-    if (sub.jobs.is_array())
-      for (auto& spec : sub.jobs) fill(spec);
-    else
-      fill(sub.jobs);
-  }
-  auto parsed = common::parse_batch(sub.jobs, sub.cwd);
-  if (!parsed) throw RequestError(parsed.error());
-  auto deps = common::resolve_batch_dependencies(*parsed);
-  if (!deps) throw RequestError(deps.error());
+  MachineFacts facts;
+  facts.gpus = static_cast<int>(m_inventory.gpus().size());
+  for (const auto& g : m_inventory.gpus()) facts.largest_gpu_mb = std::max(facts.largest_gpu_mb, g.memory_total_mb);
+  facts.gpu_source = m_inventory.source();
+  facts.have_worker = !m_config.worker_path.empty();
+  facts.default_retries = m_config.default_retries;
+  auto s = std::make_shared<Submission>();
+  s->reply = std::move(reply);
+  s->max_running = sub.max_running;
+  s->cwd = sub.cwd;
+  asio::post(m_check_thread, [this, s, sub = std::move(sub), facts]() mutable {
+    try {
+      s->checked = check_batch(std::move(sub), facts);
+    } catch (const std::exception& e) {  // out of memory, say: the submitter hears of it
+      s->checked = Error{ErrorCode::internal, std::string("internal error: ") + e.what()};
+    }
+    asio::post(m_io, [this, s] { submit_checked(s); });
+  });
+}
 
-  // The jobs' base environment: the submitter's, as sbatch and pueue do; the daemon's if none.
-  const Env base = sub.env.empty() ? common::current_environment() : sub.env;
+void Daemon::submit_checked(const std::shared_ptr<Submission>& s) {
+  if (!s->checked) return s->reply(common::error_reply(s->checked.error()));
+  auto& batch = *s->checked;
+  std::map<std::int64_t, bool> known;  // each id looked up once, however many jobs name it
+  for (const auto& [i, id] : batch.outside_deps) {
+    auto [it, fresh] = known.try_emplace(id, false);
+    if (fresh) it->second = lookup(id).has_value();
+    if (!it->second) {
+      const auto& spec = batch.jobs[i].spec;
+      batch.problems.push_back("job[" + std::to_string(i) + "] (" + spec.name + "): `after` names " + missing_job(id));
+    }
+  }
+  if (!batch.problems.empty()) return s->reply(common::error_reply(batch.refusal()));
+  s->at = wall_now();
+  m_submissions.push_back(s);
+  if (m_submissions.size() == 1) write_submission();
+}
 
-  // Checks that need this machine: GPU count and memory, dependencies, directories, executables.
-  std::int64_t max_mb = 0;
-  for (const auto& g : m_inventory.gpus()) max_mb = std::max(max_mb, g.memory_total_mb);
-  const int n_gpus = static_cast<int>(m_inventory.gpus().size());
-  // exec takes at most ARG_MAX bytes of arguments and environment in all (E2BIG), pointers
-  // included: a job that would pass it is refused now, not failed at every launch.
-  const auto exec_bytes = [](const std::string& s) { return s.size() + 1 + sizeof(char*); };
-  std::size_t base_bytes = 0;
-  for (const auto& [k, v] : base) base_bytes += exec_bytes(k + "=" + v);
-  const long arg_max = ::sysconf(_SC_ARG_MAX);
-  std::vector<std::string> errors;
-  std::vector<JobRecord> jobs;
-  for (std::size_t i = 0; i < parsed->size(); ++i) {
-    auto& s = (*parsed)[i];
-    std::string who = "job[" + std::to_string(i) + "]" + (s.name.empty() ? "" : " (" + s.name + ")");
-    std::size_t bytes = base_bytes + k_env_reserve_bytes;
-    for (const auto& a : s.command) bytes += exec_bytes(a);
-    for (const auto& [k, v] : s.env) bytes += exec_bytes(k + "=" + v);
-    if (arg_max > 0 && bytes > static_cast<std::size_t>(arg_max))
-      errors.push_back(who + ": its command and environment come to " + std::to_string(bytes >> 10) +
-                       " KiB; exec takes at most " + std::to_string(arg_max >> 10) + " KiB in all (the submitter's " +
-                       "environment is " + std::to_string(base_bytes >> 10) + " KiB of it)");
-    if (s.gpus > n_gpus)
-      errors.push_back(who + ": asks for " + std::to_string(s.gpus) + " GPUs; this machine has " +
-                       std::to_string(n_gpus) + " (" + m_inventory.source() + ")");
-    if (s.gpu_memory_mb > max_mb && n_gpus > 0)
-      errors.push_back(who + ": asks for " + std::to_string(s.gpu_memory_mb) + " MiB per GPU; the largest GPU here has " +
-                       std::to_string(max_mb) + " MiB");
-    for (const auto& d : s.after)
-      if (d.name.empty() && !lookup(d.id))
-        errors.push_back(who + ": `after` names " + missing_job(d.id));
-    if (!is_directory(s.cwd)) errors.push_back(who + ": cwd " + s.cwd + " is not a directory");
-    auto path = s.env.count("PATH") ? s.env.at("PATH") : (base.count("PATH") ? base.at("PATH") : "");
-    if (!s.train.is_null()) {
-      if (m_config.worker_path.empty())
-        errors.push_back(who + ": a `train` job needs gpuq-worker, which this gpuqd was built without (LibTorch "
-                               "missing at build time); install libtorch-dev and rebuild, or use `command`");
-    } else if (is_directory(s.cwd) && resolve_executable(s.command[0], path, s.cwd).empty())
-      errors.push_back(who + ": command `" + s.command[0] + "` is not an executable file" +
-                       (s.command[0].find('/') == std::string::npos ? " in PATH" : "") + " (cwd " + s.cwd + ")");
-    if (s.name.empty()) s.name = "job";
-    JobRecord rec;
-    rec.spec = std::move(s);
-    rec.held = sub.hold;
-    jobs.push_back(std::move(rec));
+void Daemon::write_submission() {
+  auto s = m_submissions.front();
+  auto& batch = *s->checked;
+  const std::size_t before = s->write.written;
+  bool complete = false;
+  try {
+    const bool hooked = std::getenv("GPUQ_TEST_SUBMIT_PAUSE") != nullptr;  // parts of 64 jobs, see submit_paused
+    if (hooked && s->write.batch != 0 && submit_paused()) return;
+    complete = m_store->insert_batch_part(
+        s->write, batch.jobs, batch.local_deps, s->cwd, json(batch.env), s->at, s->max_running,
+        hooked ? std::chrono::steady_clock::time_point::min() : std::chrono::steady_clock::now() + k_submit_part);
+  } catch (const std::exception& e) {
+    try {
+      m_store->discard_batch();
+    } catch (const RequestError&) {  // left hidden; the next batch, or the next start, discards it
+    }
+    s->reply(common::error_reply(ErrorCode::store_error, std::string(e.what()) + "; nothing was submitted"));
+    m_submissions.pop_front();
+    if (!m_submissions.empty()) asio::post(m_io, [this] { write_submission(); });
+    return;
   }
-  if (!errors.empty()) {
-    std::string msg = "cannot run this batch here (" + std::to_string(errors.size()) + " problem" +
-                      (errors.size() == 1 ? "" : "s") + "):";
-    for (std::size_t i = 0; i < errors.size() && i < 50; ++i) msg += "\n  " + errors[i];
-    throw RequestError(ErrorCode::invalid_spec, msg);
+  // The part's jobs become records to go live, a part at a time too: for 100,000 jobs, making
+  // them all at the end held gpuqd's thread for 110 ms. Their ids are above every other.
+  for (std::size_t i = before; i < s->write.written; ++i) {
+    Active a;
+    a.rec = std::move(batch.jobs[i]);
+    s->staged.emplace_hint(s->staged.end(), a.rec.id, std::move(a));
   }
+  if (!complete) return asio::post(m_io, [this] { write_submission(); });
 
-  const std::int64_t batch = m_store->insert_batch(jobs, *deps, sub.cwd, json(base), wall_now(), sub.max_running);
-  if (sub.max_running > 0) m_batch_limits[batch] = sub.max_running;
-  common::SubmitReply out{batch, {}};
-  for (auto& rec : jobs) {
-    out.ids.push_back(rec.id);
-    Active& a = m_active[rec.id];
-    a.rec = std::move(rec);
-    index(a);
-  }
+  if (s->max_running > 0) m_batch_limits[s->write.batch] = s->max_running;
+  common::SubmitReply out{s->write.batch, {}};
+  out.ids.reserve(s->staged.size());
+  for (const auto& [id, _] : s->staged) out.ids.push_back(id);
+  m_active.merge(s->staged);
+  for (auto it = m_active.find(out.ids.front()); it != m_active.end(); ++it) index(it->second, true);
   schedule_soon();
-  return out;
+  s->reply(common::ok_reply(out));
+  m_submissions.pop_front();
+  if (!m_submissions.empty()) asio::post(m_io, [this] { write_submission(); });
+}
+
+// Test hook ($GPUQ_TEST_SUBMIT_PAUSE=PATH): submissions are written 64 jobs a part, and while PATH
+// exists none is written past its first part, and PATH.reached exists: a test can look at gpuqd
+// mid-submit. Polled every 10 ms.
+bool Daemon::submit_paused() {
+  const char* path = std::getenv("GPUQ_TEST_SUBMIT_PAUSE");
+  if (!*path || !file_exists(path)) return false;
+  if (!file_exists(std::string(path) + ".reached")) std::ofstream(std::string(path) + ".reached").put('\n');
+  m_submit_timer.expires_after(std::chrono::milliseconds(10));
+  m_submit_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) write_submission();
+  });
+  return true;
 }
 
 // ---- read commands ------------------------------------------------------------------------------
@@ -1489,8 +1503,8 @@ void Daemon::end_queued(std::vector<JobRecord> ended) {
   }
 }
 
-void Daemon::index(const Active& a) {
-  unindex(a.rec);
+void Daemon::index(const Active& a, bool fresh) {
+  if (!fresh) unindex(a.rec);
   if (a.rec.state == JobState::running) m_running.insert(a.rec.id);
   if (a.rec.state != JobState::queued) return;
   // A held job is out of line, but still fails when a dependency does.

@@ -1,13 +1,15 @@
 // gpuqd's core: the job table, the state machine (queued -> running -> terminal, with retries),
 // recovery after a restart, event ingestion and the request handlers. Single-threaded on one
-// io_context: handlers, process exits and timers never race. (One helper thread deletes what
-// `clean` moved into the trash; it touches no daemon state and answers through the io_context.)
+// io_context: handlers, process exits and timers never race. (Two helper threads, which touch no
+// daemon state and answer through the io_context: one deletes what `clean` moved into the trash,
+// one checks submitted batches.)
 // The store is written before any action is acknowledged or taken, so a crash at any point
 // leaves a state the next start resumes.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
 #include <boost/asio.hpp>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -25,6 +27,7 @@
 #include "daemon/launcher.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/store.hpp"
+#include "daemon/submit_check.hpp"
 
 namespace gpuq::daemon {
 
@@ -83,7 +86,20 @@ class Daemon {
 
   // Handlers (registered in one table in daemon.cpp).
   json cmd_hello(const json& req);
-  json cmd_submit(const json& req);
+  void cmd_submit(const json& req, Reply& reply);  // answers once the batch is written
+  // A batch on its way into the store: checked off-thread, then written a part per turn.
+  struct Submission {
+    Reply reply;
+    std::string cwd;
+    int max_running = 0;
+    Result<CheckedBatch> checked = Error{};
+    double at = 0;  // submitted at
+    Store::BatchWrite write;
+    std::map<std::int64_t, Active> staged;  // the jobs written so far, to go live once all are
+  };
+  void submit_checked(const std::shared_ptr<Submission>& s);  // on gpuqd's thread, after check_batch
+  void write_submission();  // the next part of m_submissions.front()
+  bool submit_paused();     // a test hook: see daemon.cpp
   json cmd_status(const json& req);
   json cmd_show(const json& req);
   json cmd_cancel(const json& req);
@@ -135,7 +151,8 @@ class Daemon {
   // terminal records: stored in one transaction, then finalized.
   void end_queued(std::vector<JobRecord> ended);
   // Files a job in the indexes by its record's state (after every change of state), or takes it out.
-  void index(const Active& a);
+  // `fresh`: a job just submitted, in no index yet.
+  void index(const Active& a, bool fresh = false);
   void unindex(const JobRecord& r);
   // Reads new event lines of the job's ranks into its record and the store. `ended`: the job's
   // processes are gone, so a last line without its newline is read too. False: the store
@@ -198,10 +215,13 @@ class Daemon {
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_health_timer;
   asio::steady_timer m_forget_timer;
+  asio::steady_timer m_submit_timer;
+  std::deque<std::shared_ptr<Submission>> m_submissions;  // checked, to be written in this order
   bool m_ingest_armed = false;
   std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has
   // Deletes cleaned jobs' files; declared last, so it is joined before the state it posts to goes.
   asio::thread_pool m_fs_thread{1};
+  asio::thread_pool m_check_thread{1};  // check_batch for submissions
 };
 
 }  // namespace gpuq::daemon

@@ -18,13 +18,14 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 8;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
-                                     // 6: drained_gpus; 7: batches.max_running; 8: removed_ids
+constexpr int k_schema_version = 9;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
+                                     // 6: drained_gpus; 7: batches.max_running; 8: removed_ids;
+                                     // 9: batches.complete
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
   id INTEGER PRIMARY KEY, submitted_at REAL NOT NULL, cwd TEXT NOT NULL, env TEXT NOT NULL,
-  max_running INTEGER NOT NULL DEFAULT 0);
+  max_running INTEGER NOT NULL DEFAULT 0, complete INTEGER NOT NULL DEFAULT 1);
 CREATE TABLE IF NOT EXISTS jobs(
   id INTEGER PRIMARY KEY, batch INTEGER NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL,
   state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, reason TEXT NOT NULL DEFAULT '',
@@ -216,6 +217,16 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
                   "PRAGMA user_version=7; COMMIT");
     }
     if (app_id == k_application_id && version < 8) store->exec("PRAGMA user_version=8");  // k_schema made the table
+    if (app_id == k_application_id && version < 9) {
+      store->exec("BEGIN IMMEDIATE; ALTER TABLE batches ADD COLUMN complete INTEGER NOT NULL DEFAULT 1; "
+                  "PRAGMA user_version=9; COMMIT");
+    }
+    // A batch whose writing a crash cut short was never acknowledged: it goes (insert_batch_part).
+    store->exec("BEGIN IMMEDIATE; "
+                "DELETE FROM transitions WHERE job_id IN "
+                "(SELECT id FROM jobs WHERE batch IN (SELECT id FROM batches WHERE complete=0)); "
+                "DELETE FROM jobs WHERE batch IN (SELECT id FROM batches WHERE complete=0); "
+                "DELETE FROM batches WHERE complete=0; COMMIT");
     // After the migrations: it needs a column that older schemas lack.
     store->exec("CREATE INDEX IF NOT EXISTS jobs_blocked ON jobs(blocked_by) WHERE blocked_by != 0");
   } catch (const RequestError& e) {
@@ -264,36 +275,51 @@ std::int64_t Store::next_id(const char* table) {
 
 std::int64_t Store::insert_batch(std::vector<JobRecord>& jobs, const std::vector<std::vector<std::size_t>>& local_deps,
                                  const std::string& cwd, const json& env, double now, int max_running) {
-  Txn txn(m_db, m_faults);
-  // Ids are given explicitly: SQLite's own choice (max + 1) would hand out a removed job's id again.
-  const std::int64_t batch = next_id("batches");
-  auto* b = prepare("INSERT INTO batches(id, submitted_at, cwd, env, max_running) VALUES(?, ?, ?, ?, ?)");
-  sqlite3_bind_int64(b, 1, batch);
-  sqlite3_bind_double(b, 2, now);
-  bind_text(b, 3, cwd);
-  bind_text(b, 4, env.dump());
-  sqlite3_bind_int(b, 5, max_running);
-  run(m_db, b, "insert batch");
+  BatchWrite w;
+  insert_batch_part(w, jobs, local_deps, cwd, env, now, max_running, std::chrono::steady_clock::time_point::max());
+  return w.batch;
+}
 
-  // Ids are consecutive from the next free one, so in-batch names resolve before any row is
-  // written and each job is one INSERT (an INSERT, then an UPDATE of every column, cost 1.70 s
-  // of gpuqd's thread for a 100,000-job matrix; this, 1.21 s). A new job's other columns are the
-  // schema's defaults, which are what a submitted JobRecord holds.
-  const std::int64_t first = next_id("jobs");
-  for (std::size_t i = 0; i < jobs.size(); ++i) {
-    jobs[i].id = first + static_cast<std::int64_t>(i);
-    jobs[i].batch = batch;
-    jobs[i].submitted_at = now;
+bool Store::insert_batch_part(BatchWrite& w, std::vector<JobRecord>& jobs,
+                              const std::vector<std::vector<std::size_t>>& local_deps, const std::string& cwd,
+                              const json& env, double now, int max_running,
+                              std::chrono::steady_clock::time_point deadline) {
+  if (w.batch == 0 && m_unfinished) discard_batch();  // one a failed part left: it goes first
+  Txn txn(m_db, m_faults);
+  const bool first_part = w.batch == 0;
+  if (first_part) {
+    // Ids are given explicitly: SQLite's own choice (max + 1) would hand out a removed job's id
+    // again. They are consecutive from the next free one, so in-batch names resolve before any
+    // row is written and each job is one INSERT (an INSERT, then an UPDATE of every column, cost
+    // 1.70 s for a 100,000-job matrix; this, 1.21 s). Writing is one batch at a time (gpuqd's
+    // submissions queue), so the ids after this batch's first part stay its own.
+    w.batch = next_id("batches");
+    const std::int64_t first = next_id("jobs");
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      jobs[i].id = first + static_cast<std::int64_t>(i);
+      jobs[i].batch = w.batch;
+      jobs[i].submitted_at = now;
+    }
+    auto* b = prepare("INSERT INTO batches(id, submitted_at, cwd, env, max_running, complete) VALUES(?, ?, ?, ?, ?, 0)");
+    sqlite3_bind_int64(b, 1, w.batch);
+    sqlite3_bind_double(b, 2, now);
+    bind_text(b, 3, cwd);
+    bind_text(b, 4, env.dump());
+    sqlite3_bind_int(b, 5, max_running);
+    run(m_db, b, "insert batch");
   }
+  // A new job's other columns are the schema's defaults, which are what a submitted JobRecord holds.
   auto* ins = prepare(
       "INSERT INTO jobs(id, batch, name, spec, state, submitted_at, after, held) VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
-  for (std::size_t i = 0; i < jobs.size(); ++i) {
+  std::size_t i = w.written;
+  for (; i < jobs.size(); ++i) {
+    if (i > w.written && i % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
     auto& j = jobs[i];
     for (std::size_t d : local_deps[i]) j.after.push_back(jobs[d].id);
     for (auto& dep : j.spec.after)
       if (dep.name.empty()) j.after.push_back(dep.id);
     sqlite3_bind_int64(ins, 1, j.id);
-    sqlite3_bind_int64(ins, 2, batch);
+    sqlite3_bind_int64(ins, 2, w.batch);
     bind_text(ins, 3, j.spec.name);
     bind_text(ins, 4, common::to_json(j.spec).dump());
     bind_text(ins, 5, std::string(to_string(j.state)));
@@ -303,8 +329,45 @@ std::int64_t Store::insert_batch(std::vector<JobRecord>& jobs, const std::vector
     run(m_db, ins, "insert job");
     write_transition(j, now);
   }
+  const bool complete = i == jobs.size();
+  if (complete) {
+    auto* done = prepare("UPDATE batches SET complete=1 WHERE id=?");
+    sqlite3_bind_int64(done, 1, w.batch);
+    run(m_db, done, "complete a batch");
+  }
+  try {
+    txn.commit();
+  } catch (const RequestError&) {
+    if (first_part) w.batch = 0;  // nothing of it was written
+    throw;
+  }
+  w.written = i;
+  if (complete)
+    m_unfinished.reset();
+  else
+    m_unfinished = Unfinished{w.batch, jobs.front().id, jobs.back().id, i};
+  return complete;
+}
+
+void Store::discard_batch() {
+  if (!m_unfinished) return;
+  Txn txn(m_db, m_faults);
+  auto* del_transitions = prepare("DELETE FROM transitions WHERE job_id BETWEEN ? AND ?");
+  auto* del_jobs = prepare("DELETE FROM jobs WHERE id BETWEEN ? AND ?");
+  for (auto* st : {del_transitions, del_jobs}) {
+    sqlite3_bind_int64(st, 1, m_unfinished->first);
+    sqlite3_bind_int64(st, 2, m_unfinished->last);
+    run(m_db, st, "discard an unfinished batch");
+  }
+  auto* del_batch = prepare("DELETE FROM batches WHERE id=?");
+  sqlite3_bind_int64(del_batch, 1, m_unfinished->batch);
+  run(m_db, del_batch, "discard an unfinished batch");
   txn.commit();
-  return batch;
+  m_unfinished.reset();
+}
+
+bool Store::hidden(std::int64_t id) const {
+  return m_unfinished && id >= m_unfinished->first && id <= m_unfinished->last;
 }
 
 void Store::write_job(const JobRecord& j) {
@@ -424,6 +487,7 @@ std::vector<JobRecord> Store::load_active() {
 }
 
 std::optional<JobRecord> Store::get(std::int64_t id) {
+  if (hidden(id)) return std::nullopt;
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE id=?"));
   sqlite3_bind_int64(st, 1, id);
   auto rows = query_jobs(st);
@@ -432,20 +496,22 @@ std::optional<JobRecord> Store::get(std::int64_t id) {
 }
 
 // A JobFilter in SQL, its parameters numbered from 10: a batch (0: any), states as ",a,b," ("":
-// any) and a GLOB pattern ("": any); SQLite's GLOB is the shell's, as fnmatch in `matches`.
-#define GPUQ_JOB_FILTER \
-  "(?10 = 0 OR batch = ?10) AND (?11 = '' OR instr(?11, ',' || state || ',') > 0) AND (?12 = '' OR name GLOB ?12)"
+// any) and a GLOB pattern ("": any); SQLite's GLOB is the shell's, as fnmatch in `matches`. ?13
+// and ?14 bound the ids of a batch still being written, which no read sees.
+#define GPUQ_JOB_FILTER                                                                                         \
+  "(?10 = 0 OR batch = ?10) AND (?11 = '' OR instr(?11, ',' || state || ',') > 0) AND (?12 = '' OR name GLOB ?12)" \
+  " AND id NOT BETWEEN ?13 AND ?14"
 
-namespace {
-void bind_filter(sqlite3_stmt* st, const common::JobFilter& f) {
+void Store::bind_filter(sqlite3_stmt* st, const common::JobFilter& f) const {
   std::string states;
   for (const auto& s : f.states) states += "," + s;
   if (!states.empty()) states += ",";
   sqlite3_bind_int64(st, 10, f.batch);
   bind_text(st, 11, states);
   bind_text(st, 12, f.name);
+  sqlite3_bind_int64(st, 13, m_unfinished ? m_unfinished->first : 1);  // 1..0: an empty range
+  sqlite3_bind_int64(st, 14, m_unfinished ? m_unfinished->last : 0);
 }
-}  // namespace
 
 std::vector<JobRecord> Store::recent_finished(int limit, const common::JobFilter& f) {
   auto* st = prepare(
@@ -466,6 +532,7 @@ std::vector<JobRecord> Store::page_after(std::int64_t after, int limit, const co
 }
 
 bool Store::exists(std::int64_t id) {
+  if (hidden(id)) return false;
   auto* st = prepare("SELECT 1 FROM jobs WHERE id=?");
   sqlite3_bind_int64(st, 1, id);
   const bool found = sqlite3_step(st) == SQLITE_ROW;
@@ -475,6 +542,7 @@ bool Store::exists(std::int64_t id) {
 }
 
 std::optional<JobState> Store::state_of(std::int64_t id) {
+  if (hidden(id)) return std::nullopt;
   auto* st = prepare("SELECT state FROM jobs WHERE id=?");
   sqlite3_bind_int64(st, 1, id);
   std::optional<JobState> state;
@@ -485,6 +553,7 @@ std::optional<JobState> Store::state_of(std::int64_t id) {
 }
 
 std::vector<JobRecord> Store::batch_page(std::int64_t batch, std::int64_t after, int limit) {
+  if (m_unfinished && m_unfinished->batch == batch) return {};
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? AND id>? ORDER BY id LIMIT ?"));
   sqlite3_bind_int64(st, 1, batch);
   sqlite3_bind_int64(st, 2, after);
@@ -493,6 +562,7 @@ std::vector<JobRecord> Store::batch_page(std::int64_t batch, std::int64_t after,
 }
 
 std::vector<JobRecord> Store::batch_jobs(std::int64_t batch) {
+  if (m_unfinished && m_unfinished->batch == batch) return {};
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? ORDER BY id"));
   sqlite3_bind_int64(st, 1, batch);
   return query_jobs(st);
@@ -618,6 +688,7 @@ std::int64_t Store::count_jobs(const common::JobFilter& f) {
   std::int64_t n = 0;
   if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int64(st, 0);
   sqlite3_reset(st);
+  if (f.empty() && m_unfinished) n -= static_cast<std::int64_t>(m_unfinished->written);
   return n;
 }
 

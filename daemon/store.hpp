@@ -5,6 +5,7 @@
 // multi-row change is one transaction, so the database is never half-updated.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -83,12 +84,27 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  // Inserts a batch and its jobs in one transaction; assigns batch and job ids (in order), never
+  // Inserts a batch and its jobs in one transaction (insert_batch_part with no deadline); assigns batch and job ids (in order), never
   // one a removed job or batch had.
   // `resolve` maps batch-local dependency indices to ids once ids are known. `max_running`: how
   // many of its jobs may run at once (0: no limit).
   std::int64_t insert_batch(std::vector<JobRecord>& jobs, const std::vector<std::vector<std::size_t>>& local_deps,
                             const std::string& cwd, const json& env, double now, int max_running = 0);
+  // A batch written in parts, one transaction each, so that a 100,000-job submit does not hold
+  // gpuqd's thread for seconds. Each call writes jobs from w.written on until `deadline` passes
+  // (one at least); the first part also writes the batch row and gives every job its id. Until
+  // the last part commits, no read here sees the batch's jobs, and a batch that a crash left
+  // unfinished is deleted when the store next opens. Returns true once the batch is complete.
+  // One batch at a time: a new one (w.batch == 0) first discards one left unfinished.
+  struct BatchWrite {
+    std::int64_t batch = 0;    // 0 until the first part is written
+    std::size_t written = 0;   // jobs written so far
+  };
+  bool insert_batch_part(BatchWrite& w, std::vector<JobRecord>& jobs,
+                         const std::vector<std::vector<std::size_t>>& local_deps, const std::string& cwd,
+                         const json& env, double now, int max_running, std::chrono::steady_clock::time_point deadline);
+  // Deletes what was written of an unfinished batch (after one of its parts failed), if any.
+  void discard_batch();
   // Writes the job's mutable columns; appends a transition row when `transition` is true.
   void update(const JobRecord& job, bool transition);
   // Several updates in one transaction, each with a transition whose reason is `why[i]` (the
@@ -147,6 +163,14 @@ class Store {
   void write_job(const JobRecord& job);
   void write_transition(const JobRecord& job, double at, const std::string* reason = nullptr);
   static double transition_time(const JobRecord& job);
+  void bind_filter(sqlite3_stmt* st, const common::JobFilter& f) const;  // GPUQ_JOB_FILTER's parameters
+  bool hidden(std::int64_t id) const;  // a job of the batch being written
+
+  struct Unfinished {  // the batch insert_batch_part is writing
+    std::int64_t batch = 0, first = 0, last = 0;  // its id and its jobs' ids
+    std::size_t written = 0;
+  };
+  std::optional<Unfinished> m_unfinished;
 
   sqlite3* m_db = nullptr;
   std::map<const char*, sqlite3_stmt*> m_stmts;  // keyed by the SQL literal's address

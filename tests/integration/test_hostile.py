@@ -324,6 +324,73 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+class SubmitInParts(DaemonTest):
+    """A submit's jobs are written into the store a part per turn of gpuqd's loop, so a 100,000-job
+    matrix holds no other client up for more than a part's time. The test hook
+    GPUQ_TEST_SUBMIT_PAUSE makes parts of 64 jobs and stops the writing after the first part while
+    its file exists: the test looks at gpuqd there, then lets it go on."""
+
+    def setUp(self):
+        super().setUp()
+        self.d.stop()
+        self.pause = os.path.join(self.tmp, "pause")
+        open(self.pause, "w").close()
+        self.d.env = dict(os.environ, GPUQ_TEST_SUBMIT_PAUSE=self.pause)
+        self.d.start()
+
+    def start_submit(self, jobs, *extra):
+        spec = os.path.join(self.tmp, "sweep.json")
+        with open(spec, "w") as f:
+            json.dump(jobs, f)
+        proc = subprocess.Popen([os.path.join(BIN, "gpuq"), "submit", spec, "--json", *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, GPUQ_SOCKET=self.d.socket), cwd=self.tmp)
+        wait_until(lambda: os.path.exists(self.pause + ".reached") or proc.poll() is not None,
+                   what="gpuqd to stop after the batch's first part")
+        self.assertIsNone(proc.poll(), proc.poll() is not None and proc.stderr.read())
+        return proc
+
+    def sweep(self, n):
+        return {"name": "sweep-{i}", "command": ["true"], "matrix": {"i": list(range(n))}}
+
+    def test_others_are_answered_mid_submit_and_never_see_the_batch_half_written(self):
+        before = self.d.submit({"name": "before", "command": ["true"]}, "--hold")["ids"][0]
+        proc = self.start_submit(self.sweep(200), "--hold")
+        # gpuqd's thread is free: other clients are answered while the batch is half written ...
+        self.assertEqual(self.d.request({"cmd": "hello", "protocol_version": 1})["ok"], True)
+        status = self.d.json("status")
+        self.assertEqual([j["id"] for j in status["jobs"]], [before])
+        self.assertEqual((status["total"], status["queued_total"]), (1, 1))
+        # ... and none of them sees a job of it: not by id, not by batch, not in a dependency.
+        r = self.d.run("show", str(before + 1))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn(f"no job {before + 1}", r.stderr)
+        r = self.d.run("submit", "-", input=json.dumps({"command": ["true"], "after": [before + 1]}))
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(f"`after` names job {before + 1}, which does not exist", r.stderr)
+        os.unlink(self.pause)
+        out, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 0, err)
+        ids = json.loads(out)["ids"]
+        self.assertEqual(ids, list(range(before + 1, before + 201)))
+        status = self.d.json("status")
+        self.assertEqual((status["total"], status["queued_total"]), (201, 201))
+        self.assertEqual(self.d.show(ids[-1])["job"]["state"], "queued")
+
+    def test_a_batch_half_written_when_gpuqd_is_killed_is_gone_at_restart(self):
+        proc = self.start_submit(self.sweep(300))
+        self.d.kill9()
+        out, err = proc.communicate(timeout=60)
+        self.assertNotEqual(proc.returncode, 0)  # never acknowledged ...
+        os.unlink(self.pause)
+        self.d.start()
+        status = self.d.json("status", "--all")
+        self.assertEqual(status["jobs"], [])  # ... and nothing of it is left
+        self.assertEqual(self.d.run("show", "1").returncode, 4)
+        ids = self.d.submit(self.sweep(100), "--hold")["ids"]
+        self.assertEqual(ids, list(range(1, 101)))  # its ids were never handed out
+
+
 class OutOfDescriptors(DaemonTest):
     def test_out_of_file_descriptors_accepting_pauses_instead_of_spinning_and_then_recovers(self):
         self.d.stop()

@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -331,7 +332,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 8);
+  CHECK(user_version(db.path) == 9);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
@@ -358,13 +359,92 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
   CHECK(fresh[0].id == 8);
 }
 
+namespace {
+std::vector<JobRecord> chain_of(int n) {  // job i waits for job i-1 of its batch
+  std::vector<JobRecord> jobs;
+  for (int i = 0; i < n; ++i) jobs.push_back(job_named("j" + std::to_string(i)));
+  return jobs;
+}
+std::vector<std::vector<std::size_t>> chain_deps(int n) {
+  std::vector<std::vector<std::size_t>> deps(n);
+  for (int i = 1; i < n; ++i) deps[i] = {static_cast<std::size_t>(i - 1)};
+  return deps;
+}
+constexpr auto k_at_once = std::chrono::steady_clock::time_point::min();  // parts of 64 jobs
+}  // namespace
+
+TEST_CASE("a batch written in parts is seen by no read until its last part commits") {
+  TempDb db;
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  auto& s = **store;
+  std::vector<JobRecord> before{job_named("done")};
+  s.insert_batch(before, {{}}, "/", json::object(), 1.0);
+  auto jobs = chain_of(200);
+  const auto deps = chain_deps(200);
+  Store::BatchWrite w;
+  CHECK_FALSE(s.insert_batch_part(w, jobs, deps, "/", json::object(), 2.0, 0, k_at_once));
+  CHECK(w.batch == 2);
+  CHECK(w.written == 64);
+  CHECK(jobs[0].id == 2);
+  CHECK(jobs[199].id == 201);  // every id is given with the first part
+  CHECK(jobs[63].after == std::vector<std::int64_t>{jobs[62].id});
+  for (std::int64_t id : {2, 65, 66, 201}) {
+    CHECK_FALSE(s.get(id).has_value());
+    CHECK_FALSE(s.exists(id));
+    CHECK_FALSE(s.state_of(id).has_value());
+  }
+  CHECK(s.batch_jobs(2).empty());
+  CHECK(s.batch_page(2, 0, 10).empty());
+  CHECK(s.count_jobs() == 1);
+  CHECK(s.count_jobs({0, {"queued"}, ""}) == 1);  // "done" alone
+  CHECK(s.page_after(0, 1000).size() == 1);
+  CHECK(s.insert_batch_part(w, jobs, deps, "/", json::object(), 2.0, 0, std::chrono::steady_clock::time_point::max()));
+  CHECK(w.written == 200);
+  CHECK(s.get(201)->after == std::vector<std::int64_t>{200});
+  CHECK(s.batch_jobs(2).size() == 200);
+  CHECK(s.count_jobs() == 201);
+  CHECK(s.page_after(0, 1000).size() == 201);
+}
+
+TEST_CASE("a batch whose writing was cut short (a failed part, a crash) leaves nothing, and its ids are given again") {
+  TempDb db;
+  {
+    auto store = Store::open(db.path);
+    REQUIRE(store.ok());
+    auto jobs = chain_of(150);
+    Store::BatchWrite w;
+    CHECK_FALSE((*store)->insert_batch_part(w, jobs, chain_deps(150), "/", json::object(), 2.0, 0, k_at_once));
+    // gpuqd dies here: the store is closed with the batch unfinished.
+  }
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  auto& s = **store;
+  CHECK(s.count_jobs() == 0);
+  CHECK(s.page_after(0, 1000).empty());
+  CHECK(s.history(1).empty());
+  CHECK_FALSE(s.was_removed(1));  // never acknowledged: not "forgotten"
+
+  auto jobs = chain_of(150);
+  Store::BatchWrite w;
+  CHECK_FALSE(s.insert_batch_part(w, jobs, chain_deps(150), "/", json::object(), 3.0, 0, k_at_once));
+  CHECK(jobs[0].id == 1);
+  s.discard_batch();  // as after a part that failed
+  CHECK(s.count_jobs() == 0);
+  CHECK(s.history(1).empty());
+  std::vector<JobRecord> next{job_named("next")};
+  CHECK(s.insert_batch(next, {{}}, "/", json::object(), 4.0) == 1);
+  CHECK(next[0].id == 1);
+  CHECK(s.count_jobs() == 1);
+}
+
 TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   TempDb db;
   REQUIRE(Store::open(db.path).ok());
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 8") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 9") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 

@@ -1,0 +1,83 @@
+// Checks a submitted batch against this machine, off gpuqd's thread (see submit_check.hpp).
+#include "daemon/submit_check.hpp"
+
+#include <unistd.h>
+
+#include "common/paths.hpp"
+#include "common/spec.hpp"
+
+namespace gpuq::daemon {
+
+Error CheckedBatch::refusal() const {
+  std::string msg = "cannot run this batch here (" + std::to_string(problems.size()) + " problem" +
+                    (problems.size() == 1 ? "" : "s") + "):";
+  for (std::size_t i = 0; i < problems.size() && i < 50; ++i) msg += "\n  " + problems[i];
+  return {ErrorCode::invalid_spec, msg};
+}
+
+Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& facts) {
+  if (facts.default_retries > 0) {  // the configured default, for specs that name none
+    auto fill = [&](json& spec) {
+      if (spec.is_object() && !spec.contains("retries")) spec["retries"] = facts.default_retries;
+    };
+    if (sub.jobs.is_array())
+      for (auto& spec : sub.jobs) fill(spec);
+    else
+      fill(sub.jobs);
+  }
+  auto parsed = common::parse_batch(sub.jobs, sub.cwd);
+  if (!parsed) return parsed.error();
+  auto deps = common::resolve_batch_dependencies(*parsed);
+  if (!deps) return deps.error();
+
+  CheckedBatch out;
+  out.local_deps = std::move(*deps);
+  // The jobs' base environment: the submitter's, as sbatch and pueue do; gpuqd's if none.
+  out.env = sub.env.empty() ? common::current_environment() : std::move(sub.env);
+
+  // exec takes at most ARG_MAX bytes of arguments and environment in all (E2BIG), pointers
+  // included: a job that would pass it is refused now, not failed at every launch.
+  const auto exec_bytes = [](const std::string& s) { return s.size() + 1 + sizeof(char*); };
+  std::size_t base_bytes = 0;
+  for (const auto& [k, v] : out.env) base_bytes += exec_bytes(k + "=" + v);
+  const long arg_max = ::sysconf(_SC_ARG_MAX);
+  auto& problems = out.problems;
+  out.jobs.reserve(parsed->size());
+  for (std::size_t i = 0; i < parsed->size(); ++i) {
+    auto& s = (*parsed)[i];
+    std::string who = "job[" + std::to_string(i) + "]" + (s.name.empty() ? "" : " (" + s.name + ")");
+    std::size_t bytes = base_bytes + k_env_reserve_bytes;
+    for (const auto& a : s.command) bytes += exec_bytes(a);
+    for (const auto& [k, v] : s.env) bytes += exec_bytes(k + "=" + v);
+    if (arg_max > 0 && bytes > static_cast<std::size_t>(arg_max))
+      problems.push_back(who + ": its command and environment come to " + std::to_string(bytes >> 10) +
+                         " KiB; exec takes at most " + std::to_string(arg_max >> 10) + " KiB in all (the submitter's " +
+                         "environment is " + std::to_string(base_bytes >> 10) + " KiB of it)");
+    if (s.gpus > facts.gpus)
+      problems.push_back(who + ": asks for " + std::to_string(s.gpus) + " GPUs; this machine has " +
+                         std::to_string(facts.gpus) + " (" + facts.gpu_source + ")");
+    if (s.gpu_memory_mb > facts.largest_gpu_mb && facts.gpus > 0)
+      problems.push_back(who + ": asks for " + std::to_string(s.gpu_memory_mb) + " MiB per GPU; the largest GPU here has " +
+                         std::to_string(facts.largest_gpu_mb) + " MiB");
+    for (const auto& d : s.after)
+      if (d.name.empty()) out.outside_deps.emplace_back(i, d.id);
+    const bool cwd_ok = common::is_directory(s.cwd);
+    if (!cwd_ok) problems.push_back(who + ": cwd " + s.cwd + " is not a directory");
+    auto path = s.env.count("PATH") ? s.env.at("PATH") : (out.env.count("PATH") ? out.env.at("PATH") : "");
+    if (!s.train.is_null()) {
+      if (!facts.have_worker)
+        problems.push_back(who + ": a `train` job needs gpuq-worker, which this gpuqd was built without (LibTorch "
+                                 "missing at build time); install libtorch-dev and rebuild, or use `command`");
+    } else if (cwd_ok && resolve_executable(s.command[0], path, s.cwd).empty())
+      problems.push_back(who + ": command `" + s.command[0] + "` is not an executable file" +
+                         (s.command[0].find('/') == std::string::npos ? " in PATH" : "") + " (cwd " + s.cwd + ")");
+    if (s.name.empty()) s.name = "job";
+    JobRecord rec;
+    rec.spec = std::move(s);
+    rec.held = sub.hold;
+    out.jobs.push_back(std::move(rec));
+  }
+  return out;
+}
+
+}  // namespace gpuq::daemon

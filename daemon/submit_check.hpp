@@ -1,0 +1,50 @@
+// A submitted batch checked against this machine, on a helper thread. Expanding a 100,000-job
+// matrix, parsing each spec and looking up each job's directory and executable take about a
+// second, which gpuqd's own thread must not spend while other clients wait behind it
+// (docs/reliability.md, "No client waits behind another"). check_batch reads the file system and
+// what it is given, never the daemon's state: that a dependency named by id exists is for gpuqd's
+// thread to say (CheckedBatch::outside_deps).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/protocol.hpp"
+#include "daemon/launcher.hpp"
+#include "daemon/store.hpp"
+
+namespace gpuq::daemon {
+
+// What check_batch needs to know of this machine, copied from gpuqd's state before it runs.
+struct MachineFacts {
+  int gpus = 0;
+  std::int64_t largest_gpu_mb = 0;
+  std::string gpu_source;     // how the GPUs were found ("nvml", "fake: …"), for the errors
+  bool have_worker = false;   // gpuq-worker was built, so `train` jobs can run
+  int default_retries = 0;    // for specs that name no `retries`
+};
+
+struct CheckedBatch {
+  std::vector<JobRecord> jobs;  // their specs parsed, ids not given yet
+  std::vector<std::vector<std::size_t>> local_deps;  // per job, the batch's jobs it waits for
+  Env env;  // the jobs' base environment: the submitter's, else gpuqd's
+  // Each job's `after` ids from outside the batch, as (job index, id), for gpuqd to look up.
+  std::vector<std::pair<std::size_t, std::int64_t>> outside_deps;
+  std::vector<std::string> problems;  // "job[3] (name): …", each a reason the batch cannot run here
+  // The `invalid_spec` error that lists the problems (at most 50 of them), given any.
+  Error refusal() const;
+};
+
+// The bytes exec needs besides the job's own arguments and environment: the variables gpuq sets
+// for a rank (job-spec.md), with room.
+constexpr std::size_t k_env_reserve_bytes = 16 << 10;
+
+// A spec that does not parse, or dependencies that do not resolve, are an error; the problems
+// that only this machine makes (GPUs, memory, directories, executables, exec's size limit) are
+// collected in `problems`, so the submitter sees them all at once.
+Result<CheckedBatch> check_batch(common::SubmitRequest request, const MachineFacts& facts);
+
+}  // namespace gpuq::daemon
