@@ -92,8 +92,8 @@ std::string describe_exit(const json& failure) {
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 constexpr double k_launch_retry_s = 5;  // a launch that failed (job dir, disk) is tried again after
-// How long one part of a submission's writing may hold gpuqd's thread (Store::insert_batch_part).
-constexpr auto k_submit_part = std::chrono::milliseconds(10);
+// How long one part of a long request (a submission's writing, a clean) may hold gpuqd's thread.
+constexpr auto k_part = std::chrono::milliseconds(10);
 
 // What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r) {
@@ -111,8 +111,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_ingest_timer(io),
       m_backoff_timer(io),
       m_health_timer(io),
-      m_forget_timer(io),
-      m_submit_timer(io) {
+      m_forget_timer(io) {
   auto slot_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
   m_cores = std::move(slot_cores.cores);
   m_core_nodes = std::move(slot_cores.nodes);
@@ -279,11 +278,9 @@ void Daemon::write_submission() {
   const std::size_t before = s->write.written;
   bool complete = false;
   try {
-    const bool hooked = std::getenv("GPUQ_TEST_SUBMIT_PAUSE") != nullptr;  // parts of 64 jobs, see submit_paused
-    if (hooked && s->write.batch != 0 && submit_paused()) return;
-    complete = m_store->insert_batch_part(
-        s->write, batch.jobs, batch.local_deps, s->cwd, json(batch.env), s->at, s->max_running,
-        hooked ? std::chrono::steady_clock::time_point::min() : std::chrono::steady_clock::now() + k_submit_part);
+    if (s->write.batch != 0 && paused_between_parts([this] { write_submission(); })) return;
+    complete = m_store->insert_batch_part(s->write, batch.jobs, batch.local_deps, s->cwd, json(batch.env), s->at,
+                                          s->max_running, part_deadline());
   } catch (const std::exception& e) {
     try {
       m_store->discard_batch();
@@ -315,18 +312,25 @@ void Daemon::write_submission() {
   if (!m_submissions.empty()) asio::post(m_io, [this] { write_submission(); });
 }
 
-// Test hook ($GPUQ_TEST_SUBMIT_PAUSE=PATH): submissions are written 64 jobs a part, and while PATH
-// exists none is written past its first part, and PATH.reached exists: a test can look at gpuqd
-// mid-submit. Polled every 10 ms.
-bool Daemon::submit_paused() {
-  const char* path = std::getenv("GPUQ_TEST_SUBMIT_PAUSE");
-  if (!*path || !file_exists(path)) return false;
+// Test hook ($GPUQ_TEST_PAUSE_PARTS=PATH): long requests (a submission's writing, a clean) go in
+// parts of 64 jobs, and while PATH exists none goes on past its first part, and PATH.reached
+// exists: a test can look at gpuqd in the middle of one. `resume` is called once PATH is gone
+// (polled every 10 ms). False: no pause, go on.
+bool Daemon::paused_between_parts(std::function<void()> resume) {
+  const char* path = std::getenv("GPUQ_TEST_PAUSE_PARTS");
+  if (!path || !*path || !file_exists(path)) return false;
   if (!file_exists(std::string(path) + ".reached")) std::ofstream(std::string(path) + ".reached").put('\n');
-  m_submit_timer.expires_after(std::chrono::milliseconds(10));
-  m_submit_timer.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) write_submission();
+  auto timer = std::make_shared<asio::steady_timer>(m_io, std::chrono::milliseconds(10));
+  timer->async_wait([timer, resume = std::move(resume)](const boost::system::error_code& ec) {
+    if (!ec) resume();
   });
   return true;
+}
+
+// The end of a part of a long request: now, or sooner under the test hook above (parts of 64 jobs).
+std::chrono::steady_clock::time_point Daemon::part_deadline() {
+  static const bool hooked = std::getenv("GPUQ_TEST_PAUSE_PARTS") != nullptr;
+  return hooked ? std::chrono::steady_clock::time_point::min() : std::chrono::steady_clock::now() + k_part;
 }
 
 // ---- read commands ------------------------------------------------------------------------------
@@ -803,6 +807,7 @@ json Daemon::cmd_restart(const json& req) {
   if (q.fresh) {
     std::vector<std::pair<std::int64_t, std::string>> moved;
     try {
+      make_trash();
       for (const auto& [id, _] : chosen)
         if (auto to = move_to_trash(id, job_dir(m_config.state_dir, id) + "/checkpoints", true); !to.empty())
           moved.emplace_back(id, std::move(to));
@@ -969,60 +974,90 @@ json Daemon::cmd_update(const json& req) {
 // restarted job finds its place free at once; the trash is emptied on a thread of its own, so
 // gpuqd goes on serving while thousands of directories are deleted, and the reply comes when
 // they are gone.
+// Frees ended jobs' files and, with `forget`, removes their records. The jobs are chosen at once;
+// their files are moved into the trash and their records removed a part (~10 ms) per turn of
+// gpuqd's loop, so that cleaning 100,000 jobs holds no other client up. Each part takes only
+// those of its jobs still ended (one restarted meanwhile is left alone) and, to forget, still not
+// needed. Answers once the files are deleted.
 void Daemon::cmd_clean(const json& req, Reply& reply) {
   auto q = common::decode_clean(req);
   std::map<std::int64_t, double> ended;  // id -> ended_at
   const char* only = q.forget ? "only a job that has ended can be forgotten"
                               : "only the files of a job that has ended can be removed";
   for (auto id : q.ids) ended[id] = ended_job(id, only).ended_at;
-  if (q.batch != 0)
-    for (const auto& rec : jobs_of_batch(q.batch))
-      if (is_terminal(rec.state)) ended[rec.id] = rec.ended_at;
+  if (q.batch != 0) {
+    if (!m_store->batch_exists(q.batch))
+      throw RequestError(ErrorCode::not_found, m_store->was_removed(q.batch, true)
+                                                   ? "batch " + std::to_string(q.batch) + " " + k_forgotten
+                                                   : "no batch " + std::to_string(q.batch));
+    for (const auto& [id, at] : m_store->ended_of_batch(q.batch)) ended[id] = at;
+  }
   if (q.ids.empty() && q.batch == 0) {
     for (auto id : m_store->ended_before(q.ended_before)) ended[id] = 0;
   } else if (q.ended_before > 0) {
     std::erase_if(ended, [&](const auto& e) { return e.second >= q.ended_before; });
   }
-
-  common::CleanReply out;
-  if (q.forget) {  // an ended job that is still needed stays: named, it is an error; selected, it is kept
+  if (q.forget) {  // a named job that is still needed is an error; one selected is kept (clean_part)
     const auto needed = still_needed();
     for (auto id : q.ids)
       if (auto it = needed.find(id); it != needed.end())
         throw RequestError(ErrorCode::wrong_state, job_label(existing_job(id)) + " cannot be forgotten: " + it->second);
-    std::erase_if(ended, [&](const auto& e) {
-      auto it = needed.find(e.first);
-      if (it == needed.end()) return false;
-      out.kept.push_back({e.first, it->second});
-      return true;
-    });
   }
+  make_trash();
+  auto c = std::make_shared<Cleaning>();
+  c->forget = q.forget;
+  c->checkpoints_only = q.checkpoints_only;
+  for (const auto& [id, _] : ended) c->ids.push_back(id);
+  c->reply = std::move(reply);
+  clean_part(c);
+}
 
-  std::vector<std::pair<std::int64_t, std::string>> moved;  // job, its files' place in the trash
-  std::vector<std::string> failures;
-  for (const auto& [id, _] : ended) {
+void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
+  if (c->next > 0 && paused_between_parts([this, c] { clean_part(c); })) return;
+  if (c->forget && c->needed_as_of != m_needs_changed) {
+    c->needed = still_needed();
+    c->needed_as_of = m_needs_changed;
+  }
+  const auto deadline = part_deadline();
+  std::vector<std::int64_t> part;
+  for (; c->next < c->ids.size(); ++c->next) {
+    if (!part.empty() && part.size() % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
+    const std::int64_t id = c->ids[c->next];
+    if (m_active.count(id)) continue;  // restarted since it was chosen
+    if (c->forget)
+      if (auto it = c->needed.find(id); it != c->needed.end()) {
+        c->out.kept.push_back({id, it->second});
+        continue;
+      }
     try {
-      const std::string dir = job_dir(m_config.state_dir, id) + (q.checkpoints_only ? "/checkpoints" : "");
-      if (auto to = move_to_trash(id, dir, q.checkpoints_only); !to.empty()) moved.emplace_back(id, std::move(to));
-    } catch (const RequestError& e) {
-      failures.push_back(e.what());
+      const std::string dir = job_dir(m_config.state_dir, id) + (c->checkpoints_only ? "/checkpoints" : "");
+      if (auto to = move_to_trash(id, dir, c->checkpoints_only); !to.empty()) c->moved.emplace_back(id, std::move(to));
+      part.push_back(id);
+    } catch (const RequestError& e) {  // its files stay, and so does its record
+      c->failures.push_back(e.what());
     }
   }
-  if (!failures.empty()) {
-    std::string msg = "could not remove the files of " + std::to_string(failures.size()) + " job(s) (" +
-                      std::to_string(moved.size()) + " others are being removed" +
-                      (q.forget ? "; no job was forgotten" : "") + "):";
-    for (std::size_t i = 0; i < failures.size() && i < 10; ++i) msg += "\n  " + failures[i];
-    empty_trash(std::move(moved), nullptr);
-    throw RequestError(ErrorCode::store_error, msg);
+  try {
+    if (c->forget && !part.empty()) {
+      for (auto b : m_store->remove_jobs(part)) m_batch_limits.erase(b);
+      for (auto id : part) m_terminal_cache.erase(id);
+      c->out.forgotten.insert(c->out.forgotten.end(), part.begin(), part.end());
+    }
+  } catch (const RequestError& e) {  // after the files: the part's jobs are as a plain clean leaves them
+    c->failures.push_back(e.what());
+    c->next = c->ids.size();
   }
-  if (q.forget && !ended.empty()) {
-    // After the files: should the store fail here, the jobs are as a plain clean leaves them.
-    for (const auto& [id, _] : ended) out.forgotten.push_back(id);
-    for (auto b : m_store->remove_jobs(out.forgotten)) m_batch_limits.erase(b);
-    for (auto id : out.forgotten) m_terminal_cache.erase(id);
+  if (c->next < c->ids.size()) return asio::post(m_io, [this, c] { clean_part(c); });
+
+  if (!c->failures.empty()) {
+    std::string msg = "could not clean " + std::to_string(c->failures.size()) + " job(s) (" +
+                      std::to_string(c->moved.size()) + " others' files are being removed" +
+                      (c->forget ? ", " + std::to_string(c->out.forgotten.size()) + " jobs were forgotten" : "") + "):";
+    for (std::size_t i = 0; i < c->failures.size() && i < 10; ++i) msg += "\n  " + c->failures[i];
+    empty_trash(std::move(c->moved), nullptr);
+    return c->reply(common::error_reply(ErrorCode::store_error, msg));
   }
-  empty_trash(std::move(moved), std::move(reply), std::move(out));
+  empty_trash(std::move(c->moved), std::move(c->reply), std::move(c->out));
 }
 
 void Daemon::forget_old_jobs() {
@@ -1059,13 +1094,15 @@ std::map<std::int64_t, std::string> Daemon::still_needed() const {
   return needed;
 }
 
+void Daemon::make_trash() {
+  if (auto made = common::ensure_private_dir(m_config.state_dir + "/trash"); !made) throw RequestError(made.error());
+}
+
 std::string Daemon::move_to_trash(std::int64_t id, const std::string& dir, bool keep_dir) {
   std::error_code ec;
   if (keep_dir && std::filesystem::is_empty(dir, ec)) return "";  // nothing to free
-  const std::string trash = m_config.state_dir + "/trash";
-  if (auto made = common::ensure_private_dir(trash); !made) throw RequestError(made.error());
   const std::string to =
-      trash + "/" + std::to_string(id) + "-" + std::to_string(::getpid()) + "-" + std::to_string(++m_trash_seq);
+      m_config.state_dir + "/trash/" + std::to_string(id) + "-" + std::to_string(::getpid()) + "-" + std::to_string(++m_trash_seq);
   if (::rename(dir.c_str(), to.c_str()) != 0) {
     if (errno == ENOENT) return "";
     throw RequestError(ErrorCode::store_error, "cannot move " + dir + " into the trash: " + std::strerror(errno));
@@ -1128,6 +1165,7 @@ void Daemon::cmd_wait(const json& req, Reply& reply) {
     });
   }
   m_waiters.push_back(std::move(w));
+  ++m_needs_changed;
   notify_waiters();
 }
 
@@ -1508,7 +1546,7 @@ void Daemon::index(const Active& a, bool fresh) {
   if (a.rec.state == JobState::running) m_running.insert(a.rec.id);
   if (a.rec.state != JobState::queued) return;
   // A held job is out of line, but still fails when a dependency does.
-  if (!a.rec.after.empty()) m_with_deps.insert(a.rec.id);
+  if (!a.rec.after.empty() && m_with_deps.insert(a.rec.id).second) ++m_needs_changed;
   if (a.rec.held)
     m_held.insert(a.rec.id);
   else

@@ -99,7 +99,6 @@ class Daemon {
   };
   void submit_checked(const std::shared_ptr<Submission>& s);  // on gpuqd's thread, after check_batch
   void write_submission();  // the next part of m_submissions.front()
-  bool submit_paused();     // a test hook: see daemon.cpp
   json cmd_status(const json& req);
   json cmd_show(const json& req);
   json cmd_cancel(const json& req);
@@ -108,9 +107,24 @@ class Daemon {
   json cmd_release(const json& req);
   json set_held(const common::SelectRequest& q, bool hold);
   void cmd_clean(const json& req, Reply& reply);  // answers once the files are deleted
-  // Moves job `id`'s `dir` into the state dir's trash: one rename, the deletion is the trash
-  // thread's (empty_trash). Returns its place there, or "" when `dir` is missing (or, with
-  // keep_dir, empty); throws store_error naming `dir`. With keep_dir an empty `dir` stays.
+  struct Cleaning {  // a clean under way: its jobs, and what became of those done so far
+    bool forget = false, checkpoints_only = false;
+    std::vector<std::int64_t> ids;  // chosen, ascending
+    std::size_t next = 0;           // the first of `ids` not yet done
+    std::map<std::int64_t, std::string> needed;  // still_needed() as of m_needs_changed == needed_as_of
+    std::uint64_t needed_as_of = ~std::uint64_t{0};
+    std::vector<std::pair<std::int64_t, std::string>> moved;  // job, its files' place in the trash
+    std::vector<std::string> failures;
+    common::CleanReply out;
+    Reply reply;
+  };
+  void clean_part(const std::shared_ptr<Cleaning>& c);  // the next ~10 ms of it, or its answer
+  bool paused_between_parts(std::function<void()> resume);  // a test hook: see daemon.cpp
+  static std::chrono::steady_clock::time_point part_deadline();
+  void make_trash();  // the state dir's trash, for move_to_trash; throws store_error
+  // Moves job `id`'s `dir` into the state dir's trash (make_trash first): one rename, the deletion
+  // is the trash thread's (empty_trash). Returns its place there, or "" when `dir` is missing (or,
+  // with keep_dir, empty); throws store_error naming `dir`. With keep_dir an empty `dir` stays.
   std::string move_to_trash(std::int64_t id, const std::string& dir, bool keep_dir);
   // `out`: what the reply says besides the files (forgotten, kept).
   void empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply, common::CleanReply out = {});
@@ -207,6 +221,8 @@ class Daemon {
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;
   bool m_schedule_posted = false;
+  // Counts changes to what still_needed() would say (a queued job with `after`, a new wait).
+  std::uint64_t m_needs_changed = 0;
   std::uint64_t m_pass = 0;  // scheduling passes so far
   bool m_tail_stopped = false;  // the last pass stopped early: the jobs it left wait as m_tail says
   TailState m_tail;
@@ -215,7 +231,6 @@ class Daemon {
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_health_timer;
   asio::steady_timer m_forget_timer;
-  asio::steady_timer m_submit_timer;
   std::deque<std::shared_ptr<Submission>> m_submissions;  // checked, to be written in this order
   bool m_ingest_armed = false;
   std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has

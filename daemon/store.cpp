@@ -561,6 +561,29 @@ std::vector<JobRecord> Store::batch_page(std::int64_t batch, std::int64_t after,
   return query_jobs(st);
 }
 
+bool Store::batch_exists(std::int64_t batch) {
+  if (m_unfinished && m_unfinished->batch == batch) return false;
+  auto* st = prepare("SELECT 1 FROM jobs WHERE batch=? LIMIT 1");
+  sqlite3_bind_int64(st, 1, batch);
+  const bool found = sqlite3_step(st) == SQLITE_ROW;
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return found;
+}
+
+std::vector<std::pair<std::int64_t, double>> Store::ended_of_batch(std::int64_t batch) {
+  std::vector<std::pair<std::int64_t, double>> out;
+  if (m_unfinished && m_unfinished->batch == batch) return out;
+  auto* st = prepare("SELECT id, ended_at FROM jobs WHERE batch=? AND state NOT IN ('queued', 'running') ORDER BY id");
+  sqlite3_bind_int64(st, 1, batch);
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) out.emplace_back(sqlite3_column_int64(st, 0), sqlite3_column_double(st, 1));
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (rc != SQLITE_DONE) fail(m_db, "read jobs");
+  return out;
+}
+
 std::vector<JobRecord> Store::batch_jobs(std::int64_t batch) {
   if (m_unfinished && m_unfinished->batch == batch) return {};
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? ORDER BY id"));

@@ -127,6 +127,9 @@ class Store {
   // Up to `limit` jobs that `f` keeps with ids above `after`, in id order (keyset paging).
   std::vector<JobRecord> page_after(std::int64_t after, int limit, const common::JobFilter& f = {});
   std::vector<JobRecord> batch_jobs(std::int64_t batch);
+  bool batch_exists(std::int64_t batch);  // it has jobs
+  // The batch's ended jobs as (id, ended_at), in id order, without reading their records.
+  std::vector<std::pair<std::int64_t, double>> ended_of_batch(std::int64_t batch);
   // Up to `limit` of the batch's jobs with ids above `after`, in id order (through its index).
   std::vector<JobRecord> batch_page(std::int64_t batch, std::int64_t after, int limit);
   // The ids of the jobs that ended before `t`, in id order.

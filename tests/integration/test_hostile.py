@@ -324,34 +324,38 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-class SubmitInParts(DaemonTest):
-    """A submit's jobs are written into the store a part per turn of gpuqd's loop, so a 100,000-job
-    matrix holds no other client up for more than a part's time. The test hook
-    GPUQ_TEST_SUBMIT_PAUSE makes parts of 64 jobs and stops the writing after the first part while
-    its file exists: the test looks at gpuqd there, then lets it go on."""
+class LongRequestsInParts(DaemonTest):
+    """A submit's jobs are written into the store, and a clean's jobs cleaned, a part per turn of
+    gpuqd's loop, so 100,000 jobs hold no other client up for more than a part's time. The test
+    hook GPUQ_TEST_PAUSE_PARTS makes parts of 64 jobs and stops such a request after its first
+    part while its file exists: the test looks at gpuqd there, then lets it go on."""
 
     def setUp(self):
         super().setUp()
         self.d.stop()
         self.pause = os.path.join(self.tmp, "pause")
         open(self.pause, "w").close()
-        self.d.env = dict(os.environ, GPUQ_TEST_SUBMIT_PAUSE=self.pause)
+        self.d.env = dict(os.environ, GPUQ_TEST_PAUSE_PARTS=self.pause)
         self.d.start()
 
     def start_submit(self, jobs, *extra):
         spec = os.path.join(self.tmp, "sweep.json")
         with open(spec, "w") as f:
             json.dump(jobs, f)
-        proc = subprocess.Popen([os.path.join(BIN, "gpuq"), "submit", spec, "--json", *extra],
+        return self.start("submit", spec, *extra)
+
+    def start(self, *args):
+        """gpuq ARGS --json, left running once gpuqd has paused after the request's first part."""
+        proc = subprocess.Popen([os.path.join(BIN, "gpuq"), *args, "--json"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=dict(os.environ, GPUQ_SOCKET=self.d.socket), cwd=self.tmp)
         wait_until(lambda: os.path.exists(self.pause + ".reached") or proc.poll() is not None,
-                   what="gpuqd to stop after the batch's first part")
+                   what="gpuqd to pause after the request's first part")
         self.assertIsNone(proc.poll(), proc.poll() is not None and proc.stderr.read())
         return proc
 
-    def sweep(self, n):
-        return {"name": "sweep-{i}", "command": ["true"], "matrix": {"i": list(range(n))}}
+    def sweep(self, n, command=("true",)):
+        return {"name": "sweep-{i}", "command": list(command), "matrix": {"i": list(range(n))}}
 
     def test_others_are_answered_mid_submit_and_never_see_the_batch_half_written(self):
         before = self.d.submit({"name": "before", "command": ["true"]}, "--hold")["ids"][0]
@@ -389,6 +393,23 @@ class SubmitInParts(DaemonTest):
         self.assertEqual(self.d.run("show", "1").returncode, 4)
         ids = self.d.submit(self.sweep(100), "--hold")["ids"]
         self.assertEqual(ids, list(range(1, 101)))  # its ids were never handed out
+
+    def test_a_clean_goes_in_parts_others_are_answered_and_a_job_restarted_meanwhile_is_kept(self):
+        os.unlink(self.pause)
+        submitted = self.d.submit(self.sweep(200, ["sleep", "600"]), "--hold")
+        ids = submitted["ids"]
+        self.d.ok("cancel", "--batch", str(submitted["batch"]))
+        open(self.pause, "w").close()
+        proc = self.start("clean", "--forget", "--batch", str(submitted["batch"]))
+        self.assertEqual(self.d.request({"cmd": "hello", "protocol_version": 1})["ok"], True)
+        self.assertIn(f"job {ids[0]} was forgotten", self.d.run("show", str(ids[0])).stderr)
+        self.d.ok("restart", str(ids[-1]))  # not reached by the clean yet: it runs, no longer ended
+        os.unlink(self.pause)
+        out, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(json.loads(out)["forgotten"], ids[:-1])
+        self.assertEqual(self.d.show(ids[-1])["job"]["id"], ids[-1])
+        self.assertEqual(self.d.json("status", "--all")["jobs"][0]["id"], ids[-1])
 
 
 class OutOfDescriptors(DaemonTest):
