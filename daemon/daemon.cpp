@@ -287,9 +287,7 @@ void Daemon::write_submission() {
     } catch (const RequestError&) {  // left hidden; the next batch, or the next start, discards it
     }
     s->reply(common::error_reply(ErrorCode::store_error, std::string(e.what()) + "; nothing was submitted"));
-    m_submissions.pop_front();
-    if (!m_submissions.empty()) asio::post(m_io, [this] { write_submission(); });
-    return;
+    return next_submission();
   }
   // The part's jobs become records to go live, a part at a time too: for 100,000 jobs, making
   // them all at the end held gpuqd's thread for 110 ms. Their ids are above every other.
@@ -308,6 +306,10 @@ void Daemon::write_submission() {
   for (auto it = m_active.find(out.ids.front()); it != m_active.end(); ++it) index(it->second, true);
   schedule_soon();
   s->reply(common::ok_reply(out));
+  next_submission();
+}
+
+void Daemon::next_submission() {
   m_submissions.pop_front();
   if (!m_submissions.empty()) asio::post(m_io, [this] { write_submission(); });
 }
@@ -356,11 +358,15 @@ std::string Daemon::missing_job(std::int64_t id) {
   return "job " + std::to_string(id) + ", which " + (m_store->was_removed(id) ? k_forgotten : "does not exist");
 }
 
+RequestError Daemon::missing_batch(std::int64_t batch) {
+  return RequestError(ErrorCode::not_found, m_store->was_removed(batch, true)
+                                                ? "batch " + std::to_string(batch) + " " + k_forgotten
+                                                : "no batch " + std::to_string(batch));
+}
+
 std::vector<JobRecord> Daemon::jobs_of_batch(std::int64_t batch) {
   auto rows = m_store->batch_jobs(batch);
-  if (rows.empty())
-    throw RequestError(ErrorCode::not_found, m_store->was_removed(batch, true) ? "batch " + std::to_string(batch) + " " + k_forgotten
-                                                                             : "no batch " + std::to_string(batch));
+  if (rows.empty()) throw missing_batch(batch);
   return rows;
 }
 
@@ -969,16 +975,14 @@ json Daemon::cmd_update(const json& req) {
 
 // Frees the disk ended jobs' files take: the whole job directory (logs, checkpoints, launch and
 // events files), or only the checkpoints. Their records, state history, events and results stay,
-// so status, show, results and plot still know them. A job named that has not ended cleans
-// nothing. Each directory is first renamed into the state dir's trash, which is instant, so a
-// restarted job finds its place free at once; the trash is emptied on a thread of its own, so
-// gpuqd goes on serving while thousands of directories are deleted, and the reply comes when
-// they are gone.
-// Frees ended jobs' files and, with `forget`, removes their records. The jobs are chosen at once;
-// their files are moved into the trash and their records removed a part (~10 ms) per turn of
-// gpuqd's loop, so that cleaning 100,000 jobs holds no other client up. Each part takes only
-// those of its jobs still ended (one restarted meanwhile is left alone) and, to forget, still not
-// needed. Answers once the files are deleted.
+// so status, show, results and plot still know them, unless `forget` removes those too. A job
+// named that has not ended cleans nothing. The jobs are chosen at once, then done a part (~10 ms)
+// per turn of gpuqd's loop, so that cleaning 100,000 jobs holds no other client up; each part
+// takes only those of its jobs still ended (one restarted meanwhile is left alone) and, to
+// forget, still not needed. Each directory is first renamed into the state dir's trash, which is
+// instant, so a restarted job finds its place free at once; the trash is emptied on a thread of
+// its own, so gpuqd goes on serving while thousands of directories are deleted, and the reply
+// comes when they are gone.
 void Daemon::cmd_clean(const json& req, Reply& reply) {
   auto q = common::decode_clean(req);
   std::map<std::int64_t, double> ended;  // id -> ended_at
@@ -986,10 +990,7 @@ void Daemon::cmd_clean(const json& req, Reply& reply) {
                               : "only the files of a job that has ended can be removed";
   for (auto id : q.ids) ended[id] = ended_job(id, only).ended_at;
   if (q.batch != 0) {
-    if (!m_store->batch_exists(q.batch))
-      throw RequestError(ErrorCode::not_found, m_store->was_removed(q.batch, true)
-                                                   ? "batch " + std::to_string(q.batch) + " " + k_forgotten
-                                                   : "no batch " + std::to_string(q.batch));
+    if (!m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
     for (const auto& [id, at] : m_store->ended_of_batch(q.batch)) ended[id] = at;
   }
   if (q.ids.empty() && q.batch == 0) {

@@ -99,6 +99,7 @@ class Daemon {
   };
   void submit_checked(const std::shared_ptr<Submission>& s);  // on gpuqd's thread, after check_batch
   void write_submission();  // the next part of m_submissions.front()
+  void next_submission();   // m_submissions.front() is answered: on to the next
   json cmd_status(const json& req);
   json cmd_show(const json& req);
   json cmd_cancel(const json& req);
@@ -191,6 +192,7 @@ class Daemon {
   JobRecord ended_job(std::int64_t id, const std::string& only);
   // The jobs of `batch`, or not_found.
   std::vector<JobRecord> jobs_of_batch(std::int64_t batch);
+  RequestError missing_batch(std::int64_t batch);  // not_found: "no batch N", or "… was forgotten"
   // `ids` and the queued jobs of `batch` (0: none), ascending, each once.
   std::vector<std::int64_t> with_queued_of_batch(std::vector<std::int64_t> ids, std::int64_t batch);
   static std::string job_label(const JobRecord& rec);  // "job 7 (name)", as errors name a job
