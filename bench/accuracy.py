@@ -3,7 +3,9 @@
 benchmark table (MLP 256-128-100 about 0.883; 2 conv + pooling 0.876-0.916; 2 conv + pooling +
 batch norm about 0.934). Runs gpuq-worker directly, one configuration after another.
 
-Usage: bench/accuracy.py [--bin build/bin] [--only mlp,cnn,cnn-bn] [--epochs N] [--device auto|cpu|cuda]
+Usage: bench/accuracy.py [--bin build/bin] [--only mlp,cnn,cnn-bn] [--epochs N] [--limit N]
+                         [--device auto|cpu|cuda]
+--epochs and --limit (training images) shorten it for a dry run; the targets then do not apply.
 """
 import argparse
 import json
@@ -25,6 +27,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "../build/bin"))
 ap.add_argument("--only", default="mlp,cnn,cnn-bn")
 ap.add_argument("--epochs", type=int, default=0, help="override every configuration's epochs")
+ap.add_argument("--limit", type=int, default=0, help="train on the first N images only (0: all 60,000)")
 ap.add_argument("--device", default="auto")
 args = ap.parse_args()
 
@@ -32,7 +35,8 @@ rows = []
 for name in args.only.split(","):
     model, optimizer, epochs, target = CONFIGS[name]
     epochs = args.epochs or epochs
-    train = {"dataset": {"kind": "fashion-mnist"}, "model": model, "optimizer": optimizer, "epochs": epochs,
+    dataset = {"kind": "fashion-mnist", **({"limit": args.limit} if args.limit else {})}
+    train = {"dataset": dataset, "model": model, "optimizer": optimizer, "epochs": epochs,
              "batch_size": 128, "schedule": {"kind": "cosine"}, "checkpoint_every": 0, "device": args.device}
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as events:
         t0 = time.time()

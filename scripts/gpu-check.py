@@ -110,8 +110,12 @@ def stage_build(c, a):
     if not c.that("configure", status == 0, out.strip().splitlines()[-1] if out.strip() else ""):
         return False
     backends = next((l for l in out.splitlines() if "gpuq-worker:" in l), "no gpuq-worker line")
+    nvml = next((l for l in out.splitlines() if "NVML ABI check" in l), "")
     if a.device == "cuda":
         c.that("configure finds CUDA and NCCL", "GPUQ_HAVE_NCCL" in out and "GPUQ_HAVE_CUDA" in out, backends)
+        c.say(nvml or "no nvml.h here: the NVML ABI check (daemon/nvml_abi_check.cpp) is not compiled")
+    elif "GPUQ_HAVE_CUDA" in out:  # the dry run against a CUDA build of PyTorch (scripts/cuda-build.sh)
+        c.that("the NVML ABI check is compiled against nvml.h", nvml, nvml)
     t0 = time.time()
     status, out = c.run(["cmake", "--build", a.build, "--parallel", str(os.cpu_count() or 4)], timeout=1200)
     if not c.that("build", status == 0, f"{time.time() - t0:.0f} s" if status == 0 else out[-3000:]):
@@ -313,8 +317,9 @@ def stage_throughput(c, a):
 
 
 def stage_accuracy(c, a):
+    short = ["--epochs", "1", "--limit", str(MLP["dataset"]["limit"])] if a.device == "cpu" else []  # the dry run
     status, out = c.run([a.python, os.path.join(REPO, "bench/accuracy.py"), "--bin", os.path.join(a.build, "bin"),
-                         "--only", "cnn,cnn-bn", "--device", a.device], timeout=1800)
+                         "--only", "cnn,cnn-bn", "--device", a.device, *short], timeout=1800)
     c.that("Fashion-MNIST CNN accuracy benchmark", status == 0, "\n" + "\n".join(out.strip().splitlines()[-4:]))
 
 

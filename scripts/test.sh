@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds, runs unit and integration tests, builds
-# and runs the Debian package (packaging/test-deb.sh), then the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/, without the
-# LibTorch worker), then the libFuzzer targets over the committed corpus for a bounded time
-# ($GPUQ_FUZZ_SECONDS per target, default 60). GPUQ_QUICK=1 stops after the first stage.
+# The whole test suite: installs what is missing, builds, runs unit and integration tests; the CUDA
+# build against PyPI's PyTorch (scripts/cuda-build.sh, build-cuda/) with its unit and worker tests
+# on the CPU and the GPU check's dry run (docs/cuda.md); builds and runs the Debian package
+# (packaging/test-deb.sh); the same tests under AddressSanitizer + UndefinedBehaviorSanitizer
+# (build-asan/, without the LibTorch worker); then the libFuzzer targets over the committed corpus
+# for a bounded time ($GPUQ_FUZZ_SECONDS per target, default 60). GPUQ_QUICK=1 stops after the
+# first stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packaging/install-deps.sh
 scripts/build.sh
 ctest --test-dir "${GPUQ_BUILD_DIR:-build}" --output-on-failure --parallel 2
 [ "${GPUQ_QUICK:-0}" = 1 ] && exit 0
+echo "== CUDA build (PyTorch's LibTorch from PyPI), its tests on the CPU"
+scripts/cuda-build.sh
+ctest --test-dir build-cuda --output-on-failure --parallel 2 -R '^(unit|integration\.test_worker|integration\.test_ddp)$'
+python3 scripts/gpu-check.py --device cpu --python build-cuda/python --build build-cuda --out build-cuda/gpu-check
 echo "== Debian package"
 packaging/test-deb.sh
 echo "== sanitizers (ASan + UBSan)"
