@@ -729,7 +729,8 @@ json Daemon::cmd_cancel(const json& req) {
     auto st = active != m_active.end() ? active->second.rec.state : m_store->state_of(id);
     states[id] = st ? *st : existing_job(id).state;  // not_found, saying why
   }
-  // The queued ones end in one transaction: a failed write (disk full) cancels none of them.
+  // One transaction ends the queued ones and records the intent on the running ones (whatever
+  // happens next, they end as cancelled): a failed write (disk full) cancels none of them.
   std::vector<JobRecord> cancelled;
   std::set<std::int64_t> now_cancelled;
   for (auto id : q.ids)
@@ -742,7 +743,15 @@ json Daemon::cmd_cancel(const json& req) {
       next.reason = next.attempt > 0 ? "cancelled while waiting to retry" : "cancelled before it started";
       cancelled.push_back(std::move(next));
     }
-  end_queued(std::move(cancelled));
+  std::vector<JobRecord> flagged;
+  for (auto id : q.ids)
+    if (auto it = m_active.find(id);
+        it != m_active.end() && it->second.rec.state == JobState::running && !it->second.rec.cancel_requested) {
+      flagged.push_back(it->second.rec);
+      flagged.back().cancel_requested = true;
+    }
+  end_queued(std::move(cancelled), flagged);
+  for (const auto& r : flagged) m_active.at(r.id).rec.cancel_requested = true;
   common::CancelReply out;
   for (auto id : q.ids) {
     auto it = m_active.find(id);
@@ -752,13 +761,6 @@ json Daemon::cmd_cancel(const json& req) {
       continue;
     }
     Active& a = it->second;
-    // Record the intent first: whatever happens next, this job ends as cancelled.
-    if (!a.rec.cancel_requested) {
-      JobRecord next = a.rec;
-      next.cancel_requested = true;
-      m_store->update(next, false);
-      a.rec.cancel_requested = true;
-    }
     if (a.shim.pid > 0 && is_alive(a.shim)) ::kill(a.shim.pid, SIGTERM);
     out.jobs.push_back({id, "running", true});
   }
@@ -1530,11 +1532,12 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   schedule_soon();
 }
 
-void Daemon::end_queued(std::vector<JobRecord> ended) {
-  if (ended.empty()) return;
-  std::vector<const JobRecord*> rows;
+void Daemon::end_queued(std::vector<JobRecord> ended, const std::vector<JobRecord>& also) {
+  if (ended.empty() && also.empty()) return;
+  std::vector<const JobRecord*> rows, quiet;
   for (const auto& r : ended) rows.push_back(&r);
-  m_store->update_many(rows);  // throws before anything changed in memory
+  for (const auto& r : also) quiet.push_back(&r);
+  m_store->update_many(rows, {}, quiet);  // throws before anything changed in memory
   for (auto& r : ended) {
     Active& a = m_active.at(r.id);
     a.rec = std::move(r);

@@ -163,8 +163,10 @@ class Daemon {
   void finish_attempt(Active& a, const json& outcome);
   void finalize(Active& a);  // terminal: persist, notify waiters, forget
   // Queued jobs that end without running (cancelled, or failed for a dependency), given as their
-  // terminal records: stored in one transaction, then finalized.
-  void end_queued(std::vector<JobRecord> ended);
+  // terminal records: stored in one transaction, then finalized. `also`: records of other jobs
+  // written in the same transaction, without a transition (a cancel's intent on running ones),
+  // which the caller applies in memory.
+  void end_queued(std::vector<JobRecord> ended, const std::vector<JobRecord>& also = {});
   // Files a job in the indexes by its record's state (after every change of state), or takes it out.
   // `fresh`: a job just submitted, in no index yet.
   void index(const Active& a, bool fresh = false);

@@ -426,12 +426,14 @@ void Store::update(const JobRecord& job, bool transition) {
   txn.commit();
 }
 
-void Store::update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why) {
+void Store::update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why,
+                        const std::vector<const JobRecord*>& quiet) {
   Txn txn(m_db, m_faults);
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     write_job(*jobs[i]);
     write_transition(*jobs[i], transition_time(*jobs[i]), i < why.size() ? &why[i] : nullptr);
   }
+  for (const auto* job : quiet) write_job(*job);
   txn.commit();
 }
 

@@ -108,8 +108,10 @@ class Store {
   // Writes the job's mutable columns; appends a transition row when `transition` is true.
   void update(const JobRecord& job, bool transition);
   // Several updates in one transaction, each with a transition whose reason is `why[i]` (the
-  // job's own reason where `why` has none): restarting jobs with their dependents.
-  void update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why = {});
+  // job's own reason where `why` has none): restarting jobs with their dependents. `quiet`: more
+  // rows written in the same transaction without a transition (a cancel's intent on running jobs).
+  void update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why = {},
+                   const std::vector<const JobRecord*>& quiet = {});
 
   // Rewrites the jobs' specs in one transaction, each with a transition whose reason is `why[i]`.
   void rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why);

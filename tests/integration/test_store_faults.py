@@ -46,6 +46,24 @@ class DiskFullAtJobEnd(DaemonTest):
         self.assertEqual(history.count("succeeded"), 1, history)
 
 
+    def test_a_cancel_that_cannot_be_stored_cancels_nothing_running_or_queued(self):
+        release = self.tmp_path("release")
+        running = self.d.submit({"name": "running", "gpus": 2,
+                                 "shell": f"while [ ! -e {release} ]; do sleep 0.05; done"})["ids"][0]
+        queued = self.d.submit({"name": "queued", "gpus": 1, "command": ["true"]})["ids"][0]  # behind it
+        wait_until(lambda: self.d.show(running)["job"]["state"] == "running", what="the job to run")
+        open(self.full, "w").close()
+        r = self.d.run("cancel", str(running), str(queued))
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("database or disk is full", r.stderr)
+        os.unlink(self.full)
+        # Neither was cancelled, nor told to stop: the running one ends as it would have.
+        self.assertEqual(self.d.show(queued)["job"]["state"], "queued")
+        open(release, "w").close()
+        jobs = self.d.wait([running, queued], timeout=60)
+        self.assertEqual((jobs[running]["state"], jobs[queued]["state"]), ("succeeded", "succeeded"))
+
+
 class FaultWalk(unittest.TestCase):
     """One failed write at each point of a scenario that passes through submit, launch, events,
     a retry, a dependency failing, restart, cancel and clean --forget."""
