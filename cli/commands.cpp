@@ -54,17 +54,12 @@ namespace {
 // at all is no daemon, said at once.
 std::optional<Client> connect(const Options& o, int& code, bool waiting = false) {
   auto client = Client::connect(o.socket);
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration<double>(o.reconnect_s);
-  bool said = false;
-  for (double delay = 0.1; waiting && !client && client.error().code == ErrorCode::unavailable &&
-                           std::filesystem::exists(o.socket) && clock::now() < deadline;
-       delay = std::min(2.0, delay * 2)) {
-    if (!std::exchange(said, true) && ::isatty(STDERR_FILENO) == 1)
-      std::cerr << "gpuq: gpuqd does not answer on " << o.socket << "; waiting for up to " << o.reconnect_s << " s\n";
-    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
-    client = Client::connect(o.socket);
-  }
+  const auto unanswered = [&] {
+    return waiting && !client && client.error().code == ErrorCode::unavailable && std::filesystem::exists(o.socket);
+  };
+  if (o.reconnect_s > 0 && unanswered() && ::isatty(STDERR_FILENO) == 1)
+    std::cerr << "gpuq: gpuqd does not answer on " << o.socket << "; waiting for up to " << o.reconnect_s << " s\n";
+  for (common::Backoff backoff(o.reconnect_s); unanswered() && backoff.wait();) client = Client::connect(o.socket);
   if (!client) {
     code = report(client.error());
     return std::nullopt;

@@ -72,6 +72,13 @@ Client::~Client() {
   if (m_fd >= 0) ::close(m_fd);
 }
 
+bool Backoff::wait() {
+  if (std::chrono::steady_clock::now() >= m_deadline) return false;
+  std::this_thread::sleep_for(std::chrono::duration<double>(m_delay));
+  m_delay = std::min(2.0, m_delay * 2);
+  return true;
+}
+
 void Client::reconnect_for(double seconds, std::function<void(const std::string&)> on_retry) {
   m_reconnect_s = seconds;
   m_on_retry = std::move(on_retry);
@@ -82,11 +89,8 @@ Result<json> Client::call(const json& request) {
   if (reply || reply.error().code != ErrorCode::unavailable || m_reconnect_s <= 0) return reply;
   // gpuqd went away mid-request: connect again until one answers or the time is up. The reply
   // is unavailable only when no gpuqd answered: errors of the new one's come back as they are.
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration<double>(m_reconnect_s);
   if (m_on_retry) m_on_retry("lost gpuqd (" + reply.error().message + "); reconnecting");
-  for (double delay = 0.1; clock::now() < deadline; delay = std::min(2.0, delay * 2)) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+  for (Backoff backoff(m_reconnect_s); backoff.wait();) {
     auto fresh = connect(m_socket_path, m_client_name);
     if (!fresh) {
       if (fresh.error().code != ErrorCode::unavailable) return fresh.error();

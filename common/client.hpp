@@ -2,6 +2,7 @@
 // exchange on connect, so a version mismatch is reported before any command is sent.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -10,6 +11,19 @@
 #include "common/error.hpp"
 
 namespace gpuq::common {
+
+// How a client waits for gpuqd to come back: 0.1 s, doubling to 2 s, for up to `seconds` in all.
+//   for (Backoff b(seconds); !done && b.wait();) try again;
+class Backoff {
+ public:
+  explicit Backoff(double seconds)
+      : m_deadline(std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds)) {}
+  bool wait();  // false once the time is up; else sleeps the next delay and returns true
+
+ private:
+  std::chrono::time_point<std::chrono::steady_clock, std::chrono::duration<double>> m_deadline;  // no overflow
+  double m_delay = 0.1;
+};
 
 class Client {
  public:
