@@ -21,7 +21,10 @@ venv=$cache/torch-$torch_version
 build=${GPUQ_CUDA_BUILD_DIR:-build-cuda}
 cuda=${CUDA_HOME:-/usr/local/cuda}
 
-[ -x "$cuda/bin/nvcc" ] || { echo "cuda-build: no CUDA toolkit at $cuda (set CUDA_HOME)" >&2; exit 1; }
+[ -x "$cuda/bin/nvcc" ] || {
+  echo "cuda-build: no CUDA toolkit at $cuda (set CUDA_HOME; scripts/test.sh skips this stage with GPUQ_SKIP_CUDA=1)" >&2
+  exit 1
+}
 if [ ! -f "$venv/.installed" ]; then
   echo "cuda-build: installing torch==$torch_version (CUDA) into $venv"
   rm -rf "$venv"
