@@ -370,6 +370,8 @@ bool Store::hidden(std::int64_t id) const {
   return m_unfinished && id >= m_unfinished->first && id <= m_unfinished->last;
 }
 
+bool Store::hidden_batch(std::int64_t batch) const { return m_unfinished && m_unfinished->batch == batch; }
+
 void Store::write_job(const JobRecord& j) {
   auto* st = prepare(
       "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
@@ -555,7 +557,7 @@ std::optional<JobState> Store::state_of(std::int64_t id) {
 }
 
 std::vector<JobRecord> Store::batch_page(std::int64_t batch, std::int64_t after, int limit) {
-  if (m_unfinished && m_unfinished->batch == batch) return {};
+  if (hidden_batch(batch)) return {};
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? AND id>? ORDER BY id LIMIT ?"));
   sqlite3_bind_int64(st, 1, batch);
   sqlite3_bind_int64(st, 2, after);
@@ -564,7 +566,7 @@ std::vector<JobRecord> Store::batch_page(std::int64_t batch, std::int64_t after,
 }
 
 bool Store::batch_exists(std::int64_t batch) {
-  if (m_unfinished && m_unfinished->batch == batch) return false;
+  if (hidden_batch(batch)) return false;
   auto* st = prepare("SELECT 1 FROM jobs WHERE batch=? LIMIT 1");
   sqlite3_bind_int64(st, 1, batch);
   const bool found = sqlite3_step(st) == SQLITE_ROW;
@@ -575,7 +577,7 @@ bool Store::batch_exists(std::int64_t batch) {
 
 std::vector<std::pair<std::int64_t, double>> Store::ended_of_batch(std::int64_t batch) {
   std::vector<std::pair<std::int64_t, double>> out;
-  if (m_unfinished && m_unfinished->batch == batch) return out;
+  if (hidden_batch(batch)) return out;
   auto* st = prepare("SELECT id, ended_at FROM jobs WHERE batch=? AND state NOT IN ('queued', 'running') ORDER BY id");
   sqlite3_bind_int64(st, 1, batch);
   int rc;
@@ -587,7 +589,7 @@ std::vector<std::pair<std::int64_t, double>> Store::ended_of_batch(std::int64_t 
 }
 
 std::vector<JobRecord> Store::batch_jobs(std::int64_t batch) {
-  if (m_unfinished && m_unfinished->batch == batch) return {};
+  if (hidden_batch(batch)) return {};
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE batch=? ORDER BY id"));
   sqlite3_bind_int64(st, 1, batch);
   return query_jobs(st);

@@ -170,6 +170,7 @@ class Store {
   static double transition_time(const JobRecord& job);
   void bind_filter(sqlite3_stmt* st, const common::JobFilter& f) const;  // GPUQ_JOB_FILTER's parameters
   bool hidden(std::int64_t id) const;  // a job of the batch being written
+  bool hidden_batch(std::int64_t batch) const;  // the batch being written
 
   struct Unfinished {  // the batch insert_batch_part is writing
     std::int64_t batch = 0, first = 0, last = 0;  // its id and its jobs' ids
