@@ -160,7 +160,7 @@ class Store {
                                const std::string& type = "");
 
  private:
-  explicit Store(sqlite3* db) : m_db(db) {}
+  explicit Store(sqlite3* db);
   void exec(const char* sql);
   sqlite3_stmt* prepare(const char* sql);
   std::vector<JobRecord> query_jobs(sqlite3_stmt* st);
@@ -179,6 +179,8 @@ class Store {
   std::optional<Unfinished> m_unfinished;
 
   sqlite3* m_db = nullptr;
+  class Checkpointer;  // the log's checkpoints, off the writing thread (store.cpp)
+  std::unique_ptr<Checkpointer> m_checkpointer;
   std::map<const char*, sqlite3_stmt*> m_stmts;  // keyed by the SQL literal's address
   StoreFaults m_faults;
 };
