@@ -36,6 +36,7 @@ bool file_exists(const std::string& p) {
 }
 
 constexpr std::size_t k_max_exit_record = 4 << 20;  // ~4,000 bytes a rank would be 1,000 ranks
+constexpr std::size_t k_doomed_part = 512;  // jobs failed for a dependency in one pass (~10 ms)
 
 // The shim's exit record (see supervisor.cpp's write_outcome). It lies in the job's directory,
 // which the job can write, so it is read as untrusted input: bounded, and each field kept only
@@ -1221,51 +1222,57 @@ std::optional<JobState> Daemon::dependency_state(std::int64_t id) {
   return rec->state;
 }
 
-// Fails queued jobs whose dependencies ended without success. Returns true if any changed.
+// Fails queued jobs whose dependencies ended without success. Returns true when some are left
+// for the next pass.
 bool Daemon::fail_blocked_dependents(double now) {
   // The jobs whose dependency ended without success, then, transitively, the jobs waiting for
-  // those: a failed chain fails in one pass and one transaction (a pass per link was quadratic:
-  // 21 s for a chain of 20,000).
-  std::map<std::int64_t, std::vector<std::int64_t>> waiting_for;  // dependency -> queued jobs naming it
-  std::map<std::int64_t, std::pair<std::int64_t, std::string>> why;  // doomed job -> its dependency, what became of it
-  std::vector<std::int64_t> doomed;
+  // those: a failed chain fails in one pass (a pass per link was quadratic: 21 s for a chain of
+  // 20,000), k_doomed_part jobs a transaction, the nearest first, a pass each (one transaction
+  // for 20,000 held gpuqd's thread for 435 ms). Those left wait for a failed dependency meanwhile.
+  std::vector<std::pair<std::int64_t, std::int64_t>> waiting;  // (dependency, a queued job naming it), sorted
+  std::map<std::int64_t, std::int64_t> blocked_by;  // doomed job -> the dependency that dooms it
+  std::vector<std::int64_t> doomed;                 // the nearest first
   for (std::int64_t id : m_with_deps) {
     const Active& a = m_active.at(id);
     for (auto dep : a.rec.after) {
-      waiting_for[dep].push_back(id);
-      if (why.count(id)) continue;
+      waiting.emplace_back(dep, id);
+      if (blocked_by.count(id)) continue;
       auto st = dependency_state(dep);
       if (!st || (is_terminal(*st) && *st != JobState::succeeded)) {
         doomed.push_back(id);
-        why[id] = {dep, st ? "dependency " + std::to_string(dep) + " ended " + std::string(to_string(*st))
-                           : "dependency: " + missing_job(dep)};
+        blocked_by[id] = dep;
       }
     }
   }
-  for (std::size_t i = 0; i < doomed.size(); ++i)  // grows as it goes: the jobs behind each doomed one
-    for (std::int64_t next : waiting_for[doomed[i]])
-      if (why.emplace(next, std::pair{doomed[i], "dependency " + std::to_string(doomed[i]) + " ended failed"}).second)
-        doomed.push_back(next);
   if (doomed.empty()) return false;
+  std::sort(waiting.begin(), waiting.end());
+  for (std::size_t i = 0; i < doomed.size() && doomed.size() <= k_doomed_part; ++i)  // the jobs behind each doomed one
+    for (auto w = std::lower_bound(waiting.begin(), waiting.end(), std::pair<std::int64_t, std::int64_t>{doomed[i], 0});
+         w != waiting.end() && w->first == doomed[i]; ++w)
+      if (blocked_by.emplace(w->second, doomed[i]).second) doomed.push_back(w->second);
+  const bool left = doomed.size() > k_doomed_part;
+  if (left) doomed.resize(k_doomed_part);
   std::vector<JobRecord> failed;
   for (auto id : doomed) {
+    const std::int64_t dep = blocked_by[id];
     JobRecord next = m_active.at(id).rec;
     next.state = JobState::failed;
     next.held = false;
     next.ended_at = now;
-    next.blocked_by = why[id].first;
-    next.reason = why[id].second;
+    next.blocked_by = dep;
+    auto st = dependency_state(dep);  // doomed, but still queued: it ends failed in this same transaction
+    next.reason = !st ? "dependency: " + missing_job(dep)
+                      : "dependency " + std::to_string(dep) + " ended " + std::string(to_string(is_terminal(*st) ? *st : JobState::failed));
     failed.push_back(std::move(next));
   }
   end_queued(std::move(failed));
-  return true;
+  return left;
 }
 
 void Daemon::schedule_now() {
   ++m_pass;
   const double now = wall_now();
-  while (fail_blocked_dependents(now)) {
-  }
+  if (fail_blocked_dependents(now)) schedule_soon();  // more to fail, in the next pass
 
   std::vector<PendingJob> queue;
   queue.reserve(m_queue.size());

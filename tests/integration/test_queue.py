@@ -416,6 +416,17 @@ class Dependencies(DaemonTest):
         self.assertEqual(by_name["later"]["state"], "failed")
         self.assertIn("dependency", by_name["later"]["reason"])
 
+    def test_a_chain_failing_at_its_head_fails_to_its_end_over_several_passes_each_naming_the_job_before(self):
+        # 1,200 jobs: more than one pass fails (512 a pass), so the rest must be picked up after.
+        chain = [{"name": "c0", "command": ["false"]}] + \
+                [{"name": f"c{i}", "command": ["true"], "after": [f"c{i - 1}"]} for i in range(1, 1200)]
+        ids = self.d.submit(chain)["ids"]
+        done = self.d.wait(ids, timeout=120)
+        self.assertEqual({j["state"] for j in done.values()}, {"failed"})
+        for before, job in zip(ids, ids[1:]):
+            self.assertEqual(done[job]["reason"], f"dependency {before} ended failed")
+            self.assertEqual(done[job]["attempt"], 0)  # never started
+
     def test_after_an_existing_job_by_id(self):
         first = self.d.submit({"name": "first", "shell": "sleep 0.5"})["ids"][0]
         second = self.d.submit({"name": "second", "after": [first], "command": ["true"]})["ids"][0]
