@@ -166,6 +166,17 @@ TEST_SUITE_BEGIN("protocol");
 TEST_CASE("requests nested deeper than the limit are refused while parsing") {
   std::string ok = R"({"cmd": "status", "x": )" + std::string(60, '[') + std::string(60, ']') + "}";
   CHECK(gpuq::common::parse_request(ok).ok());
+  bool too_deep = true;  // at the limit exactly: 64 levels are read, 65 are not
+  auto at_limit = gpuq::common::parse_depth_limited(std::string(64, '[') + "1" + std::string(64, ']'), too_deep);
+  const json* inner = &at_limit;
+  for (int i = 0; i < 63; ++i) inner = &(*inner)[0];
+  CHECK(*inner == json::array({1}));
+  CHECK_FALSE(too_deep);
+  gpuq::common::parse_depth_limited(std::string(65, '[') + std::string(65, ']'), too_deep);
+  CHECK(too_deep);
+  CHECK(gpuq::common::parse_depth_limited(R"({"a": [1, 2.5, "x", null, true, {"b": {}}]})", too_deep) ==
+        json{{"a", {1, 2.5, "x", nullptr, true, {{"b", json::object()}}}}});
+  CHECK_FALSE(too_deep);
   std::string deep = R"({"cmd": "status", "x": )" + std::string(100000, '[') + std::string(100000, ']') + "}";
   auto r = gpuq::common::parse_request(deep);
   REQUIRE_FALSE(r.ok());
