@@ -634,21 +634,15 @@ int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int
   if (!reply) return code;
   auto r = reply->get<common::RestartReply>();
   if (o.json) {
-    print_json({{"jobs", (*reply)["jobs"]}});
+    print_json({{"jobs", (*reply)["jobs"]}, {"total", r.total}, {"was", r.was}, {"along", r.along}, {"more", r.more}});
     return k_exit_ok;
   }
-  if (r.jobs.empty()) std::cout << "nothing to restart: every job of batch " << batch << " succeeded\n";
-  if (r.jobs.size() > k_lines_per_job) {
-    std::map<std::string, int> was;
-    int along = 0;
-    for (const auto& j : r.jobs) {
-      ++was[j.was];
-      along += j.with != 0;
-    }
-    std::cout << r.jobs.size() << " jobs queued again (";
-    for (auto it = was.begin(); it != was.end(); ++it)
-      std::cout << (it == was.begin() ? "" : ", ") << it->second << " had " << (it->first == "timed_out" ? "timed out" : "ended " + it->first);
-    std::cout << ")" << (along ? ", " + std::to_string(along) + " of them with a job they wait for" : "")
+  if (r.total == 0) std::cout << "nothing to restart: every job of batch " << batch << " succeeded\n";
+  if (r.total > static_cast<std::int64_t>(k_lines_per_job) || r.more) {
+    std::cout << r.total << " jobs queued again (";
+    for (auto it = r.was.begin(); it != r.was.end(); ++it)
+      std::cout << (it == r.was.begin() ? "" : ", ") << it->second << " had " << (it->first == "timed_out" ? "timed out" : "ended " + it->first);
+    std::cout << ")" << (r.along ? ", " + std::to_string(r.along) + " of them with a job they wait for" : "")
               << (fresh ? ", checkpoints removed" : "") << "\n";
     return k_exit_ok;
   }

@@ -284,9 +284,13 @@ struct RestartOutcome {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RestartOutcome, id, was, with)
 struct RestartReply {
-  std::vector<RestartOutcome> jobs;  // in id order
+  std::vector<RestartOutcome> jobs;  // in id order, the first k_max_reply_jobs
+  std::int64_t total = 0;            // jobs queued again, all of them
+  std::map<std::string, std::int64_t> was;  // of those, how many had ended in each state
+  std::int64_t along = 0;            // of those, how many came with a job they wait for
+  bool more = false;                 // `jobs` holds the first k_max_reply_jobs only
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RestartReply, jobs)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RestartReply, jobs, total, was, along, more)
 
 struct KeptJob {  // an ended job a clean --forget selected but kept, and why
   std::int64_t id = 0;

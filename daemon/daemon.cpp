@@ -92,10 +92,6 @@ std::string describe_exit(const json& failure) {
 
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
-constexpr double k_launch_retry_s = 5;  // a launch that failed (job dir, disk) is tried again after
-// How long one part of a long request (a submission's writing, a clean) may hold gpuqd's thread.
-constexpr auto k_part = std::chrono::milliseconds(10);
-
 // What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r) {
   const auto& s = r.spec;
@@ -173,6 +169,7 @@ void Daemon::recover() {
       asio::post(m_io, [this, id] { on_shim_exit(id); });  // supervisor gone without an outcome
     }
   }
+  resume_restarts();
   arm_ingest_timer();
   start_health_checks();
   forget_old_jobs();
@@ -186,7 +183,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
   static const std::map<std::string, Sync> k_commands{
       {"hello", &Daemon::cmd_hello},   {"status", &Daemon::cmd_status},
       {"show", &Daemon::cmd_show},     {"cancel", &Daemon::cmd_cancel},   {"results", &Daemon::cmd_results},
-      {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},   {"restart", &Daemon::cmd_restart},
+      {"gpus", &Daemon::cmd_gpus},     {"events", &Daemon::cmd_events},
       {"hold", &Daemon::cmd_hold},     {"release", &Daemon::cmd_release},
       {"update", &Daemon::cmd_update},   {"drain", &Daemon::cmd_drain},     {"undrain", &Daemon::cmd_undrain},
   };
@@ -197,6 +194,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
     if (cmd == "wait") return cmd_wait(request, reply);
     if (cmd == "clean") return cmd_clean(request, reply);
     if (cmd == "submit") return cmd_submit(request, reply);
+    if (cmd == "restart") return cmd_restart(request, reply);
     if (cmd == "shutdown") {
       reply(common::ok_reply());
       if (on_shutdown) asio::post(m_io, on_shutdown);
@@ -332,8 +330,12 @@ bool Daemon::paused_between_parts(std::function<void()> resume) {
 
 // The end of a part of a long request: now, or sooner under the test hook above (parts of 64 jobs).
 std::chrono::steady_clock::time_point Daemon::part_deadline() {
+  return parts_hooked() ? std::chrono::steady_clock::time_point::min() : std::chrono::steady_clock::now() + k_part;
+}
+
+bool Daemon::parts_hooked() {
   static const bool hooked = std::getenv("GPUQ_TEST_PAUSE_PARTS") != nullptr;
-  return hooked ? std::chrono::steady_clock::time_point::min() : std::chrono::steady_clock::now() + k_part;
+  return hooked;
 }
 
 // ---- read commands ------------------------------------------------------------------------------
@@ -776,101 +778,6 @@ JobRecord Daemon::ended_job(std::int64_t id, const std::string& only) {
   return rec;
 }
 
-// Queues ended jobs again under their own ids (as Slurm's requeue): same spec, batch and job
-// directory, attempts numbered on, a fresh retry budget. The jobs that failed only because one of
-// them had failed come along, so a DAG runs again from where it broke. All or nothing: a job that
-// has not ended, or that would wait for a dependency that failed and stays failed, restarts none.
-json Daemon::cmd_restart(const json& req) {
-  auto q = common::decode_restart(req);
-  std::map<std::int64_t, JobRecord> chosen;  // by id, so they are requeued in line order
-  std::map<std::int64_t, std::int64_t> with;  // a dependent -> the restarted job it had failed waiting for
-  for (auto id : q.ids) chosen.emplace(id, ended_job(id, "only a job that has ended can be restarted"));
-  if (q.batch != 0)
-    for (auto& rec : jobs_of_batch(q.batch))
-      if (is_terminal(rec.state) && rec.state != JobState::succeeded) chosen.emplace(rec.id, std::move(rec));
-  // Then, transitively, the jobs that failed waiting for one of them.
-  std::vector<std::int64_t> frontier;
-  for (const auto& [id, _] : chosen) frontier.push_back(id);
-  while (!frontier.empty()) {
-    const std::int64_t id = frontier.back();
-    frontier.pop_back();
-    for (auto& dep : m_store->failed_waiting_for(id))
-      if (!chosen.count(dep.id)) {
-        with[dep.id] = id;
-        frontier.push_back(dep.id);
-        chosen.emplace(dep.id, std::move(dep));
-      }
-  }
-  for (const auto& [id, rec] : chosen)
-    for (auto dep : rec.after) {
-      if (chosen.count(dep)) continue;
-      auto st = dependency_state(dep);
-      if (!st || (is_terminal(*st) && *st != JobState::succeeded))
-        throw RequestError(ErrorCode::wrong_state,
-                           job_label(rec) + " waits for " +
-                               (st ? "job " + std::to_string(dep) + ", which ended " + std::string(to_string(*st)) +
-                                         ": restart that job too (the jobs that failed waiting for it come with it)"
-                                   : missing_job(dep) + ", so it cannot run again"));
-    }
-
-  if (q.fresh) {
-    std::vector<std::pair<std::int64_t, std::string>> moved;
-    try {
-      make_trash();
-      for (const auto& [id, _] : chosen)
-        if (auto to = move_to_trash(id, job_dir(m_config.state_dir, id) + "/checkpoints", true); !to.empty())
-          moved.emplace_back(id, std::move(to));
-    } catch (const RequestError& e) {
-      empty_trash(std::move(moved), nullptr);
-      throw RequestError(ErrorCode::store_error, std::string(e.what()) + "; nothing was restarted");
-    }
-    empty_trash(std::move(moved), nullptr);
-  }
-
-  common::RestartReply out;
-  std::vector<JobRecord> requeued;
-  std::vector<std::string> why;  // for the history; while queued a job shows why it waits
-  for (const auto& [id, rec] : chosen) {
-    const auto w = with.find(id);
-    const std::int64_t along = w != with.end() ? w->second : 0;
-    out.jobs.push_back({id, std::string(to_string(rec.state)), along});
-    JobRecord next = rec;
-    next.state = JobState::queued;
-    next.attempt_base = rec.attempt;
-    next.restarts = rec.restarts + 1;
-    why.push_back(along ? "restarted with job " + std::to_string(along)
-                        : "restarted (it had ended " + std::string(to_string(rec.state)) + ")");
-    next.reason.clear();
-    next.started_at = next.ended_at = next.not_before = 0;
-    next.exit_code.reset();
-    next.exit_signal.reset();
-    next.gpus.clear();
-    next.cpu_slots.clear();
-    next.cores.clear();
-    next.master_port = 0;
-    next.cancel_requested = false;
-    next.held = false;
-    next.progress = next.result = next.first_failure = nullptr;
-    next.blocked_by = 0;
-    requeued.push_back(std::move(next));
-  }
-  std::vector<const JobRecord*> rows;
-  for (const auto& r : requeued) rows.push_back(&r);
-  m_store->update_many(rows, why);  // one transaction: all of them, or none
-
-  for (auto& rec : requeued) {
-    const std::int64_t id = rec.id;
-    m_terminal_cache.erase(id);
-    Active& a = m_active[id];
-    a.rec = std::move(rec);
-    index(a);
-    for (auto& w : m_waiters)  // a wait that names it waits for it again
-      if (w.ids.count(id)) w.pending.insert(id);
-  }
-  schedule_soon();
-  return out;
-}
-
 json Daemon::cmd_hold(const json& req) { return set_held(common::decode_select(req), true); }
 json Daemon::cmd_release(const json& req) { return set_held(common::decode_select(req), false); }
 
@@ -1027,7 +934,7 @@ void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
   for (; c->next < c->ids.size(); ++c->next) {
     if (!part.empty() && part.size() % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
     const std::int64_t id = c->ids[c->next];
-    if (m_active.count(id)) continue;  // restarted since it was chosen
+    if (m_active.count(id) || m_restarting.count(id)) continue;  // restarted since it was chosen, or being restarted
     if (c->forget)
       if (auto it = c->needed.find(id); it != c->needed.end()) {
         c->out.kept.push_back({id, it->second});
@@ -1095,6 +1002,8 @@ std::map<std::int64_t, std::string> Daemon::still_needed() const {
   }
   for (const auto& w : m_waiters)
     for (auto id : w.ids) needed.try_emplace(id, "a `gpuq wait` is waiting on it");
+  for (auto id : m_restarting) needed.try_emplace(id, "a restart under way is queueing it again");
+  for (auto id : m_restarting_needs) needed.try_emplace(id, "a restart under way queues a job that waits for it (`after`)");
   return needed;
 }
 
@@ -1204,8 +1113,8 @@ void Daemon::schedule_soon() {
       schedule_now();
     } catch (const std::exception& e) {
       // A store write that failed (failing a job whose dependency failed): try the pass again.
-      std::cerr << "gpuqd: scheduling pass failed: " << e.what() << "; trying again in " << k_launch_retry_s << " s\n";
-      m_backoff_timer.expires_after(std::chrono::milliseconds(static_cast<int>(k_launch_retry_s * 1000)));
+      std::cerr << "gpuqd: scheduling pass failed: " << e.what() << "; trying again in " << k_write_retry_s << " s\n";
+      m_backoff_timer.expires_after(std::chrono::milliseconds(static_cast<int>(k_write_retry_s * 1000)));
       m_backoff_timer.async_wait([this](const boost::system::error_code& ec) {
         if (!ec) schedule_soon();
       });
@@ -1342,9 +1251,9 @@ void Daemon::schedule_now() {
       // happens to trigger a pass.
       std::cerr << "gpuqd: cannot launch job " << p.id << ": " << e.what() << "\n";
       a.wait_reason = std::string("cannot start: ") + e.what() + "; trying again every " +
-                      std::to_string(static_cast<int>(k_launch_retry_s)) + " s";
+                      std::to_string(static_cast<int>(k_write_retry_s)) + " s";
       a.reason_pass = m_pass;
-      next_retry = next_retry == 0 ? now + k_launch_retry_s : std::min(next_retry, now + k_launch_retry_s);
+      next_retry = next_retry == 0 ? now + k_write_retry_s : std::min(next_retry, now + k_write_retry_s);
     }
   }
   if (next_retry > 0) {
@@ -1471,8 +1380,8 @@ void Daemon::on_shim_exit(std::int64_t id) {
     // A full disk, say: the job stays running in the records until its end is stored, and its
     // end is tried again, as a launch is; nothing else would ever record it.
     std::cerr << "gpuqd: job " << id << " ended, but its end cannot be recorded (" << e.what() << "); trying again in "
-              << k_launch_retry_s << " s\n";
-    a.poll = std::make_unique<asio::steady_timer>(m_io, std::chrono::milliseconds(static_cast<int>(k_launch_retry_s * 1000)));
+              << k_write_retry_s << " s\n";
+    a.poll = std::make_unique<asio::steady_timer>(m_io, std::chrono::milliseconds(static_cast<int>(k_write_retry_s * 1000)));
     a.poll->async_wait([this, id](const boost::system::error_code& ec) {
       if (!ec) on_shim_exit(id);
     });

@@ -54,6 +54,13 @@ struct Config {
 
 using Reply = std::function<void(json)>;
 
+// How long one part of a long request (a submission's writing, a clean, a restart) may hold
+// gpuqd's thread.
+inline constexpr auto k_part = std::chrono::milliseconds(10);
+// A store write that failed (a launch, a job's end, a later part of a restart) is tried again
+// after this long.
+inline constexpr double k_write_retry_s = 5;
+
 class Daemon {
  public:
   Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store, Inventory inventory);
@@ -103,7 +110,30 @@ class Daemon {
   json cmd_status(const json& req);
   json cmd_show(const json& req);
   json cmd_cancel(const json& req);
-  json cmd_restart(const json& req);
+  void cmd_restart(const json& req, Reply& reply);  // answers once every job is requeued (restart.cpp)
+  struct Restarting {  // a restart under way: see restart.cpp
+    enum class Step { choose, clear, requeue } step = Step::choose;
+    bool fresh = false;
+    std::map<std::int64_t, JobRecord> chosen;   // until requeued
+    std::map<std::int64_t, std::int64_t> with;  // a dependent -> the chosen job it had failed waiting for
+    std::vector<std::int64_t> frontier;         // chosen jobs whose dependents are still to be read
+    std::int64_t batch = 0, batch_after = 0;    // a batch to read, from after this id on
+    std::vector<std::int64_t> outside;          // jobs not restarted that chosen ones wait for
+    std::size_t cleared = 0;                    // --fresh: of plan.jobs, those whose checkpoints are gone
+    std::vector<std::pair<std::int64_t, std::string>> moved;
+    Store::RestartPlan plan;
+    std::size_t part_jobs = 256;  // jobs in the next requeue part
+    common::RestartReply out;
+    Reply reply;  // none for a restart resumed at start
+  };
+  void restart_part(const std::shared_ptr<Restarting>& r);  // the next part of it, or its answer
+  bool choose_part(Restarting& r);   // each returns true once its step is done
+  bool clear_part(Restarting& r);
+  bool requeue_part(Restarting& r);
+  void choose(Restarting& r, JobRecord rec, std::int64_t along);
+  void restart_done(Restarting& r);
+  void release_outside(Restarting& r);
+  void resume_restarts();  // those a crash cut short (Store::unfinished_restarts)
   json cmd_hold(const json& req);
   json cmd_release(const json& req);
   json set_held(const common::SelectRequest& q, bool hold);
@@ -122,6 +152,7 @@ class Daemon {
   void clean_part(const std::shared_ptr<Cleaning>& c);  // the next ~10 ms of it, or its answer
   bool paused_between_parts(std::function<void()> resume);  // a test hook: see daemon.cpp
   static std::chrono::steady_clock::time_point part_deadline();
+  static bool parts_hooked();  // GPUQ_TEST_PAUSE_PARTS is set: parts of 64 jobs
   void make_trash();  // the state dir's trash, for move_to_trash; throws store_error
   // Moves job `id`'s `dir` into the state dir's trash (make_trash first): one rename, the deletion
   // is the trash thread's (empty_trash). Returns its place there, or "" when `dir` is missing (or,
@@ -235,6 +266,10 @@ class Daemon {
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_health_timer;
   asio::steady_timer m_forget_timer;
+  // Jobs a restart under way has chosen and not yet requeued: no other restart takes them and no
+  // clean touches them. And the jobs outside it that they will wait for, kept from clean --forget.
+  std::set<std::int64_t> m_restarting;
+  std::multiset<std::int64_t> m_restarting_needs;
   std::deque<std::shared_ptr<Submission>> m_submissions;  // checked, to be written in this order
   bool m_ingest_armed = false;
   std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has

@@ -21,9 +21,9 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 9;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
-                                     // 6: drained_gpus; 7: batches.max_running; 8: removed_ids;
-                                     // 9: batches.complete
+constexpr int k_schema_version = 10;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
+                                      // 6: drained_gpus; 7: batches.max_running; 8: removed_ids;
+                                      // 9: batches.complete; 10: restarts (plans of restarts under way)
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS removed_ids(tbl TEXT PRIMARY KEY, max_id INTEGER NOT 
 CREATE TABLE IF NOT EXISTS event_offsets(
   job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL, offset INTEGER NOT NULL,
   PRIMARY KEY(job_id, attempt, rank));
+CREATE TABLE IF NOT EXISTS restarts(id INTEGER PRIMARY KEY, jobs TEXT NOT NULL, done INTEGER NOT NULL);
 )sql";
 
 
@@ -284,6 +285,7 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
       store->exec("BEGIN IMMEDIATE; ALTER TABLE batches ADD COLUMN complete INTEGER NOT NULL DEFAULT 1; "
                   "PRAGMA user_version=9; COMMIT");
     }
+    if (app_id == k_application_id && version < 10) store->exec("PRAGMA user_version=10");  // k_schema made the table
     // A batch whose writing a crash cut short was never acknowledged: it goes (insert_batch_part).
     store->exec("BEGIN IMMEDIATE; "
                 "DELETE FROM transitions WHERE job_id IN "
@@ -438,6 +440,54 @@ void Store::discard_batch() {
   run(m_db, del_batch, "discard an unfinished batch");
   txn.commit();
   m_unfinished.reset();
+}
+
+void Store::write_restart_part(RestartPlan& plan, const std::vector<const JobRecord*>& rows,
+                               const std::vector<std::string>& why, std::size_t count) {
+  const std::size_t done = plan.done + count;
+  const bool last = done >= plan.jobs.size();
+  Txn txn(m_db, m_faults);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    write_job(*rows[i]);
+    write_transition(*rows[i], transition_time(*rows[i]), &why[i]);
+  }
+  std::int64_t id = plan.id;
+  if (id == 0 && !last) {  // the first part of several: the plan goes in with it
+    auto* ins = prepare("INSERT INTO restarts(jobs, done) VALUES(?, ?)");
+    bind_text(ins, 1, json(plan.jobs).dump());
+    sqlite3_bind_int64(ins, 2, static_cast<std::int64_t>(done));
+    run(m_db, ins, "store a restart's plan");
+    id = sqlite3_last_insert_rowid(m_db);
+  } else if (id != 0) {
+    auto* st = last ? prepare("DELETE FROM restarts WHERE id=?") : prepare("UPDATE restarts SET done=? WHERE id=?");
+    int k = 1;
+    if (!last) sqlite3_bind_int64(st, k++, static_cast<std::int64_t>(done));
+    sqlite3_bind_int64(st, k, id);
+    run(m_db, st, "record a restart's progress");
+  }
+  txn.commit();
+  plan.id = last ? 0 : id;
+  plan.done = done;
+}
+
+std::vector<Store::RestartPlan> Store::unfinished_restarts() {
+  auto* st = prepare("SELECT id, jobs, done FROM restarts ORDER BY id");
+  std::vector<RestartPlan> out;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    RestartPlan p;
+    p.id = sqlite3_column_int64(st, 0);
+    json jobs = json_col(st, 1);
+    if (jobs.is_array())
+      for (const auto& j : jobs)
+        if (j.is_array() && j.size() == 2 && j[0].is_number_integer() && j[1].is_number_integer())
+          p.jobs.emplace_back(j[0].get<std::int64_t>(), j[1].get<std::int64_t>());
+    p.done = static_cast<std::size_t>(std::max<std::int64_t>(0, sqlite3_column_int64(st, 2)));
+    out.push_back(std::move(p));
+  }
+  sqlite3_reset(st);
+  if (rc != SQLITE_DONE) fail(m_db, "read unfinished restarts");
+  return out;
 }
 
 bool Store::hidden(std::int64_t id) const {

@@ -113,6 +113,24 @@ class Store {
   void update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why = {},
                    const std::vector<const JobRecord*>& quiet = {});
 
+  // A restart written in parts, so that requeueing a failed 20,000-job chain does not hold gpuqd's
+  // thread for half a second. `jobs`: the restart's jobs in the order they are requeued (each
+  // after those it waits for), with the job each came along with (0: chosen itself); the first
+  // `done` are written.
+  struct RestartPlan {
+    std::int64_t id = 0;  // its row while a restart of several parts is under way; 0: none stored
+    std::vector<std::pair<std::int64_t, std::int64_t>> jobs;
+    std::size_t done = 0;
+  };
+  // Writes the next part, plan.jobs[done, done + count): `rows` are their new records (fewer
+  // where one is gone), each with a transition whose reason is `why[i]`, in one transaction that also records how far the plan is. The first
+  // part of several stores the plan, a later one its progress, the last deletes it (a restart of
+  // one part stores none): a restart that a crash cut short is finished at the next start
+  // (unfinished_restarts). Throws store_error, having written nothing.
+  void write_restart_part(RestartPlan& plan, const std::vector<const JobRecord*>& rows, const std::vector<std::string>& why,
+                          std::size_t count);
+  std::vector<RestartPlan> unfinished_restarts();
+
   // Rewrites the jobs' specs in one transaction, each with a transition whose reason is `why[i]`.
   void rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why);
 

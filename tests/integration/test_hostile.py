@@ -412,6 +412,96 @@ class LongRequestsInParts(DaemonTest):
         self.assertEqual(self.d.json("status", "--all")["jobs"][0]["id"], ids[-1])
 
 
+    def failed_chain(self, n):
+        """A chain of n jobs, each after the one before, submitted last link first (so each waits
+        for a job with a higher id), that failed at its head. The head, when run again, waits for
+        the file `go` and then succeeds if `ok` exists. Returns the ids from the head on."""
+        go, ok = self.tmp_path("go"), self.tmp_path("ok")
+        chain = [{"name": "c0", "shell": f"while [ ! -e {go} ]; do sleep 0.05; done; [ -e {ok} ]"}] + \
+                [{"name": f"c{i}", "command": ["true"], "after": [f"c{i - 1}"]} for i in range(1, n)]
+        ids = self.d.submit(chain[::-1])["ids"][::-1]
+        open(go, "w").close()
+        wait_until(lambda: self.d.show(ids[-1])["job"]["state"] == "failed", what="the chain to fail")
+        os.unlink(go)
+        return ids
+
+    def let_the_chain_succeed(self, ids):
+        open(self.tmp_path("ok"), "w").close()
+        open(self.tmp_path("go"), "w").close()
+        jobs = self.d.wait(ids, timeout=120)
+        self.assertEqual({j["state"] for j in jobs.values()}, {"succeeded"})
+        for i in ids:  # each queued again exactly once
+            history = self.d.request({"cmd": "show", "id": i})["history"]
+            self.assertEqual(len([t for t in history if t["reason"].startswith("restarted")]), 1, history)
+
+    def states(self):
+        return {j["id"]: j["state"] for j in self.d.json("status", "--all")["jobs"]}
+
+    def test_a_restart_requeues_dependencies_first_a_part_at_a_time_and_holds_its_jobs_meanwhile(self):
+        os.unlink(self.pause)
+        ids = self.failed_chain(150)
+        open(self.pause, "w").close()
+        proc = self.start("restart", str(ids[0]))
+        self.assertEqual(self.d.request({"cmd": "hello", "protocol_version": 1})["ok"], True)
+        # The first part: the head and the 63 links nearest it (the highest ids), each after the
+        # one it waits for, so no job is queued behind one still failed. The rest are as they were.
+        states = self.states()
+        self.assertIn(states[ids[0]], ("queued", "running"))
+        self.assertEqual({states[i] for i in ids[1:64]}, {"queued"})
+        self.assertEqual({states[i] for i in ids[64:]}, {"failed"})
+        # Those not yet requeued are the restart's: no other restart or clean takes them.
+        r = self.d.run("restart", str(ids[100]))
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(f"job {ids[100]} (c100) is being restarted by another request under way", r.stderr)
+        r = self.d.run("clean", "--forget", str(ids[100]))
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("a restart under way is queueing it again", r.stderr)
+        os.unlink(self.pause)
+        out, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 0, err)
+        reply = json.loads(out)
+        self.assertEqual((reply["total"], reply["was"], reply["along"], reply["more"]), (150, {"failed": 150}, 149, False))
+        self.assertEqual([j["id"] for j in reply["jobs"]], sorted(ids))
+        self.let_the_chain_succeed(ids)
+
+    def test_a_restart_cut_short_by_gpuqd_s_death_is_finished_at_its_next_start(self):
+        os.unlink(self.pause)
+        ids = self.failed_chain(150)
+        open(self.pause, "w").close()
+        proc = self.start("restart", str(ids[0]))
+        self.d.kill9()
+        proc.communicate(timeout=60)
+        os.unlink(self.pause)
+        self.d.start()
+        wait_until(lambda: "failed" not in {self.states()[i] for i in ids}, what="the restart to be finished")
+        with open(os.path.join(self.tmp, "gpuqd.log"), errors="replace") as f:
+            self.assertIn("finishing a restart of 150 job(s) that stopped after 64 of them", f.read())
+        self.let_the_chain_succeed(ids)
+
+    def test_a_restart_part_that_cannot_be_stored_is_tried_again_and_the_reply_waits_for_it(self):
+        full = self.tmp_path("disk-full")
+        self.d.stop()
+        self.d.env = dict(self.d.env, GPUQ_TEST_STORE_FAULTS="file:" + full)
+        os.unlink(self.pause)
+        self.d.start()
+        ids = self.failed_chain(150)
+        open(self.pause, "w").close()
+        proc = self.start("restart", str(ids[0]))
+        open(full, "w").close()
+        os.unlink(self.pause)
+        def logged():
+            with open(os.path.join(self.tmp, "gpuqd.log"), errors="replace") as f:
+                return f.read()
+
+        wait_until(lambda: "could not requeue its jobs after the first 64 of 150" in logged(), what="the second part to fail")
+        self.assertIsNone(proc.poll())  # no answer yet: the restart is not done
+        self.assertEqual({self.states()[i] for i in ids[64:]}, {"failed"})
+        os.unlink(full)
+        out, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(json.loads(out)["total"], 150)
+        self.let_the_chain_succeed(ids)
+
 class OutOfDescriptors(DaemonTest):
     def test_out_of_file_descriptors_accepting_pauses_instead_of_spinning_and_then_recovers(self):
         self.d.stop()

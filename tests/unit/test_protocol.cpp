@@ -45,7 +45,7 @@ TEST_CASE("show, gpus, cancel and submit replies round-trip") {
   CHECK(json(json(c).get<CancelReply>()) == json(c));
   SubmitReply sub{4, {10, 11}};
   CHECK(json(json(sub).get<SubmitReply>()) == json(sub));
-  RestartReply r{{{3, "failed", 0}, {4, "failed", 3}}};
+  RestartReply r{{{3, "failed", 0}, {4, "failed", 3}}, 2, {{"failed", 2}}, 1, false};
   CHECK(json(json(r).get<RestartReply>()) == json(r));
 }
 

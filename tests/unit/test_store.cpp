@@ -332,7 +332,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 9);
+  CHECK(user_version(db.path) == 10);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
@@ -438,13 +438,56 @@ TEST_CASE("a batch whose writing was cut short (a failed part, a crash) leaves n
   CHECK(s.count_jobs() == 1);
 }
 
+TEST_CASE("a restart of several parts stores its plan with its first part, its progress with each, and is gone after its last") {
+  TempDb db;
+  std::vector<JobRecord> jobs = chain_of(5);
+  {
+    auto store = Store::open(db.path);
+    REQUIRE(store.ok());
+    auto& s = **store;
+    s.insert_batch(jobs, chain_deps(5), "/", json::object(), 1.0);
+    Store::RestartPlan one;  // a restart of one part stores no plan
+    one.jobs = {{jobs[0].id, 0}};
+    jobs[0].state = gpuq::JobState::queued;
+    s.write_restart_part(one, {&jobs[0]}, {"restarted (it had ended failed)"}, 1);
+    CHECK(one.done == 1);
+    CHECK(s.unfinished_restarts().empty());
+
+    Store::RestartPlan plan;
+    for (int i = 1; i < 5; ++i) plan.jobs.emplace_back(jobs[i].id, jobs[i - 1].id);
+    for (int i = 1; i < 5; ++i) jobs[i].reason = "requeued " + std::to_string(i);
+    s.write_restart_part(plan, {&jobs[1], &jobs[2]}, {"restarted with job 1", "restarted with job 2"}, 2);
+    CHECK(plan.id != 0);
+    CHECK(plan.done == 2);
+    // gpuqd dies here: the plan says how far it got.
+  }
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  auto& s = **store;
+  auto left = s.unfinished_restarts();
+  REQUIRE(left.size() == 1);
+  auto plan = left[0];
+  CHECK(plan.done == 2);
+  CHECK(plan.jobs == std::vector<std::pair<std::int64_t, std::int64_t>>{{2, 1}, {3, 2}, {4, 3}, {5, 4}});
+  CHECK(s.get(2)->reason == "requeued 1");
+  CHECK(s.history(2).back().reason == "restarted with job 1");
+  CHECK(s.get(4)->reason.empty());  // not yet written
+  s.write_restart_part(plan, {&jobs[3]}, {"restarted with job 3"}, 1);
+  CHECK(s.unfinished_restarts().at(0).done == 3);
+  s.write_restart_part(plan, {}, {}, 1);  // a part whose one job is gone: the plan still moves on
+  CHECK(plan.id == 0);
+  CHECK(plan.done == 4);
+  CHECK(s.unfinished_restarts().empty());
+  CHECK(s.get(4)->reason == "requeued 3");
+}
+
 TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   TempDb db;
   REQUIRE(Store::open(db.path).ok());
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 9") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 10") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
