@@ -21,12 +21,12 @@ constexpr std::array<std::string_view, 20> k_fields{
     "name",     "command", "shell",   "train",     "gpus", "mode", "ranks",  "cpus",   "mem_bind", "gpu_memory_mb",
     "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment", "matrix"};
 
-constexpr std::array<std::string_view, 17> k_reserved_env{
+constexpr std::array<std::string_view, 18> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
     "WORLD_SIZE",           "LOCAL_WORLD_SIZE",  "GROUP_RANK", "ROLE_RANK",
     "MASTER_ADDR",          "MASTER_PORT",       "GPUQ_JOB_ID", "GPUQ_JOB_DIR",
     "GPUQ_EVENTS",          "GPUQ_ATTEMPT",      "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_RUN_ID",  "GPUQ_CPUS"};
+    "TORCHELASTIC_RUN_ID",  "GPUQ_CPUS",         "TORCHELASTIC_USE_AGENT_STORE"};
 
 bool valid_name(const std::string& s) {
   if (s.empty() || s.size() > 128) return false;

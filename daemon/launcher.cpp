@@ -87,9 +87,15 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
     env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(job.spec.retries);
     env["TORCHELASTIC_RUN_ID"] = "gpuq-" + std::to_string(job.id);
     env["TORCHELASTIC_ERROR_FILE"] = adir + "/error-" + std::to_string(rank) + ".json";
-    // As torchrun: NCCL errors abort the collective instead of hanging the survivors, and
-    // several ranks on one node do not oversubscribe the cores with OpenMP threads.
-    if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+    // torchrun's agent hosts the rendezvous store and tells the workers so ("True": rank 0
+    // connects to it instead of hosting one). gpuq runs no agent: rank 0 hosts it, as env:// does.
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+    // As torchrun: NCCL errors abort the collective instead of hanging the survivors (torch 2.2
+    // renamed the variable; both are set, so every torch reads it, and the new name, read first,
+    // keeps newer ones from warning about the old), and several ranks on one node do not
+    // oversubscribe the cores with OpenMP threads.
+    for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"})
+      if (!env.count(name)) env[name] = "1";
     if (!env.count("OMP_NUM_THREADS") && job.spec.ranks > 1) env["OMP_NUM_THREADS"] = "1";
   }
   return env;

@@ -1,5 +1,6 @@
 """DDP jobs: one gang, the torchrun environment, and an unmodified torchrun-style PyTorch script
 (Debian's python3-torch, Gloo on CPU) training to identical parameters on every rank."""
+import json
 import os
 import re
 import shutil
@@ -88,6 +89,37 @@ class TorchrunScript(DaemonTest):
                 self.assertEqual(sums[0], sums[1], "ranks ended with different parameters")
                 self.assertEqual(job["result"]["world_size"], 2)
                 self.assertGreater(job["result"]["test_accuracy"], 0.5)
+
+    def test_each_rank_sees_every_variable_torchrun_sets_with_torchrun_s_values(self):
+        probe = self.tmp_path("probe.py")
+        with open(probe, "w") as f:
+            f.write("import json, os\nprint(json.dumps(dict(os.environ)))\n")
+
+        def added(lines, base):  # per rank: the variables the launcher added to `base`
+            envs = [json.loads(line[line.index("{"):]) for line in lines if "{" in line]
+            return sorted(({k: v for k, v in e.items() if k not in base} for e in envs), key=lambda e: e["RANK"])
+
+        # torchrun itself (torch 1.13 on Python 3.11 needs --redirects/--tee other than 0 to start).
+        r = subprocess.run([TORCH_PYTHON, "-m", "torch.distributed.run", "--redirects", "2", "--tee", "2",
+                            "--nproc_per_node", "2", probe], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ), cwd=self.tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        torchrun = added(r.stdout.splitlines() + r.stderr.splitlines(), set(os.environ))
+        job_id = self.d.submit({"name": "probe", "mode": "ddp", "ranks": 2, "command": [TORCH_PYTHON, probe]})["ids"][0]
+        self.assertEqual(self.d.wait([job_id])[job_id]["state"], "succeeded")
+        gpuq = added([self.d.ok("logs", str(job_id), "--rank", str(rank)) for rank in (0, 1)],
+                     set(os.environ) | {"GPUQ_SOCKET"})
+        self.assertEqual(len(torchrun), 2)
+        # Values that differ by design: where the files go, the run's id, the port; and the store:
+        # torchrun's agent hosts one, and "True" makes rank 0 a client of it; under gpuq rank 0
+        # hosts it, as plain env:// does.
+        own = {"TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"}
+        for rank in (0, 1):
+            missing = sorted(set(torchrun[rank]) - set(gpuq[rank]))
+            self.assertEqual(missing, [], f"rank {rank} lacks what torchrun sets")
+            self.assertEqual({k: v for k, v in gpuq[rank].items() if k in torchrun[rank] and k not in own},
+                             {k: v for k, v in torchrun[rank].items() if k not in own})
+            self.assertEqual(gpuq[rank]["TORCHELASTIC_USE_AGENT_STORE"], "False")
 
 
 if __name__ == "__main__":

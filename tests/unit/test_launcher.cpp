@@ -57,6 +57,8 @@ TEST_CASE("each ddp rank gets a consistent torchrun environment") {
     CHECK(env["GPUQ_ATTEMPT"] == "2");
     CHECK(env["OMP_NUM_THREADS"] == "1");
     CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+    CHECK(env["NCCL_ASYNC_ERROR_HANDLING"] == "1");     // the name torch read before 2.2
+    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");  // rank 0 hosts the store: no agent
     CHECK(env["HOME"] == "/spec-home");  // spec env wins over the submitter's
     CHECK(env["PATH"] == "/bin");
   }
