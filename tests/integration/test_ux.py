@@ -170,6 +170,13 @@ class Plot(DaemonTest):
         self.assertEqual(r["error"]["code"], "bad_request")
 
 
+class Lean(unittest.TestCase):
+    def test_the_cli_links_no_graphics_library_cairo_is_loaded_by_plot_alone(self):
+        libs = subprocess.run(["ldd", os.path.join(BIN, "gpuq")], capture_output=True, text=True, check=True).stdout
+        names = [line.split()[0] for line in libs.splitlines() if line.strip()]
+        self.assertEqual([n for n in names if re.search(r"cairo|X11|xcb|fontconfig|freetype|png|pixman", n)], [])
+
+
 class FollowLogs(DaemonTest):
     def test_logs_follow_prints_every_rank_of_every_attempt_with_a_rank_prefix(self):
         # Two ranks; rank 0 fails the first attempt once both have printed, the retry succeeds.

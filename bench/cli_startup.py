@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The CLI's own cost, against task-spooler's (`tsp`, Debian's task-spooler), the lightest queue a
+user would compare gpuq with:
+
+  start-up   median wall time of `gpuq --version` against `tsp -h`, 30 runs each (goal: <= 1.3x)
+  sweep      a script that calls the CLI once per job: N trivial jobs submitted one call each and
+             drained, on `fake:8` against `tsp -S 8` (goal: <= 1.0x)
+  libraries  what `ldd gpuq` lists (goal: no graphics library; cairo is loaded by `plot` alone)
+
+Usage: bench/cli_startup.py [--bin build/bin] [--jobs 500]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "../tests/integration"))
+ap = argparse.ArgumentParser()
+ap.add_argument("--bin", default=os.path.join(HERE, "../build/bin"))
+ap.add_argument("--jobs", type=int, default=500)
+args = ap.parse_args()
+os.environ["GPUQ_BIN_DIR"] = os.path.abspath(args.bin)
+GPUQ = os.path.join(os.path.abspath(args.bin), "gpuq")
+
+from harness import Daemon  # noqa: E402
+
+if not shutil.which("tsp"):
+    sys.exit("cli_startup: needs task-spooler's tsp (apt-get install task-spooler)")
+
+
+def median_ms(cmd, env=None, runs=30):
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1000
+
+
+def tsp_sweep(n, tmp):
+    env = dict(os.environ, TS_SOCKET=os.path.join(tmp, "tsp.sock"), TMPDIR=tmp)
+    subprocess.run(["tsp", "-S", "8"], env=env, check=True)
+    t = time.perf_counter()
+    for _ in range(n):
+        subprocess.run(["tsp", "-n", "true"], env=env, stdout=subprocess.DEVNULL, check=True)
+    while True:  # drained: no job queued or running
+        out = subprocess.run(["tsp"], env=env, capture_output=True, text=True).stdout
+        if not any(w in out for w in (" queued ", " running ")):
+            break
+        time.sleep(0.01)
+    took = time.perf_counter() - t
+    subprocess.run(["tsp", "-K"], env=env)
+    return took
+
+
+def gpuq_sweep(n, tmp):
+    d = Daemon(tmp, gpus="fake:8").start()
+    try:
+        env = dict(os.environ, GPUQ_SOCKET=d.socket)
+        spec = json.dumps({"command": ["true"]})
+        t = time.perf_counter()
+        ids = []
+        for _ in range(n):
+            r = subprocess.run([GPUQ, "submit", "-", "--json"], input=spec, env=env, capture_output=True, text=True,
+                               check=True)
+            ids += json.loads(r.stdout)["ids"]
+        subprocess.run([GPUQ, "wait", *map(str, ids)], env=env, stdout=subprocess.DEVNULL, check=True)
+        return time.perf_counter() - t
+    finally:
+        d.stop()
+
+
+gpuq_ms, tsp_ms = median_ms([GPUQ, "--version"]), median_ms(["tsp", "-h"])
+print(f"| start-up: `gpuq --version` against `tsp -h` (median of 30) | {gpuq_ms:.2f} ms | {tsp_ms:.2f} ms | "
+      f"{gpuq_ms / tsp_ms:.2f}x |")
+with tempfile.TemporaryDirectory() as tmp:
+    g = gpuq_sweep(args.jobs, tmp)
+with tempfile.TemporaryDirectory() as tmp:
+    s = tsp_sweep(args.jobs, tmp)
+print(f"| sweep: {args.jobs} trivial jobs, one CLI call each, drained (8 slots) | {g:.2f} s | {s:.2f} s | {g / s:.2f}x |")
+libs = subprocess.run(["ldd", GPUQ], capture_output=True, text=True).stdout.split("\n")
+graphics = [l.split()[0] for l in libs if any(k in l for k in ("cairo", "X11", "xcb", "fontconfig", "freetype", "png"))]
+print(f"| `ldd gpuq`: {len([l for l in libs if l.strip()])} libraries | graphics: {', '.join(graphics) or 'none'} | | |")
