@@ -1,7 +1,7 @@
 // Launching a job attempt. The daemon writes the attempt's launch document (argv, environment,
 // cwd and log file of every rank) into the attempt directory, then spawns gpuq-shim on it with
 // Boost.Process in a new session. The shim, not the daemon, is the parent of the job's processes,
-// so jobs keep running when the daemon stops or crashes (see daemon/supervisor.hpp).
+// so jobs keep running when the daemon stops or crashes (see supervisor/supervisor.hpp).
 //
 // Layout of a job:   <state>/jobs/<id>/             GPUQ_JOB_DIR (stable across attempts)
 //                    <state>/jobs/<id>/checkpoints/ GPUQ_CHECKPOINT_DIR
@@ -19,11 +19,22 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/process.hpp"
 #include "daemon/store.hpp"
 
 namespace gpuq::daemon {
 
 using Env = std::map<std::string, std::string>;
+// Shared with gpuq-shim (common/process.hpp), named here as the daemon has always named them.
+using common::is_alive;
+using common::mark_inherited_fds_cloexec;
+using common::proc_stat_fields;
+using common::process_start_time;
+using common::ProcessId;
+using common::read_pid_file;
+using common::resolve_executable;
+using common::wall_now;
+using common::write_file_atomic;
 
 std::string job_dir(const std::string& state_dir, std::int64_t id);
 std::string attempt_dir(const std::string& state_dir, std::int64_t id, int attempt);
@@ -71,39 +82,8 @@ std::vector<int> slots_on_cores(const std::vector<int>& job_cores, const std::ve
 // ascending; gpuqd's CPU pool is made of them.
 std::vector<int> usable_cores();
 
-// Finds `name` the way execvp would: as a path when it contains '/', else in `path_env`.
-// Returns the absolute path, or "" when there is no executable file.
-std::string resolve_executable(const std::string& name, const std::string& path_env, const std::string& cwd);
-
-// Writes `text` to `path` atomically (temporary file, rename): readers see the old file or the
-// new one, whichever process crashes. No fsync: like the store (SQLite WAL, synchronous=NORMAL),
-// job files are safe against crashes of gpuq or the job, not against power loss; after a reboot
-// the jobs are gone anyway and are recorded as failed (supervisor lost) and retried.
-Result<bool> write_file_atomic(const std::string& path, const std::string& text);
-
-// In a forked child before exec: marks every descriptor from 3 up close-on-exec, so nothing the
-// parent holds (the daemon's listening socket, client connections, pipes) leaks into a job.
-// Boost.Process v1 does not do this itself.
-void mark_inherited_fds_cloexec();
-
 // Spawns `shim_path attempt_dir/launch.json` in its own session; returns its pid.
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& attempt_dir);
-
-// Process identity across daemon restarts: a pid plus its start time (from /proc), so a reused
-// pid is never mistaken for a job's supervisor.
-struct ProcessId {
-  int pid = 0;
-  std::uint64_t start_time = 0;
-};
-std::optional<std::uint64_t> process_start_time(int pid);
-// Fields 3 onwards of /proc/<pid>/stat (state, ppid, …; field n is at index n - 3), parsed after
-// the command name, which may itself hold spaces and parentheses.
-std::optional<std::vector<std::string>> proc_stat_fields(int pid);
-std::optional<ProcessId> read_pid_file(const std::string& path);
-bool is_alive(const ProcessId& p);
-
-// Seconds since the epoch (CLOCK_REALTIME), as stored in exit.json and the store.
-double wall_now();
 
 // A TCP port on 127.0.0.1 that is free now and not in `in_use` (handed to DDP ranks).
 int pick_free_port(const std::set<int>& in_use);

@@ -6,9 +6,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "daemon/log_sink.hpp"
+#include "supervisor/log_sink.hpp"
 
-using gpuq::daemon::LogSink;
+using gpuq::supervisor::LogSink;
 
 namespace {
 std::string slurp(const std::string& path) {

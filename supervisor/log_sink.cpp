@@ -1,5 +1,5 @@
 // Capped, rotating rank logs; see log_sink.hpp.
-#include "daemon/log_sink.hpp"
+#include "supervisor/log_sink.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <utility>
 
-namespace gpuq::daemon {
+namespace gpuq::supervisor {
 
 LogSink::LogSink(LogSink&& other) noexcept { *this = std::move(other); }
 
@@ -65,4 +65,4 @@ void LogSink::rotate() {
   if (m_fd >= 0 && len > 0 && ::write(m_fd, line, static_cast<std::size_t>(len)) == len) m_size = len;
 }
 
-}  // namespace gpuq::daemon
+}  // namespace gpuq::supervisor

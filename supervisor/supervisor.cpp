@@ -1,7 +1,7 @@
 // The job supervisor (see supervisor.hpp). Single-threaded: every signal it cares about is
 // blocked and read from a signalfd in the same poll() as the ranks' output pipes (when logs are
 // capped), so there are no async-signal-safety traps.
-#include "daemon/supervisor.hpp"
+#include "supervisor/supervisor.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -27,13 +27,19 @@
 #include <nlohmann/json.hpp>
 
 #include "common/spec.hpp"
-#include "daemon/boost_process.hpp"
-#include "daemon/launcher.hpp"
-#include "daemon/log_sink.hpp"
+#include "supervisor/boost_process.hpp"
+#include "common/process.hpp"
+#include "supervisor/log_sink.hpp"
 
-namespace gpuq::daemon {
+namespace gpuq::supervisor {
 
 using json = nlohmann::json;
+using common::mark_inherited_fds_cloexec;
+using common::proc_stat_fields;
+using common::process_start_time;
+using common::resolve_executable;
+using common::wall_now;
+using common::write_file_atomic;
 
 namespace {
 
@@ -451,4 +457,4 @@ int run_supervisor(const std::string& launch_path) {
   }
 }
 
-}  // namespace gpuq::daemon
+}  // namespace gpuq::supervisor

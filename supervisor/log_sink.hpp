@@ -10,7 +10,7 @@
 
 #include "common/error.hpp"
 
-namespace gpuq::daemon {
+namespace gpuq::supervisor {
 
 class LogSink {
  public:
@@ -37,4 +37,4 @@ class LogSink {
   std::int64_t m_rotations = 0;
 };
 
-}  // namespace gpuq::daemon
+}  // namespace gpuq::supervisor

@@ -17,10 +17,10 @@
 
 #include <string>
 
-namespace gpuq::daemon {
+namespace gpuq::supervisor {
 
 // Runs the attempt described by the launch document at `launch_path`. Returns the shim's exit
 // status: 0 once exit.json is written, 2 when the launch document is unusable.
 int run_supervisor(const std::string& launch_path);
 
-}  // namespace gpuq::daemon
+}  // namespace gpuq::supervisor

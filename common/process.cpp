@@ -1,0 +1,115 @@
+// Processes and files, for gpuqd and gpuq-shim alike (see process.hpp).
+#include "common/process.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "common/json_input.hpp"
+
+namespace gpuq::common {
+
+double wall_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
+}
+
+std::string resolve_executable(const std::string& name, const std::string& path_env, const std::string& cwd) {
+  auto executable = [](const std::string& p) {
+    struct stat st {};
+    // access() alone says yes to root for any file; require an execute bit as exec does.
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) {
+    std::string p = name[0] == '/' ? name : cwd + "/" + name;
+    return executable(p) ? p : "";
+  }
+  std::stringstream dirs(path_env.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_env);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (dir.empty()) dir = ".";
+    std::string p = (dir[0] == '/' ? dir : cwd + "/" + dir) + "/" + name;
+    if (executable(p)) return p;
+  }
+  return "";
+}
+
+Result<bool> write_file_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Error{ErrorCode::store_error, "cannot write " + tmp + ": " + std::strerror(errno)};
+  std::size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Error{ErrorCode::store_error, "cannot write " + tmp + ": " + std::strerror(err)};
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Error{ErrorCode::store_error, "cannot write " + path + ": " + std::strerror(err)};
+  }
+  return true;
+}
+
+void mark_inherited_fds_cloexec() {
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+  if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+  // Kernels before 5.11: walk the descriptor table.
+  for (int fd = 3, max = static_cast<int>(::sysconf(_SC_OPEN_MAX)); fd < max && fd < 65536; ++fd) {
+    int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+}
+
+std::optional<std::vector<std::string>> proc_stat_fields(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return std::nullopt;
+  auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 > stat.size()) return std::nullopt;
+  std::istringstream rest(stat.substr(close + 2));
+  std::vector<std::string> fields;
+  for (std::string f; rest >> f;) fields.push_back(f);
+  return fields;
+}
+
+std::optional<std::uint64_t> process_start_time(int pid) {
+  auto fields = proc_stat_fields(pid);
+  if (!fields || fields->size() <= 22 - 3) return std::nullopt;
+  return std::stoull((*fields)[22 - 3]);  // field 22: starttime
+}
+
+std::optional<ProcessId> read_pid_file(const std::string& path) {
+  // In the job's directory, so the job could have written it: checked like any input.
+  auto j = read_untrusted_file(path, 4096, "pid file");
+  if (!j || !j->is_object()) return std::nullopt;
+  const auto pid = j->find("pid"), start = j->find("start_time");
+  if (pid == j->end() || start == j->end() || !pid->is_number_unsigned() || !start->is_number_unsigned() ||
+      pid->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<int>::max()) || pid->get<std::uint64_t>() == 0)
+    return std::nullopt;
+  return ProcessId{pid->get<int>(), start->get<std::uint64_t>()};
+}
+
+bool is_alive(const ProcessId& p) {
+  auto st = process_start_time(p.pid);
+  return st && *st == p.start_time;
+}
+
+}  // namespace gpuq::common

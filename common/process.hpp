@@ -1,0 +1,46 @@
+// Processes and files, for gpuqd and gpuq-shim alike: the wall clock jobs are timed by, finding
+// an executable as exec does, atomic file writes, descriptors kept from leaking into a job, and
+// a process's identity (pid and start time) across daemon restarts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace gpuq::common {
+
+// Finds `name` the way execvp would: as a path when it contains '/', else in `path_env`.
+// Returns the absolute path, or "" when there is no executable file.
+std::string resolve_executable(const std::string& name, const std::string& path_env, const std::string& cwd);
+
+// Writes `text` to `path` atomically (temporary file, rename): readers see the old file or the
+// new one, whichever process crashes. No fsync: like the store (SQLite WAL, synchronous=NORMAL),
+// job files are safe against crashes of gpuq or the job, not against power loss; after a reboot
+// the jobs are gone anyway and are recorded as failed (supervisor lost) and retried.
+Result<bool> write_file_atomic(const std::string& path, const std::string& text);
+
+// In a forked child before exec: marks every descriptor from 3 up close-on-exec, so nothing the
+// parent holds (the daemon's listening socket, client connections, pipes) leaks into a job.
+// Boost.Process v1 does not do this itself.
+void mark_inherited_fds_cloexec();
+
+// Process identity across daemon restarts: a pid plus its start time (from /proc), so a reused
+// pid is never mistaken for a job's supervisor.
+struct ProcessId {
+  int pid = 0;
+  std::uint64_t start_time = 0;
+};
+std::optional<std::uint64_t> process_start_time(int pid);
+// Fields 3 onwards of /proc/<pid>/stat (state, ppid, …; field n is at index n - 3), parsed after
+// the command name, which may itself hold spaces and parentheses.
+std::optional<std::vector<std::string>> proc_stat_fields(int pid);
+std::optional<ProcessId> read_pid_file(const std::string& path);
+bool is_alive(const ProcessId& p);
+
+// Seconds since the epoch (CLOCK_REALTIME), as stored in exit.json and the store.
+double wall_now();
+
+}  // namespace gpuq::common
