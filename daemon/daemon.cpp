@@ -23,6 +23,7 @@
 #include "common/spec.hpp"
 #include "daemon/cpu_topology.hpp"
 #include "daemon/events.hpp"
+#include "daemon/lifecycle.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/submit_check.hpp"
 
@@ -157,13 +158,9 @@ void Daemon::recover() {
     } else if (!pid) {
       // Marked running but never started (the daemon stopped between the two): start it again
       // as the same attempt.
-      a.rec.state = JobState::queued;
-      a.rec.attempt--;
-      a.rec.reason = "requeued: gpuqd stopped before the job started";
-      a.rec.gpus.clear();
-      a.rec.cpu_slots.clear();
-      a.rec.cores.clear();
-      m_store->update(a.rec, true);
+      JobRecord next = next_record(a.rec, event::NeverStarted{"requeued: gpuqd stopped before the job started"});
+      m_store->update(next, true);
+      a.rec = std::move(next);
       index(a);  // into the queue: it was filed as running above
     } else {
       asio::post(m_io, [this, id] { on_shim_exit(id); });  // supervisor gone without an outcome
@@ -738,21 +735,13 @@ json Daemon::cmd_cancel(const json& req) {
   std::set<std::int64_t> now_cancelled;
   for (auto id : q.ids)
     if (auto it = m_active.find(id); it != m_active.end() && it->second.rec.state == JobState::queued &&
-                                     now_cancelled.insert(id).second) {
-      JobRecord next = it->second.rec;
-      next.state = JobState::cancelled;
-      next.held = false;
-      next.ended_at = wall_now();
-      next.reason = next.attempt > 0 ? "cancelled while waiting to retry" : "cancelled before it started";
-      cancelled.push_back(std::move(next));
-    }
+                                     now_cancelled.insert(id).second)
+      cancelled.push_back(next_record(it->second.rec, event::Cancelled{wall_now()}));
   std::vector<JobRecord> flagged;
   for (auto id : q.ids)
     if (auto it = m_active.find(id);
-        it != m_active.end() && it->second.rec.state == JobState::running && !it->second.rec.cancel_requested) {
-      flagged.push_back(it->second.rec);
-      flagged.back().cancel_requested = true;
-    }
+        it != m_active.end() && it->second.rec.state == JobState::running && !it->second.rec.cancel_requested)
+      flagged.push_back(next_record(it->second.rec, event::CancelRequested{}));
   end_queued(std::move(cancelled), flagged);
   for (const auto& r : flagged) m_active.at(r.id).rec.cancel_requested = true;
   common::CancelReply out;
@@ -800,10 +789,7 @@ json Daemon::set_held(const common::SelectRequest& q, bool hold) {
   for (auto id : ids) {
     auto it = m_active.find(id);
     const bool change = it != m_active.end() && it->second.rec.state == JobState::queued && it->second.rec.held != hold;
-    if (change) {
-      changed.push_back(it->second.rec);
-      changed.back().held = hold;
-    }
+    if (change) changed.push_back(next_record(it->second.rec, event::Held{hold}));
     const JobState state = it != m_active.end() ? it->second.rec.state : lookup(id)->state;
     out.jobs.push_back({id, std::string(to_string(state)), change});
   }
@@ -1164,15 +1150,14 @@ bool Daemon::fail_blocked_dependents(double now) {
   std::vector<JobRecord> failed;
   for (auto id : doomed) {
     const std::int64_t dep = blocked_by[id];
-    JobRecord next = m_active.at(id).rec;
-    next.state = JobState::failed;
-    next.held = false;
-    next.ended_at = now;
-    next.blocked_by = dep;
     auto st = dependency_state(dep);  // doomed, but still queued: it ends failed in this same transaction
-    next.reason = !st ? "dependency: " + missing_job(dep)
-                      : "dependency " + std::to_string(dep) + " ended " + std::string(to_string(is_terminal(*st) ? *st : JobState::failed));
-    failed.push_back(std::move(next));
+    failed.push_back(next_record(
+        m_active.at(id).rec,
+        event::DependencyFailed{dep,
+                                !st ? "dependency: " + missing_job(dep)
+                                    : "dependency " + std::to_string(dep) + " ended " +
+                                          std::string(to_string(is_terminal(*st) ? *st : JobState::failed)),
+                                now}));
   }
   end_queued(std::move(failed));
   return left;
@@ -1267,26 +1252,19 @@ void Daemon::schedule_now() {
 
 void Daemon::launch(Active& a, const Placement& placement, double now) {
   const std::vector<int>& gpus = placement.gpus;
-  JobRecord next = a.rec;
-  next.attempt++;
-  next.state = JobState::running;
-  next.gpus = gpus;
-  next.cpu_slots = placement.cpu_slots;
-  next.cores = job_cores(next, m_cores);
-  next.started_at = now;
-  next.ended_at = 0;
-  next.exit_code.reset();
-  next.exit_signal.reset();
-  next.reason.clear();
-  next.progress = nullptr;
-  next.result = nullptr;
-  next.first_failure = nullptr;
-  if (next.spec.mode == common::Mode::ddp) {
+  event::Launched launched{gpus, placement.cpu_slots, {}, 0, now};
+  {
+    JobRecord slots = a.rec;  // the cores follow from the slots, under this gpuqd's CPU mask
+    slots.cpu_slots = placement.cpu_slots;
+    launched.cores = job_cores(slots, m_cores);
+  }
+  if (a.rec.spec.mode == common::Mode::ddp) {
     std::set<int> in_use;
     for (std::int64_t id : m_running)
       if (const int port = m_active.at(id).rec.master_port) in_use.insert(port);
-    next.master_port = pick_free_port(in_use);
+    launched.master_port = pick_free_port(in_use);
   }
+  JobRecord next = next_record(a.rec, launched);
 
   if (!next.spec.train.is_null()) next.spec.command[0] = m_config.worker_path;
   const std::string jdir = job_dir(m_config.state_dir, next.id);
@@ -1390,60 +1368,53 @@ void Daemon::on_shim_exit(std::int64_t id) {
 
 void Daemon::finish_attempt(Active& a, const json& outcome) {
   const double now = wall_now();
-  JobRecord next = a.rec;
-  next.ended_at = outcome.value("ended_at", now);
+  const JobRecord& rec = a.rec;
   bool all_ok = outcome.contains("ranks") && outcome["ranks"].is_array() && !outcome["ranks"].empty();
   if (all_ok)
     for (const auto& r : outcome["ranks"]) all_ok = all_ok && r.value("exit_code", json()) == json(0);
-  json failure = outcome.value("first_failure", json());
-  next.first_failure = failure;
-  next.exit_code.reset();
-  next.exit_signal.reset();
+  const json failure = outcome.value("first_failure", json());
+  event::Ended end{JobState::failed, "", std::nullopt, std::nullopt, failure, outcome.value("ended_at", now)};
   if (failure.is_object()) {
-    if (failure["exit_code"].is_number_integer()) next.exit_code = failure["exit_code"].get<int>();
-    if (failure["signal"].is_number_integer()) next.exit_signal = failure["signal"].get<int>();
+    if (failure["exit_code"].is_number_integer()) end.exit_code = failure["exit_code"].get<int>();
+    if (failure["signal"].is_number_integer()) end.exit_signal = failure["signal"].get<int>();
   } else if (all_ok) {
-    next.exit_code = 0;
+    end.exit_code = 0;
   }
 
   bool retryable = false;
-  if (a.rec.cancel_requested || outcome.value("cancelled", false)) {
-    next.state = JobState::cancelled;
-    next.reason = "cancelled while running";
+  if (rec.cancel_requested || outcome.value("cancelled", false)) {
+    end.state = JobState::cancelled;
+    end.reason = "cancelled while running";
   } else if (outcome.value("timed_out", false)) {
-    next.state = JobState::timed_out;
+    end.state = JobState::timed_out;
     char buf[64];
-    std::snprintf(buf, sizeof(buf), "timed out after %g s", next.spec.timeout_s);
-    next.reason = buf;
+    std::snprintf(buf, sizeof(buf), "timed out after %g s", rec.spec.timeout_s);
+    end.reason = buf;
   } else if (all_ok && !failure.is_object()) {
-    next.state = JobState::succeeded;
-    next.reason.clear();
+    end.state = JobState::succeeded;
   } else {
-    next.state = JobState::failed;
-    next.reason = outcome.contains("error") ? outcome["error"].get<std::string>() : describe_exit(failure);
+    end.reason = outcome.contains("error") ? outcome["error"].get<std::string>() : describe_exit(failure);
     retryable = true;
   }
 
-  const int run = next.attempt - next.attempt_base;  // attempts since the job was submitted or restarted
-  if (retryable && run <= next.spec.retries) {
+  const int run = rec.attempt - rec.attempt_base;  // attempts since the job was submitted or restarted
+  if (retryable && run <= rec.spec.retries) {
     double delay = std::min(m_config.retry_backoff_max_s, m_config.retry_backoff_s * std::pow(2.0, run - 1));
-    next.reason = "attempt " + std::to_string(next.attempt) + " failed (" + next.reason + "); retry " +
-                  std::to_string(run) + "/" + std::to_string(next.spec.retries) + " in " +
-                  std::to_string(static_cast<int>(std::ceil(delay))) + " s";
+    end.reason = "attempt " + std::to_string(rec.attempt) + " failed (" + end.reason + "); retry " +
+                 std::to_string(run) + "/" + std::to_string(rec.spec.retries) + " in " +
+                 std::to_string(static_cast<int>(std::ceil(delay))) + " s";
     // Record the failed attempt's end, then the requeue, as two transitions of one transaction.
-    JobRecord failed = next;
-    failed.state = JobState::failed;
-    next.state = JobState::queued;
-    next.not_before = now + delay;
-    next.ended_at = 0;
-    m_store->update_many({&failed, &next});
-    a.rec = std::move(next);
+    JobRecord failed = next_record(rec, end);
+    JobRecord queued = next_record(failed, event::Retried{now + delay, end.reason});
+    m_store->update_many({&failed, &queued});
+    a.rec = std::move(queued);
     index(a);
     schedule_soon();
     return;
   }
-  m_store->update(next, true);
-  a.rec = std::move(next);
+  JobRecord ended = next_record(rec, end);
+  m_store->update(ended, true);
+  a.rec = std::move(ended);
   finalize(a);
   schedule_soon();
 }

@@ -20,32 +20,11 @@
 #include <queue>
 
 #include "daemon/daemon.hpp"
+#include "daemon/lifecycle.hpp"
 
 namespace gpuq::daemon {
 
 namespace {
-
-// A job queued again: the same spec, batch and job directory, attempts numbered on from its
-// last, a fresh retry budget, and nothing of the attempt that ended.
-JobRecord requeued(const JobRecord& rec) {
-  JobRecord next = rec;
-  next.state = JobState::queued;
-  next.attempt_base = rec.attempt;
-  next.restarts = rec.restarts + 1;
-  next.reason.clear();
-  next.started_at = next.ended_at = next.not_before = 0;
-  next.exit_code.reset();
-  next.exit_signal.reset();
-  next.gpus.clear();
-  next.cpu_slots.clear();
-  next.cores.clear();
-  next.master_port = 0;
-  next.cancel_requested = false;
-  next.held = false;
-  next.progress = next.result = next.first_failure = nullptr;
-  next.blocked_by = 0;
-  return next;
-}
 
 // The chosen jobs in an order that requeues each after the chosen jobs it waits for, and
 // otherwise in id (line) order (a batch may name a later job of its own in `after`). A cycle
@@ -260,7 +239,7 @@ bool Daemon::requeue_part(Restarting& r) {
     why.push_back(along ? "restarted with job " + std::to_string(along)
                         : "restarted (it had ended " + std::string(rec ? to_string(rec->state) : "") + ")");
     outcomes.push_back({id, rec ? std::string(to_string(rec->state)) : "", along});
-    rows.push_back(rec ? requeued(*rec) : JobRecord{});
+    rows.push_back(rec ? next_record(*rec, event::Restarted{}) : JobRecord{});
   }
   std::vector<const JobRecord*> written;
   std::vector<std::string> written_why;

@@ -1,0 +1,151 @@
+// A job's life cycle (see lifecycle.hpp).
+#include "daemon/lifecycle.hpp"
+
+namespace gpuq::daemon {
+
+namespace {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+Error refused(const JobRecord& rec, const Event& e, std::string_view needs) {
+  return Error{ErrorCode::wrong_state, "job " + std::to_string(rec.id) + (rec.spec.name.empty() ? "" : " (" + rec.spec.name + ")") +
+                                           " is " + std::string(to_string(rec.state)) + (rec.held ? " and held" : "") + "; `" +
+                                           std::string(event_name(e)) + "` needs " + std::string(needs)};
+}
+
+}  // namespace
+
+std::string_view event_name(const Event& e) {
+  return std::visit(Overloaded{
+                        [](const event::Launched&) { return "launched"; },
+                        [](const event::Ended&) { return "ended"; },
+                        [](const event::Retried&) { return "retried"; },
+                        [](const event::CancelRequested&) { return "cancel_requested"; },
+                        [](const event::Cancelled&) { return "cancelled"; },
+                        [](const event::DependencyFailed&) { return "dependency_failed"; },
+                        [](const event::Held& h) { return h.hold ? "held" : "released"; },
+                        [](const event::Restarted&) { return "restarted"; },
+                        [](const event::NeverStarted&) { return "never_started"; },
+                    },
+                    e);
+}
+
+void clear_attempt(JobRecord& rec) {
+  rec.reason.clear();
+  rec.started_at = rec.ended_at = rec.not_before = 0;
+  rec.exit_code.reset();
+  rec.exit_signal.reset();
+  rec.gpus.clear();
+  rec.cpu_slots.clear();
+  rec.cores.clear();
+  rec.master_port = 0;
+  rec.cancel_requested = false;
+  rec.progress = rec.result = rec.first_failure = nullptr;
+  rec.blocked_by = 0;
+}
+
+Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
+  const bool queued = rec.state == JobState::queued, running = rec.state == JobState::running;
+  JobRecord next = rec;
+  return std::visit(
+      Overloaded{
+          [&](const event::Launched& l) -> Result<JobRecord> {
+            if (!queued || rec.held) return refused(rec, e, "a queued job that is not held");
+            clear_attempt(next);
+            next.state = JobState::running;
+            next.attempt = rec.attempt + 1;
+            next.gpus = l.gpus;
+            next.cpu_slots = l.cpu_slots;
+            next.cores = l.cores;
+            next.master_port = l.master_port;
+            next.started_at = l.at;
+            return next;
+          },
+          [&](const event::Ended& end) -> Result<JobRecord> {
+            if (!running) return refused(rec, e, "a running job");
+            if (!is_terminal(end.state)) return refused(rec, e, "an end state (succeeded, failed, timed_out, cancelled)");
+            next.state = end.state;
+            next.reason = end.reason;
+            next.exit_code = end.exit_code;
+            next.exit_signal = end.exit_signal;
+            next.first_failure = end.first_failure;
+            next.ended_at = end.at;
+            return next;
+          },
+          [&](const event::Retried& r) -> Result<JobRecord> {
+            // Only an attempt that ran and failed, within the retry budget of this run (since
+            // submission or the latest restart); a job failed for a dependency never ran.
+            const int run = rec.attempt - rec.attempt_base;
+            if (rec.state != JobState::failed || run < 1 || rec.blocked_by != 0)
+              return refused(rec, e, "a job whose attempt has just failed");
+            if (run > rec.spec.retries)
+              return Error{ErrorCode::wrong_state, "job " + std::to_string(rec.id) + " has no retry left (" +
+                                                       std::to_string(rec.spec.retries) + " used)"};
+            next.state = JobState::queued;
+            next.not_before = r.not_before;
+            next.ended_at = 0;
+            next.reason = r.reason;
+            return next;
+          },
+          [&](const event::CancelRequested&) -> Result<JobRecord> {
+            if (!running) return refused(rec, e, "a running job");
+            next.cancel_requested = true;
+            return next;
+          },
+          [&](const event::Cancelled& c) -> Result<JobRecord> {
+            if (!queued) return refused(rec, e, "a queued job (a running one is asked to stop: cancel_requested)");
+            next.state = JobState::cancelled;
+            next.held = false;
+            next.ended_at = c.at;
+            next.reason = rec.attempt > 0 ? "cancelled while waiting to retry" : "cancelled before it started";
+            return next;
+          },
+          [&](const event::DependencyFailed& d) -> Result<JobRecord> {
+            if (!queued) return refused(rec, e, "a queued job");
+            next.state = JobState::failed;
+            next.held = false;
+            next.ended_at = d.at;
+            next.blocked_by = d.dependency;
+            next.reason = d.reason;
+            return next;
+          },
+          [&](const event::Held& h) -> Result<JobRecord> {
+            if (!queued) return refused(rec, e, "a queued job");
+            next.held = h.hold;
+            return next;
+          },
+          [&](const event::Restarted&) -> Result<JobRecord> {
+            if (!is_terminal(rec.state)) return refused(rec, e, "a job that has ended");
+            clear_attempt(next);
+            next.state = JobState::queued;
+            next.attempt_base = rec.attempt;
+            next.restarts = rec.restarts + 1;
+            next.held = false;
+            return next;
+          },
+          [&](const event::NeverStarted& n) -> Result<JobRecord> {
+            if (!running || rec.attempt < 1) return refused(rec, e, "a running job");
+            next.state = JobState::queued;
+            next.attempt = rec.attempt - 1;
+            next.reason = n.reason;
+            next.gpus.clear();
+            next.cpu_slots.clear();
+            next.cores.clear();
+            return next;
+          },
+      },
+      e);
+}
+
+JobRecord next_record(const JobRecord& rec, const Event& e) {
+  auto next = transition(rec, e);
+  if (!next) throw RequestError(next.error());
+  return std::move(*next);
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,90 @@
+// A job's life cycle as one pure function: transition(record, event) is the record after the
+// event, or an error naming the edge it refuses. Every change of a job's state in gpuqd is one
+// of these events, so the legal edges are written here once (as Slurm's job_state_set and
+// containerd's shim states refuse illegal ones), and what an attempt owns is cleared in one place.
+//
+//             ┌──────── held / released ───────┐
+//             ▼                                │
+//   submit ─▶ queued ─── launched ──────────▶ running ─── ended ──▶ succeeded | failed |
+//             │  ▲ ▲                            │  │                timed_out | cancelled
+//             │  │ └──── never_started ─────────┘  │                    │        │
+//             │  └────── retried (failed, with retries left) ◀──────────┼────────┘
+//             │                                                         │
+//             ├── cancelled / dependency_failed ──▶ cancelled | failed  │
+//             └◀─────────────── restarted (any end) ◀───────────────────┘
+//   running ── cancel_requested ──▶ running (it ends as cancelled, whatever happens next)
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/error.hpp"
+#include "daemon/store.hpp"
+
+namespace gpuq::daemon {
+
+namespace event {
+// Queued, not held -> running: the next attempt, on these GPUs, CPU slots and cores.
+struct Launched {
+  std::vector<int> gpus, cpu_slots, cores;
+  int master_port = 0;  // ddp jobs: the rendezvous port
+  double at = 0;
+};
+// Running -> a terminal state: the attempt's end, as its supervisor recorded it.
+struct Ended {
+  JobState state = JobState::failed;  // succeeded, failed, timed_out or cancelled
+  std::string reason;
+  std::optional<int> exit_code, exit_signal;
+  json first_failure;
+  double at = 0;
+};
+// Failed (the attempt just ended) -> queued again, when the job has retries left.
+struct Retried {
+  double not_before = 0;  // the backoff
+  std::string reason;
+};
+// Running -> running, flagged: it ends as cancelled once its processes are gone.
+struct CancelRequested {};
+// Queued -> cancelled, without running (again).
+struct Cancelled {
+  double at = 0;
+};
+// Queued -> failed, without running: `dependency` ended without success (or is gone).
+struct DependencyFailed {
+  std::int64_t dependency = 0;
+  std::string reason;
+  double at = 0;
+};
+// Queued -> queued, out of line (hold) or back in it (release).
+struct Held {
+  bool hold = true;
+};
+// Any end -> queued under the same id, with a fresh retry budget (gpuq restart).
+struct Restarted {};
+// Running but never started (gpuqd stopped between recording the launch and spawning it) ->
+// queued, to start again as the same attempt.
+struct NeverStarted {
+  std::string reason;
+};
+}  // namespace event
+
+using Event = std::variant<event::Launched, event::Ended, event::Retried, event::CancelRequested, event::Cancelled,
+                           event::DependencyFailed, event::Held, event::Restarted, event::NeverStarted>;
+
+std::string_view event_name(const Event& e);
+
+// The record after `e`, or wrong_state: "job 7 is succeeded; `launched` needs a queued job that
+// is not held". Pure: the caller stores the result, then applies it in memory.
+Result<JobRecord> transition(const JobRecord& rec, const Event& e);
+// The same for gpuqd's own transitions, which its checks made legal: a refusal is a RequestError.
+JobRecord next_record(const JobRecord& rec, const Event& e);
+
+// What belongs to one attempt, cleared so that the next starts from a clean slate: its times,
+// exit status and reason, its GPUs, slots, cores and port, its progress, result and first
+// failure, a cancel asked of it, its backoff and the dependency that failed it.
+void clear_attempt(JobRecord& rec);
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,217 @@
+// The job life cycle: every (state, event) pair, legal or refused, and what each legal edge
+// carries over or clears. Pure: no daemon, no store.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+
+#include "daemon/lifecycle.hpp"
+
+using namespace gpuq::daemon;
+using gpuq::JobState;
+
+namespace {
+
+// A job that has run once (attempt 1, one retry allowed), in `state`.
+JobRecord job_in(JobState state, bool held = false) {
+  JobRecord r;
+  r.id = 7;
+  r.spec.name = "train";
+  r.spec.retries = 1;
+  r.state = state;
+  r.held = held;
+  r.attempt = state == JobState::queued ? 0 : 1;
+  return r;
+}
+
+const std::vector<std::pair<std::string, JobRecord>>& every_state() {
+  static const std::vector<std::pair<std::string, JobRecord>> states{
+      {"queued", job_in(JobState::queued)},       {"queued+held", job_in(JobState::queued, true)},
+      {"running", job_in(JobState::running)},     {"succeeded", job_in(JobState::succeeded)},
+      {"failed", job_in(JobState::failed)},       {"cancelled", job_in(JobState::cancelled)},
+      {"timed_out", job_in(JobState::timed_out)},
+  };
+  return states;
+}
+
+const std::vector<Event>& every_event() {
+  static const std::vector<Event> events{
+      event::Launched{{0, 1}, {0}, {4}, 29500, 10.0},
+      event::Ended{JobState::succeeded, "", 0, std::nullopt, nullptr, 20.0},
+      event::Retried{30.0, "retry 1/1"},
+      event::CancelRequested{},
+      event::Cancelled{40.0},
+      event::DependencyFailed{3, "dependency 3 ended failed", 50.0},
+      event::Held{true},
+      event::Held{false},
+      event::Restarted{},
+      event::NeverStarted{"requeued: gpuqd stopped before the job started"},
+  };
+  return events;
+}
+
+}  // namespace
+
+TEST_SUITE_BEGIN("lifecycle");
+
+TEST_CASE("every state and event: the legal edges lead where they should, every other one is refused") {
+  // event -> state before -> state after; any pair not listed is illegal.
+  const std::map<std::string, std::map<std::string, JobState>> legal{
+      {"launched", {{"queued", JobState::running}}},
+      {"ended", {{"running", JobState::succeeded}}},
+      {"retried", {{"failed", JobState::queued}}},
+      {"cancel_requested", {{"running", JobState::running}}},
+      {"cancelled", {{"queued", JobState::cancelled}, {"queued+held", JobState::cancelled}}},
+      {"dependency_failed", {{"queued", JobState::failed}, {"queued+held", JobState::failed}}},
+      {"held", {{"queued", JobState::queued}, {"queued+held", JobState::queued}}},
+      {"released", {{"queued", JobState::queued}, {"queued+held", JobState::queued}}},
+      {"restarted",
+       {{"succeeded", JobState::queued}, {"failed", JobState::queued}, {"cancelled", JobState::queued},
+        {"timed_out", JobState::queued}}},
+      {"never_started", {{"running", JobState::queued}}},
+  };
+  int refusals = 0;
+  for (const auto& e : every_event()) {
+    const std::string name(event_name(e));
+    REQUIRE(legal.count(name));
+    for (const auto& [label, rec] : every_state()) {
+      CAPTURE(name);
+      CAPTURE(label);
+      auto next = transition(rec, e);
+      auto it = legal.at(name).find(label);
+      if (it == legal.at(name).end()) {
+        REQUIRE_FALSE(next.ok());
+        CHECK(next.error().code == gpuq::ErrorCode::wrong_state);
+        CHECK(next.error().message.find("job 7 (train) is " + std::string(to_string(rec.state))) == 0);
+        CHECK(next.error().message.find("`" + name + "` needs") != std::string::npos);
+        ++refusals;
+      } else {
+        REQUIRE(next.ok());
+        CHECK(next->state == it->second);
+        CHECK(next->id == rec.id);
+      }
+    }
+  }
+  CHECK(refusals == 10 * 7 - 17);  // 70 pairs, 17 of them legal
+}
+
+TEST_CASE("a launch starts the next attempt from a clean slate") {
+  JobRecord r = job_in(JobState::queued);
+  r.attempt = 2;  // waiting out a retry after its second attempt
+  r.reason = "attempt 2 failed (rank 0 exited with code 1); retry 1/2 in 2 s";
+  r.not_before = 5;
+  r.exit_code = 1;
+  r.first_failure = {{"rank", 0}, {"exit_code", 1}};
+  r.progress = {{"step", 10}};
+  r.result = {{"loss", 0.3}};
+  r.ended_at = 4;
+  auto next = transition(r, event::Launched{{2, 3}, {0, 1}, {8, 9}, 29600, 100.0});
+  REQUIRE(next.ok());
+  CHECK(next->attempt == 3);
+  CHECK(next->state == JobState::running);
+  CHECK(next->gpus == std::vector<int>{2, 3});
+  CHECK(next->cpu_slots == std::vector<int>{0, 1});
+  CHECK(next->cores == std::vector<int>{8, 9});
+  CHECK(next->master_port == 29600);
+  CHECK(next->started_at == 100.0);
+  CHECK(next->ended_at == 0);
+  CHECK(next->reason.empty());
+  CHECK_FALSE(next->exit_code);
+  CHECK(next->first_failure.is_null());
+  CHECK(next->progress.is_null());
+  CHECK(next->result.is_null());
+  CHECK(next->not_before == 0);
+}
+
+TEST_CASE("an end records the attempt's outcome and refuses a state that is not an end") {
+  auto ended = transition(job_in(JobState::running),
+                          event::Ended{JobState::failed, "rank 1 exited with code 7", 7, std::nullopt,
+                                       {{"rank", 1}, {"exit_code", 7}}, 9.0});
+  REQUIRE(ended.ok());
+  CHECK(ended->state == JobState::failed);
+  CHECK(ended->exit_code == 7);
+  CHECK(ended->first_failure["rank"] == 1);
+  CHECK(ended->ended_at == 9.0);
+  CHECK(ended->attempt == 1);  // the attempt it ended
+  for (JobState not_an_end : {JobState::queued, JobState::running})
+    CHECK_FALSE(transition(job_in(JobState::running), event::Ended{not_an_end, "", {}, {}, nullptr, 1.0}).ok());
+}
+
+TEST_CASE("a retry needs an attempt that ran and failed, within the retries since submission or the last restart") {
+  JobRecord failed = job_in(JobState::failed);  // attempt 1 of 1 + 1 retry
+  auto retried = transition(failed, event::Retried{12.0, "retry 1/1 in 1 s"});
+  REQUIRE(retried.ok());
+  CHECK(retried->state == JobState::queued);
+  CHECK(retried->not_before == 12.0);
+  CHECK(retried->attempt == 1);  // the next launch numbers it
+  failed.attempt = 2;  // its retry failed too: none left
+  auto none = transition(failed, event::Retried{13.0, ""});
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().message == "job 7 has no retry left (1 used)");
+  failed.attempt_base = 2;  // restarted since: a fresh budget
+  failed.attempt = 3;
+  CHECK(transition(failed, event::Retried{14.0, ""}).ok());
+  JobRecord blocked = job_in(JobState::failed);  // failed waiting for a dependency: it never ran
+  blocked.attempt = 0;
+  blocked.blocked_by = 3;
+  CHECK_FALSE(transition(blocked, event::Retried{15.0, ""}).ok());
+}
+
+TEST_CASE("a restart queues an ended job with a fresh retry budget and nothing of its last attempt") {
+  JobRecord r = job_in(JobState::failed);
+  r.attempt = 3;
+  r.attempt_base = 1;
+  r.restarts = 1;
+  r.blocked_by = 2;
+  r.cancel_requested = true;
+  r.gpus = {0};
+  r.result = {{"acc", 0.9}};
+  r.after = {2};
+  r.bad_event_lines = 4;
+  auto next = transition(r, event::Restarted{});
+  REQUIRE(next.ok());
+  CHECK(next->state == JobState::queued);
+  CHECK(next->attempt == 3);
+  CHECK(next->attempt_base == 3);
+  CHECK(next->restarts == 2);
+  CHECK(next->blocked_by == 0);
+  CHECK_FALSE(next->cancel_requested);
+  CHECK(next->gpus.empty());
+  CHECK(next->result.is_null());
+  CHECK(next->after == std::vector<std::int64_t>{2});  // what the job is stays
+  CHECK(next->bad_event_lines == 4);
+}
+
+TEST_CASE("queued jobs that end without running say why, and drop their hold") {
+  auto cancelled = transition(job_in(JobState::queued, true), event::Cancelled{3.0});
+  REQUIRE(cancelled.ok());
+  CHECK(cancelled->reason == "cancelled before it started");
+  CHECK_FALSE(cancelled->held);
+  CHECK(cancelled->ended_at == 3.0);
+  JobRecord waiting = job_in(JobState::queued);
+  waiting.attempt = 1;  // between a failed attempt and its retry
+  CHECK(transition(waiting, event::Cancelled{4.0})->reason == "cancelled while waiting to retry");
+  auto blocked = transition(job_in(JobState::queued, true), event::DependencyFailed{3, "dependency 3 ended failed", 5.0});
+  REQUIRE(blocked.ok());
+  CHECK(blocked->blocked_by == 3);
+  CHECK(blocked->reason == "dependency 3 ended failed");
+  CHECK_FALSE(blocked->held);
+}
+
+TEST_CASE("a launch recorded but never started is queued again as the same attempt") {
+  JobRecord r = job_in(JobState::running);
+  r.attempt = 2;
+  r.gpus = {1};
+  r.cpu_slots = {3};
+  r.cores = {6};
+  auto next = transition(r, event::NeverStarted{"requeued: gpuqd stopped before the job started"});
+  REQUIRE(next.ok());
+  CHECK(next->state == JobState::queued);
+  CHECK(next->attempt == 1);
+  CHECK(next->gpus.empty());
+  CHECK(next->cpu_slots.empty());
+  CHECK(next->cores.empty());
+  CHECK(next->reason == "requeued: gpuqd stopped before the job started");
+}
+
+TEST_SUITE_END();
