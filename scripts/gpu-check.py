@@ -313,7 +313,10 @@ def stage_throughput(c, a):
     if status == 0:
         rows = json.load(open(os.path.join(a.out, "throughput.json")))
         at64 = [r for r in rows if r["batch"] == 64 and r["mode"] in ("alone", "graph")]
-        c.that("at least 1.5x eager PyTorch at batch 64", at64 and max(r["speedup"] for r in at64) >= 1.5, at64)
+        if a.device == "cuda":
+            c.that("at least 1.5x eager PyTorch at batch 64", at64 and max(r["speedup"] for r in at64) >= 1.5, at64)
+        else:  # the dry run, on a shared CPU: a speed goal is the GPU's, and a loaded CI box is no measure
+            c.say(f"(not checked on the CPU) against eager PyTorch at batch 64: {at64}")
 
 
 def stage_accuracy(c, a):
