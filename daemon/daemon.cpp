@@ -1374,9 +1374,9 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     for (const auto& r : outcome["ranks"]) all_ok = all_ok && r.value("exit_code", json()) == json(0);
   const json failure = outcome.value("first_failure", json());
   event::Ended end{JobState::failed, "", std::nullopt, std::nullopt, failure, outcome.value("ended_at", now)};
-  if (failure.is_object()) {
-    if (failure["exit_code"].is_number_integer()) end.exit_code = failure["exit_code"].get<int>();
-    if (failure["signal"].is_number_integer()) end.exit_signal = failure["signal"].get<int>();
+  if (failure.is_object()) {  // (find: operator[] on a const json asserts that the key is there)
+    if (auto it = failure.find("exit_code"); it != failure.end() && it->is_number_integer()) end.exit_code = it->get<int>();
+    if (auto it = failure.find("signal"); it != failure.end() && it->is_number_integer()) end.exit_signal = it->get<int>();
   } else if (all_ok) {
     end.exit_code = 0;
   }
