@@ -379,10 +379,6 @@ std::vector<std::int64_t> Daemon::with_queued_of_batch(std::vector<std::int64_t>
   return ids;
 }
 
-std::string Daemon::job_label(const JobRecord& rec) {
-  return "job " + std::to_string(rec.id) + " (" + rec.spec.name + ")";
-}
-
 common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   auto active = m_active.find(stored.id);
   const JobRecord& r = active != m_active.end() ? active->second.rec : stored;

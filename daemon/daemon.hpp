@@ -228,7 +228,6 @@ class Daemon {
   RequestError missing_batch(std::int64_t batch);  // not_found: "no batch N", or "… was forgotten"
   // `ids` and the queued jobs of `batch` (0: none), ascending, each once.
   std::vector<std::int64_t> with_queued_of_batch(std::vector<std::int64_t> ids, std::int64_t batch);
-  static std::string job_label(const JobRecord& rec);  // "job 7 (name)", as errors name a job
 
   asio::io_context& m_io;
   Config m_config;

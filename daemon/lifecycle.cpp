@@ -13,12 +13,13 @@ template <class... F>
 Overloaded(F...) -> Overloaded<F...>;
 
 Error refused(const JobRecord& rec, const Event& e, std::string_view needs) {
-  return Error{ErrorCode::wrong_state, "job " + std::to_string(rec.id) + (rec.spec.name.empty() ? "" : " (" + rec.spec.name + ")") +
-                                           " is " + std::string(to_string(rec.state)) + (rec.held ? " and held" : "") + "; `" +
-                                           std::string(event_name(e)) + "` needs " + std::string(needs)};
+  return Error{ErrorCode::wrong_state, job_label(rec) + " is " + std::string(to_string(rec.state)) + (rec.held ? " and held" : "") +
+                                           "; `" + std::string(event_name(e)) + "` needs " + std::string(needs)};
 }
 
 }  // namespace
+
+std::string job_label(const JobRecord& rec) { return "job " + std::to_string(rec.id) + " (" + rec.spec.name + ")"; }
 
 std::string_view event_name(const Event& e) {
   return std::visit(Overloaded{

@@ -76,6 +76,9 @@ using Event = std::variant<event::Launched, event::Ended, event::Retried, event:
 
 std::string_view event_name(const Event& e);
 
+// "job 7 (train)": how errors name a job.
+std::string job_label(const JobRecord& rec);
+
 // The record after `e`, or wrong_state: "job 7 is succeeded; `launched` needs a queued job that
 // is not held". Pure: the caller stores the result, then applies it in memory.
 Result<JobRecord> transition(const JobRecord& rec, const Event& e);

@@ -447,10 +447,7 @@ void Store::write_restart_part(RestartPlan& plan, const std::vector<const JobRec
   const std::size_t done = plan.done + count;
   const bool last = done >= plan.jobs.size();
   Txn txn(m_db, m_faults);
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    write_job(*rows[i]);
-    write_transition(*rows[i], transition_time(*rows[i]), &why[i]);
-  }
+  write_transitions(rows, why);
   std::int64_t id = plan.id;
   if (id == 0 && !last) {  // the first part of several: the plan goes in with it
     auto* ins = prepare("INSERT INTO restarts(jobs, done) VALUES(?, ?)");
@@ -555,12 +552,16 @@ void Store::update(const JobRecord& job, bool transition) {
 void Store::update_many(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why,
                         const std::vector<const JobRecord*>& quiet) {
   Txn txn(m_db, m_faults);
+  write_transitions(jobs, why);
+  for (const auto* job : quiet) write_job(*job);
+  txn.commit();
+}
+
+void Store::write_transitions(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why) {
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     write_job(*jobs[i]);
     write_transition(*jobs[i], transition_time(*jobs[i]), i < why.size() ? &why[i] : nullptr);
   }
-  for (const auto* job : quiet) write_job(*job);
-  txn.commit();
 }
 
 

@@ -186,6 +186,9 @@ class Store {
   void write_job(const JobRecord& job);
   void write_transition(const JobRecord& job, double at, const std::string* reason = nullptr);
   static double transition_time(const JobRecord& job);
+  // Each job's row and a transition whose reason is why[i] (its own reason where `why` has none),
+  // inside the caller's transaction.
+  void write_transitions(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why);
   void bind_filter(sqlite3_stmt* st, const common::JobFilter& f) const;  // GPUQ_JOB_FILTER's parameters
   bool hidden(std::int64_t id) const;  // a job of the batch being written
   bool hidden_batch(std::int64_t batch) const;  // the batch being written
