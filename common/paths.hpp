@@ -19,6 +19,9 @@ Result<bool> ensure_private_dir(const std::string& dir);
 
 std::string parent_dir(const std::string& path);
 
+// Whether something is at `path` (following symlinks).
+bool path_exists(const std::string& path);
+
 // Whether `path` is a directory (following symlinks).
 bool is_directory(const std::string& path);
 

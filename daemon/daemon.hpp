@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/protocol.hpp"
+#include "daemon/executor.hpp"
 #include "daemon/inventory.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/scheduler.hpp"
@@ -54,6 +55,9 @@ struct Config {
 
 using Reply = std::function<void(json)>;
 
+// What the scheduler needs to know of a queued job.
+PendingJob pending_of(const JobRecord& r);
+
 // How long one part of a long request (a submission's writing, a clean, a restart) may hold
 // gpuqd's thread.
 inline constexpr auto k_part = std::chrono::milliseconds(10);
@@ -73,16 +77,24 @@ class Daemon {
   // Set by main: called when a client asks the daemon to shut down.
   std::function<void()> on_shutdown;
 
+  // The command table (daemon.cpp) is the only list of gpuqd's commands: each row names a
+  // command, the decoder of its request (common/protocol.hpp) and its handler, which either
+  // answers at once (`now`: its return value is the reply) or takes the reply to answer later
+  // (`later`: a wait, or a long request done in parts). A handler throws RequestError to refuse.
+  using Run = void (Daemon::*)(const json& request, Reply& reply);
+  struct Command {
+    std::string_view name;
+    Run run;
+  };
+  static const std::vector<Command>& commands();
+
  private:
   struct Active {
     JobRecord rec;
     std::string wait_reason;  // queued: why it is not running yet, as of pass `reason_pass`
     std::uint64_t reason_pass = 0;
-    ProcessId shim;
-    std::unique_ptr<asio::posix::stream_descriptor> pidfd;  // readable when the shim exits
-    std::unique_ptr<asio::steady_timer> poll;               // fallback where pidfd is missing
     std::map<int, std::int64_t> event_offsets;
-    bool own_child = false;  // spawned by this daemon process: reap with waitpid
+    std::unique_ptr<asio::steady_timer> retry;  // recording its end again, after the store refused it
   };
   struct Waiter {
     std::set<std::int64_t> ids;
@@ -91,9 +103,23 @@ class Daemon {
     std::shared_ptr<asio::steady_timer> timer;
   };
 
-  // Handlers (registered in one table in daemon.cpp).
-  json cmd_hello(const json& req);
-  void cmd_submit(const json& req, Reply& reply);  // answers once the batch is written
+  // The rows of commands(): decode, then call the handler.
+  template <auto Decode, auto Handler>
+  void now(const json& request, Reply& reply) {
+    if constexpr (std::is_same_v<decltype(Decode), std::nullptr_t>)
+      reply(common::ok_reply((this->*Handler)()));
+    else
+      reply(common::ok_reply((this->*Handler)(Decode(request))));
+  }
+  template <auto Decode, auto Handler>
+  void later(const json& request, Reply& reply) {
+    (this->*Handler)(Decode(request), reply);
+  }
+  void cmd_shutdown(const json& request, Reply& reply);
+
+  // Handlers, by group: see the files named in daemon.cpp.
+  json cmd_hello(const common::HelloRequest& q);
+  void cmd_submit(common::SubmitRequest sub, Reply& reply);  // answers once the batch is written
   // A batch on its way into the store: checked off-thread, then written a part per turn.
   struct Submission {
     Reply reply;
@@ -107,10 +133,10 @@ class Daemon {
   void submit_checked(const std::shared_ptr<Submission>& s);  // on gpuqd's thread, after check_batch
   void write_submission();  // the next part of m_submissions.front()
   void next_submission();   // m_submissions.front() is answered: on to the next
-  json cmd_status(const json& req);
-  json cmd_show(const json& req);
-  json cmd_cancel(const json& req);
-  void cmd_restart(const json& req, Reply& reply);  // answers once every job is requeued (restart.cpp)
+  json cmd_status(const common::StatusRequest& q);
+  json cmd_show(const common::IdRequest& q);
+  json cmd_cancel(const common::IdsRequest& q);
+  void cmd_restart(const common::RestartRequest& q, Reply& reply);  // answers once every job is requeued (restart.cpp)
   struct Restarting {  // a restart under way: see restart.cpp
     enum class Step { choose, clear, requeue } step = Step::choose;
     bool fresh = false;
@@ -134,10 +160,10 @@ class Daemon {
   void restart_done(Restarting& r);
   void release_outside(Restarting& r);
   void resume_restarts();  // those a crash cut short (Store::unfinished_restarts)
-  json cmd_hold(const json& req);
-  json cmd_release(const json& req);
+  json cmd_hold(const common::SelectRequest& q);
+  json cmd_release(const common::SelectRequest& q);
   json set_held(const common::SelectRequest& q, bool hold);
-  void cmd_clean(const json& req, Reply& reply);  // answers once the files are deleted
+  void cmd_clean(const common::CleanRequest& q, Reply& reply);  // answers once the files are deleted
   struct Cleaning {  // a clean under way: its jobs, and what became of those done so far
     bool forget = false, checkpoints_only = false;
     std::vector<std::int64_t> ids;  // chosen, ascending
@@ -163,9 +189,9 @@ class Daemon {
   // Ended jobs that a queued job's `after` or a pending wait names: id -> why it must stay.
   std::map<std::int64_t, std::string> still_needed() const;
   void empty_leftover_trash();
-  json cmd_update(const json& req);
-  json cmd_drain(const json& req);
-  json cmd_undrain(const json& req);
+  json cmd_update(const common::UpdateRequest& q);
+  json cmd_drain(const common::DrainRequest& q);
+  json cmd_undrain(const common::DrainRequest& q);
   json set_drained(const common::DrainRequest& q, bool drain);
   // Takes one GPU out of service or puts it back: the store, the in-memory set, the log.
   void mark_drained(const Gpu& g, bool drain, const std::string& reason);
@@ -176,10 +202,10 @@ class Daemon {
   void check_health();
   // Every so often, forgets the jobs that ended over forget_after_s ago (as clean --forget --older-than).
   void forget_old_jobs();
-  json cmd_results(const json& req);
-  json cmd_events(const json& req);
-  json cmd_gpus(const json& req);
-  void cmd_wait(const json& req, Reply& reply);  // takes `reply` only once the request is valid
+  json cmd_results(const common::ResultsRequest& q);
+  json cmd_events(const common::EventsRequest& q);
+  json cmd_gpus();
+  void cmd_wait(const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.
   void schedule_soon();
@@ -188,9 +214,9 @@ class Daemon {
   bool fail_blocked_dependents(double now);
   std::optional<JobState> dependency_state(std::int64_t id);
   void launch(Active& a, const Placement& placement, double now);
-  void watch(Active& a);
+  Executor::Attempt attempt_of(const JobRecord& rec) const;
   void rederive_slots(JobRecord& rec);  // a re-adopted job's slots under this gpuqd's CPU mask
-  void on_shim_exit(std::int64_t id);
+  void on_attempt_end(std::int64_t id);  // the executor says its processes are gone
   void finish_attempt(Active& a, const json& outcome);
   void finalize(Active& a);  // terminal: persist, notify waiters, forget
   // Queued jobs that end without running (cancelled, or failed for a dependency), given as their
@@ -272,6 +298,7 @@ class Daemon {
   std::deque<std::shared_ptr<Submission>> m_submissions;  // checked, to be written in this order
   bool m_ingest_armed = false;
   std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has
+  std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
   // Deletes cleaned jobs' files; declared last, so it is joined before the state it posts to goes.
   asio::thread_pool m_fs_thread{1};
   asio::thread_pool m_check_thread{1};  // check_batch for submissions

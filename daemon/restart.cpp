@@ -65,8 +65,7 @@ std::vector<std::int64_t> dependencies_first(const std::map<std::int64_t, JobRec
 
 }  // namespace
 
-void Daemon::cmd_restart(const json& req, Reply& reply) {
-  auto q = common::decode_restart(req);
+void Daemon::cmd_restart(const common::RestartRequest& q, Reply& reply) {
   std::vector<JobRecord> named;
   for (auto id : q.ids) named.push_back(ended_job(id, "only a job that has ended can be restarted"));
   if (q.batch != 0 && !m_store->batch_exists(q.batch)) throw missing_batch(q.batch);

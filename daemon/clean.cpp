@@ -1,0 +1,191 @@
+// `clean`: freeing ended jobs' files (or forgetting the jobs), a part per turn, through the state
+// dir's trash, which a thread of its own empties; and forgetting old jobs on a timer.
+#include "daemon/daemon.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "common/paths.hpp"
+#include "daemon/lifecycle.hpp"
+
+namespace gpuq::daemon {
+
+// Frees the disk ended jobs' files take: the whole job directory (logs, checkpoints, launch and
+// events files), or only the checkpoints. Their records, state history, events and results stay,
+// so status, show, results and plot still know them, unless `forget` removes those too. A job
+// named that has not ended cleans nothing. The jobs are chosen at once, then done a part (~10 ms)
+// per turn of gpuqd's loop, so that cleaning 100,000 jobs holds no other client up; each part
+// takes only those of its jobs still ended (one restarted meanwhile is left alone) and, to
+// forget, still not needed. Each directory is first renamed into the state dir's trash, which is
+// instant, so a restarted job finds its place free at once; the trash is emptied on a thread of
+// its own, so gpuqd goes on serving while thousands of directories are deleted, and the reply
+// comes when they are gone.
+void Daemon::cmd_clean(const common::CleanRequest& q, Reply& reply) {
+  std::map<std::int64_t, double> ended;  // id -> ended_at
+  const char* only = q.forget ? "only a job that has ended can be forgotten"
+                              : "only the files of a job that has ended can be removed";
+  for (auto id : q.ids) ended[id] = ended_job(id, only).ended_at;
+  if (q.batch != 0) {
+    if (!m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
+    for (const auto& [id, at] : m_store->ended_of_batch(q.batch)) ended[id] = at;
+  }
+  if (q.ids.empty() && q.batch == 0) {
+    for (auto id : m_store->ended_before(q.ended_before)) ended[id] = 0;
+  } else if (q.ended_before > 0) {
+    std::erase_if(ended, [&](const auto& e) { return e.second >= q.ended_before; });
+  }
+  if (q.forget) {  // a named job that is still needed is an error; one selected is kept (clean_part)
+    const auto needed = still_needed();
+    for (auto id : q.ids)
+      if (auto it = needed.find(id); it != needed.end())
+        throw RequestError(ErrorCode::wrong_state, job_label(existing_job(id)) + " cannot be forgotten: " + it->second);
+  }
+  make_trash();
+  auto c = std::make_shared<Cleaning>();
+  c->forget = q.forget;
+  c->checkpoints_only = q.checkpoints_only;
+  for (const auto& [id, _] : ended) c->ids.push_back(id);
+  c->reply = std::move(reply);
+  clean_part(c);
+}
+
+void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
+  if (c->next > 0 && paused_between_parts([this, c] { clean_part(c); })) return;
+  if (c->forget && c->needed_as_of != m_needs_changed) {
+    c->needed = still_needed();
+    c->needed_as_of = m_needs_changed;
+  }
+  const auto deadline = part_deadline();
+  std::vector<std::int64_t> part;
+  for (; c->next < c->ids.size(); ++c->next) {
+    if (!part.empty() && part.size() % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
+    const std::int64_t id = c->ids[c->next];
+    if (m_active.count(id) || m_restarting.count(id)) continue;  // restarted since it was chosen, or being restarted
+    if (c->forget)
+      if (auto it = c->needed.find(id); it != c->needed.end()) {
+        c->out.kept.push_back({id, it->second});
+        continue;
+      }
+    try {
+      const std::string dir = job_dir(m_config.state_dir, id) + (c->checkpoints_only ? "/checkpoints" : "");
+      if (auto to = move_to_trash(id, dir, c->checkpoints_only); !to.empty()) c->moved.emplace_back(id, std::move(to));
+      part.push_back(id);
+    } catch (const RequestError& e) {  // its files stay, and so does its record
+      c->failures.push_back(e.what());
+    }
+  }
+  try {
+    if (c->forget && !part.empty()) {
+      for (auto b : m_store->remove_jobs(part)) m_batch_limits.erase(b);
+      for (auto id : part) m_terminal_cache.erase(id);
+      c->out.forgotten.insert(c->out.forgotten.end(), part.begin(), part.end());
+    }
+  } catch (const RequestError& e) {  // after the files: the part's jobs are as a plain clean leaves them
+    c->failures.push_back(e.what());
+    c->next = c->ids.size();
+  }
+  if (c->next < c->ids.size()) return asio::post(m_io, [this, c] { clean_part(c); });
+
+  if (!c->failures.empty()) {
+    std::string msg = "could not clean " + std::to_string(c->failures.size()) + " job(s) (" +
+                      std::to_string(c->moved.size()) + " others' files are being removed" +
+                      (c->forget ? ", " + std::to_string(c->out.forgotten.size()) + " jobs were forgotten" : "") + "):";
+    for (std::size_t i = 0; i < c->failures.size() && i < 10; ++i) msg += "\n  " + c->failures[i];
+    empty_trash(std::move(c->moved), nullptr);
+    return c->reply(common::error_reply(ErrorCode::store_error, msg));
+  }
+  empty_trash(std::move(c->moved), std::move(c->reply), std::move(c->out));
+}
+
+void Daemon::forget_old_jobs() {
+  if (m_config.forget_after_s <= 0) return;
+  const double age = m_config.forget_after_s;
+  Reply log = [age](json reply) {
+    if (!reply.value("ok", false)) {
+      std::cerr << "gpuqd: forgetting old jobs failed: " << reply.value("error", json::object()).value("message", "") << "\n";
+      return;
+    }
+    if (auto n = reply["forgotten"].size())
+      std::cerr << "gpuqd: forgot " << n << " job(s) that ended over " << static_cast<long long>(age) << " s ago\n";
+  };
+  try {
+    common::CleanRequest q;
+    q.forget = true;
+    q.ended_before = std::max(1e-3, wall_now() - age);
+    cmd_clean(q, log);
+  } catch (const RequestError& e) {
+    log(common::error_reply(e.code(), e.what()));
+  }
+  // A tenth of the age, within a second and an hour: a job outlives its time by at most that.
+  m_forget_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(std::clamp(age / 10, 1.0, 3600.0) * 1000)));
+  m_forget_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) forget_old_jobs();
+  });
+}
+
+std::map<std::int64_t, std::string> Daemon::still_needed() const {
+  std::map<std::int64_t, std::string> needed;
+  for (std::int64_t id : m_with_deps) {
+    const JobRecord& r = m_active.at(id).rec;
+    for (auto dep : r.after) needed.try_emplace(dep, "queued " + job_label(r) + " waits for it (`after`)");
+  }
+  for (const auto& w : m_waiters)
+    for (auto id : w.ids) needed.try_emplace(id, "a `gpuq wait` is waiting on it");
+  for (auto id : m_restarting) needed.try_emplace(id, "a restart under way is queueing it again");
+  for (auto id : m_restarting_needs) needed.try_emplace(id, "a restart under way queues a job that waits for it (`after`)");
+  return needed;
+}
+
+void Daemon::make_trash() {
+  if (auto made = common::ensure_private_dir(m_config.state_dir + "/trash"); !made) throw RequestError(made.error());
+}
+
+std::string Daemon::move_to_trash(std::int64_t id, const std::string& dir, bool keep_dir) {
+  std::error_code ec;
+  if (keep_dir && std::filesystem::is_empty(dir, ec)) return "";  // nothing to free
+  const std::string to =
+      m_config.state_dir + "/trash/" + std::to_string(id) + "-" + std::to_string(::getpid()) + "-" + std::to_string(++m_trash_seq);
+  if (::rename(dir.c_str(), to.c_str()) != 0) {
+    if (errno == ENOENT) return "";
+    throw RequestError(ErrorCode::store_error, "cannot move " + dir + " into the trash: " + std::strerror(errno));
+  }
+  if (keep_dir) (void)common::ensure_private_dir(dir);  // emptied: the job may be given its path again
+  return to;
+}
+
+// Deletes directories moved into the trash, on the file-system thread; then, on gpuqd's own
+// thread, answers `reply` (when there is one) with what was freed.
+void Daemon::empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply, common::CleanReply out) {
+  asio::post(m_fs_thread, [this, moved = std::move(moved), reply = std::move(reply), out = std::move(out)]() mutable {
+    for (const auto& [id, dir] : moved) {
+      std::error_code ec;
+      for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        if (it->is_regular_file(ec)) out.bytes_freed += static_cast<std::int64_t>(it->file_size(ec));
+      ec.clear();
+      std::filesystem::remove_all(dir, ec);
+      if (ec) std::cerr << "gpuqd: cannot delete " << dir << ": " << ec.message() << "\n";
+      if (id > 0) out.cleaned.push_back(id);
+    }
+    if (reply) asio::post(m_io, [reply = std::move(reply), out = std::move(out)] { reply(common::ok_reply(out)); });
+  });
+}
+
+// What a clean left in the trash when gpuqd stopped before it was emptied.
+void Daemon::empty_leftover_trash() {
+  std::vector<std::pair<std::int64_t, std::string>> left;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(m_config.state_dir + "/trash", ec), end; !ec && it != end;
+       it.increment(ec))
+    left.emplace_back(0, it->path().string());
+  if (!left.empty()) empty_trash(std::move(left), nullptr);
+}
+
+}  // namespace gpuq::daemon

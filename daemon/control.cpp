@@ -1,0 +1,169 @@
+// Requests that change queued or running jobs in place: cancel, hold and release, update.
+#include "daemon/daemon.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "common/spec.hpp"
+#include "daemon/lifecycle.hpp"
+
+namespace gpuq::daemon {
+
+// ---- cancel and wait ----------------------------------------------------------------------------
+
+json Daemon::cmd_cancel(const common::IdsRequest& q) {
+  // All ids must exist before anything is cancelled: a typo cancels nothing.
+  // (Their states alone: an ended job's row may hold a result of a megabyte.)
+  std::map<std::int64_t, JobState> states;
+  for (auto id : q.ids) {
+    auto active = m_active.find(id);
+    auto st = active != m_active.end() ? active->second.rec.state : m_store->state_of(id);
+    states[id] = st ? *st : existing_job(id).state;  // not_found, saying why
+  }
+  // One transaction ends the queued ones and records the intent on the running ones (whatever
+  // happens next, they end as cancelled): a failed write (disk full) cancels none of them.
+  std::vector<JobRecord> cancelled;
+  std::set<std::int64_t> now_cancelled;
+  for (auto id : q.ids)
+    if (auto it = m_active.find(id); it != m_active.end() && it->second.rec.state == JobState::queued &&
+                                     now_cancelled.insert(id).second)
+      cancelled.push_back(next_record(it->second.rec, event::Cancelled{wall_now()}));
+  std::vector<JobRecord> flagged;
+  for (auto id : q.ids)
+    if (auto it = m_active.find(id);
+        it != m_active.end() && it->second.rec.state == JobState::running && !it->second.rec.cancel_requested)
+      flagged.push_back(next_record(it->second.rec, event::CancelRequested{}));
+  end_queued(std::move(cancelled), flagged);
+  for (const auto& r : flagged) m_active.at(r.id).rec.cancel_requested = true;
+  common::CancelReply out;
+  for (auto id : q.ids) {
+    auto it = m_active.find(id);
+    if (it == m_active.end()) {
+      const bool done_now = now_cancelled.count(id) > 0;
+      out.jobs.push_back({id, done_now ? "cancelled" : std::string(to_string(states.at(id))), done_now});
+      continue;
+    }
+    m_executor->stop(id);
+    out.jobs.push_back({id, "running", true});
+  }
+  schedule_soon();
+  return out;
+}
+
+JobRecord Daemon::ended_job(std::int64_t id, const std::string& only) {
+  JobRecord rec = existing_job(id);
+  if (!is_terminal(rec.state))
+    throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is " + std::string(to_string(rec.state)) + "; " + only);
+  return rec;
+}
+
+json Daemon::cmd_hold(const common::SelectRequest& q) { return set_held(q, true); }
+json Daemon::cmd_release(const common::SelectRequest& q) { return set_held(q, false); }
+
+// Holds queued jobs out of line (as Slurm's hold: they keep their place in the history, reserve
+// nothing, and start only once released), or releases them. Holding needs every named job to be
+// queued, or nothing is held; releasing a job that is not held changes nothing. With a batch,
+// its queued jobs. Each change is a transition in the job's history.
+json Daemon::set_held(const common::SelectRequest& q, bool hold) {
+  for (auto id : q.ids) {
+    const JobRecord rec = existing_job(id);
+    if (hold && rec.state != JobState::queued)
+      throw RequestError(ErrorCode::wrong_state,
+                         job_label(rec) + " is " + std::string(to_string(rec.state)) + "; only a queued job can be held" +
+                             (rec.state == JobState::running ? " (`gpuq cancel` stops a running one)" : ""));
+  }
+  const std::vector<std::int64_t> ids = with_queued_of_batch(q.ids, q.batch);
+
+  common::CancelReply out;
+  std::vector<JobRecord> changed;
+  for (auto id : ids) {
+    auto it = m_active.find(id);
+    const bool change = it != m_active.end() && it->second.rec.state == JobState::queued && it->second.rec.held != hold;
+    if (change) changed.push_back(next_record(it->second.rec, event::Held{hold}));
+    const JobState state = it != m_active.end() ? it->second.rec.state : lookup(id)->state;
+    out.jobs.push_back({id, std::string(to_string(state)), change});
+  }
+  std::vector<const JobRecord*> rows;
+  for (const auto& r : changed) rows.push_back(&r);
+  m_store->update_many(rows, std::vector<std::string>(rows.size(), hold ? "held" : "released"));
+  for (auto& rec : changed) {
+    Active& a = m_active.at(rec.id);
+    a.rec = std::move(rec);
+    index(a);
+  }
+  if (!hold && !changed.empty()) schedule_soon();
+  return out;
+}
+
+// Changes jobs' priority, retries or timeout after submission, as Slurm's `scontrol update`:
+// the spec is rewritten and the job takes its new place in line. A running job takes `priority`
+// and `retries`, which decide its next attempt; its supervisor enforces the timeout it started
+// with, so that cannot change under it. All or nothing; each change is in the job's history.
+json Daemon::cmd_update(const common::UpdateRequest& q) {
+  for (auto id : q.ids) {
+    const JobRecord rec = existing_job(id);
+    if (is_terminal(rec.state))
+      throw RequestError(ErrorCode::wrong_state, job_label(rec) + " has ended " + std::string(to_string(rec.state)) +
+                                                     "; `gpuq restart` queues it again, and then it can be updated");
+    if (rec.state == JobState::running && q.timeout_s)
+      throw RequestError(ErrorCode::wrong_state, job_label(rec) +
+                                                     " is running: its supervisor enforces the timeout it started "
+                                                     "with; only priority and retries can change now");
+  }
+  const bool spec_fields = q.priority || q.retries || q.timeout_s;
+  // Only the batch's limit: its queued jobs are not asked to change.
+  const std::vector<std::int64_t> ids = spec_fields ? with_queued_of_batch(q.ids, q.batch) : q.ids;
+  if (!spec_fields) jobs_of_batch(q.batch);  // one that exists
+
+  auto change = [](auto& field, const auto& value, const char* name, std::string& why) {
+    if (!value || field == *value) return;
+    std::ostringstream text;
+    text << (why.empty() ? "updated: " : ", ") << name << " " << field << " -> " << *value;
+    why += text.str();
+    field = *value;
+  };
+  common::CancelReply out;
+  std::vector<JobRecord> changed;
+  std::vector<std::string> why;
+  for (auto id : ids) {
+    JobRecord next = m_active.at(id).rec;
+    std::string what;
+    change(next.spec.priority, q.priority, "priority", what);
+    change(next.spec.retries, q.retries, "retries", what);
+    change(next.spec.timeout_s, q.timeout_s, "timeout_s", what);
+    out.jobs.push_back({id, std::string(to_string(next.state)), !what.empty()});
+    if (what.empty()) continue;
+    changed.push_back(std::move(next));
+    why.push_back(std::move(what));
+  }
+  std::vector<const JobRecord*> rows;
+  for (const auto& r : changed) rows.push_back(&r);
+  m_store->rewrite_specs(rows, why);
+  for (auto& rec : changed) {
+    Active& a = m_active.at(rec.id);
+    unindex(a.rec);  // filed under the old priority
+    a.rec = std::move(rec);
+    index(a);
+  }
+  json reply = out;
+  if (q.max_running) {  // jobs already running past a lowered limit run on, as in Slurm
+    auto it = m_batch_limits.find(q.batch);
+    const common::BatchLimitChange limit{q.batch, *q.max_running, it == m_batch_limits.end() ? 0 : it->second};
+    m_store->set_batch_limit(q.batch, limit.max_running);
+    if (limit.max_running > 0) m_batch_limits[q.batch] = limit.max_running;
+    else m_batch_limits.erase(q.batch);
+    reply["batch_limit"] = limit;
+  }
+  if (!changed.empty() || q.max_running) schedule_soon();
+  return reply;
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,66 @@
+// Where a job's attempts run. gpuqd decides which job starts, when and on what (scheduler.hpp),
+// and records every change of state (lifecycle.hpp); an executor turns a launch gpuqd decided
+// into processes, stops them when asked, tells gpuqd when they are gone, and finds them again
+// after gpuqd restarts. gpuqd touches a job's processes through this interface only.
+//
+// The local executor (local_executor.cpp) runs each attempt under gpuq-shim on this machine. The
+// interface is drawn for a second kind whose processes run on other machines under a system of
+// their own (a Slurm executor: sbatch, squeue/sacct, scancel):
+//   - start() returns once the attempt is handed over, not once it runs: sbatch returns at once
+//     and the job may wait in Slurm's queue. Before returning it leaves in the attempt directory
+//     what it needs to find the attempt again (the shim's pid file; a Slurm job id).
+//   - Liveness is the executor's alone: gpuqd learns that an attempt's processes are gone only
+//     through `Ended`, posted on gpuqd's io_context (a pidfd here; polling squeue there).
+//   - How an attempt ended is read in one shape, the shim's exit record (outcome()), whatever ran
+//     it: an executor whose supervisor could not write one builds it (from sacct, say).
+//   - adopt() at start-up says whether an attempt gpuqd had started is alive (and watched again),
+//     has ended (its outcome is to be read), or never started (gpuqd stopped before handing it
+//     over), without waiting on anything.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace gpuq::daemon {
+
+class Executor {
+ public:
+  struct Attempt {
+    std::int64_t id = 0;  // the job
+    std::string dir;      // its attempt directory, with launch.json written (launcher.hpp)
+  };
+  // Called on gpuqd's thread once the attempt's processes are gone (or known never to come).
+  using Ended = std::function<void(std::int64_t id)>;
+  enum class Found { alive, ended, never_started };
+
+  virtual ~Executor() = default;
+  // Hands the attempt over to run; an Error (nothing was started) is the attempt's failure.
+  virtual std::optional<Error> start(const Attempt& attempt) = 0;
+  // After gpuqd restarted: what became of an attempt it had recorded as running. An alive one is
+  // watched as if start() had started it.
+  virtual Found adopt(const Attempt& attempt) = 0;
+  // Asks a running attempt to end (its supervisor stops the ranks, SIGTERM then SIGKILL after the
+  // grace period); `Ended` follows. Nothing when it is not running.
+  virtual void stop(std::int64_t id) = 0;
+  // How an ended attempt ended, as the shim's exit record (untrusted: bounded and type-checked),
+  // or {"error": why} when there is none.
+  virtual nlohmann::json outcome(const Attempt& attempt) = 0;
+};
+
+// Runs attempts under `shim_path` (gpuq-shim) on this machine, each in a session of its own, so
+// that they outlive gpuqd; watches each through a pidfd (or polls where there is none).
+std::unique_ptr<Executor> make_local_executor(boost::asio::io_context& io, std::string shim_path,
+                                              Executor::Ended ended);
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,170 @@
+// The local executor (executor.hpp): each attempt under gpuq-shim, a process in a session of its
+// own that outlives gpuqd and is the parent of the job's ranks (supervisor/supervisor.hpp). gpuqd
+// watches the shim, not the ranks: through a pidfd, readable once it exits (polling its liveness
+// every 200 ms on kernels without pidfd_open). It finds a shim again after a restart by the pid
+// file the shim writes in the attempt directory, with the process's start time, so a recycled pid
+// is not taken for it.
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+#include <boost/asio.hpp>
+#include <cerrno>
+#include <chrono>
+#include <iostream>
+#include <map>
+
+#include "common/json_input.hpp"
+#include "common/paths.hpp"
+#include "daemon/executor.hpp"
+#include "daemon/launcher.hpp"
+
+namespace gpuq::daemon {
+
+namespace asio = boost::asio;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr std::size_t k_max_exit_record = 4 << 20;  // ~4,000 bytes a rank would be 1,000 ranks
+
+// The shim's exit record (see supervisor.cpp's write_outcome). It lies in the job's directory,
+// which the job can write, so it is read as untrusted input: bounded, and each field kept only
+// with the type finish_attempt expects.
+json read_outcome(const std::string& path) {
+  auto raw = common::read_untrusted_file(path, k_max_exit_record, "exit record");
+  if (!raw || !raw->is_object()) return json{{"error", "the job's supervisor ended without recording an outcome"}};
+  const auto is_int = [](const json& v) { return v.is_number_integer(); };
+  const auto is_num = [](const json& v) { return v.is_number(); };
+  const auto is_bool = [](const json& v) { return v.is_boolean(); };
+  const auto keep = [&](const json& from, json& to, const char* key, auto type_ok) {
+    if (auto it = from.find(key); it != from.end() && type_ok(*it)) to[key] = *it;
+  };
+  json out = json::object();
+  keep(*raw, out, "ended_at", is_num);
+  keep(*raw, out, "cancelled", is_bool);
+  keep(*raw, out, "timed_out", is_bool);
+  if (auto it = raw->find("error"); it != raw->end() && it->is_string()) out["error"] = it->get<std::string>().substr(0, 1000);
+  if (auto it = raw->find("ranks"); it != raw->end() && it->is_array()) {
+    out["ranks"] = json::array();
+    for (const auto& r : *it) {
+      json rank = json::object();
+      if (r.is_object()) keep(r, rank, "exit_code", is_int);
+      out["ranks"].push_back(std::move(rank));
+    }
+  }
+  if (auto it = raw->find("first_failure"); it != raw->end() && it->is_object()) {
+    json f = json::object();
+    keep(*it, f, "rank", is_int);
+    keep(*it, f, "exit_code", is_int);
+    keep(*it, f, "signal", is_int);
+    keep(*it, f, "oom_kill", is_bool);
+    keep(*it, f, "at", is_num);
+    out["first_failure"] = std::move(f);
+  }
+  return out;
+}
+
+int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+class LocalExecutor final : public Executor {
+ public:
+  LocalExecutor(asio::io_context& io, std::string shim_path, Ended ended)
+      : m_io(io), m_shim_path(std::move(shim_path)), m_ended(std::move(ended)) {}
+
+  std::optional<Error> start(const Attempt& attempt) override {
+    auto pid = spawn_supervisor(m_shim_path, attempt.dir);
+    if (!pid) return pid.error();
+    Shim& s = m_shims[attempt.id];
+    s.pid = {*pid, process_start_time(*pid).value_or(0)};
+    s.own_child = true;
+    watch(attempt.id, s);
+    return std::nullopt;
+  }
+
+  Found adopt(const Attempt& attempt) override {
+    // A live supervisor first: an exit record may also be a file the running job wrote itself.
+    const auto pid = read_pid_file(attempt.dir + "/shim.pid");
+    if (pid && is_alive(*pid)) {
+      Shim& s = m_shims[attempt.id];
+      s.pid = *pid;
+      std::cerr << "gpuqd: re-adopted job " << attempt.id << " (supervisor pid " << pid->pid << ")\n";
+      watch(attempt.id, s);
+      return Found::alive;
+    }
+    // With an exit record it ended while no gpuqd ran; with a pid file and none, its supervisor
+    // is gone without one (outcome() says so). Without either it was never started.
+    if (pid || common::path_exists(attempt.dir + "/exit.json")) return Found::ended;
+    return Found::never_started;
+  }
+
+  void stop(std::int64_t id) override {
+    auto it = m_shims.find(id);
+    if (it != m_shims.end() && it->second.pid.pid > 0 && is_alive(it->second.pid)) ::kill(it->second.pid.pid, SIGTERM);
+  }
+
+  json outcome(const Attempt& attempt) override { return read_outcome(attempt.dir + "/exit.json"); }
+
+ private:
+  struct Shim {
+    ProcessId pid;
+    std::unique_ptr<asio::posix::stream_descriptor> pidfd;  // readable when the shim exits
+    std::unique_ptr<asio::steady_timer> poll;               // where pidfd_open is missing
+    bool own_child = false;  // spawned by this gpuqd: reaped with waitpid
+  };
+
+  void watch(std::int64_t id, Shim& s) {
+    int fd = pidfd_open(s.pid.pid);
+    if (fd >= 0) {
+      s.pidfd = std::make_unique<asio::posix::stream_descriptor>(m_io, fd);
+      s.pidfd->async_wait(asio::posix::stream_descriptor::wait_read, [this, id](const boost::system::error_code& ec) {
+        if (!ec) gone(id);
+      });
+      return;
+    }
+    if (errno == ESRCH) {
+      asio::post(m_io, [this, id] { gone(id); });
+      return;
+    }
+    s.poll = std::make_unique<asio::steady_timer>(m_io);
+    poll(id);
+  }
+
+  void poll(std::int64_t id) {
+    auto it = m_shims.find(id);
+    if (it == m_shims.end()) return;
+    it->second.poll->expires_after(std::chrono::milliseconds(200));
+    it->second.poll->async_wait([this, id](const boost::system::error_code& ec) {
+      if (ec) return;
+      auto shim = m_shims.find(id);
+      if (shim == m_shims.end()) return;
+      if (is_alive(shim->second.pid))
+        poll(id);
+      else
+        gone(id);
+    });
+  }
+
+  void gone(std::int64_t id) {
+    auto it = m_shims.find(id);
+    if (it == m_shims.end()) return;
+    if (it->second.own_child) ::waitpid(it->second.pid.pid, nullptr, WNOHANG);  // reap our zombie
+    m_shims.erase(it);
+    m_ended(id);
+  }
+
+  asio::io_context& m_io;
+  std::string m_shim_path;
+  Ended m_ended;
+  std::map<std::int64_t, Shim> m_shims;  // attempts running, by job
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_local_executor(asio::io_context& io, std::string shim_path, Executor::Ended ended) {
+  return std::make_unique<LocalExecutor>(io, std::move(shim_path), std::move(ended));
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,461 @@
+// Running jobs: the scheduling pass (which queued jobs start, on what), launching an attempt,
+// watching its supervisor until it exits, recording how it ended (a retry, or the job's end), the
+// indexes of the job table by state, and reading running jobs' event files into the store.
+#include "daemon/daemon.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "common/json_input.hpp"
+#include "common/paths.hpp"
+#include "daemon/events.hpp"
+#include "daemon/lifecycle.hpp"
+
+namespace gpuq::daemon {
+
+namespace {
+
+constexpr std::size_t k_doomed_part = 512;  // jobs failed for a dependency in one pass (~10 ms)
+
+std::string describe_exit(const json& failure) {
+  if (!failure.is_object()) return "failed";
+  std::string who = "rank " + std::to_string(failure.value("rank", 0));
+  if (failure.contains("signal") && failure["signal"].is_number_integer()) {
+    int sig = failure["signal"].get<int>();
+    if (failure.value("oom_kill", false))
+      return who + " was killed by the kernel's out-of-memory killer (signal 9, SIGKILL)";
+    const char* name = sigabbrev_np(sig);
+    return who + " was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  if (failure.contains("exit_code") && failure["exit_code"].is_number_integer())
+    return who + " exited with code " + std::to_string(failure["exit_code"].get<int>());
+  return who + " failed";
+}
+
+}  // namespace
+
+// What the scheduler needs to know of a queued job.
+PendingJob pending_of(const JobRecord& r) {
+  const auto& s = r.spec;
+  return {r.id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus, r.batch};
+}
+
+// ---- scheduling ---------------------------------------------------------------------------------
+
+void Daemon::schedule_soon() {
+  if (m_schedule_posted) return;
+  m_schedule_posted = true;
+  asio::post(m_io, [this] {
+    m_schedule_posted = false;
+    try {
+      schedule_now();
+    } catch (const std::exception& e) {
+      // A store write that failed (failing a job whose dependency failed): try the pass again.
+      std::cerr << "gpuqd: scheduling pass failed: " << e.what() << "; trying again in " << k_write_retry_s << " s\n";
+      m_backoff_timer.expires_after(std::chrono::milliseconds(static_cast<int>(k_write_retry_s * 1000)));
+      m_backoff_timer.async_wait([this](const boost::system::error_code& ec) {
+        if (!ec) schedule_soon();
+      });
+    }
+  });
+}
+
+std::optional<JobState> Daemon::dependency_state(std::int64_t id) {
+  if (auto it = m_active.find(id); it != m_active.end()) return it->second.rec.state;
+  if (auto it = m_terminal_cache.find(id); it != m_terminal_cache.end()) return it->second;
+  auto rec = m_store->get(id);
+  if (!rec) return std::nullopt;
+  m_terminal_cache[id] = rec->state;
+  return rec->state;
+}
+
+// Fails queued jobs whose dependencies ended without success. Returns true when some are left
+// for the next pass.
+bool Daemon::fail_blocked_dependents(double now) {
+  // The jobs whose dependency ended without success, then, transitively, the jobs waiting for
+  // those: a failed chain fails in one pass (a pass per link was quadratic: 21 s for a chain of
+  // 20,000), k_doomed_part jobs a transaction, the nearest first, a pass each (one transaction
+  // for 20,000 held gpuqd's thread for 435 ms). Those left wait for a failed dependency meanwhile.
+  std::vector<std::pair<std::int64_t, std::int64_t>> waiting;  // (dependency, a queued job naming it), sorted
+  std::map<std::int64_t, std::int64_t> blocked_by;  // doomed job -> the dependency that dooms it
+  std::vector<std::int64_t> doomed;                 // the nearest first
+  for (std::int64_t id : m_with_deps) {
+    const Active& a = m_active.at(id);
+    for (auto dep : a.rec.after) {
+      waiting.emplace_back(dep, id);
+      if (blocked_by.count(id)) continue;
+      auto st = dependency_state(dep);
+      if (!st || (is_terminal(*st) && *st != JobState::succeeded)) {
+        doomed.push_back(id);
+        blocked_by[id] = dep;
+      }
+    }
+  }
+  if (doomed.empty()) return false;
+  std::sort(waiting.begin(), waiting.end());
+  for (std::size_t i = 0; i < doomed.size() && doomed.size() <= k_doomed_part; ++i)  // the jobs behind each doomed one
+    for (auto w = std::lower_bound(waiting.begin(), waiting.end(), std::pair<std::int64_t, std::int64_t>{doomed[i], 0});
+         w != waiting.end() && w->first == doomed[i]; ++w)
+      if (blocked_by.emplace(w->second, doomed[i]).second) doomed.push_back(w->second);
+  const bool left = doomed.size() > k_doomed_part;
+  if (left) doomed.resize(k_doomed_part);
+  std::vector<JobRecord> failed;
+  for (auto id : doomed) {
+    const std::int64_t dep = blocked_by[id];
+    auto st = dependency_state(dep);  // doomed, but still queued: it ends failed in this same transaction
+    failed.push_back(next_record(
+        m_active.at(id).rec,
+        event::DependencyFailed{dep,
+                                !st ? "dependency: " + missing_job(dep)
+                                    : "dependency " + std::to_string(dep) + " ended " +
+                                          std::string(to_string(is_terminal(*st) ? *st : JobState::failed)),
+                                now}));
+  }
+  end_queued(std::move(failed));
+  return left;
+}
+
+void Daemon::schedule_now() {
+  ++m_pass;
+  const double now = wall_now();
+  if (fail_blocked_dependents(now)) schedule_soon();  // more to fail, in the next pass
+
+  std::vector<PendingJob> queue;
+  queue.reserve(m_queue.size());
+  BatchLimits limits;  // of the batches with a job in this pass
+  std::int64_t seen_batch = 0;  // a batch's jobs lie together in line: its limit is looked up once a run
+  double next_retry = 0;
+  for (const auto& [_, q] : m_queue) {
+    if (q.has_deps || q.not_before > now) {
+      Active& a = m_active.at(q.job.id);
+      bool deps_done = true;
+      for (auto dep : a.rec.after) deps_done = deps_done && dependency_state(dep) == JobState::succeeded;
+      if (!deps_done) {
+        a.wait_reason = "waiting for dependencies";
+        a.reason_pass = m_pass;
+        continue;
+      }
+      if (q.not_before > now) {
+        a.wait_reason = "retrying after a backoff";
+        a.reason_pass = m_pass;
+        next_retry = next_retry == 0 ? q.not_before : std::min(next_retry, q.not_before);
+        continue;
+      }
+    }
+    queue.push_back(q.job);  // in scheduling order already
+    if (q.job.batch != seen_batch && !m_batch_limits.empty()) {
+      seen_batch = q.job.batch;
+      if (auto it = m_batch_limits.find(seen_batch); it != m_batch_limits.end()) limits[it->first].limit = it->second;
+    }
+  }
+  if (!limits.empty())
+    for (std::int64_t id : m_running)
+      if (auto it = limits.find(m_active.at(id).rec.batch); it != limits.end()) ++it->second.running;
+
+  CpuSlots cpu = cpu_pool();
+
+  std::vector<GpuState> gpus;
+  for (const auto& g : m_inventory.gpus())  // a drained GPU is not there for a pass
+    if (!m_drained.count(g.uuid)) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0, g.numa_node});
+  for (std::int64_t id : m_running) {
+    const Active& a = m_active.at(id);
+    double ends = a.rec.spec.timeout_s > 0 ? a.rec.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;
+    for (int idx : a.rec.gpus)
+      for (auto& g : gpus)
+        if (g.index == idx) {
+          g.holders++;
+          g.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : g.total_mb;
+          g.exclusive = g.exclusive || !a.rec.spec.shared;
+          g.free_at = std::max(g.free_at, ends);
+        }
+  }
+
+  Plan plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits));
+  m_tail_stopped = plan.stopped;
+  m_tail = plan.tail;
+  m_at_limit = std::move(plan.at_limit);
+  for (auto& [id, reason] : plan.waiting) {
+    Active& a = m_active.at(id);
+    a.wait_reason = with_drain_note(a.rec.spec.gpus, std::move(reason));
+    a.reason_pass = m_pass;
+  }
+  for (const auto& p : plan.start) {
+    Active& a = m_active.at(p.id);
+    try {
+      launch(a, p, now);
+    } catch (const RequestError& e) {
+      // Still queued (a full disk, say): tried again on a timer, not only when something else
+      // happens to trigger a pass.
+      std::cerr << "gpuqd: cannot launch job " << p.id << ": " << e.what() << "\n";
+      a.wait_reason = std::string("cannot start: ") + e.what() + "; trying again every " +
+                      std::to_string(static_cast<int>(k_write_retry_s)) + " s";
+      a.reason_pass = m_pass;
+      next_retry = next_retry == 0 ? now + k_write_retry_s : std::min(next_retry, now + k_write_retry_s);
+    }
+  }
+  if (next_retry > 0) {
+    m_backoff_timer.expires_after(std::chrono::milliseconds(static_cast<long long>((next_retry - now) * 1000) + 1));
+    m_backoff_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) schedule_soon();
+    });
+  }
+  arm_ingest_timer();
+}
+
+void Daemon::launch(Active& a, const Placement& placement, double now) {
+  const std::vector<int>& gpus = placement.gpus;
+  event::Launched launched{gpus, placement.cpu_slots, {}, 0, now};
+  {
+    JobRecord slots = a.rec;  // the cores follow from the slots, under this gpuqd's CPU mask
+    slots.cpu_slots = placement.cpu_slots;
+    launched.cores = job_cores(slots, m_cores);
+  }
+  if (a.rec.spec.mode == common::Mode::ddp) {
+    std::set<int> in_use;
+    for (std::int64_t id : m_running)
+      if (const int port = m_active.at(id).rec.master_port) in_use.insert(port);
+    launched.master_port = pick_free_port(in_use);
+  }
+  JobRecord next = next_record(a.rec, launched);
+
+  if (!next.spec.train.is_null()) next.spec.command[0] = m_config.worker_path;
+  const std::string jdir = job_dir(m_config.state_dir, next.id);
+  const std::string adir = attempt_dir(m_config.state_dir, next.id, next.attempt);
+  for (const auto& dir : {adir, jdir + "/checkpoints"})
+    if (auto made = common::ensure_private_dir(dir); !made) throw RequestError(made.error());
+  std::vector<std::string> uuids;
+  for (int idx : gpus)
+    if (const Gpu* g = m_inventory.find(idx)) uuids.push_back(g->uuid);
+  Env base;
+  const json batch_env = m_store->batch_env(next.batch);  // named: items() would dangle on a temporary
+  for (const auto& [k, v] : batch_env.items())
+    if (v.is_string()) base[k] = v.get<std::string>();
+  auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
+                             m_cores, m_core_nodes);
+  if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
+
+  // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.
+  m_store->update(next, true);
+  a.rec = std::move(next);
+  index(a);
+  a.wait_reason.clear();
+  a.event_offsets.clear();
+
+  // A working directory gone since submission fails the attempt with that reason (a job like
+  // `rm -rf ./*` must never run elsewhere; the rank's own chdir also refuses, should it go later).
+  struct stat st {};
+  if (const bool missing = ::stat(a.rec.spec.cwd.c_str(), &st) != 0; missing || !S_ISDIR(st.st_mode)) {
+    const std::string why = missing ? std::strerror(errno) : "not a directory";
+    finish_attempt(a, json{{"error", "the job's working directory " + a.rec.spec.cwd + " is gone (" + why + "); not started"}});
+    return;
+  }
+  if (auto refused = m_executor->start({a.rec.id, adir})) {
+    std::cerr << "gpuqd: job " << a.rec.id << ": " << refused->message << "\n";
+    finish_attempt(a, json{{"error", refused->message}});
+  }
+}
+
+Executor::Attempt Daemon::attempt_of(const JobRecord& rec) const {
+  return {rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt)};
+}
+
+CpuSlots Daemon::cpu_pool() const {
+  CpuSlots cpu{m_config.cpu_slots, {}, m_core_nodes};
+  std::vector<int> unnumbered;  // running jobs started by a gpuqd whose CPU slots had no numbers yet
+  for (std::int64_t id : m_running) {
+    const Active& a = m_active.at(id);
+    cpu.taken.insert(a.rec.cpu_slots.begin(), a.rec.cpu_slots.end());
+    if (a.rec.cpu_slots.empty() && a.rec.spec.gpus == 0) unnumbered.push_back(std::min(a.rec.spec.ranks, cpu.total));
+  }
+  for (int n : unnumbered)
+    for (int slot = 0; n > 0 && slot < cpu.total; ++slot)
+      if (cpu.taken.insert(slot).second) --n;
+  return cpu;
+}
+
+// ---- attempts ending ----------------------------------------------------------------------------
+
+void Daemon::on_attempt_end(std::int64_t id) {
+  auto it = m_active.find(id);
+  if (it == m_active.end() || it->second.rec.state != JobState::running) return;
+  Active& a = it->second;
+  a.retry.reset();
+  try {
+    if (!ingest(a, true)) throw RequestError(ErrorCode::store_error, "its last events could not be stored");
+    finish_attempt(a, m_executor->outcome(attempt_of(a.rec)));
+  } catch (const RequestError& e) {
+    // A full disk, say: the job stays running in the records until its end is stored, and its
+    // end is tried again, as a launch is; nothing else would ever record it.
+    std::cerr << "gpuqd: job " << id << " ended, but its end cannot be recorded (" << e.what() << "); trying again in "
+              << k_write_retry_s << " s\n";
+    a.retry = std::make_unique<asio::steady_timer>(m_io, std::chrono::milliseconds(static_cast<int>(k_write_retry_s * 1000)));
+    a.retry->async_wait([this, id](const boost::system::error_code& ec) {
+      if (!ec) on_attempt_end(id);
+    });
+  }
+}
+
+void Daemon::finish_attempt(Active& a, const json& outcome) {
+  const double now = wall_now();
+  const JobRecord& rec = a.rec;
+  bool all_ok = outcome.contains("ranks") && outcome["ranks"].is_array() && !outcome["ranks"].empty();
+  if (all_ok)
+    for (const auto& r : outcome["ranks"]) all_ok = all_ok && r.value("exit_code", json()) == json(0);
+  const json failure = outcome.value("first_failure", json());
+  event::Ended end{JobState::failed, "", std::nullopt, std::nullopt, failure, outcome.value("ended_at", now)};
+  if (failure.is_object()) {  // (find: operator[] on a const json asserts that the key is there)
+    if (auto it = failure.find("exit_code"); it != failure.end() && it->is_number_integer()) end.exit_code = it->get<int>();
+    if (auto it = failure.find("signal"); it != failure.end() && it->is_number_integer()) end.exit_signal = it->get<int>();
+  } else if (all_ok) {
+    end.exit_code = 0;
+  }
+
+  bool retryable = false;
+  if (rec.cancel_requested || outcome.value("cancelled", false)) {
+    end.state = JobState::cancelled;
+    end.reason = "cancelled while running";
+  } else if (outcome.value("timed_out", false)) {
+    end.state = JobState::timed_out;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "timed out after %g s", rec.spec.timeout_s);
+    end.reason = buf;
+  } else if (all_ok && !failure.is_object()) {
+    end.state = JobState::succeeded;
+  } else {
+    end.reason = outcome.contains("error") ? outcome["error"].get<std::string>() : describe_exit(failure);
+    retryable = true;
+  }
+
+  const int run = rec.attempt - rec.attempt_base;  // attempts since the job was submitted or restarted
+  if (retryable && run <= rec.spec.retries) {
+    double delay = std::min(m_config.retry_backoff_max_s, m_config.retry_backoff_s * std::pow(2.0, run - 1));
+    end.reason = "attempt " + std::to_string(rec.attempt) + " failed (" + end.reason + "); retry " +
+                 std::to_string(run) + "/" + std::to_string(rec.spec.retries) + " in " +
+                 std::to_string(static_cast<int>(std::ceil(delay))) + " s";
+    // Record the failed attempt's end, then the requeue, as two transitions of one transaction.
+    JobRecord failed = next_record(rec, end);
+    JobRecord queued = next_record(failed, event::Retried{now + delay, end.reason});
+    m_store->update_many({&failed, &queued});
+    a.rec = std::move(queued);
+    index(a);
+    schedule_soon();
+    return;
+  }
+  JobRecord ended = next_record(rec, end);
+  m_store->update(ended, true);
+  a.rec = std::move(ended);
+  finalize(a);
+  schedule_soon();
+}
+
+void Daemon::end_queued(std::vector<JobRecord> ended, const std::vector<JobRecord>& also) {
+  if (ended.empty() && also.empty()) return;
+  std::vector<const JobRecord*> rows, quiet;
+  for (const auto& r : ended) rows.push_back(&r);
+  for (const auto& r : also) quiet.push_back(&r);
+  m_store->update_many(rows, {}, quiet);  // throws before anything changed in memory
+  for (auto& r : ended) {
+    Active& a = m_active.at(r.id);
+    a.rec = std::move(r);
+    finalize(a);
+  }
+}
+
+void Daemon::index(const Active& a, bool fresh) {
+  if (!fresh) unindex(a.rec);
+  if (a.rec.state == JobState::running) m_running.insert(a.rec.id);
+  if (a.rec.state != JobState::queued) return;
+  // A held job is out of line, but still fails when a dependency does.
+  if (!a.rec.after.empty() && m_with_deps.insert(a.rec.id).second) ++m_needs_changed;
+  if (a.rec.held)
+    m_held.insert(a.rec.id);
+  else
+    m_queue[{-a.rec.spec.priority, a.rec.id}] = {pending_of(a.rec), a.rec.not_before, !a.rec.after.empty()};
+}
+
+void Daemon::unindex(const JobRecord& r) {
+  m_running.erase(r.id);
+  m_queue.erase({-r.spec.priority, r.id});
+  m_with_deps.erase(r.id);
+  m_held.erase(r.id);
+}
+
+void Daemon::finalize(Active& a) {
+  const std::int64_t id = a.rec.id;
+  m_terminal_cache[id] = a.rec.state;
+  unindex(a.rec);
+  m_active.erase(id);
+  notify_waiters();
+}
+
+// ---- events -------------------------------------------------------------------------------------
+
+bool Daemon::ingest(Active& a, bool ended) {
+  const std::string adir = attempt_dir(m_config.state_dir, a.rec.id, a.rec.attempt);
+  bool stored = true;
+  for (int r = 0; r < a.rec.spec.ranks; ++r) {
+    const std::string path = rank_events_path(adir, r);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) continue;
+    std::int64_t& offset = a.event_offsets[r];
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) st.st_size = 0;  // a fifo in its place: nothing to read
+    // Bounded reads: a job that floods its events file cannot balloon the daemon's memory. Each
+    // read starts one byte early, to tell whether the last one stopped inside a line.
+    constexpr std::int64_t k_chunk = 4 << 20;
+    while (st.st_size > offset) {
+      const std::int64_t from = offset > 0 ? offset - 1 : 0;
+      std::string buf(static_cast<std::size_t>(std::min<std::int64_t>(st.st_size - from, k_chunk)), '\0');
+      ssize_t n = ::pread(fd, buf.data(), buf.size(), from);
+      if (n <= offset - from) break;
+      buf.resize(static_cast<std::size_t>(n));
+      std::string_view data(buf);
+      const bool mid_line = offset > 0 && data[0] != '\n';
+      data.remove_prefix(static_cast<std::size_t>(offset - from));
+      const bool at_end = from + n >= st.st_size;  // an unterminated line here is the file's last
+      auto parsed = parse_events(data, r, wall_now(), mid_line, ended && at_end);
+      if (parsed.consumed == 0) break;  // an unfinished line: next time
+      JobRecord next = a.rec;
+      next.bad_event_lines += parsed.bad_lines + apply_events(next, parsed.events);
+      try {
+        m_store->add_events(next, r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
+      } catch (const RequestError& e) {
+        std::cerr << "gpuqd: job " << a.rec.id << ": cannot store events: " << e.what() << "\n";
+        stored = false;
+        break;
+      }
+      a.rec = std::move(next);
+      offset += static_cast<std::int64_t>(parsed.consumed);
+    }
+    ::close(fd);
+  }
+  return stored;
+}
+
+void Daemon::arm_ingest_timer() {
+  if (m_ingest_armed) return;
+  if (m_running.empty()) return;
+  m_ingest_armed = true;
+  m_ingest_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.ingest_interval_s * 1000)));
+  m_ingest_timer.async_wait([this](const boost::system::error_code& ec) {
+    m_ingest_armed = false;
+    if (ec) return;
+    for (std::int64_t id : m_running) ingest(m_active.at(id));
+    arm_ingest_timer();
+  });
+}
+
+}  // namespace gpuq::daemon

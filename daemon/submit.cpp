@@ -1,0 +1,104 @@
+// `submit`: a batch of jobs checked off gpuqd's thread, then written in parts.
+#include "daemon/daemon.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace gpuq::daemon {
+
+// ---- submit -------------------------------------------------------------------------------------
+
+// A submit is checked on a helper thread (check_batch: parsing, file-system lookups), then written
+// in parts, one per turn of gpuqd's loop (Store::insert_batch_part), so that no client waits
+// behind a 100,000-job matrix for more than a part's time. Submissions are written one at a time,
+// in the order their checks end; the jobs exist for other requests only once all are written.
+void Daemon::cmd_submit(common::SubmitRequest sub, Reply& reply) {
+  if (sub.cwd.empty() || sub.cwd[0] != '/')
+    throw RequestError(ErrorCode::bad_request, "field `cwd` must be the submitter's absolute working directory");
+  MachineFacts facts;
+  facts.gpus = static_cast<int>(m_inventory.gpus().size());
+  for (const auto& g : m_inventory.gpus()) facts.largest_gpu_mb = std::max(facts.largest_gpu_mb, g.memory_total_mb);
+  facts.gpu_source = m_inventory.source();
+  facts.have_worker = !m_config.worker_path.empty();
+  facts.default_retries = m_config.default_retries;
+  auto s = std::make_shared<Submission>();
+  s->reply = std::move(reply);
+  s->max_running = sub.max_running;
+  s->cwd = sub.cwd;
+  asio::post(m_check_thread, [this, s, sub = std::move(sub), facts]() mutable {
+    try {
+      s->checked = check_batch(std::move(sub), facts);
+    } catch (const std::exception& e) {  // out of memory, say: the submitter hears of it
+      s->checked = Error{ErrorCode::internal, std::string("internal error: ") + e.what()};
+    }
+    asio::post(m_io, [this, s] { submit_checked(s); });
+  });
+}
+
+void Daemon::submit_checked(const std::shared_ptr<Submission>& s) {
+  if (!s->checked) return s->reply(common::error_reply(s->checked.error()));
+  auto& batch = *s->checked;
+  std::map<std::int64_t, bool> known;  // each id looked up once, however many jobs name it
+  for (const auto& [i, id] : batch.outside_deps) {
+    auto [it, fresh] = known.try_emplace(id, false);
+    if (fresh) it->second = lookup(id).has_value();
+    if (!it->second) {
+      const auto& spec = batch.jobs[i].spec;
+      batch.problems.push_back("job[" + std::to_string(i) + "] (" + spec.name + "): `after` names " + missing_job(id));
+    }
+  }
+  if (!batch.problems.empty()) return s->reply(common::error_reply(batch.refusal()));
+  s->at = wall_now();
+  m_submissions.push_back(s);
+  if (m_submissions.size() == 1) write_submission();
+}
+
+void Daemon::write_submission() {
+  auto s = m_submissions.front();
+  auto& batch = *s->checked;
+  const std::size_t before = s->write.written;
+  bool complete = false;
+  try {
+    if (s->write.batch != 0 && paused_between_parts([this] { write_submission(); })) return;
+    complete = m_store->insert_batch_part(s->write, batch.jobs, batch.local_deps, s->cwd, json(batch.env), s->at,
+                                          s->max_running, part_deadline());
+  } catch (const std::exception& e) {
+    try {
+      m_store->discard_batch();
+    } catch (const RequestError&) {  // left hidden; the next batch, or the next start, discards it
+    }
+    s->reply(common::error_reply(ErrorCode::store_error, std::string(e.what()) + "; nothing was submitted"));
+    return next_submission();
+  }
+  // The part's jobs become records to go live, a part at a time too: for 100,000 jobs, making
+  // them all at the end held gpuqd's thread for 110 ms. Their ids are above every other.
+  for (std::size_t i = before; i < s->write.written; ++i) {
+    Active a;
+    a.rec = std::move(batch.jobs[i]);
+    s->staged.emplace_hint(s->staged.end(), a.rec.id, std::move(a));
+  }
+  if (!complete) return asio::post(m_io, [this] { write_submission(); });
+
+  if (s->max_running > 0) m_batch_limits[s->write.batch] = s->max_running;
+  common::SubmitReply out{s->write.batch, {}};
+  out.ids.reserve(s->staged.size());
+  for (const auto& [id, _] : s->staged) out.ids.push_back(id);
+  m_active.merge(s->staged);
+  for (auto it = m_active.find(out.ids.front()); it != m_active.end(); ++it) index(it->second, true);
+  schedule_soon();
+  s->reply(common::ok_reply(out));
+  next_submission();
+}
+
+void Daemon::next_submission() {
+  m_submissions.pop_front();
+  if (!m_submissions.empty()) asio::post(m_io, [this] { write_submission(); });
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,201 @@
+// gpuqd's request handlers in process: a Daemon over an in-memory store and fake GPUs, driven
+// through dispatch() as the server drives it, its io_context run until each reply arrives. No
+// socket and no client. Jobs launch for real, with /bin/false as their supervisor, which exits at
+// once without an exit record: every attempt fails, "the job's supervisor ended without recording
+// an outcome", which gives the tests ended jobs without running anything.
+#include <doctest/doctest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "daemon/daemon.hpp"
+
+using namespace gpuq::daemon;
+using gpuq::common::json;
+
+namespace {
+
+struct Core {
+  std::string dir;
+  asio::io_context io;
+  // Keeps run_one() waiting while a submit is checked on gpuqd's helper thread.
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  std::unique_ptr<Daemon> daemon;
+
+  explicit Core(const std::string& gpus = "fake:2:16000") {
+    char tmpl[] = "/tmp/gpuq-unit-handlers-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+    Config config;
+    config.state_dir = dir;
+    config.shim_path = "/bin/false";
+    config.retry_backoff_s = 0;
+    auto store = Store::open(":memory:");
+    REQUIRE(store);
+    auto inventory = Inventory::create(gpus, std::nullopt);
+    REQUIRE(inventory);
+    daemon = std::make_unique<Daemon>(io, config, std::move(*store), std::move(*inventory));
+    daemon->recover();
+  }
+  ~Core() {
+    daemon.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+
+  // The reply to `request`, running gpuqd's loop until it comes.
+  json call(const json& request) {
+    std::optional<json> reply;
+    daemon->dispatch(request, [&](json r) { reply = std::move(r); });
+    while (!reply) io.run_one();
+    return *reply;
+  }
+  // Its body; the test fails on an error reply.
+  json ok(const json& request) {
+    json r = call(request);
+    INFO(r.dump());
+    REQUIRE(r.value("ok", false));
+    return r;
+  }
+  std::string error_code(const json& request) {
+    json r = call(request);
+    INFO(r.dump());
+    REQUIRE_FALSE(r.value("ok", true));
+    return r["error"]["code"].get<std::string>();
+  }
+  std::vector<std::int64_t> submit(json jobs, bool hold = false) {
+    json r = ok({{"cmd", "submit"}, {"jobs", std::move(jobs)}, {"cwd", dir}, {"hold", hold}});
+    return r["ids"].get<std::vector<std::int64_t>>();
+  }
+  std::string state_of(std::int64_t id) { return ok({{"cmd", "show"}, {"id", id}})["job"]["state"].get<std::string>(); }
+};
+
+json job(const std::string& name, json extra = json::object()) {
+  json j{{"name", name}, {"command", {"true"}}};
+  j.update(extra);
+  return j;
+}
+
+}  // namespace
+
+TEST_SUITE_BEGIN("handlers");
+
+TEST_CASE("every command in the table is dispatched, and an unknown one is refused naming them all") {
+  Core core;
+  json r = core.call({{"cmd", "frobnicate"}});
+  REQUIRE_FALSE(r["ok"].get<bool>());
+  CHECK(r["error"]["code"] == "unknown_command");
+  const std::string message = r["error"]["message"];
+  CHECK(message.find("`frobnicate`") != std::string::npos);
+  CHECK(Daemon::commands().size() >= 17);
+  for (const auto& c : Daemon::commands()) {
+    CAPTURE(c.name);
+    CHECK(message.find(std::string(c.name)) != std::string::npos);
+    if (c.name == "shutdown") continue;
+    // A request with no fields reaches the command's own decoder: whatever it says, it is not
+    // "unknown command".
+    json reply = core.call({{"cmd", std::string(c.name)}});
+    CHECK(reply.dump().find("unknown_command") == std::string::npos);
+  }
+  CHECK(core.error_code(json::array()) == "bad_request");
+  CHECK(core.error_code({{"cmd", 7}}) == "bad_request");
+}
+
+TEST_CASE("a field of the wrong type is refused by the command's decoder, naming the field") {
+  Core core;
+  json r = core.call({{"cmd", "status"}, {"limit", "many"}});
+  CHECK(r["error"]["code"] == "bad_request");
+  CHECK(r["error"]["message"].get<std::string>().find("`limit`") != std::string::npos);
+  r = core.call({{"cmd", "cancel"}, {"ids", {0}}});
+  CHECK(r["error"]["message"].get<std::string>().find("`ids`") != std::string::npos);
+}
+
+TEST_CASE("held jobs stay queued until released; a queued job cancelled ends at once") {
+  Core core;
+  auto ids = core.submit(json::array({job("a"), job("b")}), /*hold=*/true);
+  REQUIRE(ids.size() == 2);
+  json status = core.ok({{"cmd", "status"}});
+  REQUIRE(status["jobs"].size() == 2);
+  for (const auto& j : status["jobs"]) {
+    CHECK(j["state"] == "queued");
+    CHECK(j["held"] == true);
+  }
+  json cancel = core.ok({{"cmd", "cancel"}, {"ids", {ids[1]}}});
+  CHECK(cancel["jobs"][0]["state"] == "cancelled");
+  CHECK(cancel["jobs"][0]["changed"] == true);
+  CHECK(core.state_of(ids[1]) == "cancelled");
+  // Cancelling again changes nothing, and says so.
+  cancel = core.ok({{"cmd", "cancel"}, {"ids", {ids[1]}}});
+  CHECK(cancel["jobs"][0]["changed"] == false);
+
+  json released = core.ok({{"cmd", "release"}, {"ids", {ids[0]}}});
+  CHECK(released["jobs"][0]["changed"] == true);
+  // Released, it runs under /bin/false as its supervisor and fails: wait answers once it has.
+  json waited = core.ok({{"cmd", "wait"}, {"ids", {ids[0]}}});
+  REQUIRE(waited["jobs"].size() == 1);
+  CHECK(waited["jobs"][0]["state"] == "failed");
+  CHECK(waited["jobs"][0]["reason"].get<std::string>().find("without recording an outcome") != std::string::npos);
+}
+
+TEST_CASE("restart takes the jobs that failed waiting for the restarted one, and says which") {
+  Core core;
+  auto ids = core.submit(json::array({job("head"), job("tail", {{"after", {"head"}}})}));
+  REQUIRE(ids.size() == 2);
+  json waited = core.ok({{"cmd", "wait"}, {"ids", ids}});
+  CHECK(core.state_of(ids[0]) == "failed");
+  CHECK(core.state_of(ids[1]) == "failed");  // for its dependency: it never ran
+  CHECK(core.ok({{"cmd", "show"}, {"id", ids[1]}})["job"]["attempt"] == 0);
+
+  // The tail alone cannot restart: it would wait for a job that failed.
+  CHECK(core.error_code({{"cmd", "restart"}, {"ids", {ids[1]}}}) == "wrong_state");
+  json restarted = core.ok({{"cmd", "restart"}, {"ids", {ids[0]}}, {"fresh", true}});
+  REQUIRE(restarted["jobs"].size() == 2);
+  CHECK(restarted["total"] == 2);
+  CHECK(restarted["jobs"][0]["id"] == ids[0]);
+  CHECK(restarted["jobs"][0]["with"] == 0);
+  CHECK(restarted["jobs"][1]["id"] == ids[1]);
+  CHECK(restarted["jobs"][1]["with"] == ids[0]);
+  CHECK(restarted["along"] == 1);
+  // Both run (and fail) again: the head its second attempt, the tail fails waiting for it again.
+  core.ok({{"cmd", "wait"}, {"ids", ids}});
+  json head = core.ok({{"cmd", "show"}, {"id", ids[0]}});
+  CHECK(head["job"]["restarts"] == 1);
+  CHECK(head["job"]["attempt"] == 2);
+}
+
+TEST_CASE("clean --forget keeps an ended job that a queued job still waits for, and says why") {
+  Core core;
+  auto first = core.submit(job("done"));
+  core.ok({{"cmd", "wait"}, {"ids", first}});
+  auto second = core.submit(job("later", {{"after", {first[0]}}}), /*hold=*/true);
+  // Named by id, a needed job is refused rather than kept.
+  CHECK(core.error_code({{"cmd", "clean"}, {"ids", first}, {"forget", true}}) == "wrong_state");
+  // Chosen by age, it is kept, naming the job that waits for it.
+  json by_age = core.call({{"cmd", "clean"}, {"ended_before", 4e9}, {"forget", true}});
+  INFO(by_age.dump());
+  REQUIRE(by_age["ok"] == true);
+  REQUIRE(by_age["kept"].size() == 1);
+  CHECK(by_age["kept"][0]["id"] == first[0]);
+  CHECK(by_age["kept"][0]["reason"].get<std::string>().find(std::to_string(second[0])) != std::string::npos);
+  CHECK(core.state_of(first[0]) == "failed");
+  // Once the waiting job is gone, the old one can go.
+  core.ok({{"cmd", "cancel"}, {"ids", second}});
+  core.ok({{"cmd", "clean"}, {"ended_before", 4e9}, {"forget", true}});
+  CHECK(core.error_code({{"cmd", "show"}, {"id", first[0]}}) == "not_found");
+}
+
+TEST_CASE("update moves a queued job in line, all or nothing") {
+  Core core;
+  auto ids = core.submit(json::array({job("low"), job("high")}), /*hold=*/true);
+  core.ok({{"cmd", "update"}, {"ids", {ids[1]}}, {"set", {{"priority", 5}}}});
+  CHECK(core.ok({{"cmd", "show"}, {"id", ids[1]}})["job"]["priority"] == 5);
+  // One job that does not exist: neither changes.
+  CHECK(core.error_code({{"cmd", "update"}, {"ids", {ids[0], 999}}, {"set", {{"priority", 9}}}}) == "not_found");
+  CHECK(core.ok({{"cmd", "show"}, {"id", ids[0]}})["job"]["priority"] == 0);
+  CHECK(core.error_code({{"cmd", "update"}, {"ids", {ids[0]}}, {"set", {{"priority", "high"}}}}) != "");
+}
+
+TEST_SUITE_END();
