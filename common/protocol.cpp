@@ -261,6 +261,84 @@ EventsRequest decode_events(const json& j) {
   return r;
 }
 
+// ---- encoders ------------------------------------------------------------------------------
+
+namespace {
+json with_selection(json j, const SelectRequest& r) {
+  if (!r.ids.empty()) j["ids"] = r.ids;
+  if (r.batch != 0) j["batch"] = r.batch;
+  return j;
+}
+}  // namespace
+
+json encode(const HelloRequest& r) {
+  return {{"cmd", "hello"}, {"protocol_version", r.protocol_version}, {"client", r.client}};
+}
+
+json encode(const SubmitRequest& r) {
+  json j{{"cmd", "submit"}, {"jobs", r.jobs}, {"cwd", r.cwd}, {"env", r.env}, {"hold", r.hold}};
+  if (r.max_running != 0) j["max_running"] = r.max_running;
+  return j;
+}
+
+json encode(const StatusRequest& r) {
+  json j{{"cmd", "status"}, {"all", r.all},     {"limit", r.limit},
+         {"after", r.after}, {"page", r.page}, {"queued", r.queued}};
+  if (r.filter.batch != 0) j["batch"] = r.filter.batch;
+  if (!r.filter.states.empty()) j["states"] = r.filter.states;
+  if (!r.filter.name.empty()) j["name"] = r.filter.name;
+  return j;
+}
+
+json encode(std::string_view cmd, const IdRequest& r) { return {{"cmd", cmd}, {"id", r.id}}; }
+
+json encode(std::string_view cmd, const IdsRequest& r) {
+  json j{{"cmd", cmd}, {"ids", r.ids}};
+  if (r.timeout_s != 0) j["timeout_s"] = r.timeout_s;
+  return j;
+}
+
+json encode(std::string_view cmd, const SelectRequest& r) { return with_selection({{"cmd", cmd}}, r); }
+
+json encode(const RestartRequest& r) { return with_selection({{"cmd", "restart"}, {"fresh", r.fresh}}, r); }
+
+json encode(const CleanRequest& r) {
+  json j = with_selection({{"cmd", "clean"}, {"checkpoints_only", r.checkpoints_only}, {"forget", r.forget}}, r);
+  if (r.ended_before != 0) j["ended_before"] = r.ended_before;
+  return j;
+}
+
+json encode(const UpdateRequest& r) {
+  json set = json::object();
+  if (r.priority) set["priority"] = *r.priority;
+  if (r.retries) set["retries"] = *r.retries;
+  if (r.timeout_s) set["timeout_s"] = *r.timeout_s > 0 ? json(*r.timeout_s) : json(nullptr);
+  if (r.max_running) set["max_running"] = *r.max_running > 0 ? json(*r.max_running) : json(nullptr);
+  return with_selection({{"cmd", "update"}, {"set", std::move(set)}}, r);
+}
+
+json encode(std::string_view cmd, const DrainRequest& r) {
+  json gpus = json::array();
+  for (int g : r.gpus) gpus.push_back(g);
+  for (const auto& u : r.uuids) gpus.push_back(u);
+  json j{{"cmd", cmd}, {"gpus", std::move(gpus)}};
+  if (!r.reason.empty()) j["reason"] = r.reason;
+  return j;
+}
+
+json encode(const ResultsRequest& r) {
+  json j{{"cmd", "results"}, {"after", r.after}, {"page", r.page}};
+  if (!r.ids.empty()) j["ids"] = r.ids;
+  if (r.batch != 0) j["batch"] = r.batch;
+  return j;
+}
+
+json encode(const EventsRequest& r) {
+  json j{{"cmd", "events"}, {"id", r.id}, {"attempt", r.attempt}, {"after", r.after}, {"page", r.page}};
+  if (!r.type.empty()) j["type"] = r.type;
+  return j;
+}
+
 json ok_reply(json body) {
   if (!body.is_object()) body = json::object();
   body["ok"] = true;

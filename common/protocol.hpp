@@ -105,6 +105,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpuInfo, index, uuid, name, memo
 struct HelloRequest {
   int protocol_version = k_protocol_version;
   std::string client;
+  bool operator==(const HelloRequest&) const = default;
 };
 constexpr int k_max_running_limit = 1000000;  // the largest batch limit on running jobs
 // Every reply that lists jobs is bounded, so no request can make gpuqd build a huge reply or hold
@@ -121,6 +122,7 @@ struct SubmitRequest {
   std::map<std::string, std::string> env;  // the submitter's environment, the jobs' base env
   bool hold = false;  // queue the jobs held: none starts before `release`
   int max_running = 0;  // at most this many of the batch's jobs run at once (0: no limit)
+  bool operator==(const SubmitRequest&) const = default;
 };
 // Which jobs a status lists: all three must hold (an empty one holds for every job).
 struct JobFilter {
@@ -128,6 +130,7 @@ struct JobFilter {
   std::vector<std::string> states;  // jobs in one of these states ("queued", "failed", …)
   std::string name;                 // names matching this shell-style glob: * ? [...]
   bool empty() const { return batch == 0 && states.empty() && name.empty(); }
+  bool operator==(const JobFilter&) const = default;
 };
 bool matches(const JobFilter& f, std::int64_t batch, std::string_view state, const std::string& name);
 
@@ -143,37 +146,45 @@ struct StatusRequest {
   // Without all: at most this many queued jobs, the first in line, up to k_max_reply_jobs; -1 =
   // as many as a reply holds. `queued_total` counts them all.
   std::int64_t queued = -1;
+  bool operator==(const StatusRequest&) const = default;
 };
 struct IdRequest {  // show
   std::int64_t id = 0;
+  bool operator==(const IdRequest&) const = default;
 };
 struct IdsRequest {  // cancel, wait
   std::vector<std::int64_t> ids;  // each once, in the order first named
   double timeout_s = 0;  // wait only: 0 = until done
+  bool operator==(const IdsRequest&) const = default;
 };
 // Jobs named by id and by batch: hold and release (the batch's queued jobs), and the requests below.
 struct SelectRequest {
   std::vector<std::int64_t> ids;
   std::int64_t batch = 0;  // and this batch's jobs the command applies to
+  bool operator==(const SelectRequest&) const = default;
 };
 struct RestartRequest : SelectRequest {  // ids: ended jobs; batch: its jobs that ended without success
   bool fresh = false;                     // empty their checkpoint directories: start over, not resume
+  bool operator==(const RestartRequest&) const = default;
 };
 struct DrainRequest {  // drain, undrain
   std::vector<int> gpus;           // GPU indices, as `gpuq gpus` shows them
   std::vector<std::string> uuids;  // and GPUs by UUID, or a prefix of one naming one GPU ("GPU-1a2b")
   std::string reason;     // drain: why
+  bool operator==(const DrainRequest&) const = default;
 };
 struct UpdateRequest : SelectRequest {  // ids: queued jobs (running ones: `priority` and `retries` only)
   // From `set`, checked as a job spec's fields are: the ones to change.
   std::optional<int> priority, retries;
   std::optional<double> timeout_s;  // 0: no timeout (`"timeout_s": null`)
   std::optional<int> max_running;   // the batch's limit (needs `batch`); 0: none (`null`)
+  bool operator==(const UpdateRequest&) const = default;
 };
 struct CleanRequest : SelectRequest {  // ids: ended jobs; batch: its ended jobs
   double ended_before = 0;        // > 0: only jobs that ended before this time (alone: every such job)
   bool checkpoints_only = false;  // remove the checkpoints, keep the logs
   bool forget = false;            // remove the jobs' records too (not with checkpoints_only)
+  bool operator==(const CleanRequest&) const = default;
 };
 struct ResultsRequest {
   std::vector<std::int64_t> ids;  // each once, ascending, whatever the request repeated
@@ -182,6 +193,7 @@ struct ResultsRequest {
   // (1..k_max_reply_jobs); the reply's `more` says whether another page follows.
   std::int64_t after = 0;
   int page = k_max_reply_jobs;
+  bool operator==(const ResultsRequest&) const = default;
 };
 
 struct EventsRequest {
@@ -190,6 +202,7 @@ struct EventsRequest {
   std::string type;        // "progress", "result", or "" for both
   std::int64_t after = 0;  // events with seq above this (paging: the last seq received)
   int page = 10000;        // 1..100000
+  bool operator==(const EventsRequest&) const = default;
 };
 
 // Decoders: throw RequestError(bad_request) naming the field on a wrong type.
@@ -206,6 +219,22 @@ CleanRequest decode_clean(const json& j);
 UpdateRequest decode_update(const json& j);
 DrainRequest decode_drain(const json& j);
 EventsRequest decode_events(const json& j);
+
+// Encoders: the same requests from the client's side, as {"cmd": cmd, ...fields}; each decoder
+// above reads back what its encoder wrote (tests/unit/test_protocol.cpp). `cmd` names the command
+// where one struct serves several (cancel and wait; hold and release; drain and undrain).
+json encode(const HelloRequest& r);
+json encode(const SubmitRequest& r);
+json encode(const StatusRequest& r);
+json encode(std::string_view cmd, const IdRequest& r);    // show
+json encode(std::string_view cmd, const IdsRequest& r);   // cancel, wait
+json encode(std::string_view cmd, const SelectRequest& r);  // hold, release
+json encode(const RestartRequest& r);
+json encode(const CleanRequest& r);
+json encode(const UpdateRequest& r);
+json encode(std::string_view cmd, const DrainRequest& r);  // drain, undrain
+json encode(const ResultsRequest& r);
+json encode(const EventsRequest& r);
 
 // ---- replies ----------------------------------------------------------------------------------
 

@@ -159,6 +159,78 @@ TEST_CASE("every error code has a stable wire name") {
     CHECK(gpuq::error_code_from_string(gpuq::to_string(c)) == c);
 }
 
+TEST_CASE("every request the client encodes decodes to the same request in gpuqd") {
+  HelloRequest hello{k_protocol_version, "gpuq"};
+  CHECK(decode_hello(encode(hello)) == hello);
+  CHECK(encode(hello)["cmd"] == "hello");
+
+  SubmitRequest submit;
+  submit.jobs = json::array({{{"command", {"true"}}}});
+  submit.cwd = "/home/u";
+  submit.env = {{"PATH", "/usr/bin"}};
+  submit.hold = true;
+  submit.max_running = 3;
+  CHECK(decode_submit(encode(submit)) == submit);
+
+  StatusRequest status;
+  CHECK(decode_status(encode(status)) == status);
+  status.all = true;
+  status.after = 40;
+  status.page = 7;
+  status.queued = 12;
+  status.limit = 0;
+  status.filter = {3, {"failed", "timed_out"}, "lr-*"};
+  CHECK(decode_status(encode(status)) == status);
+
+  IdRequest show{9};
+  CHECK(decode_id(encode("show", show)) == show);
+  IdsRequest wait{{4, 2, 9}, 1.5};
+  CHECK(decode_ids(encode("wait", wait)) == wait);
+  CHECK(encode("cancel", IdsRequest{{1}})["cmd"] == "cancel");
+
+  SelectRequest hold{{5, 6}, 0};
+  CHECK(decode_select(encode("hold", hold)) == hold);
+  SelectRequest release{{}, 8};
+  CHECK(decode_select(encode("release", release)) == release);
+
+  RestartRequest restart;
+  restart.batch = 2;
+  restart.fresh = true;
+  CHECK(decode_restart(encode(restart)) == restart);
+
+  CleanRequest clean;
+  clean.ids = {3};
+  clean.ended_before = 1.7e9;
+  clean.forget = true;
+  CHECK(decode_clean(encode(clean)) == clean);
+  CleanRequest by_age;
+  by_age.ended_before = 12;
+  by_age.checkpoints_only = true;
+  CHECK(decode_clean(encode(by_age)) == by_age);
+
+  UpdateRequest update;
+  update.batch = 4;
+  update.priority = -3;
+  update.retries = 2;
+  update.timeout_s = 0;  // no timeout: sent as null
+  update.max_running = 0;  // no limit: sent as null
+  CHECK(encode(update)["set"]["timeout_s"].is_null());
+  CHECK(decode_update(encode(update)) == update);
+  update.timeout_s = 90;
+  update.max_running = 5;
+  update.retries.reset();
+  CHECK(decode_update(encode(update)) == update);
+
+  DrainRequest drain{{0, 3}, {"GPU-1a2b"}, "fan"};
+  CHECK(decode_drain(encode("drain", drain)) == drain);
+
+  ResultsRequest results{{2, 5}, 3, 4, 100};
+  CHECK(decode_results(encode(results)) == results);
+
+  EventsRequest events{7, 2, "progress", 100, 50};
+  CHECK(decode_events(encode(events)) == events);
+}
+
 TEST_SUITE_END();
 
 TEST_SUITE_BEGIN("protocol");

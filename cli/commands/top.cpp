@@ -14,7 +14,7 @@
 #include <ctime>
 #include <iostream>
 
-#include "cli/commands.hpp"
+#include "cli/commands/register.hpp"
 #include "cli/format.hpp"
 #include "cli/progress.hpp"
 #include "cli/rpc.hpp"
@@ -153,7 +153,9 @@ TopSnapshot snapshot(const Options& o, std::optional<common::Client>& client) {
       client.emplace(std::move(*c));
     }
     auto g = client->call({{"cmd", "gpus"}});
-    auto j = g ? client->call({{"cmd", "status"}, {"limit", 15}}) : g;
+    common::StatusRequest status;
+    status.limit = 15;
+    auto j = g ? client->call(common::encode(status)) : g;
     if (g && j) {
       s.error.clear();
       s.daemon_version = client->hello().value("daemon_version", "");
@@ -226,6 +228,18 @@ int cmd_top(const Options& o, double interval_s, bool once) {
   }
   restore_terminal();
   return k_exit_ok;
+}
+
+void add_top(CLI::App& app, Context& ctx) {
+  struct Args {
+    double interval_s = 1;
+    bool once = false;
+  };
+  auto a = args<Args>();
+  auto* sub = app.add_subcommand("top", "Live full-screen view of GPUs and jobs (q quits)");
+  sub->add_option("--interval,-i", a->interval_s, "Seconds between refreshes")->check(CLI::Range(0.1, 3600.0))->capture_default_str();
+  sub->add_flag("--once", a->once, "Print one frame and exit (also when stdout is not a terminal)");
+  sub->callback([&ctx, a] { ctx.run = [&ctx, a] { return cmd_top(ctx.opt, a->interval_s, a->once); }; });
 }
 
 }  // namespace gpuq::cli

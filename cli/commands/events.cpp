@@ -4,7 +4,7 @@
 #include <fstream>
 #include <iostream>
 
-#include "cli/commands.hpp"
+#include "cli/commands/register.hpp"
 #include "cli/format.hpp"
 #include "cli/plot.hpp"
 #include "cli/rpc.hpp"
@@ -14,6 +14,18 @@ namespace gpuq::cli {
 using json = nlohmann::json;
 
 namespace {
+
+struct PlotArgs {
+  std::vector<std::int64_t> ids;
+  std::int64_t batch = 0;
+  std::string output;  // .png or .svg
+  std::string x = "auto";
+  std::vector<std::string> metrics;  // empty: the loss and accuracy fields
+  int attempt = 0;                   // 0: each job's latest
+  std::string title;
+  int width = 1100;
+  bool log_y = false;
+};
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -29,7 +41,7 @@ Result<std::vector<common::Event>> fetch_events(common::Client& client, std::int
                                                 const std::string& type, int* attempt_out = nullptr) {
   std::vector<common::Event> out;
   for (std::int64_t after = 0;;) {
-    auto r = client.call({{"cmd", "events"}, {"id", id}, {"attempt", attempt}, {"type", type}, {"after", after}});
+    auto r = client.call(common::encode(common::EventsRequest{id, attempt, type, after}));
     if (!r) return r.error();
     auto page = r->get<common::EventsReply>();
     if (attempt_out) *attempt_out = page.attempt;
@@ -39,7 +51,6 @@ Result<std::vector<common::Event>> fetch_events(common::Client& client, std::int
   }
 }
 
-}  // namespace
 
 int cmd_plot(const Options& o, const PlotArgs& a) {
   const std::string ext = lower(a.output);
@@ -61,7 +72,9 @@ int cmd_plot(const Options& o, const PlotArgs& a) {
   // Names and events of every job
   auto client = common::Client::connect(o.socket);
   if (!client) return report(client.error());
-  auto info = all_results(*client, {{"cmd", "results"}, {"ids", a.ids}});
+  common::ResultsRequest req;
+  req.ids = a.ids;
+  auto info = all_results(*client, req);
   if (!info) return report(info.error());
   const auto jobs = std::move(info->jobs);
   std::vector<std::vector<common::Event>> events;
@@ -167,6 +180,44 @@ int cmd_events(const Options& o, std::int64_t id, int attempt, const std::string
   }
   t.print(std::cout);
   return k_exit_ok;
+}
+
+}  // namespace
+
+void add_plot(CLI::App& app, Context& ctx) {
+  auto a = args<PlotArgs>();
+  auto* sub = app.add_subcommand("plot", "Draw jobs' training curves (loss, accuracy) into one PNG or SVG chart");
+  sub->add_option("ids", a->ids, "Job ids");
+  sub->add_option("--batch,-b", a->batch, "Every job of this batch (besides any ids)");
+  sub->add_option("--output,-o", a->output, "The picture: FILE.png or FILE.svg")->required();
+  sub->add_option("--x", a->x, "x axis: auto (epoch, else step, else time), epoch, step or time")->capture_default_str();
+  sub->add_option("--metric,-m", a->metrics, "A progress field to plot (repeatable; default: the loss and accuracy fields)");
+  sub->add_option("--attempt", a->attempt, "Plot this attempt (default: each job's latest)");
+  sub->add_option("--title", a->title, "Chart title (default: the jobs' names)");
+  sub->add_flag("--log-y", a->log_y, "Log scale for every panel of positive values (losses spanning 3 decades get one anyway)");
+  sub->add_option("--width", a->width, "Picture width in pixels")->check(CLI::Range(400, 8000))->capture_default_str();
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, a] {
+    ctx.run = [&ctx, a] {
+      int code = add_batch_ids(ctx.opt, a->batch, a->ids);
+      return code ? code : cmd_plot(ctx.opt, *a);
+    };
+  });
+}
+
+void add_events(CLI::App& app, Context& ctx) {
+  struct Args {
+    std::int64_t id = 0;
+    int attempt = 0;
+    std::string type;
+  };
+  auto a = args<Args>();
+  auto* sub = app.add_subcommand("events", "A job's progress and result events, as it reported them");
+  sub->add_option("id", a->id, "Job id")->required();
+  sub->add_option("--attempt", a->attempt, "This attempt (default: the latest)");
+  sub->add_option("--type", a->type, "Only progress or only result events");
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, a] { ctx.run = [&ctx, a] { return cmd_events(ctx.opt, a->id, a->attempt, a->type); }; });
 }
 
 }  // namespace gpuq::cli

@@ -1,0 +1,167 @@
+// gpuqd itself: `gpuq daemon start|stop|status`, and `gpuq config`.
+#include <spawn.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands/register.hpp"
+#include "cli/format.hpp"
+#include "cli/progress.hpp"
+#include "cli/rpc.hpp"
+#include "common/client.hpp"
+#include "common/paths.hpp"
+#include "common/protocol.hpp"
+#include "common/spec.hpp"
+
+namespace gpuq::cli {
+
+using json = nlohmann::json;
+using common::Client;
+
+namespace {
+
+std::string self_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  buf[n] = 0;
+  return common::parent_dir(buf);
+}
+
+int cmd_config(const Options& o, const common::Settings& s, const std::string& socket_flag) {
+  const std::string path = common::config_path();
+  json settings = json::object();
+  auto add = [&](const char* key, const auto& value) {
+    if (value) settings[key] = {{"value", *value}, {"from", s.source.at(key)}};
+  };
+  add("socket", s.socket);
+  add("state_dir", s.state_dir);
+  add("gpus", s.gpus);
+  add("log_limit_mb", s.log_limit_mb);
+  add("retries", s.retries);
+  add("grace_s", s.grace_s);
+  add("retry_backoff_s", s.retry_backoff_s);
+  add("idle_timeout_s", s.idle_timeout_s);
+  add("cpu_slots", s.cpu_slots);
+  add("health_interval_s", s.health_interval_s);
+  add("forget_after_s", s.forget_after_s);
+  add("reconnect_s", s.reconnect_s);
+  if (!socket_flag.empty()) settings["socket"] = {{"value", o.socket}, {"from", socket_flag}};
+  if (o.json) {
+    print_json({{"file", path}, {"file_found", !s.file.empty()}, {"socket", o.socket}, {"settings", settings}});
+    return k_exit_ok;
+  }
+  std::cout << "configuration file: " << (path.empty() ? "none ($GPUQ_CONFIG is empty)" : path)
+            << (path.empty() || !s.file.empty() ? "" : " (not present)") << "\n"
+            << "socket: " << o.socket << (settings.contains("socket") ? "" : " (default)") << "\n";
+  if (settings.empty()) {
+    std::cout << "no settings from the file or the environment; gpuqd uses its built-in defaults\n";
+    return k_exit_ok;
+  }
+  Table t({"SETTING", "VALUE", "FROM"});
+  for (const auto& [k, v] : settings.items()) t.add({k, format_value(v["value"]), v["from"].get<std::string>()});
+  t.print(std::cout);
+  return k_exit_ok;
+}
+
+int cmd_daemon_start(const Options& o, const std::string& state_dir, const std::string& gpus) {
+  if (auto c = Client::connect(o.socket)) {
+    std::cout << "gpuqd is already running on " << o.socket << " (pid " << c->hello().value("pid", 0) << ")\n";
+    return k_exit_ok;
+  }
+  std::string gpuqd = self_dir() + "/gpuqd";
+  if (::access(gpuqd.c_str(), X_OK) != 0) gpuqd = "gpuqd";  // installed elsewhere: use PATH
+  std::vector<std::string> args{gpuqd, "--socket", o.socket};
+  if (!state_dir.empty()) args.insert(args.end(), {"--state-dir", state_dir});
+  if (!gpus.empty()) args.insert(args.end(), {"--gpus", gpus});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (::posix_spawnp(&pid, gpuqd.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    std::cerr << "gpuq: cannot run " << gpuqd << "\n";
+    return k_exit_unavailable;
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);  // gpuqd returns once it listens (or failed, with its message)
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return k_exit_unavailable;
+  std::cout << "gpuqd started on " << o.socket << "\n";
+  return k_exit_ok;
+}
+
+int cmd_daemon_stop(const Options& o) {
+  auto c = Client::connect(o.socket);
+  if (!c) {
+    std::cout << "gpuqd is not running on " << o.socket << "\n";
+    return k_exit_ok;
+  }
+  if (auto r = c->call({{"cmd", "shutdown"}}); !r) return report(r.error());
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!Client::connect(o.socket)) {
+      std::cout << "gpuqd stopped (running jobs keep running and are re-adopted at the next start)\n";
+      return k_exit_ok;
+    }
+  }
+  std::cerr << "gpuq: gpuqd did not stop within 5 s\n";
+  return k_exit_unavailable;
+}
+
+int cmd_daemon_status(const Options& o) {
+  auto c = Client::connect(o.socket);
+  if (!c) {
+    if (o.json) print_json({{"running", false}, {"socket", o.socket}});
+    else std::cout << "gpuqd is not running on " << o.socket << "\n";
+    return k_exit_unavailable;
+  }
+  const auto& h = c->hello();
+  if (o.json) {
+    print_json({{"running", true}, {"socket", o.socket}, {"pid", h.value("pid", 0)}, {"version", h.value("daemon_version", "")},
+                {"state_dir", h.value("state_dir", "")}});
+  } else {
+    std::cout << "gpuqd " << h.value("daemon_version", "?") << " running, pid " << h.value("pid", 0) << "\n  socket:    "
+              << o.socket << "\n  state dir: " << h.value("state_dir", "?") << "\n";
+  }
+  return k_exit_ok;
+}
+
+}  // namespace
+
+
+
+void add_config(CLI::App& app, Context& ctx) {
+  auto* sub = app.add_subcommand("config", "Show the settings in effect and where each comes from");
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx] { ctx.run = [&ctx] { return cmd_config(ctx.opt, ctx.settings, ctx.socket_flag); }; });
+}
+
+void add_daemon(CLI::App& app, Context& ctx) {
+  struct Args {
+    std::string state_dir, gpus;
+  };
+  auto a = args<Args>();
+  auto* daemon = app.add_subcommand("daemon", "Start, stop or check gpuqd");
+  daemon->require_subcommand(1);
+  auto* start = daemon->add_subcommand("start", "Start gpuqd in the background (no-op if running)");
+  start->add_option("--state-dir", a->state_dir, "State directory");
+  start->add_option("--gpus", a->gpus, "auto, nvml, none or fake:N[:MiB[:NODES]]");
+  start->callback([&ctx, a] { ctx.run = [&ctx, a] { return cmd_daemon_start(ctx.opt, a->state_dir, a->gpus); }; });
+  auto* stop = daemon->add_subcommand("stop", "Stop gpuqd (running jobs keep running)");
+  stop->callback([&ctx] { ctx.run = [&ctx] { return cmd_daemon_stop(ctx.opt); }; });
+  auto* status = daemon->add_subcommand("status", "Is gpuqd running? Exit 3 if not");
+  add_json_flag(status, ctx);
+  status->callback([&ctx] { ctx.run = [&ctx] { return cmd_daemon_status(ctx.opt); }; });
+}
+
+}  // namespace gpuq::cli

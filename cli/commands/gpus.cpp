@@ -1,0 +1,112 @@
+// The GPUs: gpus, drain, undrain.
+#include <spawn.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands/register.hpp"
+#include "cli/format.hpp"
+#include "cli/progress.hpp"
+#include "cli/rpc.hpp"
+#include "common/client.hpp"
+#include "common/paths.hpp"
+#include "common/protocol.hpp"
+#include "common/spec.hpp"
+
+namespace gpuq::cli {
+
+using json = nlohmann::json;
+using common::Client;
+
+namespace {
+
+int gpus_request(const Options& o, const json& req);
+
+int cmd_drain(const Options& o, const std::vector<std::string>& names, bool drain, const std::string& reason) {
+  common::DrainRequest req;
+  req.reason = reason;
+  for (const auto& name : names) {
+    if (const auto index = parse_int(name, 0, INT_MAX)) req.gpus.push_back(*index);
+    else if (name.rfind("GPU-", 0) == 0 || name.rfind("MIG-", 0) == 0) req.uuids.push_back(name);
+    else {
+      std::cerr << "gpuq " << (drain ? "drain" : "undrain") << ": " << name
+                << " is neither a GPU index nor a UUID (GPU-…)\n";
+      return k_exit_usage;
+    }
+  }
+  return gpus_request(o, common::encode(drain ? "drain" : "undrain", req));
+}
+
+// Sends a request answered with the GPUs (gpus, drain, undrain) and prints them.
+int gpus_request(const Options& o, const json& req) {
+  int code = 0;
+  auto reply = request(o, req, code);
+  if (!reply) return code;
+  if (o.json) {
+    reply->erase("ok");
+    print_json(*reply);
+    return k_exit_ok;
+  }
+  auto g = reply->get<common::GpusReply>();
+  std::cout << g.gpus.size() << " GPU(s) from " << g.source << "; CPU slots " << g.cpu_slots_used << " of "
+            << g.cpu_slots << " in use (cores " << g.cores << ")\n";
+  if (g.gpus.empty()) return k_exit_ok;
+  // The NUMA column only where some GPU's node is known (machines with several sockets).
+  const bool numa = std::any_of(g.gpus.begin(), g.gpus.end(), [](const auto& x) { return x.numa_node.is_number(); });
+  std::vector<std::string> header{"GPU", "NAME", "MEMORY", "USED", "UTIL", "GPUQ", "JOBS"};
+  if (numa) header.insert(header.begin() + 2, "NUMA");
+  Table t(header);
+  for (const auto& x : g.gpus) {
+    std::string jobs;
+    for (auto id : x.jobs) jobs += (jobs.empty() ? "" : ",") + std::to_string(id);
+    std::string held = x.jobs.empty() ? "free" : x.exclusive ? "exclusive" : std::to_string(x.allocated_mb) + " MiB shared";
+    if (x.drained) held = "drained" + (x.jobs.empty() ? std::string() : ", " + held) + ": " + x.drain_reason;
+    std::vector<std::string> row{std::to_string(x.index), x.name, std::to_string(x.memory_total_mb) + " MiB",
+                                 x.memory_used_mb.is_number() ? x.memory_used_mb.dump() + " MiB" : "-",
+                                 x.utilization.is_number() ? x.utilization.dump() + "%" : "-", held,
+                                 jobs.empty() ? "-" : jobs};
+    if (numa) row.insert(row.begin() + 2, x.numa_node.is_number() ? x.numa_node.dump() : "-");
+    t.add(row);
+  }
+  t.print(std::cout);
+  return k_exit_ok;
+}
+
+}  // namespace
+
+
+
+void add_gpus(CLI::App& app, Context& ctx) {
+  auto* sub = app.add_subcommand("gpus", "GPUs, their memory and which jobs hold them");
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx] { ctx.run = [&ctx] { return gpus_request(ctx.opt, {{"cmd", "gpus"}}); }; });
+}
+
+void add_drain(CLI::App& app, Context& ctx) {
+  for (const bool draining : {true, false}) {
+    struct Args {
+      std::vector<std::string> gpus;
+      std::string reason;
+    };
+    auto a = args<Args>();
+    auto* sub = draining ? app.add_subcommand("drain", "Take GPUs out of service: no job is given them (jobs on them run on)")
+                         : app.add_subcommand("undrain", "Put drained GPUs back in service");
+    sub->add_option("gpus", a->gpus, "GPU indices as gpuq gpus shows them, or UUIDs (or a prefix: GPU-1a2b)")->required();
+    if (draining) sub->add_option("--reason,-r", a->reason, "Why (shown by gpuq gpus)");
+    add_json_flag(sub, ctx);
+    sub->callback([&ctx, a, draining] { ctx.run = [&ctx, a, draining] { return cmd_drain(ctx.opt, a->gpus, draining, a->reason); }; });
+  }
+}
+
+}  // namespace gpuq::cli

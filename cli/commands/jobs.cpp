@@ -1,0 +1,589 @@
+// What gpuq says of jobs: status, show, logs, wait, result, results.
+#include <spawn.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands/register.hpp"
+#include "cli/format.hpp"
+#include "cli/progress.hpp"
+#include "cli/rpc.hpp"
+#include "common/client.hpp"
+#include "common/paths.hpp"
+#include "common/protocol.hpp"
+#include "common/spec.hpp"
+
+namespace gpuq::cli {
+
+using json = nlohmann::json;
+using common::Client;
+
+namespace {
+
+std::string runtime_of(const common::JobInfo& j) {
+  if (j.started_at <= 0) return "-";
+  return format_duration((j.ended_at > 0 ? j.ended_at : now_s()) - j.started_at);
+}
+
+std::string state_of(const common::JobInfo& j) {
+  if (j.state == "queued") return display_state(j);
+  if (j.state == "failed" || j.state == "succeeded") {
+    if (j.exit_signal.is_number()) return j.state + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
+    if (j.exit_code.is_number() && j.exit_code.get<int>() != 0)
+      return j.state + " (" + std::to_string(j.exit_code.get<int>()) + ")";
+  }
+  return j.state;
+}
+
+std::string detail_of(const common::JobInfo& j) {
+  if (j.state == "running" && j.progress.is_object()) return format_fields(j.progress, 5);
+  if (j.state == "succeeded" && j.result.is_object()) return format_fields(j.result, 5);
+  return j.reason;
+}
+
+const std::vector<std::string> k_jobs_header{"ID", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"};
+
+std::vector<std::string> job_row(const common::JobInfo& j) {
+  return {std::to_string(j.id), j.name, state_of(j), format_gpus(j.gpus), format_try(j), runtime_of(j), detail_of(j)};
+}
+
+void print_jobs_table(const std::vector<common::JobInfo>& jobs) {
+  Table t(k_jobs_header);
+  for (const auto& j : jobs) t.add(job_row(j));
+  t.print(std::cout);
+}
+
+bool all_succeeded(const common::JobsReply& r) {
+  for (const auto& j : r.jobs)
+    if (j.state != "succeeded") return false;
+  return true;
+}
+
+// `status --all`: pages through the history over one connection and prints as it goes, so
+// neither gpuqd nor gpuq holds the whole history (100,000+ jobs) at once. --json writes the same
+// document as without --all, one job object at a time.
+int status_all(const Options& o, const common::JobFilter& f) {
+  auto client = Client::connect(o.socket);
+  if (!client) return report(client.error());
+  std::vector<std::vector<std::string>> rows;  // table mode: short strings only
+  std::int64_t after = 0, total = 0, shown = 0;
+  if (o.json) std::cout << "{\n  \"jobs\": [";
+  for (bool more = true; more;) {
+    common::StatusRequest req;
+    req.all = true;
+    req.after = after;
+    req.page = 1000;
+    req.filter = f;
+    auto r = client->call(common::encode(req));
+    if (!r) {
+      if (o.json) std::cout << "\n";
+      return report(r.error());
+    }
+    auto page = r->get<common::JobsReply>();
+    more = page.more && !page.jobs.empty();
+    total = page.total;
+    for (std::size_t i = 0; i < page.jobs.size(); ++i) {
+      const auto& j = page.jobs[i];
+      if (o.json) {
+        std::string text = (*r)["jobs"][i].dump(2);
+        for (std::size_t p = 0; (p = text.find('\n', p)) != std::string::npos; p += 5) text.replace(p, 1, "\n    ");
+        std::cout << (shown ? ",\n    " : "\n    ") << text;
+      } else {
+        rows.push_back(job_row(j));
+      }
+      ++shown;
+    }
+    if (!page.jobs.empty()) after = page.jobs.back().id;
+  }
+  if (o.json) {
+    std::cout << (shown ? "\n  ],\n" : "],\n") << "  \"total\": " << total << "\n}\n";
+    return k_exit_ok;
+  }
+  if (rows.empty()) {
+    std::cout << "no jobs\n";
+    return k_exit_ok;
+  }
+  Table t(k_jobs_header);
+  for (auto& row : rows) t.add(std::move(row));
+  t.print(std::cout);
+  return k_exit_ok;
+}
+
+int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const common::JobFilter& filter) {
+  if (all) return status_all(o, filter);
+  if (queued == -2) queued = o.json ? -1 : 50;
+  int code = 0;
+  common::StatusRequest req;
+  req.limit = limit;
+  req.queued = queued;
+  req.filter = filter;
+  auto reply = request(o, common::encode(req), code);
+  if (!reply) return code;
+  auto st = reply->get<common::JobsReply>();
+  if (o.json) {
+    print_json({{"jobs", (*reply)["jobs"]}, {"total", st.total}, {"queued_total", st.queued_total}, {"more", st.more}});
+    return k_exit_ok;
+  }
+  if (st.jobs.empty()) {
+    std::cout << (filter.empty() ? "no jobs\n" : "no jobs match\n");
+    return k_exit_ok;
+  }
+  print_jobs_table(st.jobs);
+  std::int64_t queued_shown = 0;
+  for (const auto& j : st.jobs) queued_shown += j.state == "queued";
+  if (st.queued_total > queued_shown)
+    std::cout << "(" << queued_shown << " of " << st.queued_total
+              << " queued jobs shown, the first in line; --queued N for more)\n";
+  if (st.total > static_cast<std::int64_t>(st.jobs.size()))
+    std::cout << "(" << st.jobs.size() << " of " << st.total << " jobs shown; --all for every job)\n";
+  return k_exit_ok;
+}
+
+int cmd_show(const Options& o, std::int64_t id) {
+  int code = 0;
+  auto reply = request(o, common::encode("show", common::IdRequest{id}), code);
+  if (!reply) return code;
+  if (o.json) {
+    reply->erase("ok");
+    print_json(*reply);
+    return k_exit_ok;
+  }
+  auto s = reply->get<common::ShowReply>();
+  const auto& j = s.job;
+  std::cout << "job " << j.id << " (" << j.name << "), batch " << j.batch
+            << (s.batch_max_running > 0 ? " (at most " + std::to_string(s.batch_max_running) + " of it run at once)"
+                                        : std::string())
+            << "\n"
+            << "  state:     " << state_of(j) << (j.reason.empty() ? "" : " - " + j.reason) << "\n"
+            << "  mode:      " << j.mode << ", " << j.ranks << " rank(s), gpus requested " << j.gpus_requested
+            << ", assigned " << format_gpus(j.gpus) << "\n";
+  if (j.cpus_requested > 0)
+    std::cout << "  cpus:      " << j.cpus_requested << " per rank"
+              << (j.cpus.empty() ? std::string() : ", pinned to " + common::format_cpu_list(j.cpus)) << "\n";
+  if (j.mem_bind != "none") {
+    const std::string verb = j.mem_bind == "local" ? "bound to " : "prefers ";
+    std::cout << "  memory:    " << j.mem_bind << ": "
+              << (j.cpus.empty()        ? verb + "its cores' NUMA nodes"
+                  : j.mem_nodes.empty() ? std::string("not bound, its cores' NUMA nodes are unknown")
+                                        : verb + (j.mem_nodes.size() == 1 ? "NUMA node " : "NUMA nodes ") +
+                                              common::format_cpu_list(j.mem_nodes))
+              << "\n";
+  }
+  std::cout << "  attempt:   " << j.attempt - j.attempt_base << " of " << j.retries + 1
+            << (j.restarts ? " since restart " + std::to_string(j.restarts) + " (attempt " + std::to_string(j.attempt) +
+                                 " in all)"
+                           : std::string())
+            << "\n"
+            << "  submitted: " << format_time(j.submitted_at) << "\n"
+            << "  started:   " << format_time(j.started_at) << "\n"
+            << "  ended:     " << format_time(j.ended_at) << "   runtime " << runtime_of(j) << "\n";
+  if (s.first_failure.is_object()) std::cout << "  first failure: " << s.first_failure.dump() << "\n";
+  if (j.progress.is_object()) std::cout << "  progress:  " << format_fields(j.progress, 12) << "\n";
+  if (j.result.is_object()) std::cout << "  result:    " << format_fields(j.result, 24) << "\n";
+  if (j.bad_event_lines) std::cout << "  skipped event lines: " << j.bad_event_lines << "\n";
+  std::cout << "  directory: " << j.job_dir << "\n";
+  if (s.spec.contains("shell") && s.spec["shell"].is_string())
+    std::cout << "  shell:     " << s.spec["shell"].get<std::string>() << "\n";
+  else if (s.spec.contains("train") && s.spec["train"].is_object())
+    std::cout << "  train:     " << s.spec["train"].dump() << "\n";
+  else
+    std::cout << "  command:   " << s.spec.value("command", json()).dump() << "\n";
+  std::cout << "  history:\n";
+  for (const auto& t : s.history)
+    std::cout << "    " << format_time(t.at) << "  " << t.state << (t.attempt ? " (attempt " + std::to_string(t.attempt) + ")" : "")
+              << (t.reason.empty() ? "" : " - " + t.reason) << "\n";
+  if (!s.logs.empty()) {
+    std::cout << "  logs:\n";
+    for (const auto& l : s.logs) std::cout << "    attempt " << l.attempt << " rank " << l.rank << ": " << l.path << "\n";
+  }
+  return k_exit_ok;
+}
+
+// Where the last `n` complete lines of a file start (0 when it has fewer); `lines`: how many of
+// them it has, up to n. Read backwards, so a long log costs only its tail.
+std::streamoff tail_start(const std::string& path, int n, int& lines) {
+  lines = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return 0;
+  in.seekg(0, std::ios::end);
+  std::streamoff pos = in.tellg();
+  std::vector<char> buf(64 << 10);
+  bool seen_last = false;  // the newline that ends the last complete line
+  while (pos > 0) {
+    const std::streamoff len = std::min<std::streamoff>(pos, static_cast<std::streamoff>(buf.size()));
+    pos -= len;
+    in.seekg(pos);
+    in.read(buf.data(), len);
+    for (std::streamoff i = len - 1; i >= 0; --i) {
+      if (buf[static_cast<std::size_t>(i)] != '\n') continue;
+      if (!seen_last) {
+        seen_last = true;
+        if (n == 0) return pos + i + 1;
+      } else if (++lines == n) {
+        return pos + i + 1;  // just after the newline that ends the line before the last n
+      }
+    }
+  }
+  lines += seen_last ? 1 : 0;
+  return 0;
+}
+
+int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail) {
+  int code = 0;
+  auto client = connect(o, code, follow);
+  if (!client) return code;
+  if (follow) outlive_restarts(o, *client);
+  auto show = [&]() -> std::optional<common::ShowReply> {
+    auto r = client->call(common::encode("show", common::IdRequest{id}));
+    if (!r) {
+      report(r.error());
+      return std::nullopt;
+    }
+    return r->get<common::ShowReply>();
+  };
+  auto s = show();
+  if (!s) return k_exit_refused;
+  if (rank >= s->job.ranks) {
+    std::cerr << "gpuq: job " << id << " has " << s->job.ranks << " rank(s); --rank " << rank << " does not exist\n";
+    return k_exit_usage;
+  }
+  if (s->logs.empty() && s->job.attempt > 0)
+    std::cerr << "gpuq: job " << id << " has no log files left (`gpuq clean` removed them)\n";
+  const bool prefix = s->job.ranks > 1 && rank < 0;
+  // Follow state: per (attempt, rank) file offsets. A capped log rotates to <log>.1 (gpuqd
+  // --log-limit-mb): its older part is printed first, and a log that shrank has rotated.
+  std::map<std::pair<int, int>, std::streamoff> offsets;
+  auto print_from = [&](const std::string& path, std::streamoff& off, int r, bool whole) {
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(off);
+    std::string line;
+    while (std::getline(in, line)) {
+      const bool complete = !in.eof();
+      if (!complete && !whole) break;  // partial line: print when complete
+      std::cout << (prefix ? "[rank " + std::to_string(r) + "] " : "") << line << "\n";
+      off += static_cast<std::streamoff>(line.size()) + (complete ? 1 : 0);
+    }
+  };
+  bool initial = true;
+  // An unfinished last line waits for its end while the job may still write it (-f); a plain
+  // `logs`, like cat, and the last pump after the job ended print it as it is.
+  auto pump = [&](const common::ShowReply& sr) {
+    const bool whole = !follow || (sr.job.state != "queued" && sr.job.state != "running");
+    for (const auto& l : sr.logs) {
+      if (rank >= 0 && l.rank != rank) continue;
+      if (attempt > 0 && l.attempt != attempt) continue;
+      if (attempt == 0 && !follow && l.attempt != sr.job.attempt) continue;  // last attempt only
+      const bool first = !offsets.count({l.attempt, l.rank});
+      auto& off = offsets[{l.attempt, l.rank}];
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(l.path, ec);
+      if (first && initial && tail >= 0) {  // as tail -n: the chosen attempt's last lines only
+        if (l.attempt != (attempt > 0 ? attempt : sr.job.attempt)) {
+          off = ec ? 0 : static_cast<std::streamoff>(size);
+          continue;
+        }
+        int have = 0;
+        off = tail_start(l.path, tail, have);
+        if (have < tail && std::filesystem::exists(l.path + ".1")) {
+          int older_lines = 0;
+          std::streamoff older = tail_start(l.path + ".1", tail - have, older_lines);
+          print_from(l.path + ".1", older, l.rank, true);
+        }
+        print_from(l.path, off, l.rank, whole);
+        continue;
+      }
+      if (first || (!ec && static_cast<std::streamoff>(size) < off)) {
+        std::streamoff older = first ? 0 : off;
+        if (std::filesystem::exists(l.path + ".1")) print_from(l.path + ".1", older, l.rank, true);
+        off = 0;
+      }
+      print_from(l.path, off, l.rank, whole);
+    }
+    std::cout.flush();
+  };
+  pump(*s);
+  initial = false;
+  while (follow && (s->job.state == "queued" || s->job.state == "running")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    s = show();
+    if (!s) return k_exit_refused;
+    pump(*s);
+  }
+  if (follow) pump(*s);
+  return k_exit_ok;
+}
+
+int cmd_result(const Options& o, std::int64_t id) {
+  int code = 0;
+  common::ResultsRequest req;
+  req.ids = {id};
+  auto reply = request(o, common::encode(req), code);
+  if (!reply) return code;
+  auto r = reply->get<common::JobsReply>();
+  const auto& j = r.jobs.at(0);
+  if (o.json) {
+    print_json({{"id", j.id}, {"name", j.name}, {"state", j.state}, {"result", j.result}});
+    return k_exit_ok;
+  }
+  std::cout << "job " << j.id << " (" << j.name << "): " << state_of(j) << "\n";
+  if (!j.result.is_object()) {
+    std::cout << "  no result reported\n";
+    return k_exit_ok;
+  }
+  for (const auto& [k, v] : j.result.items()) std::cout << "  " << k << ": " << format_value(v) << "\n";
+  return k_exit_ok;
+}
+
+int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch,
+                const std::vector<std::string>& fields) {
+  if (ids.empty() && batch == 0) {
+    std::cerr << "gpuq: results needs job ids or --batch B\n";
+    return k_exit_usage;
+  }
+  int code = 0;
+  common::ResultsRequest req;
+  req.ids = ids;
+  req.batch = batch;
+  auto reply = all_results(o, req, code);
+  if (!reply) return code;
+  const auto& r = *reply;
+  if (o.json) {
+    json out = json::array();
+    for (const auto& j : r.jobs)
+      out.push_back({{"id", j.id}, {"name", j.name}, {"batch", j.batch}, {"state", j.state}, {"result", j.result}, {"labels", j.labels}});
+    print_json({{"jobs", out}});
+    return k_exit_ok;
+  }
+  // Columns: the asked-for fields, else every plain field, metrics first (field_rank).
+  std::vector<std::string> keys = fields;
+  if (keys.empty()) {
+    std::vector<std::pair<int, std::string>> seen;
+    for (const auto& j : r.jobs)
+      if (j.result.is_object())
+        for (const auto& [k, v] : j.result.items())
+          if (!v.is_object() && !v.is_array() &&
+              std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.second == k; }) == seen.end())
+            seen.push_back({field_rank(k, v), k});
+    std::stable_sort(seen.begin(), seen.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [_, k] : seen) keys.push_back(k);
+  }
+  auto table = [&](std::size_t n) {
+    std::vector<std::string> header{"ID", "NAME", "STATE"};
+    header.insert(header.end(), keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n));
+    Table t(header);
+    for (const auto& j : r.jobs) {
+      std::vector<std::string> row{std::to_string(j.id), j.name, state_of(j)};
+      for (std::size_t i = 0; i < n; ++i)
+        row.push_back(j.result.is_object() && j.result.contains(keys[i]) ? format_value(j.result[keys[i]]) : "-");
+      t.add(row);
+    }
+    return t;
+  };
+  // On a terminal the table keeps to its width: the last (least telling) columns go first.
+  std::size_t n = keys.size();
+  winsize ws{};
+  if (fields.empty() && ::isatty(STDOUT_FILENO) == 1 && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+    while (n > 1 && table(n).width() > ws.ws_col) --n;
+  table(n).print(std::cout);
+  if (n < keys.size()) {
+    std::string rest;
+    for (std::size_t i = n; i < keys.size(); ++i) rest += (i > n ? ", " : "") + keys[i];
+    std::cout << "(" << keys.size() - n << " more field(s): " << rest << "; --fields or --json)\n";
+  }
+  return k_exit_ok;
+}
+
+// Waits by polling the jobs twice a second and showing their progress: on a terminal the
+// wait_screen redrawn in place (a line per job, or a summary when they do not fit), elsewhere a
+// plain line when a job's state changes or, at most every 10 s, its progress. Ended jobs do not
+// change again, so each poll asks only for the others. Ends with the same table and exit code as
+// a plain wait.
+int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
+  int code = 0;
+  auto client = connect(o, code, true);
+  if (!client) return code;
+  outlive_restarts(o, *client);
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  std::size_t width = 120, rows = 24;
+  if (winsize ws{}; tty && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20) {
+    width = ws.ws_col - 1;
+    if (ws.ws_row > 4) rows = ws.ws_row - 2;
+  }
+  const double since = now_s();
+  const double deadline = timeout_s > 0 ? since + timeout_s : 0;
+  std::map<std::int64_t, std::pair<std::string, double>> printed;  // plain mode: last state|epoch, when
+  std::map<std::int64_t, common::JobInfo> latest;
+  std::vector<std::int64_t> pending = ids;
+  std::size_t drawn = 0;
+  common::JobsReply w;
+  for (;;) {
+    common::ResultsRequest req;
+    req.ids = pending;
+    auto r = all_results(*client, req);
+    if (!r) return report(r.error());
+    for (auto& j : r->jobs) latest[j.id] = std::move(j);
+    w.jobs.clear();
+    pending.clear();
+    for (const auto& [id, j] : latest) {
+      w.jobs.push_back(j);
+      if (j.state == "queued" || j.state == "running") pending.push_back(id);
+    }
+    const double now = now_s();
+    const bool done = pending.empty();
+    if (tty) {
+      if (drawn) std::cout << "\x1b[" << drawn << "F";  // back to the first line drawn
+      const auto lines = wait_screen(w.jobs, now, since, width, rows);
+      for (const auto& line : lines) std::cout << "\x1b[2K" << line << "\n";
+      for (std::size_t k = lines.size(); k < drawn; ++k) std::cout << "\x1b[2K\n";  // a shorter screen
+      drawn = std::max(drawn, lines.size());
+    } else {
+      for (const auto& j : w.jobs) {
+        auto& [last_key, at] = printed[j.id];
+        // A new state or epoch prints at once; finer progress at most every 10 s.
+        const std::string key = j.state + "|" + (j.progress.is_object() ? j.progress.value("epoch", json()).dump() : "");
+        if (key != last_key || (j.state == "running" && now - at >= 10)) {
+          std::cout << progress_line(j, now, 1 << 12) << "\n";
+          last_key = key, at = now;
+        }
+      }
+    }
+    std::cout.flush();
+    if (done) break;
+    if (deadline > 0 && now >= deadline) {
+      w.timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  std::cout << "\n";
+  print_jobs_table(w.jobs);
+  if (w.timed_out) return k_exit_timeout;
+  return all_succeeded(w) ? k_exit_ok : k_exit_job_failed;
+}
+
+}  // namespace
+
+int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
+  if (!o.json) return watch(o, ids, timeout_s);
+  int code = 0;
+  auto reply = request(o, common::encode("wait", common::IdsRequest{ids, timeout_s}), code, true);
+  if (!reply) return code;
+  auto w = reply->get<common::JobsReply>();
+  if (w.more) {  // a reply holds so many jobs: the rest, as they are now
+    common::ResultsRequest req;
+    req.ids = ids;
+    req.after = w.jobs.back().id;
+    auto rest = all_results(o, req, code);
+    if (!rest) return code;
+    std::move(rest->jobs.begin(), rest->jobs.end(), std::back_inserter(w.jobs));
+  }
+  print_json({{"jobs", w.jobs}, {"timed_out", w.timed_out}});
+  if (w.timed_out) return k_exit_timeout;
+  return all_succeeded(w) ? k_exit_ok : k_exit_job_failed;
+}
+
+void add_status(CLI::App& app, Context& ctx) {
+  struct Args {
+    bool all = false;
+    int limit = 20;
+    std::int64_t queued = -2;  // not given: 50 in the table, every one with --json
+    common::JobFilter filter;
+  };
+  auto a = args<Args>();
+  auto* sub = app.add_subcommand("status", "Queued and running jobs, and the most recent finished ones");
+  sub->add_flag("--all,-a", a->all, "Every job in the history");
+  sub->add_option("--limit,-n", a->limit, "Finished jobs to show")->capture_default_str();
+  sub->add_option("--queued,-q", a->queued, "Queued jobs to show, the first in line (default 50; --json: all)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  sub->add_option("--batch,-b", a->filter.batch, "Only the jobs of this batch");
+  sub->add_option("--state,-s", a->filter.states,
+                  "Only jobs in these states: queued, running, succeeded, failed, cancelled, timed_out "
+                  "(comma-separated, or the option again)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"queued", "running", "succeeded", "failed", "cancelled", "timed_out"}));
+  sub->add_option("--name", a->filter.name, "Only jobs whose names match this shell-style glob ('lr-*')");
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, a] { ctx.run = [&ctx, a] { return cmd_status(ctx.opt, a->all, a->limit, a->queued, a->filter); }; });
+}
+
+void add_show(CLI::App& app, Context& ctx) {
+  auto id = args<std::int64_t>();
+  auto* sub = app.add_subcommand("show", "Everything about one job: state history, failure, logs");
+  sub->add_option("id", *id, "Job id")->required();
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, id] { ctx.run = [&ctx, id] { return cmd_show(ctx.opt, *id); }; });
+}
+
+void add_logs(CLI::App& app, Context& ctx) {
+  struct Args {
+    std::int64_t id = 0;
+    bool follow = false;
+    int rank = -1, attempt = 0, tail = -1;
+  };
+  auto a = args<Args>();
+  auto* sub = app.add_subcommand("logs", "Print a job's output (stdout and stderr)");
+  sub->add_option("id", a->id, "Job id")->required();
+  sub->add_flag("--follow,-f", a->follow, "Keep printing until the job ends, across retries");
+  sub->add_option("--rank", a->rank, "Only this rank (ddp jobs)");
+  sub->add_option("--attempt", a->attempt, "Only this attempt (default: the last; with -f, all)");
+  sub->add_option("--tail,-n", a->tail, "Only the last N lines of each rank's log, then (with -f) what follows")
+      ->check(CLI::Range(0, 1 << 30));
+  sub->callback([&ctx, a] { ctx.run = [&ctx, a] { return cmd_logs(ctx.opt, a->id, a->follow, a->rank, a->attempt, a->tail); }; });
+}
+
+void add_wait(CLI::App& app, Context& ctx) {
+  struct Args {
+    std::vector<std::int64_t> ids;
+    std::int64_t batch = 0;
+    double timeout_s = 0;
+  };
+  auto a = args<Args>();
+  auto* sub = app.add_subcommand("wait", "Wait for jobs to end; exit 0 if all succeeded, 1 if not, 124 on timeout");
+  sub->add_option("ids", a->ids, "Job ids");
+  sub->add_option("--batch,-b", a->batch, "Every job of this batch (besides any ids)");
+  sub->add_option("--timeout", a->timeout_s, "Give up after this many seconds");
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, a] {
+    ctx.run = [&ctx, a] {
+      int code = add_batch_ids(ctx.opt, a->batch, a->ids);
+      return code ? code : cmd_wait(ctx.opt, a->ids, a->timeout_s);
+    };
+  });
+}
+
+void add_result(CLI::App& app, Context& ctx) {
+  auto id = args<std::int64_t>();
+  auto* sub = app.add_subcommand("result", "The final result a job reported");
+  sub->add_option("id", *id, "Job id")->required();
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, id] { ctx.run = [&ctx, id] { return cmd_result(ctx.opt, *id); }; });
+}
+
+void add_results(CLI::App& app, Context& ctx) {
+  struct Args {
+    std::vector<std::int64_t> ids;
+    std::int64_t batch = 0;
+    std::vector<std::string> fields;
+  };
+  auto a = args<Args>();
+  auto* sub = app.add_subcommand("results", "Results of many jobs in one table");
+  sub->add_option("ids", a->ids, "Job ids");
+  sub->add_option("--batch,-b", a->batch, "Every job of this batch");
+  sub->add_option("--fields,-f", a->fields, "Result fields to show, comma-separated (default: all, metrics first)")
+      ->delimiter(',');
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, a] { ctx.run = [&ctx, a] { return cmd_results(ctx.opt, a->ids, a->batch, a->fields); }; });
+}
+
+}  // namespace gpuq::cli

@@ -1,0 +1,106 @@
+// Helpers shared by the CLI's commands (see rpc.hpp).
+#include "cli/rpc.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+
+namespace gpuq::cli {
+
+using json = nlohmann::json;
+using common::Client;
+
+int report(const Error& e) {
+  std::cerr << "gpuq: " << e.message << "\n";
+  return e.code == ErrorCode::unavailable ? k_exit_unavailable : k_exit_refused;
+}
+
+void outlive_restarts(const Options& o, Client& client) {
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  const double window = o.reconnect_s;
+  client.reconnect_for(window, [tty, window](const std::string& what) {
+    if (!tty) return;
+    std::cerr << "gpuq: " << what;
+    if (what != "reconnected") std::cerr << " for up to " << window << " s";
+    std::cerr << "\n";
+  });
+}
+
+std::optional<Client> connect(const Options& o, int& code, bool waiting) {
+  auto client = Client::connect(o.socket);
+  const auto unanswered = [&] {
+    return waiting && !client && client.error().code == ErrorCode::unavailable && std::filesystem::exists(o.socket);
+  };
+  if (o.reconnect_s > 0 && unanswered() && ::isatty(STDERR_FILENO) == 1)
+    std::cerr << "gpuq: gpuqd does not answer on " << o.socket << "; waiting for up to " << o.reconnect_s << " s\n";
+  for (common::Backoff backoff(o.reconnect_s); unanswered() && backoff.wait();) client = Client::connect(o.socket);
+  if (!client) {
+    code = report(client.error());
+    return std::nullopt;
+  }
+  return std::move(*client);
+}
+
+std::optional<json> request(const Options& o, const json& req, int& code, bool reconnect) {
+  auto client = connect(o, code, reconnect);
+  if (!client) return std::nullopt;
+  if (reconnect) outlive_restarts(o, *client);
+  auto reply = client->call(req);
+  if (!reply) {
+    code = report(reply.error());
+    return std::nullopt;
+  }
+  return *reply;
+}
+
+Result<common::JobsReply> all_results(Client& client, common::ResultsRequest req) {
+  common::JobsReply all;
+  for (bool more = true; more;) {
+    auto r = client.call(common::encode(req));
+    if (!r) return r.error();
+    auto page = r->get<common::JobsReply>();
+    more = page.more && !page.jobs.empty();
+    if (more) req.after = page.jobs.back().id;
+    std::move(page.jobs.begin(), page.jobs.end(), std::back_inserter(all.jobs));
+  }
+  return all;
+}
+
+std::optional<common::JobsReply> all_results(const Options& o, const common::ResultsRequest& req, int& code) {
+  auto client = connect(o, code);
+  if (!client) return std::nullopt;
+  auto r = all_results(*client, req);
+  if (!r) {
+    code = report(r.error());
+    return std::nullopt;
+  }
+  return std::move(*r);
+}
+
+void print_json(const json& j) { std::cout << j.dump(2) << "\n"; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t>& ids) {
+  if (batch != 0) {
+    int code = 0;
+    common::ResultsRequest req;
+    req.batch = batch;
+    auto reply = all_results(o, req, code);
+    if (!reply) return code;
+    for (const auto& j : reply->jobs)
+      if (std::find(ids.begin(), ids.end(), j.id) == ids.end()) ids.push_back(j.id);
+  }
+  if (ids.empty()) {
+    std::cerr << "gpuq: give job ids or --batch B\n";
+    return k_exit_usage;
+  }
+  return 0;
+}
+
+}  // namespace gpuq::cli
