@@ -41,7 +41,7 @@ json Daemon::cmd_cancel(const common::IdsRequest& q) {
     if (auto it = m_active.find(id);
         it != m_active.end() && it->second.rec.state == JobState::running && !it->second.rec.cancel_requested)
       flagged.push_back(next_record(it->second.rec, event::CancelRequested{}));
-  end_queued(std::move(cancelled), flagged);
+  commit(std::move(cancelled), {}, flagged);
   for (const auto& r : flagged) m_active.at(r.id).rec.cancel_requested = true;
   common::CancelReply out;
   for (auto id : q.ids) {
@@ -91,15 +91,10 @@ json Daemon::set_held(const common::SelectRequest& q, bool hold) {
     const JobState state = it != m_active.end() ? it->second.rec.state : lookup(id)->state;
     out.jobs.push_back({id, std::string(to_string(state)), change});
   }
-  std::vector<const JobRecord*> rows;
-  for (const auto& r : changed) rows.push_back(&r);
-  m_store->update_many(rows, std::vector<std::string>(rows.size(), hold ? "held" : "released"));
-  for (auto& rec : changed) {
-    Active& a = m_active.at(rec.id);
-    a.rec = std::move(rec);
-    index(a);
-  }
-  if (!hold && !changed.empty()) schedule_soon();
+  const std::vector<std::string> why(changed.size(), hold ? "held" : "released");
+  const bool released = !hold && !changed.empty();
+  commit(std::move(changed), why);
+  if (released) schedule_soon();
   return out;
 }
 
@@ -146,13 +141,8 @@ json Daemon::cmd_update(const common::UpdateRequest& q) {
   }
   std::vector<const JobRecord*> rows;
   for (const auto& r : changed) rows.push_back(&r);
-  m_store->rewrite_specs(rows, why);
-  for (auto& rec : changed) {
-    Active& a = m_active.at(rec.id);
-    unindex(a.rec);  // filed under the old priority
-    a.rec = std::move(rec);
-    index(a);
-  }
+  m_store->rewrite_specs(rows, why);  // not a change of state: no transition
+  for (auto& rec : changed) apply(std::move(rec));
   json reply = out;
   if (q.max_running) {  // jobs already running past a lowered limit run on, as in Slurm
     auto it = m_batch_limits.find(q.batch);

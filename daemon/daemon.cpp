@@ -73,10 +73,7 @@ void Daemon::recover() {
       case Executor::Found::never_started: {
         // Marked running, but gpuqd stopped before handing it over: it starts again as the same
         // attempt.
-        JobRecord next = next_record(a.rec, event::NeverStarted{"requeued: gpuqd stopped before the job started"});
-        m_store->update(next, true);
-        a.rec = std::move(next);
-        index(a);  // into the queue: it was filed as running above
+        commit({next_record(a.rec, event::NeverStarted{"requeued: gpuqd stopped before the job started"})});
         break;
       }
     }

@@ -219,11 +219,17 @@ class Daemon {
   void on_attempt_end(std::int64_t id);  // the executor says its processes are gone
   void finish_attempt(Active& a, const json& outcome);
   void finalize(Active& a);  // terminal: persist, notify waiters, forget
-  // Queued jobs that end without running (cancelled, or failed for a dependency), given as their
-  // terminal records: stored in one transaction, then finalized. `also`: records of other jobs
-  // written in the same transaction, without a transition (a cancel's intent on running ones),
+  // The one place a change of state lands: `changed` (each a record lifecycle.hpp made, `why` its
+  // history row's reason where given) is stored in one transaction with a transition each, then
+  // applied in memory in order (of two records of one job, the second: a failed attempt and its
+  // retry). Throws (store_error) before anything in memory changed. `also`: records of other jobs
+  // written in the same transaction without a transition (a cancel's intent on running ones),
   // which the caller applies in memory.
-  void end_queued(std::vector<JobRecord> ended, const std::vector<JobRecord>& also = {});
+  void commit(std::vector<JobRecord> changed, const std::vector<std::string>& why = {},
+              const std::vector<JobRecord>& also = {});
+  // Memory after the store took `rec`: the record, then the indexes; a job that ended is
+  // finalized (waiters answered). Also for changes that are no transition (update's specs).
+  void apply(JobRecord rec);
   // Files a job in the indexes by its record's state (after every change of state), or takes it out.
   // `fresh`: a job just submitted, in no index yet.
   void index(const Active& a, bool fresh = false);

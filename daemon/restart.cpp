@@ -256,9 +256,7 @@ bool Daemon::requeue_part(Restarting& r) {
     if (rows[i].id == 0) continue;
     r.out.jobs.push_back(std::move(outcomes[i]));
     m_terminal_cache.erase(id);
-    Active& a = m_active[id];
-    a.rec = std::move(rows[i]);
-    index(a);
+    apply(std::move(rows[i]));
     for (auto& w : m_waiters)  // a wait that names it waits for it again
       if (w.ids.count(id)) w.pending.insert(id);
   }

@@ -124,7 +124,7 @@ bool Daemon::fail_blocked_dependents(double now) {
                                           std::string(to_string(is_terminal(*st) ? *st : JobState::failed)),
                                 now}));
   }
-  end_queued(std::move(failed));
+  commit(std::move(failed));
   return left;
 }
 
@@ -248,9 +248,7 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.
-  m_store->update(next, true);
-  a.rec = std::move(next);
-  index(a);
+  commit({std::move(next)});
   a.wait_reason.clear();
   a.event_offsets.clear();
 
@@ -348,30 +346,31 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     // Record the failed attempt's end, then the requeue, as two transitions of one transaction.
     JobRecord failed = next_record(rec, end);
     JobRecord queued = next_record(failed, event::Retried{now + delay, end.reason});
-    m_store->update_many({&failed, &queued});
-    a.rec = std::move(queued);
-    index(a);
+    commit({std::move(failed), std::move(queued)});
     schedule_soon();
     return;
   }
-  JobRecord ended = next_record(rec, end);
-  m_store->update(ended, true);
-  a.rec = std::move(ended);
-  finalize(a);
+  commit({next_record(rec, end)});  // `a` is gone: the job has ended
   schedule_soon();
 }
 
-void Daemon::end_queued(std::vector<JobRecord> ended, const std::vector<JobRecord>& also) {
-  if (ended.empty() && also.empty()) return;
+void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::string>& why, const std::vector<JobRecord>& also) {
+  if (changed.empty() && also.empty()) return;
   std::vector<const JobRecord*> rows, quiet;
-  for (const auto& r : ended) rows.push_back(&r);
+  for (const auto& r : changed) rows.push_back(&r);
   for (const auto& r : also) quiet.push_back(&r);
-  m_store->update_many(rows, {}, quiet);  // throws before anything changed in memory
-  for (auto& r : ended) {
-    Active& a = m_active.at(r.id);
-    a.rec = std::move(r);
-    finalize(a);
-  }
+  m_store->update_many(rows, why, quiet);  // throws before anything changed in memory
+  for (std::size_t i = 0; i < changed.size(); ++i)
+    if (i + 1 == changed.size() || changed[i + 1].id != changed[i].id) apply(std::move(changed[i]));
+}
+
+void Daemon::apply(JobRecord rec) {
+  Active& a = m_active[rec.id];
+  const bool fresh = a.rec.id == 0;  // a job coming back (restart), in no index
+  if (!fresh) unindex(a.rec);  // as it was filed: an update may have changed its priority
+  a.rec = std::move(rec);
+  if (is_terminal(a.rec.state)) finalize(a);
+  else index(a, true);
 }
 
 void Daemon::index(const Active& a, bool fresh) {
