@@ -203,7 +203,7 @@ struct NewSession : bp::extend::handler {
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir) {
   try {
     bp::child c(bp::exe = shim_path, bp::args = {adir + "/launch.json"}, bp::std_in<bp::null,
-                (bp::std_out & bp::std_err) > adir + "/shim.log", NewSession{}, bp::posix::use_vfork);
+                (bp::std_out & bp::std_err) > bp::null, NewSession{}, bp::posix::use_vfork);
     int pid = c.id();
     c.detach();  // the daemon reaps it through its pidfd, or init does after a daemon restart
     return pid;
