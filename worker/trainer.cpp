@@ -2,6 +2,10 @@
 // the step (micro-batches, DDP gradient averaging, clipping, loss scaling), evaluation,
 // checkpoints and events. Models live in model.cpp, process groups and the reducer in
 // parallel.cpp: three LibTorch TUs that build in parallel.
+//
+// Longer than the ~600 lines a file is held to, on purpose: every file that includes
+// <torch/torch.h> costs ~20 s and ~1.2 GB to compile, so the loop's parts (the loader, autocast,
+// the graphed step, and the run as a list of named steps over one Run) stay in one.
 #include "worker/trainer.hpp"
 
 #include <sys/resource.h>
@@ -386,9 +390,370 @@ std::string cuda_graph_obstacle(const RunOptions& o, bool cuda, bool distributed
   return "";
 }
 
-}  // namespace
+// ---- the run, step by step -------------------------------------------------------------------
+// train() is a list of steps (as mold's main is): each a named function over one Run, which holds
+// what the steps before it made. A step that ends the run returns its exit code (2 a bad spec for
+// this machine, 3 no process group), else 0.
 
-int train_or_throw(const RunOptions& o);
+struct Run {
+  explicit Run(const RunOptions& options) : o(options), spec(options.spec) {}
+  const RunOptions& o;
+  const common::TrainSpec& spec;
+  const std::chrono::steady_clock::time_point t_start = std::chrono::steady_clock::now();
+
+  // devices: the rank's GPUs when the job has GPUs, else the CPU
+  bool cuda = false;
+  std::vector<torch::Device> devices;
+  torch::Device device = torch::kCPU;  // where batches enter the model
+  // data
+  std::optional<Dataset> data;
+  bool classification = false;
+  std::unique_ptr<Loader> train_data, test_data;
+  std::string data_place;
+  // model, process groups, optimiser, where events and checkpoints go
+  std::unique_ptr<Model> model;
+  std::vector<torch::Tensor> params;
+  Collectives comm;
+  std::optional<GradientReducer> reducer;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::optional<Events> events;
+  std::optional<Checkpoints> checkpoints;
+  // precision
+  bool autocast = false;
+  c10::ScalarType low = torch::kBFloat16;
+  std::optional<LossScale> loss_scale;
+  // the step
+  int micro = 0;
+  std::int64_t steps_per_epoch = 0;
+  std::vector<double> weights;  // the weighted sampler's
+  std::unique_ptr<GraphedStep> graphed;
+  bool graph_announced = false;
+  // how far it got (a checkpoint's state)
+  int first_epoch = 1;
+  std::int64_t step = 0, samples = 0, skipped = 0;
+  double train_seconds = 0, test_loss = 0, test_accuracy = 0, last_loss = 0;
+};
+
+int pick_devices(Run& r) {
+  const auto& spec = r.spec;
+  r.cuda = spec.device == "cuda" || (spec.device == "auto" && torch::cuda::is_available());
+  if (spec.device == "cuda" && !torch::cuda::is_available()) {
+    std::cerr << "gpuq-worker: train.device is \"cuda\" but no CUDA device is visible\n";
+    return 2;
+  }
+  if (spec.precision == "fp16" && !r.cuda) {
+    std::cerr << "gpuq-worker: train.precision \"fp16\" needs CUDA; on the CPU use \"bf16\"\n";
+    return 2;
+  }
+  r.devices = stage_devices(spec, r.o.local_rank, r.cuda);
+  r.device = r.devices.front();
+  return 0;
+}
+
+// Loads the data, held on the device when it fits, else prefetched from the host.
+int load_data(Run& r) {
+  auto data = load_dataset(r.spec.dataset, r.spec.seed);
+  if (!data) {
+    std::cerr << "gpuq-worker: " << data.error().message << "\n";
+    return 2;
+  }
+  r.data = std::move(*data);
+  const Dataset& d = *r.data;
+  r.classification = d.classes > 0;
+  auto labels_of = [&](const Split& s) {
+    return r.classification ? torch::tensor(s.labels, torch::kInt64) : torch::tensor(s.targets);
+  };
+  const std::int64_t bytes = (d.train.n + d.test.n) * (d.features * 4 + 8);
+  auto place = [&](bool on_device) {
+    r.train_data = std::make_unique<Loader>(to_tensor(d.train.x, d.train.n, d.features), labels_of(d.train), r.device,
+                                            on_device);
+    r.test_data = std::make_unique<Loader>(to_tensor(d.test.x, d.test.n, d.features), labels_of(d.test), r.device,
+                                           on_device);
+  };
+  const bool want_device = data_on_device(r.spec.data_on, r.device, bytes);
+  try {
+    place(want_device);
+  } catch (const c10::Error& e) {
+    const bool oom = std::string(e.what_without_backtrace()).find("out of memory") != std::string::npos;
+    if (!want_device || r.spec.data_on != "auto" || !oom) throw;
+    r.train_data.reset(), r.test_data.reset();
+#ifdef GPUQ_HAVE_CUDA
+    c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+    place(false);
+  }
+  r.data_place = r.train_data->on_device() ? "device" : "host";
+  std::cout << "rank " << r.o.rank << "/" << r.o.world << " on " << r.device.str() << ": " << d.description
+            << " (held on the " << r.data_place << ", " << bytes / (1 << 20) << " MiB)" << std::endl;
+  return 0;
+}
+
+// Builds the model, joins the process group(s) and starts every rank from rank 0's weights.
+int build_and_join(Run& r) {
+  const Dataset& d = *r.data;
+  torch::manual_seed(r.spec.seed);
+  r.model = build_model(r.spec, d.shape, d.features, r.classification ? d.classes : 1, r.devices);
+  r.params = r.model->parameters();
+  try {
+    r.comm = Collectives::connect(r.o, r.devices);
+  } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::cerr << "gpuq-worker: rank " << r.o.rank << ": cannot join the process group: "
+              << (c10_error ? c10_error->what_without_backtrace() : e.what()) << "\n";
+    return 3;
+  }
+  broadcast_from_0(r.params, r.comm);  // identical start on every rank
+  broadcast_from_0(r.model->buffers(), r.comm);
+  if (r.comm.distributed()) {
+    r.reducer.emplace(r.params, r.comm, r.spec.bucket_mb);
+    std::cout << "rank " << r.o.rank << ": " << r.comm.backend() << " process group(s) joined; gradients averaged in "
+              << r.reducer->buckets() << " bucket(s) of up to " << r.spec.bucket_mb << " MiB" << std::endl;
+  }
+  r.optimizer = build_optimizer(r.spec.optimizer, r.params);
+  r.events.emplace(r.o.rank == 0 ? r.o.events : "");
+  r.checkpoints.emplace(r.spec.checkpoint_every > 0 ? r.o.checkpoint_dir : "");
+  return 0;
+}
+
+// Resumes from the newest checkpoint, if a previous attempt left one (every rank reads it).
+void resume(Run& r) {
+  auto resumed = r.checkpoints->load(*r.model, *r.optimizer, r.devices);
+  if (!resumed) return;
+  const json& state = resumed->state;
+  r.first_epoch = state.value("epoch", 0) + 1;
+  r.step = state.value("step", std::int64_t{0});
+  r.samples = state.value("samples", std::int64_t{0});
+  r.train_seconds = state.value("train_seconds", 0.0);
+  r.last_loss = state.value("loss", 0.0);
+  std::cout << "rank " << r.o.rank << ": resumed from the checkpoint of epoch " << r.first_epoch - 1 << " in "
+            << r.checkpoints->path() << std::endl;
+  if (!resumed->optimizer_dropped.empty())
+    std::cerr << "gpuq-worker: rank " << r.o.rank << ": the checkpoint's optimiser state does not fit this model ("
+              << resumed->optimizer_dropped << "): training goes on from the checkpoint's weights with fresh "
+              << "optimiser state\n";
+}
+
+// Precision, loss scaling, micro-batches and the sampler's weights.
+void prepare_steps(Run& r) {
+  r.autocast = r.spec.precision != "fp32";
+  r.low = r.spec.precision == "fp16" ? torch::kFloat16 : torch::kBFloat16;
+  if (r.spec.precision == "fp16") r.loss_scale.emplace();
+  if (r.spec.sampler == "weighted") r.weights = inverse_class_frequency(r.data->train.labels, r.data->classes);
+  r.micro = r.spec.batch_size / r.spec.accumulate;
+  r.steps_per_epoch = (r.data->train.n + r.o.world - 1) / r.o.world / r.spec.batch_size;
+}
+
+// One step's forward and backward passes over its micro-batches; the step's loss, on the device.
+torch::Tensor forward_backward(Run& r, const BatchOf& batch_of) {
+  torch::Tensor total;
+  for (int m = 0; m < r.spec.accumulate; ++m) {
+    auto [x, y] = batch_of(m);
+    torch::Tensor loss;
+    {
+      Autocast scope(r.device.type(), r.low, r.autocast);
+      loss = loss_of(r.model->forward(x), y, r.classification);
+      if (r.spec.accumulate > 1) loss = loss / r.spec.accumulate;
+    }
+    if (r.reducer && m == r.spec.accumulate - 1) r.reducer->arm();
+    (r.loss_scale ? loss * r.loss_scale->scale() : loss).backward();
+    const auto part = loss.detach().to(r.device);
+    total = m == 0 ? part : total + part;  // no zero tensor to fill on the hot path
+  }
+  return total;
+}
+
+// The test split's loss and accuracy of the model as it is now.
+void evaluate(Run& r) {
+  r.model->train(false);
+  torch::NoGradGuard no_grad;
+  // Sums stay on the device until the end: one wait for the device per evaluation, not two per
+  // batch.
+  const auto& test = r.data->test;
+  auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(r.device));
+  auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(r.device));
+  for (std::int64_t i = 0; i < test.n; i += 4096) {
+    const std::int64_t n = std::min<std::int64_t>(4096, test.n - i);
+    auto x = r.test_data->x().narrow(0, i, n).to(r.device);
+    auto y = r.test_data->y().narrow(0, i, n).to(r.device);
+    torch::Tensor out;
+    {
+      Autocast scope(r.device.type(), r.low, r.autocast);
+      out = r.model->forward(x);
+    }
+    loss_sum += loss_of(out, y, r.classification).to(r.device, torch::kFloat64) * static_cast<double>(n);
+    if (r.classification) correct += out.argmax(1).eq(y.to(out.device())).sum().to(r.device);
+  }
+  r.test_loss = loss_sum.item<double>() / static_cast<double>(test.n);
+  r.test_accuracy = static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(test.n);
+}
+
+// Replays the step from a CUDA graph where the spec asks and the step can be captured.
+int choose_step_graph(Run& r) {
+  const std::string obstacle = r.spec.cuda_graph == "off" ? "train.cuda_graph is \"off\""
+                                                          : cuda_graph_obstacle(r.o, r.cuda, r.comm.distributed(), r.devices);
+  if (!obstacle.empty() && r.spec.cuda_graph == "on") {
+    std::cerr << "gpuq-worker: rank " << r.o.rank << ": train.cuda_graph is \"on\" but this step cannot be captured: "
+              << obstacle << "\n";
+    return 2;
+  }
+  if (!obstacle.empty() && r.o.fail_capture) {
+    std::cerr << "gpuq-worker: --fail-capture: this run captures no CUDA graph: " << obstacle << "\n";
+    return 2;
+  }
+  if (obstacle.empty()) {
+    auto graph = r.o.emulate_cuda_graph ? make_emulated_step_graph([&r] { clear_gradients(r.params); }, r.o.fail_capture)
+                                        : make_cuda_step_graph(r.device.index(), r.o.fail_capture);
+    r.graphed = std::make_unique<GraphedStep>(std::move(graph), *r.train_data, r.device, r.micro, r.spec.accumulate);
+  } else if (r.spec.cuda_graph == "auto") {
+    std::cout << "rank " << r.o.rank << ": eager steps, no CUDA graph: " << obstacle << std::endl;
+  }
+  return 0;
+}
+
+// One optimiser step's passes, eager or replayed; the step's loss.
+torch::Tensor passes(Run& r) {
+  const ForwardBackward eager = [&r](const BatchOf& batch_of) { return forward_backward(r, batch_of); };
+  if (!r.graphed) {
+    clear_gradients(r.params);
+    return forward_backward(r, [&r](int) { return r.train_data->next(); });
+  }
+  torch::Tensor loss;
+  try {
+    loss = r.graphed->run(*r.train_data, r.params, eager);
+  } catch (const GraphedStep::CaptureFailed& e) {
+    if (r.spec.cuda_graph == "on") throw;
+    // "auto": this step and the rest run eagerly, from the batches already taken
+    std::cerr << "gpuq-worker: rank " << r.o.rank << ": " << e.what() << "; eager steps from here\n";
+    const auto inputs = r.graphed->inputs();
+    r.graphed.reset();
+    clear_gradients(r.params);
+    return forward_backward(r, [&inputs](int m) { return inputs[static_cast<std::size_t>(m)]; });
+  }
+  if (r.graphed->captured() && !r.graph_announced) {
+    r.graph_announced = true;
+    std::cout << "rank " << r.o.rank << ": step " << r.step + 1 << " captured into a CUDA graph"
+              << (r.o.emulate_cuda_graph ? " (emulated)" : "") << "; every later step replays it" << std::endl;
+  }
+  return loss;
+}
+
+// Averages the gradients, unscales and clips them, and applies them (unless fp16 overflowed).
+void apply_gradients(Run& r) {
+  if (r.reducer) r.reducer->finish();
+  bool apply = true;
+  if (r.loss_scale) {  // unscale; skip the step if fp16 overflowed (every rank sees the same sums)
+    apply = r.loss_scale->update(unscale_gradients(r.params, r.loss_scale->scale()));
+    if (!apply) ++r.skipped;
+  }
+  if (apply && r.spec.clip_grad_norm > 0) clip_gradients(r.params, r.spec.clip_grad_norm, r.spec.optimizer.foreach);
+  if (apply) r.optimizer->step();
+}
+
+// One epoch: its steps with progress events, then evaluation, an event and a checkpoint.
+void train_epoch(Run& r, int epoch) {
+  const auto& spec = r.spec;
+  torch::manual_seed(spec.seed + static_cast<std::uint64_t>(epoch));  // dropout: same masks after a resume
+  auto order = spec.sampler == "weighted"
+                   ? weighted_indices(r.weights, r.data->train.n, r.o.rank, r.o.world, spec.seed, epoch)
+                   : shard_indices(r.data->train.n, r.o.rank, r.o.world, spec.seed, epoch, spec.sampler == "shuffle");
+  const std::int64_t steps = static_cast<std::int64_t>(order.size()) / spec.batch_size;  // drop the last partial batch
+  r.train_data->start(order, r.micro, steps * spec.accumulate);
+  const auto t_epoch = std::chrono::steady_clock::now();
+  r.model->train(true);
+  // Losses stay on the device between progress events: reading one every step would make the
+  // host wait for the GPU every step.
+  torch::Tensor step_loss;
+  const std::int64_t total_steps = r.steps_per_epoch * spec.epochs;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    set_learning_rate(*r.optimizer, learning_rate(spec, epoch, r.step, total_steps));
+    step_loss = passes(r);
+    apply_gradients(r);
+    ++r.step;
+    r.samples += spec.batch_size;
+    if (r.step % spec.log_every == 0) {
+      json progress = {{"type", "progress"}, {"epoch", epoch}, {"epochs", spec.epochs}, {"step", r.step},
+                       {"total_steps", total_steps}, {"loss", step_loss.item<double>()},
+                       {"samples_per_s", r.samples * r.o.world / (r.train_seconds + seconds_since(t_epoch))}};
+      progress.update(memory_fields(r.devices));
+      r.events->emit(progress);
+    }
+  }
+  if (step_loss.defined()) r.last_loss = step_loss.item<double>();  // also waits for the device
+  r.train_seconds += seconds_since(t_epoch);
+  broadcast_from_0(r.model->buffers(), r.comm);  // batch-norm statistics: rank 0's, everywhere
+
+  evaluate(r);
+  json progress = {{"type", "progress"}, {"epoch", epoch},          {"epochs", spec.epochs},
+                   {"step", r.step},       {"total_steps", total_steps}, {"loss", r.last_loss},
+                   {"test_loss", r.test_loss}};
+  if (r.classification) progress["test_accuracy"] = r.test_accuracy;
+  progress.update(memory_fields(r.devices));
+  r.events->emit(progress);
+  std::cout << "rank " << r.o.rank << " epoch " << epoch << ": loss " << r.last_loss << ", test_loss " << r.test_loss
+            << (r.classification ? ", test_accuracy " + std::to_string(r.test_accuracy) : std::string()) << std::endl;
+
+  if (r.o.rank == 0 && r.checkpoints->enabled() && (epoch % spec.checkpoint_every == 0 || epoch == spec.epochs))
+    r.checkpoints->save(*r.model, *r.optimizer,
+                        {{"epoch", epoch}, {"step", r.step}, {"samples", r.samples}, {"train_seconds", r.train_seconds},
+                         {"loss", r.last_loss}},
+                        epoch);
+}
+
+// Every rank's throughput, gathered by an allreduce of one-hot slots; then rank 0's result event
+// (and the parameters, where a test asks for them).
+void report(Run& r, bool graph_used) {
+  const auto& o = r.o;
+  const double rank_rate = r.train_seconds > 0 ? static_cast<double>(r.samples) / r.train_seconds : 0;
+  auto rates = torch::zeros({o.world}, torch::kFloat64).to(r.device);
+  rates[o.rank] = rank_rate;
+  r.comm.allreduce_sum(rates)();
+  auto per_rank = rates.cpu();
+
+  if (!o.dump_params.empty()) {
+    json flat = json::array();
+    for (const auto& p : r.params) {
+      auto c = p.detach().cpu().contiguous().view(-1);
+      for (std::int64_t i = 0; i < c.numel(); ++i) flat.push_back(c[i].item<float>());
+    }
+    std::ofstream(o.dump_params) << flat.dump();
+  }
+  if (o.rank != 0) return;
+  const auto& spec = r.spec;
+  json result = {{"test_loss", r.test_loss}, {"epochs", spec.epochs}, {"steps", r.step}, {"world_size", o.world},
+                 {"device", r.device.str()}, {"backend", r.comm.backend()}, {"train_seconds", r.train_seconds},
+                 {"wall_seconds", seconds_since(r.t_start)}, {"samples_per_s", per_rank.sum().item<double>()},
+                 {"precision", spec.precision}, {"data_on", r.data_place}, {"cuda_graph", graph_used}};
+  if (r.classification) result["test_accuracy"] = r.test_accuracy;
+  if (r.checkpoints->enabled()) result["checkpoint"] = r.checkpoints->path();
+  if (r.first_epoch > 1) result["resumed_from_epoch"] = r.first_epoch - 1;
+  if (r.loss_scale) result["skipped_steps"] = r.skipped;
+  json ranks = json::array();
+  for (int i = 0; i < o.world; ++i) ranks.push_back(per_rank[i].item<double>());
+  result["rank_samples_per_s"] = ranks;
+  result.update(memory_fields(r.devices));
+  result["type"] = "result";
+  r.events->emit(result);
+}
+
+int train_or_throw(const RunOptions& o) {
+  Run r(o);
+  for (auto step : {pick_devices, load_data, build_and_join})
+    if (int code = step(r)) return code;
+  resume(r);
+  prepare_steps(r);
+  if (int code = choose_step_graph(r)) return code;
+  for (int epoch = r.first_epoch; epoch <= r.spec.epochs; ++epoch) train_epoch(r, epoch);
+  // A resume from the last epoch's checkpoint (a job that ended after saving it, or restarted
+  // after it succeeded) trains nothing: it reports what that model scores.
+  if (r.first_epoch > r.spec.epochs) evaluate(r);
+  r.train_data->stop();
+  const bool graph_used = r.graphed && r.graphed->captured();
+  r.graphed.reset();  // waits for the graph's stream; later work goes to the default stream again
+  report(r, graph_used);
+  return 0;
+}
+
+}  // namespace
 
 int train(const RunOptions& o) {
   try {
@@ -397,288 +762,6 @@ int train(const RunOptions& o) {
     std::cerr << "gpuq-worker: rank " << o.rank << ": " << e.what_without_backtrace() << "\n";
     return 1;
   }
-}
-
-int train_or_throw(const RunOptions& o) {
-  const auto& spec = o.spec;
-  const auto t_start = std::chrono::steady_clock::now();
-
-  // Pick the devices: the rank's GPUs when the job has GPUs, else the CPU
-  const bool cuda = spec.device == "cuda" || (spec.device == "auto" && torch::cuda::is_available());
-  if (spec.device == "cuda" && !torch::cuda::is_available()) {
-    std::cerr << "gpuq-worker: train.device is \"cuda\" but no CUDA device is visible\n";
-    return 2;
-  }
-  if (spec.precision == "fp16" && !cuda) {
-    std::cerr << "gpuq-worker: train.precision \"fp16\" needs CUDA; on the CPU use \"bf16\"\n";
-    return 2;
-  }
-  const auto devices = stage_devices(spec, o.local_rank, cuda);
-  const torch::Device device = devices.front();  // where batches enter the model
-
-  // Load the data; hold it on the device when it fits, else prefetch it from the host
-  auto data = load_dataset(spec.dataset, spec.seed);
-  if (!data) {
-    std::cerr << "gpuq-worker: " << data.error().message << "\n";
-    return 2;
-  }
-  const bool classification = data->classes > 0;
-  const int outputs = classification ? data->classes : 1;
-  auto labels_of = [&](const Split& s) {
-    return classification ? torch::tensor(s.labels, torch::kInt64) : torch::tensor(s.targets);
-  };
-  const std::int64_t bytes = (data->train.n + data->test.n) * (data->features * 4 + 8);
-  std::unique_ptr<Loader> train_data, test_data;
-  auto place = [&](bool on_device) {
-    train_data = std::make_unique<Loader>(to_tensor(data->train.x, data->train.n, data->features), labels_of(data->train),
-                                          device, on_device);
-    test_data = std::make_unique<Loader>(to_tensor(data->test.x, data->test.n, data->features), labels_of(data->test),
-                                         device, on_device);
-  };
-  const bool want_device = data_on_device(spec.data_on, device, bytes);
-  try {
-    place(want_device);
-  } catch (const c10::Error& e) {
-    const bool oom = std::string(e.what_without_backtrace()).find("out of memory") != std::string::npos;
-    if (!want_device || spec.data_on != "auto" || !oom) throw;
-    train_data.reset(), test_data.reset();
-#ifdef GPUQ_HAVE_CUDA
-    c10::cuda::CUDACachingAllocator::emptyCache();
-#endif
-    place(false);
-  }
-  const std::string data_place = train_data->on_device() ? "device" : "host";
-  std::cout << "rank " << o.rank << "/" << o.world << " on " << device.str() << ": " << data->description << " (held on the "
-            << data_place << ", " << bytes / (1 << 20) << " MiB)" << std::endl;
-
-  // Build the model and join the process group(s)
-  torch::manual_seed(spec.seed);
-  auto model = build_model(spec, data->shape, data->features, outputs, devices);
-  auto params = model->parameters();
-  Collectives comm;
-  try {
-    comm = Collectives::connect(o, devices);
-  } catch (const std::exception& e) {
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    std::cerr << "gpuq-worker: rank " << o.rank << ": cannot join the process group: "
-              << (c10_error ? c10_error->what_without_backtrace() : e.what()) << "\n";
-    return 3;
-  }
-  broadcast_from_0(params, comm);  // identical start on every rank
-  broadcast_from_0(model->buffers(), comm);
-  std::optional<GradientReducer> reducer;
-  if (comm.distributed()) {
-    reducer.emplace(params, comm, spec.bucket_mb);
-    std::cout << "rank " << o.rank << ": " << comm.backend() << " process group(s) joined; gradients averaged in "
-              << reducer->buckets() << " bucket(s) of up to " << spec.bucket_mb << " MiB" << std::endl;
-  }
-  auto optimizer = build_optimizer(spec.optimizer, params);
-  Events events(o.rank == 0 ? o.events : "");
-
-  // Resume from the newest checkpoint, if a previous attempt left one (every rank reads it)
-  Checkpoints checkpoints(spec.checkpoint_every > 0 ? o.checkpoint_dir : "");
-  std::int64_t step = 0, samples = 0, skipped = 0;
-  double train_seconds = 0, test_loss = 0, test_accuracy = 0, last_loss = 0;
-  int first_epoch = 1;
-  if (auto resumed = checkpoints.load(*model, *optimizer, devices)) {
-    const json& state = resumed->state;
-    first_epoch = state.value("epoch", 0) + 1;
-    step = state.value("step", std::int64_t{0});
-    samples = state.value("samples", std::int64_t{0});
-    train_seconds = state.value("train_seconds", 0.0);
-    last_loss = state.value("loss", 0.0);
-    std::cout << "rank " << o.rank << ": resumed from the checkpoint of epoch " << first_epoch - 1 << " in "
-              << checkpoints.path() << std::endl;
-    if (!resumed->optimizer_dropped.empty())
-      std::cerr << "gpuq-worker: rank " << o.rank << ": the checkpoint's optimiser state does not fit this model ("
-                << resumed->optimizer_dropped << "): training goes on from the checkpoint's weights with fresh "
-                << "optimiser state\n";
-  }
-
-  // Train
-  const bool autocast = spec.precision != "fp32";
-  const auto low = spec.precision == "fp16" ? torch::kFloat16 : torch::kBFloat16;
-  std::optional<LossScale> loss_scale;
-  if (spec.precision == "fp16") loss_scale.emplace();
-  const std::vector<double> weights =
-      spec.sampler == "weighted" ? inverse_class_frequency(data->train.labels, data->classes) : std::vector<double>{};
-  const int micro = spec.batch_size / spec.accumulate;
-  const std::int64_t steps_per_epoch = (data->train.n + o.world - 1) / o.world / spec.batch_size;
-  const ForwardBackward forward_backward = [&](const BatchOf& batch_of) {
-    torch::Tensor total;
-    for (int m = 0; m < spec.accumulate; ++m) {
-      auto [x, y] = batch_of(m);
-      torch::Tensor loss;
-      {
-        Autocast scope(device.type(), low, autocast);
-        loss = loss_of(model->forward(x), y, classification);
-        if (spec.accumulate > 1) loss = loss / spec.accumulate;
-      }
-      if (reducer && m == spec.accumulate - 1) reducer->arm();
-      (loss_scale ? loss * loss_scale->scale() : loss).backward();
-      const auto part = loss.detach().to(device);
-      total = m == 0 ? part : total + part;  // no zero tensor to fill on the hot path
-    }
-    return total;
-  };
-
-  // The test split's loss and accuracy of the model as it is now
-  const auto evaluate = [&] {
-    model->train(false);
-    torch::NoGradGuard no_grad;
-    // Sums stay on the device until the end: one wait for the device per evaluation, not two
-    // per batch.
-    auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
-    auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
-    for (std::int64_t i = 0; i < data->test.n; i += 4096) {
-      const std::int64_t n = std::min<std::int64_t>(4096, data->test.n - i);
-      auto x = test_data->x().narrow(0, i, n).to(device);
-      auto y = test_data->y().narrow(0, i, n).to(device);
-      torch::Tensor out;
-      {
-        Autocast scope(device.type(), low, autocast);
-        out = model->forward(x);
-      }
-      loss_sum += loss_of(out, y, classification).to(device, torch::kFloat64) * static_cast<double>(n);
-      if (classification) correct += out.argmax(1).eq(y.to(out.device())).sum().to(device);
-    }
-    test_loss = loss_sum.item<double>() / static_cast<double>(data->test.n);
-    test_accuracy = static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(data->test.n);
-  };
-
-  // Replay the step from a CUDA graph where the spec asks and the step can be captured
-  std::unique_ptr<GraphedStep> graphed;
-  const std::string obstacle = spec.cuda_graph == "off" ? "train.cuda_graph is \"off\""
-                                                        : cuda_graph_obstacle(o, cuda, comm.distributed(), devices);
-  if (!obstacle.empty() && spec.cuda_graph == "on") {
-    std::cerr << "gpuq-worker: rank " << o.rank << ": train.cuda_graph is \"on\" but this step cannot be captured: "
-              << obstacle << "\n";
-    return 2;
-  }
-  if (!obstacle.empty() && o.fail_capture) {
-    std::cerr << "gpuq-worker: --fail-capture: this run captures no CUDA graph: " << obstacle << "\n";
-    return 2;
-  }
-  if (obstacle.empty()) {
-    auto graph = o.emulate_cuda_graph ? make_emulated_step_graph([&] { clear_gradients(params); }, o.fail_capture)
-                                      : make_cuda_step_graph(device.index(), o.fail_capture);
-    graphed = std::make_unique<GraphedStep>(std::move(graph), *train_data, device, micro, spec.accumulate);
-  } else if (spec.cuda_graph == "auto") {
-    std::cout << "rank " << o.rank << ": eager steps, no CUDA graph: " << obstacle << std::endl;
-  }
-  bool graph_announced = false;
-  for (int epoch = first_epoch; epoch <= spec.epochs; ++epoch) {
-    torch::manual_seed(spec.seed + static_cast<std::uint64_t>(epoch));  // dropout: same masks after a resume
-    auto order = spec.sampler == "weighted"
-                     ? weighted_indices(weights, data->train.n, o.rank, o.world, spec.seed, epoch)
-                     : shard_indices(data->train.n, o.rank, o.world, spec.seed, epoch, spec.sampler == "shuffle");
-    const std::int64_t steps = static_cast<std::int64_t>(order.size()) / spec.batch_size;  // drop the last partial batch
-    train_data->start(order, micro, steps * spec.accumulate);
-    const auto t_epoch = std::chrono::steady_clock::now();
-    model->train(true);
-    // Losses stay on the device between progress events: reading one every step would make the
-    // host wait for the GPU every step.
-    torch::Tensor step_loss;
-    for (std::int64_t s = 0; s < steps; ++s) {
-      set_learning_rate(*optimizer, learning_rate(spec, epoch, step, steps_per_epoch * spec.epochs));
-      if (!graphed) {
-        clear_gradients(params);
-        step_loss = forward_backward([&](int) { return train_data->next(); });
-      } else {
-        try {
-          step_loss = graphed->run(*train_data, params, forward_backward);
-        } catch (const GraphedStep::CaptureFailed& e) {
-          if (spec.cuda_graph == "on") throw;
-          // "auto": this step and the rest run eagerly, from the batches already taken
-          std::cerr << "gpuq-worker: rank " << o.rank << ": " << e.what() << "; eager steps from here\n";
-          const auto inputs = graphed->inputs();
-          graphed.reset();
-          clear_gradients(params);
-          step_loss = forward_backward([&](int m) { return inputs[static_cast<std::size_t>(m)]; });
-        }
-        if (graphed && graphed->captured() && !graph_announced) {
-          graph_announced = true;
-          std::cout << "rank " << o.rank << ": step " << step + 1 << " captured into a CUDA graph"
-                    << (o.emulate_cuda_graph ? " (emulated)" : "") << "; every later step replays it" << std::endl;
-        }
-      }
-      if (reducer) reducer->finish();
-      bool apply = true;
-      if (loss_scale) {  // unscale; skip the step if fp16 overflowed (every rank sees the same sums)
-        apply = loss_scale->update(unscale_gradients(params, loss_scale->scale()));
-        if (!apply) ++skipped;
-      }
-      if (apply && spec.clip_grad_norm > 0) clip_gradients(params, spec.clip_grad_norm, spec.optimizer.foreach);
-      if (apply) optimizer->step();
-      ++step;
-      samples += spec.batch_size;
-      if (step % spec.log_every == 0) {
-        json progress = {{"type", "progress"}, {"epoch", epoch}, {"epochs", spec.epochs}, {"step", step},
-                         {"total_steps", steps_per_epoch * spec.epochs}, {"loss", step_loss.item<double>()},
-                         {"samples_per_s", samples * o.world / (train_seconds + seconds_since(t_epoch))}};
-        progress.update(memory_fields(devices));
-        events.emit(progress);
-      }
-    }
-    if (step_loss.defined()) last_loss = step_loss.item<double>();  // also waits for the device
-    train_seconds += seconds_since(t_epoch);
-    broadcast_from_0(model->buffers(), comm);  // batch-norm statistics: rank 0's, everywhere
-
-    evaluate();
-    json progress = {{"type", "progress"}, {"epoch", epoch},          {"epochs", spec.epochs},
-                     {"step", step},         {"total_steps", steps_per_epoch * spec.epochs},
-                     {"loss", last_loss},    {"test_loss", test_loss}};
-    if (classification) progress["test_accuracy"] = test_accuracy;
-    progress.update(memory_fields(devices));
-    events.emit(progress);
-    std::cout << "rank " << o.rank << " epoch " << epoch << ": loss " << last_loss << ", test_loss " << test_loss
-              << (classification ? ", test_accuracy " + std::to_string(test_accuracy) : std::string()) << std::endl;
-
-    if (o.rank == 0 && checkpoints.enabled() && (epoch % spec.checkpoint_every == 0 || epoch == spec.epochs))
-      checkpoints.save(*model, *optimizer,
-                       {{"epoch", epoch}, {"step", step}, {"samples", samples}, {"train_seconds", train_seconds},
-                        {"loss", last_loss}},
-                       epoch);
-  }
-  // A resume from the last epoch's checkpoint (a job that ended after saving it, or restarted
-  // after it succeeded) trains nothing: it reports what that model scores.
-  if (first_epoch > spec.epochs) evaluate();
-  train_data->stop();
-  const bool graph_used = graphed && graphed->captured();
-  graphed.reset();  // waits for the graph's stream; later work goes to the default stream again
-
-  // Every rank's throughput, gathered by an allreduce of one-hot slots
-  const double rank_rate = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0;
-  auto rates = torch::zeros({o.world}, torch::kFloat64).to(device);
-  rates[o.rank] = rank_rate;
-  comm.allreduce_sum(rates)();
-  auto per_rank = rates.cpu();
-
-  if (!o.dump_params.empty()) {
-    json flat = json::array();
-    for (const auto& p : params) {
-      auto c = p.detach().cpu().contiguous().view(-1);
-      for (std::int64_t i = 0; i < c.numel(); ++i) flat.push_back(c[i].item<float>());
-    }
-    std::ofstream(o.dump_params) << flat.dump();
-  }
-  if (o.rank == 0) {
-    json result = {{"test_loss", test_loss}, {"epochs", spec.epochs}, {"steps", step}, {"world_size", o.world},
-                   {"device", device.str()}, {"backend", comm.backend()}, {"train_seconds", train_seconds},
-                   {"wall_seconds", seconds_since(t_start)}, {"samples_per_s", per_rank.sum().item<double>()},
-                   {"precision", spec.precision}, {"data_on", data_place}, {"cuda_graph", graph_used}};
-    if (classification) result["test_accuracy"] = test_accuracy;
-    if (checkpoints.enabled()) result["checkpoint"] = checkpoints.path();
-    if (first_epoch > 1) result["resumed_from_epoch"] = first_epoch - 1;
-    if (loss_scale) result["skipped_steps"] = skipped;
-    json ranks = json::array();
-    for (int r = 0; r < o.world; ++r) ranks.push_back(per_rank[r].item<double>());
-    result["rank_samples_per_s"] = ranks;
-    result.update(memory_fields(devices));
-    result["type"] = "result";
-    events.emit(result);
-  }
-  return 0;
 }
 
 }  // namespace gpuq::worker
