@@ -2,6 +2,7 @@
 real gpuq. Binary paths come from CMake through $GPUQ_BIN_DIR. A failing test keeps its
 temporary directory and prints where it is."""
 import json
+import itertools
 import os
 import resource
 import shutil
@@ -190,3 +191,14 @@ def pids_matching(pattern):
 def event_line(**fields):
     """Shell snippet appending one event line to $GPUQ_EVENTS."""
     return "echo '" + json.dumps(fields) + "' >> \"$GPUQ_EVENTS\""
+
+
+# A job that reports its GPU and when it ran (wall clock), as a result event.
+TIMED = ('t0=$(date +%s.%N); sleep {sleep}; t1=$(date +%s.%N); '
+         'echo "{{\\"type\\":\\"result\\",\\"gpu\\":\\"$CUDA_VISIBLE_DEVICES\\",\\"t0\\":$t0,\\"t1\\":$t1}}" >> "$GPUQ_EVENTS"')
+
+
+def max_overlap(intervals):
+    """The most intervals (t0, t1) that overlap at any moment."""
+    points = sorted([(t0, 1) for t0, _ in intervals] + [(t1, -1) for _, t1 in intervals])
+    return max(itertools.accumulate(d for _, d in points))
