@@ -6,7 +6,9 @@ user would compare gpuq with:
              posix_spawn (goal: <= 1.3x); `/bin/true` shows the floor. subprocess.run adds ~3 ms
              of Python to every run, which hid a 3x difference as 1.0x
   sweep      a script that calls the CLI once per job: N trivial jobs submitted one call each and
-             drained, on `fake:8` against `tsp -S 8` (goal: <= 1.0x)
+             drained, on `fake:8` against `tsp -S 8` (goal: <= 1.0x): `tsp -n` keeps nothing of a
+             job, plain `tsp` its output in a file, as gpuq keeps a job's logs and records
+  gpuqd cpu  the daemon's CPU time over the sweep, per job
   libraries  what `ldd gpuq` lists (goal: no graphics library; cairo is loaded by `plot` alone)
 
 Usage: bench/cli_startup.py [--bin build/bin] [--jobs 500]
@@ -50,12 +52,12 @@ def median_ms(argv, runs=300):
     return statistics.median(times) * 1000
 
 
-def tsp_sweep(n, tmp):
+def tsp_sweep(n, tmp, keep_output):
     env = dict(os.environ, TS_SOCKET=os.path.join(tmp, "tsp.sock"), TMPDIR=tmp)
     subprocess.run(["tsp", "-S", "8"], env=env, check=True)
     t = time.perf_counter()
     for _ in range(n):
-        subprocess.run(["tsp", "-n", "true"], env=env, stdout=subprocess.DEVNULL, check=True)
+        subprocess.run(["tsp", *([] if keep_output else ["-n"]), "true"], env=env, stdout=subprocess.DEVNULL, check=True)
     while True:  # drained: no job queued or running
         out = subprocess.run(["tsp"], env=env, capture_output=True, text=True).stdout
         if not any(w in out for w in (" queued ", " running ")):
@@ -78,7 +80,10 @@ def gpuq_sweep(n, tmp):
                                check=True)
             ids += json.loads(r.stdout)["ids"]
         subprocess.run([GPUQ, "wait", *map(str, ids)], env=env, stdout=subprocess.DEVNULL, check=True)
-        return time.perf_counter() - t
+        took = time.perf_counter() - t
+        stat = open(f"/proc/{d.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return took, cpu
     finally:
         d.stop()
 
@@ -87,10 +92,14 @@ gpuq_ms, tsp_ms, floor_ms = median_ms([GPUQ, "--version"]), median_ms(["tsp", "-
 print(f"| start-up: `gpuq --version` against `tsp -h` (median of 300; `/bin/true`: {floor_ms:.2f} ms) | "
       f"{gpuq_ms:.2f} ms | {tsp_ms:.2f} ms | {gpuq_ms / tsp_ms:.2f}x |")
 with tempfile.TemporaryDirectory() as tmp:
-    g = gpuq_sweep(args.jobs, tmp)
+    g, cpu = gpuq_sweep(args.jobs, tmp)
 with tempfile.TemporaryDirectory() as tmp:
-    s = tsp_sweep(args.jobs, tmp)
-print(f"| sweep: {args.jobs} trivial jobs, one CLI call each, drained (8 slots) | {g:.2f} s | {s:.2f} s | {g / s:.2f}x |")
+    s = tsp_sweep(args.jobs, tmp, keep_output=False)
+with tempfile.TemporaryDirectory() as tmp:
+    s_out = tsp_sweep(args.jobs, tmp, keep_output=True)
+print(f"| sweep: {args.jobs} trivial jobs, one CLI call each, drained (8 slots), against `tsp -n` | {g:.2f} s | {s:.2f} s | {g / s:.2f}x |")
+print(f"| the same against plain `tsp` (each job's output kept in a file) | {g:.2f} s | {s_out:.2f} s | {g / s_out:.2f}x |")
+print(f"| gpuqd's CPU time over the sweep | {cpu:.2f} s ({cpu / args.jobs * 1000:.2f} ms a job) | | |")
 libs = subprocess.run(["ldd", GPUQ], capture_output=True, text=True).stdout.split("\n")
 graphics = [l.split()[0] for l in libs if any(k in l for k in ("cairo", "X11", "xcb", "fontconfig", "freetype", "png"))]
 print(f"| `ldd gpuq`: {len([l for l in libs if l.strip()])} libraries | graphics: {', '.join(graphics) or 'none'} | | |")
