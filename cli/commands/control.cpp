@@ -173,11 +173,6 @@ int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int
 
 
 namespace {
-// The job ids and --batch that cancel, restart, hold, release, update and clean take.
-struct Selection {
-  std::vector<std::int64_t> ids;
-  std::int64_t batch = 0;
-};
 int usage(const std::string& command, const std::string& what) {
   std::cerr << "gpuq " << command << ": " << what << "\n";
   return k_exit_usage;
@@ -187,8 +182,7 @@ int usage(const std::string& command, const std::string& what) {
 void add_cancel(CLI::App& app, Context& ctx) {
   auto a = args<Selection>();
   auto* sub = app.add_subcommand("cancel", "Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL");
-  sub->add_option("ids", a->ids, "Job ids");
-  sub->add_option("--batch,-b", a->batch, "Every job of this batch (besides any ids)");
+  add_selection(sub, *a, "Job ids");
   add_json_flag(sub, ctx);
   sub->callback([&ctx, a] {
     ctx.run = [&ctx, a] {
@@ -206,8 +200,7 @@ void add_restart(CLI::App& app, Context& ctx) {
   auto* sub = app.add_subcommand(
       "restart", "Queue ended jobs again (same ids; train jobs resume from their checkpoints), with the jobs "
                  "that failed waiting for them");
-  sub->add_option("ids", a->ids, "Job ids (any that ended)");
-  sub->add_option("--batch,-b", a->batch, "The jobs of this batch that failed, were cancelled or timed out");
+  add_selection(sub, *a, "Job ids (any that ended)", "The jobs of this batch that failed, were cancelled or timed out");
   sub->add_flag("--fresh", a->fresh, "Remove their checkpoints first: start over instead of resuming");
   add_json_flag(sub, ctx);
   sub->callback([&ctx, a] {
@@ -223,8 +216,7 @@ void add_hold(CLI::App& app, Context& ctx) {
     auto a = args<Selection>();
     auto* sub = holding ? app.add_subcommand("hold", "Keep queued jobs from starting (they wait out of line) until released")
                         : app.add_subcommand("release", "Let held jobs start");
-    sub->add_option("ids", a->ids, "Job ids");
-    sub->add_option("--batch,-b", a->batch, holding ? "Every queued job of this batch" : "Every held job of this batch");
+    add_selection(sub, *a, "Job ids", holding ? "Every queued job of this batch" : "Every held job of this batch");
     add_json_flag(sub, ctx);
     sub->callback([&ctx, a, holding] {
       ctx.run = [&ctx, a, holding] {
@@ -243,8 +235,7 @@ void add_update(CLI::App& app, Context& ctx) {
   auto a = args<Args>();
   auto* sub = app.add_subcommand("update", "Change waiting jobs' priority, retries or timeout (running ones: "
                                            "priority and retries, for their next attempt)");
-  sub->add_option("ids", a->ids, "Job ids");
-  sub->add_option("--batch,-b", a->batch, "Every queued job of this batch");
+  add_selection(sub, *a, "Job ids", "Every queued job of this batch");
   sub->add_option("--priority,-p", a->priority, "New priority (higher starts first)");
   sub->add_option("--retries", a->retries, "New number of retries");
   sub->add_option("--timeout", a->timeout, "New timeout: 90s, 30m, 12h, 2d, or none");
@@ -292,8 +283,7 @@ void add_clean(CLI::App& app, Context& ctx) {
   auto* sub = app.add_subcommand(
       "clean", "Free the disk ended jobs take: remove their logs and checkpoints (results and history stay, "
                "unless --forget)");
-  sub->add_option("ids", a->ids, "Job ids (ended ones)");
-  sub->add_option("--batch,-b", a->batch, "The ended jobs of this batch");
+  add_selection(sub, *a, "Job ids (ended ones)", "The ended jobs of this batch");
   sub->add_option("--older-than", a->older_than, "Only jobs that ended this long ago: 90s, 30m, 12h, 7d, 2w (alone: every such job)");
   auto* ckpt = sub->add_flag("--checkpoints", a->checkpoints_only, "Remove only the checkpoints, keep the logs");
   sub->add_flag("--forget", a->forget,

@@ -15,9 +15,7 @@ using json = nlohmann::json;
 
 namespace {
 
-struct PlotArgs {
-  std::vector<std::int64_t> ids;
-  std::int64_t batch = 0;
+struct PlotArgs : Selection {
   std::string output;  // .png or .svg
   std::string x = "auto";
   std::vector<std::string> metrics;  // empty: the loss and accuracy fields
@@ -187,8 +185,7 @@ int cmd_events(const Options& o, std::int64_t id, int attempt, const std::string
 void add_plot(CLI::App& app, Context& ctx) {
   auto a = args<PlotArgs>();
   auto* sub = app.add_subcommand("plot", "Draw jobs' training curves (loss, accuracy) into one PNG or SVG chart");
-  sub->add_option("ids", a->ids, "Job ids");
-  sub->add_option("--batch,-b", a->batch, "Every job of this batch (besides any ids)");
+  add_selection(sub, *a, "Job ids");
   sub->add_option("--output,-o", a->output, "The picture: FILE.png or FILE.svg")->required();
   sub->add_option("--x", a->x, "x axis: auto (epoch, else step, else time), epoch, step or time")->capture_default_str();
   sub->add_option("--metric,-m", a->metrics, "A progress field to plot (repeatable; default: the loss and accuracy fields)");

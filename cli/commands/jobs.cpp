@@ -543,15 +543,12 @@ void add_logs(CLI::App& app, Context& ctx) {
 }
 
 void add_wait(CLI::App& app, Context& ctx) {
-  struct Args {
-    std::vector<std::int64_t> ids;
-    std::int64_t batch = 0;
+  struct Args : Selection {
     double timeout_s = 0;
   };
   auto a = args<Args>();
   auto* sub = app.add_subcommand("wait", "Wait for jobs to end; exit 0 if all succeeded, 1 if not, 124 on timeout");
-  sub->add_option("ids", a->ids, "Job ids");
-  sub->add_option("--batch,-b", a->batch, "Every job of this batch (besides any ids)");
+  add_selection(sub, *a, "Job ids");
   sub->add_option("--timeout", a->timeout_s, "Give up after this many seconds");
   add_json_flag(sub, ctx);
   sub->callback([&ctx, a] {
@@ -571,15 +568,12 @@ void add_result(CLI::App& app, Context& ctx) {
 }
 
 void add_results(CLI::App& app, Context& ctx) {
-  struct Args {
-    std::vector<std::int64_t> ids;
-    std::int64_t batch = 0;
+  struct Args : Selection {
     std::vector<std::string> fields;
   };
   auto a = args<Args>();
   auto* sub = app.add_subcommand("results", "Results of many jobs in one table");
-  sub->add_option("ids", a->ids, "Job ids");
-  sub->add_option("--batch,-b", a->batch, "Every job of this batch");
+  add_selection(sub, *a, "Job ids", "Every job of this batch");
   sub->add_option("--fields,-f", a->fields, "Result fields to show, comma-separated (default: all, metrics first)")
       ->delimiter(',');
   add_json_flag(sub, ctx);
