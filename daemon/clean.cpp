@@ -32,7 +32,7 @@ void Daemon::cmd_clean(const common::CleanRequest& q, Reply& reply) {
   std::map<std::int64_t, double> ended;  // id -> ended_at
   const char* only = q.forget ? "only a job that has ended can be forgotten"
                               : "only the files of a job that has ended can be removed";
-  for (auto id : q.ids) ended[id] = ended_job(id, only).ended_at;
+  for (auto id : q.ids) ended[id] = ended_job(id, only).run.ended_at;
   if (q.batch != 0) {
     if (!m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
     for (const auto& [id, at] : m_store->ended_of_batch(q.batch)) ended[id] = at;

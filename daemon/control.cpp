@@ -39,10 +39,10 @@ json Daemon::cmd_cancel(const common::IdsRequest& q) {
   std::vector<JobRecord> flagged;
   for (auto id : q.ids)
     if (auto it = m_active.find(id);
-        it != m_active.end() && it->second.rec.state == JobState::running && !it->second.rec.cancel_requested)
+        it != m_active.end() && it->second.rec.state == JobState::running && !it->second.rec.run.cancel_requested)
       flagged.push_back(next_record(it->second.rec, event::CancelRequested{}));
   commit(std::move(cancelled), {}, flagged);
-  for (const auto& r : flagged) m_active.at(r.id).rec.cancel_requested = true;
+  for (const auto& r : flagged) m_active.at(r.id).rec.run.cancel_requested = true;
   common::CancelReply out;
   for (auto id : q.ids) {
     auto it = m_active.find(id);

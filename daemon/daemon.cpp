@@ -46,10 +46,10 @@ Daemon::~Daemon() = default;
 // CPUAffinity) it holds instead the slots of its real cores in this mapping, and none for cores
 // outside this gpuqd's mask, so no other job is pinned onto them.
 void Daemon::rederive_slots(JobRecord& rec) {
-  if (rec.cores.empty() || job_cores(rec, m_cores) == rec.cores) return;
-  rec.cpu_slots = slots_on_cores(rec.cores, m_cores, m_config.cpu_slots);
-  std::cerr << "gpuqd: job " << rec.id << " runs on cores " << common::format_cpu_list(rec.cores)
-            << ", launched under another CPU mask; it holds CPU slots " << json(rec.cpu_slots).dump()
+  if (rec.run.cores.empty() || job_cores(rec, m_cores) == rec.run.cores) return;
+  rec.run.cpu_slots = slots_on_cores(rec.run.cores, m_cores, m_config.cpu_slots);
+  std::cerr << "gpuqd: job " << rec.id << " runs on cores " << common::format_cpu_list(rec.run.cores)
+            << ", launched under another CPU mask; it holds CPU slots " << json(rec.run.cpu_slots).dump()
             << " of this gpuqd's pool (cores " << common::format_cpu_list(m_cores) << ")\n";
   m_store->update(rec, false);
 }
@@ -242,22 +242,22 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.gpus_requested = r.spec.gpus;
   i.mode = std::string(common::to_string(r.spec.mode));
   i.ranks = r.spec.ranks;
-  i.gpus = r.gpus;
+  i.gpus = r.run.gpus;
   i.cpus_requested = r.spec.cpus;
   // The cores as launched; a store from before they were kept has the slots alone.
-  i.cpus = !r.cores.empty() ? r.cores : job_cores(r, m_cores);
+  i.cpus = !r.run.cores.empty() ? r.run.cores : job_cores(r, m_cores);
   i.mem_bind = std::string(common::to_string(r.spec.mem_bind));
   if (r.spec.mem_bind != common::MemBind::none) i.mem_nodes = numa_nodes_of(i.cpus, m_cores, m_core_nodes);
   i.submitted_at = r.submitted_at;
-  i.started_at = r.started_at;
-  i.ended_at = r.ended_at;
-  i.exit_code = r.exit_code ? json(*r.exit_code) : json();
-  i.exit_signal = r.exit_signal ? json(*r.exit_signal) : json();
+  i.started_at = r.run.started_at;
+  i.ended_at = r.run.ended_at;
+  i.exit_code = r.run.exit_code ? json(*r.run.exit_code) : json();
+  i.exit_signal = r.run.exit_signal ? json(*r.run.exit_signal) : json();
   i.reason = r.state == JobState::queued && !wait_reason.empty() && r.reason.empty() ? wait_reason : r.reason;
   if (r.held && r.state == JobState::queued)
     i.reason = "held until `gpuq release " + std::to_string(r.id) + "`" + (r.reason.empty() ? "" : "; " + r.reason);
-  i.progress = r.progress;
-  i.result = r.result;
+  i.progress = r.run.progress;
+  i.result = r.run.result;
   i.after = r.after;
   i.bad_event_lines = r.bad_event_lines;
   i.job_dir = job_dir(m_config.state_dir, r.id);

@@ -65,21 +65,21 @@ std::int64_t apply_events(JobRecord& job, const std::vector<EventRow>& events) {
       json p = e.data;
       p["rank"] = e.rank;
       p["at"] = e.at;
-      job.progress = std::move(p);
+      job.run.progress = std::move(p);
     } else if (e.type == "result") {
-      if (!job.result.is_object()) job.result = json::object();
-      if (!measured) result_bytes = job.result.dump().size(), measured = true;
+      if (!job.run.result.is_object()) job.run.result = json::object();
+      if (!measured) result_bytes = job.run.result.dump().size(), measured = true;
       // The result after the merge: each field replaced adds its new size and drops its old one.
       std::size_t after = result_bytes;
       for (const auto& [k, v] : e.data.items()) {
         after += k.size() + 4 + v.dump().size();  // "k":v,
-        if (auto old = job.result.find(k); old != job.result.end()) after -= k.size() + 4 + old->dump().size();
+        if (auto old = job.run.result.find(k); old != job.run.result.end()) after -= k.size() + 4 + old->dump().size();
       }
       if (after > k_max_result_bytes) {
         refused++;
         continue;
       }
-      for (const auto& [k, v] : e.data.items()) job.result[k] = v;
+      for (const auto& [k, v] : e.data.items()) job.run.result[k] = v;
       result_bytes = after;
     }
   }

@@ -35,7 +35,7 @@ json Daemon::cmd_gpus() {
     if (readings[i].utilization) info.utilization = *readings[i].utilization;
     for (std::int64_t id : m_running) {
       const Active& a = m_active.at(id);
-      if (std::find(a.rec.gpus.begin(), a.rec.gpus.end(), g.index) == a.rec.gpus.end()) continue;
+      if (std::find(a.rec.run.gpus.begin(), a.rec.run.gpus.end(), g.index) == a.rec.run.gpus.end()) continue;
       info.jobs.push_back(id);
       info.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : g.memory_total_mb;
       info.exclusive = info.exclusive || !a.rec.spec.shared;

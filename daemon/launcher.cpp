@@ -40,8 +40,8 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
   for (const auto& [k, v] : job.spec.env) env[k] = v;
 
   std::string visible, uuids;
-  for (std::size_t i = 0; i < job.gpus.size(); ++i) {
-    visible += (i ? "," : "") + std::to_string(job.gpus[i]);
+  for (std::size_t i = 0; i < job.run.gpus.size(); ++i) {
+    visible += (i ? "," : "") + std::to_string(job.run.gpus[i]);
     if (i < gpu_uuids.size()) uuids += (i ? "," : "") + gpu_uuids[i];
   }
   // NVML and CUDA agree on numbering only in PCI bus order; indices here are NVML's.
@@ -75,7 +75,7 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
     env["ROLE_WORLD_SIZE"] = world;
     env["ROLE_NAME"] = "default";
     env["MASTER_ADDR"] = "127.0.0.1";
-    env["MASTER_PORT"] = std::to_string(job.master_port);
+    env["MASTER_PORT"] = std::to_string(job.run.master_port);
     // torchrun's count is of restarts within this run, as its max is: since submission or `restart`.
     env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(std::max(0, job.attempt - job.attempt_base - 1));
     env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(job.spec.retries);
@@ -97,13 +97,13 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
 
 std::vector<std::vector<int>> rank_cores(const JobRecord& job, const std::vector<int>& cores) {
   const int n = job.spec.mode == common::Mode::ddp ? job.spec.ranks : 1;
-  if (job.spec.cpus <= 0 || job.cpu_slots.empty() || cores.empty()) return {};
+  if (job.spec.cpus <= 0 || job.run.cpu_slots.empty() || cores.empty()) return {};
   std::vector<std::vector<int>> out(n);
-  const std::size_t slots = job.cpu_slots.size();
+  const std::size_t slots = job.run.cpu_slots.size();
   for (int r = 0; r < n; ++r) {
     std::set<int> mine;
     for (int k = 0; k < job.spec.cpus && mine.size() < slots; ++k) {
-      const int slot = job.cpu_slots[(static_cast<std::size_t>(r) * job.spec.cpus + k) % slots];
+      const int slot = job.run.cpu_slots[(static_cast<std::size_t>(r) * job.spec.cpus + k) % slots];
       mine.insert(cores[static_cast<std::size_t>(slot) % cores.size()]);
     }
     out[r].assign(mine.begin(), mine.end());

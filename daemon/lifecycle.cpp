@@ -37,16 +37,9 @@ std::string_view event_name(const Event& e) {
 }
 
 void clear_attempt(JobRecord& rec) {
+  rec.run = {};
   rec.reason.clear();
-  rec.started_at = rec.ended_at = rec.not_before = 0;
-  rec.exit_code.reset();
-  rec.exit_signal.reset();
-  rec.gpus.clear();
-  rec.cpu_slots.clear();
-  rec.cores.clear();
-  rec.master_port = 0;
-  rec.cancel_requested = false;
-  rec.progress = rec.result = rec.first_failure = nullptr;
+  rec.not_before = 0;
   rec.blocked_by = 0;
 }
 
@@ -60,11 +53,11 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             clear_attempt(next);
             next.state = JobState::running;
             next.attempt = rec.attempt + 1;
-            next.gpus = l.gpus;
-            next.cpu_slots = l.cpu_slots;
-            next.cores = l.cores;
-            next.master_port = l.master_port;
-            next.started_at = l.at;
+            next.run.gpus = l.gpus;
+            next.run.cpu_slots = l.cpu_slots;
+            next.run.cores = l.cores;
+            next.run.master_port = l.master_port;
+            next.run.started_at = l.at;
             return next;
           },
           [&](const event::Ended& end) -> Result<JobRecord> {
@@ -72,10 +65,10 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             if (!is_terminal(end.state)) return refused(rec, e, "an end state (succeeded, failed, timed_out, cancelled)");
             next.state = end.state;
             next.reason = end.reason;
-            next.exit_code = end.exit_code;
-            next.exit_signal = end.exit_signal;
-            next.first_failure = end.first_failure;
-            next.ended_at = end.at;
+            next.run.exit_code = end.exit_code;
+            next.run.exit_signal = end.exit_signal;
+            next.run.first_failure = end.first_failure;
+            next.run.ended_at = end.at;
             return next;
           },
           [&](const event::Retried& r) -> Result<JobRecord> {
@@ -89,20 +82,20 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
                                                        std::to_string(rec.spec.retries) + " used)"};
             next.state = JobState::queued;
             next.not_before = r.not_before;
-            next.ended_at = 0;
+            next.run.ended_at = 0;
             next.reason = r.reason;
             return next;
           },
           [&](const event::CancelRequested&) -> Result<JobRecord> {
             if (!running) return refused(rec, e, "a running job");
-            next.cancel_requested = true;
+            next.run.cancel_requested = true;
             return next;
           },
           [&](const event::Cancelled& c) -> Result<JobRecord> {
             if (!queued) return refused(rec, e, "a queued job (a running one is asked to stop: cancel_requested)");
             next.state = JobState::cancelled;
             next.held = false;
-            next.ended_at = c.at;
+            next.run.ended_at = c.at;
             next.reason = rec.attempt > 0 ? "cancelled while waiting to retry" : "cancelled before it started";
             return next;
           },
@@ -110,7 +103,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             if (!queued) return refused(rec, e, "a queued job");
             next.state = JobState::failed;
             next.held = false;
-            next.ended_at = d.at;
+            next.run.ended_at = d.at;
             next.blocked_by = d.dependency;
             next.reason = d.reason;
             return next;
@@ -134,9 +127,9 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             next.state = JobState::queued;
             next.attempt = rec.attempt - 1;
             next.reason = n.reason;
-            next.gpus.clear();
-            next.cpu_slots.clear();
-            next.cores.clear();
+            next.run.gpus.clear();
+            next.run.cpu_slots.clear();
+            next.run.cores.clear();
             return next;
           },
       },

@@ -85,9 +85,9 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e);
 // The same for gpuqd's own transitions, which its checks made legal: a refusal is a RequestError.
 JobRecord next_record(const JobRecord& rec, const Event& e);
 
-// What belongs to one attempt, cleared so that the next starts from a clean slate: its times,
-// exit status and reason, its GPUs, slots, cores and port, its progress, result and first
-// failure, a cancel asked of it, its backoff and the dependency that failed it.
+// Starts the next attempt from a clean slate: a default JobRecord::Attempt (its times, exit
+// status, GPUs, slots, cores and port, progress, result and first failure, a cancel asked of it),
+// and no reason, backoff or dependency that failed it.
 void clear_attempt(JobRecord& rec);
 
 }  // namespace gpuq::daemon

@@ -73,7 +73,7 @@ json Daemon::cmd_show(const common::IdRequest& q) {
       std::string p = rank_log_path(attempt_dir(m_config.state_dir, q.id, a), r);
       if (common::path_exists(p)) out.logs.push_back({a, r, p});
     }
-  out.first_failure = rec.first_failure;
+  out.first_failure = rec.run.first_failure;
   return out;
 }
 

@@ -172,8 +172,8 @@ void Daemon::schedule_now() {
     if (!m_drained.count(g.uuid)) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0, g.numa_node});
   for (std::int64_t id : m_running) {
     const Active& a = m_active.at(id);
-    double ends = a.rec.spec.timeout_s > 0 ? a.rec.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;
-    for (int idx : a.rec.gpus)
+    double ends = a.rec.spec.timeout_s > 0 ? a.rec.run.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;
+    for (int idx : a.rec.run.gpus)
       for (auto& g : gpus)
         if (g.index == idx) {
           g.holders++;
@@ -220,13 +220,13 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   event::Launched launched{gpus, placement.cpu_slots, {}, 0, now};
   {
     JobRecord slots = a.rec;  // the cores follow from the slots, under this gpuqd's CPU mask
-    slots.cpu_slots = placement.cpu_slots;
+    slots.run.cpu_slots = placement.cpu_slots;
     launched.cores = job_cores(slots, m_cores);
   }
   if (a.rec.spec.mode == common::Mode::ddp) {
     std::set<int> in_use;
     for (std::int64_t id : m_running)
-      if (const int port = m_active.at(id).rec.master_port) in_use.insert(port);
+      if (const int port = m_active.at(id).rec.run.master_port) in_use.insert(port);
     launched.master_port = pick_free_port(in_use);
   }
   JobRecord next = next_record(a.rec, launched);
@@ -275,8 +275,8 @@ CpuSlots Daemon::cpu_pool() const {
   std::vector<int> unnumbered;  // running jobs started by a gpuqd whose CPU slots had no numbers yet
   for (std::int64_t id : m_running) {
     const Active& a = m_active.at(id);
-    cpu.taken.insert(a.rec.cpu_slots.begin(), a.rec.cpu_slots.end());
-    if (a.rec.cpu_slots.empty() && a.rec.spec.gpus == 0) unnumbered.push_back(std::min(a.rec.spec.ranks, cpu.total));
+    cpu.taken.insert(a.rec.run.cpu_slots.begin(), a.rec.run.cpu_slots.end());
+    if (a.rec.run.cpu_slots.empty() && a.rec.spec.gpus == 0) unnumbered.push_back(std::min(a.rec.spec.ranks, cpu.total));
   }
   for (int n : unnumbered)
     for (int slot = 0; n > 0 && slot < cpu.total; ++slot)
@@ -322,7 +322,7 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   }
 
   bool retryable = false;
-  if (rec.cancel_requested || outcome.value("cancelled", false)) {
+  if (rec.run.cancel_requested || outcome.value("cancelled", false)) {
     end.state = JobState::cancelled;
     end.reason = "cancelled while running";
   } else if (outcome.value("timed_out", false)) {

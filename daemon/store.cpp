@@ -185,21 +185,21 @@ void Store::write_job(const JobRecord& j) {
   bind_text(st, 1, std::string(to_string(j.state)));
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, j.reason);
-  sqlite3_bind_double(st, 4, j.started_at);
-  sqlite3_bind_double(st, 5, j.ended_at);
-  bind_opt(st, 6, j.exit_code);
-  bind_opt(st, 7, j.exit_signal);
-  bind_text(st, 8, json(j.gpus).dump());
-  sqlite3_bind_int(st, 9, j.master_port);
+  sqlite3_bind_double(st, 4, j.run.started_at);
+  sqlite3_bind_double(st, 5, j.run.ended_at);
+  bind_opt(st, 6, j.run.exit_code);
+  bind_opt(st, 7, j.run.exit_signal);
+  bind_text(st, 8, json(j.run.gpus).dump());
+  sqlite3_bind_int(st, 9, j.run.master_port);
   sqlite3_bind_double(st, 10, j.not_before);
-  sqlite3_bind_int(st, 11, j.cancel_requested ? 1 : 0);
-  bind_json(st, 12, j.progress);
-  bind_json(st, 13, j.result);
+  sqlite3_bind_int(st, 11, j.run.cancel_requested ? 1 : 0);
+  bind_json(st, 12, j.run.progress);
+  bind_json(st, 13, j.run.result);
   bind_text(st, 14, json(j.after).dump());
   sqlite3_bind_int64(st, 15, j.bad_event_lines);
-  bind_json(st, 16, j.first_failure);
-  bind_text(st, 17, json(j.cpu_slots).dump());
-  bind_text(st, 18, json(j.cores).dump());
+  bind_json(st, 16, j.run.first_failure);
+  bind_text(st, 17, json(j.run.cpu_slots).dump());
+  bind_text(st, 18, json(j.run.cores).dump());
   sqlite3_bind_int(st, 19, j.attempt_base);
   sqlite3_bind_int(st, 20, j.restarts);
   sqlite3_bind_int64(st, 21, j.blocked_by);
@@ -220,8 +220,8 @@ void Store::write_transition(const JobRecord& j, double at, const std::string* r
 
 // When a job entered its current state: its end or start where it has one, else now.
 double Store::transition_time(const JobRecord& job) {
-  double at = job.ended_at > 0 && is_terminal(job.state) ? job.ended_at
-              : job.state == JobState::running           ? job.started_at
+  double at = job.run.ended_at > 0 && is_terminal(job.state) ? job.run.ended_at
+              : job.state == JobState::running           ? job.run.started_at
                                                           : 0;
   return at == 0 ? wall_now() : at;
 }
@@ -262,25 +262,25 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     j.attempt = sqlite3_column_int(st, 4);
     j.reason = text(st, 5);
     j.submitted_at = sqlite3_column_double(st, 6);
-    j.started_at = sqlite3_column_double(st, 7);
-    j.ended_at = sqlite3_column_double(st, 8);
-    if (sqlite3_column_type(st, 9) != SQLITE_NULL) j.exit_code = sqlite3_column_int(st, 9);
-    if (sqlite3_column_type(st, 10) != SQLITE_NULL) j.exit_signal = sqlite3_column_int(st, 10);
+    j.run.started_at = sqlite3_column_double(st, 7);
+    j.run.ended_at = sqlite3_column_double(st, 8);
+    if (sqlite3_column_type(st, 9) != SQLITE_NULL) j.run.exit_code = sqlite3_column_int(st, 9);
+    if (sqlite3_column_type(st, 10) != SQLITE_NULL) j.run.exit_signal = sqlite3_column_int(st, 10);
     json gpus = json_col(st, 11);
-    if (gpus.is_array()) j.gpus = gpus.get<std::vector<int>>();
-    j.master_port = sqlite3_column_int(st, 12);
+    if (gpus.is_array()) j.run.gpus = gpus.get<std::vector<int>>();
+    j.run.master_port = sqlite3_column_int(st, 12);
     j.not_before = sqlite3_column_double(st, 13);
-    j.cancel_requested = sqlite3_column_int(st, 14) != 0;
-    j.progress = json_col(st, 15);
-    j.result = json_col(st, 16);
+    j.run.cancel_requested = sqlite3_column_int(st, 14) != 0;
+    j.run.progress = json_col(st, 15);
+    j.run.result = json_col(st, 16);
     json after = json_col(st, 17);
     if (after.is_array()) j.after = after.get<std::vector<std::int64_t>>();
     j.bad_event_lines = sqlite3_column_int64(st, 18);
-    j.first_failure = json_col(st, 19);
+    j.run.first_failure = json_col(st, 19);
     json cpu_slots = json_col(st, 20);
-    if (cpu_slots.is_array()) j.cpu_slots = cpu_slots.get<std::vector<int>>();
+    if (cpu_slots.is_array()) j.run.cpu_slots = cpu_slots.get<std::vector<int>>();
     json cores = json_col(st, 21);
-    if (cores.is_array()) j.cores = cores.get<std::vector<int>>();
+    if (cores.is_array()) j.run.cores = cores.get<std::vector<int>>();
     j.attempt_base = sqlite3_column_int(st, 22);
     j.restarts = sqlite3_column_int(st, 23);
     j.blocked_by = sqlite3_column_int64(st, 24);

@@ -34,21 +34,27 @@ struct JobRecord {
   JobState state = JobState::queued;
   int attempt = 0;
   std::string reason;
-  double submitted_at = 0, started_at = 0, ended_at = 0;
-  std::optional<int> exit_code, exit_signal;
-  std::vector<int> gpus;
-  std::vector<int> cpu_slots;  // CPU-pool slots held (current or last attempt); see scheduler.hpp
-  // The cores that attempt's ranks were pinned to, ascending (empty: unpinned). Kept beside the
-  // slots because the slot -> core mapping follows gpuqd's affinity mask, which a restart may change.
-  std::vector<int> cores;
-  int master_port = 0;
+  double submitted_at = 0;
+  // What the current (or last) attempt owns: set at its launch, filled in while it runs and when it
+  // ends. A new attempt (a launch, a restart) starts from a default one: lifecycle.cpp's
+  // clear_attempt.
+  struct Attempt {
+    double started_at = 0, ended_at = 0;
+    std::optional<int> exit_code, exit_signal;
+    std::vector<int> gpus;
+    std::vector<int> cpu_slots;  // CPU-pool slots held; see scheduler.hpp
+    // The cores its ranks were pinned to, ascending (empty: unpinned). Kept beside the slots
+    // because the slot -> core mapping follows gpuqd's affinity mask, which a restart may change.
+    std::vector<int> cores;
+    int master_port = 0;
+    bool cancel_requested = false;
+    json progress;       // last progress event
+    json result;         // merged result events
+    json first_failure;  // {rank, exit_code, signal} when it failed
+  } run;
   double not_before = 0;  // retry backoff: not eligible before this time
-  bool cancel_requested = false;
-  json progress;  // last progress event
-  json result;    // merged result events of the current attempt
   std::vector<std::int64_t> after;  // resolved dependency ids
   std::int64_t bad_event_lines = 0;
-  json first_failure;  // {rank, exit_code, signal} of the last failed attempt
   int attempt_base = 0;  // attempts before the latest restart; `retries` counts from there
   int restarts = 0;      // times it was restarted after it had ended
   std::int64_t blocked_by = 0;  // failed without running because this dependency ended unsuccessfully

@@ -98,11 +98,11 @@ TEST_CASE("a result is bounded: an event that would grow it past the limit is re
   events.push_back({0, 0, "result", 1, {{"f0", "small"}}});  // replacing a field frees its room
   events.push_back({0, 0, "result", 1, {{"f9", big}}});
   CHECK(apply_events(job, events) == 2);  // f3 and f4; f9 fits again after f0 shrank
-  CHECK(job.result.contains("f2"));
-  CHECK_FALSE(job.result.contains("f3"));
-  CHECK(job.result["f0"] == "small");
-  CHECK(job.result.contains("f9"));
-  CHECK(job.result.dump().size() <= k_max_result_bytes);
+  CHECK(job.run.result.contains("f2"));
+  CHECK_FALSE(job.run.result.contains("f3"));
+  CHECK(job.run.result["f0"] == "small");
+  CHECK(job.run.result.contains("f9"));
+  CHECK(job.run.result.dump().size() <= k_max_result_bytes);
 }
 
 TEST_CASE("progress keeps the latest event; results merge field by field") {
@@ -111,9 +111,9 @@ TEST_CASE("progress keeps the latest event; results merge field by field") {
                      {0, 1, "result", 2, {{"acc", 0.5}, {"loss", 1.0}}},
                      {0, 0, "progress", 3, {{"step", 2}}},
                      {0, 0, "result", 4, {{"acc", 0.9}}}});
-  CHECK(job.progress["step"] == 2);
-  CHECK(job.progress["rank"] == 0);
-  CHECK(job.result == json{{"acc", 0.9}, {"loss", 1.0}});
+  CHECK(job.run.progress["step"] == 2);
+  CHECK(job.run.progress["rank"] == 0);
+  CHECK(job.run.result == json{{"acc", 0.9}, {"loss", 1.0}});
 }
 
 TEST_SUITE_END();

@@ -17,8 +17,8 @@ JobRecord ddp_job() {
   JobRecord j;
   j.id = 42;
   j.attempt = 2;
-  j.gpus = {1, 3};
-  j.master_port = 29555;
+  j.run.gpus = {1, 3};
+  j.run.master_port = 29555;
   j.spec.name = "gang";
   j.spec.command = {"python3", "train.py"};
   j.spec.mode = gpuq::common::Mode::ddp;
@@ -78,7 +78,7 @@ TEST_CASE("independent jobs get no torchrun variables, and CPU jobs see no GPU")
   j.spec.gpus = 1;
   j.spec.shared = true;
   j.spec.gpu_memory_mb = 6000;
-  j.gpus = {2};
+  j.run.gpus = {2};
   CHECK(rank_environment(j, {}, {"GPU-c"}, "/j", "/j/attempt-1", 0)["GPUQ_GPU_MEMORY_MB"] == "6000");
 }
 
@@ -95,7 +95,7 @@ TEST_CASE("the launch document has one entry per rank with its own log and event
 TEST_CASE("a `cpus` job's ranks are pinned to their own share of the job's slots, mapped to cores") {
   auto job = ddp_job();  // 2 ranks
   job.spec.cpus = 2;
-  job.cpu_slots = {2, 3, 4, 5};
+  job.run.cpu_slots = {2, 3, 4, 5};
   const std::vector<int> cores{0, 1, 8, 9, 10, 11};  // slot s -> cores[s % 6]
   CHECK(rank_cores(job, cores) == std::vector<std::vector<int>>{{8, 9}, {10, 11}});
   auto doc = launch_document(job, {{"OMP_NUM_THREADS", "64"}}, {"GPU-b", "GPU-d"}, "/s", 7.5, 0, cores);
@@ -109,10 +109,10 @@ TEST_CASE("a `cpus` job's ranks are pinned to their own share of the job's slots
   CHECK(rank_environment(job, {}, {}, "/j", "/j/a", 0, {8, 9})["OMP_NUM_THREADS"] == "3");
 
   // Fewer slots than asked (a job wider than the pool): ranks wrap around and share them.
-  job.cpu_slots = {0, 1, 2};
+  job.run.cpu_slots = {0, 1, 2};
   CHECK(rank_cores(job, cores) == std::vector<std::vector<int>>{{0, 1}, {0, 8}});
   // More slots than cores (an oversubscribed pool): a rank's slots may land on one core.
-  job.cpu_slots = {5, 11};
+  job.run.cpu_slots = {5, 11};
   job.spec.mode = gpuq::common::Mode::independent;
   CHECK(rank_cores(job, cores) == std::vector<std::vector<int>>{{11}});
 
@@ -128,14 +128,14 @@ TEST_CASE("with `mem_bind`, each rank's entry names the NUMA nodes of its own co
   auto job = ddp_job();  // 2 ranks
   job.spec.cpus = 2;
   job.spec.mem_bind = gpuq::common::MemBind::local;
-  job.cpu_slots = {0, 1, 2, 3};
+  job.run.cpu_slots = {0, 1, 2, 3};
   const std::vector<int> cores{0, 1, 8, 9}, nodes{0, 0, 1, 1};
   auto doc = launch_document(job, {}, {}, "/s", 7.5, 0, cores, nodes);
   CHECK(doc["ranks"][0]["mem_bind"] == nlohmann::json({{"policy", "local"}, {"nodes", {0}}}));
   CHECK(doc["ranks"][1]["mem_bind"] == nlohmann::json({{"policy", "local"}, {"nodes", {1}}}));
 
   // A rank whose cores straddle two nodes is bound to both.
-  job.cpu_slots = {1, 2, 0, 3};
+  job.run.cpu_slots = {1, 2, 0, 3};
   job.spec.mem_bind = gpuq::common::MemBind::prefer;
   doc = launch_document(job, {}, {}, "/s", 7.5, 0, cores, nodes);
   CHECK(doc["ranks"][0]["mem_bind"] == nlohmann::json({{"policy", "prefer"}, {"nodes", {0, 1}}}));
@@ -160,7 +160,7 @@ TEST_CASE("a job's cores give back its slots under another CPU mask, and none fo
   job.spec.mode = gpuq::common::Mode::ddp;
   job.spec.ranks = 2;
   job.spec.cpus = 1;
-  job.cpu_slots = {0, 1};
+  job.run.cpu_slots = {0, 1};
   const std::vector<int> before{2, 3, 4, 5};  // launched under taskset -c 2-5: slots 0, 1 are cores 2, 3
   CHECK(job_cores(job, before) == std::vector<int>{2, 3});
   // Restarted under 0-5: slots 0 and 1 are now cores 0 and 1, but the job runs on 2 and 3.

@@ -100,26 +100,26 @@ TEST_CASE("a launch starts the next attempt from a clean slate") {
   r.attempt = 2;  // waiting out a retry after its second attempt
   r.reason = "attempt 2 failed (rank 0 exited with code 1); retry 1/2 in 2 s";
   r.not_before = 5;
-  r.exit_code = 1;
-  r.first_failure = {{"rank", 0}, {"exit_code", 1}};
-  r.progress = {{"step", 10}};
-  r.result = {{"loss", 0.3}};
-  r.ended_at = 4;
+  r.run.exit_code = 1;
+  r.run.first_failure = {{"rank", 0}, {"exit_code", 1}};
+  r.run.progress = {{"step", 10}};
+  r.run.result = {{"loss", 0.3}};
+  r.run.ended_at = 4;
   auto next = transition(r, event::Launched{{2, 3}, {0, 1}, {8, 9}, 29600, 100.0});
   REQUIRE(next.ok());
   CHECK(next->attempt == 3);
   CHECK(next->state == JobState::running);
-  CHECK(next->gpus == std::vector<int>{2, 3});
-  CHECK(next->cpu_slots == std::vector<int>{0, 1});
-  CHECK(next->cores == std::vector<int>{8, 9});
-  CHECK(next->master_port == 29600);
-  CHECK(next->started_at == 100.0);
-  CHECK(next->ended_at == 0);
+  CHECK(next->run.gpus == std::vector<int>{2, 3});
+  CHECK(next->run.cpu_slots == std::vector<int>{0, 1});
+  CHECK(next->run.cores == std::vector<int>{8, 9});
+  CHECK(next->run.master_port == 29600);
+  CHECK(next->run.started_at == 100.0);
+  CHECK(next->run.ended_at == 0);
   CHECK(next->reason.empty());
-  CHECK_FALSE(next->exit_code);
-  CHECK(next->first_failure.is_null());
-  CHECK(next->progress.is_null());
-  CHECK(next->result.is_null());
+  CHECK_FALSE(next->run.exit_code);
+  CHECK(next->run.first_failure.is_null());
+  CHECK(next->run.progress.is_null());
+  CHECK(next->run.result.is_null());
   CHECK(next->not_before == 0);
 }
 
@@ -129,9 +129,9 @@ TEST_CASE("an end records the attempt's outcome and refuses a state that is not 
                                        {{"rank", 1}, {"exit_code", 7}}, 9.0});
   REQUIRE(ended.ok());
   CHECK(ended->state == JobState::failed);
-  CHECK(ended->exit_code == 7);
-  CHECK(ended->first_failure["rank"] == 1);
-  CHECK(ended->ended_at == 9.0);
+  CHECK(ended->run.exit_code == 7);
+  CHECK(ended->run.first_failure["rank"] == 1);
+  CHECK(ended->run.ended_at == 9.0);
   CHECK(ended->attempt == 1);  // the attempt it ended
   for (JobState not_an_end : {JobState::queued, JobState::running})
     CHECK_FALSE(transition(job_in(JobState::running), event::Ended{not_an_end, "", {}, {}, nullptr, 1.0}).ok());
@@ -163,9 +163,9 @@ TEST_CASE("a restart queues an ended job with a fresh retry budget and nothing o
   r.attempt_base = 1;
   r.restarts = 1;
   r.blocked_by = 2;
-  r.cancel_requested = true;
-  r.gpus = {0};
-  r.result = {{"acc", 0.9}};
+  r.run.cancel_requested = true;
+  r.run.gpus = {0};
+  r.run.result = {{"acc", 0.9}};
   r.after = {2};
   r.bad_event_lines = 4;
   auto next = transition(r, event::Restarted{});
@@ -175,9 +175,9 @@ TEST_CASE("a restart queues an ended job with a fresh retry budget and nothing o
   CHECK(next->attempt_base == 3);
   CHECK(next->restarts == 2);
   CHECK(next->blocked_by == 0);
-  CHECK_FALSE(next->cancel_requested);
-  CHECK(next->gpus.empty());
-  CHECK(next->result.is_null());
+  CHECK_FALSE(next->run.cancel_requested);
+  CHECK(next->run.gpus.empty());
+  CHECK(next->run.result.is_null());
   CHECK(next->after == std::vector<std::int64_t>{2});  // what the job is stays
   CHECK(next->bad_event_lines == 4);
 }
@@ -187,7 +187,7 @@ TEST_CASE("queued jobs that end without running say why, and drop their hold") {
   REQUIRE(cancelled.ok());
   CHECK(cancelled->reason == "cancelled before it started");
   CHECK_FALSE(cancelled->held);
-  CHECK(cancelled->ended_at == 3.0);
+  CHECK(cancelled->run.ended_at == 3.0);
   JobRecord waiting = job_in(JobState::queued);
   waiting.attempt = 1;  // between a failed attempt and its retry
   CHECK(transition(waiting, event::Cancelled{4.0})->reason == "cancelled while waiting to retry");
@@ -201,16 +201,16 @@ TEST_CASE("queued jobs that end without running say why, and drop their hold") {
 TEST_CASE("a launch recorded but never started is queued again as the same attempt") {
   JobRecord r = job_in(JobState::running);
   r.attempt = 2;
-  r.gpus = {1};
-  r.cpu_slots = {3};
-  r.cores = {6};
+  r.run.gpus = {1};
+  r.run.cpu_slots = {3};
+  r.run.cores = {6};
   auto next = transition(r, event::NeverStarted{"requeued: gpuqd stopped before the job started"});
   REQUIRE(next.ok());
   CHECK(next->state == JobState::queued);
   CHECK(next->attempt == 1);
-  CHECK(next->gpus.empty());
-  CHECK(next->cpu_slots.empty());
-  CHECK(next->cores.empty());
+  CHECK(next->run.gpus.empty());
+  CHECK(next->run.cpu_slots.empty());
+  CHECK(next->run.cores.empty());
   CHECK(next->reason == "requeued: gpuqd stopped before the job started");
 }
 

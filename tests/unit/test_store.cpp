@@ -79,8 +79,8 @@ TEST_CASE("a result nested without limit by an older gpuq reads back as a note, 
   REQUIRE(store.ok());
   auto job = (*store)->get(id);
   REQUIRE(job);
-  CHECK(job->result == "(dropped: nested deeper than 64 levels)");
-  CHECK(job->progress == json{{"step", 3}});
+  CHECK(job->run.result == "(dropped: nested deeper than 64 levels)");
+  CHECK(job->run.progress == json{{"step", 3}});
 }
 
 TEST_CASE("updates persist across reopening, and only active jobs load as active") {
@@ -92,14 +92,14 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
     (*store)->insert_batch(jobs, {{}, {}, {}}, "/", json::object(), 1.0);
     jobs[0].state = gpuq::JobState::running;
     jobs[0].attempt = 1;
-    jobs[0].gpus = {2};
-    jobs[0].cpu_slots = {4, 5};
-    jobs[0].cores = {8, 9};
-    jobs[0].started_at = 2.0;
+    jobs[0].run.gpus = {2};
+    jobs[0].run.cpu_slots = {4, 5};
+    jobs[0].run.cores = {8, 9};
+    jobs[0].run.started_at = 2.0;
     (*store)->update(jobs[0], true);
     jobs[1].state = gpuq::JobState::failed;
-    jobs[1].exit_signal = 9;
-    jobs[1].ended_at = 3.0;
+    jobs[1].run.exit_signal = 9;
+    jobs[1].run.ended_at = 3.0;
     jobs[1].reason = "rank 0 was killed by signal 9";
     (*store)->update(jobs[1], true);
   }
@@ -108,12 +108,12 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
   auto active = (*store)->load_active();
   REQUIRE(active.size() == 2);
   CHECK(active[0].state == gpuq::JobState::running);
-  CHECK(active[0].gpus == std::vector<int>{2});
-  CHECK(active[0].cpu_slots == std::vector<int>{4, 5});
-  CHECK(active[0].cores == std::vector<int>{8, 9});
+  CHECK(active[0].run.gpus == std::vector<int>{2});
+  CHECK(active[0].run.cpu_slots == std::vector<int>{4, 5});
+  CHECK(active[0].run.cores == std::vector<int>{8, 9});
   auto failed = (*store)->get(2);
-  CHECK(failed->exit_signal == 9);
-  CHECK_FALSE(failed->exit_code.has_value());
+  CHECK(failed->run.exit_signal == 9);
+  CHECK_FALSE(failed->run.exit_code.has_value());
   CHECK(failed->reason == "rank 0 was killed by signal 9");
   auto h = (*store)->history(2);
   REQUIRE(h.size() == 2);
@@ -135,12 +135,12 @@ TEST_CASE("the jobs that failed waiting for a job are found, and a restart is on
   std::vector<JobRecord> jobs{job_named("prep"), job_named("train"), job_named("eval"), job_named("other")};
   (*store)->insert_batch(jobs, {{}, {0}, {1}, {0}}, "/", json::object(), 1.0);
   jobs[0].state = gpuq::JobState::failed;
-  jobs[0].ended_at = 2.0;
+  jobs[0].run.ended_at = 2.0;
   jobs[0].attempt = 1;
   (*store)->update(jobs[0], true);
   for (int i : {1, 3}) {  // failed waiting for prep; "other" was cancelled instead
     jobs[i].state = i == 1 ? gpuq::JobState::failed : gpuq::JobState::cancelled;
-    jobs[i].ended_at = 3.0;
+    jobs[i].run.ended_at = 3.0;
     jobs[i].blocked_by = jobs[0].id;
     jobs[i].reason = "dependency " + std::to_string(jobs[0].id) + " ended failed";
     (*store)->update(jobs[i], true);
@@ -153,7 +153,7 @@ TEST_CASE("the jobs that failed waiting for a job are found, and a restart is on
 
   for (int i : {0, 1}) {
     jobs[i].state = gpuq::JobState::queued;
-    jobs[i].ended_at = 0;
+    jobs[i].run.ended_at = 0;
     jobs[i].blocked_by = 0;
     jobs[i].reason.clear();
   }
@@ -175,12 +175,12 @@ TEST_CASE("events and their file offset are stored together") {
   std::vector<JobRecord> jobs{job_named("a")};
   (*store)->insert_batch(jobs, {{}}, "/", json::object(), 1.0);
   jobs[0].attempt = 1;
-  jobs[0].result = {{"acc", 0.9}};
+  jobs[0].run.result = {{"acc", 0.9}};
   (*store)->add_events(jobs[0], 1, 120, {{0, 1, "result", 5.0, {{"acc", 0.9}}}});
   CHECK((*store)->event_offset(1, 1, 1) == 120);
   CHECK((*store)->event_offset(1, 1, 0) == 0);
   CHECK((*store)->events(1, 1).size() == 1);
-  CHECK((*store)->get(1)->result["acc"] == 0.9);
+  CHECK((*store)->get(1)->run.result["acc"] == 0.9);
 }
 
 TEST_CASE("removed jobs leave no rows, their emptied batch goes with them, and no id is handed out again") {
@@ -194,7 +194,7 @@ TEST_CASE("removed jobs leave no rows, their emptied batch goes with them, and n
     for (auto* j : {&first[0], &first[1], &second[0]}) {
       j->state = gpuq::JobState::succeeded;
       j->attempt = 1;
-      j->ended_at = 2.0;
+      j->run.ended_at = 2.0;
       (*store)->update(*j, true);
       (*store)->add_events(*j, 0, 64, {{0, 0, "result", 2.0, {{"acc", 0.5}}}});
     }
@@ -318,15 +318,15 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     auto active = (*store)->load_active();
     REQUIRE(active.size() == 1);
     CHECK(active[0].spec.name == "old");
-    CHECK(active[0].gpus == std::vector<int>{1});
-    CHECK(active[0].cpu_slots.empty());
-    CHECK(active[0].cores.empty());
+    CHECK(active[0].run.gpus == std::vector<int>{1});
+    CHECK(active[0].run.cpu_slots.empty());
+    CHECK(active[0].run.cores.empty());
     CHECK(active[0].attempt_base == 0);
     CHECK(active[0].restarts == 0);
     CHECK(active[0].blocked_by == 0);
     CHECK_FALSE(active[0].held);
-    active[0].cpu_slots = {3};
-    active[0].cores = {6, 7};
+    active[0].run.cpu_slots = {3};
+    active[0].run.cores = {6, 7};
     active[0].attempt_base = 1;
     active[0].restarts = 1;
     active[0].held = true;
@@ -335,8 +335,8 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
   CHECK(user_version(db.path) == 10);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   REQUIRE(again.ok());
-  CHECK((*again)->get(7)->cpu_slots == std::vector<int>{3});
-  CHECK((*again)->get(7)->cores == std::vector<int>{6, 7});
+  CHECK((*again)->get(7)->run.cpu_slots == std::vector<int>{3});
+  CHECK((*again)->get(7)->run.cores == std::vector<int>{6, 7});
   CHECK((*again)->get(7)->attempt_base == 1);
   CHECK((*again)->get(7)->restarts == 1);
   CHECK((*again)->get(7)->held);
