@@ -133,9 +133,9 @@ std::string format_try(const common::JobInfo& j) {
 }
 
 std::string display_state(const common::JobInfo& j) {
-  if (j.state == "queued" && j.held) return "held";
-  if (j.state == "queued" && j.attempt > j.attempt_base) return "retrying";
-  return j.state;
+  if (j.state == JobState::queued && j.held) return "held";
+  if (j.state == JobState::queued && j.attempt > j.attempt_base) return "retrying";
+  return name_of(j.state);
 }
 
 std::string format_time(double t) {

@@ -64,10 +64,10 @@ std::string progress_text(const common::JobInfo& job, double now, int bar) {
 
 std::string progress_line(const common::JobInfo& job, double now, std::size_t width) {
   std::string line = std::to_string(job.id) + "  " + job.name + "  ";
-  if (job.state != "running") {
-    line += job.state;
-    if (const std::string shown = display_state(job); shown != job.state) line += " (" + shown + ")";
-    if (job.state == "succeeded" && job.result.is_object()) line += "  " + format_fields(job.result, 4);
+  if (job.state != JobState::running) {
+    line += name_of(job.state);
+    if (const std::string shown = display_state(job); shown != name_of(job.state)) line += " (" + shown + ")";
+    if (job.state == JobState::succeeded && job.result.is_object()) line += "  " + format_fields(job.result, 4);
     else if (!job.reason.empty()) line += "  " + job.reason;
   } else {
     line += progress_text(job, now, 20);
@@ -87,8 +87,8 @@ std::vector<std::string> wait_screen(const std::vector<common::JobInfo>& jobs, d
   std::map<std::string, std::size_t> count;
   std::size_t ended = 0, ended_since = 0;
   for (const auto& j : jobs) {
-    count[j.state]++;
-    if (j.state == "queued" || j.state == "running") continue;
+    count[name_of(j.state)]++;
+    if (j.state == JobState::queued || j.state == JobState::running) continue;
     ++ended;
     ended_since += j.ended_at >= since;
   }
@@ -108,10 +108,10 @@ std::vector<std::string> wait_screen(const std::vector<common::JobInfo>& jobs, d
   // Then what needs an eye: the running jobs, then the failed ones, newest first.
   std::vector<const common::JobInfo*> shown;
   for (const auto& j : jobs)
-    if (j.state == "running") shown.push_back(&j);
+    if (j.state == JobState::running) shown.push_back(&j);
   std::vector<const common::JobInfo*> failed;
   for (const auto& j : jobs)
-    if (j.state == "failed" || j.state == "timed_out") failed.push_back(&j);
+    if (j.state == JobState::failed || j.state == JobState::timed_out) failed.push_back(&j);
   std::sort(failed.begin(), failed.end(), [](const auto* a, const auto* b) { return a->ended_at > b->ended_at; });
   shown.insert(shown.end(), failed.begin(), failed.end());
   const std::size_t room = rows - 1;

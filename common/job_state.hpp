@@ -3,6 +3,8 @@
 #pragma once
 
 #include <optional>
+#include <ostream>
+#include <string>
 #include <string_view>
 
 namespace gpuq {
@@ -27,6 +29,9 @@ inline std::optional<JobState> job_state_from_string(std::string_view s) {
     if (to_string(st) == s) return st;
   return std::nullopt;
 }
+
+inline std::string name_of(JobState s) { return std::string(to_string(s)); }
+inline std::ostream& operator<<(std::ostream& out, JobState s) { return out << to_string(s); }
 
 constexpr bool is_terminal(JobState s) { return s != JobState::queued && s != JobState::running; }
 

@@ -107,8 +107,9 @@ StatusRequest decode_status(const json& j) {
     const char* want = "an array of job states: queued, running, succeeded, failed, cancelled, timed_out";
     if (!it->is_array()) bad("states", want);
     for (const auto& s : *it) {
-      if (!s.is_string() || !job_state_from_string(s.get<std::string>())) bad("states", want);
-      r.filter.states.push_back(s.get<std::string>());
+      const auto state = s.is_string() ? job_state_from_string(s.get<std::string>()) : std::nullopt;
+      if (!state) bad("states", want);
+      r.filter.states.push_back(*state);
     }
   }
   r.filter.name = get_or<std::string>(j, "name", "", "a string (a shell-style glob)");
@@ -116,7 +117,7 @@ StatusRequest decode_status(const json& j) {
   return r;
 }
 
-bool matches(const JobFilter& f, std::int64_t batch, std::string_view state, const std::string& name) {
+bool matches(const JobFilter& f, std::int64_t batch, JobState state, const std::string& name) {
   if (f.batch != 0 && batch != f.batch) return false;
   if (!f.states.empty() && std::find(f.states.begin(), f.states.end(), state) == f.states.end()) return false;
   return f.name.empty() || ::fnmatch(f.name.c_str(), name.c_str(), 0) == 0;

@@ -15,6 +15,17 @@
 
 #include "common/error.hpp"
 #include "common/json_input.hpp"
+#include "common/job_state.hpp"
+
+namespace gpuq {
+// A job's state travels as its name ("queued", "timed_out"...), and is a JobState on both sides.
+NLOHMANN_JSON_SERIALIZE_ENUM(JobState, {{JobState::queued, "queued"},
+                                        {JobState::running, "running"},
+                                        {JobState::succeeded, "succeeded"},
+                                        {JobState::failed, "failed"},
+                                        {JobState::cancelled, "cancelled"},
+                                        {JobState::timed_out, "timed_out"}})
+}  // namespace gpuq
 
 namespace gpuq::common {
 
@@ -34,7 +45,7 @@ struct JobInfo {
   std::int64_t id = 0;
   std::int64_t batch = 0;
   std::string name;
-  std::string state;
+  JobState state = JobState::queued;
   int attempt = 0;  // 0 before the first start; n during/after the n-th run (restarts included)
   int retries = 0;  // allowed retries from the spec
   int restarts = 0;      // times `restart` queued it again after it had ended
@@ -69,7 +80,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state,
 
 struct Transition {
   int attempt = 0;
-  std::string state;
+  JobState state = JobState::queued;
   double at = 0;
   std::string reason;
 };
@@ -127,12 +138,12 @@ struct SubmitRequest {
 // Which jobs a status lists: all three must hold (an empty one holds for every job).
 struct JobFilter {
   std::int64_t batch = 0;           // its jobs only (0: any batch)
-  std::vector<std::string> states;  // jobs in one of these states ("queued", "failed", …)
+  std::vector<JobState> states;     // jobs in one of these states
   std::string name;                 // names matching this shell-style glob: * ? [...]
   bool empty() const { return batch == 0 && states.empty() && name.empty(); }
   bool operator==(const JobFilter&) const = default;
 };
-bool matches(const JobFilter& f, std::int64_t batch, std::string_view state, const std::string& name);
+bool matches(const JobFilter& f, std::int64_t batch, JobState state, const std::string& name);
 
 struct StatusRequest {
   JobFilter filter;
@@ -290,7 +301,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EventsReply, id, attempt, events
 
 struct CancelOutcome {  // cancel, hold, release
   std::int64_t id = 0;
-  std::string state;  // state after the request
+  JobState state = JobState::queued;  // state after the request
   bool changed = false;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelOutcome, id, state, changed)

@@ -48,11 +48,11 @@ json Daemon::cmd_cancel(const common::IdsRequest& q) {
     auto it = m_active.find(id);
     if (it == m_active.end()) {
       const bool done_now = now_cancelled.count(id) > 0;
-      out.jobs.push_back({id, done_now ? "cancelled" : std::string(to_string(states.at(id))), done_now});
+      out.jobs.push_back({id, done_now ? JobState::cancelled : states.at(id), done_now});
       continue;
     }
     m_executor->stop(id);
-    out.jobs.push_back({id, "running", true});
+    out.jobs.push_back({id, JobState::running, true});
   }
   schedule_soon();
   return out;
@@ -89,7 +89,7 @@ json Daemon::set_held(const common::SelectRequest& q, bool hold) {
     const bool change = it != m_active.end() && it->second.rec.state == JobState::queued && it->second.rec.held != hold;
     if (change) changed.push_back(next_record(it->second.rec, event::Held{hold}));
     const JobState state = it != m_active.end() ? it->second.rec.state : lookup(id)->state;
-    out.jobs.push_back({id, std::string(to_string(state)), change});
+    out.jobs.push_back({id, state, change});
   }
   const std::vector<std::string> why(changed.size(), hold ? "held" : "released");
   const bool released = !hold && !changed.empty();
@@ -134,7 +134,7 @@ json Daemon::cmd_update(const common::UpdateRequest& q) {
     change(next.spec.priority, q.priority, "priority", what);
     change(next.spec.retries, q.retries, "retries", what);
     change(next.spec.timeout_s, q.timeout_s, "timeout_s", what);
-    out.jobs.push_back({id, std::string(to_string(next.state)), !what.empty()});
+    out.jobs.push_back({id, next.state, !what.empty()});
     if (what.empty()) continue;
     changed.push_back(std::move(next));
     why.push_back(std::move(what));

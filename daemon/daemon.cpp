@@ -232,7 +232,7 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.id = r.id;
   i.batch = r.batch;
   i.name = r.spec.name;
-  i.state = std::string(to_string(r.state));
+  i.state = r.state;
   i.attempt = r.attempt;
   i.retries = r.spec.retries;
   i.restarts = r.restarts;

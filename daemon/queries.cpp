@@ -32,7 +32,7 @@ json Daemon::cmd_status(const common::StatusRequest& q) {
     return out;
   }
   const auto keep = [&](const JobRecord& r) {
-    return f.empty() || common::matches(f, r.batch, to_string(r.state), r.spec.name);
+    return f.empty() || common::matches(f, r.batch, r.state, r.spec.name);
   };
   // Without all, the lists are cut to the reply's bound (`more`), never paged: running jobs first,
   // then the queue's head, then the most recent ended jobs.
@@ -49,7 +49,7 @@ json Daemon::cmd_status(const common::StatusRequest& q) {
     if (add_to_reply(out, r, bytes)) ++shown;
     return true;
   };
-  if (f.states.empty() || std::find(f.states.begin(), f.states.end(), "queued") != f.states.end()) {
+  if (f.states.empty() || std::find(f.states.begin(), f.states.end(), JobState::queued) != f.states.end()) {
     bool more = true;
     for (auto it = m_queue.begin(); more && it != m_queue.end(); ++it) more = visit(it->second.job.id);
     for (auto it = m_held.begin(); more && it != m_held.end(); ++it) more = visit(*it);

@@ -317,7 +317,7 @@ std::optional<JobRecord> Store::get(std::int64_t id) {
 
 void Store::bind_filter(sqlite3_stmt* st, const common::JobFilter& f) const {
   std::string states;
-  for (const auto& s : f.states) states += "," + s;
+  for (const auto s : f.states) states += "," + name_of(s);
   if (!states.empty()) states += ",";
   sqlite3_bind_int64(st, 10, f.batch);
   bind_text(st, 11, states);
@@ -560,7 +560,8 @@ std::vector<common::Transition> Store::history(std::int64_t id) {
   sqlite3_bind_int64(st, 1, id);
   std::vector<common::Transition> out;
   while (sqlite3_step(st) == SQLITE_ROW)
-    out.push_back({sqlite3_column_int(st, 0), text(st, 1), sqlite3_column_double(st, 2), text(st, 3)});
+    out.push_back({sqlite3_column_int(st, 0), job_state_from_string(text(st, 1)).value_or(JobState::failed),
+                   sqlite3_column_double(st, 2), text(st, 3)});
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   return out;

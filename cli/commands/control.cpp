@@ -45,14 +45,14 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
   }
   if (c.jobs.size() > k_lines_per_job) {  // a batch: counts, not a line per job
     int cancelled = 0, stopping = 0, ended = 0;
-    for (const auto& j : c.jobs) (!j.changed ? ended : j.state == "running" ? stopping : cancelled)++;
+    for (const auto& j : c.jobs) (!j.changed ? ended : j.state == JobState::running ? stopping : cancelled)++;
     std::cout << cancelled << " queued jobs cancelled, " << stopping << " running jobs stopping (SIGTERM to all their "
               << "processes), " << ended << " had already ended\n";
     return k_exit_ok;
   }
   for (const auto& j : c.jobs) {
     if (!j.changed) std::cout << "job " << j.id << ": already " << j.state << "\n";
-    else if (j.state == "running") std::cout << "job " << j.id << ": stopping (SIGTERM to all its processes)\n";
+    else if (j.state == JobState::running) std::cout << "job " << j.id << ": stopping (SIGTERM to all its processes)\n";
     else std::cout << "job " << j.id << ": cancelled\n";
   }
   return k_exit_ok;
@@ -82,7 +82,7 @@ int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_
   auto reply = request(o, common::encode(hold ? "hold" : "release", common::SelectRequest{ids, batch}), code);
   if (!reply) return code;
   return print_changes(o, *reply, batch, hold ? "held" : "released", "left as they were", [&](const auto& j) {
-    return j.state != "queued" ? j.state + ", not held" : hold ? "already held" : "was not held";
+    return j.state != JobState::queued ? name_of(j.state) + ", not held" : hold ? "already held" : "was not held";
   });
 }
 

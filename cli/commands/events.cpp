@@ -82,7 +82,7 @@ int cmd_plot(const Options& o, const PlotArgs& a) {
     if (!ev) return report(ev.error());
     if (ev->empty()) {
       std::cerr << "gpuq: job " << jobs[i].id << " (" << jobs[i].name << ") has no progress events"
-                << (jobs[i].state == "queued" ? " yet (it has not run)" : "") << "; left out\n";
+                << (jobs[i].state == JobState::queued ? " yet (it has not run)" : "") << "; left out\n";
       continue;
     }
     events.push_back(std::move(*ev));

@@ -37,18 +37,18 @@ std::string runtime_of(const common::JobInfo& j) {
 }
 
 std::string state_of(const common::JobInfo& j) {
-  if (j.state == "queued") return display_state(j);
-  if (j.state == "failed" || j.state == "succeeded") {
-    if (j.exit_signal.is_number()) return j.state + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
+  if (j.state == JobState::queued) return display_state(j);
+  if (j.state == JobState::failed || j.state == JobState::succeeded) {
+    if (j.exit_signal.is_number()) return name_of(j.state) + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
     if (j.exit_code.is_number() && j.exit_code.get<int>() != 0)
-      return j.state + " (" + std::to_string(j.exit_code.get<int>()) + ")";
+      return name_of(j.state) + " (" + std::to_string(j.exit_code.get<int>()) + ")";
   }
-  return j.state;
+  return name_of(j.state);
 }
 
 std::string detail_of(const common::JobInfo& j) {
-  if (j.state == "running" && j.progress.is_object()) return format_fields(j.progress, 5);
-  if (j.state == "succeeded" && j.result.is_object()) return format_fields(j.result, 5);
+  if (j.state == JobState::running && j.progress.is_object()) return format_fields(j.progress, 5);
+  if (j.state == JobState::succeeded && j.result.is_object()) return format_fields(j.result, 5);
   return j.reason;
 }
 
@@ -66,7 +66,7 @@ void print_jobs_table(const std::vector<common::JobInfo>& jobs) {
 
 bool all_succeeded(const common::JobsReply& r) {
   for (const auto& j : r.jobs)
-    if (j.state != "succeeded") return false;
+    if (j.state != JobState::succeeded) return false;
   return true;
 }
 
@@ -141,7 +141,7 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const
   }
   print_jobs_table(st.jobs);
   std::int64_t queued_shown = 0;
-  for (const auto& j : st.jobs) queued_shown += j.state == "queued";
+  for (const auto& j : st.jobs) queued_shown += j.state == JobState::queued;
   if (st.queued_total > queued_shown)
     std::cout << "(" << queued_shown << " of " << st.queued_total
               << " queued jobs shown, the first in line; --queued N for more)\n";
@@ -279,7 +279,7 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   // An unfinished last line waits for its end while the job may still write it (-f); a plain
   // `logs`, like cat, and the last pump after the job ended print it as it is.
   auto pump = [&](const common::ShowReply& sr) {
-    const bool whole = !follow || (sr.job.state != "queued" && sr.job.state != "running");
+    const bool whole = !follow || (sr.job.state != JobState::queued && sr.job.state != JobState::running);
     for (const auto& l : sr.logs) {
       if (rank >= 0 && l.rank != rank) continue;
       if (attempt > 0 && l.attempt != attempt) continue;
@@ -314,7 +314,7 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   };
   pump(*s);
   initial = false;
-  while (follow && (s->job.state == "queued" || s->job.state == "running")) {
+  while (follow && (s->job.state == JobState::queued || s->job.state == JobState::running)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     s = show();
     if (!s) return k_exit_refused;
@@ -437,7 +437,7 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
     pending.clear();
     for (const auto& [id, j] : latest) {
       w.jobs.push_back(j);
-      if (j.state == "queued" || j.state == "running") pending.push_back(id);
+      if (j.state == JobState::queued || j.state == JobState::running) pending.push_back(id);
     }
     const double now = now_s();
     const bool done = pending.empty();
@@ -451,8 +451,8 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
       for (const auto& j : w.jobs) {
         auto& [last_key, at] = printed[j.id];
         // A new state or epoch prints at once; finer progress at most every 10 s.
-        const std::string key = j.state + "|" + (j.progress.is_object() ? j.progress.value("epoch", json()).dump() : "");
-        if (key != last_key || (j.state == "running" && now - at >= 10)) {
+        const std::string key = name_of(j.state) + "|" + (j.progress.is_object() ? j.progress.value("epoch", json()).dump() : "");
+        if (key != last_key || (j.state == JobState::running && now - at >= 10)) {
           std::cout << progress_line(j, now, 1 << 12) << "\n";
           last_key = key, at = now;
         }
@@ -499,6 +499,7 @@ void add_status(CLI::App& app, Context& ctx) {
     int limit = 20;
     std::int64_t queued = -2;  // not given: 50 in the table, every one with --json
     common::JobFilter filter;
+    std::vector<std::string> states;  // names, checked below: filter.states once parsed
   };
   auto a = args<Args>();
   auto* sub = app.add_subcommand("status", "Queued and running jobs, and the most recent finished ones");
@@ -507,14 +508,17 @@ void add_status(CLI::App& app, Context& ctx) {
   sub->add_option("--queued,-q", a->queued, "Queued jobs to show, the first in line (default 50; --json: all)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   sub->add_option("--batch,-b", a->filter.batch, "Only the jobs of this batch");
-  sub->add_option("--state,-s", a->filter.states,
+  sub->add_option("--state,-s", a->states,
                   "Only jobs in these states: queued, running, succeeded, failed, cancelled, timed_out "
                   "(comma-separated, or the option again)")
       ->delimiter(',')
       ->check(CLI::IsMember({"queued", "running", "succeeded", "failed", "cancelled", "timed_out"}));
   sub->add_option("--name", a->filter.name, "Only jobs whose names match this shell-style glob ('lr-*')");
   add_json_flag(sub, ctx);
-  sub->callback([&ctx, a] { ctx.run = [&ctx, a] { return cmd_status(ctx.opt, a->all, a->limit, a->queued, a->filter); }; });
+  sub->callback([&ctx, a] {
+    for (const auto& name : a->states) a->filter.states.push_back(*job_state_from_string(name));
+    ctx.run = [&ctx, a] { return cmd_status(ctx.opt, a->all, a->limit, a->queued, a->filter); };
+  });
 }
 
 void add_show(CLI::App& app, Context& ctx) {

@@ -42,8 +42,8 @@ std::string gib(double mib) {
 }
 
 int order_of(const common::JobInfo& j) {
-  if (j.state == "running") return 0;
-  if (j.state == "queued") return 1;
+  if (j.state == JobState::running) return 0;
+  if (j.state == JobState::queued) return 1;
   return 2;
 }
 
@@ -73,7 +73,7 @@ std::vector<std::string> top_screen(const TopSnapshot& s, double now, std::size_
     lines.push_back(fit(s.error + " (retrying every second)", width));
   } else {
     int running = 0, queued = 0;
-    for (const auto& j : s.jobs.jobs) running += j.state == "running", queued += j.state == "queued";
+    for (const auto& j : s.jobs.jobs) running += j.state == JobState::running, queued += j.state == JobState::queued;
     lines.push_back(fit(std::to_string(s.gpus.gpus.size()) + " GPU(s) from " + s.gpus.source + "   CPU slots: " +
                             std::to_string(s.gpus.cpu_slots_used) + "/" + std::to_string(s.gpus.cpu_slots) + "   jobs: " +
                             std::to_string(running) + " running, " + std::to_string(queued) + " queued, " +
@@ -113,8 +113,8 @@ std::vector<std::string> top_screen(const TopSnapshot& s, double now, std::size_
     std::vector<std::vector<std::string>> r{{"ID", "NAME", "STATE", "GPUS", "TRY", "PROGRESS / RESULT / REASON"}};
     for (const auto& j : jobs) {
       std::string state = display_state(j);
-      std::string detail = j.state == "running"  ? progress_text(j, now, 16)
-                           : j.state == "succeeded" && j.result.is_object()
+      std::string detail = j.state == JobState::running  ? progress_text(j, now, 16)
+                           : j.state == JobState::succeeded && j.result.is_object()
                                ? format_fields(j.result, 4) + "  (" + format_duration(j.ended_at - j.started_at) + ")"
                                : j.reason;
       r.push_back({std::to_string(j.id), j.name, state, format_gpus(j.gpus), format_try(j), detail});

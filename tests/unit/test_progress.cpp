@@ -11,6 +11,7 @@ using gpuq::cli::wait_screen;
 using gpuq::cli::TopSnapshot;
 using gpuq::common::JobInfo;
 using gpuq::common::json;
+using gpuq::JobState;
 
 TEST_SUITE_BEGIN("progress");
 
@@ -27,7 +28,7 @@ TEST_CASE("a running job shows a bar, its position, loss, rate and an ETA from i
   JobInfo j;
   j.id = 7;
   j.name = "mnist";
-  j.state = "running";
+  j.state = JobState::running;
   j.started_at = 1000;
   j.progress = {{"epoch", 2}, {"epochs", 4}, {"step", 500}, {"total_steps", 2000}, {"loss", 0.4123}, {"samples_per_s", 2345.0}};
   const auto line = progress_line(j, 1060, 200);  // a quarter done in 60 s: 3 minutes to go
@@ -44,13 +45,13 @@ TEST_CASE("jobs without totals, and finished jobs, get a line too") {
   JobInfo j;
   j.id = 3;
   j.name = "script";
-  j.state = "running";
+  j.state = JobState::running;
   j.progress = {{"loss", 1.5}};
   CHECK(progress_line(j, 0, 200).rfind("3  script  running  loss 1.5", 0) == 0);
-  j.state = "failed";
+  j.state = JobState::failed;
   j.reason = "rank 0 exited with code 2";
   CHECK(progress_line(j, 0, 200) == "3  script  failed  rank 0 exited with code 2");
-  j.state = "queued";
+  j.state = JobState::queued;
   j.attempt = 1;
   j.reason = "";
   CHECK(progress_line(j, 0, 200) == "3  script  queued (retrying)");
@@ -62,7 +63,7 @@ TEST_CASE("a wait on more jobs than the terminal has rows shows a summary, then 
     JobInfo j;
     j.id = id;
     j.name = "sweep-" + std::to_string(id);
-    j.state = id <= 40 ? "succeeded" : id <= 42 ? "failed" : id <= 45 ? "running" : "queued";
+    j.state = id <= 40 ? JobState::succeeded : id <= 42 ? JobState::failed : id <= 45 ? JobState::running : JobState::queued;
     j.started_at = id <= 45 ? 1000 : 0;
     j.ended_at = id <= 42 ? 1000 + id : 0;  // 42 ended, all after the wait began at 1000
     if (id == 41) j.reason = "rank 0 exited with code 1";
@@ -98,13 +99,13 @@ TEST_CASE("top: the screen fills the terminal exactly and shows GPUs, holders an
   s.gpus.gpus[0] = {0, "GPU-0", "Fake GPU", 81920, nullptr, nullptr, 81920, true, {7}, nullptr, false, ""};
   s.gpus.gpus[1] = {1, "GPU-1", "Fake GPU", 81920, 40960, 97, 0, false, {}, 1, false, ""};
   gpuq::common::JobInfo run;
-  run.id = 7, run.name = "mnist", run.state = "running", run.gpus = {0}, run.attempt = 1, run.started_at = 100;
+  run.id = 7, run.name = "mnist", run.state = JobState::running, run.gpus = {0}, run.attempt = 1, run.started_at = 100;
   run.progress = {{"epoch", 1}, {"epochs", 4}, {"step", 50}, {"total_steps", 200}, {"loss", 0.5}};
   gpuq::common::JobInfo done;
-  done.id = 3, done.name = "old", done.state = "succeeded", done.attempt = 1, done.started_at = 10, done.ended_at = 70;
+  done.id = 3, done.name = "old", done.state = JobState::succeeded, done.attempt = 1, done.started_at = 10, done.ended_at = 70;
   done.result = {{"test_accuracy", 0.91}, {"backend", "gloo"}};
   gpuq::common::JobInfo queued;
-  queued.id = 9, queued.name = "next", queued.state = "queued", queued.reason = "waiting for 1 free GPU";
+  queued.id = 9, queued.name = "next", queued.state = JobState::queued, queued.reason = "waiting for 1 free GPU";
   s.jobs.jobs = {done, run, queued};
   s.jobs.total = 3;
 

@@ -4,6 +4,7 @@
 #include "common/protocol.hpp"
 
 using namespace gpuq::common;
+using gpuq::JobState;
 
 TEST_SUITE_BEGIN("protocol");
 
@@ -12,7 +13,7 @@ TEST_CASE("a JobInfo survives a JSON round trip, nulls included") {
   j.id = 7;
   j.batch = 2;
   j.name = "mnist";
-  j.state = "failed";
+  j.state = JobState::failed;
   j.attempt = 2;
   j.retries = 3;
   j.gpus = {1, 3};
@@ -35,13 +36,13 @@ TEST_CASE("replies decode with defaults for fields an older daemon did not send"
 TEST_CASE("show, gpus, cancel and submit replies round-trip") {
   ShowReply s;
   s.job.id = 3;
-  s.history = {{1, "running", 12.5, ""}, {1, "failed", 13.0, "rank 1 exited with code 2"}};
+  s.history = {{1, JobState::running, 12.5, ""}, {1, JobState::failed, 13.0, "rank 1 exited with code 2"}};
   s.logs = {{1, 0, "/x/rank-0.log"}};
   s.first_failure = {{"rank", 1}, {"exit_code", 2}};
   CHECK(json(json(s).get<ShowReply>()) == json(s));
   GpusReply g{"fake:2:100", {{0, "GPU-a", "Fake", 100, nullptr, nullptr, 50, false, {4, 5}, 1, true, "ECC"}}, 8, 3, "0-7"};
   CHECK(json(json(g).get<GpusReply>()) == json(g));
-  CancelReply c{{{1, "cancelled", true}}};
+  CancelReply c{{{1, JobState::cancelled, true}}};
   CHECK(json(json(c).get<CancelReply>()) == json(c));
   SubmitReply sub{4, {10, 11}};
   CHECK(json(json(sub).get<SubmitReply>()) == json(sub));
@@ -70,11 +71,11 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_status, {{"states", {"failed", "lost"}}}) == states_wanted);
   CHECK(message(decode_status, {{"name", std::string(257, '*')}}) == "field `name` must be at most 256 characters");
   const auto f = decode_status({{"batch", 3}, {"states", {"failed", "timed_out"}}, {"name", "lr-[0-9]*"}}).filter;
-  CHECK(matches(f, 3, "failed", "lr-0.1"));
-  CHECK_FALSE(matches(f, 4, "failed", "lr-0.1"));      // another batch
-  CHECK_FALSE(matches(f, 3, "succeeded", "lr-0.1"));   // another state
-  CHECK_FALSE(matches(f, 3, "timed_out", "lr-x"));     // another name
-  CHECK(matches({}, 9, "queued", "anything"));         // no filter keeps every job
+  CHECK(matches(f, 3, JobState::failed, "lr-0.1"));
+  CHECK_FALSE(matches(f, 4, JobState::failed, "lr-0.1"));      // another batch
+  CHECK_FALSE(matches(f, 3, JobState::succeeded, "lr-0.1"));   // another state
+  CHECK_FALSE(matches(f, 3, JobState::timed_out, "lr-x"));     // another name
+  CHECK(matches({}, 9, JobState::queued, "anything"));         // no filter keeps every job
   CHECK(decode_status(json::object()).filter.empty());
   CHECK(message(decode_restart, json::object()) == "field `ids` must be a non-empty array of job ids, or `batch`");
   CHECK(message(decode_restart, {{"batch", -1}}) == "field `batch` must be a batch id");
@@ -179,7 +180,7 @@ TEST_CASE("every request the client encodes decodes to the same request in gpuqd
   status.page = 7;
   status.queued = 12;
   status.limit = 0;
-  status.filter = {3, {"failed", "timed_out"}, "lr-*"};
+  status.filter = {3, {JobState::failed, JobState::timed_out}, "lr-*"};
   CHECK(decode_status(encode(status)) == status);
 
   IdRequest show{9};

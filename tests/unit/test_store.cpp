@@ -117,7 +117,7 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
   CHECK(failed->reason == "rank 0 was killed by signal 9");
   auto h = (*store)->history(2);
   REQUIRE(h.size() == 2);
-  CHECK(h[1].state == "failed");
+  CHECK(h[1].state == gpuq::JobState::failed);
   CHECK(h[1].at == 3.0);
   CHECK((*store)->recent_finished(10).size() == 1);
   auto first = (*store)->page_after(0, 2);
@@ -163,7 +163,7 @@ TEST_CASE("the jobs that failed waiting for a job are found, and a restart is on
   CHECK((*store)->get(jobs[1].id)->reason.empty());
   auto h = (*store)->history(jobs[1].id);
   REQUIRE(h.size() == 3);
-  CHECK(h[2].state == "queued");
+  CHECK(h[2].state == gpuq::JobState::queued);
   CHECK(h[2].reason == "restarted with job 1");
   CHECK(h[2].at > 3.0);  // when it happened, not the cleared end time
 }
@@ -397,7 +397,7 @@ TEST_CASE("a batch written in parts is seen by no read until its last part commi
   CHECK(s.batch_jobs(2).empty());
   CHECK(s.batch_page(2, 0, 10).empty());
   CHECK(s.count_jobs() == 1);
-  CHECK(s.count_jobs({0, {"queued"}, ""}) == 1);  // "done" alone
+  CHECK(s.count_jobs({0, {gpuq::JobState::queued}, ""}) == 1);  // "done" alone
   CHECK(s.page_after(0, 1000).size() == 1);
   CHECK(s.insert_batch_part(w, jobs, deps, "/", json::object(), 2.0, 0, std::chrono::steady_clock::time_point::max()));
   CHECK(w.written == 200);
