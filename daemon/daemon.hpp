@@ -1,6 +1,8 @@
-// gpuqd's core: the job table, the state machine (queued -> running -> terminal, with retries),
-// recovery after a restart, event ingestion and the request handlers. Single-threaded on one
-// io_context: handlers, process exits and timers never race. (Two helper threads, which touch no
+// gpuqd's core: the job table and its indexes, the command table and the request handlers (in
+// files by group, named in daemon.cpp), scheduling, recovery after a restart and event ingestion.
+// States change through lifecycle.hpp's transition() and land through commit(); job processes are
+// the Executor's (executor.hpp). Single-threaded on one io_context: handlers, process exits and
+// timers never race. (Two helper threads, which touch no
 // daemon state and answer through the io_context: one deletes what `clean` moved into the trash,
 // one checks submitted batches.)
 // The store is written before any action is acknowledged or taken, so a crash at any point
