@@ -42,6 +42,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
   if (offset != file.size()) std::abort();  // nothing left behind once the job has ended
-  if (job.result.is_object() && job.result.dump().size() > k_max_result_bytes) std::abort();
+  if (job.run.result.is_object() && job.run.result.dump().size() > k_max_result_bytes) std::abort();
   return 0;
 }
