@@ -2,16 +2,11 @@
 // dir's trash, which a thread of its own empties; and forgetting old jobs on a timer.
 #include "daemon/daemon.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "common/paths.hpp"
 #include "daemon/lifecycle.hpp"

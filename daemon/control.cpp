@@ -1,18 +1,8 @@
 // Requests that change queued or running jobs in place: cancel, hold and release, update.
 #include "daemon/daemon.hpp"
 
-#include <signal.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <sstream>
 
-#include "common/spec.hpp"
 #include "daemon/lifecycle.hpp"
 
 namespace gpuq::daemon {
@@ -41,8 +31,7 @@ json Daemon::cmd_cancel(const common::IdsRequest& q) {
     if (auto it = m_active.find(id);
         it != m_active.end() && it->second.rec.state == JobState::running && !it->second.rec.run.cancel_requested)
       flagged.push_back(next_record(it->second.rec, event::CancelRequested{}));
-  commit(std::move(cancelled), {}, flagged);
-  for (const auto& r : flagged) m_active.at(r.id).rec.run.cancel_requested = true;
+  commit(std::move(cancelled), {}, std::move(flagged));
   common::CancelReply out;
   for (auto id : q.ids) {
     auto it = m_active.find(id);

@@ -226,9 +226,9 @@ class Daemon {
   // applied in memory in order (of two records of one job, the second: a failed attempt and its
   // retry). Throws (store_error) before anything in memory changed. `also`: records of other jobs
   // written in the same transaction without a transition (a cancel's intent on running ones),
-  // which the caller applies in memory.
+  // applied in memory after them.
   void commit(std::vector<JobRecord> changed, const std::vector<std::string>& why = {},
-              const std::vector<JobRecord>& also = {});
+              std::vector<JobRecord> also = {});
   // Memory after the store took `rec`: the record, then the indexes; a job that ended is
   // finalized (waiters answered). Also for changes that are no transition (update's specs).
   void apply(JobRecord rec);

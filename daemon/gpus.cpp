@@ -3,13 +3,7 @@
 #include "daemon/daemon.hpp"
 
 #include <algorithm>
-#include <cerrno>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "daemon/lifecycle.hpp"
 

@@ -2,16 +2,7 @@
 // it names have ended.
 #include "daemon/daemon.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <sstream>
 
 #include "common/paths.hpp"
 

@@ -1,25 +1,19 @@
-// Running jobs: the scheduling pass (which queued jobs start, on what), launching an attempt,
-// watching its supervisor until it exits, recording how it ended (a retry, or the job's end), the
-// indexes of the job table by state, and reading running jobs' event files into the store.
+// Running jobs: the scheduling pass (which queued jobs start, on what), launching an attempt
+// through the executor, recording how it ended (a retry, or the job's end) once the executor says
+// it has, committing every change of state (commit, apply), the indexes of the job table by state,
+// and reading running jobs' event files into the store.
 #include "daemon/daemon.hpp"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
-#include "common/json_input.hpp"
 #include "common/paths.hpp"
 #include "daemon/events.hpp"
 #include "daemon/lifecycle.hpp"
@@ -354,7 +348,7 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   schedule_soon();
 }
 
-void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::string>& why, const std::vector<JobRecord>& also) {
+void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {
   if (changed.empty() && also.empty()) return;
   std::vector<const JobRecord*> rows, quiet;
   for (const auto& r : changed) rows.push_back(&r);
@@ -362,6 +356,7 @@ void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::strin
   m_store->update_many(rows, why, quiet);  // throws before anything changed in memory
   for (std::size_t i = 0; i < changed.size(); ++i)
     if (i + 1 == changed.size() || changed[i + 1].id != changed[i].id) apply(std::move(changed[i]));
+  for (auto& r : also) apply(std::move(r));
 }
 
 void Daemon::apply(JobRecord rec) {

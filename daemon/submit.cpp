@@ -2,13 +2,6 @@
 #include "daemon/daemon.hpp"
 
 #include <algorithm>
-#include <cerrno>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <sstream>
 
 namespace gpuq::daemon {
 

@@ -1,33 +1,18 @@
 // Requests that change jobs: cancel, restart, hold and release, update, clean.
-#include <spawn.h>
-#include <sys/ioctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <climits>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
-#include <sstream>
-#include <thread>
 
 #include "cli/commands/register.hpp"
 #include "cli/format.hpp"
-#include "cli/progress.hpp"
 #include "cli/rpc.hpp"
 #include "common/client.hpp"
-#include "common/paths.hpp"
 #include "common/protocol.hpp"
-#include "common/spec.hpp"
 
 namespace gpuq::cli {
 
 using json = nlohmann::json;
-using common::Client;
 
 namespace {
 
@@ -169,8 +154,6 @@ int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int
 }
 
 }  // namespace
-
-
 
 namespace {
 int usage(const std::string& command, const std::string& what) {

@@ -1,28 +1,19 @@
 // gpuqd itself: `gpuq daemon start|stop|status`, and `gpuq config`.
 #include <spawn.h>
-#include <sys/ioctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <climits>
-#include <filesystem>
-#include <fstream>
-#include <functional>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include "cli/commands/register.hpp"
 #include "cli/format.hpp"
-#include "cli/progress.hpp"
 #include "cli/rpc.hpp"
 #include "common/client.hpp"
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
-#include "common/spec.hpp"
 
 namespace gpuq::cli {
 
@@ -137,8 +128,6 @@ int cmd_daemon_status(const Options& o) {
 }
 
 }  // namespace
-
-
 
 void add_config(CLI::App& app, Context& ctx) {
   auto* sub = app.add_subcommand("config", "Show the settings in effect and where each comes from");

@@ -1,33 +1,18 @@
 // The GPUs: gpus, drain, undrain.
-#include <spawn.h>
-#include <sys/ioctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
-#include <filesystem>
-#include <fstream>
-#include <functional>
 #include <iostream>
-#include <sstream>
-#include <thread>
 
 #include "cli/commands/register.hpp"
 #include "cli/format.hpp"
-#include "cli/progress.hpp"
 #include "cli/rpc.hpp"
 #include "common/client.hpp"
-#include "common/paths.hpp"
 #include "common/protocol.hpp"
-#include "common/spec.hpp"
 
 namespace gpuq::cli {
 
 using json = nlohmann::json;
-using common::Client;
 
 namespace {
 
@@ -84,8 +69,6 @@ int gpus_request(const Options& o, const json& req) {
 }
 
 }  // namespace
-
-
 
 void add_gpus(CLI::App& app, Context& ctx) {
   auto* sub = app.add_subcommand("gpus", "GPUs, their memory and which jobs hold them");

@@ -1,18 +1,12 @@
 // What gpuq says of jobs: status, show, logs, wait, result, results.
-#include <spawn.h>
 #include <sys/ioctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include "cli/commands/register.hpp"

@@ -1,23 +1,13 @@
 // `gpuq submit`: spec files in, one batch out (or, with --dry-run, the jobs it would make).
-#include <spawn.h>
-#include <sys/ioctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <climits>
-#include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iostream>
 #include <sstream>
-#include <thread>
 
 #include "cli/commands/register.hpp"
 #include "cli/format.hpp"
-#include "cli/progress.hpp"
 #include "cli/rpc.hpp"
 #include "common/client.hpp"
 #include "common/paths.hpp"
@@ -27,7 +17,6 @@
 namespace gpuq::cli {
 
 using json = nlohmann::json;
-using common::Client;
 
 namespace {
 
@@ -117,8 +106,6 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
 }
 
 }  // namespace
-
-
 
 void add_submit(CLI::App& app, Context& ctx) {
   struct Args {
