@@ -9,9 +9,13 @@ user would compare gpuq with:
              drained, on `fake:8` against `tsp -S 8` (goal: <= 1.0x): `tsp -n` keeps nothing of a
              job, plain `tsp` its output in a file, as gpuq keeps a job's logs and records
   gpuqd cpu  the daemon's CPU time over the sweep, per job
-  libraries  what `ldd gpuq` lists (goal: no graphics library; cairo is loaded by `plot` alone)
+  libraries  what `ldd gpuq` lists (goal: no graphics library; cairo is loaded by gpuq-plot-png alone)
 
-Usage: bench/cli_startup.py [--bin build/bin] [--jobs 500]
+The sweep is sensitive to the filesystem: on an ext4 without a journal (as on the CI machines), each
+new inode is checked against those deleted in the last seconds, so a run straight after another
+(or after a build) is slower; let the machine idle for a minute, or pass --tmp /dev/shm.
+
+Usage: bench/cli_startup.py [--bin build/bin] [--jobs 500] [--tmp DIR]
 """
 import argparse
 import json
@@ -28,6 +32,8 @@ sys.path.insert(0, os.path.join(HERE, "../tests/integration"))
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(HERE, "../build/bin"))
 ap.add_argument("--jobs", type=int, default=500)
+ap.add_argument("--tmp", default=None, help="where both queues keep their state and logs (default: $TMPDIR); "
+                "/dev/shm takes the filesystem out of the comparison")
 args = ap.parse_args()
 os.environ["GPUQ_BIN_DIR"] = os.path.abspath(args.bin)
 GPUQ = os.path.join(os.path.abspath(args.bin), "gpuq")
@@ -69,7 +75,7 @@ def tsp_sweep(n, tmp, keep_output):
 
 
 def gpuq_sweep(n, tmp):
-    d = Daemon(tmp, gpus="fake:8").start()
+    d = Daemon(tmp, gpus="fake:8", extra=["--cpu-slots", "8"]).start()  # 8 at once, as tsp -S 8
     try:
         env = dict(os.environ, GPUQ_SOCKET=d.socket)
         spec = json.dumps({"command": ["true"]})
@@ -91,15 +97,16 @@ def gpuq_sweep(n, tmp):
 gpuq_ms, tsp_ms, floor_ms = median_ms([GPUQ, "--version"]), median_ms(["tsp", "-h"]), median_ms(["true"])
 print(f"| start-up: `gpuq --version` against `tsp -h` (median of 300; `/bin/true`: {floor_ms:.2f} ms) | "
       f"{gpuq_ms:.2f} ms | {tsp_ms:.2f} ms | {gpuq_ms / tsp_ms:.2f}x |")
-with tempfile.TemporaryDirectory() as tmp:
+with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
     g, cpu = gpuq_sweep(args.jobs, tmp)
-with tempfile.TemporaryDirectory() as tmp:
+with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
     s = tsp_sweep(args.jobs, tmp, keep_output=False)
-with tempfile.TemporaryDirectory() as tmp:
+with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
     s_out = tsp_sweep(args.jobs, tmp, keep_output=True)
 print(f"| sweep: {args.jobs} trivial jobs, one CLI call each, drained (8 slots), against `tsp -n` | {g:.2f} s | {s:.2f} s | {g / s:.2f}x |")
 print(f"| the same against plain `tsp` (each job's output kept in a file) | {g:.2f} s | {s_out:.2f} s | {g / s_out:.2f}x |")
 print(f"| gpuqd's CPU time over the sweep | {cpu:.2f} s ({cpu / args.jobs * 1000:.2f} ms a job) | | |")
 libs = subprocess.run(["ldd", GPUQ], capture_output=True, text=True).stdout.split("\n")
 graphics = [l.split()[0] for l in libs if any(k in l for k in ("cairo", "X11", "xcb", "fontconfig", "freetype", "png"))]
-print(f"| `ldd gpuq`: {len([l for l in libs if l.strip()])} libraries | graphics: {', '.join(graphics) or 'none'} | | |")
+linked = "statically linked" if any("statically linked" in l for l in libs) else f"{len([l for l in libs if l.strip()])} libraries"
+print(f"| `ldd gpuq`: {linked} | graphics: {', '.join(graphics) or 'none'} | | |")

@@ -431,4 +431,57 @@ std::string render_svg(const std::vector<JobCurves>& jobs, const ChartOptions& o
   return c.out.str();
 }
 
+json chart_document(const std::vector<JobCurves>& jobs, const ChartOptions& o) {
+  json doc_jobs = json::array();
+  for (const auto& j : jobs) {
+    json curves = json::array();
+    for (const auto& c : j.curves) {
+      json xs = json::array(), ys = json::array();
+      for (const auto& p : c.points) xs.push_back(p.x), ys.push_back(p.y);
+      curves.push_back({{"metric", c.metric}, {"x", std::move(xs)}, {"y", std::move(ys)}});
+    }
+    doc_jobs.push_back({{"id", j.id}, {"name", j.name}, {"curves", std::move(curves)}});
+  }
+  return {{"jobs", std::move(doc_jobs)},
+          {"title", o.title},
+          {"x", x_axis_name(o.x)},
+          {"width", o.width},
+          {"panel_height", o.panel_height},
+          {"log_y", o.log_y}};
+}
+
+Result<std::pair<std::vector<JobCurves>, ChartOptions>> parse_chart_document(const json& doc) {
+  auto bad = [](const std::string& what) { return Error{ErrorCode::bad_request, "chart document: " + what}; };
+  try {
+    ChartOptions o;
+    o.title = doc.at("title").get<std::string>();
+    const auto x = parse_x_axis(doc.at("x").get<std::string>());
+    if (!x) return bad("unknown x axis");
+    o.x = *x;
+    o.width = doc.at("width").get<int>();
+    o.panel_height = doc.at("panel_height").get<int>();
+    o.log_y = doc.at("log_y").get<bool>();
+    // The sizes of a picture someone would look at: cairo allocates width x height pixels at once.
+    if (o.width < 100 || o.width > 20000 || o.panel_height < 50 || o.panel_height > 5000)
+      return bad("width or panel height out of range");
+    std::vector<JobCurves> jobs;
+    for (const auto& j : doc.at("jobs")) {
+      JobCurves jc{j.at("id").get<std::int64_t>(), j.at("name").get<std::string>(), {}};
+      for (const auto& c : j.at("curves")) {
+        const auto& xs = c.at("x");
+        const auto& ys = c.at("y");
+        if (!xs.is_array() || !ys.is_array() || xs.size() != ys.size()) return bad("a curve's x and y differ in length");
+        Curve curve{c.at("metric").get<std::string>(), {}};
+        for (std::size_t i = 0; i < xs.size(); ++i) curve.points.push_back({xs[i].get<double>(), ys[i].get<double>()});
+        jc.curves.push_back(std::move(curve));
+      }
+      jobs.push_back(std::move(jc));
+    }
+    if (chart_height(jobs, o) > 100000) return bad("too many panels");
+    return std::pair{std::move(jobs), std::move(o)};
+  } catch (const json::exception& e) {
+    return bad(e.what());
+  }
+}
+
 }  // namespace gpuq::cli::plot

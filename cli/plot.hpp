@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -91,8 +92,21 @@ int chart_height(const std::vector<JobCurves>& jobs, const ChartOptions& o);
 void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOptions& o);
 
 std::string render_svg(const std::vector<JobCurves>& jobs, const ChartOptions& o);
-// Writes a PNG (cairo); an error when this build has no cairo or the file cannot be written.
-Result<bool> render_png(const std::vector<JobCurves>& jobs, const ChartOptions& o, const std::string& path);
-bool png_supported();
+
+// PNGs are painted by a program of their own, gpuq-plot-png (plot_png.cpp), beside gpuq: cairo is
+// a shared library, and gpuq is linked statically (it starts faster), so it cannot load one.
+// The chart travels to it as one JSON document on its standard input.
+nlohmann::json chart_document(const std::vector<JobCurves>& jobs, const ChartOptions& o);
+// The chart a document holds; an error names what is wrong with it.
+Result<std::pair<std::vector<JobCurves>, ChartOptions>> parse_chart_document(const nlohmann::json& doc);
+
+// gpuq-plot-png's path, beside the running gpuq; an error when this build has none (no cairo) or it
+// is missing (png_client.cpp).
+Result<std::string> png_painter();
+// Has the painter write the PNG; an error carries what it said.
+Result<bool> render_png(const std::string& painter, const std::vector<JobCurves>& jobs, const ChartOptions& o,
+                        const std::string& path);
+// Paints the PNG in this process, with cairo: gpuq-plot-png's work.
+Result<bool> paint_png(const std::vector<JobCurves>& jobs, const ChartOptions& o, const std::string& path);
 
 }  // namespace gpuq::cli::plot

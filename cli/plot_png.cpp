@@ -1,8 +1,7 @@
-// PNG output of `gpuq plot`: the chart painted with cairo. Built when cairo's headers are found;
-// without them, render_png explains that and SVG still works. libcairo is loaded (dlopen) only
-// when a PNG is drawn: linked, it and its ~20 libraries (X11, xcb, fontconfig, freetype...)
-// were loaded by every `gpuq` command, and `gpuq --version` took several times as long as a bare
-// process start.
+// PNG output of `gpuq plot`: the chart painted with cairo, in gpuq-plot-png (plot_png_main.cpp),
+// which gpuq runs for it (png_client.cpp). Built when cairo's headers are found. libcairo is
+// loaded (dlopen) when the painter starts rather than linked, so that a system without it still
+// installs gpuq (cairo is a Recommends) and is told what is missing.
 #include "cli/plot.hpp"
 
 #ifdef GPUQ_HAVE_CAIRO
@@ -114,9 +113,7 @@ class PngCanvas final : public Canvas {
 
 }  // namespace
 
-bool png_supported() { return true; }
-
-Result<bool> render_png(const std::vector<JobCurves>& jobs, const ChartOptions& o, const std::string& path) {
+Result<bool> paint_png(const std::vector<JobCurves>& jobs, const ChartOptions& o, const std::string& path) {
   auto loaded = load_cairo();
   if (!loaded) return loaded.error();
   const Cairo& c = **loaded;
@@ -135,9 +132,7 @@ Result<bool> render_png(const std::vector<JobCurves>& jobs, const ChartOptions& 
 
 #else
 
-bool png_supported() { return false; }
-
-Result<bool> render_png(const std::vector<JobCurves>&, const ChartOptions&, const std::string&) {
+Result<bool> paint_png(const std::vector<JobCurves>&, const ChartOptions&, const std::string&) {
   return Error{ErrorCode::internal, "this gpuq was built without cairo, so it cannot write PNG; write .svg instead"};
 }
 

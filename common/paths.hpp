@@ -19,6 +19,10 @@ Result<bool> ensure_private_dir(const std::string& dir);
 
 std::string parent_dir(const std::string& path);
 
+// The folder of the running executable: gpuq's programs find each other there (gpuq finds gpuqd
+// and gpuq-plot-png, gpuqd finds gpuq-shim and gpuq-worker).
+std::string self_dir();
+
 // Whether something is at `path` (following symlinks).
 bool path_exists(const std::string& path);
 

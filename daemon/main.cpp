@@ -22,14 +22,6 @@ namespace {
 
 using gpuq::daemon::Config;
 
-std::string self_dir() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  buf[n] = 0;
-  return gpuq::common::parent_dir(buf);
-}
-
 // Background mode: the parent returns only once the child listens (exit 0) or failed (exit 1,
 // with the child's message), so `gpuqd && gpuq status` never races the socket.
 int g_ready_fd = -1;
@@ -146,9 +138,9 @@ int main(int argc, char** argv) {
   // Resolve paths
   if (config.socket_path.empty()) config.socket_path = gpuq::common::default_socket_path();
   if (config.state_dir.empty()) config.state_dir = gpuq::common::default_state_dir();
-  if (config.shim_path.empty()) config.shim_path = self_dir() + "/gpuq-shim";
-  if (config.worker_path.empty() && ::access((self_dir() + "/gpuq-worker").c_str(), X_OK) == 0)
-    config.worker_path = self_dir() + "/gpuq-worker";
+  if (config.shim_path.empty()) config.shim_path = gpuq::common::self_dir() + "/gpuq-shim";
+  if (config.worker_path.empty() && ::access((gpuq::common::self_dir() + "/gpuq-worker").c_str(), X_OK) == 0)
+    config.worker_path = gpuq::common::self_dir() + "/gpuq-worker";
   if (::access(config.shim_path.c_str(), X_OK) != 0) {
     std::cerr << "gpuqd: job supervisor " << config.shim_path << " is missing or not executable\n";
     return 1;

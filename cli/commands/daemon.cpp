@@ -22,14 +22,6 @@ using common::Client;
 
 namespace {
 
-std::string self_dir() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  buf[n] = 0;
-  return common::parent_dir(buf);
-}
-
 int cmd_config(const Options& o, const common::Settings& s, const std::string& socket_flag) {
   const std::string path = common::config_path();
   json settings = json::object();
@@ -71,7 +63,7 @@ int cmd_daemon_start(const Options& o, const std::string& state_dir, const std::
     std::cout << "gpuqd is already running on " << o.socket << " (pid " << c->hello().value("pid", 0) << ")\n";
     return k_exit_ok;
   }
-  std::string gpuqd = self_dir() + "/gpuqd";
+  std::string gpuqd = common::self_dir() + "/gpuqd";
   if (::access(gpuqd.c_str(), X_OK) != 0) gpuqd = "gpuqd";  // installed elsewhere: use PATH
   std::vector<std::string> args{gpuqd, "--socket", o.socket};
   if (!state_dir.empty()) args.insert(args.end(), {"--state-dir", state_dir});

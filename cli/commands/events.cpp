@@ -57,9 +57,14 @@ int cmd_plot(const Options& o, const PlotArgs& a) {
     std::cerr << "gpuq: the plot's file name must end in .png or .svg, got " << a.output << "\n";
     return k_exit_usage;
   }
-  if (png && !plot::png_supported()) {
-    std::cerr << "gpuq: this gpuq was built without cairo and cannot write PNG; use an .svg file\n";
-    return k_exit_usage;
+  std::string painter;
+  if (png) {
+    auto found = plot::png_painter();
+    if (!found) {
+      std::cerr << "gpuq: " << found.error().message << "\n";
+      return k_exit_usage;
+    }
+    painter = *found;
   }
   auto wanted = plot::parse_x_axis(a.x);
   if (!wanted) {
@@ -123,7 +128,7 @@ int cmd_plot(const Options& o, const PlotArgs& a) {
       chart.title += (k ? ", " : "") + jobs[plotted[k]].name + " (#" + std::to_string(jobs[plotted[k]].id) + ")";
   }
   if (png) {
-    if (auto w = plot::render_png(curves, chart, a.output); !w) {
+    if (auto w = plot::render_png(painter, curves, chart, a.output); !w) {
       std::cerr << "gpuq: " << w.error().message << "\n";
       return k_exit_refused;
     }

@@ -132,6 +132,33 @@ class Plot(DaemonTest):
         self.assertGreater(orange, 300, "job 2's curves are missing")
         self.assertGreater(white, width * height // 2)  # a chart, not a smear
 
+    def test_png_without_its_painter_is_a_clear_error_and_writes_nothing(self):
+        lone = self.tmp_path("lone")
+        os.mkdir(lone)
+        shutil.copy(os.path.join(BIN, "gpuq"), lone)  # gpuq without gpuq-plot-png beside it
+        out = self.tmp_path("none.png")
+        r = subprocess.run([os.path.join(lone, "gpuq"), "--socket", self.d.socket, "plot", str(self.ids[0]), "-o", out],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(os.path.join(lone, "gpuq-plot-png"), r.stderr)
+        self.assertIn("write .svg instead", r.stderr)
+        self.assertFalse(os.path.exists(out))
+
+    def test_the_painter_refuses_a_bad_chart_document_and_says_why(self):
+        painter = os.path.join(BIN, "gpuq-plot-png")
+        out = self.tmp_path("bad.png")
+        for doc, said in (("not json", "not JSON"), ('{"jobs": []}', "chart document"),
+                          ('{"jobs": [], "title": "", "x": "epoch", "width": 100000, "panel_height": 320, '
+                           '"log_y": false}', "out of range")):
+            r = subprocess.run([painter, out], input=doc, capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, doc)
+            self.assertIn(said, r.stderr)
+            self.assertFalse(os.path.exists(out))
+        # What gpuq reports when the painter cannot write: the painter's own words
+        r = self.d.run("plot", str(self.ids[0]), "-o", self.tmp_path("no/such/dir/x.png"))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("no/such/dir/x.png", r.stderr)
+
     def test_metric_choice_step_axis_and_bad_requests(self):
         out = self.tmp_path("acc.svg")
         r = self.d.ok("plot", str(self.ids[0]), "-o", out, "--metric", "test_accuracy", "--x", "step")
@@ -171,7 +198,7 @@ class Plot(DaemonTest):
 
 
 class Lean(unittest.TestCase):
-    def test_the_cli_links_no_graphics_library_cairo_is_loaded_by_plot_alone(self):
+    def test_the_cli_links_no_graphics_library_cairo_is_loaded_by_the_painter_alone(self):
         libs = subprocess.run(["ldd", os.path.join(BIN, "gpuq")], capture_output=True, text=True, check=True).stdout
         names = [line.split()[0] for line in libs.splitlines() if line.strip()]
         self.assertEqual([n for n in names if re.search(r"cairo|X11|xcb|fontconfig|freetype|png|pixman", n)], [])

@@ -171,3 +171,53 @@ TEST_CASE("svg: no curves gives a chart that says so") {
   const std::string svg = render_svg({}, ChartOptions{});
   CHECK(svg.find("no progress events") != std::string::npos);
 }
+
+TEST_CASE("chart document: what gpuq hands the PNG painter comes back as the same chart") {
+  const auto jobs = std::vector<JobCurves>{curves_from_events(7, "a \"quoted\" name", training_events(0, 2, 4),
+                                                              XAxis::epoch, {}),
+                                           curves_from_events(9, "b", training_events(0, 1, 3), XAxis::epoch, {})};
+  ChartOptions o;
+  o.title = "two jobs";
+  o.x = XAxis::step;
+  o.width = 900;
+  o.log_y = true;
+  auto back = parse_chart_document(json::parse(chart_document(jobs, o).dump()));
+  REQUIRE(back);
+  const auto& [jobs2, o2] = *back;
+  REQUIRE(jobs2.size() == 2);
+  CHECK(jobs2[0].name == "a \"quoted\" name");
+  CHECK(jobs2[1].id == 9);
+  REQUIRE(jobs2[0].curves.size() == jobs[0].curves.size());
+  for (std::size_t c = 0; c < jobs[0].curves.size(); ++c) {
+    CHECK(jobs2[0].curves[c].metric == jobs[0].curves[c].metric);
+    REQUIRE(jobs2[0].curves[c].points.size() == jobs[0].curves[c].points.size());
+    for (std::size_t i = 0; i < jobs[0].curves[c].points.size(); ++i) {
+      CHECK(jobs2[0].curves[c].points[i].x == jobs[0].curves[c].points[i].x);
+      CHECK(jobs2[0].curves[c].points[i].y == jobs[0].curves[c].points[i].y);
+    }
+  }
+  CHECK(o2.title == "two jobs");
+  CHECK(o2.x == XAxis::step);
+  CHECK(o2.width == 900);
+  CHECK(o2.log_y);
+  CHECK(render_svg(jobs2, o2) == render_svg(jobs, o));
+}
+
+TEST_CASE("chart document: a wrong one is refused with what is wrong, never painted") {
+  json good = chart_document({}, ChartOptions{});
+  CHECK(parse_chart_document(good));
+  auto refused = [&](auto change, const std::string& why) {
+    json doc = good;
+    change(doc);
+    auto r = parse_chart_document(doc);
+    REQUIRE_FALSE(r);
+    CHECK_MESSAGE(r.error().message.find(why) != std::string::npos, r.error().message);
+  };
+  refused([](json& d) { d.erase("width"); }, "width");
+  refused([](json& d) { d["width"] = 50000; }, "out of range");
+  refused([](json& d) { d["panel_height"] = 1; }, "out of range");
+  refused([](json& d) { d["x"] = "sideways"; }, "unknown x axis");
+  refused([](json& d) { d["jobs"] = {{{"id", 1}, {"name", "a"}, {"curves", {{{"metric", "loss"}, {"x", {1, 2}}, {"y", {1}}}}}}}; },
+          "differ in length");
+  refused([](json& d) { d["jobs"] = {{{"id", "one"}, {"name", "a"}, {"curves", json::array()}}}; }, "chart document");
+}
