@@ -221,6 +221,21 @@ UpdateRequest decode_update(const json& j) {
   return r;
 }
 
+const std::vector<RequestDecoder>& request_decoders() {
+  static const std::vector<RequestDecoder> k_decoders{
+      {"hello", [](const json& r) { decode_hello(r); }},     {"submit", [](const json& r) { decode_submit(r); }},
+      {"status", [](const json& r) { decode_status(r); }},   {"show", [](const json& r) { decode_id(r); }},
+      {"cancel", [](const json& r) { decode_ids(r); }},      {"restart", [](const json& r) { decode_restart(r); }},
+      {"hold", [](const json& r) { decode_select(r); }},     {"release", [](const json& r) { decode_select(r); }},
+      {"update", [](const json& r) { decode_update(r); }},   {"clean", [](const json& r) { decode_clean(r); }},
+      {"wait", [](const json& r) { decode_ids(r); }},        {"results", [](const json& r) { decode_results(r); }},
+      {"events", [](const json& r) { decode_events(r); }},   {"gpus", [](const json&) {}},
+      {"drain", [](const json& r) { decode_drain(r); }},     {"undrain", [](const json& r) { decode_drain(r); }},
+      {"shutdown", [](const json&) {}},
+  };
+  return k_decoders;
+}
+
 DrainRequest decode_drain(const json& j) {
   DrainRequest r;
   auto it = j.find("gpus");

@@ -231,6 +231,15 @@ UpdateRequest decode_update(const json& j);
 DrainRequest decode_drain(const json& j);
 EventsRequest decode_events(const json& j);
 
+// Every command gpuqd knows, with the decoder that checks its request (none for those without
+// fields). gpuqd's command table (daemon.cpp) pairs each with a handler; a unit test keeps the two
+// lists the same, and the request fuzzer walks this one, so a new command is fuzzed once it exists.
+struct RequestDecoder {
+  std::string_view name;
+  void (*check)(const json& request);  // throws RequestError as the decoder does
+};
+const std::vector<RequestDecoder>& request_decoders();
+
 // Encoders: the same requests from the client's side, as {"cmd": cmd, ...fields}; each decoder
 // above reads back what its encoder wrote (tests/unit/test_protocol.cpp). `cmd` names the command
 // where one struct serves several (cancel and wait; hold and release; drain and undrain).

@@ -115,6 +115,33 @@ TEST_CASE("every command in the table is dispatched, and an unknown one is refus
   CHECK(core.error_code({{"cmd", 7}}) == "bad_request");
 }
 
+TEST_CASE("the protocol's list of decoders, which the request fuzzer walks, names the table's commands in order") {
+  std::vector<std::string> table, decoders;
+  for (const auto& c : Daemon::commands()) table.emplace_back(c.name);
+  for (const auto& d : gpuq::common::request_decoders()) decoders.emplace_back(d.name);
+  CHECK(decoders == table);
+  // The decoder a row names is the one the table's row uses: both refuse the same wrong field.
+  Core core;
+  int compared = 0;
+  for (const auto& d : gpuq::common::request_decoders()) {
+    if (d.name == "shutdown" || d.name == "gpus") continue;
+    const json wrong = {{"cmd", std::string(d.name)}, {"ids", "seven"}, {"id", "seven"}, {"jobs", 7}, {"gpus", 7}};
+    std::string said;
+    try {
+      d.check(wrong);
+    } catch (const gpuq::RequestError& e) {
+      said = e.what();
+    }
+    CAPTURE(d.name);
+    if (said.empty()) continue;  // a decoder without such fields (hello, status...)
+    const json reply = core.call(wrong);
+    REQUIRE_FALSE(reply["ok"].get<bool>());
+    CHECK(reply["error"]["message"].get<std::string>() == said);
+    ++compared;
+  }
+  CHECK(compared >= 10);
+}
+
 TEST_CASE("a field of the wrong type is refused by the command's decoder, naming the field") {
   Core core;
   json r = core.call({{"cmd", "status"}, {"limit", "many"}});
