@@ -55,6 +55,7 @@ struct Command {
 const std::vector<Command>& command_table();
 
 void add_submit(CLI::App& app, Context& ctx);  // submit.cpp
+void add_export(CLI::App& app, Context& ctx);
 void add_status(CLI::App& app, Context& ctx);  // jobs.cpp
 void add_show(CLI::App& app, Context& ctx);
 void add_logs(CLI::App& app, Context& ctx);

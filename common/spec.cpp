@@ -17,9 +17,9 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 20> k_fields{
+constexpr std::array<std::string_view, 21> k_fields{
     "name",     "command", "shell",   "train",     "gpus", "mode", "ranks",  "cpus",   "mem_bind", "gpu_memory_mb",
-    "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment", "matrix"};
+    "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment", "matrix", "nodes"};
 
 constexpr std::array<std::string_view, 18> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
@@ -158,6 +158,20 @@ class JobParser {
         fail("a ddp job without GPUs needs `ranks` (the number of CPU processes, e.g. 2)");
     } else if (has_ranks && s.ranks != 1) {
       fail("field `ranks` needs \"mode\": \"ddp\"; an independent job is one process");
+    }
+
+    // Machines: a ddp gang split evenly over them, each with the same number of ranks and GPUs.
+    // Only an executor that places work on several machines (Slurm) runs such a job.
+    if (int_field("nodes", 1, k_max_nodes, x)) s.nodes = static_cast<int>(x);
+    if (s.nodes > 1) {
+      const std::string n = std::to_string(s.nodes);
+      if (s.mode != Mode::ddp)
+        fail("field `nodes` (" + n + ") needs \"mode\": \"ddp\": an independent job is one process on one machine");
+      else if (s.gpus > 0 && (s.gpus % s.nodes != 0 || (s.gpus / s.nodes) % gpus_per_rank != 0))
+        fail("field `gpus` (" + std::to_string(s.gpus) + ") must split evenly over `nodes` (" + n + ")" +
+             (gpus_per_rank > 1 ? ", whole replicas of " + std::to_string(gpus_per_rank) + " stages on each" : ""));
+      else if (s.ranks % s.nodes != 0)
+        fail("field `ranks` (" + std::to_string(s.ranks) + ") must split evenly over `nodes` (" + n + ")");
     }
 
     if (int_field("cpus", 1, k_max_cpus, x)) s.cpus = static_cast<int>(x);
@@ -407,6 +421,7 @@ json to_json(const JobSpec& s) {
   j["gpus"] = s.gpus;
   j["mode"] = to_string(s.mode);
   j["ranks"] = s.ranks;
+  if (s.nodes > 1) j["nodes"] = s.nodes;
   if (s.cpus) j["cpus"] = s.cpus;
   if (s.mem_bind != MemBind::none) j["mem_bind"] = to_string(s.mem_bind);
   if (s.gpu_memory_mb) j["gpu_memory_mb"] = s.gpu_memory_mb;

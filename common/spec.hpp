@@ -38,6 +38,7 @@ struct JobSpec {
   int gpus = 0;
   Mode mode = Mode::independent;
   int ranks = 1;  // processes: 1 for independent jobs, one per GPU (or `ranks` on CPU) for ddp
+  int nodes = 1;  // machines a ddp job's ranks and GPUs are split over, evenly (Slurm executor)
   int cpus = 0;   // cores per rank, pinned and counted against gpuqd's CPU pool; 0 = unspecified
   MemBind mem_bind = MemBind::none;  // needs cpus
   std::int64_t gpu_memory_mb = 0;  // per GPU; 0 = unspecified
@@ -57,6 +58,7 @@ constexpr const char* k_worker_placeholder = "gpuq-worker";
 
 constexpr int k_max_gpus = 1024;
 constexpr int k_max_cpus = 4096;
+constexpr int k_max_nodes = 1024;
 constexpr int k_max_retries = 100;
 constexpr std::size_t k_max_batch = 100000;
 constexpr double k_max_timeout_s = 1e9;

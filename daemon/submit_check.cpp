@@ -53,6 +53,10 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
       problems.push_back(who + ": its command and environment come to " + std::to_string(bytes >> 10) +
                          " KiB; exec takes at most " + std::to_string(arg_max >> 10) + " KiB in all (the submitter's " +
                          "environment is " + std::to_string(base_bytes >> 10) + " KiB of it)");
+    if (s.nodes > facts.max_nodes)
+      problems.push_back(who + ": `nodes` " + std::to_string(s.nodes) + " spreads the job over " +
+                         std::to_string(s.nodes) + " machines, which needs the Slurm executor (gpuqd --executor " +
+                         "slurm); this gpuqd runs jobs on this machine alone");
     if (s.gpus > facts.gpus)
       problems.push_back(who + ": asks for " + std::to_string(s.gpus) + " GPUs; this machine has " +
                          std::to_string(facts.gpus) + " (" + facts.gpu_source + ")");

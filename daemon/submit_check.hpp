@@ -25,6 +25,7 @@ struct MachineFacts {
   std::string gpu_source;     // how the GPUs were found ("nvml", "fake: …"), for the errors
   bool have_worker = false;   // gpuq-worker was built, so `train` jobs can run
   int default_retries = 0;    // for specs that name no `retries`
+  int max_nodes = 1;          // machines the executor can spread one job over (1: this one)
 };
 
 struct CheckedBatch {

@@ -1,7 +1,13 @@
 // `gpuq submit`: spec files in, one batch out (or, with --dry-run, the jobs it would make).
+// `gpuq export --slurm`: the same spec files as Slurm batch scripts, for running without gpuqd.
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -12,6 +18,7 @@
 #include "common/client.hpp"
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
+#include "common/slurm_script.hpp"
 #include "common/spec.hpp"
 
 namespace gpuq::cli {
@@ -105,7 +112,100 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
   return cmd_wait(o, sub.ids, 0);
 }
 
+struct ExportArgs {
+  std::vector<std::string> files;
+  bool slurm = false;
+  std::string out_dir;
+  common::SlurmOptions slurm_options;
+};
+
+// A file name for job i of the batch: its position (submission order) and a tame form of its name.
+std::string script_name(std::size_t i, const std::string& name) {
+  std::string tame;
+  for (char c : name.substr(0, 64)) tame += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ? c : '_';
+  char num[16];
+  std::snprintf(num, sizeof num, "%03zu", i);
+  return std::string(num) + "-" + tame + ".sbatch";
+}
+
+int cmd_export(const ExportArgs& a) {
+  json jobs = json::array();
+  for (const auto& f : a.files)
+    if (!read_spec_file(f, jobs)) return k_exit_usage;
+  auto parsed = common::parse_batch(jobs, cwd());
+  if (!parsed) return report(parsed.error());
+  auto deps = common::resolve_batch_dependencies(*parsed);
+  if (!deps) return report(deps.error());
+  auto& batch = *parsed;
+  for (auto& spec : batch)
+    if (spec.name.empty()) spec.name = "job";
+  if (a.out_dir.empty()) {
+    if (batch.size() != 1) {
+      std::cerr << "gpuq: these specs make " << batch.size() << " jobs; give -o DIR to write a script for each and a "
+                << "submit.sh that submits them with their dependencies\n";
+      return k_exit_usage;
+    }
+    std::cout << common::sbatch_script(batch[0], a.slurm_options);
+    return k_exit_ok;
+  }
+  if (::mkdir(a.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    std::cerr << "gpuq: cannot make " << a.out_dir << ": " << std::strerror(errno) << "\n";
+    return k_exit_refused;
+  }
+  // Dependencies first: resolve_batch_dependencies refused cycles, so this order exists.
+  std::vector<std::size_t> order;
+  std::vector<int> state(batch.size(), 0);  // 0 new, 1 placed
+  while (order.size() < batch.size())
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (state[i]) continue;
+      bool ready = true;
+      for (auto d : (*deps)[i]) ready = ready && state[d];
+      if (ready) state[i] = 1, order.push_back(i);
+    }
+  std::ostringstream submit;
+  submit << "#!/bin/bash\n# Submits the scripts beside this one to Slurm, each after the jobs it waits for\n"
+         << "# (written by `gpuq export --slurm`).\nset -e\ncd \"$(dirname \"$0\")\"\n";
+  for (auto i : order) {
+    const std::string file = script_name(i, batch[i].name);
+    std::ofstream out(a.out_dir + "/" + file, std::ios::trunc);
+    out << common::sbatch_script(batch[i], a.slurm_options);
+    out.close();
+    if (!out) {
+      std::cerr << "gpuq: cannot write " << a.out_dir << "/" << file << "\n";
+      return k_exit_refused;
+    }
+    std::string after;
+    for (auto d : (*deps)[i]) after += ":$job" + std::to_string(d);
+    submit << "job" << i << "=$(sbatch --parsable" << (after.empty() ? "" : " --dependency=afterok" + after) << " "
+           << common::shell_quote(file) << ")\necho \"" << file << ": Slurm job $job" << i << "\"\n";
+  }
+  std::ofstream out(a.out_dir + "/submit.sh", std::ios::trunc);
+  out << submit.str();
+  out.close();
+  if (!out || ::chmod((a.out_dir + "/submit.sh").c_str(), 0755) != 0) {
+    std::cerr << "gpuq: cannot write " << a.out_dir << "/submit.sh\n";
+    return k_exit_refused;
+  }
+  std::cout << "wrote " << batch.size() << " script" << (batch.size() == 1 ? "" : "s") << " and submit.sh to "
+            << a.out_dir << "\n";
+  return k_exit_ok;
+}
+
 }  // namespace
+
+void add_export(CLI::App& app, Context& ctx) {
+  auto a = args<ExportArgs>();
+  auto* sub = app.add_subcommand("export", "Print the Slurm batch script a job spec becomes, to run it without gpuqd");
+  sub->add_option("files", a->files, "Job spec files ('-' reads stdin)")->required();
+  sub->add_flag("--slurm", a->slurm, "As sbatch scripts (the one format so far)")->required();
+  sub->add_option("--output-dir,-o", a->out_dir, "Write one script per job and a submit.sh into this folder");
+  sub->add_option("--partition", a->slurm_options.partition, "sbatch --partition");
+  sub->add_option("--account", a->slurm_options.account, "sbatch --account");
+  sub->add_option("--qos", a->slurm_options.qos, "sbatch --qos");
+  sub->add_option("--sbatch-arg", a->slurm_options.extra_args, "Another sbatch option, as written (repeatable)")
+      ->allow_extra_args(false);
+  sub->callback([&ctx, a] { ctx.run = [a] { return cmd_export(*a); }; });
+}
 
 void add_submit(CLI::App& app, Context& ctx) {
   struct Args {

@@ -246,3 +246,16 @@ TEST_CASE("update moves a queued job in line, all or nothing") {
 }
 
 TEST_SUITE_END();
+
+TEST_CASE("a job spread over several machines is refused by gpuqd on one, naming the Slurm executor") {
+  Core core;
+  json r = core.call({{"cmd", "submit"},
+                      {"jobs", json::array({job("fine"), job("wide", {{"mode", "ddp"}, {"gpus", 2}, {"nodes", 2}})})},
+                      {"cwd", core.dir}});
+  REQUIRE_FALSE(r["ok"].get<bool>());
+  CHECK(r["error"]["code"] == "invalid_spec");
+  const std::string message = r["error"]["message"];
+  CHECK(message.find("job[1] (wide)") != std::string::npos);
+  CHECK(message.find("--executor slurm") != std::string::npos);
+  CHECK(core.ok({{"cmd", "status"}})["jobs"].empty());  // all or nothing: `fine` is not queued either
+}

@@ -1,10 +1,17 @@
 // Job-spec validation: every rule, and that each error names the job, the field and the fix.
 #include <doctest/doctest.h>
 
+#include "common/slurm_script.hpp"
 #include "common/spec.hpp"
 
 using gpuq::common::json;
 using gpuq::common::parse_batch;
+using gpuq::common::parse_job;
+using gpuq::common::sbatch_options;
+using gpuq::common::sbatch_script;
+using gpuq::common::shell_quote;
+using gpuq::common::SlurmOptions;
+using gpuq::common::to_json;
 
 namespace {
 std::string error_of(const std::string& text) {
@@ -217,3 +224,56 @@ TEST_CASE("a stored spec parses back to the same job") {
 }
 
 TEST_SUITE_END();
+
+TEST_CASE("nodes: a ddp gang split evenly over machines; anything else is refused, naming the field") {
+  auto one = [](json spec) { return parse_job(spec, "/tmp"); };
+  auto ok = one({{"command", {"t"}}, {"mode", "ddp"}, {"gpus", 8}, {"nodes", 2}});
+  REQUIRE(ok);
+  CHECK(ok->nodes == 2);
+  CHECK(ok->ranks == 8);
+  CHECK(to_json(*ok)["nodes"] == 2);
+  CHECK(parse_job(to_json(*ok), "/tmp")->nodes == 2);  // as stored and reloaded
+  CHECK(one({{"command", {"t"}}})->nodes == 1);
+  CHECK_FALSE(to_json(*one({{"command", {"t"}}})).contains("nodes"));
+  auto refused = [&](json spec, const std::string& why) {
+    auto r = one(spec);
+    REQUIRE_FALSE(r);
+    CHECK_MESSAGE(r.error().message.find(why) != std::string::npos, r.error().message);
+  };
+  refused({{"command", {"t"}}, {"gpus", 2}, {"nodes", 2}}, "needs \"mode\": \"ddp\"");
+  refused({{"command", {"t"}}, {"mode", "ddp"}, {"gpus", 3}, {"nodes", 2}}, "must split evenly over `nodes` (2)");
+  refused({{"command", {"t"}}, {"mode", "ddp"}, {"ranks", 3}, {"nodes", 2}}, "`ranks` (3) must split evenly");
+  refused({{"command", {"t"}}, {"mode", "ddp"}, {"gpus", 2}, {"nodes", 0}}, "nodes");
+  refused({{"command", {"t"}}, {"mode", "ddp"}, {"gpus", 2}, {"nodes", 5000}}, "nodes");
+}
+
+TEST_CASE("slurm: a spec's sbatch options and script, quoted for bash, environment its own") {
+  auto spec = *parse_job({{"name", "ddp-run"}, {"command", {"python3", "it's.py"}}, {"mode", "ddp"}, {"gpus", 4},
+                          {"nodes", 2}, {"cpus", 3}, {"timeout_s", 90}, {"priority", -4}, {"env", {{"X", "a'b"}}}},
+                         "/work");
+  SlurmOptions o;
+  o.partition = "gpu";
+  o.extra_args = {"--constraint=a100"};
+  const auto opts = sbatch_options(spec, o);
+  const std::vector<std::string> want{"--job-name=ddp-run", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2",
+                                      "--cpus-per-task=3", "--time=3", "--signal=TERM@60", "--nice=4", "--chdir=/work",
+                                      "--output=ddp-run-%j.log", "--export=NONE", "--partition=gpu",
+                                      "--constraint=a100"};
+  CHECK(opts == want);
+  const std::string script = sbatch_script(spec, o);
+  CHECK(script.rfind("#!/bin/bash -l\n#SBATCH --job-name=ddp-run\n", 0) == 0);
+  CHECK(script.find("export X='a'\\''b'\n") != std::string::npos);
+  CHECK(script.find("export OMP_NUM_THREADS=3\n") != std::string::npos);
+  CHECK(script.find("export WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 GROUP_WORLD_SIZE=2") != std::string::npos);
+  CHECK(script.find("srun --export=ALL --kill-on-bad-exit=1 --ntasks=4 --ntasks-per-node=2 ") != std::string::npos);
+  CHECK(script.find(" gpuq-rank 'python3' 'it'\\''s.py'\n") != std::string::npos);
+  // Unmapped parts are said, not dropped silently
+  auto later = *parse_job({{"command", {"t"}}, {"priority", 5}, {"retries", 2}, {"after", {7}}}, "/w");
+  const std::string s2 = sbatch_script(later, {});
+  CHECK(s2.find("# It waits for: job 7") != std::string::npos);
+  CHECK(s2.find("# retries: 2") != std::string::npos);
+  CHECK(s2.find("# priority: 5") != std::string::npos);
+  CHECK(s2.find("#SBATCH --nice") == std::string::npos);
+  CHECK(s2.find("MASTER_ADDR") == std::string::npos);  // one process: no rendezvous
+  CHECK(shell_quote("") == "''");
+}

@@ -1,0 +1,126 @@
+// A job spec as a Slurm batch script (see slurm_script.hpp and docs/slurm.md).
+#include "common/slurm_script.hpp"
+
+#include <cctype>
+#include <cmath>
+#include <sstream>
+
+namespace gpuq::common {
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+namespace {
+
+// sbatch reads the name up to the first newline; Slurm lists show it, so it stays printable.
+std::string job_name(const JobSpec& spec) {
+  std::string out;
+  for (char c : spec.name.empty() ? std::string("job") : spec.name)
+    out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '_' : c;
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions& o) {
+  std::vector<std::string> out;
+  const int nodes = std::max(1, spec.nodes);
+  const int ranks = spec.mode == Mode::ddp ? spec.ranks : 1;
+  out.push_back("--job-name=" + job_name(spec));
+  out.push_back("--nodes=" + std::to_string(nodes));
+  out.push_back("--ntasks-per-node=" + std::to_string(ranks / nodes));
+  if (spec.gpus > 0) out.push_back("--gpus-per-node=" + std::to_string(spec.gpus / nodes));
+  if (spec.cpus > 0) out.push_back("--cpus-per-task=" + std::to_string(spec.cpus));
+  if (spec.timeout_s > 0) {
+    // Slurm's limit is in whole minutes and its warning signal comes within a minute of the time
+    // asked: one minute more than the timeout, with SIGTERM a minute before the end, gives the job
+    // its SIGTERM at about its timeout and a minute to checkpoint, as gpuq's grace period does.
+    const long minutes = static_cast<long>(std::ceil(spec.timeout_s / 60.0)) + 1;
+    out.push_back("--time=" + std::to_string(minutes));
+    out.push_back("--signal=TERM@60");
+  }
+  // gpuq's priority is "higher starts sooner"; Slurm lets users only lower their own jobs' (a
+  // positive --nice), so only a negative priority maps.
+  if (spec.priority < 0) out.push_back("--nice=" + std::to_string(-static_cast<long long>(spec.priority)));
+  out.push_back("--chdir=" + spec.cwd);
+  out.push_back("--output=" + job_name(spec) + "-%j.log");
+  out.push_back("--export=NONE");  // the job's environment is its spec's, not the submitting shell's
+  if (!o.partition.empty()) out.push_back("--partition=" + o.partition);
+  if (!o.account.empty()) out.push_back("--account=" + o.account);
+  if (!o.qos.empty()) out.push_back("--qos=" + o.qos);
+  for (const auto& a : o.extra_args) out.push_back(a);
+  return out;
+}
+
+std::string sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
+  std::ostringstream s;
+  const bool ddp = spec.mode == Mode::ddp;
+  const int nodes = std::max(1, spec.nodes);
+  const int ranks = ddp ? spec.ranks : 1;
+  const std::string name = job_name(spec);
+  // A login shell: the user's profile (PATH, modules) on the node, as an interactive session has.
+  s << "#!/bin/bash -l\n";
+  for (const auto& opt : sbatch_options(spec, o)) {
+    std::string line = opt;
+    for (char& c : line)
+      if (c == '\n' || c == '\r') c = ' ';
+    s << "#SBATCH " << line << "\n";
+  }
+  s << "#\n# gpuq job " << shell_quote(name) << ", as `gpuq export --slurm` writes it: run it with `sbatch FILE`.\n";
+  if (!spec.after.empty()) {
+    s << "# It waits for:";
+    for (const auto& d : spec.after) s << " " << (d.name.empty() ? "job " + std::to_string(d.id) : d.name);
+    s << " (submit with --dependency=afterok:<their Slurm ids>).\n";
+  }
+  if (spec.retries > 0)
+    s << "# retries: " << spec.retries << " are gpuqd's to make (gpuqd --executor slurm); this script runs once.\n";
+  if (spec.priority > 0)
+    s << "# priority: " << spec.priority << " is not mapped: raising a job's priority (--nice < 0) is for Slurm's admins.\n";
+  s << "set -e\n";
+  for (const auto& [k, v] : spec.env) {
+    bool name_ok = !k.empty() && !std::isdigit(static_cast<unsigned char>(k[0]));
+    for (char c : k) name_ok = name_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+    if (name_ok) s << "export " << k << "=" << shell_quote(v) << "\n";
+    else s << "# env " << shell_quote(k) << " is not a name bash can export: left out\n";
+  }
+  auto set_default = [&](const std::string& k, const std::string& v) {
+    if (!spec.env.count(k)) s << "export " << k << "=" << v << "\n";
+  };
+  // What gpuq sets for every job; its files go to a folder of the job's in the working directory,
+  // kept from one submission to the next so that a resubmitted job resumes from its checkpoints.
+  s << "export GPUQ_JOB_NAME=" << shell_quote(name) << " GPUQ_JOB_ID=\"$SLURM_JOB_ID\" GPUQ_ATTEMPT=1\n";
+  s << "export GPUQ_JOB_DIR=\"$PWD/gpuq-\"" << shell_quote(name) << "\n";
+  s << "export GPUQ_CHECKPOINT_DIR=\"$GPUQ_JOB_DIR/checkpoints\"\n";
+  s << "mkdir -p \"$GPUQ_CHECKPOINT_DIR\" \"$GPUQ_JOB_DIR/slurm-$SLURM_JOB_ID\"\n";
+  s << "export CUDA_DEVICE_ORDER=PCI_BUS_ID\n";
+  if (spec.cpus > 0) set_default("OMP_NUM_THREADS", std::to_string(spec.cpus));
+  std::string per_rank = "export GPUQ_EVENTS=\"$GPUQ_JOB_DIR/slurm-$SLURM_JOB_ID/events-${SLURM_PROCID}.jsonl\"";
+  if (ddp) {
+    // torchrun's environment, from Slurm's: one rendezvous host (the allocation's first), and a
+    // port from the job id, so that two jobs sharing a node do not pick the same one (10000-29999,
+    // below Linux's ephemeral range).
+    s << "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n";
+    s << "export MASTER_PORT=$((10000 + SLURM_JOB_ID % 20000))\n";
+    s << "export WORLD_SIZE=" << ranks << " LOCAL_WORLD_SIZE=" << ranks / nodes << " GROUP_WORLD_SIZE=" << nodes
+      << " ROLE_WORLD_SIZE=" << ranks << " ROLE_NAME=default\n";
+    s << "export TORCHELASTIC_RUN_ID=\"gpuq-$SLURM_JOB_ID\" TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=0"
+         " TORCHELASTIC_USE_AGENT_STORE=False\n";
+    set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+    set_default("NCCL_ASYNC_ERROR_HANDLING", "1");
+    if (ranks > 1 && spec.cpus == 0) set_default("OMP_NUM_THREADS", "1");
+    per_rank += "; export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID GROUP_RANK=$SLURM_NODEID ROLE_RANK=$SLURM_PROCID"
+                " TORCHELASTIC_ERROR_FILE=\"$GPUQ_JOB_DIR/slurm-$SLURM_JOB_ID/error-${SLURM_PROCID}.json\"";
+  }
+  // One srun starts every rank (the first to fail ends the others, as gpuq's gang does); each
+  // rank sets its own variables, then becomes the command.
+  s << "srun --export=ALL --kill-on-bad-exit=1 --ntasks=" << ranks << " --ntasks-per-node=" << ranks / nodes
+    << " bash -c " << shell_quote(per_rank + "; exec \"$@\"") << " gpuq-rank";
+  for (const auto& a : spec.command) s << " " << shell_quote(a);
+  s << "\n";
+  return s.str();
+}
+
+}  // namespace gpuq::common

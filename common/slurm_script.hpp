@@ -1,0 +1,33 @@
+// What a job spec becomes on a Slurm cluster: the sbatch options and the batch script, shared by
+// `gpuq export --slurm` (run without gpuqd) and, next, gpuqd's Slurm executor. The mapping is
+// written out in docs/slurm.md; in short: a job is one Slurm job, `gpus` and `nodes` become
+// --nodes, --ntasks-per-node and --gpus-per-node, every rank is started by srun with the
+// torchrun environment made from Slurm's (RANK = SLURM_PROCID, LOCAL_RANK = SLURM_LOCALID,
+// GROUP_RANK = SLURM_NODEID, MASTER_ADDR = the first host of the allocation), and the job's
+// environment is its spec's `env` over the user's login environment, never the submitting shell's.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/spec.hpp"
+
+namespace gpuq::common {
+
+struct SlurmOptions {
+  std::string partition, account, qos;  // empty: the cluster's defaults
+  std::vector<std::string> extra_args;  // more sbatch options, as written (e.g. "--constraint=a100")
+};
+
+// The #SBATCH options of one job, in order, e.g. "--job-name=train", "--nodes=2".
+std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions& o);
+
+// The whole batch script: a bash script with the options above, the job's environment and one
+// srun that starts its ranks. What does not map (the jobs it waits for, retries, a raised
+// priority) is said in comments.
+std::string sbatch_script(const JobSpec& spec, const SlurmOptions& o);
+
+// `s` quoted for bash: 'it'\''s'.
+std::string shell_quote(const std::string& s);
+
+}  // namespace gpuq::common
