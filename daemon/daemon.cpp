@@ -28,7 +28,10 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_backoff_timer(io),
       m_health_timer(io),
       m_forget_timer(io),
-      m_executor(make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })) {
+      m_executor(m_config.executor == "slurm"
+                     ? make_slurm_executor(io, {m_config.slurm, m_config.shim_path, m_config.grace_s, m_config.slurm_poll_s},
+                                           [this](std::int64_t id) { on_attempt_end(id); })
+                     : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })) {
   auto slot_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
   m_cores = std::move(slot_cores.cores);
   m_core_nodes = std::move(slot_cores.nodes);
@@ -254,6 +257,7 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.exit_code = r.run.exit_code ? json(*r.run.exit_code) : json();
   i.exit_signal = r.run.exit_signal ? json(*r.run.exit_signal) : json();
   i.reason = r.state == JobState::queued && !wait_reason.empty() && r.reason.empty() ? wait_reason : r.reason;
+  if (r.state == JobState::running && i.reason.empty()) i.reason = m_executor->detail(r.id);
   if (r.held && r.state == JobState::queued)
     i.reason = "held until `gpuq release " + std::to_string(r.id) + "`" + (r.reason.empty() ? "" : "; " + r.reason);
   i.progress = r.run.progress;

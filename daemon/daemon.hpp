@@ -53,6 +53,9 @@ struct Config {
   std::string sysfs_root = "/sys"; // CPU topology and NUMA nodes (another tree in tests)
   double health_interval_s = 60;   // NVML health checks (lost GPU, ECC, row remapping); 0: none
   double forget_after_s = 0;       // ended jobs are forgotten (records and files) this long after; 0: kept
+  std::string executor = "local";  // where attempts run: "local" (this machine) or "slurm" (executor.hpp)
+  common::SlurmOptions slurm;      // the Slurm executor's sbatch options
+  double slurm_poll_s = 2;         // its squeue, once for all jobs, this often
 };
 
 using Reply = std::function<void(json)>;

@@ -27,6 +27,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/slurm_script.hpp"
+#include "common/spec.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -39,6 +41,7 @@ class Executor {
   struct Attempt {
     std::int64_t id = 0;  // the job
     std::string dir;      // its attempt directory, with launch.json written (launcher.hpp)
+    const common::JobSpec* spec = nullptr;  // the job's spec, valid during the call
   };
   // Called on gpuqd's thread once the attempt's processes are gone (or known never to come).
   using Ended = std::function<void(std::int64_t id)>;
@@ -56,11 +59,39 @@ class Executor {
   // How an ended attempt ended, as the shim's exit record (untrusted: bounded and type-checked),
   // or {"error": why} when there is none.
   virtual nlohmann::json outcome(const Attempt& attempt) = 0;
+
+  // Whether another system decides where and when attempts run (Slurm): gpuqd then hands every
+  // job that is ready (dependencies met, not held, within its batch's limit) to start() at once,
+  // with no GPUs or cores of its choosing.
+  virtual bool places_work() const { return false; }
+  // Whether ranks start from the environment of the machine they run on (the user's login
+  // environment on a cluster node) with the job's own variables over it, rather than from the
+  // submitter's; GPUs are then the other system's to make visible (CUDA_VISIBLE_DEVICES).
+  virtual bool inherits_environment() const { return false; }
+  // Where a running attempt stands in the other system, for `status` ("Slurm job 42 pending:
+  // Resources"); "" when there is nothing to add.
+  virtual std::string detail(std::int64_t id) const { return {}; }
 };
+
+// The supervisor's exit record at `path` (supervisor.cpp's write_outcome). It lies in the job's
+// directory, which the job can write, so it is read as untrusted input: bounded, and each field
+// kept only with the type gpuqd expects; {"error": why} when there is none.
+nlohmann::json read_exit_record(const std::string& path);
 
 // Runs attempts under `shim_path` (gpuq-shim) on this machine, each in a session of its own, so
 // that they outlive gpuqd; watches each through a pidfd (or polls where there is none).
 std::unique_ptr<Executor> make_local_executor(boost::asio::io_context& io, std::string shim_path,
+                                              Executor::Ended ended);
+
+// Hands each attempt to Slurm (slurm_executor.cpp): sbatch a script that runs gpuq-shim inside
+// the allocation, squeue for liveness, scancel to stop.
+struct SlurmSettings {
+  common::SlurmOptions options;  // partition, account, qos, more sbatch options
+  std::string shim_path;         // gpuq-shim, at a path the compute nodes share
+  double grace_s = 10;           // the shim's SIGTERM -> SIGKILL, within Slurm's time limit
+  double poll_s = 2;             // one squeue for all jobs this often, never one per job
+};
+std::unique_ptr<Executor> make_slurm_executor(boost::asio::io_context& io, SlurmSettings settings,
                                               Executor::Ended ended);
 
 }  // namespace gpuq::daemon

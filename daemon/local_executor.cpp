@@ -30,10 +30,9 @@ namespace {
 
 constexpr std::size_t k_max_exit_record = 4 << 20;  // ~4,000 bytes a rank would be 1,000 ranks
 
-// The shim's exit record (see supervisor.cpp's write_outcome). It lies in the job's directory,
-// which the job can write, so it is read as untrusted input: bounded, and each field kept only
-// with the type finish_attempt expects.
-json read_outcome(const std::string& path) {
+}  // namespace
+
+json read_exit_record(const std::string& path) {
   auto raw = common::read_untrusted_file(path, k_max_exit_record, "exit record");
   if (!raw || !raw->is_object()) return json{{"error", "the job's supervisor ended without recording an outcome"}};
   const auto is_int = [](const json& v) { return v.is_number_integer(); };
@@ -66,6 +65,8 @@ json read_outcome(const std::string& path) {
   }
   return out;
 }
+
+namespace {
 
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
@@ -105,7 +106,7 @@ class LocalExecutor final : public Executor {
     if (it != m_shims.end() && it->second.pid.pid > 0 && is_alive(it->second.pid)) ::kill(it->second.pid.pid, SIGTERM);
   }
 
-  json outcome(const Attempt& attempt) override { return read_outcome(attempt.dir + "/exit.json"); }
+  json outcome(const Attempt& attempt) override { return read_exit_record(attempt.dir + "/exit.json"); }
 
  private:
   struct Shim {

@@ -125,6 +125,19 @@ int main(int argc, char** argv) {
          },
          "Forget ended jobs (their records and files, as `gpuq clean --forget`) this long after they end: 12h, "
          "30d, … (default: keep them)");
+  app.add_option("--executor", config.executor,
+                 "Where jobs run: local (this machine's GPUs) or slurm (each attempt an sbatch job; Slurm places "
+                 "it; the state dir must be on a filesystem the compute nodes see; docs/slurm.md)")
+      ->check(CLI::IsMember({"local", "slurm"}))
+      ->capture_default_str();
+  app.add_option("--slurm-partition", config.slurm.partition, "sbatch --partition for every job (Slurm executor)");
+  app.add_option("--slurm-account", config.slurm.account, "sbatch --account for every job (Slurm executor)");
+  app.add_option("--slurm-qos", config.slurm.qos, "sbatch --qos for every job (Slurm executor)");
+  app.add_option("--slurm-arg", config.slurm.extra_args, "Another sbatch option for every job, as written (repeatable)")
+      ->allow_extra_args(false);
+  app.add_option("--slurm-poll", config.slurm_poll_s, "Seconds between squeue calls (one for all jobs)")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   // Tests describe a CPU and PCI topology with a tree of their own.

@@ -177,7 +177,23 @@ void Daemon::schedule_now() {
         }
   }
 
-  Plan plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits));
+  Plan plan;
+  if (m_executor->places_work()) {
+    // Another system (Slurm) decides where and when: every ready job goes to it now, in line,
+    // within its batch's limit on jobs at once.
+    for (const auto& job : queue) {
+      if (auto l = limits.find(job.batch); l != limits.end()) {
+        if (l->second.running >= l->second.limit) {
+          plan.at_limit[job.batch] = l->second;
+          continue;
+        }
+        ++l->second.running;
+      }
+      plan.start.push_back({job.id, {}, {}});
+    }
+  } else {
+    plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits));
+  }
   m_tail_stopped = plan.stopped;
   m_tail = plan.tail;
   m_at_limit = std::move(plan.at_limit);
@@ -234,11 +250,19 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   for (int idx : gpus)
     if (const Gpu* g = m_inventory.find(idx)) uuids.push_back(g->uuid);
   Env base;
-  const json batch_env = m_store->batch_env(next.batch);  // named: items() would dangle on a temporary
+  const bool inherit = m_executor->inherits_environment();
+  const json batch_env = inherit ? json::object() : m_store->batch_env(next.batch);  // named: items() would dangle
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
   auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
                              m_cores, m_core_nodes);
+  if (inherit) {
+    // The ranks start from the environment where they run; which GPUs they see is that system's
+    // to say (Slurm sets CUDA_VISIBLE_DEVICES for the allocation).
+    doc["inherit_env"] = true;
+    for (auto& rank : doc["ranks"])
+      for (const char* name : {"CUDA_VISIBLE_DEVICES", "GPUQ_GPU_UUIDS"}) rank["env"].erase(name);
+  }
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.
@@ -254,14 +278,14 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
     finish_attempt(a, json{{"error", "the job's working directory " + a.rec.spec.cwd + " is gone (" + why + "); not started"}});
     return;
   }
-  if (auto refused = m_executor->start({a.rec.id, adir})) {
+  if (auto refused = m_executor->start(attempt_of(a.rec))) {
     std::cerr << "gpuqd: job " << a.rec.id << ": " << refused->message << "\n";
     finish_attempt(a, json{{"error", refused->message}});
   }
 }
 
 Executor::Attempt Daemon::attempt_of(const JobRecord& rec) const {
-  return {rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt)};
+  return {rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec};
 }
 
 CpuSlots Daemon::cpu_pool() const {

@@ -20,6 +20,12 @@ void Daemon::cmd_submit(common::SubmitRequest sub, Reply& reply) {
   facts.gpu_source = m_inventory.source();
   facts.have_worker = !m_config.worker_path.empty();
   facts.default_retries = m_config.default_retries;
+  if (m_executor->places_work()) {  // the cluster's GPUs are Slurm's to count: sbatch refuses what no node has
+    facts.gpus = common::k_max_gpus;
+    facts.largest_gpu_mb = std::int64_t{1} << 40;
+    facts.gpu_source = "Slurm";
+    facts.slurm = true;
+  }
   auto s = std::make_shared<Submission>();
   s->reply = std::move(reply);
   s->max_running = sub.max_running;

@@ -32,6 +32,8 @@
 #include "common/process.hpp"
 #include "supervisor/log_sink.hpp"
 
+extern char** environ;
+
 namespace gpuq::supervisor {
 
 using json = nlohmann::json;
@@ -267,7 +269,12 @@ class Supervisor {
     Rank rank;
     rank.rank = r["rank"].get<int>();
     const auto argv = r["argv"].get<std::vector<std::string>>();
-    const auto env_map = r["env"].get<std::map<std::string, std::string>>();
+    auto env_map = r["env"].get<std::map<std::string, std::string>>();
+    // `inherit_env` (the Slurm executor): the rank starts from this process's environment, the
+    // node's, with the job's variables over it.
+    if (m_doc.value("inherit_env", false))
+      for (char** e = environ; *e; ++e)
+        if (const char* eq = std::strchr(*e, '=')) env_map.emplace(std::string(*e, static_cast<std::size_t>(eq - *e)), eq + 1);
     const auto cwd = r["cwd"].get<std::string>();
     const auto log = r["log"].get<std::string>();
     const CpuMask cpus(r.value("cpus", std::vector<int>{}));

@@ -1,6 +1,7 @@
 """gpuq on a real Slurm (tests/slurm/start-slurm.sh: slurmctld and one slurmd on this machine,
 auth/none, two fake GPUs as GRES): what `gpuq export --slurm` writes is submitted with sbatch and
-run by Slurm, ranks started by srun with the torchrun environment made from Slurm's."""
+run by Slurm, ranks started by srun with the torchrun environment made from Slurm's; and
+`gpuqd --executor slurm` hands each attempt to Slurm, driven through the real gpuq."""
 import json
 import os
 import shutil
@@ -8,26 +9,44 @@ import subprocess
 import tempfile
 import unittest
 
-from harness import BIN, REPO, wait_until
+from harness import BIN, REPO, Daemon, wait_until
 
 START = os.path.join(REPO, "tests/slurm/start-slurm.sh")
+HAVE_SLURM = shutil.which("slurmctld") and os.geteuid() == 0
+NEEDS = "needs Debian's slurm-wlm and root (slurmd); CI installs it"
+SLURM_DIR = None
 
 
-@unittest.skipUnless(shutil.which("slurmctld") and os.geteuid() == 0,
-                     "needs Debian's slurm-wlm and root (slurmd); CI installs it")
+def setUpModule():
+    """One Slurm for the module's tests (its start takes seconds)."""
+    global SLURM_DIR
+    if not HAVE_SLURM:
+        return
+    SLURM_DIR = tempfile.mkdtemp(prefix="gpuq-slurm-")
+    r = subprocess.run([START, os.path.join(SLURM_DIR, "slurm")], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise AssertionError(f"Slurm did not start: {r.stderr}")
+    os.environ["SLURM_CONF"] = r.stdout.strip()  # for gpuqd, gpuq's jobs and the tests' own squeue
+
+
+def tearDownModule():
+    if SLURM_DIR:
+        subprocess.run([START, "--stop", os.path.join(SLURM_DIR, "slurm")])
+        shutil.rmtree(SLURM_DIR, ignore_errors=True)
+
+
+def squeue():
+    """The Slurm ids still queued or running."""
+    r = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60, check=True)
+    return r.stdout.split()
+
+
+@unittest.skipUnless(HAVE_SLURM, NEEDS)
 class SlurmExport(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="gpuq-slurm-")
-        r = subprocess.run([START, os.path.join(cls.dir, "slurm")], capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            raise AssertionError(f"Slurm did not start: {r.stderr}")
-        cls.env = dict(os.environ, SLURM_CONF=r.stdout.strip())
-
-    @classmethod
-    def tearDownClass(cls):
-        subprocess.run([START, "--stop", os.path.join(cls.dir, "slurm")])
-        shutil.rmtree(cls.dir, ignore_errors=True)
+        cls.dir = tempfile.mkdtemp(dir=SLURM_DIR)
+        cls.env = dict(os.environ)
 
     def gpuq(self, *args, input=None, cwd=None):
         r = subprocess.run([os.path.join(BIN, "gpuq"), *args], input=input, capture_output=True, text=True,
@@ -97,6 +116,87 @@ class SlurmExport(unittest.TestCase):
         first, second = ids["001-first.sbatch"], ids["000-second.sbatch"]
         self.assertEqual(self.finished(first, second), {first: "COMPLETED", second: "COMPLETED"})
         self.assertTrue(os.path.exists(os.path.join(work, "second.done")))
+
+
+@unittest.skipUnless(HAVE_SLURM, NEEDS)
+class SlurmExecutor(unittest.TestCase):
+    """gpuqd --executor slurm on the 2-GPU node: gpuq's commands, Slurm's placement."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(dir=SLURM_DIR)
+        self.d = Daemon(self.tmp, gpus="none", extra=["--executor", "slurm", "--slurm-poll", "0.2"]).start()
+
+    def tearDown(self):
+        self.d.stop()
+        subprocess.run(["scancel", "-u", str(os.getuid())], timeout=60)  # nothing left for the next test
+        wait_until(lambda: not squeue(), timeout=60, interval=0.2, what="Slurm's queue to empty")
+
+    def test_one_gpu_jobs_run_under_slurm_two_at_a_time_each_with_its_own_gpu(self):
+        marks = os.path.join(self.tmp, "marks")
+        os.mkdir(marks)
+        probe = (f'echo "$SLURM_JOB_ID $CUDA_VISIBLE_DEVICES $(date +%s.%N)" > {marks}/$GPUQ_JOB_ID.start; sleep 0.5; '
+                 f'date +%s.%N > {marks}/$GPUQ_JOB_ID.end')
+        ids = self.d.submit([{"name": f"one-{i}", "shell": probe, "gpus": 1} for i in range(6)])["ids"]
+        # While Slurm holds them, status says where each stands there
+        wait_until(lambda: any("Slurm job" in j["reason"] for j in self.d.json("status")["jobs"]), timeout=60,
+                   what="a job's Slurm id in status")
+        done = self.d.wait(ids, timeout=300)
+        self.assertEqual({i: done[i]["state"] for i in ids}, {i: "succeeded" for i in ids})
+        spans, slurm_ids = [], set()
+        for i in ids:
+            with open(f"{marks}/{i}.start") as f:
+                slurm_id, devices, start = f.read().split()
+            with open(f"{marks}/{i}.end") as f:
+                spans.append((float(start), float(f.read())))
+            slurm_ids.add(slurm_id)
+            self.assertIn(devices, ("0", "1"))  # one device each, Slurm's
+        self.assertEqual(len(slurm_ids), 6)  # each its own Slurm job
+        at_once = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
+        self.assertLessEqual(at_once, 2)  # the node's two GPUs, as Slurm counts them
+
+    def test_slurm_refusing_a_job_fails_it_at_once_with_slurms_words(self):
+        job = self.d.submit({"name": "too-big", "shell": "true", "gpus": 5})["ids"][0]
+        done = self.d.wait([job], timeout=60)[job]
+        self.assertEqual(done["state"], "failed")
+        self.assertIn("Slurm refused the job", done["reason"])
+        self.assertIn("Requested node configuration is not available", done["reason"])
+        self.assertEqual(squeue(), [])
+
+    def test_cancel_ends_running_and_pending_jobs_and_leaves_nothing_in_slurm(self):
+        ids = self.d.submit([{"name": f"long-{i}", "shell": "sleep 300", "gpus": 2} for i in range(2)])["ids"]
+        wait_until(lambda: len(squeue()) == 2, timeout=60, what="both jobs in Slurm's queue")
+        self.d.ok("cancel", *map(str, ids))
+        done = self.d.wait(ids, timeout=60)
+        self.assertEqual([done[i]["state"] for i in ids], ["cancelled", "cancelled"])
+        wait_until(lambda: not squeue(), timeout=10, interval=0.2, what="Slurm's queue to empty after cancel")
+
+    def test_a_timeout_ends_the_job_timed_out_after_its_sigterm(self):
+        job = self.d.submit({"name": "slow", "shell": 'trap "echo got TERM; exit 3" TERM; sleep 300 & wait',
+                             "timeout_s": 1})["ids"][0]
+        done = self.d.wait([job], timeout=120)[job]
+        self.assertEqual(done["state"], "timed_out")
+        self.assertIn("got TERM", self.d.ok("logs", str(job)))
+
+    def test_gpuqd_killed_and_restarted_records_every_job_once(self):
+        release = os.path.join(self.tmp, "release")
+        jobs = [{"name": f"r{i}", "shell": f"while [ ! -e {release} ]; do sleep 0.1; done; echo done-{i}", "gpus": 1}
+                for i in range(3)] + [{"name": "quick", "shell": "echo quick"}]
+        ids = self.d.submit(jobs)["ids"]
+        wait_until(lambda: len(squeue()) == 4, timeout=60, what="the jobs in Slurm's queue")
+        self.d.kill9()
+        open(release, "w").close()  # they run on, and some end, while no gpuqd runs
+        wait_until(lambda: len(squeue()) < 4, timeout=60, interval=0.2, what="a job to end meanwhile")
+        self.d.start()
+        done = self.d.wait(ids, timeout=300)
+        self.assertEqual([done[i]["state"] for i in ids], ["succeeded"] * 4)
+        for i in ids:
+            self.assertEqual(len([t for t in self.d.show(i)["history"] if t["state"] == "running"]), 1)
+        self.assertIn("done-2", self.d.ok("logs", str(ids[2])))
+
+    def test_ddp_jobs_are_refused_for_now_naming_export(self):
+        r = self.d.run("submit", "-", input=json.dumps({"command": ["true"], "mode": "ddp", "ranks": 2}))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("gpuq export --slurm", r.stderr)
 
 
 if __name__ == "__main__":

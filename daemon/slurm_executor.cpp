@@ -1,0 +1,339 @@
+// The Slurm executor (executor.hpp): each attempt is one Slurm job. start() writes a batch script
+// into the attempt directory that runs gpuq-shim inside the allocation (so the exit record, logs
+// and events are written as locally, whether or not Slurm keeps accounting), and hands it to
+// sbatch. One squeue for all of gpuqd's jobs, every poll_s, is how gpuqd learns that they left
+// Slurm's queue; a job that left without an exit record (cancelled while pending, killed by Slurm)
+// gets one built from `scontrol show job`. Slurm's client commands can block for seconds when the
+// controller is busy, so they run on a thread of the executor's own and their answers are posted
+// back to gpuqd's loop: gpuqd's thread never waits on Slurm.
+//
+// The state dir must be on a filesystem the compute nodes see (the attempt directories are read
+// and written on both sides), and gpuq-shim at a path they share.
+#include <unistd.h>
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+#include <boost/asio.hpp>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "common/paths.hpp"
+#include "common/process.hpp"
+#include "daemon/command.hpp"
+#include "daemon/executor.hpp"
+
+namespace gpuq::daemon {
+
+namespace asio = boost::asio;
+using json = nlohmann::json;
+
+namespace {
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  std::size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+// What Slurm said, on one line and not too long, for a job's reason.
+std::string said(const CommandResult& r) {
+  std::string text = trim(r.err.empty() ? r.out : r.err);
+  for (char& c : text)
+    if (c == '\n' || c == '\r') c = ' ';
+  if (text.size() > 500) text = text.substr(0, 500) + "...";
+  if (!r.started) return text;
+  if (r.timed_out) return "no answer within the time allowed";
+  return text.empty() ? "exit code " + std::to_string(r.exit_code) : text;
+}
+
+bool is_job_id(const std::string& s) {
+  if (s.empty() || s.size() > 20) return false;
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+// `scontrol -o show job` prints one line of Key=Value fields.
+std::map<std::string, std::string> fields_of(const std::string& line) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(line);
+  for (std::string word; in >> word;)
+    if (auto eq = word.find('='); eq != std::string::npos && eq > 0) out.emplace(word.substr(0, eq), word.substr(eq + 1));
+  return out;
+}
+
+class SlurmExecutor final : public Executor {
+ public:
+  SlurmExecutor(asio::io_context& io, SlurmSettings settings, Ended ended)
+      : m_io(io), m_settings(std::move(settings)), m_ended(std::move(ended)), m_poll_timer(io) {}
+
+  ~SlurmExecutor() override {
+    *m_alive = false;  // answers still on their way find no executor
+    m_pool.join();
+  }
+
+  bool places_work() const override { return true; }
+  bool inherits_environment() const override { return true; }
+
+  std::optional<Error> start(const Attempt& attempt) override {
+    if (!attempt.spec) return Error{ErrorCode::internal, "the Slurm executor needs the job's spec"};
+    const std::string script = attempt.dir + "/slurm.sbatch";
+    if (auto w = common::write_file_atomic(script, batch_script(attempt)); !w) return w.error();
+    Job& job = m_jobs[attempt.id];
+    job = Job{};
+    job.dir = attempt.dir;
+    run_off_thread({"sbatch", "--parsable", script}, [this, id = attempt.id](CommandResult r) { submitted(id, r); });
+    return std::nullopt;
+  }
+
+  Found adopt(const Attempt& attempt) override {
+    std::string slurm_id = trim(read_small(attempt.dir + "/slurm.id"));
+    if (slurm_id.empty()) slurm_id = find_by_comment(attempt.dir);  // gpuqd stopped before writing it
+    if (is_job_id(slurm_id)) {
+      Job& job = m_jobs[attempt.id];
+      job = Job{};
+      job.dir = attempt.dir;
+      job.slurm_id = slurm_id;
+      job.state = "adopted";
+      std::cerr << "gpuqd: re-adopted job " << attempt.id << " (Slurm job " << slurm_id << ")\n";
+      arm_poll();
+      return Found::alive;
+    }
+    return common::path_exists(attempt.dir + "/exit.json") ? Found::ended : Found::never_started;
+  }
+
+  void stop(std::int64_t id) override {
+    auto it = m_jobs.find(id);
+    if (it == m_jobs.end()) return;
+    it->second.cancel = true;
+    if (!it->second.slurm_id.empty()) scancel(it->second.slurm_id);  // else once sbatch answers
+  }
+
+  json outcome(const Attempt& attempt) override {
+    if (auto it = m_outcomes.find(attempt.id); it != m_outcomes.end()) {
+      json out = std::move(it->second);
+      m_outcomes.erase(it);
+      return out;
+    }
+    return read_exit_record(attempt.dir + "/exit.json");
+  }
+
+  std::string detail(std::int64_t id) const override {
+    auto it = m_jobs.find(id);
+    if (it == m_jobs.end()) return {};
+    const Job& j = it->second;
+    if (j.slurm_id.empty()) return "handing it to Slurm (sbatch)";
+    std::string out = "Slurm job " + j.slurm_id;
+    if (j.state == "PENDING") out += " pending" + (j.reason.empty() || j.reason == "None" ? "" : ": " + j.reason);
+    else if (!j.state.empty() && j.state != "RUNNING" && j.state != "adopted") out += " " + j.state;
+    return out;
+  }
+
+ private:
+  struct Job {
+    std::string dir;
+    std::string slurm_id;  // empty until sbatch answers
+    std::string state, reason;  // as squeue last said
+    bool cancel = false;        // stop() asked before sbatch answered
+  };
+
+  std::string batch_script(const Attempt& a) const {
+    const common::JobSpec& spec = *a.spec;
+    std::ostringstream s;
+    // A login shell: the user's environment on the node (PATH, modules), with the job's own
+    // variables over it (launch.json); not the environment gpuqd was started with.
+    s << "#!/bin/bash -l\n";
+    for (auto opt : common::sbatch_options(spec, m_settings.options)) {
+      // gpuq-shim enforces the timeout and its grace period itself and records `timed_out`;
+      // Slurm's limit, a minute past both, only backs it up.
+      if (opt.rfind("--signal=", 0) == 0) continue;
+      if (opt.rfind("--time=", 0) == 0)
+        opt = "--time=" + std::to_string(static_cast<long>(std::ceil((spec.timeout_s + m_settings.grace_s) / 60.0)) + 1);
+      if (opt.rfind("--output=", 0) == 0) opt = "--output=" + a.dir + "/slurm.out";
+      for (char& c : opt)
+        if (c == '\n' || c == '\r') c = ' ';
+      s << "#SBATCH " << opt << "\n";
+    }
+    // How a restarted gpuqd finds this job when it stopped before writing slurm.id.
+    s << "#SBATCH --comment=gpuq:" << a.dir << "\n";
+    s << "exec " << common::shell_quote(m_settings.shim_path) << " " << common::shell_quote(a.dir + "/launch.json")
+      << "\n";
+    return s.str();
+  }
+
+  // Runs a Slurm command on the executor's thread; `then` runs on gpuqd's with the answer.
+  void run_off_thread(std::vector<std::string> argv, std::function<void(CommandResult)> then) {
+    asio::post(m_pool, [this, alive = m_alive, argv = std::move(argv), then = std::move(then)]() mutable {
+      CommandResult r = run_command(argv);
+      asio::post(m_io, [alive, r = std::move(r), then = std::move(then)]() mutable {
+        if (*alive) then(std::move(r));
+      });
+    });
+  }
+
+  void submitted(std::int64_t id, const CommandResult& r) {
+    auto it = m_jobs.find(id);
+    if (it == m_jobs.end()) return;
+    const std::string slurm_id = trim(r.out.substr(0, r.out.find(';')));  // "42" or "42;cluster"
+    if (!r.started || r.timed_out || r.exit_code != 0 || !is_job_id(slurm_id)) {
+      // Refused (an unknown partition, more GPUs than any node has...): the attempt fails now,
+      // with Slurm's words, and nothing is left queued anywhere.
+      m_outcomes[id] = json{{"error", "Slurm refused the job: " + said(r)}};
+      m_jobs.erase(it);
+      m_ended(id);
+      return;
+    }
+    Job& job = it->second;
+    job.slurm_id = slurm_id;
+    job.state = "PENDING";
+    if (auto w = common::write_file_atomic(job.dir + "/slurm.id", slurm_id + "\n"); !w)
+      std::cerr << "gpuqd: Slurm job " << slurm_id << ": " << w.error().message << "\n";
+    if (job.cancel) scancel(slurm_id);
+    arm_poll();
+  }
+
+  void scancel(const std::string& slurm_id) {
+    run_off_thread({"scancel", slurm_id}, [slurm_id](CommandResult r) {
+      if (!r.started || r.exit_code != 0)
+        std::cerr << "gpuqd: scancel " << slurm_id << ": " << said(r) << "\n";
+    });
+  }
+
+  void arm_poll() {
+    if (m_poll_armed) return;
+    m_poll_armed = true;
+    m_poll_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_settings.poll_s * 1000)));
+    m_poll_timer.async_wait([this](const boost::system::error_code& ec) {
+      m_poll_armed = false;
+      if (!ec) poll();
+    });
+  }
+
+  // One squeue for every job of this user; those of ours it no longer lists have ended.
+  void poll() {
+    if (m_polling) return;
+    std::map<std::string, std::int64_t> asked;  // Slurm id -> gpuq job, known before squeue runs
+    for (const auto& [id, job] : m_jobs)
+      if (!job.slurm_id.empty()) asked.emplace(job.slurm_id, id);
+    if (asked.empty()) return;
+    m_polling = true;
+    const std::string user = std::to_string(::getuid());
+    asio::post(m_pool, [this, alive = m_alive, asked, user] {
+      CommandResult r = run_command({"squeue", "-h", "-u", user, "-o", "%i|%T|%r"});
+      std::map<std::string, std::pair<std::string, std::string>> listed;  // id -> (state, reason)
+      if (r.started && r.exit_code == 0) {
+        std::istringstream in(r.out);
+        for (std::string line; std::getline(in, line);) {
+          auto a = line.find('|'), b = line.find('|', a == std::string::npos ? a : a + 1);
+          if (a == std::string::npos || b == std::string::npos) continue;
+          listed[line.substr(0, a)] = {line.substr(a + 1, b - a - 1), line.substr(b + 1)};
+        }
+      }
+      std::set<std::string> ended;
+      if (r.started && r.exit_code == 0)
+        for (const auto& [slurm_id, id] : asked)
+          if (!listed.count(slurm_id)) ended.insert(slurm_id);
+      asio::post(m_io, [this, alive, r, asked, listed = std::move(listed), ended = std::move(ended)]() mutable {
+        if (!*alive) return;
+        m_polling = false;
+        polled(r, asked, listed, ended);
+      });
+    });
+  }
+
+  void polled(const CommandResult& r, const std::map<std::string, std::int64_t>& asked,
+              const std::map<std::string, std::pair<std::string, std::string>>& listed,
+              const std::set<std::string>& ended) {
+    if (!r.started || r.exit_code != 0) {
+      if (!m_squeue_failing) std::cerr << "gpuqd: squeue failed (" << said(r) << "); asking again\n";
+      m_squeue_failing = true;
+    } else {
+      m_squeue_failing = false;
+    }
+    for (const auto& [slurm_id, state] : listed) {
+      auto a = asked.find(slurm_id);
+      if (a == asked.end()) continue;
+      auto it = m_jobs.find(a->second);
+      if (it != m_jobs.end() && it->second.slurm_id == slurm_id) it->second.state = state.first, it->second.reason = state.second;
+    }
+    for (const auto& slurm_id : ended) {
+      auto a = asked.find(slurm_id);
+      auto it = m_jobs.find(a->second);
+      if (it == m_jobs.end() || it->second.slurm_id != slurm_id) continue;
+      const std::string dir = it->second.dir;
+      m_jobs.erase(it);
+      if (common::path_exists(dir + "/exit.json")) {
+        m_ended(a->second);
+      } else {
+        account_for(a->second, slurm_id);
+      }
+    }
+    if (!m_jobs.empty()) arm_poll();
+  }
+
+  // A job that left Slurm's queue without an exit record: ended by Slurm (cancelled while
+  // pending, its node lost, its time limit) before or without its supervisor. Slurm's record of
+  // it says how.
+  void account_for(std::int64_t id, const std::string& slurm_id) {
+    run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id](CommandResult r) {
+      const auto f = fields_of(r.out);
+      const auto state = f.count("JobState") ? f.at("JobState") : std::string("unknown (Slurm no longer knows it)");
+      const auto reason = f.count("Reason") && f.at("Reason") != "None" ? ", " + f.at("Reason") : std::string();
+      json out{{"error", "Slurm job " + slurm_id + " ended " + state + reason + " without an exit record"}};
+      if (state == "CANCELLED") out["cancelled"] = true;
+      if (state == "TIMEOUT") out["timed_out"] = true;
+      m_outcomes[id] = std::move(out);
+      m_ended(id);
+    });
+  }
+
+  // After a crash between sbatch and slurm.id: the job whose comment names this attempt.
+  std::string find_by_comment(const std::string& dir) {
+    if (!m_comments_read) {
+      m_comments_read = true;
+      CommandResult r = run_command({"squeue", "-h", "-u", std::to_string(::getuid()), "-o", "%i|%k"}, 30);
+      std::istringstream in(r.out);
+      for (std::string line; std::getline(in, line);)
+        if (auto bar = line.find('|'); bar != std::string::npos && line.compare(bar + 1, 5, "gpuq:") == 0)
+          m_by_comment[line.substr(bar + 6)] = line.substr(0, bar);
+    }
+    auto it = m_by_comment.find(dir);
+    return it == m_by_comment.end() ? std::string() : it->second;
+  }
+
+  // slurm.id: a few digits, in a directory the job can write, so read bounded.
+  static std::string read_small(const std::string& path) {
+    std::ifstream in(path);
+    std::string text(64, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+    return text;
+  }
+
+  asio::io_context& m_io;
+  SlurmSettings m_settings;
+  Ended m_ended;
+  asio::thread_pool m_pool{1};  // Slurm's commands, one at a time, in order
+  std::shared_ptr<bool> m_alive = std::make_shared<bool>(true);
+  std::map<std::int64_t, Job> m_jobs;           // attempts handed to Slurm and not yet ended
+  std::map<std::int64_t, json> m_outcomes;      // ends that have no exit record, until read
+  asio::steady_timer m_poll_timer;
+  bool m_poll_armed = false, m_polling = false, m_squeue_failing = false;
+  bool m_comments_read = false;                 // at recovery: squeue's comments, read once
+  std::map<std::string, std::string> m_by_comment;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_slurm_executor(asio::io_context& io, SlurmSettings settings, Executor::Ended ended) {
+  return std::make_unique<SlurmExecutor>(io, std::move(settings), std::move(ended));
+}
+
+}  // namespace gpuq::daemon
