@@ -21,7 +21,7 @@ namespace {
 
 const char* k_keys =
     "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
-    "health_interval_s, forget_after_s";
+    "health_interval_s, forget_after_s, executor, slurm";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -64,7 +64,36 @@ constexpr Rule k_rules[] = {
     {"health_interval_s", nullptr, "number", 0, 86400},
     {"forget_after_s", nullptr, "number", 0, 86400 * 3660},
     {"reconnect_s", "GPUQ_RECONNECT_S", "number", 0, 86400},
+    {"executor", nullptr, "executor", 0, 0},
+    {"slurm", nullptr, "slurm", 0, 0},
 };
+
+// "slurm": {"partition": "gpu", "account": "lab", "qos": "normal", "extra_args": ["--constraint=a100"]}
+std::optional<std::string> set_slurm(Settings& s, const json& v) {
+  if (!v.is_object()) return std::string("`slurm` must be an object of partition, account, qos and extra_args");
+  SlurmOptions o;
+  for (const auto& [key, value] : v.items()) {
+    if (key == "partition" || key == "account" || key == "qos") {
+      if (!value.is_string() || value.get<std::string>().size() > 256 ||
+          value.get<std::string>().find_first_of(" \t\n\r") != std::string::npos)
+        return "`slurm." + key + "` must be a Slurm name (a string without spaces, at most 256 characters)";
+      (key == "partition" ? o.partition : key == "account" ? o.account : o.qos) = value.get<std::string>();
+    } else if (key == "extra_args") {
+      if (!value.is_array() || value.size() > 64)
+        return std::string("`slurm.extra_args` must be an array of at most 64 sbatch options");
+      for (const auto& a : value) {
+        if (!a.is_string() || a.get<std::string>().rfind("--", 0) != 0 || a.get<std::string>().size() > 1000 ||
+            a.get<std::string>().find_first_of("\n\r") != std::string::npos)
+          return std::string("`slurm.extra_args` holds sbatch options, each a string like \"--constraint=a100\"");
+        o.extra_args.push_back(a.get<std::string>());
+      }
+    } else {
+      return "unknown setting `slurm." + key.substr(0, 64) + "`; known: partition, account, qos, extra_args";
+    }
+  }
+  s.slurm = std::move(o);
+  return std::nullopt;
+}
 
 // Stores one value (a JSON string or number) under its rule; an error message otherwise.
 std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const std::string& source) {
@@ -75,7 +104,13 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
     o << "must be " << (std::string(r.kind) == "int" ? "an integer" : "a number") << " from " << r.lo << " to " << r.hi;
     return o.str();
   };
-  if (std::string(r.kind) == "path" || std::string(r.kind) == "text") {
+  if (std::string(r.kind) == "executor") {
+    if (!v.is_string() || (v.get<std::string>() != "local" && v.get<std::string>() != "slurm"))
+      return std::string("`executor` must be \"local\" (this machine) or \"slurm\"");
+    s.executor = v.get<std::string>();
+  } else if (std::string(r.kind) == "slurm") {
+    if (auto err = set_slurm(s, v)) return err;
+  } else if (std::string(r.kind) == "path" || std::string(r.kind) == "text") {
     if (!v.is_string() || v.get<std::string>().empty()) return "`" + key + "` must be a non-empty string";
     std::string text = v.get<std::string>();
     if (std::string(r.kind) == "path") {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "common/slurm_script.hpp"
 
 namespace gpuq::common {
 
@@ -26,6 +27,8 @@ struct Settings {
   std::optional<double> health_interval_s;  // "health_interval_s"
   std::optional<double> forget_after_s;  // "forget_after_s"
   std::optional<double> reconnect_s;     // "reconnect_s"     $GPUQ_RECONNECT_S (gpuq wait, logs -f)
+  std::optional<std::string> executor;   // "executor": "local" or "slurm" (gpuqd)
+  std::optional<SlurmOptions> slurm;     // "slurm": {"partition", "account", "qos", "extra_args": [...]}
   std::string file;                      // the file read, empty if none
   std::map<std::string, std::string> source;  // key -> the file's path or "$VARIABLE"
 };

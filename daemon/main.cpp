@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
     config.health_interval_s = st.health_interval_s.value_or(config.health_interval_s);
     config.forget_after_s = st.forget_after_s.value_or(config.forget_after_s);
     config.default_retries = st.retries.value_or(0);
+    config.executor = st.executor.value_or(config.executor);
+    if (st.slurm) config.slurm = *st.slurm;
     idle_timeout_s = st.idle_timeout_s.value_or(idle_timeout_s);
   }
   CLI::App app{"gpuqd: the gpuq daemon (multi-GPU job queue). Usually started by `gpuq daemon start`."};
@@ -90,7 +92,7 @@ int main(int argc, char** argv) {
   app.footer("Defaults come from " + (gpuq::common::config_path().empty() ? std::string("no file ($GPUQ_CONFIG is empty)")
                                                                               : gpuq::common::config_path()) +
              " (JSON: socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, "
-             "cpu_slots, health_interval_s, forget_after_s), then $GPUQ_SOCKET, $GPUQ_STATE_DIR, $GPUQ_GPUS, $GPUQ_LOG_LIMIT_MB, $GPUQ_RETRIES; "
+             "cpu_slots, health_interval_s, forget_after_s, executor, slurm), then $GPUQ_SOCKET, $GPUQ_STATE_DIR, $GPUQ_GPUS, $GPUQ_LOG_LIMIT_MB, $GPUQ_RETRIES; "
              "options given here win.");
   app.add_option("--socket", config.socket_path, "Unix socket path (default: " + gpuq::common::default_socket_path() + ")");
   app.add_option("--state-dir", config.state_dir, "State directory (default: " + gpuq::common::default_state_dir() + ")");

@@ -40,6 +40,14 @@ int cmd_config(const Options& o, const common::Settings& s, const std::string& s
   add("health_interval_s", s.health_interval_s);
   add("forget_after_s", s.forget_after_s);
   add("reconnect_s", s.reconnect_s);
+  add("executor", s.executor);
+  if (s.slurm)
+    settings["slurm"] = {{"value",
+                          {{"partition", s.slurm->partition},
+                           {"account", s.slurm->account},
+                           {"qos", s.slurm->qos},
+                           {"extra_args", s.slurm->extra_args}}},
+                         {"from", s.source.at("slurm")}};
   if (!socket_flag.empty()) settings["socket"] = {{"value", o.socket}, {"from", socket_flag}};
   if (o.json) {
     print_json({{"file", path}, {"file_found", !s.file.empty()}, {"socket", o.socket}, {"settings", settings}});

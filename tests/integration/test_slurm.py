@@ -193,6 +193,21 @@ class SlurmExecutor(unittest.TestCase):
             self.assertEqual(len([t for t in self.d.show(i)["history"] if t["state"] == "running"]), 1)
         self.assertIn("done-2", self.d.ok("logs", str(ids[2])))
 
+    def test_the_configuration_file_names_the_executor_and_its_sbatch_options(self):
+        config = os.path.join(self.tmp, "config.json")
+        with open(config, "w") as f:
+            json.dump({"executor": "slurm", "slurm": {"partition": "nosuch", "extra_args": ["--comment=x"]}}, f)
+        tmp = tempfile.mkdtemp(dir=SLURM_DIR)
+        d = Daemon(tmp, gpus="none", extra=["--slurm-poll", "0.2"], env=dict(os.environ, GPUQ_CONFIG=config)).start()
+        try:
+            job = d.submit({"name": "elsewhere", "shell": "true"})["ids"][0]
+            done = d.wait([job], timeout=60)[job]
+            self.assertEqual(done["state"], "failed")
+            self.assertIn("Slurm refused the job", done["reason"])
+            self.assertIn("partition", done["reason"].lower())
+        finally:
+            d.stop()
+
     def test_ddp_jobs_are_refused_for_now_naming_export(self):
         r = self.d.run("submit", "-", input=json.dumps({"command": ["true"], "mode": "ddp", "ranks": 2}))
         self.assertEqual(r.returncode, 4, r.stderr)

@@ -68,3 +68,28 @@ TEST_CASE("the environment overrides the file, and a bad variable is named") {
   ::unsetenv("GPUQ_GPUS");
   ::unsetenv("GPUQ_RETRIES");
 }
+
+TEST_CASE("the executor and its Slurm options come from the file; a wrong one names the key") {
+  auto s = parse_settings(R"({"executor": "slurm", "slurm": {"partition": "gpu", "account": "lab", "qos": "normal",
+                              "extra_args": ["--constraint=a100", "--mail-type=END"]}})",
+                          "/etc/c.json");
+  REQUIRE(s.ok());
+  CHECK(*s->executor == "slurm");
+  REQUIRE(s->slurm);
+  CHECK(s->slurm->partition == "gpu");
+  CHECK(s->slurm->account == "lab");
+  CHECK(s->slurm->qos == "normal");
+  CHECK(s->slurm->extra_args == std::vector<std::string>{"--constraint=a100", "--mail-type=END"});
+  CHECK(s->source.at("slurm") == "/etc/c.json");
+  auto refused = [](const std::string& text, const std::string& why) {
+    auto r = parse_settings(text, "/etc/c.json");
+    REQUIRE_FALSE(r.ok());
+    CHECK_MESSAGE(r.error().message.find(why) != std::string::npos, r.error().message);
+  };
+  refused(R"({"executor": "kubernetes"})", "`executor` must be \"local\"");
+  refused(R"({"slurm": "gpu"})", "`slurm` must be an object");
+  refused(R"({"slurm": {"partition": "a b"}})", "`slurm.partition` must be a Slurm name");
+  refused(R"({"slurm": {"extra_args": ["rm -rf /"]}})", "`slurm.extra_args` holds sbatch options");
+  refused(R"({"slurm": {"extra_args": ["--x\n#SBATCH --y"]}})", "`slurm.extra_args` holds sbatch options");
+  refused(R"({"slurm": {"nodes": 2}})", "unknown setting `slurm.nodes`");
+}
