@@ -70,7 +70,7 @@ class Executor {
   virtual bool inherits_environment() const { return false; }
   // Where a running attempt stands in the other system, for `status` ("Slurm job 42 pending:
   // Resources"); "" when there is nothing to add.
-  virtual std::string detail(std::int64_t id) const { return {}; }
+  virtual std::string detail(std::int64_t /*id*/) const { return {}; }
 };
 
 // The supervisor's exit record at `path` (supervisor.cpp's write_outcome). It lies in the job's
