@@ -15,17 +15,19 @@ std::string shell_quote(const std::string& s) {
 
 namespace {
 
-// sbatch reads the name up to the first newline; Slurm lists show it, so it stays printable.
-std::string job_name(const JobSpec& spec) {
-  std::string out;
-  for (char c : spec.name.empty() ? std::string("job") : spec.name)
-    out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '_' : c;
-  return out;
-}
+// A checked spec's name is letters, digits, '-', '_' and '.' (spec.cpp): safe on an #SBATCH line.
+std::string job_name(const JobSpec& spec) { return spec.name.empty() ? std::string("job") : spec.name; }
 
 }  // namespace
 
-std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions& o) {
+std::string rendezvous_exports() {
+  return "first_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
+         "MASTER_ADDR=$(scontrol -o show node \"$first_node\" | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')\n"
+         "export MASTER_ADDR=${MASTER_ADDR:-$first_node}\n"
+         "export MASTER_PORT=$((10000 + SLURM_JOB_ID % 20000))\n";
+}
+
+std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions& o, const SbatchLayout& layout) {
   std::vector<std::string> out;
   const int nodes = std::max(1, spec.nodes);
   const int ranks = spec.mode == Mode::ddp ? spec.ranks : 1;
@@ -34,7 +36,9 @@ std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions&
   out.push_back("--ntasks-per-node=" + std::to_string(ranks / nodes));
   if (spec.gpus > 0) out.push_back("--gpus-per-node=" + std::to_string(spec.gpus / nodes));
   if (spec.cpus > 0) out.push_back("--cpus-per-task=" + std::to_string(spec.cpus));
-  if (spec.timeout_s > 0) {
+  if (layout.time_minutes > 0) {
+    out.push_back("--time=" + std::to_string(layout.time_minutes));
+  } else if (spec.timeout_s > 0) {
     // Slurm's limit is in whole minutes and its warning signal comes within a minute of the time
     // asked: one minute more than the timeout, with SIGTERM a minute before the end, gives the job
     // its SIGTERM at about its timeout and a minute to checkpoint, as gpuq's grace period does.
@@ -46,7 +50,7 @@ std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions&
   // positive --nice), so only a negative priority maps.
   if (spec.priority < 0) out.push_back("--nice=" + std::to_string(-static_cast<long long>(spec.priority)));
   out.push_back("--chdir=" + spec.cwd);
-  out.push_back("--output=" + job_name(spec) + "-%j.log");
+  out.push_back("--output=" + (layout.output.empty() ? job_name(spec) + "-%j.log" : layout.output));
   out.push_back("--export=NONE");  // the job's environment is its spec's, not the submitting shell's
   if (!o.partition.empty()) out.push_back("--partition=" + o.partition);
   if (!o.account.empty()) out.push_back("--account=" + o.account);
@@ -100,10 +104,8 @@ std::string sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
   std::string per_rank = "export GPUQ_EVENTS=\"$GPUQ_JOB_DIR/slurm-$SLURM_JOB_ID/events-${SLURM_PROCID}.jsonl\"";
   if (ddp) {
     // torchrun's environment, from Slurm's: one rendezvous host (the allocation's first), and a
-    // port from the job id, so that two jobs sharing a node do not pick the same one (10000-29999,
-    // below Linux's ephemeral range).
-    s << "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n";
-    s << "export MASTER_PORT=$((10000 + SLURM_JOB_ID % 20000))\n";
+    // port from the job id (below Linux's ephemeral range).
+    s << rendezvous_exports();
     s << "export WORLD_SIZE=" << ranks << " LOCAL_WORLD_SIZE=" << ranks / nodes << " GROUP_WORLD_SIZE=" << nodes
       << " ROLE_WORLD_SIZE=" << ranks << " ROLE_NAME=default\n";
     s << "export TORCHELASTIC_RUN_ID=\"gpuq-$SLURM_JOB_ID\" TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=0"

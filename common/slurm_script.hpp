@@ -19,8 +19,20 @@ struct SlurmOptions {
   std::vector<std::string> extra_args;  // more sbatch options, as written (e.g. "--constraint=a100")
 };
 
+// Where the exported script and gpuqd's differ: gpuqd's supervisor enforces the timeout itself
+// (Slurm's limit only backs it up, with no warning signal) and writes into the attempt directory.
+struct SbatchLayout {
+  std::string output;      // --output; empty: "<name>-%j.log" in the working directory
+  long time_minutes = -1;  // --time; -1: the timeout plus a minute, with SIGTERM a minute before
+};
+
 // The #SBATCH options of one job, in order, e.g. "--job-name=train", "--nodes=2".
-std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions& o);
+std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions& o, const SbatchLayout& layout = {});
+
+// The bash lines that export MASTER_ADDR (the address Slurm itself reaches the allocation's first
+// node at: its NodeAddr, which is its name unless the cluster set another) and MASTER_PORT (from
+// the job id, 10000-29999, so that two jobs sharing a node do not pick the same one).
+std::string rendezvous_exports();
 
 // The whole batch script: a bash script with the options above, the job's environment and one
 // srun that starts its ranks. What does not map (the jobs it waits for, retries, a raised

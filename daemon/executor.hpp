@@ -78,6 +78,12 @@ class Executor {
 // kept only with the type gpuqd expects; {"error": why} when there is none.
 nlohmann::json read_exit_record(const std::string& path);
 
+// One exit record for a gang whose ranks each had a supervisor of their own (Slurm: one gpuq-shim
+// --slurm-task a rank), from theirs as read_exit_record gives them, in rank order: every rank's
+// exit, the earliest first failure (the others were torn down after it), then timed out, a rank
+// that left no record, cancelled; as read_exit_record's {"error": why} when none left one.
+nlohmann::json merge_task_records(const std::vector<nlohmann::json>& tasks);
+
 // Runs attempts under `shim_path` (gpuq-shim) on this machine, each in a session of its own, so
 // that they outlive gpuqd; watches each through a pidfd (or polls where there is none).
 std::unique_ptr<Executor> make_local_executor(boost::asio::io_context& io, std::string shim_path,

@@ -64,13 +64,16 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
   }
 
   if (job.spec.mode == common::Mode::ddp) {
+    // The ranks lie in node order, `per_node` on each, as srun's block distribution lays them
+    // (one node here; under Slurm the rank's own supervisor takes Slurm's word for where it is).
     const std::string world = std::to_string(job.spec.ranks);
+    const int nodes = std::max(1, job.spec.nodes), per_node = std::max(1, job.spec.ranks / nodes);
     env["RANK"] = std::to_string(rank);
-    env["LOCAL_RANK"] = std::to_string(rank);
+    env["LOCAL_RANK"] = std::to_string(rank % per_node);
     env["WORLD_SIZE"] = world;
-    env["LOCAL_WORLD_SIZE"] = world;
-    env["GROUP_RANK"] = "0";
-    env["GROUP_WORLD_SIZE"] = "1";
+    env["LOCAL_WORLD_SIZE"] = std::to_string(per_node);
+    env["GROUP_RANK"] = std::to_string(rank / per_node);
+    env["GROUP_WORLD_SIZE"] = std::to_string(nodes);
     env["ROLE_RANK"] = std::to_string(rank);
     env["ROLE_WORLD_SIZE"] = world;
     env["ROLE_NAME"] = "default";

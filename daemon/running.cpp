@@ -257,11 +257,13 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
                              m_cores, m_core_nodes);
   if (inherit) {
-    // The ranks start from the environment where they run; which GPUs they see is that system's
-    // to say (Slurm sets CUDA_VISIBLE_DEVICES for the allocation).
+    // The ranks start from the environment where they run; which GPUs they see, and where rank 0
+    // listens, are that system's to say (Slurm sets CUDA_VISIBLE_DEVICES for the allocation, the
+    // batch script MASTER_ADDR and MASTER_PORT from its nodes).
     doc["inherit_env"] = true;
     for (auto& rank : doc["ranks"])
-      for (const char* name : {"CUDA_VISIBLE_DEVICES", "GPUQ_GPU_UUIDS"}) rank["env"].erase(name);
+      for (const char* name : {"CUDA_VISIBLE_DEVICES", "GPUQ_GPU_UUIDS", "MASTER_ADDR", "MASTER_PORT"})
+        rank["env"].erase(name);
   }
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 

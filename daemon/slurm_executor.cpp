@@ -13,6 +13,7 @@
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
 #include <boost/asio.hpp>
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -25,6 +26,7 @@
 
 #include "common/paths.hpp"
 #include "common/process.hpp"
+#include "common/slurm_script.hpp"
 #include "daemon/command.hpp"
 #include "daemon/executor.hpp"
 
@@ -69,6 +71,19 @@ std::map<std::string, std::string> fields_of(const std::string& line) {
   return out;
 }
 
+// How many supervisors an attempt has under Slurm: 0 for one (exit.json), or one a rank of a
+// ddp gang (exit-R.json each, made by gpuq-shim --slurm-task).
+int tasks_of(const common::JobSpec* spec) { return spec && spec->mode == common::Mode::ddp ? spec->ranks : 0; }
+
+std::string task_record(const std::string& dir, int rank) { return dir + "/exit-" + std::to_string(rank) + ".json"; }
+
+bool has_exit_record(const std::string& dir, int tasks) {
+  if (tasks == 0) return common::path_exists(dir + "/exit.json");
+  for (int r = 0; r < tasks; ++r)
+    if (common::path_exists(task_record(dir, r))) return true;
+  return false;
+}
+
 class SlurmExecutor final : public Executor {
  public:
   SlurmExecutor(asio::io_context& io, SlurmSettings settings, Ended ended)
@@ -89,6 +104,7 @@ class SlurmExecutor final : public Executor {
     Job& job = m_jobs[attempt.id];
     job = Job{};
     job.dir = attempt.dir;
+    job.tasks = tasks_of(attempt.spec);
     run_off_thread({"sbatch", "--parsable", script}, [this, id = attempt.id](CommandResult r) { submitted(id, r); });
     return std::nullopt;
   }
@@ -101,12 +117,13 @@ class SlurmExecutor final : public Executor {
       job = Job{};
       job.dir = attempt.dir;
       job.slurm_id = slurm_id;
+      job.tasks = tasks_of(attempt.spec);
       job.state = "adopted";
       std::cerr << "gpuqd: re-adopted job " << attempt.id << " (Slurm job " << slurm_id << ")\n";
       arm_poll();
       return Found::alive;
     }
-    return common::path_exists(attempt.dir + "/exit.json") ? Found::ended : Found::never_started;
+    return has_exit_record(attempt.dir, tasks_of(attempt.spec)) ? Found::ended : Found::never_started;
   }
 
   void stop(std::int64_t id) override {
@@ -122,7 +139,16 @@ class SlurmExecutor final : public Executor {
       m_outcomes.erase(it);
       return out;
     }
-    return read_exit_record(attempt.dir + "/exit.json");
+    return exit_record(attempt);
+  }
+
+  // The attempt's exit record: its supervisor's, or its ranks' merged.
+  static json exit_record(const Attempt& attempt) {
+    const int tasks = tasks_of(attempt.spec);
+    if (tasks == 0) return read_exit_record(attempt.dir + "/exit.json");
+    std::vector<json> records;
+    for (int r = 0; r < tasks; ++r) records.push_back(read_exit_record(task_record(attempt.dir, r)));
+    return merge_task_records(records);
   }
 
   std::string detail(std::int64_t id) const override {
@@ -139,6 +165,7 @@ class SlurmExecutor final : public Executor {
  private:
   struct Job {
     std::string dir;
+    int tasks = 0;         // tasks_of() its spec
     std::string slurm_id;  // empty until sbatch answers
     std::string state, reason;  // as squeue last said
     bool cancel = false;        // stop() asked before sbatch answered
@@ -146,25 +173,29 @@ class SlurmExecutor final : public Executor {
 
   std::string batch_script(const Attempt& a) const {
     const common::JobSpec& spec = *a.spec;
+    const bool ddp = spec.mode == common::Mode::ddp;
     std::ostringstream s;
     // A login shell: the user's environment on the node (PATH, modules), with the job's own
     // variables over it (launch.json); not the environment gpuqd was started with.
     s << "#!/bin/bash -l\n";
-    for (auto opt : common::sbatch_options(spec, m_settings.options)) {
-      // gpuq-shim enforces the timeout and its grace period itself and records `timed_out`;
-      // Slurm's limit, a minute past both, only backs it up.
-      if (opt.rfind("--signal=", 0) == 0) continue;
-      if (opt.rfind("--time=", 0) == 0)
-        opt = "--time=" + std::to_string(static_cast<long>(std::ceil((spec.timeout_s + m_settings.grace_s) / 60.0)) + 1);
-      if (opt.rfind("--output=", 0) == 0) opt = "--output=" + a.dir + "/slurm.out";
-      for (char& c : opt)
-        if (c == '\n' || c == '\r') c = ' ';
-      s << "#SBATCH " << opt << "\n";
-    }
+    // gpuq-shim enforces the timeout and its grace period itself and records `timed_out`; Slurm's
+    // limit, a minute past both, only backs it up.
+    common::SbatchLayout layout{a.dir + "/slurm.out", -1};
+    if (spec.timeout_s > 0) layout.time_minutes = static_cast<long>(std::ceil((spec.timeout_s + m_settings.grace_s) / 60.0)) + 1;
+    for (const auto& opt : common::sbatch_options(spec, m_settings.options, layout)) s << "#SBATCH " << opt << "\n";
     // How a restarted gpuqd finds this job when it stopped before writing slurm.id.
     s << "#SBATCH --comment=gpuq:" << a.dir << "\n";
-    s << "exec " << common::shell_quote(m_settings.shim_path) << " " << common::shell_quote(a.dir + "/launch.json")
-      << "\n";
+    const std::string shim = common::shell_quote(m_settings.shim_path) + " " + common::shell_quote(a.dir + "/launch.json");
+    if (!ddp) {
+      s << "exec " << shim << "\n";
+      return s.str();
+    }
+    // A gang: srun starts one supervisor per rank on the nodes Slurm gave, each with Slurm's
+    // placement (--slurm-task); the first to fail ends the others, as locally.
+    const int nodes = std::max(1, spec.nodes);
+    s << common::rendezvous_exports();
+    s << "exec srun --export=ALL --kill-on-bad-exit=1 --ntasks=" << spec.ranks << " --ntasks-per-node=" << spec.ranks / nodes
+      << " " << shim << " --slurm-task\n";
     return s.str();
   }
 
@@ -267,9 +298,9 @@ class SlurmExecutor final : public Executor {
       auto a = asked.find(slurm_id);
       auto it = m_jobs.find(a->second);
       if (it == m_jobs.end() || it->second.slurm_id != slurm_id) continue;
-      const std::string dir = it->second.dir;
+      const bool recorded = has_exit_record(it->second.dir, it->second.tasks);
       m_jobs.erase(it);
-      if (common::path_exists(dir + "/exit.json")) {
+      if (recorded) {
         m_ended(a->second);
       } else {
         account_for(a->second, slurm_id);
@@ -331,6 +362,42 @@ class SlurmExecutor final : public Executor {
 };
 
 }  // namespace
+
+json merge_task_records(const std::vector<json>& tasks) {
+  json ranks = json::array(), first_failure;
+  bool recorded = false, cancelled = false, timed_out = false;
+  double ended_at = 0;
+  std::string missing;  // the first rank whose supervisor left no record
+  for (std::size_t r = 0; r < tasks.size(); ++r) {
+    const json& t = tasks[r];
+    const auto rs = t.find("ranks");
+    if (rs == t.end()) {  // read_exit_record: only an "error"
+      ranks.push_back(json::object());
+      if (missing.empty()) missing = "rank " + std::to_string(r) + ": " + t.value("error", std::string("no exit record"));
+      continue;
+    }
+    recorded = true;
+    ranks.push_back(rs->is_array() && !rs->empty() ? rs->front() : json::object());
+    cancelled = cancelled || t.value("cancelled", false);
+    timed_out = timed_out || t.value("timed_out", false);
+    ended_at = std::max(ended_at, t.value("ended_at", 0.0));
+    const auto f = t.find("first_failure");
+    if (f == t.end() || !f->is_object() || f->empty()) continue;
+    // The gang's first failure is the earliest of its ranks'; the others were torn down after it.
+    if (first_failure.is_null() || f->value("at", 0.0) < first_failure.value("at", 0.0)) {
+      first_failure = *f;
+      first_failure["rank"] = static_cast<int>(r);
+    }
+  }
+  if (!recorded) return tasks.empty() ? json{{"error", "the job has no ranks"}} : tasks.front();
+  json out = {{"ranks", std::move(ranks)}};
+  if (ended_at > 0) out["ended_at"] = ended_at;
+  if (first_failure.is_object()) out["first_failure"] = std::move(first_failure);
+  else if (timed_out) out["timed_out"] = true;
+  else if (!missing.empty()) out["error"] = missing;
+  else if (cancelled) out["cancelled"] = true;
+  return out;
+}
 
 std::unique_ptr<Executor> make_slurm_executor(asio::io_context& io, SlurmSettings settings, Executor::Ended ended) {
   return std::make_unique<SlurmExecutor>(io, std::move(settings), std::move(ended));

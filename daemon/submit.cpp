@@ -24,7 +24,7 @@ void Daemon::cmd_submit(common::SubmitRequest sub, Reply& reply) {
     facts.gpus = common::k_max_gpus;
     facts.largest_gpu_mb = std::int64_t{1} << 40;
     facts.gpu_source = "Slurm";
-    facts.slurm = true;
+    facts.max_nodes = common::k_max_nodes;  // Slurm refuses more than the cluster has
   }
   auto s = std::make_shared<Submission>();
   s->reply = std::move(reply);

@@ -53,10 +53,7 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
       problems.push_back(who + ": its command and environment come to " + std::to_string(bytes >> 10) +
                          " KiB; exec takes at most " + std::to_string(arg_max >> 10) + " KiB in all (the submitter's " +
                          "environment is " + std::to_string(base_bytes >> 10) + " KiB of it)");
-    if (facts.slurm && s.mode == common::Mode::ddp)
-      problems.push_back(who + ": ddp jobs do not run under the Slurm executor yet (next: srun starts the ranks); "
-                               "`gpuq export --slurm` writes a script that runs it");
-    else if (s.nodes > facts.max_nodes)
+    if (s.nodes > facts.max_nodes)
       problems.push_back(who + ": `nodes` " + std::to_string(s.nodes) + " spreads the job over " +
                          std::to_string(s.nodes) + " machines, which needs the Slurm executor (gpuqd --executor " +
                          "slurm); this gpuqd runs jobs on this machine alone");

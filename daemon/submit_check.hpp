@@ -26,7 +26,6 @@ struct MachineFacts {
   bool have_worker = false;   // gpuq-worker was built, so `train` jobs can run
   int default_retries = 0;    // for specs that name no `retries`
   int max_nodes = 1;          // machines the executor can spread one job over (1: this one)
-  bool slurm = false;         // jobs go to Slurm (the Slurm executor)
 };
 
 struct CheckedBatch {

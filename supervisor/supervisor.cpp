@@ -16,11 +16,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -209,6 +211,14 @@ void complain(const std::string& message) {
 class Supervisor {
  public:
   explicit Supervisor(json doc) : m_doc(std::move(doc)) {}
+
+  // After run(): every rank exited 0, and nothing stopped the attempt.
+  bool succeeded() const {
+    if (m_cancelled || m_timed_out || !m_first_failure.is_null()) return false;
+    for (const auto& r : m_ranks)
+      if (r.exit_code != 0) return false;
+    return true;
+  }
 
   int run() {
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -455,20 +465,81 @@ class Supervisor {
   std::map<int, LogSink> m_pipes;  // read end of a rank's output pipe -> its log
 };
 
-}  // namespace
-
-int run_supervisor(const std::string& launch_path) {
+std::optional<json> read_launch_document(const std::string& launch_path) {
   g_complaints = common::parent_dir(launch_path) + "/shim.log";
   std::ifstream in(launch_path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   json doc = json::parse(text, nullptr, false);
   if (!doc.is_object() || !doc.contains("ranks") || !doc["ranks"].is_array() || !doc.contains("exit_file") ||
-      !doc.contains("pid_file")) {
+      !doc.contains("pid_file") || !doc["exit_file"].is_string() || !doc["pid_file"].is_string()) {
     complain(launch_path + " is not a launch document");
+    return std::nullopt;
+  }
+  return doc;
+}
+
+// A Slurm variable that holds a number in [0, below), or -1.
+int slurm_index(const char* name, long below) {
+  const char* v = std::getenv(name);
+  if (!v || !*v || std::strlen(v) > 9) return -1;
+  for (const char* c = v; *c; ++c)
+    if (*c < '0' || *c > '9') return -1;
+  const long n = std::atol(v);
+  return n < below ? static_cast<int>(n) : -1;
+}
+
+}  // namespace
+
+std::string task_path(const std::string& path, int rank) {
+  const auto slash = path.rfind('/');
+  const auto dot = path.rfind('.');
+  const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash + 1);
+  const std::string tag = "-" + std::to_string(rank);
+  return has_ext ? path.substr(0, dot) + tag + path.substr(dot) : path + tag;
+}
+
+int run_supervisor(const std::string& launch_path) {
+  auto doc = read_launch_document(launch_path);
+  if (!doc) return 2;
+  try {
+    return Supervisor(std::move(*doc)).run();
+  } catch (const std::exception& e) {
+    complain(e.what());
+    return 2;
+  }
+}
+
+int run_slurm_task(const std::string& launch_path) {
+  auto doc = read_launch_document(launch_path);
+  if (!doc) return 2;
+  json& ranks = (*doc)["ranks"];
+  const int rank = slurm_index("SLURM_PROCID", static_cast<long>(ranks.size()));
+  if (rank < 0) {
+    complain("--slurm-task: SLURM_PROCID is not a rank of " + launch_path + " (" + std::to_string(ranks.size()) +
+             " ranks); gpuq-shim --slurm-task runs under srun");
     return 2;
   }
   try {
-    return Supervisor(std::move(doc)).run();
+    json mine;
+    for (auto& r : ranks)
+      if (r.is_object() && r.value("rank", -1) == rank) mine = std::move(r);
+    if (!mine.is_object() || !mine.contains("env") || !mine["env"].is_object()) {
+      complain(launch_path + " has no rank " + std::to_string(rank));
+      return 2;
+    }
+    // Where Slurm placed this task (a cluster's distribution may differ from block order).
+    json& env = mine["env"];
+    if (env.contains("RANK")) {
+      env["RANK"] = env["ROLE_RANK"] = std::to_string(rank);
+      if (const int local = slurm_index("SLURM_LOCALID", 1 << 20); local >= 0) env["LOCAL_RANK"] = std::to_string(local);
+      if (const int node = slurm_index("SLURM_NODEID", 1 << 20); node >= 0) env["GROUP_RANK"] = std::to_string(node);
+    }
+    ranks = json::array({std::move(mine)});
+    (*doc)["pid_file"] = task_path((*doc)["pid_file"].get<std::string>(), rank);
+    (*doc)["exit_file"] = task_path((*doc)["exit_file"].get<std::string>(), rank);
+    Supervisor task(std::move(*doc));
+    const int written = task.run();
+    return written != 0 ? written : task.succeeded() ? 0 : 1;
   } catch (const std::exception& e) {
     complain(e.what());
     return 2;

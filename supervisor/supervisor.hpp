@@ -23,4 +23,14 @@ namespace gpuq::supervisor {
 // status: 0 once exit.json is written, 2 when the launch document is unusable.
 int run_supervisor(const std::string& launch_path);
 
+// One task of a job whose ranks Slurm's srun starts, one shim each, across nodes: runs only the
+// rank SLURM_PROCID names, with RANK, LOCAL_RANK and GROUP_RANK as Slurm placed it, and writes
+// its own pid file and exit record (shim-R.pid, exit-R.json). Returns 0 when the rank succeeded
+// and 1 otherwise, so that `srun --kill-on-bad-exit` ends the other ranks as the gang rule does
+// locally; 2 when the document or Slurm's variables are unusable.
+int run_slurm_task(const std::string& launch_path);
+
+// `path` with "-R" before its extension: exit.json -> exit-1.json.
+std::string task_path(const std::string& path, int rank);
+
 }  // namespace gpuq::supervisor

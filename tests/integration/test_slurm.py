@@ -1,7 +1,8 @@
-"""gpuq on a real Slurm (tests/slurm/start-slurm.sh: slurmctld and one slurmd on this machine,
-auth/none, two fake GPUs as GRES): what `gpuq export --slurm` writes is submitted with sbatch and
-run by Slurm, ranks started by srun with the torchrun environment made from Slurm's; and
-`gpuqd --executor slurm` hands each attempt to Slurm, driven through the real gpuq."""
+"""gpuq on a real Slurm (tests/slurm/start-slurm.sh: slurmctld and two slurmd on this machine, two
+emulated nodes, auth/none, two fake GPUs each as GRES): what `gpuq export --slurm` writes is
+submitted with sbatch and run by Slurm, ranks started by srun with the torchrun environment made
+from Slurm's; and `gpuqd --executor slurm` hands each attempt to Slurm, ddp gangs across both
+nodes, driven through the real gpuq."""
 import json
 import os
 import shutil
@@ -10,6 +11,8 @@ import tempfile
 import unittest
 
 from harness import BIN, REPO, Daemon, wait_until
+from test_ddp import TORCH_PYTHON, have_torch
+from test_worker import HAVE_WORKER, SYNTHETIC, WORKER, load, max_diff
 
 START = os.path.join(REPO, "tests/slurm/start-slurm.sh")
 HAVE_SLURM = shutil.which("slurmctld") and os.geteuid() == 0
@@ -23,7 +26,8 @@ def setUpModule():
     if not HAVE_SLURM:
         return
     SLURM_DIR = tempfile.mkdtemp(prefix="gpuq-slurm-")
-    r = subprocess.run([START, os.path.join(SLURM_DIR, "slurm")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([START, os.path.join(SLURM_DIR, "slurm")], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, NODES="2"))
     if r.returncode != 0:
         raise AssertionError(f"Slurm did not start: {r.stderr}")
     os.environ["SLURM_CONF"] = r.stdout.strip()  # for gpuqd, gpuq's jobs and the tests' own squeue
@@ -88,7 +92,7 @@ class SlurmExport(unittest.TestCase):
             self.assertEqual(env["SLURM_JOB_ID"], job)  # it really ran under Slurm
             self.assertEqual((env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"]), (str(r), str(r), "0"))
             self.assertEqual((env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]), ("2", "2", "1"))
-            self.assertEqual(env["MASTER_ADDR"], "localhost")
+            self.assertEqual(env["MASTER_ADDR"], "127.0.0.1")  # the first node's NodeAddr
             self.assertEqual(env["MASTER_PORT"], str(10000 + int(job) % 20000))
             self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "False")
             self.assertEqual(env["CUDA_VISIBLE_DEVICES"], "0,1")  # Slurm's GRES: the node's two GPUs
@@ -131,31 +135,33 @@ class SlurmExecutor(unittest.TestCase):
         subprocess.run(["scancel", "-u", str(os.getuid())], timeout=60)  # nothing left for the next test
         wait_until(lambda: not squeue(), timeout=60, interval=0.2, what="Slurm's queue to empty")
 
-    def test_one_gpu_jobs_run_under_slurm_two_at_a_time_each_with_its_own_gpu(self):
+    def test_one_gpu_jobs_run_under_slurm_four_at_a_time_on_two_nodes_each_with_its_own_gpu(self):
         marks = os.path.join(self.tmp, "marks")
         os.mkdir(marks)
-        probe = (f'echo "$SLURM_JOB_ID $CUDA_VISIBLE_DEVICES $(date +%s.%N)" > {marks}/$GPUQ_JOB_ID.start; sleep 0.5; '
-                 f'date +%s.%N > {marks}/$GPUQ_JOB_ID.end')
-        ids = self.d.submit([{"name": f"one-{i}", "shell": probe, "gpus": 1} for i in range(6)])["ids"]
+        probe = (f'echo "$SLURM_JOB_ID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $(date +%s.%N)" > {marks}/$GPUQ_JOB_ID.start; '
+                 f'sleep 0.5; date +%s.%N > {marks}/$GPUQ_JOB_ID.end')
+        ids = self.d.submit([{"name": f"one-{i}", "shell": probe, "gpus": 1} for i in range(10)])["ids"]
         # While Slurm holds them, status says where each stands there
         wait_until(lambda: any("Slurm job" in j["reason"] for j in self.d.json("status")["jobs"]), timeout=60,
                    what="a job's Slurm id in status")
         done = self.d.wait(ids, timeout=300)
         self.assertEqual({i: done[i]["state"] for i in ids}, {i: "succeeded" for i in ids})
-        spans, slurm_ids = [], set()
+        spans, slurm_ids, nodes = [], set(), set()
         for i in ids:
             with open(f"{marks}/{i}.start") as f:
-                slurm_id, devices, start = f.read().split()
+                slurm_id, node, devices, start = f.read().split()
             with open(f"{marks}/{i}.end") as f:
                 spans.append((float(start), float(f.read())))
             slurm_ids.add(slurm_id)
+            nodes.add(node)
             self.assertIn(devices, ("0", "1"))  # one device each, Slurm's
-        self.assertEqual(len(slurm_ids), 6)  # each its own Slurm job
+        self.assertEqual(len(slurm_ids), 10)  # each its own Slurm job
+        self.assertEqual(nodes, {"node1", "node2"})
         at_once = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
-        self.assertLessEqual(at_once, 2)  # the node's two GPUs, as Slurm counts them
+        self.assertLessEqual(at_once, 4)  # two nodes of two GPUs, as Slurm counts them
 
     def test_slurm_refusing_a_job_fails_it_at_once_with_slurms_words(self):
-        job = self.d.submit({"name": "too-big", "shell": "true", "gpus": 5})["ids"][0]
+        job = self.d.submit({"name": "too-big", "shell": "true", "gpus": 3})["ids"][0]  # nodes have 2
         done = self.d.wait([job], timeout=60)[job]
         self.assertEqual(done["state"], "failed")
         self.assertIn("Slurm refused the job", done["reason"])
@@ -208,11 +214,65 @@ class SlurmExecutor(unittest.TestCase):
         finally:
             d.stop()
 
-    def test_ddp_jobs_are_refused_for_now_naming_export(self):
-        r = self.d.run("submit", "-", input=json.dumps({"command": ["true"], "mode": "ddp", "ranks": 2}))
-        self.assertEqual(r.returncode, 4, r.stderr)
-        self.assertIn("gpuq export --slurm", r.stderr)
+    def gang_files(self, spec, name):
+        """Runs a ddp `spec` whose ranks each write `$OUT/<name>-$RANK.json`; returns (job, [per rank])."""
+        out = tempfile.mkdtemp(dir=self.tmp)
+        job = self.d.submit(dict(spec, env={"OUT": out}))["ids"][0]
+        done = self.d.wait([job], timeout=300)[job]
+        logs = [self.d.run("logs", str(job), "--rank", str(r)).stdout for r in range(spec["ranks"])]
+        self.assertEqual(done["state"], "succeeded", logs)
+        return done, [load(os.path.join(out, f"{name}-{r}.json")) for r in range(spec["ranks"])]
 
+    @unittest.skipUnless(have_torch(), "needs PyTorch with Gloo for " + TORCH_PYTHON + " (Debian: python3-torch)")
+    def test_an_unmodified_torchrun_script_runs_as_a_gang_over_two_nodes(self):
+        probe = os.path.join(self.tmp, "probe.py")
+        with open(probe, "w") as f:
+            f.write("import json, os, torch, torch.distributed as dist\n"
+                    "dist.init_process_group('gloo')\n"
+                    "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+                    "dist.all_reduce(t)\n"
+                    "with open(os.path.join(os.environ['OUT'], f\"probe-{os.environ['RANK']}.json\"), 'w') as f:\n"
+                    "    json.dump(dict(os.environ, SUM=t.item()), f)\n"
+                    "dist.destroy_process_group()\n")
+        spec = {"name": "probe", "mode": "ddp", "nodes": 2, "gpus": 2, "ranks": 2, "timeout_s": 300,
+                "command": [TORCH_PYTHON, probe]}
+        job, ranks = self.gang_files(spec, "probe")
+        self.assertEqual(job["exit_code"], 0)
+        self.assertEqual({r["SLURMD_NODENAME"] for r in ranks}, {"node1", "node2"})  # one rank a node
+        self.assertEqual(len({r["SLURM_JOB_ID"] for r in ranks}), 1)  # one Slurm job, one srun
+        for rank, env in enumerate(ranks):
+            self.assertEqual(env["SUM"], 3.0)  # Gloo's allreduce over both nodes
+            self.assertEqual((env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"]), (str(rank), "0", str(rank)))
+            self.assertEqual((env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]), ("2", "1", "2"))
+            self.assertEqual(env["MASTER_ADDR"], "127.0.0.1")  # the first node's NodeAddr
+            self.assertEqual(env["MASTER_PORT"], str(10000 + int(env["SLURM_JOB_ID"]) % 20000))
+            self.assertEqual(env["CUDA_VISIBLE_DEVICES"], "0")  # its node's one GPU, Slurm's
+            self.assertTrue(env["GPUQ_EVENTS"].endswith(f"/events-{rank}.jsonl"))
+            self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "False")
+
+    @unittest.skipUnless(HAVE_WORKER, "gpuq-worker not built")
+    def test_a_train_job_over_two_nodes_equals_single_process_training(self):
+        # Two ranks with batch 16 each see, step by step, the samples one process sees with batch 32.
+        train = json.dumps(dict(SYNTHETIC, batch_size=16))
+        spec = {"name": "ddp", "mode": "ddp", "nodes": 2, "gpus": 2, "ranks": 2, "timeout_s": 300,
+                "shell": f"exec {WORKER} --train '{train}' --dump-params \"$OUT/ddp-$RANK.json\""}
+        job, (r0, r1) = self.gang_files(spec, "ddp")
+        self.assertEqual((job["result"]["world_size"], job["result"]["backend"]), (2, "gloo"))
+        self.assertEqual(max_diff(r0, r1), 0.0, "ranks ended with different parameters")
+        single = os.path.join(self.tmp, "single.json")
+        subprocess.run([WORKER, "--train", json.dumps(dict(SYNTHETIC, batch_size=32)), "--dump-params", single],
+                       check=True, capture_output=True, timeout=300)
+        self.assertLess(max_diff(r0, load(single)), 1e-5)
+
+    def test_a_failing_rank_on_one_node_tears_down_its_gang_on_the_other(self):
+        job = self.d.submit({"name": "half-dead", "mode": "ddp", "nodes": 2, "ranks": 2, "timeout_s": 600,
+                             "shell": 'if [ "$RANK" = 1 ]; then exit 7; fi; echo "$SLURMD_NODENAME"; sleep 7401'})["ids"][0]
+        done = self.d.wait([job], timeout=120)[job]
+        self.assertEqual(done["state"], "failed")
+        self.assertEqual(done["reason"], "rank 1 exited with code 7")
+        self.assertEqual(self.d.show(job)["first_failure"]["rank"], 1)
+        self.assertIn("node1", self.d.ok("logs", str(job), "--rank", "0"))
+        wait_until(lambda: not squeue(), timeout=30, interval=0.2, what="the gang to leave Slurm's queue")
 
 if __name__ == "__main__":
     unittest.main()

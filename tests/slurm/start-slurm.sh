@@ -1,19 +1,33 @@
 #!/usr/bin/env bash
-# Starts a real Slurm (slurmctld + one slurmd) for the tests, in DIR, on free ports: auth/none, no
-# accounting, one node "localhost" with CPUS cores and GPUS fake GPUs (GRES backed by character
-# devices, copies of /dev/null's). Needs root (slurmd) and Debian's slurm-wlm. Prints the path of
-# its slurm.conf once the node is idle; stop it with `tests/slurm/start-slurm.sh --stop DIR`.
+# Starts a real Slurm for the tests, in DIR, on free ports: auth/none, no accounting, slurmctld and
+# NODES slurmd (default 1), each node with CPUS cores and GPUS fake GPUs (GRES backed by character
+# devices, copies of /dev/null's). One node is "localhost"; several are emulated on this machine,
+# "node1", "node2"..., each slurmd on a port of its own, all at address 127.0.0.1 (NodeAddr, which
+# is where gpuq's ranks find rank 0). Needs root (slurmd) and Debian's slurm-wlm. Prints the path
+# of its slurm.conf once every node is idle; stop it with `tests/slurm/start-slurm.sh --stop DIR`.
 # Tried with Debian 12's Slurm 22.05.
 set -euo pipefail
 if [[ ${1:-} == --stop ]]; then
-  for pid in "$2"/slurmd.pid "$2"/slurmctld.pid; do [[ -f $pid ]] && kill "$(cat "$pid")" 2>/dev/null || true; done
+  for pid in "$2"/slurmd*.pid "$2"/slurmctld.pid; do [[ -f $pid ]] && kill "$(cat "$pid")" 2>/dev/null || true; done
   exit 0
 fi
-dir=$(realpath "$1") gpus=${GPUS:-2} cpus=${CPUS:-2}
+dir=$(realpath "$1") gpus=${GPUS:-2} cpus=${CPUS:-2} nodes=${NODES:-1}
 command -v slurmctld >/dev/null || { echo "start-slurm: slurmctld missing (apt-get install slurm-wlm)" >&2; exit 2; }
 mkdir -p "$dir"/{state,spool,log}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 ctld_port=$(free_port) d_port=$(free_port)
+names=() node_lines=""
+gres=$( ((gpus > 0)) && echo "Gres=gpu:$gpus")
+if ((nodes == 1)); then
+  names=(localhost)
+  node_lines="NodeName=localhost NodeHostname=localhost Port=$d_port CPUs=$cpus RealMemory=1000 $gres State=UNKNOWN"
+else
+  for ((i = 1; i <= nodes; i++)); do
+    names+=("node$i")
+    node_lines+="NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$( ((i == 1)) && echo "$d_port" || free_port)"
+    node_lines+=" CPUs=$cpus RealMemory=1000 $gres State=UNKNOWN"$'\n'
+  done
+fi
 for ((i = 0; i < gpus; i++)); do
   [[ -e $dir/gpu$i ]] || mknod "$dir/gpu$i" c 1 3
 done
@@ -30,9 +44,9 @@ SlurmdUser=root
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -44,15 +58,16 @@ GresTypes=gpu
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MinJobAge=300
-NodeName=localhost NodeHostname=localhost Port=$d_port CPUs=$cpus RealMemory=1000 $( ((gpus > 0)) && echo "Gres=gpu:$gpus") State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+$node_lines
+PartitionName=debug Nodes=$(IFS=,; echo "${names[*]}") Default=YES MaxTime=INFINITE State=UP
 CONF
 export SLURM_CONF=$dir/slurm.conf
 slurmctld -c -f "$SLURM_CONF"
-slurmd -f "$SLURM_CONF" -N localhost
-for ((i = 0; i < 300; i++)); do  # the node registers within seconds; 30 s at most
-  [[ $(sinfo -h -N -o %t 2>/dev/null) == idle ]] && { echo "$SLURM_CONF"; exit 0; }
+for name in "${names[@]}"; do slurmd -f "$SLURM_CONF" -N "$name"; done
+for ((i = 0; i < 300; i++)); do  # the nodes register within seconds; 30 s at most
+  [[ $(sinfo -h -N -o %t 2>/dev/null | sort | uniq -c | awk '{print $1, $2}') == "$nodes idle" ]] &&
+    { echo "$SLURM_CONF"; exit 0; }
   sleep 0.1
 done
-echo "start-slurm: the node did not become idle; see $dir/log" >&2
+echo "start-slurm: the nodes did not become idle; see $dir/log" >&2
 exit 1

@@ -64,6 +64,21 @@ TEST_CASE("each ddp rank gets a consistent torchrun environment") {
   }
 }
 
+TEST_CASE("a gang over two nodes: ranks lie in node order, as srun's block distribution lays them") {
+  auto job = ddp_job();
+  job.spec.gpus = job.spec.ranks = 4;
+  job.spec.nodes = 2;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto env = rank_environment(job, {}, {}, "/s/jobs/42", "/s/jobs/42/attempt-2", rank);
+    CHECK(env["RANK"] == std::to_string(rank));
+    CHECK(env["LOCAL_RANK"] == std::to_string(rank % 2));
+    CHECK(env["GROUP_RANK"] == std::to_string(rank / 2));
+    CHECK(env["WORLD_SIZE"] == "4");
+    CHECK(env["LOCAL_WORLD_SIZE"] == "2");
+    CHECK(env["GROUP_WORLD_SIZE"] == "2");
+  }
+}
+
 TEST_CASE("independent jobs get no torchrun variables, and CPU jobs see no GPU") {
   JobRecord j;
   j.id = 1;

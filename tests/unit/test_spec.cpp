@@ -1,6 +1,8 @@
 // Job-spec validation: every rule, and that each error names the job, the field and the fix.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "common/slurm_script.hpp"
 #include "common/spec.hpp"
 
@@ -276,4 +278,11 @@ TEST_CASE("slurm: a spec's sbatch options and script, quoted for bash, environme
   CHECK(s2.find("#SBATCH --nice") == std::string::npos);
   CHECK(s2.find("MASTER_ADDR") == std::string::npos);  // one process: no rendezvous
   CHECK(shell_quote("") == "''");
+  // gpuqd's own script: its supervisor keeps the time (Slurm's limit backs it up, no warning
+  // signal) and the output goes into the attempt directory
+  const auto own = sbatch_options(spec, o, {"/s/jobs/1/attempt-1/slurm.out", 4});
+  CHECK(std::count(own.begin(), own.end(), "--time=4") == 1);
+  CHECK(std::count(own.begin(), own.end(), "--output=/s/jobs/1/attempt-1/slurm.out") == 1);
+  CHECK(std::none_of(own.begin(), own.end(), [](const std::string& x) { return x.rfind("--signal", 0) == 0; }));
+  CHECK(own.size() == want.size() - 1);
 }

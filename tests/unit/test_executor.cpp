@@ -1,0 +1,70 @@
+// The Slurm executor's gang record: one exit record made of every rank's supervisor's, each run by
+// srun on its own node (gpuq-shim --slurm-task), and the paths each such supervisor writes.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/executor.hpp"
+#include "supervisor/supervisor.hpp"
+
+using gpuq::daemon::merge_task_records;
+using json = nlohmann::json;
+
+namespace {
+json ok(double ended) { return {{"ranks", {{{"exit_code", 0}}}}, {"ended_at", ended}, {"cancelled", false}}; }
+json failed(int code, double at) {
+  return {{"ranks", {{{"exit_code", code}}}}, {"first_failure", {{"rank", 0}, {"exit_code", code}, {"at", at}}},
+          {"ended_at", at + 1}};
+}
+json torn_down() { return {{"ranks", {json::object()}}, {"cancelled", true}, {"ended_at", 50.0}}; }
+json missing() { return {{"error", "the job's supervisor ended without recording an outcome"}}; }
+}  // namespace
+
+TEST_SUITE_BEGIN("executor");
+
+TEST_CASE("a gang's ranks all succeeding make one record of every rank's exit") {
+  const json out = merge_task_records({ok(10), ok(12)});
+  CHECK(out["ranks"] == json::array({{{"exit_code", 0}}, {{"exit_code", 0}}}));
+  CHECK(out["ended_at"] == 12.0);
+  CHECK_FALSE(out.contains("first_failure"));
+  CHECK_FALSE(out.contains("cancelled"));
+  CHECK_FALSE(out.contains("error"));
+}
+
+TEST_CASE("the earliest failure is the gang's, named by its rank; the ranks torn down after it are not cancelled") {
+  const json out = merge_task_records({torn_down(), failed(7, 40), failed(9, 41)});
+  CHECK(out["first_failure"]["rank"] == 1);
+  CHECK(out["first_failure"]["exit_code"] == 7);
+  CHECK_FALSE(out.contains("cancelled"));
+  CHECK(out["ranks"].size() == 3);
+  CHECK(merge_task_records({failed(9, 41), failed(7, 40)})["first_failure"]["rank"] == 1);
+}
+
+TEST_CASE("timed out wins over the ranks torn down with it; a rank without a record is named; all torn down is cancelled") {
+  json late = torn_down();
+  late["timed_out"] = true;
+  late["cancelled"] = false;
+  const json timed = merge_task_records({late, torn_down()});
+  CHECK(timed["timed_out"] == true);
+  CHECK_FALSE(timed.contains("cancelled"));
+
+  const json lost = merge_task_records({torn_down(), missing()});
+  CHECK(lost["error"] == "rank 1: the job's supervisor ended without recording an outcome");
+  CHECK_FALSE(lost.contains("cancelled"));
+  CHECK(lost["ranks"][1] == json::object());
+
+  CHECK(merge_task_records({torn_down(), torn_down()})["cancelled"] == true);
+}
+
+TEST_CASE("no rank recorded anything: the error of one missing record, as for a single supervisor") {
+  CHECK(merge_task_records({missing(), missing()}) == missing());
+  CHECK(merge_task_records({}).contains("error"));
+}
+
+TEST_CASE("each rank's supervisor writes files of its own beside the others'") {
+  using gpuq::supervisor::task_path;
+  CHECK(task_path("/s/jobs/3/attempt-1/exit.json", 2) == "/s/jobs/3/attempt-1/exit-2.json");
+  CHECK(task_path("/s/jobs/3/attempt-1/shim.pid", 0) == "/s/jobs/3/attempt-1/shim-0.pid");
+  CHECK(task_path("/s/a.b/record", 1) == "/s/a.b/record-1");
+  CHECK(task_path("/s/.hidden", 1) == "/s/.hidden-1");
+}
