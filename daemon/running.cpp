@@ -354,7 +354,7 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     end.state = JobState::succeeded;
   } else {
     end.reason = outcome.contains("error") ? outcome["error"].get<std::string>() : describe_exit(failure);
-    retryable = true;
+    retryable = !outcome.value("final", false);  // the executor's word: another attempt would fare the same
   }
 
   const int run = rec.attempt - rec.attempt_base;  // attempts since the job was submitted or restarted

@@ -105,7 +105,7 @@ class SlurmExecutor final : public Executor {
     job = Job{};
     job.dir = attempt.dir;
     job.tasks = tasks_of(attempt.spec);
-    run_off_thread({"sbatch", "--parsable", script}, [this, id = attempt.id](CommandResult r) { submitted(id, r); });
+    submit(attempt.id, false);
     return std::nullopt;
   }
 
@@ -130,7 +130,13 @@ class SlurmExecutor final : public Executor {
     auto it = m_jobs.find(id);
     if (it == m_jobs.end()) return;
     it->second.cancel = true;
-    if (!it->second.slurm_id.empty()) scancel(it->second.slurm_id);  // else once sbatch answers
+    if (!it->second.slurm_id.empty()) {
+      scancel(it->second.slurm_id);
+    } else if (it->second.waiting) {  // waiting to ask sbatch again: nothing of it is in Slurm
+      m_outcomes[id] = json{{"cancelled", true}, {"error", "cancelled before Slurm took it"}};
+      m_jobs.erase(it);
+      asio::post(m_io, [this, id] { m_ended(id); });
+    }  // else once sbatch answers
   }
 
   json outcome(const Attempt& attempt) override {
@@ -155,7 +161,7 @@ class SlurmExecutor final : public Executor {
     auto it = m_jobs.find(id);
     if (it == m_jobs.end()) return {};
     const Job& j = it->second;
-    if (j.slurm_id.empty()) return "handing it to Slurm (sbatch)";
+    if (j.slurm_id.empty()) return j.sbatch_tries ? "handing it to Slurm (" + j.state + ")" : "handing it to Slurm (sbatch)";
     std::string out = "Slurm job " + j.slurm_id;
     if (j.state == "PENDING") out += " pending" + (j.reason.empty() || j.reason == "None" ? "" : ": " + j.reason);
     else if (!j.state.empty() && j.state != "RUNNING" && j.state != "adopted") out += " " + j.state;
@@ -169,7 +175,22 @@ class SlurmExecutor final : public Executor {
     std::string slurm_id;  // empty until sbatch answers
     std::string state, reason;  // as squeue last said
     bool cancel = false;        // stop() asked before sbatch answered
+    int sbatch_tries = 0;       // sbatch calls the controller did not answer
+    std::unique_ptr<asio::steady_timer> retry;  // until the next of them
+    bool waiting = false;       // on that timer
   };
+
+  static constexpr int k_sbatch_tries = 9;  // 1 + 2 + 4 + ... + 60 + 60: about five minutes
+
+  // sbatch's failure says the controller was not reached (or did not answer), not that it refused.
+  static bool unreachable(const CommandResult& r) {
+    if (r.timed_out) return true;
+    if (!r.started) return false;  // sbatch itself is missing: asking again changes nothing
+    for (const char* words : {"Unable to contact slurm controller", "Socket timed out", "temporarily unavailable",
+                              "Zero Bytes were transmitted", "Connection refused"})
+      if (r.err.find(words) != std::string::npos) return true;
+    return false;
+  }
 
   std::string batch_script(const Attempt& a) const {
     const common::JobSpec& spec = *a.spec;
@@ -209,19 +230,58 @@ class SlurmExecutor final : public Executor {
     });
   }
 
+  // sbatch for the attempt, off gpuqd's thread. `again`: an earlier sbatch got no answer, and may
+  // have submitted the job all the same: the job whose comment names the attempt is taken first.
+  void submit(std::int64_t id, bool again) {
+    const std::string dir = m_jobs.at(id).dir;
+    asio::post(m_pool, [this, alive = m_alive, id, dir, again] {
+      CommandResult r;
+      if (again) {
+        const auto listed = jobs_by_comment();
+        if (auto found = listed.find(dir); found != listed.end()) {
+          r.started = true;
+          r.exit_code = 0;
+          r.out = found->second;
+        }
+      }
+      if (!r.started) r = run_command({"sbatch", "--parsable", dir + "/slurm.sbatch"});
+      asio::post(m_io, [this, alive, id, r = std::move(r)] {
+        if (*alive) submitted(id, r);
+      });
+    });
+  }
+
   void submitted(std::int64_t id, const CommandResult& r) {
     auto it = m_jobs.find(id);
     if (it == m_jobs.end()) return;
+    Job& job = it->second;
     const std::string slurm_id = trim(r.out.substr(0, r.out.find(';')));  // "42" or "42;cluster"
     if (!r.started || r.timed_out || r.exit_code != 0 || !is_job_id(slurm_id)) {
+      if (unreachable(r) && !job.cancel && job.sbatch_tries < k_sbatch_tries) {
+        // The controller is down or busy (restarting, failing over): ask again, a little later
+        // each time, for about five minutes, before the attempt fails.
+        const int delay_s = std::min(60, 1 << job.sbatch_tries++);
+        job.state = "sbatch: " + said(r) + "; trying again in " + std::to_string(delay_s) + " s";
+        job.retry = std::make_unique<asio::steady_timer>(m_io, std::chrono::seconds(delay_s));
+        job.waiting = true;
+        job.retry->async_wait([this, id](const boost::system::error_code& ec) {
+          auto j = m_jobs.find(id);
+          if (ec || j == m_jobs.end()) return;
+          j->second.waiting = false;  // sbatch runs again: a cancel from now on waits for its answer
+          submit(id, true);
+        });
+        return;
+      }
       // Refused (an unknown partition, more GPUs than any node has...): the attempt fails now,
-      // with Slurm's words, and nothing is left queued anywhere.
-      m_outcomes[id] = json{{"error", "Slurm refused the job: " + said(r)}};
+      // with Slurm's words, and nothing is left queued anywhere. Another attempt would be refused
+      // the same way, so none is made; a controller that never answered fails it as retryable.
+      json out{{"error", (unreachable(r) ? "Slurm did not take the job: " : "Slurm refused the job: ") + said(r)}};
+      if (!unreachable(r)) out["final"] = true;
+      m_outcomes[id] = std::move(out);
       m_jobs.erase(it);
       m_ended(id);
       return;
     }
-    Job& job = it->second;
     job.slurm_id = slurm_id;
     job.state = "PENDING";
     if (auto w = common::write_file_atomic(job.dir + "/slurm.id", slurm_id + "\n"); !w)
@@ -325,18 +385,26 @@ class SlurmExecutor final : public Executor {
     });
   }
 
-  // After a crash between sbatch and slurm.id: the job whose comment names this attempt.
+  // After a crash between sbatch and slurm.id: the job whose comment names this attempt. Read
+  // once, at recovery, before gpuqd serves requests (bounded to 30 s).
   std::string find_by_comment(const std::string& dir) {
     if (!m_comments_read) {
       m_comments_read = true;
-      CommandResult r = run_command({"squeue", "-h", "-u", std::to_string(::getuid()), "-o", "%i|%k"}, 30);
-      std::istringstream in(r.out);
-      for (std::string line; std::getline(in, line);)
-        if (auto bar = line.find('|'); bar != std::string::npos && line.compare(bar + 1, 5, "gpuq:") == 0)
-          m_by_comment[line.substr(bar + 6)] = line.substr(0, bar);
+      m_by_comment = jobs_by_comment();
     }
     auto it = m_by_comment.find(dir);
     return it == m_by_comment.end() ? std::string() : it->second;
+  }
+
+  // This user's Slurm jobs by the attempt directory their `--comment=gpuq:DIR` names.
+  static std::map<std::string, std::string> jobs_by_comment() {
+    std::map<std::string, std::string> out;
+    CommandResult r = run_command({"squeue", "-h", "-u", std::to_string(::getuid()), "-o", "%i|%k"}, 30);
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);)
+      if (auto bar = line.find('|'); bar != std::string::npos && line.compare(bar + 1, 5, "gpuq:") == 0)
+        out[line.substr(bar + 6)] = line.substr(0, bar);
+    return out;
   }
 
   // slurm.id: a few digits, in a directory the job can write, so read bounded.

@@ -6,6 +6,7 @@ nodes, driven through the real gpuq."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import unittest
@@ -160,13 +161,35 @@ class SlurmExecutor(unittest.TestCase):
         at_once = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
         self.assertLessEqual(at_once, 4)  # two nodes of two GPUs, as Slurm counts them
 
-    def test_slurm_refusing_a_job_fails_it_at_once_with_slurms_words(self):
-        job = self.d.submit({"name": "too-big", "shell": "true", "gpus": 3})["ids"][0]  # nodes have 2
+    def test_slurm_refusing_a_job_fails_it_at_once_with_slurms_words_and_no_retry(self):
+        job = self.d.submit({"name": "too-big", "shell": "true", "gpus": 3, "retries": 2})["ids"][0]  # nodes have 2
         done = self.d.wait([job], timeout=60)[job]
         self.assertEqual(done["state"], "failed")
         self.assertIn("Slurm refused the job", done["reason"])
         self.assertIn("Requested node configuration is not available", done["reason"])
+        self.assertEqual(self.d.show(job)["job"]["attempt"], 1)  # another attempt would be refused the same way
         self.assertEqual(squeue(), [])
+
+    def test_a_job_submitted_while_slurmctld_is_down_reaches_slurm_once_it_is_back(self):
+        conf = os.environ["SLURM_CONF"]
+        pid_file = os.path.join(os.path.dirname(conf), "slurmctld.pid")
+        with open(pid_file) as f:
+            os.kill(int(f.read()), signal.SIGTERM)
+        try:
+            wait_until(lambda: not os.path.exists(pid_file), timeout=60, interval=0.1, what="slurmctld to stop")
+            job = self.d.submit({"name": "patient", "shell": "echo ran under $SLURM_JOB_ID", "retries": 0})["ids"][0]
+            def reason():
+                return next(j["reason"] for j in self.d.json("status")["jobs"] if j["id"] == job)
+            wait_until(lambda: "trying again" in reason(), timeout=60, what="sbatch's first failure")
+            self.assertIn("Unable to contact slurm controller", reason())
+            self.assertEqual(self.d.show(job)["job"]["state"], "running")  # handed over, not failed
+        finally:
+            if not os.path.exists(pid_file):
+                subprocess.run(["slurmctld", "-f", conf], check=True, timeout=60)
+        done = self.d.wait([job], timeout=180)[job]
+        self.assertEqual(done["state"], "succeeded", done["reason"])
+        self.assertEqual(self.d.show(job)["job"]["attempt"], 1)
+        self.assertIn("ran under", self.d.ok("logs", str(job)))
 
     def test_cancel_ends_running_and_pending_jobs_and_leaves_nothing_in_slurm(self):
         ids = self.d.submit([{"name": f"long-{i}", "shell": "sleep 300", "gpus": 2} for i in range(2)])["ids"]
