@@ -29,7 +29,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_health_timer(io),
       m_forget_timer(io),
       m_executor(m_config.executor == "slurm"
-                     ? make_slurm_executor(io, {m_config.slurm, m_config.shim_path, m_config.grace_s, m_config.slurm_poll_s},
+                     ? make_slurm_executor(io, {m_config.slurm, m_config.shim_path, m_config.state_dir, m_config.grace_s,
+                                                m_config.slurm_poll_s},
                                            [this](std::int64_t id) { on_attempt_end(id); })
                      : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })) {
   auto slot_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());

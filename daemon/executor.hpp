@@ -94,9 +94,19 @@ std::unique_ptr<Executor> make_local_executor(boost::asio::io_context& io, std::
 struct SlurmSettings {
   common::SlurmOptions options;  // partition, account, qos, more sbatch options
   std::string shim_path;         // gpuq-shim, at a path the compute nodes share
+  std::string state_dir;         // must be on a filesystem they share: checked at start
   double grace_s = 10;           // the shim's SIGTERM -> SIGKILL, within Slurm's time limit
   double poll_s = 2;             // one squeue for all jobs this often, never one per job
 };
+// A filesystem type as statfs(2) gives it (f_type): its name, and whether it is one that only
+// this machine sees (ext4, xfs, tmpfs...). Network and cluster filesystems (NFS, Lustre, GPFS,
+// CephFS, BeeGFS...) and unknown types are not called local: gpuqd warns only where it is sure.
+struct FilesystemKind {
+  std::string name;  // "ext4", "nfs", or "type 0x..." when unknown
+  bool local = false;
+};
+FilesystemKind filesystem_kind(long f_type);
+
 std::unique_ptr<Executor> make_slurm_executor(boost::asio::io_context& io, SlurmSettings settings,
                                               Executor::Ended ended);
 

@@ -9,6 +9,7 @@
 //
 // The state dir must be on a filesystem the compute nodes see (the attempt directories are read
 // and written on both sides), and gpuq-shim at a path they share.
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
@@ -17,6 +18,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -87,7 +89,17 @@ bool has_exit_record(const std::string& dir, int tasks) {
 class SlurmExecutor final : public Executor {
  public:
   SlurmExecutor(asio::io_context& io, SlurmSettings settings, Ended ended)
-      : m_io(io), m_settings(std::move(settings)), m_ended(std::move(ended)), m_poll_timer(io) {}
+      : m_io(io), m_settings(std::move(settings)), m_ended(std::move(ended)), m_poll_timer(io) {
+    // The compute nodes write the attempt directories: say so at once when they cannot see them.
+    struct statfs fs {};
+    if (::statfs(m_settings.state_dir.c_str(), &fs) == 0) {
+      m_state_fs = filesystem_kind(static_cast<long>(fs.f_type));
+      if (m_state_fs.local)
+        std::cerr << "gpuqd: warning: the state dir " << m_settings.state_dir << " is on a local filesystem ("
+                  << m_state_fs.name << "); Slurm's compute nodes write each attempt's files there, so unless "
+                  << "every node is this machine, give a --state-dir on the cluster's shared filesystem\n";
+    }
+  }
 
   ~SlurmExecutor() override {
     *m_alive = false;  // answers still on their way find no executor
@@ -358,12 +370,13 @@ class SlurmExecutor final : public Executor {
       auto a = asked.find(slurm_id);
       auto it = m_jobs.find(a->second);
       if (it == m_jobs.end() || it->second.slurm_id != slurm_id) continue;
-      const bool recorded = has_exit_record(it->second.dir, it->second.tasks);
+      const std::string dir = it->second.dir;
+      const bool recorded = has_exit_record(dir, it->second.tasks);
       m_jobs.erase(it);
       if (recorded) {
         m_ended(a->second);
       } else {
-        account_for(a->second, slurm_id);
+        account_for(a->second, slurm_id, dir);
       }
     }
     if (!m_jobs.empty()) arm_poll();
@@ -372,12 +385,18 @@ class SlurmExecutor final : public Executor {
   // A job that left Slurm's queue without an exit record: ended by Slurm (cancelled while
   // pending, its node lost, its time limit) before or without its supervisor. Slurm's record of
   // it says how.
-  void account_for(std::int64_t id, const std::string& slurm_id) {
-    run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id](CommandResult r) {
+  void account_for(std::int64_t id, const std::string& slurm_id, const std::string& dir) {
+    run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id, dir](CommandResult r) {
       const auto f = fields_of(r.out);
       const auto state = f.count("JobState") ? f.at("JobState") : std::string("unknown (Slurm no longer knows it)");
       const auto reason = f.count("Reason") && f.at("Reason") != "None" ? ", " + f.at("Reason") : std::string();
-      json out{{"error", "Slurm job " + slurm_id + " ended " + state + reason + " without an exit record"}};
+      std::string why = "Slurm job " + slurm_id + " ended " + state + reason + " without an exit record";
+      // Slurm writes slurm.out from the node as the job starts: without it, the node likely does
+      // not see the attempt directory.
+      if (state != "CANCELLED" && !common::path_exists(dir + "/slurm.out"))
+        why += " or output (" + dir + "/slurm.out): does the node see gpuqd's state dir" +
+               (m_state_fs.local ? " (on a local " + m_state_fs.name + ")" : std::string()) + "?";
+      json out{{"error", why}};
       if (state == "CANCELLED") out["cancelled"] = true;
       if (state == "TIMEOUT") out["timed_out"] = true;
       m_outcomes[id] = std::move(out);
@@ -425,11 +444,35 @@ class SlurmExecutor final : public Executor {
   std::map<std::int64_t, json> m_outcomes;      // ends that have no exit record, until read
   asio::steady_timer m_poll_timer;
   bool m_poll_armed = false, m_polling = false, m_squeue_failing = false;
+  FilesystemKind m_state_fs;                    // where the state dir lies
   bool m_comments_read = false;                 // at recovery: squeue's comments, read once
   std::map<std::string, std::string> m_by_comment;
 };
 
 }  // namespace
+
+FilesystemKind filesystem_kind(long f_type) {
+  struct Known {
+    unsigned long magic;
+    const char* name;
+    bool local;
+  };
+  static constexpr Known k_known[] = {  // <linux/magic.h> and the filesystems' own sources
+      {0xEF53, "ext4", true},          {0x58465342, "xfs", true},      {0x9123683E, "btrfs", true},
+      {0x01021994, "tmpfs", true},     {0x2FC12FC1, "zfs", true},      {0x794C7630, "overlayfs", true},
+      {0xF2F52010, "f2fs", true},      {0x4D44, "vfat", true},         {0x858458F6, "ramfs", true},
+      {0x6969, "nfs", false},          {0x0BD00BD0, "lustre", false},  {0x47504653, "gpfs", false},
+      {0x00C36400, "cephfs", false},   {0x19830326, "beegfs", false},  {0xFF534D42, "cifs", false},
+      {0xFE534D42, "smb2", false},     {0x20030528, "orangefs", false}, {0x65735546, "fuse", false},
+      {0x5346414F, "afs", false},      {0x013111A8, "ibrix", false},   {0xAAD7AAEA, "panfs", false},
+  };
+  const auto magic = static_cast<unsigned long>(f_type) & 0xFFFFFFFFUL;
+  for (const auto& k : k_known)
+    if (k.magic == magic) return {k.name, k.local};
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "type 0x%lx", magic);
+  return {hex, false};
+}
 
 json merge_task_records(const std::vector<json>& tasks) {
   json ranks = json::array(), first_failure;

@@ -237,6 +237,29 @@ class SlurmExecutor(unittest.TestCase):
         finally:
             d.stop()
 
+    @unittest.skipUnless(os.path.isdir("/dev/shm"), "needs a tmpfs at /dev/shm")
+    def test_a_state_dir_the_nodes_may_not_see_is_named_at_start_and_when_a_job_could_not_start(self):
+        tmp = tempfile.mkdtemp(dir="/dev/shm")  # tmpfs: this machine's alone
+        d = Daemon(tmp, gpus="none", extra=["--executor", "slurm", "--slurm-poll", "0.2"]).start()
+        try:
+            with open(os.path.join(tmp, "gpuqd.log")) as f:
+                self.assertIn(f"the state dir {tmp}/state is on a local filesystem (tmpfs)", f.read())
+            # A node that does not see the attempt directory, as where the state dir is not shared:
+            # the job waits behind two that fill both nodes, and its directory goes before it starts.
+            fill = d.submit([{"name": f"fill-{i}", "shell": "sleep 300", "gpus": 2} for i in range(2)])["ids"]
+            job = d.submit({"name": "unseen", "shell": "true", "gpus": 2})["ids"][0]
+            wait_until(lambda: len(squeue()) == 3, timeout=60, what="all three in Slurm's queue")
+            attempt = os.path.join(tmp, "state", "jobs", str(job), "attempt-1")
+            shutil.rmtree(attempt)
+            d.ok("cancel", *map(str, fill))
+            done = d.wait([job], timeout=120)[job]
+            self.assertEqual(done["state"], "failed")
+            self.assertIn("without an exit record or output", done["reason"])
+            self.assertIn("does the node see gpuqd's state dir (on a local tmpfs)?", done["reason"])
+        finally:
+            d.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def gang_files(self, spec, name):
         """Runs a ddp `spec` whose ranks each write `$OUT/<name>-$RANK.json`; returns (job, [per rank])."""
         out = tempfile.mkdtemp(dir=self.tmp)

@@ -68,3 +68,18 @@ TEST_CASE("each rank's supervisor writes files of its own beside the others'") {
   CHECK(task_path("/s/a.b/record", 1) == "/s/a.b/record-1");
   CHECK(task_path("/s/.hidden", 1) == "/s/.hidden-1");
 }
+
+TEST_CASE("a state dir's filesystem: local ones are named as such, shared and unknown ones are not called local") {
+  using gpuq::daemon::filesystem_kind;
+  CHECK(filesystem_kind(0xEF53).name == "ext4");
+  CHECK(filesystem_kind(0xEF53).local);
+  CHECK(filesystem_kind(0x01021994).local);  // tmpfs
+  CHECK(filesystem_kind(0x58465342).local);  // xfs
+  CHECK_FALSE(filesystem_kind(0x6969).local);
+  CHECK(filesystem_kind(0x6969).name == "nfs");
+  CHECK_FALSE(filesystem_kind(0x0BD00BD0).local);  // lustre
+  CHECK_FALSE(filesystem_kind(0x47504653).local);  // gpfs
+  CHECK_FALSE(filesystem_kind(0x12345678).local);
+  CHECK(filesystem_kind(0x12345678).name == "type 0x12345678");
+  CHECK(filesystem_kind(static_cast<long>(static_cast<int>(0xFF534D42))).name == "cifs");  // sign-extended f_type
+}
