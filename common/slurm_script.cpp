@@ -65,8 +65,9 @@ std::string sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
   const int nodes = std::max(1, spec.nodes);
   const int ranks = ddp ? spec.ranks : 1;
   const std::string name = job_name(spec);
-  // A login shell: the user's profile (PATH, modules) on the node, as an interactive session has.
-  s << "#!/bin/bash -l\n";
+  // Not a login shell: with --export=NONE, Slurm itself loads the user's login environment on the
+  // node (PATH, modules), as --get-user-env does; `bash -l` would run the profile a second time.
+  s << "#!/bin/bash\n";
   for (const auto& opt : sbatch_options(spec, o)) {
     std::string line = opt;
     for (char& c : line)

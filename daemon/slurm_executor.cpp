@@ -208,9 +208,11 @@ class SlurmExecutor final : public Executor {
     const common::JobSpec& spec = *a.spec;
     const bool ddp = spec.mode == common::Mode::ddp;
     std::ostringstream s;
-    // A login shell: the user's environment on the node (PATH, modules), with the job's own
-    // variables over it (launch.json); not the environment gpuqd was started with.
-    s << "#!/bin/bash -l\n";
+    // The user's login environment on the node (PATH, modules), which Slurm loads itself under
+    // --export=NONE, with the job's own variables over it (launch.json); not the environment gpuqd
+    // was started with. (`bash -l` would run the profile a second time: ~0.1 s a job, and more
+    // where a profile initialises conda or pyenv.)
+    s << "#!/bin/bash\n";
     // gpuq-shim enforces the timeout and its grace period itself and records `timed_out`; Slurm's
     // limit, a minute past both, only backs it up.
     common::SbatchLayout layout{a.dir + "/slurm.out", -1};

@@ -54,6 +54,8 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
+# The nodes have the CPUs this script gives them (CPUS), whatever this machine has.
+SlurmdParameters=config_overrides
 GresTypes=gpu
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none

@@ -263,7 +263,7 @@ TEST_CASE("slurm: a spec's sbatch options and script, quoted for bash, environme
                                       "--constraint=a100"};
   CHECK(opts == want);
   const std::string script = sbatch_script(spec, o);
-  CHECK(script.rfind("#!/bin/bash -l\n#SBATCH --job-name=ddp-run\n", 0) == 0);
+  CHECK(script.rfind("#!/bin/bash\n#SBATCH --job-name=ddp-run\n", 0) == 0);
   CHECK(script.find("export X='a'\\''b'\n") != std::string::npos);
   CHECK(script.find("export OMP_NUM_THREADS=3\n") != std::string::npos);
   CHECK(script.find("export WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 GROUP_WORLD_SIZE=2") != std::string::npos);
