@@ -27,15 +27,17 @@
 #include <sstream>
 
 #include "common/paths.hpp"
+#include "common/command.hpp"
 #include "common/process.hpp"
 #include "common/slurm_script.hpp"
-#include "daemon/command.hpp"
 #include "daemon/executor.hpp"
 
 namespace gpuq::daemon {
 
 namespace asio = boost::asio;
 using json = nlohmann::json;
+using common::CommandResult;
+using common::run_command;
 
 namespace {
 

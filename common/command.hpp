@@ -1,0 +1,26 @@
+// Runs a program to its end and captures what it says, bounded in time and size: gpuqd runs the
+// client commands of another system this way (Slurm's sbatch, squeue, scontrol, scancel, off its
+// own thread), and gpuq its PNG painter (the chart on the painter's standard input).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpuq::common {
+
+struct CommandResult {
+  bool started = false;    // false: it could not be run at all (`err` says why)
+  bool timed_out = false;  // killed (SIGKILL) after the time allowed
+  int exit_code = -1;      // its exit status; -1 when it died of a signal or never ran
+  int signal = 0;          // the signal it died of, if it did
+  std::string out, err;    // its output, each cut at the size allowed
+};
+
+// Runs argv[0] (looked up in PATH unless it holds a '/') with argv, in this process's environment
+// and with no signal blocked; its standard input is `input` where given, else /dev/null. A
+// program that stops reading its input early does not stop this one (no SIGPIPE).
+CommandResult run_command(const std::vector<std::string>& argv, double timeout_s = 60, std::size_t max_bytes = 4 << 20,
+                          const std::optional<std::string>& input = std::nullopt);
+
+}  // namespace gpuq::common
