@@ -70,13 +70,14 @@ struct JobInfo {
   std::int64_t bad_event_lines = 0;
   std::string job_dir;
   std::map<std::string, std::string> labels;
+  std::string external_id;  // the current or last attempt in the system that ran it ("slurm:42"), or ""
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
                                                 restarts, attempt_base, held,
                                                 priority, gpus_requested, mode, ranks, gpus,
                                                 cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
                                                 exit_signal, reason, progress, result, after,
-                                                bad_event_lines, job_dir, labels)
+                                                bad_event_lines, job_dir, labels, external_id)
 
 struct Transition {
   int attempt = 0;

@@ -267,6 +267,7 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.bad_event_lines = r.bad_event_lines;
   i.job_dir = job_dir(m_config.state_dir, r.id);
   i.labels = r.spec.labels;
+  i.external_id = r.state == JobState::running ? m_executor->external_id(r.id) : r.run.external_id;
   return i;
 }
 

@@ -71,6 +71,9 @@ class Executor {
   // Where a running attempt stands in the other system, for `status` ("Slurm job 42 pending:
   // Resources"); "" when there is nothing to add.
   virtual std::string detail(std::int64_t /*id*/) const { return {}; }
+  // A running attempt's id in the other system ("slurm:42"), once it has one; "" for none. The
+  // outcome of an attempt that had one carries it too, as "external_id", for the job's record.
+  virtual std::string external_id(std::int64_t /*id*/) const { return {}; }
 };
 
 // The supervisor's exit record at `path` (supervisor.cpp's write_outcome). It lies in the job's

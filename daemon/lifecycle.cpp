@@ -69,6 +69,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             next.run.exit_signal = end.exit_signal;
             next.run.first_failure = end.first_failure;
             next.run.ended_at = end.at;
+            next.run.external_id = end.external_id;
             return next;
           },
           [&](const event::Retried& r) -> Result<JobRecord> {

@@ -40,6 +40,7 @@ struct Ended {
   std::optional<int> exit_code, exit_signal;
   json first_failure;
   double at = 0;
+  std::string external_id;  // the executor's id of the attempt ("slurm:42"), if it has one
 };
 // Failed (the attempt just ended) -> queued again, when the job has retries left.
 struct Retried {

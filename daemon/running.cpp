@@ -333,7 +333,9 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   if (all_ok)
     for (const auto& r : outcome["ranks"]) all_ok = all_ok && r.value("exit_code", json()) == json(0);
   const json failure = outcome.value("first_failure", json());
-  event::Ended end{JobState::failed, "", std::nullopt, std::nullopt, failure, outcome.value("ended_at", now)};
+  const auto external = outcome.find("external_id");  // the executor's, never the job's (read_exit_record)
+  event::Ended end{JobState::failed,  "", std::nullopt, std::nullopt, failure, outcome.value("ended_at", now),
+                   external != outcome.end() && external->is_string() ? external->get<std::string>() : ""};
   if (failure.is_object()) {  // (find: operator[] on a const json asserts that the key is there)
     if (auto it = failure.find("exit_code"); it != failure.end() && it->is_number_integer()) end.exit_code = it->get<int>();
     if (auto it = failure.find("signal"); it != failure.end() && it->is_number_integer()) end.exit_signal = it->get<int>();

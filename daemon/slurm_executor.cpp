@@ -154,12 +154,23 @@ class SlurmExecutor final : public Executor {
   }
 
   json outcome(const Attempt& attempt) override {
+    json out;
     if (auto it = m_outcomes.find(attempt.id); it != m_outcomes.end()) {
-      json out = std::move(it->second);
+      out = std::move(it->second);
       m_outcomes.erase(it);
-      return out;
+    } else {
+      out = exit_record(attempt);
     }
-    return exit_record(attempt);
+    if (auto it = m_ended_ids.find(attempt.id); it != m_ended_ids.end()) {
+      out["external_id"] = "slurm:" + it->second;
+      m_ended_ids.erase(it);
+    }
+    return out;
+  }
+
+  std::string external_id(std::int64_t id) const override {
+    auto it = m_jobs.find(id);
+    return it == m_jobs.end() || it->second.slurm_id.empty() ? std::string() : "slurm:" + it->second.slurm_id;
   }
 
   // The attempt's exit record: its supervisor's, or its ranks' merged.
@@ -376,6 +387,7 @@ class SlurmExecutor final : public Executor {
       if (it == m_jobs.end() || it->second.slurm_id != slurm_id) continue;
       const std::string dir = it->second.dir;
       const bool recorded = has_exit_record(dir, it->second.tasks);
+      m_ended_ids[a->second] = slurm_id;
       m_jobs.erase(it);
       if (recorded) {
         m_ended(a->second);
@@ -446,6 +458,7 @@ class SlurmExecutor final : public Executor {
   std::shared_ptr<bool> m_alive = std::make_shared<bool>(true);
   std::map<std::int64_t, Job> m_jobs;           // attempts handed to Slurm and not yet ended
   std::map<std::int64_t, json> m_outcomes;      // ends that have no exit record, until read
+  std::map<std::int64_t, std::string> m_ended_ids;  // the Slurm job of each attempt ended, until read
   asio::steady_timer m_poll_timer;
   bool m_poll_armed = false, m_polling = false, m_squeue_failing = false;
   FilesystemKind m_state_fs;                    // where the state dir lies

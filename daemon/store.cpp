@@ -181,7 +181,7 @@ void Store::write_job(const JobRecord& j) {
   auto* st = prepare(
       "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
       "gpus=?, master_port=?, not_before=?, cancel_requested=?, progress=?, result=?, after=?, "
-      "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=?, attempt_base=?, restarts=?, blocked_by=?, held=? WHERE id=?");
+      "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=?, attempt_base=?, restarts=?, blocked_by=?, held=?, external_id=? WHERE id=?");
   bind_text(st, 1, std::string(to_string(j.state)));
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, j.reason);
@@ -204,7 +204,8 @@ void Store::write_job(const JobRecord& j) {
   sqlite3_bind_int(st, 20, j.restarts);
   sqlite3_bind_int64(st, 21, j.blocked_by);
   sqlite3_bind_int(st, 22, j.held ? 1 : 0);
-  sqlite3_bind_int64(st, 23, j.id);
+  bind_text(st, 23, j.run.external_id);
+  sqlite3_bind_int64(st, 24, j.id);
   run(m_db, st, "update job");
 }
 
@@ -285,6 +286,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     j.restarts = sqlite3_column_int(st, 23);
     j.blocked_by = sqlite3_column_int64(st, 24);
     j.held = sqlite3_column_int(st, 25) != 0;
+    j.run.external_id = text(st, 26);
     out.push_back(std::move(j));
   }
   sqlite3_reset(st);
@@ -293,7 +295,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
   return out;
 }
 
-#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots, cores, attempt_base, restarts, blocked_by, held FROM jobs " where)
+#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots, cores, attempt_base, restarts, blocked_by, held, external_id FROM jobs " where)
 
 std::vector<JobRecord> Store::load_active() {
   return query_jobs(prepare(GPUQ_SELECT_JOBS("WHERE state IN ('queued', 'running') ORDER BY id")));

@@ -51,6 +51,7 @@ struct JobRecord {
     json progress;       // last progress event
     json result;         // merged result events
     json first_failure;  // {rank, exit_code, signal} when it failed
+    std::string external_id;  // the attempt's id in the system that ran it ("slurm:42"); "" here
   } run;
   double not_before = 0;  // retry backoff: not eligible before this time
   std::vector<std::int64_t> after;  // resolved dependency ids

@@ -182,6 +182,10 @@ int cmd_show(const Options& o, std::int64_t id) {
             << "  submitted: " << format_time(j.submitted_at) << "\n"
             << "  started:   " << format_time(j.started_at) << "\n"
             << "  ended:     " << format_time(j.ended_at) << "   runtime " << runtime_of(j) << "\n";
+  if (!j.external_id.empty())  // "slurm:42": ran (or runs) as Slurm job 42, for sacct and scontrol
+    std::cout << (j.external_id.rfind("slurm:", 0) == 0 ? "  Slurm job: " + j.external_id.substr(6)
+                                                        : "  external:  " + j.external_id)
+              << "\n";
   if (s.first_failure.is_object()) std::cout << "  first failure: " << s.first_failure.dump() << "\n";
   if (j.progress.is_object()) std::cout << "  progress:  " << format_fields(j.progress, 12) << "\n";
   if (j.result.is_object()) std::cout << "  result:    " << format_fields(j.result, 24) << "\n";

@@ -155,11 +155,15 @@ class SlurmExecutor(unittest.TestCase):
                 spans.append((float(start), float(f.read())))
             slurm_ids.add(slurm_id)
             nodes.add(node)
+            self.assertEqual(done[i]["external_id"], f"slurm:{slurm_id}")  # kept in the job's record
             self.assertIn(devices, ("0", "1"))  # one device each, Slurm's
         self.assertEqual(len(slurm_ids), 10)  # each its own Slurm job
         self.assertEqual(nodes, {"node1", "node2"})
         at_once = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
         self.assertLessEqual(at_once, 4)  # two nodes of two GPUs, as Slurm counts them
+        self.d.stop()  # read back from the store, not from memory
+        self.d.start()
+        self.assertIn(f"Slurm job: {done[ids[0]]['external_id'][6:]}\n", self.d.ok("show", str(ids[0])))
 
     def test_slurm_refusing_a_job_fails_it_at_once_with_slurms_words_and_no_retry(self):
         job = self.d.submit({"name": "too-big", "shell": "true", "gpus": 3, "retries": 2})["ids"][0]  # nodes have 2

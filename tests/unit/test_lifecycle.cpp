@@ -37,7 +37,7 @@ const std::vector<std::pair<std::string, JobRecord>>& every_state() {
 const std::vector<Event>& every_event() {
   static const std::vector<Event> events{
       event::Launched{{0, 1}, {0}, {4}, 29500, 10.0},
-      event::Ended{JobState::succeeded, "", 0, std::nullopt, nullptr, 20.0},
+      event::Ended{JobState::succeeded, "", 0, std::nullopt, nullptr, 20.0, ""},
       event::Retried{30.0, "retry 1/1"},
       event::CancelRequested{},
       event::Cancelled{40.0},
@@ -105,6 +105,7 @@ TEST_CASE("a launch starts the next attempt from a clean slate") {
   r.run.progress = {{"step", 10}};
   r.run.result = {{"loss", 0.3}};
   r.run.ended_at = 4;
+  r.run.external_id = "slurm:41";
   auto next = transition(r, event::Launched{{2, 3}, {0, 1}, {8, 9}, 29600, 100.0});
   REQUIRE(next.ok());
   CHECK(next->attempt == 3);
@@ -120,21 +121,23 @@ TEST_CASE("a launch starts the next attempt from a clean slate") {
   CHECK(next->run.first_failure.is_null());
   CHECK(next->run.progress.is_null());
   CHECK(next->run.result.is_null());
+  CHECK(next->run.external_id.empty());
   CHECK(next->not_before == 0);
 }
 
 TEST_CASE("an end records the attempt's outcome and refuses a state that is not an end") {
   auto ended = transition(job_in(JobState::running),
                           event::Ended{JobState::failed, "rank 1 exited with code 7", 7, std::nullopt,
-                                       {{"rank", 1}, {"exit_code", 7}}, 9.0});
+                                       {{"rank", 1}, {"exit_code", 7}}, 9.0, "slurm:42"});
   REQUIRE(ended.ok());
+  CHECK(ended->run.external_id == "slurm:42");
   CHECK(ended->state == JobState::failed);
   CHECK(ended->run.exit_code == 7);
   CHECK(ended->run.first_failure["rank"] == 1);
   CHECK(ended->run.ended_at == 9.0);
   CHECK(ended->attempt == 1);  // the attempt it ended
   for (JobState not_an_end : {JobState::queued, JobState::running})
-    CHECK_FALSE(transition(job_in(JobState::running), event::Ended{not_an_end, "", {}, {}, nullptr, 1.0}).ok());
+    CHECK_FALSE(transition(job_in(JobState::running), event::Ended{not_an_end, "", {}, {}, nullptr, 1.0, ""}).ok());
 }
 
 TEST_CASE("a retry needs an attempt that ran and failed, within the retries since submission or the last restart") {

@@ -101,6 +101,7 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
     jobs[1].run.exit_signal = 9;
     jobs[1].run.ended_at = 3.0;
     jobs[1].reason = "rank 0 was killed by signal 9";
+    jobs[1].run.external_id = "slurm:4242";
     (*store)->update(jobs[1], true);
   }
   auto store = Store::open(db.path);
@@ -115,6 +116,8 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
   CHECK(failed->run.exit_signal == 9);
   CHECK_FALSE(failed->run.exit_code.has_value());
   CHECK(failed->reason == "rank 0 was killed by signal 9");
+  CHECK(failed->run.external_id == "slurm:4242");
+  CHECK(active[0].run.external_id.empty());
   auto h = (*store)->history(2);
   REQUIRE(h.size() == 2);
   CHECK(h[1].state == gpuq::JobState::failed);
@@ -332,8 +335,9 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 10);
+  CHECK(user_version(db.path) == 11);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
+  CHECK((*again)->get(7)->run.external_id.empty());  // the column a version 11 store added
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->run.cpu_slots == std::vector<int>{3});
   CHECK((*again)->get(7)->run.cores == std::vector<int>{6, 7});
@@ -487,7 +491,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 10") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 11") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
