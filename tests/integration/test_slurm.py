@@ -314,6 +314,21 @@ class SlurmExecutor(unittest.TestCase):
                        check=True, capture_output=True, timeout=300)
         self.assertLess(max_diff(r0, load(single)), 1e-5)
 
+    def test_a_gang_over_two_nodes_times_out_on_both_and_another_is_cancelled(self):
+        shell = 'trap "echo got TERM on $SLURMD_NODENAME; exit 3" TERM; echo up; sleep 300 & wait'
+        slow = self.d.submit({"name": "slow", "mode": "ddp", "nodes": 2, "ranks": 2, "timeout_s": 2, "shell": shell})["ids"][0]
+        done = self.d.wait([slow], timeout=120)[slow]
+        self.assertEqual(done["state"], "timed_out")
+        self.assertIn("got TERM on node1", self.d.ok("logs", str(slow), "--rank", "0"))
+        self.assertIn("got TERM on node2", self.d.ok("logs", str(slow), "--rank", "1"))
+        gang = self.d.submit({"name": "gang", "mode": "ddp", "nodes": 2, "ranks": 2, "shell": shell})["ids"][0]
+        wait_until(lambda: all("up" in self.d.run("logs", str(gang), "--rank", str(r)).stdout for r in (0, 1)),
+                   timeout=60, what="both ranks to start")
+        self.d.ok("cancel", str(gang))
+        self.assertEqual(self.d.wait([gang], timeout=60)[gang]["state"], "cancelled")
+        wait_until(lambda: not squeue(), timeout=10, interval=0.2, what="Slurm's queue to empty after cancel")
+        self.assertIn("got TERM on node2", self.d.ok("logs", str(gang), "--rank", "1"))
+
     def test_a_failing_rank_on_one_node_tears_down_its_gang_on_the_other(self):
         job = self.d.submit({"name": "half-dead", "mode": "ddp", "nodes": 2, "ranks": 2, "timeout_s": 600,
                              "shell": 'if [ "$RANK" = 1 ]; then exit 7; fi; echo "$SLURMD_NODENAME"; sleep 7401'})["ids"][0]
