@@ -161,10 +161,15 @@ class SlurmExecutor final : public Executor {
     } else {
       out = exit_record(attempt);
     }
+    // The Slurm job it ended as; one that ended while no gpuqd ran is named by its slurm.id.
+    std::string slurm_id;
     if (auto it = m_ended_ids.find(attempt.id); it != m_ended_ids.end()) {
-      out["external_id"] = "slurm:" + it->second;
+      slurm_id = it->second;
       m_ended_ids.erase(it);
+    } else {
+      slurm_id = trim(read_small(attempt.dir + "/slurm.id"));
     }
+    if (is_job_id(slurm_id)) out["external_id"] = "slurm:" + slurm_id;
     return out;
   }
 

@@ -224,6 +224,7 @@ class SlurmExecutor(unittest.TestCase):
         self.assertEqual([done[i]["state"] for i in ids], ["succeeded"] * 4)
         for i in ids:
             self.assertEqual(len([t for t in self.d.show(i)["history"] if t["state"] == "running"]), 1)
+            self.assertRegex(done[i]["external_id"], r"^slurm:\d+$")  # those that ended meanwhile too
         self.assertIn("done-2", self.d.ok("logs", str(ids[2])))
 
     def test_the_configuration_file_names_the_executor_and_its_sbatch_options(self):
