@@ -34,6 +34,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(HERE, "../build/bin"))
 ap.add_argument("--jobs", type=int, default=1000)
 ap.add_argument("--poll", type=float, default=2.0, help="gpuqd --slurm-poll (its default: 2 s)")
+ap.add_argument("--gpuq-only", action="store_true", help="leave out the sbatch loops")
 args = ap.parse_args()
 os.environ["GPUQ_BIN_DIR"] = os.path.abspath(args.bin)
 
@@ -109,10 +110,11 @@ def gpuq_batch(ctld):
 
 
 rows = []
-for name, measure in (("a loop of `sbatch`", sbatch_loop),
-                      ("a loop of `sbatch --export=NONE` (the user's login environment loaded on the node, as gpuq's jobs)",
-                       lambda ctld: sbatch_loop(ctld, export_none=True)),
-                      ("gpuq: one `gpuq submit`, gpuqd --executor slurm", gpuq_batch)):
+ways = [("a loop of `sbatch`", sbatch_loop),
+        ("a loop of `sbatch --export=NONE` (the user's login environment loaded on the node, as gpuq's jobs)",
+         lambda ctld: sbatch_loop(ctld, export_none=True)),
+        ("gpuq: one `gpuq submit`, gpuqd --executor slurm", gpuq_batch)]
+for name, measure in ways[2:] if args.gpuq_only else ways:
     with tempfile.TemporaryDirectory() as tmp:
         rows.append((name, run_on_fresh_slurm(tmp, measure)))
 print(f"| {args.jobs} one-GPU `true` jobs, 2 nodes x 4 GPUs | drain | submitted after | slurmctld CPU | gpuqd CPU | "

@@ -74,6 +74,10 @@ class Executor {
   // A running attempt's id in the other system ("slurm:42"), once it has one; "" for none. The
   // outcome of an attempt that had one carries it too, as "external_id", for the job's record.
   virtual std::string external_id(std::int64_t /*id*/) const { return {}; }
+  // Whether a running attempt's processes may have started, so that its event files are worth
+  // reading (false while Slurm holds the job pending: a thousand queued jobs are not read four
+  // times a second). Its end is read regardless.
+  virtual bool started(std::int64_t /*id*/) const { return true; }
 };
 
 // The supervisor's exit record at `path` (supervisor.cpp's write_outcome). It lies in the job's

@@ -475,7 +475,8 @@ void Daemon::arm_ingest_timer() {
   m_ingest_timer.async_wait([this](const boost::system::error_code& ec) {
     m_ingest_armed = false;
     if (ec) return;
-    for (std::int64_t id : m_running) ingest(m_active.at(id));
+    for (std::int64_t id : m_running)
+      if (m_executor->started(id)) ingest(m_active.at(id));
     arm_ingest_timer();
   });
 }

@@ -173,6 +173,11 @@ class SlurmExecutor final : public Executor {
     return out;
   }
 
+  bool started(std::int64_t id) const override {
+    auto it = m_jobs.find(id);
+    return it != m_jobs.end() && !it->second.slurm_id.empty() && it->second.state != "PENDING";
+  }
+
   std::string external_id(std::int64_t id) const override {
     auto it = m_jobs.find(id);
     return it == m_jobs.end() || it->second.slurm_id.empty() ? std::string() : "slurm:" + it->second.slurm_id;
