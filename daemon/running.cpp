@@ -346,7 +346,9 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   bool retryable = false;
   if (rec.run.cancel_requested || outcome.value("cancelled", false)) {
     end.state = JobState::cancelled;
-    end.reason = "cancelled while running";
+    // Who, when not gpuq: the executor's word ("cancelled in Slurm (scancel), not through gpuq").
+    end.reason = rec.run.cancel_requested ? "cancelled while running"
+                                          : outcome.value("error", std::string("cancelled while running"));
   } else if (outcome.value("timed_out", false)) {
     end.state = JobState::timed_out;
     char buf[64];

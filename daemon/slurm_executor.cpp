@@ -159,7 +159,7 @@ class SlurmExecutor final : public Executor {
       out = std::move(it->second);
       m_outcomes.erase(it);
     } else {
-      out = exit_record(attempt);
+      out = exit_record(attempt.dir, tasks_of(attempt.spec));
     }
     // The Slurm job it ended as; one that ended while no gpuqd ran is named by its slurm.id.
     std::string slurm_id;
@@ -183,12 +183,11 @@ class SlurmExecutor final : public Executor {
     return it == m_jobs.end() || it->second.slurm_id.empty() ? std::string() : "slurm:" + it->second.slurm_id;
   }
 
-  // The attempt's exit record: its supervisor's, or its ranks' merged.
-  static json exit_record(const Attempt& attempt) {
-    const int tasks = tasks_of(attempt.spec);
-    if (tasks == 0) return read_exit_record(attempt.dir + "/exit.json");
+  // The attempt's exit record: its supervisor's, or its `tasks` ranks' merged.
+  static json exit_record(const std::string& dir, int tasks) {
+    if (tasks == 0) return read_exit_record(dir + "/exit.json");
     std::vector<json> records;
-    for (int r = 0; r < tasks; ++r) records.push_back(read_exit_record(task_record(attempt.dir, r)));
+    for (int r = 0; r < tasks; ++r) records.push_back(read_exit_record(task_record(dir, r)));
     return merge_task_records(records);
   }
 
@@ -396,32 +395,44 @@ class SlurmExecutor final : public Executor {
       auto it = m_jobs.find(a->second);
       if (it == m_jobs.end() || it->second.slurm_id != slurm_id) continue;
       const std::string dir = it->second.dir;
-      const bool recorded = has_exit_record(dir, it->second.tasks);
+      const bool recorded = has_exit_record(dir, it->second.tasks), cancel = it->second.cancel;
+      const int tasks = it->second.tasks;
       m_ended_ids[a->second] = slurm_id;
       m_jobs.erase(it);
-      if (recorded) {
-        m_ended(a->second);
+      if (!recorded) {
+        account_for(a->second, slurm_id, dir, false);
+      } else if (!cancel && exit_record(dir, tasks).value("cancelled", false)) {
+        // Its supervisor was stopped, but not by gpuq: scancel by someone else, preemption, a
+        // node going down, Slurm's time limit. Slurm's record says which.
+        account_for(a->second, slurm_id, dir, true);
       } else {
-        account_for(a->second, slurm_id, dir);
+        m_ended(a->second);
       }
     }
     if (!m_jobs.empty()) arm_poll();
   }
 
-  // A job that left Slurm's queue without an exit record: ended by Slurm (cancelled while
-  // pending, its node lost, its time limit) before or without its supervisor. Slurm's record of
-  // it says how.
-  void account_for(std::int64_t id, const std::string& slurm_id, const std::string& dir) {
-    run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id, dir](CommandResult r) {
+  // A job that left Slurm's queue without an exit record, or whose supervisor gpuq did not stop
+  // was stopped: ended by Slurm (cancelled while pending or by someone else, preempted, its node
+  // lost, its time limit) before or without its supervisor. Slurm's record of it says how: a job
+  // cancelled in Slurm ends cancelled, one that hit Slurm's time limit timed out, and any other
+  // (preempted, node failure) failed, so that it is retried.
+  void account_for(std::int64_t id, const std::string& slurm_id, const std::string& dir, bool recorded) {
+    run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id, dir, recorded](CommandResult r) {
       const auto f = fields_of(r.out);
       const auto state = f.count("JobState") ? f.at("JobState") : std::string("unknown (Slurm no longer knows it)");
       const auto reason = f.count("Reason") && f.at("Reason") != "None" ? ", " + f.at("Reason") : std::string();
-      std::string why = "Slurm job " + slurm_id + " ended " + state + reason + " without an exit record";
-      // Slurm writes slurm.out from the node as the job starts: without it, the node likely does
-      // not see the attempt directory.
-      if (state != "CANCELLED" && !common::path_exists(dir + "/slurm.out"))
-        why += " or output (" + dir + "/slurm.out): does the node see gpuqd's state dir" +
-               (m_state_fs.local ? " (on a local " + m_state_fs.name + ")" : std::string()) + "?";
+      std::string why = "Slurm job " + slurm_id + " ended " + state + reason;
+      if (recorded) {
+        why += state == "CANCELLED" ? " (scancel), not through gpuq" : "";
+      } else {
+        why += " without an exit record";
+        // Slurm writes slurm.out from the node as the job starts: without it, the node likely
+        // does not see the attempt directory.
+        if (state != "CANCELLED" && !common::path_exists(dir + "/slurm.out"))
+          why += " or output (" + dir + "/slurm.out): does the node see gpuqd's state dir" +
+                 (m_state_fs.local ? " (on a local " + m_state_fs.name + ")" : std::string()) + "?";
+      }
       json out{{"error", why}};
       if (state == "CANCELLED") out["cancelled"] = true;
       if (state == "TIMEOUT") out["timed_out"] = true;

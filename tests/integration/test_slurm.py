@@ -202,6 +202,13 @@ class SlurmExecutor(unittest.TestCase):
         done = self.d.wait(ids, timeout=60)
         self.assertEqual([done[i]["state"] for i in ids], ["cancelled", "cancelled"])
         wait_until(lambda: not squeue(), timeout=10, interval=0.2, what="Slurm's queue to empty after cancel")
+        # An administrator's scancel (or a preemption, a node lost) is Slurm's doing, and said so
+        job = self.d.submit({"name": "admin", "shell": "echo up; sleep 300"})["ids"][0]
+        wait_until(lambda: "up" in self.d.run("logs", str(job)).stdout, timeout=60, what="the job to start")
+        subprocess.run(["scancel", self.d.show(job)["job"]["external_id"][6:]], check=True, timeout=60)
+        done = self.d.wait([job], timeout=60)[job]
+        self.assertEqual(done["state"], "cancelled")
+        self.assertRegex(done["reason"], r"^Slurm job \d+ ended CANCELLED.* \(scancel\), not through gpuq$")
 
     def test_a_timeout_ends_the_job_timed_out_after_its_sigterm(self):
         job = self.d.submit({"name": "slow", "shell": 'trap "echo got TERM; exit 3" TERM; sleep 300 & wait',
