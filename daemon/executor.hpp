@@ -83,7 +83,9 @@ class Executor {
 // The supervisor's exit record at `path` (supervisor.cpp's write_outcome). It lies in the job's
 // directory, which the job can write, so it is read as untrusted input: bounded, and each field
 // kept only with the type gpuqd expects; {"error": why} when there is none.
-nlohmann::json read_exit_record(const std::string& path);
+// `max_bytes`: ~4,000 bytes a rank, for 1,000 ranks by default; one rank's record needs far less.
+nlohmann::json read_exit_record(const std::string& path, std::size_t max_bytes = 4 << 20);
+constexpr std::size_t k_max_task_record = 64 << 10;  // one rank's (gpuq-shim --slurm-task)
 
 // One exit record for a gang whose ranks each had a supervisor of their own (Slurm: one gpuq-shim
 // --slurm-task a rank), from theirs as read_exit_record gives them, in rank order: every rank's

@@ -26,14 +26,8 @@ namespace gpuq::daemon {
 namespace asio = boost::asio;
 using json = nlohmann::json;
 
-namespace {
-
-constexpr std::size_t k_max_exit_record = 4 << 20;  // ~4,000 bytes a rank would be 1,000 ranks
-
-}  // namespace
-
-json read_exit_record(const std::string& path) {
-  auto raw = common::read_untrusted_file(path, k_max_exit_record, "exit record");
+json read_exit_record(const std::string& path, std::size_t max_bytes) {
+  auto raw = common::read_untrusted_file(path, max_bytes, "exit record");
   if (!raw || !raw->is_object()) return json{{"error", "the job's supervisor ended without recording an outcome"}};
   const auto is_int = [](const json& v) { return v.is_number_integer(); };
   const auto is_num = [](const json& v) { return v.is_number(); };

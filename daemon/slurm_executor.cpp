@@ -187,7 +187,7 @@ class SlurmExecutor final : public Executor {
   static json exit_record(const std::string& dir, int tasks) {
     if (tasks == 0) return read_exit_record(dir + "/exit.json");
     std::vector<json> records;
-    for (int r = 0; r < tasks; ++r) records.push_back(read_exit_record(task_record(dir, r)));
+    for (int r = 0; r < tasks; ++r) records.push_back(read_exit_record(task_record(dir, r), k_max_task_record));
     return merge_task_records(records);
   }
 
@@ -420,8 +420,9 @@ class SlurmExecutor final : public Executor {
   void account_for(std::int64_t id, const std::string& slurm_id, const std::string& dir, bool recorded) {
     run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id, dir, recorded](CommandResult r) {
       const auto f = fields_of(r.out);
-      const auto state = f.count("JobState") ? f.at("JobState") : std::string("unknown (Slurm no longer knows it)");
-      const auto reason = f.count("Reason") && f.at("Reason") != "None" ? ", " + f.at("Reason") : std::string();
+      const auto field = [&](const char* key) { return f.count(key) ? f.at(key).substr(0, 200) : std::string(); };
+      const auto state = f.count("JobState") ? field("JobState") : std::string("unknown (Slurm no longer knows it)");
+      const auto reason = f.count("Reason") && f.at("Reason") != "None" ? ", " + field("Reason") : std::string();
       std::string why = "Slurm job " + slurm_id + " ended " + state + reason;
       if (recorded) {
         why += state == "CANCELLED" ? " (scancel), not through gpuq" : "";

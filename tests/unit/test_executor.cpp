@@ -2,6 +2,11 @@
 // srun on its own node (gpuq-shim --slurm-task), and the paths each such supervisor writes.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "daemon/executor.hpp"
@@ -82,4 +87,16 @@ TEST_CASE("a state dir's filesystem: local ones are named as such, shared and un
   CHECK_FALSE(filesystem_kind(0x12345678).local);
   CHECK(filesystem_kind(0x12345678).name == "type 0x12345678");
   CHECK(filesystem_kind(static_cast<long>(static_cast<int>(0xFF534D42))).name == "cifs");  // sign-extended f_type
+}
+
+TEST_CASE("a rank's exit record lies where the job can write: one bigger than a rank's needs is not read") {
+  const std::string path = "/tmp/gpuq-test-exit-" + std::to_string(::getpid()) + ".json";
+  json padded = ok(5);
+  padded["padding"] = std::string(gpuq::daemon::k_max_task_record, 'x');  // a valid record, too big
+  std::ofstream(path) << padded.dump();
+  CHECK(gpuq::daemon::read_exit_record(path, gpuq::daemon::k_max_task_record).contains("error"));
+  CHECK(gpuq::daemon::read_exit_record(path)["ranks"][0]["exit_code"] == 0);  // a whole gang's may be larger
+  std::ofstream(path, std::ios::trunc) << ok(5).dump();
+  CHECK(gpuq::daemon::read_exit_record(path, gpuq::daemon::k_max_task_record)["ranks"][0]["exit_code"] == 0);
+  std::remove(path.c_str());
 }
