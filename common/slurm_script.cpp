@@ -56,6 +56,11 @@ std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions&
   if (!o.account.empty()) out.push_back("--account=" + o.account);
   if (!o.qos.empty()) out.push_back("--qos=" + o.qos);
   for (const auto& a : o.extra_args) out.push_back(a);
+  // Each becomes one "#SBATCH" line: a newline (a working directory may hold one, a command-line
+  // option too) must not start another line of the script.
+  for (auto& opt : out)
+    for (char& c : opt)
+      if (c == '\n' || c == '\r') c = ' ';
   return out;
 }
 
@@ -68,12 +73,7 @@ std::string sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
   // Not a login shell: with --export=NONE, Slurm itself loads the user's login environment on the
   // node (PATH, modules), as --get-user-env does; `bash -l` would run the profile a second time.
   s << "#!/bin/bash\n";
-  for (const auto& opt : sbatch_options(spec, o)) {
-    std::string line = opt;
-    for (char& c : line)
-      if (c == '\n' || c == '\r') c = ' ';
-    s << "#SBATCH " << line << "\n";
-  }
+  for (const auto& opt : sbatch_options(spec, o)) s << "#SBATCH " << opt << "\n";
   s << "#\n# gpuq job " << shell_quote(name) << ", as `gpuq export --slurm` writes it: run it with `sbatch FILE`.\n";
   if (!spec.after.empty()) {
     s << "# It waits for:";

@@ -285,4 +285,11 @@ TEST_CASE("slurm: a spec's sbatch options and script, quoted for bash, environme
   CHECK(std::count(own.begin(), own.end(), "--output=/s/jobs/1/attempt-1/slurm.out") == 1);
   CHECK(std::none_of(own.begin(), own.end(), [](const std::string& x) { return x.rfind("--signal", 0) == 0; }));
   CHECK(own.size() == want.size() - 1);
+  // A working directory or an option with a newline in it stays on its own #SBATCH line
+  auto odd = *parse_job({{"command", {"t"}}}, "/work/a\n#SBATCH --x=1");
+  SlurmOptions nl;
+  nl.partition = "gpu\n#SBATCH --qos=high";
+  for (const auto& opt : sbatch_options(odd, nl)) CHECK(opt.find('\n') == std::string::npos);
+  CHECK(sbatch_script(odd, nl).find("\n#SBATCH --x=1") == std::string::npos);
+  CHECK(sbatch_script(odd, nl).find("\n#SBATCH --qos=high") == std::string::npos);
 }
