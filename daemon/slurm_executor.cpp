@@ -401,11 +401,15 @@ class SlurmExecutor final : public Executor {
       m_jobs.erase(it);
       if (!recorded) {
         account_for(a->second, slurm_id, dir, false);
-      } else if (!cancel && exit_record(dir, tasks).value("cancelled", false)) {
+        continue;
+      }
+      json record = exit_record(dir, tasks);  // read once: outcome() hands this one over
+      if (!cancel && record.value("cancelled", false)) {
         // Its supervisor was stopped, but not by gpuq: scancel by someone else, preemption, a
         // node going down, Slurm's time limit. Slurm's record says which.
         account_for(a->second, slurm_id, dir, true);
       } else {
+        m_outcomes[a->second] = std::move(record);
         m_ended(a->second);
       }
     }
@@ -479,7 +483,7 @@ class SlurmExecutor final : public Executor {
   asio::thread_pool m_pool{1};  // Slurm's commands, one at a time, in order
   std::shared_ptr<bool> m_alive = std::make_shared<bool>(true);
   std::map<std::int64_t, Job> m_jobs;           // attempts handed to Slurm and not yet ended
-  std::map<std::int64_t, json> m_outcomes;      // ends that have no exit record, until read
+  std::map<std::int64_t, json> m_outcomes;      // outcomes known when their job left Slurm, until read
   std::map<std::int64_t, std::string> m_ended_ids;  // the Slurm job of each attempt ended, until read
   asio::steady_timer m_poll_timer;
   bool m_poll_armed = false, m_polling = false, m_squeue_failing = false;
