@@ -38,6 +38,9 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
   m_core_nodes = std::move(slot_cores.nodes);
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
   m_drained = m_store->drained_gpus();
+  m_executor->on_handed([this](std::int64_t) {
+    if (!m_with_deps.empty()) schedule_soon();  // a job may wait for this one to be handed over
+  });
   m_batch_limits = m_store->batch_limits();
 }
 
@@ -82,6 +85,7 @@ void Daemon::recover() {
       }
     }
   }
+  withdraw_orphans();  // a dependency that ended while no gpuqd ran
   resume_restarts();
   arm_ingest_timer();
   start_health_checks();

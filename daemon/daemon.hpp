@@ -218,6 +218,12 @@ class Daemon {
   CpuSlots cpu_pool() const;  // the pool with the slots running jobs hold
   bool fail_blocked_dependents(double now);
   std::optional<JobState> dependency_state(std::int64_t id);
+  // Whether a queued job's dependency lets it go: it succeeded, or (where another system places
+  // work) it is handed over there, to wait in that system until the dependency has succeeded.
+  bool dependency_met(std::int64_t dep);
+  // Takes back each job handed over after a dependency that will no longer succeed as it was
+  // handed over (it failed or was taken back itself): it waits in gpuqd's queue again.
+  void withdraw_orphans();
   void launch(Active& a, const Placement& placement, double now);
   Executor::Attempt attempt_of(const JobRecord& rec) const;
   void rederive_slots(JobRecord& rec);  // a re-adopted job's slots under this gpuqd's CPU mask

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,6 +43,9 @@ class Executor {
     std::int64_t id = 0;  // the job
     std::string dir;      // its attempt directory, with launch.json written (launcher.hpp)
     const common::JobSpec* spec = nullptr;  // the job's spec, valid during the call
+    // Its dependencies that are themselves handed over and not ended (places_work() only): the
+    // attempt is to wait, in the other system, until each of them has succeeded.
+    std::vector<std::int64_t> after;
   };
   // Called on gpuqd's thread once the attempt's processes are gone (or known never to come).
   using Ended = std::function<void(std::int64_t id)>;
@@ -74,10 +78,23 @@ class Executor {
   // A running attempt's id in the other system ("slurm:42"), once it has one; "" for none. The
   // outcome of an attempt that had one carries it too, as "external_id", for the job's record.
   virtual std::string external_id(std::int64_t /*id*/) const { return {}; }
+  // Takes back an attempt handed over with `after` (places_work() only) whose dependency will not
+  // succeed as it was handed over (it failed, and may be retried as a new attempt): if the other
+  // system has not started it, it is removed there and `Ended` follows with an outcome of
+  // {"withdrawn": true}, which puts the job back in line as the same attempt. An attempt already
+  // running is left alone.
+  virtual void withdraw(std::int64_t /*id*/) {}
+  // Called on gpuqd's thread when an attempt gets its id in the other system (sbatch answered), so
+  // that jobs waiting for it can be handed over after it.
+  void on_handed(std::function<void(std::int64_t id)> f) { m_handed = std::move(f); }
+
   // Whether a running attempt's processes may have started, so that its event files are worth
   // reading (false while Slurm holds the job pending: a thousand queued jobs are not read four
   // times a second). Its end is read regardless.
   virtual bool started(std::int64_t /*id*/) const { return true; }
+
+ protected:
+  std::function<void(std::int64_t id)> m_handed;
 };
 
 // The supervisor's exit record at `path` (supervisor.cpp's write_outcome). It lies in the job's

@@ -76,6 +76,27 @@ std::optional<JobState> Daemon::dependency_state(std::int64_t id) {
   return rec->state;
 }
 
+bool Daemon::dependency_met(std::int64_t dep) {
+  const auto st = dependency_state(dep);
+  if (st == JobState::succeeded) return true;
+  if (st != JobState::running || !m_executor->places_work()) return false;
+  const Active& a = m_active.at(dep);
+  return !a.rec.run.cancel_requested && !m_executor->external_id(dep).empty();
+}
+
+void Daemon::withdraw_orphans() {
+  if (!m_executor->places_work()) return;
+  for (std::int64_t id : m_running) {
+    const Active& a = m_active.at(id);
+    if (a.rec.run.cancel_requested) continue;
+    for (std::int64_t dep : a.rec.after)
+      if (!dependency_met(dep)) {
+        m_executor->withdraw(id);
+        break;
+      }
+  }
+}
+
 // Fails queued jobs whose dependencies ended without success. Returns true when some are left
 // for the next pass.
 bool Daemon::fail_blocked_dependents(double now) {
@@ -136,7 +157,7 @@ void Daemon::schedule_now() {
     if (q.has_deps || q.not_before > now) {
       Active& a = m_active.at(q.job.id);
       bool deps_done = true;
-      for (auto dep : a.rec.after) deps_done = deps_done && dependency_state(dep) == JobState::succeeded;
+      for (auto dep : a.rec.after) deps_done = deps_done && dependency_met(dep);
       if (!deps_done) {
         a.wait_reason = "waiting for dependencies";
         a.reason_pass = m_pass;
@@ -287,7 +308,11 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
 }
 
 Executor::Attempt Daemon::attempt_of(const JobRecord& rec) const {
-  return {rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec};
+  Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}};
+  if (m_executor->places_work())
+    for (std::int64_t dep : rec.after)
+      if (m_running.count(dep)) attempt.after.push_back(dep);
+  return attempt;
 }
 
 CpuSlots Daemon::cpu_pool() const {
@@ -329,6 +354,14 @@ void Daemon::on_attempt_end(std::int64_t id) {
 void Daemon::finish_attempt(Active& a, const json& outcome) {
   const double now = wall_now();
   const JobRecord& rec = a.rec;
+  if (outcome.value("withdrawn", false) && !rec.run.cancel_requested) {
+    // Taken back before it started (withdraw_orphans): in line again as the same attempt, to
+    // wait for its dependency's next attempt, or to fail with it.
+    commit({next_record(rec, event::NeverStarted{"back in line: a job it waits for did not succeed"})});
+    withdraw_orphans();  // those handed over after this one
+    schedule_soon();
+    return;
+  }
   bool all_ok = outcome.contains("ranks") && outcome["ranks"].is_array() && !outcome["ranks"].empty();
   if (all_ok)
     for (const auto& r : outcome["ranks"]) all_ok = all_ok && r.value("exit_code", json()) == json(0);
@@ -371,10 +404,13 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     JobRecord failed = next_record(rec, end);
     JobRecord queued = next_record(failed, event::Retried{now + delay, end.reason});
     commit({std::move(failed), std::move(queued)});
+    withdraw_orphans();
     schedule_soon();
     return;
   }
+  const bool succeeded = end.state == JobState::succeeded;
   commit({next_record(rec, end)});  // `a` is gone: the job has ended
+  if (!succeeded) withdraw_orphans();
   schedule_soon();
 }
 

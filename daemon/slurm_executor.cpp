@@ -113,12 +113,22 @@ class SlurmExecutor final : public Executor {
 
   std::optional<Error> start(const Attempt& attempt) override {
     if (!attempt.spec) return Error{ErrorCode::internal, "the Slurm executor needs the job's spec"};
+    // Its dependencies' Slurm jobs: Slurm holds it until each has succeeded (afterok), whether
+    // or not gpuqd runs meanwhile. One that will not is taken back (withdraw()).
+    std::string after;
+    for (std::int64_t dep : attempt.after)
+      if (auto d = m_jobs.find(dep); d != m_jobs.end() && !d->second.slurm_id.empty()) after += ":" + d->second.slurm_id;
     const std::string script = attempt.dir + "/slurm.sbatch";
-    if (auto w = common::write_file_atomic(script, batch_script(attempt)); !w) return w.error();
+    if (auto w = common::write_file_atomic(script, batch_script(attempt, after)); !w) return w.error();
     Job& job = m_jobs[attempt.id];
     job = Job{};
     job.dir = attempt.dir;
     job.tasks = tasks_of(attempt.spec);
+    // An attempt taken back (withdraw()) starts again in the same directory: nothing of its
+    // earlier hand-over may read as this one's end.
+    for (int r = 0; r < std::max(1, job.tasks); ++r)
+      ::unlink((job.tasks == 0 ? attempt.dir + "/exit.json" : task_record(attempt.dir, r)).c_str());
+    ::unlink((attempt.dir + "/slurm.id").c_str());
     submit(attempt.id, false);
     return std::nullopt;
   }
@@ -151,6 +161,21 @@ class SlurmExecutor final : public Executor {
       m_jobs.erase(it);
       asio::post(m_io, [this, id] { m_ended(id); });
     }  // else once sbatch answers
+  }
+
+  void withdraw(std::int64_t id) override {
+    auto it = m_jobs.find(id);
+    if (it == m_jobs.end() || it->second.cancel || it->second.withdraw) return;
+    Job& job = it->second;
+    if (job.waiting) {  // waiting to ask sbatch again: nothing of it is in Slurm
+      m_outcomes[id] = json{{"withdrawn", true}};
+      m_jobs.erase(it);
+      asio::post(m_io, [this, id] { m_ended(id); });
+      return;
+    }
+    if (!job.slurm_id.empty() && job.state != "PENDING" && job.state != "adopted") return;  // it runs
+    job.withdraw = true;  // scancel now if pending, once sbatch or squeue says so otherwise
+    pull_back(job);
   }
 
   json outcome(const Attempt& attempt) override {
@@ -212,7 +237,20 @@ class SlurmExecutor final : public Executor {
     int sbatch_tries = 0;       // sbatch calls the controller did not answer
     std::unique_ptr<asio::steady_timer> retry;  // until the next of them
     bool waiting = false;       // on that timer
+    bool withdraw = false;      // withdraw() asked, and it had not started
+    bool withdrawn = false;     // ... and scancel went out while Slurm still held it pending
   };
+
+  // A job to withdraw leaves Slurm while it is pending; one that started meanwhile is left to run.
+  void pull_back(Job& job) {
+    if (!job.withdraw || job.withdrawn || job.state == "adopted" || job.slurm_id.empty()) return;
+    if (job.state != "PENDING") {
+      job.withdraw = false;
+      return;
+    }
+    job.withdrawn = true;
+    scancel(job.slurm_id);
+  }
 
   static constexpr int k_sbatch_tries = 9;  // 1 + 2 + 4 + ... + 60 + 60: about five minutes
 
@@ -226,7 +264,7 @@ class SlurmExecutor final : public Executor {
     return false;
   }
 
-  std::string batch_script(const Attempt& a) const {
+  std::string batch_script(const Attempt& a, const std::string& after) const {
     const common::JobSpec& spec = *a.spec;
     const bool ddp = spec.mode == common::Mode::ddp;
     std::ostringstream s;
@@ -242,6 +280,7 @@ class SlurmExecutor final : public Executor {
     for (const auto& opt : common::sbatch_options(spec, m_settings.options, layout)) s << "#SBATCH " << opt << "\n";
     // How a restarted gpuqd finds this job when it stopped before writing slurm.id.
     s << "#SBATCH --comment=gpuq:" << a.dir << "\n";
+    if (!after.empty()) s << "#SBATCH --dependency=afterok" << after << "\n";
     const std::string shim = common::shell_quote(m_settings.shim_path) + " " + common::shell_quote(a.dir + "/launch.json");
     if (!ddp) {
       s << "exec " << shim << "\n";
@@ -323,6 +362,8 @@ class SlurmExecutor final : public Executor {
     if (auto w = common::write_file_atomic(job.dir + "/slurm.id", slurm_id + "\n"); !w)
       std::cerr << "gpuqd: Slurm job " << slurm_id << ": " << w.error().message << "\n";
     if (job.cancel) scancel(slurm_id);
+    pull_back(job);
+    if (m_handed && !job.cancel) m_handed(id);
     arm_poll();
   }
 
@@ -388,7 +429,9 @@ class SlurmExecutor final : public Executor {
       auto a = asked.find(slurm_id);
       if (a == asked.end()) continue;
       auto it = m_jobs.find(a->second);
-      if (it != m_jobs.end() && it->second.slurm_id == slurm_id) it->second.state = state.first, it->second.reason = state.second;
+      if (it == m_jobs.end() || it->second.slurm_id != slurm_id) continue;
+      it->second.state = state.first, it->second.reason = state.second;
+      pull_back(it->second);
     }
     for (const auto& slurm_id : ended) {
       auto a = asked.find(slurm_id);
@@ -397,8 +440,14 @@ class SlurmExecutor final : public Executor {
       const std::string dir = it->second.dir;
       const bool recorded = has_exit_record(dir, it->second.tasks), cancel = it->second.cancel;
       const int tasks = it->second.tasks;
+      const bool withdrawn = it->second.withdrawn;
       m_ended_ids[a->second] = slurm_id;
       m_jobs.erase(it);
+      if (withdrawn && !cancel) {  // scancel'd while pending (had it started meanwhile, it runs again)
+        m_outcomes[a->second] = json{{"withdrawn", true}};
+        m_ended(a->second);
+        continue;
+      }
       if (!recorded) {
         account_for(a->second, slurm_id, dir, false);
         continue;
@@ -439,7 +488,11 @@ class SlurmExecutor final : public Executor {
                  (m_state_fs.local ? " (on a local " + m_state_fs.name + ")" : std::string()) + "?";
       }
       json out{{"error", why}};
-      if (state == "CANCELLED") out["cancelled"] = true;
+      // Slurm ended it itself because a dependency failed (SchedulerParameters=kill_invalid_depend):
+      // gpuq decides what becomes of it, as for one it withdrew.
+      if (!recorded && state == "CANCELLED" && reason.find("DependencyNeverSatisfied") != std::string::npos)
+        out = json{{"withdrawn", true}};
+      else if (state == "CANCELLED") out["cancelled"] = true;
       if (state == "TIMEOUT") out["timed_out"] = true;
       m_outcomes[id] = std::move(out);
       m_ended(id);

@@ -502,7 +502,9 @@ int run_supervisor(const std::string& launch_path) {
   auto doc = read_launch_document(launch_path);
   if (!doc) return 2;
   try {
-    return Supervisor(std::move(*doc)).run();
+    Supervisor attempt(std::move(*doc));
+    const int written = attempt.run();
+    return written != 0 ? written : attempt.succeeded() ? 0 : 1;
   } catch (const std::exception& e) {
     complain(e.what());
     return 2;

@@ -20,7 +20,9 @@
 namespace gpuq::supervisor {
 
 // Runs the attempt described by the launch document at `launch_path`. Returns the shim's exit
-// status: 0 once exit.json is written, 2 when the launch document is unusable.
+// status: 0 when the attempt succeeded, 1 when it did not (or exit.json could not be written), 2
+// when the launch document is unusable. gpuqd reads exit.json, not this; a Slurm batch job ends
+// with it, so that a job submitted --dependency=afterok on this one starts only after a success.
 int run_supervisor(const std::string& launch_path);
 
 // One task of a job whose ranks Slurm's srun starts, one shim each, across nodes: runs only the

@@ -234,6 +234,73 @@ class SlurmExecutor(unittest.TestCase):
             self.assertRegex(done[i]["external_id"], r"^slurm:\d+$")  # those that ended meanwhile too
         self.assertIn("done-2", self.d.ok("logs", str(ids[2])))
 
+    def reason(self, job):
+        return next(j["reason"] for j in self.d.json("status")["jobs"] if j["id"] == job)
+
+    def sbatch_of(self, job):
+        """The batch script of the job's current attempt, as handed to sbatch."""
+        rec = self.d.show(job)["job"]
+        with open(os.path.join(self.tmp, "state", "jobs", str(job), f"attempt-{rec['attempt']}", "slurm.sbatch")) as f:
+            return f.read()
+
+    def test_after_chains_wait_in_slurm_and_go_on_while_gpuqd_is_down(self):
+        release, marks = os.path.join(self.tmp, "release"), os.path.join(self.tmp, "marks")
+        os.mkdir(marks)
+        ids = self.d.submit([
+            {"name": "a", "shell": f"while [ ! -e {release} ]; do sleep 0.1; done; echo $SLURM_JOB_ID > {marks}/a"},
+            {"name": "b", "shell": f"test -e {marks}/a && echo $SLURM_JOB_ID > {marks}/b", "after": ["a"]},
+            {"name": "c", "shell": f"test -e {marks}/b && echo $SLURM_JOB_ID > {marks}/c", "after": ["b"]},
+        ])["ids"]
+        # All three are in Slurm while the first runs: the chain is Slurm's to hold
+        wait_until(lambda: len(squeue()) == 3, timeout=60, what="the chain in Slurm's queue")
+        for dep, job in zip(ids, ids[1:]):
+            wait_until(lambda: "pending: Dependency" in self.reason(job), timeout=60, what=f"job {job} held by Slurm")
+            self.assertIn(f"#SBATCH --dependency=afterok:{self.d.show(dep)['job']['external_id'][6:]}\n",
+                          self.sbatch_of(job))
+        self.d.kill9()
+        open(release, "w").close()
+        # Slurm starts each after the one before it succeeded, with no gpuqd running
+        wait_until(lambda: os.path.exists(f"{marks}/c") and not squeue(), timeout=120, interval=0.2,
+                   what="the whole chain to run in Slurm")
+        self.d.start()
+        done = self.d.wait(ids, timeout=120)
+        self.assertEqual([done[i]["state"] for i in ids], ["succeeded"] * 3)
+        for i, name in zip(ids, "abc"):
+            with open(f"{marks}/{name}") as f:
+                self.assertEqual(done[i]["external_id"], "slurm:" + f.read().strip())
+            self.assertEqual(self.d.show(i)["job"]["attempt"], 1)
+
+    def test_a_dependency_that_fails_takes_its_dependents_back_until_it_succeeds_or_fails_for_good(self):
+        release, marks = os.path.join(self.tmp, "release"), os.path.join(self.tmp, "marks")
+        os.mkdir(marks)
+        wait = f"while [ ! -e {release} ]; do sleep 0.1; done"
+        ids = self.d.submit([
+            # fails its first attempt, once its dependents wait for it in Slurm; its retry succeeds
+            {"name": "flaky", "retries": 1, "shell": f'{wait}; [ "$GPUQ_ATTEMPT" = 2 ] || exit 3'},
+            {"name": "b", "shell": f"echo $SLURM_JOB_ID > {marks}/b", "after": ["flaky"]},
+            {"name": "c", "shell": f"echo $SLURM_JOB_ID > {marks}/c", "after": ["b"]},
+            # fails for good: its dependent fails without running, and leaves nothing in Slurm
+            {"name": "broken", "shell": f"{wait}; exit 4"},
+            {"name": "e", "shell": f"touch {marks}/e", "after": ["broken"]},
+        ])["ids"]
+        flaky, b, c, broken, e = ids
+        wait_until(lambda: len(squeue()) == 5, timeout=60, what="every job in Slurm's queue")
+        first_flaky = self.d.show(flaky)["job"]["external_id"]
+        open(release, "w").close()
+        done = self.d.wait(ids, timeout=180)
+        self.assertEqual([done[i]["state"] for i in ids], ["succeeded", "succeeded", "succeeded", "failed", "failed"])
+        self.assertEqual(self.d.show(flaky)["job"]["attempt"], 2)
+        second_flaky = done[flaky]["external_id"]
+        self.assertNotEqual(first_flaky, second_flaky)
+        for job, dep in ((b, flaky), (c, b)):
+            rec = self.d.show(job)
+            self.assertEqual(rec["job"]["attempt"], 1)  # taken back, not failed: the same attempt again
+            self.assertIn("back in line", json.dumps(rec["history"]))
+            self.assertIn(f"--dependency=afterok:{done[dep]['external_id'][6:]}\n", self.sbatch_of(job))
+        self.assertIn(f"dependency {broken} ended failed", done[e]["reason"])
+        self.assertFalse(os.path.exists(f"{marks}/e"))
+        wait_until(lambda: not squeue(), timeout=10, interval=0.2, what="nothing left in Slurm")
+
     def test_the_configuration_file_names_the_executor_and_its_sbatch_options(self):
         config = os.path.join(self.tmp, "config.json")
         with open(config, "w") as f:
