@@ -140,6 +140,12 @@ json Daemon::cmd_update(const common::UpdateRequest& q) {
     if (limit.max_running > 0) m_batch_limits[q.batch] = limit.max_running;
     else m_batch_limits.erase(q.batch);
     reply["batch_limit"] = limit;
+    if (m_executor->places_work()) {  // its jobs already there (a Slurm array's tasks) take it too
+      std::vector<std::int64_t> handed;
+      for (std::int64_t id : m_running)
+        if (m_active.at(id).rec.batch == q.batch) handed.push_back(id);
+      m_executor->set_array_limit(handed, limit.max_running);
+    }
   }
   if (!changed.empty() || q.max_running) schedule_soon();
   return reply;

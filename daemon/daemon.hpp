@@ -224,7 +224,10 @@ class Daemon {
   // Takes back each job handed over after a dependency that will no longer succeed as it was
   // handed over (it failed or was taken back itself): it waits in gpuqd's queue again.
   void withdraw_orphans();
-  void launch(Active& a, const Placement& placement, double now);
+  // A launch in two steps: the record and launch.json (false: it could not start, and its
+  // attempt ended), then the executor's hand-over.
+  bool prepare_launch(Active& a, const Placement& placement, double now);
+  void start_attempt(Active& a);
   Executor::Attempt attempt_of(const JobRecord& rec) const;
   void rederive_slots(JobRecord& rec);  // a re-adopted job's slots under this gpuqd's CPU mask
   void on_attempt_end(std::int64_t id);  // the executor says its processes are gone

@@ -78,6 +78,20 @@ class Executor {
   // A running attempt's id in the other system ("slurm:42"), once it has one; "" for none. The
   // outcome of an attempt that had one carries it too, as "external_id", for the job's record.
   virtual std::string external_id(std::int64_t /*id*/) const { return {}; }
+  // Attempts of one batch that this executor can hand over as one unit (a Slurm job array, one
+  // sbatch for a thousand jobs, whose limit on tasks at once Slurm enforces) share a non-empty
+  // key; "" for an attempt that goes on its own. At most max_array() in one unit.
+  virtual std::string array_key(const Attempt& /*attempt*/) const { return {}; }
+  virtual std::size_t max_array() const { return 1; }
+  // Hands attempts of one array_key() over as one unit running at most `limit` (0: any number)
+  // at once. From then on each is as if start() had started it (stop, withdraw, outcome and adopt
+  // take it alone); an Error: none was started.
+  virtual std::optional<Error> start_array(const std::vector<Attempt>& /*attempts*/, int /*limit*/) {
+    return Error{ErrorCode::internal, "this executor hands over no arrays"};
+  }
+  // A batch's new limit on jobs at once (0: none), for `handed`, its attempts handed over: the
+  // arrays among them run at most the limit less those handed over alone, shared between them.
+  virtual void set_array_limit(const std::vector<std::int64_t>& /*handed*/, int /*limit*/) {}
   // Takes back an attempt handed over with `after` (places_work() only) whose dependency will not
   // succeed as it was handed over (it failed, and may be retried as a new attempt): if the other
   // system has not started it, it is removed there and `Ended` follows with an outcome of

@@ -199,18 +199,41 @@ void Daemon::schedule_now() {
   }
 
   Plan plan;
+  struct Unit {  // attempts handed over as one array, running at most `limit` at once (0: any)
+    std::vector<std::int64_t> ids;
+    int limit = 0;
+  };
+  std::vector<Unit> units;
   if (m_executor->places_work()) {
     // Another system (Slurm) decides where and when: every ready job goes to it now, in line,
-    // within its batch's limit on jobs at once.
+    // within its batch's limit on jobs at once. First attempts of one batch that the executor
+    // can hand over as one array go together; the array takes the room left in the batch's
+    // limit as its own (Slurm's %N) and leaves none, so that the batch's jobs in that system
+    // never run more than the limit at once, whoever is watching. A retry goes on its own once
+    // fewer than the limit are handed over.
+    std::map<std::pair<std::int64_t, std::string>, std::size_t> open;  // (batch, key) -> its unit
     for (const auto& job : queue) {
-      if (auto l = limits.find(job.batch); l != limits.end()) {
-        if (l->second.running >= l->second.limit) {
-          plan.at_limit[job.batch] = l->second;
-          continue;
-        }
-        ++l->second.running;
+      const Active& a = m_active.at(job.id);
+      const bool first = a.rec.attempt == a.rec.attempt_base;
+      const std::string key = first && job.batch != 0 ? m_executor->array_key(attempt_of(a.rec)) : std::string();
+      if (auto o = key.empty() ? open.end() : open.find({job.batch, key});
+          o != open.end() && units[o->second].ids.size() < m_executor->max_array()) {
+        units[o->second].ids.push_back(job.id);
+        continue;
       }
-      plan.start.push_back({job.id, {}, {}});
+      auto l = limits.find(job.batch);
+      if (l != limits.end() && l->second.running >= l->second.limit) {
+        plan.at_limit[job.batch] = l->second;
+        continue;
+      }
+      if (key.empty()) {
+        if (l != limits.end()) ++l->second.running;
+        plan.start.push_back({job.id, {}, {}});
+        continue;
+      }
+      open[{job.batch, key}] = units.size();
+      units.push_back({{job.id}, l == limits.end() ? 0 : l->second.limit - l->second.running});
+      if (l != limits.end()) l->second.running = l->second.limit;
     }
   } else {
     plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits));
@@ -223,10 +246,9 @@ void Daemon::schedule_now() {
     a.wait_reason = with_drain_note(a.rec.spec.gpus, std::move(reason));
     a.reason_pass = m_pass;
   }
-  for (const auto& p : plan.start) {
-    Active& a = m_active.at(p.id);
+  auto prepared = [&](Active& a, const Placement& p) {
     try {
-      launch(a, p, now);
+      return prepare_launch(a, p, now);
     } catch (const RequestError& e) {
       // Still queued (a full disk, say): tried again on a timer, not only when something else
       // happens to trigger a pass.
@@ -235,6 +257,24 @@ void Daemon::schedule_now() {
                       std::to_string(static_cast<int>(k_write_retry_s)) + " s";
       a.reason_pass = m_pass;
       next_retry = next_retry == 0 ? now + k_write_retry_s : std::min(next_retry, now + k_write_retry_s);
+      return false;
+    }
+  };
+  for (const auto& p : plan.start) {
+    Active& a = m_active.at(p.id);
+    if (prepared(a, p)) start_attempt(a);
+  }
+  for (const auto& unit : units) {
+    std::vector<std::int64_t> ids;
+    for (std::int64_t id : unit.ids)
+      if (prepared(m_active.at(id), {id, {}, {}})) ids.push_back(id);
+    if (ids.size() == 1) start_attempt(m_active.at(ids[0]));
+    if (ids.size() < 2) continue;
+    std::vector<Executor::Attempt> attempts;
+    for (std::int64_t id : ids) attempts.push_back(attempt_of(m_active.at(id).rec));
+    if (auto refused = m_executor->start_array(attempts, unit.limit)) {
+      std::cerr << "gpuqd: jobs " << ids.front() << "-" << ids.back() << ": " << refused->message << "\n";
+      for (std::int64_t id : ids) finish_attempt(m_active.at(id), json{{"error", refused->message}});
     }
   }
   if (next_retry > 0) {
@@ -246,7 +286,7 @@ void Daemon::schedule_now() {
   arm_ingest_timer();
 }
 
-void Daemon::launch(Active& a, const Placement& placement, double now) {
+bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
   const std::vector<int>& gpus = placement.gpus;
   event::Launched launched{gpus, placement.cpu_slots, {}, 0, now};
   {
@@ -299,8 +339,12 @@ void Daemon::launch(Active& a, const Placement& placement, double now) {
   if (const bool missing = ::stat(a.rec.spec.cwd.c_str(), &st) != 0; missing || !S_ISDIR(st.st_mode)) {
     const std::string why = missing ? std::strerror(errno) : "not a directory";
     finish_attempt(a, json{{"error", "the job's working directory " + a.rec.spec.cwd + " is gone (" + why + "); not started"}});
-    return;
+    return false;
   }
+  return true;
+}
+
+void Daemon::start_attempt(Active& a) {
   if (auto refused = m_executor->start(attempt_of(a.rec))) {
     std::cerr << "gpuqd: job " << a.rec.id << ": " << refused->message << "\n";
     finish_attempt(a, json{{"error", refused->message}});

@@ -59,10 +59,12 @@ std::string said(const CommandResult& r) {
   return text.empty() ? "exit code " + std::to_string(r.exit_code) : text;
 }
 
+// "42", or an array's task "42_7".
 bool is_job_id(const std::string& s) {
-  if (s.empty() || s.size() > 20) return false;
+  if (s.empty() || s.size() > 32 || s.front() == '_' || s.back() == '_') return false;
+  int underscores = 0;
   for (char c : s)
-    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+    if (c == '_' ? ++underscores > 1 : !std::isdigit(static_cast<unsigned char>(c))) return false;
   return true;
 }
 
@@ -111,31 +113,68 @@ class SlurmExecutor final : public Executor {
   bool places_work() const override { return true; }
   bool inherits_environment() const override { return true; }
 
-  std::optional<Error> start(const Attempt& attempt) override {
-    if (!attempt.spec) return Error{ErrorCode::internal, "the Slurm executor needs the job's spec"};
-    // Its dependencies' Slurm jobs: Slurm holds it until each has succeeded (afterok), whether
-    // or not gpuqd runs meanwhile. One that will not is taken back (withdraw()).
-    std::string after;
-    for (std::int64_t dep : attempt.after)
-      if (auto d = m_jobs.find(dep); d != m_jobs.end() && !d->second.slurm_id.empty()) after += ":" + d->second.slurm_id;
-    const std::string script = attempt.dir + "/slurm.sbatch";
-    if (auto w = common::write_file_atomic(script, batch_script(attempt, after)); !w) return w.error();
-    Job& job = m_jobs[attempt.id];
-    job = Job{};
-    job.dir = attempt.dir;
-    job.tasks = tasks_of(attempt.spec);
-    // An attempt taken back (withdraw()) starts again in the same directory: nothing of its
-    // earlier hand-over may read as this one's end.
-    for (int r = 0; r < std::max(1, job.tasks); ++r)
-      ::unlink((job.tasks == 0 ? attempt.dir + "/exit.json" : task_record(attempt.dir, r)).c_str());
-    ::unlink((attempt.dir + "/slurm.id").c_str());
-    submit(attempt.id, false);
+  std::optional<Error> start(const Attempt& attempt) override { return start_array({attempt}, 0); }
+
+  // Attempts whose batch scripts differ only in their directory: the same sbatch options (but the
+  // name and output), the same shape of gang, the same dependencies.
+  std::string array_key(const Attempt& a) const override {
+    if (!a.spec) return {};
+    std::string key = a.spec->mode == common::Mode::ddp ? "ddp " + std::to_string(a.spec->ranks) : "one";
+    for (const auto& opt : common::sbatch_options(*a.spec, m_settings.options, layout_of(a, "")))
+      if (opt.rfind("--job-name=", 0) != 0 && opt.rfind("--output=", 0) != 0) key += "\n" + opt;
+    return key + "\nafter" + slurm_after(a);
+  }
+  // Slurm's MaxArraySize is 1001 unless the cluster raised it: indices 0-1000.
+  std::size_t max_array() const override { return 1000; }
+
+  // One sbatch: a job, or an array of jobs whose index picks the attempt directory.
+  std::optional<Error> start_array(const std::vector<Attempt>& attempts, int limit) override {
+    if (attempts.empty()) return std::nullopt;
+    for (const auto& a : attempts)
+      if (!a.spec) return Error{ErrorCode::internal, "the Slurm executor needs the job's spec"};
+    const Attempt& first = attempts.front();
+    const bool array = attempts.size() > 1;
+    const std::string script = first.dir + (array ? "/slurm-array.sbatch" : "/slurm.sbatch");
+    if (auto w = common::write_file_atomic(script, batch_script(attempts, limit)); !w) return w.error();
+    const std::uint64_t key = m_next_handover++;
+    Handover& h = m_handovers[key];
+    h.script = script;
+    h.comment_dir = first.dir;
+    h.array = array;
+    for (std::size_t i = 0; i < attempts.size(); ++i) {
+      const Attempt& a = attempts[i];
+      // An attempt taken back (withdraw()) starts again in the same directory: nothing of its
+      // earlier hand-over may read as this one's end.
+      const int tasks = tasks_of(a.spec);
+      for (int r = 0; r < std::max(1, tasks); ++r)
+        ::unlink((tasks == 0 ? a.dir + "/exit.json" : task_record(a.dir, r)).c_str());
+      ::unlink((a.dir + "/slurm.id").c_str());
+      ::unlink((a.dir + "/slurm.array").c_str());
+      // How a restarted gpuqd finds its array task when it stopped before writing slurm.id.
+      if (array) (void)common::write_file_atomic(a.dir + "/slurm.array", std::to_string(i) + "\n" + first.dir);
+      Job& job = m_jobs[a.id];
+      job = Job{};
+      job.dir = a.dir;
+      job.tasks = tasks;
+      job.handover = key;
+      job.index = i;
+      h.members.push_back(a.id);
+    }
+    submit(key, false);
     return std::nullopt;
   }
 
   Found adopt(const Attempt& attempt) override {
     std::string slurm_id = trim(read_small(attempt.dir + "/slurm.id"));
-    if (slurm_id.empty()) slurm_id = find_by_comment(attempt.dir);  // gpuqd stopped before writing it
+    if (slurm_id.empty()) {  // gpuqd stopped before writing it: the job whose comment names it
+      const std::string array = read_small(attempt.dir + "/slurm.array", 8192);  // "INDEX\nFIRST_DIR"
+      const auto nl = array.find('\n');
+      if (nl != std::string::npos && is_job_id(array.substr(0, nl))) {
+        if (const std::string base = find_by_comment(array.substr(nl + 1)); !base.empty()) slurm_id = base + "_" + array.substr(0, nl);
+      } else {
+        slurm_id = find_by_comment(attempt.dir);
+      }
+    }
     if (is_job_id(slurm_id)) {
       Job& job = m_jobs[attempt.id];
       job = Job{};
@@ -156,21 +195,38 @@ class SlurmExecutor final : public Executor {
     it->second.cancel = true;
     if (!it->second.slurm_id.empty()) {
       scancel(it->second.slurm_id);
-    } else if (it->second.waiting) {  // waiting to ask sbatch again: nothing of it is in Slurm
-      m_outcomes[id] = json{{"cancelled", true}, {"error", "cancelled before Slurm took it"}};
-      m_jobs.erase(it);
-      asio::post(m_io, [this, id] { m_ended(id); });
+    } else if (waiting(it->second)) {  // waiting to ask sbatch again: nothing of it is in Slurm
+      end_unsubmitted(id, json{{"cancelled", true}, {"error", "cancelled before Slurm took it"}});
     }  // else once sbatch answers
+  }
+
+  void set_array_limit(const std::vector<std::int64_t>& handed, int limit) override {
+    std::set<std::string> arrays;
+    int alone = 0;
+    for (std::int64_t id : handed) {
+      auto it = m_jobs.find(id);
+      if (it == m_jobs.end() || it->second.slurm_id.empty()) continue;  // sbatch has yet to answer
+      const auto bar = it->second.slurm_id.find('_');
+      if (bar == std::string::npos) ++alone;
+      else arrays.insert(it->second.slurm_id.substr(0, bar));
+    }
+    if (arrays.empty()) return;
+    // Exact for one array beside jobs alone; several arrays get at least one task at once each.
+    const int share = limit <= 0 ? 0 : std::max(1, (limit - alone) / static_cast<int>(arrays.size()));
+    for (const auto& array : arrays)
+      run_off_thread({"scontrol", "update", "JobId=" + array, "ArrayTaskThrottle=" + std::to_string(share)},
+                     [array](CommandResult r) {
+                       if (!r.started || r.exit_code != 0)
+                         std::cerr << "gpuqd: Slurm array " << array << " keeps its limit: " << said(r) << "\n";
+                     });
   }
 
   void withdraw(std::int64_t id) override {
     auto it = m_jobs.find(id);
     if (it == m_jobs.end() || it->second.cancel || it->second.withdraw) return;
     Job& job = it->second;
-    if (job.waiting) {  // waiting to ask sbatch again: nothing of it is in Slurm
-      m_outcomes[id] = json{{"withdrawn", true}};
-      m_jobs.erase(it);
-      asio::post(m_io, [this, id] { m_ended(id); });
+    if (waiting(job)) {  // waiting to ask sbatch again: nothing of it is in Slurm
+      end_unsubmitted(id, json{{"withdrawn", true}});
       return;
     }
     if (!job.slurm_id.empty() && job.state != "PENDING" && job.state != "adopted") return;  // it runs
@@ -220,7 +276,11 @@ class SlurmExecutor final : public Executor {
     auto it = m_jobs.find(id);
     if (it == m_jobs.end()) return {};
     const Job& j = it->second;
-    if (j.slurm_id.empty()) return j.sbatch_tries ? "handing it to Slurm (" + j.state + ")" : "handing it to Slurm (sbatch)";
+    if (j.slurm_id.empty()) {
+      auto h = m_handovers.find(j.handover);
+      return h != m_handovers.end() && h->second.tries ? "handing it to Slurm (" + h->second.said + ")"
+                                                       : "handing it to Slurm (sbatch)";
+    }
     std::string out = "Slurm job " + j.slurm_id;
     if (j.state == "PENDING") out += " pending" + (j.reason.empty() || j.reason == "None" ? "" : ": " + j.reason);
     else if (!j.state.empty() && j.state != "RUNNING" && j.state != "adopted") out += " " + j.state;
@@ -234,12 +294,41 @@ class SlurmExecutor final : public Executor {
     std::string slurm_id;  // empty until sbatch answers
     std::string state, reason;  // as squeue last said
     bool cancel = false;        // stop() asked before sbatch answered
-    int sbatch_tries = 0;       // sbatch calls the controller did not answer
-    std::unique_ptr<asio::steady_timer> retry;  // until the next of them
-    bool waiting = false;       // on that timer
+    std::uint64_t handover = 0;  // its sbatch, until that answers
+    std::size_t index = 0;       // ... and its index there
     bool withdraw = false;      // withdraw() asked, and it had not started
     bool withdrawn = false;     // ... and scancel went out while Slurm still held it pending
   };
+
+  // One sbatch: a job, or an array of them (start_array). Its members have no Slurm id until
+  // sbatch answers.
+  struct Handover {
+    std::string script, comment_dir;   // the batch script; the directory its --comment names
+    std::vector<std::int64_t> members;  // by array index; 0: ended before sbatch answered
+    bool array = false;
+    int tries = 0;                      // sbatch calls the controller did not answer
+    std::string said;                   // the last one's answer, and when it is asked again
+    std::unique_ptr<asio::steady_timer> retry;  // until then
+    bool waiting = false;               // on that timer
+  };
+
+  bool waiting(const Job& job) const {
+    auto h = m_handovers.find(job.handover);
+    return h != m_handovers.end() && h->second.waiting;
+  }
+
+  // Ends a job whose sbatch waits to be asked again: nothing of it is in Slurm. Its index in an
+  // array that is submitted later is cancelled as soon as Slurm has it.
+  void end_unsubmitted(std::int64_t id, json outcome) {
+    auto it = m_jobs.find(id);
+    auto h = m_handovers.find(it->second.handover);
+    h->second.members[it->second.index] = 0;
+    if (std::all_of(h->second.members.begin(), h->second.members.end(), [](std::int64_t m) { return m == 0; }))
+      m_handovers.erase(h);  // its timer, destroyed, calls back with operation_aborted
+    m_jobs.erase(it);
+    m_outcomes[id] = std::move(outcome);
+    asio::post(m_io, [this, id] { m_ended(id); });
+  }
 
   // A job to withdraw leaves Slurm while it is pending; one that started meanwhile is left to run.
   void pull_back(Job& job) {
@@ -264,24 +353,51 @@ class SlurmExecutor final : public Executor {
     return false;
   }
 
-  std::string batch_script(const Attempt& a, const std::string& after) const {
+  // The Slurm ids of the attempt's dependencies, as --dependency=afterok takes them: ":41:42".
+  std::string slurm_after(const Attempt& a) const {
+    std::string after;
+    for (std::int64_t dep : a.after)
+      if (auto d = m_jobs.find(dep); d != m_jobs.end() && !d->second.slurm_id.empty()) after += ":" + d->second.slurm_id;
+    return after;
+  }
+
+  // gpuq-shim enforces the timeout and its grace period itself and records `timed_out`; Slurm's
+  // limit, a minute past both, only backs it up.
+  common::SbatchLayout layout_of(const Attempt& a, std::string output) const {
+    common::SbatchLayout layout{std::move(output), -1};
+    if (a.spec->timeout_s > 0)
+      layout.time_minutes = static_cast<long>(std::ceil((a.spec->timeout_s + m_settings.grace_s) / 60.0)) + 1;
+    return layout;
+  }
+
+  // One job's script, or an array's (attempts of one array_key()): each array task runs the
+  // attempt its SLURM_ARRAY_TASK_ID picks, at most `limit` at once.
+  std::string batch_script(const std::vector<Attempt>& attempts, int limit) const {
+    const Attempt& a = attempts.front();
     const common::JobSpec& spec = *a.spec;
-    const bool ddp = spec.mode == common::Mode::ddp;
+    const bool ddp = spec.mode == common::Mode::ddp, array = attempts.size() > 1;
     std::ostringstream s;
     // The user's login environment on the node (PATH, modules), which Slurm loads itself under
     // --export=NONE, with the job's own variables over it (launch.json); not the environment gpuqd
     // was started with. (`bash -l` would run the profile a second time: ~0.1 s a job, and more
     // where a profile initialises conda or pyenv.)
     s << "#!/bin/bash\n";
-    // gpuq-shim enforces the timeout and its grace period itself and records `timed_out`; Slurm's
-    // limit, a minute past both, only backs it up.
-    common::SbatchLayout layout{a.dir + "/slurm.out", -1};
-    if (spec.timeout_s > 0) layout.time_minutes = static_cast<long>(std::ceil((spec.timeout_s + m_settings.grace_s) / 60.0)) + 1;
+    // An array's own output (Slurm's words about a task) goes beside its script; each task's
+    // own into its attempt directory, as a job's.
+    const auto layout = layout_of(a, a.dir + (array ? "/slurm-%a.out" : "/slurm.out"));
     for (const auto& opt : common::sbatch_options(spec, m_settings.options, layout)) s << "#SBATCH " << opt << "\n";
+    if (array) s << "#SBATCH --array=0-" << attempts.size() - 1 << (limit > 0 ? "%" + std::to_string(limit) : "") << "\n";
     // How a restarted gpuqd finds this job when it stopped before writing slurm.id.
     s << "#SBATCH --comment=gpuq:" << a.dir << "\n";
-    if (!after.empty()) s << "#SBATCH --dependency=afterok" << after << "\n";
-    const std::string shim = common::shell_quote(m_settings.shim_path) + " " + common::shell_quote(a.dir + "/launch.json");
+    if (const std::string after = slurm_after(a); !after.empty()) s << "#SBATCH --dependency=afterok" << after << "\n";
+    std::string launch = common::shell_quote(a.dir + "/launch.json");
+    if (array) {
+      s << "dirs=(";
+      for (const auto& m : attempts) s << "\n  " << common::shell_quote(m.dir);
+      s << ")\ndir=${dirs[$SLURM_ARRAY_TASK_ID]}\nexec >>\"$dir/slurm.out\" 2>&1\n";
+      launch = "\"$dir/launch.json\"";
+    }
+    const std::string shim = common::shell_quote(m_settings.shim_path) + " " + launch;
     if (!ddp) {
       s << "exec " << shim << "\n";
       return s.str();
@@ -305,11 +421,11 @@ class SlurmExecutor final : public Executor {
     });
   }
 
-  // sbatch for the attempt, off gpuqd's thread. `again`: an earlier sbatch got no answer, and may
-  // have submitted the job all the same: the job whose comment names the attempt is taken first.
-  void submit(std::int64_t id, bool again) {
-    const std::string dir = m_jobs.at(id).dir;
-    asio::post(m_pool, [this, alive = m_alive, id, dir, again] {
+  // sbatch for a hand-over, off gpuqd's thread. `again`: an earlier sbatch got no answer, and
+  // may have submitted the job all the same: the job whose comment names it is taken first.
+  void submit(std::uint64_t key, bool again) {
+    const Handover& h = m_handovers.at(key);
+    asio::post(m_pool, [this, alive = m_alive, key, script = h.script, dir = h.comment_dir, again] {
       CommandResult r;
       if (again) {
         const auto listed = jobs_by_comment();
@@ -319,31 +435,33 @@ class SlurmExecutor final : public Executor {
           r.out = found->second;
         }
       }
-      if (!r.started) r = run_command({"sbatch", "--parsable", dir + "/slurm.sbatch"});
-      asio::post(m_io, [this, alive, id, r = std::move(r)] {
-        if (*alive) submitted(id, r);
+      if (!r.started) r = run_command({"sbatch", "--parsable", script});
+      asio::post(m_io, [this, alive, key, r = std::move(r)] {
+        if (*alive) submitted(key, r);
       });
     });
   }
 
-  void submitted(std::int64_t id, const CommandResult& r) {
-    auto it = m_jobs.find(id);
-    if (it == m_jobs.end()) return;
-    Job& job = it->second;
+  void submitted(std::uint64_t key, const CommandResult& r) {
+    auto hit = m_handovers.find(key);
+    if (hit == m_handovers.end()) return;
+    Handover& h = hit->second;
     const std::string slurm_id = trim(r.out.substr(0, r.out.find(';')));  // "42" or "42;cluster"
-    if (!r.started || r.timed_out || r.exit_code != 0 || !is_job_id(slurm_id)) {
-      if (unreachable(r) && !job.cancel && job.sbatch_tries < k_sbatch_tries) {
+    if (!r.started || r.timed_out || r.exit_code != 0 || !is_job_id(slurm_id) || slurm_id.find('_') != std::string::npos) {
+      const bool wanted = std::any_of(h.members.begin(), h.members.end(),
+                                      [&](std::int64_t m) { return m != 0 && !m_jobs.at(m).cancel; });
+      if (unreachable(r) && wanted && h.tries < k_sbatch_tries) {
         // The controller is down or busy (restarting, failing over): ask again, a little later
         // each time, for about five minutes, before the attempt fails.
-        const int delay_s = std::min(60, 1 << job.sbatch_tries++);
-        job.state = "sbatch: " + said(r) + "; trying again in " + std::to_string(delay_s) + " s";
-        job.retry = std::make_unique<asio::steady_timer>(m_io, std::chrono::seconds(delay_s));
-        job.waiting = true;
-        job.retry->async_wait([this, id](const boost::system::error_code& ec) {
-          auto j = m_jobs.find(id);
-          if (ec || j == m_jobs.end()) return;
-          j->second.waiting = false;  // sbatch runs again: a cancel from now on waits for its answer
-          submit(id, true);
+        const int delay_s = std::min(60, 1 << h.tries++);
+        h.said = "sbatch: " + said(r) + "; trying again in " + std::to_string(delay_s) + " s";
+        h.retry = std::make_unique<asio::steady_timer>(m_io, std::chrono::seconds(delay_s));
+        h.waiting = true;
+        h.retry->async_wait([this, key](const boost::system::error_code& ec) {
+          auto again = m_handovers.find(key);
+          if (ec || again == m_handovers.end()) return;
+          again->second.waiting = false;  // sbatch runs again: a cancel from now on waits for its answer
+          submit(key, true);
         });
         return;
       }
@@ -352,18 +470,39 @@ class SlurmExecutor final : public Executor {
       // the same way, so none is made; a controller that never answered fails it as retryable.
       json out{{"error", (unreachable(r) ? "Slurm did not take the job: " : "Slurm refused the job: ") + said(r)}};
       if (!unreachable(r)) out["final"] = true;
-      m_outcomes[id] = std::move(out);
-      m_jobs.erase(it);
-      m_ended(id);
+      const std::vector<std::int64_t> members = std::move(h.members);
+      m_handovers.erase(hit);
+      for (std::int64_t m : members)
+        if (m != 0) {
+          m_jobs.erase(m);
+          m_outcomes[m] = out;
+        }
+      for (std::int64_t m : members)
+        if (m != 0) m_ended(m);
       return;
     }
-    job.slurm_id = slurm_id;
-    job.state = "PENDING";
-    if (auto w = common::write_file_atomic(job.dir + "/slurm.id", slurm_id + "\n"); !w)
-      std::cerr << "gpuqd: Slurm job " << slurm_id << ": " << w.error().message << "\n";
-    if (job.cancel) scancel(slurm_id);
-    pull_back(job);
-    if (m_handed && !job.cancel) m_handed(id);
+    const Handover done = std::move(h);
+    m_handovers.erase(hit);
+    std::vector<std::int64_t> handed;
+    for (std::size_t i = 0; i < done.members.size(); ++i) {
+      const std::string id = done.array ? slurm_id + "_" + std::to_string(i) : slurm_id;
+      auto it = done.members[i] == 0 ? m_jobs.end() : m_jobs.find(done.members[i]);
+      if (it == m_jobs.end()) {  // ended while sbatch was asked again
+        scancel(id);
+        continue;
+      }
+      Job& job = it->second;
+      job.handover = 0;
+      job.slurm_id = id;
+      job.state = "PENDING";
+      if (auto w = common::write_file_atomic(job.dir + "/slurm.id", id + "\n"); !w)
+        std::cerr << "gpuqd: Slurm job " << id << ": " << w.error().message << "\n";
+      if (job.cancel) scancel(id);
+      pull_back(job);
+      if (!job.cancel) handed.push_back(it->first);
+    }
+    if (m_handed)
+      for (std::int64_t id : handed) m_handed(id);
     arm_poll();
   }
 
@@ -394,7 +533,8 @@ class SlurmExecutor final : public Executor {
     m_polling = true;
     const std::string user = std::to_string(::getuid());
     asio::post(m_pool, [this, alive = m_alive, asked, user] {
-      CommandResult r = run_command({"squeue", "-h", "-u", user, "-o", "%i|%T|%r"});
+      // -r: an array's tasks one a line ("42_7"), pending ones too
+      CommandResult r = run_command({"squeue", "-h", "-r", "-u", user, "-o", "%i|%T|%r"});
       std::map<std::string, std::pair<std::string, std::string>> listed;  // id -> (state, reason)
       if (r.started && r.exit_code == 0) {
         std::istringstream in(r.out);
@@ -510,21 +650,22 @@ class SlurmExecutor final : public Executor {
     return it == m_by_comment.end() ? std::string() : it->second;
   }
 
-  // This user's Slurm jobs by the attempt directory their `--comment=gpuq:DIR` names.
+  // This user's Slurm jobs by the attempt directory their `--comment=gpuq:DIR` names (an
+  // array's: its id, without a task's index).
   static std::map<std::string, std::string> jobs_by_comment() {
     std::map<std::string, std::string> out;
-    CommandResult r = run_command({"squeue", "-h", "-u", std::to_string(::getuid()), "-o", "%i|%k"}, 30);
+    CommandResult r = run_command({"squeue", "-h", "-r", "-u", std::to_string(::getuid()), "-o", "%i|%k"}, 30);
     std::istringstream in(r.out);
     for (std::string line; std::getline(in, line);)
       if (auto bar = line.find('|'); bar != std::string::npos && line.compare(bar + 1, 5, "gpuq:") == 0)
-        out[line.substr(bar + 6)] = line.substr(0, bar);
+        out[line.substr(bar + 6)] = line.substr(0, std::min(bar, line.find('_')));
     return out;
   }
 
   // slurm.id: a few digits, in a directory the job can write, so read bounded.
-  static std::string read_small(const std::string& path) {
+  static std::string read_small(const std::string& path, std::size_t max_bytes = 64) {
     std::ifstream in(path);
-    std::string text(64, '\0');
+    std::string text(max_bytes, '\0');
     in.read(text.data(), static_cast<std::streamsize>(text.size()));
     text.resize(static_cast<std::size_t>(in.gcount()));
     return text;
@@ -536,6 +677,8 @@ class SlurmExecutor final : public Executor {
   asio::thread_pool m_pool{1};  // Slurm's commands, one at a time, in order
   std::shared_ptr<bool> m_alive = std::make_shared<bool>(true);
   std::map<std::int64_t, Job> m_jobs;           // attempts handed to Slurm and not yet ended
+  std::map<std::uint64_t, Handover> m_handovers;  // sbatch calls not yet answered, or to be made again
+  std::uint64_t m_next_handover = 1;
   std::map<std::int64_t, json> m_outcomes;      // outcomes known when their job left Slurm, until read
   std::map<std::int64_t, std::string> m_ended_ids;  // the Slurm job of each attempt ended, until read
   asio::steady_timer m_poll_timer;

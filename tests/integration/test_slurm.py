@@ -41,8 +41,8 @@ def tearDownModule():
 
 
 def squeue():
-    """The Slurm ids still queued or running."""
-    r = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60, check=True)
+    """The Slurm ids still queued or running (an array's tasks each on its own)."""
+    r = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=60, check=True)
     return r.stdout.split()
 
 
@@ -139,7 +139,9 @@ class SlurmExecutor(unittest.TestCase):
     def test_one_gpu_jobs_run_under_slurm_four_at_a_time_on_two_nodes_each_with_its_own_gpu(self):
         marks = os.path.join(self.tmp, "marks")
         os.mkdir(marks)
-        probe = (f'echo "$SLURM_JOB_ID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $(date +%s.%N)" > {marks}/$GPUQ_JOB_ID.start; '
+        # Slurm's name for the job: an array task's is ARRAY_TASK (the ten go as one array)
+        probe = ('id=$SLURM_JOB_ID; [ -z "$SLURM_ARRAY_JOB_ID" ] || id=${SLURM_ARRAY_JOB_ID}_$SLURM_ARRAY_TASK_ID; '
+                 f'echo "$id $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $(date +%s.%N)" > {marks}/$GPUQ_JOB_ID.start; '
                  f'sleep 0.5; date +%s.%N > {marks}/$GPUQ_JOB_ID.end')
         ids = self.d.submit([{"name": f"one-{i}", "shell": probe, "gpus": 1} for i in range(10)])["ids"]
         # While Slurm holds them, status says where each stands there
@@ -158,6 +160,7 @@ class SlurmExecutor(unittest.TestCase):
             self.assertEqual(done[i]["external_id"], f"slurm:{slurm_id}")  # kept in the job's record
             self.assertIn(devices, ("0", "1"))  # one device each, Slurm's
         self.assertEqual(len(slurm_ids), 10)  # each its own Slurm job
+        self.assertEqual(len({i.split("_")[0] for i in slurm_ids}), 1)  # of one array: one sbatch
         self.assertEqual(nodes, {"node1", "node2"})
         at_once = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
         self.assertLessEqual(at_once, 4)  # two nodes of two GPUs, as Slurm counts them
@@ -231,7 +234,7 @@ class SlurmExecutor(unittest.TestCase):
         self.assertEqual([done[i]["state"] for i in ids], ["succeeded"] * 4)
         for i in ids:
             self.assertEqual(len([t for t in self.d.show(i)["history"] if t["state"] == "running"]), 1)
-            self.assertRegex(done[i]["external_id"], r"^slurm:\d+$")  # those that ended meanwhile too
+            self.assertRegex(done[i]["external_id"], r"^slurm:\d+(_\d+)?$")  # those that ended meanwhile too
         self.assertIn("done-2", self.d.ok("logs", str(ids[2])))
 
     def reason(self, job):
@@ -300,6 +303,46 @@ class SlurmExecutor(unittest.TestCase):
         self.assertIn(f"dependency {broken} ended failed", done[e]["reason"])
         self.assertFalse(os.path.exists(f"{marks}/e"))
         wait_until(lambda: not squeue(), timeout=10, interval=0.2, what="nothing left in Slurm")
+
+    def test_a_matrix_with_max_running_is_one_array_whose_limit_slurm_keeps_and_update_changes(self):
+        release, marks = os.path.join(self.tmp, "release"), os.path.join(self.tmp, "marks")
+        os.mkdir(marks)
+        # six jobs, two at once (then one); the last fails its first attempt, and is retried on its own
+        run = f"{marks}/{{k}}-$GPUQ_ATTEMPT"
+        spec = {"name": "sweep", "matrix": {"k": list(range(6))}, "retries": 1,
+                "shell": f"while [ ! -e {release} ]; do sleep 0.1; done; date +%s.%N > {run}.start; sleep 0.3; "
+                         f'date +%s.%N > {run}.end; [ {{k}} != 5 ] || [ "$GPUQ_ATTEMPT" = 2 ] || exit 3'}
+        ids = self.d.submit(spec, "--max-running", "2")["ids"]
+        wait_until(lambda: len(squeue()) == 6, timeout=60, what="the array's six tasks in Slurm's queue")
+        array = {self.d.show(i)["job"]["external_id"] for i in ids}
+        self.assertEqual(array, {f"slurm:{self.d.show(ids[0])['job']['external_id'][6:].split('_')[0]}_{k}"
+                                 for k in range(6)})  # one sbatch: tasks 0-5 of one array
+        base = array.pop()[6:].split("_")[0]
+        fields = subprocess.run(["scontrol", "-o", "show", "job", base], capture_output=True, text=True,
+                                timeout=60, check=True).stdout
+        self.assertIn("ArrayTaskThrottle=2", fields)
+        # A new limit for the batch reaches the array in Slurm
+        batch = self.d.show(ids[0])["job"]["batch"]
+        self.d.ok("update", "--batch", str(batch), "--max-running", "1")
+        wait_until(lambda: "ArrayTaskThrottle=1 " in subprocess.run(
+            ["scontrol", "-o", "show", "job", base], capture_output=True, text=True, timeout=60).stdout,
+            timeout=30, what="the array's new limit")
+        self.d.kill9()  # Slurm alone keeps the limit from here
+        open(release, "w").close()
+        wait_until(lambda: not squeue(), timeout=120, interval=0.2, what="the array to run through")
+        self.d.start()
+        done = self.d.wait(ids, timeout=120)
+        self.assertEqual([done[i]["state"] for i in ids], ["succeeded"] * 6)
+        self.assertEqual([self.d.show(i)["job"]["attempt"] for i in ids], [1] * 5 + [2])
+        self.assertNotIn(f"slurm:{base}_", done[ids[5]]["external_id"])  # the retry: a job of its own
+        spans = []
+        for name in os.listdir(marks):
+            if name.endswith(".start"):
+                with open(f"{marks}/{name}") as f, open(f"{marks}/{name[:-6]}.end") as g:
+                    spans.append((float(f.read()), float(g.read())))
+        self.assertEqual(len(spans), 7)
+        # (a lowered limit stops none already running, as in Slurm: two may have started before it)
+        self.assertLessEqual(max(sum(s <= t < e for s, e in spans) for t, _ in spans), 2)
 
     def test_the_configuration_file_names_the_executor_and_its_sbatch_options(self):
         config = os.path.join(self.tmp, "config.json")
