@@ -28,7 +28,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_backoff_timer(io),
       m_health_timer(io),
       m_forget_timer(io),
-      m_executor(m_config.executor == "slurm"
+      m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { on_attempt_end(id); })
+                 : m_config.executor == "slurm"
                      ? make_slurm_executor(io, {m_config.slurm, m_config.shim_path, m_config.state_dir, m_config.grace_s,
                                                 m_config.slurm_poll_s},
                                            [this](std::int64_t id) { on_attempt_end(id); })

@@ -56,6 +56,8 @@ struct Config {
   std::string executor = "local";  // where attempts run: "local" (this machine) or "slurm" (executor.hpp)
   common::SlurmOptions slurm;      // the Slurm executor's sbatch options
   double slurm_poll_s = 2;         // its squeue, once for all jobs, this often
+  // Another executor, whatever `executor` says (tests: one that records what it is asked).
+  std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor;
 };
 
 using Reply = std::function<void(json)>;

@@ -382,9 +382,11 @@ class SlurmExecutor final : public Executor {
     // was started with. (`bash -l` would run the profile a second time: ~0.1 s a job, and more
     // where a profile initialises conda or pyenv.)
     s << "#!/bin/bash\n";
-    // An array's own output (Slurm's words about a task) goes beside its script; each task's
-    // own into its attempt directory, as a job's.
-    const auto layout = layout_of(a, a.dir + (array ? "/slurm-%a.out" : "/slurm.out"));
+    // An array's task writes into its attempt directory, as a job does, once its script runs;
+    // Slurm's own output file would be one pattern for all (and a directory `gpuq clean` may
+    // remove while other tasks run), so slurmstepd's few words about a task are not kept: its
+    // state and reason are, in the record (account_for).
+    const auto layout = layout_of(a, array ? "/dev/null" : a.dir + "/slurm.out");
     for (const auto& opt : common::sbatch_options(spec, m_settings.options, layout)) s << "#SBATCH " << opt << "\n";
     if (array) s << "#SBATCH --array=0-" << attempts.size() - 1 << (limit > 0 ? "%" + std::to_string(limit) : "") << "\n";
     // How a restarted gpuqd finds this job when it stopped before writing slurm.id.

@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "daemon/daemon.hpp"
@@ -26,7 +28,8 @@ struct Core {
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   std::unique_ptr<Daemon> daemon;
 
-  explicit Core(const std::string& gpus = "fake:2:16000") {
+  explicit Core(const std::string& gpus = "fake:2:16000",
+                std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor = {}) {
     char tmpl[] = "/tmp/gpuq-unit-handlers-XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
@@ -34,6 +37,7 @@ struct Core {
     config.state_dir = dir;
     config.shim_path = "/bin/false";
     config.retry_backoff_s = 0;
+    config.make_executor = std::move(make_executor);
     auto store = Store::open(":memory:");
     REQUIRE(store);
     auto inventory = Inventory::create(gpus, std::nullopt);
@@ -245,7 +249,6 @@ TEST_CASE("update moves a queued job in line, all or nothing") {
   CHECK(core.error_code({{"cmd", "update"}, {"ids", {ids[0]}}, {"set", {{"priority", "high"}}}}) != "");
 }
 
-TEST_SUITE_END();
 
 TEST_CASE("a job spread over several machines is refused by gpuqd on one, naming the Slurm executor") {
   Core core;
@@ -259,3 +262,155 @@ TEST_CASE("a job spread over several machines is refused by gpuqd on one, naming
   CHECK(message.find("--executor slurm") != std::string::npos);
   CHECK(core.ok({{"cmd", "status"}})["jobs"].empty());  // all or nothing: `fine` is not queued either
 }
+
+// ---- an executor that places work itself (as Slurm's does) ---------------------------------------
+
+namespace {
+
+// What a fake cluster was asked, for the tests to read; its jobs end when a test says so.
+struct FakeCluster {
+  struct Handover {
+    std::vector<std::int64_t> ids;
+    int limit = 0;
+    std::vector<std::vector<std::int64_t>> after;  // each attempt's handed-over dependencies
+  };
+  std::vector<Handover> handed;
+  std::vector<std::int64_t> withdrawn;
+  std::set<std::int64_t> live;
+  std::map<std::int64_t, json> outcomes;
+  Executor::Ended ended;
+};
+
+class FakeExecutor final : public Executor {
+ public:
+  FakeExecutor(asio::io_context& io, FakeCluster& cluster) : m_io(io), m_cluster(cluster) {}
+  bool places_work() const override { return true; }
+  bool inherits_environment() const override { return true; }
+  std::optional<gpuq::Error> start(const Attempt& a) override { return start_array({a}, 0); }
+  std::string array_key(const Attempt& a) const override { return a.spec->gpus > 1 ? "" : "one-gpu"; }
+  std::size_t max_array() const override { return 1000; }
+  std::optional<gpuq::Error> start_array(const std::vector<Attempt>& attempts, int limit) override {
+    FakeCluster::Handover h{{}, limit, {}};
+    for (const auto& a : attempts) {
+      h.ids.push_back(a.id);
+      h.after.push_back(a.after);
+      m_cluster.live.insert(a.id);
+      if (m_handed) asio::post(m_io, [this, id = a.id] { m_handed(id); });
+    }
+    m_cluster.handed.push_back(std::move(h));
+    return std::nullopt;
+  }
+  Found adopt(const Attempt&) override { return Found::never_started; }
+  void stop(std::int64_t id) override { finish(id, json{{"cancelled", true}}); }
+  void withdraw(std::int64_t id) override {
+    m_cluster.withdrawn.push_back(id);
+    finish(id, json{{"withdrawn", true}});
+  }
+  json outcome(const Attempt& a) override {
+    auto it = m_cluster.outcomes.find(a.id);
+    return it == m_cluster.outcomes.end() ? json{{"error", "no outcome"}} : it->second;
+  }
+  std::string external_id(std::int64_t id) const override {
+    return m_cluster.live.count(id) ? "fake:" + std::to_string(id) : "";
+  }
+  bool started(std::int64_t) const override { return false; }
+
+ private:
+  void finish(std::int64_t id, json outcome) {
+    m_cluster.outcomes[id] = std::move(outcome);
+    m_cluster.live.erase(id);
+    asio::post(m_io, [this, id] { m_cluster.ended(id); });
+  }
+  asio::io_context& m_io;
+  FakeCluster& m_cluster;
+};
+
+struct ClusterCore : Core {
+  FakeCluster& cluster;
+  explicit ClusterCore(FakeCluster& c)
+      : Core("none",
+             [&c](asio::io_context& loop, Executor::Ended ended) {
+               c.ended = std::move(ended);
+               return std::make_unique<FakeExecutor>(loop, c);
+             }),
+        cluster(c) {}
+  // The job's attempt ends in the cluster as `outcome` says.
+  void end(std::int64_t id, json outcome) {
+    cluster.outcomes[id] = std::move(outcome);
+    cluster.live.erase(id);
+    cluster.ended(id);
+    settle();
+  }
+  void succeed(std::int64_t id) { end(id, json{{"ranks", {{{"rank", 0}, {"exit_code", 0}}}}}); }
+  json show(std::int64_t id) { return ok({{"cmd", "show"}, {"id", id}}); }
+};
+
+}  // namespace
+
+TEST_CASE("a batch's first attempts go over as one array holding its limit; a retry goes alone below the limit") {
+  FakeCluster cluster;
+  ClusterCore core(cluster);
+  json jobs = json::array();
+  for (int i = 0; i < 4; ++i) jobs.push_back(job("sweep-" + std::to_string(i), {{"gpus", 1}, {"retries", 1}}));
+  jobs.push_back(job("wide", {{"gpus", 2}}));  // options an array cannot share: alone, within the limit
+  auto r = core.ok({{"cmd", "submit"}, {"jobs", jobs}, {"cwd", core.dir}, {"max_running", 2}});
+  const auto ids = r["ids"].get<std::vector<std::int64_t>>();
+  core.settle();
+  REQUIRE(cluster.handed.size() == 1);
+  CHECK(cluster.handed[0].ids == std::vector<std::int64_t>(ids.begin(), ids.begin() + 4));
+  CHECK(cluster.handed[0].limit == 2);  // the array holds the whole limit: `wide` waits
+  CHECK(core.state_of(ids[4]) == "queued");
+
+  // A failed attempt with a retry left waits while four of the batch are in the cluster
+  core.end(ids[0], {{"error", "lost"}});
+  CHECK(core.state_of(ids[0]) == "queued");
+  CHECK(cluster.handed.size() == 1);
+  core.succeed(ids[1]);
+  core.succeed(ids[2]);  // one left there: room for one
+  REQUIRE(cluster.handed.size() == 2);
+  CHECK(cluster.handed[1].ids == std::vector<std::int64_t>{ids[0]});  // the retry, alone (its key is first attempts')
+  CHECK(cluster.handed[1].limit == 0);
+  CHECK(core.state_of(ids[4]) == "queued");
+  core.succeed(ids[3]);
+  REQUIRE(cluster.handed.size() == 3);
+  CHECK(cluster.handed[2].ids == std::vector<std::int64_t>{ids[4]});
+}
+
+TEST_CASE("after: a job goes over once its dependency has, naming it; one failing takes it back, for its retry or for good") {
+  FakeCluster cluster;
+  ClusterCore core(cluster);
+  const auto ids = core.submit(json::array({job("flaky", {{"retries", 1}, {"gpus", 2}}),
+                                            job("next", {{"after", {"flaky"}}, {"gpus", 2}}),
+                                            job("broken", {{"gpus", 2}}),
+                                            job("doomed", {{"after", {"broken"}}, {"gpus", 2}})}));
+  const auto flaky = ids[0], next = ids[1], broken = ids[2], doomed = ids[3];
+  core.settle();
+  // Each dependent goes in the pass after its dependency got its id in the cluster
+  REQUIRE(cluster.handed.size() == 4);
+  std::map<std::int64_t, std::vector<std::int64_t>> after;
+  for (const auto& h : cluster.handed) after[h.ids.at(0)] = h.after.at(0);
+  CHECK(after[next] == std::vector<std::int64_t>{flaky});
+  CHECK(after[doomed] == std::vector<std::int64_t>{broken});
+  CHECK(core.state_of(next) == "running");  // handed over, waiting there
+
+  core.end(flaky, {{"error", "lost"}});  // to be retried: `next` comes back, as the same attempt
+  CHECK(cluster.withdrawn == std::vector<std::int64_t>{next});
+  CHECK(core.state_of(flaky) == "running");  // its retry, handed over again ...
+  CHECK(core.state_of(next) == "running");   // ... and `next` after it
+  REQUIRE(cluster.handed.size() == 6);
+  CHECK(cluster.handed[5].ids == std::vector<std::int64_t>{next});
+  CHECK(cluster.handed[5].after[0] == std::vector<std::int64_t>{flaky});
+  core.succeed(flaky);
+  core.succeed(next);
+  CHECK(core.state_of(next) == "succeeded");
+  CHECK(core.show(next)["job"]["attempt"] == 1);
+
+  core.end(broken, {{"error", "lost"}});  // for good: `doomed` comes back and fails without running
+  CHECK(cluster.withdrawn.back() == doomed);
+  json d = core.show(doomed)["job"];
+  CHECK(d["state"] == "failed");
+  CHECK(d["reason"].get<std::string>().find("dependency " + std::to_string(broken) + " ended failed") != std::string::npos);
+  CHECK(d["attempt"] == 0);
+  CHECK(cluster.live.empty());
+}
+TEST_SUITE_END();
