@@ -103,6 +103,7 @@ class SlurmExecutor final : public Executor {
                   << m_state_fs.name << "); Slurm's compute nodes write each attempt's files there, so unless "
                   << "every node is this machine, give a --state-dir on the cluster's shared filesystem\n";
     }
+    m_max_array = max_array_size();
   }
 
   ~SlurmExecutor() override {
@@ -124,8 +125,7 @@ class SlurmExecutor final : public Executor {
       if (opt.rfind("--job-name=", 0) != 0 && opt.rfind("--output=", 0) != 0) key += "\n" + opt;
     return key + "\nafter" + slurm_after(a);
   }
-  // Slurm's MaxArraySize is 1001 unless the cluster raised it: indices 0-1000.
-  std::size_t max_array() const override { return 1000; }
+  std::size_t max_array() const override { return m_max_array; }
 
   // One sbatch: a job, or an array of jobs whose index picks the attempt directory.
   std::optional<Error> start_array(const std::vector<Attempt>& attempts, int limit) override {
@@ -299,6 +299,25 @@ class SlurmExecutor final : public Executor {
     bool withdraw = false;      // withdraw() asked, and it had not started
     bool withdrawn = false;     // ... and scancel went out while Slurm still held it pending
   };
+
+  // How many jobs one array may hold here: Slurm's MaxArraySize less one (indices 0 to N-1),
+  // at most 1,000 (one script names every task's directory); 1 where arrays are off (0). Asked
+  // once, at start (bounded): a cluster whose controller does not answer keeps Slurm's default.
+  static std::size_t max_array_size() {
+    CommandResult r = run_command({"scontrol", "show", "config"}, 10, 1 << 20);
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("MaxArraySize", 0) != 0) continue;
+      const auto eq = line.find('=');
+      const std::string value = eq == std::string::npos ? std::string() : trim(line.substr(eq + 1));
+      if (!is_job_id(value) || value.find('_') != std::string::npos) break;
+      const long n = std::stol(value.substr(0, 9));
+      return static_cast<std::size_t>(std::clamp(n - 1, 1L, 1000L));
+    }
+    std::cerr << "gpuqd: Slurm's MaxArraySize is unknown (" << (r.exit_code == 0 ? "not in scontrol show config" : said(r))
+              << "); arrays of up to 1000 jobs, as Slurm's default allows\n";
+    return 1000;
+  }
 
   // One sbatch: a job, or an array of them (start_array). Its members have no Slurm id until
   // sbatch answers.
@@ -681,6 +700,7 @@ class SlurmExecutor final : public Executor {
   std::map<std::int64_t, Job> m_jobs;           // attempts handed to Slurm and not yet ended
   std::map<std::uint64_t, Handover> m_handovers;  // sbatch calls not yet answered, or to be made again
   std::uint64_t m_next_handover = 1;
+  std::size_t m_max_array = 1000;               // max_array_size()
   std::map<std::int64_t, json> m_outcomes;      // outcomes known when their job left Slurm, until read
   std::map<std::int64_t, std::string> m_ended_ids;  // the Slurm job of each attempt ended, until read
   asio::steady_timer m_poll_timer;
