@@ -70,6 +70,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             next.run.first_failure = end.first_failure;
             next.run.ended_at = end.at;
             next.run.external_id = end.external_id;
+            if (end.started_at > rec.run.started_at) next.run.started_at = end.started_at;
             return next;
           },
           [&](const event::Retried& r) -> Result<JobRecord> {

@@ -41,6 +41,9 @@ struct Ended {
   json first_failure;
   double at = 0;
   std::string external_id;  // the executor's id of the attempt ("slurm:42"), if it has one
+  // When its processes started, where that came after the launch (Slurm held it pending): the
+  // record's start from then on. 0: it started as launched.
+  double started_at = 0;
 };
 // Failed (the attempt just ended) -> queued again, when the job has retries left.
 struct Retried {

@@ -36,6 +36,7 @@ json read_exit_record(const std::string& path, std::size_t max_bytes) {
     if (auto it = from.find(key); it != from.end() && type_ok(*it)) to[key] = *it;
   };
   json out = json::object();
+  keep(*raw, out, "started_at", is_num);
   keep(*raw, out, "ended_at", is_num);
   keep(*raw, out, "cancelled", is_bool);
   keep(*raw, out, "timed_out", is_bool);

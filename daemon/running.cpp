@@ -413,6 +413,10 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   const auto external = outcome.find("external_id");  // the executor's, never the job's (read_exit_record)
   event::Ended end{JobState::failed,  "", std::nullopt, std::nullopt, failure, outcome.value("ended_at", now),
                    external != outcome.end() && external->is_string() ? external->get<std::string>() : ""};
+  // Where another system held it after the launch (pending in Slurm), the run began when its
+  // supervisor started: the record's runtime is the job's, not its wait there.
+  if (const auto s = outcome.find("started_at"); m_executor->places_work() && s != outcome.end() && s->is_number())
+    end.started_at = std::min(s->get<double>(), end.at);
   if (failure.is_object()) {  // (find: operator[] on a const json asserts that the key is there)
     if (auto it = failure.find("exit_code"); it != failure.end() && it->is_number_integer()) end.exit_code = it->get<int>();
     if (auto it = failure.find("signal"); it != failure.end() && it->is_number_integer()) end.exit_signal = it->get<int>();

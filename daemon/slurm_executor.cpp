@@ -738,7 +738,7 @@ FilesystemKind filesystem_kind(long f_type) {
 json merge_task_records(const std::vector<json>& tasks) {
   json ranks = json::array(), first_failure;
   bool recorded = false, cancelled = false, timed_out = false;
-  double ended_at = 0;
+  double started_at = 0, ended_at = 0;
   std::string missing;  // the first rank whose supervisor left no record
   for (std::size_t r = 0; r < tasks.size(); ++r) {
     const json& t = tasks[r];
@@ -753,6 +753,7 @@ json merge_task_records(const std::vector<json>& tasks) {
     cancelled = cancelled || t.value("cancelled", false);
     timed_out = timed_out || t.value("timed_out", false);
     ended_at = std::max(ended_at, t.value("ended_at", 0.0));
+    if (const double s = t.value("started_at", 0.0); s > 0 && (started_at == 0 || s < started_at)) started_at = s;
     const auto f = t.find("first_failure");
     if (f == t.end() || !f->is_object() || f->empty()) continue;
     // The gang's first failure is the earliest of its ranks'; the others were torn down after it.
@@ -763,6 +764,7 @@ json merge_task_records(const std::vector<json>& tasks) {
   }
   if (!recorded) return tasks.empty() ? json{{"error", "the job has no ranks"}} : tasks.front();
   json out = {{"ranks", std::move(ranks)}};
+  if (started_at > 0) out["started_at"] = started_at;  // the first rank's supervisor's start
   if (ended_at > 0) out["ended_at"] = ended_at;
   if (first_failure.is_object()) out["first_failure"] = std::move(first_failure);
   else if (timed_out) out["timed_out"] = true;

@@ -268,6 +268,10 @@ class SlurmExecutor(unittest.TestCase):
         self.d.start()
         done = self.d.wait(ids, timeout=120)
         self.assertEqual([done[i]["state"] for i in ids], ["succeeded"] * 3)
+        # Each ran after the one before it ended, though all were handed over at once: a job's
+        # record starts when Slurm started it, not when it was handed over
+        self.assertGreater(done[ids[1]]["started_at"], done[ids[0]]["ended_at"])
+        self.assertGreater(done[ids[2]]["started_at"], done[ids[1]]["ended_at"])
         for i, name in zip(ids, "abc"):
             with open(f"{marks}/{name}") as f:
                 self.assertEqual(done[i]["external_id"], "slurm:" + f.read().strip())

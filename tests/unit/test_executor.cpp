@@ -31,6 +31,11 @@ TEST_CASE("a gang's ranks all succeeding make one record of every rank's exit") 
   const json out = merge_task_records({ok(10), ok(12)});
   CHECK(out["ranks"] == json::array({{{"exit_code", 0}}, {{"exit_code", 0}}}));
   CHECK(out["ended_at"] == 12.0);
+  CHECK_FALSE(out.contains("started_at"));  // none recorded one
+  json early = ok(11), late = ok(12);
+  early["started_at"] = 3.0;
+  late["started_at"] = 4.0;
+  CHECK(merge_task_records({late, early})["started_at"] == 3.0);  // the gang began with its first rank
   CHECK_FALSE(out.contains("first_failure"));
   CHECK_FALSE(out.contains("cancelled"));
   CHECK_FALSE(out.contains("error"));

@@ -136,6 +136,14 @@ TEST_CASE("an end records the attempt's outcome and refuses a state that is not 
   CHECK(ended->run.first_failure["rank"] == 1);
   CHECK(ended->run.ended_at == 9.0);
   CHECK(ended->attempt == 1);  // the attempt it ended
+  CHECK(ended->run.started_at == 0);  // as launched
+  // A start later than the launch (held pending by Slurm) is the run's; an earlier one is not
+  JobRecord launched = job_in(JobState::running);
+  launched.run.started_at = 5.0;
+  event::Ended late{JobState::succeeded, "", 0, std::nullopt, nullptr, 9.0, "slurm:42", 8.0};
+  CHECK(transition(launched, late)->run.started_at == 8.0);
+  late.started_at = 4.0;
+  CHECK(transition(launched, late)->run.started_at == 5.0);
   for (JobState not_an_end : {JobState::queued, JobState::running})
     CHECK_FALSE(transition(job_in(JobState::running), event::Ended{not_an_end, "", {}, {}, nullptr, 1.0, ""}).ok());
 }
