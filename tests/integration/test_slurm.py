@@ -348,6 +348,26 @@ class SlurmExecutor(unittest.TestCase):
         # (a lowered limit stops none already running, as in Slurm: two may have started before it)
         self.assertLessEqual(max(sum(s <= t < e for s, e in spans) for t, _ in spans), 2)
 
+    def test_jobs_whose_slurm_ids_were_never_written_are_found_again_by_their_comment(self):
+        release, runs = os.path.join(self.tmp, "release"), os.path.join(self.tmp, "runs")
+        shell = f"while [ ! -e {release} ]; do sleep 0.1; done; echo $GPUQ_JOB_ID >> {runs}"
+        jobs = [{"name": f"t{i}", "shell": shell} for i in range(3)] + [{"name": "wide", "gpus": 2, "shell": shell}]
+        ids = self.d.submit(jobs)["ids"]  # three as one array, one alone
+        wait_until(lambda: len(squeue()) == 4, timeout=60, what="the jobs in Slurm's queue")
+        handed = {i: self.d.show(i)["job"]["external_id"] for i in ids}
+        self.assertEqual(len({handed[i].split("_")[0] for i in ids[:3]}), 1)
+        # As if gpuqd had died between sbatch's answer and writing each job's slurm.id
+        self.d.kill9()
+        for i in ids:
+            os.remove(os.path.join(self.tmp, "state", "jobs", str(i), "attempt-1", "slurm.id"))
+        self.d.start()
+        open(release, "w").close()
+        done = self.d.wait(ids, timeout=120)
+        self.assertEqual([done[i]["state"] for i in ids], ["succeeded"] * 4)
+        self.assertEqual({i: done[i]["external_id"] for i in ids}, handed)  # the same Slurm jobs
+        with open(runs) as f:
+            self.assertEqual(sorted(map(int, f.read().split())), sorted(ids))  # each ran once
+
     def test_the_configuration_file_names_the_executor_and_its_sbatch_options(self):
         config = os.path.join(self.tmp, "config.json")
         with open(config, "w") as f:
