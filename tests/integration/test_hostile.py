@@ -127,8 +127,9 @@ class VanishedCwd(DaemonTest):
                "pid_file": os.path.join(adir, "shim.pid"), "exit_file": os.path.join(adir, "exit.json")}
         with open(os.path.join(adir, "launch.json"), "w") as f:
             json.dump(doc, f)
-        subprocess.run([os.path.join(BIN, "gpuq-shim"), os.path.join(adir, "launch.json")], cwd=self.tmp,
-                       timeout=60, check=True)
+        r = subprocess.run([os.path.join(BIN, "gpuq-shim"), os.path.join(adir, "launch.json")], cwd=self.tmp,
+                           timeout=60)
+        self.assertEqual(r.returncode, 1)  # recorded, and the attempt failed
         with open(os.path.join(adir, "exit.json")) as f:
             self.assertEqual(json.load(f)["ranks"][0]["exit_code"], 127)
         with open(os.path.join(adir, "rank-0.log")) as f:
