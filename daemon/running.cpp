@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <set>
 
 #include "common/paths.hpp"
 #include "daemon/events.hpp"
@@ -212,7 +213,14 @@ void Daemon::schedule_now() {
     // never run more than the limit at once, whoever is watching. A retry goes on its own once
     // fewer than the limit are handed over.
     std::map<std::pair<std::int64_t, std::string>, std::size_t> open;  // (batch, key) -> its unit
+    std::set<std::int64_t> open_batches;  // those with a unit in this pass, which their jobs may join
     for (const auto& job : queue) {
+      auto l = limits.find(job.batch);
+      const bool full = l != limits.end() && l->second.running >= l->second.limit;
+      if (full && !open_batches.count(job.batch)) {  // a throttled sweep's waiting jobs cost no key each
+        plan.at_limit[job.batch] = l->second;
+        continue;
+      }
       const Active& a = m_active.at(job.id);
       const bool first = a.rec.attempt == a.rec.attempt_base;
       const std::string key = first && job.batch != 0 ? m_executor->array_key(attempt_of(a.rec)) : std::string();
@@ -221,8 +229,7 @@ void Daemon::schedule_now() {
         units[o->second].ids.push_back(job.id);
         continue;
       }
-      auto l = limits.find(job.batch);
-      if (l != limits.end() && l->second.running >= l->second.limit) {
+      if (full) {
         plan.at_limit[job.batch] = l->second;
         continue;
       }
@@ -232,6 +239,7 @@ void Daemon::schedule_now() {
         continue;
       }
       open[{job.batch, key}] = units.size();
+      open_batches.insert(job.batch);
       units.push_back({{job.id}, l == limits.end() ? 0 : l->second.limit - l->second.running});
       if (l != limits.end()) l->second.running = l->second.limit;
     }
