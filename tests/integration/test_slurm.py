@@ -472,8 +472,11 @@ class SlurmExecutor(unittest.TestCase):
         self.assertIn("got TERM on node2", self.d.ok("logs", str(gang), "--rank", "1"))
 
     def test_a_failing_rank_on_one_node_tears_down_its_gang_on_the_other(self):
+        # rank 1 fails once rank 0 has said where it runs (else the teardown may come first)
+        said = os.path.join(self.tmp, "rank0-said")
         job = self.d.submit({"name": "half-dead", "mode": "ddp", "nodes": 2, "ranks": 2, "timeout_s": 600,
-                             "shell": 'if [ "$RANK" = 1 ]; then exit 7; fi; echo "$SLURMD_NODENAME"; sleep 7401'})["ids"][0]
+                             "shell": f'if [ "$RANK" = 1 ]; then while [ ! -e {said} ]; do sleep 0.1; done; exit 7; fi; '
+                                      f'echo "$SLURMD_NODENAME"; touch {said}; sleep 7401'})["ids"][0]
         done = self.d.wait([job], timeout=120)[job]
         self.assertEqual(done["state"], "failed")
         self.assertEqual(done["reason"], "rank 1 exited with code 7")
