@@ -25,6 +25,7 @@ constexpr int k_exit_job_failed = 1;
 constexpr int k_exit_usage = 2;
 constexpr int k_exit_unavailable = 3;
 constexpr int k_exit_refused = 4;
+constexpr int k_exit_forbidden = 5;  // another user's job, an admin's command, or a caller gpuqd does not serve
 constexpr int k_exit_timeout = 124;
 
 struct Options {

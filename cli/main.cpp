@@ -13,6 +13,7 @@
 #include "cli/commands.hpp"
 #include "common/config.hpp"
 #include "common/paths.hpp"
+#include "common/users.hpp"
 
 namespace gpuq::cli {
 
@@ -88,6 +89,10 @@ int main(int argc, char** argv) {
     return k_exit_usage;
   }
   ctx.opt.socket = !socket.empty() ? socket : settings->socket.value_or(gpuq::common::default_socket_path());
+  // A user who runs no gpuqd of their own, on a machine whose lab gpuqd serves everyone: that one.
+  if (socket.empty() && !settings->socket && !gpuq::common::path_exists(ctx.opt.socket) &&
+      gpuq::common::path_exists(gpuq::common::k_lab_socket))
+    ctx.opt.socket = gpuq::common::k_lab_socket;
   ctx.opt.reconnect_s = settings->reconnect_s.value_or(ctx.opt.reconnect_s);
   ctx.settings = std::move(*settings);
   ctx.socket_flag = socket.empty() ? "" : "--socket";

@@ -15,7 +15,9 @@ using common::Client;
 
 int report(const Error& e) {
   std::cerr << "gpuq: " << e.message << "\n";
-  return e.code == ErrorCode::unavailable ? k_exit_unavailable : k_exit_refused;
+  return e.code == ErrorCode::unavailable ? k_exit_unavailable
+         : e.code == ErrorCode::forbidden ? k_exit_forbidden
+                                          : k_exit_refused;
 }
 
 void outlive_restarts(const Options& o, Client& client) {

@@ -21,7 +21,7 @@ namespace {
 
 const char* k_keys =
     "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
-    "health_interval_s, forget_after_s, executor, slurm";
+    "health_interval_s, forget_after_s, executor, slurm, multi_user, admin_group, socket_group";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -66,6 +66,9 @@ constexpr Rule k_rules[] = {
     {"reconnect_s", "GPUQ_RECONNECT_S", "number", 0, 86400},
     {"executor", nullptr, "executor", 0, 0},
     {"slurm", nullptr, "slurm", 0, 0},
+    {"multi_user", nullptr, "bool", 0, 0},
+    {"admin_group", nullptr, "text", 0, 0},
+    {"socket_group", nullptr, "text", 0, 0},
 };
 
 // "slurm": {"partition": "gpu", "account": "lab", "qos": "normal", "extra_args": ["--constraint=a100"]}
@@ -108,6 +111,9 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
     if (!v.is_string() || (v.get<std::string>() != "local" && v.get<std::string>() != "slurm"))
       return std::string("`executor` must be \"local\" (this machine) or \"slurm\"");
     s.executor = v.get<std::string>();
+  } else if (std::string(r.kind) == "bool") {
+    if (!v.is_boolean()) return "`" + key + "` must be true or false";
+    s.multi_user = v.get<bool>();
   } else if (std::string(r.kind) == "slurm") {
     if (auto err = set_slurm(s, v)) return err;
   } else if (std::string(r.kind) == "path" || std::string(r.kind) == "text") {
@@ -118,7 +124,11 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
       if (!p) return "`" + key + "` must be an absolute path or start with ~/, got \"" + text.substr(0, 64) + "\"";
       text = *p;
     }
-    (key == "socket" ? s.socket : key == "state_dir" ? s.state_dir : s.gpus) = text;
+    (key == "socket"         ? s.socket
+     : key == "state_dir"    ? s.state_dir
+     : key == "admin_group"  ? s.admin_group
+     : key == "socket_group" ? s.socket_group
+                             : s.gpus) = text;
   } else {
     if (!v.is_number()) return "`" + key + "` " + range();
     const double x = v.get<double>();

@@ -29,6 +29,9 @@ struct Settings {
   std::optional<double> reconnect_s;     // "reconnect_s"     $GPUQ_RECONNECT_S (gpuq wait, logs -f)
   std::optional<std::string> executor;   // "executor": "local" or "slurm" (gpuqd)
   std::optional<SlurmOptions> slurm;     // "slurm": {"partition", "account", "qos", "extra_args": [...]}
+  std::optional<bool> multi_user;        // "multi_user": lab mode (gpuqd; docs/lab.md)
+  std::optional<std::string> admin_group;   // "admin_group": its members may act on every job
+  std::optional<std::string> socket_group;  // "socket_group": only its members reach the socket
   std::string file;                      // the file read, empty if none
   std::map<std::string, std::string> source;  // key -> the file's path or "$VARIABLE"
 };

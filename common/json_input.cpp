@@ -77,7 +77,8 @@ Result<json> parse_untrusted(std::string_view text, std::string_view what, int m
   return doc;
 }
 
-Result<json> read_untrusted_file(const std::string& path, std::size_t max_bytes, std::string_view what) {
+Result<json> read_untrusted_file(const std::string& path, std::size_t max_bytes, std::string_view what,
+                                 std::optional<uid_t> owner) {
   // O_NONBLOCK: a fifo put in the file's place must not hang the reader; fstat refuses it below.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) return Error{ErrorCode::not_found, std::string(what) + ": cannot open " + path + ": " + std::strerror(errno)};
@@ -85,6 +86,11 @@ Result<json> read_untrusted_file(const std::string& path, std::size_t max_bytes,
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     return Error{ErrorCode::bad_request, std::string(what) + ": " + path + " is not a regular file"};
+  }
+  if (owner && st.st_uid != *owner) {
+    ::close(fd);
+    return Error{ErrorCode::forbidden, std::string(what) + ": " + path + " belongs to uid " + std::to_string(st.st_uid) +
+                                           ", not to the job's owner (uid " + std::to_string(*owner) + ")"};
   }
   if (static_cast<std::size_t>(st.st_size) > max_bytes) {
     ::close(fd);

@@ -9,7 +9,10 @@
 //   - a size cap chosen by the caller (k_max_request_bytes, k_max_event_line, ...), checked first.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -38,7 +41,10 @@ Result<json> parse_untrusted(std::string_view text, std::string_view what, int m
 // The file at `path`, read up to `max_bytes` (a larger one is refused unread) and parsed as above.
 // A symlink or anything but a regular file in its place is refused: these files lie in job
 // directories, which the job can write.
-// A missing or unreadable file is not_found.
-Result<json> read_untrusted_file(const std::string& path, std::size_t max_bytes, std::string_view what);
+// A missing or unreadable file is not_found. With `owner`, a file that belongs to another user is
+// refused too (forbidden): a root gpuqd reads only what the job's owner could have written, never
+// a hard link to a file of root's.
+Result<json> read_untrusted_file(const std::string& path, std::size_t max_bytes, std::string_view what,
+                                 std::optional<uid_t> owner = std::nullopt);
 
 }  // namespace gpuq::common

@@ -1,6 +1,7 @@
 // Where gpuq keeps its socket and state, shared by daemon and CLI so both agree on defaults.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -28,6 +29,13 @@ bool path_exists(const std::string& path);
 
 // Whether `path` is a directory (following symlinks).
 bool is_directory(const std::string& path);
+
+// Deletes `path` and everything under it, never following a symlink: each directory is opened
+// through its parent's descriptor with O_NOFOLLOW, so a job that swaps one of its directories for
+// a link to /etc while a root gpuqd deletes its files deletes the link, not /etc. Returns the
+// bytes of the regular files deleted; `error` gets the first problem ("" when none). Trees deeper
+// than 256 directories are left below that depth, and said so.
+std::int64_t remove_tree(const std::string& path, std::string& error);
 
 // This process's environment as name -> value.
 std::map<std::string, std::string> current_environment();

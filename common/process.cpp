@@ -27,7 +27,9 @@ std::string resolve_executable(const std::string& name, const std::string& path_
   auto executable = [](const std::string& p) {
     struct stat st {};
     // access() alone says yes to root for any file; require an execute bit as exec does.
-    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111) && ::access(p.c_str(), X_OK) == 0;
+    // AT_EACCESS: as the thread's file-system identity, which a root gpuqd sets to the job owner's.
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111) &&
+           ::faccessat(AT_FDCWD, p.c_str(), X_OK, AT_EACCESS) == 0;
   };
   if (name.find('/') != std::string::npos) {
     std::string p = name[0] == '/' ? name : cwd + "/" + name;
@@ -43,8 +45,11 @@ std::string resolve_executable(const std::string& name, const std::string& path_
 }
 
 Result<bool> write_file_atomic(const std::string& path, const std::string& text) {
+  // The directory may be the job's, and the job may have put a symlink at the temporary name
+  // (to /etc/shadow, for a root gpuqd to write through): it is replaced, never followed.
   std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return Error{ErrorCode::store_error, "cannot write " + tmp + ": " + std::strerror(errno)};
   std::size_t done = 0;
   while (done < text.size()) {
@@ -96,9 +101,15 @@ std::optional<std::uint64_t> process_start_time(int pid) {
   return std::stoull((*fields)[22 - 3]);  // field 22: starttime
 }
 
-std::optional<ProcessId> read_pid_file(const std::string& path) {
+std::optional<uid_t> process_owner(int pid) {
+  struct stat st {};
+  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
+  return st.st_uid;
+}
+
+std::optional<ProcessId> read_pid_file(const std::string& path, std::optional<uid_t> owner) {
   // In the job's directory, so the job could have written it: checked like any input.
-  auto j = read_untrusted_file(path, 4096, "pid file");
+  auto j = read_untrusted_file(path, 4096, "pid file", owner);
   if (!j || !j->is_object()) return std::nullopt;
   const auto pid = j->find("pid"), start = j->find("start_time");
   if (pid == j->end() || start == j->end() || !pid->is_number_unsigned() || !start->is_number_unsigned() ||

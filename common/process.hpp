@@ -3,6 +3,8 @@
 // a process's identity (pid and start time) across daemon restarts.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -37,7 +39,10 @@ std::optional<std::uint64_t> process_start_time(int pid);
 // Fields 3 onwards of /proc/<pid>/stat (state, ppid, …; field n is at index n - 3), parsed after
 // the command name, which may itself hold spaces and parentheses.
 std::optional<std::vector<std::string>> proc_stat_fields(int pid);
-std::optional<ProcessId> read_pid_file(const std::string& path);
+// `owner`: as read_untrusted_file's.
+std::optional<ProcessId> read_pid_file(const std::string& path, std::optional<uid_t> owner = std::nullopt);
+// The user a live process runs as (its effective uid), or nothing once it is gone.
+std::optional<uid_t> process_owner(int pid);
 bool is_alive(const ProcessId& p);
 
 // Seconds since the epoch (CLOCK_REALTIME), as stored in exit.json and the store.

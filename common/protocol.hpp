@@ -71,13 +71,17 @@ struct JobInfo {
   std::string job_dir;
   std::map<std::string, std::string> labels;
   std::string external_id;  // the current or last attempt in the system that ran it ("slurm:42"), or ""
+  std::string user;  // its owner's name (its uid as text where the user database has none)
+  std::int64_t uid = 0;
+  bool result_hidden = false;  // lab mode: another user's job, whose result only they and admins read
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
                                                 restarts, attempt_base, held,
                                                 priority, gpus_requested, mode, ranks, gpus,
                                                 cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
                                                 exit_signal, reason, progress, result, after,
-                                                bad_event_lines, job_dir, labels, external_id)
+                                                bad_event_lines, job_dir, labels, external_id, user, uid,
+                                                result_hidden)
 
 struct Transition {
   int attempt = 0;
@@ -264,9 +268,12 @@ struct HelloReply {
   std::string daemon_version;
   int pid = 0;
   std::string state_dir;
+  bool multi_user = false;  // lab mode: one gpuqd for every user of the machine (docs/lab.md)
+  std::string user;         // the caller, as gpuqd knows it
+  bool admin = false;       // whether the caller may act on every job
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HelloReply, protocol_version, daemon_version, pid,
-                                                state_dir)
+                                                state_dir, multi_user, user, admin)
 
 struct SubmitReply {
   std::int64_t batch = 0;

@@ -23,17 +23,24 @@ namespace gpuq::daemon {
 // instant, so a restarted job finds its place free at once; the trash is emptied on a thread of
 // its own, so gpuqd goes on serving while thousands of directories are deleted, and the reply
 // comes when they are gone.
-void Daemon::cmd_clean(const common::CleanRequest& q, Reply& reply) {
+void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Reply& reply) {
   std::map<std::int64_t, double> ended;  // id -> ended_at
   const char* only = q.forget ? "only a job that has ended can be forgotten"
                               : "only the files of a job that has ended can be removed";
-  for (auto id : q.ids) ended[id] = ended_job(id, only).run.ended_at;
+  for (auto id : q.ids) {
+    const JobRecord rec = ended_job(id, only);
+    authorize(caller, rec, q.forget ? "forget" : "clean");
+    ended[id] = rec.run.ended_at;
+  }
   if (q.batch != 0) {
     if (!m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
+    if (!caller.admin)
+      if (auto one = m_store->batch_page(q.batch, 0, 1); !one.empty()) authorize(caller, one.front(), "clean the batch of");
     for (const auto& [id, at] : m_store->ended_of_batch(q.batch)) ended[id] = at;
   }
-  if (q.ids.empty() && q.batch == 0) {
-    for (auto id : m_store->ended_before(q.ended_before)) ended[id] = 0;
+  if (q.ids.empty() && q.batch == 0) {  // every ended job, or (of one who is no admin) every one of theirs
+    for (auto id : m_store->ended_before(q.ended_before))
+      if (caller.admin || m_store->owner_of(id) == caller.uid) ended[id] = 0;
   } else if (q.ended_before > 0) {
     std::erase_if(ended, [&](const auto& e) { return e.second >= q.ended_before; });
   }
@@ -115,7 +122,7 @@ void Daemon::forget_old_jobs() {
     common::CleanRequest q;
     q.forget = true;
     q.ended_before = std::max(1e-3, wall_now() - age);
-    cmd_clean(q, log);
+    cmd_clean(Caller::self(), q, log);
   } catch (const RequestError& e) {
     log(common::error_reply(e.code(), e.what()));
   }
@@ -161,12 +168,9 @@ std::string Daemon::move_to_trash(std::int64_t id, const std::string& dir, bool 
 void Daemon::empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply, common::CleanReply out) {
   asio::post(m_fs_thread, [this, moved = std::move(moved), reply = std::move(reply), out = std::move(out)]() mutable {
     for (const auto& [id, dir] : moved) {
-      std::error_code ec;
-      for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-        if (it->is_regular_file(ec)) out.bytes_freed += static_cast<std::int64_t>(it->file_size(ec));
-      ec.clear();
-      std::filesystem::remove_all(dir, ec);
-      if (ec) std::cerr << "gpuqd: cannot delete " << dir << ": " << ec.message() << "\n";
+      std::string error;
+      out.bytes_freed += common::remove_tree(dir, error);
+      if (!error.empty()) std::cerr << "gpuqd: cleaning " << dir << ": " << error << "\n";
       if (id > 0) out.cleaned.push_back(id);
     }
     if (reply) asio::post(m_io, [reply = std::move(reply), out = std::move(out)] { reply(common::ok_reply(out)); });

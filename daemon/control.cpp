@@ -9,7 +9,7 @@ namespace gpuq::daemon {
 
 // ---- cancel and wait ----------------------------------------------------------------------------
 
-json Daemon::cmd_cancel(const common::IdsRequest& q) {
+json Daemon::cmd_cancel(const Caller& caller, const common::IdsRequest& q) {
   // All ids must exist before anything is cancelled: a typo cancels nothing.
   // (Their states alone: an ended job's row may hold a result of a megabyte.)
   std::map<std::int64_t, JobState> states;
@@ -18,6 +18,7 @@ json Daemon::cmd_cancel(const common::IdsRequest& q) {
     auto st = active != m_active.end() ? active->second.rec.state : m_store->state_of(id);
     states[id] = st ? *st : existing_job(id).state;  // not_found, saying why
   }
+  for (auto id : q.ids) authorize(caller, id, "cancel");  // all, before any is cancelled
   // One transaction ends the queued ones and records the intent on the running ones (whatever
   // happens next, they end as cancelled): a failed write (disk full) cancels none of them.
   std::vector<JobRecord> cancelled;
@@ -54,14 +55,14 @@ JobRecord Daemon::ended_job(std::int64_t id, const std::string& only) {
   return rec;
 }
 
-json Daemon::cmd_hold(const common::SelectRequest& q) { return set_held(q, true); }
-json Daemon::cmd_release(const common::SelectRequest& q) { return set_held(q, false); }
+json Daemon::cmd_hold(const Caller& caller, const common::SelectRequest& q) { return set_held(caller, q, true); }
+json Daemon::cmd_release(const Caller& caller, const common::SelectRequest& q) { return set_held(caller, q, false); }
 
 // Holds queued jobs out of line (as Slurm's hold: they keep their place in the history, reserve
 // nothing, and start only once released), or releases them. Holding needs every named job to be
 // queued, or nothing is held; releasing a job that is not held changes nothing. With a batch,
 // its queued jobs. Each change is a transition in the job's history.
-json Daemon::set_held(const common::SelectRequest& q, bool hold) {
+json Daemon::set_held(const Caller& caller, const common::SelectRequest& q, bool hold) {
   for (auto id : q.ids) {
     const JobRecord rec = existing_job(id);
     if (hold && rec.state != JobState::queued)
@@ -70,6 +71,7 @@ json Daemon::set_held(const common::SelectRequest& q, bool hold) {
                              (rec.state == JobState::running ? " (`gpuq cancel` stops a running one)" : ""));
   }
   const std::vector<std::int64_t> ids = with_queued_of_batch(q.ids, q.batch);
+  for (auto id : ids) authorize(caller, id, hold ? "hold" : "release");
 
   common::CancelReply out;
   std::vector<JobRecord> changed;
@@ -91,7 +93,7 @@ json Daemon::set_held(const common::SelectRequest& q, bool hold) {
 // the spec is rewritten and the job takes its new place in line. A running job takes `priority`
 // and `retries`, which decide its next attempt; its supervisor enforces the timeout it started
 // with, so that cannot change under it. All or nothing; each change is in the job's history.
-json Daemon::cmd_update(const common::UpdateRequest& q) {
+json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
   for (auto id : q.ids) {
     const JobRecord rec = existing_job(id);
     if (is_terminal(rec.state))
@@ -105,7 +107,11 @@ json Daemon::cmd_update(const common::UpdateRequest& q) {
   const bool spec_fields = q.priority || q.retries || q.timeout_s;
   // Only the batch's limit: its queued jobs are not asked to change.
   const std::vector<std::int64_t> ids = spec_fields ? with_queued_of_batch(q.ids, q.batch) : q.ids;
-  if (!spec_fields) jobs_of_batch(q.batch);  // one that exists
+  if (!spec_fields || !caller.admin) {  // one that exists, and the caller's own
+    const auto batch = q.batch ? jobs_of_batch(q.batch) : std::vector<JobRecord>{};
+    if (!batch.empty()) authorize(caller, batch.front(), "update the batch of");
+  }
+  for (auto id : ids) authorize(caller, id, "update");
 
   auto change = [](auto& field, const auto& value, const char* name, std::string& why) {
     if (!value || field == *value) return;

@@ -14,6 +14,7 @@
 
 #include "common/paths.hpp"
 #include "common/spec.hpp"
+#include "common/users.hpp"
 #include "daemon/cpu_topology.hpp"
 #include "daemon/lifecycle.hpp"
 
@@ -120,7 +121,54 @@ const std::vector<Daemon::Command>& Daemon::commands() {
   return k_commands;
 }
 
-void Daemon::dispatch(const json& request, Reply reply) {
+Caller Caller::self() { return {::getuid(), true}; }
+
+Result<Caller> Daemon::identify(uid_t uid) const {
+  if (!m_config.multi_user) {
+    if (uid == ::getuid() || uid == 0) return Caller{uid, true};
+    return Error{ErrorCode::forbidden, "gpuqd serves only its own user (uid " + std::to_string(::getuid()) +
+                                           ") and root, not uid " + std::to_string(uid) +
+                                           "; a machine shared by several users runs one `gpuqd --multi-user` (docs/lab.md)"};
+  }
+  Caller c{uid, uid == 0};
+  if (c.admin || !m_config.admin_gid) return c;
+  const auto now = std::chrono::steady_clock::now();
+  auto& [admin, until] = m_admins[uid];
+  if (until <= now) {
+    auto account = common::account_of(uid);
+    admin = account && std::find(account->groups.begin(), account->groups.end(), *m_config.admin_gid) != account->groups.end();
+    until = now + std::chrono::seconds(60);
+  }
+  c.admin = admin;
+  return c;
+}
+
+const std::string& Daemon::name_of(uid_t uid) const {
+  auto it = m_user_names.find(uid);
+  if (it == m_user_names.end()) it = m_user_names.emplace(uid, common::user_name(uid)).first;
+  return it->second;
+}
+
+void Daemon::authorize(const Caller& caller, const JobRecord& r, std::string_view act) const {
+  if (caller.admin || caller.uid == r.uid) return;
+  throw RequestError(ErrorCode::forbidden, job_label(r) + " belongs to " + name_of(r.uid) + "; only " + name_of(r.uid) +
+                                               " or an admin may " + std::string(act) + " it");
+}
+
+void Daemon::authorize(const Caller& caller, std::int64_t id, std::string_view act) {
+  if (caller.admin) return;
+  if (auto it = m_active.find(id); it != m_active.end()) return authorize(caller, it->second.rec, act);
+  authorize(caller, existing_job(id), act);
+}
+
+void Daemon::authorize_admin(const Caller& caller, std::string_view act) const {
+  if (caller.admin) return;
+  throw RequestError(ErrorCode::forbidden, "only an admin may " + std::string(act) + " (root" +
+                                               (m_config.admin_gid ? ", or a member of group " + m_config.admin_group : std::string()) +
+                                               "); you are " + name_of(caller.uid));
+}
+
+void Daemon::dispatch(const Caller& caller, const json& request, Reply reply) {
   try {
     auto cmd = request.is_object() ? request.find("cmd") : request.end();
     if (!request.is_object() || cmd == request.end() || !cmd->is_string())
@@ -133,7 +181,7 @@ void Daemon::dispatch(const json& request, Reply reply) {
       for (const auto& c : table) known += (known.empty() ? "" : ", ") + std::string(c.name);
       throw RequestError(ErrorCode::unknown_command, "unknown command `" + name.substr(0, 64) + "`; known: " + known);
     }
-    (this->*(row->run))(request, reply);
+    (this->*(row->run))(caller, request, reply);
   } catch (const RequestError& e) {
     reply(common::error_reply(e.code(), e.what()));
   } catch (const std::exception& e) {
@@ -141,17 +189,19 @@ void Daemon::dispatch(const json& request, Reply reply) {
   }
 }
 
-void Daemon::cmd_shutdown(const json&, Reply& reply) {
+void Daemon::cmd_shutdown(const Caller& caller, const json&, Reply& reply) {
+  authorize_admin(caller, "stop gpuqd");
   reply(common::ok_reply());
   if (on_shutdown) asio::post(m_io, on_shutdown);
 }
 
-json Daemon::cmd_hello(const common::HelloRequest& hello) {
+json Daemon::cmd_hello(const Caller& caller, const common::HelloRequest& hello) {
   if (hello.protocol_version != common::k_protocol_version)
     throw RequestError(ErrorCode::version_mismatch,
                        "client speaks protocol " + std::to_string(hello.protocol_version) + ", gpuqd " GPUQ_VERSION
                        " speaks " + std::to_string(common::k_protocol_version) + "; use matching gpuq and gpuqd");
-  return common::HelloReply{common::k_protocol_version, GPUQ_VERSION, static_cast<int>(::getpid()), m_config.state_dir};
+  return common::HelloReply{common::k_protocol_version, GPUQ_VERSION, static_cast<int>(::getpid()), m_config.state_dir,
+                            m_config.multi_user, name_of(caller.uid), caller.admin};
 }
 
 // Test hook ($GPUQ_TEST_PAUSE_PARTS=PATH): long requests (a submission's writing, a clean) go in
@@ -273,16 +323,22 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.job_dir = job_dir(m_config.state_dir, r.id);
   i.labels = r.spec.labels;
   i.external_id = r.state == JobState::running ? m_executor->external_id(r.id) : r.run.external_id;
+  i.uid = r.uid;
+  i.user = name_of(r.uid);
   return i;
 }
 
-bool Daemon::add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t& bytes) const {
+bool Daemon::add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t& bytes, const Caller& viewer) const {
   if (out.jobs.size() >= static_cast<std::size_t>(common::k_max_reply_jobs) || bytes >= common::k_max_reply_bytes) {
     out.more = true;
     return false;
   }
   out.jobs.push_back(info_of(r));
-  const auto& i = out.jobs.back();
+  auto& i = out.jobs.back();
+  if (!viewer.admin && viewer.uid != r.uid && !i.result.is_null()) {
+    i.result = nullptr;
+    i.result_hidden = true;
+  }
   // What the record's fixed fields take is small; results and progress are what can be large.
   bytes += 512 + (i.result.is_null() ? 0 : i.result.dump().size()) + (i.progress.is_null() ? 0 : i.progress.dump().size());
   return true;

@@ -9,6 +9,8 @@
 // leaves a state the next start resumes.
 #pragma once
 
+#include <sys/types.h>
+
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
 #include <boost/asio.hpp>
 #include <deque>
@@ -25,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/protocol.hpp"
+#include "common/users.hpp"
 #include "daemon/executor.hpp"
 #include "daemon/inventory.hpp"
 #include "daemon/launcher.hpp"
@@ -55,12 +58,25 @@ struct Config {
   double forget_after_s = 0;       // ended jobs are forgotten (records and files) this long after; 0: kept
   std::string executor = "local";  // where attempts run: "local" (this machine) or "slurm" (executor.hpp)
   common::SlurmOptions slurm;      // the Slurm executor's sbatch options
+  // Lab mode (docs/lab.md): one root gpuqd serves every local user and runs each job as its owner.
+  bool multi_user = false;
+  std::optional<gid_t> admin_gid;  // members may act on every job (as root may)
+  std::string admin_group;         // its name, for messages
   double slurm_poll_s = 2;         // its squeue, once for all jobs, this often
   // Another executor, whatever `executor` says (tests: one that records what it is asked).
   std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor;
 };
 
 using Reply = std::function<void(json)>;
+
+// Who sent a request, as the kernel says (SO_PEERCRED), never as the request says. An admin may act
+// on every job: root, a member of the admin group in lab mode, and in single-user mode every
+// caller gpuqd serves at all (its own user and root).
+struct Caller {
+  uid_t uid = 0;
+  bool admin = true;
+  static Caller self();  // this process's user, an admin: unit tests, and single-user mode's caller
+};
 
 // What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r);
@@ -80,7 +96,10 @@ class Daemon {
   // Re-adopts running jobs, records those that ended while no daemon ran, and schedules.
   void recover();
   // Handles one request; `reply` is called exactly once, possibly later (wait).
-  void dispatch(const json& request, Reply reply);
+  void dispatch(const Caller& caller, const json& request, Reply reply);
+  void dispatch(const json& request, Reply reply) { dispatch(Caller::self(), request, std::move(reply)); }
+  // Whom a connection's peer is, or why gpuqd does not serve it (forbidden).
+  Result<Caller> identify(uid_t uid) const;
   // Set by main: called when a client asks the daemon to shut down.
   std::function<void()> on_shutdown;
 
@@ -88,7 +107,7 @@ class Daemon {
   // command, the decoder of its request (common/protocol.hpp) and its handler, which either
   // answers at once (`now`: its return value is the reply) or takes the reply to answer later
   // (`later`: a wait, or a long request done in parts). A handler throws RequestError to refuse.
-  using Run = void (Daemon::*)(const json& request, Reply& reply);
+  using Run = void (Daemon::*)(const Caller& caller, const json& request, Reply& reply);
   struct Command {
     std::string_view name;
     Run run;
@@ -104,34 +123,54 @@ class Daemon {
     std::unique_ptr<asio::steady_timer> retry;  // recording its end again, after the store refused it
   };
   struct Waiter {
+    Caller caller;
     std::set<std::int64_t> ids;
     std::set<std::int64_t> pending;  // of `ids`, those not known to have ended: emptied from the front
     Reply reply;
     std::shared_ptr<asio::steady_timer> timer;
   };
 
-  // The rows of commands(): decode, then call the handler.
+  // The rows of commands(): decode, then call the handler, with the caller where it takes one.
   template <auto Decode, auto Handler>
-  void now(const json& request, Reply& reply) {
-    if constexpr (std::is_same_v<decltype(Decode), std::nullptr_t>)
-      reply(common::ok_reply((this->*Handler)()));
+  void now(const Caller& caller, const json& request, Reply& reply) {
+    using H = decltype(Handler);
+    if constexpr (std::is_same_v<decltype(Decode), std::nullptr_t>) {
+      if constexpr (std::is_invocable_v<H, Daemon*, const Caller&>) reply(common::ok_reply((this->*Handler)(caller)));
+      else reply(common::ok_reply((this->*Handler)()));
+    } else {
+      using Q = std::invoke_result_t<decltype(Decode), const json&>;
+      if constexpr (std::is_invocable_v<H, Daemon*, const Caller&, Q>)
+        reply(common::ok_reply((this->*Handler)(caller, Decode(request))));
+      else
+        reply(common::ok_reply((this->*Handler)(Decode(request))));
+    }
+  }
+  template <auto Decode, auto Handler>
+  void later(const Caller& caller, const json& request, Reply& reply) {
+    using Q = std::invoke_result_t<decltype(Decode), const json&>;
+    if constexpr (std::is_invocable_v<decltype(Handler), Daemon*, const Caller&, Q, Reply&>)
+      (this->*Handler)(caller, Decode(request), reply);
     else
-      reply(common::ok_reply((this->*Handler)(Decode(request))));
+      (this->*Handler)(Decode(request), reply);
   }
-  template <auto Decode, auto Handler>
-  void later(const json& request, Reply& reply) {
-    (this->*Handler)(Decode(request), reply);
-  }
-  void cmd_shutdown(const json& request, Reply& reply);
+  void cmd_shutdown(const Caller& caller, const json& request, Reply& reply);
+
+  // Refuses (forbidden, naming the owner) unless `caller` may `act` on job `r` ("cancel"): its
+  // owner or an admin.
+  void authorize(const Caller& caller, const JobRecord& r, std::string_view act) const;
+  void authorize(const Caller& caller, std::int64_t id, std::string_view act);  // job `id`, or not_found
+  void authorize_admin(const Caller& caller, std::string_view act) const;        // admins only
+  const std::string& name_of(uid_t uid) const;  // user names, looked up once each
 
   // Handlers, by group: see the files named in daemon.cpp.
-  json cmd_hello(const common::HelloRequest& q);
-  void cmd_submit(common::SubmitRequest sub, Reply& reply);  // answers once the batch is written
+  json cmd_hello(const Caller& caller, const common::HelloRequest& q);
+  void cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& reply);  // answers once the batch is written
   // A batch on its way into the store: checked off-thread, then written a part per turn.
   struct Submission {
     Reply reply;
     std::string cwd;
     int max_running = 0;
+    std::optional<common::Account> account;  // lab mode: the owner's, looked up on the check thread
     Result<CheckedBatch> checked = Error{};
     double at = 0;  // submitted at
     Store::BatchWrite write;
@@ -140,10 +179,10 @@ class Daemon {
   void submit_checked(const std::shared_ptr<Submission>& s);  // on gpuqd's thread, after check_batch
   void write_submission();  // the next part of m_submissions.front()
   void next_submission();   // m_submissions.front() is answered: on to the next
-  json cmd_status(const common::StatusRequest& q);
-  json cmd_show(const common::IdRequest& q);
-  json cmd_cancel(const common::IdsRequest& q);
-  void cmd_restart(const common::RestartRequest& q, Reply& reply);  // answers once every job is requeued (restart.cpp)
+  json cmd_status(const Caller& caller, const common::StatusRequest& q);
+  json cmd_show(const Caller& caller, const common::IdRequest& q);
+  json cmd_cancel(const Caller& caller, const common::IdsRequest& q);
+  void cmd_restart(const Caller& caller, const common::RestartRequest& q, Reply& reply);  // answers once every job is requeued (restart.cpp)
   struct Restarting {  // a restart under way: see restart.cpp
     enum class Step { choose, clear, requeue } step = Step::choose;
     bool fresh = false;
@@ -167,10 +206,10 @@ class Daemon {
   void restart_done(Restarting& r);
   void release_outside(Restarting& r);
   void resume_restarts();  // those a crash cut short (Store::unfinished_restarts)
-  json cmd_hold(const common::SelectRequest& q);
-  json cmd_release(const common::SelectRequest& q);
-  json set_held(const common::SelectRequest& q, bool hold);
-  void cmd_clean(const common::CleanRequest& q, Reply& reply);  // answers once the files are deleted
+  json cmd_hold(const Caller& caller, const common::SelectRequest& q);
+  json cmd_release(const Caller& caller, const common::SelectRequest& q);
+  json set_held(const Caller& caller, const common::SelectRequest& q, bool hold);
+  void cmd_clean(const Caller& caller, const common::CleanRequest& q, Reply& reply);  // answers once the files are deleted
   struct Cleaning {  // a clean under way: its jobs, and what became of those done so far
     bool forget = false, checkpoints_only = false;
     std::vector<std::int64_t> ids;  // chosen, ascending
@@ -196,9 +235,9 @@ class Daemon {
   // Ended jobs that a queued job's `after` or a pending wait names: id -> why it must stay.
   std::map<std::int64_t, std::string> still_needed() const;
   void empty_leftover_trash();
-  json cmd_update(const common::UpdateRequest& q);
-  json cmd_drain(const common::DrainRequest& q);
-  json cmd_undrain(const common::DrainRequest& q);
+  json cmd_update(const Caller& caller, const common::UpdateRequest& q);
+  json cmd_drain(const Caller& caller, const common::DrainRequest& q);
+  json cmd_undrain(const Caller& caller, const common::DrainRequest& q);
   json set_drained(const common::DrainRequest& q, bool drain);
   // Takes one GPU out of service or puts it back: the store, the in-memory set, the log.
   void mark_drained(const Gpu& g, bool drain, const std::string& reason);
@@ -209,10 +248,10 @@ class Daemon {
   void check_health();
   // Every so often, forgets the jobs that ended over forget_after_s ago (as clean --forget --older-than).
   void forget_old_jobs();
-  json cmd_results(const common::ResultsRequest& q);
-  json cmd_events(const common::EventsRequest& q);
+  json cmd_results(const Caller& caller, const common::ResultsRequest& q);
+  json cmd_events(const Caller& caller, const common::EventsRequest& q);
   json cmd_gpus();
-  void cmd_wait(const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
+  void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.
   void schedule_soon();
@@ -231,6 +270,7 @@ class Daemon {
   bool prepare_launch(Active& a, const Placement& placement, double now);
   void start_attempt(Active& a);
   Executor::Attempt attempt_of(const JobRecord& rec) const;
+  const common::Account* account(uid_t uid);  // m_accounts's, else the user database's; null: none
   void rederive_slots(JobRecord& rec);  // a re-adopted job's slots under this gpuqd's CPU mask
   void on_attempt_end(std::int64_t id);  // the executor says its processes are gone
   void finish_attempt(Active& a, const json& outcome);
@@ -263,7 +303,8 @@ class Daemon {
   // Appends `r` as clients see it, counting it against the reply's bound (common::k_max_reply_jobs
   // and k_max_reply_bytes, with `bytes` so far); once the reply is full, adds nothing, sets
   // `more` and returns false.
-  bool add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t& bytes) const;
+  // `viewer`: who asks; another user's result is left out for one who is no admin (result_hidden).
+  bool add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t& bytes, const Caller& viewer) const;
   std::optional<JobRecord> lookup(std::int64_t id);
   // "job N, which does not exist" or "…, which was forgotten": what to say of an id not found.
   std::string missing_job(std::int64_t id);
@@ -321,6 +362,12 @@ class Daemon {
   bool m_ingest_armed = false;
   std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
+  mutable std::map<uid_t, std::string> m_user_names;  // name_of's
+  // identify's: whether a uid is in the admin group, and until when that answer stands (60 s, so
+  // that a change to the group takes effect without a restart).
+  mutable std::map<uid_t, std::pair<bool, std::chrono::steady_clock::time_point>> m_admins;
+  // Lab mode: the accounts jobs run as, as of their owner's last submit (or looked up at launch).
+  std::map<uid_t, common::Account> m_accounts;
   // Deletes cleaned jobs' files; declared last, so it is joined before the state it posts to goes.
   asio::thread_pool m_fs_thread{1};
   asio::thread_pool m_check_thread{1};  // check_batch for submissions

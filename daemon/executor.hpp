@@ -46,6 +46,7 @@ class Executor {
     // Its dependencies that are themselves handed over and not ended (places_work() only): the
     // attempt is to wait, in the other system, until each of them has succeeded.
     std::vector<std::int64_t> after;
+    uid_t owner = 0;  // the user it runs as: what it writes in its directory belongs to them
   };
   // Called on gpuqd's thread once the attempt's processes are gone (or known never to come).
   using Ended = std::function<void(std::int64_t id)>;
@@ -115,7 +116,8 @@ class Executor {
 // directory, which the job can write, so it is read as untrusted input: bounded, and each field
 // kept only with the type gpuqd expects; {"error": why} when there is none.
 // `max_bytes`: ~4,000 bytes a rank, for 1,000 ranks by default; one rank's record needs far less.
-nlohmann::json read_exit_record(const std::string& path, std::size_t max_bytes = 4 << 20);
+nlohmann::json read_exit_record(const std::string& path, std::size_t max_bytes = 4 << 20,
+                                std::optional<uid_t> owner = std::nullopt);
 constexpr std::size_t k_max_task_record = 64 << 10;  // one rank's (gpuq-shim --slurm-task)
 
 // One exit record for a gang whose ranks each had a supervisor of their own (Slurm: one gpuq-shim

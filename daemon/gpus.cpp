@@ -43,8 +43,14 @@ json Daemon::cmd_gpus() {
   return out;
 }
 
-json Daemon::cmd_drain(const common::DrainRequest& q) { return set_drained(q, true); }
-json Daemon::cmd_undrain(const common::DrainRequest& q) { return set_drained(q, false); }
+json Daemon::cmd_drain(const Caller& caller, const common::DrainRequest& q) {
+  authorize_admin(caller, "drain GPUs");
+  return set_drained(q, true);
+}
+json Daemon::cmd_undrain(const Caller& caller, const common::DrainRequest& q) {
+  authorize_admin(caller, "undrain GPUs");
+  return set_drained(q, false);
+}
 
 // Takes GPUs out of service (as Slurm's drain) or back: a drained GPU is given to no job, while
 // the jobs already on it run on. Kept by UUID in the store, so it stays drained across restarts

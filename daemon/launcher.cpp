@@ -34,6 +34,57 @@ std::string rank_events_path(const std::string& dir, int rank) {
   return dir + "/events-" + std::to_string(rank) + ".jsonl";
 }
 
+namespace {
+
+Result<bool> made(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST) return true;
+  return Error{ErrorCode::internal, "cannot create directory " + dir + ": " + std::strerror(errno)};
+}
+
+// `dir` as gpuqd's own, mode 0711.
+Result<bool> passable_dir(const std::string& dir) {
+  if (auto m = made(dir); !m) return m;
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+    return Error{ErrorCode::forbidden, dir + " is not a directory of gpuqd's own; refusing to use it"};
+  if ((st.st_mode & 07777) != 0711 && ::chmod(dir.c_str(), 0711) != 0)
+    return Error{ErrorCode::internal, "cannot set the mode of " + dir + ": " + std::strerror(errno)};
+  return true;
+}
+
+// `dir` as `owner`'s, in `group`.
+Result<bool> owned_dir(const std::string& dir, uid_t owner, gid_t group, mode_t mode) {
+  if (auto m = made(dir); !m) return m;
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    return Error{ErrorCode::internal, "cannot open " + dir + ": " + std::strerror(err)};
+  }
+  Result<bool> out = true;
+  if (st.st_uid == ::geteuid() && st.st_uid != owner) {
+    if (::fchown(fd, owner, group) != 0 || ::fchmod(fd, mode) != 0)
+      out = Error{ErrorCode::internal, "cannot hand " + dir + " to uid " + std::to_string(owner) + ": " + std::strerror(errno)};
+  } else if (st.st_uid != owner) {
+    out = Error{ErrorCode::forbidden, dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to the job's owner"};
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace
+
+Result<bool> make_owned_dirs(const std::string& state_dir, std::int64_t id, int attempt, uid_t owner,
+                             std::optional<gid_t> group, gid_t owner_gid) {
+  for (const auto& dir : {state_dir + "/jobs", job_dir(state_dir, id)})
+    if (auto ok = passable_dir(dir); !ok) return ok;
+  const mode_t mode = group ? 02750 : 0700;
+  for (const auto& dir : {attempt_dir(state_dir, id, attempt), job_dir(state_dir, id) + "/checkpoints"})
+    if (auto ok = owned_dir(dir, owner, group.value_or(owner_gid), mode); !ok) return ok;
+  return true;
+}
+
 Env rank_environment(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
                      const std::string& jdir, const std::string& adir, int rank, const std::vector<int>& cores) {
   Env env = base_env;

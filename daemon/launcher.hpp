@@ -9,6 +9,8 @@
 //                                                   rank-<r>.log events-<r>.jsonl error-<r>.json
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,6 +42,14 @@ std::string job_dir(const std::string& state_dir, std::int64_t id);
 std::string attempt_dir(const std::string& state_dir, std::int64_t id, int attempt);
 std::string rank_log_path(const std::string& attempt_dir, int rank);
 std::string rank_events_path(const std::string& attempt_dir, int rank);
+
+// An attempt's directories for a job that runs as another user than gpuqd (lab mode): the job's
+// own directory stays gpuqd's (mode 0711: its owner passes through, and cannot swap the attempt
+// directory that gpuqd reads for another), while the attempt directory and the checkpoints belong
+// to the owner, in `group` (the admin group, given one: mode 2750, so admins read the logs; else
+// 0700). An existing one must already be the owner's, or gpuqd's own (then it is handed over).
+Result<bool> make_owned_dirs(const std::string& state_dir, std::int64_t id, int attempt, uid_t owner,
+                             std::optional<gid_t> group, gid_t owner_gid);
 
 // The environment of one rank: the submitter's environment, then the spec's `env`, then what
 // gpuq sets (CUDA_VISIBLE_DEVICES, the torchrun variables for ddp jobs, GPUQ_*). Pure.

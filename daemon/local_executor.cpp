@@ -26,8 +26,8 @@ namespace gpuq::daemon {
 namespace asio = boost::asio;
 using json = nlohmann::json;
 
-json read_exit_record(const std::string& path, std::size_t max_bytes) {
-  auto raw = common::read_untrusted_file(path, max_bytes, "exit record");
+json read_exit_record(const std::string& path, std::size_t max_bytes, std::optional<uid_t> owner) {
+  auto raw = common::read_untrusted_file(path, max_bytes, "exit record", owner);
   if (!raw || !raw->is_object()) return json{{"error", "the job's supervisor ended without recording an outcome"}};
   const auto is_int = [](const json& v) { return v.is_number_integer(); };
   const auto is_num = [](const json& v) { return v.is_number(); };
@@ -82,8 +82,10 @@ class LocalExecutor final : public Executor {
 
   Found adopt(const Attempt& attempt) override {
     // A live supervisor first: an exit record may also be a file the running job wrote itself.
-    const auto pid = read_pid_file(attempt.dir + "/shim.pid");
-    if (pid && is_alive(*pid)) {
+    // The supervisor runs as the job's owner, who could point its pid file at any process: only
+    // one of theirs is taken for it (and signalled on cancel).
+    const auto pid = read_pid_file(attempt.dir + "/shim.pid", attempt.owner);
+    if (pid && is_alive(*pid) && common::process_owner(pid->pid) == attempt.owner) {
       Shim& s = m_shims[attempt.id];
       s.pid = *pid;
       std::cerr << "gpuqd: re-adopted job " << attempt.id << " (supervisor pid " << pid->pid << ")\n";
@@ -101,7 +103,9 @@ class LocalExecutor final : public Executor {
     if (it != m_shims.end() && it->second.pid.pid > 0 && is_alive(it->second.pid)) ::kill(it->second.pid.pid, SIGTERM);
   }
 
-  json outcome(const Attempt& attempt) override { return read_exit_record(attempt.dir + "/exit.json"); }
+  json outcome(const Attempt& attempt) override {
+    return read_exit_record(attempt.dir + "/exit.json", 4 << 20, attempt.owner);
+  }
 
  private:
   struct Shim {

@@ -15,6 +15,7 @@
 
 #include "common/config.hpp"
 #include "common/paths.hpp"
+#include "common/users.hpp"
 #include "daemon/daemon.hpp"
 #include "daemon/server.hpp"
 
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   Config config;
   bool foreground = false;
   double idle_timeout_s = 300;
+  std::string socket_group;
   // Defaults from the configuration file and the environment; the command line overrides them.
   auto settings = gpuq::common::load_settings();
   if (settings) {
@@ -85,6 +87,9 @@ int main(int argc, char** argv) {
     config.default_retries = st.retries.value_or(0);
     config.executor = st.executor.value_or(config.executor);
     if (st.slurm) config.slurm = *st.slurm;
+    config.multi_user = st.multi_user.value_or(false);
+    config.admin_group = st.admin_group.value_or("");
+    socket_group = st.socket_group.value_or("");
     idle_timeout_s = st.idle_timeout_s.value_or(idle_timeout_s);
   }
   CLI::App app{"gpuqd: the gpuq daemon (multi-GPU job queue). Usually started by `gpuq daemon start`."};
@@ -140,6 +145,15 @@ int main(int argc, char** argv) {
   app.add_option("--slurm-poll", config.slurm_poll_s, "Seconds between squeue calls (one for all jobs)")
       ->check(CLI::Range(0.05, 3600.0))
       ->capture_default_str();
+  app.add_flag("--multi-user", config.multi_user,
+               "Lab mode: one gpuqd, run as root, for every user of this machine; jobs run as the user who "
+               "submitted them, and only they or an admin may change them (socket " +
+                   std::string(gpuq::common::k_lab_socket) + ", state in " + gpuq::common::k_lab_state_dir +
+                   "; docs/lab.md)");
+  app.add_option("--admin-group", config.admin_group,
+                 "Lab mode: members of this group may act on every job, drain GPUs and stop gpuqd, as root may");
+  app.add_option("--socket-group", socket_group,
+                 "Lab mode: only members of this group may reach the socket (default: every local user)");
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   // Tests describe a CPU and PCI topology with a tree of their own.
@@ -150,9 +164,38 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // Lab mode: root's, on the local executor; its groups resolved once
+  std::optional<gid_t> socket_gid;
+  if (config.multi_user) {
+    if (::geteuid() != 0) {
+      std::cerr << "gpuqd: --multi-user runs jobs as their owners, which only root can; start it as root "
+                   "(systemctl enable --now gpuqd-lab, docs/lab.md)\n";
+      return 2;
+    }
+    if (config.executor != "local") {
+      std::cerr << "gpuqd: --multi-user runs jobs on this machine (--executor local); under Slurm, Slurm runs each "
+                   "job as its owner already\n";
+      return 2;
+    }
+    for (auto [name, gid] : {std::pair{&config.admin_group, &config.admin_gid}, std::pair{&socket_group, &socket_gid}}) {
+      if (name->empty()) continue;
+      auto found = gpuq::common::group_id(*name);
+      if (!found) {
+        std::cerr << "gpuqd: " << found.error().message << "\n";
+        return 2;
+      }
+      *gid = *found;
+    }
+  } else if (!config.admin_group.empty() || !socket_group.empty()) {
+    std::cerr << "gpuqd: --admin-group and --socket-group are for lab mode (--multi-user)\n";
+    return 2;
+  }
+
   // Resolve paths
-  if (config.socket_path.empty()) config.socket_path = gpuq::common::default_socket_path();
-  if (config.state_dir.empty()) config.state_dir = gpuq::common::default_state_dir();
+  if (config.socket_path.empty())
+    config.socket_path = config.multi_user ? gpuq::common::k_lab_socket : gpuq::common::default_socket_path();
+  if (config.state_dir.empty())
+    config.state_dir = config.multi_user ? gpuq::common::k_lab_state_dir : gpuq::common::default_state_dir();
   if (config.shim_path.empty()) config.shim_path = gpuq::common::self_dir() + "/gpuq-shim";
   if (config.worker_path.empty() && ::access((gpuq::common::self_dir() + "/gpuq-worker").c_str(), X_OK) == 0)
     config.worker_path = gpuq::common::self_dir() + "/gpuq-worker";
@@ -164,6 +207,11 @@ int main(int argc, char** argv) {
   // Make the state directory private
   if (auto dir = gpuq::common::ensure_private_dir(config.state_dir); !dir) {
     std::cerr << "gpuqd: state dir: " << dir.error().message << "\n";
+    return 1;
+  }
+  // In lab mode users pass through it to their jobs' directories (and see nothing else there).
+  if (config.multi_user && ::chmod(config.state_dir.c_str(), 0711) != 0) {
+    std::cerr << "gpuqd: state dir: cannot set its mode to 0711: " << std::strerror(errno) << "\n";
     return 1;
   }
 
@@ -209,7 +257,8 @@ int main(int argc, char** argv) {
   boost::asio::io_context io;
   ::signal(SIGPIPE, SIG_IGN);
   gpuq::daemon::Daemon daemon(io, config, std::move(*store), std::move(*inventory));
-  gpuq::daemon::Server server(io, daemon, config.socket_path, idle_timeout_s);
+  gpuq::daemon::Server server(io, daemon, config.socket_path, idle_timeout_s,
+                              {config.multi_user, socket_gid});
   if (auto listening = server.listen(); !listening) {
     report_ready(listening.error().message);
     return 1;

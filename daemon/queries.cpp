@@ -8,7 +8,7 @@
 
 namespace gpuq::daemon {
 
-json Daemon::cmd_status(const common::StatusRequest& q) {
+json Daemon::cmd_status(const Caller& caller, const common::StatusRequest& q) {
   common::JobsReply out;
   const auto& f = q.filter;
   out.total = m_store->count_jobs(f);
@@ -19,7 +19,7 @@ json Daemon::cmd_status(const common::StatusRequest& q) {
     out.more = rows.size() > static_cast<std::size_t>(q.page);
     if (out.more) rows.pop_back();
     for (const auto& r : rows)
-      if (!add_to_reply(out, r, bytes)) break;
+      if (!add_to_reply(out, r, bytes, caller)) break;
     return out;
   }
   const auto keep = [&](const JobRecord& r) {
@@ -28,7 +28,7 @@ json Daemon::cmd_status(const common::StatusRequest& q) {
   // Without all, the lists are cut to the reply's bound (`more`), never paged: running jobs first,
   // then the queue's head, then the most recent ended jobs.
   for (std::int64_t id : m_running)
-    if (keep(m_active.at(id).rec) && !add_to_reply(out, m_active.at(id).rec, bytes)) break;
+    if (keep(m_active.at(id).rec) && !add_to_reply(out, m_active.at(id).rec, bytes, caller)) break;
   // Queued jobs in line order, as many as asked: a deep queue need not travel whole, unless a
   // filter has its jobs counted. Held jobs are not in line: they come after it.
   std::int64_t shown = 0, kept = 0;
@@ -37,7 +37,7 @@ json Daemon::cmd_status(const common::StatusRequest& q) {
     if (!keep(r)) return true;
     ++kept;
     if ((q.queued >= 0 && shown >= q.queued) || out.more) return !f.empty();
-    if (add_to_reply(out, r, bytes)) ++shown;
+    if (add_to_reply(out, r, bytes, caller)) ++shown;
     return true;
   };
   if (f.states.empty() || std::find(f.states.begin(), f.states.end(), JobState::queued) != f.states.end()) {
@@ -47,13 +47,14 @@ json Daemon::cmd_status(const common::StatusRequest& q) {
   }
   out.queued_total = f.empty() ? static_cast<std::int64_t>(m_queue.size() + m_held.size()) : kept;
   for (auto& r : m_store->recent_finished(q.limit, f))
-    if (!add_to_reply(out, r, bytes)) break;
+    if (!add_to_reply(out, r, bytes, caller)) break;
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   return out;
 }
 
-json Daemon::cmd_show(const common::IdRequest& q) {
+json Daemon::cmd_show(const Caller& caller, const common::IdRequest& q) {
   const JobRecord rec = existing_job(q.id);
+  authorize(caller, rec, "read the details of");  // its environment, result and files
   common::ShowReply out;
   out.job = info_of(rec);
   if (auto it = m_batch_limits.find(rec.batch); it != m_batch_limits.end()) out.batch_max_running = it->second;
@@ -68,8 +69,10 @@ json Daemon::cmd_show(const common::IdRequest& q) {
   return out;
 }
 
-json Daemon::cmd_events(const common::EventsRequest& q) {
-  const int attempts = existing_job(q.id).attempt;
+json Daemon::cmd_events(const Caller& caller, const common::EventsRequest& q) {
+  const JobRecord rec = existing_job(q.id);
+  authorize(caller, rec, "read the events of");
+  const int attempts = rec.attempt;
   if (q.attempt > attempts)
     throw RequestError(ErrorCode::not_found, "job " + std::to_string(q.id) + " has " + std::to_string(attempts) +
                                                  " attempt(s); there is no attempt " + std::to_string(q.attempt));
@@ -92,7 +95,7 @@ json Daemon::cmd_events(const common::EventsRequest& q) {
   return out;
 }
 
-json Daemon::cmd_results(const common::ResultsRequest& q) {
+json Daemon::cmd_results(const Caller& caller, const common::ResultsRequest& q) {
   if (q.ids.empty() && q.batch == 0) throw RequestError(ErrorCode::bad_request, "give job ids or a batch");
   // Every id named must exist (checked on the first page, with one index probe each: a client
   // polling many ids pages through them); then one page of them, in id order.
@@ -120,17 +123,19 @@ json Daemon::cmd_results(const common::ResultsRequest& q) {
     auto row = std::lower_bound(batch_rows.begin(), batch_rows.end(), *it,
                                 [](const JobRecord& r, std::int64_t id) { return r.id < id; });
     const bool in_batch = row != batch_rows.end() && row->id == *it;
-    if (!add_to_reply(out, in_batch ? *row : existing_job(*it), bytes)) break;
+    const JobRecord rec = in_batch ? *row : existing_job(*it);
+    authorize(caller, rec, "read the result of");
+    if (!add_to_reply(out, rec, bytes, caller)) break;
     ++shown;
   }
   return out;
 }
 
-void Daemon::cmd_wait(const common::IdsRequest& q, Reply& reply) {
+void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply) {
   for (auto id : q.ids)  // all known, or no wait (one index probe each)
     if (!m_active.count(id) && !m_store->exists(id)) existing_job(id);
   std::set<std::int64_t> ids(q.ids.begin(), q.ids.end());
-  Waiter w{ids, ids, std::move(reply), nullptr};
+  Waiter w{caller, ids, ids, std::move(reply), nullptr};
   if (q.timeout_s > 0) {
     w.timer = std::make_shared<asio::steady_timer>(m_io);
     w.timer->expires_after(std::chrono::milliseconds(static_cast<long long>(q.timeout_s * 1000)));
@@ -142,7 +147,7 @@ void Daemon::cmd_wait(const common::IdsRequest& q, Reply& reply) {
         common::JobsReply out;
         std::size_t bytes = 0;
         for (auto id : it->ids)
-          if (auto rec = lookup(id); rec && !add_to_reply(out, *rec, bytes)) break;
+          if (auto rec = lookup(id); rec && !add_to_reply(out, *rec, bytes, it->caller)) break;
         out.timed_out = true;
         Reply r = std::move(it->reply);
         m_waiters.erase(it);
@@ -168,7 +173,7 @@ void Daemon::notify_waiters() {
     common::JobsReply out;
     std::size_t bytes = 0;
     for (auto id : m_waiters[i].ids)
-      if (auto rec = m_store->get(id); rec && !add_to_reply(out, *rec, bytes)) break;
+      if (auto rec = m_store->get(id); rec && !add_to_reply(out, *rec, bytes, m_waiters[i].caller)) break;
     Waiter w = std::move(m_waiters[i]);
     m_waiters.erase(m_waiters.begin() + static_cast<std::ptrdiff_t>(i));
     if (w.timer) w.timer->cancel();

@@ -65,10 +65,17 @@ std::vector<std::int64_t> dependencies_first(const std::map<std::int64_t, JobRec
 
 }  // namespace
 
-void Daemon::cmd_restart(const common::RestartRequest& q, Reply& reply) {
+// Restarting a job takes along the jobs that failed waiting for it, whoever owns them: they failed
+// only for its failure.
+void Daemon::cmd_restart(const Caller& caller, const common::RestartRequest& q, Reply& reply) {
   std::vector<JobRecord> named;
-  for (auto id : q.ids) named.push_back(ended_job(id, "only a job that has ended can be restarted"));
+  for (auto id : q.ids) {
+    named.push_back(ended_job(id, "only a job that has ended can be restarted"));
+    authorize(caller, named.back(), "restart");
+  }
   if (q.batch != 0 && !m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
+  if (q.batch != 0 && !caller.admin)
+    if (auto one = m_store->batch_page(q.batch, 0, 1); !one.empty()) authorize(caller, one.front(), "restart the batch of");
   if (q.fresh) make_trash();
   auto r = std::make_shared<Restarting>();
   try {

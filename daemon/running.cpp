@@ -313,8 +313,22 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
   if (!next.spec.train.is_null()) next.spec.command[0] = m_config.worker_path;
   const std::string jdir = job_dir(m_config.state_dir, next.id);
   const std::string adir = attempt_dir(m_config.state_dir, next.id, next.attempt);
-  for (const auto& dir : {adir, jdir + "/checkpoints"})
-    if (auto made = common::ensure_private_dir(dir); !made) throw RequestError(made.error());
+  // Lab mode: a job of another user than gpuqd's runs as that user (the shim becomes them).
+  const bool as_owner = m_config.multi_user && next.uid != ::geteuid();
+  const common::Account* owner = as_owner ? account(next.uid) : nullptr;
+  if (as_owner) {
+    auto made = owner ? make_owned_dirs(m_config.state_dir, next.id, next.attempt, owner->uid, m_config.admin_gid, owner->gid)
+                      : Result<bool>(Error{ErrorCode::not_found, "its owner, uid " + std::to_string(next.uid) +
+                                                                     ", has no account in the user database"});
+    if (!made) {
+      commit({std::move(next)});
+      finish_attempt(a, json{{"error", made.error().message + "; not started"}});
+      return false;
+    }
+  } else {
+    for (const auto& dir : {adir, jdir + "/checkpoints"})
+      if (auto made = common::ensure_private_dir(dir); !made) throw RequestError(made.error());
+  }
   std::vector<std::string> uuids;
   for (int idx : gpus)
     if (const Gpu* g = m_inventory.find(idx)) uuids.push_back(g->uuid);
@@ -333,6 +347,15 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
     for (auto& rank : doc["ranks"])
       for (const char* name : {"CUDA_VISIBLE_DEVICES", "GPUQ_GPU_UUIDS", "MASTER_ADDR", "MASTER_PORT"})
         rank["env"].erase(name);
+  }
+  if (owner) {
+    doc["run_as"] = {{"uid", owner->uid}, {"gid", owner->gid}, {"groups", owner->groups}, {"user", owner->name}};
+    for (auto& rank : doc["ranks"]) {  // as login(1) sets them, whatever the submitter's environment said
+      rank["env"]["HOME"] = owner->home;
+      rank["env"]["USER"] = owner->name;
+      rank["env"]["LOGNAME"] = owner->name;
+      rank["env"]["SHELL"] = owner->shell;
+    }
   }
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
@@ -359,8 +382,15 @@ void Daemon::start_attempt(Active& a) {
   }
 }
 
+const common::Account* Daemon::account(uid_t uid) {
+  auto known = m_accounts.find(uid);
+  if (known == m_accounts.end())  // its jobs were submitted before gpuqd's last start
+    if (auto found = common::account_of(uid)) known = m_accounts.emplace(uid, std::move(*found)).first;
+  return known != m_accounts.end() ? &known->second : nullptr;
+}
+
 Executor::Attempt Daemon::attempt_of(const JobRecord& rec) const {
-  Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}};
+  Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}, rec.uid};
   if (m_executor->places_work())
     for (std::int64_t dep : rec.after)
       if (m_running.count(dep)) attempt.after.push_back(dep);
@@ -524,11 +554,13 @@ bool Daemon::ingest(Active& a, bool ended) {
   bool stored = true;
   for (int r = 0; r < a.rec.spec.ranks; ++r) {
     const std::string path = rank_events_path(adir, r);
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    // The job writes this file: a symlink, a fifo, or a hard link to a file of another user's
+    // (/etc/shadow) in its place is read as empty.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     if (fd < 0) continue;
     std::int64_t& offset = a.event_offsets[r];
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) st.st_size = 0;  // a fifo in its place: nothing to read
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != a.rec.uid) st.st_size = 0;
     // Bounded reads: a job that floods its events file cannot balloon the daemon's memory. Each
     // read starts one byte early, to tell whether the last one stopped inside a line.
     constexpr std::int64_t k_chunk = 4 << 20;

@@ -36,14 +36,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start() {
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-        (cred.uid != ::getuid() && cred.uid != 0)) {
-      send(common::error_reply(ErrorCode::forbidden, "gpuqd serves only its own user (uid " +
-                                                         std::to_string(::getuid()) + ") and root, not uid " +
-                                                         std::to_string(cred.uid)),
-           true);
+    if (::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      send(common::error_reply(ErrorCode::forbidden, "cannot tell who is calling (SO_PEERCRED failed)"), true);
       return;
     }
+    auto caller = m_daemon.identify(cred.uid);
+    if (!caller) {
+      send(common::error_reply(caller.error().code, caller.error().message), true);
+      return;
+    }
+    m_caller = *caller;
     read();
   }
 
@@ -97,7 +99,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     // A reply may come later (wait): the next request is read once this one is answered.
-    m_daemon.dispatch(*request, [self](nlohmann::json reply) {
+    m_daemon.dispatch(m_caller, *request, [self](nlohmann::json reply) {
       self->send(std::move(reply), false);
       self->read_when_sent();
     });
@@ -142,6 +144,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   local::socket m_socket;
   Daemon& m_daemon;
+  Caller m_caller;
   asio::streambuf m_buffer;
   asio::steady_timer m_idle;
   double m_idle_s;
@@ -165,11 +168,13 @@ bool socket_in_use(const std::string& path) {
 
 }  // namespace
 
-Server::Server(asio::io_context& io, Daemon& daemon, std::string socket_path, double idle_timeout_s)
+Server::Server(asio::io_context& io, Daemon& daemon, std::string socket_path, double idle_timeout_s,
+               SocketAccess access)
     : m_io(io),
       m_daemon(daemon),
       m_path(std::move(socket_path)),
       m_idle_timeout_s(idle_timeout_s),
+      m_access(access),
       m_acceptor(io),
       m_accept_retry(io) {}
 
@@ -178,7 +183,16 @@ Server::~Server() { close(); }
 Result<bool> Server::listen() {
   if (m_path.size() >= sizeof(sockaddr_un::sun_path))
     return Error{ErrorCode::bad_request, "socket path too long (max 107 bytes): " + m_path};
-  if (auto dir = common::ensure_private_dir(common::parent_dir(m_path)); !dir) return dir.error();
+  if (!m_access.everyone) {
+    if (auto dir = common::ensure_private_dir(common::parent_dir(m_path)); !dir) return dir.error();
+  } else {  // every user passes through the directory; the socket's mode says who may connect
+    const std::string dir = common::parent_dir(m_path);
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      return Error{ErrorCode::unavailable, "cannot create " + dir + ": " + std::strerror(errno)};
+    struct stat d {};
+    if (::lstat(dir.c_str(), &d) != 0 || !S_ISDIR(d.st_mode) || d.st_uid != ::geteuid() || (d.st_mode & 022))
+      return Error{ErrorCode::forbidden, dir + " must be a directory of gpuqd's own that no one else can write"};
+  }
   struct stat st {};
   if (::lstat(m_path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) return Error{ErrorCode::bad_request, m_path + " exists and is not a socket; refusing to replace it"};
@@ -189,7 +203,9 @@ Result<bool> Server::listen() {
   boost::system::error_code ec;
   m_acceptor.open(local(), ec);
   if (!ec) m_acceptor.bind(local::endpoint(m_path), ec);
-  if (!ec) ::chmod(m_path.c_str(), 0600);
+  if (!ec && m_access.group && ::chown(m_path.c_str(), ::geteuid(), *m_access.group) != 0)
+    ec = boost::system::error_code(errno, boost::system::system_category());
+  if (!ec) ::chmod(m_path.c_str(), !m_access.everyone ? 0600 : m_access.group ? 0660 : 0666);
   if (!ec) m_acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Error{ErrorCode::unavailable, "cannot listen on " + m_path + ": " + ec.message()};
   accept();

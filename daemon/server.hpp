@@ -1,5 +1,6 @@
-// gpuqd's socket server: a unix stream socket (0600 in a 0700 directory), one JSON request per
-// line, replies in order. Peers are checked with SO_PEERCRED (same uid or root only). Lines over
+// gpuqd's socket server: a unix stream socket (0600 in a 0700 directory; in lab mode 0666, or 0660
+// in a group, in a 0755 one), one JSON request per line, replies in order. Each peer is named by
+// SO_PEERCRED, and Daemon::identify says whether and as whom it is served. Lines over
 // k_max_request_bytes are refused without buffering them whole; a connection that sends nothing
 // for the idle timeout is closed, so no client can pin the daemon. Out of file descriptors,
 // accepting pauses (100 ms at a time) instead of failing again at once in a loop.
@@ -8,6 +9,7 @@
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
 #include <boost/asio.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/error.hpp"
@@ -16,9 +18,16 @@ namespace gpuq::daemon {
 
 class Daemon;
 
+// Who may reach the socket.
+struct SocketAccess {
+  bool everyone = false;        // lab mode: every local user (gpuqd tells them apart)
+  std::optional<gid_t> group;   // lab mode: this group's members only
+};
+
 class Server {
  public:
-  Server(boost::asio::io_context& io, Daemon& daemon, std::string socket_path, double idle_timeout_s = 300);
+  Server(boost::asio::io_context& io, Daemon& daemon, std::string socket_path, double idle_timeout_s = 300,
+         SocketAccess access = {});
   ~Server();
   // Binds the socket. Refuses when another gpuqd answers on it; removes a stale socket file.
   Result<bool> listen();
@@ -30,6 +39,7 @@ class Server {
   Daemon& m_daemon;
   std::string m_path;
   double m_idle_timeout_s;
+  SocketAccess m_access;
   boost::asio::local::stream_protocol::acceptor m_acceptor;
   boost::asio::steady_timer m_accept_retry;  // after a failed accept (out of file descriptors)
   bool m_accept_failing = false;

@@ -70,7 +70,7 @@ bool Store::insert_batch_part(BatchWrite& w, std::vector<JobRecord>& jobs,
   }
   // A new job's other columns are the schema's defaults, which are what a submitted JobRecord holds.
   auto* ins = prepare(
-      "INSERT INTO jobs(id, batch, name, spec, state, submitted_at, after, held) VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
+      "INSERT INTO jobs(id, batch, name, spec, state, submitted_at, after, held, uid) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)");
   std::size_t i = w.written;
   for (; i < jobs.size(); ++i) {
     if (i > w.written && i % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
@@ -86,6 +86,7 @@ bool Store::insert_batch_part(BatchWrite& w, std::vector<JobRecord>& jobs,
     sqlite3_bind_double(ins, 6, now);
     bind_text(ins, 7, json(j.after).dump());
     sqlite3_bind_int(ins, 8, j.held ? 1 : 0);
+    sqlite3_bind_int64(ins, 9, j.uid);
     run(m_db, ins, "insert job");
     write_transition(j, now);
   }
@@ -287,6 +288,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     j.blocked_by = sqlite3_column_int64(st, 24);
     j.held = sqlite3_column_int(st, 25) != 0;
     j.run.external_id = text(st, 26);
+    j.uid = static_cast<uid_t>(sqlite3_column_int64(st, 27));
     out.push_back(std::move(j));
   }
   sqlite3_reset(st);
@@ -295,7 +297,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
   return out;
 }
 
-#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots, cores, attempt_base, restarts, blocked_by, held, external_id FROM jobs " where)
+#define GPUQ_SELECT_JOBS(where) ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, cpu_slots, cores, attempt_base, restarts, blocked_by, held, external_id, uid FROM jobs " where)
 
 std::vector<JobRecord> Store::load_active() {
   return query_jobs(prepare(GPUQ_SELECT_JOBS("WHERE state IN ('queued', 'running') ORDER BY id")));
@@ -365,6 +367,17 @@ std::optional<JobState> Store::state_of(std::int64_t id) {
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   return state;
+}
+
+std::optional<uid_t> Store::owner_of(std::int64_t id) {
+  if (hidden(id)) return std::nullopt;
+  auto* st = prepare("SELECT uid FROM jobs WHERE id=?");
+  sqlite3_bind_int64(st, 1, id);
+  std::optional<uid_t> uid;
+  if (sqlite3_step(st) == SQLITE_ROW) uid = static_cast<uid_t>(sqlite3_column_int64(st, 0));
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return uid;
 }
 
 std::vector<JobRecord> Store::batch_page(std::int64_t batch, std::int64_t after, int limit) {

@@ -5,6 +5,8 @@
 // multi-row change is one transaction, so the database is never half-updated.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -30,6 +32,7 @@ using json = nlohmann::json;
 struct JobRecord {
   std::int64_t id = 0;
   std::int64_t batch = 0;
+  uid_t uid = 0;  // its owner: who submitted it (in single-user mode, gpuqd's own user)
   common::JobSpec spec;
   JobState state = JobState::queued;
   int attempt = 0;
@@ -149,6 +152,7 @@ class Store {
   std::optional<JobRecord> get(std::int64_t id);
   bool exists(std::int64_t id);  // one index probe: no row is read
   std::optional<JobState> state_of(std::int64_t id);  // the state alone, without reading the row
+  std::optional<uid_t> owner_of(std::int64_t id);     // its owner alone
   // The last `limit` ended jobs that `f` keeps, in id order.
   std::vector<JobRecord> recent_finished(int limit, const common::JobFilter& f = {});
   // Up to `limit` jobs that `f` keeps with ids above `after`, in id order (keyset paging).

@@ -23,10 +23,11 @@ using namespace sql;
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 11;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
+constexpr int k_schema_version = 12;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
                                       // 6: drained_gpus; 7: batches.max_running; 8: removed_ids;
                                       // 9: batches.complete; 10: restarts (plans of restarts under way);
                                       // 11: jobs.external_id (the Slurm job of the last attempt)
+                                      // 12: jobs.uid (its owner)
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -42,7 +43,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT,
   cpu_slots TEXT NOT NULL DEFAULT '[]', cores TEXT NOT NULL DEFAULT '[]',
   attempt_base INTEGER NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0,
-  blocked_by INTEGER NOT NULL DEFAULT 0, held INTEGER NOT NULL DEFAULT 0, external_id TEXT NOT NULL DEFAULT '');
+  blocked_by INTEGER NOT NULL DEFAULT 0, held INTEGER NOT NULL DEFAULT 0, external_id TEXT NOT NULL DEFAULT '',
+  uid INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch);
 CREATE TABLE IF NOT EXISTS transitions(
@@ -223,6 +225,11 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
     if (app_id == k_application_id && version < 11) {
       store->exec("BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN external_id TEXT NOT NULL DEFAULT ''; "
                   "PRAGMA user_version=11; COMMIT");
+    }
+    if (app_id == k_application_id && version < 12) {  // jobs from before were the user's who ran gpuqd
+      store->exec(("BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN uid INTEGER NOT NULL DEFAULT " +
+                   std::to_string(::getuid()) + "; PRAGMA user_version=12; COMMIT")
+                      .c_str());
     }
     // A batch whose writing a crash cut short was never acknowledged: it goes (insert_batch_part).
     store->exec("BEGIN IMMEDIATE; "

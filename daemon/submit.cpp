@@ -11,7 +11,7 @@ namespace gpuq::daemon {
 // in parts, one per turn of gpuqd's loop (Store::insert_batch_part), so that no client waits
 // behind a 100,000-job matrix for more than a part's time. Submissions are written one at a time,
 // in the order their checks end; the jobs exist for other requests only once all are written.
-void Daemon::cmd_submit(common::SubmitRequest sub, Reply& reply) {
+void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& reply) {
   if (sub.cwd.empty() || sub.cwd[0] != '/')
     throw RequestError(ErrorCode::bad_request, "field `cwd` must be the submitter's absolute working directory");
   MachineFacts facts;
@@ -30,9 +30,18 @@ void Daemon::cmd_submit(common::SubmitRequest sub, Reply& reply) {
   s->reply = std::move(reply);
   s->max_running = sub.max_running;
   s->cwd = sub.cwd;
-  asio::post(m_check_thread, [this, s, sub = std::move(sub), facts]() mutable {
+  // In lab mode the jobs are the caller's, checked and run as them; else gpuqd's own user's.
+  const std::optional<uid_t> owner = m_config.multi_user ? std::optional<uid_t>(caller.uid) : std::nullopt;
+  asio::post(m_check_thread, [this, s, sub = std::move(sub), facts, owner]() mutable {
     try {
-      s->checked = check_batch(std::move(sub), facts);
+      if (owner) {
+        auto account = common::account_of(*owner);
+        if (!account)
+          s->checked = Error{ErrorCode::forbidden, account.error().message + "; gpuq runs each job as its owner"};
+        else
+          s->account = std::move(*account);
+      }
+      if (!owner || s->account) s->checked = check_batch(std::move(sub), facts, s->account ? &*s->account : nullptr);
     } catch (const std::exception& e) {  // out of memory, say: the submitter hears of it
       s->checked = Error{ErrorCode::internal, std::string("internal error: ") + e.what()};
     }
@@ -42,6 +51,7 @@ void Daemon::cmd_submit(common::SubmitRequest sub, Reply& reply) {
 
 void Daemon::submit_checked(const std::shared_ptr<Submission>& s) {
   if (!s->checked) return s->reply(common::error_reply(s->checked.error()));
+  if (s->account) m_accounts[s->account->uid] = *s->account;  // as of now, for the launches
   auto& batch = *s->checked;
   std::map<std::int64_t, bool> known;  // each id looked up once, however many jobs name it
   for (const auto& [i, id] : batch.outside_deps) {

@@ -1,7 +1,13 @@
 // Checks a submitted batch against this machine, off gpuqd's thread (see submit_check.hpp).
 #include "daemon/submit_check.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
 
 #include "common/paths.hpp"
 #include "common/spec.hpp"
@@ -15,7 +21,14 @@ Error CheckedBatch::refusal() const {
   return {ErrorCode::invalid_spec, msg};
 }
 
-Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& facts) {
+Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& facts, const common::Account* owner) {
+  std::optional<common::ScopedFsIdentity> as_owner;
+  if (owner && ::geteuid() == 0 && owner->uid != 0) {
+    as_owner.emplace(*owner);
+    if (!as_owner->ok())
+      return Error{ErrorCode::internal, "cannot take on the file-system identity of " + owner->name +
+                                            " to check the jobs' directories and commands"};
+  }
   if (facts.default_retries > 0) {  // the configured default, for specs that name none
     auto fill = [&](json& spec) {
       if (spec.is_object() && !spec.contains("retries")) spec["retries"] = facts.default_retries;
@@ -65,8 +78,15 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
                          std::to_string(facts.largest_gpu_mb) + " MiB");
     for (const auto& d : s.after)
       if (d.name.empty()) out.outside_deps.emplace_back(i, d.id);
-    const bool cwd_ok = common::is_directory(s.cwd);
-    if (!cwd_ok) problems.push_back(who + ": cwd " + s.cwd + " is not a directory");
+    std::string cwd_problem;  // "" when the job can run there
+    struct stat cwd_st {};
+    if (::stat(s.cwd.c_str(), &cwd_st) != 0) cwd_problem = std::strerror(errno);
+    else if (!S_ISDIR(cwd_st.st_mode)) cwd_problem = "not a directory";
+    else if (::faccessat(AT_FDCWD, s.cwd.c_str(), X_OK, AT_EACCESS) != 0) cwd_problem = std::strerror(errno);
+    const bool cwd_ok = cwd_problem.empty();
+    if (!cwd_ok)
+      problems.push_back(who + ": cwd " + s.cwd + " cannot be the job's working directory (" + cwd_problem +
+                         (owner ? ", as " + owner->name : "") + ")");
     auto path = s.env.count("PATH") ? s.env.at("PATH") : (out.env.count("PATH") ? out.env.at("PATH") : "");
     if (!s.train.is_null()) {
       if (!facts.have_worker)
@@ -79,6 +99,7 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
     JobRecord rec;
     rec.spec = std::move(s);
     rec.held = sub.hold;
+    rec.uid = owner ? owner->uid : ::getuid();
     out.jobs.push_back(std::move(rec));
   }
   return out;

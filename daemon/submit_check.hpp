@@ -13,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/protocol.hpp"
+#include "common/users.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/store.hpp"
 
@@ -46,6 +47,9 @@ constexpr std::size_t k_env_reserve_bytes = 16 << 10;
 // A spec that does not parse, or dependencies that do not resolve, are an error; the problems
 // that only this machine makes (GPUs, memory, directories, executables, exec's size limit) are
 // collected in `problems`, so the submitter sees them all at once.
-Result<CheckedBatch> check_batch(common::SubmitRequest request, const MachineFacts& facts);
+// With `owner` (a root gpuqd's job for another user), directories and executables are looked up as
+// that user would (common::ScopedFsIdentity), and the jobs are theirs (JobRecord::uid).
+Result<CheckedBatch> check_batch(common::SubmitRequest request, const MachineFacts& facts,
+                                 const common::Account* owner = nullptr);
 
 }  // namespace gpuq::daemon

@@ -8,7 +8,9 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <grp.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -204,8 +206,14 @@ std::int64_t oom_kills() {
 // costs no file nobody reads (each file made on ext4 was ~0.4 ms of gpuqd's time under load).
 std::string g_complaints;
 void complain(const std::string& message) {
-  std::ofstream out(g_complaints.empty() ? "/dev/stderr" : g_complaints, std::ios::app);
-  out << "gpuq-shim: " << message << "\n";
+  const std::string line = "gpuq-shim: " + message + "\n";
+  // In the job's directory, and maybe before the shim dropped root's privileges: never through a
+  // symlink the job put there.
+  const int fd = g_complaints.empty() ? ::dup(STDERR_FILENO)
+                                      : ::open(g_complaints.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  [[maybe_unused]] auto n = ::write(fd, line.data(), line.size());
+  ::close(fd);
 }
 
 class Supervisor {
@@ -467,8 +475,25 @@ class Supervisor {
 
 std::optional<json> read_launch_document(const std::string& launch_path) {
   g_complaints = common::parent_dir(launch_path) + "/shim.log";
-  std::ifstream in(launch_path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  const int fd = ::open(launch_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    complain("cannot read " + launch_path + ": " + (fd < 0 ? std::strerror(errno) : "not a regular file"));
+    if (fd >= 0) ::close(fd);
+    return std::nullopt;
+  }
+  // Started by a root gpuqd, the shim takes the user to run as from this file: only one that root
+  // wrote counts, never one the job's owner put in its place (their own, or a link to another).
+  if (::geteuid() == 0 && (st.st_uid != 0 || st.st_nlink != 1)) {
+    ::close(fd);
+    complain(launch_path + " is not root's own file; refusing to run it as root");
+    return std::nullopt;
+  }
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0 && text.size() < (std::size_t{64} << 20);)
+    text.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
   json doc = json::parse(text, nullptr, false);
   if (!doc.is_object() || !doc.contains("ranks") || !doc["ranks"].is_array() || !doc.contains("exit_file") ||
       !doc.contains("pid_file") || !doc["exit_file"].is_string() || !doc["pid_file"].is_string()) {
@@ -498,9 +523,47 @@ std::string task_path(const std::string& path, int rank) {
   return has_ext ? path.substr(0, dot) + tag + path.substr(dot) : path + tag;
 }
 
+// A launch document's `run_as` (lab mode: gpuqd runs as root, the job as its owner): the shim
+// becomes that user, with their groups, before it writes anything or starts a rank, and can never
+// regain root (no_new_privs: no setuid program the job runs gains privileges either). False, said
+// in shim.log, when it cannot.
+bool become_owner(const json& doc) {
+  const auto it = doc.find("run_as");
+  if (it == doc.end()) return true;
+  const auto& who = *it;
+  if (!who.is_object() || !who.value("uid", json()).is_number_unsigned() || !who.value("gid", json()).is_number_unsigned() ||
+      !who.value("groups", json()).is_array()) {
+    complain("the launch document's run_as is not {uid, gid, groups}");
+    return false;
+  }
+  const auto uid = who["uid"].get<uid_t>();
+  const auto gid = who["gid"].get<gid_t>();
+  std::vector<gid_t> groups;
+  for (const auto& g : who["groups"])
+    if (g.is_number_unsigned()) groups.push_back(g.get<gid_t>());
+  if (::geteuid() != 0) {  // not root: it can only be already the user it is to be
+    if (::getuid() == uid) return true;
+    complain("asked to run the job as uid " + std::to_string(uid) + ", but the shim runs as uid " +
+             std::to_string(::getuid()) + ", not root");
+    return false;
+  }
+  if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) {
+    complain("cannot become uid " + std::to_string(uid) + " (gid " + std::to_string(gid) + "): " + std::strerror(errno));
+    return false;
+  }
+  if (uid != 0 && (::setuid(0) == 0 || ::geteuid() != uid)) {
+    complain("dropped to uid " + std::to_string(uid) + " but could regain root; refusing to run the job");
+    return false;
+  }
+  ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  ::umask(027);  // the job's files: its owner's, readable by the admin group its directory has
+  return true;
+}
+
 int run_supervisor(const std::string& launch_path) {
   auto doc = read_launch_document(launch_path);
   if (!doc) return 2;
+  if (!become_owner(*doc)) return 2;
   try {
     Supervisor attempt(std::move(*doc));
     const int written = attempt.run();

@@ -43,19 +43,40 @@ std::string state_of(const common::JobInfo& j) {
 std::string detail_of(const common::JobInfo& j) {
   if (j.state == JobState::running && j.progress.is_object()) return format_fields(j.progress, 5);
   if (j.state == JobState::succeeded && j.result.is_object()) return format_fields(j.result, 5);
+  if (j.state == JobState::succeeded && j.result_hidden) return "(result: " + j.user + "'s to read)";
   return j.reason;
 }
 
-const std::vector<std::string> k_jobs_header{"ID", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"};
+// The jobs table. Its USER column (a row's second cell) is left out unless some job is another
+// user's than the caller's: a lab's shared gpuqd (docs/lab.md).
+const std::vector<std::string> k_jobs_header{"ID", "USER", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"};
 
 std::vector<std::string> job_row(const common::JobInfo& j) {
-  return {std::to_string(j.id), j.name, state_of(j), format_gpus(j.gpus), format_try(j), runtime_of(j), detail_of(j)};
+  return {std::to_string(j.id), j.user, j.name, state_of(j), format_gpus(j.gpus), format_try(j), runtime_of(j),
+          detail_of(j)};
 }
 
-void print_jobs_table(const std::vector<common::JobInfo>& jobs) {
-  Table t(k_jobs_header);
-  for (const auto& j : jobs) t.add(job_row(j));
+void print_rows(std::vector<std::vector<std::string>> rows, bool others) {
+  auto header = k_jobs_header;
+  if (!others) {
+    header.erase(header.begin() + 1);
+    for (auto& row : rows) row.erase(row.begin() + 1);
+  }
+  Table t(header);
+  for (auto& row : rows) t.add(std::move(row));
   t.print(std::cout);
+}
+
+bool someone_elses(const common::JobInfo& j) { return j.uid != static_cast<std::int64_t>(::getuid()); }
+
+void print_jobs_table(const std::vector<common::JobInfo>& jobs) {
+  std::vector<std::vector<std::string>> rows;
+  bool others = false;
+  for (const auto& j : jobs) {
+    rows.push_back(job_row(j));
+    others = others || someone_elses(j);
+  }
+  print_rows(std::move(rows), others);
 }
 
 bool all_succeeded(const common::JobsReply& r) {
@@ -72,6 +93,7 @@ int status_all(const Options& o, const common::JobFilter& f) {
   if (!client) return report(client.error());
   std::vector<std::vector<std::string>> rows;  // table mode: short strings only
   std::int64_t after = 0, total = 0, shown = 0;
+  bool others = false;
   if (o.json) std::cout << "{\n  \"jobs\": [";
   for (bool more = true; more;) {
     common::StatusRequest req;
@@ -95,6 +117,7 @@ int status_all(const Options& o, const common::JobFilter& f) {
         std::cout << (shown ? ",\n    " : "\n    ") << text;
       } else {
         rows.push_back(job_row(j));
+        others = others || someone_elses(j);
       }
       ++shown;
     }
@@ -108,9 +131,7 @@ int status_all(const Options& o, const common::JobFilter& f) {
     std::cout << "no jobs\n";
     return k_exit_ok;
   }
-  Table t(k_jobs_header);
-  for (auto& row : rows) t.add(std::move(row));
-  t.print(std::cout);
+  print_rows(std::move(rows), others);
   return k_exit_ok;
 }
 
@@ -158,7 +179,7 @@ int cmd_show(const Options& o, std::int64_t id) {
   std::cout << "job " << j.id << " (" << j.name << "), batch " << j.batch
             << (s.batch_max_running > 0 ? " (at most " + std::to_string(s.batch_max_running) + " of it run at once)"
                                         : std::string())
-            << "\n"
+            << (someone_elses(j) ? ", of " + j.user : std::string()) << "\n"
             << "  state:     " << state_of(j) << (j.reason.empty() ? "" : " - " + j.reason) << "\n"
             << "  mode:      " << j.mode << ", " << j.ranks << " rank(s), gpus requested " << j.gpus_requested
             << ", assigned " << format_gpus(j.gpus) << "\n";
@@ -242,16 +263,17 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   auto client = connect(o, code, follow);
   if (!client) return code;
   if (follow) outlive_restarts(o, *client);
+  int refused = k_exit_refused;
   auto show = [&]() -> std::optional<common::ShowReply> {
     auto r = client->call(common::encode("show", common::IdRequest{id}));
     if (!r) {
-      report(r.error());
+      refused = report(r.error());
       return std::nullopt;
     }
     return r->get<common::ShowReply>();
   };
   auto s = show();
-  if (!s) return k_exit_refused;
+  if (!s) return refused;
   if (rank >= s->job.ranks) {
     std::cerr << "gpuq: job " << id << " has " << s->job.ranks << " rank(s); --rank " << rank << " does not exist\n";
     return k_exit_usage;
@@ -315,7 +337,7 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   while (follow && (s->job.state == JobState::queued || s->job.state == JobState::running)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     s = show();
-    if (!s) return k_exit_refused;
+    if (!s) return refused;
     pump(*s);
   }
   if (follow) pump(*s);

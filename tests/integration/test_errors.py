@@ -31,7 +31,7 @@ class SpecErrors(DaemonTest):
                       self.submit_error('{"command":["no-such-program-here"]}'))
         self.assertIn("`after` names job 999, which does not exist",
                       self.submit_error('{"command":["true"],"after":[999]}'))
-        self.assertIn("cwd /nonexistent-dir is not a directory",
+        self.assertIn("cwd /nonexistent-dir cannot be the job's working directory (No such file or directory)",
                       self.submit_error('{"command":["true"],"cwd":"/nonexistent-dir"}'))
 
     def test_a_batch_is_rejected_whole(self):

@@ -29,7 +29,8 @@ struct Core {
   std::unique_ptr<Daemon> daemon;
 
   explicit Core(const std::string& gpus = "fake:2:16000",
-                std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor = {}) {
+                std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor = {},
+                std::function<void(Config&)> tweak = {}) {
     char tmpl[] = "/tmp/gpuq-unit-handlers-XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
@@ -38,6 +39,7 @@ struct Core {
     config.shim_path = "/bin/false";
     config.retry_backoff_s = 0;
     config.make_executor = std::move(make_executor);
+    if (tweak) tweak(config);
     auto store = Store::open(":memory:");
     REQUIRE(store);
     auto inventory = Inventory::create(gpus, std::nullopt);
@@ -51,10 +53,10 @@ struct Core {
     std::filesystem::remove_all(dir, ec);
   }
 
-  // The reply to `request`, running gpuqd's loop until it comes.
-  json call(const json& request) {
+  // The reply to `request` (from `caller`), running gpuqd's loop until it comes.
+  json call(const json& request, const Caller& caller = Caller::self()) {
     std::optional<json> reply;
-    daemon->dispatch(request, [&](json r) { reply = std::move(r); });
+    daemon->dispatch(caller, request, [&](json r) { reply = std::move(r); });
     // A bound, not a wait: a reply that never comes fails the test instead of hanging it.
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (!reply) {
@@ -413,4 +415,63 @@ TEST_CASE("after: a job goes over once its dependency has, naming it; one failin
   CHECK(d["attempt"] == 0);
   CHECK(cluster.live.empty());
 }
+TEST_CASE("lab mode: callers are told apart by uid; only a job's owner or an admin may change it or read its details") {
+  Core core("fake:2:16000", {}, [](Config& c) { c.multi_user = true; });
+  // uid 65534 is `nobody` on Debian and Ubuntu: an account every machine has.
+  const Caller owner{65534, false}, other{65533, false}, admin{4242, true};
+  CHECK(core.daemon->identify(65534)->admin == false);
+  CHECK(core.daemon->identify(0)->admin == true);
+  json hello = core.call({{"cmd", "hello"}, {"protocol_version", gpuq::common::k_protocol_version}}, owner);
+  CHECK(hello["multi_user"] == true);
+  CHECK(hello["user"] == "nobody");
+  CHECK(hello["admin"] == false);
+
+  json sub = core.call({{"cmd", "submit"}, {"jobs", job("mine", {{"cwd", "/"}})}, {"cwd", "/"}, {"hold", true}}, owner);
+  INFO(sub.dump());
+  REQUIRE(sub["ok"] == true);
+  const std::int64_t id = sub["ids"][0];
+  json st = core.call({{"cmd", "status"}}, other);
+  REQUIRE(st["jobs"].size() == 1);
+  CHECK(st["jobs"][0]["user"] == "nobody");  // everyone sees the queue, and whose each job is
+  CHECK(st["jobs"][0]["uid"] == 65534);
+
+  for (const json& request : {json{{"cmd", "cancel"}, {"ids", {id}}}, json{{"cmd", "release"}, {"ids", {id}}},
+                              json{{"cmd", "update"}, {"ids", {id}}, {"set", {{"priority", 5}}}}, json{{"cmd", "show"}, {"id", id}},
+                              json{{"cmd", "events"}, {"id", id}}, json{{"cmd", "results"}, {"ids", {id}}}}) {
+    CAPTURE(request.dump());
+    json r = core.call(request, other);
+    REQUIRE(r["ok"] == false);
+    CHECK(r["error"]["code"] == "forbidden");
+    const std::string message = r["error"]["message"];
+    CHECK(message.find("belongs to nobody; only nobody or an admin may") != std::string::npos);
+  }
+  CHECK(core.call({{"cmd", "show"}, {"id", id}}, owner)["ok"] == true);
+  for (const json& request : {json{{"cmd", "drain"}, {"gpus", {0}}}, json{{"cmd", "shutdown"}}}) {
+    json r = core.call(request, owner);
+    CHECK(r["error"]["code"] == "forbidden");
+    CHECK(r["error"]["message"].get<std::string>().find("only an admin may") != std::string::npos);
+  }
+  CHECK(core.call({{"cmd", "update"}, {"ids", {id}}, {"set", {{"priority", 5}}}}, owner)["ok"] == true);
+  CHECK(core.call({{"cmd", "cancel"}, {"ids", {id}}}, admin)["ok"] == true);
+  CHECK(core.state_of(id) == "cancelled");
+  // clean with nothing named takes only the caller's own ended jobs
+  json cleaned = core.call({{"cmd", "clean"}, {"ended_before", 4e9}, {"forget", true}}, other);
+  REQUIRE(cleaned["ok"] == true);
+  CHECK(cleaned["forgotten"].empty());
+  cleaned = core.call({{"cmd", "clean"}, {"ended_before", 4e9}, {"forget", true}}, owner);
+  CHECK(cleaned["forgotten"] == json::array({id}));
+}
+
+TEST_CASE("single-user mode serves only gpuqd's own user and root, each as an admin") {
+  Core core;
+  CHECK(core.daemon->identify(::getuid())->admin);
+  CHECK(core.daemon->identify(0)->admin);
+  if (::getuid() != 65534) {
+    auto refused = core.daemon->identify(65534);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == gpuq::ErrorCode::forbidden);
+    CHECK(refused.error().message.find("gpuqd --multi-user") != std::string::npos);
+  }
+}
+
 TEST_SUITE_END();

@@ -328,6 +328,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     CHECK(active[0].restarts == 0);
     CHECK(active[0].blocked_by == 0);
     CHECK_FALSE(active[0].held);
+    CHECK(active[0].uid == ::getuid());  // jobs from before owners were kept are gpuqd's user's
     active[0].run.cpu_slots = {3};
     active[0].run.cores = {6, 7};
     active[0].attempt_base = 1;
@@ -335,7 +336,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 11);
+  CHECK(user_version(db.path) == 12);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   CHECK((*again)->get(7)->run.external_id.empty());  // the column a version 11 store added
   REQUIRE(again.ok());
@@ -491,7 +492,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 11") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 12") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 

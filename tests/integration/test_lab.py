@@ -1,0 +1,178 @@
+"""Lab mode (docs/lab.md): one gpuqd, run as root with --multi-user, for every user of the
+machine. The test makes three ordinary users (two of them plain, one in an admin group), starts
+gpuqd as root on fake GPUs and drives the real gpuq as each of them with runuser: jobs run as
+their owner, other users' jobs cannot be touched, and a job cannot make the root daemon read or
+write what its owner could not. Needs root (CI runs as root); skipped otherwise."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+from harness import BIN, Daemon, pids_matching, wait_until
+
+ALICE, BOB, CAROL = "gpuq-alice", "gpuq-bob", "gpuq-carol"
+ADMINS = "gpuq-lab-admins"
+
+
+def ensure_account(name, groups=()):
+    if subprocess.run(["id", name], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+    for group in groups:
+        subprocess.run(["usermod", "--append", "--groups", group, name], check=True, capture_output=True)
+
+
+def uid_of(name):
+    return int(subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout)
+
+
+@unittest.skipUnless(os.geteuid() == 0, "lab mode runs gpuqd as root")
+class LabMode(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        subprocess.run(["groupadd", "--force", ADMINS], check=True, capture_output=True)
+        ensure_account(ALICE)
+        ensure_account(BOB)
+        ensure_account(CAROL, [ADMINS])
+        cls.home = {u: os.path.expanduser("~" + u) for u in (ALICE, BOB, CAROL)}
+        # Every user must reach the binaries, as from an installed package.
+        path = os.path.abspath(BIN)
+        while path != "/":
+            if os.stat(path).st_mode & 0o005 != 0o005:
+                raise unittest.SkipTest(f"{path} is not open to other users; the test users cannot run gpuq from it")
+            path = os.path.dirname(path)
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-lab-", dir="/tmp")
+        os.chmod(self.tmp, 0o755)
+        self.d = Daemon(self.tmp, "fake:2:16000", extra=["--multi-user", "--admin-group", ADMINS])
+        self.d.socket = os.path.join(self.tmp, "run", "gpuqd.sock")  # the server makes run/ (0755)
+        self.d.start()
+        # A file only root may read, written as a stream of valid event lines: were gpuqd to read
+        # it for a job, the job's result would show its secret.
+        self.secret = os.path.join(self.tmp, "secret.jsonl")
+        with open(self.secret, "w") as f:
+            f.write('{"type": "result", "secret": 42}\n')
+        os.chmod(self.secret, 0o600)
+
+    def tearDown(self):
+        self.d.stop()
+        for pid in pids_matching(f"gpuq-shim {self.tmp}/"):
+            try:
+                os.kill(pid, 15)
+            except ProcessLookupError:
+                pass
+        wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), timeout=10, what="job supervisors to exit")
+        failed = any(e for t, e in (self._outcome.result.errors + self._outcome.result.failures) if t is self)
+        if failed:
+            print(f"\nkept {self.tmp} for inspection")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def gpuq(self, user, *args, input=None):
+        """The real gpuq, run as `user` from their home directory."""
+        return subprocess.run(["runuser", "-u", user, "--", "env", "GPUQ_CONFIG=", os.path.join(BIN, "gpuq"),
+                               "--socket", self.d.socket, *args],
+                              input=input, capture_output=True, text=True, cwd=self.home[user], timeout=120)
+
+    def ok(self, user, *args, input=None):
+        r = self.gpuq(user, *args, input=input)
+        self.assertEqual(r.returncode, 0, f"gpuq {' '.join(args)} as {user}: {r.stdout}{r.stderr}")
+        return r.stdout
+
+    def submit(self, user, spec, *extra):
+        return json.loads(self.ok(user, "submit", "-", "--json", *extra, input=json.dumps(spec)))["ids"]
+
+    def wait(self, user, ids):
+        r = self.gpuq(user, "wait", *map(str, ids), "--json")
+        return {j["id"]: j for j in json.loads(r.stdout)["jobs"]}
+
+    def test_jobs_run_as_their_owner_with_their_home_and_files(self):
+        [a] = self.submit(ALICE, {"name": "who", "command": ["sh", "-c", 'id -u; echo "HOME=$HOME USER=$USER"; '
+                                                            'touch "$GPUQ_CHECKPOINT_DIR/ckpt"']})
+        [b] = self.submit(BOB, {"name": "who", "command": ["id", "-u"]})
+        jobs = self.wait(ALICE, [a, b])
+        self.assertEqual(jobs[a]["state"], "succeeded", jobs[a]["reason"])
+        self.assertEqual(jobs[b]["state"], "succeeded", jobs[b]["reason"])
+        self.assertEqual((jobs[a]["user"], jobs[a]["uid"]), (ALICE, uid_of(ALICE)))
+        self.assertEqual(jobs[b]["user"], BOB)
+        log = self.ok(ALICE, "logs", str(a))
+        self.assertIn(str(uid_of(ALICE)), log.split())
+        self.assertIn(f"HOME={self.home[ALICE]} USER={ALICE}", log)
+        self.assertIn(str(uid_of(BOB)), self.ok(BOB, "logs", str(b)).split())
+        # Its files are its owner's; no other user reaches them.
+        ckpt = os.path.join(jobs[a]["job_dir"], "checkpoints", "ckpt")
+        self.assertEqual(os.stat(ckpt).st_uid, uid_of(ALICE))
+        attempt = os.path.join(jobs[a]["job_dir"], "attempt-1")
+        self.assertEqual(os.stat(os.path.join(attempt, "rank-0.log")).st_uid, uid_of(ALICE))
+        peek = subprocess.run(["runuser", "-u", BOB, "--", "cat", os.path.join(attempt, "rank-0.log")],
+                              capture_output=True, text=True)
+        self.assertNotEqual(peek.returncode, 0)
+        self.assertIn("Permission denied", peek.stderr)
+        # Everyone sees the queue, with whose each job is.
+        table = self.ok(BOB, "status")
+        self.assertIn("USER", table.splitlines()[0])
+        self.assertIn(ALICE, table)
+
+    def test_another_users_job_cannot_be_touched_and_an_admin_may(self):
+        [a] = self.submit(ALICE, {"name": "held", "command": ["true"]}, "--hold")
+        for args in (["cancel", str(a)], ["release", str(a)], ["update", str(a), "--priority", "3"],
+                     ["show", str(a)], ["logs", str(a)], ["result", str(a)]):
+            r = self.gpuq(BOB, *args)
+            self.assertEqual(r.returncode, 5, f"gpuq {' '.join(args)} as bob: {r.stdout}{r.stderr}")
+            self.assertIn(f"belongs to {ALICE}; only {ALICE} or an admin may", r.stderr)
+        self.assertEqual(self.gpuq(BOB, "drain", "0").returncode, 5)
+        self.assertEqual(self.gpuq(BOB, "daemon", "stop").returncode, 5)
+        self.ok(CAROL, "show", str(a))  # an admin, through the admin group
+        self.ok(CAROL, "cancel", str(a))
+        self.assertEqual(self.wait(ALICE, [a])[a]["state"], "cancelled")
+        # Bob's job may wait for Alice's: reading its state is everyone's.
+        [b1] = self.submit(ALICE, {"name": "first", "command": ["true"]})
+        [b2] = self.submit(BOB, {"name": "second", "command": ["true"], "after": [b1]})
+        self.assertEqual(self.wait(BOB, [b2])[b2]["state"], "succeeded")
+
+    def test_a_job_cannot_make_gpuqd_read_a_file_its_owner_cannot(self):
+        link = {"name": "symlink", "command": ["sh", "-c", f'ln -sf {self.secret} "$GPUQ_EVENTS"']}
+        # A hard link needs protected_hardlinks off, as on some machines: then the file is root's.
+        hard = {"name": "hardlink", "command": ["sh", "-c", f'rm -f "$GPUQ_EVENTS"; ln {self.secret} "$GPUQ_EVENTS" || true']}
+        fifo = {"name": "fifo", "command": ["sh", "-c", 'rm -f "$GPUQ_EVENTS"; mkfifo "$GPUQ_EVENTS"']}
+        read = {"name": "read", "command": ["cat", self.secret]}
+        ids = self.submit(ALICE, [link, hard, fifo, read])
+        jobs = self.wait(ALICE, ids)
+        for i in ids[:3]:
+            self.assertEqual(jobs[i]["state"], "succeeded", jobs[i])
+            self.assertIsNone(jobs[i]["result"], jobs[i])
+            self.assertEqual(json.loads(self.ok(ALICE, "events", str(i), "--json"))["events"], [])
+        self.assertEqual(jobs[ids[3]]["state"], "failed")
+        self.assertIn("Permission denied", self.ok(ALICE, "logs", str(ids[3])))
+        with open(self.secret) as f:  # untouched
+            self.assertEqual(f.read(), '{"type": "result", "secret": 42}\n')
+        self.assertEqual(os.stat(self.secret).st_uid, 0)
+
+    def test_a_directory_or_command_the_owner_cannot_reach_is_refused_at_submit(self):
+        private = os.path.join(self.tmp, "private")
+        os.mkdir(private, 0o700)
+        r = self.gpuq(ALICE, "submit", "-", input=json.dumps({"command": ["true"], "cwd": private}))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn(f"cwd {private} cannot be the job's working directory (Permission denied, as {ALICE})", r.stderr)
+        tool = os.path.join(private, "tool")
+        with open(tool, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(tool, 0o755)
+        r = self.gpuq(ALICE, "submit", "-", input=json.dumps({"command": [tool]}))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn(f"command `{tool}` is not an executable file", r.stderr)
+
+    def test_each_user_cleans_only_their_own_ended_jobs(self):
+        [a] = self.submit(ALICE, {"name": "a", "command": ["true"]})
+        [b] = self.submit(BOB, {"name": "b", "command": ["true"]})
+        self.wait(ALICE, [a, b])
+        out = json.loads(self.ok(BOB, "clean", "--older-than", "0s", "--json"))
+        self.assertEqual(out["cleaned"], [b])
+        self.assertTrue(os.path.isdir(os.path.join(self.d.state, "jobs", str(a))))
+        self.assertFalse(os.path.exists(os.path.join(self.d.state, "jobs", str(b))))
+
+
+if __name__ == "__main__":
+    unittest.main()
