@@ -56,6 +56,19 @@ json read_exit_record(const std::string& path, std::size_t max_bytes, std::optio
     keep(*it, f, "signal", is_int);
     keep(*it, f, "oom_kill", is_bool);
     keep(*it, f, "at", is_num);
+    // What the failing rank said last: the job's own words, so bounded and kept printable here too.
+    // (Valid UTF-8, as the JSON parser took it; cut only between characters.)
+    if (auto m = it->find("message"); m != it->end() && m->is_string()) {
+      std::string text;
+      for (unsigned char c : m->get_ref<const std::string&>())
+        if (c >= 0x20 && c != 0x7f) text += static_cast<char>(c);
+      if (text.size() > 600) {
+        std::size_t cut = 600;
+        while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+        text.resize(cut);
+      }
+      if (!text.empty()) f["message"] = std::move(text);
+    }
     out["first_failure"] = std::move(f);
   }
   return out;

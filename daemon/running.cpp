@@ -23,10 +23,18 @@ namespace gpuq::daemon {
 
 namespace {
 
+std::string describe_end(const json& failure);
 constexpr std::size_t k_doomed_part = 512;  // jobs failed for a dependency in one pass (~10 ms)
 
+// The first failure in words: which rank, how it ended, and what it said last (its log's last line).
 std::string describe_exit(const json& failure) {
   if (!failure.is_object()) return "failed";
+  const auto said = failure.find("message");
+  const std::string words = said != failure.end() && said->is_string() ? ": " + said->get<std::string>() : "";
+  return describe_end(failure) + words;
+}
+
+std::string describe_end(const json& failure) {
   std::string who = "rank " + std::to_string(failure.value("rank", 0));
   if (failure.contains("signal") && failure["signal"].is_number_integer()) {
     int sig = failure["signal"].get<int>();

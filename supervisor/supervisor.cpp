@@ -175,6 +175,59 @@ struct Rank {
   std::optional<int> exit_code, signal;
 };
 
+// What a failing rank said last: the last line of its log with something in it (a Python
+// traceback's `ValueError: …`, gpuq-worker's own error, CUDA's out-of-memory message), from the
+// log's last 8 KiB (or, just after a rotation, its older part's), as printable text of at most
+// 400 bytes; "" when it said nothing. What follows a carriage return wins, as on a terminal.
+std::string last_words(const std::string& log) {
+  for (const auto& path : {log, log + ".1"}) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st {};
+    std::string tail;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+      const off_t from = std::max<off_t>(0, st.st_size - 8192);
+      tail.resize(static_cast<std::size_t>(st.st_size - from));
+      const ssize_t n = ::pread(fd, tail.data(), tail.size(), from);
+      tail.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    }
+    ::close(fd);
+    std::size_t end = tail.size();
+    while (end > 0) {
+      const std::size_t begin = tail.rfind('\n', end - 1);
+      std::string line = tail.substr(begin == std::string::npos ? 0 : begin + 1,
+                                     end - (begin == std::string::npos ? 0 : begin + 1));
+      end = begin == std::string::npos ? 0 : begin;
+      if (const auto cr = line.find_last_of('\r', line.size() > 0 ? line.size() - 1 : 0);
+          cr != std::string::npos && cr + 1 < line.size())
+        line = line.substr(cr + 1);
+      std::string text;
+      for (std::size_t i = 0; i < line.size(); ++i) {
+        const auto c = static_cast<unsigned char>(line[i]);
+        if (c == 0x1b) {  // an ANSI escape (colours): up to its final letter
+          while (i + 1 < line.size() && !std::isalpha(static_cast<unsigned char>(line[i + 1]))) ++i;
+          ++i;
+        } else if (c >= 0x20 && c != 0x7f) {
+          text += static_cast<char>(c);
+        } else if (c == '\t') {
+          text += ' ';
+        }
+      }
+      while (!text.empty() && text.back() == ' ') text.pop_back();
+      const auto first = text.find_first_not_of(' ');
+      if (first == std::string::npos) continue;
+      text = text.substr(first);
+      if (text.size() > 400) {
+        std::size_t cut = 400;
+        while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // a whole UTF-8 character
+        text = text.substr(0, cut) + "...";
+      }
+      return text;
+    }
+  }
+  return "";
+}
+
 // Direct children of this process: ranks, plus orphans re-parented to us as subreaper.
 std::vector<int> direct_children() {
   std::vector<int> out;
@@ -446,13 +499,22 @@ class Supervisor {
   }
 
   int write_outcome() {
+    if (m_first_failure.is_object()) {  // every rank's output is in its log by now
+      const int rank = m_first_failure.value("rank", -1);
+      for (const auto& r : m_doc["ranks"])
+        if (r.value("rank", -2) == rank && r.contains("log") && r["log"].is_string())
+          if (auto words = last_words(r["log"].get<std::string>()); !words.empty()) m_first_failure["message"] = words;
+    }
     json ranks = json::array();
     for (const auto& r : m_ranks)
       ranks.push_back({{"rank", r.rank}, {"pid", r.pid}, {"exit_code", r.exit_code ? json(*r.exit_code) : json()},
                        {"signal", r.signal ? json(*r.signal) : json()}});
     json out = {{"ranks", ranks},         {"first_failure", m_first_failure}, {"cancelled", m_cancelled},
                 {"timed_out", m_timed_out}, {"started_at", m_started_at},       {"ended_at", wall_now()}};
-    if (auto w = write_file_atomic(m_doc["exit_file"].get<std::string>(), out.dump()); !w) {
+    // A rank's last words may be any bytes: invalid UTF-8 becomes U+FFFD, so the record is JSON.
+    if (auto w = write_file_atomic(m_doc["exit_file"].get<std::string>(),
+                                   out.dump(-1, ' ', false, json::error_handler_t::replace));
+        !w) {
       complain(w.error().message);
       return 1;
     }

@@ -200,6 +200,21 @@ class RetriesAndTimeouts(DaemonTest):
                                   (2, "succeeded")])
         self.assertEqual(len(show["logs"]), 2)
 
+    def test_a_failed_jobs_reason_ends_with_what_its_failing_rank_said_last(self):
+        # The last line with something in it, as a terminal shows it (after a carriage return,
+        # without colour codes), from stderr or stdout alike; a rank that said nothing adds nothing.
+        shell = (r"echo 'epoch 1'; printf 'step 10\rstep 20\r\033[31mValueError: no such column: label\033[0m\n\n\n' >&2; "
+                 "exit 2")
+        ids = self.d.submit([{"name": "said", "shell": shell}, {"name": "quiet", "shell": "exit 3"},
+                             {"name": "long", "shell": "printf 'é%.0s' $(seq 1 600); exit 4"}])["ids"]
+        jobs = self.d.wait(ids)
+        self.assertEqual(jobs[ids[0]]["reason"], "rank 0 exited with code 2: ValueError: no such column: label")
+        self.assertEqual(jobs[ids[1]]["reason"], "rank 0 exited with code 3")
+        long_reason = jobs[ids[2]]["reason"]
+        self.assertTrue(long_reason.startswith("rank 0 exited with code 4: éé"), long_reason)
+        self.assertTrue(long_reason.endswith("é..."), long_reason)  # cut between characters, said so
+        self.assertLess(len(long_reason.encode()), 500)
+
     def test_retries_run_out_and_the_reason_names_the_exit_code(self):
         sub = self.d.submit({"name": "bad", "retries": 1, "shell": "exit 3"})
         job = self.d.wait(sub["ids"])[sub["ids"][0]]

@@ -179,6 +179,18 @@ class Worker(DaemonTest):
         self.assertEqual(job["progress"]["epoch"], 2)  # per-epoch progress events arrived
         self.assertIn("fashion-mnist: 20000 train, 10000 test, 784 features, 10 classes", self.d.ok("logs", str(job_id)))
 
+    def test_a_train_job_whose_csv_lacks_its_label_column_fails_saying_so_in_its_reason(self):
+        data = self.tmp_path("points.csv")
+        with open(data, "w") as f:
+            f.write("x,y,target\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(40)))
+        job_id = self.d.submit({"name": "nolabel", "train": {"dataset": {"kind": "csv", "path": data}}})["ids"][0]
+        job = self.d.wait([job_id], timeout=120)[job_id]
+        self.assertEqual(job["state"], "failed")
+        # The worker's own message, not only "rank 0 exited with code 1", in status, show and wait.
+        self.assertRegex(job["reason"], r'^rank 0 exited with code \d+: gpuq-worker: .*has no column "label"')
+        self.assertIn('has no column \\"label\\"', self.d.ok("status", "--json"))
+        self.assertIn('has no column "label"', self.d.show(job_id)["first_failure"]["message"])
+
     def test_optimiser_state_that_does_not_fit_the_model_is_dropped_with_a_warning_not_a_crash(self):
         # The optimiser state of a model with the same number of tensors but other shapes.
         spec = dict(SYNTHETIC, epochs=1, checkpoint_every=1, optimizer={"kind": "adam", "lr": 3e-3})
