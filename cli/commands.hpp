@@ -70,6 +70,7 @@ void add_update(CLI::App& app, Context& ctx);
 void add_clean(CLI::App& app, Context& ctx);
 void add_gpus(CLI::App& app, Context& ctx);   // gpus.cpp
 void add_drain(CLI::App& app, Context& ctx);  // drain and undrain
+void add_usage(CLI::App& app, Context& ctx);
 void add_plot(CLI::App& app, Context& ctx);   // events.cpp
 void add_events(CLI::App& app, Context& ctx);
 void add_top(CLI::App& app, Context& ctx);     // top.cpp

@@ -21,7 +21,8 @@ namespace {
 
 const char* k_keys =
     "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
-    "health_interval_s, forget_after_s, executor, slurm, multi_user, admin_group, socket_group";
+    "health_interval_s, forget_after_s, executor, slurm, multi_user, admin_group, socket_group, user_limits, "
+    "usage_half_life_s, max_priority";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -69,7 +70,33 @@ constexpr Rule k_rules[] = {
     {"multi_user", nullptr, "bool", 0, 0},
     {"admin_group", nullptr, "text", 0, 0},
     {"socket_group", nullptr, "text", 0, 0},
+    {"user_limits", nullptr, "user_limits", 0, 0},
+    {"usage_half_life_s", nullptr, "number", 60, 86400 * 366},
+    {"max_priority", nullptr, "int", -1000000, 1000000},
 };
+
+// "user_limits": {"*": {"max_running": 8, "max_gpus": 4, "max_queued": 10000}, "alice": {"max_gpus": 8}}
+std::optional<std::string> set_user_limits(Settings& s, const json& v) {
+  const char* want = "`user_limits` must be an object of user names (or \"*\" for everyone else), each an object of "
+                     "max_running, max_gpus and max_queued (whole numbers, 0 for no limit)";
+  if (!v.is_object() || v.size() > 10000) return std::string(want);
+  std::map<std::string, UserLimit> out;
+  for (const auto& [user, limits] : v.items()) {
+    if (user.empty() || user.size() > 64 || !limits.is_object()) return std::string(want);
+    UserLimit l;
+    for (const auto& [key, n] : limits.items()) {
+      if (!n.is_number_integer() || n.get<std::int64_t>() < 0 || n.get<std::int64_t>() > 100'000'000)
+        return "`user_limits." + user + "." + key.substr(0, 64) + "` must be a whole number from 0 (no limit) to 100000000";
+      if (key == "max_running") l.max_running = static_cast<int>(n.get<std::int64_t>());
+      else if (key == "max_gpus") l.max_gpus = static_cast<int>(n.get<std::int64_t>());
+      else if (key == "max_queued") l.max_queued = n.get<std::int64_t>();
+      else return "unknown limit `user_limits." + user + "." + key.substr(0, 64) + "`; known: max_running, max_gpus, max_queued";
+    }
+    out[user] = l;
+  }
+  s.user_limits = std::move(out);
+  return std::nullopt;
+}
 
 // "slurm": {"partition": "gpu", "account": "lab", "qos": "normal", "extra_args": ["--constraint=a100"]}
 std::optional<std::string> set_slurm(Settings& s, const json& v) {
@@ -111,6 +138,8 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
     if (!v.is_string() || (v.get<std::string>() != "local" && v.get<std::string>() != "slurm"))
       return std::string("`executor` must be \"local\" (this machine) or \"slurm\"");
     s.executor = v.get<std::string>();
+  } else if (std::string(r.kind) == "user_limits") {
+    if (auto err = set_user_limits(s, v)) return err;
   } else if (std::string(r.kind) == "bool") {
     if (!v.is_boolean()) return "`" + key + "` must be true or false";
     s.multi_user = v.get<bool>();
@@ -137,6 +166,7 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
       if (!i) return "`" + key + "` " + range();
       if (key == "log_limit_mb") s.log_limit_mb = *i;
       else if (key == "retries") s.retries = static_cast<int>(*i);
+      else if (key == "max_priority") s.max_priority = static_cast<int>(*i);
       else s.cpu_slots = static_cast<int>(*i);
     } else {
       auto d = in_range<double>(x, r.lo, r.hi);
@@ -146,6 +176,7 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
        : key == "health_interval_s" ? s.health_interval_s
        : key == "forget_after_s"    ? s.forget_after_s
        : key == "reconnect_s"       ? s.reconnect_s
+       : key == "usage_half_life_s" ? s.usage_half_life_s
                                     : s.idle_timeout_s) = *d;
     }
   }

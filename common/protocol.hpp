@@ -371,6 +371,26 @@ struct GpusReply {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores)
 
+// `usage` (lab mode): each user's recent GPU use, what they hold and wait for, and their limits.
+struct UserUsage {
+  std::string user;
+  std::int64_t uid = 0;
+  double gpu_hours = 0;   // recent GPU use: GPU-hours, decayed by half every half_life_s
+  int running = 0;        // jobs
+  int gpus = 0;           // GPUs their running jobs hold
+  std::int64_t queued = 0;  // jobs waiting
+  int max_running = 0, max_gpus = 0;  // their limits (0: none)
+  std::int64_t max_queued = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(UserUsage, user, uid, gpu_hours, running, gpus, queued, max_running,
+                                                max_gpus, max_queued)
+struct UsageReply {
+  bool multi_user = false;
+  double half_life_s = 0;
+  std::vector<UserUsage> users;  // those with jobs or recent use, least recent use first
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(UsageReply, multi_user, half_life_s, users)
+
 // Wraps a reply body: {"ok": true, ...body}. Errors: {"ok": false, "error": {...}}.
 json ok_reply(json body = json::object());
 json error_reply(ErrorCode code, const std::string& message);

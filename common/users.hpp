@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,13 @@ namespace gpuq::common {
 // own.
 inline constexpr const char* k_lab_socket = "/run/gpuq/gpuqd.sock";
 inline constexpr const char* k_lab_state_dir = "/var/lib/gpuq";
+
+// Lab mode: what one user may hold at once (0: no limit). By name; "*" for every user not named.
+struct UserLimit {
+  int max_running = 0;            // jobs running at once
+  int max_gpus = 0;               // GPUs held at once
+  std::int64_t max_queued = 0;    // jobs not yet ended (queued and running)
+};
 
 struct Account {
   uid_t uid = 0;

@@ -112,6 +112,10 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
     if (!batch.empty()) authorize(caller, batch.front(), "update the batch of");
   }
   for (auto id : ids) authorize(caller, id, "update");
+  if (q.priority && m_config.multi_user && m_config.max_priority && *q.priority > *m_config.max_priority && !caller.admin)
+    throw RequestError(ErrorCode::forbidden, "priority " + std::to_string(*q.priority) +
+                                                 " is above this machine's ceiling (max_priority " +
+                                                 std::to_string(*m_config.max_priority) + "); higher priorities are an admin's");
 
   auto change = [](auto& field, const auto& value, const char* name, std::string& why) {
     if (!value || field == *value) return;

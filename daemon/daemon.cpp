@@ -1,7 +1,8 @@
 // gpuqd's core (see daemon.hpp): construction, recovery at start, request dispatch, and the
 // lookups the handlers share. The handlers live in files by group: submit.cpp, queries.cpp
 // (status, show, events, results, wait), control.cpp (cancel, hold, release, update), restart.cpp,
-// clean.cpp, gpus.cpp (gpus, drain, health checks); running.cpp runs the jobs.
+// clean.cpp, gpus.cpp (gpus, drain, health checks), lab.cpp (lab mode's users: limits, fair
+// share's memory, usage); running.cpp runs the jobs.
 #include "daemon/daemon.hpp"
 
 #include <unistd.h>
@@ -88,6 +89,11 @@ void Daemon::recover() {
     }
   }
   withdraw_orphans();  // a dependency that ended while no gpuqd ran
+  if (m_config.multi_user) {  // fair share's memory: the GPU time of attempts that ended lately
+    const double now = wall_now();
+    for (const auto& [uid, gpu_s, at] : m_store->gpu_time_since(now - 10 * m_config.usage_half_life_s))
+      add_use(uid, gpu_s, at);
+  }
   resume_restarts();
   arm_ingest_timer();
   start_health_checks();
@@ -116,6 +122,7 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       {"gpus", &Daemon::now<nullptr, &Daemon::cmd_gpus>},
       {"drain", &Daemon::now<decode_drain, &Daemon::cmd_drain>},
       {"undrain", &Daemon::now<decode_drain, &Daemon::cmd_undrain>},
+      {"usage", &Daemon::now<nullptr, &Daemon::cmd_usage>},
       {"shutdown", &Daemon::cmd_shutdown},
   };
   return k_commands;
@@ -282,8 +289,11 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
     // A job the last pass passed over for its batch's limit, or did not reach, waits for that
     // limit, or for what the pass left everyone behind it.
     const auto limit = m_at_limit.find(r.batch);
+    const auto user = m_users_at_limit.find(r.uid);
     if (a.reason_pass == m_pass || r.state != JobState::queued) wait_reason = a.wait_reason;
     else if (limit != m_at_limit.end()) wait_reason = batch_limit_reason(r.batch, limit->second);
+    else if (user != m_users_at_limit.end() && user_at_limit(user->second, r.spec.gpus))
+      wait_reason = user_limit_reason(name_of(r.uid), user->second, r.spec.gpus);
     else if (m_tail_stopped) wait_reason = with_drain_note(r.spec.gpus, tail_wait_reason(pending_of(r), m_tail));
     else wait_reason = a.wait_reason;
   }

@@ -62,6 +62,9 @@ struct Config {
   bool multi_user = false;
   std::optional<gid_t> admin_gid;  // members may act on every job (as root may)
   std::string admin_group;         // its name, for messages
+  std::map<std::string, common::UserLimit> user_limits;  // by user name, "*" for the rest
+  double usage_half_life_s = 7 * 86400;  // fair share forgets GPU use at this pace (as Slurm's default)
+  std::optional<int> max_priority;       // above it, priorities are an admin's
   double slurm_poll_s = 2;         // its squeue, once for all jobs, this often
   // Another executor, whatever `executor` says (tests: one that records what it is asked).
   std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor;
@@ -170,6 +173,7 @@ class Daemon {
     Reply reply;
     std::string cwd;
     int max_running = 0;
+    Caller caller;
     std::optional<common::Account> account;  // lab mode: the owner's, looked up on the check thread
     Result<CheckedBatch> checked = Error{};
     double at = 0;  // submitted at
@@ -251,6 +255,18 @@ class Daemon {
   json cmd_results(const Caller& caller, const common::ResultsRequest& q);
   json cmd_events(const Caller& caller, const common::EventsRequest& q);
   json cmd_gpus();
+  json cmd_usage();
+  // Lab mode: a user's limits (user_limits by name, else "*"), or null when they have none.
+  const common::UserLimit* limits_of(uid_t uid) const;
+  // Fair share's memory: GPU-seconds of ended attempts, decayed to `now` (usage_half_life_s).
+  struct Usage {
+    double gpu_s = 0;
+    double at = 0;
+  };
+  double recent_use(uid_t uid, double now) const;
+  void add_use(uid_t uid, double gpu_s, double at);
+  // Refuses (forbidden) a submission or update that a user's limits or the priority ceiling forbid.
+  void check_user_limits(const Caller& caller, uid_t owner, const std::vector<JobRecord>& jobs);
   void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.
@@ -350,6 +366,8 @@ class Daemon {
   bool m_tail_stopped = false;  // the last pass stopped early: the jobs it left wait as m_tail says
   TailState m_tail;
   std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
+  std::map<std::uint32_t, UserCap> m_users_at_limit;  // and its Plan::users_at_limit
+  std::map<uid_t, Usage> m_usage;
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_health_timer;

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   bool foreground = false;
   double idle_timeout_s = 300;
   std::string socket_group;
+  bool lab_only_settings = false;
   // Defaults from the configuration file and the environment; the command line overrides them.
   auto settings = gpuq::common::load_settings();
   if (settings) {
@@ -89,6 +90,10 @@ int main(int argc, char** argv) {
     if (st.slurm) config.slurm = *st.slurm;
     config.multi_user = st.multi_user.value_or(false);
     config.admin_group = st.admin_group.value_or("");
+    config.user_limits = st.user_limits.value_or(config.user_limits);
+    config.usage_half_life_s = st.usage_half_life_s.value_or(config.usage_half_life_s);
+    config.max_priority = st.max_priority;
+    lab_only_settings = st.user_limits || st.usage_half_life_s || st.max_priority;
     socket_group = st.socket_group.value_or("");
     idle_timeout_s = st.idle_timeout_s.value_or(idle_timeout_s);
   }
@@ -186,8 +191,9 @@ int main(int argc, char** argv) {
       }
       *gid = *found;
     }
-  } else if (!config.admin_group.empty() || !socket_group.empty()) {
-    std::cerr << "gpuqd: --admin-group and --socket-group are for lab mode (--multi-user)\n";
+  } else if (!config.admin_group.empty() || !socket_group.empty() || lab_only_settings) {
+    std::cerr << "gpuqd: --admin-group, --socket-group, user_limits, usage_half_life_s and max_priority are for lab "
+                 "mode (--multi-user)\n";
     return 2;
   }
 

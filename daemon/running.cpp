@@ -53,7 +53,7 @@ std::string describe_end(const json& failure) {
 // What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r) {
   const auto& s = r.spec;
-  return {r.id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus, r.batch};
+  return {r.id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus, r.batch, r.uid};
 }
 
 // ---- scheduling ---------------------------------------------------------------------------------
@@ -188,6 +188,31 @@ void Daemon::schedule_now() {
   if (!limits.empty())
     for (std::int64_t id : m_running)
       if (auto it = limits.find(m_active.at(id).rec.batch); it != limits.end()) ++it->second.running;
+  UserCaps users;  // lab mode: the limits of users with a job in line, and what they hold
+  if (m_config.multi_user && !queue.empty()) {
+    std::map<std::uint32_t, int> held;  // GPUs, a job without counting one
+    for (std::int64_t id : m_running) {
+      const JobRecord& r = m_active.at(id).rec;
+      held[r.uid] += std::max<int>(static_cast<int>(r.run.gpus.size()), 1);
+    }
+    std::map<std::uint32_t, double> usage;
+    for (const auto& job : queue)
+      if (!usage.count(job.user)) {
+        usage[job.user] = recent_use(job.user, now);
+        if (const auto* l = limits_of(job.user); l && (l->max_running > 0 || l->max_gpus > 0))
+          users[job.user] = {l->max_running, 0, l->max_gpus, 0};
+      }
+    for (std::int64_t id : m_running) {  // running jobs' GPU time so far counts as recent use
+      const JobRecord& r = m_active.at(id).rec;
+      if (auto u = usage.find(r.uid); u != usage.end() && r.run.started_at > 0)
+        u->second += static_cast<double>(r.run.gpus.size()) * std::max(0.0, now - r.run.started_at);
+      if (auto c = users.find(r.uid); c != users.end()) {
+        ++c->second.running;
+        c->second.gpus += static_cast<int>(r.run.gpus.size());
+      }
+    }
+    fair_order(queue, held, usage);
+  }
 
   CpuSlots cpu = cpu_pool();
 
@@ -252,11 +277,12 @@ void Daemon::schedule_now() {
       if (l != limits.end()) l->second.running = l->second.limit;
     }
   } else {
-    plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits));
+    plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits), std::move(users));
   }
   m_tail_stopped = plan.stopped;
   m_tail = plan.tail;
   m_at_limit = std::move(plan.at_limit);
+  m_users_at_limit = std::move(plan.users_at_limit);
   for (auto& [id, reason] : plan.waiting) {
     Active& a = m_active.at(id);
     a.wait_reason = with_drain_note(a.rec.spec.gpus, std::move(reason));
@@ -488,6 +514,11 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     retryable = !outcome.value("final", false);  // the executor's word: another attempt would fare the same
   }
 
+  // Fair share remembers its GPU time, once the end is stored (`rec` is gone by then).
+  const uid_t owner = rec.uid;
+  const double gpu_s = rec.run.started_at > 0 ? static_cast<double>(rec.run.gpus.size()) *
+                                                    std::max(0.0, end.at - rec.run.started_at)
+                                              : 0;
   const int run = rec.attempt - rec.attempt_base;  // attempts since the job was submitted or restarted
   if (retryable && run <= rec.spec.retries) {
     double delay = std::min(m_config.retry_backoff_max_s, m_config.retry_backoff_s * std::pow(2.0, run - 1));
@@ -498,12 +529,14 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     JobRecord failed = next_record(rec, end);
     JobRecord queued = next_record(failed, event::Retried{now + delay, end.reason});
     commit({std::move(failed), std::move(queued)});
+    if (gpu_s > 0) add_use(owner, gpu_s, now);
     withdraw_orphans();
     schedule_soon();
     return;
   }
   const bool succeeded = end.state == JobState::succeeded;
   commit({next_record(rec, end)});  // `a` is gone: the job has ended
+  if (gpu_s > 0) add_use(owner, gpu_s, now);
   if (!succeeded) withdraw_orphans();
   schedule_soon();
 }

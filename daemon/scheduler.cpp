@@ -3,7 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <iterator>
 #include <map>
+#include <queue>
+#include <tuple>
 
 namespace gpuq::daemon {
 
@@ -215,12 +219,66 @@ std::string batch_limit_reason(std::int64_t batch, const BatchLimit& limit) {
          std::to_string(limit.limit) + ")";
 }
 
+bool user_at_limit(const UserCap& cap, int gpus) {
+  return (cap.max_running > 0 && cap.running >= cap.max_running) || (cap.max_gpus > 0 && cap.gpus + gpus > cap.max_gpus);
+}
+
+std::string user_limit_reason(const std::string& name, const UserCap& cap, int gpus) {
+  if (cap.max_running > 0 && cap.running >= cap.max_running)
+    return name + " runs " + std::to_string(cap.running) + " jobs, their limit (max_running " +
+           std::to_string(cap.max_running) + ")";
+  return name + " holds " + std::to_string(cap.gpus) + " GPUs; " + std::to_string(gpus) +
+         " more would pass their limit (max_gpus " + std::to_string(cap.max_gpus) + ")";
+}
+
+void fair_order(std::vector<PendingJob>& queue, const std::map<std::uint32_t, int>& held,
+                const std::map<std::uint32_t, double>& usage) {
+  const auto units = [](const PendingJob& j) { return std::max(j.gpus, 1); };
+  std::vector<PendingJob> out;
+  out.reserve(queue.size());
+  for (std::size_t begin = 0; begin < queue.size();) {
+    std::size_t end = begin + 1;
+    bool several = false;
+    while (end < queue.size() && queue[end].priority == queue[begin].priority) {
+      several = several || queue[end].user != queue[begin].user;
+      ++end;
+    }
+    if (!several) {
+      std::move(queue.begin() + static_cast<std::ptrdiff_t>(begin), queue.begin() + static_cast<std::ptrdiff_t>(end),
+                std::back_inserter(out));
+      begin = end;
+      continue;
+    }
+    // Each user's jobs of the run, in order; then a merge by (held, usage, uid), smallest first.
+    std::map<std::uint32_t, std::vector<std::size_t>> mine;
+    for (std::size_t i = begin; i < end; ++i) mine[queue[i].user].push_back(i);
+    using Key = std::tuple<long long, double, std::uint32_t>;
+    std::priority_queue<Key, std::vector<Key>, std::greater<>> next;
+    std::map<std::uint32_t, std::pair<long long, std::size_t>> state;  // uid -> (held, next of mine)
+    for (const auto& [uid, _] : mine) {
+      const auto h = held.find(uid);
+      const auto u = usage.find(uid);
+      state[uid] = {h == held.end() ? 0 : h->second, 0};
+      next.emplace(state[uid].first, u == usage.end() ? 0.0 : u->second, uid);
+    }
+    while (!next.empty()) {
+      auto [h, use, uid] = next.top();
+      next.pop();
+      auto& [held_now, k] = state[uid];
+      const auto& list = mine[uid];
+      out.push_back(std::move(queue[list[k]]));
+      held_now += units(out.back());
+      if (++k < list.size()) next.emplace(held_now, use, uid);
+    }
+    begin = end;
+  }
+  queue = std::move(out);
+}
+
 Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu, bool stop_early,
-              BatchLimits limits) {
-  const auto before = [](const PendingJob& a, const PendingJob& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    return a.id < b.id;
-  };
+              BatchLimits limits, UserCaps users) {
+  // Priority first; within one, the order given (submission order, or gpuqd's fair share).
+  const auto before = [](const PendingJob& a, const PendingJob& b) { return a.priority > b.priority; };
   if (!std::is_sorted(queue.begin(), queue.end(), before)) std::stable_sort(queue.begin(), queue.end(), before);
   std::vector<Slot> slots;
   slots.reserve(gpus.size());
@@ -270,12 +328,23 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
       noted = true;
       continue;
     }
+    UserCap* cap = nullptr;
+    if (!users.empty())
+      if (auto it = users.find(j.user); it != users.end()) cap = &it->second;
+    if (cap && user_at_limit(*cap, j.gpus)) {
+      plan.users_at_limit.emplace(j.user, *cap);  // as the user first reached a limit
+      continue;
+    }
+    const auto started = [&] {
+      if (limit) ++limit->running;
+      if (cap) ++cap->running, cap->gpus += j.gpus;
+    };
     const int need = cpu_slots_needed(j, cpu.total);
     const bool cpus_free = need == 0 || (!cpu_blocked && free_slots(cpu) >= need);
     if (j.gpus == 0) {
       if (cpus_free) {
         plan.start.push_back({j.id, {}, take_slots(cpu, need)});
-        if (limit) ++limit->running;
+        started();
       } else {
         cpu_blocked = true;
         plan.waiting[j.id] = cpu_wait_reason(need, cpu);
@@ -293,7 +362,7 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
     if (!chosen.empty()) {
       auto cpu_slots = take_job_slots(cpu, j, chosen, slots);
       plan.start.push_back({j.id, std::move(chosen), std::move(cpu_slots)});
-      if (limit) ++limit->running;
+      started();
       continue;
     }
     auto held = reserve(slots, j);

@@ -2,7 +2,8 @@
 // and the GPUs each gets. No I/O, so every policy is a unit test (tests/unit/test_scheduler.cpp).
 //
 // Policies:
-// - Order: priority (higher first), then submission order (lower id first).
+// - Order: priority (higher first), then the order given: submission order (lower id first), or
+//   in lab mode the fair-share order gpuqd makes (fair_order).
 // - Exclusive jobs take whole idle GPUs; a multi-GPU job (a DDP gang) gets all its GPUs in the same
 //   pass or none.
 // - Shared jobs pack by memory, best fit (the GPU left with the least free memory that still fits),
@@ -25,7 +26,8 @@
 //   --gres-flags=enforce-binding).
 // - Batch limits (`gpuq submit --max-running N`, as Slurm's array throttle `%N`): a job whose
 //   batch already runs its limit waits without reserving anything, so the jobs behind it start as
-//   if it were not there.
+//   if it were not there. So does a job whose user runs their limit of jobs or would pass their
+//   limit of GPUs (lab mode's user_limits, as Slurm's per-user QOS limits).
 #pragma once
 
 #include <cstdint>
@@ -59,7 +61,15 @@ struct PendingJob {
   int ranks = 1;               // processes
   int cpus = 0;                // CPU slots per rank; 0 = one per rank without GPUs, none with
   std::int64_t batch = 0;
+  std::uint32_t user = 0;      // its owner's uid
 };
+
+// A user's limits and what their running jobs hold (lab mode); 0: no limit.
+struct UserCap {
+  int max_running = 0, running = 0;
+  int max_gpus = 0, gpus = 0;
+};
+using UserCaps = std::map<std::uint32_t, UserCap>;  // users without a limit are absent
 
 // A batch's limit on running jobs, and how many of its jobs run now.
 struct BatchLimit {
@@ -88,6 +98,8 @@ struct Plan {
   // not in `waiting`: a throttled sweep of 100,000 jobs costs a pass no string per job; their
   // reason is batch_limit_reason(batch, at_limit[batch]).
   std::map<std::int64_t, BatchLimit> at_limit;
+  // Users whose jobs the pass passed over for their limits, as they stood then (likewise).
+  std::map<std::uint32_t, UserCap> users_at_limit;
   // A pass stops at the first job from which no job can start: no CPU slot can be taken (or no
   // later job needs one), and every GPU is held whole and reserved (or no later job could start
   // on a GPU alone). A deep queue then costs a pass the jobs up to that point, not the whole
@@ -112,8 +124,21 @@ int cpu_slots_needed(const PendingJob& j, int total);
 // Why a job waits for its batch's limit.
 std::string batch_limit_reason(std::int64_t batch, const BatchLimit& limit);
 
+// Whether a job of `gpus` GPUs of a user with `cap` waits for the user's limits.
+bool user_at_limit(const UserCap& cap, int gpus);
+// Why, for the user `name`.
+std::string user_limit_reason(const std::string& name, const UserCap& cap, int gpus);
+
 // `stop_early = false` examines every job (tests compare the two).
 Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu = {},
-              bool stop_early = true, BatchLimits limits = {});
+              bool stop_early = true, BatchLimits limits = {}, UserCaps users = {});
+
+// Lab mode's fair share: within each run of equal priority of `queue` (in line order), the jobs
+// of several users are interleaved: next comes the head job of the user who, counting the jobs
+// placed before it in this order as started, holds the fewest GPUs (a job without GPUs counts as
+// one), then the one with the least recent GPU use (`usage`: GPU-seconds, decayed), then the
+// lower uid; each user's own jobs keep their order. `held`: what each user's running jobs hold.
+void fair_order(std::vector<PendingJob>& queue, const std::map<std::uint32_t, int>& held,
+                const std::map<std::uint32_t, double>& usage);
 
 }  // namespace gpuq::daemon

@@ -369,6 +369,22 @@ std::optional<JobState> Store::state_of(std::int64_t id) {
   return state;
 }
 
+std::vector<std::tuple<uid_t, double, double>> Store::gpu_time_since(double since) {
+  auto* st = prepare(
+      "SELECT uid, json_array_length(gpus) * (ended_at - started_at), ended_at FROM jobs "
+      "WHERE ended_at > ? AND started_at > 0 AND ended_at > started_at AND gpus != '[]' ORDER BY ended_at");
+  sqlite3_bind_double(st, 1, since);
+  std::vector<std::tuple<uid_t, double, double>> out;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+    out.emplace_back(static_cast<uid_t>(sqlite3_column_int64(st, 0)), sqlite3_column_double(st, 1),
+                     sqlite3_column_double(st, 2));
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (rc != SQLITE_DONE) fail(m_db, "read GPU time");
+  return out;
+}
+
 std::optional<uid_t> Store::owner_of(std::int64_t id) {
   if (hidden(id)) return std::nullopt;
   auto* st = prepare("SELECT uid FROM jobs WHERE id=?");

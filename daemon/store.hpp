@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -153,6 +154,9 @@ class Store {
   bool exists(std::int64_t id);  // one index probe: no row is read
   std::optional<JobState> state_of(std::int64_t id);  // the state alone, without reading the row
   std::optional<uid_t> owner_of(std::int64_t id);     // its owner alone
+  // (owner, GPU-seconds, ended at) of the last attempts of jobs that ran on GPUs and ended after
+  // `since`, oldest end first: fair share's memory after a restart.
+  std::vector<std::tuple<uid_t, double, double>> gpu_time_since(double since);
   // The last `limit` ended jobs that `f` keeps, in id order.
   std::vector<JobRecord> recent_finished(int limit, const common::JobFilter& f = {});
   // Up to `limit` jobs that `f` keeps with ids above `after`, in id order (keyset paging).

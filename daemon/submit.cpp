@@ -29,6 +29,7 @@ void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& 
   auto s = std::make_shared<Submission>();
   s->reply = std::move(reply);
   s->max_running = sub.max_running;
+  s->caller = caller;
   s->cwd = sub.cwd;
   // In lab mode the jobs are the caller's, checked and run as them; else gpuqd's own user's.
   const std::optional<uid_t> owner = m_config.multi_user ? std::optional<uid_t>(caller.uid) : std::nullopt;
@@ -63,6 +64,13 @@ void Daemon::submit_checked(const std::shared_ptr<Submission>& s) {
     }
   }
   if (!batch.problems.empty()) return s->reply(common::error_reply(batch.refusal()));
+  if (!batch.jobs.empty()) {
+    try {  // lab mode: the owner's limits, as they stand now
+      check_user_limits(s->caller, batch.jobs.front().uid, batch.jobs);
+    } catch (const RequestError& e) {
+      return s->reply(common::error_reply(e.code(), e.what()));
+    }
+  }
   s->at = wall_now();
   m_submissions.push_back(s);
   if (m_submissions.size() == 1) write_submission();

@@ -41,6 +41,17 @@ int cmd_config(const Options& o, const common::Settings& s, const std::string& s
   add("forget_after_s", s.forget_after_s);
   add("reconnect_s", s.reconnect_s);
   add("executor", s.executor);
+  add("multi_user", s.multi_user);
+  add("admin_group", s.admin_group);
+  add("socket_group", s.socket_group);
+  add("usage_half_life_s", s.usage_half_life_s);
+  add("max_priority", s.max_priority);
+  if (s.user_limits) {
+    json limits = json::object();
+    for (const auto& [user, l] : *s.user_limits)
+      limits[user] = {{"max_running", l.max_running}, {"max_gpus", l.max_gpus}, {"max_queued", l.max_queued}};
+    settings["user_limits"] = {{"value", limits}, {"from", s.source.at("user_limits")}};
+  }
   if (s.slurm)
     settings["slurm"] = {{"value",
                           {{"partition", s.slurm->partition},

@@ -1,4 +1,4 @@
-// The GPUs: gpus, drain, undrain.
+// The GPUs: gpus, drain, undrain, and usage (who uses them: lab mode's users).
 
 #include <algorithm>
 #include <climits>
@@ -69,6 +69,47 @@ int gpus_request(const Options& o, const json& req) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string limit_text(std::int64_t n) { return n > 0 ? std::to_string(n) : "-"; }
+
+int cmd_usage(const Options& o) {
+  int code = 0;
+  auto reply = request(o, {{"cmd", "usage"}}, code);
+  if (!reply) return code;
+  if (o.json) {
+    reply->erase("ok");
+    print_json(*reply);
+    return k_exit_ok;
+  }
+  auto u = reply->get<common::UsageReply>();
+  if (!u.multi_user) std::cout << "(one user's gpuqd: lab mode shares one among many, docs/lab.md)\n";
+  if (u.users.empty()) {
+    std::cout << "no jobs and no recent GPU use\n";
+    return k_exit_ok;
+  }
+  char half[32];
+  std::snprintf(half, sizeof(half), "%g", u.half_life_s / 86400);
+  std::cout << "recent GPU use in GPU-hours, halved every " << half << " days; the least used start first\n";
+  Table t({"USER", "GPU-HOURS", "RUNNING", "GPUS", "QUEUED", "MAX RUNNING", "MAX GPUS", "MAX QUEUED"});
+  for (const auto& x : u.users) {
+    char hours[32];
+    std::snprintf(hours, sizeof(hours), "%.2f", x.gpu_hours);
+    t.add({x.user, hours, std::to_string(x.running), std::to_string(x.gpus), std::to_string(x.queued),
+           limit_text(x.max_running), limit_text(x.max_gpus), limit_text(x.max_queued)});
+  }
+  t.print(std::cout);
+  return k_exit_ok;
+}
+
+}  // namespace
+
+void add_usage(CLI::App& app, Context& ctx) {
+  auto* sub = app.add_subcommand("usage", "Each user's recent GPU use, running and queued jobs, and limits (lab mode)");
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx] { ctx.run = [&ctx] { return cmd_usage(ctx.opt); }; });
+}
 
 void add_gpus(CLI::App& app, Context& ctx) {
   auto* sub = app.add_subcommand("gpus", "GPUs, their memory and which jobs hold them");

@@ -29,6 +29,7 @@ def uid_of(name):
 
 @unittest.skipUnless(os.geteuid() == 0, "lab mode runs gpuqd as root")
 class LabMode(unittest.TestCase):
+    CONFIG = None  # gpuqd's configuration file, as a dict
     @classmethod
     def setUpClass(cls):
         subprocess.run(["groupadd", "--force", ADMINS], check=True, capture_output=True)
@@ -46,7 +47,13 @@ class LabMode(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="gpuq-lab-", dir="/tmp")
         os.chmod(self.tmp, 0o755)
-        self.d = Daemon(self.tmp, "fake:2:16000", extra=["--multi-user", "--admin-group", ADMINS])
+        env = None
+        if self.CONFIG is not None:
+            config = os.path.join(self.tmp, "lab.json")
+            with open(config, "w") as f:
+                json.dump(self.CONFIG, f)
+            env = dict(os.environ, GPUQ_CONFIG=config)
+        self.d = Daemon(self.tmp, "fake:2:16000", extra=["--multi-user", "--admin-group", ADMINS], env=env)
         self.d.socket = os.path.join(self.tmp, "run", "gpuqd.sock")  # the server makes run/ (0755)
         self.d.start()
         # A file only root may read, written as a stream of valid event lines: were gpuqd to read
@@ -172,6 +179,64 @@ class LabMode(unittest.TestCase):
         self.assertEqual(out["cleaned"], [b])
         self.assertTrue(os.path.isdir(os.path.join(self.d.state, "jobs", str(a))))
         self.assertFalse(os.path.exists(os.path.join(self.d.state, "jobs", str(b))))
+
+
+class LabSharing(LabMode):
+    """Fair share and per-user limits (docs/lab.md, "Sharing the GPUs")."""
+    CONFIG = {"user_limits": {BOB: {"max_running": 1}, "*": {"max_queued": 6}}, "max_priority": 10}
+
+    # The LabMode tests run here too, under limits that do not bind them.
+
+    def gated(self, name, gate):
+        return {"name": name, "gpus": 1, "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]}
+
+    def running(self, user):
+        jobs = json.loads(self.ok(user, "status", "--json"))["jobs"]
+        return sorted((j["user"], j["name"]) for j in jobs if j["state"] == "running")
+
+    def test_equal_priority_sweeps_of_two_users_share_the_gpus_the_least_recent_user_first(self):
+        first, second = os.path.join(self.tmp, "first"), os.path.join(self.tmp, "second")
+        early = self.submit(ALICE, [self.gated(f"a-early{i}", first) for i in range(2)])
+        wait_until(lambda: len(self.running(ALICE)) == 2, what="alice's first jobs to hold both GPUs")
+        late_a = self.submit(ALICE, [self.gated(f"a{i}", second) for i in range(3)])  # in line first
+        late_b = self.submit(BOB, [self.gated("b0", second)])
+        open(first, "w").close()  # both GPUs free at once: alice has used them, bob has not
+        wait_until(lambda: len(self.running(ALICE)) == 2 and ("gpuq-alice", "a-early0") not in self.running(ALICE),
+                   what="the next two jobs to start")
+        # In submission order alice's a0 and a1 would take both GPUs; fair share gives bob one.
+        self.assertEqual(self.running(BOB), [(ALICE, "a0"), (BOB, "b0")])
+        usage = {u["user"]: u for u in json.loads(self.ok(BOB, "usage", "--json"))["users"]}
+        self.assertGreater(usage[ALICE]["gpu_hours"], 0)
+        self.assertEqual((usage[BOB]["running"], usage[BOB]["gpus"], usage[BOB]["max_running"]), (1, 1, 1))
+        self.assertEqual(usage[ALICE]["queued"], 2)
+        self.assertIn("GPU-HOURS", self.ok(ALICE, "usage"))
+        open(second, "w").close()
+        jobs = self.wait(ALICE, early + late_a + late_b)
+        self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
+
+    def test_a_users_limits_hold_and_say_so(self):
+        gate = os.path.join(self.tmp, "gate")
+        ids = self.submit(BOB, [self.gated(f"b{i}", gate) for i in range(2)])
+        wait_until(lambda: len(self.running(BOB)) == 1, what="bob's first job to start")
+        waiting = json.loads(self.ok(BOB, "show", str(ids[1]), "--json"))["job"]
+        self.assertEqual(waiting["state"], "queued")
+        self.assertEqual(waiting["reason"], f"{BOB} runs 1 jobs, their limit (max_running 1)")
+        # A GPU stays free for others: bob's waiting job reserves nothing.
+        [a] = self.submit(ALICE, [self.gated("a", gate)])
+        wait_until(lambda: (ALICE, "a") in self.running(ALICE), what="alice's job to take the free GPU")
+        # max_queued 6: alice has 1, 6 more would make 7.
+        r = self.gpuq(ALICE, "submit", "-", input=json.dumps([{"command": ["true"]}] * 6))
+        self.assertEqual(r.returncode, 5, r.stderr)
+        self.assertIn(f"{ALICE} has 1 jobs queued or running; 6 more would pass their limit (max_queued 6)", r.stderr)
+        # Priorities over max_priority are an admin's.
+        r = self.gpuq(ALICE, "submit", "-", input=json.dumps({"command": ["true"], "priority": 50}))
+        self.assertEqual(r.returncode, 5, r.stderr)
+        self.assertIn("priority 50 is above this machine's ceiling (max_priority 10)", r.stderr)
+        self.assertEqual(self.gpuq(ALICE, "update", str(a), "--priority", "11").returncode, 5)
+        [c] = self.submit(CAROL, {"command": ["true"], "priority": 50})
+        open(gate, "w").close()
+        jobs = self.wait(BOB, ids + [a, c])
+        self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,34 @@ TEST_CASE("bad settings are refused with the key and the rule") {
   check("[]", "must be a JSON object");
 }
 
+TEST_CASE("lab mode's settings: the admin group, per-user limits, fair share's half-life, the priority ceiling") {
+  auto s = parse_settings(R"({"multi_user": true, "admin_group": "gpu-admins", "socket_group": "gpu-users",
+                              "user_limits": {"*": {"max_gpus": 4, "max_queued": 1000}, "alice": {"max_running": 8}},
+                              "usage_half_life_s": 86400, "max_priority": 10})",
+                          "lab.json");
+  REQUIRE(s.ok());
+  CHECK(s->multi_user == true);
+  CHECK(*s->admin_group == "gpu-admins");
+  CHECK(*s->socket_group == "gpu-users");
+  REQUIRE(s->user_limits);
+  CHECK(s->user_limits->at("*").max_gpus == 4);
+  CHECK(s->user_limits->at("*").max_queued == 1000);
+  CHECK(s->user_limits->at("alice").max_running == 8);
+  CHECK(s->user_limits->at("alice").max_gpus == 0);  // not named: no limit (a user's own entry replaces "*")
+  CHECK(*s->usage_half_life_s == 86400);
+  CHECK(*s->max_priority == 10);
+  auto bad = [](const char* text, const char* message) {
+    auto r = parse_settings(text, "lab.json");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.find(message) != std::string::npos);
+  };
+  bad(R"({"multi_user": "yes"})", "`multi_user` must be true or false");
+  bad(R"({"user_limits": {"bob": {"max_gpu": 2}}})", "unknown limit `user_limits.bob.max_gpu`; known: max_running");
+  bad(R"({"user_limits": {"bob": {"max_gpus": -1}}})", "`user_limits.bob.max_gpus` must be a whole number from 0");
+  bad(R"({"user_limits": [1]})", "`user_limits` must be an object of user names");
+  bad(R"({"usage_half_life_s": 1})", "`usage_half_life_s` must be a number from 60");
+}
+
 TEST_CASE("the environment overrides the file, and a bad variable is named") {
   auto s = parse_settings(R"({"gpus": "fake:2", "retries": 1})", "c.json");
   REQUIRE(s.ok());

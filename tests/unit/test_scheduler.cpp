@@ -442,4 +442,57 @@ TEST_CASE("stopping early changes nothing: random queues give the same plan as e
   CHECK(tail_jobs > 3000);
 }
 
+namespace {
+PendingJob of_user(std::int64_t id, std::uint32_t user, int gpus = 1, int priority = 0) {
+  PendingJob j = exclusive(id, gpus, priority);
+  j.user = user;
+  return j;
+}
+std::vector<std::int64_t> ids_of(const std::vector<PendingJob>& q) {
+  std::vector<std::int64_t> ids;
+  for (const auto& j : q) ids.push_back(j.id);
+  return ids;
+}
+}  // namespace
+
+TEST_CASE("fair share interleaves two users' equal-priority sweeps, the one holding fewer GPUs first") {
+  // Alice submitted 1-4 first, Bob 5-8; Alice already holds 2 GPUs.
+  std::vector<PendingJob> q;
+  for (int i = 1; i <= 4; ++i) q.push_back(of_user(i, 1000));
+  for (int i = 5; i <= 8; ++i) q.push_back(of_user(i, 1001));
+  fair_order(q, {{1000, 2}}, {});
+  CHECK(ids_of(q) == std::vector<std::int64_t>{5, 6, 1, 7, 2, 8, 3, 4});
+  auto p = schedule(q, idle_gpus(4), 0);
+  CHECK(started(p) == std::vector<std::int64_t>{5, 6, 1, 7});  // 4 GPUs end up 3 and 3 between them
+}
+
+TEST_CASE("fair share: between users holding as much, the least recent GPU use first; priority still comes first") {
+  std::vector<PendingJob> q{of_user(1, 1000, 1, 5), of_user(2, 1000), of_user(3, 1001), of_user(4, 1002, 2)};
+  fair_order(q, {}, {{1000, 7200}, {1001, 3600}, {1002, 0}});
+  // 1 alone at priority 5; then user 1002 (no use), 1001, 1000; a 2-GPU job counts as 2 held.
+  CHECK(ids_of(q) == std::vector<std::int64_t>{1, 4, 3, 2});
+  // The pass keeps that order within a priority instead of sorting by id.
+  auto p = schedule(q, idle_gpus(3), 0);
+  CHECK(started(p) == std::vector<std::int64_t>{1, 4});
+  std::vector<PendingJob> one_user{of_user(2, 1000), of_user(1, 1000)};
+  fair_order(one_user, {}, {});
+  CHECK(ids_of(one_user) == std::vector<std::int64_t>{2, 1});  // one user's jobs keep their order
+}
+
+TEST_CASE("a user at their limit of running jobs or GPUs waits without reserving, and the jobs behind start") {
+  std::vector<PendingJob> q{of_user(1, 1000), of_user(2, 1000), of_user(3, 1000, 2), of_user(4, 1001)};
+  // Alice may run 2 jobs and hold 3 GPUs; she runs 1 job on 1 GPU.
+  auto p = schedule(q, idle_gpus(4), 0, {}, true, {}, {{1000, {2, 1, 3, 1}}});
+  CHECK(started(p) == std::vector<std::int64_t>{1, 4});  // 2 makes her limit of 2 jobs; 3 waits too
+  REQUIRE(p.users_at_limit.count(1000));
+  CHECK(p.reservations.empty());
+  CHECK(user_limit_reason("alice", p.users_at_limit.at(1000), 1) == "alice runs 2 jobs, their limit (max_running 2)");
+  // By GPUs: 2 more GPUs would make 4, over her 3.
+  p = schedule({of_user(3, 1000, 2), of_user(4, 1001)}, idle_gpus(4), 0, {}, true, {}, {{1000, {0, 1, 3, 2}}});
+  CHECK(started(p) == std::vector<std::int64_t>{4});
+  CHECK(user_limit_reason("alice", p.users_at_limit.at(1000), 2) ==
+        "alice holds 2 GPUs; 2 more would pass their limit (max_gpus 3)");
+}
+
 TEST_SUITE_END();
+
