@@ -59,6 +59,7 @@ void add_submit(CLI::App& app, Context& ctx);  // submit.cpp
 void add_export(CLI::App& app, Context& ctx);
 void add_status(CLI::App& app, Context& ctx);  // jobs.cpp
 void add_show(CLI::App& app, Context& ctx);
+void add_why(CLI::App& app, Context& ctx);
 void add_logs(CLI::App& app, Context& ctx);
 void add_wait(CLI::App& app, Context& ctx);
 void add_result(CLI::App& app, Context& ctx);

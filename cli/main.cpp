@@ -24,7 +24,7 @@ const std::vector<Command>& command_table() {
       {"update", add_update},   {"clean", add_clean},     {"wait", add_wait},       {"result", add_result},
       {"results", add_results}, {"gpus", add_gpus},       {"drain", add_drain},     {"undrain", add_drain},
       {"plot", add_plot},       {"events", add_events},   {"top", add_top},         {"config", add_config},
-      {"daemon", add_daemon},   {"export", add_export},   {"usage", add_usage},
+      {"daemon", add_daemon},   {"export", add_export},   {"usage", add_usage},     {"why", add_why},
   };
   return k_commands;
 }

@@ -231,7 +231,8 @@ const std::vector<RequestDecoder>& request_decoders() {
       {"wait", [](const json& r) { decode_ids(r); }},        {"results", [](const json& r) { decode_results(r); }},
       {"events", [](const json& r) { decode_events(r); }},   {"gpus", [](const json&) {}},
       {"drain", [](const json& r) { decode_drain(r); }},     {"undrain", [](const json& r) { decode_drain(r); }},
-      {"usage", [](const json&) {}},                         {"shutdown", [](const json&) {}},
+      {"why", [](const json& r) { decode_id(r); }},          {"usage", [](const json&) {}},
+      {"shutdown", [](const json&) {}},
   };
   return k_decoders;
 }

@@ -300,6 +300,23 @@ struct ShowReply {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShowReply, job, batch_max_running, spec, history, logs, first_failure)
 
+// `why`: what a job waits for, in full.
+struct Holder {  // a running job on GPUs the waiting one could use
+  std::int64_t id = 0;
+  std::string name, user;
+  std::vector<int> gpus;
+  double ends_by = 0;  // started + timeout (+ the grace period): it is over by then; 0 for no timeout
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Holder, id, name, user, gpus, ends_by)
+struct WhyReply {
+  JobInfo job;
+  std::vector<std::string> details;  // what it waits for, a sentence each
+  std::vector<Holder> holders;       // the running jobs holding GPUs, those ending first first
+  std::int64_t ahead = 0;            // queued jobs ahead of it in line
+  json estimated_start;              // unix time: the earliest it can start, from the holders' timeouts; or null
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WhyReply, job, details, holders, ahead, estimated_start)
+
 struct Event {
   std::int64_t seq = 0;  // increasing in the order gpuqd read the events
   int rank = 0;

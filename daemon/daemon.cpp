@@ -122,6 +122,7 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       {"gpus", &Daemon::now<nullptr, &Daemon::cmd_gpus>},
       {"drain", &Daemon::now<decode_drain, &Daemon::cmd_drain>},
       {"undrain", &Daemon::now<decode_drain, &Daemon::cmd_undrain>},
+      {"why", &Daemon::now<decode_id, &Daemon::cmd_why>},
       {"usage", &Daemon::now<nullptr, &Daemon::cmd_usage>},
       {"shutdown", &Daemon::cmd_shutdown},
   };

@@ -185,6 +185,7 @@ class Daemon {
   void next_submission();   // m_submissions.front() is answered: on to the next
   json cmd_status(const Caller& caller, const common::StatusRequest& q);
   json cmd_show(const Caller& caller, const common::IdRequest& q);
+  json cmd_why(const common::IdRequest& q);  // what a queued job waits for (queries.cpp)
   json cmd_cancel(const Caller& caller, const common::IdsRequest& q);
   void cmd_restart(const Caller& caller, const common::RestartRequest& q, Reply& reply);  // answers once every job is requeued (restart.cpp)
   struct Restarting {  // a restart under way: see restart.cpp
@@ -367,6 +368,7 @@ class Daemon {
   TailState m_tail;
   std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
   std::map<std::uint32_t, UserCap> m_users_at_limit;  // and its Plan::users_at_limit
+  std::map<std::int64_t, std::vector<int>> m_reservations;  // and its Plan::reservations
   std::map<uid_t, Usage> m_usage;
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;

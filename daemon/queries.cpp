@@ -3,6 +3,8 @@
 #include "daemon/daemon.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <set>
 
 #include "common/paths.hpp"
 
@@ -66,6 +68,93 @@ json Daemon::cmd_show(const Caller& caller, const common::IdRequest& q) {
       if (common::path_exists(p)) out.logs.push_back({a, r, p});
     }
   out.first_failure = rec.run.first_failure;
+  return out;
+}
+
+// `why`: a queued job's wait in full. Its reason as status gives it; then, a sentence each, what
+// it waits for: being held, its dependencies' states, a retry's backoff, its batch's or its user's
+// limit, drained GPUs or a machine it can never fit, the jobs ahead of it and the reservation one
+// of them holds; the running jobs on the GPUs, and from their timeouts the earliest it can start
+// (null when one it must wait for has none). Everyone may ask, as everyone sees the queue.
+json Daemon::cmd_why(const common::IdRequest& q) {
+  const JobRecord rec = existing_job(q.id);
+  common::WhyReply out;
+  out.job = info_of(rec);
+  auto& d = out.details;
+  if (rec.state != JobState::queued) {
+    d.push_back(rec.state == JobState::running ? "it is running" : "it has ended " + std::string(to_string(rec.state)));
+    return out;
+  }
+  const double now = wall_now();
+  if (rec.held) d.push_back("it is held: `gpuq release " + std::to_string(rec.id) + "` puts it back in line");
+  for (std::int64_t dep : rec.after) {
+    const auto st = dependency_state(dep);
+    if (!st) d.push_back("it waits for " + missing_job(dep));
+    else if (*st != JobState::succeeded)
+      d.push_back("it waits for job " + std::to_string(dep) + " to succeed, which is " + std::string(to_string(*st)));
+  }
+  if (rec.not_before > now) {
+    d.push_back("it is retried after a backoff, in " + std::to_string(static_cast<long long>(std::ceil(rec.not_before - now))) + " s");
+    out.estimated_start = rec.not_before;
+  }
+  if (auto l = m_at_limit.find(rec.batch); l != m_at_limit.end()) d.push_back(batch_limit_reason(rec.batch, l->second));
+  if (auto u = m_users_at_limit.find(rec.uid); u != m_users_at_limit.end() && user_at_limit(u->second, rec.spec.gpus))
+    d.push_back(user_limit_reason(name_of(rec.uid), u->second, rec.spec.gpus));
+
+  // The GPUs: how many it could ever have here, which are free, who holds the others.
+  int usable = 0, free = 0;
+  std::set<int> held_gpus;
+  for (std::int64_t id : m_running)
+    for (int g : m_active.at(id).rec.run.gpus) held_gpus.insert(g);
+  for (const auto& g : m_inventory.gpus())
+    if (!m_drained.count(g.uuid)) {
+      ++usable;
+      free += !held_gpus.count(g.index);
+    }
+  if (rec.spec.gpus > static_cast<int>(m_inventory.gpus().size()))
+    d.push_back("it can never start on this machine: it asks for " + std::to_string(rec.spec.gpus) + " GPUs, and there are " +
+                std::to_string(m_inventory.gpus().size()));
+  else if (rec.spec.gpus > usable)
+    d.push_back("it asks for " + std::to_string(rec.spec.gpus) + " GPUs, and only " + std::to_string(usable) +
+                " are in service (`gpuq undrain` puts the others back)");
+  for (const auto& [key, queued] : m_queue) {  // in line order (priority, then id)
+    if (queued.job.id == rec.id) break;
+    ++out.ahead;
+  }
+  if (out.ahead > 0) d.push_back(std::to_string(out.ahead) + " job(s) are ahead of it in line");
+  for (const auto& [id, gpus] : m_reservations) {
+    if (id == rec.id || gpus.empty()) continue;
+    std::string list;
+    for (int g : gpus) list += (list.empty() ? "" : ", ") + std::to_string(g);
+    const auto it = m_active.find(id);
+    d.push_back("GPU(s) " + list + " are reserved for job " + std::to_string(id) +
+                (it != m_active.end() ? " (" + name_of(it->second.rec.uid) + "'s " + it->second.rec.spec.name + ")" : "") +
+                ", ahead of it");
+  }
+  if (rec.spec.gpus == 0) return out;
+  for (std::int64_t id : m_running) {
+    const JobRecord& r = m_active.at(id).rec;
+    if (r.run.gpus.empty()) continue;
+    const double ends = r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + m_config.grace_s : 0;
+    out.holders.push_back({r.id, r.spec.name, name_of(r.uid), r.run.gpus, ends});
+  }
+  std::sort(out.holders.begin(), out.holders.end(), [](const auto& a, const auto& b) {
+    return (a.ends_by > 0 ? a.ends_by : k_never) < (b.ends_by > 0 ? b.ends_by : k_never);
+  });
+  // The earliest start: once the holders ending first have freed what it lacks (a lower bound:
+  // the jobs ahead of it may take those first).
+  int lacking = rec.spec.gpus - free;
+  if (lacking > 0 && rec.spec.gpus <= usable && out.estimated_start.is_null()) {
+    std::set<int> freed;
+    for (const auto& h : out.holders) {
+      if (h.ends_by == 0) break;  // no timeout: no knowing when
+      freed.insert(h.gpus.begin(), h.gpus.end());
+      if (static_cast<int>(freed.size()) >= lacking) {
+        out.estimated_start = h.ends_by;
+        break;
+      }
+    }
+  }
   return out;
 }
 

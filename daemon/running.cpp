@@ -283,6 +283,7 @@ void Daemon::schedule_now() {
   m_tail = plan.tail;
   m_at_limit = std::move(plan.at_limit);
   m_users_at_limit = std::move(plan.users_at_limit);
+  m_reservations = plan.reservations;
   for (auto& [id, reason] : plan.waiting) {
     Active& a = m_active.at(id);
     a.wait_reason = with_drain_note(a.rec.spec.gpus, std::move(reason));

@@ -541,6 +541,48 @@ void add_status(CLI::App& app, Context& ctx) {
   });
 }
 
+namespace {
+
+int cmd_why(const Options& o, std::int64_t id) {
+  int code = 0;
+  auto reply = request(o, common::encode("why", common::IdRequest{id}), code);
+  if (!reply) return code;
+  if (o.json) {
+    reply->erase("ok");
+    print_json(*reply);
+    return k_exit_ok;
+  }
+  auto w = reply->get<common::WhyReply>();
+  const auto& j = w.job;
+  std::cout << "job " << j.id << " (" << j.name << ")" << (someone_elses(j) ? " of " + j.user : std::string()) << ": "
+            << state_of(j) << (j.reason.empty() ? "" : " - " + j.reason) << "\n";
+  for (const auto& line : w.details) std::cout << "  - " << line << "\n";
+  if (j.state != JobState::queued) return k_exit_ok;
+  if (!w.holders.empty()) {
+    std::cout << "  GPUs held by:\n";
+    for (const auto& h : w.holders)
+      std::cout << "    job " << h.id << " (" << h.user << "'s " << h.name << ") on GPU " << format_gpus(h.gpus) << ", "
+                << (h.ends_by > 0 ? "over by " + format_time(h.ends_by) + " (its timeout)" : std::string("no timeout"))
+                << "\n";
+  }
+  if (w.estimated_start.is_number())
+    std::cout << "  estimated start: " << format_time(w.estimated_start.get<double>())
+              << " at the earliest (from the running jobs' timeouts; jobs ahead of it may go first)\n";
+  else if (j.gpus_requested > 0 && !w.holders.empty())
+    std::cout << "  estimated start: unknown (a job it waits for has no timeout)\n";
+  return k_exit_ok;
+}
+
+}  // namespace
+
+void add_why(CLI::App& app, Context& ctx) {
+  auto id = args<std::int64_t>();
+  auto* sub = app.add_subcommand("why", "Why a queued job waits: what for, who holds the GPUs, when it can start");
+  sub->add_option("id", *id, "Job id")->required();
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, id] { ctx.run = [&ctx, id] { return cmd_why(ctx.opt, *id); }; });
+}
+
 void add_show(CLI::App& app, Context& ctx) {
   auto id = args<std::int64_t>();
   auto* sub = app.add_subcommand("show", "Everything about one job: state history, failure, logs");

@@ -325,3 +325,48 @@ class Top(DaemonTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Why(DaemonTest):
+    """`gpuq why ID`: what a queued job waits for, who holds the GPUs, and when it can start."""
+    GPUS = "fake:2"
+
+    def test_a_waiting_job_is_explained_with_the_holders_the_reservation_and_its_earliest_start(self):
+        gate = self.tmp_path("gate")
+        hold = {"gpus": 1, "timeout_s": 3600, "shell": f"while [ ! -e {gate} ]; do sleep 0.05; done"}
+        running = self.d.submit([dict(hold, name="h0"), dict(hold, name="h1")])["ids"]
+        wait_until(lambda: all(self.d.show(i)["job"]["state"] == "running" for i in running), what="both GPUs held")
+        [big] = self.d.submit({"name": "big", "gpus": 2, "command": ["true"]})["ids"]
+        [small] = self.d.submit({"name": "small", "gpus": 1, "command": ["true"]})["ids"]
+        [after] = self.d.submit({"name": "after", "command": ["true"], "after": [big]})["ids"]
+        [held] = self.d.submit({"name": "held", "command": ["true"]}, "--hold")["ids"]
+        wait_until(lambda: "reserved" in self.d.show(big)["job"]["reason"], what="a pass to reserve big's GPUs")
+
+        why = self.d.json("why", str(big))
+        self.assertEqual(why["job"]["state"], "queued")
+        self.assertEqual(sorted(h["name"] for h in why["holders"]), ["h0", "h1"])
+        ends = [h["ends_by"] for h in why["holders"]]
+        self.assertTrue(all(e > 0 for e in ends))
+        self.assertEqual(why["estimated_start"], max(ends))  # it needs both GPUs: when the later one is over
+        self.assertEqual(why["ahead"], 0)
+
+        why = self.d.json("why", str(small))
+        self.assertEqual(why["ahead"], 1)
+        self.assertIn(f"GPU(s) 0, 1 are reserved for job {big}", "\n".join(why["details"]))
+        self.assertEqual(why["estimated_start"], min(ends))
+        text = self.d.ok("why", str(small))
+        self.assertIn("GPUs held by:", text)
+        self.assertIn("at the earliest", text)
+
+        self.assertIn(f"it waits for job {big} to succeed, which is queued", self.d.json("why", str(after))["details"])
+        self.assertIn(f"it is held: `gpuq release {held}` puts it back in line", self.d.json("why", str(held))["details"])
+        self.assertEqual(self.d.json("why", str(running[0]))["details"], ["it is running"])
+        self.d.ok("drain", "1", "--reason", "test")
+        self.assertIn("it asks for 2 GPUs, and only 1 are in service (`gpuq undrain` puts the others back)",
+                      self.d.json("why", str(big))["details"])
+        self.d.ok("undrain", "1")
+        self.d.ok("release", str(held))
+        open(gate, "w").close()
+        jobs = self.d.wait(running + [big, small, after, held])
+        self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
+        self.assertEqual(self.d.run("why", "999").returncode, 4)
