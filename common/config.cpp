@@ -22,7 +22,7 @@ namespace {
 const char* k_keys =
     "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
     "health_interval_s, forget_after_s, executor, slurm, multi_user, admin_group, socket_group, user_limits, "
-    "usage_half_life_s, max_priority";
+    "usage_half_life_s, max_priority, hang_after_s, hang_action";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -73,6 +73,8 @@ constexpr Rule k_rules[] = {
     {"user_limits", nullptr, "user_limits", 0, 0},
     {"usage_half_life_s", nullptr, "number", 60, 86400 * 366},
     {"max_priority", nullptr, "int", -1000000, 1000000},
+    {"hang_after_s", nullptr, "number", 0, 86400 * 30},
+    {"hang_action", nullptr, "hang_action", 0, 0},
 };
 
 // "user_limits": {"*": {"max_running": 8, "max_gpus": 4, "max_queued": 10000}, "alice": {"max_gpus": 8}}
@@ -138,6 +140,10 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
     if (!v.is_string() || (v.get<std::string>() != "local" && v.get<std::string>() != "slurm"))
       return std::string("`executor` must be \"local\" (this machine) or \"slurm\"");
     s.executor = v.get<std::string>();
+  } else if (std::string(r.kind) == "hang_action") {
+    if (!v.is_string() || (v.get<std::string>() != "flag" && v.get<std::string>() != "retry"))
+      return std::string("`hang_action` must be \"flag\" (say so in status) or \"retry\" (stop the job and retry it)");
+    s.hang_action = v.get<std::string>();
   } else if (std::string(r.kind) == "user_limits") {
     if (auto err = set_user_limits(s, v)) return err;
   } else if (std::string(r.kind) == "bool") {
@@ -177,6 +183,7 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
        : key == "forget_after_s"    ? s.forget_after_s
        : key == "reconnect_s"       ? s.reconnect_s
        : key == "usage_half_life_s" ? s.usage_half_life_s
+       : key == "hang_after_s"      ? s.hang_after_s
                                     : s.idle_timeout_s) = *d;
     }
   }

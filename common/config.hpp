@@ -36,6 +36,8 @@ struct Settings {
   std::optional<std::map<std::string, UserLimit>> user_limits;  // "user_limits": {"*": {...}, "alice": {...}}
   std::optional<double> usage_half_life_s;  // "usage_half_life_s": fair share's memory of GPU use
   std::optional<int> max_priority;          // "max_priority": higher priorities are an admin's
+  std::optional<double> hang_after_s;       // "hang_after_s": a job silent this long after progress may be hung
+  std::optional<std::string> hang_action;   // "hang_action": "flag" (say so) or "retry" (stop it, retry it)
   std::string file;                      // the file read, empty if none
   std::map<std::string, std::string> source;  // key -> the file's path or "$VARIABLE"
 };

@@ -74,6 +74,7 @@ struct JobInfo {
   std::string user;  // its owner's name (its uid as text where the user database has none)
   std::int64_t uid = 0;
   bool result_hidden = false;  // lab mode: another user's job, whose result only they and admins read
+  bool hung = false;  // running, silent for hang_after_s since its last progress event: `reason` says more
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
                                                 restarts, attempt_base, held,
@@ -81,7 +82,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state,
                                                 cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
                                                 exit_signal, reason, progress, result, after,
                                                 bad_event_lines, job_dir, labels, external_id, user, uid,
-                                                result_hidden)
+                                                result_hidden, hung)
 
 struct Transition {
   int attempt = 0;

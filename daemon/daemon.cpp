@@ -325,6 +325,10 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.exit_signal = r.run.exit_signal ? json(*r.run.exit_signal) : json();
   i.reason = r.state == JobState::queued && !wait_reason.empty() && r.reason.empty() ? wait_reason : r.reason;
   if (r.state == JobState::running && i.reason.empty()) i.reason = m_executor->detail(r.id);
+  if (r.state == JobState::running && m_hung.count(r.id)) {
+    i.hung = true;
+    i.reason = hang_note(r, wall_now());
+  }
   if (r.held && r.state == JobState::queued)
     i.reason = "held until `gpuq release " + std::to_string(r.id) + "`" + (r.reason.empty() ? "" : "; " + r.reason);
   i.progress = r.run.progress;

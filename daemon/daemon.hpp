@@ -65,6 +65,10 @@ struct Config {
   std::map<std::string, common::UserLimit> user_limits;  // by user name, "*" for the rest
   double usage_half_life_s = 7 * 86400;  // fair share forgets GPU use at this pace (as Slurm's default)
   std::optional<int> max_priority;       // above it, priorities are an admin's
+  // A running job that reported progress and then nothing for this long (and whose GPUs, where
+  // NVML says, are idle) may be hung: flagged, or with hang_retry stopped and retried. 0: never.
+  double hang_after_s = 0;
+  bool hang_retry = false;
   double slurm_poll_s = 2;         // its squeue, once for all jobs, this often
   // Another executor, whatever `executor` says (tests: one that records what it is asked).
   std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor;
@@ -311,6 +315,10 @@ class Daemon {
   // processes are gone, so a last line without its newline is read too. False: the store
   // refused some (they are read again next time).
   bool ingest(Active& a, bool ended = false);
+  // Flags running jobs silent for hang_after_s since their last progress event (and stops those
+  // to retry, with hang_retry); at most once a second, from the event tick.
+  void check_hangs(double now);
+  std::string hang_note(const JobRecord& r, double now) const;  // "" unless flagged
   void arm_ingest_timer();
   void notify_waiters();
 
@@ -369,6 +377,9 @@ class Daemon {
   std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
   std::map<std::uint32_t, UserCap> m_users_at_limit;  // and its Plan::users_at_limit
   std::map<std::int64_t, std::vector<int>> m_reservations;  // and its Plan::reservations
+  std::set<std::int64_t> m_hung;          // running jobs check_hangs flagged
+  std::set<std::int64_t> m_hang_stopped;  // of those, the ones it stopped to be retried
+  double m_hangs_checked = 0;
   std::map<uid_t, Usage> m_usage;
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;

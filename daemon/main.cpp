@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
     config.user_limits = st.user_limits.value_or(config.user_limits);
     config.usage_half_life_s = st.usage_half_life_s.value_or(config.usage_half_life_s);
     config.max_priority = st.max_priority;
+    config.hang_after_s = st.hang_after_s.value_or(0);
+    config.hang_retry = st.hang_action.value_or("flag") == "retry";
     lab_only_settings = st.user_limits || st.usage_half_life_s || st.max_priority;
     socket_group = st.socket_group.value_or("");
     idle_timeout_s = st.idle_timeout_s.value_or(idle_timeout_s);
@@ -159,6 +161,19 @@ int main(int argc, char** argv) {
                  "Lab mode: members of this group may act on every job, drain GPUs and stop gpuqd, as root may");
   app.add_option("--socket-group", socket_group,
                  "Lab mode: only members of this group may reach the socket (default: every local user)");
+  app.add_option_function<std::string>(
+         "--hang-after",
+         [&](const std::string& text) {
+           auto d = gpuq::common::parse_duration(text);
+           if (!d) throw CLI::ValidationError("--hang-after", text + " is not a duration like 90s, 30m, 12h");
+           config.hang_after_s = *d;
+         },
+         "A running job that reported progress and then nothing for this long (its GPUs idle, where NVML "
+         "says) is flagged as maybe hung: 30m, 2h, … (default: never)");
+  app.add_option_function<std::string>(
+      "--hang-action", [&](const std::string& a) { config.hang_retry = a == "retry"; },
+      "What a maybe hung job gets: flag (said in status and why) or retry (stopped, and retried as a failure)")
+      ->check(CLI::IsMember({"flag", "retry"}));
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   // Tests describe a CPU and PCI topology with a tree of their own.

@@ -83,6 +83,7 @@ json Daemon::cmd_why(const common::IdRequest& q) {
   auto& d = out.details;
   if (rec.state != JobState::queued) {
     d.push_back(rec.state == JobState::running ? "it is running" : "it has ended " + std::string(to_string(rec.state)));
+    if (const auto note = hang_note(rec, wall_now()); !note.empty()) d.push_back("it has made " + note);
     return out;
   }
   const double now = wall_now();

@@ -471,6 +471,9 @@ void Daemon::on_attempt_end(std::int64_t id) {
 void Daemon::finish_attempt(Active& a, const json& outcome) {
   const double now = wall_now();
   const JobRecord& rec = a.rec;
+  // Stopped by check_hangs: a failure, to be retried, not a cancel.
+  const std::string hung = m_hang_stopped.erase(rec.id) ? "stopped: " + hang_note(rec, now) : "";
+  m_hung.erase(rec.id);
   if (outcome.value("withdrawn", false) && !rec.run.cancel_requested) {
     // Taken back before it started (withdraw_orphans): in line again as the same attempt, to
     // wait for its dependency's next attempt, or to fail with it.
@@ -498,7 +501,11 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   }
 
   bool retryable = false;
-  if (rec.run.cancel_requested || outcome.value("cancelled", false)) {
+  if (!hung.empty() && !rec.run.cancel_requested) {
+    end.state = JobState::failed;
+    end.reason = hung;
+    retryable = true;
+  } else if (rec.run.cancel_requested || outcome.value("cancelled", false)) {
     end.state = JobState::cancelled;
     // Who, when not gpuq: the executor's word ("cancelled in Slurm (scancel), not through gpuq").
     end.reason = rec.run.cancel_requested ? "cancelled while running"
@@ -635,6 +642,49 @@ bool Daemon::ingest(Active& a, bool ended) {
   return stored;
 }
 
+void Daemon::check_hangs(double now) {
+  if (m_config.hang_after_s <= 0 || now - m_hangs_checked < 1) return;
+  m_hangs_checked = now;
+  std::optional<std::vector<GpuReading>> readings;  // read once a check, and only when needed
+  for (std::int64_t id : m_running) {
+    const JobRecord& r = m_active.at(id).rec;
+    const auto at = r.run.progress.is_object() ? r.run.progress.find("at") : r.run.progress.end();
+    // Judged only once it has said how it progresses, and on this attempt.
+    const bool silent = at != r.run.progress.end() && at->is_number() && at->get<double>() >= r.run.started_at &&
+                        now - at->get<double>() > m_config.hang_after_s;
+    if (!silent) {
+      m_hung.erase(id);
+      continue;
+    }
+    if (!r.run.gpus.empty()) {  // busy GPUs (NVML's word) say it still works, quietly
+      if (!readings) readings = m_inventory.read();
+      bool busy = false;
+      for (int g : r.run.gpus)
+        for (std::size_t i = 0; i < m_inventory.gpus().size() && i < readings->size(); ++i)
+          if (m_inventory.gpus()[i].index == g && (*readings)[i].utilization && *(*readings)[i].utilization > 10) busy = true;
+      if (busy) {
+        m_hung.erase(id);
+        continue;
+      }
+    }
+    if (!m_hung.insert(id).second) continue;
+    std::cerr << "gpuqd: job " << id << " (" << r.spec.name << ") " << hang_note(r, now)
+              << (m_config.hang_retry ? "; stopping it, to be retried" : "") << "\n";
+    if (m_config.hang_retry && !r.run.cancel_requested && m_hang_stopped.insert(id).second) m_executor->stop(id);
+  }
+}
+
+std::string Daemon::hang_note(const JobRecord& r, double now) const {
+  if (!m_hung.count(r.id)) return "";
+  const double at = r.run.progress.value("at", now);
+  std::string where;
+  for (const char* key : {"epoch", "step"})
+    if (auto it = r.run.progress.find(key); it != r.run.progress.end() && it->is_number())
+      where += std::string(where.empty() ? " at " : ", ") + key + " " + it->dump();
+  return "no progress for " + std::to_string(static_cast<long long>(now - at)) + " s since its last progress event" +
+         where + " (hang_after_s " + std::to_string(static_cast<long long>(m_config.hang_after_s)) + "): it may be hung";
+}
+
 void Daemon::arm_ingest_timer() {
   if (m_ingest_armed) return;
   if (m_running.empty()) return;
@@ -645,6 +695,7 @@ void Daemon::arm_ingest_timer() {
     if (ec) return;
     for (std::int64_t id : m_running)
       if (m_executor->started(id)) ingest(m_active.at(id));
+    check_hangs(wall_now());
     arm_ingest_timer();
   });
 }

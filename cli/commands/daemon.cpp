@@ -46,6 +46,8 @@ int cmd_config(const Options& o, const common::Settings& s, const std::string& s
   add("socket_group", s.socket_group);
   add("usage_half_life_s", s.usage_half_life_s);
   add("max_priority", s.max_priority);
+  add("hang_after_s", s.hang_after_s);
+  add("hang_action", s.hang_action);
   if (s.user_limits) {
     json limits = json::object();
     for (const auto& [user, l] : *s.user_limits)

@@ -32,6 +32,7 @@ std::string runtime_of(const common::JobInfo& j) {
 
 std::string state_of(const common::JobInfo& j) {
   if (j.state == JobState::queued) return display_state(j);
+  if (j.state == JobState::running && j.hung) return "running (hung?)";
   if (j.state == JobState::failed || j.state == JobState::succeeded) {
     if (j.exit_signal.is_number()) return name_of(j.state) + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
     if (j.exit_code.is_number() && j.exit_code.get<int>() != 0)
@@ -41,6 +42,7 @@ std::string state_of(const common::JobInfo& j) {
 }
 
 std::string detail_of(const common::JobInfo& j) {
+  if (j.state == JobState::running && j.hung) return j.reason;
   if (j.state == JobState::running && j.progress.is_object()) return format_fields(j.progress, 5);
   if (j.state == JobState::succeeded && j.result.is_object()) return format_fields(j.result, 5);
   if (j.state == JobState::succeeded && j.result_hidden) return "(result: " + j.user + "'s to read)";

@@ -440,3 +440,43 @@ class BatchLimit(DaemonTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Hangs(DaemonTest):
+    """--hang-after: a running job that reported progress and then nothing for that long is flagged
+    as maybe hung (status, show, why); with --hang-action retry it is stopped and retried."""
+
+    def restart_with(self, *extra):
+        self.d.stop()
+        self.d = Daemon(self.tmp, extra=["--hang-after", "1s", *extra]).start()
+
+    def test_a_job_silent_after_progress_is_flagged_and_one_that_never_reported_is_not(self):
+        self.restart_with()
+        gate = self.tmp_path("gate")
+        wait = f"while [ ! -e {gate} ]; do sleep 0.05; done"
+        stuck, quiet = self.d.submit([
+            {"name": "stuck", "shell": event_line(type="progress", epoch=3, step=200) + "; " + wait},
+            {"name": "quiet", "shell": wait}])["ids"]
+        wait_until(lambda: self.d.show(stuck)["job"].get("hung"), timeout=30, what="the silent job to be flagged")
+        job = self.d.show(stuck)["job"]
+        self.assertEqual(job["state"], "running")
+        self.assertRegex(job["reason"], r"^no progress for \d+ s since its last progress event at epoch 3, step 200 "
+                                        r"\(hang_after_s 1\): it may be hung$")
+        self.assertIn("running (hung?)", self.d.ok("status"))
+        self.assertIn("it has made no progress for", "\n".join(self.d.json("why", str(stuck))["details"]))
+        self.assertFalse(self.d.show(quiet)["job"].get("hung"))  # it never said how it progresses
+        open(gate, "w").close()
+        jobs = self.d.wait([stuck, quiet])
+        self.assertEqual(jobs[stuck]["state"], "succeeded")  # flagged only: it ran to its end
+        self.assertFalse(jobs[stuck]["hung"])
+
+    def test_with_hang_action_retry_a_silent_job_is_stopped_and_retried(self):
+        self.restart_with("--hang-action", "retry")
+        # Attempt 1 reports progress, then hangs; attempt 2 finishes.
+        shell = (event_line(type="progress", step=1) + '; if [ "$GPUQ_ATTEMPT" = 1 ]; then sleep 7402; fi')
+        job_id = self.d.submit({"name": "flaky", "retries": 1, "shell": shell})["ids"][0]
+        job = self.d.wait([job_id], timeout=60)[job_id]
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["attempt"], 2)
+        reasons = [t["reason"] for t in self.d.show(job_id)["history"]]
+        self.assertTrue(any(r.startswith("attempt 1 failed (stopped: no progress for") for r in reasons), reasons)
