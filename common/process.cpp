@@ -102,9 +102,17 @@ std::optional<std::uint64_t> process_start_time(int pid) {
 }
 
 std::optional<uid_t> process_owner(int pid) {
-  struct stat st {};
-  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
-  return st.st_uid;
+  // From `Uid:` in status (real, effective, saved, fs), not the owner of /proc/PID, which is root's
+  // for a process that is not dumpable, as one is after it changed its uid.
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("Uid:", 0) == 0) {
+      std::istringstream fields(line.substr(4));
+      unsigned long real = 0, effective = 0;
+      if (fields >> real >> effective) return static_cast<uid_t>(effective);
+      return std::nullopt;
+    }
+  return std::nullopt;
 }
 
 std::optional<ProcessId> read_pid_file(const std::string& path, std::optional<uid_t> owner) {

@@ -122,6 +122,19 @@ class LabMode(unittest.TestCase):
         self.assertIn("USER", table.splitlines()[0])
         self.assertIn(ALICE, table)
 
+    def test_a_job_running_as_its_owner_is_found_again_after_gpuqd_is_killed(self):
+        gate = os.path.join(self.tmp, "gate")
+        [a] = self.submit(ALICE, {"name": "long", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]})
+        wait_until(lambda: json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"] == "running",
+                   what="the job to start")
+        self.d.kill9()
+        self.d.start()
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            self.assertIn(f"re-adopted job {a}", f.read())
+        self.assertEqual(json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"], "running")
+        open(gate, "w").close()
+        self.assertEqual(self.wait(ALICE, [a])[a]["state"], "succeeded")
+
     def test_another_users_job_cannot_be_touched_and_an_admin_may(self):
         [a] = self.submit(ALICE, {"name": "held", "command": ["true"]}, "--hold")
         for args in (["cancel", str(a)], ["release", str(a)], ["update", str(a), "--priority", "3"],
