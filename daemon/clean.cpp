@@ -34,8 +34,7 @@ void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Repl
   }
   if (q.batch != 0) {
     if (!m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
-    if (!caller.admin)
-      if (auto one = m_store->batch_page(q.batch, 0, 1); !one.empty()) authorize(caller, one.front(), "clean the batch of");
+    authorize_batch(caller, q.batch, "clean the batch of");
     for (const auto& [id, at] : m_store->ended_of_batch(q.batch)) ended[id] = at;
   }
   if (q.ids.empty() && q.batch == 0) {  // every ended job, or (of one who is no admin) every one of theirs

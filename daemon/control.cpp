@@ -107,15 +107,10 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
   const bool spec_fields = q.priority || q.retries || q.timeout_s;
   // Only the batch's limit: its queued jobs are not asked to change.
   const std::vector<std::int64_t> ids = spec_fields ? with_queued_of_batch(q.ids, q.batch) : q.ids;
-  if (!spec_fields || !caller.admin) {  // one that exists, and the caller's own
-    const auto batch = q.batch ? jobs_of_batch(q.batch) : std::vector<JobRecord>{};
-    if (!batch.empty()) authorize(caller, batch.front(), "update the batch of");
-  }
+  if (!spec_fields) jobs_of_batch(q.batch);  // one that exists
+  authorize_batch(caller, q.batch, "update the batch of");
   for (auto id : ids) authorize(caller, id, "update");
-  if (q.priority && m_config.multi_user && m_config.max_priority && *q.priority > *m_config.max_priority && !caller.admin)
-    throw RequestError(ErrorCode::forbidden, "priority " + std::to_string(*q.priority) +
-                                                 " is above this machine's ceiling (max_priority " +
-                                                 std::to_string(*m_config.max_priority) + "); higher priorities are an admin's");
+  if (q.priority) check_priority(caller, *q.priority, "");
 
   auto change = [](auto& field, const auto& value, const char* name, std::string& why) {
     if (!value || field == *value) return;

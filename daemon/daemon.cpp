@@ -169,6 +169,11 @@ void Daemon::authorize(const Caller& caller, std::int64_t id, std::string_view a
   authorize(caller, existing_job(id), act);
 }
 
+void Daemon::authorize_batch(const Caller& caller, std::int64_t batch, std::string_view act) {
+  if (caller.admin || batch == 0) return;
+  if (auto one = m_store->batch_page(batch, 0, 1); !one.empty()) authorize(caller, one.front(), act);
+}
+
 void Daemon::authorize_admin(const Caller& caller, std::string_view act) const {
   if (caller.admin) return;
   throw RequestError(ErrorCode::forbidden, "only an admin may " + std::string(act) + " (root" +

@@ -167,6 +167,8 @@ class Daemon {
   void authorize(const Caller& caller, const JobRecord& r, std::string_view act) const;
   void authorize(const Caller& caller, std::int64_t id, std::string_view act);  // job `id`, or not_found
   void authorize_admin(const Caller& caller, std::string_view act) const;        // admins only
+  // The batch's jobs are one submission's, so one owner's: as authorize for its first job.
+  void authorize_batch(const Caller& caller, std::int64_t batch, std::string_view act);
   const std::string& name_of(uid_t uid) const;  // user names, looked up once each
 
   // Handlers, by group: see the files named in daemon.cpp.
@@ -272,6 +274,8 @@ class Daemon {
   void add_use(uid_t uid, double gpu_s, double at);
   // Refuses (forbidden) a submission or update that a user's limits or the priority ceiling forbid.
   void check_user_limits(const Caller& caller, uid_t owner, const std::vector<JobRecord>& jobs);
+  // Refuses (forbidden) `priority` above max_priority from one who is no admin; `who` opens the message.
+  void check_priority(const Caller& caller, int priority, const std::string& who) const;
   void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.

@@ -30,13 +30,8 @@ void Daemon::add_use(uid_t uid, double gpu_s, double at) {
 
 void Daemon::check_user_limits(const Caller& caller, uid_t owner, const std::vector<JobRecord>& jobs) {
   if (!m_config.multi_user) return;
-  if (m_config.max_priority && !caller.admin)
-    for (std::size_t i = 0; i < jobs.size(); ++i)
-      if (jobs[i].spec.priority > *m_config.max_priority)
-        throw RequestError(ErrorCode::forbidden,
-                           "job[" + std::to_string(i) + "] (" + jobs[i].spec.name + "): priority " +
-                               std::to_string(jobs[i].spec.priority) + " is above this machine's ceiling (max_priority " +
-                               std::to_string(*m_config.max_priority) + "); higher priorities are an admin's");
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    check_priority(caller, jobs[i].spec.priority, "job[" + std::to_string(i) + "] (" + jobs[i].spec.name + "): ");
   const common::UserLimit* l = limits_of(owner);
   if (!l) return;
   if (l->max_gpus > 0)
@@ -55,6 +50,13 @@ void Daemon::check_user_limits(const Caller& caller, uid_t owner, const std::vec
                                                    " more would pass their limit (max_queued " +
                                                    std::to_string(l->max_queued) + "); nothing was submitted");
   }
+}
+
+void Daemon::check_priority(const Caller& caller, int priority, const std::string& who) const {
+  if (!m_config.multi_user || !m_config.max_priority || caller.admin || priority <= *m_config.max_priority) return;
+  throw RequestError(ErrorCode::forbidden, who + "priority " + std::to_string(priority) +
+                                               " is above this machine's ceiling (max_priority " +
+                                               std::to_string(*m_config.max_priority) + "); higher priorities are an admin's");
 }
 
 json Daemon::cmd_usage() {

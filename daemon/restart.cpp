@@ -74,8 +74,7 @@ void Daemon::cmd_restart(const Caller& caller, const common::RestartRequest& q, 
     authorize(caller, named.back(), "restart");
   }
   if (q.batch != 0 && !m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
-  if (q.batch != 0 && !caller.admin)
-    if (auto one = m_store->batch_page(q.batch, 0, 1); !one.empty()) authorize(caller, one.front(), "restart the batch of");
+  authorize_batch(caller, q.batch, "restart the batch of");
   if (q.fresh) make_trash();
   auto r = std::make_shared<Restarting>();
   try {
