@@ -19,7 +19,7 @@ namespace {
 
 double best_us(const std::vector<PendingJob>& queue, const BatchLimits& limits) {
   std::vector<GpuState> gpus;
-  for (int g = 0; g < 8; ++g) gpus.push_back({g, 81920, 81920, 1, true, k_never, -1});
+  for (int g = 0; g < 8; ++g) gpus.push_back({g, 81920, 81920, 0, 1, true, k_never, -1});
   CpuSlots cpu;
   cpu.total = 16;
   double best = 1e18;

@@ -22,7 +22,7 @@ namespace {
 const char* k_keys =
     "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
     "health_interval_s, forget_after_s, executor, slurm, multi_user, admin_group, socket_group, user_limits, "
-    "usage_half_life_s, max_priority, hang_after_s, hang_action";
+    "usage_half_life_s, max_priority, hang_after_s, hang_action, gpu_process_interval_s";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -64,6 +64,7 @@ constexpr Rule k_rules[] = {
     {"cpu_slots", nullptr, "int", 1, 1 << 20},
     {"health_interval_s", nullptr, "number", 0, 86400},
     {"forget_after_s", nullptr, "number", 0, 86400 * 3660},
+    {"gpu_process_interval_s", nullptr, "number", 0, 86400},
     {"reconnect_s", "GPUQ_RECONNECT_S", "number", 0, 86400},
     {"executor", nullptr, "executor", 0, 0},
     {"slurm", nullptr, "slurm", 0, 0},
@@ -184,6 +185,7 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
        : key == "reconnect_s"       ? s.reconnect_s
        : key == "usage_half_life_s" ? s.usage_half_life_s
        : key == "hang_after_s"      ? s.hang_after_s
+       : key == "gpu_process_interval_s" ? s.gpu_process_interval_s
                                     : s.idle_timeout_s) = *d;
     }
   }

@@ -26,6 +26,7 @@ struct Settings {
   std::optional<double> idle_timeout_s;  // "idle_timeout_s"
   std::optional<int> cpu_slots;          // "cpu_slots"
   std::optional<double> health_interval_s;  // "health_interval_s"
+  std::optional<double> gpu_process_interval_s;  // "gpu_process_interval_s": NVML's process lists, this often
   std::optional<double> forget_after_s;  // "forget_after_s"
   std::optional<double> reconnect_s;     // "reconnect_s"     $GPUQ_RECONNECT_S (gpuq wait, logs -f)
   std::optional<std::string> executor;   // "executor": "local" or "slurm" (gpuqd)

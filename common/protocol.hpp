@@ -75,6 +75,7 @@ struct JobInfo {
   std::int64_t uid = 0;
   bool result_hidden = false;  // lab mode: another user's job, whose result only they and admins read
   bool hung = false;  // running, silent for hang_after_s since its last progress event: `reason` says more
+  json gpu_memory_peak_mb;  // running: the most GPU memory its processes held on one GPU (NVML), null when unknown
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
                                                 restarts, attempt_base, held,
@@ -82,7 +83,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state,
                                                 cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
                                                 exit_signal, reason, progress, result, after,
                                                 bad_event_lines, job_dir, labels, external_id, user, uid,
-                                                result_hidden, hung)
+                                                result_hidden, hung, gpu_memory_peak_mb)
 
 struct Transition {
   int attempt = 0;
@@ -99,6 +100,16 @@ struct LogFile {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LogFile, attempt, rank, path)
 
+// A process NVML lists on a GPU: one of a job's (`job`), or one gpuq did not start (job null).
+struct GpuProcessInfo {
+  int pid = 0;
+  json used_mb;   // null where the driver cannot say
+  json job;       // the running job it belongs to, or null: outside gpuq
+  std::string user;     // who runs it ("" once it is gone, or in another pid namespace)
+  std::string command;  // its name (/proc/PID/comm)
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpuProcessInfo, pid, used_mb, job, user, command)
+
 struct GpuInfo {
   int index = 0;
   std::string uuid;
@@ -112,10 +123,13 @@ struct GpuInfo {
   json numa_node;  // the NUMA node of its PCI slot, null when unknown
   bool drained = false;      // out of service: no job is given it (those on it run on)
   std::string drain_reason;  // why, as `drain` was told
+  json processes;            // [GpuProcessInfo] from NVML, null where it cannot list them
+  std::int64_t foreign_mb = 0;  // held by processes outside gpuq: counted as used when packing
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpuInfo, index, uuid, name, memory_total_mb,
                                                 memory_used_mb, utilization, allocated_mb,
-                                                exclusive, jobs, numa_node, drained, drain_reason)
+                                                exclusive, jobs, numa_node, drained, drain_reason,
+                                                processes, foreign_mb)
 
 // ---- requests ---------------------------------------------------------------------------------
 

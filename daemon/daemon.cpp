@@ -29,6 +29,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_ingest_timer(io),
       m_backoff_timer(io),
       m_health_timer(io),
+      m_process_timer(io),
       m_forget_timer(io),
       m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { on_attempt_end(id); })
                  : m_config.executor == "slurm"
@@ -97,6 +98,7 @@ void Daemon::recover() {
   resume_restarts();
   arm_ingest_timer();
   start_health_checks();
+  watch_gpu_processes();
   forget_old_jobs();
   schedule_soon();
 }
@@ -333,6 +335,11 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   if (r.state == JobState::running && m_hung.count(r.id)) {
     i.hung = true;
     i.reason = hang_note(r, wall_now());
+  }
+  if (auto w = r.state == JobState::running ? m_gpu_watch.find(r.id) : m_gpu_watch.end(); w != m_gpu_watch.end()) {
+    std::int64_t peak = -1;
+    for (const auto& [gpu, mb] : w->second.peak_mb) peak = std::max(peak, mb);
+    if (peak >= 0) i.gpu_memory_peak_mb = peak;
   }
   if (r.held && r.state == JobState::queued)
     i.reason = "held until `gpuq release " + std::to_string(r.id) + "`" + (r.reason.empty() ? "" : "; " + r.reason);

@@ -55,6 +55,7 @@ struct Config {
   int default_retries = 0;         // for jobs whose spec names no `retries`
   std::string sysfs_root = "/sys"; // CPU topology and NUMA nodes (another tree in tests)
   double health_interval_s = 60;   // NVML health checks (lost GPU, ECC, row remapping); 0: none
+  double gpu_process_interval_s = 5;  // NVML's per-GPU process lists (gpu_processes.cpp); 0: not read
   double forget_after_s = 0;       // ended jobs are forgotten (records and files) this long after; 0: kept
   std::string executor = "local";  // where attempts run: "local" (this machine) or "slurm" (executor.hpp)
   common::SlurmOptions slurm;      // the Slurm executor's sbatch options
@@ -253,10 +254,32 @@ class Daemon {
   // Takes one GPU out of service or puts it back: the store, the in-memory set, the log.
   void mark_drained(const Gpu& g, bool drain, const std::string& reason);
   std::string with_drain_note(int gpus_needed, std::string reason) const;
+  // For a job that names its GPU memory: the memory held outside gpuq, where there is some.
+  std::string with_foreign_note(std::int64_t memory_mb, std::string reason) const;
   // NVML health checks every health_interval_s: a GPU found lost, with failed row remapping or
   // with new uncorrectable ECC errors is drained, its reason starting "health check: ".
   void start_health_checks();
   void check_health();
+  // One health reading: drains what check_health would, and keeps the Xids for failed jobs' reasons.
+  void read_health();
+  // ---- the processes on the GPUs (gpu_processes.cpp) ----
+  struct SeenProcess {
+    int pid = 0;
+    std::optional<std::int64_t> used_mb;
+    std::int64_t job = 0;  // the running job it descends from; 0: outside gpuq
+  };
+  // What NVML lists on each GPU now, in inventory order, each told as a running job's or not;
+  // nullopt where NVML cannot list them.
+  std::vector<std::optional<std::vector<SeenProcess>>> gpu_processes() const;
+  // Every gpu_process_interval_s with NVML GPUs: look_at_gpu_processes.
+  void watch_gpu_processes();
+  // One look: the memory outside gpuq on each GPU (m_foreign_mb, which a pass counts as used),
+  // and for each running job its processes' peak and what others did on its GPUs (m_gpu_watch).
+  void look_at_gpu_processes();
+  // What the GPUs say of a failed attempt: for CUDA out of memory, its peak and the processes
+  // outside gpuq that grew on its GPUs; for any failure, the Xids its GPUs reported meanwhile.
+  // "" when nothing.
+  std::string gpu_failure_notes(const JobRecord& r, const json& failure);
   // Every so often, forgets the jobs that ended over forget_after_s ago (as clean --forget --older-than).
   void forget_old_jobs();
   json cmd_results(const Caller& caller, const common::ResultsRequest& q);
@@ -381,6 +404,21 @@ class Daemon {
   std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
   std::map<std::uint32_t, UserCap> m_users_at_limit;  // and its Plan::users_at_limit
   std::map<std::int64_t, std::vector<int>> m_reservations;  // and its Plan::reservations
+  std::map<int, std::int64_t> m_foreign_mb;  // GPU index -> MiB held outside gpuq, at the last look
+  struct OtherProcess {  // a process outside gpuq on a running job's GPU
+    int gpu = 0;
+    std::int64_t first_mb = 0, peak_mb = 0;
+    bool at_start = false;  // there at the job's first look
+  };
+  struct GpuWatch {
+    std::map<int, std::int64_t> peak_mb;     // GPU -> the job's processes' memory on it, at most
+    std::map<int, OtherProcess> others;       // pid -> (at most k_max_watched_others)
+    bool looked = false;
+  };
+  static constexpr std::size_t k_max_watched_others = 16;
+  std::map<std::int64_t, GpuWatch> m_gpu_watch;  // running jobs -> what their GPUs showed
+  std::map<int, std::deque<std::pair<double, std::uint64_t>>> m_xids_seen;  // GPU index -> recent Xids (at, xid)
+  static constexpr std::size_t k_max_xids_kept = 16;
   std::set<std::int64_t> m_hung;          // running jobs check_hangs flagged
   std::set<std::int64_t> m_hang_stopped;  // of those, the ones it stopped to be retried
   double m_hangs_checked = 0;
@@ -388,6 +426,7 @@ class Daemon {
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_health_timer;
+  asio::steady_timer m_process_timer;
   asio::steady_timer m_forget_timer;
   // Jobs a restart under way has chosen and not yet requeued: no other restart takes them and no
   // clean touches them. And the jobs outside it that they will wait for, kept from clean --forget.

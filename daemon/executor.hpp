@@ -107,6 +107,9 @@ class Executor {
   // reading (false while Slurm holds the job pending: a thousand queued jobs are not read four
   // times a second). Its end is read regardless.
   virtual bool started(std::int64_t /*id*/) const { return true; }
+  // The pid of the attempt's supervisor on this machine, whose descendants are the job's
+  // processes (gpu_processes.cpp tells them from others on a GPU); 0 where it runs elsewhere.
+  virtual int supervisor_pid(std::int64_t /*id*/) const { return 0; }
 
  protected:
   std::function<void(std::int64_t id)> m_handed;

@@ -3,6 +3,7 @@
 #include "daemon/daemon.hpp"
 
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 
 #include "daemon/lifecycle.hpp"
@@ -13,6 +14,7 @@ json Daemon::cmd_gpus() {
   common::GpusReply out;
   out.source = m_inventory.source();
   auto readings = m_inventory.read();
+  const auto processes = gpu_processes();
   for (std::size_t i = 0; i < m_inventory.gpus().size(); ++i) {
     const auto& g = m_inventory.gpus()[i];
     common::GpuInfo info;
@@ -27,6 +29,22 @@ json Daemon::cmd_gpus() {
     }
     if (readings[i].memory_used_mb) info.memory_used_mb = *readings[i].memory_used_mb;
     if (readings[i].utilization) info.utilization = *readings[i].utilization;
+    if (processes[i]) {
+      info.processes = json::array();
+      for (const auto& p : *processes[i]) {
+        common::GpuProcessInfo pi;
+        pi.pid = p.pid;
+        if (p.used_mb) pi.used_mb = *p.used_mb;
+        if (p.job) pi.job = p.job;
+        else info.foreign_mb += p.used_mb.value_or(0);
+        if (const auto owner = common::process_owner(p.pid)) pi.user = name_of(*owner);
+        std::ifstream comm("/proc/" + std::to_string(p.pid) + "/comm");  // at most 16 bytes: the kernel's
+        std::getline(comm, pi.command);
+        for (char& c : pi.command)  // any process names itself: nothing for a terminal to act on
+          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+        info.processes.push_back(pi);
+      }
+    }
     for (std::int64_t id : m_running) {
       const Active& a = m_active.at(id);
       if (std::find(a.rec.run.gpus.begin(), a.rec.run.gpus.end(), g.index) == a.rec.run.gpus.end()) continue;
@@ -112,10 +130,24 @@ void Daemon::start_health_checks() {
 }
 
 void Daemon::check_health() {
+  read_health();
+  m_health_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.health_interval_s * 1000)));
+  m_health_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) check_health();
+  });
+}
+
+void Daemon::read_health() {
   const auto health = m_inventory.health();
+  const double now = wall_now();
   bool drained = false;
   for (std::size_t i = 0; i < health.size(); ++i) {
     const Gpu& g = m_inventory.gpus()[i];
+    auto& seen = m_xids_seen[g.index];
+    for (auto xid : health[i].xids) {
+      seen.emplace_back(now, xid);
+      if (seen.size() > k_max_xids_kept) seen.pop_front();
+    }
     if (m_drained.count(g.uuid)) continue;
     const std::string problem = health_problem(health[i], m_ecc_base[g.uuid]);
     if (problem.empty()) {
@@ -131,10 +163,6 @@ void Daemon::check_health() {
     }
   }
   if (drained) schedule_soon();
-  m_health_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.health_interval_s * 1000)));
-  m_health_timer.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) check_health();
-  });
 }
 
 // A job needing more GPUs than are in service waits with the scheduler's "needs 4 GPUs; this

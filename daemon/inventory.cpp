@@ -1,6 +1,7 @@
 // GPU discovery: NVML through dlopen, or fake GPUs (see inventory.hpp).
 #include "daemon/inventory.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -152,6 +153,33 @@ std::vector<GpuReading> Inventory::read() const {
   return out;
 }
 
+std::vector<std::optional<std::vector<GpuProcess>>> Inventory::processes() const {
+  std::vector<std::optional<std::vector<GpuProcess>>> out(m_gpus.size());
+  if (!m_nvml || !m_nvml->processes) return out;
+  std::vector<Nvml::Device> devices;
+  const auto rcs = m_nvml->handles(m_gpus, devices);
+  std::vector<Nvml::ProcessInfo> infos(64);
+  for (std::size_t i = 0; i < m_gpus.size(); ++i) {
+    if (rcs[i] != 0) continue;
+    unsigned int n = static_cast<unsigned int>(infos.size());
+    int rc = m_nvml->processes(devices[i], &n, infos.data());
+    if (rc == Nvml::k_insufficient_size && n > infos.size()) {  // more than fit: once more with room for them
+      infos.resize(std::min<unsigned>(n + 16, k_max_gpu_processes));
+      n = static_cast<unsigned int>(infos.size());
+      rc = m_nvml->processes(devices[i], &n, infos.data());
+    }
+    if (rc != 0) continue;
+    auto& list = out[i].emplace();
+    for (unsigned int k = 0; k < n && k < infos.size(); ++k) {
+      GpuProcess p{static_cast<int>(infos[k].pid), std::nullopt};
+      if (infos[k].used_memory != Nvml::k_value_not_available)
+        p.used_mb = static_cast<std::int64_t>(infos[k].used_memory >> 20);
+      list.push_back(p);
+    }
+  }
+  return out;
+}
+
 int Inventory::watch_xids() { return m_nvml ? m_nvml->watch_xids(m_gpus) : 0; }
 
 std::vector<GpuHealth> Inventory::health() const {
@@ -185,6 +213,23 @@ std::vector<GpuHealth> Inventory::health() const {
       out[i].remap_failed = failed != 0;
   }
   return out;
+}
+
+std::string xid_words(std::uint64_t xid) {
+  // The common ones an application meets, from NVIDIA's Xid catalog; those needing a reset as
+  // xid_problem names them.
+  static const std::map<std::uint64_t, const char*> k_known{
+      {13, "graphics engine exception: often an out-of-range access by the application"},
+      {31, "GPU memory page fault: often an illegal address in the application"},
+      {43, "the GPU stopped processing: the application was torn down after an error"},
+      {45, "preemptive cleanup after an earlier error"},
+      {63, "ECC page retirement or row remapping recorded"},
+      {92, "high single-bit ECC error rate"},
+      {94, "contained ECC error: the GPU stays fit for new work"}};
+  if (auto fatal = xid_problem(xid); !fatal.empty())  // "Xid 79: what" -> "Xid 79 (what)"
+    return fatal.replace(fatal.find(": "), 2, " (") + ")";
+  auto it = k_known.find(xid);
+  return "Xid " + std::to_string(xid) + (it == k_known.end() ? "" : std::string(" (") + it->second + ")");
 }
 
 std::string xid_problem(std::uint64_t xid) {

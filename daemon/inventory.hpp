@@ -28,6 +28,13 @@ struct GpuReading {
   std::optional<int> utilization;
 };
 
+// A process NVML lists on a GPU (a CUDA context), with the GPU memory it holds where the driver
+// says (not under Windows' WDDM, nor for some MIG set-ups).
+struct GpuProcess {
+  int pid = 0;
+  std::optional<std::int64_t> used_mb;
+};
+
 // What NVML says of a GPU's health (see health_problem).
 struct GpuHealth {
   bool lost = false;                             // NVML_ERROR_GPU_IS_LOST: fell off the bus
@@ -43,6 +50,8 @@ struct GpuHealth {
 std::string health_problem(const GpuHealth& now, std::optional<std::uint64_t> ecc_base);
 // "Xid 79: the GPU fell off the bus" for an Xid after which the GPU needs a reset; "" for the rest.
 std::string xid_problem(std::uint64_t xid);
+// Any Xid in words, for a failed job's reason: "Xid 31 (GPU memory page fault ...)", "Xid 999".
+std::string xid_words(std::uint64_t xid);
 
 class Nvml;
 
@@ -63,6 +72,10 @@ class Inventory {
   const std::string& source() const { return m_source; }
   // Live readings (NVML), one per GPU in gpus() order; empty values for fake GPUs.
   std::vector<GpuReading> read() const;
+  // The compute processes on each GPU, in gpus() order; nullopt where no one can say (fake GPUs,
+  // a driver without the call, an error). At most k_max_gpu_processes a GPU.
+  std::vector<std::optional<std::vector<GpuProcess>>> processes() const;
+  static constexpr unsigned k_max_gpu_processes = 1024;
   // Health, one per GPU in gpus() order; all healthy for fake GPUs. Reading it takes the Xid
   // events that arrived since the last reading.
   std::vector<GpuHealth> health() const;

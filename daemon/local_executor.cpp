@@ -16,6 +16,7 @@
 #include <iostream>
 #include <map>
 
+#include "common/failure_class.hpp"
 #include "common/json_input.hpp"
 #include "common/paths.hpp"
 #include "daemon/executor.hpp"
@@ -56,18 +57,26 @@ json read_exit_record(const std::string& path, std::size_t max_bytes, std::optio
     keep(*it, f, "signal", is_int);
     keep(*it, f, "oom_kill", is_bool);
     keep(*it, f, "at", is_num);
-    // What the failing rank said last: the job's own words, so bounded and kept printable here too.
-    // (Valid UTF-8, as the JSON parser took it; cut only between characters.)
-    if (auto m = it->find("message"); m != it->end() && m->is_string()) {
-      std::string text;
-      for (unsigned char c : m->get_ref<const std::string&>())
-        if (c >= 0x20 && c != 0x7f) text += static_cast<char>(c);
-      if (text.size() > 600) {
-        std::size_t cut = 600;
-        while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-        text.resize(cut);
+    // What the failing rank said last, and the line that named its failure's class: the job's
+    // own words, so bounded and kept printable here too. (Valid UTF-8, as the JSON parser took
+    // it; cut only between characters.)
+    auto words = [&](const char* key) {
+      if (auto m = it->find(key); m != it->end() && m->is_string()) {
+        std::string text;
+        for (unsigned char c : m->get_ref<const std::string&>())
+          if (c >= 0x20 && c != 0x7f) text += static_cast<char>(c);
+        if (text.size() > 600) {
+          std::size_t cut = 600;
+          while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+          text.resize(cut);
+        }
+        if (!text.empty()) f[key] = std::move(text);
       }
-      if (!text.empty()) f["message"] = std::move(text);
+    };
+    words("message");
+    if (auto c = it->find("class"); c != it->end() && c->is_string() && common::is_failure_class(c->get<std::string>())) {
+      f["class"] = *c;
+      words("class_line");
     }
     out["first_failure"] = std::move(f);
   }
@@ -114,6 +123,11 @@ class LocalExecutor final : public Executor {
   void stop(std::int64_t id) override {
     auto it = m_shims.find(id);
     if (it != m_shims.end() && it->second.pid.pid > 0 && is_alive(it->second.pid)) ::kill(it->second.pid.pid, SIGTERM);
+  }
+
+  int supervisor_pid(std::int64_t id) const override {
+    auto it = m_shims.find(id);
+    return it != m_shims.end() ? it->second.pid.pid : 0;
   }
 
   json outcome(const Attempt& attempt) override {

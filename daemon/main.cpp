@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
     config.cpu_slots = st.cpu_slots.value_or(config.cpu_slots);
     config.health_interval_s = st.health_interval_s.value_or(config.health_interval_s);
     config.forget_after_s = st.forget_after_s.value_or(config.forget_after_s);
+    config.gpu_process_interval_s = st.gpu_process_interval_s.value_or(config.gpu_process_interval_s);
     config.default_retries = st.retries.value_or(0);
     config.executor = st.executor.value_or(config.executor);
     if (st.slurm) config.slurm = *st.slurm;
@@ -128,6 +129,11 @@ int main(int argc, char** argv) {
   app.add_option("--health-interval", config.health_interval_s,
                  "Seconds between NVML health checks of the GPUs; a GPU found lost, with failed row remapping or "
                  "with new uncorrectable ECC errors is drained (0: no checks)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  app.add_option("--gpu-process-interval", config.gpu_process_interval_s,
+                 "Seconds between looks at the processes NVML lists on the GPUs: memory held by processes gpuq did "
+                 "not start counts as used when packing shared jobs, and a job's peak GPU memory is kept (0: none)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   app.add_option_function<std::string>(

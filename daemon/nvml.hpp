@@ -33,6 +33,11 @@ class Nvml {
     unsigned long long type, data;  // data: the Xid, for an Xid event
     unsigned int gpu_instance, compute_instance;
   };
+  struct ProcessInfo {  // nvmlProcessInfo_t (v2; nvmlDeviceGetComputeRunningProcesses_v2 and _v3 take it)
+    unsigned int pid;
+    unsigned long long used_memory;  // bytes; k_value_not_available where the driver cannot say
+    unsigned int gpu_instance, compute_instance;
+  };
 
   static std::unique_ptr<Nvml> load(std::string& error) {
     void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -56,6 +61,8 @@ class Nvml {
     n->sym(n->event_set_create, "nvmlEventSetCreate");  // optional: Xid events
     n->sym(n->register_events, "nvmlDeviceRegisterEvents");
     n->sym(n->event_set_free, "nvmlEventSetFree");
+    if (!n->sym(n->processes, "nvmlDeviceGetComputeRunningProcesses_v3"))  // optional: processes on the GPUs
+      n->sym(n->processes, "nvmlDeviceGetComputeRunningProcesses_v2");
     if (int rc = n->init(); rc != 0) {
       error = "nvmlInit failed with NVML error " + std::to_string(rc);
       return nullptr;
@@ -85,6 +92,7 @@ class Nvml {
   int (*register_events)(Device, unsigned long long, void*) = nullptr;
   int (*event_set_wait)(void*, EventData*, unsigned int) = nullptr;  // timeout in ms
   int (*event_set_free)(void*) = nullptr;
+  int (*processes)(Device, unsigned int*, ProcessInfo*) = nullptr;  // (in: room, out: count)
   void* events = nullptr;  // the set the GPUs' Xid events are registered in, when NVML has one
 
   // The handle of each of `gpus` into `devices`; returns each one's NVML status (0: found).
@@ -112,6 +120,8 @@ class Nvml {
 
   static constexpr unsigned long long k_xid_critical_error = 0x8;  // nvmlEventTypeXidCriticalError
   static constexpr int k_gpu_is_lost = 15;                // NVML_ERROR_GPU_IS_LOST
+  static constexpr int k_insufficient_size = 7;           // NVML_ERROR_INSUFFICIENT_SIZE
+  static constexpr unsigned long long k_value_not_available = ~0ULL;  // NVML_VALUE_NOT_AVAILABLE
   static constexpr int k_uncorrected = 1, k_volatile = 0;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
 
  private:

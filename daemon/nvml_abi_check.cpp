@@ -75,6 +75,8 @@ GPUQ_NVML_SAME(register_events, nvmlDeviceRegisterEvents);
 GPUQ_NVML_SAME(event_set_wait, nvmlEventSetWait_v2);
 GPUQ_NVML_SAME(event_set_wait, nvmlEventSetWait);
 GPUQ_NVML_SAME(event_set_free, nvmlEventSetFree);
+GPUQ_NVML_SAME(processes, nvmlDeviceGetComputeRunningProcesses_v3);
+GPUQ_NVML_SAME(processes, nvmlDeviceGetComputeRunningProcesses_v2);
 
 #define GPUQ_NVML_FIELD(ours, theirs, a, b)                                                               \
   static_assert(offsetof(Nvml::ours, a) == offsetof(theirs, b) && sizeof(Nvml::ours::a) == sizeof(theirs::b), \
@@ -101,7 +103,15 @@ GPUQ_NVML_FIELD(EventData, nvmlEventData_t, type, eventType);
 GPUQ_NVML_FIELD(EventData, nvmlEventData_t, data, eventData);
 GPUQ_NVML_FIELD(EventData, nvmlEventData_t, gpu_instance, gpuInstanceId);
 GPUQ_NVML_FIELD(EventData, nvmlEventData_t, compute_instance, computeInstanceId);
+static_assert(sizeof(Nvml::ProcessInfo) == sizeof(nvmlProcessInfo_t));
+static_assert(sizeof(Nvml::ProcessInfo) == sizeof(nvmlProcessInfo_v2_t));
+GPUQ_NVML_FIELD(ProcessInfo, nvmlProcessInfo_t, pid, pid);
+GPUQ_NVML_FIELD(ProcessInfo, nvmlProcessInfo_t, used_memory, usedGpuMemory);
+GPUQ_NVML_FIELD(ProcessInfo, nvmlProcessInfo_t, gpu_instance, gpuInstanceId);
+GPUQ_NVML_FIELD(ProcessInfo, nvmlProcessInfo_t, compute_instance, computeInstanceId);
 
+static_assert(Nvml::k_insufficient_size == NVML_ERROR_INSUFFICIENT_SIZE);
+static_assert(Nvml::k_value_not_available == static_cast<unsigned long long>(NVML_VALUE_NOT_AVAILABLE));
 static_assert(Nvml::k_xid_critical_error == nvmlEventTypeXidCriticalError);
 static_assert(Nvml::k_gpu_is_lost == NVML_ERROR_GPU_IS_LOST);
 static_assert(Nvml::k_uncorrected == NVML_MEMORY_ERROR_TYPE_UNCORRECTED);

@@ -15,6 +15,7 @@
 #include <iostream>
 #include <set>
 
+#include "common/failure_class.hpp"
 #include "common/paths.hpp"
 #include "daemon/events.hpp"
 #include "daemon/lifecycle.hpp"
@@ -26,12 +27,23 @@ namespace {
 std::string describe_end(const json& failure);
 constexpr std::size_t k_doomed_part = 512;  // jobs failed for a dependency in one pass (~10 ms)
 
-// The first failure in words: which rank, how it ended, and what it said last (its log's last line).
-std::string describe_exit(const json& failure) {
-  if (!failure.is_object()) return "failed";
-  const auto said = failure.find("message");
-  const std::string words = said != failure.end() && said->is_string() ? ": " + said->get<std::string>() : "";
-  return describe_end(failure) + words;
+// The first failure in words: which rank, how it ended, and what it said: the class of failure
+// its log names (CUDA out of memory, ...) with the line that named it, else its log's last line.
+// `notes`: what the GPUs said meanwhile (gpu_failure_notes).
+std::string describe_exit(const json& failure, const std::string& notes) {
+  if (!failure.is_object()) return notes.empty() ? "failed" : "failed; " + notes;
+  auto text = [&](const char* key) {
+    const auto it = failure.find(key);
+    return it != failure.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const std::string words = common::failure_class_words(text("class"));
+  if (!words.empty()) {
+    const std::string line = text("class_line");
+    return describe_end(failure) + ": " + words + (notes.empty() ? "" : " (" + notes + ")") +
+           (line.empty() ? "" : ": " + line);
+  }
+  const std::string said = text("message");
+  return describe_end(failure) + (notes.empty() ? "" : "; " + notes) + (said.empty() ? "" : ": " + said);
 }
 
 std::string describe_end(const json& failure) {
@@ -218,7 +230,11 @@ void Daemon::schedule_now() {
 
   std::vector<GpuState> gpus;
   for (const auto& g : m_inventory.gpus())  // a drained GPU is not there for a pass
-    if (!m_drained.count(g.uuid)) gpus.push_back({g.index, g.memory_total_mb, 0, 0, false, 0, g.numa_node});
+    if (!m_drained.count(g.uuid)) {
+      const auto foreign = m_foreign_mb.find(g.index);
+      gpus.push_back({g.index, g.memory_total_mb, 0, foreign == m_foreign_mb.end() ? 0 : foreign->second, 0, false, 0,
+                      g.numa_node});
+    }
   for (std::int64_t id : m_running) {
     const Active& a = m_active.at(id);
     double ends = a.rec.spec.timeout_s > 0 ? a.rec.run.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;
@@ -286,7 +302,7 @@ void Daemon::schedule_now() {
   m_reservations = plan.reservations;
   for (auto& [id, reason] : plan.waiting) {
     Active& a = m_active.at(id);
-    a.wait_reason = with_drain_note(a.rec.spec.gpus, std::move(reason));
+    a.wait_reason = with_foreign_note(a.rec.spec.gpu_memory_mb, with_drain_note(a.rec.spec.gpus, std::move(reason)));
     a.reason_pass = m_pass;
   }
   auto prepared = [&](Active& a, const Placement& p) {
@@ -518,10 +534,12 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   } else if (all_ok && !failure.is_object()) {
     end.state = JobState::succeeded;
   } else {
-    end.reason = outcome.contains("error") ? outcome["error"].get<std::string>() : describe_exit(failure);
+    end.reason = outcome.contains("error") ? outcome["error"].get<std::string>()
+                                           : describe_exit(failure, gpu_failure_notes(rec, failure));
     retryable = !outcome.value("final", false);  // the executor's word: another attempt would fare the same
   }
 
+  m_gpu_watch.erase(rec.id);
   // Fair share remembers its GPU time, once the end is stored (`rec` is gone by then).
   const uid_t owner = rec.uid;
   const double gpu_s = rec.run.started_at > 0 ? static_cast<double>(rec.run.gpus.size()) *

@@ -19,13 +19,13 @@ struct Slot {
   double reserved_until = 0;  // the reservation's expected start: backfill must end before it
 };
 
+std::int64_t free_mb(const Slot& s) { return s.gpu.total_mb - s.gpu.allocated_mb - s.gpu.foreign_mb; }
+
 bool fits_exclusive(const Slot& s, const PendingJob& j) {
-  return s.gpu.holders == 0 && (j.memory_mb == 0 || j.memory_mb <= s.gpu.total_mb);
+  return s.gpu.holders == 0 && (j.memory_mb == 0 || j.memory_mb <= s.gpu.total_mb - s.gpu.foreign_mb);
 }
 
-bool fits_shared(const Slot& s, const PendingJob& j) {
-  return !s.gpu.exclusive && s.gpu.total_mb - s.gpu.allocated_mb >= j.memory_mb;
-}
+bool fits_shared(const Slot& s, const PendingJob& j) { return !s.gpu.exclusive && free_mb(s) >= j.memory_mb; }
 
 // May `j` use slot `s` given reservations? Only when it is sure to end before they start; when
 // the reservation's start is unknown (a running job without timeout), never.
@@ -73,9 +73,7 @@ std::vector<int> pick(std::vector<Slot>& slots, const PendingJob& j, double now,
   if (cands.size() < static_cast<std::size_t>(j.gpus)) return {};
   if (j.shared) {
     // Best fit: least free memory left after placing the job; then lowest index.
-    std::stable_sort(cands.begin(), cands.end(), [](const Slot* a, const Slot* b) {
-      return a->gpu.total_mb - a->gpu.allocated_mb < b->gpu.total_mb - b->gpu.allocated_mb;
-    });
+    std::stable_sort(cands.begin(), cands.end(), [](const Slot* a, const Slot* b) { return free_mb(*a) < free_mb(*b); });
   }
   if (j.cpus > 0) {
     // A job with `cpus` first looks at GPUs whose node still has a rank's worth of free slots, as

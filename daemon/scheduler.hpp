@@ -7,7 +7,8 @@
 // - Exclusive jobs take whole idle GPUs; a multi-GPU job (a DDP gang) gets all its GPUs in the same
 //   pass or none.
 // - Shared jobs pack by memory, best fit (the GPU left with the least free memory that still fits),
-//   so idle GPUs stay idle for exclusive jobs.
+//   so idle GPUs stay idle for exclusive jobs. Memory held by processes outside gpuq is not free;
+//   an exclusive job that names its memory needs that much beside them.
 // - No starvation: a job that cannot start reserves the GPUs it waits for (EASY-style backfill, as
 //   in Slurm). A lower job may use reserved GPUs only when its timeout guarantees it ends before the
 //   reserved GPUs are expected to free up (from the running jobs' timeouts); otherwise it waits.
@@ -45,6 +46,7 @@ struct GpuState {
   int index = 0;
   std::int64_t total_mb = 0;
   std::int64_t allocated_mb = 0;  // sum of gpu_memory_mb of jobs holding it
+  std::int64_t foreign_mb = 0;    // held by processes outside gpuq (NVML): not there to give
   int holders = 0;                // jobs holding it
   bool exclusive = false;         // held whole by one job
   double free_at = 0;             // when all holders will have ended at the latest (k_never if unknown)

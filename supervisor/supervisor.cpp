@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/failure_class.hpp"
 #include "common/paths.hpp"
 #include "common/spec.hpp"
 #include "supervisor/boost_process.hpp"
@@ -175,55 +176,38 @@ struct Rank {
   std::optional<int> exit_code, signal;
 };
 
-// What a failing rank said last: the last line of its log with something in it (a Python
-// traceback's `ValueError: …`, gpuq-worker's own error, CUDA's out-of-memory message), from the
-// log's last 8 KiB (or, just after a rotation, its older part's), as printable text of at most
-// 400 bytes; "" when it said nothing. What follows a carriage return wins, as on a terminal.
-std::string last_words(const std::string& log) {
+// The last `bytes` of a rank's log (or, just after a rotation, of its older part), read as its
+// user reads it: not through a link, never waiting on a fifo.
+std::string log_tail(const std::string& log, std::size_t bytes) {
   for (const auto& path : {log, log + ".1"}) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) continue;
     struct stat st {};
     std::string tail;
     if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
-      const off_t from = std::max<off_t>(0, st.st_size - 8192);
+      const off_t from = std::max<off_t>(0, st.st_size - static_cast<off_t>(bytes));
       tail.resize(static_cast<std::size_t>(st.st_size - from));
       const ssize_t n = ::pread(fd, tail.data(), tail.size(), from);
       tail.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
     }
     ::close(fd);
-    std::size_t end = tail.size();
-    while (end > 0) {
-      const std::size_t begin = tail.rfind('\n', end - 1);
-      std::string line = tail.substr(begin == std::string::npos ? 0 : begin + 1,
-                                     end - (begin == std::string::npos ? 0 : begin + 1));
-      end = begin == std::string::npos ? 0 : begin;
-      if (const auto cr = line.find_last_of('\r', line.size() > 0 ? line.size() - 1 : 0);
-          cr != std::string::npos && cr + 1 < line.size())
-        line = line.substr(cr + 1);
-      std::string text;
-      for (std::size_t i = 0; i < line.size(); ++i) {
-        const auto c = static_cast<unsigned char>(line[i]);
-        if (c == 0x1b) {  // an ANSI escape (colours): up to its final letter
-          while (i + 1 < line.size() && !std::isalpha(static_cast<unsigned char>(line[i + 1]))) ++i;
-          ++i;
-        } else if (c >= 0x20 && c != 0x7f) {
-          text += static_cast<char>(c);
-        } else if (c == '\t') {
-          text += ' ';
-        }
-      }
-      while (!text.empty() && text.back() == ' ') text.pop_back();
-      const auto first = text.find_first_not_of(' ');
-      if (first == std::string::npos) continue;
-      text = text.substr(first);
-      if (text.size() > 400) {
-        std::size_t cut = 400;
-        while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // a whole UTF-8 character
-        text = text.substr(0, cut) + "...";
-      }
-      return text;
-    }
+    if (tail.find_first_not_of(" \t\r\n") != std::string::npos) return tail;
+  }
+  return "";
+}
+
+// What a failing rank said last: the last line of its log with something in it (a Python
+// traceback's `ValueError: …`, gpuq-worker's own error, CUDA's out-of-memory message), from the
+// log's last 8 KiB, as a terminal shows it (common::printable_line); "" when it said nothing.
+std::string last_words(const std::string& tail) {
+  const std::string_view t = std::string_view(tail).substr(tail.size() > 8192 ? tail.size() - 8192 : 0);
+  std::size_t end = t.size();
+  while (end > 0) {
+    const std::size_t nl = t.rfind('\n', end - 1);
+    const std::size_t begin = nl == std::string_view::npos ? 0 : nl + 1;
+    std::string text = common::printable_line(t.substr(begin, end - begin));
+    end = nl == std::string_view::npos ? 0 : nl;
+    if (!text.empty()) return text;
   }
   return "";
 }
@@ -502,8 +486,16 @@ class Supervisor {
     if (m_first_failure.is_object()) {  // every rank's output is in its log by now
       const int rank = m_first_failure.value("rank", -1);
       for (const auto& r : m_doc["ranks"])
-        if (r.value("rank", -2) == rank && r.contains("log") && r["log"].is_string())
-          if (auto words = last_words(r["log"].get<std::string>()); !words.empty()) m_first_failure["message"] = words;
+        if (r.value("rank", -2) == rank && r.contains("log") && r["log"].is_string()) {
+          // Its last line, and what its last 64 KiB say went wrong (a traceback or NCCL's
+          // watchdog report may follow the line that names the failure).
+          const std::string tail = log_tail(r["log"].get<std::string>(), 64 << 10);
+          if (auto words = last_words(tail); !words.empty()) m_first_failure["message"] = words;
+          if (auto cls = common::classify_failure(tail)) {
+            m_first_failure["class"] = cls->name;
+            m_first_failure["class_line"] = cls->line;
+          }
+        }
     }
     json ranks = json::array();
     for (const auto& r : m_ranks)

@@ -65,6 +65,27 @@ int gpus_request(const Options& o, const json& req) {
     t.add(row);
   }
   t.print(std::cout);
+  // The processes NVML lists, where there are any: a job's, or outside gpuq (whose memory is
+  // counted as used when packing shared jobs).
+  Table procs({"GPU", "PID", "USER", "COMMAND", "MEMORY", "JOB"});
+  std::int64_t outside = 0;
+  std::size_t listed = 0;
+  for (const auto& x : g.gpus) {
+    if (!x.processes.is_array()) continue;
+    outside += x.foreign_mb;
+    for (const auto& p : x.processes.get<std::vector<common::GpuProcessInfo>>()) {
+      procs.add({std::to_string(x.index), std::to_string(p.pid), p.user.empty() ? "-" : p.user,
+                 p.command.empty() ? "-" : p.command, p.used_mb.is_number() ? p.used_mb.dump() + " MiB" : "-",
+                 p.job.is_number() ? p.job.dump() : "outside gpuq"});
+      ++listed;
+    }
+  }
+  if (listed > 0) {
+    std::cout << "\nprocesses on the GPUs";
+    if (outside > 0) std::cout << " (" << outside << " MiB held outside gpuq, counted as used)";
+    std::cout << ":\n";
+    procs.print(std::cout);
+  }
   return k_exit_ok;
 }
 

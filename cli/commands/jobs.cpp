@@ -184,7 +184,10 @@ int cmd_show(const Options& o, std::int64_t id) {
             << (someone_elses(j) ? ", of " + j.user : std::string()) << "\n"
             << "  state:     " << state_of(j) << (j.reason.empty() ? "" : " - " + j.reason) << "\n"
             << "  mode:      " << j.mode << ", " << j.ranks << " rank(s), gpus requested " << j.gpus_requested
-            << ", assigned " << format_gpus(j.gpus) << "\n";
+            << ", assigned " << format_gpus(j.gpus)
+            << (j.gpu_memory_peak_mb.is_number() ? ", peak " + j.gpu_memory_peak_mb.dump() + " MiB on a GPU so far"
+                                                 : std::string())
+            << "\n";
   if (j.cpus_requested > 0)
     std::cout << "  cpus:      " << j.cpus_requested << " per rank"
               << (j.cpus.empty() ? std::string() : ", pinned to " + common::format_cpu_list(j.cpus)) << "\n";

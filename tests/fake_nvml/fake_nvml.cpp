@@ -3,13 +3,16 @@
 // read again on every call, so a test changes a GPU's readings or health while gpuqd runs. One
 // line per GPU, fields separated by spaces:
 //
-//   UUID NAME TOTAL_MIB USED_MIB UTIL_PERCENT PCI_BUS ECC_UNCORRECTED REMAP_FAILED LOST [XIDS]
+//   UUID NAME TOTAL_MIB USED_MIB UTIL_PERCENT PCI_BUS ECC_UNCORRECTED REMAP_FAILED LOST [XIDS [PROCS]]
 //
 // NAME has no spaces; PCI_BUS is hexadecimal (domain 0, device 0); LOST=1 makes every call about
 // that GPU return NVML_ERROR_GPU_IS_LOST, as NVML does for a GPU that fell off the bus; an ECC
 // count of -1 answers NVML_ERROR_NOT_SUPPORTED. XIDS (default "-": none) is the GPU's critical
 // Xid events so far, comma-separated; an event set registered for it delivers each once, in
 // order, so a test appends one to raise it. "x" makes registering for its events NOT_SUPPORTED.
+// PROCS (default "-": none) is the compute processes on the GPU, comma-separated PID:MIB ("PID:?"
+// for a process whose memory the driver cannot report), as nvmlDeviceGetComputeRunningProcesses
+// lists them; "x" makes that call NOT_SUPPORTED.
 // Not installed; built only for the tests.
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +25,7 @@ enum : int {
   NVML_SUCCESS = 0,
   NVML_ERROR_INVALID_ARGUMENT = 2,
   NVML_ERROR_NOT_SUPPORTED = 3,
+  NVML_ERROR_INSUFFICIENT_SIZE = 7,
   NVML_ERROR_TIMEOUT = 10,
   NVML_ERROR_GPU_IS_LOST = 15
 };
@@ -34,6 +38,13 @@ struct Gpu {
   long long ecc;
   unsigned remap_failed, lost;
   char xids[256];
+  char procs[1024];
+};
+
+struct ProcessInfo {  // nvmlProcessInfo_t (v2)
+  unsigned pid;
+  unsigned long long used_memory;
+  unsigned gpu_instance, compute_instance;
 };
 
 struct EventData {  // nvmlEventData_t
@@ -63,12 +74,13 @@ int load(Gpu* gpus) {
   FILE* f = path ? std::fopen(path, "r") : nullptr;
   if (!f) return 0;
   int n = 0;
-  char line[512];
+  char line[2048];
   while (n < MAX_GPUS && fgets(line, sizeof line, f)) {
     Gpu* g = &gpus[n];
     std::strcpy(g->xids, "-");
-    if (sscanf(line, "%95s %95s %llu %llu %u %x %lld %u %u %255s", g->uuid, g->name, &g->total_mib, &g->used_mib,
-               &g->util, &g->bus, &g->ecc, &g->remap_failed, &g->lost, g->xids) >= 9)
+    std::strcpy(g->procs, "-");
+    if (sscanf(line, "%95s %95s %llu %llu %u %x %lld %u %u %255s %1023s", g->uuid, g->name, &g->total_mib,
+               &g->used_mib, &g->util, &g->bus, &g->ecc, &g->remap_failed, &g->lost, g->xids, g->procs) >= 9)
       ++n;
   }
   fclose(f);
@@ -177,6 +189,29 @@ int nvmlDeviceGetRemappedRows(void* device, unsigned* corrected, unsigned* uncor
     *corrected = *uncorrected = *pending = 0;
     *failed = g.remap_failed;
     return NVML_SUCCESS;
+  });
+}
+
+// As the driver: *count in is the room in `infos`; out, how many there are (with
+// NVML_ERROR_INSUFFICIENT_SIZE when they do not fit).
+int nvmlDeviceGetComputeRunningProcesses_v3(void* device, unsigned* count, ProcessInfo* infos) {
+  return with_gpu(device, [&](Gpu& g) {
+    if (std::strcmp(g.procs, "x") == 0) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned n = 0;
+    const unsigned room = *count;
+    for (char* p = g.procs; *p && *p != '-';) {
+      const unsigned pid = static_cast<unsigned>(std::strtoul(p, &p, 10));
+      unsigned long long bytes = ~0ULL;  // NVML_VALUE_NOT_AVAILABLE
+      if (*p == ':') ++p;
+      if (*p == '?') ++p;
+      else bytes = std::strtoull(p, &p, 10) << 20;
+      if (n < room && infos) infos[n] = {pid, bytes, 0xFFFFFFFFu, 0xFFFFFFFFu};
+      ++n;
+      if (*p != ',') break;
+      ++p;
+    }
+    *count = n;
+    return n > room ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
   });
 }
 

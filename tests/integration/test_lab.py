@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import unittest
 
-from harness import BIN, Daemon, pids_matching, wait_until
+from harness import BIN, FAKE_NVML_DIR, Daemon, pids_matching, wait_until
 
 ALICE, BOB, CAROL = "gpuq-alice", "gpuq-bob", "gpuq-carol"
 ADMINS = "gpuq-lab-admins"
@@ -192,6 +192,33 @@ class LabMode(unittest.TestCase):
         self.assertEqual(out["cleaned"], [b])
         self.assertTrue(os.path.isdir(os.path.join(self.d.state, "jobs", str(a))))
         self.assertFalse(os.path.exists(os.path.join(self.d.state, "jobs", str(b))))
+
+
+    def test_gpus_name_whose_processes_outside_gpuq_hold_memory_and_packing_leaves_it_to_them(self):
+        # Bob runs something on GPU 0 himself, outside gpuq (a notebook), holding 12000 of its 16000 MiB.
+        bob = subprocess.Popen(["setpriv", f"--reuid={uid_of(BOB)}", f"--regid={uid_of(BOB)}", "--clear-groups",
+                                "sleep", "7404"])
+        self.addCleanup(bob.wait)
+        self.addCleanup(bob.kill)
+        devices = os.path.join(self.tmp, "nvml-devices")
+        with open(devices, "w") as f:
+            f.write(f"GPU-aaaa L4 16000 0 0 1 0 0 0 - {bob.pid}:12000\nGPU-bbbb L4 16000 0 0 2 0 0 0\n")
+        self.d.stop()
+        socket = self.d.socket
+        self.d = Daemon(self.tmp, "nvml", extra=["--multi-user", "--admin-group", ADMINS],
+                        env=dict(os.environ, LD_LIBRARY_PATH=FAKE_NVML_DIR, GPUQ_FAKE_NVML=devices))
+        self.d.socket = socket
+        self.d.start()
+        gpus = json.loads(self.ok(ALICE, "gpus", "--json"))["gpus"]
+        self.assertEqual([(p["pid"], p["user"], p["command"], p["used_mb"], p["job"]) for p in gpus[0]["processes"]],
+                         [(bob.pid, BOB, "sleep", 12000, None)])
+        self.assertEqual((gpus[0]["foreign_mb"], gpus[1]["foreign_mb"]), (12000, 0))
+        self.assertRegex(self.ok(ALICE, "gpus"), rf"\n0 +{bob.pid} +{BOB} +sleep +12000 MiB +outside gpuq\n")
+        # Alice's 8000 MiB would best fit on GPU 0 were it empty; it has 4000 MiB free, so GPU 1.
+        [a] = self.submit(ALICE, {"name": "packed", "gpus": 1, "shared": True, "gpu_memory_mb": 8000,
+                                  "command": ["true"]})
+        job = self.wait(ALICE, [a])[a]
+        self.assertEqual((job["state"], job["gpus"]), ("succeeded", [1]))
 
 
 class LabSharing(LabMode):

@@ -8,7 +8,9 @@ import tempfile
 import time
 import unittest
 
-from harness import FAKE_NVML_DIR, TIMED, Daemon, DaemonTest, max_overlap, wait_until
+import subprocess
+
+from harness import FAKE_NVML_DIR, TIMED, Daemon, DaemonTest, event_line, max_overlap, wait_until
 
 
 PINNED = ('cpus=$(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status); '
@@ -293,7 +295,8 @@ class Drain(DaemonTest):
 
 class NvmlGpus(DaemonTest):
     """gpuqd --gpus nvml over the stand-in libnvidia-ml.so.1 (tests/fake_nvml), whose GPUs are
-    lines of a file the test rewrites: UUID NAME TOTAL USED UTIL BUS ECC REMAP_FAILED LOST."""
+    lines of a file the test rewrites: UUID NAME TOTAL USED UTIL BUS ECC REMAP_FAILED LOST, then
+    XIDS and the processes on the GPU (PID:MIB,...)."""
     GPUS = ["GPU-11111111-aaaa H100-SXM 81559 1200 37 1a 0 0 0",
             "GPU-22222222-bbbb H100-SXM 81559 0 0 3b 0 0 0",
             "GPU-33333333-cccc A100-PCIE 40960 0 0 5c -1 0 0"]  # no ECC counter
@@ -302,8 +305,20 @@ class NvmlGpus(DaemonTest):
         self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
         self.devices = self.tmp_path("nvml-devices")
         self.set_gpus(self.GPUS)
-        env = dict(os.environ, LD_LIBRARY_PATH=FAKE_NVML_DIR, GPUQ_FAKE_NVML=self.devices)
-        self.d = Daemon(self.tmp, "nvml", extra=["--health-interval", "0.1"], env=env).start()
+        self.env = dict(os.environ, LD_LIBRARY_PATH=FAKE_NVML_DIR, GPUQ_FAKE_NVML=self.devices)
+        self.d = Daemon(self.tmp, "nvml", extra=["--health-interval", "0.1", "--gpu-process-interval", "0.1"],
+                        env=self.env).start()
+
+    def outsider(self):
+        """A process gpuq did not start (a notebook, say), for the stand-in NVML to put on a GPU."""
+        p = subprocess.Popen(["sleep", "7403"])
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        return p.pid
+
+    def job_pid(self, path):
+        wait_until(lambda: os.path.exists(path) and pathlib.Path(path).read_text().strip(), what="the job's pid")
+        return int(pathlib.Path(path).read_text())
 
     def set_gpus(self, lines):
         with open(self.devices + ".new", "w") as f:
@@ -393,6 +408,102 @@ class NvmlGpus(DaemonTest):
         self.set_gpus([self.GPUS[0] + " 13,43", self.GPUS[1] + " 79,48", self.GPUS[2] + " x"])
         wait_until(lambda: self.gpu(1)["drained"], what="GPU 1 drained again")
         self.assertEqual(self.gpu(1)["drain_reason"], "health check: Xid 48: double-bit ECC error")
+
+
+    def test_memory_held_outside_gpuq_is_named_and_not_given_to_shared_jobs(self):
+        # A process gpuq did not start holds 30000 MiB of GPU 2 (40960 MiB) from before gpuqd starts.
+        outsider = self.outsider()
+        self.set_gpus(self.GPUS[:2] + [self.GPUS[2] + f" - {outsider}:30000"])
+        self.d.stop()
+        self.d.start()
+        go = self.tmp_path("go")
+        pid_file = self.tmp_path("pid")
+        hold = f"echo $$ > {pid_file}; while [ ! -e {go} ]; do sleep 0.05; done"
+        # GPUs 0 and 1 held whole; a shared job of 20000 MiB could only go on GPU 2, which has 10960 free.
+        first = self.d.submit({"name": "whole-0", "gpus": 1, "shell": hold})["ids"][0]
+        job_pid = self.job_pid(pid_file)
+        second = self.d.submit({"name": "whole-1", "gpus": 1, "shell": f"while [ ! -e {go} ]; do sleep 0.05; done"})
+        second = second["ids"][0]
+        shared = self.d.submit({"name": "packed", "gpus": 1, "shared": True, "gpu_memory_mb": 20000,
+                                "shell": 'echo "$CUDA_VISIBLE_DEVICES" > ' + self.tmp_path("packed")})["ids"][0]
+        wait_until(lambda: "held outside gpuq: 30000 MiB on GPU 2" in self.d.show(shared)["job"]["reason"],
+                   what="the shared job waiting, its reason naming the memory outside gpuq")
+        self.assertEqual(self.d.show(shared)["job"]["state"], "queued")
+
+        # gpus names every process on the GPUs: the job's own (not counted twice) and the outsider.
+        self.set_gpus([self.GPUS[0] + f" - {job_pid}:12000", self.GPUS[1], self.GPUS[2] + f" - {outsider}:30000"])
+        wait_until(lambda: self.gpu(0)["processes"], what="the job's process listed")
+        zero, two = self.gpu(0), self.gpu(2)
+        self.assertEqual([(p["pid"], p["used_mb"], p["job"], p["user"], p["command"]) for p in zero["processes"]],
+                         [(job_pid, 12000, first, "root", "sh")])
+        self.assertEqual(zero["foreign_mb"], 0)
+        self.assertEqual([(p["pid"], p["used_mb"], p["job"], p["user"], p["command"]) for p in two["processes"]],
+                         [(outsider, 30000, None, "root", "sleep")])
+        self.assertEqual(two["foreign_mb"], 30000)
+        self.assertEqual(self.gpu(1)["processes"], [])  # listed, and empty
+        text = self.d.ok("gpus")
+        self.assertIn("processes on the GPUs (30000 MiB held outside gpuq, counted as used):", text)
+        self.assertRegex(text, rf"\n2 +{outsider} +root +sleep +30000 MiB +outside gpuq\n")
+        self.assertRegex(text, rf"\n0 +{job_pid} +root +sh +12000 MiB +{first}\n")
+        wait_until(lambda: self.d.show(first)["job"].get("gpu_memory_peak_mb") == 12000, what="the job's peak")
+        self.assertIn("peak 12000 MiB on a GPU so far", self.d.ok("show", str(first)))
+
+        # The outsider lets go of most of it: the shared job fits on GPU 2 now.
+        self.set_gpus([self.GPUS[0] + f" - {job_pid}:12000", self.GPUS[1], self.GPUS[2] + f" - {outsider}:5000"])
+        self.assertEqual(self.d.wait([shared])[shared]["state"], "succeeded")
+        self.assertEqual(pathlib.Path(self.tmp_path("packed")).read_text().strip(), "2")
+        open(go, "w").close()
+        self.d.wait([first, second])
+
+    def test_a_job_out_of_gpu_memory_names_its_peak_the_outsider_that_grew_and_the_xid(self):
+        outsider = self.outsider()
+        self.set_gpus([self.GPUS[0], self.GPUS[1] + f" - {outsider}:1000", self.GPUS[2]])
+        self.d.stop()
+        self.d.start()
+        go, pid_file = self.tmp_path("go"), self.tmp_path("pid")
+        oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+               "capacity of 79.65 GiB of which 1.2 GiB is free.")
+        # Best fit for 50000 MiB: GPU 1, whose outsider leaves it the fullest GPU with room.
+        job = self.d.submit({"name": "oom", "gpus": 1, "shared": True, "gpu_memory_mb": 50000,
+                             "shell": f"echo $$ > {pid_file}; while [ ! -e {go} ]; do sleep 0.05; done; "
+                                      f"echo 'Traceback (most recent call last):' >&2; echo '{oom}' >&2; "
+                                      "echo 'frame #0: c10::Error' >&2; exit 1"})["ids"][0]
+        job_pid = self.job_pid(pid_file)
+        self.assertEqual(self.d.show(job)["job"]["gpus"], [1])
+        self.set_gpus([self.GPUS[0], self.GPUS[1] + f" - {job_pid}:45000,{outsider}:1000", self.GPUS[2]])
+        wait_until(lambda: self.d.show(job)["job"].get("gpu_memory_peak_mb") == 45000, what="the job's peak seen")
+        # The outsider grows and the GPU reports an Xid; the job's memory is gone as it fails.
+        self.set_gpus([self.GPUS[0], self.GPUS[1] + f" 31 {outsider}:30000", self.GPUS[2]])
+        open(go, "w").close()
+        ended = self.d.wait([job])[job]
+        self.assertEqual(ended["state"], "failed")
+        self.assertEqual(ended["reason"],
+                         "rank 0 exited with code 1: CUDA out of memory (its processes held up to 45000 MiB of "
+                         f"GPU 1's 81559 MiB; pid {outsider} of root outside gpuq grew from 1000 to 30000 MiB on "
+                         "GPU 1; GPU 1 reported Xid 31 (GPU memory page fault: often an illegal address in the "
+                         f"application)): {oom}")
+        self.assertEqual(self.d.show(job)["first_failure"]["class"], "cuda_oom")
+        self.assertEqual(self.d.show(job)["first_failure"]["message"], "frame #0: c10::Error")
+        self.assertFalse(self.gpu(1)["drained"])  # the application's Xid: the GPU stays in service
+
+    def test_a_silent_job_on_a_busy_gpu_is_not_hung_and_on_an_idle_one_is(self):
+        self.d.stop()
+        self.d = Daemon(self.tmp, "nvml", extra=["--hang-after", "1s"], env=self.env).start()
+        go = self.tmp_path("go")
+        wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
+        # GPU 0 is 37% busy, GPU 1 idle. The busy one reports progress first, so it is the longer silent.
+        busy = self.d.submit({"name": "busy", "gpus": 1, "shell": event_line(type="progress", step=1) + "; " + wait})
+        busy = busy["ids"][0]
+        wait_until(lambda: self.d.show(busy)["job"]["progress"], what="the busy job's progress")
+        idle = self.d.submit({"name": "idle", "gpus": 1, "shell": event_line(type="progress", step=1) + "; " + wait})
+        idle = idle["ids"][0]
+        self.assertEqual((self.d.show(busy)["job"]["gpus"], self.d.show(idle)["job"]["gpus"]), ([0], [1]))
+        wait_until(lambda: self.d.show(idle)["job"].get("hung"), timeout=30, what="the job on the idle GPU flagged")
+        self.assertFalse(self.d.show(busy)["job"].get("hung"))  # the same check found its GPU working
+        self.set_gpus([self.GPUS[0].replace(" 1200 37 ", " 1200 0 ")] + self.GPUS[1:])
+        wait_until(lambda: self.d.show(busy)["job"].get("hung"), timeout=30, what="the job flagged once its GPU idles")
+        open(go, "w").close()
+        self.assertEqual({j["state"] for j in self.d.wait([busy, idle]).values()}, {"succeeded"})
 
 
 if __name__ == "__main__":

@@ -105,3 +105,23 @@ TEST_CASE("a rank's exit record lies where the job can write: one bigger than a 
   CHECK(gpuq::daemon::read_exit_record(path, gpuq::daemon::k_max_task_record)["ranks"][0]["exit_code"] == 0);
   std::remove(path.c_str());
 }
+
+TEST_CASE("a failure's class is taken from an exit record only when it is one gpuq gives, its line kept printable") {
+  const std::string path = "/tmp/gpuq-test-class-" + std::to_string(::getpid()) + ".json";
+  json rec = {{"ranks", json::array({{{"exit_code", 1}}})},
+              {"first_failure", {{"rank", 0}, {"exit_code", 1}, {"class", "cuda_oom"},
+                                 {"class_line", "CUDA out of memory\x1b[0m" + std::string(900, 'y')},
+                                 {"message", "last"}}}};
+  std::ofstream(path) << rec.dump();
+  auto f = gpuq::daemon::read_exit_record(path)["first_failure"];
+  CHECK(f["class"] == "cuda_oom");
+  CHECK(f["class_line"].get<std::string>().rfind("CUDA out of memory[0m", 0) == 0);  // no escape byte
+  CHECK(f["class_line"].get<std::string>().size() == 600);
+  CHECK(f["message"] == "last");
+  rec["first_failure"]["class"] = "made_up";
+  std::ofstream(path, std::ios::trunc) << rec.dump();
+  f = gpuq::daemon::read_exit_record(path)["first_failure"];
+  CHECK_FALSE(f.contains("class"));
+  CHECK_FALSE(f.contains("class_line"));
+  std::remove(path.c_str());
+}

@@ -115,6 +115,12 @@ TEST_CASE("a GPU is unhealthy when lost, after an Xid that needs a reset, when r
   for (std::uint64_t xid : {8, 13, 31, 43, 45, 63, 92, 94, 109, 999}) CHECK(xid_problem(xid).empty());
 }
 
+TEST_CASE("every Xid has words for a failed job's reason: the catalog's meaning where gpuq knows it") {
+  CHECK(xid_words(31) == "Xid 31 (GPU memory page fault: often an illegal address in the application)");
+  CHECK(xid_words(79) == "Xid 79 (the GPU fell off the bus)");
+  CHECK(xid_words(999) == "Xid 999");
+}
+
 TEST_CASE("fake GPUs are always healthy") {
   auto inv = Inventory::create("fake:2", std::nullopt);
   REQUIRE(inv.ok());

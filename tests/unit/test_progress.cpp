@@ -96,8 +96,8 @@ TEST_CASE("top: the screen fills the terminal exactly and shows GPUs, holders an
   s.daemon_version = "0.1.0";
   s.gpus.source = "fake:2:81920";
   s.gpus.gpus.resize(2);
-  s.gpus.gpus[0] = {0, "GPU-0", "Fake GPU", 81920, nullptr, nullptr, 81920, true, {7}, nullptr, false, ""};
-  s.gpus.gpus[1] = {1, "GPU-1", "Fake GPU", 81920, 40960, 97, 0, false, {}, 1, false, ""};
+  s.gpus.gpus[0] = {0, "GPU-0", "Fake GPU", 81920, nullptr, nullptr, 81920, true, {7}, nullptr, false, "", nullptr, 0};
+  s.gpus.gpus[1] = {1, "GPU-1", "Fake GPU", 81920, 40960, 97, 0, false, {}, 1, false, "", nullptr, 0};
   gpuq::common::JobInfo run;
   run.id = 7, run.name = "mnist", run.state = JobState::running, run.gpus = {0}, run.attempt = 1, run.started_at = 100;
   run.progress = {{"epoch", 1}, {"epochs", 4}, {"step", 50}, {"total_steps", 200}, {"loss", 0.5}};

@@ -12,7 +12,7 @@ using namespace gpuq::daemon;
 namespace {
 std::vector<GpuState> idle_gpus(int n, std::int64_t mb = 81920) {
   std::vector<GpuState> g;
-  for (int i = 0; i < n; ++i) g.push_back({i, mb, 0, 0, false, 0});
+  for (int i = 0; i < n; ++i) g.push_back({i, mb, 0, 0, 0, false, 0});
   return g;
 }
 PendingJob exclusive(std::int64_t id, int gpus, int priority = 0, double timeout = 0) {
@@ -128,6 +128,26 @@ TEST_CASE("best fit prefers the fuller GPU that still has room") {
   auto p = schedule({shared(1, 8000)}, gpus, 0);
   REQUIRE(p.start.size() == 1);
   CHECK(p.start[0].gpus == std::vector<int>{1});  // 2000 MiB left there vs 22000 on GPU 0
+}
+
+TEST_CASE("memory held outside gpuq is not there to give: shared jobs pack around it, and an exclusive job naming its memory needs that much beside it") {
+  auto gpus = idle_gpus(2, 40000);
+  gpus[0].foreign_mb = 30000;  // a notebook on GPU 0
+  auto p = schedule({shared(1, 20000), shared(2, 8000)}, gpus, 0);
+  REQUIRE(p.start.size() == 2);
+  CHECK(p.start[0].gpus == std::vector<int>{1});  // 10000 MiB free on GPU 0 is too little
+  CHECK(p.start[1].gpus == std::vector<int>{0});  // best fit: 10000 free there, 20000 on GPU 1
+
+  gpus = idle_gpus(1, 40000);
+  gpus[0].foreign_mb = 30000;
+  PendingJob big = exclusive(3, 1), any = exclusive(4, 1);
+  big.memory_mb = 20000;
+  p = schedule({big}, gpus, 0);
+  CHECK(p.start.empty());
+  CHECK(p.waiting.count(3));
+  p = schedule({any}, gpus, 0);  // a whole GPU, whatever else is on it: as asked
+  REQUIRE(p.start.size() == 1);
+  CHECK(p.start[0].gpus == std::vector<int>{0});
 }
 
 TEST_CASE("shared jobs never land on an exclusively held GPU, and exclusive jobs never on a shared one") {
