@@ -22,7 +22,7 @@ namespace {
 const char* k_keys =
     "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
     "health_interval_s, forget_after_s, executor, slurm, multi_user, admin_group, socket_group, user_limits, "
-    "usage_half_life_s, max_priority, hang_after_s, hang_action, gpu_process_interval_s";
+    "usage_half_life_s, max_priority, hang_after_s, hang_action, gpu_process_interval_s, metrics_listen, metrics_textfile";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -71,6 +71,8 @@ constexpr Rule k_rules[] = {
     {"multi_user", nullptr, "bool", 0, 0},
     {"admin_group", nullptr, "text", 0, 0},
     {"socket_group", nullptr, "text", 0, 0},
+    {"metrics_listen", nullptr, "text", 0, 0},
+    {"metrics_textfile", nullptr, "path", 0, 0},
     {"user_limits", nullptr, "user_limits", 0, 0},
     {"usage_half_life_s", nullptr, "number", 60, 86400 * 366},
     {"max_priority", nullptr, "int", -1000000, 1000000},
@@ -164,6 +166,8 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
      : key == "state_dir"    ? s.state_dir
      : key == "admin_group"  ? s.admin_group
      : key == "socket_group" ? s.socket_group
+     : key == "metrics_listen" ? s.metrics_listen
+     : key == "metrics_textfile" ? s.metrics_textfile
                              : s.gpus) = text;
   } else {
     if (!v.is_number()) return "`" + key + "` " + range();

@@ -34,6 +34,8 @@ struct Settings {
   std::optional<bool> multi_user;        // "multi_user": lab mode (gpuqd; docs/lab.md)
   std::optional<std::string> admin_group;   // "admin_group": its members may act on every job
   std::optional<std::string> socket_group;  // "socket_group": only its members reach the socket
+  std::optional<std::string> metrics_listen;    // "metrics_listen": HOST:PORT serving /metrics (Prometheus)
+  std::optional<std::string> metrics_textfile;  // "metrics_textfile": the same, written for node_exporter
   std::optional<std::map<std::string, UserLimit>> user_limits;  // "user_limits": {"*": {...}, "alice": {...}}
   std::optional<double> usage_half_life_s;  // "usage_half_life_s": fair share's memory of GPU use
   std::optional<int> max_priority;          // "max_priority": higher priorities are an admin's

@@ -44,12 +44,12 @@ std::string resolve_executable(const std::string& name, const std::string& path_
   return "";
 }
 
-Result<bool> write_file_atomic(const std::string& path, const std::string& text) {
+Result<bool> write_file_atomic(const std::string& path, const std::string& text, unsigned mode) {
   // The directory may be the job's, and the job may have put a symlink at the temporary name
   // (to /etc/shadow, for a root gpuqd to write through): it is replaced, never followed.
   std::string tmp = path + ".tmp";
   ::unlink(tmp.c_str());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, static_cast<mode_t>(mode));
   if (fd < 0) return Error{ErrorCode::store_error, "cannot write " + tmp + ": " + std::strerror(errno)};
   std::size_t done = 0;
   while (done < text.size()) {

@@ -21,8 +21,9 @@ std::string resolve_executable(const std::string& name, const std::string& path_
 // Writes `text` to `path` atomically (temporary file, rename): readers see the old file or the
 // new one, whichever process crashes. No fsync: like the store (SQLite WAL, synchronous=NORMAL),
 // job files are safe against crashes of gpuq or the job, not against power loss; after a reboot
-// the jobs are gone anyway and are recorded as failed (supervisor lost) and retried.
-Result<bool> write_file_atomic(const std::string& path, const std::string& text);
+// the jobs are gone anyway and are recorded as failed (supervisor lost) and retried. `mode`: the
+// new file's (less the umask).
+Result<bool> write_file_atomic(const std::string& path, const std::string& text, unsigned mode = 0600);
 
 // In a forked child before exec: marks every descriptor from 3 up close-on-exec, so nothing the
 // parent holds (the daemon's listening socket, client connections, pipes) leaks into a job.

@@ -66,11 +66,13 @@ void Daemon::rederive_slots(JobRecord& rec) {
 }
 
 void Daemon::recover() {
+  m_started_at = wall_now();
   empty_leftover_trash();
   for (auto& rec : m_store->load_active()) {
     const std::int64_t id = rec.id;
     Active& a = m_active[id];
     a.rec = std::move(rec);
+    a.queued_since = a.rec.attempt == 0 ? a.rec.submitted_at : m_started_at;  // a retry's wait: from now on
     index(a);
     if (a.rec.state != JobState::running) continue;
     rederive_slots(a.rec);
@@ -183,15 +185,26 @@ void Daemon::authorize_admin(const Caller& caller, std::string_view act) const {
                                                "); you are " + name_of(caller.uid));
 }
 
-void Daemon::dispatch(const Caller& caller, const json& request, Reply reply) {
+void Daemon::dispatch(const Caller& caller, const json& request, Reply reply_to) {
+  const auto cmd = request.is_object() ? request.find("cmd") : request.end();
+  const auto& table = commands();
+  auto row = cmd != request.end() && cmd->is_string()
+                 ? std::find_if(table.begin(), table.end(), [&](const Command& c) { return c.name == cmd->get_ref<const std::string&>(); })
+                 : table.end();
+  // Counted by command: a known one's name or "unknown", so that no client can make new series.
+  const std::string_view counted = row != table.end() ? row->name : "unknown";
+  ++m_metrics.requests[std::string(counted)];
+  Reply reply = [this, counted, reply_to = std::move(reply_to)](json r) {
+    if (r.is_object() && r.value("ok", true) == false)
+      if (auto e = r.find("error"); e != r.end() && e->is_object() && e->contains("code") && (*e)["code"].is_string())
+        ++m_metrics.request_errors[{std::string(counted), (*e)["code"].get<std::string>()}];
+    reply_to(std::move(r));
+  };
   try {
-    auto cmd = request.is_object() ? request.find("cmd") : request.end();
     if (!request.is_object() || cmd == request.end() || !cmd->is_string())
       throw RequestError(ErrorCode::bad_request, "a request is a JSON object with a string field `cmd`");
-    const auto& name = cmd->get_ref<const std::string&>();
-    const auto& table = commands();
-    auto row = std::find_if(table.begin(), table.end(), [&](const Command& c) { return c.name == name; });
     if (row == table.end()) {
+      const auto& name = cmd->get_ref<const std::string&>();
       std::string known;
       for (const auto& c : table) known += (known.empty() ? "" : ", ") + std::string(c.name);
       throw RequestError(ErrorCode::unknown_command, "unknown command `" + name.substr(0, 64) + "`; known: " + known);

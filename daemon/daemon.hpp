@@ -31,6 +31,7 @@
 #include "daemon/executor.hpp"
 #include "daemon/inventory.hpp"
 #include "daemon/launcher.hpp"
+#include "daemon/metrics.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/store.hpp"
 #include "daemon/submit_check.hpp"
@@ -105,6 +106,8 @@ class Daemon {
   void recover();
   // Handles one request; `reply` is called exactly once, possibly later (wait).
   void dispatch(const Caller& caller, const json& request, Reply reply);
+  // The Prometheus exposition of gpuqd's state and counters (metrics.cpp; docs/monitoring.md).
+  std::string metrics_text();
   void dispatch(const json& request, Reply reply) { dispatch(Caller::self(), request, std::move(reply)); }
   // Whom a connection's peer is, or why gpuqd does not serve it (forbidden).
   Result<Caller> identify(uid_t uid) const;
@@ -129,6 +132,7 @@ class Daemon {
     std::uint64_t reason_pass = 0;
     std::map<int, std::int64_t> event_offsets;
     std::unique_ptr<asio::steady_timer> retry;  // recording its end again, after the store refused it
+    double queued_since = 0;  // when it last went in line (metrics' queue wait)
   };
   struct Waiter {
     Caller caller;
@@ -333,6 +337,8 @@ class Daemon {
               std::vector<JobRecord> also = {});
   // Memory after the store took `rec`: the record, then the indexes; a job that ended is
   // finalized (waiters answered). Also for changes that are no transition (update's specs).
+  // Metrics' counters for a job's change of state (`was`: nullopt for one new to memory).
+  void count_transition(Active& a, std::optional<JobState> was, const JobRecord& now);
   void apply(JobRecord rec);
   // Files a job in the indexes by its record's state (after every change of state), or takes it out.
   // `fresh`: a job just submitted, in no index yet.
@@ -404,6 +410,9 @@ class Daemon {
   std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
   std::map<std::uint32_t, UserCap> m_users_at_limit;  // and its Plan::users_at_limit
   std::map<std::int64_t, std::vector<int>> m_reservations;  // and its Plan::reservations
+  MetricCounters m_metrics;
+  double m_started_at = 0;  // wall clock, for gpuq_start_time_seconds
+  static constexpr std::size_t k_max_batch_series = 50;
   std::map<int, std::int64_t> m_foreign_mb;  // GPU index -> MiB held outside gpuq, at the last look
   struct OtherProcess {  // a process outside gpuq on a running job's GPU
     int gpu = 0;

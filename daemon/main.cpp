@@ -12,11 +12,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 
 #include "common/config.hpp"
 #include "common/paths.hpp"
 #include "common/users.hpp"
 #include "daemon/daemon.hpp"
+#include "daemon/metrics_http.hpp"
 #include "daemon/server.hpp"
 
 namespace {
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
   bool foreground = false;
   double idle_timeout_s = 300;
   std::string socket_group;
+  std::string metrics_listen, metrics_textfile;  // off unless asked for
   bool lab_only_settings = false;
   // Defaults from the configuration file and the environment; the command line overrides them.
   auto settings = gpuq::common::load_settings();
@@ -86,6 +89,8 @@ int main(int argc, char** argv) {
     config.health_interval_s = st.health_interval_s.value_or(config.health_interval_s);
     config.forget_after_s = st.forget_after_s.value_or(config.forget_after_s);
     config.gpu_process_interval_s = st.gpu_process_interval_s.value_or(config.gpu_process_interval_s);
+    metrics_listen = st.metrics_listen.value_or("");
+    metrics_textfile = st.metrics_textfile.value_or("");
     config.default_retries = st.retries.value_or(0);
     config.executor = st.executor.value_or(config.executor);
     if (st.slurm) config.slurm = *st.slurm;
@@ -131,6 +136,10 @@ int main(int argc, char** argv) {
                  "with new uncorrectable ECC errors is drained (0: no checks)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Serve Prometheus metrics at http://HOST:PORT/metrics (127.0.0.1:9464; docs/monitoring.md)");
+  app.add_option("--metrics-textfile", metrics_textfile,
+                 "Write the metrics to this file every 10 s, atomically, for node_exporter's textfile collector");
   app.add_option("--gpu-process-interval", config.gpu_process_interval_s,
                  "Seconds between looks at the processes NVML lists on the GPUs: memory held by processes gpuq did "
                  "not start counts as used when packing shared jobs, and a job's peak GPU memory is kept (0: none)")
@@ -290,12 +299,34 @@ int main(int argc, char** argv) {
     report_ready(listening.error().message);
     return 1;
   }
+  // Metrics for Prometheus, over HTTP and to a file, when asked for.
+  auto render = [&daemon] { return daemon.metrics_text(); };
+  std::optional<gpuq::daemon::MetricsServer> metrics;
+  if (!metrics_listen.empty()) {
+    auto at = gpuq::daemon::parse_http_endpoint(metrics_listen);
+    if (at) {
+      metrics.emplace(io, render);
+      if (auto l = metrics->listen(*at); !l) at = l.error();
+    }
+    if (!at) {
+      report_ready(at.error().message);
+      return 1;
+    }
+    if (!boost::asio::ip::make_address(at->host).is_loopback())
+      std::cerr << "gpuqd: metrics at " << metrics_listen << " are open to whoever reaches that address: job counts by "
+                << "user, GPUs, request counts; no secrets, but bind 127.0.0.1 unless a firewall guards it\n";
+    std::cerr << "gpuqd: metrics at http://" << metrics_listen.substr(0, metrics_listen.rfind(':')) << ":"
+              << metrics->port() << "/metrics\n";
+  }
+  std::optional<gpuq::daemon::MetricsTextfile> textfile;
+  if (!metrics_textfile.empty()) textfile.emplace(io, metrics_textfile, render);
 
   // Stop cleanly on SIGTERM/SIGINT or a shutdown request; running jobs keep running
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);
   auto stop = [&] {
     std::cerr << "gpuqd: shutting down; running jobs keep running and are re-adopted at the next start\n";
     server.close();
+    if (metrics) metrics->close();
     io.stop();
   };
   signals.async_wait([&](const boost::system::error_code& ec, int) {
@@ -306,6 +337,7 @@ int main(int argc, char** argv) {
 
   // Re-adopt running jobs, then serve
   daemon.recover();
+  if (textfile) textfile->start();
   std::cerr << "gpuqd: listening on " << config.socket_path << "\n";
   report_ready("");
   // A handler that throws is a bug, but it must not take the queue down with it: log and go on.

@@ -166,6 +166,12 @@ bool Daemon::fail_blocked_dependents(double now) {
 
 void Daemon::schedule_now() {
   ++m_pass;
+  const auto pass_began = std::chrono::steady_clock::now();
+  struct Timed {  // however the pass ends
+    MetricCounters& m;
+    std::chrono::steady_clock::time_point began;
+    ~Timed() { m.pass.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count()); }
+  } timed{m_metrics, pass_began};
   const double now = wall_now();
   if (fail_blocked_dependents(now)) schedule_soon();  // more to fail, in the next pass
 
@@ -540,6 +546,7 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   }
 
   m_gpu_watch.erase(rec.id);
+  if (rec.run.started_at > 0 && end.at >= rec.run.started_at) m_metrics.run_time.observe(end.at - rec.run.started_at);
   // Fair share remembers its GPU time, once the end is stored (`rec` is gone by then).
   const uid_t owner = rec.uid;
   const double gpu_s = rec.run.started_at > 0 ? static_cast<double>(rec.run.gpus.size()) *
@@ -554,6 +561,7 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     // Record the failed attempt's end, then the requeue, as two transitions of one transaction.
     JobRecord failed = next_record(rec, end);
     JobRecord queued = next_record(failed, event::Retried{now + delay, end.reason});
+    ++m_metrics.retries;
     commit({std::move(failed), std::move(queued)});
     if (gpu_s > 0) add_use(owner, gpu_s, now);
     withdraw_orphans();
@@ -582,9 +590,21 @@ void Daemon::apply(JobRecord rec) {
   Active& a = m_active[rec.id];
   const bool fresh = a.rec.id == 0;  // a job coming back (restart), in no index
   if (!fresh) unindex(a.rec);  // as it was filed: an update may have changed its priority
+  count_transition(a, fresh ? std::nullopt : std::optional<JobState>(a.rec.state), rec);
   a.rec = std::move(rec);
   if (is_terminal(a.rec.state)) finalize(a);
   else index(a, true);
+}
+
+void Daemon::count_transition(Active& a, std::optional<JobState> was, const JobRecord& now) {
+  if (now.state == JobState::queued && was != JobState::queued)
+    a.queued_since = was ? wall_now() : now.submitted_at;  // in line again, or new (or found at start)
+  if (now.state == JobState::running && was != JobState::running) {
+    ++m_metrics.attempts_started;
+    if (a.queued_since > 0 && now.run.started_at >= a.queued_since)
+      m_metrics.queue_wait.observe(now.run.started_at - a.queued_since);
+  }
+  if (is_terminal(now.state) && was && !is_terminal(*was)) ++m_metrics.finished[std::string(gpuq::to_string(now.state))];
 }
 
 void Daemon::index(const Active& a, bool fresh) {

@@ -98,6 +98,7 @@ void Daemon::write_submission() {
   for (std::size_t i = before; i < s->write.written; ++i) {
     Active a;
     a.rec = std::move(batch.jobs[i]);
+    a.queued_since = a.rec.submitted_at;
     s->staged.emplace_hint(s->staged.end(), a.rec.id, std::move(a));
   }
   if (!complete) return asio::post(m_io, [this] { write_submission(); });

@@ -12,6 +12,8 @@ packages=(
   libcairo2-dev fonts-dejavu-core help2man
   # tests and benchmarks
   doctest-dev python3 procps task-spooler sqlite3 tmux jq
+  # promtool and a real Prometheus server for the metrics tests
+  prometheus
   # a real Slurm (slurmctld and slurmd on this machine) for the Slurm tests
   slurm-wlm
   # sanitizer and fuzzing stages of the test suite

@@ -13,7 +13,7 @@ echo "test-deb: $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB)"
 contents=$(dpkg-deb -c "$deb")
 for f in usr/bin/gpuqd usr/bin/gpuq usr/bin/gpuq-shim usr/bin/gpuq-plot-png usr/bin/gpuq-worker usr/lib/systemd/user/gpuqd.service \
  usr/lib/systemd/system/gpuqd@.service usr/lib/systemd/system/gpuqd-lab.service usr/share/bash-completion/completions/gpuq \
-         usr/share/gpuq/jobs/demo.json usr/share/doc/gpuq/README.md usr/share/doc/gpuq/docs/cookbook.md \
+         usr/share/gpuq/jobs/demo.json usr/share/gpuq/grafana-dashboard.json usr/share/doc/gpuq/README.md usr/share/doc/gpuq/docs/cookbook.md usr/share/doc/gpuq/docs/monitoring.md \
          usr/share/man/man1/gpuq.1.gz usr/share/man/man1/gpuqd.1.gz usr/share/man/man1/gpuq-worker.1.gz; do
   grep -q " \./$f\$" <<<"$contents" || { echo "test-deb: $f missing from the package"; exit 1; }
 done

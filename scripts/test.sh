@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packaging/install-deps.sh
+export GPUQ_REQUIRE_PROMETHEUS=1  # installed just now: the metrics tests may not skip promtool or Prometheus
 scripts/build.sh
 ctest --test-dir "${GPUQ_BUILD_DIR:-build}" --output-on-failure --parallel 2
 [ "${GPUQ_QUICK:-0}" = 1 ] && exit 0
