@@ -1,6 +1,7 @@
 // Configuration file and environment defaults; see config.hpp.
 #include "common/config.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -22,7 +23,7 @@ namespace {
 const char* k_keys =
     "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
     "health_interval_s, forget_after_s, executor, slurm, multi_user, admin_group, socket_group, user_limits, "
-    "usage_half_life_s, max_priority, hang_after_s, hang_action, gpu_process_interval_s, metrics_listen, metrics_textfile";
+    "usage_half_life_s, max_priority, hang_after_s, hang_action, gpu_process_interval_s, metrics_listen, metrics_textfile, on_finish, hook_timeout_s";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -78,6 +79,8 @@ constexpr Rule k_rules[] = {
     {"max_priority", nullptr, "int", -1000000, 1000000},
     {"hang_after_s", nullptr, "number", 0, 86400 * 30},
     {"hang_action", nullptr, "hang_action", 0, 0},
+    {"on_finish", nullptr, "argv", 0, 0},
+    {"hook_timeout_s", nullptr, "number", 1, 86400},
 };
 
 // "user_limits": {"*": {"max_running": 8, "max_gpus": 4, "max_queued": 10000}, "alice": {"max_gpus": 8}}
@@ -143,6 +146,12 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
     if (!v.is_string() || (v.get<std::string>() != "local" && v.get<std::string>() != "slurm"))
       return std::string("`executor` must be \"local\" (this machine) or \"slurm\"");
     s.executor = v.get<std::string>();
+  } else if (std::string(r.kind) == "argv") {
+    const bool ok = v.is_array() && !v.empty() && v.size() <= 4096 &&
+                    std::all_of(v.begin(), v.end(), [](const json& a) { return a.is_string(); }) &&
+                    !v[0].get<std::string>().empty();
+    if (!ok) return "`" + key + "` must be a non-empty array of strings, a command as a job's `command`";
+    s.on_finish = v.get<std::vector<std::string>>();
   } else if (std::string(r.kind) == "hang_action") {
     if (!v.is_string() || (v.get<std::string>() != "flag" && v.get<std::string>() != "retry"))
       return std::string("`hang_action` must be \"flag\" (say so in status) or \"retry\" (stop the job and retry it)");
@@ -190,6 +199,7 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
        : key == "usage_half_life_s" ? s.usage_half_life_s
        : key == "hang_after_s"      ? s.hang_after_s
        : key == "gpu_process_interval_s" ? s.gpu_process_interval_s
+       : key == "hook_timeout_s"    ? s.hook_timeout_s
                                     : s.idle_timeout_s) = *d;
     }
   }

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/slurm_script.hpp"
@@ -35,7 +36,9 @@ struct Settings {
   std::optional<std::string> admin_group;   // "admin_group": its members may act on every job
   std::optional<std::string> socket_group;  // "socket_group": only its members reach the socket
   std::optional<std::string> metrics_listen;    // "metrics_listen": HOST:PORT serving /metrics (Prometheus)
-  std::optional<std::string> metrics_textfile;  // "metrics_textfile": the same, written for node_exporter
+  std::optional<std::string> metrics_textfile;
+  std::optional<std::vector<std::string>> on_finish;  // "on_finish": argv run after every job ends
+  std::optional<double> hook_timeout_s;               // "hook_timeout_s": a hook is killed after this long  // "metrics_textfile": the same, written for node_exporter
   std::optional<std::map<std::string, UserLimit>> user_limits;  // "user_limits": {"*": {...}, "alice": {...}}
   std::optional<double> usage_half_life_s;  // "usage_half_life_s": fair share's memory of GPU use
   std::optional<int> max_priority;          // "max_priority": higher priorities are an admin's

@@ -17,9 +17,10 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 21> k_fields{
+constexpr std::array<std::string_view, 22> k_fields{
     "name",     "command", "shell",   "train",     "gpus", "mode", "ranks",  "cpus",   "mem_bind", "gpu_memory_mb",
-    "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment", "matrix", "nodes"};
+    "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment", "matrix", "nodes",
+    "on_finish"};
 
 constexpr std::array<std::string_view, 18> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
@@ -119,6 +120,29 @@ class JobParser {
           s.command.push_back((*c)[i].get<std::string>());
         }
         if (!s.command.empty() && s.command[0].empty()) fail("field `command[0]` is empty");
+      }
+    }
+    if (const json* h = get("on_finish")) {
+      if (!h->is_array() || h->empty() || h->size() > 4096) {
+        fail("field `on_finish` must be a non-empty array of strings (a command run when the job ends, as "
+             "`command`), e.g. [\"notify-send\", \"job done\"]");
+      } else {
+        std::size_t bytes = 0;
+        for (std::size_t i = 0; i < h->size(); ++i) {
+          if (!(*h)[i].is_string()) {
+            fail("field `on_finish[" + std::to_string(i) + "]` must be a string, got " + json_type_name((*h)[i]));
+            continue;
+          }
+          s.on_finish.push_back((*h)[i].get<std::string>());
+          bytes += s.on_finish.back().size() + 1;
+          if (s.on_finish.back().size() + 1 > k_max_exec_string)
+            fail("field `on_finish[" + std::to_string(i) + "]` is longer than exec allows (" +
+                 std::to_string(k_max_exec_string - 1) + " bytes)");
+        }
+        if (!s.on_finish.empty() && s.on_finish[0].empty()) fail("field `on_finish[0]` is empty");
+        if (bytes > k_max_on_finish_bytes)
+          fail("field `on_finish` is " + std::to_string(bytes) + " bytes; at most " +
+               std::to_string(k_max_on_finish_bytes) + " in all");
       }
     }
     if (string_field("shell", s.shell)) {
@@ -435,6 +459,7 @@ json to_json(const JobSpec& s) {
   j["env"] = s.env;
   j["labels"] = s.labels;
   j["cwd"] = s.cwd;
+  if (!s.on_finish.empty()) j["on_finish"] = s.on_finish;
   return j;
 }
 

@@ -51,6 +51,7 @@ struct JobSpec {
   std::map<std::string, std::string> labels;
   std::string cwd;  // absolute; the submitter's directory when the spec has none
   json train;       // a `train` job: the normalised train section (common/train_spec.hpp), else null
+  std::vector<std::string> on_finish;  // argv run once the job has ended (hooks.cpp); empty: none
 };
 
 // The argv placeholder of a train job; gpuqd puts its gpuq-worker's path there at launch.
@@ -65,6 +66,7 @@ constexpr double k_max_timeout_s = 1e9;
 // Linux's MAX_ARG_STRLEN (32 pages of 4 KiB): the longest single argv or environment string,
 // with its NUL, that exec accepts.
 constexpr std::size_t k_max_exec_string = 32 * 4096;
+constexpr std::size_t k_max_on_finish_bytes = 256 * 1024;  // a hook's argv, all strings
 
 // Parses one job object or an array of them, jobs with a `matrix` expanded first (matrix.hpp).
 // `default_cwd` fills jobs without `cwd`.

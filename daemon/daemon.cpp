@@ -68,6 +68,10 @@ void Daemon::rederive_slots(JobRecord& rec) {
 void Daemon::recover() {
   m_started_at = wall_now();
   empty_leftover_trash();
+  // Hooks due from before (a job that ended, its hooks not yet started); those started and cut
+  // off by a crash run on by themselves.
+  m_store->forget_started_hooks();
+  for (std::int64_t id : m_store->due_hooks()) m_hooks_due.push_back(id);
   for (auto& rec : m_store->load_active()) {
     const std::int64_t id = rec.id;
     Active& a = m_active[id];
@@ -101,6 +105,7 @@ void Daemon::recover() {
   arm_ingest_timer();
   start_health_checks();
   watch_gpu_processes();
+  run_hooks();
   forget_old_jobs();
   schedule_soon();
 }

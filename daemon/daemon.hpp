@@ -56,6 +56,9 @@ struct Config {
   int default_retries = 0;         // for jobs whose spec names no `retries`
   std::string sysfs_root = "/sys"; // CPU topology and NUMA nodes (another tree in tests)
   double health_interval_s = 60;   // NVML health checks (lost GPU, ECC, row remapping); 0: none
+  std::vector<std::string> on_finish;  // argv run after every job ends, besides its own (hooks.cpp)
+  double hook_timeout_s = 60;           // a hook still running then is killed
+  int max_hooks = 4;                    // hooks running at once; the rest wait their turn
   double gpu_process_interval_s = 5;  // NVML's per-GPU process lists (gpu_processes.cpp); 0: not read
   double forget_after_s = 0;       // ended jobs are forgotten (records and files) this long after; 0: kept
   std::string executor = "local";  // where attempts run: "local" (this machine) or "slurm" (executor.hpp)
@@ -266,6 +269,13 @@ class Daemon {
   void check_health();
   // One health reading: drains what check_health would, and keeps the Xids for failed jobs' reasons.
   void read_health();
+  // ---- on_finish hooks (hooks.cpp) ----
+  // Starts due hooks, up to max_hooks at once: each job's (the configuration's, then its own),
+  // each under a gpuq-shim of its own as the job's owner, with the job as `gpuq show --json`
+  // gives it on stdin, bounded by hook_timeout_s.
+  void run_hooks();
+  void start_hooks(std::int64_t id);
+  void hook_ended(std::int64_t id, const std::string& dir, int pid, uid_t owner);
   // ---- the processes on the GPUs (gpu_processes.cpp) ----
   struct SeenProcess {
     int pid = 0;
@@ -410,6 +420,9 @@ class Daemon {
   std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
   std::map<std::uint32_t, UserCap> m_users_at_limit;  // and its Plan::users_at_limit
   std::map<std::int64_t, std::vector<int>> m_reservations;  // and its Plan::reservations
+  std::deque<std::int64_t> m_hooks_due;  // jobs whose hooks wait for a turn
+  std::map<std::int64_t, int> m_hooks_running;  // job -> its hooks still running
+  int m_hook_processes = 0;               // hooks running, of all jobs
   MetricCounters m_metrics;
   double m_started_at = 0;  // wall clock, for gpuq_start_time_seconds
   static constexpr std::size_t k_max_batch_series = 50;

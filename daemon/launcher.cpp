@@ -85,6 +85,13 @@ Result<bool> make_owned_dirs(const std::string& state_dir, std::int64_t id, int 
   return true;
 }
 
+Result<bool> make_owned_subdir(const std::string& state_dir, std::int64_t id, const std::string& name, uid_t owner,
+                               std::optional<gid_t> group, gid_t owner_gid) {
+  for (const auto& dir : {state_dir + "/jobs", job_dir(state_dir, id)})
+    if (auto ok = passable_dir(dir); !ok) return ok;
+  return owned_dir(job_dir(state_dir, id) + "/" + name, owner, group.value_or(owner_gid), group ? 02750 : 0700);
+}
+
 Env rank_environment(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
                      const std::string& jdir, const std::string& adir, int rank, const std::vector<int>& cores) {
   Env env = base_env;

@@ -50,6 +50,9 @@ std::string rank_events_path(const std::string& attempt_dir, int rank);
 // 0700). An existing one must already be the owner's, or gpuqd's own (then it is handed over).
 Result<bool> make_owned_dirs(const std::string& state_dir, std::int64_t id, int attempt, uid_t owner,
                              std::optional<gid_t> group, gid_t owner_gid);
+// The same for another directory of the job's own in jobs/<id> (an on_finish hook's, `name`).
+Result<bool> make_owned_subdir(const std::string& state_dir, std::int64_t id, const std::string& name, uid_t owner,
+                               std::optional<gid_t> group, gid_t owner_gid);
 
 // The environment of one rank: the submitter's environment, then the spec's `env`, then what
 // gpuq sets (CUDA_VISIBLE_DEVICES, the torchrun variables for ddp jobs, GPUQ_*). Pure.

@@ -90,6 +90,8 @@ int main(int argc, char** argv) {
     config.forget_after_s = st.forget_after_s.value_or(config.forget_after_s);
     config.gpu_process_interval_s = st.gpu_process_interval_s.value_or(config.gpu_process_interval_s);
     metrics_listen = st.metrics_listen.value_or("");
+    config.on_finish = st.on_finish.value_or(config.on_finish);
+    config.hook_timeout_s = st.hook_timeout_s.value_or(config.hook_timeout_s);
     metrics_textfile = st.metrics_textfile.value_or("");
     config.default_retries = st.retries.value_or(0);
     config.executor = st.executor.value_or(config.executor);

@@ -191,6 +191,11 @@ std::string Daemon::metrics_text() {
   e.family("gpuq_store_bytes", "gauge", "Size of gpuqd's database and its write-ahead log");
   e.sample("gpuq_store_bytes", {}, bytes);
 
+  e.family("gpuq_hooks_running", "gauge", "on_finish hooks running");
+  e.sample("gpuq_hooks_running", {}, m_hook_processes);
+  e.family("gpuq_hooks_waiting", "gauge", "Jobs whose on_finish hooks wait for a turn");
+  e.sample("gpuq_hooks_waiting", {}, static_cast<double>(m_hooks_due.size()));
+
   e.family("gpuq_requests_total", "counter", "Client requests on the unix socket, by command");
   for (const auto& [cmd, n] : c.requests) e.sample("gpuq_requests_total", {{"command", cmd}}, static_cast<double>(n));
   e.family("gpuq_request_errors_total", "counter", "Client requests refused or failed, by command and error code");

@@ -578,9 +578,21 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
 void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {
   if (changed.empty() && also.empty()) return;
   std::vector<const JobRecord*> rows, quiet;
-  for (const auto& r : changed) rows.push_back(&r);
+  std::vector<std::int64_t> hooks;
+  for (std::size_t i = 0; i < changed.size(); ++i) {
+    // A job's last record here that ends it (not the failed attempt a retry follows) makes its
+    // on_finish hooks due, in the same transaction.
+    JobRecord& r = changed[i];
+    r.hook_due = is_terminal(r.state) && (i + 1 == changed.size() || changed[i + 1].id != r.id) &&
+                 m_active.count(r.id) && !is_terminal(m_active.at(r.id).rec.state) &&
+                 (!m_config.on_finish.empty() || !r.spec.on_finish.empty());
+    if (r.hook_due) hooks.push_back(r.id);
+    rows.push_back(&r);
+  }
   for (const auto& r : also) quiet.push_back(&r);
   m_store->update_many(rows, why, quiet);  // throws before anything changed in memory
+  for (std::int64_t id : hooks) m_hooks_due.push_back(id);
+  if (!hooks.empty()) asio::post(m_io, [this] { run_hooks(); });
   for (std::size_t i = 0; i < changed.size(); ++i)
     if (i + 1 == changed.size() || changed[i + 1].id != changed[i].id) apply(std::move(changed[i]));
   for (auto& r : also) apply(std::move(r));
@@ -598,7 +610,7 @@ void Daemon::apply(JobRecord rec) {
 
 void Daemon::count_transition(Active& a, std::optional<JobState> was, const JobRecord& now) {
   if (now.state == JobState::queued && was != JobState::queued)
-    a.queued_since = was ? wall_now() : now.submitted_at;  // in line again, or new (or found at start)
+    a.queued_since = wall_now();  // in line again: a retry, or a restart (submit and recover set theirs)
   if (now.state == JobState::running && was != JobState::running) {
     ++m_metrics.attempts_started;
     if (a.queued_since > 0 && now.run.started_at >= a.queued_since)

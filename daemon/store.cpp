@@ -246,6 +246,11 @@ void Store::update_many(const std::vector<const JobRecord*>& jobs, const std::ve
 void Store::write_transitions(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why) {
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     write_job(*jobs[i]);
+    if (jobs[i]->hook_due) {
+      auto* st = prepare("INSERT OR REPLACE INTO hooks(job_id, started) VALUES(?, 0)");
+      sqlite3_bind_int64(st, 1, jobs[i]->id);
+      run(m_db, st, "record a job's hooks as due");
+    }
     write_transition(*jobs[i], transition_time(*jobs[i]), i < why.size() ? &why[i] : nullptr);
   }
 }
@@ -456,6 +461,36 @@ std::map<std::string, std::string> Store::drained_gpus() {
   sqlite3_reset(st);
   if (rc != SQLITE_DONE) fail(m_db, "read drained GPUs");
   return out;
+}
+
+std::vector<std::int64_t> Store::due_hooks() {
+  auto* st = prepare("SELECT h.job_id FROM hooks h JOIN jobs j ON j.id = h.job_id WHERE h.started = 0 ORDER BY h.job_id");
+  std::vector<std::int64_t> out;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) out.push_back(sqlite3_column_int64(st, 0));
+  sqlite3_reset(st);
+  if (rc != SQLITE_DONE) fail(m_db, "read due hooks");
+  return out;
+}
+
+void Store::hooks_started(std::int64_t id) {
+  auto* st = prepare("UPDATE hooks SET started = 1 WHERE job_id = ?");
+  Txn txn(m_db, m_faults);
+  sqlite3_bind_int64(st, 1, id);
+  run(m_db, st, "mark hooks started");
+  txn.commit();
+}
+
+void Store::hooks_done(std::int64_t id) {
+  auto* st = prepare("DELETE FROM hooks WHERE job_id = ?");
+  Txn txn(m_db, m_faults);
+  sqlite3_bind_int64(st, 1, id);
+  run(m_db, st, "forget ended hooks");
+  txn.commit();
+}
+
+void Store::forget_started_hooks() {
+  exec("DELETE FROM hooks WHERE started != 0 OR job_id NOT IN (SELECT id FROM jobs)");
 }
 
 void Store::set_drained(const std::string& uuid, bool drained, const std::string& reason) {

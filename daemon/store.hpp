@@ -64,6 +64,7 @@ struct JobRecord {
   int restarts = 0;      // times it was restarted after it had ended
   std::int64_t blocked_by = 0;  // failed without running because this dependency ended unsuccessfully
   bool held = false;            // queued, kept from starting until released
+  bool hook_due = false;        // not stored: it has just ended and has on_finish hooks to run (hooks.cpp)
 };
 
 struct EventRow {
@@ -154,6 +155,14 @@ class Store {
   bool exists(std::int64_t id);  // one index probe: no row is read
   std::optional<JobState> state_of(std::int64_t id);  // the state alone, without reading the row
   std::optional<uid_t> owner_of(std::int64_t id);     // its owner alone
+  // on_finish hooks: a job whose record is written with hook_due has its hooks due, in the same
+  // transaction; they are marked started before they run (so that none runs twice, whatever
+  // crashes) and forgotten once they have ended. `forget_started_hooks` at start: those a crash
+  // cut off run on by themselves (their supervisors outlive gpuqd).
+  std::vector<std::int64_t> due_hooks();  // not started, of jobs still known; in job order
+  void hooks_started(std::int64_t id);
+  void hooks_done(std::int64_t id);
+  void forget_started_hooks();
   // (owner, GPU-seconds, ended at) of the last attempts of jobs that ran on GPUs and ended after
   // `since`, oldest end first: fair share's memory after a restart.
   std::vector<std::tuple<uid_t, double, double>> gpu_time_since(double since);

@@ -23,11 +23,11 @@ using namespace sql;
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 12;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
+constexpr int k_schema_version = 13;  // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
                                       // 6: drained_gpus; 7: batches.max_running; 8: removed_ids;
                                       // 9: batches.complete; 10: restarts (plans of restarts under way);
                                       // 11: jobs.external_id (the Slurm job of the last attempt)
-                                      // 12: jobs.uid (its owner)
+                                      // 12: jobs.uid (its owner); 13: hooks (on_finish hooks due)
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS events(
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, attempt);
 CREATE TABLE IF NOT EXISTS drained_gpus(uuid TEXT PRIMARY KEY, reason TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS removed_ids(tbl TEXT PRIMARY KEY, max_id INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS hooks(job_id INTEGER PRIMARY KEY, started INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS event_offsets(
   job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL, offset INTEGER NOT NULL,
   PRIMARY KEY(job_id, attempt, rank));
@@ -231,6 +232,7 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
                    std::to_string(::getuid()) + "; PRAGMA user_version=12; COMMIT")
                       .c_str());
     }
+    if (app_id == k_application_id && version < 13) store->exec("PRAGMA user_version=13");  // k_schema made the table
     // A batch whose writing a crash cut short was never acknowledged: it goes (insert_batch_part).
     store->exec("BEGIN IMMEDIATE; "
                 "DELETE FROM transitions WHERE job_id IN "

@@ -350,11 +350,26 @@ class Supervisor {
         std::vector<std::string> args(argv.begin() + 1, argv.end());
         // stdout and stderr go to `output`: the log file, or a pipe the shim copies from.
         const std::string chdir_failed = "gpuq: cannot enter the job's working directory " + cwd + "; not started\n";
+        // stdin: nothing, or a file the doc names (an on_finish hook's job document), opened as
+        // the user this process runs as.
+        const std::string input = r.value("stdin", std::string());
         auto start = [&](auto&& output) {
-          bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in < bp::null, (bp::std_out & bp::std_err) > output,
-                      RankSetup{{}, cwd, chdir_failed, cpus, memory}, bp::posix::use_vfork);
-          rank.pid = c.id();
-          c.detach();  // reaped below with waitpid(-1), with any orphans
+          auto child = [&](auto&& in) {
+            bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in < in, (bp::std_out & bp::std_err) > output,
+                        RankSetup{{}, cwd, chdir_failed, cpus, memory}, bp::posix::use_vfork);
+            rank.pid = c.id();
+            c.detach();  // reaped below with waitpid(-1), with any orphans
+          };
+          if (input.empty()) return child(bp::null);
+          FILE* in = std::fopen(input.c_str(), "re");
+          if (!in) throw std::runtime_error("cannot open its input " + input + ": " + std::strerror(errno));
+          try {
+            child(in);
+          } catch (...) {
+            std::fclose(in);
+            throw;
+          }
+          std::fclose(in);
         };
         if (m_log_limit > 0) {
           // Capped log: the rank writes into a pipe, the shim copies it to a rotating LogSink.

@@ -438,6 +438,98 @@ class BatchLimit(DaemonTest):
         self.assertIn("field `max_running` must be", reply["error"]["message"])
 
 
+
+class Hooks(DaemonTest):
+    """on_finish hooks (job-spec.md, cli.md): the configuration's for every job and a job's own,
+    run once per terminal state with the job's JSON on stdin, bounded in time, at most a few at
+    once, and run at the next start for jobs that ended while gpuqd was down."""
+
+    def restart_with(self, config):
+        self.d.stop()
+        path = self.tmp_path("config.json")
+        with open(path, "w") as f:
+            json.dump(config, f)
+        self.d = Daemon(self.tmp, env=dict(os.environ, GPUQ_CONFIG=path)).start()
+
+    def record(self, name):
+        """A hook that appends its job's id, state and name, and the JSON it read, to `name`.jsonl."""
+        out = self.tmp_path(name + ".jsonl")
+        return out, ["sh", "-c", 'printf \'{"id": %s, "state": "%s", "name": "%s", "stdin": %s}\\n\' '
+                                 '"$GPUQ_JOB_ID" "$GPUQ_JOB_STATE" "$GPUQ_JOB_NAME" "$(cat)" >> ' + out]
+
+    def lines(self, path):
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+
+    def test_hooks_run_once_per_end_with_the_job_as_show_gives_it(self):
+        every, every_hook = self.record("every")
+        self.restart_with({"on_finish": every_hook})
+        own, own_hook = self.record("own")
+        ok, bad, dropped = self.d.submit([{"name": "ok", "command": ["true"], "on_finish": own_hook},
+                                          {"name": "bad", "command": ["false"]},
+                                          {"name": "dropped", "command": ["true"], "after": ["bad"]}])["ids"]
+        self.d.wait([ok, bad, dropped])
+        wait_until(lambda: len(self.lines(every)) == 3 and len(self.lines(own)) == 1, what="the hooks")
+        seen = {r["id"]: r for r in self.lines(every)}
+        self.assertEqual({i: (r["state"], r["name"]) for i, r in seen.items()},
+                         {ok: ("succeeded", "ok"), bad: ("failed", "bad"), dropped: ("failed", "dropped")})
+        self.assertEqual(seen[bad]["stdin"]["job"]["reason"], "rank 0 exited with code 1")
+        self.assertEqual(seen[ok]["stdin"]["job"], self.d.show(ok)["job"])
+        self.assertEqual(self.lines(own)[0]["id"], ok)
+        # A restart ends the job again: its hooks run again, once; the others' not at all.
+        self.d.ok("restart", str(ok))
+        self.d.wait([ok])
+        wait_until(lambda: len(self.lines(own)) == 2, what="the restarted job's own hook")
+        self.d.stop()
+        self.d.start()
+        last = self.d.submit({"name": "last", "command": ["true"]})["ids"][0]
+        self.d.wait([last])
+        wait_until(lambda: any(r["id"] == last for r in self.lines(every)), what="the last job's hook")
+        self.assertEqual(sorted(r["id"] for r in self.lines(every)), sorted([ok, ok, bad, dropped, last]))
+        self.assertEqual(len(self.lines(own)), 2)
+
+    def test_hooks_of_a_job_that_ended_while_gpuqd_was_down_run_at_its_next_start(self):
+        every, every_hook = self.record("every")
+        self.restart_with({"on_finish": every_hook})
+        gate = self.tmp_path("gate")
+        job = self.d.submit({"name": "slow", "shell": f"while [ ! -e {gate} ]; do sleep 0.05; done"})["ids"][0]
+        wait_until(lambda: self.d.show(job)["job"]["state"] == "running", what="the job to run")
+        self.d.kill9()
+        open(gate, "w").close()
+        attempt = os.path.join(self.d.state, "jobs", str(job), "attempt-1", "exit.json")
+        wait_until(lambda: os.path.exists(attempt), what="the job to end while gpuqd is down")
+        self.assertEqual(self.lines(every), [])
+        self.d.start()
+        wait_until(lambda: len(self.lines(every)) == 1, what="its hook, at gpuqd's start")
+        self.assertEqual((self.lines(every)[0]["id"], self.lines(every)[0]["state"]), (job, "succeeded"))
+
+    def test_a_hanging_hook_is_killed_at_its_limit_and_holds_up_nothing(self):
+        self.restart_with({"hook_timeout_s": 1})
+        hung = self.d.submit({"name": "hung-hook", "command": ["true"], "on_finish": ["sleep", "7405"]})["ids"][0]
+        self.d.wait([hung])
+        after = self.d.submit({"name": "after", "command": ["true"]})["ids"][0]
+        self.assertEqual(self.d.wait([after])[after]["state"], "succeeded")
+        log = os.path.join(self.tmp, "gpuqd.log")
+        wait_until(lambda: "on_finish hook was killed after hook_timeout_s (1 s)" in pathlib.Path(log).read_text(),
+                   what="the hook killed")
+        self.assertIn(f"job {hung}: on_finish hook was killed", pathlib.Path(log).read_text())
+
+    def test_a_thousand_jobs_ending_at_once_queue_their_hooks_and_scheduling_goes_on(self):
+        started = self.tmp_path("started")
+        self.restart_with({"on_finish": ["sh", "-c", f"echo $GPUQ_JOB_ID >> {started}; sleep 7406"]})
+        flood = self.d.submit([{"name": f"f{i}", "command": ["true"]} for i in range(1000)])["ids"]
+        self.d.wait(flood, timeout=600)
+        # While their hooks wait their turn (at most 4 run), a new job starts and ends as ever.
+        late = self.d.submit({"name": "late", "command": ["true"]})["ids"][0]
+        self.assertEqual(self.d.wait([late])[late]["state"], "succeeded")
+        wait_until(lambda: os.path.exists(started) and len(pathlib.Path(started).read_text().split()) == 4,
+                   what="four hooks started")
+        self.assertEqual(len(pathlib.Path(started).read_text().split()), 4)  # no more than max_hooks at once
+        self.assertEqual(self.d.run("status").returncode, 0)
+
+
 if __name__ == "__main__":
     unittest.main()
 

@@ -6,9 +6,10 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import unittest
 
-from harness import BIN, REPO, DaemonTest
+from harness import BIN, REPO, Daemon, DaemonTest
 
 COOKBOOK = os.path.join(REPO, "docs/cookbook.md")
 FASHION = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
@@ -33,10 +34,25 @@ def blocks(path):
 
 
 class Cookbook(DaemonTest):
+    def check_config(self, config):
+        """A configuration file of the cookbook: gpuqd starts with it, and its hook is valid shell."""
+        hook = config["on_finish"]
+        self.assertEqual(hook[:2], ["sh", "-c"])
+        r = subprocess.run(["sh", "-n", "-c", hook[2]], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, (hook, r.stderr))
+        tmp = tempfile.mkdtemp(prefix="gpuq-it-cfg-", dir=self.tmp)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f)
+        d = Daemon(tmp, env=dict(os.environ, GPUQ_CONFIG=os.path.join(tmp, "config.json"))).start()
+        d.stop()
+
     def test_json_blocks_are_the_job_files(self):
         checked = 0
         for lang, text, before in blocks(COOKBOOK):
             if lang != "json":
+                continue
+            if before.endswith("`~/.config/gpuq/config.json`:"):
+                self.check_config(json.loads(text))
                 continue
             m = re.match(r"^`(jobs/cookbook/[\w.-]+\.json)`:$", before)
             self.assertTrue(m, f"a json block that names no job file: {before}")

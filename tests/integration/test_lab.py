@@ -194,6 +194,18 @@ class LabMode(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.d.state, "jobs", str(b))))
 
 
+    def test_a_jobs_on_finish_hook_runs_as_its_owner(self):
+        out = os.path.join(self.home[ALICE], "hook-out")
+        [a] = self.submit(ALICE, {"name": "hooked", "command": ["true"],
+                                  "on_finish": ["sh", "-c", f'id -u > {out}.new; cat >> {out}.new; mv {out}.new {out}']})
+        self.assertEqual(self.wait(ALICE, [a])[a]["state"], "succeeded")
+        wait_until(lambda: os.path.exists(out), what="the hook's output")
+        with open(out) as f:
+            uid, show = f.read().split("\n", 1)
+        self.assertEqual(int(uid), uid_of(ALICE))
+        self.assertEqual(json.loads(show)["job"]["user"], ALICE)
+        self.assertEqual(os.stat(out).st_uid, uid_of(ALICE))
+
     def test_gpus_name_whose_processes_outside_gpuq_hold_memory_and_packing_leaves_it_to_them(self):
         # Bob runs something on GPU 0 himself, outside gpuq (a notebook), holding 12000 of its 16000 MiB.
         bob = subprocess.Popen(["setpriv", f"--reuid={uid_of(BOB)}", f"--regid={uid_of(BOB)}", "--clear-groups",

@@ -15,7 +15,8 @@ TEST_CASE("a configuration file's settings, with ~ expanded and sources recorded
   ::setenv("HOME", "/home/u", 1);
   auto s = parse_settings(R"({"socket": "~/q.sock", "state_dir": "/srv/gpuq", "gpus": "fake:2", "retries": 3,
                               "log_limit_mb": 0, "grace_s": 2.5, "cpu_slots": 4, "health_interval_s": 15,
-                              "forget_after_s": 604800, "gpu_process_interval_s": 0.5})",
+                              "forget_after_s": 604800, "gpu_process_interval_s": 0.5,
+                              "on_finish": ["notify-send", "done"], "hook_timeout_s": 30})",
                           "/etc/c.json");
   REQUIRE(s.ok());
   CHECK(*s->socket == "/home/u/q.sock");
@@ -28,6 +29,8 @@ TEST_CASE("a configuration file's settings, with ~ expanded and sources recorded
   CHECK(*s->health_interval_s == 15);
   CHECK(*s->forget_after_s == 604800);
   CHECK(*s->gpu_process_interval_s == 0.5);
+  CHECK(*s->on_finish == std::vector<std::string>{"notify-send", "done"});
+  CHECK(*s->hook_timeout_s == 30);
   CHECK_FALSE(s->idle_timeout_s.has_value());
   CHECK(s->source.at("retries") == "/etc/c.json");
   if (home) ::setenv("HOME", saved.c_str(), 1);
@@ -46,6 +49,9 @@ TEST_CASE("bad settings are refused with the key and the rule") {
   check(R"({"grace_s": -1})", "`grace_s` must be a number from 0 to 86400");
   check(R"({"health_interval_s": -1})", "`health_interval_s` must be a number from 0 to 86400");
   check(R"({"gpu_process_interval_s": "5"})", "`gpu_process_interval_s` must be a number from 0 to 86400");
+  check(R"({"on_finish": "notify-send"})", "`on_finish` must be a non-empty array of strings, a command as a job's `command`");
+  check(R"({"on_finish": [""]})", "`on_finish` must be a non-empty array of strings, a command as a job's `command`");
+  check(R"({"hook_timeout_s": 0})", "`hook_timeout_s` must be a number from 1 to 86400");
   check(R"({"forget_after_s": "7d"})", "`forget_after_s` must be a number from 0 to 316224000");
   check(R"({"gpus": ""})", "`gpus` must be a non-empty string");
   check(R"({"state_dir": "state"})", "must be an absolute path");

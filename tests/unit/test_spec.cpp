@@ -42,6 +42,23 @@ TEST_CASE("a minimal command job gets the documented defaults") {
   CHECK_FALSE(s.shared);
 }
 
+TEST_CASE("on_finish is a command like `command`, kept in the normalised spec") {
+  auto r = parse_batch(json::parse(R"({"command": ["true"], "on_finish": ["notify-send", "done"]})"), "/tmp");
+  REQUIRE(r.ok());
+  CHECK((*r)[0].on_finish == std::vector<std::string>{"notify-send", "done"});
+  CHECK(to_json((*r)[0])["on_finish"] == json::parse(R"(["notify-send", "done"])"));
+  CHECK_FALSE(to_json(parse_batch(json::parse(R"({"command": ["true"]})"), "/tmp")->at(0)).contains("on_finish"));
+  CHECK(contains(error_of(R"({"command": ["true"], "on_finish": "notify-send done"})"),
+                 "field `on_finish` must be a non-empty array of strings"));
+  CHECK(contains(error_of(R"({"command": ["true"], "on_finish": []})"), "field `on_finish` must be a non-empty array"));
+  CHECK(contains(error_of(R"({"command": ["true"], "on_finish": ["x", 3]})"), "field `on_finish[1]` must be a string"));
+  CHECK(contains(error_of(R"({"command": ["true"], "on_finish": [""]})"), "field `on_finish[0]` is empty"));
+  json big = json::parse(R"({"command": ["true"]})");
+  big["on_finish"] = json::array();
+  for (int i = 0; i < 3; ++i) big["on_finish"].push_back(std::string(100000, 'x'));
+  CHECK(contains(error_of(big.dump()), "at most 262144 in all"));
+}
+
 TEST_CASE("a NUL byte in any string of a spec is refused by its field, not cut short at exec") {
   CHECK(contains(error_of(R"({"command": ["echo", "a\u0000; rm -rf ~"]})"),
                  "field `command[1]` contains a NUL byte"));

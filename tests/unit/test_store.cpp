@@ -63,6 +63,35 @@ TEST_CASE("a batch is stored with ids, resolved dependencies and a first transit
   CHECK((*store)->batch_limits() == std::map<std::int64_t, int>{{2, 4}});
 }
 
+TEST_CASE("hooks due with a job's end are found until started, then never again, and a restart forgets started ones") {
+  TempDb db;
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  std::vector<JobRecord> jobs{job_named("a"), job_named("b")};
+  (*store)->insert_batch(jobs, {{}, {}}, "/", {}, 1.0);
+  for (auto& j : jobs) {
+    j.state = gpuq::JobState::succeeded;
+    j.hook_due = j.id == 1;  // only a's ending has hooks
+  }
+  (*store)->update_many({&jobs[0], &jobs[1]});
+  CHECK((*store)->due_hooks() == std::vector<std::int64_t>{1});
+  (*store)->hooks_started(1);
+  CHECK((*store)->due_hooks().empty());
+  jobs[1].hook_due = true;
+  (*store)->update_many({&jobs[1]});
+  CHECK((*store)->due_hooks() == std::vector<std::int64_t>{2});
+  store->reset();
+  store = Store::open(db.path);
+  REQUIRE(store.ok());
+  (*store)->forget_started_hooks();
+  CHECK((*store)->due_hooks() == std::vector<std::int64_t>{2});  // 1 was started: it runs on, or ran
+  (*store)->hooks_done(2);
+  CHECK((*store)->due_hooks().empty());
+  (*store)->update_many({&jobs[1]});  // a due hook of a job later forgotten is not run
+  (*store)->remove_jobs({2});
+  CHECK((*store)->due_hooks().empty());
+}
+
 TEST_CASE("a result nested without limit by an older gpuq reads back as a note, not a deep value") {
   TempDb db;
   std::int64_t id = 0;
@@ -336,7 +365,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 12);
+  CHECK(user_version(db.path) == 13);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   CHECK((*again)->get(7)->run.external_id.empty());  // the column a version 11 store added
   REQUIRE(again.ok());
@@ -492,7 +521,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 12") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 13") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
