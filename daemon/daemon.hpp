@@ -423,6 +423,8 @@ class Daemon {
   std::deque<std::int64_t> m_hooks_due;  // jobs whose hooks wait for a turn
   std::map<std::int64_t, int> m_hooks_running;  // job -> its hooks still running
   int m_hook_processes = 0;               // hooks running, of all jobs
+  static constexpr std::int64_t k_max_events_bytes = 64 << 20;  // of a rank's events file, ever read
+  static constexpr std::int64_t k_events_per_call = 8 << 20;    // read by one ingest while the job runs
   MetricCounters m_metrics;
   double m_started_at = 0;  // wall clock, for gpuq_start_time_seconds
   static constexpr std::size_t k_max_batch_series = 50;

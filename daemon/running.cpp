@@ -661,18 +661,23 @@ bool Daemon::ingest(Active& a, bool ended) {
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != a.rec.uid) st.st_size = 0;
     // Bounded reads: a job that floods its events file cannot balloon the daemon's memory. Each
-    // read starts one byte early, to tell whether the last one stopped inside a line.
+    // read starts one byte early, to tell whether the last one stopped inside a line. Nor can it
+    // hold gpuqd's thread: a call reads k_events_per_call at most while the job runs (the rest
+    // at the next tick), and no more than k_max_events_bytes of a rank's file is ever read (a
+    // 10 GB sparse file took 29 s to read through, all at the job's end).
     constexpr std::int64_t k_chunk = 4 << 20;
-    while (st.st_size > offset) {
+    const std::int64_t began = offset;
+    const std::int64_t limit = std::min<std::int64_t>(st.st_size, k_max_events_bytes);
+    while (limit > offset && (ended || offset - began < k_events_per_call)) {
       const std::int64_t from = offset > 0 ? offset - 1 : 0;
-      std::string buf(static_cast<std::size_t>(std::min<std::int64_t>(st.st_size - from, k_chunk)), '\0');
+      std::string buf(static_cast<std::size_t>(std::min<std::int64_t>(limit - from, k_chunk)), '\0');
       ssize_t n = ::pread(fd, buf.data(), buf.size(), from);
       if (n <= offset - from) break;
       buf.resize(static_cast<std::size_t>(n));
       std::string_view data(buf);
       const bool mid_line = offset > 0 && data[0] != '\n';
       data.remove_prefix(static_cast<std::size_t>(offset - from));
-      const bool at_end = from + n >= st.st_size;  // an unterminated line here is the file's last
+      const bool at_end = from + n >= limit;  // an unterminated line here is the file's last (or the cap's)
       auto parsed = parse_events(data, r, wall_now(), mid_line, ended && at_end);
       if (parsed.consumed == 0) break;  // an unfinished line: next time
       JobRecord next = a.rec;
@@ -686,6 +691,11 @@ bool Daemon::ingest(Active& a, bool ended) {
       }
       a.rec = std::move(next);
       offset += static_cast<std::int64_t>(parsed.consumed);
+    }
+    if (began < k_max_events_bytes && offset >= k_max_events_bytes && st.st_size > offset) {
+      std::cerr << "gpuqd: job " << a.rec.id << ": rank " << r << "'s events file is over "
+                << (k_max_events_bytes >> 20) << " MiB; the rest of it is not read\n";
+      ++a.rec.bad_event_lines;  // in memory; stored with the job's next change
     }
     ::close(fd);
   }

@@ -62,6 +62,24 @@ class HostileEvents(DaemonTest):
         self.assertEqual(job["bad_event_lines"], 1)
         self.assert_alive()
 
+    def test_a_10_gb_sparse_events_file_is_read_to_64_mib_and_no_further(self):
+        # Reading it through held gpuqd's thread for half a minute at the job's end.
+        code = ("import os\n"
+                "p = os.environ['GPUQ_EVENTS']\n"
+                "with open(p, 'a') as f:\n"
+                "    f.write('{\"type\": \"result\", \"first\": 1}\\n')\n"
+                "os.truncate(p, 10 << 30)\n"
+                "with open(p, 'a') as f:\n"
+                "    f.write('\\n{\"type\": \"result\", \"beyond\": 1}\\n')\n")
+        job_id = self.d.submit(python_job(code, name="sparse"))["ids"][0]
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["result"], {"first": 1})
+        self.assertGreaterEqual(job["bad_event_lines"], 1)
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            self.assertIn(f"job {job_id}: rank 0's events file is over 64 MiB; the rest of it is not read", f.read())
+        self.assert_alive()
+
     def test_a_forged_exit_record_of_the_wrong_types_fails_the_job_instead_of_gpuqd(self):
         # The job's directory is the job's to write: an exit record with every field of the wrong
         # type, left where the supervisor would write one, must not throw inside gpuqd.
