@@ -2,7 +2,8 @@
 // lookups the handlers share. The handlers live in files by group: submit.cpp, queries.cpp
 // (status, show, events, results, wait), control.cpp (cancel, hold, release, update), restart.cpp,
 // clean.cpp, gpus.cpp (gpus, drain, health checks), lab.cpp (lab mode's users: limits, fair
-// share's memory, usage); running.cpp runs the jobs.
+// share's memory, usage); running.cpp runs the jobs; gpu_processes.cpp watches what else runs on
+// the GPUs, hooks.cpp runs on_finish hooks, metrics.cpp answers Prometheus.
 #include "daemon/daemon.hpp"
 
 #include <unistd.h>
