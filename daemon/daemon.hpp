@@ -299,6 +299,7 @@ class Daemon {
   json cmd_results(const Caller& caller, const common::ResultsRequest& q);
   json cmd_events(const Caller& caller, const common::EventsRequest& q);
   json cmd_gpus();
+  common::GpusReply gpus_reply();  // what `gpus` answers; the metrics' GPU series too
   json cmd_usage();
   // Lab mode: a user's limits (user_limits by name, else "*"), or null when they have none.
   const common::UserLimit* limits_of(uid_t uid) const;

@@ -10,7 +10,9 @@
 
 namespace gpuq::daemon {
 
-json Daemon::cmd_gpus() {
+json Daemon::cmd_gpus() { return gpus_reply(); }
+
+common::GpusReply Daemon::gpus_reply() {
   common::GpusReply out;
   out.source = m_inventory.source();
   auto readings = m_inventory.read();

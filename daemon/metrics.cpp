@@ -123,64 +123,48 @@ std::string Daemon::metrics_text() {
   e.family("gpuq_schedule_pass_seconds", "histogram", "Duration of a scheduling pass on gpuqd's thread");
   e.histogram("gpuq_schedule_pass_seconds", {}, c.pass);
 
-  // GPUs: gpuq's bookkeeping, NVML's readings, memory held outside gpuq.
-  const auto readings = m_inventory.read();
-  std::map<int, std::pair<std::int64_t, int>> held;  // GPU -> (MiB declared, jobs)
-  for (std::int64_t id : m_running) {
-    const JobRecord& r = m_active.at(id).rec;
-    for (int g : r.run.gpus) {
-      const Gpu* gpu = m_inventory.find(g);
-      held[g].first += r.spec.shared ? r.spec.gpu_memory_mb : gpu ? gpu->memory_total_mb : 0;
-      ++held[g].second;
-    }
-  }
+  // GPUs: gpuq's bookkeeping, NVML's readings, memory held outside gpuq: what `gpuq gpus` shows.
+  const common::GpusReply gpus = gpus_reply();
+  const bool nvml = m_inventory.source().rfind("nvml", 0) == 0;
   constexpr double mib = 1024.0 * 1024.0;
   struct Row {
     const char* name;
-    const char* type;
     const char* help;
   };
   const Row rows[] = {
-      {"gpuq_gpu_memory_total_bytes", "gauge", "GPU memory"},
-      {"gpuq_gpu_memory_allocated_bytes", "gauge", "GPU memory gpuq gave to jobs (declared by shared jobs, whole for exclusive ones)"},
-      {"gpuq_gpu_memory_used_bytes", "gauge", "GPU memory in use, as NVML reads it"},
-      {"gpuq_gpu_memory_foreign_bytes", "gauge", "GPU memory held by processes gpuq did not start (NVML)"},
-      {"gpuq_gpu_utilization_ratio", "gauge", "GPU busy fraction, as NVML reads it"},
-      {"gpuq_gpu_jobs", "gauge", "Jobs holding the GPU"},
-      {"gpuq_gpu_drained", "gauge", "1 while the GPU is out of service"},
+      {"gpuq_gpu_memory_total_bytes", "GPU memory"},
+      {"gpuq_gpu_memory_allocated_bytes", "GPU memory gpuq gave to jobs (declared by shared jobs, whole for exclusive ones)"},
+      {"gpuq_gpu_memory_used_bytes", "GPU memory in use, as NVML reads it"},
+      {"gpuq_gpu_memory_foreign_bytes", "GPU memory held by processes gpuq did not start (NVML)"},
+      {"gpuq_gpu_utilization_ratio", "GPU busy fraction, as NVML reads it"},
+      {"gpuq_gpu_jobs", "Jobs holding the GPU"},
+      {"gpuq_gpu_drained", "1 while the GPU is out of service"},
   };
   for (std::size_t k = 0; k < std::size(rows); ++k) {
-    e.family(rows[k].name, rows[k].type, rows[k].help);
-    for (std::size_t i = 0; i < m_inventory.gpus().size(); ++i) {
-      const Gpu& g = m_inventory.gpus()[i];
+    e.family(rows[k].name, "gauge", rows[k].help);
+    for (const auto& g : gpus.gpus) {
       const Labels l{{"gpu", std::to_string(g.index)}, {"uuid", g.uuid}};
-      const auto h = held.find(g.index);
-      const auto f = m_foreign_mb.find(g.index);
       switch (k) {
         case 0: e.sample(rows[k].name, l, static_cast<double>(g.memory_total_mb) * mib); break;
-        case 1: e.sample(rows[k].name, l, h == held.end() ? 0.0 : static_cast<double>(h->second.first) * mib); break;
+        case 1: e.sample(rows[k].name, l, static_cast<double>(g.allocated_mb) * mib); break;
         case 2:
-          if (readings[i].memory_used_mb) e.sample(rows[k].name, l, static_cast<double>(*readings[i].memory_used_mb) * mib);
+          if (g.memory_used_mb.is_number()) e.sample(rows[k].name, l, g.memory_used_mb.get<double>() * mib);
           break;
         case 3:
-          if (m_inventory.source().rfind("nvml", 0) == 0)
-            e.sample(rows[k].name, l, f == m_foreign_mb.end() ? 0.0 : static_cast<double>(f->second) * mib);
+          if (nvml) e.sample(rows[k].name, l, static_cast<double>(g.foreign_mb) * mib);
           break;
         case 4:
-          if (readings[i].utilization) e.sample(rows[k].name, l, *readings[i].utilization / 100.0);
+          if (g.utilization.is_number()) e.sample(rows[k].name, l, g.utilization.get<double>() / 100.0);
           break;
-        case 5: e.sample(rows[k].name, l, h == held.end() ? 0 : h->second.second); break;
-        default: e.sample(rows[k].name, l, m_drained.count(g.uuid) ? 1 : 0);
+        case 5: e.sample(rows[k].name, l, static_cast<double>(g.jobs.size())); break;
+        default: e.sample(rows[k].name, l, g.drained ? 1 : 0);
       }
     }
   }
-  const CpuSlots cpu = cpu_pool();
-  int used = 0;
-  for (int slot : cpu.taken) used += slot < cpu.total;
   e.family("gpuq_cpu_slots", "gauge", "CPU slots in the pool");
-  e.sample("gpuq_cpu_slots", {}, cpu.total);
+  e.sample("gpuq_cpu_slots", {}, gpus.cpu_slots);
   e.family("gpuq_cpu_slots_used", "gauge", "CPU slots held by running jobs");
-  e.sample("gpuq_cpu_slots_used", {}, used);
+  e.sample("gpuq_cpu_slots_used", {}, gpus.cpu_slots_used);
 
   // The store: its database and write-ahead log on disk.
   double bytes = 0;
