@@ -73,6 +73,19 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+Result<bool> make_dirs(const std::string& dir) {
+  if (dir.empty()) return Error{ErrorCode::bad_request, "cannot create a directory with an empty name"};
+  for (std::size_t pos = 0; pos != std::string::npos;) {
+    pos = dir.find('/', pos + 1);
+    const std::string part = dir.substr(0, pos);
+    if (part.empty() || part.back() == '/') continue;  // "//" in the path
+    if (::mkdir(part.c_str(), 0777) != 0 && errno != EEXIST)
+      return Error{ErrorCode::internal, "cannot create directory " + part + ": " + std::strerror(errno)};
+  }
+  if (!is_directory(dir)) return Error{ErrorCode::internal, "cannot create directory " + dir + ": something else is there"};
+  return true;
+}
+
 Result<bool> ensure_private_dir(const std::string& dir) {
   // Parents are created with the default mode; only the last component must be private.
   for (std::size_t pos = 1; pos != std::string::npos;) {

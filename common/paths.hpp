@@ -20,6 +20,10 @@ Result<bool> ensure_private_dir(const std::string& dir);
 
 std::string parent_dir(const std::string& path);
 
+// Creates `dir` and its missing parents with mode 0777 less the umask (`mkdir -p`); an existing
+// directory is fine. The error names the component that could not be made.
+Result<bool> make_dirs(const std::string& dir);
+
 // The folder of the running executable: gpuq's programs find each other there (gpuq finds gpuqd
 // and gpuq-plot-png, gpuqd finds gpuq-shim and gpuq-worker).
 std::string self_dir();

@@ -3,9 +3,13 @@
 
 #include <torch/script.h>
 
-#include <filesystem>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <iostream>
 
+#include "common/paths.hpp"
 #include "worker/optim.hpp"
 
 // From torch/csrc/jit/codegen/fuser/interface.h, which not every LibTorch package ships (Debian's
@@ -19,6 +23,13 @@ namespace gpuq::worker {
 using json = nlohmann::json;
 
 namespace {
+
+void write_or_throw(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.flush();
+  if (!out) throw std::runtime_error("checkpoint: cannot write " + path + ": " + std::strerror(errno));
+}
 
 // A torch::nn model as consecutive stages, each on its own device (model parallelism); an
 // ordinary model is one stage. Activations move to the next stage's device between stages.
@@ -114,7 +125,7 @@ std::unique_ptr<Model> build_model(const common::TrainSpec& spec, const std::vec
                                    const std::vector<torch::Device>& devices) {
   const auto& m = spec.model;
   if (m.kind == "torchscript") {
-    if (!std::filesystem::exists(m.path)) throw std::runtime_error("the TorchScript model " + m.path + " does not exist");
+    if (!common::path_exists(m.path)) throw std::runtime_error("the TorchScript model " + m.path + " does not exist");
     // TorchScript fuses CPU ops only where LibTorch was built with LLVM (PyTorch's wheels are
     // not; Debian's is), and with Debian 13's LibTorch 2.6 that LLVM code generation never
     // finishes: CPU graphs run unfused, as under PyTorch's own builds. CUDA fusion is untouched.
@@ -162,38 +173,40 @@ std::unique_ptr<Model> build_model(const common::TrainSpec& spec, const std::vec
 }
 
 void Checkpoints::save(Model& model, torch::optim::Optimizer& opt, json state, int epoch) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(m_dir) / ("epoch-" + std::to_string(epoch));
-  fs::create_directories(dir);
+  // POSIX calls, not std::filesystem: PyTorch's wheels export a copy of std::filesystem from
+  // libtorch.so that the dynamic linker binds this program's calls to, and its remove_all jumped
+  // to address 0 (LibTorch 2.11, cu130), killing every train job at its third checkpoint.
+  const std::string dir = m_dir + "/epoch-" + std::to_string(epoch);
+  if (auto made = common::make_dirs(dir); !made) throw std::runtime_error("checkpoint: " + made.error().message);
   std::vector<torch::Tensor> tensors;
   for (auto& t : model.parameters()) tensors.push_back(t.detach().cpu());
   for (auto& t : model.buffers()) tensors.push_back(t.detach().cpu());
-  torch::save(tensors, (dir / "model.pt").string());
+  torch::save(tensors, dir + "/model.pt");
   auto optimizer = export_optimizer_state(opt);
-  torch::save(optimizer.tensors, (dir / "optimizer-state.pt").string());
+  torch::save(optimizer.tensors, dir + "/optimizer-state.pt");
   state["optimizer"] = std::move(optimizer.meta);
-  std::ofstream(dir / "state.json") << state.dump();
-  const fs::path tmp = fs::path(m_dir) / "latest.tmp";
-  std::ofstream(tmp) << dir.filename().string();
-  fs::rename(tmp, fs::path(m_dir) / "latest");
-  const fs::path old = fs::path(m_dir) / ("epoch-" + std::to_string(epoch - 2));
-  std::error_code ec;
-  fs::remove_all(old, ec);
+  write_or_throw(dir + "/state.json", state.dump());
+  const std::string tmp = m_dir + "/latest.tmp";
+  write_or_throw(tmp, "epoch-" + std::to_string(epoch));
+  if (::rename(tmp.c_str(), (m_dir + "/latest").c_str()) != 0)
+    throw std::runtime_error("checkpoint: cannot rename " + tmp + ": " + std::strerror(errno));
+  std::string error;  // an old checkpoint left behind costs disk, not correctness
+  common::remove_tree(m_dir + "/epoch-" + std::to_string(epoch - 2), error);
+  if (!error.empty()) std::cerr << "gpuq-worker: checkpoint: " << error << "\n";
 }
 
 std::optional<Checkpoints::Resumed> Checkpoints::load(Model& model, torch::optim::Optimizer& opt,
                                                      const std::vector<torch::Device>& devices) {
-  namespace fs = std::filesystem;
-  std::ifstream latest(fs::path(m_dir) / "latest");
+  std::ifstream latest(m_dir + "/latest");
   std::string name;
   if (!enabled() || !std::getline(latest, name)) return std::nullopt;
-  const fs::path dir = fs::path(m_dir) / name;
+  const std::string dir = m_dir + "/" + name;
   std::vector<torch::Tensor> tensors;
-  torch::load(tensors, (dir / "model.pt").string());
+  torch::load(tensors, dir + "/model.pt");
   auto params = model.parameters();
   auto buffers = model.buffers();
   if (tensors.size() != params.size() + buffers.size())
-    throw std::runtime_error("checkpoint " + dir.string() + " does not match this model (" +
+    throw std::runtime_error("checkpoint " + dir + " does not match this model (" +
                              std::to_string(tensors.size()) + " tensors, the model has " +
                              std::to_string(params.size() + buffers.size()) + ")");
   {
@@ -203,19 +216,19 @@ std::optional<Checkpoints::Resumed> Checkpoints::load(Model& model, torch::optim
     for (auto& b : buffers) b.copy_(tensors[i++]);
   }
   Resumed out;
-  std::ifstream in(dir / "state.json");
+  std::ifstream in(dir + "/state.json");
   out.state = json::parse(in);
   if (out.state.contains("optimizer")) {
     PortableOptimizerState saved;
-    torch::load(saved.tensors, (dir / "optimizer-state.pt").string());
+    torch::load(saved.tensors, dir + "/optimizer-state.pt");
     saved.meta = out.state["optimizer"];
     out.optimizer_dropped = import_optimizer_state(opt, saved);
   } else {
     // gpuq's checkpoints before the portable format: LibTorch's optimiser archive.
     bool one_device = true;
     for (const auto& d : devices) one_device = one_device && d == devices.at(0);
-    if (one_device) torch::load(opt, (dir / "optimizer.pt").string(), devices.at(0));
-    else torch::load(opt, (dir / "optimizer.pt").string());
+    if (one_device) torch::load(opt, dir + "/optimizer.pt", devices.at(0));
+    else torch::load(opt, dir + "/optimizer.pt");
     if (!optimizer_state_fits(opt)) {
       opt.state().clear();
       out.optimizer_dropped = "it is a LibTorch optimiser archive that this LibTorch version misreads";

@@ -230,6 +230,26 @@ class Worker(DaemonTest):
         self.assertTrue(os.path.exists(os.path.join(ck, "epoch-2", "optimizer-state.pt")))
         self.assertEqual(load(os.path.join(ck, "epoch-2", "state.json"))["optimizer"]["kind"], "adam")
 
+    def test_checkpoints_older_than_the_two_newest_are_deleted_and_a_nested_dir_is_made(self):
+        # The pruning that killed every GPU train job at its third checkpoint (see the next test).
+        ck = self.tmp_path("ck-prune/a/b")
+        self.run_worker(dict(SYNTHETIC, epochs=4, checkpoint_every=1), self.tmp_path("four.json"),
+                        env={"GPUQ_CHECKPOINT_DIR": ck})
+        self.assertEqual(sorted(os.listdir(ck)), ["epoch-3", "epoch-4", "latest"])
+        self.assertEqual(read_text(os.path.join(ck, "latest")), "epoch-4")
+        self.assertEqual(sorted(os.listdir(os.path.join(ck, "epoch-4"))),
+                         ["model.pt", "optimizer-state.pt", "state.json"])
+
+    def test_gpuq_worker_calls_no_std_filesystem_function(self):
+        # PyTorch's wheels export a copy of std::filesystem from libtorch.so, and the dynamic
+        # linker binds the worker's calls to it: with LibTorch 2.11 (cu130) its remove_all jumped
+        # to address 0 at every train job's third checkpoint. The worker uses POSIX calls instead.
+        r = subprocess.run(["nm", "-D", "--undefined-only", WORKER], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("_ZN", r.stdout, "nm listed no C++ symbol at all: the check would see nothing")
+        imported = [line.split()[-1] for line in r.stdout.splitlines() if "St10filesystem" in line]
+        self.assertEqual(imported, [])
+
     def test_resuming_after_a_kill_gives_the_same_parameters_as_an_uninterrupted_run(self):
         spec = dict(RESUMABLE, seed=4241)
         full = self.run_worker(spec, self.tmp_path("full.json"), env={"GPUQ_CHECKPOINT_DIR": self.tmp_path("ck-full")})
