@@ -194,7 +194,7 @@ class SlurmExecutor final : public Executor {
     if (it == m_jobs.end()) return;
     it->second.cancel = true;
     if (!it->second.slurm_id.empty()) {
-      scancel(it->second.slurm_id);
+      cancel_in_slurm(id, it->second);
     } else if (waiting(it->second)) {  // waiting to ask sbatch again: nothing of it is in Slurm
       end_unsubmitted(id, json{{"cancelled", true}, {"error", "cancelled before Slurm took it"}});
     }  // else once sbatch answers
@@ -298,6 +298,7 @@ class SlurmExecutor final : public Executor {
     std::size_t index = 0;       // ... and its index there
     bool withdraw = false;      // withdraw() asked, and it had not started
     bool withdrawn = false;     // ... and scancel went out while Slurm still held it pending
+    std::unique_ptr<asio::steady_timer> end_after_grace;  // cancelled: scancel once the grace is over
   };
 
   // How many jobs one array may hold here: Slurm's MaxArraySize less one (indices 0 to N-1),
@@ -518,7 +519,7 @@ class SlurmExecutor final : public Executor {
       job.state = "PENDING";
       if (auto w = common::write_file_atomic(job.dir + "/slurm.id", id + "\n"); !w)
         std::cerr << "gpuqd: Slurm job " << id << ": " << w.error().message << "\n";
-      if (job.cancel) scancel(id);
+      if (job.cancel) cancel_in_slurm(it->first, job);
       pull_back(job);
       if (!job.cancel) handed.push_back(it->first);
     }
@@ -526,6 +527,32 @@ class SlurmExecutor final : public Executor {
       for (std::int64_t id : handed) m_handed(id);
     arm_poll();
   }
+
+  // A cancel, as gpuq-shim gives one locally: SIGTERM to the job's supervisors, which pass it to
+  // the ranks and SIGKILL them only after the grace period, then scancel for whatever is left.
+  // A plain scancel would also reach the batch step, whose srun answers SIGTERM by SIGKILLing
+  // every task at once ("srun: forcing job termination"): a rank's checkpoint-on-SIGTERM lost.
+  // A gang's supervisors are srun's tasks (the steps scancel signals by default); a single job's
+  // is the batch step itself (`exec gpuq-shim`).
+  void cancel_in_slurm(std::int64_t id, Job& job) {
+    // Even a job squeue last saw pending may have started since: it is signalled all the same,
+    // and where Slurm refuses the signal (pending after all, or already gone) scancel follows.
+    const std::string slurm_id = job.slurm_id;
+    std::vector<std::string> argv{"scancel", "--signal=TERM"};
+    if (job.tasks == 0) argv.push_back("--batch");
+    argv.push_back(slurm_id);
+    run_off_thread(std::move(argv), [this, slurm_id](CommandResult r) {
+      if (!r.started || r.exit_code != 0) scancel(slurm_id);  // pending after all, or gone: end it plainly
+    });
+    job.end_after_grace = std::make_unique<asio::steady_timer>(
+        m_io, std::chrono::milliseconds(static_cast<long long>((m_settings.grace_s + k_cancel_slack_s) * 1000)));
+    job.end_after_grace->async_wait([this, id, slurm_id](const boost::system::error_code& ec) {
+      auto it = m_jobs.find(id);
+      if (!ec && it != m_jobs.end() && it->second.slurm_id == slurm_id) scancel(slurm_id);
+    });
+  }
+  // Past the grace period, the time a supervisor takes to notice, kill and write its record.
+  static constexpr double k_cancel_slack_s = 5;
 
   void scancel(const std::string& slurm_id) {
     run_off_thread({"scancel", slurm_id}, [slurm_id](CommandResult r) {
