@@ -1,6 +1,7 @@
 """Load: 50 concurrent clients x 200 mixed requests (submit, status, show, cancel) against one
 gpuqd: no errors, every reply answers its own request, memory stays bounded. Latencies are
 measured by bench/load_bench.py, not asserted here."""
+import os
 import unittest
 
 from harness import DaemonTest
@@ -14,10 +15,18 @@ class Load(DaemonTest):
         self.assertEqual(first["errors"], [])
         self.assertEqual(len(first["latencies_ms"]), 50 * 200 + 0)
         rss_after_first = rss_kib(self.d.proc.pid)
-        # A second round: memory must not keep growing with requests already answered.
+        # A second round: memory must not keep growing with requests already answered (what a
+        # connection, a request or a reply leaves behind). Under ASan freed memory waits in a
+        # quarantine (256 MiB), so RSS measures the sanitizer there; leaks are LeakSanitizer's to
+        # find, at gpuqd's exit, in the log the harness scans (GPUQ_SANITIZED).
         second = run_load(self.d.socket, clients=50, requests=200, blocker=blocker)
         self.assertEqual(second["errors"], [])
-        self.assertLess(rss_kib(self.d.proc.pid) - rss_after_first, 16 * 1024)
+        growth = rss_kib(self.d.proc.pid) - rss_after_first
+        if not os.environ.get("GPUQ_SANITIZED"):
+            # Measured: 256-312 KiB (the second round's 2,500 jobs, ended, mostly live in the
+            # store, not in memory). 4 MiB leaves room for the allocator and catches a leak of
+            # 400 bytes a request.
+            self.assertLess(growth, 4 * 1024)
         status = self.d.json("status", "-n", "0")
         self.assertEqual(status["total"], 1 + 2 * 50 * 50)  # the blocker + every submit (each cancelled later)
         self.assertEqual([j["id"] for j in status["jobs"]], [blocker])  # nothing else left queued
