@@ -212,6 +212,24 @@ def check_cuda_graph(c, a):
     status, result, _ = run_worker(c, a, "mlp-graph-dropout", dropout, args=emulate)
     c.that("dropout (random masks) in a CUDA graph trains", status == 0 and result.get("test_accuracy", 0) >= a.accuracy,
            brief(result))
+    # The CNN with batch norm (cuDNN convolutions, running statistics updated inside the graph):
+    # the graph against eager steps, with eager against eager as the noise floor (cuDNN's
+    # backward convolutions may add in any order).
+    cnn = dict(short, model={"kind": "cnn", "channels": [32, 64], "batch_norm": True, "hidden": [128]})
+    _, _, cnn_eager = params("cnn-graph-eager", cnn)
+    _, _, cnn_eager2 = params("cnn-graph-eager2", cnn)
+    status, graphed, cnn_graph = params("cnn-graph-replayed", dict(cnn, cuda_graph="on"))
+    noise = max((abs(x - y) for x, y in zip(cnn_eager, cnn_eager2)), default=None)
+    diff = max((abs(x - y) for x, y in zip(cnn_eager, cnn_graph)), default=None)
+    c.that("a batch-norm CNN's step replayed from a CUDA graph computes what eager steps do",
+           status == 0 and graphed.get("cuda_graph") is True and diff is not None and noise is not None
+           and diff <= max(1e-4, 10 * noise), f"max parameter difference {diff} (eager against eager: {noise}); "
+           f"{brief(graphed)}")
+    status, result, _ = run_worker(c, a, "cnn-graph", dict(mlp, epochs=1, cuda_graph="on", model=dict(
+        cnn["model"], dropout=0.25)), args=emulate)
+    c.that(f"the batch-norm CNN with dropout replayed from a CUDA graph reaches {a.accuracy}",
+           status == 0 and result.get("cuda_graph") is True and result.get("test_accuracy", 0) >= a.accuracy,
+           brief(result))
     # A capture that fails for real leaves the CUDA generator in capture mode; the eager steps that
     # `auto` falls back to must still draw dropout masks.
     status, result, _ = run_worker(c, a, "mlp-graph-failed", dict(dropout, cuda_graph="auto"),
