@@ -13,6 +13,12 @@
 
 namespace gpuq::common {
 
+std::map<std::string, std::string> minimal_environment(const Account& a) {
+  return {{"HOME", a.home},         {"USER", a.name},   {"LOGNAME", a.name},
+          {"SHELL", a.shell.empty() ? "/bin/sh" : a.shell}, {"PATH", "/usr/local/bin:/usr/bin:/bin"},
+          {"LANG", "C.UTF-8"}};
+}
+
 Result<Account> account_of(uid_t uid) {
   std::vector<char> buf(16384);
   passwd pw{};

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct Account {
 
 // The account of `uid`, or not_found naming it.
 Result<Account> account_of(uid_t uid);
+// What a lab-mode job of `a` starts from when its client sent no environment (docs/lab.md), as
+// cron gives a job: HOME, USER, LOGNAME and SHELL from the account, PATH /usr/local/bin:/usr/bin:/bin,
+// LANG C.UTF-8. Never the root daemon's own environment.
+std::map<std::string, std::string> minimal_environment(const Account& a);
 // A user's name, or the number as text when the user database has none.
 std::string user_name(uid_t uid);
 // The group `name` (or a number), or not_found.

@@ -45,8 +45,12 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
 
   CheckedBatch out;
   out.local_deps = std::move(*deps);
-  // The jobs' base environment: the submitter's, as sbatch and pueue do; gpuqd's if none.
-  out.env = sub.env.empty() ? common::current_environment() : std::move(sub.env);
+  // The jobs' base environment: the submitter's, as sbatch and pueue do. A client that sent none
+  // gets gpuqd's in single-user mode (the same user's); in lab mode a minimal one of its owner's,
+  // never the root daemon's (docs/lab.md).
+  if (!sub.env.empty()) out.env = std::move(sub.env);
+  else if (owner) out.env = common::minimal_environment(*owner);
+  else out.env = common::current_environment();
 
   // exec takes at most ARG_MAX bytes of arguments and environment in all (E2BIG), pointers
   // included: a job that would pass it is refused now, not failed at every launch.

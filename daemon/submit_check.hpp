@@ -32,7 +32,7 @@ struct MachineFacts {
 struct CheckedBatch {
   std::vector<JobRecord> jobs;  // their specs parsed, ids not given yet
   std::vector<std::vector<std::size_t>> local_deps;  // per job, the batch's jobs it waits for
-  Env env;  // the jobs' base environment: the submitter's, else gpuqd's
+  Env env;  // the jobs' base environment: the submitter's, else gpuqd's (lab mode: a minimal one)
   // Each job's `after` ids from outside the batch, as (job index, id), for gpuqd to look up.
   std::vector<std::pair<std::size_t, std::int64_t>> outside_deps;
   std::vector<std::string> problems;  // "job[3] (name): …", each a reason the batch cannot run here

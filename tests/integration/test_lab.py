@@ -14,6 +14,7 @@ from harness import BIN, FAKE_NVML_DIR, Daemon, pids_matching, wait_until
 
 ALICE, BOB, CAROL = "gpuq-alice", "gpuq-bob", "gpuq-carol"
 ADMINS = "gpuq-lab-admins"
+ROOTS_SECRET = "root-only-5f1c9e"
 
 
 def ensure_account(name, groups=()):
@@ -47,12 +48,13 @@ class LabMode(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="gpuq-lab-", dir="/tmp")
         os.chmod(self.tmp, 0o755)
-        env = None
+        # gpuqd's own environment holds a secret of root's: no job, hook or supervisor may see it.
+        env = dict(os.environ, GPUQ_TEST_ROOTS_SECRET=ROOTS_SECRET)
         if self.CONFIG is not None:
             config = os.path.join(self.tmp, "lab.json")
             with open(config, "w") as f:
                 json.dump(self.CONFIG, f)
-            env = dict(os.environ, GPUQ_CONFIG=config)
+            env["GPUQ_CONFIG"] = config
         self.d = Daemon(self.tmp, "fake:2:16000", extra=["--multi-user", "--admin-group", ADMINS], env=env)
         self.d.socket = os.path.join(self.tmp, "run", "gpuqd.sock")  # the server makes run/ (0755)
         self.d.start()
@@ -205,6 +207,47 @@ class LabMode(unittest.TestCase):
         self.assertEqual(int(uid), uid_of(ALICE))
         self.assertEqual(json.loads(show)["job"]["user"], ALICE)
         self.assertEqual(os.stat(out).st_uid, uid_of(ALICE))
+
+    def raw(self, user, request):
+        """One request on the socket as `user`, written by hand (a client of their own, not gpuq)."""
+        code = ("import json, socket, sys\n"
+                "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(sys.argv[2].encode() + b'\\n')\n"
+                "buf = b''\n"
+                "while not buf.endswith(b'\\n'):\n"
+                "    chunk = s.recv(65536)\n"
+                "    if not chunk: break\n"
+                "    buf += chunk\n"
+                "print(buf.decode())\n")
+        r = subprocess.run(["runuser", "-u", user, "--", "python3", "-c", code, self.d.socket, json.dumps(request)],
+                           capture_output=True, text=True, timeout=60, cwd=self.home[user])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def test_a_client_that_sends_no_environment_gets_a_minimal_one_of_its_owners_never_gpuqds(self):
+        out = os.path.join(self.home[ALICE], "hook-env")
+        dump = f"env > {out}.$GPUQ_JOB_STATE.new; mv {out}.$GPUQ_JOB_STATE.new {out}.hook"
+        reply = self.raw(ALICE, {"cmd": "submit", "cwd": self.home[ALICE], "env": {},
+                                 "jobs": {"name": "bare", "command": ["env"], "on_finish": ["sh", "-c", dump]}})
+        self.assertTrue(reply["ok"], reply)
+        [a] = reply["ids"]
+        self.assertEqual(self.wait(ALICE, [a])[a]["state"], "succeeded")
+        wait_until(lambda: os.path.exists(out + ".hook"), what="the hook's output")
+        with open(out + ".hook") as f:
+            hook = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)
+        job = dict(line.split("=", 1) for line in self.ok(ALICE, "logs", str(a)).splitlines() if "=" in line)
+        for env in (job, hook):
+            self.assertNotIn("GPUQ_TEST_ROOTS_SECRET", env)
+            self.assertEqual((env["HOME"], env["USER"], env["LOGNAME"]), (self.home[ALICE], ALICE, ALICE))
+            self.assertEqual((env["PATH"], env["SHELL"], env["LANG"]), ("/usr/local/bin:/usr/bin:/bin", "/bin/sh", "C.UTF-8"))
+        self.assertEqual(job["GPUQ_JOB_ID"], str(a))
+        # What a client sends is what its jobs get, over nothing of gpuqd's.
+        reply = self.raw(ALICE, {"cmd": "submit", "cwd": self.home[ALICE], "env": {"ONLY": "this"},
+                                 "jobs": {"name": "sent", "command": ["env"]}})
+        [b] = reply["ids"]
+        self.assertEqual(self.wait(ALICE, [b])[b]["state"], "succeeded")
+        log = self.ok(ALICE, "logs", str(b))
+        self.assertIn("ONLY=this", log.splitlines())
+        self.assertNotIn(ROOTS_SECRET, log)
 
     def test_gpus_name_whose_processes_outside_gpuq_hold_memory_and_packing_leaves_it_to_them(self):
         # Bob runs something on GPU 0 himself, outside gpuq (a notebook), holding 12000 of its 16000 MiB.
