@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -69,6 +70,13 @@ Result<bool> write_file_atomic(const std::string& path, const std::string& text,
     return Error{ErrorCode::store_error, "cannot write " + path + ": " + std::strerror(err)};
   }
   return true;
+}
+
+std::vector<std::string> supervisor_environment() {
+  std::vector<std::string> out{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"};
+  for (const char* name : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS"})
+    if (const char* v = std::getenv(name)) out.push_back(std::string(name) + "=" + v);
+  return out;
 }
 
 void mark_inherited_fds_cloexec() {

@@ -30,6 +30,12 @@ Result<bool> write_file_atomic(const std::string& path, const std::string& text,
 // Boost.Process v1 does not do this itself.
 void mark_inherited_fds_cloexec();
 
+// The environment gpuq-shim starts with, as NAME=value strings: a fixed PATH, and the sanitizer
+// settings of a sanitizer build (ASAN_OPTIONS, LSAN_OPTIONS, UBSAN_OPTIONS) where gpuqd has them.
+// Nothing else of gpuqd's: the supervisor runs as the job's owner in lab mode, and a job can read
+// its supervisor's /proc/PID/environ. The ranks get their own environment from the launch document.
+std::vector<std::string> supervisor_environment();
+
 // Process identity across daemon restarts: a pid plus its start time (from /proc), so a reused
 // pid is never mistaken for a job's supervisor.
 struct ProcessId {

@@ -20,3 +20,18 @@ namespace gpuq {
 namespace bp = boost::process;
 }
 #endif
+
+namespace gpuq {
+// A child's whole environment as an envp array, handed to the executor before it forks (instead
+// of bp::env: Boost 1.74's bp::environment reads past shorter entries when it looks a name up,
+// which ASan finds). `envp` must outlive the launch.
+struct EnvSetup : bp::extend::handler {
+  char** envp;
+  explicit EnvSetup(char** e) : envp(e) {}
+  template <class Executor>
+  void on_setup(Executor& e) const {
+    e.env = envp;
+  }
+};
+}  // namespace gpuq
+

@@ -159,16 +159,6 @@ struct RankSetup : bp::extend::handler {
   }
 };
 
-// The rank's environment as an envp array, handed to the executor before it forks. (Boost
-// 1.74's bp::environment reads past shorter entries when it looks a name up: ASan finds it.)
-struct EnvSetup : bp::extend::handler {
-  char** envp;
-  template <class Executor>
-  void on_setup(Executor& e) const {
-    e.env = envp;
-  }
-};
-
 struct Rank {
   int rank = 0;
   int pid = 0;
@@ -346,7 +336,7 @@ class Supervisor {
         std::vector<char*> envp;
         for (auto& e : env_strings) envp.push_back(e.data());
         envp.push_back(nullptr);
-        const EnvSetup env{{}, envp.data()};
+        const EnvSetup env{envp.data()};
         std::vector<std::string> args(argv.begin() + 1, argv.end());
         // stdout and stderr go to `output`: the log file, or a pipe the shim copies from.
         const std::string chdir_failed = "gpuq: cannot enter the job's working directory " + cwd + "; not started\n";

@@ -249,6 +249,16 @@ class LabMode(unittest.TestCase):
         self.assertIn("ONLY=this", log.splitlines())
         self.assertNotIn(ROOTS_SECRET, log)
 
+    def test_a_jobs_supervisor_holds_none_of_gpuqds_environment(self):
+        # The supervisor runs as the job's owner and is dumpable, so the job reads its environ.
+        [a] = self.submit(ALICE, {"name": "peek", "command": [
+            "sh", "-c", 'echo "parent $PPID: $(cat /proc/$PPID/comm)"; tr "\\0" "\\n" < /proc/$PPID/environ']})
+        self.assertEqual(self.wait(ALICE, [a])[a]["state"], "succeeded")
+        log = self.ok(ALICE, "logs", str(a))
+        self.assertIn(": gpuq-shim", log.splitlines()[0])  # it read its supervisor's, not another's
+        self.assertNotIn(ROOTS_SECRET, log)
+        self.assertIn("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", log.splitlines())
+
     def test_gpus_name_whose_processes_outside_gpuq_hold_memory_and_packing_leaves_it_to_them(self):
         # Bob runs something on GPU 0 himself, outside gpuq (a notebook), holding 12000 of its 16000 MiB.
         bob = subprocess.Popen(["setpriv", f"--reuid={uid_of(BOB)}", f"--regid={uid_of(BOB)}", "--clear-groups",
