@@ -73,7 +73,7 @@ struct JobInfo {
   std::string external_id;  // the current or last attempt in the system that ran it ("slurm:42"), or ""
   std::string user;  // its owner's name (its uid as text where the user database has none)
   std::int64_t uid = 0;
-  bool result_hidden = false;  // lab mode: another user's job, whose result only they and admins read
+  bool details_hidden = false;  // lab mode: another user's job; its result, progress, labels and reasons are theirs and admins'
   bool hung = false;  // running, silent for hang_after_s since its last progress event: `reason` says more
   json gpu_memory_peak_mb;  // running: the most GPU memory its processes held on one GPU (NVML), null when unknown
 };
@@ -83,7 +83,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state,
                                                 cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
                                                 exit_signal, reason, progress, result, after,
                                                 bad_event_lines, job_dir, labels, external_id, user, uid,
-                                                result_hidden, hung, gpu_memory_peak_mb)
+                                                details_hidden, hung, gpu_memory_peak_mb)
 
 struct Transition {
   int attempt = 0;

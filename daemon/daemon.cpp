@@ -307,7 +307,9 @@ std::vector<std::int64_t> Daemon::with_queued_of_batch(std::vector<std::int64_t>
   return ids;
 }
 
-common::JobInfo Daemon::info_of(const JobRecord& stored) const {
+bool may_read_details(const Caller& viewer, const JobRecord& r) { return viewer.admin || viewer.uid == r.uid; }
+
+common::JobInfo Daemon::info_of(const JobRecord& stored, const Caller& viewer) const {
   auto active = m_active.find(stored.id);
   const JobRecord& r = active != m_active.end() ? active->second.rec : stored;
   std::string wait_reason;
@@ -371,6 +373,18 @@ common::JobInfo Daemon::info_of(const JobRecord& stored) const {
   i.external_id = r.state == JobState::running ? m_executor->external_id(r.id) : r.run.external_id;
   i.uid = r.uid;
   i.user = name_of(r.uid);
+  if (!may_read_details(viewer, r)) {
+    // Lab mode's one visibility rule (docs/lab.md): another user's job shows what squeue shows,
+    // its id, name, owner, state, GPUs, cores, times, exit code and gpuq's own words on why it
+    // waits; its result, progress, labels and any reason that may quote its output (a failure's
+    // last log line, an earlier attempt's, a hang's progress) are its owner's and the admins'.
+    i.result = i.progress = nullptr;
+    i.labels.clear();
+    i.bad_event_lines = 0;
+    const bool own_words = r.state == JobState::queued && !r.held && r.reason.empty() && !wait_reason.empty();
+    if (!own_words && !(r.state == JobState::running && !i.hung && r.reason.empty())) i.reason.clear();
+    i.details_hidden = true;
+  }
   return i;
 }
 
@@ -379,12 +393,8 @@ bool Daemon::add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_
     out.more = true;
     return false;
   }
-  out.jobs.push_back(info_of(r));
+  out.jobs.push_back(info_of(r, viewer));
   auto& i = out.jobs.back();
-  if (!viewer.admin && viewer.uid != r.uid && !i.result.is_null()) {
-    i.result = nullptr;
-    i.result_hidden = true;
-  }
   // What the record's fixed fields take is small; results and progress are what can be large.
   bytes += 512 + (i.result.is_null() ? 0 : i.result.dump().size()) + (i.progress.is_null() ? 0 : i.progress.dump().size());
   return true;

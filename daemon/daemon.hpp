@@ -90,6 +90,10 @@ struct Caller {
   static Caller self();  // this process's user, an admin: unit tests, and single-user mode's caller
 };
 
+// Whether `viewer` may read `r`'s details: its result, progress, labels, failure reasons, spec,
+// environment, events and logs (lab mode: its owner and the admins; docs/lab.md).
+bool may_read_details(const Caller& viewer, const JobRecord& r);
+
 // What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r);
 
@@ -199,7 +203,7 @@ class Daemon {
   void next_submission();   // m_submissions.front() is answered: on to the next
   json cmd_status(const Caller& caller, const common::StatusRequest& q);
   json cmd_show(const Caller& caller, const common::IdRequest& q);
-  json cmd_why(const common::IdRequest& q);  // what a queued job waits for (queries.cpp)
+  json cmd_why(const Caller& caller, const common::IdRequest& q);  // what a queued job waits for (queries.cpp)
   json cmd_cancel(const Caller& caller, const common::IdsRequest& q);
   void cmd_restart(const Caller& caller, const common::RestartRequest& q, Reply& reply);  // answers once every job is requeued (restart.cpp)
   struct Restarting {  // a restart under way: see restart.cpp
@@ -368,11 +372,13 @@ class Daemon {
 
   // A job as clients see it: the in-memory record (with why it waits) when the job is active,
   // else `stored`.
-  common::JobInfo info_of(const JobRecord& stored) const;
+  // `viewer`: who asks; another user's job shows only its public fields to one who is no admin
+  // (may_read_details, details_hidden).
+  common::JobInfo info_of(const JobRecord& stored, const Caller& viewer) const;
   // Appends `r` as clients see it, counting it against the reply's bound (common::k_max_reply_jobs
   // and k_max_reply_bytes, with `bytes` so far); once the reply is full, adds nothing, sets
   // `more` and returns false.
-  // `viewer`: who asks; another user's result is left out for one who is no admin (result_hidden).
+  // `viewer`: as info_of's.
   bool add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t& bytes, const Caller& viewer) const;
   std::optional<JobRecord> lookup(std::int64_t id);
   // "job N, which does not exist" or "…, which was forgotten": what to say of an id not found.

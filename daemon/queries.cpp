@@ -58,7 +58,7 @@ json Daemon::cmd_show(const Caller& caller, const common::IdRequest& q) {
   const JobRecord rec = existing_job(q.id);
   authorize(caller, rec, "read the details of");  // its environment, result and files
   common::ShowReply out;
-  out.job = info_of(rec);
+  out.job = info_of(rec, caller);
   if (auto it = m_batch_limits.find(rec.batch); it != m_batch_limits.end()) out.batch_max_running = it->second;
   out.spec = common::to_json(rec.spec);
   out.history = m_store->history(q.id);
@@ -76,14 +76,15 @@ json Daemon::cmd_show(const Caller& caller, const common::IdRequest& q) {
 // limit, drained GPUs or a machine it can never fit, the jobs ahead of it and the reservation one
 // of them holds; the running jobs on the GPUs, and from their timeouts the earliest it can start
 // (null when one it must wait for has none). Everyone may ask, as everyone sees the queue.
-json Daemon::cmd_why(const common::IdRequest& q) {
+json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
   const JobRecord rec = existing_job(q.id);
   common::WhyReply out;
-  out.job = info_of(rec);
+  out.job = info_of(rec, caller);
   auto& d = out.details;
   if (rec.state != JobState::queued) {
     d.push_back(rec.state == JobState::running ? "it is running" : "it has ended " + std::string(to_string(rec.state)));
-    if (const auto note = hang_note(rec, wall_now()); !note.empty()) d.push_back("it has made " + note);
+    if (const auto note = hang_note(rec, wall_now()); !note.empty() && may_read_details(caller, rec))
+      d.push_back("it has made " + note);
     return out;
   }
   const double now = wall_now();

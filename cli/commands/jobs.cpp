@@ -42,10 +42,11 @@ std::string state_of(const common::JobInfo& j) {
 }
 
 std::string detail_of(const common::JobInfo& j) {
+  if (j.details_hidden && j.reason.empty() && j.state != JobState::queued)
+    return "(details: " + j.user + "'s to read)";
   if (j.state == JobState::running && j.hung) return j.reason;
   if (j.state == JobState::running && j.progress.is_object()) return format_fields(j.progress, 5);
   if (j.state == JobState::succeeded && j.result.is_object()) return format_fields(j.result, 5);
-  if (j.state == JobState::succeeded && j.result_hidden) return "(result: " + j.user + "'s to read)";
   return j.reason;
 }
 

@@ -154,6 +154,57 @@ class LabMode(unittest.TestCase):
         [b2] = self.submit(BOB, {"name": "second", "command": ["true"], "after": [b1]})
         self.assertEqual(self.wait(BOB, [b2])[b2]["state"], "succeeded")
 
+    def test_one_visibility_rule_for_every_command_owner_other_user_and_admin(self):
+        # Alice's jobs carry private details: a result, a label, progress, a failure quoting its log.
+        release = os.path.join(self.tmp, "release")
+        [done] = self.submit(ALICE, {"name": "done", "labels": {"project": "lbl-private-1"}, "command": [
+            "sh", "-c", 'echo \'{"type": "result", "res_private_2": 1}\' >> "$GPUQ_EVENTS"']})
+        [failed] = self.submit(ALICE, {"name": "failed", "command": ["sh", "-c", "echo log-private-3; exit 3"]})
+        [running] = self.submit(ALICE, {"name": "running", "command": [
+            "sh", "-c", f'echo \'{{"type": "progress", "prog_private_4": 1}}\' >> "$GPUQ_EVENTS"; '
+                        f'while [ ! -e {release} ]; do sleep 0.1; done']})
+        self.wait(ALICE, [done, failed])
+        wait_until(lambda: "prog_private_4" in self.ok(ALICE, "status"), what="the progress event")
+        secrets = ("lbl-private-1", "res_private_2", "log-private-3", "prog_private_4")
+        ids = [str(done), str(failed), str(running)]
+        # (command, what an owner or admin sees of the secrets, another user refused, exit status otherwise)
+        table = [
+            (["status"], {"res_private_2", "log-private-3", "prog_private_4"}, False, 0),
+            (["status", "--json"], set(secrets), False, 0),
+            (["status", "--all", "--json"], set(secrets), False, 0),
+            (["wait", str(done), str(failed), "--json"], {"lbl-private-1", "res_private_2", "log-private-3"}, False, 1),
+            (["why", str(failed), "--json"], {"log-private-3"}, False, 0),
+            (["why", str(running), "--json"], {"prog_private_4"}, False, 0),
+            (["top", "--once"], {"res_private_2", "log-private-3"}, False, 0),
+            (["gpus", "--json"], set(), False, 0),
+            (["show", str(done), "--json"], {"lbl-private-1", "res_private_2"}, True, 0),
+            (["show", str(failed)], {"log-private-3"}, True, 0),
+            (["result", str(done), "--json"], {"res_private_2"}, True, 0),
+            (["results", *ids, "--json"], {"lbl-private-1", "res_private_2"}, True, 0),
+            (["logs", str(failed)], {"log-private-3"}, True, 0),
+            (["events", str(running), "--json"], {"prog_private_4"}, True, 0),
+        ]
+        for args, seen, refused, status in table:
+            for user in (ALICE, CAROL, BOB):
+                with self.subTest(command=" ".join(args), user=user):
+                    r = self.gpuq(user, *args)
+                    out = r.stdout + r.stderr
+                    if user == BOB:
+                        self.assertEqual(r.returncode, 5 if refused else status, out)
+                        if refused:
+                            self.assertIn(f"belongs to {ALICE}; only {ALICE} or an admin may", r.stderr)
+                        self.assertEqual([x for x in secrets if x in out], [], out)
+                    else:
+                        self.assertEqual(r.returncode, status, out)
+                        self.assertEqual({x for x in secrets if x in out}, seen, out)
+        # What everyone sees of Alice's jobs: squeue's columns, gpuq's own words, and that the rest is hers.
+        jobs = {j["id"]: j for j in json.loads(self.ok(BOB, "status", "--json"))["jobs"]}
+        self.assertEqual((jobs[failed]["name"], jobs[failed]["user"], jobs[failed]["state"], jobs[failed]["exit_code"]),
+                         ("failed", ALICE, "failed", 3))
+        self.assertTrue(all(jobs[i]["details_hidden"] for i in (done, failed, running)))
+        self.assertIn(f"(details: {ALICE}'s to read)", self.ok(BOB, "status"))
+        open(release, "w").close()
+
     def test_a_job_cannot_make_gpuqd_read_a_file_its_owner_cannot(self):
         link = {"name": "symlink", "command": ["sh", "-c", f'ln -sf {self.secret} "$GPUQ_EVENTS"']}
         # A hard link needs protected_hardlinks off, as on some machines: then the file is root's.
