@@ -12,6 +12,72 @@
 
 namespace gpuq::cli {
 
+namespace {
+
+// The length of the UTF-8 sequence at s[i] and its code point, or 0 where it is not one
+// (overlong forms, surrogates and values past U+10FFFF are not).
+std::size_t utf8_char(std::string_view s, std::size_t i, char32_t& cp) {
+  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+  for (std::size_t k = 1; k < n; ++k) {
+    if ((b(k) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b(k) & 0x3F);
+  }
+  static constexpr char32_t k_min[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < k_min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return n;
+}
+
+bool reorders_text(char32_t cp) {
+  return cp == 0x200E || cp == 0x200F || (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+}  // namespace
+
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  char buf[16];
+  for (std::size_t i = 0; i < text.size();) {
+    char32_t cp = 0;
+    const std::size_t n = utf8_char(text, i, cp);
+    if (n == 0) {  // not UTF-8: the byte, escaped
+      std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned char>(text[i]));
+      out += buf;
+      ++i;
+      continue;
+    }
+    if (cp == '\n') out += "\\n";
+    else if (cp == '\r') out += "\\r";
+    else if (cp == '\t') out += "\\t";
+    else if (cp < 0x20 || cp == 0x7F) std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned>(cp)), out += buf;
+    else if ((cp >= 0x80 && cp <= 0x9F) || reorders_text(cp))
+      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(cp)), out += buf;
+    else out.append(text.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+std::string printable_lines(std::string_view text) {
+  std::string out;
+  for (std::size_t begin = 0;;) {
+    const std::size_t nl = text.find('\n', begin);
+    out += printable(text.substr(begin, nl == std::string_view::npos ? std::string_view::npos : nl - begin));
+    if (nl == std::string_view::npos) return out;
+    out += '\n';
+    begin = nl + 1;
+  }
+}
+
+void Table::add(std::vector<std::string> row) {
+  for (auto& cell : row) cell = printable(cell);
+  m_rows.push_back(std::move(row));
+}
+
 std::vector<std::string> Table::lines(std::size_t max_column) const {
   std::vector<std::size_t> width;
   for (const auto& row : m_rows)
@@ -72,7 +138,7 @@ std::string format_value(const nlohmann::json& v) {
     for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + format_value(v[i]);
     return out + "]";
   }
-  if (v.is_string()) return v.get<std::string>();
+  if (v.is_string()) return printable(v.get<std::string>());
   if (v.is_null()) return "-";
   return v.dump();
 }
@@ -95,7 +161,7 @@ std::string format_fields(const nlohmann::json& obj, std::size_t max_fields) {
       out += " ...";
       break;
     }
-    out += (out.empty() ? "" : " ") + shown[n].second + "=" + format_value(obj[shown[n].second]);
+    out += (out.empty() ? "" : " ") + printable(shown[n].second) + "=" + format_value(obj[shown[n].second]);
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -14,10 +15,22 @@
 
 namespace gpuq::cli {
 
+// `text` as a terminal may show it: what a job or another user wrote (results, progress, reasons,
+// log lines) can hold escape sequences that rewrite the screen, set the window title or plant
+// input. C0 controls become \n, \r, \t or \xNN, DEL \x7f, C1 controls (U+0080-U+009F) and the
+// bidirectional overrides that reorder a line (U+200E/F, U+202A-E, U+2066-9) \uNNNN, and bytes
+// that are not UTF-8 \xNN. Every human line the CLI prints goes through it; --json output is
+// exact (JSON escapes C0 itself) and `gpuq logs` prints the job's output as it is, as cat does.
+std::string printable(std::string_view text);
+// printable() line by line, the newlines kept: a message of several lines (a refusal listing its
+// problems).
+std::string printable_lines(std::string_view text);
+
 class Table {
  public:
-  explicit Table(std::vector<std::string> header) : m_rows{std::move(header)} {}
-  void add(std::vector<std::string> row) { m_rows.push_back(std::move(row)); }
+  // Each cell, the header's too, is made printable().
+  explicit Table(std::vector<std::string> header) { add(std::move(header)); }
+  void add(std::vector<std::string> row);
   // The rows as lines with aligned columns, trailing blanks trimmed; every column but a row's
   // last is cut to `max_column` characters ("~" marks a cut).
   std::vector<std::string> lines(std::size_t max_column = std::string::npos) const;

@@ -63,12 +63,12 @@ std::string progress_text(const common::JobInfo& job, double now, int bar) {
 }
 
 std::string progress_line(const common::JobInfo& job, double now, std::size_t width) {
-  std::string line = std::to_string(job.id) + "  " + job.name + "  ";
+  std::string line = std::to_string(job.id) + "  " + printable(job.name) + "  ";
   if (job.state != JobState::running) {
     line += name_of(job.state);
     if (const std::string shown = display_state(job); shown != name_of(job.state)) line += " (" + shown + ")";
     if (job.state == JobState::succeeded && job.result.is_object()) line += "  " + format_fields(job.result, 4);
-    else if (!job.reason.empty()) line += "  " + job.reason;
+    else if (!job.reason.empty()) line += "  " + printable(job.reason);
   } else {
     line += progress_text(job, now, 20);
   }

@@ -1,6 +1,8 @@
 // Helpers shared by the CLI's commands (see rpc.hpp).
 #include "cli/rpc.hpp"
 
+#include "cli/format.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +16,7 @@ using json = nlohmann::json;
 using common::Client;
 
 int report(const Error& e) {
-  std::cerr << "gpuq: " << e.message << "\n";
+  std::cerr << "gpuq: " << printable_lines(e.message) << "\n";  // may quote a job's words
   return e.code == ErrorCode::unavailable ? k_exit_unavailable
          : e.code == ErrorCode::forbidden ? k_exit_forbidden
                                           : k_exit_refused;

@@ -179,11 +179,11 @@ int cmd_show(const Options& o, std::int64_t id) {
   }
   auto s = reply->get<common::ShowReply>();
   const auto& j = s.job;
-  std::cout << "job " << j.id << " (" << j.name << "), batch " << j.batch
+  std::cout << "job " << j.id << " (" << printable(j.name) << "), batch " << j.batch
             << (s.batch_max_running > 0 ? " (at most " + std::to_string(s.batch_max_running) + " of it run at once)"
                                         : std::string())
-            << (someone_elses(j) ? ", of " + j.user : std::string()) << "\n"
-            << "  state:     " << state_of(j) << (j.reason.empty() ? "" : " - " + j.reason) << "\n"
+            << (someone_elses(j) ? ", of " + printable(j.user) : std::string()) << "\n"
+            << "  state:     " << state_of(j) << (j.reason.empty() ? "" : " - " + printable(j.reason)) << "\n"
             << "  mode:      " << j.mode << ", " << j.ranks << " rank(s), gpus requested " << j.gpus_requested
             << ", assigned " << format_gpus(j.gpus)
             << (j.gpu_memory_peak_mb.is_number() ? ", peak " + j.gpu_memory_peak_mb.dump() + " MiB on a GPU so far"
@@ -210,27 +210,27 @@ int cmd_show(const Options& o, std::int64_t id) {
             << "  started:   " << format_time(j.started_at) << "\n"
             << "  ended:     " << format_time(j.ended_at) << "   runtime " << runtime_of(j) << "\n";
   if (!j.external_id.empty())  // "slurm:42": ran (or runs) as Slurm job 42, for sacct and scontrol
-    std::cout << (j.external_id.rfind("slurm:", 0) == 0 ? "  Slurm job: " + j.external_id.substr(6)
-                                                        : "  external:  " + j.external_id)
+    std::cout << printable(j.external_id.rfind("slurm:", 0) == 0 ? "  Slurm job: " + j.external_id.substr(6)
+                                                                  : "  external:  " + j.external_id)
               << "\n";
-  if (s.first_failure.is_object()) std::cout << "  first failure: " << s.first_failure.dump() << "\n";
+  if (s.first_failure.is_object()) std::cout << "  first failure: " << printable(s.first_failure.dump()) << "\n";
   if (j.progress.is_object()) std::cout << "  progress:  " << format_fields(j.progress, 12) << "\n";
   if (j.result.is_object()) std::cout << "  result:    " << format_fields(j.result, 24) << "\n";
   if (j.bad_event_lines) std::cout << "  skipped event lines: " << j.bad_event_lines << "\n";
-  std::cout << "  directory: " << j.job_dir << "\n";
+  std::cout << "  directory: " << printable(j.job_dir) << "\n";
   if (s.spec.contains("shell") && s.spec["shell"].is_string())
-    std::cout << "  shell:     " << s.spec["shell"].get<std::string>() << "\n";
+    std::cout << "  shell:     " << printable(s.spec["shell"].get<std::string>()) << "\n";
   else if (s.spec.contains("train") && s.spec["train"].is_object())
-    std::cout << "  train:     " << s.spec["train"].dump() << "\n";
+    std::cout << "  train:     " << printable(s.spec["train"].dump()) << "\n";
   else
-    std::cout << "  command:   " << s.spec.value("command", json()).dump() << "\n";
+    std::cout << "  command:   " << printable(s.spec.value("command", json()).dump()) << "\n";
   std::cout << "  history:\n";
   for (const auto& t : s.history)
     std::cout << "    " << format_time(t.at) << "  " << t.state << (t.attempt ? " (attempt " + std::to_string(t.attempt) + ")" : "")
-              << (t.reason.empty() ? "" : " - " + t.reason) << "\n";
+              << (t.reason.empty() ? "" : " - " + printable(t.reason)) << "\n";
   if (!s.logs.empty()) {
     std::cout << "  logs:\n";
-    for (const auto& l : s.logs) std::cout << "    attempt " << l.attempt << " rank " << l.rank << ": " << l.path << "\n";
+    for (const auto& l : s.logs) std::cout << "    attempt " << l.attempt << " rank " << l.rank << ": " << printable(l.path) << "\n";
   }
   return k_exit_ok;
 }
@@ -362,12 +362,12 @@ int cmd_result(const Options& o, std::int64_t id) {
     print_json({{"id", j.id}, {"name", j.name}, {"state", j.state}, {"result", j.result}});
     return k_exit_ok;
   }
-  std::cout << "job " << j.id << " (" << j.name << "): " << state_of(j) << "\n";
+  std::cout << "job " << j.id << " (" << printable(j.name) << "): " << state_of(j) << "\n";
   if (!j.result.is_object()) {
     std::cout << "  no result reported\n";
     return k_exit_ok;
   }
-  for (const auto& [k, v] : j.result.items()) std::cout << "  " << k << ": " << format_value(v) << "\n";
+  for (const auto& [k, v] : j.result.items()) std::cout << "  " << printable(k) << ": " << format_value(v) << "\n";
   return k_exit_ok;
 }
 
@@ -425,7 +425,7 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
   if (n < keys.size()) {
     std::string rest;
     for (std::size_t i = n; i < keys.size(); ++i) rest += (i > n ? ", " : "") + keys[i];
-    std::cout << "(" << keys.size() - n << " more field(s): " << rest << "; --fields or --json)\n";
+    std::cout << "(" << keys.size() - n << " more field(s): " << printable(rest) << "; --fields or --json)\n";
   }
   return k_exit_ok;
 }
@@ -560,14 +560,14 @@ int cmd_why(const Options& o, std::int64_t id) {
   }
   auto w = reply->get<common::WhyReply>();
   const auto& j = w.job;
-  std::cout << "job " << j.id << " (" << j.name << ")" << (someone_elses(j) ? " of " + j.user : std::string()) << ": "
-            << state_of(j) << (j.reason.empty() ? "" : " - " + j.reason) << "\n";
-  for (const auto& line : w.details) std::cout << "  - " << line << "\n";
+  std::cout << "job " << j.id << " (" << printable(j.name) << ")" << (someone_elses(j) ? " of " + printable(j.user) : std::string())
+            << ": " << state_of(j) << (j.reason.empty() ? "" : " - " + printable(j.reason)) << "\n";
+  for (const auto& line : w.details) std::cout << "  - " << printable(line) << "\n";
   if (j.state != JobState::queued) return k_exit_ok;
   if (!w.holders.empty()) {
     std::cout << "  GPUs held by:\n";
     for (const auto& h : w.holders)
-      std::cout << "    job " << h.id << " (" << h.user << "'s " << h.name << ") on GPU " << format_gpus(h.gpus) << ", "
+      std::cout << "    job " << h.id << " (" << printable(h.user) << "'s " << printable(h.name) << ") on GPU " << format_gpus(h.gpus) << ", "
                 << (h.ends_by > 0 ? "over by " + format_time(h.ends_by) + " (its timeout)" : std::string("no timeout"))
                 << "\n";
   }

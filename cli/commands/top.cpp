@@ -70,7 +70,7 @@ std::vector<std::string> top_screen(const TopSnapshot& s, double now, std::size_
                       width));
   if (!s.error.empty()) {
     lines.push_back(fit("", width));
-    lines.push_back(fit(s.error + " (retrying every second)", width));
+    lines.push_back(fit(printable(s.error) + " (retrying every second)", width));
   } else {
     int running = 0, queued = 0;
     for (const auto& j : s.jobs.jobs) running += j.state == JobState::running, queued += j.state == JobState::queued;

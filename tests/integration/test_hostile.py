@@ -116,6 +116,38 @@ class HostileEvents(DaemonTest):
         self.assertEqual(job["state"], "succeeded")
         self.assertEqual(job["result"], {"finished": 1})
 
+    def test_what_a_job_writes_reaches_no_terminal_as_control_characters_and_json_stays_exact(self):
+        # Escape sequences that set the window title, clear the screen, start a C1 control sequence
+        # or reverse the line: in result and progress keys and values, and in a failure's last line.
+        key, value = "k\x1b]0;owned\x07", "v\x1b[2J\u009b31m\x7f\u202etxt"
+        code = ("import json, os, sys, time\n"
+                f"k, v = {key!r}, {value!r}\n"
+                "with open(os.environ['GPUQ_EVENTS'], 'a') as f:\n"
+                "    f.write(json.dumps({'type': 'progress', 'step': 1, k: v}) + '\\n')\n"
+                "    f.write(json.dumps({'type': 'result', 'acc': 0.5, k: v}) + '\\n')\n")
+        done = self.d.submit(python_job(code, name="escapes"))["ids"][0]
+        failed = self.d.submit(python_job("import sys; sys.stdout.buffer.write(b'boom \\xc2\\x9b2J\\xe2\\x80\\xae!\\n'); "
+                                          "sys.exit(1)", name="fails"))["ids"][0]
+        jobs = self.d.wait([done, failed])
+        self.assertEqual((jobs[done]["state"], jobs[failed]["state"]), ("succeeded", "failed"))
+        # --json is exact: the job's own keys and values, as it wrote them.
+        self.assertEqual(jobs[done]["result"], {"acc": 0.5, key: value})
+        self.assertEqual(json.loads(self.d.ok("result", str(done), "--json"))["result"][key], value)
+        self.assertIn("\u009b2J\u202e!", jobs[failed]["reason"])
+        env = dict(os.environ, GPUQ_SOCKET=self.d.socket)
+        for args in (["status"], ["status", "--all"], ["show", str(done)], ["show", str(failed)], ["result", str(done)],
+                     ["results", str(done), str(failed)], ["why", str(failed)], ["wait", str(done), str(failed)],
+                     ["top", "--once"], ["events", str(done)]):
+            with self.subTest(command=" ".join(args)):
+                r = subprocess.run([os.path.join(BIN, "gpuq"), *args], capture_output=True, env=env, timeout=60)
+                out = r.stdout + r.stderr
+                self.assertIn(r.returncode, (0, 1), out)
+                raw = [c for c in out if c < 0x20 and c not in b"\n" or c == 0x7f]
+                self.assertEqual(raw, [], out)
+                for seq in (b"\xc2\x9b", b"\xe2\x80\xae"):  # C1 CSI, right-to-left override, as UTF-8
+                    self.assertNotIn(seq, out)
+        self.assertIn("\\x1b]0;owned\\x07=v\\x1b[2J\\u009b31m\\x7f\\u202etxt", self.d.ok("show", str(done)))
+
 
 class VanishedCwd(DaemonTest):
     def test_a_job_whose_cwd_vanished_fails_with_the_reason_and_runs_nowhere_else(self):

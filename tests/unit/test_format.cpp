@@ -80,4 +80,28 @@ TEST_CASE("table lines cut wide columns but the last") {
   CHECK(lines[1] == "1   a-very-~  a detail longer than the cap");
 }
 
+TEST_CASE("printable escapes what a terminal would act on and keeps every other character") {
+  CHECK(printable("loss=0.41 épocas 学习 ✓") == "loss=0.41 épocas 学习 ✓");
+  CHECK(printable("\x1b]0;owned\x07") == "\\x1b]0;owned\\x07");  // set the window title
+  CHECK(printable("\x1b[2J\x1b[H") == "\\x1b[2J\\x1b[H");        // clear the screen
+  CHECK(printable("a\nb\rc\td\x7f") == "a\\nb\\rc\\td\\x7f");
+  CHECK(printable("\xc2\x9b" "31m") == "\\u009b31m");                  // C1 CSI, in UTF-8
+  CHECK(printable("\xc2\x85\xc2\x80\xc2\xa0") == "\\u0085\\u0080\xc2\xa0");  // NEL, PAD; NBSP stays
+  CHECK(printable("\xe2\x80\xae" "txt.exe") == "\\u202etxt.exe");     // right-to-left override
+  CHECK(printable("\x9b" "31m \xff \xc3") == "\\x9b31m \\xff \\xc3");  // not UTF-8: bytes
+  CHECK(printable("\xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80") == "\\xc0\\xaf \\xed\\xa0\\x80 \\xf4\\x90\\x80\\x80");
+  CHECK(printable(std::string("nul\0here", 8)) == "nul\\x00here");
+  CHECK(printable(printable("\x1b")) == printable("\x1b"));  // applying it twice changes nothing
+  CHECK(printable_lines("one\x1b\ntwo") == "one\\x1b\ntwo");
+}
+
+TEST_CASE("a table escapes its cells, header included, and values of results and progress") {
+  Table t({"ID", "k\x1b"});
+  t.add({"1", "v\x1b[31m"});
+  std::ostringstream out;
+  t.print(out);
+  CHECK(out.str() == "ID  k\\x1b\n1   v\\x1b[31m\n");
+  CHECK(format_fields(nlohmann::json{{"a\x07", "b\x9b"}}, 4) == "a\\x07=b\\x9b");
+}
+
 TEST_SUITE_END();
