@@ -140,7 +140,7 @@ std::map<std::int64_t, std::string> Daemon::still_needed() const {
   }
   for (const auto& w : m_waiters)
     for (auto id : w.ids) needed.try_emplace(id, "a `gpuq wait` is waiting on it");
-  for (auto id : m_restarting) needed.try_emplace(id, "a restart under way is queueing it again");
+  for (const auto& [id, _] : m_restarting) needed.try_emplace(id, "a restart under way is queueing it again");
   for (auto id : m_restarting_needs) needed.try_emplace(id, "a restart under way queues a job that waits for it (`after`)");
   return needed;
 }

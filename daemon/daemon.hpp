@@ -316,6 +316,11 @@ class Daemon {
   void add_use(uid_t uid, double gpu_s, double at);
   // Refuses (forbidden) a submission or update that a user's limits or the priority ceiling forbid.
   void check_user_limits(const Caller& caller, uid_t owner, const std::vector<JobRecord>& jobs);
+  // A user's jobs that are queued or running, or chosen by a restart under way: what max_queued
+  // bounds, on every path that queues jobs (submit, restart).
+  std::int64_t queued_or_running(uid_t owner) const;
+  // Lab mode: refuses a restart that would take an owner of its chosen jobs past max_queued.
+  void check_restart_limits(const std::map<std::int64_t, JobRecord>& chosen) const;
   // Refuses (forbidden) `priority` above max_priority from one who is no admin; `who` opens the message.
   void check_priority(const Caller& caller, int priority, const std::string& who) const;
   void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
@@ -461,7 +466,10 @@ class Daemon {
   asio::steady_timer m_forget_timer;
   // Jobs a restart under way has chosen and not yet requeued: no other restart takes them and no
   // clean touches them. And the jobs outside it that they will wait for, kept from clean --forget.
-  std::set<std::int64_t> m_restarting;
+  std::map<std::int64_t, uid_t> m_restarting;  // by id: its owner
+  std::map<uid_t, std::int64_t> m_restarting_by_uid;  // how many of m_restarting each owner has
+  void pin_restart(std::int64_t id, uid_t owner);
+  void unpin_restart(std::int64_t id);
   std::multiset<std::int64_t> m_restarting_needs;
   std::deque<std::shared_ptr<Submission>> m_submissions;  // checked, to be written in this order
   bool m_ingest_armed = false;

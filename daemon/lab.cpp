@@ -42,13 +42,35 @@ void Daemon::check_user_limits(const Caller& caller, uid_t owner, const std::vec
                                                      " may hold at most " + std::to_string(l->max_gpus) +
                                                      " at once (max_gpus), so it could never start");
   if (l->max_queued > 0) {
-    std::int64_t mine = 0;
-    for (const auto& [_, a] : m_active) mine += a.rec.uid == owner;
+    const std::int64_t mine = queued_or_running(owner);
     if (mine + static_cast<std::int64_t>(jobs.size()) > l->max_queued)
       throw RequestError(ErrorCode::forbidden, name_of(owner) + " has " + std::to_string(mine) +
                                                    " jobs queued or running; " + std::to_string(jobs.size()) +
                                                    " more would pass their limit (max_queued " +
                                                    std::to_string(l->max_queued) + "); nothing was submitted");
+  }
+}
+
+std::int64_t Daemon::queued_or_running(uid_t owner) const {
+  std::int64_t mine = 0;
+  for (const auto& [_, a] : m_active) mine += a.rec.uid == owner;
+  const auto pinned = m_restarting_by_uid.find(owner);
+  return mine + (pinned == m_restarting_by_uid.end() ? 0 : pinned->second);
+}
+
+void Daemon::check_restart_limits(const std::map<std::int64_t, JobRecord>& chosen) const {
+  if (!m_config.multi_user) return;
+  std::map<uid_t, std::int64_t> restarting;  // this restart's jobs, by owner
+  for (const auto& [_, rec] : chosen) ++restarting[rec.uid];
+  for (const auto& [owner, n] : restarting) {
+    const common::UserLimit* l = limits_of(owner);
+    if (!l || l->max_queued <= 0) continue;
+    const std::int64_t all = queued_or_running(owner);  // this restart's jobs are pinned, so counted
+    if (all > l->max_queued)
+      throw RequestError(ErrorCode::forbidden, name_of(owner) + " has " + std::to_string(all - n) +
+                                                   " jobs queued or running; restarting " + std::to_string(n) +
+                                                   " more would pass their limit (max_queued " +
+                                                   std::to_string(l->max_queued) + "); nothing was restarted");
   }
 }
 

@@ -80,7 +80,7 @@ void Daemon::cmd_restart(const Caller& caller, const common::RestartRequest& q, 
   try {
     for (auto& rec : named) choose(*r, std::move(rec), 0);
   } catch (const RequestError&) {
-    for (const auto& [id, _] : r->chosen) m_restarting.erase(id);
+    for (const auto& [id, _] : r->chosen) unpin_restart(id);
     throw;
   }
   r->fresh = q.fresh;
@@ -93,7 +93,10 @@ void Daemon::resume_restarts() {
   for (auto& plan : m_store->unfinished_restarts()) {
     auto r = std::make_shared<Restarting>();
     r->step = Restarting::Step::requeue;
-    for (std::size_t i = plan.done; i < plan.jobs.size(); ++i) m_restarting.insert(plan.jobs[i].first);
+    for (std::size_t i = plan.done; i < plan.jobs.size(); ++i) {
+      const auto rec = m_store->get(plan.jobs[i].first);
+      pin_restart(plan.jobs[i].first, rec ? rec->uid : 0);
+    }
     std::cerr << "gpuqd: finishing a restart of " << plan.jobs.size() << " job(s) that stopped after "
               << plan.done << " of them\n";
     r->plan = std::move(plan);
@@ -128,7 +131,7 @@ void Daemon::restart_part(const std::shared_ptr<Restarting>& r) {
       });
       return;
     }
-    for (const auto& [id, _] : r->chosen) m_restarting.erase(id);
+    for (const auto& [id, _] : r->chosen) unpin_restart(id);
     release_outside(*r);
     empty_trash(std::move(r->moved), nullptr);
     const bool store = code == ErrorCode::store_error;
@@ -159,13 +162,24 @@ void Daemon::release_outside(Restarting& r) {
   r.outside.clear();
 }
 
+void Daemon::pin_restart(std::int64_t id, uid_t owner) {
+  if (m_restarting.emplace(id, owner).second) ++m_restarting_by_uid[owner];
+}
+
+void Daemon::unpin_restart(std::int64_t id) {
+  const auto it = m_restarting.find(id);
+  if (it == m_restarting.end()) return;
+  if (--m_restarting_by_uid[it->second] == 0) m_restarting_by_uid.erase(it->second);
+  m_restarting.erase(it);
+}
+
 // One job more for the restart; throws when another restart has it.
 void Daemon::choose(Restarting& r, JobRecord rec, std::int64_t along) {
   const std::int64_t id = rec.id;
   if (r.chosen.count(id)) return;
   if (m_restarting.count(id))
     throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is being restarted by another request under way");
-  m_restarting.insert(id);
+  pin_restart(id, rec.uid);
   if (along) r.with[id] = along;
   r.frontier.push_back(id);
   r.chosen.emplace(id, std::move(rec));
@@ -203,6 +217,7 @@ bool Daemon::choose_part(Restarting& r) {
                                    : missing_job(dep) + ", so it cannot run again"));
       outside.insert(dep);
     }
+  check_restart_limits(r.chosen);  // max_queued, as at submit
   r.outside.assign(outside.begin(), outside.end());
   for (auto dep : r.outside) m_restarting_needs.insert(dep);  // kept from clean --forget until requeued
   if (!r.outside.empty()) ++m_needs_changed;
@@ -257,7 +272,7 @@ bool Daemon::requeue_part(Restarting& r) {
 
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::int64_t id = r.plan.jobs[begin + i].first;
-    m_restarting.erase(id);
+    unpin_restart(id);
     r.chosen.erase(id);
     if (rows[i].id == 0) continue;
     r.out.jobs.push_back(std::move(outcomes[i]));

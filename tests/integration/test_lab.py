@@ -394,6 +394,26 @@ class LabSharing(LabMode):
         jobs = self.wait(BOB, ids + [a, c])
         self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
 
+    def test_max_queued_holds_on_every_path_that_queues_jobs(self):
+        # Queue to the limit held, cancel, queue to the limit again, then restart the cancelled:
+        # restart queues jobs as surely as submit does.
+        first = self.submit(ALICE, [{"name": f"x{i}", "command": ["true"]} for i in range(6)], "--hold")
+        self.ok(ALICE, "cancel", *map(str, first))
+        second = self.submit(ALICE, [{"name": f"y{i}", "command": ["true"]} for i in range(6)], "--hold")
+        r = self.gpuq(ALICE, "restart", str(first[0]))
+        self.assertEqual(r.returncode, 5, r.stdout + r.stderr)
+        self.assertIn(f"{ALICE} has 6 jobs queued or running; restarting 1 more would pass their limit (max_queued 6); "
+                      "nothing was restarted", r.stderr)
+        self.assertEqual(self.wait(ALICE, [first[0]])[first[0]]["state"], "cancelled")
+        # Room for one: one restarts, and a batch of two does not.
+        self.ok(ALICE, "cancel", str(second[0]))
+        self.ok(ALICE, "restart", str(first[0]))
+        r = self.gpuq(ALICE, "restart", str(first[1]), str(first[2]))
+        self.assertEqual(r.returncode, 5, r.stdout + r.stderr)
+        self.assertIn("restarting 2 more would pass their limit (max_queued 6)", r.stderr)
+        self.assertEqual(self.wait(ALICE, [first[0]])[first[0]]["state"], "succeeded")  # it did run again
+        self.ok(ALICE, "cancel", *map(str, second[1:]))
+
 
 if __name__ == "__main__":
     unittest.main()
