@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   // Parse the command line
   Config config;
   bool foreground = false;
+  bool forget_unknown_jobs = false;
   double idle_timeout_s = 300;
   std::string socket_group;
   std::string metrics_listen, metrics_textfile;  // off unless asked for
@@ -191,6 +192,9 @@ int main(int argc, char** argv) {
       "--hang-action", [&](const std::string& a) { config.hang_retry = a == "retry"; },
       "What a maybe hung job gets: flag (said in status and why) or retry (stopped, and retried as a failure)")
       ->check(CLI::IsMember({"flag", "retry"}));
+  app.add_flag("--forget-unknown-jobs", forget_unknown_jobs,
+               "Start although the store does not know some job directories (gpuq.db lost or restored from an "
+               "older copy): record their ids as forgotten, so no new job takes one, and leave them as they are");
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   // Tests describe a CPU and PCI topology with a tree of their own.
@@ -278,6 +282,14 @@ int main(int argc, char** argv) {
   if (!store) {
     report_ready(store.error().message);
     return 1;
+  }
+
+  // Refuse a store that does not know every job directory (or, when told, forget those jobs)
+  if (auto known = gpuq::daemon::account_for_job_dirs(config.state_dir, **store, forget_unknown_jobs); !known) {
+    report_ready(known.error().message);
+    return 1;
+  } else if (!known->empty()) {
+    std::cerr << *known << "\n";
   }
 
   // Discover the GPUs

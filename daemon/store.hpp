@@ -93,6 +93,10 @@ class Store {
   // Opens or creates the database. Refuses a file that is not a gpuq database (never overwrites).
   static Result<std::unique_ptr<Store>> open(const std::string& path);
   ~Store();
+  // The id the next job gets: past every job the store holds and every one it removed.
+  std::int64_t next_job_id() { return next_id("jobs"); }
+  // Records every job id up to `up_to` as removed, so that no new job takes one of them.
+  void mark_job_ids_removed(std::int64_t up_to);
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
@@ -229,5 +233,13 @@ class Store {
   std::map<const char*, sqlite3_stmt*> m_stmts;  // keyed by the SQL literal's address
   StoreFaults m_faults;
 };
+
+// A job's id names its directory (jobs/<id>), so a store that does not know every directory there
+// (gpuq.db lost, emptied, or restored from an older copy) would hand a new job an old job's id:
+// its log appended to the old one, its checkpoints resumed from another job's. This refuses such
+// a state dir, naming the directories and what to do; with `forget_unknown` it records their ids
+// as removed instead (no new job takes them; the directories stay as they are) and says so.
+// Returns what it did, for the log ("" when every directory is known).
+Result<std::string> account_for_job_dirs(const std::string& state_dir, Store& store, bool forget_unknown);
 
 }  // namespace gpuq::daemon

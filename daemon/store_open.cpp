@@ -6,6 +6,7 @@
 #include "common/json_input.hpp"
 #include "daemon/store_sql.hpp"
 
+#include <dirent.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -148,6 +149,48 @@ class Store::Checkpointer {
   bool m_due = false, m_stop = false;
   std::thread m_thread;  // last: it starts once the rest is ready
 };
+
+void Store::mark_job_ids_removed(std::int64_t up_to) {
+  Txn txn(m_db, m_faults);
+  auto* mark = prepare("INSERT INTO removed_ids(tbl, max_id) VALUES('jobs', ?) "
+                       "ON CONFLICT(tbl) DO UPDATE SET max_id=max(max_id, excluded.max_id)");
+  sqlite3_bind_int64(mark, 1, up_to);
+  run(m_db, mark, "record removed ids");
+  txn.commit();
+}
+
+Result<std::string> account_for_job_dirs(const std::string& state_dir, Store& store, bool forget_unknown) {
+  const std::string jobs = state_dir + "/jobs";
+  DIR* dir = ::opendir(jobs.c_str());
+  if (!dir) {
+    if (errno == ENOENT) return std::string();
+    return Error{ErrorCode::internal, "cannot list " + jobs + ": " + std::strerror(errno)};
+  }
+  const std::int64_t next = store.next_job_id();
+  std::int64_t unknown = 0, lowest = 0, highest = 0;
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name.size() > 18 || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::int64_t id = std::stoll(name);
+    if (id < next) continue;  // one the store holds, or removed
+    ++unknown;
+    lowest = lowest ? std::min(lowest, id) : id;
+    highest = std::max(highest, id);
+  }
+  ::closedir(dir);
+  if (unknown == 0) return std::string();
+  const std::string which = std::to_string(unknown) + " job director" + (unknown == 1 ? "y" : "ies") + " (jobs/" +
+                            std::to_string(lowest) + (unknown == 1 ? "" : " to jobs/" + std::to_string(highest)) + ")";
+  if (!forget_unknown)
+    return Error{ErrorCode::internal,
+                 "the state dir " + state_dir + " holds " + which + " that its store, gpuq.db, does not know: the store " +
+                     "was lost, emptied or restored from an older copy, and new jobs would take those jobs' ids and " +
+                     "directories. Put the newest gpuq.db back (with its gpuq.db-wal), or start gpuqd once with " +
+                     "--forget-unknown-jobs to leave those directories as they are and give new jobs ids above them"};
+  store.mark_job_ids_removed(highest);
+  return "gpuqd: " + which + " unknown to the store: their ids are recorded as forgotten (--forget-unknown-jobs); " +
+         "new jobs start at " + std::to_string(highest + 1) + ", and the directories are left as they are";
+}
 
 Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
   sqlite3* db = nullptr;

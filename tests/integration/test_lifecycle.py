@@ -145,6 +145,68 @@ class Durability(DaemonTest):
         self.assertEqual(self.d.wait([job_id])[job_id]["result"], {"alive": True})
 
 
+class LostStore(DaemonTest):
+    """A store that does not know every job directory: lost, emptied, or an older copy put back."""
+
+    def start_refused(self, *extra):
+        return subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.d.socket, "--state-dir",
+                               self.d.state, "--gpus", "fake:4", *extra], capture_output=True, text=True, timeout=30)
+
+    def run_job(self, name):
+        job_id = self.d.submit({"name": name, "shell": f"echo I am {name}"})["ids"][0]
+        self.assertEqual(self.d.wait([job_id])[job_id]["state"], "succeeded")
+        return job_id
+
+    def db_files(self):
+        return [os.path.join(self.d.state, f) for f in ("gpuq.db", "gpuq.db-wal", "gpuq.db-shm")]
+
+    def test_a_missing_or_empty_store_is_refused_and_forgetting_the_old_jobs_never_reuses_their_ids(self):
+        old = [self.run_job("old-1"), self.run_job("old-2")]
+        self.d.stop()
+        for lose in ("missing", "empty"):
+            with self.subTest(store=lose):
+                for f in self.db_files():
+                    if os.path.exists(f):
+                        os.unlink(f)
+                if lose == "empty":
+                    open(self.db_files()[0], "w").close()
+                r = self.start_refused()
+                self.assertEqual(r.returncode, 1, r.stderr)
+                self.assertIn(f"holds 2 job directories (jobs/{old[0]} to jobs/{old[1]}) that its store, gpuq.db, "
+                              "does not know", r.stderr)
+                self.assertIn("--forget-unknown-jobs", r.stderr)
+        self.d.extra.append("--forget-unknown-jobs")
+        self.d.start()
+        new = self.run_job("new")
+        self.assertEqual(new, old[1] + 1)
+        self.assertEqual(self.d.ok("logs", str(new)), "I am new\n")
+        with open(os.path.join(self.d.state, "jobs", str(old[0]), "attempt-1", "rank-0.log")) as f:
+            self.assertEqual(f.read(), "I am old-1\n")  # left as it was
+        self.assertIn("was forgotten", self.d.run("show", str(old[0])).stderr)
+        # Once recorded, the flag is not needed again.
+        self.d.extra.remove("--forget-unknown-jobs")
+        self.d.stop()
+        self.d.start()
+        self.assertEqual(self.run_job("newer"), new + 1)
+
+    def test_an_older_copy_of_the_store_put_back_is_refused(self):
+        self.run_job("kept")
+        self.d.stop()  # a clean stop leaves the whole database in gpuq.db
+        backup = self.tmp_path("gpuq.db.bak")
+        with open(self.db_files()[0], "rb") as f, open(backup, "wb") as out:
+            out.write(f.read())
+        self.d.start()
+        later = [self.run_job("later-1"), self.run_job("later-2")]
+        self.d.stop()
+        for f in self.db_files():
+            if os.path.exists(f):
+                os.unlink(f)
+        os.rename(backup, self.db_files()[0])
+        r = self.start_refused()
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(f"(jobs/{later[0]} to jobs/{later[1]}) that its store, gpuq.db, does not know", r.stderr)
+
+
 class VisibleDevices(unittest.TestCase):
     def test_the_daemon_hands_out_only_the_gpus_in_its_cuda_visible_devices(self):
         import tempfile
