@@ -56,15 +56,18 @@ std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions&
   if (!o.account.empty()) out.push_back("--account=" + o.account);
   if (!o.qos.empty()) out.push_back("--qos=" + o.qos);
   for (const auto& a : o.extra_args) out.push_back(a);
-  // Each becomes one "#SBATCH" line: a newline (a working directory may hold one, a command-line
-  // option too) must not start another line of the script.
-  for (auto& opt : out)
-    for (char& c : opt)
-      if (c == '\n' || c == '\r') c = ' ';
   return out;
 }
 
-std::string sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
+bool fits_directive(const std::string& option) {
+  for (char ch : option) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c <= 0x20 || c == 0x7f || c == '#' || c == '"' || c == '\'' || c == '\\') return false;
+  }
+  return !option.empty();
+}
+
+Result<std::string> sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
   std::ostringstream s;
   const bool ddp = spec.mode == Mode::ddp;
   const int nodes = std::max(1, spec.nodes);
@@ -73,8 +76,25 @@ std::string sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
   // Not a login shell: with --export=NONE, Slurm itself loads the user's login environment on the
   // node (PATH, modules), as --get-user-env does; `bash -l` would run the profile a second time.
   s << "#!/bin/bash\n";
-  for (const auto& opt : sbatch_options(spec, o)) s << "#SBATCH " << opt << "\n";
+  bool cd = false;  // the working directory cannot be a directive: the script goes there itself
+  for (const auto& opt : sbatch_options(spec, o)) {
+    if (fits_directive(opt)) {
+      s << "#SBATCH " << opt << "\n";
+    } else if (opt.rfind("--chdir=", 0) == 0) {
+      cd = true;
+    } else {
+      std::string shown = opt;
+      for (char& c : shown)
+        if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+      return Error{ErrorCode::bad_request, "the sbatch option " + shell_quote(shown) + " cannot be an #SBATCH line (sbatch " +
+                                               "splits those at spaces and reads '#' as a comment): give it to " +
+                                               "sbatch on its command line instead"};
+    }
+  }
   s << "#\n# gpuq job " << shell_quote(name) << ", as `gpuq export --slurm` writes it: run it with `sbatch FILE`.\n";
+  if (cd)
+    s << "# Its working directory cannot be an #SBATCH line (sbatch splits those at spaces and reads '#' as\n"
+         "# a comment), so the script changes to it; Slurm's output file is in the directory sbatch runs in.\n";
   if (!spec.after.empty()) {
     s << "# It waits for:";
     for (const auto& d : spec.after) s << " " << (d.name.empty() ? "job " + std::to_string(d.id) : d.name);
@@ -85,6 +105,7 @@ std::string sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
   if (spec.priority > 0)
     s << "# priority: " << spec.priority << " is not mapped: raising a job's priority (--nice < 0) is for Slurm's admins.\n";
   s << "set -e\n";
+  if (cd) s << "cd -- " << shell_quote(spec.cwd) << "\n";
   for (const auto& [k, v] : spec.env) {
     bool name_ok = !k.empty() && !std::isdigit(static_cast<unsigned char>(k[0]));
     for (char c : k) name_ok = name_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');

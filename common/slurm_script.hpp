@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.hpp"
 #include "common/spec.hpp"
 
 namespace gpuq::common {
@@ -26,18 +27,29 @@ struct SbatchLayout {
   long time_minutes = -1;  // --time; -1: the timeout plus a minute, with SIGTERM a minute before
 };
 
-// The #SBATCH options of one job, in order, e.g. "--job-name=train", "--nodes=2".
+// The sbatch options of one job, in order, e.g. "--job-name=train", "--nodes=2", their values as
+// they are: for sbatch's command line (gpuqd's executor passes them there), or for #SBATCH lines
+// where fits_directive() says they can be one.
 std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions& o, const SbatchLayout& layout = {});
+
+// Whether `option` can be an #SBATCH line as it is: sbatch splits a directive at whitespace, reads
+// '#' as the start of a comment, and parses quotes differently from one version to the next, so an
+// option holding any of them (or a control character) must go on sbatch's command line instead:
+// `--chdir=/tmp/my project` would run in /tmp/my, and `/tmp/x --partition=other` would pick a
+// partition.
+bool fits_directive(const std::string& option);
 
 // The bash lines that export MASTER_ADDR (the address Slurm itself reaches the allocation's first
 // node at: its NodeAddr, which is its name unless the cluster set another) and MASTER_PORT (from
 // the job id, 10000-29999, so that two jobs sharing a node do not pick the same one).
 std::string rendezvous_exports();
 
-// The whole batch script: a bash script with the options above, the job's environment and one
-// srun that starts its ranks. What does not map (the jobs it waits for, retries, a raised
-// priority) is said in comments.
-std::string sbatch_script(const JobSpec& spec, const SlurmOptions& o);
+// The whole batch script, for `sbatch FILE`: a bash script with the options above as #SBATCH
+// lines, the job's environment and one srun that starts its ranks. What does not map (the jobs it
+// waits for, retries, a raised priority) is said in comments. A working directory that cannot be
+// a directive becomes a `cd` in the script; another such option (a configured partition, say) is
+// refused, naming it.
+Result<std::string> sbatch_script(const JobSpec& spec, const SlurmOptions& o);
 
 // `s` quoted for bash: 'it'\''s'.
 std::string shell_quote(const std::string& s);

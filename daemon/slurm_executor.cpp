@@ -135,10 +135,12 @@ class SlurmExecutor final : public Executor {
     const Attempt& first = attempts.front();
     const bool array = attempts.size() > 1;
     const std::string script = first.dir + (array ? "/slurm-array.sbatch" : "/slurm.sbatch");
-    if (auto w = common::write_file_atomic(script, batch_script(attempts, limit)); !w) return w.error();
+    const std::vector<std::string> options = sbatch_argv(attempts, limit);
+    if (auto w = common::write_file_atomic(script, batch_script(attempts, options)); !w) return w.error();
     const std::uint64_t key = m_next_handover++;
     Handover& h = m_handovers[key];
     h.script = script;
+    h.options = options;
     h.comment_dir = first.dir;
     h.array = array;
     for (std::size_t i = 0; i < attempts.size(); ++i) {
@@ -324,6 +326,7 @@ class SlurmExecutor final : public Executor {
   // sbatch answers.
   struct Handover {
     std::string script, comment_dir;   // the batch script; the directory its --comment names
+    std::vector<std::string> options;   // sbatch's options, on its command line (sbatch_argv)
     std::vector<std::int64_t> members;  // by array index; 0: ended before sbatch answered
     bool array = false;
     int tries = 0;                      // sbatch calls the controller did not answer
@@ -390,9 +393,28 @@ class SlurmExecutor final : public Executor {
     return layout;
   }
 
-  // One job's script, or an array's (attempts of one array_key()): each array task runs the
-  // attempt its SLURM_ARRAY_TASK_ID picks, at most `limit` at once.
-  std::string batch_script(const std::vector<Attempt>& attempts, int limit) const {
+  // The sbatch options of one job, or of an array (attempts of one array_key()), for sbatch's
+  // command line, where a value holding spaces or '#' (a working directory, the state dir's path)
+  // arrives as it is; as #SBATCH lines it would be split, or pick options of its own.
+  std::vector<std::string> sbatch_argv(const std::vector<Attempt>& attempts, int limit) const {
+    const Attempt& a = attempts.front();
+    const bool array = attempts.size() > 1;
+    // An array's task writes into its attempt directory, as a job does, once its script runs;
+    // Slurm's own output file would be one pattern for all (and a directory `gpuq clean` may
+    // remove while other tasks run), so slurmstepd's few words about a task are not kept: its
+    // state and reason are, in the record (account_for).
+    const auto layout = layout_of(a, array ? "/dev/null" : a.dir + "/slurm.out");
+    auto out = common::sbatch_options(*a.spec, m_settings.options, layout);
+    if (array) out.push_back("--array=0-" + std::to_string(attempts.size() - 1) + (limit > 0 ? "%" + std::to_string(limit) : ""));
+    // How a restarted gpuqd finds this job when it stopped before writing slurm.id.
+    out.push_back("--comment=gpuq:" + a.dir);
+    if (const std::string after = slurm_after(a); !after.empty()) out.push_back("--dependency=afterok" + after);
+    return out;
+  }
+
+  // One job's script, or an array's: each array task runs the attempt its SLURM_ARRAY_TASK_ID
+  // picks. Its options go on sbatch's command line (`options`, named in a comment here).
+  std::string batch_script(const std::vector<Attempt>& attempts, const std::vector<std::string>& options) const {
     const Attempt& a = attempts.front();
     const common::JobSpec& spec = *a.spec;
     const bool ddp = spec.mode == common::Mode::ddp, array = attempts.size() > 1;
@@ -401,17 +423,14 @@ class SlurmExecutor final : public Executor {
     // --export=NONE, with the job's own variables over it (launch.json); not the environment gpuqd
     // was started with. (`bash -l` would run the profile a second time: ~0.1 s a job, and more
     // where a profile initialises conda or pyenv.)
-    s << "#!/bin/bash\n";
-    // An array's task writes into its attempt directory, as a job does, once its script runs;
-    // Slurm's own output file would be one pattern for all (and a directory `gpuq clean` may
-    // remove while other tasks run), so slurmstepd's few words about a task are not kept: its
-    // state and reason are, in the record (account_for).
-    const auto layout = layout_of(a, array ? "/dev/null" : a.dir + "/slurm.out");
-    for (const auto& opt : common::sbatch_options(spec, m_settings.options, layout)) s << "#SBATCH " << opt << "\n";
-    if (array) s << "#SBATCH --array=0-" << attempts.size() - 1 << (limit > 0 ? "%" + std::to_string(limit) : "") << "\n";
-    // How a restarted gpuqd finds this job when it stopped before writing slurm.id.
-    s << "#SBATCH --comment=gpuq:" << a.dir << "\n";
-    if (const std::string after = slurm_after(a); !after.empty()) s << "#SBATCH --dependency=afterok" << after << "\n";
+    s << "#!/bin/bash\n# gpuqd submits this with: sbatch --parsable";
+    for (const auto& opt : options) {
+      std::string shown = common::shell_quote(opt);
+      for (char& c : shown)
+        if (c == '\n' || c == '\r') c = ' ';  // a comment of one line
+      s << " " << shown;
+    }
+    s << " FILE\n";
     std::string launch = common::shell_quote(a.dir + "/launch.json");
     if (array) {
       s << "dirs=(";
@@ -447,7 +466,7 @@ class SlurmExecutor final : public Executor {
   // may have submitted the job all the same: the job whose comment names it is taken first.
   void submit(std::uint64_t key, bool again) {
     const Handover& h = m_handovers.at(key);
-    asio::post(m_pool, [this, alive = m_alive, key, script = h.script, dir = h.comment_dir, again] {
+    asio::post(m_pool, [this, alive = m_alive, key, script = h.script, options = h.options, dir = h.comment_dir, again] {
       CommandResult r;
       if (again) {
         const auto listed = jobs_by_comment();
@@ -457,7 +476,12 @@ class SlurmExecutor final : public Executor {
           r.out = found->second;
         }
       }
-      if (!r.started) r = run_command({"sbatch", "--parsable", script});
+      if (!r.started) {
+        std::vector<std::string> argv{"sbatch", "--parsable"};
+        argv.insert(argv.end(), options.begin(), options.end());
+        argv.push_back(script);
+        r = run_command(argv);
+      }
       asio::post(m_io, [this, alive, key, r = std::move(r)] {
         if (*alive) submitted(key, r);
       });

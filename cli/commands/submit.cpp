@@ -145,7 +145,9 @@ int cmd_export(const ExportArgs& a) {
                 << "submit.sh that submits them with their dependencies\n";
       return k_exit_usage;
     }
-    std::cout << common::sbatch_script(batch[0], a.slurm_options);
+    auto script = common::sbatch_script(batch[0], a.slurm_options);
+    if (!script) return report(script.error());
+    std::cout << *script;
     return k_exit_ok;
   }
   if (::mkdir(a.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -167,8 +169,10 @@ int cmd_export(const ExportArgs& a) {
          << "# (written by `gpuq export --slurm`).\nset -e\ncd \"$(dirname \"$0\")\"\n";
   for (auto i : order) {
     const std::string file = script_name(i, batch[i].name);
+    auto script = common::sbatch_script(batch[i], a.slurm_options);
+    if (!script) return report(script.error());
     std::ofstream out(a.out_dir + "/" + file, std::ios::trunc);
-    out << common::sbatch_script(batch[i], a.slurm_options);
+    out << *script;
     out.close();
     if (!out) {
       std::cerr << "gpuq: cannot write " << a.out_dir << "/" << file << "\n";

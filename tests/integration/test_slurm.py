@@ -123,6 +123,23 @@ class SlurmExport(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(work, "second.done")))
 
 
+    def test_an_exported_script_runs_in_a_working_directory_that_cannot_be_an_sbatch_line(self):
+        for name in ("my project", "x --partition=nonesuch", "a#b"):
+            with self.subTest(cwd=name):
+                work = os.path.join(tempfile.mkdtemp(dir=self.dir), name)
+                os.mkdir(work)
+                spec = {"name": "where", "shell": "pwd > here.txt"}
+                script = self.gpuq("export", "--slurm", "-", input=json.dumps(spec), cwd=work)
+                self.assertNotIn("#SBATCH --chdir", script)
+                path = os.path.join(os.path.dirname(work), "where.sbatch")
+                with open(path, "w") as f:
+                    f.write(script)
+                job = self.slurm("sbatch", "--parsable", path, cwd=os.path.dirname(work)).strip().split(";")[0]
+                self.assertEqual(self.finished(job), {job: "COMPLETED"})
+                with open(os.path.join(work, "here.txt")) as f:
+                    self.assertEqual(f.read(), work + "\n")
+
+
 @unittest.skipUnless(HAVE_SLURM, NEEDS)
 class SlurmExecutor(unittest.TestCase):
     """gpuqd --executor slurm on the 2-GPU node: gpuq's commands, Slurm's placement."""
@@ -241,10 +258,17 @@ class SlurmExecutor(unittest.TestCase):
         return next(j["reason"] for j in self.d.json("status")["jobs"] if j["id"] == job)
 
     def sbatch_of(self, job):
-        """The batch script of the job's current attempt, as handed to sbatch."""
+        """The batch script of the job's current attempt; its first comment is the sbatch command that submitted it."""
         rec = self.d.show(job)["job"]
         with open(os.path.join(self.tmp, "state", "jobs", str(job), f"attempt-{rec['attempt']}", "slurm.sbatch")) as f:
             return f.read()
+
+    def dependency_in_slurm(self, job):
+        """What Slurm holds the job's current attempt for: its Dependency field ("afterok:41(unfulfilled)")."""
+        slurm_id = self.d.show(job)["job"]["external_id"][6:]
+        r = subprocess.run(["scontrol", "-o", "show", "job", slurm_id], capture_output=True, text=True, timeout=60)
+        fields = dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
+        return fields.get("Dependency", "")
 
     def test_after_chains_wait_in_slurm_and_go_on_while_gpuqd_is_down(self):
         release, marks = os.path.join(self.tmp, "release"), os.path.join(self.tmp, "marks")
@@ -258,8 +282,8 @@ class SlurmExecutor(unittest.TestCase):
         wait_until(lambda: len(squeue()) == 3, timeout=60, what="the chain in Slurm's queue")
         for dep, job in zip(ids, ids[1:]):
             wait_until(lambda: "pending: Dependency" in self.reason(job), timeout=60, what=f"job {job} held by Slurm")
-            self.assertIn(f"#SBATCH --dependency=afterok:{self.d.show(dep)['job']['external_id'][6:]}\n",
-                          self.sbatch_of(job))
+            self.assertEqual(self.dependency_in_slurm(job),
+                             f"afterok:{self.d.show(dep)['job']['external_id'][6:]}(unfulfilled)")
         self.d.kill9()
         open(release, "w").close()
         # Slurm starts each after the one before it succeeded, with no gpuqd running
@@ -303,7 +327,7 @@ class SlurmExecutor(unittest.TestCase):
             rec = self.d.show(job)
             self.assertEqual(rec["job"]["attempt"], 1)  # taken back, not failed: the same attempt again
             self.assertIn("back in line", json.dumps(rec["history"]))
-            self.assertIn(f"--dependency=afterok:{done[dep]['external_id'][6:]}\n", self.sbatch_of(job))
+            self.assertIn(f" '--dependency=afterok:{done[dep]['external_id'][6:]}' ", self.sbatch_of(job))
         self.assertIn(f"dependency {broken} ended failed", done[e]["reason"])
         self.assertFalse(os.path.exists(f"{marks}/e"))
         wait_until(lambda: not squeue(), timeout=10, interval=0.2, what="nothing left in Slurm")
@@ -455,6 +479,23 @@ class SlurmExecutor(unittest.TestCase):
         subprocess.run([WORKER, "--train", json.dumps(dict(SYNTHETIC, batch_size=32)), "--dump-params", single],
                        check=True, capture_output=True, timeout=300)
         self.assertLess(max_diff(r0, load(single)), 1e-5)
+
+    def test_working_and_state_directories_with_spaces_or_options_in_them_reach_sbatch_whole(self):
+        # gpuqd's own state dir (each attempt's --output and --comment) holds a space and a '#'.
+        self.d.stop()
+        tmp = tempfile.mkdtemp(dir=SLURM_DIR, prefix="state dir #")
+        self.d = Daemon(tmp, gpus="none", extra=["--executor", "slurm", "--slurm-poll", "0.2"]).start()
+        ids = []
+        for name in ("my project", "x --partition=nonesuch"):
+            work = os.path.join(tmp, name)
+            os.mkdir(work)
+            ids += self.d.submit({"name": "where", "shell": "pwd", "cwd": work})["ids"]
+        done = self.d.wait(ids, timeout=120)
+        for job_id, name in zip(ids, ("my project", "x --partition=nonesuch")):
+            self.assertEqual(done[job_id]["state"], "succeeded", done[job_id]["reason"])
+            self.assertEqual(self.d.ok("logs", str(job_id)), os.path.join(tmp, name) + "\n")
+            # Slurm's output file went where gpuqd asked: into the attempt directory
+            self.assertTrue(os.path.exists(os.path.join(done[job_id]["job_dir"], "attempt-1", "slurm.out")))
 
     def test_a_gang_over_two_nodes_times_out_on_both_and_another_is_cancelled(self):
         # Rank 1's SIGTERM handler takes two seconds longer than rank 0's (a checkpoint, say): it

@@ -1,6 +1,8 @@
 // Job-spec validation: every rule, and that each error names the job, the field and the fix.
 #include <doctest/doctest.h>
 
+#include <sstream>
+
 #include <algorithm>
 
 #include "common/slurm_script.hpp"
@@ -279,7 +281,7 @@ TEST_CASE("slurm: a spec's sbatch options and script, quoted for bash, environme
                                       "--output=ddp-run-%j.log", "--export=NONE", "--partition=gpu",
                                       "--constraint=a100"};
   CHECK(opts == want);
-  const std::string script = sbatch_script(spec, o);
+  const std::string script = *sbatch_script(spec, o);
   CHECK(script.rfind("#!/bin/bash\n#SBATCH --job-name=ddp-run\n", 0) == 0);
   CHECK(script.find("export X='a'\\''b'\n") != std::string::npos);
   CHECK(script.find("export OMP_NUM_THREADS=3\n") != std::string::npos);
@@ -288,7 +290,7 @@ TEST_CASE("slurm: a spec's sbatch options and script, quoted for bash, environme
   CHECK(script.find(" gpuq-rank 'python3' 'it'\\''s.py'\n") != std::string::npos);
   // Unmapped parts are said, not dropped silently
   auto later = *parse_job({{"command", {"t"}}, {"priority", 5}, {"retries", 2}, {"after", {7}}}, "/w");
-  const std::string s2 = sbatch_script(later, {});
+  const std::string s2 = *sbatch_script(later, {});
   CHECK(s2.find("# It waits for: job 7") != std::string::npos);
   CHECK(s2.find("# retries: 2") != std::string::npos);
   CHECK(s2.find("# priority: 5") != std::string::npos);
@@ -302,11 +304,45 @@ TEST_CASE("slurm: a spec's sbatch options and script, quoted for bash, environme
   CHECK(std::count(own.begin(), own.end(), "--output=/s/jobs/1/attempt-1/slurm.out") == 1);
   CHECK(std::none_of(own.begin(), own.end(), [](const std::string& x) { return x.rfind("--signal", 0) == 0; }));
   CHECK(own.size() == want.size() - 1);
-  // A working directory or an option with a newline in it stays on its own #SBATCH line
-  auto odd = *parse_job({{"command", {"t"}}}, "/work/a\n#SBATCH --x=1");
+}
+
+// The options sbatch reads from a script: its #SBATCH lines before the first command.
+std::vector<std::string> directives(const std::string& script) {
+  std::vector<std::string> out;
+  std::istringstream in(script);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("#SBATCH ", 0) == 0) out.push_back(line.substr(8));
+    else if (!line.empty() && line[0] != '#') break;
+  }
+  return out;
+}
+
+TEST_CASE("slurm: a value sbatch would split or cut is never an #SBATCH line") {
+  using gpuq::common::fits_directive;
+  CHECK(fits_directive("--chdir=/work/run-1"));
+  CHECK(fits_directive("--constraint=a100&nvlink"));
+  for (const char* bad : {"--chdir=/tmp/my project", "--chdir=/tmp/x --partition=other", "--comment=gpuq:/s#1",
+                          "--chdir=/a\n#SBATCH --x=1", "--job-name=\"q\"", "--chdir=it's", "--chdir=a\\b",
+                          "--chdir=a\tb", ""})
+    CHECK_FALSE(fits_directive(bad));
+  // A working directory that cannot be one: the script goes there itself.
+  for (const std::string cwd : {"/tmp/my project", "/tmp/x --partition=other", "/work/a\n#SBATCH --x=1", "/w/#1"}) {
+    auto spec = *parse_job({{"command", {"t"}}}, cwd);
+    const auto opts = sbatch_options(spec, {});
+    CHECK(std::count(opts.begin(), opts.end(), "--chdir=" + cwd) == 1);  // exact, for sbatch's command line
+    const std::string script = *sbatch_script(spec, {});
+    for (const auto& d : directives(script)) {
+      CHECK(d.rfind("--chdir", 0) != 0);
+      CHECK(d.find("partition") == std::string::npos);
+      CHECK(d.find("--x") == std::string::npos);
+    }
+    CHECK(script.find("\ncd -- " + gpuq::common::shell_quote(cwd) + "\n") != std::string::npos);
+  }
+  // Another option that cannot be one is refused, naming it.
+  auto plain = *parse_job({{"command", {"t"}}}, "/work");
   SlurmOptions nl;
   nl.partition = "gpu\n#SBATCH --qos=high";
-  for (const auto& opt : sbatch_options(odd, nl)) CHECK(opt.find('\n') == std::string::npos);
-  CHECK(sbatch_script(odd, nl).find("\n#SBATCH --x=1") == std::string::npos);
-  CHECK(sbatch_script(odd, nl).find("\n#SBATCH --qos=high") == std::string::npos);
+  auto refused = sbatch_script(plain, nl);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().message.find("'--partition=gpu #SBATCH --qos=high' cannot be an #SBATCH line") != std::string::npos);
 }
