@@ -77,10 +77,11 @@ Result<json> parse_untrusted(std::string_view text, std::string_view what, int m
   return doc;
 }
 
-Result<json> read_untrusted_file(const std::string& path, std::size_t max_bytes, std::string_view what,
-                                 std::optional<uid_t> owner) {
+Result<int> open_job_file(const std::string& path, std::string_view what, std::optional<uid_t> owner) {
   // O_NONBLOCK: a fifo put in the file's place must not hang the reader; fstat refuses it below.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  if (fd < 0 && errno == ELOOP)
+    return Error{ErrorCode::bad_request, std::string(what) + ": " + path + " is a symbolic link, not followed"};
   if (fd < 0) return Error{ErrorCode::not_found, std::string(what) + ": cannot open " + path + ": " + std::strerror(errno)};
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -92,22 +93,39 @@ Result<json> read_untrusted_file(const std::string& path, std::size_t max_bytes,
     return Error{ErrorCode::forbidden, std::string(what) + ": " + path + " belongs to uid " + std::to_string(st.st_uid) +
                                            ", not to the job's owner (uid " + std::to_string(*owner) + ")"};
   }
+  if (const int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+Result<std::string> read_job_file(const std::string& path, std::size_t max_bytes, std::string_view what,
+                                  std::optional<uid_t> owner) {
+  auto fd = open_job_file(path, what, owner);
+  if (!fd) return fd.error();
+  struct stat st {};
+  ::fstat(*fd, &st);
   if (static_cast<std::size_t>(st.st_size) > max_bytes) {
-    ::close(fd);
+    ::close(*fd);
     return Error{ErrorCode::too_large, std::string(what) + ": " + path + " is " + std::to_string(st.st_size) +
                                            " bytes, over the limit of " + std::to_string(max_bytes)};
   }
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   std::size_t got = 0;
   while (got < text.size()) {
-    ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+    ssize_t n = ::pread(*fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     got += static_cast<std::size_t>(n);
   }
-  ::close(fd);
-  text.resize(got);  // shrunk meanwhile: parse what is there (a grown file is read up to its old size)
-  return parse_untrusted(text, what);
+  ::close(*fd);
+  text.resize(got);  // shrunk meanwhile: what is there (a grown file is read up to its old size)
+  return text;
+}
+
+Result<json> read_untrusted_file(const std::string& path, std::size_t max_bytes, std::string_view what,
+                                 std::optional<uid_t> owner) {
+  auto text = read_job_file(path, max_bytes, what, owner);
+  if (!text) return text.error();
+  return parse_untrusted(*text, what);
 }
 
 }  // namespace gpuq::common

@@ -38,6 +38,16 @@ json parse_depth_limited(std::string_view text, bool& too_deep, int max_depth = 
 // `max_depth` is larger only for gpuqd's replies, which wrap values accepted at the usual depth.
 Result<json> parse_untrusted(std::string_view text, std::string_view what, int max_depth = k_max_json_depth);
 
+// A file in a directory a job can write, opened for reading as such a file must be: not through a
+// symlink (O_NOFOLLOW), never waiting on a fifo put in its place (O_NONBLOCK, then fstat refuses
+// anything but a regular file; the descriptor is blocking again once it is known to be one), and,
+// with `owner`, only if that user owns it. Returns the descriptor (O_CLOEXEC), or not_found (missing,
+// unreadable), bad_request (not a regular file) or forbidden (another user's), naming `what`.
+Result<int> open_job_file(const std::string& path, std::string_view what, std::optional<uid_t> owner = std::nullopt);
+// Such a file's text, up to `max_bytes` (a larger one is refused unread: too_large).
+Result<std::string> read_job_file(const std::string& path, std::size_t max_bytes, std::string_view what,
+                                  std::optional<uid_t> owner = std::nullopt);
+
 // The file at `path`, read up to `max_bytes` (a larger one is refused unread) and parsed as above.
 // A symlink or anything but a regular file in its place is refused: these files lie in job
 // directories, which the job can write.

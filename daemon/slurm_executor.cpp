@@ -26,6 +26,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/json_input.hpp"
 #include "common/paths.hpp"
 #include "common/command.hpp"
 #include "common/process.hpp"
@@ -734,13 +735,11 @@ class SlurmExecutor final : public Executor {
     return out;
   }
 
-  // slurm.id: a few digits, in a directory the job can write, so read bounded.
+  // slurm.id: a few digits, in a directory the job can write: read bounded, not through a symlink,
+  // never waiting on a fifo (common::read_job_file); anything else reads as nothing.
   static std::string read_small(const std::string& path, std::size_t max_bytes = 64) {
-    std::ifstream in(path);
-    std::string text(max_bytes, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<std::size_t>(in.gcount()));
-    return text;
+    auto text = common::read_job_file(path, max_bytes, "Slurm job id");
+    return text ? *text : std::string();
   }
 
   asio::io_context& m_io;

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/failure_class.hpp"
+#include "common/json_input.hpp"
 #include "common/paths.hpp"
 #include "common/spec.hpp"
 #include "supervisor/boost_process.hpp"
@@ -351,8 +352,14 @@ class Supervisor {
             c.detach();  // reaped below with waitpid(-1), with any orphans
           };
           if (input.empty()) return child(bp::null);
-          FILE* in = std::fopen(input.c_str(), "re");
-          if (!in) throw std::runtime_error("cannot open its input " + input + ": " + std::strerror(errno));
+          // In a directory the job's owner can write: no symlink followed, no fifo waited on.
+          auto fd = common::open_job_file(input, "its input");
+          if (!fd) throw std::runtime_error(fd.error().message);
+          FILE* in = ::fdopen(*fd, "r");
+          if (!in) {
+            ::close(*fd);
+            throw std::runtime_error("cannot open its input " + input + ": " + std::strerror(errno));
+          }
           try {
             child(in);
           } catch (...) {

@@ -1,5 +1,6 @@
 // What gpuq says of jobs: status, show, logs, wait, result, results.
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "cli/progress.hpp"
 #include "cli/rpc.hpp"
 #include "common/client.hpp"
+#include "common/json_input.hpp"
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
 #include "common/spec.hpp"
@@ -235,21 +237,52 @@ int cmd_show(const Options& o, std::int64_t id) {
   return k_exit_ok;
 }
 
+// A rank's log, which its job can write: opened as common::open_job_file opens such a file (no
+// symlink followed, so root's `gpuq logs` prints no /etc/shadow a job linked there; no fifo waited
+// on, so it never hangs), or not at all. A missing one is quietly nothing; another refusal is said.
+class LogFile {
+ public:
+  explicit LogFile(const std::string& path) {
+    auto fd = common::open_job_file(path, "log");
+    if (fd) m_fd = *fd;
+    else if (fd.error().code != ErrorCode::not_found) std::cerr << "gpuq: " << printable(fd.error().message) << "\n";
+  }
+  ~LogFile() {
+    if (m_fd >= 0) ::close(m_fd);
+  }
+  LogFile(const LogFile&) = delete;
+  LogFile& operator=(const LogFile&) = delete;
+  bool ok() const { return m_fd >= 0; }
+  std::streamoff size() const {
+    struct stat st {};
+    return m_fd >= 0 && ::fstat(m_fd, &st) == 0 ? static_cast<std::streamoff>(st.st_size) : 0;
+  }
+  // Up to `len` bytes at `off` into `buf`; how many were read.
+  std::size_t read_at(char* buf, std::size_t len, std::streamoff off) const {
+    for (;;) {
+      const ssize_t n = ::pread(m_fd, buf, len, static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      return n > 0 ? static_cast<std::size_t>(n) : 0;
+    }
+  }
+
+ private:
+  int m_fd = -1;
+};
+
 // Where the last `n` complete lines of a file start (0 when it has fewer); `lines`: how many of
 // them it has, up to n. Read backwards, so a long log costs only its tail.
 std::streamoff tail_start(const std::string& path, int n, int& lines) {
   lines = 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return 0;
-  in.seekg(0, std::ios::end);
-  std::streamoff pos = in.tellg();
+  LogFile in(path);
+  if (!in.ok()) return 0;
+  std::streamoff pos = in.size();
   std::vector<char> buf(64 << 10);
   bool seen_last = false;  // the newline that ends the last complete line
   while (pos > 0) {
     const std::streamoff len = std::min<std::streamoff>(pos, static_cast<std::streamoff>(buf.size()));
     pos -= len;
-    in.seekg(pos);
-    in.read(buf.data(), len);
+    if (in.read_at(buf.data(), static_cast<std::size_t>(len), pos) != static_cast<std::size_t>(len)) return 0;
     for (std::streamoff i = len - 1; i >= 0; --i) {
       if (buf[static_cast<std::size_t>(i)] != '\n') continue;
       if (!seen_last) {
@@ -291,14 +324,32 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   // --log-limit-mb): its older part is printed first, and a log that shrank has rotated.
   std::map<std::pair<int, int>, std::streamoff> offsets;
   auto print_from = [&](const std::string& path, std::streamoff& off, int r, bool whole) {
-    std::ifstream in(path, std::ios::binary);
-    in.seekg(off);
-    std::string line;
-    while (std::getline(in, line)) {
-      const bool complete = !in.eof();
-      if (!complete && !whole) break;  // partial line: print when complete
+    LogFile in(path);
+    if (!in.ok()) return;
+    std::vector<char> buf(64 << 10);
+    std::string line;  // a line not yet ended at the end of the buffer
+    for (;;) {
+      const std::size_t n = in.read_at(buf.data(), buf.size(), off + static_cast<std::streamoff>(line.size()));
+      if (n == 0) break;
+      std::size_t begin = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (buf[i] != '\n') continue;
+        line.append(buf.data() + begin, i - begin);
+        std::cout << (prefix ? "[rank " + std::to_string(r) + "] " : "") << line << "\n";
+        off += static_cast<std::streamoff>(line.size()) + 1;
+        line.clear();
+        begin = i + 1;
+      }
+      line.append(buf.data() + begin, n - begin);
+      if (line.size() >= (1 << 20)) {  // a line without end (a progress bar's \r): shown in pieces, memory bounded
+        std::cout << line;
+        off += static_cast<std::streamoff>(line.size());
+        line.clear();
+      }
+    }
+    if (!line.empty() && whole) {  // partial line: printed once the job cannot end it any more
       std::cout << (prefix ? "[rank " + std::to_string(r) + "] " : "") << line << "\n";
-      off += static_cast<std::streamoff>(line.size()) + (complete ? 1 : 0);
+      off += static_cast<std::streamoff>(line.size());
     }
   };
   bool initial = true;

@@ -223,6 +223,24 @@ class LabMode(unittest.TestCase):
             self.assertEqual(f.read(), '{"type": "result", "secret": 42}\n')
         self.assertEqual(os.stat(self.secret).st_uid, 0)
 
+    def test_reading_a_jobs_log_follows_no_link_and_waits_on_no_fifo_as_root_an_admin_or_its_owner(self):
+        # The job swaps its own rank-0.log for a link to a root-only file, or for a fifo.
+        log = 'log="$(dirname "$GPUQ_EVENTS")/rank-0.log"; rm "$log"; '
+        ids = self.submit(ALICE, [{"name": "link", "command": ["sh", "-c", log + f'ln -s {self.secret} "$log"']},
+                                  {"name": "fifo", "command": ["sh", "-c", log + 'mkfifo "$log"']}])
+        jobs = self.wait(ALICE, ids)
+        self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
+        as_root = lambda *a: subprocess.run([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, *a], input="",
+                                            capture_output=True, text=True, timeout=30, env=dict(os.environ, GPUQ_CONFIG=""))
+        for job_id, said in zip(ids, ("is a symbolic link, not followed", "is not a regular file")):
+            for who, run in (("root", as_root), (CAROL, lambda *a: self.gpuq(CAROL, *a)),
+                             (ALICE, lambda *a: self.gpuq(ALICE, *a))):
+                for args in (["logs", str(job_id)], ["logs", str(job_id), "--tail", "5"]):
+                    with self.subTest(job=job_id, user=who, args=args):
+                        r = run(*args)  # a fifo waited on would run into the timeout
+                        self.assertNotIn("secret", r.stdout + r.stderr)
+                        self.assertIn(said, r.stderr)
+
     def test_a_directory_or_command_the_owner_cannot_reach_is_refused_at_submit(self):
         private = os.path.join(self.tmp, "private")
         os.mkdir(private, 0o700)
