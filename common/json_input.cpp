@@ -82,7 +82,9 @@ Result<int> open_job_file(const std::string& path, std::string_view what, std::o
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0 && errno == ELOOP)
     return Error{ErrorCode::bad_request, std::string(what) + ": " + path + " is a symbolic link, not followed"};
-  if (fd < 0) return Error{ErrorCode::not_found, std::string(what) + ": cannot open " + path + ": " + std::strerror(errno)};
+  if (fd < 0)  // missing (not_found), or there and unreadable for now: permissions, I/O (internal)
+    return Error{errno == ENOENT ? ErrorCode::not_found : ErrorCode::internal,
+                 std::string(what) + ": cannot open " + path + ": " + std::strerror(errno)};
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -113,7 +115,12 @@ Result<std::string> read_job_file(const std::string& path, std::size_t max_bytes
   while (got < text.size()) {
     ssize_t n = ::pread(*fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
+    if (n < 0) {
+      const int err = errno;
+      ::close(*fd);
+      return Error{ErrorCode::internal, std::string(what) + ": cannot read " + path + ": " + std::strerror(err)};
+    }
+    if (n == 0) break;
     got += static_cast<std::size_t>(n);
   }
   ::close(*fd);

@@ -41,8 +41,9 @@ Result<json> parse_untrusted(std::string_view text, std::string_view what, int m
 // A file in a directory a job can write, opened for reading as such a file must be: not through a
 // symlink (O_NOFOLLOW), never waiting on a fifo put in its place (O_NONBLOCK, then fstat refuses
 // anything but a regular file; the descriptor is blocking again once it is known to be one), and,
-// with `owner`, only if that user owns it. Returns the descriptor (O_CLOEXEC), or not_found (missing,
-// unreadable), bad_request (not a regular file) or forbidden (another user's), naming `what`.
+// with `owner`, only if that user owns it. Returns the descriptor (O_CLOEXEC), or not_found (missing),
+// internal (there, but unreadable for now: permissions, I/O), bad_request (a symlink, or not a
+// regular file) or forbidden (another user's), naming `what`.
 Result<int> open_job_file(const std::string& path, std::string_view what, std::optional<uid_t> owner = std::nullopt);
 // Such a file's text, up to `max_bytes` (a larger one is refused unread: too_large).
 Result<std::string> read_job_file(const std::string& path, std::size_t max_bytes, std::string_view what,

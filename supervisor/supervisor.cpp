@@ -307,7 +307,7 @@ class Supervisor {
     std::vector<int> all;
     for (const auto& [fd, _] : m_pipes) all.push_back(fd);
     pump_pipes(all, true);
-    return write_outcome();
+    return record_outcome();
   }
 
  private:
@@ -492,6 +492,25 @@ class Supervisor {
     for (const auto& r : m_ranks)
       if (r.pid > 0) signal_once(r.pid, true);  // the rank's process group; it may be gone
     for (int pid : direct_children()) signal_once(pid, false);
+  }
+
+  // Writes the exit record, and keeps trying while it cannot be written (a state dir that turned
+  // read-only, a full disk): a record missing for good would read as a failure, and the job may
+  // have succeeded. Meanwhile gpuqd sees the supervisor alive and the job running. Its own job
+  // cannot keep it out: an attempt directory it made unwritable is made the owner's to write
+  // again, as this process runs as the owner. A stop signal (a cancel) ends the trying.
+  int record_outcome() {
+    const std::string exit_file = m_doc["exit_file"].get<std::string>();
+    const std::string dir = exit_file.substr(0, exit_file.rfind('/'));
+    double delay_s = 1;
+    for (;;) {
+      struct stat st {};
+      if (::stat(dir.c_str(), &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 0700) != 0700)
+        ::chmod(dir.c_str(), (st.st_mode & 07777) | 0700);
+      if (write_outcome() == 0) return 0;
+      if (wait_for_events(delay_s)) return 1;  // stopped: the outcome stays unrecorded
+      delay_s = std::min(delay_s * 2, 30.0);
+    }
   }
 
   int write_outcome() {

@@ -241,6 +241,12 @@ class LabMode(unittest.TestCase):
                         self.assertNotIn("secret", r.stdout + r.stderr)
                         self.assertIn(said, r.stderr)
 
+    def test_a_job_that_makes_its_attempt_directory_read_only_is_still_recorded(self):
+        # Its supervisor runs as the job's owner, so the job can take the write bit off the
+        # directory the exit record goes in; the supervisor, the owner too, puts it back.
+        [a] = self.submit(ALICE, {"name": "ro", "command": ["sh", "-c", 'chmod 0500 "$(dirname "$GPUQ_EVENTS")"']})
+        self.assertEqual(self.wait(ALICE, [a])[a]["state"], "succeeded")
+
     def test_a_directory_or_command_the_owner_cannot_reach_is_refused_at_submit(self):
         private = os.path.join(self.tmp, "private")
         os.mkdir(private, 0o700)

@@ -3,11 +3,13 @@ full disk (daemon/store.hpp). Each failure must be retried or reported to the cl
 never leave a job in a state nothing will change, and never take gpuqd down."""
 import json
 import os
+import subprocess
 import tempfile
 import shutil
+import time
 import unittest
 
-from harness import Daemon, DaemonTest, event_line, wait_until
+from harness import Daemon, DaemonTest, event_line, pids_matching, wait_until
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
 
@@ -15,6 +17,54 @@ TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
 def log_text(d):
     with open(os.path.join(d.tmp, "gpuqd.log"), errors="replace") as f:
         return f.read()
+
+
+@unittest.skipUnless(os.geteuid() == 0, "mounting a tmpfs needs root (CI runs as root)")
+class StateDirFull(DaemonTest):
+    """The state dir's filesystem is full when a job ends: nothing can be written there, not even
+    the job's exit record (what a filesystem remounted read-only after an error does too)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        self.mnt = os.path.join(self.tmp, "mnt")
+        os.mkdir(self.mnt)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", self.mnt], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise unittest.SkipTest(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        self.d = Daemon(self.tmp, "fake:1")
+        self.d.state = os.path.join(self.mnt, "state")
+        self.d.start()
+
+    def tearDown(self):
+        super().tearDown()
+        subprocess.run(["umount", "-l", self.mnt], capture_output=True)
+
+    def test_a_job_that_succeeds_while_the_state_dir_is_full_is_recorded_succeeded_once_there_is_room(self):
+        gate, done = self.tmp_path("gate"), self.tmp_path("done")
+        job = self.d.submit({"name": "full", "shell": f"while [ ! -e {gate} ]; do sleep 0.05; done; touch {done}"})["ids"][0]
+        wait_until(lambda: self.d.show(job)["job"]["state"] == "running", what="the job to start")
+        filler = os.path.join(self.mnt, "filler")
+        with open(filler, "wb") as f:  # to the last byte
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 16))
+                    f.flush()
+            except OSError:
+                pass
+        open(gate, "w").close()
+        wait_until(lambda: os.path.exists(done), what="the job's command to end")
+        # Its supervisor cannot write the exit record. It used to give up at once, and the job was
+        # recorded `failed` (its supervisor gone without an outcome); now it keeps trying, and the
+        # job stays running. (A few seconds for the old supervisor to exit; where it keeps trying,
+        # the check below passes at once, whatever the load.)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and pids_matching(f"gpuq-shim {self.mnt}/"):
+            time.sleep(0.1)
+        self.assertTrue(pids_matching(f"gpuq-shim {self.mnt}/"), "the supervisor gave up on its record")
+        self.assertEqual(self.d.show(job)["job"]["state"], "running")
+        os.unlink(filler)
+        done_job = self.d.wait([job], timeout=120)[job]
+        self.assertEqual(done_job["state"], "succeeded", done_job["reason"])
 
 
 class DiskFullAtJobEnd(DaemonTest):
