@@ -78,6 +78,12 @@ std::map<std::string, std::string> fields_of(const std::string& line) {
   return out;
 }
 
+// Whether the record's first failure is a rank killed by a signal (SIGTERM, SIGKILL, ...).
+bool killed_by_signal(const json& record) {
+  const auto f = record.find("first_failure");
+  return f != record.end() && f->is_object() && f->value("signal", json()).is_number_integer();
+}
+
 // How many supervisors an attempt has under Slurm: 0 for one (exit.json), or one a rank of a
 // ddp gang (exit-R.json each, made by gpuq-shim --slurm-task).
 int tasks_of(const common::JobSpec* spec) { return spec && spec->mode == common::Mode::ddp ? spec->ranks : 0; }
@@ -670,6 +676,12 @@ class SlurmExecutor final : public Executor {
         // Its supervisor was stopped, but not by gpuq: scancel by someone else, preemption, a
         // node going down, Slurm's time limit. Slurm's record says which.
         account_for(a->second, slurm_id, dir, true);
+      } else if (!cancel && killed_by_signal(record)) {
+        // A rank killed by a signal its supervisor did not send: Slurm may have signalled the
+        // whole step (an scancel by someone else, its time limit) and the rank's death reached
+        // the supervisor before its own SIGTERM did. Slurm's record says; where it does not
+        // explain the signal, the supervisor's record stands.
+        account_for(a->second, slurm_id, dir, true, std::move(record));
       } else {
         m_outcomes[a->second] = std::move(record);
         m_ended(a->second);
@@ -683,11 +695,20 @@ class SlurmExecutor final : public Executor {
   // lost, its time limit) before or without its supervisor. Slurm's record of it says how: a job
   // cancelled in Slurm ends cancelled, one that hit Slurm's time limit timed out, and any other
   // (preempted, node failure) failed, so that it is retried.
-  void account_for(std::int64_t id, const std::string& slurm_id, const std::string& dir, bool recorded) {
-    run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id, dir, recorded](CommandResult r) {
+  // `record`: the supervisor's own, kept unless Slurm's state is one it ended the job with.
+  void account_for(std::int64_t id, const std::string& slurm_id, const std::string& dir, bool recorded,
+                   json record = nullptr) {
+    run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id, dir, recorded,
+                                                                record = std::move(record)](CommandResult r) mutable {
       const auto f = fields_of(r.out);
       const auto field = [&](const char* key) { return f.count(key) ? f.at(key).substr(0, 200) : std::string(); };
       const auto state = f.count("JobState") ? field("JobState") : std::string("unknown (Slurm no longer knows it)");
+      if (!record.is_null() && state != "CANCELLED" && state != "TIMEOUT" && state != "PREEMPTED" &&
+          state != "NODE_FAIL") {
+        m_outcomes[id] = std::move(record);
+        m_ended(id);
+        return;
+      }
       const auto reason = f.count("Reason") && f.at("Reason") != "None" ? ", " + field("Reason") : std::string();
       std::string why = "Slurm job " + slurm_id + " ended " + state + reason;
       if (recorded) {

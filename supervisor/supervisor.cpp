@@ -303,6 +303,9 @@ class Supervisor {
         begin_teardown();
       }
     }
+    // A stop signal that came with the ranks' end, unread: under Slurm, an scancel signals the
+    // whole step, and a rank's death may reach this loop before the supervisor's own SIGTERM.
+    if (wait_for_events(0) && !m_cancelled && !m_timed_out) m_cancelled = true;
     // Every writer is gone: what is left in the pipes ends with EOF.
     std::vector<int> all;
     for (const auto& [fd, _] : m_pipes) all.push_back(fd);
