@@ -109,8 +109,10 @@ Result<std::string> sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
   for (const auto& [k, v] : spec.env) {
     bool name_ok = !k.empty() && !std::isdigit(static_cast<unsigned char>(k[0]));
     for (char c : k) name_ok = name_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
-    if (name_ok) s << "export " << k << "=" << shell_quote(v) << "\n";
-    else s << "# env " << shell_quote(k) << " is not a name bash can export: left out\n";
+    // parse_job refuses such a name; a spec built another way is refused here, never written: a
+    // newline in it would end a comment and start a command.
+    if (!name_ok) return Error{ErrorCode::invalid_spec, "field `env` has an invalid variable name"};
+    s << "export " << k << "=" << shell_quote(v) << "\n";
   }
   auto set_default = [&](const std::string& k, const std::string& v) {
     if (!spec.env.count(k)) s << "export " << k << "=" << v << "\n";

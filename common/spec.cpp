@@ -245,8 +245,13 @@ class JobParser {
 
     string_map("env", s.env);
     for (const auto& [k, v] : s.env) {
-      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos)
-        fail("field `env` has an invalid variable name \"" + k.substr(0, 64) + "\"");
+      // A name a shell can export: what gpuq export --slurm writes as `export NAME=...` must not
+      // turn into a command (a newline in a name did), nor confuse what reads the environment.
+      bool identifier = !k.empty() && k.size() <= 256 && !std::isdigit(static_cast<unsigned char>(k[0]));
+      for (char c : k) identifier = identifier && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+      if (!identifier)
+        fail("field `env` has an invalid variable name " + json(k.substr(0, 64)).dump(-1, ' ', true, json::error_handler_t::replace) +
+             ": a name is letters, digits and '_', not starting with a digit");
       else if (is_reserved_env(k))
         fail("field `env." + k + "` is set by gpuq for every job and cannot be overridden");
       else if (k.size() + 1 + v.size() + 1 > k_max_exec_string)

@@ -104,6 +104,16 @@ TEST_CASE("`cpus` is cores per rank, at least one") {
   CHECK(contains(error_of(R"({"command": ["true"], "env": {"GPUQ_CPUS": "0"}})"), "cannot be overridden"));
 }
 
+TEST_CASE("an environment variable's name is an identifier, so no script it is written into can run it") {
+  for (const char* name : {"A\ntouch /tmp/PWNED\n#", "A B", "1A", "A-B", "A=B", "", "A$(id)", "\u00e9"}) {
+    const json spec = {{"command", {"true"}}, {"env", {{name, "x"}}}};
+    CAPTURE(name);
+    CHECK(contains(error_of(spec.dump()), "field `env` has an invalid variable name"));
+  }
+  CHECK(contains(error_of(R"({"command": ["true"], "env": {"A\ntouch": "x"}})"), "\"A\\ntouch\""));  // shown escaped
+  CHECK(parse_job({{"command", {"true"}}, {"env", {{"_A9", "x"}, {"lower_case", "y"}}}}, "/w").ok());
+}
+
 TEST_CASE("`mem_bind` is local, prefer or none, and needs `cpus`") {
   using gpuq::common::MemBind;
   auto r = parse_batch(json::parse(R"([{"shell": "true", "cpus": 2, "mem_bind": "local"},
@@ -345,4 +355,9 @@ TEST_CASE("slurm: a value sbatch would split or cut is never an #SBATCH line") {
   auto refused = sbatch_script(plain, nl);
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.error().message.find("'--partition=gpu #SBATCH --qos=high' cannot be an #SBATCH line") != std::string::npos);
+  // A spec built without parse_job, with a name that would end a comment and start a command.
+  plain.env["A\ntouch /tmp/PWNED\n#"] = "x";
+  auto bad_name = sbatch_script(plain, {});
+  REQUIRE_FALSE(bad_name.ok());
+  CHECK(bad_name.error().message.find("invalid variable name") != std::string::npos);
 }
