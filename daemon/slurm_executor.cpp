@@ -23,6 +23,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -174,12 +175,22 @@ class SlurmExecutor final : public Executor {
   }
 
   Found adopt(const Attempt& attempt) override {
+    // The job can write its attempt directory, slurm.id and slurm.array included: an id read there
+    // is taken only if Slurm lists that job as gpuqd's user's, with this attempt's comment (else a
+    // job could have gpuqd cancel another Slurm job, of any user where gpuqd runs as root).
+    const std::string array = read_small(attempt.dir + "/slurm.array", 8192);  // "INDEX\nFIRST_DIR"
+    const auto nl = array.find('\n');
+    const bool in_array = nl != std::string::npos && is_job_id(array.substr(0, nl));
+    const std::string comment_dir = in_array ? array.substr(nl + 1) : attempt.dir;
     std::string slurm_id = trim(read_small(attempt.dir + "/slurm.id"));
+    if (!slurm_id.empty() && listed_as_ours(slurm_id, comment_dir) == false) {
+      std::cerr << "gpuqd: job " << attempt.id << ": its slurm.id names Slurm job " << slurm_id.substr(0, 32)
+                << ", which Slurm lists as another user's or another attempt's; ignored\n";
+      slurm_id.clear();
+    }
     if (slurm_id.empty()) {  // gpuqd stopped before writing it: the job whose comment names it
-      const std::string array = read_small(attempt.dir + "/slurm.array", 8192);  // "INDEX\nFIRST_DIR"
-      const auto nl = array.find('\n');
-      if (nl != std::string::npos && is_job_id(array.substr(0, nl))) {
-        if (const std::string base = find_by_comment(array.substr(nl + 1)); !base.empty()) slurm_id = base + "_" + array.substr(0, nl);
+      if (in_array) {
+        if (const std::string base = find_by_comment(comment_dir); !base.empty()) slurm_id = base + "_" + array.substr(0, nl);
       } else {
         slurm_id = find_by_comment(attempt.dir);
       }
@@ -742,6 +753,17 @@ class SlurmExecutor final : public Executor {
     }
     auto it = m_by_comment.find(dir);
     return it == m_by_comment.end() ? std::string() : it->second;
+  }
+
+  // Whether Slurm lists `slurm_id` as a job of gpuqd's user whose comment names `comment_dir`;
+  // nothing when it does not list it at all (ended, or no such job). Asked at recovery, bounded.
+  static std::optional<bool> listed_as_ours(const std::string& slurm_id, const std::string& comment_dir) {
+    if (!is_job_id(slurm_id)) return false;
+    CommandResult r = run_command({"squeue", "-h", "-j", slurm_id, "-o", "%U|%k"}, 10);
+    const std::string line = trim(r.out.substr(0, r.out.find('\n')));
+    const auto bar = line.find('|');
+    if (r.exit_code != 0 || bar == std::string::npos) return std::nullopt;
+    return line.substr(0, bar) == std::to_string(::getuid()) && line.substr(bar + 1) == "gpuq:" + comment_dir;
   }
 
   // This user's Slurm jobs by the attempt directory their `--comment=gpuq:DIR` names (an

@@ -237,6 +237,27 @@ class SlurmExecutor(unittest.TestCase):
         self.assertEqual(done["state"], "timed_out")
         self.assertIn("got TERM", self.d.ok("logs", str(job)))
 
+    def test_a_job_that_writes_another_slurm_jobs_id_into_its_attempt_cannot_have_gpuq_cancel_that_job(self):
+        victim = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 300", "--output", "/dev/null"],
+                                capture_output=True, text=True, timeout=60, check=True).stdout.strip().split(";")[0]
+        forge = (f'd=$(dirname "$GPUQ_EVENTS"); echo up; '
+                 f'while :; do echo {victim} > "$d/id.new" && mv "$d/id.new" "$d/slurm.id"; sleep 0.1; done')
+        job = self.d.submit({"name": "hijack", "shell": forge})["ids"][0]
+        wait_until(lambda: "up" in self.d.run("logs", str(job)).stdout, timeout=60, what="the job to start")
+        own = self.d.show(job)["job"]["external_id"][6:]
+        slurm_id = os.path.join(self.d.show(job)["job"]["job_dir"], "attempt-1", "slurm.id")
+        wait_until(lambda: open(slurm_id).read().strip() == victim, what="the forged id in slurm.id")
+        self.d.kill9()
+        self.d.start()
+        self.d.ok("cancel", str(job))
+        self.assertEqual(self.d.wait([job], timeout=60)[job]["state"], "cancelled")
+        wait_until(lambda: own not in squeue(), timeout=60, interval=0.2, what="the job's own Slurm job to end")
+        self.assertIn(victim, squeue())  # untouched
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            self.assertIn(f"its slurm.id names Slurm job {victim}, which Slurm lists as another user's or another "
+                          "attempt's; ignored", f.read())
+        subprocess.run(["scancel", victim], timeout=60)
+
     def test_gpuqd_killed_and_restarted_records_every_job_once(self):
         release = os.path.join(self.tmp, "release")
         jobs = [{"name": f"r{i}", "shell": f"while [ ! -e {release} ]; do sleep 0.1; done; echo done-{i}", "gpus": 1}
