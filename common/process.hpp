@@ -30,6 +30,10 @@ Result<bool> write_file_atomic(const std::string& path, const std::string& text,
 // Boost.Process v1 does not do this itself.
 void mark_inherited_fds_cloexec();
 
+// The name (/proc/PID/comm, at most 15 bytes) gpuq-shim takes while it cannot write an attempt's
+// exit record and keeps trying: gpuqd then says the job's outcome is unknown.
+inline constexpr const char* k_shim_recording_name = "gpuq-shim-retry";
+
 // The environment gpuq-shim starts with, as NAME=value strings: a fixed PATH, and the sanitizer
 // settings of a sanitizer build (ASAN_OPTIONS, LSAN_OPTIONS, UBSAN_OPTIONS) where gpuqd has them.
 // Nothing else of gpuqd's: the supervisor runs as the job's owner in lab mode, and a job can read

@@ -13,6 +13,7 @@
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <map>
 
@@ -123,6 +124,19 @@ class LocalExecutor final : public Executor {
   void stop(std::int64_t id) override {
     auto it = m_shims.find(id);
     if (it != m_shims.end() && it->second.pid.pid > 0 && is_alive(it->second.pid)) ::kill(it->second.pid.pid, SIGTERM);
+  }
+
+  // A supervisor that cannot write its exit record (the state dir full or read-only) keeps
+  // trying, and says so in its process name: until it succeeds the job's outcome is unknown.
+  std::string detail(std::int64_t id) const override {
+    auto it = m_shims.find(id);
+    if (it == m_shims.end() || it->second.pid.pid <= 0) return {};
+    std::ifstream comm("/proc/" + std::to_string(it->second.pid.pid) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != common::k_shim_recording_name) return {};
+    return "its outcome is unknown: its ranks have ended, and its supervisor cannot write the exit record "
+           "(is the state dir full or read-only?); it keeps trying";
   }
 
   int supervisor_pid(std::int64_t id) const override {

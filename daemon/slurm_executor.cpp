@@ -79,10 +79,10 @@ std::map<std::string, std::string> fields_of(const std::string& line) {
   return out;
 }
 
-// Whether the record's first failure is a rank killed by a signal (SIGTERM, SIGKILL, ...).
-bool killed_by_signal(const json& record) {
+// Whether the record names a failing rank.
+bool has_failure(const json& record) {
   const auto f = record.find("first_failure");
-  return f != record.end() && f->is_object() && f->value("signal", json()).is_number_integer();
+  return f != record.end() && f->is_object();
 }
 
 // How many supervisors an attempt has under Slurm: 0 for one (exit.json), or one a rank of a
@@ -687,11 +687,11 @@ class SlurmExecutor final : public Executor {
         // Its supervisor was stopped, but not by gpuq: scancel by someone else, preemption, a
         // node going down, Slurm's time limit. Slurm's record says which.
         account_for(a->second, slurm_id, dir, true);
-      } else if (!cancel && killed_by_signal(record)) {
-        // A rank killed by a signal its supervisor did not send: Slurm may have signalled the
-        // whole step (an scancel by someone else, its time limit) and the rank's death reached
-        // the supervisor before its own SIGTERM did. Slurm's record says; where it does not
-        // explain the signal, the supervisor's record stands.
+      } else if (!cancel && has_failure(record)) {
+        // A rank that failed: Slurm may have signalled the whole step (an scancel by someone
+        // else, its time limit), and the rank's death (by the signal, or a shell's exit 143 after
+        // its child's) reached the supervisor before its own SIGTERM did. Slurm's record says;
+        // where it does not explain the end, the supervisor's record stands.
         account_for(a->second, slurm_id, dir, true, std::move(record));
       } else {
         m_outcomes[a->second] = std::move(record);

@@ -511,6 +511,9 @@ class Supervisor {
       if (::stat(dir.c_str(), &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 0700) != 0700)
         ::chmod(dir.c_str(), (st.st_mode & 07777) | 0700);
       if (write_outcome() == 0) return 0;
+      // Said where gpuqd looks (the process's name; the state dir cannot be written): the job's
+      // outcome is unknown until this succeeds (local_executor.cpp's detail()).
+      ::prctl(PR_SET_NAME, common::k_shim_recording_name, 0, 0, 0);
       if (wait_for_events(delay_s)) return 1;  // stopped: the outcome stays unrecorded
       delay_s = std::min(delay_s * 2, 30.0);
     }

@@ -227,8 +227,20 @@ class SlurmExecutor(unittest.TestCase):
         wait_until(lambda: "up" in self.d.run("logs", str(job)).stdout, timeout=60, what="the job to start")
         subprocess.run(["scancel", self.d.show(job)["job"]["external_id"][6:]], check=True, timeout=60)
         done = self.d.wait([job], timeout=60)[job]
-        self.assertEqual(done["state"], "cancelled")
+        self.assertEqual(done["state"], "cancelled", done["reason"])
         self.assertRegex(done["reason"], r"^Slurm job \d+ ended CANCELLED.* \(scancel\), not through gpuq$")
+
+    def test_a_job_cancelled_in_slurm_whose_rank_failed_first_is_cancelled_not_failed(self):
+        # The rank exits 3 right after its own scancel: its supervisor sees the failure, and likely
+        # records it before Slurm's SIGTERM reaches it. Slurm's record says what ended the job.
+        job = self.d.submit({"name": "self-cancel", "shell": "scancel $SLURM_JOB_ID; exit 3"})["ids"][0]
+        done = self.d.wait([job], timeout=60)[job]
+        self.assertEqual(done["state"], "cancelled", done["reason"])
+        self.assertRegex(done["reason"], r"^Slurm job \d+ ended CANCELLED.* \(scancel\), not through gpuq$")
+        # A rank that fails with no one cancelling it still fails, with its own words.
+        job = self.d.submit({"name": "fails", "shell": "exit 3"})["ids"][0]
+        done = self.d.wait([job], timeout=60)[job]
+        self.assertEqual((done["state"], done["reason"]), ("failed", "rank 0 exited with code 3"))
 
     def test_a_timeout_ends_the_job_timed_out_after_its_sigterm(self):
         job = self.d.submit({"name": "slow", "shell": 'trap "echo got TERM; exit 3" TERM; sleep 300 & wait',

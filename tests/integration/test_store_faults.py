@@ -62,6 +62,9 @@ class StateDirFull(DaemonTest):
             time.sleep(0.1)
         self.assertTrue(pids_matching(f"gpuq-shim {self.mnt}/"), "the supervisor gave up on its record")
         self.assertEqual(self.d.show(job)["job"]["state"], "running")
+        wait_until(lambda: "its outcome is unknown" in self.d.show(job)["job"]["reason"],
+                   what="status to say the outcome is unknown")
+        self.assertIn("its supervisor cannot write the exit record", self.d.ok("status"))
         os.unlink(filler)
         done_job = self.d.wait([job], timeout=120)[job]
         self.assertEqual(done_job["state"], "succeeded", done_job["reason"])
