@@ -1,12 +1,17 @@
 // Dataset loading (see data.hpp). zlib's gzread reads gzipped and plain files alike.
 #include "worker/data.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -76,8 +81,14 @@ Result<Dataset> load_idx_dir(const common::DatasetSpec& spec) {
     if (images->dims.size() < 2 || labels->dims.size() != 1 || images->dims[0] != labels->dims[0])
       return Error{ErrorCode::invalid_spec, "dataset: " + *images_path + " and " + *labels_path +
                                                 " do not match (images need N×H×W…, labels N, same N)"};
-    int features = 1;
-    for (std::size_t i = 1; i < images->dims.size(); ++i) features *= static_cast<int>(images->dims[i]);
+    if (images->dims[0] == 0)
+      return Error{ErrorCode::invalid_spec, "dataset: " + *images_path + " holds no samples"};
+    std::uint64_t feature_count = 1;
+    for (std::size_t i = 1; i < images->dims.size(); ++i) feature_count *= images->dims[i];  // within k_max_idx_values
+    if (feature_count == 0 || feature_count > static_cast<std::uint64_t>(k_max_features))
+      return Error{ErrorCode::invalid_spec, "dataset: " + *images_path + " has " + std::to_string(feature_count) +
+                                                " features a sample; 1 to " + std::to_string(k_max_features) + " are supported"};
+    const int features = static_cast<int>(feature_count);
     if (images->dims.size() == 3) d.shape = {1, static_cast<int>(images->dims[1]), static_cast<int>(images->dims[2])};
     if (p == 1 && features != d.features)
       return Error{ErrorCode::invalid_spec, "dataset: test images have " + std::to_string(features) +
@@ -90,51 +101,129 @@ Result<Dataset> load_idx_dir(const common::DatasetSpec& spec) {
     s.labels.assign(labels->data.begin(), labels->data.end());
   }
   d.classes = 1 + static_cast<int>(*std::max_element(d.train.labels.begin(), d.train.labels.end()));
+  // Told now, not after a whole epoch, when the first evaluation meets a class the model lacks.
+  if (const auto top = std::max_element(d.test.labels.begin(), d.test.labels.end());
+      top != d.test.labels.end() && *top >= d.classes)
+    return Error{ErrorCode::invalid_spec, "dataset: " + spec.path + ": a test label is " + std::to_string(*top) +
+                                              ", and the training labels are 0 to " + std::to_string(d.classes - 1)};
   return d;
 }
 
 }  // namespace
 
 Result<IdxArray> read_idx(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) return Error{ErrorCode::not_found, "dataset: cannot open " + path};
-  std::vector<std::uint8_t> bytes;
-  std::uint8_t buf[1 << 16];
-  for (int n; (n = gzread(f, buf, sizeof(buf))) > 0;) bytes.insert(bytes.end(), buf, buf + n);
-  int err = 0;
-  const char* msg = gzerror(f, &err);
-  std::string zerr = err < 0 && msg ? msg : "";
-  gzclose(f);
-  if (!zerr.empty()) return Error{ErrorCode::invalid_spec, "dataset: " + path + ": " + zerr};
-  if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0)
-    return Error{ErrorCode::invalid_spec, "dataset: " + path + " is not an IDX file (bad magic number)"};
-  if (bytes[2] != 0x08)
-    return Error{ErrorCode::invalid_spec, "dataset: " + path + " holds IDX type 0x" + std::to_string(bytes[2]) +
-                                              "; only unsigned bytes (0x08) are supported"};
+  // A regular file only: /dev/zero or a fifo named as a dataset would be read without end.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Error{ErrorCode::not_found, "dataset: cannot open " + path + ": " + std::strerror(errno)};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Error{ErrorCode::invalid_spec, "dataset: " + path + " is not a regular file"};
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  gzFile f = gzdopen(fd, "rb");
+  if (!f) {
+    ::close(fd);
+    return Error{ErrorCode::internal, "dataset: cannot read " + path};
+  }
+  // Reads up to `n` bytes; how many it got, or -1 with `zerr` set.
+  std::string zerr;
+  const auto read = [&](std::uint8_t* into, std::uint64_t n) -> std::int64_t {
+    std::uint64_t got = 0;
+    while (got < n) {
+      const int r = gzread(f, into + got, static_cast<unsigned>(std::min<std::uint64_t>(n - got, 1u << 30)));
+      if (r < 0) {
+        int err = 0;
+        const char* msg = gzerror(f, &err);
+        zerr = msg ? msg : "read error";
+        return -1;
+      }
+      if (r == 0) break;
+      got += static_cast<std::uint64_t>(r);
+    }
+    return static_cast<std::int64_t>(got);
+  };
+  const auto fail = [&](const std::string& what) -> Result<IdxArray> {
+    gzclose(f);
+    return Error{ErrorCode::invalid_spec, "dataset: " + path + (what.empty() ? ": " + zerr : what)};
+  };
+  // The header first, and then only as much as it promises: a small gzip that inflates to
+  // gigabytes (a bomb) is refused having read one byte past what the header allows.
+  std::uint8_t magic[4];
+  const std::int64_t got_magic = read(magic, 4);
+  if (got_magic < 0) return fail("");
+  if (got_magic < 4 || magic[0] != 0 || magic[1] != 0) return fail(" is not an IDX file (bad magic number)");
+  if (magic[2] != 0x08)
+    return fail(" holds IDX type 0x" + std::to_string(magic[2]) + "; only unsigned bytes (0x08) are supported");
+  const int ndim = magic[3];
+  if (ndim < 1 || ndim > k_max_idx_dims)
+    return fail(" has " + std::to_string(ndim) + " dimensions; an IDX dataset has 1 to " + std::to_string(k_max_idx_dims));
+  std::uint8_t dims[4 * k_max_idx_dims];
+  const std::int64_t got_dims = read(dims, 4u * static_cast<unsigned>(ndim));
+  if (got_dims < 0) return fail("");
+  if (got_dims < 4 * ndim) return fail(": truncated IDX header");
   IdxArray a;
-  const int ndim = bytes[3];
-  if (ndim < 1 || bytes.size() < 4u + 4u * ndim)
-    return Error{ErrorCode::invalid_spec, "dataset: " + path + ": truncated IDX header"};
   std::uint64_t count = 1;
   for (int i = 0; i < ndim; ++i) {
-    const std::uint8_t* p = &bytes[4 + 4 * i];
+    const std::uint8_t* p = &dims[4 * i];
     a.dims.push_back(std::uint32_t(p[0]) << 24 | std::uint32_t(p[1]) << 16 | std::uint32_t(p[2]) << 8 | p[3]);
+    // Checked: the product of four 32-bit sizes wraps a 64-bit count.
+    if (a.dims.back() != 0 && count > k_max_idx_values / a.dims.back())
+      return fail(": its header's sizes come to more than " + std::to_string(k_max_idx_values) + " values");
     count *= a.dims.back();
   }
-  const std::size_t offset = 4 + 4 * ndim;
-  if (bytes.size() - offset != count)
-    return Error{ErrorCode::invalid_spec, "dataset: " + path + ": header says " + std::to_string(count) +
-                                              " values, file has " + std::to_string(bytes.size() - offset)};
-  a.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(offset), bytes.end());
+  a.data.resize(count);
+  const std::int64_t got = read(a.data.data(), count);
+  if (got < 0) return fail("");
+  if (static_cast<std::uint64_t>(got) != count)
+    return fail(": header says " + std::to_string(count) + " values, file has " + std::to_string(got));
+  std::uint8_t extra;
+  const std::int64_t more = read(&extra, 1);
+  if (more < 0) return fail("");
+  if (more > 0) return fail(": header says " + std::to_string(count) + " values, file has more");
+  gzclose(f);
   return a;
 }
 
+namespace {
+
+// One line of `in` into `line` (its '\r' before the '\n' dropped), at most `max` bytes: false at
+// the end of the file; `too_long` when a line passes `max` (memory would follow its length).
+bool bounded_line(std::istream& in, std::string& line, std::size_t max, bool& too_long) {
+  line.clear();
+  too_long = false;
+  for (int c; (c = in.get()) != EOF;) {
+    if (c == '\n') break;
+    if (line.size() == max) {
+      too_long = true;
+      return true;
+    }
+    line.push_back(static_cast<char>(c));
+  }
+  if (line.empty() && in.eof()) return false;
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  return true;
+}
+
+}  // namespace
+
 Result<Dataset> load_csv(const common::DatasetSpec& spec, std::uint64_t seed) {
   auto read = [&](const std::string& path, Dataset& d, Split& s, bool first) -> Result<bool> {
-    std::ifstream in(path);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return Error{ErrorCode::not_found, "dataset: cannot open " + path};
+    if (!S_ISREG(st.st_mode))  // /dev/zero, a fifo: read without end
+      return Error{ErrorCode::invalid_spec, "dataset: " + path + " is not a regular file"};
+    std::ifstream in(path, std::ios::binary);
     if (!in) return Error{ErrorCode::not_found, "dataset: cannot open " + path};
     std::string line;
-    if (!std::getline(in, line)) return Error{ErrorCode::invalid_spec, "dataset: " + path + " is empty"};
+    bool too_long = false;
+    const auto line_too_long = [&](std::size_t lineno) {
+      return Error{ErrorCode::invalid_spec, "dataset: " + path + ":" + std::to_string(lineno) + " is longer than " +
+                                                std::to_string(k_max_csv_line >> 20) + " MiB"};
+    };
+    if (!bounded_line(in, line, k_max_csv_line, too_long))
+      return Error{ErrorCode::invalid_spec, "dataset: " + path + " is empty"};
+    if (too_long) return line_too_long(1);
     std::vector<std::string> header;
     std::stringstream hs(line);
     for (std::string col; std::getline(hs, col, ',');) header.push_back(col);
@@ -144,17 +233,26 @@ Result<Dataset> load_csv(const common::DatasetSpec& spec, std::uint64_t seed) {
                                                 "\" (set train.dataset.label_column)"};
     const std::size_t label_col = static_cast<std::size_t>(label_at - header.begin());
     const int features = static_cast<int>(header.size()) - 1;
+    if (features < 1)
+      return Error{ErrorCode::invalid_spec, "dataset: " + path + " has no feature columns, only \"" +
+                                                spec.label_column + "\""};
     if (first) d.features = features;
     else if (features != d.features)
       return Error{ErrorCode::invalid_spec, "dataset: " + path + " has " + std::to_string(features) +
                                                 " feature columns, the training file " + std::to_string(d.features)};
-    for (std::size_t lineno = 2; std::getline(in, line); ++lineno) {
-      if (line.empty() || line == "\r") continue;
+    for (std::size_t lineno = 2; bounded_line(in, line, k_max_csv_line, too_long); ++lineno) {
+      if (too_long) return line_too_long(lineno);
+      if (line.empty()) continue;
       std::stringstream ls(line);
       std::size_t col = 0;
       for (std::string cell; std::getline(ls, cell, ','); ++col) {
         char* end = nullptr;
         double v = std::strtod(cell.c_str(), &end);
+        // Finite as a float too: 1e39 is a double, but inf in training (a NaN loss, "succeeded").
+        if (std::isfinite(v) && std::fabs(v) > std::numeric_limits<float>::max() && end && (*end == '\0' || *end == '\r'))
+          return Error{ErrorCode::invalid_spec, "dataset: " + path + ":" + std::to_string(lineno) + ": column \"" +
+                                                    (col < header.size() ? header[col] : "?") + "\" holds " +
+                                                    cell.substr(0, 32) + ", past a float's range (3.4e38)"};
         if (cell.empty() || (end && *end != '\0' && *end != '\r') || !std::isfinite(v))
           return Error{ErrorCode::invalid_spec, "dataset: " + path + ":" + std::to_string(lineno) + ": column \"" +
                                                     (col < header.size() ? header[col] : "?") + "\" is not a number: \"" +
@@ -181,6 +279,9 @@ Result<Dataset> load_csv(const common::DatasetSpec& spec, std::uint64_t seed) {
   Split all;
   if (auto r = read(spec.path, d, all, true); !r) return r.error();
   if (spec.test_path.empty()) {
+    if (all.n < 2)  // the test split takes at least one row: none would be left to train on
+      return Error{ErrorCode::invalid_spec, "dataset: " + spec.path + " has " + std::to_string(all.n) +
+                                                " row; a test split needs at least 2 (or give test_path)"};
     split_off_test(d, std::move(all), spec.test_fraction, seed);
   } else {
     d.train = std::move(all);

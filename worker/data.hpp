@@ -34,7 +34,14 @@ struct IdxArray {
   std::vector<std::uint32_t> dims;
   std::vector<std::uint8_t> data;
 };
-Result<IdxArray> read_idx(const std::string& path);  // gzip or plain, unsigned-byte IDX
+// Bounds on what a dataset file may ask for, checked before anything is read or allocated.
+constexpr int k_max_idx_dims = 8;
+constexpr std::uint64_t k_max_idx_values = 1ULL << 32;  // 4 GiB of bytes, 16 GiB as floats
+constexpr int k_max_features = 1 << 24;
+constexpr std::size_t k_max_csv_line = 16 << 20;  // bytes in one CSV line
+// gzip or plain, unsigned-byte IDX, from a regular file: the header is read first, then exactly the
+// values it promises (a gzip bomb is refused one byte past them), its sizes checked for overflow.
+Result<IdxArray> read_idx(const std::string& path);
 Result<Dataset> load_csv(const common::DatasetSpec& spec, std::uint64_t seed);
 Dataset make_synthetic(const common::DatasetSpec& spec, std::uint64_t seed);
 // Standardises features with the training split's per-feature mean and std (test uses the same).

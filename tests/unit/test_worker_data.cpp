@@ -1,6 +1,7 @@
 // Worker datasets and samplers, without LibTorch: IDX and CSV parsing with their errors,
 // synthetic data, standardisation, and the sampler properties DDP correctness rests on.
 #include <doctest/doctest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -98,6 +99,85 @@ TEST_CASE("an IDX dataset directory loads both splits and is standardised") {
   for (auto n : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte"})
     std::remove((dir + "/" + n).c_str());
   ::rmdir(dir.c_str());
+}
+
+long max_rss_mib() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss >> 10;
+}
+
+TEST_CASE("an IDX file is read no further than its header promises, its sizes checked") {
+  // A gzip bomb: a header of 1x28x28 values, then 256 MiB of zeros (~256 KiB gzipped).
+  const std::string bomb = tmp("bomb.gz");
+  {
+    gzFile f = gzopen(bomb.c_str(), "wb9");
+    const auto head = idx_bytes({1, 28, 28});
+    gzwrite(f, head.data(), static_cast<unsigned>(head.size()));
+    std::vector<std::uint8_t> zeros(1 << 20);
+    for (int i = 0; i < 256; ++i) gzwrite(f, zeros.data(), static_cast<unsigned>(zeros.size()));
+    gzclose(f);
+  }
+  const long before = max_rss_mib();
+  auto a = read_idx(bomb);
+  REQUIRE_FALSE(a.ok());
+  CHECK(a.error().message.find("header says 784 values, file has more") != std::string::npos);
+  CHECK(max_rss_mib() - before < 64);  // it inflated the whole 256 MiB before it looked
+  // Sizes whose product wraps 64 bits (to 0 here), or passes the bound, never reach an allocation.
+  write_raw(tmp("wrap"), {0, 0, 0x08, 4, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0});
+  CHECK(read_idx(tmp("wrap")).error().message.find("come to more than 4294967296 values") != std::string::npos);
+  write_raw(tmp("big"), {0, 0, 0x08, 2, 0x10, 0, 0, 0, 0x10, 0, 0, 1});
+  CHECK(read_idx(tmp("big")).error().message.find("come to more than") != std::string::npos);
+  write_raw(tmp("dims"), {0, 0, 0x08, 200});
+  CHECK(read_idx(tmp("dims")).error().message.find("has 200 dimensions") != std::string::npos);
+  // Not a regular file: read without end.
+  CHECK(read_idx("/dev/zero").error().message.find("is not a regular file") != std::string::npos);
+  for (auto f : {"bomb.gz", "wrap", "big", "dims"}) std::remove(tmp(f).c_str());
+}
+
+TEST_CASE("an IDX dataset with no samples, or test labels the training set lacks, is refused at load") {
+  const std::string dir = tmp("idx-bad");
+  ::mkdir(dir.c_str(), 0755);
+  gpuq::common::DatasetSpec spec;
+  spec.kind = "idx";
+  spec.path = dir;
+  write_raw(dir + "/train-images-idx3-ubyte", idx_bytes({0, 4, 4}));
+  write_raw(dir + "/train-labels-idx1-ubyte", idx_bytes({0}));
+  write_raw(dir + "/t10k-images-idx3-ubyte", idx_bytes({2, 4, 4}));
+  write_raw(dir + "/t10k-labels-idx1-ubyte", idx_bytes({2}, 0));
+  CHECK(load_dataset(spec, 0).error().message.find("train-images-idx3-ubyte holds no samples") != std::string::npos);
+  write_raw(dir + "/train-images-idx3-ubyte", idx_bytes({3, 4, 4}));
+  write_raw(dir + "/train-labels-idx1-ubyte", {0, 0, 0x08, 1, 0, 0, 0, 3, 0, 1, 0});
+  write_raw(dir + "/t10k-labels-idx1-ubyte", {0, 0, 0x08, 1, 0, 0, 0, 2, 1, 5});
+  CHECK(load_dataset(spec, 0).error().message.find("a test label is 5, and the training labels are 0 to 1") !=
+        std::string::npos);
+  write_raw(dir + "/t10k-labels-idx1-ubyte", {0, 0, 0x08, 1, 0, 0, 0, 2, 1, 0});
+  CHECK(load_dataset(spec, 0).ok());
+  for (auto f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
+    std::remove((dir + "/" + f).c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("CSV input a loader must not trust: line length, devices, CRLF, too few columns or rows, float range") {
+  gpuq::common::DatasetSpec spec;
+  spec.kind = "csv";
+  spec.path = tmp("hostile.csv");
+  {
+    std::ofstream out(spec.path);
+    out << "a,label\n" << std::string(k_max_csv_line + 10, '1') << ",0\n";
+  }
+  CHECK(load_csv(spec, 1).error().message.find("hostile.csv:2 is longer than 16 MiB") != std::string::npos);
+  { std::ofstream(spec.path) << "a,label\r\n1,0\r\n2,1\r\n3,0\r\n"; }  // CRLF, the header's too
+  CHECK(load_csv(spec, 1).ok());
+  { std::ofstream(spec.path) << "label\n0\n1\n"; }
+  CHECK(load_csv(spec, 1).error().message.find("has no feature columns") != std::string::npos);
+  { std::ofstream(spec.path) << "a,label\n1,0\n"; }
+  CHECK(load_csv(spec, 1).error().message.find("has 1 row; a test split needs at least 2") != std::string::npos);
+  { std::ofstream(spec.path) << "a,label\n1e39,0\n2,1\n"; }
+  CHECK(load_csv(spec, 1).error().message.find(":2: column \"a\" holds 1e39, past a float's range") != std::string::npos);
+  std::remove(spec.path.c_str());
+  spec.path = "/dev/zero";
+  CHECK(load_csv(spec, 1).error().message.find("/dev/zero is not a regular file") != std::string::npos);
 }
 
 TEST_CASE("CSV datasets: label column, split, and errors with file and line") {
