@@ -25,6 +25,7 @@ constexpr Pattern k_patterns[] = {
     {"collective_timeout", {"gloo", "Timed out waiting"}},
     {"nccl_error", {"NCCL error", nullptr}},
     {"cuda_error", {"CUDA error: ", nullptr}},
+    {"diverged", {"training diverged", nullptr}},  // gpuq-worker's words (trainer.cpp)
 };
 
 const char* class_of(std::string_view line) {
@@ -86,6 +87,7 @@ std::string failure_class_words(std::string_view name) {
     return "a collective operation timed out (a rank stalled or died, or the network between them failed)";
   if (name == "nccl_error") return "NCCL error";
   if (name == "cuda_error") return "CUDA error";
+  if (name == "diverged") return "training diverged (the loss is not finite)";
   return "";
 }
 

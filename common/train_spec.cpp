@@ -102,7 +102,7 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
   FieldReader r(obj, who, "train", errors,
                 {"dataset", "model", "optimizer", "schedule", "loss", "epochs", "batch_size", "accumulate",
                  "clip_grad_norm", "sampler", "seed", "log_every", "device", "checkpoint_every", "stages",
-                 "precision", "data_on", "bucket_mb", "cuda_graph"});
+                 "precision", "data_on", "bucket_mb", "cuda_graph", "on_nonfinite"});
   if (const json* d = r.object("dataset")) t.dataset = parse_dataset(*d, who, errors);
   else if (!r.get("dataset")) r.fail("field `train.dataset` is required, e.g. {\"kind\": \"fashion-mnist\"}");
   if (const json* m = r.object("model")) t.model = parse_model(*m, who, errors);
@@ -137,6 +137,7 @@ TrainSpec parse_train(const json& obj, const std::string& who, std::vector<std::
   r.choice("data_on", {"auto", "device", "host"}, t.data_on);
   r.number("bucket_mb", 0.0001, 4096, t.bucket_mb);
   r.choice("cuda_graph", {"off", "auto", "on"}, t.cuda_graph);
+  r.choice("on_nonfinite", {"fail", "continue"}, t.on_nonfinite);
   if (t.model.kind == "cnn" && t.dataset.kind != "fashion-mnist" && t.dataset.kind != "mnist" && t.dataset.kind != "idx")
     r.fail("field `train.model.kind`: a cnn needs image data (an idx, mnist or fashion-mnist dataset)");
   const bool regression = t.dataset.kind == "synthetic" && t.dataset.task == "regression";
@@ -213,7 +214,7 @@ json to_json(const TrainSpec& t) {
           {"precision", t.precision},
           {"data_on", t.data_on},
           {"bucket_mb", t.bucket_mb},
-          {"cuda_graph", t.cuda_graph}};
+          {"cuda_graph", t.cuda_graph}, {"on_nonfinite", t.on_nonfinite}};
   if (!t.stages.empty()) out["stages"] = t.stages;
   return out;
 }

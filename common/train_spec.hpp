@@ -73,6 +73,7 @@ struct TrainSpec {
   // off | auto | on: replay each step's forward and backward passes from a CUDA graph (auto: when
   // the step can be captured, else eager steps; on: a step that cannot be captured is an error)
   std::string cuda_graph = "off";
+  std::string on_nonfinite = "fail";  // a NaN or infinite loss at an epoch's end: "fail" the job, or "continue"
 };
 
 // Why the training step of `spec` cannot be replayed from a CUDA graph, or "" where nothing in the

@@ -691,6 +691,12 @@ void train_epoch(Run& r, int epoch) {
   r.events->emit(progress);
   std::cout << "rank " << r.o.rank << " epoch " << epoch << ": loss " << r.last_loss << ", test_loss " << r.test_loss
             << (r.classification ? ", test_accuracy " + std::to_string(r.test_accuracy) : std::string()) << std::endl;
+  // A NaN or infinite loss is no success: the job fails (class `diverged`), and no checkpoint of
+  // the broken model is kept, unless the spec says to train on.
+  if ((!std::isfinite(r.last_loss) || !std::isfinite(r.test_loss)) && spec.on_nonfinite == "fail")
+    throw std::runtime_error("training diverged at epoch " + std::to_string(epoch) + ": the loss is " +
+                             std::to_string(r.last_loss) + ", the test loss " + std::to_string(r.test_loss) +
+                             " (a smaller learning rate, gradient clipping, or train.on_nonfinite \"continue\")");
 
   if (r.o.rank == 0 && r.checkpoints->enabled() && (epoch % spec.checkpoint_every == 0 || epoch == spec.epochs))
     r.checkpoints->save(*r.model, *r.optimizer,

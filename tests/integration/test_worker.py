@@ -191,6 +191,18 @@ class Worker(DaemonTest):
         self.assertIn('has no column \\"label\\"', self.d.ok("status", "--json"))
         self.assertIn('has no column "label"', self.d.show(job_id)["first_failure"]["message"])
 
+    def test_training_that_diverges_fails_as_diverged_unless_the_spec_trains_on(self):
+        diverging = {"dataset": {"kind": "synthetic", "task": "regression", "samples": 2000, "features": 16},
+                     "model": {"hidden": [32]}, "optimizer": {"kind": "sgd", "lr": 10}, "epochs": 2, "seed": 3}
+        job_id = self.d.submit({"name": "diverges", "train": diverging})["ids"][0]
+        job = self.d.wait([job_id], timeout=300)[job_id]
+        self.assertEqual(job["state"], "failed")  # it ended `succeeded` with a NaN loss
+        self.assertIn("training diverged (the loss is not finite)", job["reason"])
+        self.assertIn("training diverged at epoch 1", job["reason"])
+        self.assertEqual(self.d.show(job_id)["first_failure"]["class"], "diverged")
+        on = self.d.submit({"name": "trains-on", "train": dict(diverging, on_nonfinite="continue")})["ids"][0]
+        self.assertEqual(self.d.wait([on], timeout=300)[on]["state"], "succeeded")
+
     def test_optimiser_state_that_does_not_fit_the_model_is_dropped_with_a_warning_not_a_crash(self):
         # The optimiser state of a model with the same number of tensors but other shapes.
         spec = dict(SYNTHETIC, epochs=1, checkpoint_every=1, optimizer={"kind": "adam", "lr": 3e-3})

@@ -36,6 +36,7 @@ TEST_CASE("NCCL's watchdog timeout is found above the stack frames printed after
                          "system error\n")
             ->name == "nccl_error");
   CHECK(classify_failure("RuntimeError: CUDA error: an illegal memory access was encountered\n")->name == "cuda_error");
+  CHECK(classify_failure("gpuq-worker: rank 0: training diverged at epoch 1: the loss is nan\n")->name == "diverged");
 }
 
 TEST_CASE("a log that names no known failure has no class; the last one named wins") {
@@ -59,7 +60,7 @@ TEST_CASE("the line is printable: a terminal's view after carriage returns, no e
 }
 
 TEST_CASE("only the classes it gives are accepted back, each with words") {
-  for (const char* name : {"cuda_oom", "collective_timeout", "nccl_error", "cuda_error"}) {
+  for (const char* name : {"cuda_oom", "collective_timeout", "nccl_error", "cuda_error", "diverged"}) {
     CHECK(is_failure_class(name));
     CHECK(!failure_class_words(name).empty());
   }
