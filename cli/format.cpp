@@ -12,11 +12,9 @@
 
 namespace gpuq::cli {
 
-namespace {
-
 // The length of the UTF-8 sequence at s[i] and its code point, or 0 where it is not one
 // (overlong forms, surrogates and values past U+10FFFF are not).
-std::size_t utf8_char(std::string_view s, std::size_t i, char32_t& cp) {
+std::size_t utf8_decode(std::string_view s, std::size_t i, char32_t& cp) {
   const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
   const unsigned char c = b(0);
   std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
@@ -31,6 +29,8 @@ std::size_t utf8_char(std::string_view s, std::size_t i, char32_t& cp) {
   return n;
 }
 
+namespace {
+
 bool reorders_text(char32_t cp) {
   return cp == 0x200E || cp == 0x200F || (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
 }
@@ -43,7 +43,7 @@ std::string printable(std::string_view text) {
   char buf[16];
   for (std::size_t i = 0; i < text.size();) {
     char32_t cp = 0;
-    const std::size_t n = utf8_char(text, i, cp);
+    const std::size_t n = utf8_decode(text, i, cp);
     if (n == 0) {  // not UTF-8: the byte, escaped
       std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned char>(text[i]));
       out += buf;

@@ -22,6 +22,9 @@ namespace gpuq::cli {
 // that are not UTF-8 \xNN. Every human line the CLI prints goes through it; --json output is
 // exact (JSON escapes C0 itself) and `gpuq logs` prints the job's output as it is, as cat does.
 std::string printable(std::string_view text);
+// The length of the UTF-8 sequence at text[i] and its code point in `cp`, or 0 where none starts
+// there (overlong forms, surrogates and values past U+10FFFF are none).
+std::size_t utf8_decode(std::string_view text, std::size_t i, char32_t& cp);
 // printable() line by line, the newlines kept: a message of several lines (a refusal listing its
 // problems).
 std::string printable_lines(std::string_view text);

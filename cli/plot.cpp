@@ -1,6 +1,8 @@
 // `gpuq plot`: curves from progress events, the chart layout, and the SVG canvas (see plot.hpp).
 #include "cli/plot.hpp"
 
+#include "cli/format.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -128,11 +130,13 @@ JobCurves curves_from_events(std::int64_t id, const std::string& name, const std
     if (e.type != "progress" || e.rank != rank || !e.data.is_object()) continue;
     auto px = x_of(e, x, t0);
     if (!px) continue;
+    const auto drawable = [](double v) { return std::isfinite(v) && std::abs(v) <= k_plot_limit; };
     for (const auto& [k, v] : e.data.items()) {
       if (!v.is_number()) continue;
       if (metrics.empty() ? !is_default_metric(k) : !index.count(k)) continue;
       const double y = v.get<double>();
-      if (std::isfinite(y)) curve(k).points.push_back({*px, y});
+      if (drawable(y) && drawable(*px)) curve(k).points.push_back({*px, y});
+      else ++out.skipped;
     }
   }
   std::erase_if(out.curves, [](const Curve& c) { return c.points.empty(); });
@@ -251,6 +255,11 @@ void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOption
   const double W = o.width, H = chart_height(jobs, o);
   c.rect(0, 0, W, H, k_white);
   c.text({W / 2, 34}, fit_text(c, o.title, 20, W - 40), 20, Anchor::middle, k_ink, true);
+  int skipped = 0;
+  for (const auto& j : jobs) skipped += j.skipped;
+  if (skipped > 0)  // said, not hidden: a curve with a gap where the training blew up
+    c.text({W / 2, 50}, std::to_string(skipped) + " value(s) not drawn: not finite, or beyond ±1e150", 11,
+           Anchor::middle, k_ink);
   const auto panels = panels_of(jobs);
   if (panels.empty()) {
     c.text({W / 2, H / 2}, "no progress events to plot", 16, Anchor::middle, k_muted);
@@ -348,17 +357,29 @@ void draw_chart(Canvas& c, const std::vector<JobCurves>& jobs, const ChartOption
 
 namespace {
 
+// Text as XML 1.0 takes it: markup escaped, and only the characters it allows (tab, and U+0020 to
+// U+D7FF, U+E000 to U+FFFD, U+10000 up; no other control character, no U+FFFE/U+FFFF); anything
+// else, bytes that are not UTF-8 included, becomes U+FFFD. One bad metric name made the file
+// unreadable.
 std::string esc(const std::string& s) {
   std::string out;
-  for (char ch : s) {
-    switch (ch) {
+  for (std::size_t i = 0; i < s.size();) {
+    char32_t cp = 0;
+    std::size_t n = utf8_decode(s, i, cp);
+    const bool allowed = n > 0 && (cp == '\t' || (cp >= 0x20 && cp <= 0xD7FF) || (cp >= 0xE000 && cp <= 0xFFFD) || cp >= 0x10000);
+    if (!allowed) {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      i += n > 0 ? n : 1;
+      continue;
+    }
+    switch (cp) {
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '&': out += "&amp;"; break;
       case '"': out += "&quot;"; break;
-      default:
-        if (static_cast<unsigned char>(ch) >= 0x20 || ch == '\t') out += ch;  // no control characters in XML
+      default: out.append(s, i, n);
     }
+    i += n;
   }
   return out;
 }
@@ -440,7 +461,7 @@ json chart_document(const std::vector<JobCurves>& jobs, const ChartOptions& o) {
       for (const auto& p : c.points) xs.push_back(p.x), ys.push_back(p.y);
       curves.push_back({{"metric", c.metric}, {"x", std::move(xs)}, {"y", std::move(ys)}});
     }
-    doc_jobs.push_back({{"id", j.id}, {"name", j.name}, {"curves", std::move(curves)}});
+    doc_jobs.push_back({{"id", j.id}, {"name", j.name}, {"curves", std::move(curves)}, {"skipped", j.skipped}});
   }
   return {{"jobs", std::move(doc_jobs)},
           {"title", o.title},
@@ -466,13 +487,19 @@ Result<std::pair<std::vector<JobCurves>, ChartOptions>> parse_chart_document(con
       return bad("width or panel height out of range");
     std::vector<JobCurves> jobs;
     for (const auto& j : doc.at("jobs")) {
-      JobCurves jc{j.at("id").get<std::int64_t>(), j.at("name").get<std::string>(), {}};
+      JobCurves jc{j.at("id").get<std::int64_t>(), j.at("name").get<std::string>(), {}, j.value("skipped", 0)};
+      if (jc.skipped < 0) return bad("a negative count of skipped values");
       for (const auto& c : j.at("curves")) {
         const auto& xs = c.at("x");
         const auto& ys = c.at("y");
         if (!xs.is_array() || !ys.is_array() || xs.size() != ys.size()) return bad("a curve's x and y differ in length");
         Curve curve{c.at("metric").get<std::string>(), {}};
-        for (std::size_t i = 0; i < xs.size(); ++i) curve.points.push_back({xs[i].get<double>(), ys[i].get<double>()});
+        for (std::size_t i = 0; i < xs.size(); ++i) {
+          const Point p{xs[i].get<double>(), ys[i].get<double>()};
+          if (!(std::abs(p.x) <= k_plot_limit && std::abs(p.y) <= k_plot_limit))
+            return bad("a value beyond ±1e150 (curves_from_events leaves those out)");
+          curve.points.push_back(p);
+        }
         jc.curves.push_back(std::move(curve));
       }
       jobs.push_back(std::move(jc));

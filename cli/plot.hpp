@@ -33,14 +33,19 @@ struct JobCurves {
   std::int64_t id = 0;
   std::string name;
   std::vector<Curve> curves;  // in first-seen order of the metrics
+  int skipped = 0;            // values not drawn: not finite, or beyond ±k_plot_limit
 };
+
+// Values beyond it are not drawn (and counted): one of 1e308 and one of -1e308 make a range no
+// double holds, and every point of the panel NaN.
+constexpr double k_plot_limit = 1e150;
 
 // The x axis every job's events support (`wanted` unless automatic); none if they share none.
 std::optional<XAxis> common_x_axis(const std::vector<std::vector<common::Event>>& jobs, XAxis wanted);
 
 // One curve per metric from a job's progress events, rank 0's only (or the lowest rank seen).
-// `metrics` empty: every numeric field whose name contains "loss" or "acc". Non-finite values
-// are skipped.
+// `metrics` empty: every numeric field whose name contains "loss" or "acc". Non-finite values, and
+// those beyond ±k_plot_limit (x or y), are skipped and counted.
 JobCurves curves_from_events(std::int64_t id, const std::string& name, const std::vector<common::Event>& events,
                              XAxis x, const std::vector<std::string>& metrics);
 

@@ -141,14 +141,18 @@ int cmd_plot(const Options& o, const PlotArgs& a) {
       return k_exit_refused;
     }
   }
+  int skipped = 0;
+  for (const auto& c : curves) skipped += c.skipped;
   if (o.json) {
     json series = json::array();
     for (const auto& c : curves)
       for (const auto& cv : c.curves) series.push_back({{"id", c.id}, {"metric", cv.metric}, {"points", cv.points.size()}});
-    print_json({{"file", a.output}, {"x", plot::x_axis_name(*x)}, {"series", series}});
+    print_json({{"file", a.output}, {"x", plot::x_axis_name(*x)}, {"series", series}, {"skipped", skipped}});
   } else {
-    std::cout << "wrote " << a.output << ": " << n_curves << " curve(s) of " << plotted.size() << " job(s) against "
-              << plot::x_axis_name(*x) << "\n";
+    std::cout << "wrote " << printable(a.output) << ": " << n_curves << " curve(s) of " << plotted.size()
+              << " job(s) against " << plot::x_axis_name(*x);
+    if (skipped > 0) std::cout << "; " << skipped << " value(s) not drawn (not finite, or beyond ±1e150)";
+    std::cout << "\n";
   }
   return k_exit_ok;
 }

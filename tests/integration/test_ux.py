@@ -159,6 +159,28 @@ class Plot(DaemonTest):
         self.assertEqual(r.returncode, 4)
         self.assertIn("no/such/dir/x.png", r.stderr)
 
+    def test_a_hostile_metric_name_and_overflowing_losses_still_make_a_well_formed_chart(self):
+        bad = {"name": "blown", "shell": "; ".join([
+            event_line(type="progress", step=1, loss=0.5, **{"x\uffff\u0001loss": 1.0}),
+            event_line(type="progress", step=2, loss=-1e308, **{"x\uffff\u0001loss": 2.0}),
+            event_line(type="progress", step=3, loss=1e308, **{"x\uffff\u0001loss": 3.0}),
+            event_line(type="progress", step=4, loss=0.25, **{"x\uffff\u0001loss": 4.0})])}
+        job = self.d.submit(bad)["ids"][0]
+        self.d.wait([job])
+        out = self.tmp_path("blown.svg")
+        r = self.d.ok("plot", str(job), "-o", out, "--x", "step")
+        self.assertIn("2 value(s) not drawn", r)
+        root = ET.parse(out).getroot()  # expat refuses U+FFFF and C0 characters: this is the check
+        series = {p.get("data-metric"): len(p.get("points").split())
+                  for p in root.iter("{http://www.w3.org/2000/svg}polyline") if p.get("class") == "series"}
+        self.assertEqual(series, {"loss": 2, "x\ufffd\ufffdloss": 4})
+        with open(out, encoding="utf-8") as f:
+            self.assertNotIn("nan", f.read())
+        self.assertEqual(json.loads(self.d.ok("plot", str(job), "-o", out, "--json"))["skipped"], 2)
+        png = self.tmp_path("blown.png")
+        self.d.ok("plot", str(job), "-o", png)
+        self.assertGreater(read_png(png)[0], 0)
+
     def test_metric_choice_step_axis_and_bad_requests(self):
         out = self.tmp_path("acc.svg")
         r = self.d.ok("plot", str(self.ids[0]), "-o", out, "--metric", "test_accuracy", "--x", "step")

@@ -167,6 +167,48 @@ TEST_CASE("decimation keeps each pixel column's first, extremes and last point, 
   CHECK(decimate(few).size() == 3);
 }
 
+TEST_CASE("svg: names XML forbids are replaced, so the file stays well-formed") {
+  auto ev = training_events(0, 1, 2);
+  for (auto& e : ev) e.data["bad\xEF\xBF\xBF\x01\xC0\xAF<loss>"] = 1.0;  // U+FFFF, a C0, an overlong form
+  auto j = curves_from_events(3, "job \xEF\xBF\xBE", ev, XAxis::step, {});
+  const std::string svg = render_svg({j}, ChartOptions{});
+  CHECK(svg.find("\xEF\xBF\xBF") == std::string::npos);  // U+FFFF
+  CHECK(svg.find("\xEF\xBF\xBE") == std::string::npos);  // U+FFFE
+  CHECK(svg.find('\x01') == std::string::npos);
+  CHECK(svg.find("\xC0\xAF") == std::string::npos);
+  CHECK(svg.find("bad\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD&lt;loss&gt;") != std::string::npos);
+  // Characters XML allows pass as they are: a euro sign, an emoji.
+  auto ev2 = training_events(0, 1, 2);
+  for (auto& e : ev2) e.data["\xE2\x82\xAC_loss_\xF0\x9F\x94\xA5"] = 1.0;
+  const std::string svg2 = render_svg({curves_from_events(4, "b", ev2, XAxis::step, {})}, ChartOptions{});
+  CHECK(svg2.find("\xE2\x82\xAC_loss_\xF0\x9F\x94\xA5") != std::string::npos);
+}
+
+TEST_CASE("curves: values beyond ±1e150 are left out and counted, the chart says so and has no NaN") {
+  auto ev = training_events(0, 1, 4);
+  ev.push_back({90, 0, "progress", 300, {{"step", 5}, {"loss", -1e308}}});
+  ev.push_back({91, 0, "progress", 301, {{"step", 6}, {"loss", 1e308}}});
+  ev.push_back({92, 0, "progress", 302, {{"step", 1e300}, {"loss", 0.1}}});
+  auto j = curves_from_events(5, "a", ev, XAxis::step, {});
+  CHECK(j.skipped == 3);
+  const Curve* loss = find(j, "loss");
+  REQUIRE(loss);
+  for (auto p : loss->points) CHECK(std::abs(p.y) <= 1.0);
+  const std::string svg = render_svg({j}, ChartOptions{});
+  CHECK(svg.find("nan") == std::string::npos);
+  CHECK(svg.find("inf") == std::string::npos);
+  CHECK(svg.find("3 value(s) not drawn") != std::string::npos);
+  // The count travels to the PNG painter; a document with such a value is refused there.
+  auto back = parse_chart_document(json::parse(chart_document({j}, ChartOptions{}).dump()));
+  REQUIRE(back);
+  CHECK(back->first[0].skipped == 3);
+  json doc = chart_document({j}, ChartOptions{});
+  doc["jobs"][0]["curves"][0]["y"][0] = 1e308;
+  auto refused = parse_chart_document(doc);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("beyond") != std::string::npos);
+}
+
 TEST_CASE("svg: no curves gives a chart that says so") {
   const std::string svg = render_svg({}, ChartOptions{});
   CHECK(svg.find("no progress events") != std::string::npos);
