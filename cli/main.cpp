@@ -11,6 +11,9 @@
 #include <string_view>
 
 #include "cli/commands.hpp"
+#include "cli/format.hpp"
+#include "common/client.hpp"
+#include "common/protocol.hpp"
 #include "common/config.hpp"
 #include "common/paths.hpp"
 #include "common/users.hpp"
@@ -94,7 +97,16 @@ int main(int argc, char** argv) {
       gpuq::common::path_exists(gpuq::common::k_lab_socket))
     ctx.opt.socket = gpuq::common::k_lab_socket;
   ctx.opt.reconnect_s = settings->reconnect_s.value_or(ctx.opt.reconnect_s);
+  gpuq::common::Client::set_reply_timeout(settings->reply_timeout_s.value_or(120));
   ctx.settings = std::move(*settings);
   ctx.socket_flag = socket.empty() ? "" : "--socket";
-  return ctx.run ? ctx.run() : k_exit_usage;
+  if (!ctx.run) return k_exit_usage;
+  try {
+    return ctx.run();
+  } catch (const nlohmann::json::exception& e) {
+    // A reply this gpuq cannot read (a gpuqd of another version, or not gpuqd): said, never an abort
+    std::cerr << "gpuq: gpuqd's reply is not one this gpuq (" GPUQ_VERSION ") understands: "
+              << gpuq::cli::printable(gpuq::common::detail::plain_message(e)) << "\n";
+    return k_exit_refused;
+  }
 }

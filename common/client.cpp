@@ -1,13 +1,16 @@
 // Blocking unix-socket client: write a line, read a line.
 #include "common/client.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -18,6 +21,23 @@ namespace gpuq::common {
 
 using json = nlohmann::json;
 
+namespace {
+double g_reply_timeout_s = 120;
+}
+
+void Client::set_reply_timeout(double seconds) { g_reply_timeout_s = seconds; }
+
+double Client::reply_timeout(const json& request) {
+  if (g_reply_timeout_s <= 0 || !request.is_object()) return g_reply_timeout_s;
+  const auto cmd = request.value("cmd", std::string());
+  if (cmd == "wait") {
+    const double own = request.value("timeout_s", 0.0);
+    return own > 0 ? own + g_reply_timeout_s : 0;
+  }
+  if (cmd == "submit" || cmd == "restart" || cmd == "clean") return 10 * g_reply_timeout_s;
+  return g_reply_timeout_s;
+}
+
 Result<Client> Client::connect(const std::string& socket_path, const std::string& client_name) {
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof(addr.sun_path))
@@ -27,9 +47,19 @@ Result<Client> Client::connect(const std::string& socket_path, const std::string
   if (fd < 0) return Error{ErrorCode::internal, std::string("socket(): ") + std::strerror(errno)};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  // A gpuqd that accepts nothing (its backlog full) or reads nothing (a request larger than the
+  // socket's buffer) holds connect and send: they give up after the reply timeout, as a read does.
+  if (g_reply_timeout_s > 0) {
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(std::min(g_reply_timeout_s, 1e6));
+    tv.tv_usec = static_cast<suseconds_t>((g_reply_timeout_s - static_cast<double>(tv.tv_sec)) * 1e6);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     int err = errno;
     ::close(fd);
+    if (err == EAGAIN || err == EINPROGRESS)
+      return Error{ErrorCode::unavailable, "gpuqd on " + socket_path + " accepts no connection (its backlog is full)"};
     return Error{ErrorCode::unavailable, "gpuqd is not running on " + socket_path + " (" +
                                              std::strerror(err) + "); start it with `gpuq daemon start`"};
   }
@@ -97,7 +127,7 @@ Result<json> Client::call(const json& request) {
       reply = fresh.error();
       continue;
     }
-    ::close(m_fd);
+    if (m_fd >= 0) ::close(m_fd);
     m_fd = std::exchange(fresh->m_fd, -1);
     m_buffer = std::move(fresh->m_buffer);
     m_hello = std::move(fresh->m_hello);
@@ -111,15 +141,45 @@ Result<json> Client::call(const json& request) {
 }
 
 Result<json> Client::roundtrip(const json& request) {
+  if (m_fd < 0) return Error{ErrorCode::unavailable, "lost connection to gpuqd: an earlier reply never came"};
+  const auto broken = [this](Error e) {  // a reply may still come: this connection is done
+    ::close(m_fd);
+    m_fd = -1;
+    m_buffer.clear();
+    return e;
+  };
   std::string line = request.dump() + "\n";
   for (std::size_t sent = 0; sent < line.size();) {
     ssize_t n = ::send(m_fd, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return broken(Error{ErrorCode::unavailable, "gpuqd reads no request: sending one timed out"});
     if (n <= 0) return Error{ErrorCode::unavailable, std::string("lost connection to gpuqd: ") + std::strerror(errno)};
     sent += static_cast<std::size_t>(n);
   }
-  std::size_t nl;
-  while ((nl = m_buffer.find('\n')) == std::string::npos) {
+  // One line, read within the time allowed, found by scanning only the bytes each read adds.
+  const double timeout_s = reply_timeout(request);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::size_t nl, scanned = 0;
+  while ((nl = m_buffer.find('\n', scanned)) == std::string::npos) {
+    scanned = m_buffer.size();
+    if (m_buffer.size() > k_max_reply_line)
+      return broken(Error{ErrorCode::internal, "gpuqd's reply is longer than " +
+                                                   std::to_string(k_max_reply_line >> 20) +
+                                                   " MiB without ending its line: not a reply gpuqd sends"});
+    if (timeout_s > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd p{m_fd, POLLIN, 0};
+      const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30))) : 0;
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) {
+        char secs[32];
+        std::snprintf(secs, sizeof(secs), "%g", timeout_s);
+        return broken(Error{ErrorCode::unavailable,
+                            "gpuqd accepted the connection but sent no reply within " + std::string(secs) +
+                                " s (setting reply_timeout_s, $GPUQ_REPLY_TIMEOUT_S; 0 waits for ever)"});
+      }
+    }
     char chunk[65536];
     ssize_t n = ::recv(m_fd, chunk, sizeof(chunk), 0);
     if (n < 0 && errno == EINTR) continue;

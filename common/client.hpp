@@ -37,8 +37,17 @@ class Client {
   Client& operator=(const Client&) = delete;
   ~Client();
 
-  // Sends one request and reads one reply line; returns the reply body or its error.
+  // Sends one request and reads one reply line; returns the reply body or its error. A reply
+  // must come within reply_timeout(request) (an `unavailable` error that says so, the connection
+  // closed) and be at most k_max_reply_line bytes.
   Result<nlohmann::json> call(const nlohmann::json& request);
+  // How long gpuq waits for any reply (hello included), unless the request waits by design:
+  // settings' reply_timeout_s ($GPUQ_REPLY_TIMEOUT_S); 0: no limit. Set once, by main.
+  static void set_reply_timeout(double seconds);
+  // None (0) for a `wait` without a timeout of its own, that timeout plus the default for one
+  // with; ten times the default for the requests gpuqd answers after work of its own (submit's
+  // checks, restart, clean's deletions); the default for the rest.
+  static double reply_timeout(const nlohmann::json& request);
   // For clients that outlive a daemon restart (`wait`, `logs -f`), with idempotent requests
   // only: when gpuqd goes away (systemctl restart, a crash and its restart), `call` connects
   // again with backoff (0.1 s doubling to 2 s) for up to `seconds` and sends the request again.

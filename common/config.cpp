@@ -67,6 +67,7 @@ constexpr Rule k_rules[] = {
     {"forget_after_s", nullptr, "number", 0, 86400 * 3660},
     {"gpu_process_interval_s", nullptr, "number", 0, 86400},
     {"reconnect_s", "GPUQ_RECONNECT_S", "number", 0, 86400},
+    {"reply_timeout_s", "GPUQ_REPLY_TIMEOUT_S", "number", 0, 86400 * 7},
     {"executor", nullptr, "executor", 0, 0},
     {"slurm", nullptr, "slurm", 0, 0},
     {"multi_user", nullptr, "bool", 0, 0},
@@ -196,6 +197,7 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
        : key == "health_interval_s" ? s.health_interval_s
        : key == "forget_after_s"    ? s.forget_after_s
        : key == "reconnect_s"       ? s.reconnect_s
+       : key == "reply_timeout_s"   ? s.reply_timeout_s
        : key == "usage_half_life_s" ? s.usage_half_life_s
        : key == "hang_after_s"      ? s.hang_after_s
        : key == "gpu_process_interval_s" ? s.gpu_process_interval_s

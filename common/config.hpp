@@ -30,6 +30,7 @@ struct Settings {
   std::optional<double> gpu_process_interval_s;  // "gpu_process_interval_s": NVML's process lists, this often
   std::optional<double> forget_after_s;  // "forget_after_s"
   std::optional<double> reconnect_s;     // "reconnect_s"     $GPUQ_RECONNECT_S (gpuq wait, logs -f)
+  std::optional<double> reply_timeout_s;  // "reply_timeout_s" $GPUQ_REPLY_TIMEOUT_S (gpuq: common::Client)
   std::optional<std::string> executor;   // "executor": "local" or "slurm" (gpuqd)
   std::optional<SlurmOptions> slurm;     // "slurm": {"partition", "account", "qos", "extra_args": [...]}
   std::optional<bool> multi_user;        // "multi_user": lab mode (gpuqd; docs/lab.md)

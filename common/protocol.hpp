@@ -1,7 +1,8 @@
 // The wire protocol between gpuq clients and gpuqd (docs/protocol.md): one JSON object per line
 // over a unix socket. Every request has "cmd"; every reply has "ok", and on failure
 // "error": {"code", "message"}. One struct per message; requests are decoded with messages that
-// name the offending field, replies with nlohmann's generated (defaulting) decoders.
+// name the offending field, and so are replies (GPUQ_JSON_TYPE: a missing field takes its default,
+// one of the wrong type is a ReplyFieldError that names it).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -30,6 +32,82 @@ NLOHMANN_JSON_SERIALIZE_ENUM(JobState, {{JobState::queued, "queued"},
 namespace gpuq::common {
 
 using json = nlohmann::json;
+
+// A reply field of the wrong type, named by its path ("jobs[3].state: ..."). It is a
+// json::exception, so code that catches those catches it.
+class ReplyFieldError : public nlohmann::json::exception {
+ public:
+  ReplyFieldError(const std::string& path, const std::string& problem)
+      : exception(0, ("field `" + path + "`: " + problem).c_str()), m_path(path), m_problem(problem) {}
+  const std::string& path() const { return m_path; }
+  const std::string& problem() const { return m_problem; }
+
+ private:
+  std::string m_path, m_problem;
+};
+
+namespace detail {
+// nlohmann's "[json.exception.type_error.302] type must be string, but is number" without the tag.
+inline std::string plain_message(const nlohmann::json::exception& e) {
+  std::string m = e.what();
+  if (!m.empty() && m[0] == '[')
+    if (auto end = m.find("] "); end != std::string::npos) m.erase(0, end + 2);
+  return m;
+}
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {};
+template <class A>
+struct is_vector<std::vector<bool, A>> : std::false_type {};
+
+template <class T>
+void field_from_json(const nlohmann::json& j, const std::string& name, T& out, const T& fallback) {
+  auto it = j.find(name);
+  if (it == j.end()) {
+    out = fallback;
+    return;
+  }
+  if constexpr (is_vector<T>::value) {
+    if (!it->is_array()) throw ReplyFieldError(name, std::string("must be an array, is ") + it->type_name());
+    T items;
+    items.reserve(it->size());
+    for (std::size_t i = 0; i < it->size(); ++i) {
+      try {
+        items.push_back((*it)[i].template get<typename T::value_type>());
+      } catch (const ReplyFieldError& e) {
+        throw ReplyFieldError(name + "[" + std::to_string(i) + "]." + e.path(), e.problem());
+      } catch (const nlohmann::json::exception& e) {
+        throw ReplyFieldError(name + "[" + std::to_string(i) + "]", plain_message(e));
+      }
+    }
+    out = std::move(items);
+  } else {
+    try {
+      out = it->template get<T>();
+    } catch (const ReplyFieldError& e) {
+      throw ReplyFieldError(name + "." + e.path(), e.problem());
+    } catch (const nlohmann::json::exception& e) {
+      throw ReplyFieldError(name, plain_message(e));
+    }
+  }
+}
+inline void require_object(const nlohmann::json& j) {
+  if (!j.is_object()) throw ReplyFieldError("", std::string("must be an object, is ") + j.type_name());
+}
+}  // namespace detail
+
+// NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT, decoding with errors that name the field.
+#define GPUQ_JSON_FROM_FIELD(v1) ::gpuq::common::detail::field_from_json(nlohmann_json_j, #v1, nlohmann_json_t.v1, nlohmann_json_default_obj.v1);
+#define GPUQ_JSON_TYPE(Type, ...)                                                                   \
+  inline void to_json(nlohmann::json& nlohmann_json_j, const Type& nlohmann_json_t) {             \
+    NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(NLOHMANN_JSON_TO, __VA_ARGS__))                       \
+  }                                                                                               \
+  inline void from_json(const nlohmann::json& nlohmann_json_j, Type& nlohmann_json_t) {           \
+    ::gpuq::common::detail::require_object(nlohmann_json_j);                                      \
+    const Type nlohmann_json_default_obj{};                                                       \
+    NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(GPUQ_JSON_FROM_FIELD, __VA_ARGS__))                   \
+  }
 
 constexpr int k_protocol_version = 1;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
@@ -77,7 +155,7 @@ struct JobInfo {
   bool hung = false;  // running, silent for hang_after_s since its last progress event: `reason` says more
   json gpu_memory_peak_mb;  // running: the most GPU memory its processes held on one GPU (NVML), null when unknown
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobInfo, id, batch, name, state, attempt, retries,
+GPUQ_JSON_TYPE(JobInfo, id, batch, name, state, attempt, retries,
                                                 restarts, attempt_base, held,
                                                 priority, gpus_requested, mode, ranks, gpus,
                                                 cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
@@ -91,14 +169,14 @@ struct Transition {
   double at = 0;
   std::string reason;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Transition, attempt, state, at, reason)
+GPUQ_JSON_TYPE(Transition, attempt, state, at, reason)
 
 struct LogFile {
   int attempt = 0;
   int rank = 0;
   std::string path;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LogFile, attempt, rank, path)
+GPUQ_JSON_TYPE(LogFile, attempt, rank, path)
 
 // A process NVML lists on a GPU: one of a job's (`job`), or one gpuq did not start (job null).
 struct GpuProcessInfo {
@@ -108,7 +186,7 @@ struct GpuProcessInfo {
   std::string user;     // who runs it ("" once it is gone, or in another pid namespace)
   std::string command;  // its name (/proc/PID/comm)
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpuProcessInfo, pid, used_mb, job, user, command)
+GPUQ_JSON_TYPE(GpuProcessInfo, pid, used_mb, job, user, command)
 
 struct GpuInfo {
   int index = 0;
@@ -126,7 +204,7 @@ struct GpuInfo {
   json processes;            // [GpuProcessInfo] from NVML, null where it cannot list them
   std::int64_t foreign_mb = 0;  // held by processes outside gpuq: counted as used when packing
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpuInfo, index, uuid, name, memory_total_mb,
+GPUQ_JSON_TYPE(GpuInfo, index, uuid, name, memory_total_mb,
                                                 memory_used_mb, utilization, allocated_mb,
                                                 exclusive, jobs, numa_node, drained, drain_reason,
                                                 processes, foreign_mb)
@@ -146,6 +224,9 @@ constexpr int k_max_running_limit = 1000000;  // the largest batch limit on runn
 // asks again from the last id it got (`after`).
 constexpr int k_max_reply_jobs = 2000;
 constexpr std::size_t k_max_reply_bytes = 64 << 20;
+// The longest reply line a client reads: a list cut at k_max_reply_bytes, its last job's 1 MiB and
+// the rest of the reply fit with room to spare. A longer one is not gpuqd's.
+constexpr std::size_t k_max_reply_line = k_max_reply_bytes + (16 << 20);
 
 struct SubmitRequest {
   json jobs;  // one spec object or an array: validated by common::parse_batch in the daemon
@@ -287,14 +368,14 @@ struct HelloReply {
   std::string user;         // the caller, as gpuqd knows it
   bool admin = false;       // whether the caller may act on every job
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HelloReply, protocol_version, daemon_version, pid,
+GPUQ_JSON_TYPE(HelloReply, protocol_version, daemon_version, pid,
                                                 state_dir, multi_user, user, admin)
 
 struct SubmitReply {
   std::int64_t batch = 0;
   std::vector<std::int64_t> ids;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SubmitReply, batch, ids)
+GPUQ_JSON_TYPE(SubmitReply, batch, ids)
 
 struct JobsReply {  // status, wait, results
   std::vector<JobInfo> jobs;
@@ -303,7 +384,7 @@ struct JobsReply {  // status, wait, results
   bool more = false;       // the list was cut (a page, or the reply's bound): ask again with `after`
   std::int64_t queued_total = 0;  // status: queued jobs, shown or not, that the filter keeps
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(JobsReply, jobs, total, timed_out, more, queued_total)
+GPUQ_JSON_TYPE(JobsReply, jobs, total, timed_out, more, queued_total)
 
 struct ShowReply {
   JobInfo job;
@@ -313,7 +394,7 @@ struct ShowReply {
   std::vector<LogFile> logs;
   json first_failure;  // {rank, exit_code, signal} of the last failed attempt, or null
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShowReply, job, batch_max_running, spec, history, logs, first_failure)
+GPUQ_JSON_TYPE(ShowReply, job, batch_max_running, spec, history, logs, first_failure)
 
 // `why`: what a job waits for, in full.
 struct Holder {  // a running job on GPUs the waiting one could use
@@ -322,7 +403,7 @@ struct Holder {  // a running job on GPUs the waiting one could use
   std::vector<int> gpus;
   double ends_by = 0;  // started + timeout (+ the grace period): it is over by then; 0 for no timeout
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Holder, id, name, user, gpus, ends_by)
+GPUQ_JSON_TYPE(Holder, id, name, user, gpus, ends_by)
 struct WhyReply {
   JobInfo job;
   std::vector<std::string> details;  // what it waits for, a sentence each
@@ -330,7 +411,7 @@ struct WhyReply {
   std::int64_t ahead = 0;            // queued jobs ahead of it in line
   json estimated_start;              // unix time: the earliest it can start, from the holders' timeouts; or null
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WhyReply, job, details, holders, ahead, estimated_start)
+GPUQ_JSON_TYPE(WhyReply, job, details, holders, ahead, estimated_start)
 
 struct Event {
   std::int64_t seq = 0;  // increasing in the order gpuqd read the events
@@ -339,39 +420,39 @@ struct Event {
   double at = 0;         // when gpuqd read it (unix seconds)
   json data;             // the event as the job wrote it
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Event, seq, rank, type, at, data)
+GPUQ_JSON_TYPE(Event, seq, rank, type, at, data)
 struct EventsReply {
   std::int64_t id = 0;
   int attempt = 0;  // the attempt these events belong to (0: the job never started)
   std::vector<Event> events;
   bool more = false;  // another page follows: ask again with `after` = the last seq
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EventsReply, id, attempt, events, more)
+GPUQ_JSON_TYPE(EventsReply, id, attempt, events, more)
 
 struct CancelOutcome {  // cancel, hold, release
   std::int64_t id = 0;
   JobState state = JobState::queued;  // state after the request
   bool changed = false;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelOutcome, id, state, changed)
+GPUQ_JSON_TYPE(CancelOutcome, id, state, changed)
 struct CancelReply {
   std::vector<CancelOutcome> jobs;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelReply, jobs)
+GPUQ_JSON_TYPE(CancelReply, jobs)
 // update's reply: a CancelReply (the jobs whose spec fields were asked to change), with
 // `batch_limit` when it set the batch's `max_running`.
 struct BatchLimitChange {
   std::int64_t batch = 0;
   int max_running = 0, was = 0;  // 0: no limit
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(BatchLimitChange, batch, max_running, was)
+GPUQ_JSON_TYPE(BatchLimitChange, batch, max_running, was)
 
 struct RestartOutcome {
   std::int64_t id = 0;
   std::string was;          // the state it had ended in
   std::int64_t with = 0;    // 0: asked for; else the restarted job it had failed waiting for
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RestartOutcome, id, was, with)
+GPUQ_JSON_TYPE(RestartOutcome, id, was, with)
 struct RestartReply {
   std::vector<RestartOutcome> jobs;  // in id order, the first k_max_reply_jobs
   std::int64_t total = 0;            // jobs queued again, all of them
@@ -379,20 +460,20 @@ struct RestartReply {
   std::int64_t along = 0;            // of those, how many came with a job they wait for
   bool more = false;                 // `jobs` holds the first k_max_reply_jobs only
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RestartReply, jobs, total, was, along, more)
+GPUQ_JSON_TYPE(RestartReply, jobs, total, was, along, more)
 
 struct KeptJob {  // an ended job a clean --forget selected but kept, and why
   std::int64_t id = 0;
   std::string reason;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(KeptJob, id, reason)
+GPUQ_JSON_TYPE(KeptJob, id, reason)
 struct CleanReply {
   std::vector<std::int64_t> cleaned;  // jobs whose files were removed, by id
   std::int64_t bytes_freed = 0;
   std::vector<std::int64_t> forgotten;  // forget: jobs whose records were removed, by id
   std::vector<KeptJob> kept;            // forget: selected by batch or age but still needed
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CleanReply, cleaned, bytes_freed, forgotten, kept)
+GPUQ_JSON_TYPE(CleanReply, cleaned, bytes_freed, forgotten, kept)
 
 struct GpusReply {
   std::string source;  // "nvml", "fake:N:MiB[:NODES]" or "none"
@@ -401,7 +482,7 @@ struct GpusReply {
   int cpu_slots_used = 0;  // held by running jobs
   std::string cores;       // the cores the pool's slots map to, e.g. "0-15"
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores)
+GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores)
 
 // `usage` (lab mode): each user's recent GPU use, what they hold and wait for, and their limits.
 struct UserUsage {
@@ -414,14 +495,14 @@ struct UserUsage {
   int max_running = 0, max_gpus = 0;  // their limits (0: none)
   std::int64_t max_queued = 0;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(UserUsage, user, uid, gpu_hours, running, gpus, queued, max_running,
+GPUQ_JSON_TYPE(UserUsage, user, uid, gpu_hours, running, gpus, queued, max_running,
                                                 max_gpus, max_queued)
 struct UsageReply {
   bool multi_user = false;
   double half_life_s = 0;
   std::vector<UserUsage> users;  // those with jobs or recent use, least recent use first
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(UsageReply, multi_user, half_life_s, users)
+GPUQ_JSON_TYPE(UsageReply, multi_user, half_life_s, users)
 
 // Wraps a reply body: {"ok": true, ...body}. Errors: {"ok": false, "error": {...}}.
 json ok_reply(json body = json::object());

@@ -578,3 +578,138 @@ class OutOfDescriptors(DaemonTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FakeDaemon:
+    """A unix socket that answers hello as gpuqd would, then each request with `answer(request)`:
+    bytes to send (None: send nothing and keep the connection open)."""
+
+    def __init__(self, path, answer):
+        self.path, self.answer, self.requests = path, answer, []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.open = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.open.append(conn)
+            threading.Thread(target=self.talk, args=(conn,), daemon=True).start()
+
+    def talk(self, conn):
+        buf = b""
+        try:
+            while True:
+                while b"\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                line, buf = buf.split(b"\n", 1)
+                req = json.loads(line)
+                self.requests.append(req)
+                if req.get("cmd") == "hello":
+                    conn.sendall(json.dumps({"ok": True, "protocol_version": 1, "daemon_version": "fake",
+                                             "pid": os.getpid(), "state_dir": "/nonexistent"}).encode() + b"\n")
+                    continue
+                reply = self.answer(req)
+                if reply is not None:
+                    conn.sendall(reply)
+        except OSError:
+            return
+
+    def close(self):
+        self.sock.close()
+        for c in self.open:
+            c.close()
+
+
+class HostileDaemon(unittest.TestCase):
+    """gpuq against a daemon that is broken, hostile or of another version: a clear error and an
+    exit code, never an abort, a hang or memory without bound."""
+
+    def setUp(self):
+        import tempfile
+        self.dir = tempfile.mkdtemp(prefix="gpuq-fake-")
+        self.socket = os.path.join(self.dir, "fake.sock")
+
+    def tearDown(self):
+        import shutil
+        if hasattr(self, "fake"):
+            self.fake.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def serve(self, answer):
+        self.fake = FakeDaemon(self.socket, answer)
+
+    def gpuq(self, *args, timeout=60, **env):
+        e = dict(os.environ, GPUQ_CONFIG=os.path.join(self.dir, "none.json"), **env)
+        e.pop("GPUQ_SOCKET", None)
+        return subprocess.run([os.path.join(BIN, "gpuq"), "--socket", self.socket, *args],
+                              capture_output=True, text=True, timeout=timeout, env=e)
+
+    def test_replies_of_the_wrong_types_name_the_field_and_exit_4(self):
+        replies = {
+            "status": {"ok": True, "jobs": {"a": 1}},
+            "wait": {"ok": True, "jobs": [{"id": 1, "state": "running", "name": ["not", "a", "string"]}]},
+            "show": {"ok": True, "job": {"id": "seven"}},
+        }
+        self.serve(lambda req: json.dumps(replies.get(req["cmd"], {"ok": True})).encode() + b"\n")
+        for args, field in ((["status"], "`jobs`"), (["wait", "1", "--json"], "`jobs[0].name`"),
+                            (["show", "1"], "`job.id`"), (["status", "--json"], "`jobs`")):
+            r = self.gpuq(*args)
+            self.assertEqual(r.returncode, 4, (args, r.returncode, r.stderr))
+            self.assertIn("gpuqd's reply is not one this gpuq", r.stderr)
+            self.assertIn(field, r.stderr, args)
+
+    def test_a_daemon_that_never_answers_times_out_with_exit_3(self):
+        self.serve(lambda req: None)
+        for args in (["status"], ["cancel", "1"]):
+            t0 = time.monotonic()
+            r = self.gpuq(*args, GPUQ_REPLY_TIMEOUT_S="1")
+            self.assertEqual(r.returncode, 3, (args, r.stderr))
+            self.assertIn("sent no reply within 1 s", r.stderr)
+            self.assertLess(time.monotonic() - t0, 30)
+        # the same for the hello exchange: a socket that accepts and never speaks
+        self.fake.close()
+        os.unlink(self.socket)
+        mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        mute.bind(self.socket)
+        mute.listen(8)
+        try:
+            r = self.gpuq("status", GPUQ_REPLY_TIMEOUT_S="1")
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertIn("sent no reply within 1 s", r.stderr)
+        finally:
+            mute.close()
+
+    def test_a_reply_line_without_end_is_read_to_a_bound_and_refused(self):
+        sent = []
+
+        # Send the flood from the fake's own thread, then keep the connection open.
+        class Flood(FakeDaemon):
+            def talk(inner, conn):
+                buf = b""
+                while b"\n" not in buf:
+                    buf += conn.recv(65536)
+                line, buf = buf.split(b"\n", 1)
+                conn.sendall(json.dumps({"ok": True, "protocol_version": 1, "daemon_version": "fake",
+                                         "pid": 1, "state_dir": "/x"}).encode() + b"\n")
+                while b"\n" not in buf:
+                    buf += conn.recv(65536)
+                try:
+                    for _ in range(200):
+                        conn.sendall(b"x" * (1 << 20))
+                        sent.append(1)
+                except OSError:
+                    pass
+        self.fake = Flood(self.socket, lambda req: None)
+        r = self.gpuq("status", "--json")
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("longer than 80 MiB without ending its line", r.stderr)
+        self.assertLess(len(sent), 200)  # gpuq stopped reading: the rest was never taken

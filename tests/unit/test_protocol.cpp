@@ -274,3 +274,28 @@ TEST_CASE("a number beyond double's range is a bad request, not an exception (fo
 }
 
 TEST_SUITE_END();
+
+TEST_CASE("replies: a field of the wrong type is named by its path; a missing one takes its default") {
+  using gpuq::common::ReplyFieldError;
+  const auto path_of = [](const json& j) -> std::string {
+    try {
+      (void)j.get<gpuq::common::JobsReply>();
+    } catch (const ReplyFieldError& e) {
+      return e.path() + ": " + e.problem();
+    }
+    return "decoded";
+  };
+  CHECK(path_of({{"jobs", {{"a", 1}}}}) == "jobs: must be an array, is object");
+  CHECK(path_of({{"jobs", {{{"id", 1}}, {{"id", 2}, {"gpus", {0, 1, "two"}}}}}}).rfind("jobs[1].gpus[2]: ", 0) == 0);
+  CHECK(path_of({{"jobs", {{{"id", 1}, {"name", 5}}}}}).rfind("jobs[0].name: type must be string", 0) == 0);
+  CHECK(path_of({{"more", "yes"}}).rfind("more: ", 0) == 0);
+  CHECK(path_of(json::array()) == ": must be an object, is array");
+  CHECK(path_of({{"jobs", {{{"id", 3}}}}, {"unknown_field", 1}}) == "decoded");
+  auto r = json({{"jobs", {{{"id", 3}}}}}).get<gpuq::common::JobsReply>();
+  REQUIRE(r.jobs.size() == 1);
+  CHECK(r.jobs[0].id == 3);
+  CHECK(r.jobs[0].mem_bind == "none");  // the default, as gpuqd of an older version leaves it out
+  CHECK_FALSE(r.more);
+  // What code catching json::exception sees
+  CHECK_THROWS_AS((void)json({{"total", "x"}}).get<gpuq::common::JobsReply>(), json::exception);
+}
