@@ -428,6 +428,7 @@ class Daemon {
   std::uint64_t m_needs_changed = 0;
   std::uint64_t m_pass = 0;  // scheduling passes so far
   bool m_tail_stopped = false;  // the last pass stopped early: the jobs it left wait as m_tail says
+  bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back
   TailState m_tail;
   std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
   std::map<std::uint32_t, UserCap> m_users_at_limit;  // and its Plan::users_at_limit

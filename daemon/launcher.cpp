@@ -1,9 +1,11 @@
 // Launch documents, environments and supervisor spawning (see launcher.hpp).
 #include "daemon/launcher.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -252,14 +254,50 @@ namespace {
 // Runs in the child before exec: a new session detaches the supervisor from the daemon's
 // terminal and process group, so signals aimed at the daemon never reach jobs. The child is
 // created with vfork (no copy of the daemon's page tables), so this may only make system calls.
+rlim_t g_children_nofile = RLIM_INFINITY;  // the soft limit gpuqd started with (unchanged: infinity)
+
 struct NewSession : bp::extend::handler {
   template <class Executor>
   void on_exec_setup(Executor&) const {
     ::setsid();
     mark_inherited_fds_cloexec();
+    if (g_children_nofile != RLIM_INFINITY) {
+      rlimit l{};
+      if (::getrlimit(RLIMIT_NOFILE, &l) == 0) {
+        l.rlim_cur = std::min(g_children_nofile, l.rlim_max);
+        ::setrlimit(RLIMIT_NOFILE, &l);
+      }
+    }
   }
 };
 }  // namespace
+
+std::string raise_descriptor_limit() {
+  rlimit l{};
+  if (::getrlimit(RLIMIT_NOFILE, &l) != 0) return std::string("cannot read the descriptor limit: ") + std::strerror(errno);
+  if (l.rlim_cur >= l.rlim_max) return "";
+  const rlim_t before = l.rlim_cur;
+  // An unlimited hard limit is not a number to allocate tables by: 1,048,576 is the kernel's default nr_open.
+  l.rlim_cur = l.rlim_max == RLIM_INFINITY ? std::max<rlim_t>(before, 1 << 20) : l.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &l) != 0)
+    return "cannot raise the descriptor limit from " + std::to_string(before) + ": " + std::strerror(errno);
+  g_children_nofile = before;
+  return "descriptor limit raised from " + std::to_string(before) + " to " + std::to_string(l.rlim_cur) +
+         " (jobs get " + std::to_string(before) + ")";
+}
+
+Descriptors descriptors() {
+  rlimit l{};
+  if (::getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur == RLIM_INFINITY) return {};
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return {};
+  long open = -1;  // the directory's own descriptor is in the listing
+  while (const dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++open;
+  ::closedir(d);
+  const long limit = static_cast<long>(l.rlim_cur);
+  return {limit - open, std::min(64L, limit / 4)};
+}
 
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir) {
   // Its own small environment, not gpuqd's (common::supervisor_environment).

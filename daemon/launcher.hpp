@@ -98,6 +98,22 @@ std::vector<int> usable_cores();
 // Spawns `shim_path attempt_dir/launch.json` in its own session; returns its pid.
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& attempt_dir);
 
+// File descriptors. gpuqd raises its soft RLIMIT_NOFILE to the hard limit at start (every running
+// job holds one, every client one, a launch a few more for a moment), and gives what it spawns
+// the soft limit it was started with: programs that select() or walk every descriptor expect the
+// usual 1,024. Returns the line to log ("" when nothing changed).
+std::string raise_descriptor_limit();
+// Descriptors gpuqd can still open (its soft limit less those open, from /proc/self/fd; -1:
+// unknown), and how many it keeps for clients, the store, logs and hooks: 64, or a quarter of a
+// smaller limit. A job starts only while `reserved` + k_descriptors_per_launch are free, and
+// waits, saying why, otherwise (it never fails for it).
+struct Descriptors {
+  long free = -1;
+  long reserved = 0;
+};
+Descriptors descriptors();
+constexpr long k_descriptors_per_launch = 8;  // the supervisor's pidfd and, for a moment, spawn's pipes and files
+
 // A TCP port on 127.0.0.1 that is free now and not in `in_use` (handed to DDP ranks).
 int pick_free_port(const std::set<int>& in_use);
 

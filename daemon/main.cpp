@@ -18,6 +18,7 @@
 #include "common/paths.hpp"
 #include "common/users.hpp"
 #include "daemon/daemon.hpp"
+#include "daemon/launcher.hpp"
 #include "daemon/metrics_http.hpp"
 #include "daemon/server.hpp"
 
@@ -300,6 +301,8 @@ int main(int argc, char** argv) {
     report_ready(inventory.error().message);
     return 1;
   }
+  if (const std::string raised = gpuq::daemon::raise_descriptor_limit(); !raised.empty())
+    std::cerr << "gpuqd: " << raised << "\n";
   std::cerr << "gpuqd " GPUQ_VERSION ": " << inventory->gpus().size() << " GPU(s) from " << inventory->source()
             << ", state in " << config.state_dir << "\n";
 

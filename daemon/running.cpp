@@ -325,14 +325,35 @@ void Daemon::schedule_now() {
       return false;
     }
   };
+  // Descriptors: a launch that would leave fewer than fds_reserved waits, queued and
+  // saying why, and is tried again in a second (a job's end or a client's leaving frees some).
+  const bool launching = !plan.start.empty() || !units.empty();
+  auto [fds_free, fds_reserved] = launching ? descriptors() : Descriptors{};
+  bool held_back = false;
+  const auto fds_short = [&](Active& a) {
+    if (fds_free < 0) return false;  // unknown: no /proc
+    if (fds_free >= fds_reserved + k_descriptors_per_launch) {
+      fds_free -= k_descriptors_per_launch;
+      return false;
+    }
+    a.wait_reason = "gpuqd is short of file descriptors (" + std::to_string(std::max(0L, fds_free)) +
+                    " free, " + std::to_string(fds_reserved + k_descriptors_per_launch) +
+                    " needed to start a job): raise its limit (LimitNOFILE=, ulimit -n)";
+    a.reason_pass = m_pass;
+    if (!held_back && !m_fds_short) std::cerr << "gpuqd: " << a.wait_reason << "; jobs wait until some free up\n";
+    held_back = true;
+    next_retry = next_retry == 0 ? now + 1 : std::min(next_retry, now + 1);
+    return true;
+  };
   for (const auto& p : plan.start) {
     Active& a = m_active.at(p.id);
+    if (fds_short(a)) continue;
     if (prepared(a, p)) start_attempt(a);
   }
   for (const auto& unit : units) {
     std::vector<std::int64_t> ids;
     for (std::int64_t id : unit.ids)
-      if (prepared(m_active.at(id), {id, {}, {}})) ids.push_back(id);
+      if (!fds_short(m_active.at(id)) && prepared(m_active.at(id), {id, {}, {}})) ids.push_back(id);
     if (ids.size() == 1) start_attempt(m_active.at(ids[0]));
     if (ids.size() < 2) continue;
     std::vector<Executor::Attempt> attempts;
@@ -342,6 +363,8 @@ void Daemon::schedule_now() {
       for (std::int64_t id : ids) finish_attempt(m_active.at(id), json{{"error", refused->message}});
     }
   }
+  if (held_back) m_fds_short = true;  // said once a shortage, and once when it is over
+  else if (launching && std::exchange(m_fds_short, false)) std::cerr << "gpuqd: file descriptors free again; starting jobs\n";
   if (next_retry > 0) {
     m_backoff_timer.expires_after(std::chrono::milliseconds(static_cast<long long>((next_retry - now) * 1000) + 1));
     m_backoff_timer.async_wait([this](const boost::system::error_code& ec) {

@@ -50,14 +50,14 @@ class Daemon:
     def start(self, env=None, cpus=None, stack_kb=None, nofile=None):
         """Starts gpuqd; `cpus` (a set of cores) is its affinity mask, as under taskset -c;
         `stack_kb` its stack limit, as under ulimit -s (exec's ARG_MAX is a quarter of it);
-        `nofile` its limit on open files, as under ulimit -n."""
+        `nofile` its limit on open files, as under ulimit -n (a pair: soft and hard)."""
         def setup():
             if cpus:
                 os.sched_setaffinity(0, cpus)
             if stack_kb:
                 resource.setrlimit(resource.RLIMIT_STACK, (stack_kb << 10, stack_kb << 10))
             if nofile:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile if isinstance(nofile, tuple) else (nofile, nofile))
 
         if self.log:
             self.log.close()

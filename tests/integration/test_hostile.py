@@ -575,9 +575,45 @@ class OutOfDescriptors(DaemonTest):
         self.assertEqual(self.d.request({"cmd": "hello", "protocol_version": 1})["ok"], True)
         wait_until(lambda: "accepting connections again" in open(log).read(), what="the recovery to be logged")
 
+    def test_gpuqd_raises_its_soft_limit_and_jobs_get_the_one_it_was_started_with(self):
+        self.d.stop()
+        self.d.start(nofile=(64, 4096))
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            self.assertIn("descriptor limit raised from 64 to 4096 (jobs get 64)", f.read())
+        job = self.d.submit({"name": "limits", "shell": 'echo "{\\"type\\":\\"result\\",\\"soft\\":$(ulimit -Sn),'
+                                                        '\\"hard\\":$(ulimit -Hn)}" >> "$GPUQ_EVENTS"'})["ids"][0]
+        got = self.d.wait([job])[job]
+        self.assertEqual(got["state"], "succeeded", got)
+        self.assertEqual(got["result"], {"soft": 64, "hard": 4096})
 
-if __name__ == "__main__":
-    unittest.main()
+    def test_jobs_wait_for_descriptors_instead_of_failing(self):
+        # ulimit -n 64 and 60 jobs once failed 13 of them ("dup2() failed: Bad file descriptor").
+        self.d.stop()
+        self.d.extra = ["--cpu-slots", "100"]
+        self.d.start(nofile=64)
+        release = self.tmp_path("release")
+        ids = self.d.submit([{"name": f"j{i}", "shell": f'while [ ! -e "{release}" ]; do sleep 0.05; done'}
+                             for i in range(60)])["ids"]
+
+        seen = {}
+
+        def looked():
+            jobs = self.d.json("status", "--all")["jobs"]
+            seen["short"] = [j for j in jobs if j["state"] == "queued" and "short of file descriptors" in j["reason"]]
+            seen["failed"] = [(j["id"], j["reason"]) for j in jobs if j["state"] == "failed"]
+            return seen["short"] or seen["failed"]
+        wait_until(looked, timeout=60, what="a job to wait for descriptors")
+        self.assertEqual(seen["failed"], [])
+        self.assertIn("raise its limit", seen["short"][0]["reason"])
+        open(release, "w").close()
+        ended = self.d.wait(ids, timeout=300)
+        self.assertEqual({j["state"] for j in ended.values()}, {"succeeded"},
+                         [(i, j["reason"]) for i, j in ended.items() if j["state"] != "succeeded"])
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            log = f.read()
+        self.assertEqual(log.count("is short of file descriptors"), 1, log)
+        self.assertIn("file descriptors free again", log)
+
 
 
 class FakeDaemon:
@@ -713,3 +749,7 @@ class HostileDaemon(unittest.TestCase):
         self.assertEqual(r.returncode, 4, r.stderr)
         self.assertIn("longer than 80 MiB without ending its line", r.stderr)
         self.assertLess(len(sent), 200)  # gpuq stopped reading: the rest was never taken
+
+
+if __name__ == "__main__":
+    unittest.main()
