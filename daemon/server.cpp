@@ -192,6 +192,9 @@ Result<bool> Server::listen() {
     struct stat d {};
     if (::lstat(dir.c_str(), &d) != 0 || !S_ISDIR(d.st_mode) || d.st_uid != ::geteuid() || (d.st_mode & 022))
       return Error{ErrorCode::forbidden, dir + " must be a directory of gpuqd's own that no one else can write"};
+    // Made under UMask=0027 (the units), it would keep every other user from the socket.
+    if ((d.st_mode & 0555) != 0555 && ::chmod(dir.c_str(), 0755) != 0)
+      return Error{ErrorCode::unavailable, "cannot open " + dir + " to every user: " + std::strerror(errno)};
   }
   struct stat st {};
   if (::lstat(m_path.c_str(), &st) == 0) {

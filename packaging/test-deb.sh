@@ -50,6 +50,21 @@ if command -v systemd-analyze >/dev/null; then
      [ -s "$tmp/verify" ]; then
     echo "test-deb: systemd-analyze verify complained:"; cat "$tmp/verify"; exit 1
   fi
+  # Exposure (0 safest, 10 none): what each unit meets now (9.6, 9.2 and 9.6 before hardening).
+  # The user unit stays at 9.6: a user manager's sandboxing would sandbox the user's jobs (see it).
+  if systemd-analyze security --help 2>/dev/null | grep -q -- --offline; then
+    for limit in gpuqd-lab.service:55 gpuqd@alice.service:85 gpuqd.service:96; do
+      unit=${limit%%:*}
+      if ! (cd "$tmp" && systemd-analyze security --offline=true --threshold="${limit#*:}" "$unit" >"$tmp/security" 2>&1); then
+        echo "test-deb: $unit is more exposed than ${limit#*:}/100:"; grep -E "✗|Overall" "$tmp/security"; exit 1
+      fi
+      grep -q "^UMask=0027" "$tmp/${unit/@alice/@}" || { echo "test-deb: $unit sets no UMask=0027"; exit 1; }
+    done
+    for unit in gpuqd-lab.service gpuqd@.service; do
+      grep -q "^LimitNOFILE=1024:524288" "$tmp/$unit" || { echo "test-deb: $unit sets no LimitNOFILE"; exit 1; }
+    done
+    echo "test-deb: units' exposure within 5.5 (lab), 8.5 (per user), 9.6 (user manager)"
+  fi
 fi
 exercise "$tmp/root"
 if command -v man >/dev/null; then

@@ -47,10 +47,11 @@ class Daemon:
         self.proc = None
         self.log = None
 
-    def start(self, env=None, cpus=None, stack_kb=None, nofile=None):
+    def start(self, env=None, cpus=None, stack_kb=None, nofile=None, umask=None):
         """Starts gpuqd; `cpus` (a set of cores) is its affinity mask, as under taskset -c;
         `stack_kb` its stack limit, as under ulimit -s (exec's ARG_MAX is a quarter of it);
-        `nofile` its limit on open files, as under ulimit -n (a pair: soft and hard)."""
+        `nofile` its limit on open files, as under ulimit -n (a pair: soft and hard); `umask` its
+        umask, as a unit's UMask= sets it."""
         def setup():
             if cpus:
                 os.sched_setaffinity(0, cpus)
@@ -58,6 +59,8 @@ class Daemon:
                 resource.setrlimit(resource.RLIMIT_STACK, (stack_kb << 10, stack_kb << 10))
             if nofile:
                 resource.setrlimit(resource.RLIMIT_NOFILE, nofile if isinstance(nofile, tuple) else (nofile, nofile))
+            if umask is not None:
+                os.umask(umask)
 
         if self.log:
             self.log.close()
@@ -66,7 +69,7 @@ class Daemon:
             [os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket, "--state-dir", self.state,
              "--gpus", self.gpus, *self.defaults(), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env if env is not None else self.env,
-            preexec_fn=setup if cpus or stack_kb or nofile else None)
+            preexec_fn=setup if cpus or stack_kb or nofile or umask is not None else None)
         wait_until(lambda: self.proc.poll() is not None or self.run("daemon", "status").returncode == 0,
                    what="gpuqd to answer")
         if self.proc.poll() is not None:

@@ -57,7 +57,7 @@ class LabMode(unittest.TestCase):
             env["GPUQ_CONFIG"] = config
         self.d = Daemon(self.tmp, "fake:2:16000", extra=["--multi-user", "--admin-group", ADMINS], env=env)
         self.d.socket = os.path.join(self.tmp, "run", "gpuqd.sock")  # the server makes run/ (0755)
-        self.d.start()
+        self.d.start(umask=0o027)  # as gpuqd-lab.service's UMask= has it
         # A file only root may read, written as a stream of valid event lines: were gpuqd to read
         # it for a job, the job's result would show its secret.
         self.secret = os.path.join(self.tmp, "secret.jsonl")
@@ -130,7 +130,7 @@ class LabMode(unittest.TestCase):
         wait_until(lambda: json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"] == "running",
                    what="the job to start")
         self.d.kill9()
-        self.d.start()
+        self.d.start(umask=0o027)
         with open(os.path.join(self.tmp, "gpuqd.log")) as f:
             self.assertIn(f"re-adopted job {a}", f.read())
         self.assertEqual(json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"], "running")
@@ -348,7 +348,7 @@ class LabMode(unittest.TestCase):
         self.d = Daemon(self.tmp, "nvml", extra=["--multi-user", "--admin-group", ADMINS],
                         env=dict(os.environ, LD_LIBRARY_PATH=FAKE_NVML_DIR, GPUQ_FAKE_NVML=devices))
         self.d.socket = socket
-        self.d.start()
+        self.d.start(umask=0o027)
         gpus = json.loads(self.ok(ALICE, "gpus", "--json"))["gpus"]
         self.assertEqual([(p["pid"], p["user"], p["command"], p["used_mb"], p["job"]) for p in gpus[0]["processes"]],
                          [(bob.pid, BOB, "sleep", 12000, None)])
