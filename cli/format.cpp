@@ -214,4 +214,18 @@ std::string format_time(double t) {
   return buf;
 }
 
+std::string id_ranges(const std::vector<std::int64_t>& ids, std::size_t max_parts) {
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < ids.size();) {
+    std::size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    parts.push_back(j == i ? std::to_string(ids[i]) : std::to_string(ids[i]) + "-" + std::to_string(ids[j]));
+    i = j + 1;
+  }
+  std::string out;
+  for (std::size_t k = 0; k < parts.size() && k < max_parts; ++k) out += (k ? " " : "") + parts[k];
+  if (parts.size() > max_parts) out += " ... (" + std::to_string(ids.size()) + " in all)";
+  return out;
+}
+
 }  // namespace gpuq::cli

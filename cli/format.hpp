@@ -28,6 +28,10 @@ std::size_t utf8_decode(std::string_view text, std::size_t i, char32_t& cp);
 // printable() line by line, the newlines kept: a message of several lines (a refusal listing its
 // problems).
 std::string printable_lines(std::string_view text);
+// Job ids for a human: runs of consecutive ids as ranges ("1-3 7 9-12"), and past `max_parts`
+// ranges the first few and a count ("1 3 5 ... (50,000 in all)"): a 100,000-job sweep is one
+// short line, not 600 KB.
+std::string id_ranges(const std::vector<std::int64_t>& ids, std::size_t max_parts = 12);
 
 class Table {
  public:

@@ -148,7 +148,10 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
       return std::string("`executor` must be \"local\" (this machine) or \"slurm\"");
     s.executor = v.get<std::string>();
   } else if (std::string(r.kind) == "argv") {
-    const bool ok = v.is_array() && !v.empty() && v.size() <= 4096 &&
+    if (v.is_array() && v.size() > k_max_on_finish_args)
+      return "`" + key + "` has " + std::to_string(v.size()) + " arguments; at most " +
+             std::to_string(k_max_on_finish_args);
+    const bool ok = v.is_array() && !v.empty() &&
                     std::all_of(v.begin(), v.end(), [](const json& a) { return a.is_string(); }) &&
                     !v[0].get<std::string>().empty();
     if (!ok) return "`" + key + "` must be a non-empty array of strings, a command as a job's `command`";

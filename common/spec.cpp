@@ -5,6 +5,8 @@
 #include "common/matrix.hpp"
 #include "common/train_spec.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <array>
@@ -123,7 +125,10 @@ class JobParser {
       }
     }
     if (const json* h = get("on_finish")) {
-      if (!h->is_array() || h->empty() || h->size() > 4096) {
+      if (h->is_array() && h->size() > k_max_on_finish_args) {
+        fail("field `on_finish` has " + std::to_string(h->size()) + " arguments; at most " +
+             std::to_string(k_max_on_finish_args));
+      } else if (!h->is_array() || h->empty()) {
         fail("field `on_finish` must be a non-empty array of strings (a command run when the job ends, as "
              "`command`), e.g. [\"notify-send\", \"job done\"]");
       } else {
@@ -466,6 +471,27 @@ json to_json(const JobSpec& s) {
   j["cwd"] = s.cwd;
   if (!s.on_finish.empty()) j["on_finish"] = s.on_finish;
   return j;
+}
+
+namespace {
+std::size_t exec_string_bytes(std::size_t length) { return length + 1 + sizeof(char*); }
+}  // namespace
+
+std::size_t exec_bytes(const std::map<std::string, std::string>& env) {
+  std::size_t bytes = 0;
+  for (const auto& [k, v] : env) bytes += exec_string_bytes(k.size() + 1 + v.size());
+  return bytes;
+}
+
+std::string exec_size_problem(const JobSpec& s, std::size_t base_env_bytes) {
+  std::size_t bytes = base_env_bytes + k_env_reserve_bytes;
+  for (const auto& a : s.command) bytes += exec_string_bytes(a.size());
+  bytes += exec_bytes(s.env);
+  const long arg_max = ::sysconf(_SC_ARG_MAX);
+  if (arg_max <= 0 || bytes <= static_cast<std::size_t>(arg_max)) return "";
+  return "its command and environment come to " + std::to_string(bytes >> 10) + " KiB; exec takes at most " +
+         std::to_string(arg_max >> 10) + " KiB in all (the submitter's environment is " +
+         std::to_string(base_env_bytes >> 10) + " KiB of it)";
 }
 
 }  // namespace gpuq::common

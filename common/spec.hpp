@@ -67,6 +67,7 @@ constexpr double k_max_timeout_s = 1e9;
 // with its NUL, that exec accepts.
 constexpr std::size_t k_max_exec_string = 32 * 4096;
 constexpr std::size_t k_max_on_finish_bytes = 256 * 1024;  // a hook's argv, all strings
+constexpr std::size_t k_max_on_finish_args = 4096;           // and its arguments
 
 // Parses one job object or an array of them, jobs with a `matrix` expanded first (matrix.hpp).
 // `default_cwd` fills jobs without `cwd`.
@@ -96,5 +97,15 @@ std::string_view to_string(MemBind bind);
 
 // Environment variables gpuq sets for every job; a spec may not override them.
 bool is_reserved_env(const std::string& key);
+
+// exec takes at most ARG_MAX bytes of arguments and environment in all (E2BIG), pointers included.
+// The bytes exec needs besides the job's own arguments and environment: the variables gpuq sets
+// for a rank (job-spec.md), with room.
+constexpr std::size_t k_env_reserve_bytes = 16 << 10;
+std::size_t exec_bytes(const std::map<std::string, std::string>& env);
+// Why `spec` with `base_env` under it could never be exec'd on this machine ("its command and
+// environment come to 3,900 KiB; exec takes at most ..."), or "": gpuqd refuses such a job at
+// submit, and `submit --dry-run` says so too.
+std::string exec_size_problem(const JobSpec& spec, std::size_t base_env_bytes);
 
 }  // namespace gpuq::common

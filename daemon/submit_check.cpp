@@ -52,24 +52,15 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
   else if (owner) out.env = common::minimal_environment(*owner);
   else out.env = common::current_environment();
 
-  // exec takes at most ARG_MAX bytes of arguments and environment in all (E2BIG), pointers
-  // included: a job that would pass it is refused now, not failed at every launch.
-  const auto exec_bytes = [](const std::string& s) { return s.size() + 1 + sizeof(char*); };
-  std::size_t base_bytes = 0;
-  for (const auto& [k, v] : out.env) base_bytes += exec_bytes(k + "=" + v);
-  const long arg_max = ::sysconf(_SC_ARG_MAX);
+  // A job that would pass exec's size limit is refused now, not failed at every launch.
+  const std::size_t base_bytes = common::exec_bytes(out.env);
   auto& problems = out.problems;
   out.jobs.reserve(parsed->size());
   for (std::size_t i = 0; i < parsed->size(); ++i) {
     auto& s = (*parsed)[i];
     std::string who = "job[" + std::to_string(i) + "]" + (s.name.empty() ? "" : " (" + s.name + ")");
-    std::size_t bytes = base_bytes + k_env_reserve_bytes;
-    for (const auto& a : s.command) bytes += exec_bytes(a);
-    for (const auto& [k, v] : s.env) bytes += exec_bytes(k + "=" + v);
-    if (arg_max > 0 && bytes > static_cast<std::size_t>(arg_max))
-      problems.push_back(who + ": its command and environment come to " + std::to_string(bytes >> 10) +
-                         " KiB; exec takes at most " + std::to_string(arg_max >> 10) + " KiB in all (the submitter's " +
-                         "environment is " + std::to_string(base_bytes >> 10) + " KiB of it)");
+    if (auto too_big = common::exec_size_problem(s, base_bytes); !too_big.empty())
+      problems.push_back(who + ": " + too_big);
     if (s.nodes > facts.max_nodes)
       problems.push_back(who + ": `nodes` " + std::to_string(s.nodes) + " spreads the job over " +
                          std::to_string(s.nodes) + " machines, which needs the Slurm executor (gpuqd --executor " +

@@ -40,10 +40,6 @@ struct CheckedBatch {
   Error refusal() const;
 };
 
-// The bytes exec needs besides the job's own arguments and environment: the variables gpuq sets
-// for a rank (job-spec.md), with room.
-constexpr std::size_t k_env_reserve_bytes = 16 << 10;
-
 // A spec that does not parse, or dependencies that do not resolve, are an error; the problems
 // that only this machine makes (GPUs, memory, directories, executables, exec's size limit) are
 // collected in `problems`, so the submitter sees them all at once.

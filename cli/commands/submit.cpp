@@ -59,10 +59,32 @@ bool read_spec_file(const std::string& file, json& jobs) {
 }
 
 // `submit --dry-run`: the jobs the batch makes (matrices expanded, defaults filled), checked as
-// gpuqd checks them except against the machine (its GPU count), and nothing submitted.
-int dry_run(const Options& o, const json& jobs) {
+// gpuqd checks them except against the machine (its GPUs, directories and executables), and
+// nothing submitted: the request's size, the specs, the dependencies, exec's size limit.
+int dry_run(const Options& o, const json& jobs, bool hold, int max_running) {
+  const auto env = common::current_environment();
+  const std::size_t request_bytes =
+      common::encode(common::SubmitRequest{jobs, cwd(), env, hold, max_running}).dump().size() + 1;
+  if (request_bytes > common::k_max_request_bytes)
+    return report(Error{ErrorCode::too_large, "the batch's request is " + std::to_string(request_bytes) +
+                                                  " bytes; gpuqd takes at most " +
+                                                  std::to_string(common::k_max_request_bytes) +
+                                                  " in one (split the batch into several submits)"});
   auto parsed = common::parse_batch(jobs, cwd());
   if (!parsed) return report(parsed.error());
+  if (auto deps = common::resolve_batch_dependencies(*parsed); !deps) return report(deps.error());
+  std::vector<std::string> problems;
+  const std::size_t base_bytes = common::exec_bytes(env);
+  for (std::size_t i = 0; i < parsed->size(); ++i)
+    if (auto too_big = common::exec_size_problem((*parsed)[i], base_bytes); !too_big.empty())
+      problems.push_back("job[" + std::to_string(i) + "]" +
+                         ((*parsed)[i].name.empty() ? "" : " (" + (*parsed)[i].name + ")") + ": " + too_big);
+  if (!problems.empty()) {
+    std::string msg = "cannot run this batch here (" + std::to_string(problems.size()) + " problem" +
+                      (problems.size() == 1 ? "" : "s") + "):";
+    for (std::size_t i = 0; i < problems.size() && i < 50; ++i) msg += "\n  " + problems[i];
+    return report(Error{ErrorCode::invalid_spec, msg});
+  }
   if (o.json) {
     json out = json::array();
     for (const auto& spec : *parsed) out.push_back(common::to_json(spec));
@@ -92,7 +114,7 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
   json jobs = json::array();
   for (const auto& f : files)
     if (!read_spec_file(f, jobs)) return k_exit_usage;
-  if (dry) return dry_run(o, jobs);
+  if (dry) return dry_run(o, jobs, hold, max_running);
   int code = 0;
   auto reply = request(o, common::encode(common::SubmitRequest{std::move(jobs), cwd(), common::current_environment(), hold, max_running}), code);
   if (!reply) return code;
@@ -101,9 +123,8 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
     if (o.json) {
       print_json({{"batch", sub.batch}, {"ids", sub.ids}});
     } else {
-      std::cout << "submitted batch " << sub.batch << ": job" << (sub.ids.size() == 1 ? " " : "s ");
-      for (std::size_t i = 0; i < sub.ids.size(); ++i) std::cout << (i ? " " : "") << sub.ids[i];
-      std::cout << (hold ? ", held (`gpuq release --batch " + std::to_string(sub.batch) + "` lets them start)" : "")
+      std::cout << "submitted batch " << sub.batch << ": job" << (sub.ids.size() == 1 ? " " : "s ")
+                << id_ranges(sub.ids) << (hold ? ", held (`gpuq release --batch " + std::to_string(sub.batch) + "` lets them start)" : "")
                 << "\n";
     }
     return k_exit_ok;

@@ -248,6 +248,33 @@ class RefusedAtSubmit(DaemonTest):
         self.assertIn("exec takes at most 256 KiB in all", r.stderr)
         self.assertEqual(self.d.json("status", "--all")["jobs"], [])
 
+    def test_dry_run_refuses_what_submit_refuses_and_a_large_batch_prints_one_short_line(self):
+        # A matrix makes a 3.8 MiB command from a 100 KB spec: past exec's limit. --dry-run once passed it.
+        big = {"name": "big-{i}", "command": ["echo"] + ["{x}"] * 39, "matrix": {"x": ["a" * 100000], "i": [1]}}
+        dry = self.d.run("submit", "--dry-run", "-", input=json.dumps(big))
+        real = self.d.run("submit", "-", input=json.dumps(big))
+        self.assertEqual((dry.returncode, real.returncode), (4, 4), (dry.stderr, real.stderr))
+        for r in (dry, real):
+            self.assertIn("job[0] (big-1): its command and environment come to", r.stderr)
+        # A request over gpuqd's 1 MiB: said by the dry run as by gpuqd, not passed
+        wide = [{"name": f"w{i}", "command": ["echo", "a" * 1000]} for i in range(1100)]
+        dry = self.d.run("submit", "--dry-run", "-", input=json.dumps(wide))
+        real = self.d.run("submit", "-", input=json.dumps(wide))
+        self.assertEqual((dry.returncode, real.returncode), (4, 4), (dry.stderr, real.stderr))
+        self.assertIn("gpuqd takes at most 1048576", dry.stderr)
+        self.assertIn("longer than 1048576 bytes", real.stderr)
+        # on_finish past its argument limit names the limit
+        r = self.d.run("submit", "--dry-run", "-", input=json.dumps({"command": ["true"], "on_finish": ["x"] * 5000}))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("field `on_finish` has 5000 arguments; at most 4096", r.stderr)
+        self.assertEqual(self.d.json("status", "--all")["jobs"], [])
+        # 3,000 ids as a range, not 3,000 numbers
+        r = self.d.run("submit", "--hold", "-", input=json.dumps({"name": "s-{i}", "command": ["true"],
+                                                                   "matrix": {"i": list(range(3000))}}))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"^submitted batch \d+: jobs 1-3000, held")
+        self.assertLess(len(r.stdout), 200)
+
     def test_a_nul_byte_in_a_command_or_after_a_request_is_refused(self):
         r = self.d.run("submit", "-", input=json.dumps({"command": ["echo", "safe\0; touch PWNED"]}))
         self.assertEqual(r.returncode, 4, r.stderr)

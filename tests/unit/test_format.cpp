@@ -9,6 +9,20 @@ using namespace gpuq::cli;
 
 TEST_SUITE_BEGIN("format");
 
+TEST_CASE("job ids print as ranges, and past a dozen ranges as a count") {
+  CHECK(id_ranges({}) == "");
+  CHECK(id_ranges({7}) == "7");
+  CHECK(id_ranges({1, 2, 3, 7, 9, 10, 11, 12}) == "1-3 7 9-12");
+  CHECK(id_ranges({5, 4}) == "5 4");  // in the order given
+  std::vector<std::int64_t> sweep(100000);
+  for (std::size_t i = 0; i < sweep.size(); ++i) sweep[i] = static_cast<std::int64_t>(i) + 1;
+  CHECK(id_ranges(sweep) == "1-100000");
+  std::vector<std::int64_t> odd;
+  for (std::int64_t i = 1; i < 100000; i += 2) odd.push_back(i);
+  const std::string s = id_ranges(odd, 3);
+  CHECK(s == "1 3 5 ... (50000 in all)");
+}
+
 TEST_CASE("durations are compact and carry the two largest units") {
   CHECK(format_duration(4.7) == "4s");
   CHECK(format_duration(125) == "2m05s");

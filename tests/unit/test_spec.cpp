@@ -44,6 +44,16 @@ TEST_CASE("a minimal command job gets the documented defaults") {
   CHECK_FALSE(s.shared);
 }
 
+TEST_CASE("on_finish past 4,096 arguments is refused with the limit named") {
+  json spec = {{"command", {"true"}}, {"on_finish", json::array()}};
+  for (int i = 0; i < 4097; ++i) spec["on_finish"].push_back("x");
+  auto r = parse_batch(spec, "/tmp");
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find("field `on_finish` has 4097 arguments; at most 4096") != std::string::npos);
+  spec["on_finish"].erase(spec["on_finish"].size() - 1);
+  CHECK(parse_batch(spec, "/tmp"));
+}
+
 TEST_CASE("on_finish is a command like `command`, kept in the normalised spec") {
   auto r = parse_batch(json::parse(R"({"command": ["true"], "on_finish": ["notify-send", "done"]})"), "/tmp");
   REQUIRE(r.ok());
