@@ -328,7 +328,9 @@ void Daemon::schedule_now() {
   // Descriptors: a launch that would leave fewer than fds_reserved waits, queued and
   // saying why, and is tried again in a second (a job's end or a client's leaving frees some).
   const bool launching = !plan.start.empty() || !units.empty();
-  auto [fds_free, fds_reserved] = launching ? descriptors() : Descriptors{};
+  const Descriptors fds = launching ? descriptors() : Descriptors{};
+  long fds_free = fds.free;
+  const long fds_reserved = fds.reserved;
   bool held_back = false;
   const auto fds_short = [&](Active& a) {
     if (fds_free < 0) return false;  // unknown: no /proc

@@ -11,17 +11,18 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 [ -f "$build/CMakeCache.txt" ] || CC=clang CXX=clang++ cmake -S . -B "$build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUQ_BUILD_FUZZERS=ON -DGPUQ_WITH_TORCH=OFF -DGPUQ_BUILD_TESTS=OFF
-cmake --build "$build" --parallel "$(nproc)" --target fuzz_request fuzz_job_spec fuzz_events
+cmake --build "$build" --parallel "$(nproc)" --target fuzz_request fuzz_job_spec fuzz_events fuzz_dataset
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-mkdir -p "$scratch/request" "$scratch/job_spec" "$scratch/events"
-for target in request job_spec events; do
+mkdir -p "$scratch/request" "$scratch/job_spec" "$scratch/events" "$scratch/dataset"
+for target in request job_spec events dataset; do
   case $target in
     request) seeds=(tests/corpus/requests) ;;
     job_spec) seeds=(tests/corpus/specs jobs) ;;
     events) seeds=(tests/corpus/events) ;;
+    dataset) seeds=(tests/corpus/datasets) ;;
   esac
   echo "fuzz: $target for ${seconds}s"
   "$build/bin/fuzz_$target" "$scratch/$target" "${seeds[@]}" -max_total_time="$seconds" \

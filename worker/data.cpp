@@ -172,10 +172,19 @@ Result<IdxArray> read_idx(const std::string& path) {
       return fail(": its header's sizes come to more than " + std::to_string(k_max_idx_values) + " values");
     count *= a.dims.back();
   }
-  a.data.resize(count);
-  const std::int64_t got = read(a.data.data(), count);
-  if (got < 0) return fail("");
-  if (static_cast<std::uint64_t>(got) != count)
+  // Memory follows the bytes that are there, not the header's word: 8 bytes claiming 2^32 values
+  // must not take 4 GiB. resize grows the capacity geometrically, so this copies little.
+  constexpr std::uint64_t k_step = 64 << 20;
+  std::uint64_t got = 0;
+  while (got < count) {
+    const std::uint64_t want = std::min(count - got, k_step);
+    a.data.resize(got + want);
+    const std::int64_t n = read(a.data.data() + got, want);
+    if (n < 0) return fail("");
+    got += static_cast<std::uint64_t>(n);
+    if (static_cast<std::uint64_t>(n) < want) break;
+  }
+  if (got != count)
     return fail(": header says " + std::to_string(count) + " values, file has " + std::to_string(got));
   std::uint8_t extra;
   const std::int64_t more = read(&extra, 1);

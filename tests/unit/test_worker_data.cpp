@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -313,3 +314,27 @@ TEST_CASE("the scale doubles after growth_interval clean steps in a row, and an 
 }
 
 TEST_SUITE_END();
+
+#if !defined(__SANITIZE_ADDRESS__)
+TEST_CASE("an IDX header's word is not taken for memory: 9 bytes claiming 2^32 values read in 1 GiB") {
+  const auto path = tmp("claims.idx");
+  write_raw(path, {0, 0, 0x08, 1, 0xff, 0xff, 0xff, 0xff});
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // 1 GiB of address space: a 4 GiB allocation before reading fails it
+    rlimit as{1ULL << 30, 1ULL << 30};
+    ::setrlimit(RLIMIT_AS, &as);
+    try {
+      auto r = read_idx(path);
+      ::_exit(!r && r.error().message.find("header says 4294967295 values, file has 0") != std::string::npos ? 0 : 1);
+    } catch (...) {
+      ::_exit(2);  // std::bad_alloc: the header's word was taken
+    }
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  std::remove(path.c_str());
+}
+#endif
