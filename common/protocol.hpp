@@ -481,8 +481,12 @@ struct GpusReply {
   int cpu_slots = 0;       // gpuqd's CPU pool
   int cpu_slots_used = 0;  // held by running jobs
   std::string cores;       // the cores the pool's slots map to, e.g. "0-15"
+  // Since gpuqd started: scheduling passes run and GPU health checks read. What has not happened
+  // yet is said by waiting for these to move on, not by sleeping (a loaded box runs fewer).
+  std::uint64_t scheduling_passes = 0;
+  std::uint64_t health_checks = 0;
 };
-GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores)
+GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores, scheduling_passes, health_checks)
 
 // `usage` (lab mode): each user's recent GPU use, what they hold and wait for, and their limits.
 struct UserUsage {

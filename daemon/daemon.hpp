@@ -427,6 +427,7 @@ class Daemon {
   // Counts changes to what still_needed() would say (a queued job with `after`, a new wait).
   std::uint64_t m_needs_changed = 0;
   std::uint64_t m_pass = 0;  // scheduling passes so far
+  std::uint64_t m_health_checks = 0;  // GPU health readings so far
   bool m_tail_stopped = false;  // the last pass stopped early: the jobs it left wait as m_tail says
   bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back
   TailState m_tail;

@@ -15,6 +15,8 @@ json Daemon::cmd_gpus() { return gpus_reply(); }
 common::GpusReply Daemon::gpus_reply() {
   common::GpusReply out;
   out.source = m_inventory.source();
+  out.scheduling_passes = m_pass;
+  out.health_checks = m_health_checks;
   auto readings = m_inventory.read();
   const auto processes = gpu_processes();
   for (std::size_t i = 0; i < m_inventory.gpus().size(); ++i) {
@@ -141,6 +143,7 @@ void Daemon::check_health() {
 
 void Daemon::read_health() {
   const auto health = m_inventory.health();
+  ++m_health_checks;
   const double now = wall_now();
   bool drained = false;
   for (std::size_t i = 0; i < health.size(); ++i) {

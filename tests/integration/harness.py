@@ -120,6 +120,14 @@ class Daemon:
         r = self.run("wait", *map(str, ids), "--json", timeout=timeout)
         return {j["id"]: j for j in json.loads(r.stdout)["jobs"]}
 
+    def wait_for_counter(self, name, more=0, at_least=0, timeout=60):
+        """Waits until gpuqd's `name` (gpus --json: scheduling_passes, health_checks, counted since
+        it started) has moved on by `more` from now and reached `at_least`: what must not have
+        happened is then checked after it had the chance, however loaded the machine, instead of
+        after a sleep. Passes run on events: wait for `more` of them only where one is due."""
+        target = max(self.json("gpus")[name] + more, at_least)
+        wait_until(lambda: self.json("gpus")[name] >= target, timeout=timeout, what=f"{name} to reach {target}")
+
     def show(self, job_id):
         return self.json("show", str(job_id))
 

@@ -142,7 +142,7 @@ class Hold(DaemonTest):
         self.assertRegex(self.d.ok("status"), rf"{held['ids'][0]}\s+later0\s+held")
         self.d.kill9()
         self.d.start()
-        time.sleep(0.5)
+        self.d.wait_for_counter("scheduling_passes", at_least=1)  # the restarted gpuqd has looked at its queue
         self.assertEqual({self.d.show(i)["job"]["state"] for i in held["ids"]}, {"queued"})
         out = self.d.ok("release", "--batch", str(held["batch"]))
         self.assertEqual(out.split("\n")[:2], [f"job {i}: released" for i in held["ids"]])

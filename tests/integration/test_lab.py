@@ -207,18 +207,27 @@ class LabMode(unittest.TestCase):
 
     def test_a_job_cannot_make_gpuqd_read_a_file_its_owner_cannot(self):
         link = {"name": "symlink", "command": ["sh", "-c", f'ln -sf {self.secret} "$GPUQ_EVENTS"']}
-        # A hard link needs protected_hardlinks off, as on some machines: then the file is root's.
-        hard = {"name": "hardlink", "command": ["sh", "-c", f'rm -f "$GPUQ_EVENTS"; ln {self.secret} "$GPUQ_EVENTS" || true']}
+        # A hard link to the root-only file needs protected_hardlinks off (as on some machines).
+        # Under protected_hardlinks a user may link a file they can read and write: root's 0666
+        # file here, and the job fails unless the link was made. Only gpuqd's check of the file's
+        # owner (not O_NOFOLLOW: a hard link is no symlink) keeps it from being the job's events.
+        shared = os.path.join(self.tmp, "shared.jsonl")
+        with open(shared, "w") as f:
+            f.write('{"type": "result", "shared": 1}\n')
+        os.chmod(shared, 0o666)
+        hard = {"name": "hardlink", "command": ["sh", "-c", f'rm -f "$GPUQ_EVENTS"; ln {shared} "$GPUQ_EVENTS"']}
+        root_only = {"name": "hardlink-root-only", "command": ["sh", "-c", f'rm -f "$GPUQ_EVENTS"; ln {self.secret} "$GPUQ_EVENTS" || true']}
         fifo = {"name": "fifo", "command": ["sh", "-c", 'rm -f "$GPUQ_EVENTS"; mkfifo "$GPUQ_EVENTS"']}
         read = {"name": "read", "command": ["cat", self.secret]}
-        ids = self.submit(ALICE, [link, hard, fifo, read])
+        ids = self.submit(ALICE, [link, hard, root_only, fifo, read])
         jobs = self.wait(ALICE, ids)
-        for i in ids[:3]:
-            self.assertEqual(jobs[i]["state"], "succeeded", jobs[i])
+        for i in ids[:4]:
+            self.assertEqual(jobs[i]["state"], "succeeded", (jobs[i], self.ok(ALICE, "logs", str(i))))
             self.assertIsNone(jobs[i]["result"], jobs[i])
             self.assertEqual(json.loads(self.ok(ALICE, "events", str(i), "--json"))["events"], [])
-        self.assertEqual(jobs[ids[3]]["state"], "failed")
-        self.assertIn("Permission denied", self.ok(ALICE, "logs", str(ids[3])))
+        self.assertEqual(os.stat(shared).st_nlink, 2)  # the job's link is there, in its attempt directory
+        self.assertEqual(jobs[ids[4]]["state"], "failed")
+        self.assertIn("Permission denied", self.ok(ALICE, "logs", str(ids[4])))
         with open(self.secret) as f:  # untouched
             self.assertEqual(f.read(), '{"type": "result", "secret": 42}\n')
         self.assertEqual(os.stat(self.secret).st_uid, 0)

@@ -10,7 +10,7 @@ import unittest
 
 import subprocess
 
-from harness import FAKE_NVML_DIR, TIMED, Daemon, DaemonTest, event_line, max_overlap, wait_until
+from harness import FAKE_NVML_DIR, TIMED, Daemon, DaemonTest, event_line, wait_until
 
 
 PINNED = ('cpus=$(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status); '
@@ -235,14 +235,19 @@ class Packing(DaemonTest):
     GPUS = "fake:1:1000"
 
     def test_shared_jobs_pack_by_memory(self):
-        jobs = [{"name": f"s{i}", "gpus": 1, "shared": True, "gpu_memory_mb": 400, "shell": TIMED.format(sleep=1)}
-                for i in range(3)]
+        release = self.tmp_path("release")
+        jobs = [{"name": f"s{i}", "gpus": 1, "shared": True, "gpu_memory_mb": 400,
+                 "shell": f'while [ ! -e "{release}" ]; do sleep 0.05; done'} for i in range(3)]
         sub = self.d.submit(jobs)
+
+        # 2 x 400 MiB fit in 1000 MiB, a third does not: it waits while the two run, however long.
+        def states():
+            return [j["state"] for j in self.d.json("status", "--all")["jobs"] if j["id"] in sub["ids"]]
+        wait_until(lambda: sorted(states()) == ["queued", "running", "running"], what="two of three to run")
+        self.assertEqual(self.d.json("gpus")["gpus"][0]["allocated_mb"], 800)
+        open(release, "w").close()
         done = self.d.wait(sub["ids"])
         self.assertTrue(all(j["state"] == "succeeded" for j in done.values()))
-        runs = [(r["result"]["t0"], r["result"]["t1"]) for r in self.d.json("results", *map(str, sub["ids"]))["jobs"]]
-        # 2 x 400 MiB fit in 1000 MiB, a third does not.
-        self.assertEqual(max_overlap(runs), 2)
 
     def test_gpus_shows_the_shared_allocation(self):
         sub = self.d.submit({"name": "holder", "gpus": 1, "shared": True, "gpu_memory_mb": 300, "shell": "sleep 30"})
@@ -373,7 +378,7 @@ class NvmlGpus(DaemonTest):
         self.set_gpus([self.GPUS[0].replace(" 0 0 0", " 2 0 0")] + self.GPUS[1:])
         self.d.ok("undrain", "GPU-11111111-aaaa", "GPU-2222", "2")
         self.assertEqual(self.d.wait([waiting])[waiting]["state"], "succeeded")
-        time.sleep(0.5)  # five health checks
+        self.d.wait_for_counter("health_checks", more=5)  # five health checks, however long they take
         self.assertFalse(any(g["drained"] for g in self.d.json("gpus")["gpus"]))
         self.set_gpus([self.GPUS[0].replace(" 0 0 0", " 3 0 0")] + self.GPUS[1:])
         wait_until(lambda: self.gpu(0)["drained"], what="GPU 0 drained again")
@@ -403,7 +408,7 @@ class NvmlGpus(DaemonTest):
         self.d.ok("undrain", "1")
         job = self.d.submit({"name": "after-reset", "gpus": 3, "command": ["true"]})["ids"][0]
         self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
-        time.sleep(0.5)  # five health checks
+        self.d.wait_for_counter("health_checks", more=5)
         self.assertFalse(self.gpu(1)["drained"])
         self.set_gpus([self.GPUS[0] + " 13,43", self.GPUS[1] + " 79,48", self.GPUS[2] + " x"])
         wait_until(lambda: self.gpu(1)["drained"], what="GPU 1 drained again")

@@ -91,15 +91,52 @@ class DyingRank(DaemonTest):
         self.assertIn("rank 1 was killed by signal 9 (SIGKILL)", reasons)
 
 
+def memory_cgroup(name, limit):
+    """A cgroup with a memory limit, wherever this host has the memory controller: a cgroup v1
+    hierarchy mounted with it, or a cgroup v2 one that offers it (enabled for the new group's
+    parent). Returns its directory, or raises OSError saying what was tried."""
+    tried = []
+    with open("/proc/self/mounts") as f:
+        mounts = [line.split() for line in f]
+    for _, where, kind, options, *_ in mounts:
+        if kind == "cgroup" and "memory" in options.split(","):
+            path = os.path.join(where, name)
+            try:
+                os.mkdir(path)
+                with open(os.path.join(path, "memory.limit_in_bytes"), "w") as out:
+                    out.write(str(limit))
+                return path
+            except OSError as e:
+                tried.append(f"v1 at {where}: {e}")
+    for _, where, kind, *_ in mounts:
+        if kind != "cgroup2":
+            continue
+        try:
+            with open(os.path.join(where, "cgroup.controllers")) as f:
+                if "memory" not in f.read().split():
+                    tried.append(f"v2 at {where}: no memory controller")
+                    continue
+            with open(os.path.join(where, "cgroup.subtree_control"), "w") as out:
+                out.write("+memory")
+            path = os.path.join(where, name)
+            os.mkdir(path)
+            with open(os.path.join(path, "memory.max"), "w") as out:
+                out.write(str(limit))
+            if os.path.exists(os.path.join(path, "memory.swap.max")):  # else no swap to escape to
+                with open(os.path.join(path, "memory.swap.max"), "w") as out:
+                    out.write("0")
+            return path
+        except OSError as e:
+            tried.append(f"v2 at {where}: {e}")
+    raise OSError("; ".join(tried) or "no cgroup hierarchy is mounted")
+
+
 class OutOfMemory(DaemonTest):
     def test_an_oom_killed_job_is_recorded_as_killed_by_the_oom_killer_and_retried(self):
-        cgroup = f"/sys/fs/cgroup/memory/gpuq-test-{os.getpid()}"
         try:
-            os.mkdir(cgroup)
-            with open(os.path.join(cgroup, "memory.limit_in_bytes"), "w") as f:
-                f.write(str(64 << 20))
+            cgroup = memory_cgroup(f"gpuq-test-{os.getpid()}", 64 << 20)
         except OSError as e:
-            self.skipTest(f"needs a writable memory cgroup (v1) to cause a real OOM kill: {e}")
+            self.skipTest(f"needs a writable memory cgroup (v1 or v2) to cause a real OOM kill: {e}")
         self.addCleanup(lambda: os.rmdir(cgroup))
         # The job moves itself into a 64 MiB cgroup, then asks for 512 MiB.
         shell = (f"echo $$ > {cgroup}/cgroup.procs && "
@@ -114,6 +151,34 @@ class OutOfMemory(DaemonTest):
 
 
 class Cancel(DaemonTest):
+    def test_cancel_sends_sigterm_first_and_waits_the_grace_for_the_job_to_clean_up(self):
+        # The local executor's promise (docs/reliability.md): SIGTERM to every rank, then the grace
+        # (60 s here), then SIGKILL. The job's cleanup waits for a file the test makes once it has
+        # seen the SIGTERM: a SIGKILL at once, or before the grace, leaves no cleanup behind.
+        self.d.stop()
+        self.d = Daemon(self.tmp, extra=["--grace", "60"]).start()
+        started, term, release, cleaned = (self.tmp_path(n) for n in ("started", "term", "release", "cleaned"))
+        shell = (f"trap 'echo term > {term}; while [ ! -e {release} ]; do sleep 0.05; done; echo done > {cleaned}; "
+                 f"exit 0' TERM; touch {started}; while :; do sleep 0.05; done")
+        job_id = self.d.submit({"name": "graceful", "shell": shell})["ids"][0]
+        wait_until(lambda: os.path.exists(started), what="the job to start")
+        self.d.ok("cancel", str(job_id))
+        wait_until(lambda: os.path.exists(term), what="the job's SIGTERM handler")
+        self.assertEqual(self.d.show(job_id)["job"]["state"], "running")  # cleaning up, in its grace
+        open(release, "w").close()
+        job = self.d.wait([job_id])[job_id]
+        self.assertEqual(job["state"], "cancelled")
+        self.assertEqual(read_text(cleaned).strip(), "done")
+        # One that ignores SIGTERM is killed once the grace is over (1 s here).
+        self.d.stop()
+        self.d = Daemon(self.tmp, extra=["--grace", "1"]).start()
+        stubborn = self.d.submit({"name": "stubborn", "shell": f"trap '' TERM; touch {started}2; "
+                                                             "while :; do sleep 0.05; done"})["ids"][0]
+        wait_until(lambda: os.path.exists(started + "2"), what="the stubborn job to start")
+        self.d.ok("cancel", str(stubborn))
+        self.assertEqual(self.d.wait([stubborn])[stubborn]["state"], "cancelled")
+        self.assertEqual(pids_matching(f"gpuq-shim {self.tmp}/"), [])
+
     def test_cancel_during_a_retry_backoff_ends_the_job_and_nothing_runs_again(self):
         self.d.stop()
         self.d = Daemon(self.tmp, extra=["--retry-backoff", "30"]).start()

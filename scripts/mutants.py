@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Mutation check of the guards that matter (scripts/mutants.sh runs this; docs/reliability.md).
+
+Each mutant removes or weakens one guard: an exact snippet of one source file, replaced. The
+script keeps a copy of the tree in a scratch directory (unchanged files keep their times),
+builds it once without LibTorch, and then for each mutant applies it, builds incrementally (one
+translation unit and a link: tens of seconds), runs the tests that must kill it, and puts the file
+back. A mutant whose tests still pass SURVIVED: a guard no test guards. A snippet that is no longer
+in its file is an error (the code moved: update the table). Exit status: 0 when every mutant was
+killed, 1 otherwise.
+
+  scripts/mutants.sh                 # all of them
+  scripts/mutants.sh restart fds     # those whose names contain a word given
+  GPUQ_MUTANT_DIR=/var/tmp/m scripts/mutants.sh   # where the copy and its build live
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORK = os.environ.get("GPUQ_MUTANT_DIR", "/tmp/gpuq-mutants")
+SRC, BUILD = os.path.join(WORK, "src"), os.path.join(WORK, "build")
+
+# (name, file, snippet, replacement, tests). Tests: unittest names (integration, run from
+# tests/integration) or "unit:<doctest test-case pattern>".
+MUTANTS = [
+    ("restart-authorize", "daemon/restart.cpp",
+     '    authorize(caller, named.back(), "restart");\n', "\n",
+     ["test_lab.LabMode.test_one_visibility_rule_for_every_command_owner_other_user_and_admin"]),
+    ("details-visibility", "daemon/daemon.cpp",
+     "bool may_read_details(const Caller& viewer, const JobRecord& r) { return viewer.admin || viewer.uid == r.uid; }",
+     "bool may_read_details(const Caller&, const JobRecord&) { return true; }",
+     ["test_lab.LabMode.test_one_visibility_rule_for_every_command_owner_other_user_and_admin"]),
+    ("events-file-owner", "daemon/running.cpp",
+     "!S_ISREG(st.st_mode) || st.st_uid != a.rec.uid) st.st_size = 0;",
+     "!S_ISREG(st.st_mode)) st.st_size = 0;",
+     ["test_lab.LabMode.test_a_job_cannot_make_gpuqd_read_a_file_its_owner_cannot"]),
+    ("job-file-nofollow", "common/json_input.cpp",
+     "int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);",
+     "int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);",
+     ["test_lab.LabMode.test_reading_a_jobs_log_follows_no_link_and_waits_on_no_fifo_as_root_an_admin_or_its_owner"]),
+    ("no-new-privs", "supervisor/supervisor.cpp",
+     "  ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);\n", "\n",
+     ["test_lab.LabMode.test_jobs_run_as_their_owner_with_their_home_and_files"]),
+    ("sigterm-first", "supervisor/supervisor.cpp",
+     "signal_all(m_killing ? SIGKILL : SIGTERM);", "signal_all(SIGKILL);",
+     ["test_reliability.Cancel.test_cancel_sends_sigterm_first_and_waits_the_grace_for_the_job_to_clean_up"]),
+    ("grace-waited", "supervisor/supervisor.cpp",
+     "if (!m_killing && mono_now() >= m_kill_at) m_killing = true;", "if (!m_killing) m_killing = true;",
+     ["test_reliability.Cancel.test_cancel_sends_sigterm_first_and_waits_the_grace_for_the_job_to_clean_up"]),
+    ("gang-teardown", "supervisor/supervisor.cpp",
+     "    if (!m_tearing_down) begin_teardown();\n  }", "  }",
+     ["test_ddp.Gang.test_one_failing_rank_tears_down_the_gang_and_is_named"]),
+    ("idle-timeout", "daemon/server.cpp",
+     "if (!ec) self->m_socket.close();  // silent client: let it go", "(void)ec;",
+     ["test_errors.ProtocolAbuse.test_a_silent_client_does_not_block_others_and_is_dropped_after_the_idle_timeout"]),
+    ("event-line-bound", "daemon/events.cpp",
+     "  if (line.size() > k_max_event_line) return false;\n", "\n",
+     ["unit:*event*"]),
+    ("reply-jobs-bound", "daemon/daemon.cpp",
+     "if (out.jobs.size() >= static_cast<std::size_t>(common::k_max_reply_jobs) || bytes >= common::k_max_reply_bytes) {",
+     "if (bytes >= common::k_max_reply_bytes) {",
+     ["test_hostile.BoundedReplies"]),
+    ("fds-short", "daemon/running.cpp",
+     "    if (fds_free < 0) return false;  // unknown: no /proc\n", "    return false;\n",
+     ["test_hostile.OutOfDescriptors.test_jobs_wait_for_descriptors_instead_of_failing"]),
+    ("client-reply-bound", "common/client.cpp",
+     "    if (m_buffer.size() > k_max_reply_line)\n", "    if (false)\n",
+     ["test_hostile.HostileDaemon.test_a_reply_line_without_end_is_read_to_a_bound_and_refused"]),
+    ("client-reply-timeout", "common/client.cpp",
+     "    if (timeout_s > 0) {\n      const auto left", "    if (false) {\n      const auto left",
+     ["test_hostile.HostileDaemon.test_a_daemon_that_never_answers_times_out_with_exit_3"]),
+    ("restart-max-queued", "daemon/restart.cpp",
+     "  check_restart_limits(r.chosen);  // max_queued, as at submit\n", "\n",
+     ["test_lab.LabSharing.test_max_queued_holds_on_every_path_that_queues_jobs"]),
+    ("plot-xml-chars", "cli/plot.cpp",
+     "(cp >= 0xE000 && cp <= 0xFFFD)", "(cp >= 0xE000 && cp <= 0xFFFF)",
+     ["unit:svg: names XML forbids*"]),
+    ("idx-header-memory", "worker/data.cpp",
+     "    const std::uint64_t want = std::min(count - got, k_step);",
+     "    const std::uint64_t want = count - got;",
+     ["unit:an IDX header's word*"]),
+]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, **kw)
+
+
+def sync_and_build():
+    # The tree as git sees it (tracked, and new files not ignored), copied where it differs: files
+    # that did not change keep their times, so the build stays incremental.
+    files = run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src, dst = os.path.join(REPO, rel), os.path.join(SRC, rel)
+        if not os.path.isfile(src):
+            continue
+        s = os.stat(src)
+        if os.path.exists(dst) and (lambda d: (d.st_size, int(d.st_mtime)) == (s.st_size, int(s.st_mtime)))(os.stat(dst)):
+            continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy2(src, dst)
+    if not os.path.exists(os.path.join(BUILD, "CMakeCache.txt")):
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        launcher = ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
+        run(["cmake", "-S", SRC, "-B", BUILD, *gen, *launcher, "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+             "-DGPUQ_WITH_TORCH=OFF"], check=True, stdout=subprocess.DEVNULL)
+    return build()
+
+
+def build():
+    r = run(["cmake", "--build", BUILD, "--parallel", str(os.cpu_count() or 2)], capture_output=True, text=True)
+    return r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def killed_by(tests):
+    """True when some test fails against the mutant build."""
+    env = dict(os.environ, GPUQ_BIN_DIR=os.path.join(BUILD, "bin"), PYTHONDONTWRITEBYTECODE="1")
+    unit = [t[5:] for t in tests if t.startswith("unit:")]
+    integration = [t for t in tests if not t.startswith("unit:")]
+    for pattern in unit:
+        r = run([os.path.join(BUILD, "bin", "gpuq_unit_tests"), f"-tc={pattern}"], capture_output=True, text=True,
+                timeout=600)
+        if r.returncode != 0:
+            return True
+    if integration:
+        try:
+            r = run([sys.executable, "-m", "unittest", *integration], cwd=os.path.join(REPO, "tests", "integration"),
+                    env=env, capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            return True  # hung: the guard against hanging is gone, and the test noticed
+        if r.returncode != 0:
+            return True
+    return False
+
+
+def main(words):
+    chosen = [m for m in MUTANTS if not words or any(w in m[0] for w in words)]
+    t0 = time.time()
+    ok, log = sync_and_build()
+    if not ok:
+        print("mutants: the unmutated tree does not build:\n" + log)
+        return 2
+    print(f"mutants: baseline built in {WORK} ({time.time() - t0:.0f} s); {len(chosen)} mutant(s)")
+    survived, broken = [], []
+    for name, path, snippet, replacement, tests in chosen:
+        t = time.time()
+        target = os.path.join(SRC, path)
+        with open(target) as f:
+            original = f.read()
+        if original.count(snippet) != 1:
+            broken.append(name)
+            print(f"  {name:22} ERROR: the snippet is in {path} {original.count(snippet)} times, not once")
+            continue
+        with open(target, "w") as f:
+            f.write(original.replace(snippet, replacement))
+        try:
+            built, log = build()
+            if not built:
+                broken.append(name)
+                print(f"  {name:22} ERROR: the mutant does not build:\n{log}")
+                continue
+            verdict = killed_by(tests)
+        finally:
+            with open(target, "w") as f:
+                f.write(original)
+            os.utime(target, None)  # newer than the mutant's object: rebuilt next time
+        if not verdict:
+            survived.append(name)
+        print(f"  {name:22} {'killed' if verdict else 'SURVIVED'} ({time.time() - t:.0f} s) by {', '.join(tests)}")
+    build()  # leave the copy built as the tree is
+    print(f"mutants: {len(chosen) - len(survived) - len(broken)} killed, {len(survived)} survived"
+          f"{': ' + ', '.join(survived) if survived else ''}, {len(broken)} in error ({time.time() - t0:.0f} s)")
+    return 0 if not survived and not broken else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
