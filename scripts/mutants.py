@@ -28,7 +28,7 @@ SRC, BUILD = os.path.join(WORK, "src"), os.path.join(WORK, "build")
 MUTANTS = [
     ("restart-authorize", "daemon/restart.cpp",
      '    authorize(caller, named.back(), "restart");\n', "\n",
-     ["test_lab.LabMode.test_one_visibility_rule_for_every_command_owner_other_user_and_admin"]),
+     ["test_lab.LabMode.test_another_users_job_cannot_be_touched_and_an_admin_may"]),
     ("details-visibility", "daemon/daemon.cpp",
      "bool may_read_details(const Caller& viewer, const JobRecord& r) { return viewer.admin || viewer.uid == r.uid; }",
      "bool may_read_details(const Caller&, const JobRecord&) { return true; }",

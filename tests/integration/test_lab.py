@@ -99,6 +99,7 @@ class LabMode(unittest.TestCase):
 
     def test_jobs_run_as_their_owner_with_their_home_and_files(self):
         [a] = self.submit(ALICE, {"name": "who", "command": ["sh", "-c", 'id -u; echo "HOME=$HOME USER=$USER"; '
+                                                            'grep NoNewPrivs /proc/self/status; '
                                                             'touch "$GPUQ_CHECKPOINT_DIR/ckpt"']})
         [b] = self.submit(BOB, {"name": "who", "command": ["id", "-u"]})
         jobs = self.wait(ALICE, [a, b])
@@ -109,6 +110,8 @@ class LabMode(unittest.TestCase):
         log = self.ok(ALICE, "logs", str(a))
         self.assertIn(str(uid_of(ALICE)), log.split())
         self.assertIn(f"HOME={self.home[ALICE]} USER={ALICE}", log)
+        # no_new_privs: no set-user-ID program the job runs gains root's privileges.
+        self.assertIn("NoNewPrivs:\t1", log)
         self.assertIn(str(uid_of(BOB)), self.ok(BOB, "logs", str(b)).split())
         # Its files are its owner's; no other user reaches them.
         ckpt = os.path.join(jobs[a]["job_dir"], "checkpoints", "ckpt")
@@ -119,10 +122,25 @@ class LabMode(unittest.TestCase):
                               capture_output=True, text=True)
         self.assertNotEqual(peek.returncode, 0)
         self.assertIn("Permission denied", peek.stderr)
+        # The socket is every user's (0666), its directory passable by all (0755) whatever the umask.
+        self.assertEqual(os.stat(self.d.socket).st_mode & 0o777, 0o666)
+        self.assertEqual(os.stat(os.path.dirname(self.d.socket)).st_mode & 0o777, 0o755)
         # Everyone sees the queue, with whose each job is.
         table = self.ok(BOB, "status")
         self.assertIn("USER", table.splitlines()[0])
         self.assertIn(ALICE, table)
+
+    def test_with_a_socket_group_only_its_members_reach_gpuqd(self):
+        import grp
+        self.d.stop()
+        self.d.extra += ["--socket-group", ADMINS]
+        self.d.start(umask=0o027)
+        st = os.stat(self.d.socket)
+        self.assertEqual((st.st_mode & 0o777, st.st_gid), (0o660, grp.getgrnam(ADMINS).gr_gid))
+        self.ok(CAROL, "status")  # a member
+        r = self.gpuq(ALICE, "status")
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("Permission denied", r.stderr)
 
     def test_a_job_running_as_its_owner_is_found_again_after_gpuqd_is_killed(self):
         gate = os.path.join(self.tmp, "gate")
@@ -144,7 +162,24 @@ class LabMode(unittest.TestCase):
             r = self.gpuq(BOB, *args)
             self.assertEqual(r.returncode, 5, f"gpuq {' '.join(args)} as bob: {r.stdout}{r.stderr}")
             self.assertIn(f"belongs to {ALICE}; only {ALICE} or an admin may", r.stderr)
+        # What changes or reveals an ended job, and the --batch forms: each refused, nothing changed.
+        [f] = self.submit(ALICE, {"name": "failing", "command": ["false"]})
+        self.assertEqual(self.wait(ALICE, [f])[f]["state"], "failed")
+        fb, ab = (str(json.loads(self.ok(ALICE, "show", str(i), "--json"))["job"]["batch"]) for i in (f, a))
+        svg = os.path.join(self.tmp, "bob.svg")
+        for args in (["restart", str(f)], ["restart", "--batch", fb], ["clean", str(f)], ["clean", "--batch", fb],
+                     ["clean", str(f), "--forget"], ["plot", str(f), "-o", svg], ["hold", str(a)],
+                     ["hold", "--batch", ab], ["release", "--batch", ab], ["cancel", "--batch", ab],
+                     ["update", "--batch", ab, "--priority", "5"]):
+            r = self.gpuq(BOB, *args)
+            self.assertEqual(r.returncode, 5, f"gpuq {' '.join(args)} as bob: {r.stdout}{r.stderr}")
+        self.assertFalse(os.path.exists(svg))
+        after = json.loads(self.ok(ALICE, "show", str(f), "--json"))
+        self.assertEqual((after["job"]["state"], after["job"]["attempt"]), ("failed", 1))
+        self.assertTrue(os.path.isdir(after["job"]["job_dir"]))
+        self.assertEqual(json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"], "queued")
         self.assertEqual(self.gpuq(BOB, "drain", "0").returncode, 5)
+        self.assertEqual(self.gpuq(BOB, "undrain", "0").returncode, 5)
         self.assertEqual(self.gpuq(BOB, "daemon", "stop").returncode, 5)
         self.ok(CAROL, "show", str(a))  # an admin, through the admin group
         self.ok(CAROL, "cancel", str(a))
