@@ -23,8 +23,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = os.environ.get("GPUQ_MUTANT_DIR", "/tmp/gpuq-mutants")
 SRC, BUILD = os.path.join(WORK, "src"), os.path.join(WORK, "build")
 
-# (name, file, snippet, replacement, tests). Tests: unittest names (integration, run from
-# tests/integration) or "unit:<doctest test-case pattern>".
+# (name, file, snippet, replacement, tests): or, for a guard that takes two edits to remove,
+# (name, file, [(snippet, replacement), ...], None, tests). Tests: unittest names (integration,
+# run from tests/integration) or "unit:<doctest test-case pattern>".
 MUTANTS = [
     ("restart-authorize", "daemon/restart.cpp",
      '    authorize(caller, named.back(), "restart");\n', "\n",
@@ -44,6 +45,20 @@ MUTANTS = [
     ("no-new-privs", "supervisor/supervisor.cpp",
      "  ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);\n", "\n",
      ["test_lab.LabMode.test_jobs_run_as_their_owner_with_their_home_and_files"]),
+    ("readopt-owner", "daemon/local_executor.cpp",
+     "if (pid && is_alive(*pid) && common::process_owner(pid->pid) == attempt.owner) {",
+     "if (pid && is_alive(*pid)) {",
+     ["test_lab.LabMode.test_a_pid_file_pointed_at_another_users_process_is_never_taken_or_signalled"]),
+    ("launch-doc-symlink", "common/process.cpp",
+     "  ::unlink(tmp.c_str());\n  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, static_cast<mode_t>(mode));",
+     "  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, static_cast<mode_t>(mode));",
+     ["unit:write_file_atomic*"]),
+    ("clean-follows-links", "common/paths.cpp",  # both guards: each alone covers for the other
+     [("  if (::fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {",
+       "  if (::fstatat(parent, name.c_str(), &st, 0) != 0) {"),
+      ("O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);\n    if (fd >= 0) {",
+       "O_RDONLY | O_DIRECTORY | O_CLOEXEC);\n    if (fd >= 0) {")], None,
+     ["unit:remove_tree deletes a symlink*"]),
     ("sigterm-first", "supervisor/supervisor.cpp",
      "signal_all(m_killing ? SIGKILL : SIGTERM);", "signal_all(SIGKILL);",
      ["test_reliability.Cancel.test_cancel_sends_sigterm_first_and_waits_the_grace_for_the_job_to_clean_up"]),
@@ -151,12 +166,16 @@ def main(words):
         target = os.path.join(SRC, path)
         with open(target) as f:
             original = f.read()
-        if original.count(snippet) != 1:
+        edits = snippet if replacement is None else [(snippet, replacement)]
+        mutated, missing = original, [s for s, _ in edits if original.count(s) != 1]
+        if missing:
             broken.append(name)
-            print(f"  {name:22} ERROR: the snippet is in {path} {original.count(snippet)} times, not once")
+            print(f"  {name:22} ERROR: a snippet is not in {path} exactly once: {missing[0]!r}")
             continue
+        for old, new in edits:
+            mutated = mutated.replace(old, new)
         with open(target, "w") as f:
-            f.write(original.replace(snippet, replacement))
+            f.write(mutated)
         try:
             built, log = build()
             if not built:

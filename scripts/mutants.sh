@@ -6,4 +6,4 @@
 #   scripts/mutants.sh [WORD…]    only the mutants whose names contain a WORD
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python3 scripts/mutants.py "$@"
+exec python3 -u scripts/mutants.py "$@"

@@ -130,6 +130,33 @@ class LabMode(unittest.TestCase):
         self.assertIn("USER", table.splitlines()[0])
         self.assertIn(ALICE, table)
 
+    def test_a_pid_file_pointed_at_another_users_process_is_never_taken_or_signalled(self):
+        bob = subprocess.Popen(["runuser", "-u", BOB, "--", "sleep", "300"])
+        self.addCleanup(lambda: (bob.kill(), bob.wait()))
+        wait_until(lambda: subprocess.run(["pgrep", "-u", BOB, "-x", "sleep"], capture_output=True).returncode == 0,
+                   what="bob's process")
+        bob_pid = int(subprocess.run(["pgrep", "-n", "-u", BOB, "-x", "sleep"], capture_output=True, text=True).stdout)
+        with open(f"/proc/{bob_pid}/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19])
+        gate = os.path.join(self.tmp, "gate")
+        [a] = self.submit(ALICE, {"name": "liar", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]})
+        wait_until(lambda: json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"] == "running",
+                   what="the job to start")
+        attempt = os.path.join(json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["job_dir"], "attempt-1")
+        self.d.kill9()
+        # While no gpuqd runs, Alice (whose attempt directory it is) points the pid file at Bob's process.
+        subprocess.run(["runuser", "-u", ALICE, "--", "sh", "-c", f'cat > {attempt}/shim.pid.new && '
+                        f'mv -f {attempt}/shim.pid.new {attempt}/shim.pid'],
+                       input=json.dumps({"pid": bob_pid, "start_time": start}), text=True, check=True)
+        self.d.start(umask=0o027)
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            self.assertNotIn(f"supervisor pid {bob_pid}", f.read())
+        self.gpuq(ALICE, "cancel", str(a))
+        self.gpuq(CAROL, "cancel", str(a))  # an admin's cancel too
+        self.d.wait_for_counter("scheduling_passes", more=0, at_least=1)
+        self.assertIsNone(bob.poll(), "gpuqd signalled another user's process")
+        open(gate, "w").close()
+
     def test_with_a_socket_group_only_its_members_reach_gpuqd(self):
         import grp
         self.d.stop()

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <iterator>
 
 #include "common/paths.hpp"
+#include "common/process.hpp"
 
 using namespace gpuq::common;
 
@@ -44,6 +46,51 @@ TEST_CASE("make_dirs leaves the mode to the umask, as mkdir -p does") {
   CHECK((st.st_mode & 0777) == 0750);
   std::string error;
   remove_tree(root, error);
+}
+
+
+TEST_CASE("write_file_atomic replaces a symlink at its name or its temporary name, never writes through") {
+  const std::string root = "/tmp/gpuq-unit-atomic-" + std::to_string(::getpid());
+  REQUIRE(make_dirs(root).ok());
+  const auto slurp = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::ofstream(root + "/victim1") << "root's own\n";
+  std::ofstream(root + "/victim2") << "root's own\n";
+  // A job owns the directory a root gpuqd writes launch.json into: it plants links at both names.
+  REQUIRE(::symlink((root + "/victim1").c_str(), (root + "/launch.json").c_str()) == 0);
+  REQUIRE(::symlink((root + "/victim2").c_str(), (root + "/launch.json.tmp").c_str()) == 0);
+  auto w = write_file_atomic(root + "/launch.json", "{\"ok\": 1}\n", 0600);
+  REQUIRE(w);
+  CHECK(slurp(root + "/victim1") == "root's own\n");
+  CHECK(slurp(root + "/victim2") == "root's own\n");
+  struct stat st {};
+  REQUIRE(::lstat((root + "/launch.json").c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(slurp(root + "/launch.json") == "{\"ok\": 1}\n");
+  CHECK(::access((root + "/launch.json.tmp").c_str(), F_OK) != 0);
+  std::string error;
+  CHECK(remove_tree(root, error) >= 0);
+}
+
+TEST_CASE("remove_tree deletes a symlink in the tree, never what it points to") {
+  const std::string root = "/tmp/gpuq-unit-rmtree-" + std::to_string(::getpid());
+  REQUIRE(make_dirs(root + "/precious").ok());
+  REQUIRE(make_dirs(root + "/job/checkpoints").ok());
+  std::ofstream(root + "/precious/keep") << "not the job's\n";
+  std::ofstream(root + "/job/checkpoints/ckpt") << "the job's\n";
+  // A job's own links in its directory: to a directory and to a file outside it.
+  REQUIRE(::symlink((root + "/precious").c_str(), (root + "/job/checkpoints/dir-link").c_str()) == 0);
+  REQUIRE(::symlink((root + "/precious/keep").c_str(), (root + "/job/file-link").c_str()) == 0);
+  std::string error;
+  CHECK(remove_tree(root + "/job", error) == 10);  // the job's one file; links count nothing
+  CHECK(error.empty());
+  CHECK(::access((root + "/job").c_str(), F_OK) != 0);
+  std::ifstream kept(root + "/precious/keep");
+  CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "not the job's\n");
+  CHECK(remove_tree(root, error) >= 0);
 }
 
 TEST_SUITE_END();
