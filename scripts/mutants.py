@@ -23,8 +23,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = os.environ.get("GPUQ_MUTANT_DIR", "/tmp/gpuq-mutants")
 SRC, BUILD = os.path.join(WORK, "src"), os.path.join(WORK, "build")
 
-# (name, file, snippet, replacement, tests): or, for a guard that takes two edits to remove,
-# (name, file, [(snippet, replacement), ...], None, tests). Tests: unittest names (integration,
+# (name, file, snippet, replacement, tests); for a guard that takes several edits to remove (two
+# layers, each covering for the other), (name, file, [(snippet, replacement), ...], None, tests)
+# or, across files, (name, None, [(file, snippet, replacement), ...], None, tests). Tests: unittest names (integration,
 # run from tests/integration) or "unit:<doctest test-case pattern>".
 MUTANTS = [
     ("restart-authorize", "daemon/restart.cpp",
@@ -59,6 +60,10 @@ MUTANTS = [
       ("O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);\n    if (fd >= 0) {",
        "O_RDONLY | O_DIRECTORY | O_CLOEXEC);\n    if (fd >= 0) {")], None,
      ["unit:remove_tree deletes a symlink*"]),
+    ("fds-inherited", None,  # both layers: gpuqd's, before it execs a supervisor, and the supervisor's
+     [("daemon/launcher.cpp", "    ::setsid();\n    mark_inherited_fds_cloexec();\n", "    ::setsid();\n"),
+      ("supervisor/supervisor.cpp", "    mark_inherited_fds_cloexec();\n", "\n")], None,
+     ["test_reliability.InheritedDescriptors"]),
     ("sigterm-first", "supervisor/supervisor.cpp",
      "signal_all(m_killing ? SIGKILL : SIGTERM);", "signal_all(SIGKILL);",
      ["test_reliability.Cancel.test_cancel_sends_sigterm_first_and_waits_the_grace_for_the_job_to_clean_up"]),
@@ -163,19 +168,28 @@ def main(words):
     survived, broken = [], []
     for name, path, snippet, replacement, tests in chosen:
         t = time.time()
-        target = os.path.join(SRC, path)
-        with open(target) as f:
-            original = f.read()
-        edits = snippet if replacement is None else [(snippet, replacement)]
-        mutated, missing = original, [s for s, _ in edits if original.count(s) != 1]
+        # Edits: one (path, old, new), several in one file, or several in several files.
+        if path is None:
+            edits = snippet
+        elif replacement is None:
+            edits = [(path, old, new) for old, new in snippet]
+        else:
+            edits = [(path, snippet, replacement)]
+        originals = {}
+        for p in {p for p, _, _ in edits}:
+            with open(os.path.join(SRC, p)) as f:
+                originals[p] = f.read()
+        missing = [(p, old) for p, old, _ in edits if originals[p].count(old) != 1]
         if missing:
             broken.append(name)
-            print(f"  {name:22} ERROR: a snippet is not in {path} exactly once: {missing[0]!r}")
+            print(f"  {name:22} ERROR: a snippet is not in {missing[0][0]} exactly once: {missing[0][1]!r}")
             continue
-        for old, new in edits:
-            mutated = mutated.replace(old, new)
-        with open(target, "w") as f:
-            f.write(mutated)
+        mutated = dict(originals)
+        for p, old, new in edits:
+            mutated[p] = mutated[p].replace(old, new)
+        for p, text in mutated.items():
+            with open(os.path.join(SRC, p), "w") as f:
+                f.write(text)
         try:
             built, log = build()
             if not built:
@@ -184,9 +198,10 @@ def main(words):
                 continue
             verdict = killed_by(tests)
         finally:
-            with open(target, "w") as f:
-                f.write(original)
-            os.utime(target, None)  # newer than the mutant's object: rebuilt next time
+            for p, text in originals.items():
+                with open(os.path.join(SRC, p), "w") as f:
+                    f.write(text)
+                os.utime(os.path.join(SRC, p), None)  # newer than the mutant's object: rebuilt next time
         if not verdict:
             survived.append(name)
         print(f"  {name:22} {'killed' if verdict else 'SURVIVED'} ({time.time() - t:.0f} s) by {', '.join(tests)}")

@@ -150,6 +150,22 @@ class OutOfMemory(DaemonTest):
         self.assertTrue(self.d.show(job_id)["first_failure"]["oom_kill"])
 
 
+class InheritedDescriptors(DaemonTest):
+    def test_a_job_holds_none_of_gpuqds_descriptors(self):
+        # A client connected while the job starts: its connection, the listening socket, the store
+        # and the rest of gpuqd's are all open in gpuqd then.
+        with socket.socket(socket.AF_UNIX) as held:
+            held.connect(self.d.socket)
+            job = self.d.submit({"name": "fds", "shell": 'for f in /proc/$$/fd/*; do echo "$f $(readlink $f)"; done'})
+            job_id = job["ids"][0]
+            self.assertEqual(self.d.wait([job_id])[job_id]["state"], "succeeded")
+        lines = self.d.ok("logs", str(job_id)).splitlines()
+        fds = {int(line.split()[0].rsplit("/", 1)[1]): line.split(" ", 1)[1] for line in lines if line.startswith("/proc/")}
+        # stdin, stdout and stderr, and the shell's own descriptor for the directory it lists
+        self.assertLessEqual(set(fds), {0, 1, 2, 3}, fds)
+        self.assertFalse([t for t in fds.values() if t.startswith("socket:") or "gpuq.db" in t], fds)
+
+
 class Cancel(DaemonTest):
     def test_cancel_sends_sigterm_first_and_waits_the_grace_for_the_job_to_clean_up(self):
         # The local executor's promise (docs/reliability.md): SIGTERM to every rank, then the grace
