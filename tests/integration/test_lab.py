@@ -434,7 +434,8 @@ class LabMode(unittest.TestCase):
 
 class LabSharing(LabMode):
     """Fair share and per-user limits (docs/lab.md, "Sharing the GPUs")."""
-    CONFIG = {"user_limits": {BOB: {"max_running": 1}, "*": {"max_queued": 6}}, "max_priority": 10}
+    CONFIG = {"user_limits": {BOB: {"max_running": 1}, CAROL: {"max_gpus": 1, "max_queued": 6}, "*": {"max_queued": 6}},
+              "max_priority": 10}
 
     # The LabMode tests run here too, under limits that do not bind them.
 
@@ -487,6 +488,20 @@ class LabSharing(LabMode):
         [c] = self.submit(CAROL, {"command": ["true"], "priority": 50})
         open(gate, "w").close()
         jobs = self.wait(BOB, ids + [a, c])
+        self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
+
+    def test_max_gpus_holds_a_users_gpus_and_the_free_one_goes_to_another(self):
+        gate = os.path.join(self.tmp, "gate")
+        ids = self.submit(CAROL, [self.gated(f"c{i}", gate) for i in range(2)])
+        wait_until(lambda: len(self.running(CAROL)) == 1, what="carol's first job to start")
+        waiting = json.loads(self.ok(CAROL, "show", str(ids[1]), "--json"))["job"]
+        self.assertEqual(waiting["state"], "queued")
+        self.assertEqual(waiting["reason"], f"{CAROL} holds 1 GPUs; 1 more would pass their limit (max_gpus 1)")
+        [a] = self.submit(ALICE, [self.gated("a", gate)])  # the second GPU is not held for carol
+        wait_until(lambda: (ALICE, "a") in self.running(ALICE), what="alice's job to take the free GPU")
+        self.assertEqual(json.loads(self.ok(CAROL, "show", str(ids[1]), "--json"))["job"]["state"], "queued")
+        open(gate, "w").close()
+        jobs = self.wait(CAROL, ids + [a])
         self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
 
     def test_max_queued_holds_on_every_path_that_queues_jobs(self):
