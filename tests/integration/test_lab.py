@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import unittest
 
 from harness import BIN, FAKE_NVML_DIR, Daemon, pids_matching, wait_until
@@ -435,7 +436,7 @@ class LabMode(unittest.TestCase):
 class LabSharing(LabMode):
     """Fair share and per-user limits (docs/lab.md, "Sharing the GPUs")."""
     CONFIG = {"user_limits": {BOB: {"max_running": 1}, CAROL: {"max_gpus": 1, "max_queued": 6}, "*": {"max_queued": 6}},
-              "max_priority": 10}
+              "max_priority": 10, "usage_half_life_s": 60}
 
     # The LabMode tests run here too, under limits that do not bind them.
 
@@ -489,6 +490,23 @@ class LabSharing(LabMode):
         open(gate, "w").close()
         jobs = self.wait(BOB, ids + [a, c])
         self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
+
+    def test_gpu_use_is_forgotten_at_the_half_life(self):
+        [a] = self.submit(ALICE, {"name": "use", "gpus": 1, "command": ["sleep", "1"]})
+        self.assertEqual(self.wait(ALICE, [a])[a]["state"], "succeeded")
+
+        def hours():
+            t0 = time.time()
+            users = {u["user"]: u for u in json.loads(self.ok(BOB, "usage", "--json"))["users"]}
+            return t0, users[ALICE]["gpu_hours"], time.time()
+        before1, h1, after1 = hours()
+        time.sleep(3)  # the interval measured, not a wait for something to happen
+        before2, h2, after2 = hours()
+        self.assertGreater(h1, 0)
+        # gpuqd read its clock somewhere within each request: the decay over 60 s half-lives lies
+        # between what the shortest and the longest interval allow.
+        lo, hi = 2 ** (-(after2 - before1) / 60), 2 ** (-(before2 - after1) / 60)
+        self.assertTrue(lo * h1 <= h2 <= hi * h1, (h1, h2, lo, hi))
 
     def test_max_gpus_holds_a_users_gpus_and_the_free_one_goes_to_another(self):
         gate = os.path.join(self.tmp, "gate")
