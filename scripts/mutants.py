@@ -85,7 +85,7 @@ MUTANTS = [
      ["test_errors.ProtocolAbuse.test_a_silent_client_does_not_block_others_and_is_dropped_after_the_idle_timeout"]),
     ("event-line-bound", "daemon/events.cpp",
      "  if (line.size() > k_max_event_line) return false;\n", "\n",
-     ["unit:*event*"]),
+     ["unit:a whole line over the limit*"]),
     ("reply-jobs-bound", "daemon/daemon.cpp",
      "if (out.jobs.size() >= static_cast<std::size_t>(common::k_max_reply_jobs) || bytes >= common::k_max_reply_bytes) {",
      "if (bytes >= common::k_max_reply_bytes) {",

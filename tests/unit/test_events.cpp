@@ -35,6 +35,17 @@ TEST_CASE("an endless line without a newline is dropped once it exceeds the limi
   CHECK(p.consumed == data.size());
 }
 
+TEST_CASE("a whole line over the limit in one read is one bad line, though it is valid JSON") {
+  // {"type":"result","pad":"xxx…"}: an event but for its size; the line after it still counts.
+  std::string big = R"({"type":"result","pad":")" + std::string(k_max_event_line, 'x') + "\"}\n";
+  std::string data = big + R"({"type":"result","ok":1})" "\n";
+  auto p = parse_events(data, 0, 0);
+  CHECK(p.bad_lines == 1);
+  REQUIRE(p.events.size() == 1);
+  CHECK(p.events[0].data == json{{"ok", 1}});
+  CHECK(p.consumed == data.size());
+}
+
 TEST_CASE("an event line nested 100,000 deep is one bad line, not a crash") {
   std::string line = R"({"type":"progress","x":)" + std::string(100000, '[') + std::string(100000, ']') + "}\n";
   std::string data = line + R"({"type":"progress","step":2})" "\n";
