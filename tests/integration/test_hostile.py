@@ -187,6 +187,57 @@ class VanishedCwd(DaemonTest):
         self.assertFalse(os.path.exists(self.tmp_path("CREATED_BY_JOB")))
 
 
+class LaunchDocument(DaemonTest):
+    @unittest.skipUnless(os.geteuid() == 0, "the check is a root supervisor's")
+    def test_a_root_supervisor_runs_only_a_launch_document_root_wrote(self):
+        # Started by a root gpuqd, the supervisor takes whom to run as from this file: one the
+        # job's owner made, linked or pointed at is refused, and nothing of it runs.
+        def attempt(name, make):
+            adir = self.tmp_path(name)
+            os.mkdir(adir)
+            marker = os.path.join(adir, "RAN")
+            doc = {"job_id": 1, "attempt": 1, "timeout_s": 0, "grace_s": 1, "log_limit_bytes": 0,
+                   "ranks": [{"rank": 0, "argv": ["/bin/sh", "-c", f"touch {marker}"], "env": {"PATH": "/usr/bin:/bin"},
+                              "cwd": adir, "log": os.path.join(adir, "rank-0.log")}],
+                   "pid_file": os.path.join(adir, "shim.pid"), "exit_file": os.path.join(adir, "exit.json")}
+            path = make(adir, json.dumps(doc))
+            r = subprocess.run([os.path.join(BIN, "gpuq-shim"), path], cwd=self.tmp, timeout=60,
+                               capture_output=True, text=True)
+            log = os.path.join(adir, "shim.log")
+            said = open(log).read() if os.path.exists(log) else ""
+            return r.returncode, os.path.exists(marker), said
+
+        def write(path, text):
+            with open(path, "w") as f:
+                f.write(text)
+            return path
+
+        def owned_by_nobody(adir, text):
+            path = write(os.path.join(adir, "launch.json"), text)
+            os.chown(path, 65534, 65534)
+            return path
+
+        def hard_linked(adir, text):
+            path = write(os.path.join(adir, "root.json"), text)
+            os.link(path, os.path.join(adir, "launch.json"))  # root's file, but two names: refused too
+            return os.path.join(adir, "launch.json")
+
+        def symlinked(adir, text):
+            path = write(os.path.join(adir, "root.json"), text)
+            os.symlink(path, os.path.join(adir, "launch.json"))
+            return os.path.join(adir, "launch.json")
+
+        code, ran, _ = attempt("roots", lambda adir, text: write(os.path.join(adir, "launch.json"), text))
+        self.assertEqual((code, ran), (0, True))  # the control: root's own document runs
+        for name, make, why in (("nobodys", owned_by_nobody, "is not root's own file"),
+                                ("linked", hard_linked, "is not root's own file"),
+                                ("symlinked", symlinked, "cannot read")):
+            code, ran, said = attempt(name, make)
+            self.assertNotEqual(code, 0, name)
+            self.assertFalse(ran, f"{name}: the document was run")
+            self.assertIn(why, said, name)
+
+
 class BoundedReplies(DaemonTest):
     def test_a_result_asked_for_1000_times_comes_once(self):
         # A 7 KB request naming one job with a 1 MB result 1,000 times made a 1 GB reply.
