@@ -151,19 +151,22 @@ def killed_by(tests):
     env = dict(os.environ, GPUQ_BIN_DIR=os.path.join(BUILD, "bin"), PYTHONDONTWRITEBYTECODE="1")
     unit = [t[5:] for t in tests if t.startswith("unit:")]
     integration = [t for t in tests if not t.startswith("unit:")]
-    for pattern in unit:
-        r = run([os.path.join(BUILD, "bin", "gpuq_unit_tests"), f"-tc={pattern}"], capture_output=True, text=True,
-                timeout=600)
-        if r.returncode != 0:
-            return True
-    if integration:
-        try:
-            r = run([sys.executable, "-m", "unittest", *integration], cwd=os.path.join(REPO, "tests", "integration"),
-                    env=env, capture_output=True, text=True, timeout=900)
-        except subprocess.TimeoutExpired:
-            return True  # hung: the guard against hanging is gone, and the test noticed
-        if r.returncode != 0:
-            return True
+    # Output to a file, not a pipe: a process a mutant leaves behind (a job outliving its gpuqd)
+    # would hold a pipe open, and the wait for its end with it.
+    with open(os.path.join(WORK, "last-test.log"), "w") as out:
+        for pattern in unit:
+            r = run([os.path.join(BUILD, "bin", "gpuq_unit_tests"), f"-tc={pattern}"], stdout=out,
+                    stderr=subprocess.STDOUT, timeout=600)
+            if r.returncode != 0:
+                return True
+        if integration:
+            try:
+                r = run([sys.executable, "-m", "unittest", *integration], cwd=os.path.join(REPO, "tests", "integration"),
+                        env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+            except subprocess.TimeoutExpired:
+                return True  # hung: the guard against hanging is gone, and the test noticed
+            if r.returncode != 0:
+                return True
     return False
 
 

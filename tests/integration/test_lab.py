@@ -132,11 +132,12 @@ class LabMode(unittest.TestCase):
         self.assertIn(ALICE, table)
 
     def test_a_pid_file_pointed_at_another_users_process_is_never_taken_or_signalled(self):
-        bob = subprocess.Popen(["runuser", "-u", BOB, "--", "sleep", "300"])
+        # Bob's process itself (not under runuser, which a kill would leave it behind), holding
+        # none of the test's pipes.
+        bob = subprocess.Popen(["sleep", "300"], user=uid_of(BOB), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addCleanup(lambda: (bob.kill(), bob.wait()))
-        wait_until(lambda: subprocess.run(["pgrep", "-u", BOB, "-x", "sleep"], capture_output=True).returncode == 0,
-                   what="bob's process")
-        bob_pid = int(subprocess.run(["pgrep", "-n", "-u", BOB, "-x", "sleep"], capture_output=True, text=True).stdout)
+        bob_pid = bob.pid
         with open(f"/proc/{bob_pid}/stat") as f:
             start = int(f.read().rsplit(")", 1)[1].split()[19])
         gate = os.path.join(self.tmp, "gate")
