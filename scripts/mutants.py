@@ -121,18 +121,24 @@ def run(cmd, **kw):
 
 def sync_and_build():
     # The tree as git sees it (tracked, and new files not ignored), copied where it differs: files
-    # that did not change keep their times, so the build stays incremental.
+    # that did not change keep their times, so the build stays incremental; those that did are
+    # written now, so the build sees them newer than their objects.
     files = run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
                 capture_output=True).stdout.decode().split("\0")
     for rel in filter(None, files):
         src, dst = os.path.join(REPO, rel), os.path.join(SRC, rel)
         if not os.path.isfile(src):
             continue
-        s = os.stat(src)
-        if os.path.exists(dst) and (lambda d: (d.st_size, int(d.st_mtime)) == (s.st_size, int(s.st_mtime)))(os.stat(dst)):
-            continue
+        with open(src, "rb") as f:
+            content = f.read()
+        if os.path.exists(dst):
+            with open(dst, "rb") as f:
+                if f.read() == content:
+                    continue
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copy2(src, dst)
+        with open(dst, "wb") as f:  # written now: newer than any object built from the old text
+            f.write(content)
+        shutil.copymode(src, dst)
     if not os.path.exists(os.path.join(BUILD, "CMakeCache.txt")):
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         launcher = ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
@@ -144,6 +150,27 @@ def sync_and_build():
 def build():
     r = run(["cmake", "--build", BUILD, "--parallel", str(os.cpu_count() or 2)], capture_output=True, text=True)
     return r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def check_tests(tests):
+    """The tests a mutant names exist: a unit pattern that matches nothing passes, and an
+    integration name that does not resolve fails, whatever the mutant does."""
+    for t in tests:
+        if t.startswith("unit:"):
+            r = run([os.path.join(BUILD, "bin", "gpuq_unit_tests"), f"-tc={t[5:]}", "-ltc"], capture_output=True,
+                    text=True)
+            if "passing the current filters: 0" in r.stdout or "passing the current filters" not in r.stdout:
+                return f"no unit test case matches {t[5:]!r}"
+    names = [t for t in tests if not t.startswith("unit:")]
+    if names:
+        r = run([sys.executable, "-c", "import sys, unittest\n"
+                 "s = unittest.defaultTestLoader.loadTestsFromNames(sys.argv[1:])\n"
+                 "bad = [str(t) for t in unittest.TestSuite(s) if 'FailedTest' in type(t).__name__]\n"
+                 "sys.exit(1 if bad or s.countTestCases() == 0 else 0)", *names],
+                cwd=os.path.join(REPO, "tests", "integration"), capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"a test name does not resolve: {' '.join(names)}"
+    return ""
 
 
 def killed_by(tests):
@@ -181,6 +208,10 @@ def main(words):
     survived, broken = [], []
     for name, path, snippet, replacement, tests in chosen:
         t = time.time()
+        if problem := check_tests(tests):
+            broken.append(name)
+            print(f"  {name:22} ERROR: {problem}")
+            continue
         # Edits: one (path, old, new), several in one file, or several in several files.
         if path is None:
             edits = snippet
