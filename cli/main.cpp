@@ -103,9 +103,13 @@ int main(int argc, char** argv) {
   if (!ctx.run) return k_exit_usage;
   try {
     return ctx.run();
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const gpuq::common::ReplyFieldError& e) {
     // A reply this gpuq cannot read (a gpuqd of another version, or not gpuqd): said, never an abort
     std::cerr << "gpuq: gpuqd's reply is not one this gpuq (" GPUQ_VERSION ") understands: "
+              << gpuq::cli::printable(e.what()) << "\n";
+    return k_exit_refused;
+  } catch (const nlohmann::json::exception& e) {  // a reply read field by field, or text that is not UTF-8
+    std::cerr << "gpuq: cannot use gpuqd's reply or encode the request: "
               << gpuq::cli::printable(gpuq::common::detail::plain_message(e)) << "\n";
     return k_exit_refused;
   }

@@ -30,12 +30,16 @@ void Client::set_reply_timeout(double seconds) { g_reply_timeout_s = seconds; }
 double Client::reply_timeout(const json& request) {
   if (g_reply_timeout_s <= 0 || !request.is_object()) return g_reply_timeout_s;
   const auto cmd = request.value("cmd", std::string());
+  double t = g_reply_timeout_s;
   if (cmd == "wait") {
-    const double own = request.value("timeout_s", 0.0);
-    return own > 0 ? own + g_reply_timeout_s : 0;
+    const auto own = request.find("timeout_s");
+    const double s = own != request.end() && own->is_number() ? own->get<double>() : 0.0;
+    if (!(s > 0)) return 0;
+    t = s + g_reply_timeout_s;
+  } else if (cmd == "submit" || cmd == "restart" || cmd == "clean") {
+    t = 10 * g_reply_timeout_s;
   }
-  if (cmd == "submit" || cmd == "restart" || cmd == "clean") return 10 * g_reply_timeout_s;
-  return g_reply_timeout_s;
+  return std::min(t, 1e9);  // ~31 years: a deadline a clock can hold
 }
 
 Result<Client> Client::connect(const std::string& socket_path, const std::string& client_name) {
@@ -142,13 +146,19 @@ Result<json> Client::call(const json& request) {
 
 Result<json> Client::roundtrip(const json& request) {
   if (m_fd < 0) return Error{ErrorCode::unavailable, "lost connection to gpuqd: an earlier reply never came"};
+  std::string line;
+  try {
+    line = request.dump() + "\n";
+  } catch (const json::type_error& e) {  // JSON holds UTF-8 only: an environment variable, say, that is not
+    return Error{ErrorCode::bad_request, std::string("the request cannot be sent: ") + e.what() +
+                                             " (an argument or environment variable that is not UTF-8?)"};
+  }
   const auto broken = [this](Error e) {  // a reply may still come: this connection is done
     ::close(m_fd);
     m_fd = -1;
     m_buffer.clear();
     return e;
   };
-  std::string line = request.dump() + "\n";
   for (std::size_t sent = 0; sent < line.size();) {
     ssize_t n = ::send(m_fd, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
@@ -172,12 +182,19 @@ Result<json> Client::roundtrip(const json& request) {
       pollfd p{m_fd, POLLIN, 0};
       const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30))) : 0;
       if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0 && std::chrono::steady_clock::now() < deadline) continue;  // a wait capped below the deadline
       if (ready == 0) {
         char secs[32];
         std::snprintf(secs, sizeof(secs), "%g", timeout_s);
+        const std::string cmd = request.is_object() ? request.value("cmd", std::string()) : std::string();
+        const bool changes = cmd == "submit" || cmd == "restart" || cmd == "clean" || cmd == "cancel" ||
+                             cmd == "update" || cmd == "hold" || cmd == "release";
         return broken(Error{ErrorCode::unavailable,
                             "gpuqd accepted the connection but sent no reply within " + std::string(secs) +
-                                " s (setting reply_timeout_s, $GPUQ_REPLY_TIMEOUT_S; 0 waits for ever)"});
+                                " s (setting reply_timeout_s, $GPUQ_REPLY_TIMEOUT_S; 0 waits for ever)" +
+                                (changes ? "; it may still carry the request out: check `gpuq status` before "
+                                           "sending it again"
+                                         : "")});
       }
     }
     char chunk[65536];

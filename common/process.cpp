@@ -52,6 +52,14 @@ Result<bool> write_file_atomic(const std::string& path, const std::string& text,
   ::unlink(tmp.c_str());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, static_cast<mode_t>(mode));
   if (fd < 0) return Error{ErrorCode::store_error, "cannot write " + tmp + ": " + std::strerror(errno)};
+  // The mode asked for, not less: under the units' UMask=0027 a hook's input (read by the job's
+  // owner) or the metrics textfile (read by node_exporter) would be closed to its reader.
+  if (::fchmod(fd, static_cast<mode_t>(mode)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return Error{ErrorCode::store_error, "cannot set the mode of " + tmp + ": " + std::strerror(err)};
+  }
   std::size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -20,13 +21,15 @@
 #include "common/job_state.hpp"
 
 namespace gpuq {
-// A job's state travels as its name ("queued", "timed_out"...), and is a JobState on both sides.
-NLOHMANN_JSON_SERIALIZE_ENUM(JobState, {{JobState::queued, "queued"},
-                                        {JobState::running, "running"},
-                                        {JobState::succeeded, "succeeded"},
-                                        {JobState::failed, "failed"},
-                                        {JobState::cancelled, "cancelled"},
-                                        {JobState::timed_out, "timed_out"}})
+// A job's state travels as its name ("queued", "timed_out"...), and is a JobState on both sides;
+// a name this gpuq does not know is an error, not "queued" (nlohmann's enum macro's fallback).
+inline void to_json(nlohmann::json& j, JobState s) { j = std::string(to_string(s)); }
+inline void from_json(const nlohmann::json& j, JobState& s) {
+  const auto known = j.is_string() ? job_state_from_string(j.get_ref<const std::string&>()) : std::nullopt;
+  if (!known)
+    throw nlohmann::json::type_error::create(302, "not a job state: " + j.dump().substr(0, 40), &j);
+  s = *known;
+}
 }  // namespace gpuq
 
 namespace gpuq::common {
@@ -76,17 +79,28 @@ void field_from_json(const nlohmann::json& j, const std::string& name, T& out, c
       try {
         items.push_back((*it)[i].template get<typename T::value_type>());
       } catch (const ReplyFieldError& e) {
-        throw ReplyFieldError(name + "[" + std::to_string(i) + "]." + e.path(), e.problem());
+        throw ReplyFieldError(name + "[" + std::to_string(i) + "]" + (e.path().empty() ? "" : "." + e.path()), e.problem());
       } catch (const nlohmann::json::exception& e) {
         throw ReplyFieldError(name + "[" + std::to_string(i) + "]", plain_message(e));
       }
     }
     out = std::move(items);
   } else {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // nlohmann casts a float to an integer (1e300 to int is undefined) and wraps one out of range
+      const bool fits = it->is_number_unsigned()  ? it->template get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
+                        : it->is_number_integer() ? it->template get<std::int64_t>() >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
+                                                        (std::numeric_limits<T>::max() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
+                                                         it->template get<std::int64_t>() <= static_cast<std::int64_t>(std::numeric_limits<T>::max()))
+                                                  : false;
+      if (!fits)
+        throw ReplyFieldError(name, std::string("must be an integer within range, is ") +
+                                        (it->is_number() ? it->dump() : std::string(it->type_name())));
+    }
     try {
       out = it->template get<T>();
     } catch (const ReplyFieldError& e) {
-      throw ReplyFieldError(name + "." + e.path(), e.problem());
+      throw ReplyFieldError(e.path().empty() ? name : name + "." + e.path(), e.problem());
     } catch (const nlohmann::json::exception& e) {
       throw ReplyFieldError(name, plain_message(e));
     }

@@ -395,8 +395,13 @@ bool Daemon::add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_
   }
   out.jobs.push_back(info_of(r, viewer));
   auto& i = out.jobs.back();
-  // What the record's fixed fields take is small; results and progress are what can be large.
-  bytes += 512 + (i.result.is_null() ? 0 : i.result.dump().size()) + (i.progress.is_null() ? 0 : i.progress.dump().size());
+  // What the record's fixed fields take is small; results, progress and what a matrix can make
+  // long (labels, `after` naming a whole sweep, the reason, the name) are counted, so a reply
+  // stays within what a client reads (common::k_max_reply_line).
+  std::size_t labels = 0;
+  for (const auto& [k, v] : i.labels) labels += k.size() + v.size() + 8;
+  bytes += 512 + (i.result.is_null() ? 0 : i.result.dump().size()) + (i.progress.is_null() ? 0 : i.progress.dump().size()) +
+           labels + 21 * (i.after.size() + i.gpus.size() + i.cpus.size()) + i.name.size() + 2 * i.reason.size();
   return true;
 }
 

@@ -289,13 +289,16 @@ std::string raise_descriptor_limit() {
 Descriptors descriptors() {
   rlimit l{};
   if (::getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur == RLIM_INFINITY) return {};
+  const long limit = static_cast<long>(l.rlim_cur);
   DIR* d = ::opendir("/proc/self/fd");
-  if (!d) return {};
+  if (!d) {  // out of descriptors is the case this is for: none free, not unknown
+    if (errno == EMFILE || errno == ENFILE) return {0, std::min(64L, limit / 4)};
+    return {};
+  }
   long open = -1;  // the directory's own descriptor is in the listing
   while (const dirent* e = ::readdir(d))
     if (e->d_name[0] != '.') ++open;
   ::closedir(d);
-  const long limit = static_cast<long>(l.rlim_cur);
   return {limit - open, std::min(64L, limit / 4)};
 }
 

@@ -9,6 +9,7 @@ import pathlib
 import pty
 import struct
 import subprocess
+import threading
 import termios
 import time
 import unittest
@@ -338,6 +339,9 @@ class ResultsWaitLogs(DaemonTest):
         self.assertEqual(self.d.ok("logs", str(job_id), "-n", "0"), "")
         follower = subprocess.Popen([os.path.join(BIN, "gpuq"), "--socket", self.d.socket, "logs", "-f", "-n", "1",
                                      str(job_id)], stdout=subprocess.PIPE, text=True)
+        watchdog = threading.Timer(60, follower.kill)  # a follower that prints nothing fails, not hangs
+        watchdog.start()
+        self.addCleanup(watchdog.cancel)
         first = follower.stdout.readline()  # attached: it printed the tail, and follows from there
         open(f"{self.tmp}/more", "w").close()
         out, _ = follower.communicate(timeout=30)

@@ -71,6 +71,12 @@ TEST_CASE("write_file_atomic replaces a symlink at its name or its temporary nam
   CHECK((st.st_mode & 0777) == 0600);
   CHECK(slurp(root + "/launch.json") == "{\"ok\": 1}\n");
   CHECK(::access((root + "/launch.json.tmp").c_str(), F_OK) != 0);
+  // The mode asked for, whatever the umask (the lab unit's is 027; a hook's input is for its owner).
+  const mode_t was = ::umask(027);
+  REQUIRE(write_file_atomic(root + "/input.json", "{}", 0644));
+  ::umask(was);
+  REQUIRE(::stat((root + "/input.json").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0644);
   std::string error;
   CHECK(remove_tree(root, error) >= 0);
 }

@@ -291,6 +291,14 @@ TEST_CASE("replies: a field of the wrong type is named by its path; a missing on
   CHECK(path_of({{"more", "yes"}}).rfind("more: ", 0) == 0);
   CHECK(path_of(json::array()) == ": must be an object, is array");
   CHECK(path_of({{"jobs", {{{"id", 3}}}}, {"unknown_field", 1}}) == "decoded");
+  // A state this gpuq does not know is an error, not "queued"; a number out of an int's range, or
+  // a float where an integer belongs, is an error, not a wrapped or undefined cast.
+  CHECK(path_of({{"jobs", {{{"id", 1}, {"state", "exploded"}}}}}).rfind("jobs[0].state: ", 0) == 0);
+  CHECK(path_of({{"jobs", {{{"id", 1}, {"attempt", 1e300}}}}}).rfind("jobs[0].attempt: must be an integer", 0) == 0);
+  CHECK(path_of({{"jobs", {{{"id", 1}, {"attempt", 4294967297LL}}}}}).rfind("jobs[0].attempt: must be an integer", 0) == 0);
+  CHECK(path_of({{"jobs", {1}}}) == "jobs[0]: must be an object, is number");  // no trailing dot
+  CHECK(json({{"jobs", {{{"id", 1}, {"state", "timed_out"}}}}}).get<gpuq::common::JobsReply>().jobs[0].state ==
+        JobState::timed_out);
   auto r = json({{"jobs", {{{"id", 3}}}}}).get<gpuq::common::JobsReply>();
   REQUIRE(r.jobs.size() == 1);
   CHECK(r.jobs[0].id == 3);
