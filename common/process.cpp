@@ -92,11 +92,42 @@ void mark_inherited_fds_cloexec() {
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
   if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
-  // Kernels before 5.11: walk the descriptor table.
-  for (int fd = 3, max = static_cast<int>(::sysconf(_SC_OPEN_MAX)); fd < max && fd < 65536; ++fd) {
-    int flags = ::fcntl(fd, F_GETFD);
-    if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  mark_listed_fds_cloexec();  // kernels before 5.11
+}
+
+void mark_listed_fds_cloexec() {
+  // Only system calls (this runs in a vfork child): the descriptors open, from /proc/self/fd read
+  // with getdents64 into the stack, not every number up to a limit gpuqd raised to 524,288.
+  const int dir = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) {  // no /proc: the table, as far as a launch can afford
+    for (int fd = 3, max = static_cast<int>(::sysconf(_SC_OPEN_MAX)); fd < max && fd < 65536; ++fd) {
+      int flags = ::fcntl(fd, F_GETFD);
+      if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+    }
+    return;
   }
+  alignas(8) char buf[4096];
+  for (long n; (n = ::syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0;) {
+    for (long at = 0; at < n;) {
+      struct Entry {
+        std::uint64_t ino;
+        std::int64_t off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[1];
+      };
+      const auto* e = reinterpret_cast<const Entry*>(buf + at);
+      int fd = 0;
+      bool number = e->name[0] != '\0';
+      for (const char* c = e->name; *c && number; ++c) number = *c >= '0' && *c <= '9', fd = fd * 10 + (*c - '0');
+      if (number && fd >= 3 && fd != dir) {
+        const int flags = ::fcntl(fd, F_GETFD);
+        if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+      }
+      at += e->reclen;
+    }
+  }
+  ::close(dir);
 }
 
 std::optional<std::vector<std::string>> proc_stat_fields(int pid) {

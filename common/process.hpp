@@ -29,6 +29,9 @@ Result<bool> write_file_atomic(const std::string& path, const std::string& text,
 // parent holds (the daemon's listening socket, client connections, pipes) leaks into a job.
 // Boost.Process v1 does not do this itself.
 void mark_inherited_fds_cloexec();
+// Its fallback for kernels without close_range(CLOSE_RANGE_CLOEXEC): the descriptors listed in
+// /proc/self/fd (system calls only), else those below 65,536.
+void mark_listed_fds_cloexec();
 
 // The name (/proc/PID/comm, at most 15 bytes) gpuq-shim takes while it cannot write an attempt's
 // exit record and keeps trying: gpuqd then says the job's outcome is unknown.

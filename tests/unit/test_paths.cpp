@@ -1,5 +1,6 @@
 // common/paths: make_dirs (`mkdir -p` without std::filesystem, for gpuq-worker) and remove_tree.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -97,6 +98,22 @@ TEST_CASE("remove_tree deletes a symlink in the tree, never what it points to") 
   std::ifstream kept(root + "/precious/keep");
   CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "not the job's\n");
   CHECK(remove_tree(root, error) >= 0);
+}
+
+TEST_CASE("the fallback for old kernels marks every open descriptor close-on-exec, high ones too") {
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  const int high = ::fcntl(p[0], F_DUPFD, 70000);  // past the old loop's 65,536, where the limit allows
+  mark_listed_fds_cloexec();
+  CHECK((::fcntl(p[0], F_GETFD) & FD_CLOEXEC) != 0);
+  CHECK((::fcntl(p[1], F_GETFD) & FD_CLOEXEC) != 0);
+  if (high >= 0) {
+    CHECK((::fcntl(high, F_GETFD) & FD_CLOEXEC) != 0);
+    ::close(high);
+  }
+  CHECK((::fcntl(0, F_GETFD) & FD_CLOEXEC) == 0);  // stdin stays the child's
+  ::close(p[0]);
+  ::close(p[1]);
 }
 
 TEST_SUITE_END();
