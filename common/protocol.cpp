@@ -30,11 +30,7 @@ T get_or(const json& j, const char* field, T fallback, const char* want) {
   } else if constexpr (std::is_integral_v<T>) {
     if (!it->is_number_integer()) bad(field, want);
     // In range of T, not wrapped: `attempt: 4294967297` is not attempt 1.
-    const bool fits = it->is_number_unsigned()
-                          ? it->template get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
-                          : it->template get<std::int64_t>() >= std::numeric_limits<T>::min() &&
-                                it->template get<std::int64_t>() <= std::numeric_limits<T>::max();
-    if (!fits) bad(field, std::string(want) + " (at most " + std::to_string(std::numeric_limits<T>::max()) + ")");
+    if (!detail::fits_integer<T>(*it)) bad(field, std::string(want) + " (at most " + std::to_string(std::numeric_limits<T>::max()) + ")");
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!it->is_number()) bad(field, want);
   } else {

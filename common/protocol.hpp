@@ -64,6 +64,18 @@ struct is_vector<std::vector<T, A>> : std::true_type {};
 template <class A>
 struct is_vector<std::vector<bool, A>> : std::false_type {};
 
+// An integer number (not a float, however whole) within T's range: nlohmann would cast 1e300 to
+// int (undefined) and wrap 4294967297 to 1. Requests and replies check their integers with it.
+template <class T>
+bool fits_integer(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max());
+  if (!v.is_number_integer()) return false;
+  const auto x = v.get<std::int64_t>();
+  return x >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
+         (std::numeric_limits<T>::max() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
+          x <= static_cast<std::int64_t>(std::numeric_limits<T>::max()));
+}
+
 template <class T>
 void field_from_json(const nlohmann::json& j, const std::string& name, T& out, const T& fallback) {
   auto it = j.find(name);
@@ -87,13 +99,7 @@ void field_from_json(const nlohmann::json& j, const std::string& name, T& out, c
     out = std::move(items);
   } else {
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      // nlohmann casts a float to an integer (1e300 to int is undefined) and wraps one out of range
-      const bool fits = it->is_number_unsigned()  ? it->template get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
-                        : it->is_number_integer() ? it->template get<std::int64_t>() >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
-                                                        (std::numeric_limits<T>::max() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
-                                                         it->template get<std::int64_t>() <= static_cast<std::int64_t>(std::numeric_limits<T>::max()))
-                                                  : false;
-      if (!fits)
+      if (!fits_integer<T>(*it))
         throw ReplyFieldError(name, std::string("must be an integer within range, is ") +
                                         (it->is_number() ? it->dump() : std::string(it->type_name())));
     }

@@ -290,16 +290,17 @@ Descriptors descriptors() {
   rlimit l{};
   if (::getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur == RLIM_INFINITY) return {};
   const long limit = static_cast<long>(l.rlim_cur);
+  const long reserved = std::min(64L, limit / 4);
   DIR* d = ::opendir("/proc/self/fd");
   if (!d) {  // out of descriptors is the case this is for: none free, not unknown
-    if (errno == EMFILE || errno == ENFILE) return {0, std::min(64L, limit / 4)};
+    if (errno == EMFILE || errno == ENFILE) return {0, reserved};
     return {};
   }
   long open = -1;  // the directory's own descriptor is in the listing
   while (const dirent* e = ::readdir(d))
     if (e->d_name[0] != '.') ++open;
   ::closedir(d);
-  return {limit - open, std::min(64L, limit / 4)};
+  return {limit - open, reserved};
 }
 
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir) {
