@@ -505,8 +505,12 @@ struct GpusReply {
   // yet is said by waiting for these to move on, not by sleeping (a loaded box runs fewer).
   std::uint64_t scheduling_passes = 0;
   std::uint64_t health_checks = 0;
+  // Reads of running jobs' events files (one rank's file at one tick), and the most bytes one read.
+  std::uint64_t events_reads = 0;
+  std::int64_t events_read_max_bytes = 0;
 };
-GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores, scheduling_passes, health_checks)
+GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores, scheduling_passes, health_checks,
+               events_reads, events_read_max_bytes)
 
 // `usage` (lab mode): each user's recent GPU use, what they hold and wait for, and their limits.
 struct UserUsage {

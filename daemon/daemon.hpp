@@ -439,6 +439,12 @@ class Daemon {
   int m_hook_processes = 0;               // hooks running, of all jobs
   static constexpr std::int64_t k_max_events_bytes = 64 << 20;  // of a rank's events file, ever read
   static constexpr std::int64_t k_events_per_call = 8 << 20;    // read by one ingest while the job runs
+  // Reads of running jobs' events files (one rank's file, one ingest) and the most one read: what
+  // `gpus` reports, so a test can see the k_events_per_call bound hold.
+  struct EventsReads {
+    std::uint64_t reads = 0;
+    std::int64_t max_bytes = 0;
+  } m_events_reads;
   MetricCounters m_metrics;
   double m_started_at = 0;  // wall clock, for gpuq_start_time_seconds
   static constexpr std::size_t k_max_batch_series = 50;

@@ -17,6 +17,8 @@ common::GpusReply Daemon::gpus_reply() {
   out.source = m_inventory.source();
   out.scheduling_passes = m_pass;
   out.health_checks = m_health_checks;
+  out.events_reads = m_events_reads.reads;
+  out.events_read_max_bytes = m_events_reads.max_bytes;
   auto readings = m_inventory.read();
   const auto processes = gpu_processes();
   for (std::size_t i = 0; i < m_inventory.gpus().size(); ++i) {

@@ -693,11 +693,15 @@ bool Daemon::ingest(Active& a, bool ended) {
     constexpr std::int64_t k_chunk = 4 << 20;
     const std::int64_t began = offset;
     const std::int64_t limit = std::min<std::int64_t>(st.st_size, k_max_events_bytes);
-    while (limit > offset && (ended || offset - began < k_events_per_call)) {
+    const std::int64_t budget = ended ? limit : k_events_per_call;  // new bytes this call may read
+    std::int64_t read_now = 0;
+    while (limit > offset && read_now < budget) {
       const std::int64_t from = offset > 0 ? offset - 1 : 0;
-      std::string buf(static_cast<std::size_t>(std::min<std::int64_t>(limit - from, k_chunk)), '\0');
+      const std::int64_t want = std::min({limit - offset, k_chunk, budget - read_now});
+      std::string buf(static_cast<std::size_t>(want + (offset - from)), '\0');
       ssize_t n = ::pread(fd, buf.data(), buf.size(), from);
       if (n <= offset - from) break;
+      read_now += n - (offset - from);
       buf.resize(static_cast<std::size_t>(n));
       std::string_view data(buf);
       const bool mid_line = offset > 0 && data[0] != '\n';
@@ -716,6 +720,10 @@ bool Daemon::ingest(Active& a, bool ended) {
       }
       a.rec = std::move(next);
       offset += static_cast<std::int64_t>(parsed.consumed);
+    }
+    if (!ended && read_now > 0) {
+      ++m_events_reads.reads;
+      m_events_reads.max_bytes = std::max(m_events_reads.max_bytes, read_now);
     }
     if (began < k_max_events_bytes && offset >= k_max_events_bytes && st.st_size > offset) {
       std::cerr << "gpuqd: job " << a.rec.id << ": rank " << r << "'s events file is over "

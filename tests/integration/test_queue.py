@@ -264,6 +264,24 @@ class ResultsWaitLogs(DaemonTest):
         self.assertEqual(job["bad_event_lines"], 2)
         self.assertEqual(job["result"], {"ok": 1})
 
+    def test_a_flooded_events_file_is_read_at_most_8_mib_at_a_time_while_the_job_runs(self):
+        # 30 MB of bad lines (each under the 1 MiB line limit) and one progress event appear at
+        # once (a rename), so one unbounded read would take them all; then the job waits.
+        release = os.path.join(self.tmp, "release")
+        flood = ("python3 -c 'import sys; [sys.stdout.write(\"x\" * 999999 + \"\\n\") for _ in range(30)]' "
+                 "> \"$GPUQ_EVENTS.new\"; " + event_line(type="progress", step=1).replace("$GPUQ_EVENTS", "$GPUQ_EVENTS.new") +
+                 f"; mv \"$GPUQ_EVENTS.new\" \"$GPUQ_EVENTS\"; while [ ! -e {release} ]; do sleep 0.05; done")
+        job_id = self.d.submit({"name": "flood", "shell": flood})["ids"][0]
+        wait_until(lambda: (self.d.show(job_id)["job"]["progress"] or {}).get("step") == 1, timeout=120,
+                   what="the event after the flood")
+        gpus = self.d.json("gpus")
+        self.assertEqual(self.d.show(job_id)["job"]["bad_event_lines"], 30)
+        self.assertGreaterEqual(gpus["events_reads"], 4)  # 30 MB at 8 MiB a read
+        self.assertGreater(gpus["events_read_max_bytes"], 0)
+        self.assertLessEqual(gpus["events_read_max_bytes"], 8 << 20)
+        open(release, "w").close()
+        self.assertEqual(self.d.wait([job_id])[job_id]["state"], "succeeded")
+
     def test_progress_is_visible_while_the_job_runs(self):
         sub = self.d.submit({"name": "live", "shell": event_line(type="progress", epoch=1, step=7) + "; sleep 30"})
         job_id = sub["ids"][0]
