@@ -24,6 +24,22 @@ for _variable in ("GPUQ_SOCKET", "GPUQ_STATE_DIR", "GPUQ_GPUS", "GPUQ_LOG_LIMIT_
     os.environ.pop(_variable, None)
 
 
+def ensure_account(name, groups=()):
+    """An ordinary user `name` (made if missing), in `groups` too."""
+    if subprocess.run(["id", name], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+    for group in groups:
+        subprocess.run(["usermod", "--append", "--groups", group, name], check=True, capture_output=True)
+
+
+def uid_of(name):
+    return int(subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout)
+
+
+def gid_of(name):
+    return int(subprocess.run(["id", "-g", name], check=True, capture_output=True, text=True).stdout)
+
+
 def wait_until(pred, timeout=20.0, interval=0.05, what="condition"):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -47,11 +63,12 @@ class Daemon:
         self.proc = None
         self.log = None
 
-    def start(self, env=None, cpus=None, stack_kb=None, nofile=None, umask=None):
+    def start(self, env=None, cpus=None, stack_kb=None, nofile=None, umask=None, user=None):
         """Starts gpuqd; `cpus` (a set of cores) is its affinity mask, as under taskset -c;
         `stack_kb` its stack limit, as under ulimit -s (exec's ARG_MAX is a quarter of it);
         `nofile` its limit on open files, as under ulimit -n (a pair: soft and hard); `umask` its
-        umask, as a unit's UMask= sets it."""
+        umask, as a unit's UMask= sets it; `user` (a name) the account it runs as, from root (its
+        temp dir must be theirs)."""
         def setup():
             if cpus:
                 os.sched_setaffinity(0, cpus)
@@ -69,7 +86,8 @@ class Daemon:
             [os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket, "--state-dir", self.state,
              "--gpus", self.gpus, *self.defaults(), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env if env is not None else self.env,
-            preexec_fn=setup if cpus or stack_kb or nofile or umask is not None else None)
+            preexec_fn=setup if cpus or stack_kb or nofile or umask is not None else None,
+            user=user, group=gid_of(user) if user else None, extra_groups=[] if user else None)
         wait_until(lambda: self.proc.poll() is not None or self.run("daemon", "status").returncode == 0,
                    what="gpuqd to answer")
         if self.proc.poll() is not None:

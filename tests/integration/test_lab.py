@@ -11,22 +11,11 @@ import tempfile
 import time
 import unittest
 
-from harness import BIN, FAKE_NVML_DIR, Daemon, pids_matching, wait_until
+from harness import BIN, FAKE_NVML_DIR, Daemon, ensure_account, pids_matching, uid_of, wait_until
 
 ALICE, BOB, CAROL = "gpuq-alice", "gpuq-bob", "gpuq-carol"
 ADMINS = "gpuq-lab-admins"
 ROOTS_SECRET = "root-only-5f1c9e"
-
-
-def ensure_account(name, groups=()):
-    if subprocess.run(["id", name], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
-    for group in groups:
-        subprocess.run(["usermod", "--append", "--groups", group, name], check=True, capture_output=True)
-
-
-def uid_of(name):
-    return int(subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout)
 
 
 @unittest.skipUnless(os.geteuid() == 0, "lab mode runs gpuqd as root")

@@ -9,7 +9,7 @@ import shutil
 import time
 import unittest
 
-from harness import Daemon, DaemonTest, event_line, pids_matching, wait_until
+from harness import BIN, Daemon, DaemonTest, ensure_account, event_line, gid_of, pids_matching, uid_of, wait_until
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
 
@@ -20,6 +20,56 @@ def log_text(d):
 
 
 @unittest.skipUnless(os.geteuid() == 0, "mounting a tmpfs needs root (CI runs as root)")
+@unittest.skipUnless(os.geteuid() == 0, "runs gpuqd as an ordinary user, made for the test")
+class StateDirNotWritable(unittest.TestCase):
+    """gpuqd runs as an ordinary user, for whom permissions apply (root's gpuqd writes through
+    them), and its state dir turns read-only: what a mistaken chmod or chown does. Nothing is lost:
+    a job is still taken (the open database is written), waits with the reason while its
+    directory cannot be made, and runs once the state dir can be written again."""
+    USER = "gpuq-alice"
+
+    def setUp(self):
+        ensure_account(self.USER)
+        path = os.path.abspath(BIN)
+        while path != "/":
+            if os.stat(path).st_mode & 0o005 != 0o005:
+                raise unittest.SkipTest(f"{path} is not open to other users; gpuqd cannot run from it as {self.USER}")
+            path = os.path.dirname(path)
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        os.chown(self.tmp, uid_of(self.USER), gid_of(self.USER))
+        self.d = Daemon(self.tmp, "fake:1").start(user=self.USER)
+
+    def tearDown(self):
+        for path in (self.d.state, os.path.join(self.d.state, "jobs")):
+            if os.path.isdir(path):
+                os.chmod(path, 0o700)
+        self.d.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_a_job_waits_with_the_reason_while_the_state_dir_is_read_only_and_runs_once_it_is_writable(self):
+        first = self.d.submit({"name": "before", "shell": "echo before"})["ids"][0]
+        self.assertEqual(self.d.wait([first])[first]["state"], "succeeded")
+        jobs = os.path.join(self.d.state, "jobs")
+        for path in (self.d.state, jobs):
+            os.chmod(path, 0o555)
+        # as gpuqd's user sees it: root's own check would pass through the permissions
+        self.assertNotEqual(subprocess.run(["runuser", "-u", self.USER, "--", "touch", os.path.join(jobs, "probe")],
+                                           capture_output=True).returncode, 0)
+        job = self.d.submit({"name": "later", "shell": "echo later"})["ids"][0]
+        wait_until(lambda: "Permission denied" in self.d.show(job)["job"]["reason"], timeout=60,
+                   what="the reason the job cannot start")
+        shown = self.d.show(job)["job"]
+        self.assertEqual(shown["state"], "queued")
+        self.assertIn(f"cannot create directory {jobs}/{job}", shown["reason"])
+        self.assertIsNone(self.d.proc.poll())  # gpuqd is still up
+        for path in (self.d.state, jobs):
+            os.chmod(path, 0o700)
+        done = self.d.wait([job], timeout=60)[job]
+        self.assertEqual(done["state"], "succeeded", done["reason"])
+        self.assertEqual(self.d.ok("logs", str(job)), "later\n")
+        self.assertEqual(self.d.ok("logs", str(first)), "before\n")
+
+
 class StateDirFull(DaemonTest):
     """The state dir's filesystem is full when a job ends: nothing can be written there, not even
     the job's exit record (what a filesystem remounted read-only after an error does too)."""
