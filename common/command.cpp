@@ -4,7 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +18,47 @@ extern char** environ;
 namespace gpuq::common {
 
 namespace {
+
+rlim_t g_nofile = RLIM_INFINITY;  // the descriptor limit commands get (set_command_descriptor_limit)
+
+// What the child does between fork and exec.
+struct ChildPlan {
+  char* const* argv;
+  int in, out, err;  // its standard input, output and error
+  rlim_t nofile;     // RLIM_INFINITY: the limit as it is
+};
+
+[[noreturn]] void exec_child(const ChildPlan& plan, volatile int* exec_errno) {
+  if (plan.in < 0 || ::dup2(plan.in, 0) < 0 || ::dup2(plan.out, 1) < 0 || ::dup2(plan.err, 2) < 0) {
+    *exec_errno = errno ? errno : EBADF;
+    ::_exit(127);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);  // gpuqd's blocked signals are not the command's
+  if (plan.nofile != RLIM_INFINITY) {
+    rlimit l{};
+    if (::getrlimit(RLIMIT_NOFILE, &l) == 0 && l.rlim_cur > plan.nofile) {
+      l.rlim_cur = plan.nofile;
+      ::setrlimit(RLIMIT_NOFILE, &l);
+    }
+  }
+  ::execvp(plan.argv[0], plan.argv);
+  *exec_errno = errno;
+  ::_exit(127);
+}
+
+// vfork, as posix_spawn does (no copy of a large daemon's page tables), so that the child can also
+// put the descriptor limit back before exec, which posix_spawn cannot. The child makes system
+// calls only, and an exec that fails leaves its errno where this reads it (the memory is shared
+// until the child execs or exits). Returns the child's pid, or -1 with `exec_errno` set.
+pid_t spawn(const ChildPlan& plan, int& exec_errno) {
+  volatile int child_errno = 0;
+  const pid_t pid = ::vfork();
+  if (pid == 0) exec_child(plan, &child_errno);
+  exec_errno = pid < 0 ? errno : child_errno;
+  return pid < 0 ? -1 : pid;
+}
 
 // The two ends of a pipe, closed when they go out of scope.
 struct Pipe {
@@ -35,33 +76,28 @@ struct Pipe {
 
 }  // namespace
 
+void set_command_descriptor_limit(rlim_t soft) { g_nofile = soft; }
+
 CommandResult run_command(const std::vector<std::string>& argv, double timeout_s, std::size_t max_bytes,
                           const std::optional<std::string>& input) {
   CommandResult r;
   if (argv.empty()) return r;
   Pipe in, out, err;
   if ((input && !in.open()) || !out.open() || !err.open()) return r.err = std::strerror(errno), r;
-  posix_spawn_file_actions_t fa;
-  ::posix_spawn_file_actions_init(&fa);
-  if (input) ::posix_spawn_file_actions_adddup2(&fa, in.fd[0], 0);
-  else ::posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  ::posix_spawn_file_actions_adddup2(&fa, out.fd[1], 1);
-  ::posix_spawn_file_actions_adddup2(&fa, err.fd[1], 2);
-  posix_spawnattr_t attr;
-  ::posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  ::posix_spawnattr_setsigmask(&attr, &none);  // gpuqd's blocked signals are not the command's
-  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = ::posix_spawnp(&pid, argv[0].c_str(), &fa, &attr, args.data(), environ);
-  ::posix_spawn_file_actions_destroy(&fa);
-  ::posix_spawnattr_destroy(&attr);
+  const int null_fd = input ? -1 : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const ChildPlan plan{args.data(), input ? in.fd[0] : null_fd, out.fd[1], err.fd[1], g_nofile};
+  int exec_errno = 0;
+  const pid_t pid = spawn(plan, exec_errno);
+  const int rc = exec_errno;
+  if (null_fd >= 0) ::close(null_fd);
   in.close(0), out.close(1), err.close(1);
   if (rc != 0) {
+    if (pid > 0)
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
     r.err = "cannot run " + argv[0] + ": " + std::strerror(rc);
     return r;
   }

@@ -3,6 +3,8 @@
 // own thread), and gpuq its PNG painter (the chart on the painter's standard input).
 #pragma once
 
+#include <sys/resource.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,5 +24,11 @@ struct CommandResult {
 // program that stops reading its input early does not stop this one (no SIGPIPE).
 CommandResult run_command(const std::vector<std::string>& argv, double timeout_s = 60, std::size_t max_bytes = 4 << 20,
                           const std::optional<std::string>& input = std::nullopt);
+
+// The soft limit on open files the commands run_command starts get, where this process raised its
+// own (gpuqd does, for its clients): a command gets no more than `soft`. Slurm hands sbatch's
+// limits on to the job it submits (PropagateResourceLimits=ALL, its default), so gpuqd's raised
+// limit would otherwise reach every job it submits. Set it before any command runs.
+void set_command_descriptor_limit(rlim_t soft);
 
 }  // namespace gpuq::common

@@ -18,6 +18,7 @@
 #include <limits>
 #include <sstream>
 
+#include "common/command.hpp"
 #include "common/json_input.hpp"
 #include "supervisor/boost_process.hpp"
 
@@ -282,6 +283,7 @@ std::string raise_descriptor_limit() {
   if (::setrlimit(RLIMIT_NOFILE, &l) != 0)
     return "cannot raise the descriptor limit from " + std::to_string(before) + ": " + std::strerror(errno);
   g_children_nofile = before;
+  common::set_command_descriptor_limit(before);  // Slurm's commands too, and the jobs sbatch submits
   return "descriptor limit raised from " + std::to_string(before) + " to " + std::to_string(l.rlim_cur) +
          " (jobs get " + std::to_string(before) + ")";
 }

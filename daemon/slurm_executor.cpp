@@ -462,11 +462,15 @@ class SlurmExecutor final : public Executor {
       return s.str();
     }
     // A gang: srun starts one supervisor per rank on the nodes Slurm gave, each with Slurm's
-    // placement (--slurm-task); the first to fail ends the others, as locally.
+    // placement (--slurm-task); the first to fail ends the others, as locally. The job's exit
+    // status (what --dependency=afterok reads) is then the ranks' records' word, not srun's: a
+    // timed-out or cancelled rank's supervisor ends 0, so that srun leaves the others their
+    // grace period.
     const int nodes = std::max(1, spec.nodes);
     s << common::rendezvous_exports();
-    s << "exec srun --export=ALL --kill-on-bad-exit=1 --ntasks=" << spec.ranks << " --ntasks-per-node=" << spec.ranks / nodes
+    s << "srun --export=ALL --kill-on-bad-exit=1 --ntasks=" << spec.ranks << " --ntasks-per-node=" << spec.ranks / nodes
       << " " << shim << " --slurm-task\n";
+    s << "exec " << shim << " --slurm-outcome\n";
     return s.str();
   }
 
@@ -570,18 +574,22 @@ class SlurmExecutor final : public Executor {
     arm_poll();
   }
 
-  // A cancel, as gpuq-shim gives one locally: SIGTERM to the job's supervisors, which pass it to
-  // the ranks and SIGKILL them only after the grace period, then scancel for whatever is left.
-  // A plain scancel would also reach the batch step, whose srun answers SIGTERM by SIGKILLing
-  // every task at once ("srun: forcing job termination"): a rank's checkpoint-on-SIGTERM lost.
-  // A gang's supervisors are srun's tasks (the steps scancel signals by default); a single job's
-  // is the batch step itself (`exec gpuq-shim`).
+  // A cancel, as gpuq-shim gives one locally: a signal to the job's supervisors, which pass
+  // SIGTERM to the ranks and SIGKILL them only after the grace period, then scancel for whatever
+  // is left. A plain scancel would also reach the batch step, whose srun answers SIGTERM by
+  // SIGKILLing every task at once ("srun: forcing job termination"): a rank's
+  // checkpoint-on-SIGTERM lost. A single job's supervisor is the batch step itself (`exec
+  // gpuq-shim`), which --batch signals alone: SIGTERM. A gang's are srun's tasks (the steps
+  // scancel signals by default), and Slurm may signal every process of a step one at a time
+  // (proctrack/linuxproc): SIGTERM could kill a rank's child first and end the rank before its
+  // own handler ran. They get SIGURG, which the ranks ignore and their supervisors take as a stop.
   void cancel_in_slurm(std::int64_t id, Job& job) {
     // Even a job squeue last saw pending may have started since: it is signalled all the same,
     // and where Slurm refuses the signal (pending after all, or already gone) scancel follows.
     const std::string slurm_id = job.slurm_id;
-    std::vector<std::string> argv{"scancel", "--signal=TERM"};
-    if (job.tasks == 0) argv.push_back("--batch");
+    std::vector<std::string> argv{"scancel"};
+    if (job.tasks == 0) argv.insert(argv.end(), {"--signal=TERM", "--batch"});
+    else argv.push_back("--signal=URG");
     argv.push_back(slurm_id);
     run_off_thread(std::move(argv), [this, slurm_id](CommandResult r) {
       if (!r.started || r.exit_code != 0) scancel(slurm_id);  // pending after all, or gone: end it plainly

@@ -246,7 +246,12 @@ void complain(const std::string& message) {
 
 class Supervisor {
  public:
-  explicit Supervisor(json doc) : m_doc(std::move(doc)) {}
+  // `stop_on_urg`: one task of a Slurm gang, where gpuq stops the supervisors with SIGURG (see
+  // run_slurm_task).
+  explicit Supervisor(json doc, bool stop_on_urg = false) : m_doc(std::move(doc)), m_stop_on_urg(stop_on_urg) {}
+
+  // After run(): a rank of its own failed first (not one torn down, timed out or stopped).
+  bool rank_failed() const { return !m_first_failure.is_null(); }
 
   // After run(): every rank exited 0, and nothing stopped the attempt.
   bool succeeded() const {
@@ -260,6 +265,7 @@ class Supervisor {
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
     sigemptyset(&m_signals);
     for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&m_signals, s);
+    if (m_stop_on_urg) sigaddset(&m_signals, SIGURG);
     ::sigprocmask(SIG_BLOCK, &m_signals, nullptr);
 
     // Announce ourselves before starting anything: the daemon adopts us through this file.
@@ -412,7 +418,7 @@ class Supervisor {
     signalfd_siginfo info{};
     while (::read(m_sigfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
       const int sig = static_cast<int>(info.ssi_signo);
-      stop = stop || sig == SIGTERM || sig == SIGINT || sig == SIGHUP;
+      stop = stop || sig == SIGTERM || sig == SIGINT || sig == SIGHUP || (m_stop_on_urg && sig == SIGURG);
     }
     std::vector<int> ready;
     for (std::size_t i = 1; i < fds.size(); ++i)
@@ -551,6 +557,7 @@ class Supervisor {
   }
 
   json m_doc;
+  bool m_stop_on_urg = false;
   sigset_t m_signals{};
   std::vector<Rank> m_ranks;
   int m_ranks_left = 0;
@@ -696,13 +703,31 @@ int run_slurm_task(const std::string& launch_path) {
     ranks = json::array({std::move(mine)});
     (*doc)["pid_file"] = task_path((*doc)["pid_file"].get<std::string>(), rank);
     (*doc)["exit_file"] = task_path((*doc)["exit_file"].get<std::string>(), rank);
-    Supervisor task(std::move(*doc));
+    Supervisor task(std::move(*doc), true);
     const int written = task.run();
-    return written != 0 ? written : task.succeeded() ? 0 : 1;
+    return written != 0 ? written : task.rank_failed() ? 1 : 0;
   } catch (const std::exception& e) {
     complain(e.what());
     return 2;
   }
+}
+
+int slurm_gang_outcome(const std::string& launch_path) {
+  auto doc = read_launch_document(launch_path);
+  if (!doc) return 2;
+  const std::string exit_file = (*doc)["exit_file"].get<std::string>();
+  const std::size_t ranks = (*doc)["ranks"].size();
+  for (std::size_t r = 0; r < ranks; ++r) {
+    auto read = common::read_untrusted_file(task_path(exit_file, static_cast<int>(r)), 64 << 10, "a rank's exit record");
+    if (!read) return 1;  // a rank whose supervisor left no record did not succeed
+    const json& record = *read;
+    if (!record.is_object() || record.value("cancelled", true) || record.value("timed_out", true) ||
+        !record.value("first_failure", json()).is_null() || !record.value("ranks", json()).is_array())
+      return 1;
+    for (const auto& rank : record["ranks"])
+      if (!rank.is_object() || rank.value("exit_code", json()) != json(0)) return 1;
+  }
+  return ranks > 0 ? 0 : 1;
 }
 
 }  // namespace gpuq::supervisor

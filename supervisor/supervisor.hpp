@@ -27,10 +27,22 @@ int run_supervisor(const std::string& launch_path);
 
 // One task of a job whose ranks Slurm's srun starts, one shim each, across nodes: runs only the
 // rank SLURM_PROCID names, with RANK, LOCAL_RANK and GROUP_RANK as Slurm placed it, and writes
-// its own pid file and exit record (shim-R.pid, exit-R.json). Returns 0 when the rank succeeded
-// and 1 otherwise, so that `srun --kill-on-bad-exit` ends the other ranks as the gang rule does
-// locally; 2 when the document or Slurm's variables are unusable.
+// its own pid file and exit record (shim-R.pid, exit-R.json). Returns 1 when its rank failed
+// first, so that `srun --kill-on-bad-exit` ends the other ranks as the gang rule does locally; 0
+// when the record is written otherwise (succeeded, timed out, stopped: each task keeps its own
+// timeout, and a stop reaches every task, so none has to end the others); 2 when the document or
+// Slurm's variables are unusable.
+// SIGURG stops it as SIGTERM does: gpuq's cancel of a gang is `scancel --signal=URG`, which
+// Slurm may deliver to every process of the step one by one (proctrack/linuxproc). SIGTERM sent
+// that way can reach a rank's child first, whose death then ends the rank before its own SIGTERM
+// handler runs; SIGURG is ignored by default, so the ranks go on until their supervisor passes
+// SIGTERM to each rank's process group at once.
 int run_slurm_task(const std::string& launch_path);
+
+// The Slurm batch script's last word on a gang, after srun: 0 when every rank's exit record says
+// it succeeded, 1 otherwise (a Slurm job --dependency=afterok on this one starts only then), 2
+// when the launch document is unusable.
+int slurm_gang_outcome(const std::string& launch_path);
 
 // `path` with "-R" before its extension: exit.json -> exit-1.json.
 std::string task_path(const std::string& path, int rank);

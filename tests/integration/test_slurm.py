@@ -531,37 +531,71 @@ class SlurmExecutor(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(done[job_id]["job_dir"], "attempt-1", "slurm.out")))
 
     def test_a_gang_over_two_nodes_times_out_on_both_and_another_is_cancelled(self):
-        # Rank 1's SIGTERM handler takes two seconds longer than rank 0's (a checkpoint, say): it
-        # must have them, however the other rank's end, Slurm's signals and srun's rules line up.
-        # Cut short (srun SIGKILLing the gang once rank 0 is done), it never writes its line.
-        shell = ('trap "[ ${RANK:-0} = 1 ] && sleep 2; echo got TERM on $SLURMD_NODENAME; exit 3" TERM; '
-                 'echo up; sleep 300 & wait')
+        # Each rank says who sent its SIGTERM: its supervisor (its parent) must, to each rank's
+        # process group at once. Slurm signalling every process of the step one by one (its
+        # proctrack/linuxproc) can kill a rank's child first, which then ends the rank before its
+        # handler runs (a plain `scancel --signal=TERM`); srun tearing the step down (a supervisor
+        # that exited non-zero) signals the same way. Rank 1's handler takes two seconds longer than
+        # rank 0's (a checkpoint, say): it must have them, however the ranks' ends line up.
+        rank = ("import os, signal, sys, time\n"
+                "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+                "print('up', flush=True)\n"
+                "info = signal.sigwaitinfo({signal.SIGTERM})\n"
+                "if os.environ['RANK'] == '1': time.sleep(2)\n"
+                "sender = 'its supervisor' if info.si_pid == os.getppid() else f'pid {info.si_pid}'\n"
+                "print('got TERM from', sender, 'on', os.environ['SLURMD_NODENAME'], flush=True)\n"
+                "sys.exit(3)\n")
+        command = ["python3", "-c", rank]
         self.d.stop()  # a grace period that the handlers fit in with room to spare on a loaded machine
         self.d = Daemon(self.tmp, gpus="none", extra=["--executor", "slurm", "--slurm-poll", "0.2", "--grace", "20"]).start()
-        slow = self.d.submit({"name": "slow", "mode": "ddp", "nodes": 2, "ranks": 2, "timeout_s": 2, "shell": shell})["ids"][0]
-        done = self.d.wait([slow], timeout=120)[slow]
-        self.assertEqual(done["state"], "timed_out")
-        self.assertIn("got TERM on node1", self.d.ok("logs", str(slow), "--rank", "0"))
-        self.assertIn("got TERM on node2", self.d.ok("logs", str(slow), "--rank", "1"))
-        gang = self.d.submit({"name": "gang", "mode": "ddp", "nodes": 2, "ranks": 2, "shell": shell})["ids"][0]
+
+        def ended_well(job, state):
+            done = self.d.wait([job], timeout=120)[job]
+            self.assertEqual(done["state"], state, done["reason"])
+            wait_until(lambda: not squeue(), timeout=30, interval=0.2, what="Slurm's queue to empty")
+            for r, node in ((0, "node1"), (1, "node2")):
+                self.assertIn(f"got TERM from its supervisor on {node}", self.d.ok("logs", str(job), "--rank", str(r)))
+            with open(os.path.join(done["job_dir"], "attempt-1", "slurm.out")) as f:
+                said = f.read()
+            # srun neither forced termination (a plain scancel's SIGTERM to the batch step) nor
+            # tore the step down (a supervisor exiting non-zero): no rank failed.
+            self.assertNotIn("forcing job termination", said)
+            self.assertNotIn("Terminating StepId", said)
+            return done
+
+        slow = self.d.submit({"name": "slow", "mode": "ddp", "nodes": 2, "ranks": 2, "timeout_s": 2, "command": command})["ids"][0]
+        done = ended_well(slow, "timed_out")
+        # The supervisors ended 0 (srun let each rank finish); the job's exit status is still not a
+        # success, which is what --dependency=afterok reads.
+        fields = dict(f.split("=", 1) for f in subprocess.run(
+            ["scontrol", "-o", "show", "job", done["external_id"][6:]], capture_output=True, text=True,
+            check=True, timeout=60).stdout.split() if "=" in f)
+        self.assertEqual((fields["JobState"], fields["ExitCode"]), ("FAILED", "1:0"))
+
+        gang = self.d.submit({"name": "gang", "mode": "ddp", "nodes": 2, "ranks": 2, "command": command})["ids"][0]
         wait_until(lambda: all("up" in self.d.run("logs", str(gang), "--rank", str(r)).stdout for r in (0, 1)),
                    timeout=60, what="both ranks to start")
         self.d.ok("cancel", str(gang))
-        self.assertEqual(self.d.wait([gang], timeout=60)[gang]["state"], "cancelled")
-        wait_until(lambda: not squeue(), timeout=10, interval=0.2, what="Slurm's queue to empty after cancel")
-        self.assertIn("got TERM on node1", self.d.ok("logs", str(gang), "--rank", "0"))
-        self.assertIn("got TERM on node2", self.d.ok("logs", str(gang), "--rank", "1"))
-        # What loses that race on a busy machine: a plain scancel signals the batch step too, and
-        # its srun answers SIGTERM by SIGKILLing every task ("forcing job termination"), which
-        # can beat the ranks' handlers. gpuq's cancel signals only the supervisors.
-        with open(os.path.join(self.d.show(gang)["job"]["job_dir"], "attempt-1", "slurm.out")) as f:
-            self.assertNotIn("forcing job termination", f.read())
+        ended_well(gang, "cancelled")
+
         # A job of one rank: its supervisor is the batch step itself, which gets the SIGTERM.
+        shell = 'trap "echo got TERM on $SLURMD_NODENAME; exit 3" TERM; echo up; sleep 300 & wait'
         single = self.d.submit({"name": "single", "shell": shell})["ids"][0]
         wait_until(lambda: "up" in self.d.run("logs", str(single)).stdout, timeout=60, what="the job to start")
         self.d.ok("cancel", str(single))
         self.assertEqual(self.d.wait([single], timeout=60)[single]["state"], "cancelled")
         self.assertIn("got TERM on", self.d.ok("logs", str(single)))
+
+    def test_jobs_get_the_descriptor_limit_gpuqd_started_with_not_the_one_it_raised(self):
+        # gpuqd raises its own soft limit to the hard one (for its clients); Slurm hands sbatch's
+        # limits on to the job (PropagateResourceLimits=ALL, its default), so sbatch must get the
+        # limit gpuqd started with, as local jobs do.
+        self.d.stop()
+        self.d = Daemon(self.tmp, gpus="none", extra=["--executor", "slurm", "--slurm-poll", "0.2"]).start(nofile=(1024, 4096))
+        job = self.d.submit({"name": "limit", "shell": "ulimit -n"})["ids"][0]
+        done = self.d.wait([job], timeout=120)[job]
+        self.assertEqual(done["state"], "succeeded", done["reason"])
+        self.assertEqual(self.d.ok("logs", str(job)), "1024\n")
 
     def test_a_failing_rank_on_one_node_tears_down_its_gang_on_the_other(self):
         # rank 1 fails once rank 0 has said where it runs (else the teardown may come first)

@@ -2,6 +2,9 @@
 // the PNG painter for gpuq.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <string>
 
 #include "common/command.hpp"
@@ -40,4 +43,26 @@ TEST_CASE("a program that reads none of its input, one that never ends, and one 
   const auto missing = run_command({"gpuq-no-such-program"});
   CHECK_FALSE(missing.started);
   CHECK(missing.err.find("cannot run gpuq-no-such-program") == 0);
+}
+
+TEST_CASE("a command gets the descriptor limit this process started with, not the one it raised; and no blocked signal") {
+  rlimit l{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &l) == 0);
+  const rlim_t before = l.rlim_cur;
+  REQUIRE(before > 100);
+  gpuq::common::set_command_descriptor_limit(100);
+  const auto limited = run_command({"sh", "-c", "ulimit -n"});
+  gpuq::common::set_command_descriptor_limit(RLIM_INFINITY);
+  CHECK(limited.out == "100\n");
+  CHECK(run_command({"sh", "-c", "ulimit -n"}).out == std::to_string(before) + "\n");
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &l) == 0);
+  CHECK(l.rlim_cur == before);  // this process's own is untouched
+
+  sigset_t term, old;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  ::sigprocmask(SIG_BLOCK, &term, &old);
+  const auto mask = run_command({"sh", "-c", "grep SigBlk /proc/self/status"});
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  CHECK(mask.out == "SigBlk:\t0000000000000000\n");
 }

@@ -2,9 +2,11 @@
 // srun on its own node (gpuq-shim --slurm-task), and the paths each such supervisor writes.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -124,4 +126,43 @@ TEST_CASE("a failure's class is taken from an exit record only when it is one gp
   CHECK_FALSE(f.contains("class"));
   CHECK_FALSE(f.contains("class_line"));
   std::remove(path.c_str());
+}
+
+TEST_CASE("a gang's Slurm job succeeds only when every rank's record says its rank succeeded") {
+  // The batch script's last command (gpuq-shim --slurm-outcome): its status is the Slurm job's,
+  // which --dependency=afterok reads. A timed-out or cancelled rank's supervisor exits 0 (srun
+  // must not tear the others down), so srun's status cannot say it.
+  const std::string dir = "/tmp/gpuq-test-outcome-" + std::to_string(::getpid());
+  REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+  const std::string launch = dir + "/launch.json";
+  std::ofstream(launch) << json{{"ranks", {{{"rank", 0}}, {{"rank", 1}}}},
+                                {"exit_file", dir + "/exit.json"},
+                                {"pid_file", dir + "/shim.pid"}}
+                               .dump();
+  auto write = [&](int rank, const json& record) { std::ofstream(dir + "/exit-" + std::to_string(rank) + ".json") << record.dump(); };
+  using gpuq::supervisor::slurm_gang_outcome;
+  json good = ok(5);
+  good["timed_out"] = false;
+  write(0, good);
+  CHECK(slurm_gang_outcome(launch) == 1);  // rank 1 left no record
+  write(1, good);
+  CHECK(slurm_gang_outcome(launch) == 0);
+  json timed_out = good;
+  timed_out["timed_out"] = true;
+  write(1, timed_out);
+  CHECK(slurm_gang_outcome(launch) == 1);
+  write(1, torn_down());
+  CHECK(slurm_gang_outcome(launch) == 1);
+  write(1, failed(7, 3));
+  CHECK(slurm_gang_outcome(launch) == 1);
+  json nonzero = good;
+  nonzero["ranks"][0]["exit_code"] = 2;  // a record that names no failure, yet a rank that did not exit 0
+  write(1, nonzero);
+  CHECK(slurm_gang_outcome(launch) == 1);
+  write(1, good);
+  CHECK(slurm_gang_outcome(launch) == 0);
+  std::ofstream(dir + "/exit-1.json") << "{not json";
+  CHECK(slurm_gang_outcome(launch) == 1);
+  CHECK(slurm_gang_outcome(dir + "/nonesuch.json") == 2);
+  std::filesystem::remove_all(dir);
 }
