@@ -9,6 +9,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <type_traits>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -19,11 +21,6 @@ namespace gpuq::common {
 using json = nlohmann::json;
 
 namespace {
-
-const char* k_keys =
-    "socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, cpu_slots, "
-    "health_interval_s, forget_after_s, executor, slurm, multi_user, admin_group, socket_group, user_limits, "
-    "usage_half_life_s, max_priority, hang_after_s, hang_action, gpu_process_interval_s, metrics_listen, metrics_textfile, on_finish, hook_timeout_s";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -47,45 +44,73 @@ std::optional<T> in_range(double v, double lo, double hi) {
   return static_cast<T>(v);
 }
 
+using Member = std::variant<std::optional<std::string> Settings::*, std::optional<std::int64_t> Settings::*,
+                            std::optional<int> Settings::*, std::optional<double> Settings::*,
+                            std::optional<bool> Settings::*, std::optional<SlurmOptions> Settings::*,
+                            std::optional<std::vector<std::string>> Settings::*,
+                            std::optional<std::map<std::string, UserLimit>> Settings::*>;
+
+// Every key: the one list that parsing, the environment, the known-keys message, `gpuq config`
+// and gpuqd's --help are made from.
 struct Rule {
   const char* key;
   const char* variable;  // nullptr: file only
-  const char* kind;      // "path", "text", "int", "number"
-  double lo, hi;
+  const char* kind;      // how the value is checked: "path", "text", "int", "number", or a key of its own
+  double lo, hi;         // "int" and "number"
+  Member member;         // where it lands in Settings
 };
-constexpr Rule k_rules[] = {
-    {"socket", "GPUQ_SOCKET", "path", 0, 0},
-    {"state_dir", "GPUQ_STATE_DIR", "path", 0, 0},
-    {"gpus", "GPUQ_GPUS", "text", 0, 0},
-    {"log_limit_mb", "GPUQ_LOG_LIMIT_MB", "int", 0, 1 << 30},
-    {"retries", "GPUQ_RETRIES", "int", 0, 100},
-    {"grace_s", nullptr, "number", 0, 86400},
-    {"retry_backoff_s", nullptr, "number", 0, 86400},
-    {"idle_timeout_s", nullptr, "number", 0.1, 86400 * 7},
-    {"cpu_slots", nullptr, "int", 1, 1 << 20},
-    {"health_interval_s", nullptr, "number", 0, 86400},
-    {"forget_after_s", nullptr, "number", 0, 86400 * 3660},
-    {"gpu_process_interval_s", nullptr, "number", 0, 86400},
-    {"reconnect_s", "GPUQ_RECONNECT_S", "number", 0, 86400},
-    {"reply_timeout_s", "GPUQ_REPLY_TIMEOUT_S", "number", 0, 86400 * 7},
-    {"executor", nullptr, "executor", 0, 0},
-    {"slurm", nullptr, "slurm", 0, 0},
-    {"multi_user", nullptr, "bool", 0, 0},
-    {"admin_group", nullptr, "text", 0, 0},
-    {"socket_group", nullptr, "text", 0, 0},
-    {"metrics_listen", nullptr, "text", 0, 0},
-    {"metrics_textfile", nullptr, "path", 0, 0},
-    {"user_limits", nullptr, "user_limits", 0, 0},
-    {"usage_half_life_s", nullptr, "number", 60, 86400 * 366},
-    {"max_priority", nullptr, "int", -1000000, 1000000},
-    {"hang_after_s", nullptr, "number", 0, 86400 * 30},
-    {"hang_action", nullptr, "hang_action", 0, 0},
-    {"on_finish", nullptr, "argv", 0, 0},
-    {"hook_timeout_s", nullptr, "number", 1, 86400},
+const Rule k_rules[] = {
+    {"socket", "GPUQ_SOCKET", "path", 0, 0, &Settings::socket},
+    {"state_dir", "GPUQ_STATE_DIR", "path", 0, 0, &Settings::state_dir},
+    {"gpus", "GPUQ_GPUS", "text", 0, 0, &Settings::gpus},
+    {"log_limit_mb", "GPUQ_LOG_LIMIT_MB", "int", 0, 1 << 30, &Settings::log_limit_mb},
+    {"retries", "GPUQ_RETRIES", "int", 0, 100, &Settings::retries},
+    {"grace_s", nullptr, "number", 0, 86400, &Settings::grace_s},
+    {"retry_backoff_s", nullptr, "number", 0, 86400, &Settings::retry_backoff_s},
+    {"idle_timeout_s", nullptr, "number", 0.1, 86400 * 7, &Settings::idle_timeout_s},
+    {"cpu_slots", nullptr, "int", 1, 1 << 20, &Settings::cpu_slots},
+    {"health_interval_s", nullptr, "number", 0, 86400, &Settings::health_interval_s},
+    {"forget_after_s", nullptr, "number", 0, 86400 * 3660, &Settings::forget_after_s},
+    {"gpu_process_interval_s", nullptr, "number", 0, 86400, &Settings::gpu_process_interval_s},
+    {"reconnect_s", "GPUQ_RECONNECT_S", "number", 0, 86400, &Settings::reconnect_s},
+    {"reply_timeout_s", "GPUQ_REPLY_TIMEOUT_S", "number", 0, 86400 * 7, &Settings::reply_timeout_s},
+    {"executor", nullptr, "executor", 0, 0, &Settings::executor},
+    {"slurm", nullptr, "slurm", 0, 0, &Settings::slurm},
+    {"multi_user", nullptr, "bool", 0, 0, &Settings::multi_user},
+    {"admin_group", nullptr, "text", 0, 0, &Settings::admin_group},
+    {"socket_group", nullptr, "text", 0, 0, &Settings::socket_group},
+    {"metrics_listen", nullptr, "text", 0, 0, &Settings::metrics_listen},
+    {"metrics_textfile", nullptr, "path", 0, 0, &Settings::metrics_textfile},
+    {"user_limits", nullptr, "user_limits", 0, 0, &Settings::user_limits},
+    {"usage_half_life_s", nullptr, "number", 60, 86400 * 366, &Settings::usage_half_life_s},
+    {"max_priority", nullptr, "int", -1000000, 1000000, &Settings::max_priority},
+    {"hang_after_s", nullptr, "number", 0, 86400 * 30, &Settings::hang_after_s},
+    {"hang_action", nullptr, "hang_action", 0, 0, &Settings::hang_action},
+    {"on_finish", nullptr, "argv", 0, 0, &Settings::on_finish},
+    {"hook_timeout_s", nullptr, "number", 1, 86400, &Settings::hook_timeout_s},
 };
 
+// Stores `value` where the rule says; an integer is narrowed to the member's width (the rule's
+// range has been checked).
+template <class T>
+void store(Settings& s, const Rule& r, T value) {
+  std::visit(
+      [&](auto member) {
+        using Field = typename std::remove_reference_t<decltype(s.*member)>::value_type;
+        if constexpr (std::is_same_v<Field, T>) s.*member = std::move(value);
+        else if constexpr (std::is_arithmetic_v<Field> && std::is_arithmetic_v<T>) s.*member = static_cast<Field>(value);
+      },
+      r.member);
+}
+
+std::string known_keys() {
+  std::string out;
+  for (const auto& r : k_rules) out += (out.empty() ? "" : ", ") + std::string(r.key);
+  return out;
+}
+
 // "user_limits": {"*": {"max_running": 8, "max_gpus": 4, "max_queued": 10000}, "alice": {"max_gpus": 8}}
-std::optional<std::string> set_user_limits(Settings& s, const json& v) {
+std::optional<std::string> set_user_limits(Settings& s, const Rule& r, const json& v) {
   const char* want = "`user_limits` must be an object of user names (or \"*\" for everyone else), each an object of "
                      "max_running, max_gpus and max_queued (whole numbers, 0 for no limit)";
   if (!v.is_object() || v.size() > 10000) return std::string(want);
@@ -103,12 +128,12 @@ std::optional<std::string> set_user_limits(Settings& s, const json& v) {
     }
     out[user] = l;
   }
-  s.user_limits = std::move(out);
+  store(s, r, std::move(out));
   return std::nullopt;
 }
 
 // "slurm": {"partition": "gpu", "account": "lab", "qos": "normal", "extra_args": ["--constraint=a100"]}
-std::optional<std::string> set_slurm(Settings& s, const json& v) {
+std::optional<std::string> set_slurm(Settings& s, const Rule& r, const json& v) {
   if (!v.is_object()) return std::string("`slurm` must be an object of partition, account, qos and extra_args");
   SlurmOptions o;
   for (const auto& [key, value] : v.items()) {
@@ -130,7 +155,7 @@ std::optional<std::string> set_slurm(Settings& s, const json& v) {
       return "unknown setting `slurm." + key.substr(0, 64) + "`; known: partition, account, qos, extra_args";
     }
   }
-  s.slurm = std::move(o);
+  store(s, r, std::move(o));
   return std::nullopt;
 }
 
@@ -143,11 +168,12 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
     o << "must be " << (std::string(r.kind) == "int" ? "an integer" : "a number") << " from " << r.lo << " to " << r.hi;
     return o.str();
   };
-  if (std::string(r.kind) == "executor") {
+  const std::string kind = r.kind;
+  if (kind == "executor") {
     if (!v.is_string() || (v.get<std::string>() != "local" && v.get<std::string>() != "slurm"))
       return std::string("`executor` must be \"local\" (this machine) or \"slurm\"");
-    s.executor = v.get<std::string>();
-  } else if (std::string(r.kind) == "argv") {
+    store(s, r, v.get<std::string>());
+  } else if (kind == "argv") {
     if (v.is_array() && v.size() > k_max_on_finish_args)
       return "`" + key + "` has " + std::to_string(v.size()) + " arguments; at most " +
              std::to_string(k_max_on_finish_args);
@@ -155,57 +181,38 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
                     std::all_of(v.begin(), v.end(), [](const json& a) { return a.is_string(); }) &&
                     !v[0].get<std::string>().empty();
     if (!ok) return "`" + key + "` must be a non-empty array of strings, a command as a job's `command`";
-    s.on_finish = v.get<std::vector<std::string>>();
-  } else if (std::string(r.kind) == "hang_action") {
+    store(s, r, v.get<std::vector<std::string>>());
+  } else if (kind == "hang_action") {
     if (!v.is_string() || (v.get<std::string>() != "flag" && v.get<std::string>() != "retry"))
       return std::string("`hang_action` must be \"flag\" (say so in status) or \"retry\" (stop the job and retry it)");
-    s.hang_action = v.get<std::string>();
-  } else if (std::string(r.kind) == "user_limits") {
-    if (auto err = set_user_limits(s, v)) return err;
-  } else if (std::string(r.kind) == "bool") {
+    store(s, r, v.get<std::string>());
+  } else if (kind == "user_limits") {
+    if (auto err = set_user_limits(s, r, v)) return err;
+  } else if (kind == "bool") {
     if (!v.is_boolean()) return "`" + key + "` must be true or false";
-    s.multi_user = v.get<bool>();
-  } else if (std::string(r.kind) == "slurm") {
-    if (auto err = set_slurm(s, v)) return err;
-  } else if (std::string(r.kind) == "path" || std::string(r.kind) == "text") {
+    store(s, r, v.get<bool>());
+  } else if (kind == "slurm") {
+    if (auto err = set_slurm(s, r, v)) return err;
+  } else if (kind == "path" || kind == "text") {
     if (!v.is_string() || v.get<std::string>().empty()) return "`" + key + "` must be a non-empty string";
     std::string text = v.get<std::string>();
-    if (std::string(r.kind) == "path") {
+    if (kind == "path") {
       auto p = path_value(text);
       if (!p) return "`" + key + "` must be an absolute path or start with ~/, got \"" + text.substr(0, 64) + "\"";
       text = *p;
     }
-    (key == "socket"         ? s.socket
-     : key == "state_dir"    ? s.state_dir
-     : key == "admin_group"  ? s.admin_group
-     : key == "socket_group" ? s.socket_group
-     : key == "metrics_listen" ? s.metrics_listen
-     : key == "metrics_textfile" ? s.metrics_textfile
-                             : s.gpus) = text;
+    store(s, r, std::move(text));
   } else {
     if (!v.is_number()) return "`" + key + "` " + range();
     const double x = v.get<double>();
-    if (std::string(r.kind) == "int") {
+    if (kind == "int") {
       auto i = in_range<std::int64_t>(x, r.lo, r.hi);
       if (!i) return "`" + key + "` " + range();
-      if (key == "log_limit_mb") s.log_limit_mb = *i;
-      else if (key == "retries") s.retries = static_cast<int>(*i);
-      else if (key == "max_priority") s.max_priority = static_cast<int>(*i);
-      else s.cpu_slots = static_cast<int>(*i);
+      store(s, r, *i);
     } else {
       auto d = in_range<double>(x, r.lo, r.hi);
       if (!d) return "`" + key + "` " + range();
-      (key == "grace_s"             ? s.grace_s
-       : key == "retry_backoff_s"   ? s.retry_backoff_s
-       : key == "health_interval_s" ? s.health_interval_s
-       : key == "forget_after_s"    ? s.forget_after_s
-       : key == "reconnect_s"       ? s.reconnect_s
-       : key == "reply_timeout_s"   ? s.reply_timeout_s
-       : key == "usage_half_life_s" ? s.usage_half_life_s
-       : key == "hang_after_s"      ? s.hang_after_s
-       : key == "gpu_process_interval_s" ? s.gpu_process_interval_s
-       : key == "hook_timeout_s"    ? s.hook_timeout_s
-                                    : s.idle_timeout_s) = *d;
+      store(s, r, *d);
     }
   }
   s.source[key] = source;
@@ -213,6 +220,38 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
 }
 
 }  // namespace
+
+std::vector<SettingKey> setting_keys() {
+  std::vector<SettingKey> out;
+  for (const auto& r : k_rules) out.push_back({r.key, r.variable ? r.variable : ""});
+  return out;
+}
+
+json settings_json(const Settings& s) {
+  json out = json::object();
+  for (const auto& r : k_rules)
+    std::visit(
+        [&](auto member) {
+          const auto& field = s.*member;
+          if (!field) return;
+          using Field = typename std::remove_cvref_t<decltype(field)>::value_type;
+          json value;
+          if constexpr (std::is_same_v<Field, SlurmOptions>) {
+            value = {{"partition", field->partition}, {"account", field->account}, {"qos", field->qos},
+                     {"extra_args", field->extra_args}};
+          } else if constexpr (std::is_same_v<Field, std::map<std::string, UserLimit>>) {
+            value = json::object();
+            for (const auto& [user, l] : *field)
+              value[user] = {{"max_running", l.max_running}, {"max_gpus", l.max_gpus}, {"max_queued", l.max_queued}};
+          } else {
+            value = *field;
+          }
+          const auto from = s.source.find(r.key);
+          out[r.key] = {{"value", std::move(value)}, {"from", from == s.source.end() ? "" : from->second}};
+        },
+        r.member);
+  return out;
+}
 
 std::optional<double> parse_duration(const std::string& text) {
   static const std::map<std::string, double> k_units{{"", 1}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400},
@@ -242,12 +281,12 @@ Result<Settings> parse_settings(const std::string& text, const std::string& orig
   auto parsed = parse_untrusted(text, "the file");
   if (!parsed) return bad(origin, parsed.error().message);
   json doc = std::move(*parsed);
-  if (!doc.is_object()) return bad(origin, "must be a JSON object of settings (" + std::string(k_keys) + ")");
+  if (!doc.is_object()) return bad(origin, "must be a JSON object of settings (" + known_keys() + ")");
   for (const auto& [key, value] : doc.items()) {
     const Rule* rule = nullptr;
     for (const auto& r : k_rules)
       if (key == r.key) rule = &r;
-    if (!rule) return bad(origin, "unknown setting `" + key.substr(0, 64) + "`; known: " + k_keys);
+    if (!rule) return bad(origin, "unknown setting `" + key.substr(0, 64) + "`; known: " + known_keys());
     if (auto err = set(s, *rule, value, origin)) return bad(origin, *err);
   }
   s.file = origin;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/error.hpp"
 #include "common/slurm_script.hpp"
 #include "common/users.hpp"
@@ -37,9 +39,9 @@ struct Settings {
   std::optional<std::string> admin_group;   // "admin_group": its members may act on every job
   std::optional<std::string> socket_group;  // "socket_group": only its members reach the socket
   std::optional<std::string> metrics_listen;    // "metrics_listen": HOST:PORT serving /metrics (Prometheus)
-  std::optional<std::string> metrics_textfile;
+  std::optional<std::string> metrics_textfile;  // "metrics_textfile": the same, written for node_exporter
   std::optional<std::vector<std::string>> on_finish;  // "on_finish": argv run after every job ends
-  std::optional<double> hook_timeout_s;               // "hook_timeout_s": a hook is killed after this long  // "metrics_textfile": the same, written for node_exporter
+  std::optional<double> hook_timeout_s;               // "hook_timeout_s": a hook is killed after this long
   std::optional<std::map<std::string, UserLimit>> user_limits;  // "user_limits": {"*": {...}, "alice": {...}}
   std::optional<double> usage_half_life_s;  // "usage_half_life_s": fair share's memory of GPU use
   std::optional<int> max_priority;          // "max_priority": higher priorities are an admin's
@@ -48,6 +50,17 @@ struct Settings {
   std::string file;                      // the file read, empty if none
   std::map<std::string, std::string> source;  // key -> the file's path or "$VARIABLE"
 };
+
+// Every key the file takes, in the order of the table they are parsed by, each with its
+// environment variable ("" for none).
+struct SettingKey {
+  std::string key, variable;
+};
+std::vector<SettingKey> setting_keys();
+
+// The settings that are set, each as {"value": ..., "from": the file's path or "$VARIABLE"}, by
+// key: what `gpuq config` shows.
+nlohmann::json settings_json(const Settings& s);
 
 // "90", "90s", "30m", "12h", "7d", "2w" (a number and one unit) in seconds; nullopt if malformed.
 std::optional<double> parse_duration(const std::string& text);

@@ -68,6 +68,21 @@ int daemonize(const std::string& log_path) {
 
 }  // namespace
 
+namespace {
+// Where gpuqd's defaults come from, with every key and variable (common/config.cpp's table).
+std::string settings_footer() {
+  std::string keys, variables;
+  for (const auto& k : gpuq::common::setting_keys()) {
+    keys += (keys.empty() ? "" : ", ") + k.key;
+    if (!k.variable.empty()) variables += (variables.empty() ? "$" : ", $") + k.variable;
+  }
+  const std::string path = gpuq::common::config_path();
+  return "Defaults come from " + (path.empty() ? std::string("no file ($GPUQ_CONFIG is empty)") : path) +
+         " (JSON keys: " + keys + "; docs/cli.md says what each sets), then the environment (" + variables +
+         "); options given here win.";
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   // Parse the command line
   Config config;
@@ -111,11 +126,7 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"gpuqd: the gpuq daemon (multi-GPU job queue). Usually started by `gpuq daemon start`."};
   app.set_version_flag("--version", GPUQ_VERSION);
-  app.footer("Defaults come from " + (gpuq::common::config_path().empty() ? std::string("no file ($GPUQ_CONFIG is empty)")
-                                                                              : gpuq::common::config_path()) +
-             " (JSON: socket, state_dir, gpus, log_limit_mb, retries, grace_s, retry_backoff_s, idle_timeout_s, "
-             "cpu_slots, health_interval_s, forget_after_s, executor, slurm), then $GPUQ_SOCKET, $GPUQ_STATE_DIR, $GPUQ_GPUS, $GPUQ_LOG_LIMIT_MB, $GPUQ_RETRIES; "
-             "options given here win.");
+  app.footer(settings_footer());
   app.add_option("--socket", config.socket_path, "Unix socket path (default: " + gpuq::common::default_socket_path() + ")");
   app.add_option("--state-dir", config.state_dir, "State directory (default: " + gpuq::common::default_state_dir() + ")");
   app.add_option("--gpus", config.gpus, "GPUs: auto, nvml, none, or fake:N[:MiB[:NODES]]")->capture_default_str();

@@ -24,43 +24,7 @@ namespace {
 
 int cmd_config(const Options& o, const common::Settings& s, const std::string& socket_flag) {
   const std::string path = common::config_path();
-  json settings = json::object();
-  auto add = [&](const char* key, const auto& value) {
-    if (value) settings[key] = {{"value", *value}, {"from", s.source.at(key)}};
-  };
-  add("socket", s.socket);
-  add("state_dir", s.state_dir);
-  add("gpus", s.gpus);
-  add("log_limit_mb", s.log_limit_mb);
-  add("retries", s.retries);
-  add("grace_s", s.grace_s);
-  add("retry_backoff_s", s.retry_backoff_s);
-  add("idle_timeout_s", s.idle_timeout_s);
-  add("cpu_slots", s.cpu_slots);
-  add("health_interval_s", s.health_interval_s);
-  add("forget_after_s", s.forget_after_s);
-  add("reconnect_s", s.reconnect_s);
-  add("executor", s.executor);
-  add("multi_user", s.multi_user);
-  add("admin_group", s.admin_group);
-  add("socket_group", s.socket_group);
-  add("usage_half_life_s", s.usage_half_life_s);
-  add("max_priority", s.max_priority);
-  add("hang_after_s", s.hang_after_s);
-  add("hang_action", s.hang_action);
-  if (s.user_limits) {
-    json limits = json::object();
-    for (const auto& [user, l] : *s.user_limits)
-      limits[user] = {{"max_running", l.max_running}, {"max_gpus", l.max_gpus}, {"max_queued", l.max_queued}};
-    settings["user_limits"] = {{"value", limits}, {"from", s.source.at("user_limits")}};
-  }
-  if (s.slurm)
-    settings["slurm"] = {{"value",
-                          {{"partition", s.slurm->partition},
-                           {"account", s.slurm->account},
-                           {"qos", s.slurm->qos},
-                           {"extra_args", s.slurm->extra_args}}},
-                         {"from", s.source.at("slurm")}};
+  json settings = common::settings_json(s);  // every key that is set, from the one table
   if (!socket_flag.empty()) settings["socket"] = {{"value", o.socket}, {"from", socket_flag}};
   if (o.json) {
     print_json({{"file", path}, {"file_found", !s.file.empty()}, {"socket", o.socket}, {"settings", settings}});

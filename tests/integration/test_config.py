@@ -104,6 +104,14 @@ class Config(DaemonTest):
         shown = json.loads(self.gpuq("config", "--json", env=self.env(GPUQ_CONFIG=other)).stdout)
         self.assertEqual(shown["socket"], self.socket)
         self.assertEqual(shown["settings"]["socket"]["from"], other)
+        # every key the file sets is shown, those gpuq config once left out among them
+        with open(other, "w") as f:
+            json.dump({"socket": self.socket, "on_finish": ["true"], "hook_timeout_s": 30,
+                       "metrics_listen": "127.0.0.1:9400", "gpu_process_interval_s": 2}, f)
+        shown = json.loads(self.gpuq("config", "--json", env=self.env(GPUQ_CONFIG=other)).stdout)["settings"]
+        self.assertEqual({k: v["value"] for k, v in shown.items()},
+                         {"socket": self.socket, "on_finish": ["true"], "hook_timeout_s": 30,
+                          "metrics_listen": "127.0.0.1:9400", "gpu_process_interval_s": 2})
 
     def test_a_bad_file_or_variable_is_named_and_nothing_starts(self):
         cases = [

@@ -2,6 +2,10 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
 
 #include "common/config.hpp"
 
@@ -128,4 +132,39 @@ TEST_CASE("the executor and its Slurm options come from the file; a wrong one na
   refused(R"({"slurm": {"extra_args": ["rm -rf /"]}})", "`slurm.extra_args` holds sbatch options");
   refused(R"({"slurm": {"extra_args": ["--x\n#SBATCH --y"]}})", "`slurm.extra_args` holds sbatch options");
   refused(R"({"slurm": {"nodes": 2}})", "unknown setting `slurm.nodes`");
+}
+
+TEST_CASE("every key of the one table is parsed, shown by `gpuq config`, named in the known keys and in docs/cli.md") {
+  // Nothing here lists the keys: a key added to the table is checked as it is. For each, the
+  // first of these values it takes must come back, alone, from settings_json (what `gpuq config`
+  // prints), so a key wired to another's member, or not shown, fails.
+  const std::vector<nlohmann::json> candidates{60, 3600, "/tmp/x", "local", "flag", true, nlohmann::json::array({"x"}),
+                                               nlohmann::json::object()};
+  std::ifstream doc(GPUQ_SOURCE_DIR "/docs/cli.md");
+  const std::string cli_md((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
+  REQUIRE_FALSE(cli_md.empty());
+  const auto unknown = parse_settings(R"({"nonesuch": 1})", "f");
+  REQUIRE_FALSE(unknown.ok());
+  const auto keys = setting_keys();
+  CHECK(keys.size() >= 28);
+  for (const auto& k : keys) {
+    CAPTURE(k.key);
+    bool taken = false;
+    for (const auto& v : candidates) {
+      auto s = parse_settings(nlohmann::json{{k.key, v}}.dump(), "/etc/gpuq.json");
+      if (!s.ok()) continue;
+      taken = true;
+      const auto shown = settings_json(*s);
+      CHECK(shown.size() == 1);
+      REQUIRE(shown.contains(k.key));
+      CHECK(shown[k.key]["from"] == "/etc/gpuq.json");
+      if (!v.is_object()) CHECK(shown[k.key]["value"] == v);
+      break;
+    }
+    CHECK(taken);
+    CHECK(unknown.error().message.find(k.key) != std::string::npos);
+    // docs/cli.md's configuration table: a row for the key, its variable in the next column
+    const std::string row = "| `" + k.key + "` | " + (k.variable.empty() ? "" : "`" + k.variable + "` ") + "|";
+    CHECK_MESSAGE(cli_md.find(row) != std::string::npos, "docs/cli.md has no row " << row);
+  }
 }
