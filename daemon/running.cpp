@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -693,7 +694,9 @@ bool Daemon::ingest(Active& a, bool ended) {
     constexpr std::int64_t k_chunk = 4 << 20;
     const std::int64_t began = offset;
     const std::int64_t limit = std::min<std::int64_t>(st.st_size, k_max_events_bytes);
-    const std::int64_t budget = ended ? limit : k_events_per_call;  // new bytes this call may read
+    // What one read while the job runs may take (re-reads of an unfinished line count); at the
+    // job's end, everything up to the cap.
+    const std::int64_t budget = ended ? std::numeric_limits<std::int64_t>::max() : k_events_per_call;
     std::int64_t read_now = 0;
     while (limit > offset && read_now < budget) {
       const std::int64_t from = offset > 0 ? offset - 1 : 0;

@@ -282,6 +282,25 @@ class ResultsWaitLogs(DaemonTest):
         open(release, "w").close()
         self.assertEqual(self.d.wait([job_id])[job_id]["state"], "succeeded")
 
+    def test_a_job_that_ends_with_more_than_a_read_of_events_unread_loses_none_of_them(self):
+        # Its first event is read while it runs; then 10 MB of (bad) lines and its result appear at
+        # once, and it ends: all of it is read at the end, re-reads of lines cut by a chunk's end
+        # included (once counted against the file's size, they cut the last chunk short and the
+        # result, the last line, was never read).
+        release = os.path.join(self.tmp, "release")
+        script = (event_line(type="progress", step=0) + f"; while [ ! -e {release} ]; do sleep 0.05; done; "
+                  "cp \"$GPUQ_EVENTS\" \"$GPUQ_EVENTS.new\"; "
+                  "python3 -c 'import sys; [sys.stdout.write(\"x\" * 999 + \"\\n\") for _ in range(10000)]' "
+                  ">> \"$GPUQ_EVENTS.new\"; " + event_line(type="result", ok=1).replace("$GPUQ_EVENTS", "$GPUQ_EVENTS.new") +
+                  "; mv \"$GPUQ_EVENTS.new\" \"$GPUQ_EVENTS\"")
+        job_id = self.d.submit({"name": "burst", "shell": script})["ids"][0]
+        wait_until(lambda: (self.d.show(job_id)["job"]["progress"] or {}).get("step") == 0, what="the first event")
+        open(release, "w").close()
+        done = self.d.wait([job_id])[job_id]
+        self.assertEqual(done["state"], "succeeded", done["reason"])
+        self.assertEqual(done["result"], {"ok": 1})
+        self.assertEqual(done["bad_event_lines"], 10000)
+
     def test_progress_is_visible_while_the_job_runs(self):
         sub = self.d.submit({"name": "live", "shell": event_line(type="progress", epoch=1, step=7) + "; sleep 30"})
         job_id = sub["ids"][0]
