@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -29,13 +30,30 @@ struct ChildPlan {
 };
 
 [[noreturn]] void exec_child(const ChildPlan& plan, volatile int* exec_errno) {
-  if (plan.in < 0 || ::dup2(plan.in, 0) < 0 || ::dup2(plan.out, 1) < 0 || ::dup2(plan.err, 2) < 0) {
-    *exec_errno = errno ? errno : EBADF;
+  if (plan.in < 0) {
+    *exec_errno = EBADF;  // /dev/null could not be opened
     ::_exit(127);
+  }
+  if (::dup2(plan.in, 0) < 0 || ::dup2(plan.out, 1) < 0 || ::dup2(plan.err, 2) < 0) {
+    *exec_errno = errno;
+    ::_exit(127);
+  }
+  // A signal arriving before exec must not run one of this process's handlers here, on memory
+  // the parent shares (gpuqd's SIGTERM handler, say): handled signals go back to their default
+  // (this child's table is its own), and only then is the mask emptied (gpuqd's blocked signals
+  // are not the command's). Ignored ones stay ignored, as exec keeps them.
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction sa {};
+    if (sig == SIGKILL || sig == SIGSTOP || ::sigaction(sig, nullptr, &sa) != 0) continue;
+    if (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN) {
+      sa = {};
+      sa.sa_handler = SIG_DFL;
+      ::sigaction(sig, &sa, nullptr);
+    }
   }
   sigset_t none;
   sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);  // gpuqd's blocked signals are not the command's
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
   if (plan.nofile != RLIM_INFINITY) {
     rlimit l{};
     if (::getrlimit(RLIMIT_NOFILE, &l) == 0 && l.rlim_cur > plan.nofile) {
@@ -53,10 +71,16 @@ struct ChildPlan {
 // calls only, and an exec that fails leaves its errno where this reads it (the memory is shared
 // until the child execs or exits). Returns the child's pid, or -1 with `exec_errno` set.
 pid_t spawn(const ChildPlan& plan, int& exec_errno) {
+  // Every signal blocked from before the fork until the child has reset its handlers.
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
   volatile int child_errno = 0;
   const pid_t pid = ::vfork();
   if (pid == 0) exec_child(plan, &child_errno);
-  exec_errno = pid < 0 ? errno : child_errno;
+  const int fork_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  exec_errno = pid < 0 ? fork_errno : child_errno;
   return pid < 0 ? -1 : pid;
 }
 

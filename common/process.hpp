@@ -37,6 +37,10 @@ void mark_listed_fds_cloexec();
 // exit record and keeps trying: gpuqd then says the job's outcome is unknown.
 inline constexpr const char* k_shim_recording_name = "gpuq-shim-retry";
 
+// The file gpuqd writes into a Slurm gang's attempt directory before it signals the ranks'
+// supervisors to stop: one that starts after the signal went out finds it and stops too.
+inline constexpr const char* k_stop_file = "stop";
+
 // The environment gpuq-shim starts with, as NAME=value strings: a fixed PATH, and the sanitizer
 // settings of a sanitizer build (ASAN_OPTIONS, LSAN_OPTIONS, UBSAN_OPTIONS) where gpuqd has them.
 // Nothing else of gpuqd's: the supervisor runs as the job's owner in lab mode, and a job can read

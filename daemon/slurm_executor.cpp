@@ -160,6 +160,7 @@ class SlurmExecutor final : public Executor {
         ::unlink((tasks == 0 ? a.dir + "/exit.json" : task_record(a.dir, r)).c_str());
       ::unlink((a.dir + "/slurm.id").c_str());
       ::unlink((a.dir + "/slurm.array").c_str());
+      ::unlink((a.dir + "/" + common::k_stop_file).c_str());
       // How a restarted gpuqd finds its array task when it stopped before writing slurm.id.
       if (array) (void)common::write_file_atomic(a.dir + "/slurm.array", std::to_string(i) + "\n" + first.dir);
       Job& job = m_jobs[a.id];
@@ -588,8 +589,15 @@ class SlurmExecutor final : public Executor {
     // and where Slurm refuses the signal (pending after all, or already gone) scancel follows.
     const std::string slurm_id = job.slurm_id;
     std::vector<std::string> argv{"scancel"};
-    if (job.tasks == 0) argv.insert(argv.end(), {"--signal=TERM", "--batch"});
-    else argv.push_back("--signal=URG");
+    if (job.tasks == 0) {
+      argv.insert(argv.end(), {"--signal=TERM", "--batch"});
+    } else {
+      // A supervisor not yet catching SIGURG (srun still starting it, or the step not made yet)
+      // would lose it: the file, written first, tells it once it does.
+      if (auto w = common::write_file_atomic(job.dir + "/" + common::k_stop_file, "gpuq cancel\n"); !w)
+        std::cerr << "gpuqd: Slurm job " << slurm_id << ": " << w.error().message << "\n";
+      argv.push_back("--signal=URG");
+    }
     argv.push_back(slurm_id);
     run_off_thread(std::move(argv), [this, slurm_id](CommandResult r) {
       if (!r.started || r.exit_code != 0) scancel(slurm_id);  // pending after all, or gone: end it plainly

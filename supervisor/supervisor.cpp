@@ -248,7 +248,9 @@ class Supervisor {
  public:
   // `stop_on_urg`: one task of a Slurm gang, where gpuq stops the supervisors with SIGURG (see
   // run_slurm_task).
-  explicit Supervisor(json doc, bool stop_on_urg = false) : m_doc(std::move(doc)), m_stop_on_urg(stop_on_urg) {}
+  // `stop_file`: a file whose presence, once signals are caught, is a stop that came before.
+  explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "")
+      : m_doc(std::move(doc)), m_stop_on_urg(stop_on_urg), m_stop_file(std::move(stop_file)) {}
 
   // After run(): a rank of its own failed first (not one torn down, timed out or stopped).
   bool rank_failed() const { return !m_first_failure.is_null(); }
@@ -288,7 +290,12 @@ class Supervisor {
       complain(std::string("signalfd: ") + std::strerror(errno));
       return 2;
     }
-    for (const auto& r : m_doc["ranks"]) spawn(r);
+    // A stop sent before the signals above were caught was lost (SIGURG is ignored by default);
+    // the file gpuqd writes before sending it says so. One written after this look comes with a
+    // signal that is caught.
+    if (!m_stop_file.empty() && common::path_exists(m_stop_file)) m_cancelled = true;
+    if (!m_cancelled)
+      for (const auto& r : m_doc["ranks"]) spawn(r);
 
     for (;;) {
       // As subreaper, every leftover descendant ends up our child: no children means done.
@@ -487,6 +494,7 @@ class Supervisor {
   }
 
   void begin_teardown() {
+    if (m_tearing_down) return;  // a second stop (a cancel after the timeout) keeps the first's grace
     m_tearing_down = true;
     m_kill_at = mono_now() + m_grace_s;
   }
@@ -558,6 +566,7 @@ class Supervisor {
 
   json m_doc;
   bool m_stop_on_urg = false;
+  std::string m_stop_file;
   sigset_t m_signals{};
   std::vector<Rank> m_ranks;
   int m_ranks_left = 0;
@@ -703,7 +712,8 @@ int run_slurm_task(const std::string& launch_path) {
     ranks = json::array({std::move(mine)});
     (*doc)["pid_file"] = task_path((*doc)["pid_file"].get<std::string>(), rank);
     (*doc)["exit_file"] = task_path((*doc)["exit_file"].get<std::string>(), rank);
-    Supervisor task(std::move(*doc), true);
+    const std::string stop_file = common::parent_dir(launch_path) + "/" + common::k_stop_file;
+    Supervisor task(std::move(*doc), true, stop_file);
     const int written = task.run();
     return written != 0 ? written : task.rank_failed() ? 1 : 0;
   } catch (const std::exception& e) {

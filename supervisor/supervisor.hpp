@@ -37,6 +37,9 @@ int run_supervisor(const std::string& launch_path);
 // that way can reach a rank's child first, whose death then ends the rank before its own SIGTERM
 // handler runs; SIGURG is ignored by default, so the ranks go on until their supervisor passes
 // SIGTERM to each rank's process group at once.
+// A stop sent before a task's supervisor caught signals is not lost: gpuqd writes common::k_stop_file into
+// the attempt directory (beside launch.json) before it signals, and the supervisor looks for it
+// once it catches them.
 int run_slurm_task(const std::string& launch_path);
 
 // The Slurm batch script's last word on a gang, after srun: 0 when every rank's exit record says

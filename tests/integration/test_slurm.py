@@ -140,6 +140,39 @@ class SlurmExport(unittest.TestCase):
                     self.assertEqual(f.read(), work + "\n")
 
 
+class SlurmTask(unittest.TestCase):
+    """gpuq-shim --slurm-task on its own, as srun starts it (no Slurm needed)."""
+
+    def run_task(self, adir, stop_first):
+        marker = os.path.join(adir, "RAN")
+        doc = {"job_id": 1, "attempt": 1, "timeout_s": 0, "grace_s": 1, "log_limit_bytes": 0,
+               "ranks": [{"rank": 0, "argv": ["/bin/sh", "-c", f"touch {marker}"], "env": {"PATH": "/usr/bin:/bin"},
+                          "cwd": adir, "log": os.path.join(adir, "rank-0.log")}],
+               "pid_file": os.path.join(adir, "shim.pid"), "exit_file": os.path.join(adir, "exit.json")}
+        with open(os.path.join(adir, "launch.json"), "w") as f:
+            json.dump(doc, f)
+        if stop_first:
+            with open(os.path.join(adir, "stop"), "w") as f:
+                f.write("gpuq cancel\n")
+        r = subprocess.run([os.path.join(BIN, "gpuq-shim"), os.path.join(adir, "launch.json"), "--slurm-task"],
+                           env=dict(os.environ, SLURM_PROCID="0"), capture_output=True, text=True, timeout=60)
+        with open(os.path.join(adir, "exit-0.json")) as f:
+            return r.returncode, os.path.exists(marker), json.load(f)
+
+    def test_a_stop_sent_before_the_supervisor_caught_signals_is_found_in_the_attempt_directory(self):
+        # gpuqd writes `stop` before it sends SIGURG, which a supervisor not yet catching it loses
+        # (its default is to be ignored): one that starts then finds the file and runs nothing.
+        tmp = tempfile.mkdtemp(prefix="gpuq-task-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        for stop_first in (False, True):
+            adir = os.path.join(tmp, f"stop-{stop_first}")
+            os.mkdir(adir)
+            code, ran, record = self.run_task(adir, stop_first)
+            self.assertEqual(code, 0)  # a stopped task's supervisor ends 0: srun tears nothing down
+            self.assertEqual(ran, not stop_first)
+            self.assertEqual(record["cancelled"], stop_first)
+
+
 @unittest.skipUnless(HAVE_SLURM, NEEDS)
 class SlurmExecutor(unittest.TestCase):
     """gpuqd --executor slurm on the 2-GPU node: gpuq's commands, Slurm's placement."""
