@@ -51,8 +51,10 @@ std::string describe_end(const json& failure) {
   std::string who = "rank " + std::to_string(failure.value("rank", 0));
   if (failure.contains("signal") && failure["signal"].is_number_integer()) {
     int sig = failure["signal"].get<int>();
+    // The kernel's OOM-kill count is the system's: another job's OOM kill while this rank died of
+    // someone's SIGKILL reads the same. Likely, then, not certain.
     if (failure.value("oom_kill", false))
-      return who + " was killed by the kernel's out-of-memory killer (signal 9, SIGKILL)";
+      return who + " was killed by signal 9 (SIGKILL), most likely by the kernel's out-of-memory killer";
     const char* name = sigabbrev_np(sig);
     return who + " was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
   }

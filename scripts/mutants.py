@@ -98,7 +98,7 @@ MUTANTS = [
      "const std::int64_t budget = std::numeric_limits<std::int64_t>::max();",
      ["test_queue.ResultsWaitLogs.test_a_flooded_events_file_is_read_at_most_8_mib_at_a_time_while_the_job_runs"]),
     ("slurm-gang-cancel-signal", "daemon/slurm_executor.cpp",
-     'else argv.push_back("--signal=URG");', 'else argv.push_back("--signal=TERM");',
+     'argv.push_back("--signal=URG");', 'argv.push_back("--signal=TERM");',
      ["test_slurm.SlurmExecutor.test_a_gang_over_two_nodes_times_out_on_both_and_another_is_cancelled"]),
     ("slurm-task-timeout-exit", "supervisor/supervisor.cpp",
      "return written != 0 ? written : task.rank_failed() ? 1 : 0;",

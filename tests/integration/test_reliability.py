@@ -146,7 +146,7 @@ class OutOfMemory(DaemonTest):
         self.assertEqual(job["state"], "failed")
         self.assertEqual(job["attempt"], 2, "an OOM-killed job is retried like any failure")
         self.assertEqual(job["exit_signal"], 9)
-        self.assertEqual(job["reason"], "rank 0 was killed by the kernel's out-of-memory killer (signal 9, SIGKILL)")
+        self.assertEqual(job["reason"], "rank 0 was killed by signal 9 (SIGKILL), most likely by the kernel's out-of-memory killer")
         self.assertTrue(self.d.show(job_id)["first_failure"]["oom_kill"])
 
 
