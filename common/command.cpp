@@ -20,13 +20,12 @@ namespace gpuq::common {
 
 namespace {
 
-rlim_t g_nofile = RLIM_INFINITY;  // the descriptor limit commands get (set_command_descriptor_limit)
+rlim_t g_children_nofile = RLIM_INFINITY;  // set_children_descriptor_limit's; infinity: left as it is
 
 // What the child does between fork and exec.
 struct ChildPlan {
   char* const* argv;
   int in, out, err;  // its standard input, output and error
-  rlim_t nofile;     // RLIM_INFINITY: the limit as it is
 };
 
 [[noreturn]] void exec_child(const ChildPlan& plan, volatile int* exec_errno) {
@@ -54,13 +53,7 @@ struct ChildPlan {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  if (plan.nofile != RLIM_INFINITY) {
-    rlimit l{};
-    if (::getrlimit(RLIMIT_NOFILE, &l) == 0 && l.rlim_cur > plan.nofile) {
-      l.rlim_cur = plan.nofile;
-      ::setrlimit(RLIMIT_NOFILE, &l);
-    }
-  }
+  restore_children_descriptor_limit();
   ::execvp(plan.argv[0], plan.argv);
   *exec_errno = errno;
   ::_exit(127);
@@ -100,7 +93,16 @@ struct Pipe {
 
 }  // namespace
 
-void set_command_descriptor_limit(rlim_t soft) { g_nofile = soft; }
+void set_children_descriptor_limit(rlim_t soft) { g_children_nofile = soft; }
+
+void restore_children_descriptor_limit() noexcept {
+  if (g_children_nofile == RLIM_INFINITY) return;
+  rlimit l{};
+  if (::getrlimit(RLIMIT_NOFILE, &l) == 0 && l.rlim_cur > g_children_nofile) {
+    l.rlim_cur = g_children_nofile;
+    ::setrlimit(RLIMIT_NOFILE, &l);
+  }
+}
 
 CommandResult run_command(const std::vector<std::string>& argv, double timeout_s, std::size_t max_bytes,
                           const std::optional<std::string>& input) {
@@ -112,7 +114,7 @@ CommandResult run_command(const std::vector<std::string>& argv, double timeout_s
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const int null_fd = input ? -1 : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const ChildPlan plan{args.data(), input ? in.fd[0] : null_fd, out.fd[1], err.fd[1], g_nofile};
+  const ChildPlan plan{args.data(), input ? in.fd[0] : null_fd, out.fd[1], err.fd[1]};
   int exec_errno = 0;
   const pid_t pid = spawn(plan, exec_errno);
   const int rc = exec_errno;

@@ -25,10 +25,14 @@ struct CommandResult {
 CommandResult run_command(const std::vector<std::string>& argv, double timeout_s = 60, std::size_t max_bytes = 4 << 20,
                           const std::optional<std::string>& input = std::nullopt);
 
-// The soft limit on open files the commands run_command starts get, where this process raised its
-// own (gpuqd does, for its clients): a command gets no more than `soft`. Slurm hands sbatch's
-// limits on to the job it submits (PropagateResourceLimits=ALL, its default), so gpuqd's raised
-// limit would otherwise reach every job it submits. Set it before any command runs.
-void set_command_descriptor_limit(rlim_t soft);
+// The soft limit on open files this process's children get, where it raised its own (gpuqd does,
+// for its clients): run_command's commands and gpuqd's supervisors get no more than `soft`. Slurm
+// hands sbatch's limits on to the job it submits (PropagateResourceLimits=ALL, its default), so
+// gpuqd's raised limit would otherwise reach every job. Set it before any child is started.
+void set_children_descriptor_limit(rlim_t soft);
+
+// In a child between fork and exec (system calls only, vfork-safe): lowers the soft limit on open
+// files to the one set_children_descriptor_limit gave, where it is higher.
+void restore_children_descriptor_limit() noexcept;
 
 }  // namespace gpuq::common

@@ -255,20 +255,12 @@ namespace {
 // Runs in the child before exec: a new session detaches the supervisor from the daemon's
 // terminal and process group, so signals aimed at the daemon never reach jobs. The child is
 // created with vfork (no copy of the daemon's page tables), so this may only make system calls.
-rlim_t g_children_nofile = RLIM_INFINITY;  // the soft limit gpuqd started with (unchanged: infinity)
-
 struct NewSession : bp::extend::handler {
   template <class Executor>
   void on_exec_setup(Executor&) const {
     ::setsid();
     mark_inherited_fds_cloexec();
-    if (g_children_nofile != RLIM_INFINITY) {
-      rlimit l{};
-      if (::getrlimit(RLIMIT_NOFILE, &l) == 0) {
-        l.rlim_cur = std::min(g_children_nofile, l.rlim_max);
-        ::setrlimit(RLIMIT_NOFILE, &l);
-      }
-    }
+    common::restore_children_descriptor_limit();
   }
 };
 }  // namespace
@@ -282,8 +274,7 @@ std::string raise_descriptor_limit() {
   l.rlim_cur = l.rlim_max == RLIM_INFINITY ? std::max<rlim_t>(before, 1 << 20) : l.rlim_max;
   if (::setrlimit(RLIMIT_NOFILE, &l) != 0)
     return "cannot raise the descriptor limit from " + std::to_string(before) + ": " + std::strerror(errno);
-  g_children_nofile = before;
-  common::set_command_descriptor_limit(before);  // Slurm's commands too, and the jobs sbatch submits
+  common::set_children_descriptor_limit(before);  // supervisors, Slurm's commands, the jobs sbatch submits
   return "descriptor limit raised from " + std::to_string(before) + " to " + std::to_string(l.rlim_cur) +
          " (jobs get " + std::to_string(before) + ")";
 }

@@ -108,7 +108,7 @@ MUTANTS = [
      's << "exec " << shim << " --slurm-outcome\\n";', 's << "exit $?\\n";',
      ["test_slurm.SlurmExecutor.test_a_gang_over_two_nodes_times_out_on_both_and_another_is_cancelled"]),
     ("slurm-commands-nofile", "daemon/launcher.cpp",
-     "  common::set_command_descriptor_limit(before);", "",
+     "  common::set_children_descriptor_limit(before);", "",
      ["test_slurm.SlurmExecutor.test_jobs_get_the_descriptor_limit_gpuqd_started_with_not_the_one_it_raised"]),
     ("events-at-end", "daemon/running.cpp",
      "const std::int64_t budget = ended ? std::numeric_limits<std::int64_t>::max() : k_events_per_call;",

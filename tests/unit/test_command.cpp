@@ -50,9 +50,9 @@ TEST_CASE("a command gets the descriptor limit this process started with, not th
   REQUIRE(::getrlimit(RLIMIT_NOFILE, &l) == 0);
   const rlim_t before = l.rlim_cur;
   REQUIRE(before > 100);
-  gpuq::common::set_command_descriptor_limit(100);
+  gpuq::common::set_children_descriptor_limit(100);
   const auto limited = run_command({"sh", "-c", "ulimit -n"});
-  gpuq::common::set_command_descriptor_limit(RLIM_INFINITY);
+  gpuq::common::set_children_descriptor_limit(RLIM_INFINITY);
   CHECK(limited.out == "100\n");
   CHECK(run_command({"sh", "-c", "ulimit -n"}).out == std::to_string(before) + "\n");
   REQUIRE(::getrlimit(RLIMIT_NOFILE, &l) == 0);
