@@ -91,13 +91,15 @@ int main(int argc, char** argv) {
     std::cerr << "gpuq: " << settings.error().message << "\n";
     return k_exit_usage;
   }
-  ctx.opt.socket = !socket.empty() ? socket : settings->socket.value_or(gpuq::common::default_socket_path());
+  ctx.opt.socket = !socket.empty()                ? socket
+                    : !settings->socket_path.empty() ? settings->socket_path
+                                                    : gpuq::common::default_socket_path();
   // A user who runs no gpuqd of their own, on a machine whose lab gpuqd serves everyone: that one.
-  if (socket.empty() && !settings->socket && !gpuq::common::path_exists(ctx.opt.socket) &&
+  if (socket.empty() && settings->socket_path.empty() && !gpuq::common::path_exists(ctx.opt.socket) &&
       gpuq::common::path_exists(gpuq::common::k_lab_socket))
     ctx.opt.socket = gpuq::common::k_lab_socket;
-  ctx.opt.reconnect_s = settings->reconnect_s.value_or(ctx.opt.reconnect_s);
-  gpuq::common::Client::set_reply_timeout(settings->reply_timeout_s.value_or(120));
+  ctx.opt.reconnect_s = settings->reconnect_s;
+  gpuq::common::Client::set_reply_timeout(settings->reply_timeout_s);
   ctx.settings = std::move(*settings);
   ctx.socket_flag = socket.empty() ? "" : "--socket";
   if (!ctx.run) return k_exit_usage;

@@ -44,50 +44,104 @@ std::optional<T> in_range(double v, double lo, double hi) {
   return static_cast<T>(v);
 }
 
-using Member = std::variant<std::optional<std::string> Settings::*, std::optional<std::int64_t> Settings::*,
-                            std::optional<int> Settings::*, std::optional<double> Settings::*,
-                            std::optional<bool> Settings::*, std::optional<SlurmOptions> Settings::*,
-                            std::optional<std::vector<std::string>> Settings::*,
-                            std::optional<std::map<std::string, UserLimit>> Settings::*>;
+using Member = std::variant<std::string Settings::*, std::int64_t Settings::*, int Settings::*, double Settings::*,
+                            bool Settings::*, SlurmOptions Settings::*, std::vector<std::string> Settings::*,
+                            std::map<std::string, UserLimit> Settings::*, std::optional<int> Settings::*>;
 
-// Every key: the one list that parsing, the environment, the known-keys message, `gpuq config`
-// and gpuqd's --help are made from.
+// Every key: the one list that parsing, the environment, gpuqd's options and --help, the
+// known-keys message and `gpuq config` are made from. A key added here reaches all of them.
 struct Rule {
   const char* key;
-  const char* variable;  // nullptr: file only
-  const char* kind;      // how the value is checked: "path", "text", "int", "number", or a key of its own
-  double lo, hi;         // "int" and "number"
+  const char* variable;  // nullptr: no environment variable
+  const char* option;    // gpuqd's command-line option; nullptr: none
+  const char* value_name;  // what the option takes, for --help; "" for a flag
+  // How the value is checked: "path", "text", "int", "number", "duration" (a number of seconds;
+  // an option's text may say "12h"), "bool", or a key of its own.
+  const char* kind;
+  double lo, hi;         // "int", "number" and "duration"
   Member member;         // where it lands in Settings
+  const char* help;
 };
 const Rule k_rules[] = {
-    {"socket", "GPUQ_SOCKET", "path", 0, 0, &Settings::socket},
-    {"state_dir", "GPUQ_STATE_DIR", "path", 0, 0, &Settings::state_dir},
-    {"gpus", "GPUQ_GPUS", "text", 0, 0, &Settings::gpus},
-    {"log_limit_mb", "GPUQ_LOG_LIMIT_MB", "int", 0, 1 << 30, &Settings::log_limit_mb},
-    {"retries", "GPUQ_RETRIES", "int", 0, 100, &Settings::retries},
-    {"grace_s", nullptr, "number", 0, 86400, &Settings::grace_s},
-    {"retry_backoff_s", nullptr, "number", 0, 86400, &Settings::retry_backoff_s},
-    {"idle_timeout_s", nullptr, "number", 0.1, 86400 * 7, &Settings::idle_timeout_s},
-    {"cpu_slots", nullptr, "int", 1, 1 << 20, &Settings::cpu_slots},
-    {"health_interval_s", nullptr, "number", 0, 86400, &Settings::health_interval_s},
-    {"forget_after_s", nullptr, "number", 0, 86400 * 3660, &Settings::forget_after_s},
-    {"gpu_process_interval_s", nullptr, "number", 0, 86400, &Settings::gpu_process_interval_s},
-    {"reconnect_s", "GPUQ_RECONNECT_S", "number", 0, 86400, &Settings::reconnect_s},
-    {"reply_timeout_s", "GPUQ_REPLY_TIMEOUT_S", "number", 0, 86400 * 7, &Settings::reply_timeout_s},
-    {"executor", nullptr, "executor", 0, 0, &Settings::executor},
-    {"slurm", nullptr, "slurm", 0, 0, &Settings::slurm},
-    {"multi_user", nullptr, "bool", 0, 0, &Settings::multi_user},
-    {"admin_group", nullptr, "text", 0, 0, &Settings::admin_group},
-    {"socket_group", nullptr, "text", 0, 0, &Settings::socket_group},
-    {"metrics_listen", nullptr, "text", 0, 0, &Settings::metrics_listen},
-    {"metrics_textfile", nullptr, "path", 0, 0, &Settings::metrics_textfile},
-    {"user_limits", nullptr, "user_limits", 0, 0, &Settings::user_limits},
-    {"usage_half_life_s", nullptr, "number", 60, 86400 * 366, &Settings::usage_half_life_s},
-    {"max_priority", nullptr, "int", -1000000, 1000000, &Settings::max_priority},
-    {"hang_after_s", nullptr, "number", 0, 86400 * 30, &Settings::hang_after_s},
-    {"hang_action", nullptr, "hang_action", 0, 0, &Settings::hang_action},
-    {"on_finish", nullptr, "argv", 0, 0, &Settings::on_finish},
-    {"hook_timeout_s", nullptr, "number", 1, 86400, &Settings::hook_timeout_s},
+    {"socket", "GPUQ_SOCKET", "--socket", "PATH", "path", 0, 0, &Settings::socket_path,
+     "The Unix socket gpuqd listens on and gpuq talks to"},
+    {"state_dir", "GPUQ_STATE_DIR", "--state-dir", "PATH", "path", 0, 0, &Settings::state_dir,
+     "The state directory: the store, jobs' logs, events and results"},
+    {"gpus", "GPUQ_GPUS", "--gpus", "GPUS", "text", 0, 0, &Settings::gpus, "GPUs: auto, nvml, none, or fake:N[:MiB[:NODES]]"},
+    {"log_limit_mb", "GPUQ_LOG_LIMIT_MB", "--log-limit-mb", "MIB", "int", 0, 1 << 30, &Settings::log_limit_mb,
+     "Cap on each rank's log file; past it the log rotates to <log>.1 (0: no cap)"},
+    {"retries", "GPUQ_RETRIES", "--default-retries", "N", "int", 0, 100, &Settings::default_retries,
+     "Retries for jobs whose spec names none"},
+    {"grace_s", nullptr, "--grace", "SECONDS", "number", 0, 86400, &Settings::grace_s,
+     "Seconds between SIGTERM and SIGKILL when stopping a job"},
+    {"retry_backoff_s", nullptr, "--retry-backoff", "SECONDS", "number", 0, 86400, &Settings::retry_backoff_s,
+     "First retry delay in seconds (doubles per attempt)"},
+    {"idle_timeout_s", nullptr, "--idle-timeout", "SECONDS", "number", 0.1, 86400 * 7, &Settings::idle_timeout_s,
+     "Close client connections silent for this many seconds"},
+    {"cpu_slots", nullptr, "--cpu-slots", "N", "int", 1, 1 << 20, &Settings::cpu_slots,
+     "CPU slots: ranks of jobs without GPUs, or cores of jobs with `cpus`, that may run at once (default: the "
+     "cores gpuqd may run on)"},
+    {"health_interval_s", nullptr, "--health-interval", "SECONDS", "number", 0, 86400, &Settings::health_interval_s,
+     "Seconds between NVML health checks of the GPUs; a GPU found lost, with failed row remapping or with new "
+     "uncorrectable ECC errors is drained (0: no checks)"},
+    {"forget_after_s", nullptr, "--forget-after", "DURATION", "duration", 0, 86400 * 3660, &Settings::forget_after_s,
+     "Forget ended jobs (their records and files, as `gpuq clean --forget`) this long after they end: 12h, 30d, … "
+     "(0: keep them)"},
+    {"gpu_process_interval_s", nullptr, "--gpu-process-interval", "SECONDS", "number", 0, 86400,
+     &Settings::gpu_process_interval_s,
+     "Seconds between looks at the processes NVML lists on the GPUs: memory held by processes gpuq did not start "
+     "counts as used when packing shared jobs, and a job's peak GPU memory is kept (0: none)"},
+    {"reconnect_s", "GPUQ_RECONNECT_S", nullptr, "", "number", 0, 86400, &Settings::reconnect_s,
+     "gpuq wait and logs -f: how long to keep reconnecting to a gpuqd that went away"},
+    {"reply_timeout_s", "GPUQ_REPLY_TIMEOUT_S", nullptr, "", "number", 0, 86400 * 7, &Settings::reply_timeout_s,
+     "gpuq: how long to wait for one reply"},
+    {"executor", nullptr, "--executor", "local|slurm", "executor", 0, 0, &Settings::executor,
+     "Where jobs run: local (this machine's GPUs) or slurm (each attempt an sbatch job; Slurm places it; the state "
+     "dir must be on a filesystem the compute nodes see; docs/slurm.md)"},
+    {"slurm", nullptr, nullptr, "", "slurm", 0, 0, &Settings::slurm,
+     "The Slurm executor's sbatch options: partition, account, qos, extra_args"},
+    {"multi_user", nullptr, "--multi-user", "", "bool", 0, 0, &Settings::multi_user,
+     "Lab mode: one gpuqd, run as root, for every user of this machine; jobs run as the user who submitted them, "
+     "and only they or an admin may change them (docs/lab.md)"},
+    {"admin_group", nullptr, "--admin-group", "GROUP", "text", 0, 0, &Settings::admin_group,
+     "Lab mode: members of this group may act on every job, drain GPUs and stop gpuqd, as root may"},
+    {"socket_group", nullptr, "--socket-group", "GROUP", "text", 0, 0, &Settings::socket_group,
+     "Lab mode: only members of this group may reach the socket (default: every local user)"},
+    {"metrics_listen", nullptr, "--metrics-listen", "HOST:PORT", "text", 0, 0, &Settings::metrics_listen,
+     "Serve Prometheus metrics at http://HOST:PORT/metrics (127.0.0.1:9464; docs/monitoring.md)"},
+    {"metrics_textfile", nullptr, "--metrics-textfile", "PATH", "path", 0, 0, &Settings::metrics_textfile,
+     "Write the metrics to this file every 10 s, atomically, for node_exporter's textfile collector"},
+    {"user_limits", nullptr, nullptr, "", "user_limits", 0, 0, &Settings::user_limits,
+     "Lab mode: per-user limits, {\"*\": {...}, \"alice\": {...}}"},
+    {"usage_half_life_s", nullptr, "--usage-half-life", "DURATION", "duration", 60, 86400 * 366,
+     &Settings::usage_half_life_s, "Lab mode: fair share forgets GPU use at this pace: 1d, 7d, …"},
+    {"max_priority", nullptr, "--max-priority", "N", "int", -1000000, 1000000, &Settings::max_priority,
+     "Lab mode: priorities above this are an admin's (default: none)"},
+    {"hang_after_s", nullptr, "--hang-after", "DURATION", "duration", 0, 86400 * 30, &Settings::hang_after_s,
+     "A running job that reported progress and then nothing for this long (its GPUs idle, where NVML says) is "
+     "flagged as maybe hung: 30m, 2h, … (0: never)"},
+    {"hang_action", nullptr, "--hang-action", "flag|retry", "hang_action", 0, 0, &Settings::hang_action,
+     "What a maybe hung job gets: flag (said in status and why) or retry (stopped, and retried as a failure)"},
+    {"on_finish", nullptr, nullptr, "", "argv", 0, 0, &Settings::on_finish,
+     "A command run after every job ends, as an array (docs/cli.md)"},
+    {"hook_timeout_s", nullptr, "--hook-timeout", "SECONDS", "number", 1, 86400, &Settings::hook_timeout_s,
+     "A hook still running after this many seconds is killed"},
+};
+
+const Rule* rule_of(const std::string& key) {
+  for (const auto& r : k_rules)
+    if (key == r.key) return &r;
+  return nullptr;
+}
+
+// The member's own type, or what its optional holds.
+template <class Field>
+struct value_of {
+  using type = Field;
+};
+template <class Field>
+struct value_of<std::optional<Field>> {
+  using type = Field;
 };
 
 // Stores `value` where the rule says; an integer is narrowed to the member's width (the rule's
@@ -96,7 +150,7 @@ template <class T>
 void store(Settings& s, const Rule& r, T value) {
   std::visit(
       [&](auto member) {
-        using Field = typename std::remove_reference_t<decltype(s.*member)>::value_type;
+        using Field = typename value_of<std::remove_reference_t<decltype(s.*member)>>::type;
         if constexpr (std::is_same_v<Field, T>) s.*member = std::move(value);
         else if constexpr (std::is_arithmetic_v<Field> && std::is_arithmetic_v<T>) s.*member = static_cast<Field>(value);
       },
@@ -223,33 +277,41 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
 
 std::vector<SettingKey> setting_keys() {
   std::vector<SettingKey> out;
-  for (const auto& r : k_rules) out.push_back({r.key, r.variable ? r.variable : ""});
+  for (const auto& r : k_rules)
+    out.push_back({r.key, r.variable ? r.variable : "", r.option ? r.option : "", r.value_name, r.help});
   return out;
+}
+
+json setting_value(const Settings& s, const std::string& key) {
+  const Rule* r = rule_of(key);
+  if (!r) return nullptr;
+  return std::visit(
+      [&](auto member) -> json {
+        const auto& field = s.*member;
+        using Field = std::remove_cvref_t<decltype(field)>;
+        if constexpr (std::is_same_v<Field, SlurmOptions>) {
+          return {{"partition", field.partition}, {"account", field.account}, {"qos", field.qos},
+                  {"extra_args", field.extra_args}};
+        } else if constexpr (std::is_same_v<Field, std::map<std::string, UserLimit>>) {
+          json value = json::object();
+          for (const auto& [user, l] : field)
+            value[user] = {{"max_running", l.max_running}, {"max_gpus", l.max_gpus}, {"max_queued", l.max_queued}};
+          return value;
+        } else if constexpr (std::is_same_v<Field, std::optional<int>>) {
+          return field ? json(*field) : json(nullptr);
+        } else {
+          return field;
+        }
+      },
+      r->member);
 }
 
 json settings_json(const Settings& s) {
   json out = json::object();
-  for (const auto& r : k_rules)
-    std::visit(
-        [&](auto member) {
-          const auto& field = s.*member;
-          if (!field) return;
-          using Field = typename std::remove_cvref_t<decltype(field)>::value_type;
-          json value;
-          if constexpr (std::is_same_v<Field, SlurmOptions>) {
-            value = {{"partition", field->partition}, {"account", field->account}, {"qos", field->qos},
-                     {"extra_args", field->extra_args}};
-          } else if constexpr (std::is_same_v<Field, std::map<std::string, UserLimit>>) {
-            value = json::object();
-            for (const auto& [user, l] : *field)
-              value[user] = {{"max_running", l.max_running}, {"max_gpus", l.max_gpus}, {"max_queued", l.max_queued}};
-          } else {
-            value = *field;
-          }
-          const auto from = s.source.find(r.key);
-          out[r.key] = {{"value", std::move(value)}, {"from", from == s.source.end() ? "" : from->second}};
-        },
-        r.member);
+  for (const auto& r : k_rules) {
+    const auto from = s.source.find(r.key);
+    if (from != s.source.end()) out[r.key] = {{"value", setting_value(s, r.key)}, {"from", from->second}};
+  }
   return out;
 }
 
@@ -283,9 +345,7 @@ Result<Settings> parse_settings(const std::string& text, const std::string& orig
   json doc = std::move(*parsed);
   if (!doc.is_object()) return bad(origin, "must be a JSON object of settings (" + known_keys() + ")");
   for (const auto& [key, value] : doc.items()) {
-    const Rule* rule = nullptr;
-    for (const auto& r : k_rules)
-      if (key == r.key) rule = &r;
+    const Rule* rule = rule_of(key);
     if (!rule) return bad(origin, "unknown setting `" + key.substr(0, 64) + "`; known: " + known_keys());
     if (auto err = set(s, *rule, value, origin)) return bad(origin, *err);
   }
@@ -293,22 +353,48 @@ Result<Settings> parse_settings(const std::string& text, const std::string& orig
   return s;
 }
 
+namespace {
+// A value given as text (an environment variable, an option), as the file would give it: a
+// number's whole text must be a number; a duration may say its unit ("12h"). Errors name `origin`.
+Result<bool> set_text(Settings& s, const Rule& r, const std::string& text, const std::string& origin) {
+  const std::string kind = r.kind;
+  json v = text;
+  if (kind == "bool") {
+    v = true;  // a flag
+  } else if (kind == "duration") {
+    auto d = parse_duration(text);
+    if (!d) return Error{ErrorCode::bad_request, origin + ": " + text.substr(0, 64) +
+                                                     " is not a duration like 90s, 30m, 12h, 7d or 2w"};
+    v = *d;
+  } else if (kind == "int" || kind == "number") {
+    char* end = nullptr;
+    errno = 0;
+    const double x = std::strtod(text.c_str(), &end);
+    v = (!text.empty() && *end == 0 && errno == 0) ? json(x) : json(nullptr);
+  }
+  if (auto err = set(s, r, v, origin)) {
+    const auto tick = err->find('`', 1);  // "`key` must be …" is said as "origin: must be …"
+    return Error{ErrorCode::bad_request,
+                 origin + ": " + (err->front() == '`' && tick != std::string::npos ? err->substr(tick + 2) : *err)};
+  }
+  return true;
+}
+}  // namespace
+
 Result<bool> apply_environment(Settings& s) {
   for (const auto& r : k_rules) {
     if (!r.variable) continue;
     const std::string text = env(r.variable);
     if (text.empty()) continue;
-    json v = text;
-    if (std::string(r.kind) == "int" || std::string(r.kind) == "number") {  // the whole text must be a number
-      char* end = nullptr;
-      errno = 0;
-      const double x = std::strtod(text.c_str(), &end);
-      v = (*end == 0 && errno == 0) ? json(x) : json(nullptr);
-    }
-    if (auto err = set(s, r, v, std::string("$") + r.variable))
-      return Error{ErrorCode::bad_request, std::string("$") + r.variable + ": " + err->substr(err->find('`', 1) + 2)};
+    if (auto e = set_text(s, r, text, std::string("$") + r.variable); !e) return e;
   }
   return true;
+}
+
+Result<bool> apply_option(Settings& s, const std::string& key, const std::string& text) {
+  const Rule* r = rule_of(key);
+  if (!r || !r->option) return Error{ErrorCode::bad_request, "no option sets `" + key + "`"};
+  return set_text(s, *r, text, r->option);
 }
 
 Result<Settings> load_settings() {

@@ -18,45 +18,60 @@
 
 namespace gpuq::common {
 
+// Every setting, with its built-in default. gpuqd's daemon::Config is one of these (plus what only
+// it knows), so a value read here reaches the daemon with no copy by hand. Which keys were given,
+// and where, is in `source`; has(key) asks.
 struct Settings {
-  std::optional<std::string> socket;     // "socket"          $GPUQ_SOCKET
-  std::optional<std::string> state_dir;  // "state_dir"       $GPUQ_STATE_DIR
-  std::optional<std::string> gpus;       // "gpus"            $GPUQ_GPUS
-  std::optional<std::int64_t> log_limit_mb;  // "log_limit_mb" $GPUQ_LOG_LIMIT_MB
-  std::optional<int> retries;            // "retries"         $GPUQ_RETRIES (jobs that name none)
-  std::optional<double> grace_s;         // "grace_s"
-  std::optional<double> retry_backoff_s; // "retry_backoff_s"
-  std::optional<double> idle_timeout_s;  // "idle_timeout_s"
-  std::optional<int> cpu_slots;          // "cpu_slots"
-  std::optional<double> health_interval_s;  // "health_interval_s"
-  std::optional<double> gpu_process_interval_s;  // "gpu_process_interval_s": NVML's process lists, this often
-  std::optional<double> forget_after_s;  // "forget_after_s"
-  std::optional<double> reconnect_s;     // "reconnect_s"     $GPUQ_RECONNECT_S (gpuq wait, logs -f)
-  std::optional<double> reply_timeout_s;  // "reply_timeout_s" $GPUQ_REPLY_TIMEOUT_S (gpuq: common::Client)
-  std::optional<std::string> executor;   // "executor": "local" or "slurm" (gpuqd)
-  std::optional<SlurmOptions> slurm;     // "slurm": {"partition", "account", "qos", "extra_args": [...]}
-  std::optional<bool> multi_user;        // "multi_user": lab mode (gpuqd; docs/lab.md)
-  std::optional<std::string> admin_group;   // "admin_group": its members may act on every job
-  std::optional<std::string> socket_group;  // "socket_group": only its members reach the socket
-  std::optional<std::string> metrics_listen;    // "metrics_listen": HOST:PORT serving /metrics (Prometheus)
-  std::optional<std::string> metrics_textfile;  // "metrics_textfile": the same, written for node_exporter
-  std::optional<std::vector<std::string>> on_finish;  // "on_finish": argv run after every job ends
-  std::optional<double> hook_timeout_s;               // "hook_timeout_s": a hook is killed after this long
-  std::optional<std::map<std::string, UserLimit>> user_limits;  // "user_limits": {"*": {...}, "alice": {...}}
-  std::optional<double> usage_half_life_s;  // "usage_half_life_s": fair share's memory of GPU use
-  std::optional<int> max_priority;          // "max_priority": higher priorities are an admin's
-  std::optional<double> hang_after_s;       // "hang_after_s": a job silent this long after progress may be hung
-  std::optional<std::string> hang_action;   // "hang_action": "flag" (say so) or "retry" (stop it, retry it)
+  std::string socket_path;               // "socket"          $GPUQ_SOCKET (empty: the default)
+  std::string state_dir;                 // "state_dir"       $GPUQ_STATE_DIR (empty: the default)
+  std::string gpus = "auto";             // "gpus"            $GPUQ_GPUS
+  std::int64_t log_limit_mb = 1024;      // "log_limit_mb"    $GPUQ_LOG_LIMIT_MB: per rank log before it rotates (0: no cap)
+  int default_retries = 0;               // "retries"         $GPUQ_RETRIES: for jobs whose spec names none
+  double grace_s = 10;                   // "grace_s": SIGTERM -> SIGKILL for a job's processes
+  double retry_backoff_s = 1;            // "retry_backoff_s": first retry delay; doubles per attempt
+  double idle_timeout_s = 300;           // "idle_timeout_s": silent client connections are closed
+  int cpu_slots = 0;                     // "cpu_slots": the CPU pool (scheduler.hpp); 0: the cores gpuqd may use
+  double health_interval_s = 60;         // "health_interval_s": NVML health checks; 0: none
+  double gpu_process_interval_s = 5;     // "gpu_process_interval_s": NVML's process lists; 0: not read
+  double forget_after_s = 0;             // "forget_after_s": ended jobs forgotten this long after; 0: kept
+  double reconnect_s = 60;               // "reconnect_s"     $GPUQ_RECONNECT_S (gpuq wait, logs -f)
+  double reply_timeout_s = 120;          // "reply_timeout_s" $GPUQ_REPLY_TIMEOUT_S (gpuq: common::Client)
+  std::string executor = "local";        // "executor": "local" (this machine) or "slurm" (executor.hpp)
+  SlurmOptions slurm;                    // "slurm": {"partition", "account", "qos", "extra_args": [...]}
+  bool multi_user = false;               // "multi_user": lab mode (docs/lab.md)
+  std::string admin_group;               // "admin_group": its members may act on every job
+  std::string socket_group;              // "socket_group": only its members reach the socket
+  std::string metrics_listen;            // "metrics_listen": HOST:PORT serving /metrics (Prometheus)
+  std::string metrics_textfile;          // "metrics_textfile": the same, written for node_exporter
+  std::vector<std::string> on_finish;    // "on_finish": argv run after every job ends (hooks.cpp)
+  double hook_timeout_s = 60;            // "hook_timeout_s": a hook still running then is killed
+  std::map<std::string, UserLimit> user_limits;  // "user_limits": {"*": {...}, "alice": {...}}
+  double usage_half_life_s = 7 * 86400;  // "usage_half_life_s": fair share forgets GPU use at this pace
+  std::optional<int> max_priority;       // "max_priority": higher priorities are an admin's
+  double hang_after_s = 0;               // "hang_after_s": silent this long after progress: maybe hung; 0: never
+  std::string hang_action = "flag";      // "hang_action": "flag" (say so) or "retry" (stop it, retry it)
   std::string file;                      // the file read, empty if none
-  std::map<std::string, std::string> source;  // key -> the file's path or "$VARIABLE"
+  std::map<std::string, std::string> source;  // key given -> the file's path, "$VARIABLE" or "--option"
+
+  bool has(const std::string& key) const { return source.count(key) != 0; }
 };
 
 // Every key the file takes, in the order of the table they are parsed by, each with its
-// environment variable ("" for none).
+// environment variable and gpuqd's option ("" for none), what it takes, and what it sets.
 struct SettingKey {
-  std::string key, variable;
+  std::string key, variable, option;
+  std::string value_name;  // "SECONDS", "PATH", …; "" for a flag (the option takes no value)
+  std::string help;
 };
 std::vector<SettingKey> setting_keys();
+
+// Sets `key` from a command-line option's text (`option` names it in errors and in `source`),
+// checked as the file's value is: a number's whole text, a duration ("90s", "30m", "12h", "7d")
+// where the key is in seconds and documents one; "" for a flag. An error names the option.
+Result<bool> apply_option(Settings& s, const std::string& key, const std::string& text);
+
+// The value a key has in `s` (set or default), as JSON.
+nlohmann::json setting_value(const Settings& s, const std::string& key);
 
 // The settings that are set, each as {"value": ..., "from": the file's path or "$VARIABLE"}, by
 // key: what `gpuq config` shows.

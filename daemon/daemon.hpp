@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/config.hpp"
 #include "common/protocol.hpp"
 #include "common/users.hpp"
 #include "daemon/executor.hpp"
@@ -41,42 +42,21 @@ namespace gpuq::daemon {
 namespace asio = boost::asio;
 using json = nlohmann::json;
 
-struct Config {
-  std::string socket_path;
-  std::string state_dir;
-  std::string gpus = "auto";
+// What gpuqd runs with: every setting of the configuration table (common/config.hpp: the file,
+// the environment, gpuqd's options), and what only gpuqd knows.
+struct Config : common::Settings {
   std::string shim_path;
   std::string worker_path;  // gpuq-worker, for train jobs; empty when this build has none
-  double grace_s = 10;             // SIGTERM -> SIGKILL for a job's processes
-  std::int64_t log_limit_mb = 1024;  // per rank log file before it rotates (0: no cap)
-  double retry_backoff_s = 1;      // first retry delay; doubles per attempt
   double retry_backoff_max_s = 60;
   double ingest_interval_s = 0.25; // how often running jobs' event files are read
-  int cpu_slots = 0;               // the CPU pool (see scheduler.hpp); 0 = the cores gpuqd may use
-  int default_retries = 0;         // for jobs whose spec names no `retries`
   std::string sysfs_root = "/sys"; // CPU topology and NUMA nodes (another tree in tests)
-  double health_interval_s = 60;   // NVML health checks (lost GPU, ECC, row remapping); 0: none
-  std::vector<std::string> on_finish;  // argv run after every job ends, besides its own (hooks.cpp)
-  double hook_timeout_s = 60;           // a hook still running then is killed
-  int max_hooks = 4;                    // hooks running at once; the rest wait their turn
-  double gpu_process_interval_s = 5;  // NVML's per-GPU process lists (gpu_processes.cpp); 0: not read
-  double forget_after_s = 0;       // ended jobs are forgotten (records and files) this long after; 0: kept
-  std::string executor = "local";  // where attempts run: "local" (this machine) or "slurm" (executor.hpp)
-  common::SlurmOptions slurm;      // the Slurm executor's sbatch options
-  // Lab mode (docs/lab.md): one root gpuqd serves every local user and runs each job as its owner.
-  bool multi_user = false;
-  std::optional<gid_t> admin_gid;  // members may act on every job (as root may)
-  std::string admin_group;         // its name, for messages
-  std::map<std::string, common::UserLimit> user_limits;  // by user name, "*" for the rest
-  double usage_half_life_s = 7 * 86400;  // fair share forgets GPU use at this pace (as Slurm's default)
-  std::optional<int> max_priority;       // above it, priorities are an admin's
-  // A running job that reported progress and then nothing for this long (and whose GPUs, where
-  // NVML says, are idle) may be hung: flagged, or with hang_retry stopped and retried. 0: never.
-  double hang_after_s = 0;
-  bool hang_retry = false;
+  int max_hooks = 4;               // hooks running at once; the rest wait their turn
+  std::optional<gid_t> admin_gid;  // admin_group's members may act on every job (as root may)
   double slurm_poll_s = 2;         // its squeue, once for all jobs, this often
   // Another executor, whatever `executor` says (tests: one that records what it is asked).
   std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor;
+
+  bool hang_retry() const { return hang_action == "retry"; }
 };
 
 using Reply = std::function<void(json)>;

@@ -20,6 +20,7 @@
 #include "daemon/daemon.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/metrics_http.hpp"
+#include "daemon/options.hpp"
 #include "daemon/server.hpp"
 
 namespace {
@@ -84,96 +85,22 @@ std::string settings_footer() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Parse the command line
+  // Defaults, then the configuration file and the environment, then the command line
   Config config;
   bool foreground = false;
   bool forget_unknown_jobs = false;
-  double idle_timeout_s = 300;
-  std::string socket_group;
-  std::string metrics_listen, metrics_textfile;  // off unless asked for
-  bool lab_only_settings = false;
-  // Defaults from the configuration file and the environment; the command line overrides them.
   auto settings = gpuq::common::load_settings();
-  if (settings) {
-    const auto& st = *settings;
-    config.socket_path = st.socket.value_or("");
-    config.state_dir = st.state_dir.value_or("");
-    config.gpus = st.gpus.value_or(config.gpus);
-    config.log_limit_mb = st.log_limit_mb.value_or(config.log_limit_mb);
-    config.grace_s = st.grace_s.value_or(config.grace_s);
-    config.retry_backoff_s = st.retry_backoff_s.value_or(config.retry_backoff_s);
-    config.cpu_slots = st.cpu_slots.value_or(config.cpu_slots);
-    config.health_interval_s = st.health_interval_s.value_or(config.health_interval_s);
-    config.forget_after_s = st.forget_after_s.value_or(config.forget_after_s);
-    config.gpu_process_interval_s = st.gpu_process_interval_s.value_or(config.gpu_process_interval_s);
-    metrics_listen = st.metrics_listen.value_or("");
-    config.on_finish = st.on_finish.value_or(config.on_finish);
-    config.hook_timeout_s = st.hook_timeout_s.value_or(config.hook_timeout_s);
-    metrics_textfile = st.metrics_textfile.value_or("");
-    config.default_retries = st.retries.value_or(0);
-    config.executor = st.executor.value_or(config.executor);
-    if (st.slurm) config.slurm = *st.slurm;
-    config.multi_user = st.multi_user.value_or(false);
-    config.admin_group = st.admin_group.value_or("");
-    config.user_limits = st.user_limits.value_or(config.user_limits);
-    config.usage_half_life_s = st.usage_half_life_s.value_or(config.usage_half_life_s);
-    config.max_priority = st.max_priority;
-    config.hang_after_s = st.hang_after_s.value_or(0);
-    config.hang_retry = st.hang_action.value_or("flag") == "retry";
-    lab_only_settings = st.user_limits || st.usage_half_life_s || st.max_priority;
-    socket_group = st.socket_group.value_or("");
-    idle_timeout_s = st.idle_timeout_s.value_or(idle_timeout_s);
-  }
+  if (settings) static_cast<gpuq::common::Settings&>(config) = std::move(*settings);
   CLI::App app{"gpuqd: the gpuq daemon (multi-GPU job queue). Usually started by `gpuq daemon start`."};
   app.set_version_flag("--version", GPUQ_VERSION);
   app.footer(settings_footer());
-  app.add_option("--socket", config.socket_path, "Unix socket path (default: " + gpuq::common::default_socket_path() + ")");
-  app.add_option("--state-dir", config.state_dir, "State directory (default: " + gpuq::common::default_state_dir() + ")");
-  app.add_option("--gpus", config.gpus, "GPUs: auto, nvml, none, or fake:N[:MiB[:NODES]]")->capture_default_str();
   app.add_flag("--foreground,-f", foreground, "Stay in the foreground and log to stderr");
-  app.add_option("--grace", config.grace_s, "Seconds between SIGTERM and SIGKILL when stopping a job")->capture_default_str();
-  app.add_option("--log-limit-mb", config.log_limit_mb,
-                 "Cap on each rank's log file; past it the log rotates to <log>.1 (0: no cap)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
-      ->capture_default_str();
-  app.add_option("--retry-backoff", config.retry_backoff_s, "First retry delay in seconds (doubles per attempt)")
-      ->capture_default_str();
-  app.add_option("--idle-timeout", idle_timeout_s, "Close client connections silent for this many seconds")
-      ->capture_default_str();
-  app.add_option("--default-retries", config.default_retries, "Retries for jobs whose spec names none")
-      ->check(CLI::Range(0, 100))
-      ->capture_default_str();
-  app.add_option("--cpu-slots", config.cpu_slots,
-                 "CPU slots: ranks of jobs without GPUs, or cores of jobs with `cpus`, that may run at once "
-                 "(default: the cores gpuqd may run on)");
-  app.add_option("--health-interval", config.health_interval_s,
-                 "Seconds between NVML health checks of the GPUs; a GPU found lost, with failed row remapping or "
-                 "with new uncorrectable ECC errors is drained (0: no checks)")
-      ->check(CLI::Range(0.0, 86400.0))
-      ->capture_default_str();
-  app.add_option("--metrics-listen", metrics_listen,
-                 "Serve Prometheus metrics at http://HOST:PORT/metrics (127.0.0.1:9464; docs/monitoring.md)");
-  app.add_option("--metrics-textfile", metrics_textfile,
-                 "Write the metrics to this file every 10 s, atomically, for node_exporter's textfile collector");
-  app.add_option("--gpu-process-interval", config.gpu_process_interval_s,
-                 "Seconds between looks at the processes NVML lists on the GPUs: memory held by processes gpuq did "
-                 "not start counts as used when packing shared jobs, and a job's peak GPU memory is kept (0: none)")
-      ->check(CLI::Range(0.0, 86400.0))
-      ->capture_default_str();
-  app.add_option_function<std::string>(
-         "--forget-after",
-         [&](const std::string& text) {
-           auto d = gpuq::common::parse_duration(text);
-           if (!d) throw CLI::ValidationError("--forget-after", text + " is not a duration like 90s, 30m, 12h, 7d or 2w");
-           config.forget_after_s = *d;
-         },
-         "Forget ended jobs (their records and files, as `gpuq clean --forget`) this long after they end: 12h, "
-         "30d, … (default: keep them)");
-  app.add_option("--executor", config.executor,
-                 "Where jobs run: local (this machine's GPUs) or slurm (each attempt an sbatch job; Slurm places "
-                 "it; the state dir must be on a filesystem the compute nodes see; docs/slurm.md)")
-      ->check(CLI::IsMember({"local", "slurm"}))
-      ->capture_default_str();
+  gpuq::daemon::add_setting_options(app, config);
+  for (auto [option, fallback, lab] :
+       {std::tuple{"--socket", gpuq::common::default_socket_path(), gpuq::common::k_lab_socket},
+        std::tuple{"--state-dir", gpuq::common::default_state_dir(), gpuq::common::k_lab_state_dir}})
+    if (auto* o = app.get_option_no_throw(option))
+      o->description(o->get_description() + " (default: " + fallback + "; in lab mode " + lab + ")");
   app.add_option("--slurm-partition", config.slurm.partition, "sbatch --partition for every job (Slurm executor)");
   app.add_option("--slurm-account", config.slurm.account, "sbatch --account for every job (Slurm executor)");
   app.add_option("--slurm-qos", config.slurm.qos, "sbatch --qos for every job (Slurm executor)");
@@ -182,28 +109,6 @@ int main(int argc, char** argv) {
   app.add_option("--slurm-poll", config.slurm_poll_s, "Seconds between squeue calls (one for all jobs)")
       ->check(CLI::Range(0.05, 3600.0))
       ->capture_default_str();
-  app.add_flag("--multi-user", config.multi_user,
-               "Lab mode: one gpuqd, run as root, for every user of this machine; jobs run as the user who "
-               "submitted them, and only they or an admin may change them (socket " +
-                   std::string(gpuq::common::k_lab_socket) + ", state in " + gpuq::common::k_lab_state_dir +
-                   "; docs/lab.md)");
-  app.add_option("--admin-group", config.admin_group,
-                 "Lab mode: members of this group may act on every job, drain GPUs and stop gpuqd, as root may");
-  app.add_option("--socket-group", socket_group,
-                 "Lab mode: only members of this group may reach the socket (default: every local user)");
-  app.add_option_function<std::string>(
-         "--hang-after",
-         [&](const std::string& text) {
-           auto d = gpuq::common::parse_duration(text);
-           if (!d) throw CLI::ValidationError("--hang-after", text + " is not a duration like 90s, 30m, 12h");
-           config.hang_after_s = *d;
-         },
-         "A running job that reported progress and then nothing for this long (its GPUs idle, where NVML "
-         "says) is flagged as maybe hung: 30m, 2h, … (default: never)");
-  app.add_option_function<std::string>(
-      "--hang-action", [&](const std::string& a) { config.hang_retry = a == "retry"; },
-      "What a maybe hung job gets: flag (said in status and why) or retry (stopped, and retried as a failure)")
-      ->check(CLI::IsMember({"flag", "retry"}));
   app.add_flag("--forget-unknown-jobs", forget_unknown_jobs,
                "Start although the store does not know some job directories (gpuq.db lost or restored from an "
                "older copy): record their ids as forgotten, so no new job takes one, and leave them as they are");
@@ -230,7 +135,7 @@ int main(int argc, char** argv) {
                    "job as its owner already\n";
       return 2;
     }
-    for (auto [name, gid] : {std::pair{&config.admin_group, &config.admin_gid}, std::pair{&socket_group, &socket_gid}}) {
+    for (auto [name, gid] : {std::pair{&config.admin_group, &config.admin_gid}, std::pair{&config.socket_group, &socket_gid}}) {
       if (name->empty()) continue;
       auto found = gpuq::common::group_id(*name);
       if (!found) {
@@ -239,9 +144,10 @@ int main(int argc, char** argv) {
       }
       *gid = *found;
     }
-  } else if (!config.admin_group.empty() || !socket_group.empty() || lab_only_settings) {
-    std::cerr << "gpuqd: --admin-group, --socket-group, user_limits, usage_half_life_s and max_priority are for lab "
-                 "mode (--multi-user)\n";
+  } else if (!config.admin_group.empty() || !config.socket_group.empty() || config.has("user_limits") ||
+             config.has("usage_half_life_s") || config.has("max_priority")) {
+    std::cerr << "gpuqd: admin_group, socket_group, user_limits, usage_half_life_s and max_priority (and their "
+                 "options) are for lab mode (--multi-user)\n";
     return 2;
   }
 
@@ -321,7 +227,7 @@ int main(int argc, char** argv) {
   boost::asio::io_context io;
   ::signal(SIGPIPE, SIG_IGN);
   gpuq::daemon::Daemon daemon(io, config, std::move(*store), std::move(*inventory));
-  gpuq::daemon::Server server(io, daemon, config.socket_path, idle_timeout_s,
+  gpuq::daemon::Server server(io, daemon, config.socket_path, config.idle_timeout_s,
                               {config.multi_user, socket_gid});
   if (auto listening = server.listen(); !listening) {
     report_ready(listening.error().message);
@@ -330,8 +236,8 @@ int main(int argc, char** argv) {
   // Metrics for Prometheus, over HTTP and to a file, when asked for.
   auto render = [&daemon] { return daemon.metrics_text(); };
   std::optional<gpuq::daemon::MetricsServer> metrics;
-  if (!metrics_listen.empty()) {
-    auto at = gpuq::daemon::parse_http_endpoint(metrics_listen);
+  if (!config.metrics_listen.empty()) {
+    auto at = gpuq::daemon::parse_http_endpoint(config.metrics_listen);
     if (at) {
       metrics.emplace(io, render);
       if (auto l = metrics->listen(*at); !l) at = l.error();
@@ -341,13 +247,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (!boost::asio::ip::make_address(at->host).is_loopback())
-      std::cerr << "gpuqd: metrics at " << metrics_listen << " are open to whoever reaches that address: job counts by "
+      std::cerr << "gpuqd: metrics at " << config.metrics_listen << " are open to whoever reaches that address: job counts by "
                 << "user, GPUs, request counts; no secrets, but bind 127.0.0.1 unless a firewall guards it\n";
-    std::cerr << "gpuqd: metrics at http://" << metrics_listen.substr(0, metrics_listen.rfind(':')) << ":"
+    std::cerr << "gpuqd: metrics at http://" << config.metrics_listen.substr(0, config.metrics_listen.rfind(':')) << ":"
               << metrics->port() << "/metrics\n";
   }
   std::optional<gpuq::daemon::MetricsTextfile> textfile;
-  if (!metrics_textfile.empty()) textfile.emplace(io, metrics_textfile, render);
+  if (!config.metrics_textfile.empty()) textfile.emplace(io, config.metrics_textfile, render);
 
   // Stop cleanly on SIGTERM/SIGINT or a shutdown request; running jobs keep running
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);

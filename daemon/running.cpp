@@ -767,8 +767,8 @@ void Daemon::check_hangs(double now) {
     }
     if (!m_hung.insert(id).second) continue;
     std::cerr << "gpuqd: job " << id << " (" << r.spec.name << ") " << hang_note(r, now)
-              << (m_config.hang_retry ? "; stopping it, to be retried" : "") << "\n";
-    if (m_config.hang_retry && !r.run.cancel_requested && m_hang_stopped.insert(id).second) m_executor->stop(id);
+              << (m_config.hang_retry() ? "; stopping it, to be retried" : "") << "\n";
+    if (m_config.hang_retry() && !r.run.cancel_requested && m_hang_stopped.insert(id).second) m_executor->stop(id);
   }
 }
 

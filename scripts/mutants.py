@@ -136,6 +136,13 @@ MUTANTS = [
      "    const std::uint64_t want = std::min(count - got, k_step);",
      "    const std::uint64_t want = count - got;",
      ["unit:an IDX header's word*"]),
+    ("lab-settings-outside-lab", "daemon/main.cpp",
+     'config.has("user_limits") ||\n             config.has("usage_half_life_s") || config.has("max_priority")) {',
+     "false) {",
+     ["test_config.Config.test_gpuqd_options_check_as_the_file_does_and_lab_settings_need_lab_mode"]),
+    ("option-duration-check", "common/config.cpp",
+     "    if (!d) return Error{ErrorCode::bad_request,", "    if (!d) d = 0.0;\n    if (false) return Error{ErrorCode::bad_request,",
+     ["unit:gpuqd's options are the table's*"]),
 ]
 
 

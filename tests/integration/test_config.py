@@ -140,6 +140,37 @@ class Config(DaemonTest):
         self.write_config('{"nope": 1}')
         self.assertEqual(self.gpuq("--help").returncode, 0)
 
+    def test_gpuqd_options_check_as_the_file_does_and_lab_settings_need_lab_mode(self):
+        def gpuqd(*args):
+            return subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket, *args],
+                                  capture_output=True, text=True, env=self.env(), timeout=30)
+        # an option takes what the key's rule takes, and says why not
+        for args, message in [(["--grace", "-1"], "--grace: must be a number from 0 to 86400"),
+                              (["--idle-timeout", "0"], "--idle-timeout: must be a number from 0.1 to 604800"),
+                              (["--hang-after", "soon"], "--hang-after: soon is not a duration"),
+                              (["--hang-action", "kill"], "--hang-action: must be \"flag\""),
+                              (["--state-dir", "state"], "--state-dir: must be an absolute path")]:
+            with self.subTest(args=args):
+                r = gpuqd(*args)
+                self.assertNotEqual(r.returncode, 0)
+                self.assertIn(message, r.stderr)
+        self.assertFalse(os.path.exists(self.socket))
+        # lab mode's settings, from the file or an option, are refused outside lab mode: saying so
+        self.write_config({"user_limits": {"*": {"max_gpus": 1}}})
+        for args in ([], ["--max-priority", "5"], ["--usage-half-life", "1d"], ["--admin-group", "root"]):
+            with self.subTest(args=args):
+                if args:
+                    self.write_config("{}")
+                r = gpuqd(*args)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("are for lab mode (--multi-user)", r.stderr)
+        self.assertFalse(os.path.exists(self.socket))
+        # --help shows the value the file gives as the default
+        self.write_config({"grace_s": 7, "gpus": "fake:5"})
+        help_text = gpuqd("--help").stdout
+        self.assertIn("[7]", help_text)
+        self.assertIn("[fake:5]", help_text)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -7,7 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
+
 #include "common/config.hpp"
+#include "daemon/options.hpp"
 
 using namespace gpuq::common;
 
@@ -23,19 +26,20 @@ TEST_CASE("a configuration file's settings, with ~ expanded and sources recorded
                               "on_finish": ["notify-send", "done"], "hook_timeout_s": 30})",
                           "/etc/c.json");
   REQUIRE(s.ok());
-  CHECK(*s->socket == "/home/u/q.sock");
-  CHECK(*s->state_dir == "/srv/gpuq");
-  CHECK(*s->gpus == "fake:2");
-  CHECK(*s->retries == 3);
-  CHECK(*s->log_limit_mb == 0);
-  CHECK(*s->grace_s == 2.5);
-  CHECK(*s->cpu_slots == 4);
-  CHECK(*s->health_interval_s == 15);
-  CHECK(*s->forget_after_s == 604800);
-  CHECK(*s->gpu_process_interval_s == 0.5);
-  CHECK(*s->on_finish == std::vector<std::string>{"notify-send", "done"});
-  CHECK(*s->hook_timeout_s == 30);
-  CHECK_FALSE(s->idle_timeout_s.has_value());
+  CHECK(s->socket_path == "/home/u/q.sock");
+  CHECK(s->state_dir == "/srv/gpuq");
+  CHECK(s->gpus == "fake:2");
+  CHECK(s->default_retries == 3);
+  CHECK(s->log_limit_mb == 0);
+  CHECK(s->grace_s == 2.5);
+  CHECK(s->cpu_slots == 4);
+  CHECK(s->health_interval_s == 15);
+  CHECK(s->forget_after_s == 604800);
+  CHECK(s->gpu_process_interval_s == 0.5);
+  CHECK(s->on_finish == std::vector<std::string>{"notify-send", "done"});
+  CHECK(s->hook_timeout_s == 30);
+  CHECK_FALSE(s->has("idle_timeout_s"));
+  CHECK(s->idle_timeout_s == 300);  // the default, not given
   CHECK(s->source.at("retries") == "/etc/c.json");
   if (home) ::setenv("HOME", saved.c_str(), 1);
   else ::unsetenv("HOME");
@@ -71,15 +75,15 @@ TEST_CASE("lab mode's settings: the admin group, per-user limits, fair share's h
                           "lab.json");
   REQUIRE(s.ok());
   CHECK(s->multi_user == true);
-  CHECK(*s->admin_group == "gpu-admins");
-  CHECK(*s->socket_group == "gpu-users");
-  REQUIRE(s->user_limits);
-  CHECK(s->user_limits->at("*").max_gpus == 4);
-  CHECK(s->user_limits->at("*").max_queued == 1000);
-  CHECK(s->user_limits->at("alice").max_running == 8);
-  CHECK(s->user_limits->at("alice").max_gpus == 0);  // not named: no limit (a user's own entry replaces "*")
-  CHECK(*s->usage_half_life_s == 86400);
-  CHECK(*s->max_priority == 10);
+  CHECK(s->admin_group == "gpu-admins");
+  CHECK(s->socket_group == "gpu-users");
+  REQUIRE(s->has("user_limits"));
+  CHECK(s->user_limits.at("*").max_gpus == 4);
+  CHECK(s->user_limits.at("*").max_queued == 1000);
+  CHECK(s->user_limits.at("alice").max_running == 8);
+  CHECK(s->user_limits.at("alice").max_gpus == 0);  // not named: no limit (a user's own entry replaces "*")
+  CHECK(s->usage_half_life_s == 86400);
+  CHECK(s->max_priority == 10);
   auto bad = [](const char* text, const char* message) {
     auto r = parse_settings(text, "lab.json");
     REQUIRE_FALSE(r.ok());
@@ -98,9 +102,9 @@ TEST_CASE("the environment overrides the file, and a bad variable is named") {
   ::setenv("GPUQ_GPUS", "none", 1);
   ::setenv("GPUQ_RETRIES", "", 1);  // empty: no override
   REQUIRE(apply_environment(*s).ok());
-  CHECK(*s->gpus == "none");
+  CHECK(s->gpus == "none");
   CHECK(s->source.at("gpus") == "$GPUQ_GPUS");
-  CHECK(*s->retries == 1);
+  CHECK(s->default_retries == 1);
   ::setenv("GPUQ_RETRIES", "7x", 1);
   auto bad = apply_environment(*s);
   REQUIRE_FALSE(bad.ok());
@@ -114,12 +118,12 @@ TEST_CASE("the executor and its Slurm options come from the file; a wrong one na
                               "extra_args": ["--constraint=a100", "--mail-type=END"]}})",
                           "/etc/c.json");
   REQUIRE(s.ok());
-  CHECK(*s->executor == "slurm");
-  REQUIRE(s->slurm);
-  CHECK(s->slurm->partition == "gpu");
-  CHECK(s->slurm->account == "lab");
-  CHECK(s->slurm->qos == "normal");
-  CHECK(s->slurm->extra_args == std::vector<std::string>{"--constraint=a100", "--mail-type=END"});
+  CHECK(s->executor == "slurm");
+  REQUIRE(s->has("slurm"));
+  CHECK(s->slurm.partition == "gpu");
+  CHECK(s->slurm.account == "lab");
+  CHECK(s->slurm.qos == "normal");
+  CHECK(s->slurm.extra_args == std::vector<std::string>{"--constraint=a100", "--mail-type=END"});
   CHECK(s->source.at("slurm") == "/etc/c.json");
   auto refused = [](const std::string& text, const std::string& why) {
     auto r = parse_settings(text, "/etc/c.json");
@@ -163,8 +167,72 @@ TEST_CASE("every key of the one table is parsed, shown by `gpuq config`, named i
     }
     CHECK(taken);
     CHECK(unknown.error().message.find(k.key) != std::string::npos);
-    // docs/cli.md's configuration table: a row for the key, its variable in the next column
-    const std::string row = "| `" + k.key + "` | " + (k.variable.empty() ? "" : "`" + k.variable + "` ") + "|";
+    // docs/cli.md's configuration table: a row for the key, its variable and gpuqd's option next
+    const std::string row = "| `" + k.key + "` | " + (k.variable.empty() ? "" : "`" + k.variable + "` ") + "|" +
+                            (k.option.empty() ? "" : " `" + k.option + "` |");
     CHECK_MESSAGE(cli_md.find(row) != std::string::npos, "docs/cli.md has no row " << row);
   }
+}
+
+TEST_CASE("gpuqd's options are the table's: each sets its key through the key's rule, named as the option") {
+  // Nothing here lists the options: every key of the table that names one is tried with the first
+  // of these texts its rule takes, which must land in that key alone, with the option as source.
+  const std::vector<std::string> texts{"90", "2h", "/tmp/x", "slurm", "retry", "g"};
+  Settings defaults;
+  std::size_t options = 0;
+  for (const auto& k : setting_keys()) {
+    if (k.option.empty()) continue;
+    CAPTURE(k.option);
+    ++options;
+    bool taken = false;
+    for (const auto& text : k.value_name.empty() ? std::vector<std::string>{""} : texts) {
+      Settings s;
+      CLI::App app;
+      gpuq::daemon::add_setting_options(app, s);
+      std::vector<std::string> argv{k.option};  // CLI11 parses a reversed vector
+      if (!k.value_name.empty()) argv.insert(argv.begin(), text);
+      try {
+        app.parse(argv);
+      } catch (const CLI::ParseError&) {
+        continue;
+      }
+      taken = true;
+      CHECK(s.source == std::map<std::string, std::string>{{k.key, k.option}});
+      CHECK(setting_value(s, k.key) != setting_value(defaults, k.key));
+      CHECK(app.help().find(k.option) != std::string::npos);
+      break;
+    }
+    CHECK(taken);
+  }
+  CHECK(options >= 23);
+
+  // A value the file's rule refuses is refused on the command line, saying so.
+  Settings s;
+  CLI::App app;
+  gpuq::daemon::add_setting_options(app, s);
+  auto refusal = [&](std::vector<std::string> argv) -> std::string {
+    try {
+      app.parse(argv);
+    } catch (const CLI::ParseError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(refusal({"-1", "--grace"}) == "--grace: must be a number from 0 to 86400");
+  CHECK(refusal({"2x", "--default-retries"}) == "--default-retries: must be an integer from 0 to 100");
+  CHECK(refusal({"7x", "--forget-after"}) == "--forget-after: 7x is not a duration like 90s, 30m, 12h, 7d or 2w");
+  CHECK(refusal({"state", "--state-dir"}).find("--state-dir: must be an absolute path") == 0);
+  CHECK(refusal({"k8s", "--executor"}).find("--executor: must be \"local\"") == 0);
+  CHECK(s.source.empty());
+  // A duration's unit, and the option over what the file said.
+  auto file = parse_settings(R"({"forget_after_s": 60, "grace_s": 5})", "/etc/gpuq.json");
+  REQUIRE(file.ok());
+  CLI::App app2;
+  gpuq::daemon::add_setting_options(app2, *file);
+  CHECK(app2.help().find("[5]") != std::string::npos);  // the value in effect, shown as the default
+  app2.parse(std::vector<std::string>{"12h", "--forget-after"});
+  CHECK(file->forget_after_s == 43200);
+  CHECK(file->source.at("forget_after_s") == "--forget-after");
+  CHECK(file->grace_s == 5);
+  CHECK(file->source.at("grace_s") == "/etc/gpuq.json");
 }
