@@ -82,19 +82,28 @@ std::string settings_footer() {
          " (JSON keys: " + keys + "; docs/cli.md says what each sets), then the environment (" + variables +
          "); options given here win.";
 }
-}  // namespace
 
-int main(int argc, char** argv) {
-  // Defaults, then the configuration file and the environment, then the command line
+// What gpuqd starts with: the settings (defaults < file < environment < command line) and what
+// only the command line says.
+struct Start {
   Config config;
   bool foreground = false;
   bool forget_unknown_jobs = false;
+  std::optional<gid_t> socket_gid;  // lab mode: the socket's group, resolved once
+};
+
+// Each step of the start either goes on (nullopt) or ends gpuqd with the status it returns, having
+// said why. Until the process is in the background, errors go to the terminal.
+using Step = std::optional<int>;
+
+Step load_settings_and_options(int argc, char** argv, Start& s) {
+  Config& config = s.config;
   auto settings = gpuq::common::load_settings();
   if (settings) static_cast<gpuq::common::Settings&>(config) = std::move(*settings);
   CLI::App app{"gpuqd: the gpuq daemon (multi-GPU job queue). Usually started by `gpuq daemon start`."};
   app.set_version_flag("--version", GPUQ_VERSION);
   app.footer(settings_footer());
-  app.add_flag("--foreground,-f", foreground, "Stay in the foreground and log to stderr");
+  app.add_flag("--foreground,-f", s.foreground, "Stay in the foreground and log to stderr");
   gpuq::daemon::add_setting_options(app, config);
   for (auto [option, fallback, lab] :
        {std::tuple{"--socket", gpuq::common::default_socket_path(), gpuq::common::k_lab_socket},
@@ -109,49 +118,61 @@ int main(int argc, char** argv) {
   app.add_option("--slurm-poll", config.slurm_poll_s, "Seconds between squeue calls (one for all jobs)")
       ->check(CLI::Range(0.05, 3600.0))
       ->capture_default_str();
-  app.add_flag("--forget-unknown-jobs", forget_unknown_jobs,
+  app.add_flag("--forget-unknown-jobs", s.forget_unknown_jobs,
                "Start although the store does not know some job directories (gpuq.db lost or restored from an "
                "older copy): record their ids as forgotten, so no new job takes one, and leave them as they are");
   app.add_option("--shim", config.shim_path, "Path of gpuq-shim (default: next to gpuqd)");
   app.add_option("--worker", config.worker_path, "Path of gpuq-worker, for train jobs (default: next to gpuqd)");
   // Tests describe a CPU and PCI topology with a tree of their own.
   app.add_option("--sysfs-root", config.sysfs_root, "Where sysfs is mounted")->group("");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);  // --help and --version too: the file's error does not stop them
+  }
   if (!settings) {
     std::cerr << "gpuqd: " << settings.error().message << "\n";
     return 2;
   }
+  return std::nullopt;
+}
 
-  // Lab mode: root's, on the local executor; its groups resolved once
-  std::optional<gid_t> socket_gid;
-  if (config.multi_user) {
-    if (::geteuid() != 0) {
-      std::cerr << "gpuqd: --multi-user runs jobs as their owners, which only root can; start it as root "
-                   "(systemctl enable --now gpuqd-lab, docs/lab.md)\n";
-      return 2;
-    }
-    if (config.executor != "local") {
-      std::cerr << "gpuqd: --multi-user runs jobs on this machine (--executor local); under Slurm, Slurm runs each "
-                   "job as its owner already\n";
-      return 2;
-    }
-    for (auto [name, gid] : {std::pair{&config.admin_group, &config.admin_gid}, std::pair{&config.socket_group, &socket_gid}}) {
-      if (name->empty()) continue;
-      auto found = gpuq::common::group_id(*name);
-      if (!found) {
-        std::cerr << "gpuqd: " << found.error().message << "\n";
-        return 2;
-      }
-      *gid = *found;
-    }
-  } else if (!config.admin_group.empty() || !config.socket_group.empty() || config.has("user_limits") ||
-             config.has("usage_half_life_s") || config.has("max_priority")) {
+// Lab mode is root's, on the local executor, with its groups resolved once; its settings are
+// refused outside it.
+Step check_lab_mode(Start& s) {
+  Config& config = s.config;
+  if (!config.multi_user) {
+    if (config.admin_group.empty() && config.socket_group.empty() && !config.has("user_limits") &&
+        !config.has("usage_half_life_s") && !config.has("max_priority"))
+      return std::nullopt;
     std::cerr << "gpuqd: admin_group, socket_group, user_limits, usage_half_life_s and max_priority (and their "
                  "options) are for lab mode (--multi-user)\n";
     return 2;
   }
+  if (::geteuid() != 0) {
+    std::cerr << "gpuqd: --multi-user runs jobs as their owners, which only root can; start it as root "
+                 "(systemctl enable --now gpuqd-lab, docs/lab.md)\n";
+    return 2;
+  }
+  if (config.executor != "local") {
+    std::cerr << "gpuqd: --multi-user runs jobs on this machine (--executor local); under Slurm, Slurm runs each "
+                 "job as its owner already\n";
+    return 2;
+  }
+  for (auto [name, gid] : {std::pair{&config.admin_group, &config.admin_gid}, std::pair{&config.socket_group, &s.socket_gid}}) {
+    if (name->empty()) continue;
+    auto found = gpuq::common::group_id(*name);
+    if (!found) {
+      std::cerr << "gpuqd: " << found.error().message << "\n";
+      return 2;
+    }
+    *gid = *found;
+  }
+  return std::nullopt;
+}
 
-  // Resolve paths
+// The socket, the state directory and the programs gpuqd starts, where the settings left them.
+Step resolve_paths(Config& config) {
   if (config.socket_path.empty())
     config.socket_path = config.multi_user ? gpuq::common::k_lab_socket : gpuq::common::default_socket_path();
   if (config.state_dir.empty())
@@ -163,104 +184,96 @@ int main(int argc, char** argv) {
     std::cerr << "gpuqd: job supervisor " << config.shim_path << " is missing or not executable\n";
     return 1;
   }
+  return std::nullopt;
+}
 
-  // Make the state directory private
+// The state directory, private; in lab mode users pass through it to their jobs' directories
+// (and see nothing else there).
+Step make_state_dir_private(const Config& config) {
   if (auto dir = gpuq::common::ensure_private_dir(config.state_dir); !dir) {
     std::cerr << "gpuqd: state dir: " << dir.error().message << "\n";
     return 1;
   }
-  // In lab mode users pass through it to their jobs' directories (and see nothing else there).
   if (config.multi_user && ::chmod(config.state_dir.c_str(), 0711) != 0) {
     std::cerr << "gpuqd: state dir: cannot set its mode to 0711: " << std::strerror(errno) << "\n";
     return 1;
   }
+  return std::nullopt;
+}
 
-  // Go to the background once the basics are known to be right
-  if (!foreground && daemonize(config.state_dir + "/gpuqd.log") != 0) {
-    std::cerr << "gpuqd: cannot daemonize: " << std::strerror(errno) << "\n";
-    return 1;
-  }
-
-  // Hold the state directory's lock: one daemon per state directory. A predecessor killed while
-  // spawning a job leaves a child that holds the lock until it execs, so a busy lock is tried
-  // again for a moment before it counts as another daemon's.
+// One daemon per state directory. A predecessor killed while spawning a job leaves a child that
+// holds the lock until it execs, so a busy lock is tried again for a moment before it counts as
+// another daemon's. The lock is held until gpuqd exits.
+Step lock_state_dir(const Config& config) {
   int lock = ::open((config.state_dir + "/gpuqd.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   bool locked = lock >= 0 && ::flock(lock, LOCK_EX | LOCK_NB) == 0;
   for (int tries = 0; lock >= 0 && !locked && errno == EWOULDBLOCK && tries < 40; ++tries) {
     ::usleep(50'000);
     locked = ::flock(lock, LOCK_EX | LOCK_NB) == 0;
   }
-  if (!locked) {
-    report_ready("another gpuqd is using the state dir " + config.state_dir);
-    return 1;
-  }
+  if (locked) return std::nullopt;
+  report_ready("another gpuqd is using the state dir " + config.state_dir);
+  return 1;
+}
 
-  // Open the state store
-  auto store = gpuq::daemon::Store::open(config.state_dir + "/gpuq.db");
-  if (!store) {
-    report_ready(store.error().message);
-    return 1;
-  }
+// The store, which must know every job directory (or, when told, forget those it does not).
+gpuq::Result<std::unique_ptr<gpuq::daemon::Store>> open_store(const Start& s) {
+  auto store = gpuq::daemon::Store::open(s.config.state_dir + "/gpuq.db");
+  if (!store) return store.error();
+  auto known = gpuq::daemon::account_for_job_dirs(s.config.state_dir, **store, s.forget_unknown_jobs);
+  if (!known) return known.error();
+  if (!known->empty()) std::cerr << *known << "\n";
+  return std::move(*store);
+}
 
-  // Refuse a store that does not know every job directory (or, when told, forget those jobs)
-  if (auto known = gpuq::daemon::account_for_job_dirs(config.state_dir, **store, forget_unknown_jobs); !known) {
-    report_ready(known.error().message);
-    return 1;
-  } else if (!known->empty()) {
-    std::cerr << *known << "\n";
-  }
-
-  // Discover the GPUs
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  auto inventory = gpuq::daemon::Inventory::create(
-      config.gpus, visible ? std::optional<std::string>(visible) : std::nullopt, config.sysfs_root);
-  if (!inventory) {
-    report_ready(inventory.error().message);
-    return 1;
-  }
-  if (const std::string raised = gpuq::daemon::raise_descriptor_limit(); !raised.empty())
-    std::cerr << "gpuqd: " << raised << "\n";
-  std::cerr << "gpuqd " GPUQ_VERSION ": " << inventory->gpus().size() << " GPU(s) from " << inventory->source()
-            << ", state in " << config.state_dir << "\n";
-
-  // Listen on the socket
-  boost::asio::io_context io;
-  ::signal(SIGPIPE, SIG_IGN);
-  gpuq::daemon::Daemon daemon(io, config, std::move(*store), std::move(*inventory));
-  gpuq::daemon::Server server(io, daemon, config.socket_path, config.idle_timeout_s,
-                              {config.multi_user, socket_gid});
-  if (auto listening = server.listen(); !listening) {
-    report_ready(listening.error().message);
-    return 1;
-  }
-  // Metrics for Prometheus, over HTTP and to a file, when asked for.
+// Prometheus metrics over HTTP and to a file, when asked for.
+struct Metrics {
+  std::optional<gpuq::daemon::MetricsServer> server;
+  std::optional<gpuq::daemon::MetricsTextfile> textfile;
+};
+Step start_metrics(boost::asio::io_context& io, const Config& config, gpuq::daemon::Daemon& daemon, Metrics& m) {
   auto render = [&daemon] { return daemon.metrics_text(); };
-  std::optional<gpuq::daemon::MetricsServer> metrics;
   if (!config.metrics_listen.empty()) {
     auto at = gpuq::daemon::parse_http_endpoint(config.metrics_listen);
     if (at) {
-      metrics.emplace(io, render);
-      if (auto l = metrics->listen(*at); !l) at = l.error();
+      m.server.emplace(io, render);
+      if (auto l = m.server->listen(*at); !l) at = l.error();
     }
     if (!at) {
       report_ready(at.error().message);
       return 1;
     }
     if (!boost::asio::ip::make_address(at->host).is_loopback())
-      std::cerr << "gpuqd: metrics at " << config.metrics_listen << " are open to whoever reaches that address: job counts by "
-                << "user, GPUs, request counts; no secrets, but bind 127.0.0.1 unless a firewall guards it\n";
+      std::cerr << "gpuqd: metrics at " << config.metrics_listen << " are open to whoever reaches that address: job "
+                << "counts by user, GPUs, request counts; no secrets, but bind 127.0.0.1 unless a firewall guards it\n";
     std::cerr << "gpuqd: metrics at http://" << config.metrics_listen.substr(0, config.metrics_listen.rfind(':')) << ":"
-              << metrics->port() << "/metrics\n";
+              << m.server->port() << "/metrics\n";
   }
-  std::optional<gpuq::daemon::MetricsTextfile> textfile;
-  if (!config.metrics_textfile.empty()) textfile.emplace(io, config.metrics_textfile, render);
+  if (!config.metrics_textfile.empty()) m.textfile.emplace(io, config.metrics_textfile, render);
+  return std::nullopt;
+}
 
-  // Stop cleanly on SIGTERM/SIGINT or a shutdown request; running jobs keep running
+// Listens, re-adopts running jobs, and serves until SIGTERM, SIGINT or a shutdown request; running
+// jobs keep running and are re-adopted at the next start.
+int serve(Start& s, std::unique_ptr<gpuq::daemon::Store> store, gpuq::daemon::Inventory inventory) {
+  const Config& config = s.config;
+  boost::asio::io_context io;
+  ::signal(SIGPIPE, SIG_IGN);
+  gpuq::daemon::Daemon daemon(io, config, std::move(store), std::move(inventory));
+  gpuq::daemon::Server server(io, daemon, config.socket_path, config.idle_timeout_s,
+                              {config.multi_user, s.socket_gid});
+  if (auto listening = server.listen(); !listening) {
+    report_ready(listening.error().message);
+    return 1;
+  }
+  Metrics metrics;
+  if (auto end = start_metrics(io, config, daemon, metrics)) return *end;
+
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);
   auto stop = [&] {
     std::cerr << "gpuqd: shutting down; running jobs keep running and are re-adopted at the next start\n";
     server.close();
-    if (metrics) metrics->close();
+    if (metrics.server) metrics.server->close();
     io.stop();
   };
   signals.async_wait([&](const boost::system::error_code& ec, int) {
@@ -269,9 +282,8 @@ int main(int argc, char** argv) {
   ::signal(SIGHUP, SIG_IGN);
   daemon.on_shutdown = stop;
 
-  // Re-adopt running jobs, then serve
   daemon.recover();
-  if (textfile) textfile->start();
+  if (metrics.textfile) metrics.textfile->start();
   std::cerr << "gpuqd: listening on " << config.socket_path << "\n";
   report_ready("");
   // A handler that throws is a bug, but it must not take the queue down with it: log and go on.
@@ -284,4 +296,38 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Start s;
+  if (auto end = load_settings_and_options(argc, argv, s)) return *end;
+  if (auto end = check_lab_mode(s)) return *end;
+  if (auto end = resolve_paths(s.config)) return *end;
+  if (auto end = make_state_dir_private(s.config)) return *end;
+  // Into the background once the basics are known to be right: from here on errors go to the
+  // start's waiting parent (report_ready) and the log.
+  if (!s.foreground && daemonize(s.config.state_dir + "/gpuqd.log") != 0) {
+    std::cerr << "gpuqd: cannot daemonize: " << std::strerror(errno) << "\n";
+    return 1;
+  }
+  if (auto end = lock_state_dir(s.config)) return *end;
+  auto store = open_store(s);
+  if (!store) {
+    report_ready(store.error().message);
+    return 1;
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  auto inventory = gpuq::daemon::Inventory::create(
+      s.config.gpus, visible ? std::optional<std::string>(visible) : std::nullopt, s.config.sysfs_root);
+  if (!inventory) {
+    report_ready(inventory.error().message);
+    return 1;
+  }
+  if (const std::string raised = gpuq::daemon::raise_descriptor_limit(); !raised.empty())
+    std::cerr << "gpuqd: " << raised << "\n";
+  std::cerr << "gpuqd " GPUQ_VERSION ": " << inventory->gpus().size() << " GPU(s) from " << inventory->source()
+            << ", state in " << s.config.state_dir << "\n";
+  return serve(s, std::move(*store), std::move(*inventory));
 }
