@@ -60,6 +60,7 @@ std::vector<std::int64_t> id_list(const json& j, const char* field) {
 HelloRequest decode_hello(const json& j) {
   HelloRequest r;
   r.protocol_version = get_or<int>(j, "protocol_version", 0, "an integer");
+  r.protocol_minor = get_or<int>(j, "protocol_minor", 0, "an integer");
   r.client = get_or<std::string>(j, "client", "", "a string");
   return r;
 }
@@ -217,19 +218,14 @@ UpdateRequest decode_update(const json& j) {
   return r;
 }
 
+NoFields decode_no_fields(const json&) { return {}; }
+
 const std::vector<RequestDecoder>& request_decoders() {
-  static const std::vector<RequestDecoder> k_decoders{
-      {"hello", [](const json& r) { decode_hello(r); }},     {"submit", [](const json& r) { decode_submit(r); }},
-      {"status", [](const json& r) { decode_status(r); }},   {"show", [](const json& r) { decode_id(r); }},
-      {"cancel", [](const json& r) { decode_ids(r); }},      {"restart", [](const json& r) { decode_restart(r); }},
-      {"hold", [](const json& r) { decode_select(r); }},     {"release", [](const json& r) { decode_select(r); }},
-      {"update", [](const json& r) { decode_update(r); }},   {"clean", [](const json& r) { decode_clean(r); }},
-      {"wait", [](const json& r) { decode_ids(r); }},        {"results", [](const json& r) { decode_results(r); }},
-      {"events", [](const json& r) { decode_events(r); }},   {"gpus", [](const json&) {}},
-      {"drain", [](const json& r) { decode_drain(r); }},     {"undrain", [](const json& r) { decode_drain(r); }},
-      {"why", [](const json& r) { decode_id(r); }},          {"usage", [](const json&) {}},
-      {"shutdown", [](const json&) {}},
-  };
+  static const std::vector<RequestDecoder> k_decoders = std::apply(
+      [](const auto&... c) {
+        return std::vector<RequestDecoder>{{c.name, [decode = c.decode](const json& r) { decode(r); }}...};
+      },
+      k_commands);
   return k_decoders;
 }
 
@@ -285,17 +281,20 @@ json with_selection(json j, const SelectRequest& r) {
 }  // namespace
 
 json encode(const HelloRequest& r) {
-  return {{"cmd", "hello"}, {"protocol_version", r.protocol_version}, {"client", r.client}};
+  return {{"cmd", cmd::hello.name},
+          {"protocol_version", r.protocol_version},
+          {"protocol_minor", r.protocol_minor},
+          {"client", r.client}};
 }
 
 json encode(const SubmitRequest& r) {
-  json j{{"cmd", "submit"}, {"jobs", r.jobs}, {"cwd", r.cwd}, {"env", r.env}, {"hold", r.hold}};
+  json j{{"cmd", cmd::submit.name}, {"jobs", r.jobs}, {"cwd", r.cwd}, {"env", r.env}, {"hold", r.hold}};
   if (r.max_running != 0) j["max_running"] = r.max_running;
   return j;
 }
 
 json encode(const StatusRequest& r) {
-  json j{{"cmd", "status"}, {"all", r.all},     {"limit", r.limit},
+  json j{{"cmd", cmd::status.name}, {"all", r.all},     {"limit", r.limit},
          {"after", r.after}, {"page", r.page}, {"queued", r.queued}};
   if (r.filter.batch != 0) j["batch"] = r.filter.batch;
   if (!r.filter.states.empty()) j["states"] = r.filter.states;
@@ -303,20 +302,20 @@ json encode(const StatusRequest& r) {
   return j;
 }
 
-json encode(std::string_view cmd, const IdRequest& r) { return {{"cmd", cmd}, {"id", r.id}}; }
+json encode(const Cmd<IdRequest>& c, const IdRequest& r) { return {{"cmd", c.name}, {"id", r.id}}; }
 
-json encode(std::string_view cmd, const IdsRequest& r) {
-  json j{{"cmd", cmd}, {"ids", r.ids}};
+json encode(const Cmd<IdsRequest>& c, const IdsRequest& r) {
+  json j{{"cmd", c.name}, {"ids", r.ids}};
   if (r.timeout_s != 0) j["timeout_s"] = r.timeout_s;
   return j;
 }
 
-json encode(std::string_view cmd, const SelectRequest& r) { return with_selection({{"cmd", cmd}}, r); }
+json encode(const Cmd<SelectRequest>& c, const SelectRequest& r) { return with_selection({{"cmd", c.name}}, r); }
 
-json encode(const RestartRequest& r) { return with_selection({{"cmd", "restart"}, {"fresh", r.fresh}}, r); }
+json encode(const RestartRequest& r) { return with_selection({{"cmd", cmd::restart.name}, {"fresh", r.fresh}}, r); }
 
 json encode(const CleanRequest& r) {
-  json j = with_selection({{"cmd", "clean"}, {"checkpoints_only", r.checkpoints_only}, {"forget", r.forget}}, r);
+  json j = with_selection({{"cmd", cmd::clean.name}, {"checkpoints_only", r.checkpoints_only}, {"forget", r.forget}}, r);
   if (r.ended_before != 0) j["ended_before"] = r.ended_before;
   return j;
 }
@@ -327,27 +326,29 @@ json encode(const UpdateRequest& r) {
   if (r.retries) set["retries"] = *r.retries;
   if (r.timeout_s) set["timeout_s"] = *r.timeout_s > 0 ? json(*r.timeout_s) : json(nullptr);
   if (r.max_running) set["max_running"] = *r.max_running > 0 ? json(*r.max_running) : json(nullptr);
-  return with_selection({{"cmd", "update"}, {"set", std::move(set)}}, r);
+  return with_selection({{"cmd", cmd::update.name}, {"set", std::move(set)}}, r);
 }
 
-json encode(std::string_view cmd, const DrainRequest& r) {
+json encode(const Cmd<DrainRequest>& c, const DrainRequest& r) {
   json gpus = json::array();
   for (int g : r.gpus) gpus.push_back(g);
   for (const auto& u : r.uuids) gpus.push_back(u);
-  json j{{"cmd", cmd}, {"gpus", std::move(gpus)}};
+  json j{{"cmd", c.name}, {"gpus", std::move(gpus)}};
   if (!r.reason.empty()) j["reason"] = r.reason;
   return j;
 }
 
+json encode(const Cmd<NoFields>& c) { return {{"cmd", c.name}}; }
+
 json encode(const ResultsRequest& r) {
-  json j{{"cmd", "results"}, {"after", r.after}, {"page", r.page}};
+  json j{{"cmd", cmd::results.name}, {"after", r.after}, {"page", r.page}};
   if (!r.ids.empty()) j["ids"] = r.ids;
   if (r.batch != 0) j["batch"] = r.batch;
   return j;
 }
 
 json encode(const EventsRequest& r) {
-  json j{{"cmd", "events"}, {"id", r.id}, {"attempt", r.attempt}, {"after", r.after}, {"page", r.page}};
+  json j{{"cmd", cmd::events.name}, {"id", r.id}, {"attempt", r.attempt}, {"after", r.after}, {"page", r.page}};
   if (!r.type.empty()) j["type"] = r.type;
   return j;
 }

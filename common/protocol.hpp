@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -129,7 +131,13 @@ inline void require_object(const nlohmann::json& j) {
     NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(GPUQ_JSON_FROM_FIELD, __VA_ARGS__))                   \
   }
 
+// The protocol's version: major.minor. A client and a gpuqd of the same major work together
+// whatever their minors: a minor adds (a command, an optional request field, a reply field) and
+// changes nothing, so each side ignores what it does not know; a field a client needs from a
+// newer minor is asked for only where the hello's reply says that minor. A major changes
+// meanings and is refused (`version_mismatch`).
 constexpr int k_protocol_version = 1;
+constexpr int k_protocol_minor = 0;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
 
 // Parses one request line within json_input.hpp's limits (depth, no NUL byte), or a bad_request
@@ -233,6 +241,7 @@ GPUQ_JSON_TYPE(GpuInfo, index, uuid, name, memory_total_mb,
 
 struct HelloRequest {
   int protocol_version = k_protocol_version;
+  int protocol_minor = k_protocol_minor;  // absent (an older client): 0
   std::string client;
   bool operator==(const HelloRequest&) const = default;
 };
@@ -352,35 +361,83 @@ UpdateRequest decode_update(const json& j);
 DrainRequest decode_drain(const json& j);
 EventsRequest decode_events(const json& j);
 
-// Every command gpuqd knows, with the decoder that checks its request (none for those without
-// fields). gpuqd's command table (daemon.cpp) pairs each with a handler; a unit test keeps the two
-// lists the same, and the request fuzzer walks this one, so a new command is fuzzed once it exists.
+// A request without fields (gpus, usage, shutdown); whatever else the request holds is ignored.
+struct NoFields {
+  bool operator==(const NoFields&) const = default;
+};
+NoFields decode_no_fields(const json& j);
+
+// ---- the command table ------------------------------------------------------------------------
+// A command of the protocol, bound to the request it takes: its name and the decoder of its
+// request. The objects in `cmd` and the list k_commands are the only list of commands: gpuqd's
+// dispatch pairs each with a handler (daemon.cpp, in this order; a unit test holds the two the
+// same), request_decoders() and the request fuzzer walk it, and the client encodes through it, so
+// a command's name cannot drift from its request's type.
+template <class Request>
+struct Cmd {
+  using request = Request;
+  std::string_view name;
+  Request (*decode)(const json&);
+};
+
+namespace cmd {
+inline constexpr Cmd<HelloRequest> hello{"hello", decode_hello};
+inline constexpr Cmd<SubmitRequest> submit{"submit", decode_submit};
+inline constexpr Cmd<StatusRequest> status{"status", decode_status};
+inline constexpr Cmd<IdRequest> show{"show", decode_id};
+inline constexpr Cmd<IdsRequest> cancel{"cancel", decode_ids};
+inline constexpr Cmd<RestartRequest> restart{"restart", decode_restart};
+inline constexpr Cmd<SelectRequest> hold{"hold", decode_select};
+inline constexpr Cmd<SelectRequest> release{"release", decode_select};
+inline constexpr Cmd<UpdateRequest> update{"update", decode_update};
+inline constexpr Cmd<CleanRequest> clean{"clean", decode_clean};
+inline constexpr Cmd<IdsRequest> wait{"wait", decode_ids};
+inline constexpr Cmd<ResultsRequest> results{"results", decode_results};
+inline constexpr Cmd<EventsRequest> events{"events", decode_events};
+inline constexpr Cmd<NoFields> gpus{"gpus", decode_no_fields};
+inline constexpr Cmd<DrainRequest> drain{"drain", decode_drain};
+inline constexpr Cmd<DrainRequest> undrain{"undrain", decode_drain};
+inline constexpr Cmd<IdRequest> why{"why", decode_id};
+inline constexpr Cmd<NoFields> usage{"usage", decode_no_fields};
+inline constexpr Cmd<NoFields> shutdown{"shutdown", decode_no_fields};
+}  // namespace cmd
+
+inline constexpr auto k_commands =
+    std::tie(cmd::hello, cmd::submit, cmd::status, cmd::show, cmd::cancel, cmd::restart, cmd::hold, cmd::release,
+             cmd::update, cmd::clean, cmd::wait, cmd::results, cmd::events, cmd::gpus, cmd::drain, cmd::undrain,
+             cmd::why, cmd::usage, cmd::shutdown);
+
+// Each command's name with a check of its request (its decoder, the result dropped): what the
+// request fuzzer walks, so a new command is fuzzed once it is in k_commands.
 struct RequestDecoder {
   std::string_view name;
-  void (*check)(const json& request);  // throws RequestError as the decoder does
+  std::function<void(const json&)> check;  // throws RequestError as the decoder does
 };
 const std::vector<RequestDecoder>& request_decoders();
 
-// Encoders: the same requests from the client's side, as {"cmd": cmd, ...fields}; each decoder
-// above reads back what its encoder wrote (tests/unit/test_protocol.cpp). `cmd` names the command
-// where one struct serves several (cancel and wait; hold and release; drain and undrain).
+// Encoders: the same requests from the client's side, as {"cmd": name, ...fields}; each decoder
+// above reads back what its encoder wrote (tests/unit/test_protocol.cpp). Where one request type
+// serves several commands (cancel and wait; hold and release; drain and undrain; show and why),
+// the command is given.
 json encode(const HelloRequest& r);
 json encode(const SubmitRequest& r);
 json encode(const StatusRequest& r);
-json encode(std::string_view cmd, const IdRequest& r);    // show
-json encode(std::string_view cmd, const IdsRequest& r);   // cancel, wait
-json encode(std::string_view cmd, const SelectRequest& r);  // hold, release
+json encode(const Cmd<IdRequest>& c, const IdRequest& r);
+json encode(const Cmd<IdsRequest>& c, const IdsRequest& r);
+json encode(const Cmd<SelectRequest>& c, const SelectRequest& r);
 json encode(const RestartRequest& r);
 json encode(const CleanRequest& r);
 json encode(const UpdateRequest& r);
-json encode(std::string_view cmd, const DrainRequest& r);  // drain, undrain
+json encode(const Cmd<DrainRequest>& c, const DrainRequest& r);
 json encode(const ResultsRequest& r);
 json encode(const EventsRequest& r);
+json encode(const Cmd<NoFields>& c);
 
 // ---- replies ----------------------------------------------------------------------------------
 
 struct HelloReply {
   int protocol_version = k_protocol_version;
+  int protocol_minor = k_protocol_minor;
   std::string daemon_version;
   int pid = 0;
   std::string state_dir;
@@ -388,7 +445,7 @@ struct HelloReply {
   std::string user;         // the caller, as gpuqd knows it
   bool admin = false;       // whether the caller may act on every job
 };
-GPUQ_JSON_TYPE(HelloReply, protocol_version, daemon_version, pid,
+GPUQ_JSON_TYPE(HelloReply, protocol_version, protocol_minor, daemon_version, pid,
                                                 state_dir, multi_user, user, admin)
 
 struct SubmitReply {

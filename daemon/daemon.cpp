@@ -114,27 +114,27 @@ void Daemon::recover() {
 // ---- dispatch -----------------------------------------------------------------------------------
 
 const std::vector<Daemon::Command>& Daemon::commands() {
-  using namespace common;
+  namespace cmd = common::cmd;
   static const std::vector<Command> k_commands{
-      {"hello", &Daemon::now<decode_hello, &Daemon::cmd_hello>},
-      {"submit", &Daemon::later<decode_submit, &Daemon::cmd_submit>},
-      {"status", &Daemon::now<decode_status, &Daemon::cmd_status>},
-      {"show", &Daemon::now<decode_id, &Daemon::cmd_show>},
-      {"cancel", &Daemon::now<decode_ids, &Daemon::cmd_cancel>},
-      {"restart", &Daemon::later<decode_restart, &Daemon::cmd_restart>},
-      {"hold", &Daemon::now<decode_select, &Daemon::cmd_hold>},
-      {"release", &Daemon::now<decode_select, &Daemon::cmd_release>},
-      {"update", &Daemon::now<decode_update, &Daemon::cmd_update>},
-      {"clean", &Daemon::later<decode_clean, &Daemon::cmd_clean>},
-      {"wait", &Daemon::later<decode_ids, &Daemon::cmd_wait>},
-      {"results", &Daemon::now<decode_results, &Daemon::cmd_results>},
-      {"events", &Daemon::now<decode_events, &Daemon::cmd_events>},
-      {"gpus", &Daemon::now<nullptr, &Daemon::cmd_gpus>},
-      {"drain", &Daemon::now<decode_drain, &Daemon::cmd_drain>},
-      {"undrain", &Daemon::now<decode_drain, &Daemon::cmd_undrain>},
-      {"why", &Daemon::now<decode_id, &Daemon::cmd_why>},
-      {"usage", &Daemon::now<nullptr, &Daemon::cmd_usage>},
-      {"shutdown", &Daemon::cmd_shutdown},
+      now<cmd::hello, &Daemon::cmd_hello>(),
+      later<cmd::submit, &Daemon::cmd_submit>(),
+      now<cmd::status, &Daemon::cmd_status>(),
+      now<cmd::show, &Daemon::cmd_show>(),
+      now<cmd::cancel, &Daemon::cmd_cancel>(),
+      later<cmd::restart, &Daemon::cmd_restart>(),
+      now<cmd::hold, &Daemon::cmd_hold>(),
+      now<cmd::release, &Daemon::cmd_release>(),
+      now<cmd::update, &Daemon::cmd_update>(),
+      later<cmd::clean, &Daemon::cmd_clean>(),
+      later<cmd::wait, &Daemon::cmd_wait>(),
+      now<cmd::results, &Daemon::cmd_results>(),
+      now<cmd::events, &Daemon::cmd_events>(),
+      now<cmd::gpus, &Daemon::cmd_gpus>(),
+      now<cmd::drain, &Daemon::cmd_drain>(),
+      now<cmd::undrain, &Daemon::cmd_undrain>(),
+      now<cmd::why, &Daemon::cmd_why>(),
+      now<cmd::usage, &Daemon::cmd_usage>(),
+      {cmd::shutdown.name, &Daemon::cmd_shutdown},
   };
   return k_commands;
 }
@@ -234,7 +234,8 @@ json Daemon::cmd_hello(const Caller& caller, const common::HelloRequest& hello) 
     throw RequestError(ErrorCode::version_mismatch,
                        "client speaks protocol " + std::to_string(hello.protocol_version) + ", gpuqd " GPUQ_VERSION
                        " speaks " + std::to_string(common::k_protocol_version) + "; use matching gpuq and gpuqd");
-  return common::HelloReply{common::k_protocol_version, GPUQ_VERSION, static_cast<int>(::getpid()), m_config.state_dir,
+  // Any minor of this major: what the client adds, this gpuqd ignores (common/protocol.hpp).
+  return common::HelloReply{common::k_protocol_version, common::k_protocol_minor, GPUQ_VERSION, static_cast<int>(::getpid()), m_config.state_dir,
                             m_config.multi_user, name_of(caller.uid), caller.admin};
 }
 

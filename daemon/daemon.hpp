@@ -129,28 +129,34 @@ class Daemon {
     std::shared_ptr<asio::steady_timer> timer;
   };
 
-  // The rows of commands(): decode, then call the handler, with the caller where it takes one.
-  template <auto Decode, auto Handler>
-  void now(const Caller& caller, const json& request, Reply& reply) {
-    using H = decltype(Handler);
-    if constexpr (std::is_same_v<decltype(Decode), std::nullptr_t>) {
-      if constexpr (std::is_invocable_v<H, Daemon*, const Caller&>) reply(common::ok_reply((this->*Handler)(caller)));
-      else reply(common::ok_reply((this->*Handler)()));
-    } else {
-      using Q = std::invoke_result_t<decltype(Decode), const json&>;
-      if constexpr (std::is_invocable_v<H, Daemon*, const Caller&, Q>)
-        reply(common::ok_reply((this->*Handler)(caller, Decode(request))));
-      else
-        reply(common::ok_reply((this->*Handler)(Decode(request))));
-    }
+  // The rows of commands(): a command of common::k_commands (its name and decoder) with its
+  // handler, which takes the caller and the decoded request where it names them, and answers now
+  // (its return value is the reply) or later (it is handed the reply).
+  template <const auto& C, auto Handler>
+  static Command now() {
+    return {C.name, &Daemon::answer_now<C, Handler>};
   }
-  template <auto Decode, auto Handler>
-  void later(const Caller& caller, const json& request, Reply& reply) {
-    using Q = std::invoke_result_t<decltype(Decode), const json&>;
+  template <const auto& C, auto Handler>
+  static Command later() {
+    return {C.name, &Daemon::answer_later<C, Handler>};
+  }
+  template <const auto& C, auto Handler>
+  void answer_now(const Caller& caller, const json& request, Reply& reply) {
+    using H = decltype(Handler);
+    using Q = typename std::remove_cvref_t<decltype(C)>::request;
+    Q q = C.decode(request);
+    if constexpr (std::is_invocable_v<H, Daemon*, const Caller&, Q>) reply(common::ok_reply((this->*Handler)(caller, std::move(q))));
+    else if constexpr (std::is_invocable_v<H, Daemon*, Q>) reply(common::ok_reply((this->*Handler)(std::move(q))));
+    else if constexpr (std::is_invocable_v<H, Daemon*, const Caller&>) reply(common::ok_reply((this->*Handler)(caller)));
+    else reply(common::ok_reply((this->*Handler)()));
+  }
+  template <const auto& C, auto Handler>
+  void answer_later(const Caller& caller, const json& request, Reply& reply) {
+    using Q = typename std::remove_cvref_t<decltype(C)>::request;
     if constexpr (std::is_invocable_v<decltype(Handler), Daemon*, const Caller&, Q, Reply&>)
-      (this->*Handler)(caller, Decode(request), reply);
+      (this->*Handler)(caller, C.decode(request), reply);
     else
-      (this->*Handler)(Decode(request), reply);
+      (this->*Handler)(C.decode(request), reply);
   }
   void cmd_shutdown(const Caller& caller, const json& request, Reply& reply);
 

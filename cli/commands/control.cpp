@@ -21,7 +21,7 @@ constexpr std::size_t k_lines_per_job = 20;
 
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
   int code = 0;
-  auto reply = request(o, common::encode("cancel", common::IdsRequest{ids}), code);
+  auto reply = request(o, common::encode(common::cmd::cancel, common::IdsRequest{ids}), code);
   if (!reply) return code;
   auto c = reply->get<common::CancelReply>();
   if (o.json) {
@@ -64,7 +64,7 @@ int print_changes(const Options& o, const json& reply, std::int64_t batch, const
 
 int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold) {
   int code = 0;
-  auto reply = request(o, common::encode(hold ? "hold" : "release", common::SelectRequest{ids, batch}), code);
+  auto reply = request(o, common::encode(hold ? common::cmd::hold : common::cmd::release, common::SelectRequest{ids, batch}), code);
   if (!reply) return code;
   return print_changes(o, *reply, batch, hold ? "held" : "released", "left as they were", [&](const auto& j) {
     return j.state != JobState::queued ? name_of(j.state) + ", not held" : hold ? "already held" : "was not held";

@@ -30,7 +30,7 @@ int cmd_drain(const Options& o, const std::vector<std::string>& names, bool drai
       return k_exit_usage;
     }
   }
-  return gpus_request(o, common::encode(drain ? "drain" : "undrain", req));
+  return gpus_request(o, common::encode(drain ? common::cmd::drain : common::cmd::undrain, req));
 }
 
 // Sends a request answered with the GPUs (gpus, drain, undrain) and prints them.
@@ -97,7 +97,7 @@ std::string limit_text(std::int64_t n) { return n > 0 ? std::to_string(n) : "-";
 
 int cmd_usage(const Options& o) {
   int code = 0;
-  auto reply = request(o, {{"cmd", "usage"}}, code);
+  auto reply = request(o, common::encode(common::cmd::usage), code);
   if (!reply) return code;
   if (o.json) {
     reply->erase("ok");
@@ -135,7 +135,7 @@ void add_usage(CLI::App& app, Context& ctx) {
 void add_gpus(CLI::App& app, Context& ctx) {
   auto* sub = app.add_subcommand("gpus", "GPUs, their memory and which jobs hold them");
   add_json_flag(sub, ctx);
-  sub->callback([&ctx] { ctx.run = [&ctx] { return gpus_request(ctx.opt, {{"cmd", "gpus"}}); }; });
+  sub->callback([&ctx] { ctx.run = [&ctx] { return gpus_request(ctx.opt, common::encode(common::cmd::gpus)); }; });
 }
 
 void add_drain(CLI::App& app, Context& ctx) {

@@ -172,7 +172,7 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const
 
 int cmd_show(const Options& o, std::int64_t id) {
   int code = 0;
-  auto reply = request(o, common::encode("show", common::IdRequest{id}), code);
+  auto reply = request(o, common::encode(common::cmd::show, common::IdRequest{id}), code);
   if (!reply) return code;
   if (o.json) {
     reply->erase("ok");
@@ -304,7 +304,7 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   if (follow) outlive_restarts(o, *client);
   int refused = k_exit_refused;
   auto show = [&]() -> std::optional<common::ShowReply> {
-    auto r = client->call(common::encode("show", common::IdRequest{id}));
+    auto r = client->call(common::encode(common::cmd::show, common::IdRequest{id}));
     if (!r) {
       refused = report(r.error());
       return std::nullopt;
@@ -554,7 +554,7 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
   if (!o.json) return watch(o, ids, timeout_s);
   int code = 0;
-  auto reply = request(o, common::encode("wait", common::IdsRequest{ids, timeout_s}), code, true);
+  auto reply = request(o, common::encode(common::cmd::wait, common::IdsRequest{ids, timeout_s}), code, true);
   if (!reply) return code;
   auto w = reply->get<common::JobsReply>();
   if (w.more) {  // a reply holds so many jobs: the rest, as they are now
@@ -602,7 +602,7 @@ namespace {
 
 int cmd_why(const Options& o, std::int64_t id) {
   int code = 0;
-  auto reply = request(o, common::encode("why", common::IdRequest{id}), code);
+  auto reply = request(o, common::encode(common::cmd::why, common::IdRequest{id}), code);
   if (!reply) return code;
   if (o.json) {
     reply->erase("ok");

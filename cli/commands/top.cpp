@@ -152,7 +152,7 @@ TopSnapshot snapshot(const Options& o, std::optional<common::Client>& client) {
       }
       client.emplace(std::move(*c));
     }
-    auto g = client->call({{"cmd", "gpus"}});
+    auto g = client->call(common::encode(common::cmd::gpus));
     common::StatusRequest status;
     status.limit = 15;
     auto j = g ? client->call(common::encode(status)) : g;

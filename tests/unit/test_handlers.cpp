@@ -148,6 +148,18 @@ TEST_CASE("the protocol's list of decoders, which the request fuzzer walks, name
   CHECK(compared >= 10);
 }
 
+TEST_CASE("hello: a client of any minor of this major is served, another major is refused") {
+  Core core;
+  const json newer = core.call({{"cmd", "hello"}, {"protocol_version", gpuq::common::k_protocol_version},
+                                {"protocol_minor", 99}, {"client", "gpuq-next"}, {"wants", "more"}});
+  REQUIRE(newer["ok"].get<bool>());
+  CHECK(newer["protocol_minor"] == gpuq::common::k_protocol_minor);
+  const json older = core.call({{"cmd", "hello"}, {"protocol_version", gpuq::common::k_protocol_version}});
+  CHECK(older["ok"].get<bool>());
+  CHECK(core.error_code({{"cmd", "hello"}, {"protocol_version", gpuq::common::k_protocol_version + 1},
+                         {"protocol_minor", 0}}) == "version_mismatch");
+}
+
 TEST_CASE("a field of the wrong type is refused by the command's decoder, naming the field") {
   Core core;
   json r = core.call({{"cmd", "status"}, {"limit", "many"}});

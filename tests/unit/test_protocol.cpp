@@ -1,6 +1,10 @@
 // Protocol messages: round trips of every reply record, request decoding errors, the envelope.
 #include <doctest/doctest.h>
 
+#include <set>
+#include <string_view>
+#include <tuple>
+
 #include "common/protocol.hpp"
 
 using namespace gpuq::common;
@@ -161,8 +165,9 @@ TEST_CASE("every error code has a stable wire name") {
 }
 
 TEST_CASE("every request the client encodes decodes to the same request in gpuqd") {
-  HelloRequest hello{k_protocol_version, "gpuq"};
+  HelloRequest hello{k_protocol_version, 7, "gpuq"};
   CHECK(decode_hello(encode(hello)) == hello);
+  CHECK(decode_hello(json{{"cmd", "hello"}, {"protocol_version", 1}}).protocol_minor == 0);  // an older client
   CHECK(encode(hello)["cmd"] == "hello");
 
   SubmitRequest submit;
@@ -184,15 +189,15 @@ TEST_CASE("every request the client encodes decodes to the same request in gpuqd
   CHECK(decode_status(encode(status)) == status);
 
   IdRequest show{9};
-  CHECK(decode_id(encode("show", show)) == show);
+  CHECK(decode_id(encode(cmd::show, show)) == show);
   IdsRequest wait{{4, 2, 9}, 1.5};
-  CHECK(decode_ids(encode("wait", wait)) == wait);
-  CHECK(encode("cancel", IdsRequest{{1}})["cmd"] == "cancel");
+  CHECK(decode_ids(encode(cmd::wait, wait)) == wait);
+  CHECK(encode(cmd::cancel, IdsRequest{{1}})["cmd"] == "cancel");
 
   SelectRequest hold{{5, 6}, 0};
-  CHECK(decode_select(encode("hold", hold)) == hold);
+  CHECK(decode_select(encode(cmd::hold, hold)) == hold);
   SelectRequest release{{}, 8};
-  CHECK(decode_select(encode("release", release)) == release);
+  CHECK(decode_select(encode(cmd::release, release)) == release);
 
   RestartRequest restart;
   restart.batch = 2;
@@ -223,7 +228,7 @@ TEST_CASE("every request the client encodes decodes to the same request in gpuqd
   CHECK(decode_update(encode(update)) == update);
 
   DrainRequest drain{{0, 3}, {"GPU-1a2b"}, "fan"};
-  CHECK(decode_drain(encode("drain", drain)) == drain);
+  CHECK(decode_drain(encode(cmd::drain, drain)) == drain);
 
   ResultsRequest results{{2, 5}, 3, 4, 100};
   CHECK(decode_results(encode(results)) == results);
@@ -306,4 +311,45 @@ TEST_CASE("replies: a field of the wrong type is named by its path; a missing on
   CHECK_FALSE(r.more);
   // What code catching json::exception sees
   CHECK_THROWS_AS((void)json({{"total", "x"}}).get<gpuq::common::JobsReply>(), json::exception);
+}
+
+TEST_CASE("the command table: names unique, each encoded request names its command and decodes by its decoder") {
+  std::set<std::string_view> names;
+  std::size_t count = 0;
+  std::apply([&](const auto&... c) { ((names.insert(c.name), ++count), ...); }, k_commands);
+  CHECK(names.size() == count);  // no two commands share a name
+  CHECK(count == request_decoders().size());
+  // The commands that share a request type each put their own name on the wire.
+  CHECK(encode(cmd::hold, SelectRequest{{1}, 0})["cmd"] == "hold");
+  CHECK(encode(cmd::release, SelectRequest{{1}, 0})["cmd"] == "release");
+  CHECK(encode(cmd::why, IdRequest{3})["cmd"] == "why");
+  CHECK(encode(cmd::undrain, DrainRequest{{0}, {}, ""})["cmd"] == "undrain");
+  for (const auto* c : {&cmd::gpus, &cmd::usage, &cmd::shutdown}) {
+    const json j = encode(*c);
+    CHECK(j == json{{"cmd", c->name}});
+    CHECK(c->decode(j) == NoFields{});
+  }
+  // A request of each single-command type names that command.
+  CHECK(encode(HelloRequest{})["cmd"] == cmd::hello.name);
+  CHECK(encode(StatusRequest{})["cmd"] == cmd::status.name);
+  CHECK(encode(ResultsRequest{})["cmd"] == cmd::results.name);
+  CHECK(encode(EventsRequest{})["cmd"] == cmd::events.name);
+}
+
+TEST_CASE("a minor version apart: what the other side adds is ignored, in requests and in replies") {
+  // A newer client's request with a field this gpuqd does not know decodes as without it.
+  StatusRequest plain;
+  json newer = encode(plain);
+  newer["colour"] = "blue";
+  CHECK(decode_status(newer) == plain);
+  json hold = encode(cmd::hold, SelectRequest{{4}, 0});
+  hold["until"] = "tomorrow";
+  CHECK(decode_select(hold) == SelectRequest{{4}, 0});
+  // A newer gpuqd's reply with a field this client does not know reads as without it.
+  json reply = HelloReply{};
+  reply["protocol_minor"] = 9;
+  reply["gpu_budgets"] = true;
+  const auto read = reply.get<HelloReply>();
+  CHECK(read.protocol_minor == 9);
+  CHECK(read.protocol_version == k_protocol_version);
 }
