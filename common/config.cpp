@@ -78,9 +78,9 @@ const Rule k_rules[] = {
      "First retry delay in seconds (doubles per attempt)"},
     {"idle_timeout_s", nullptr, "--idle-timeout", "SECONDS", "number", 0.1, 86400 * 7, &Settings::idle_timeout_s,
      "Close client connections silent for this many seconds"},
-    {"cpu_slots", nullptr, "--cpu-slots", "N", "int", 1, 1 << 20, &Settings::cpu_slots,
-     "CPU slots: ranks of jobs without GPUs, or cores of jobs with `cpus`, that may run at once (default: the "
-     "cores gpuqd may run on)"},
+    {"cpu_slots", nullptr, "--cpu-slots", "N", "int", 0, 1 << 20, &Settings::cpu_slots,
+     "CPU slots: ranks of jobs without GPUs, or cores of jobs with `cpus`, that may run at once (0, the default: "
+     "the cores gpuqd may run on)"},
     {"health_interval_s", nullptr, "--health-interval", "SECONDS", "number", 0, 86400, &Settings::health_interval_s,
      "Seconds between NVML health checks of the GPUs; a GPU found lost, with failed row remapping or with new "
      "uncorrectable ECC errors is drained (0: no checks)"},
@@ -359,18 +359,24 @@ namespace {
 Result<bool> set_text(Settings& s, const Rule& r, const std::string& text, const std::string& origin) {
   const std::string kind = r.kind;
   json v = text;
+  // A number's text: digits, a point, an exponent, signs; no spaces, hex, "inf" or "nan".
+  const bool numeric = !text.empty() && text.find_first_not_of("0123456789.eE+-") == std::string::npos;
   if (kind == "bool") {
-    v = true;  // a flag
+    if (text.empty() || text == "true" || text == "1") v = true;  // "": a flag given
+    else if (text == "false" || text == "0") v = false;
+    else return Error{ErrorCode::bad_request, origin + ": must be true or false"};
   } else if (kind == "duration") {
-    auto d = parse_duration(text);
-    if (!d) return Error{ErrorCode::bad_request, origin + ": " + text.substr(0, 64) +
+    auto d = numeric || (text.size() > 1 && text.find_first_not_of("0123456789.smhdw") == std::string::npos)
+                 ? parse_duration(text)
+                 : std::nullopt;
+    if (!d) return Error{ErrorCode::bad_request, origin + ": " + (text.empty() ? std::string("\"\"") : text.substr(0, 64)) +
                                                      " is not a duration like 90s, 30m, 12h, 7d or 2w"};
     v = *d;
   } else if (kind == "int" || kind == "number") {
     char* end = nullptr;
     errno = 0;
-    const double x = std::strtod(text.c_str(), &end);
-    v = (!text.empty() && *end == 0 && errno == 0) ? json(x) : json(nullptr);
+    const double x = numeric ? std::strtod(text.c_str(), &end) : 0;
+    v = (numeric && *end == 0 && errno == 0) ? json(x) : json(nullptr);
   }
   if (auto err = set(s, r, v, origin)) {
     const auto tick = err->find('`', 1);  // "`key` must be …" is said as "origin: must be …"

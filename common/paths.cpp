@@ -55,6 +55,11 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, pos);
 }
 
+std::string current_dir() {
+  char buf[PATH_MAX];
+  return ::getcwd(buf, sizeof(buf)) ? std::string(buf) : std::string("/");
+}
+
 std::string self_dir() {
   char buf[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);

@@ -27,6 +27,8 @@ Result<bool> make_dirs(const std::string& dir);
 // The folder of the running executable: gpuq's programs find each other there (gpuq finds gpuqd
 // and gpuq-plot-png, gpuqd finds gpuq-shim and gpuq-worker).
 std::string self_dir();
+// The working directory ("/" if it cannot be read: removed, or too long).
+std::string current_dir();
 
 // Whether something is at `path` (following symlinks).
 bool path_exists(const std::string& path);

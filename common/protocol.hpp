@@ -241,7 +241,7 @@ GPUQ_JSON_TYPE(GpuInfo, index, uuid, name, memory_total_mb,
 
 struct HelloRequest {
   int protocol_version = k_protocol_version;
-  int protocol_minor = k_protocol_minor;  // absent (an older client): 0
+  int protocol_minor = 0;  // absent (an older client): 0; gpuq sends k_protocol_minor
   std::string client;
   bool operator==(const HelloRequest&) const = default;
 };
@@ -437,7 +437,7 @@ json encode(const Cmd<NoFields>& c);
 
 struct HelloReply {
   int protocol_version = k_protocol_version;
-  int protocol_minor = k_protocol_minor;
+  int protocol_minor = 0;  // absent (an older gpuqd): 0; gpuqd sends k_protocol_minor
   std::string daemon_version;
   int pid = 0;
   std::string state_dir;

@@ -19,8 +19,9 @@ void add_setting_options(CLI::App& app, common::Settings& settings) {
         throw CLI::ValidationError(option, m.substr(m.find(": ") + 2));
       }
     };
-    if (k.value_name.empty())
-      app.add_flag_callback(k.option, [set] { set(""); }, help);
+    if (k.value_name.empty())  // a flag: --multi-user, or --multi-user=false over the file's true; the
+      // value is the rule's to check (CLI11's own flag parsing throws on "=maybe")
+      app.add_option_function<std::string>(k.option, set, help)->expected(0, 1)->type_name("");
     else
       app.add_option_function<std::string>(k.option, set, help)->type_name(k.value_name);
   }

@@ -50,8 +50,10 @@ int cmd_daemon_start(const Options& o, const std::string& state_dir, const std::
   }
   std::string gpuqd = common::self_dir() + "/gpuqd";
   if (::access(gpuqd.c_str(), X_OK) != 0) gpuqd = "gpuqd";  // installed elsewhere: use PATH
-  std::vector<std::string> args{gpuqd, "--socket", o.socket};
-  if (!state_dir.empty()) args.insert(args.end(), {"--state-dir", state_dir});
+  // gpuq takes paths relative to where it runs; gpuqd, a daemon, only absolute ones.
+  auto absolute = [](const std::string& p) { return p.empty() || p[0] == '/' ? p : common::current_dir() + "/" + p; };
+  std::vector<std::string> args{gpuqd, "--socket", absolute(o.socket)};
+  if (!state_dir.empty()) args.insert(args.end(), {"--state-dir", absolute(state_dir)});
   if (!gpus.empty()) args.insert(args.end(), {"--gpus", gpus});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -96,7 +98,9 @@ int cmd_daemon_status(const Options& o) {
   const auto& h = c->hello();
   if (o.json) {
     print_json({{"running", true}, {"socket", o.socket}, {"pid", h.value("pid", 0)}, {"version", h.value("daemon_version", "")},
-                {"state_dir", h.value("state_dir", "")}});
+                {"state_dir", h.value("state_dir", "")}, {"multi_user", h.value("multi_user", false)},
+                {"protocol", std::to_string(h.value("protocol_version", 0)) + "." +
+                                 std::to_string(h.value("protocol_minor", 0))}});
   } else {
     std::cout << "gpuqd " << h.value("daemon_version", "?") << " running, pid " << h.value("pid", 0) << "\n  socket:    "
               << o.socket << "\n  state dir: " << h.value("state_dir", "?") << "\n";

@@ -27,10 +27,7 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string cwd() {
-  char buf[PATH_MAX];
-  return ::getcwd(buf, sizeof(buf)) ? std::string(buf) : std::string("/");
-}
+std::string cwd() { return common::current_dir(); }
 
 // Reads one spec file ('-' is stdin) and appends its job(s) to `jobs`.
 bool read_spec_file(const std::string& file, json& jobs) {

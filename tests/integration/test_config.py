@@ -142,14 +142,23 @@ class Config(DaemonTest):
 
     def test_gpuqd_options_check_as_the_file_does_and_lab_settings_need_lab_mode(self):
         def gpuqd(*args):
-            return subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket, *args],
-                                  capture_output=True, text=True, env=self.env(), timeout=30)
+            # Each of these is refused at once; one that starts instead would serve until killed.
+            try:
+                state = [] if "--state-dir" in args else ["--state-dir", self.tmp_path("state")]
+                return subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.socket,
+                                       *state, *args],
+                                      capture_output=True, text=True, env=self.env(), timeout=15)
+            except subprocess.TimeoutExpired:
+                self.fail(f"gpuqd {' '.join(args)} started instead of refusing")
         # an option takes what the key's rule takes, and says why not
         for args, message in [(["--grace", "-1"], "--grace: must be a number from 0 to 86400"),
                               (["--idle-timeout", "0"], "--idle-timeout: must be a number from 0.1 to 604800"),
                               (["--hang-after", "soon"], "--hang-after: soon is not a duration"),
                               (["--hang-action", "kill"], "--hang-action: must be \"flag\""),
-                              (["--state-dir", "state"], "--state-dir: must be an absolute path")]:
+                              (["--state-dir", "state"], "--state-dir: must be an absolute path"),
+                              (["--grace", "0x10"], "--grace: must be a number"),
+                              (["--forget-after", ""], '--forget-after: "" is not a duration'),
+                              (["--multi-user=maybe"], "--multi-user: must be true or false")]:
             with self.subTest(args=args):
                 r = gpuqd(*args)
                 self.assertNotEqual(r.returncode, 0)
@@ -165,6 +174,25 @@ class Config(DaemonTest):
                 self.assertEqual(r.returncode, 2, r.stderr)
                 self.assertIn("are for lab mode (--multi-user)", r.stderr)
         self.assertFalse(os.path.exists(self.socket))
+        # a flag given false overrides the file's true: no lab mode (which would need root's socket)
+        self.write_config({"multi_user": True})
+        d = self.gpuqd("--multi-user=false", "--socket", self.socket, "--state-dir", self.tmp_path("state"))
+        wait_until(lambda: self.gpuq("--socket", self.socket, "daemon", "status").returncode == 0
+                   or d.poll() is not None, what="gpuqd with --multi-user=false")
+        hello = json.loads(self.gpuq("--socket", self.socket, "daemon", "status", "--json").stdout)
+        self.assertFalse(hello.get("multi_user"), hello)
+        d.terminate()
+        d.wait(10)
+        # gpuq daemon start hands gpuqd absolute paths, whatever it was given
+        self.write_config("{}")
+        r = subprocess.run([os.path.join(BIN, "gpuq"), "--socket", "rel.sock", "daemon", "start", "--state-dir",
+                            "rel-state", "--gpus", "fake:1"], capture_output=True, text=True, env=self.env(),
+                           cwd=self.tmp, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, "rel.sock")))
+        self.assertEqual(subprocess.run([os.path.join(BIN, "gpuq"), "--socket", "rel.sock", "daemon", "stop"],
+                                        capture_output=True, text=True, env=self.env(), cwd=self.tmp,
+                                        timeout=60).returncode, 0)
         # --help shows the value the file gives as the default
         self.write_config({"grace_s": 7, "gpus": "fake:5"})
         help_text = gpuqd("--help").stdout

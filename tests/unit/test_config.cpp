@@ -223,6 +223,10 @@ TEST_CASE("gpuqd's options are the table's: each sets its key through the key's 
   CHECK(refusal({"7x", "--forget-after"}) == "--forget-after: 7x is not a duration like 90s, 30m, 12h, 7d or 2w");
   CHECK(refusal({"state", "--state-dir"}).find("--state-dir: must be an absolute path") == 0);
   CHECK(refusal({"k8s", "--executor"}).find("--executor: must be \"local\"") == 0);
+  CHECK(refusal({"--multi-user=maybe"}) == "--multi-user: must be true or false");
+  CHECK(refusal({"0x10", "--grace"}) == "--grace: must be a number from 0 to 86400");
+  CHECK(refusal({" 5", "--grace"}) == "--grace: must be a number from 0 to 86400");
+  CHECK(refusal({"", "--forget-after"}) == "--forget-after: \"\" is not a duration like 90s, 30m, 12h, 7d or 2w");
   CHECK(s.source.empty());
   // A duration's unit, and the option over what the file said.
   auto file = parse_settings(R"({"forget_after_s": 60, "grace_s": 5})", "/etc/gpuq.json");
@@ -235,4 +239,12 @@ TEST_CASE("gpuqd's options are the table's: each sets its key through the key's 
   CHECK(file->source.at("forget_after_s") == "--forget-after");
   CHECK(file->grace_s == 5);
   CHECK(file->source.at("grace_s") == "/etc/gpuq.json");
+  // A flag given false turns off what the file turned on.
+  auto lab = parse_settings(R"({"multi_user": true})", "/etc/gpuq.json");
+  REQUIRE(lab.ok());
+  CLI::App app3;
+  gpuq::daemon::add_setting_options(app3, *lab);
+  app3.parse(std::vector<std::string>{"--multi-user=false"});
+  CHECK_FALSE(lab->multi_user);
+  CHECK(lab->source.at("multi_user") == "--multi-user");
 }
