@@ -27,8 +27,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string cwd() { return common::current_dir(); }
-
 // Reads one spec file ('-' is stdin) and appends its job(s) to `jobs`.
 bool read_spec_file(const std::string& file, json& jobs) {
   std::stringstream text;
@@ -61,13 +59,13 @@ bool read_spec_file(const std::string& file, json& jobs) {
 int dry_run(const Options& o, const json& jobs, bool hold, int max_running) {
   const auto env = common::current_environment();
   const std::size_t request_bytes =
-      common::encode(common::SubmitRequest{jobs, cwd(), env, hold, max_running}).dump().size() + 1;
+      common::encode(common::SubmitRequest{jobs, common::current_dir(), env, hold, max_running}).dump().size() + 1;
   if (request_bytes > common::k_max_request_bytes)
     return report(Error{ErrorCode::too_large, "the batch's request is " + std::to_string(request_bytes) +
                                                   " bytes; gpuqd takes at most " +
                                                   std::to_string(common::k_max_request_bytes) +
                                                   " in one (split the batch into several submits)"});
-  auto parsed = common::parse_batch(jobs, cwd());
+  auto parsed = common::parse_batch(jobs, common::current_dir());
   if (!parsed) return report(parsed.error());
   if (auto deps = common::resolve_batch_dependencies(*parsed); !deps) return report(deps.error());
   std::vector<std::string> problems;
@@ -113,7 +111,7 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
     if (!read_spec_file(f, jobs)) return k_exit_usage;
   if (dry) return dry_run(o, jobs, hold, max_running);
   int code = 0;
-  auto reply = request(o, common::encode(common::SubmitRequest{std::move(jobs), cwd(), common::current_environment(), hold, max_running}), code);
+  auto reply = request(o, common::encode(common::SubmitRequest{std::move(jobs), common::current_dir(), common::current_environment(), hold, max_running}), code);
   if (!reply) return code;
   auto sub = reply->get<common::SubmitReply>();
   if (!wait) {
@@ -150,7 +148,7 @@ int cmd_export(const ExportArgs& a) {
   json jobs = json::array();
   for (const auto& f : a.files)
     if (!read_spec_file(f, jobs)) return k_exit_usage;
-  auto parsed = common::parse_batch(jobs, cwd());
+  auto parsed = common::parse_batch(jobs, common::current_dir());
   if (!parsed) return report(parsed.error());
   auto deps = common::resolve_batch_dependencies(*parsed);
   if (!deps) return report(deps.error());
