@@ -110,7 +110,7 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
   if (!spec_fields) jobs_of_batch(q.batch);  // one that exists
   authorize_batch(caller, q.batch, "update the batch of");
   for (auto id : ids) authorize(caller, id, "update");
-  if (q.priority) check_priority(caller, *q.priority, "");
+  if (q.priority) m_users.check_priority(caller, *q.priority, "");
 
   auto change = [](auto& field, const auto& value, const char* name, std::string& why) {
     if (!value || field == *value) return;

@@ -27,6 +27,18 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_config(std::move(config)),
       m_store(std::move(store)),
       m_inventory(std::move(inventory)),
+      m_users({m_config.multi_user, m_config.user_limits, m_config.usage_half_life_s, m_config.max_priority,
+               m_config.admin_gid, m_config.admin_group}),
+      m_hooks(io,
+              {m_config.on_finish, m_config.max_hooks, m_config.hook_timeout_s, m_config.grace_s, m_config.multi_user,
+               m_config.state_dir, m_config.admin_gid, m_config.shim_path},
+              *m_store, m_users,
+              [this](std::int64_t id) {
+                json job = cmd_show(Caller::self(), common::IdRequest{id});
+                job.erase("ok");
+                return job;
+              }),
+      m_hangs(m_config.hang_after_s, m_config.hang_retry()),
       m_ingest_timer(io),
       m_backoff_timer(io),
       m_health_timer(io),
@@ -72,7 +84,7 @@ void Daemon::recover() {
   // Hooks due from before (a job that ended, its hooks not yet started); those started and cut
   // off by a crash run on by themselves.
   m_store->forget_started_hooks();
-  for (std::int64_t id : m_store->due_hooks()) m_hooks_due.push_back(id);
+  for (std::int64_t id : m_store->due_hooks()) m_hooks.due(id);
   for (auto& rec : m_store->load_active()) {
     const std::int64_t id = rec.id;
     Active& a = m_active[id];
@@ -100,13 +112,13 @@ void Daemon::recover() {
   if (m_config.multi_user) {  // fair share's memory: the GPU time of attempts that ended lately
     const double now = wall_now();
     for (const auto& [uid, gpu_s, at] : m_store->gpu_time_since(now - 10 * m_config.usage_half_life_s))
-      add_use(uid, gpu_s, at);
+      m_users.add_use(uid, gpu_s, at);
   }
   resume_restarts();
   arm_ingest_timer();
   start_health_checks();
   watch_gpu_processes();
-  run_hooks();
+  m_hooks.run();
   forget_old_jobs();
   schedule_soon();
 }
@@ -139,37 +151,9 @@ const std::vector<Daemon::Command>& Daemon::commands() {
   return k_commands;
 }
 
-Caller Caller::self() { return {::getuid(), true}; }
-
-Result<Caller> Daemon::identify(uid_t uid) const {
-  if (!m_config.multi_user) {
-    if (uid == ::getuid() || uid == 0) return Caller{uid, true};
-    return Error{ErrorCode::forbidden, "gpuqd serves only its own user (uid " + std::to_string(::getuid()) +
-                                           ") and root, not uid " + std::to_string(uid) +
-                                           "; a machine shared by several users runs one `gpuqd --multi-user` (docs/lab.md)"};
-  }
-  Caller c{uid, uid == 0};
-  if (c.admin || !m_config.admin_gid) return c;
-  const auto now = std::chrono::steady_clock::now();
-  auto& [admin, until] = m_admins[uid];
-  if (until <= now) {
-    auto account = common::account_of(uid);
-    admin = account && std::find(account->groups.begin(), account->groups.end(), *m_config.admin_gid) != account->groups.end();
-    until = now + std::chrono::seconds(60);
-  }
-  c.admin = admin;
-  return c;
-}
-
-const std::string& Daemon::name_of(uid_t uid) const {
-  auto it = m_user_names.find(uid);
-  if (it == m_user_names.end()) it = m_user_names.emplace(uid, common::user_name(uid)).first;
-  return it->second;
-}
-
 void Daemon::authorize(const Caller& caller, const JobRecord& r, std::string_view act) const {
   if (caller.admin || caller.uid == r.uid) return;
-  throw RequestError(ErrorCode::forbidden, job_label(r) + " belongs to " + name_of(r.uid) + "; only " + name_of(r.uid) +
+  throw RequestError(ErrorCode::forbidden, job_label(r) + " belongs to " + m_users.name_of(r.uid) + "; only " + m_users.name_of(r.uid) +
                                                " or an admin may " + std::string(act) + " it");
 }
 
@@ -188,7 +172,7 @@ void Daemon::authorize_admin(const Caller& caller, std::string_view act) const {
   if (caller.admin) return;
   throw RequestError(ErrorCode::forbidden, "only an admin may " + std::string(act) + " (root" +
                                                (m_config.admin_gid ? ", or a member of group " + m_config.admin_group : std::string()) +
-                                               "); you are " + name_of(caller.uid));
+                                               "); you are " + m_users.name_of(caller.uid));
 }
 
 void Daemon::dispatch(const Caller& caller, const json& request, Reply reply_to) {
@@ -236,7 +220,7 @@ json Daemon::cmd_hello(const Caller& caller, const common::HelloRequest& hello) 
                        " speaks " + std::to_string(common::k_protocol_version) + "; use matching gpuq and gpuqd");
   // Any minor of this major: what the client adds, this gpuqd ignores (common/protocol.hpp).
   return common::HelloReply{common::k_protocol_version, common::k_protocol_minor, GPUQ_VERSION, static_cast<int>(::getpid()), m_config.state_dir,
-                            m_config.multi_user, name_of(caller.uid), caller.admin};
+                            m_config.multi_user, m_users.name_of(caller.uid), caller.admin};
 }
 
 // Test hook ($GPUQ_TEST_PAUSE_PARTS=PATH): long requests (a submission's writing, a clean) go in
@@ -308,7 +292,6 @@ std::vector<std::int64_t> Daemon::with_queued_of_batch(std::vector<std::int64_t>
   return ids;
 }
 
-bool may_read_details(const Caller& viewer, const JobRecord& r) { return viewer.admin || viewer.uid == r.uid; }
 
 common::JobInfo Daemon::info_of(const JobRecord& stored, const Caller& viewer) const {
   auto active = m_active.find(stored.id);
@@ -323,7 +306,7 @@ common::JobInfo Daemon::info_of(const JobRecord& stored, const Caller& viewer) c
     if (a.reason_pass == m_pass || r.state != JobState::queued) wait_reason = a.wait_reason;
     else if (limit != m_at_limit.end()) wait_reason = batch_limit_reason(r.batch, limit->second);
     else if (user != m_users_at_limit.end() && user_at_limit(user->second, r.spec.gpus))
-      wait_reason = user_limit_reason(name_of(r.uid), user->second, r.spec.gpus);
+      wait_reason = user_limit_reason(m_users.name_of(r.uid), user->second, r.spec.gpus);
     else if (m_tail_stopped) wait_reason = with_drain_note(r.spec.gpus, tail_wait_reason(pending_of(r), m_tail));
     else wait_reason = a.wait_reason;
   }
@@ -354,9 +337,9 @@ common::JobInfo Daemon::info_of(const JobRecord& stored, const Caller& viewer) c
   i.exit_signal = r.run.exit_signal ? json(*r.run.exit_signal) : json();
   i.reason = r.state == JobState::queued && !wait_reason.empty() && r.reason.empty() ? wait_reason : r.reason;
   if (r.state == JobState::running && i.reason.empty()) i.reason = m_executor->detail(r.id);
-  if (r.state == JobState::running && m_hung.count(r.id)) {
+  if (r.state == JobState::running && m_hangs.hung(r.id)) {
     i.hung = true;
-    i.reason = hang_note(r, wall_now());
+    i.reason = m_hangs.note(r, wall_now());
   }
   if (auto w = r.state == JobState::running ? m_gpu_watch.find(r.id) : m_gpu_watch.end(); w != m_gpu_watch.end()) {
     std::int64_t peak = -1;
@@ -373,7 +356,7 @@ common::JobInfo Daemon::info_of(const JobRecord& stored, const Caller& viewer) c
   i.labels = r.spec.labels;
   i.external_id = r.state == JobState::running ? m_executor->external_id(r.id) : r.run.external_id;
   i.uid = r.uid;
-  i.user = name_of(r.uid);
+  i.user = m_users.name_of(r.uid);
   if (!may_read_details(viewer, r)) {
     // Lab mode's one visibility rule (docs/lab.md): another user's job shows what squeue shows,
     // its id, name, owner, state, GPUs, cores, times, exit code and gpuq's own words on why it

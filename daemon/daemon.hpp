@@ -30,12 +30,15 @@
 #include "common/protocol.hpp"
 #include "common/users.hpp"
 #include "daemon/executor.hpp"
+#include "daemon/hang_watch.hpp"
+#include "daemon/hooks.hpp"
 #include "daemon/inventory.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/store.hpp"
 #include "daemon/submit_check.hpp"
+#include "daemon/users.hpp"
 
 namespace gpuq::daemon {
 
@@ -61,19 +64,6 @@ struct Config : common::Settings {
 
 using Reply = std::function<void(json)>;
 
-// Who sent a request, as the kernel says (SO_PEERCRED), never as the request says. An admin may act
-// on every job: root, a member of the admin group in lab mode, and in single-user mode every
-// caller gpuqd serves at all (its own user and root).
-struct Caller {
-  uid_t uid = 0;
-  bool admin = true;
-  static Caller self();  // this process's user, an admin: unit tests, and single-user mode's caller
-};
-
-// Whether `viewer` may read `r`'s details: its result, progress, labels, failure reasons, spec,
-// environment, events and logs (lab mode: its owner and the admins; docs/lab.md).
-bool may_read_details(const Caller& viewer, const JobRecord& r);
-
 // What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r);
 
@@ -97,7 +87,7 @@ class Daemon {
   std::string metrics_text();
   void dispatch(const json& request, Reply reply) { dispatch(Caller::self(), request, std::move(reply)); }
   // Whom a connection's peer is, or why gpuqd does not serve it (forbidden).
-  Result<Caller> identify(uid_t uid) const;
+  Result<Caller> identify(uid_t uid) const { return m_users.identify(uid); }
   // Set by main: called when a client asks the daemon to shut down.
   std::function<void()> on_shutdown;
 
@@ -167,7 +157,6 @@ class Daemon {
   void authorize_admin(const Caller& caller, std::string_view act) const;        // admins only
   // The batch's jobs are one submission's, so one owner's: as authorize for its first job.
   void authorize_batch(const Caller& caller, std::int64_t batch, std::string_view act);
-  const std::string& name_of(uid_t uid) const;  // user names, looked up once each
 
   // Handlers, by group: see the files named in daemon.cpp.
   json cmd_hello(const Caller& caller, const common::HelloRequest& q);
@@ -259,13 +248,6 @@ class Daemon {
   void check_health();
   // One health reading: drains what check_health would, and keeps the Xids for failed jobs' reasons.
   void read_health();
-  // ---- on_finish hooks (hooks.cpp) ----
-  // Starts due hooks, up to max_hooks at once: each job's (the configuration's, then its own),
-  // each under a gpuq-shim of its own as the job's owner, with the job as `gpuq show --json`
-  // gives it on stdin, bounded by hook_timeout_s.
-  void run_hooks();
-  void start_hooks(std::int64_t id);
-  void hook_ended(std::int64_t id, const std::string& dir, int pid, uid_t owner);
   // ---- the processes on the GPUs (gpu_processes.cpp) ----
   struct SeenProcess {
     int pid = 0;
@@ -291,24 +273,9 @@ class Daemon {
   json cmd_gpus();
   common::GpusReply gpus_reply();  // what `gpus` answers; the metrics' GPU series too
   json cmd_usage();
-  // Lab mode: a user's limits (user_limits by name, else "*"), or null when they have none.
-  const common::UserLimit* limits_of(uid_t uid) const;
-  // Fair share's memory: GPU-seconds of ended attempts, decayed to `now` (usage_half_life_s).
-  struct Usage {
-    double gpu_s = 0;
-    double at = 0;
-  };
-  double recent_use(uid_t uid, double now) const;
-  void add_use(uid_t uid, double gpu_s, double at);
-  // Refuses (forbidden) a submission or update that a user's limits or the priority ceiling forbid.
-  void check_user_limits(const Caller& caller, uid_t owner, const std::vector<JobRecord>& jobs);
   // A user's jobs that are queued or running, or chosen by a restart under way: what max_queued
   // bounds, on every path that queues jobs (submit, restart).
   std::int64_t queued_or_running(uid_t owner) const;
-  // Lab mode: refuses a restart that would take an owner of its chosen jobs past max_queued.
-  void check_restart_limits(const std::map<std::int64_t, JobRecord>& chosen) const;
-  // Refuses (forbidden) `priority` above max_priority from one who is no admin; `who` opens the message.
-  void check_priority(const Caller& caller, int priority, const std::string& who) const;
   void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.
@@ -328,7 +295,6 @@ class Daemon {
   bool prepare_launch(Active& a, const Placement& placement, double now);
   void start_attempt(Active& a);
   Executor::Attempt attempt_of(const JobRecord& rec) const;
-  const common::Account* account(uid_t uid);  // m_accounts's, else the user database's; null: none
   void rederive_slots(JobRecord& rec);  // a re-adopted job's slots under this gpuqd's CPU mask
   void on_attempt_end(std::int64_t id);  // the executor says its processes are gone
   void finish_attempt(Active& a, const json& outcome);
@@ -354,10 +320,8 @@ class Daemon {
   // processes are gone, so a last line without its newline is read too. False: the store
   // refused some (they are read again next time).
   bool ingest(Active& a, bool ended = false);
-  // Flags running jobs silent for hang_after_s since their last progress event (and stops those
-  // to retry, with hang_retry); at most once a second, from the event tick.
+  // The hang watch over the running jobs (hang_watch.hpp), from the event tick: stops those it says.
   void check_hangs(double now);
-  std::string hang_note(const JobRecord& r, double now) const;  // "" unless flagged
   void arm_ingest_timer();
   void notify_waiters();
 
@@ -388,6 +352,8 @@ class Daemon {
   Config m_config;
   std::unique_ptr<Store> m_store;
   Inventory m_inventory;
+  Users m_users;  // callers, accounts, lab mode's limits and fair share (users.hpp)
+  Hooks m_hooks;  // on_finish hooks (hooks.hpp)
   std::vector<int> m_cores;  // usable cores in slot order (cpu_topology.hpp): slot s is core m_cores[s % size]
   std::vector<int> m_core_nodes;  // the NUMA node of each of m_cores
   std::map<std::int64_t, Active> m_active;                    // queued and running jobs
@@ -420,9 +386,6 @@ class Daemon {
   std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
   std::map<std::uint32_t, UserCap> m_users_at_limit;  // and its Plan::users_at_limit
   std::map<std::int64_t, std::vector<int>> m_reservations;  // and its Plan::reservations
-  std::deque<std::int64_t> m_hooks_due;  // jobs whose hooks wait for a turn
-  std::map<std::int64_t, int> m_hooks_running;  // job -> its hooks still running
-  int m_hook_processes = 0;               // hooks running, of all jobs
   static constexpr std::int64_t k_max_events_bytes = 64 << 20;  // of a rank's events file, ever read
   static constexpr std::int64_t k_events_per_call = 8 << 20;    // read by one ingest while the job runs
   // Reads of running jobs' events files (one rank's file, one ingest) and the most one read: what
@@ -449,10 +412,7 @@ class Daemon {
   std::map<std::int64_t, GpuWatch> m_gpu_watch;  // running jobs -> what their GPUs showed
   std::map<int, std::deque<std::pair<double, std::uint64_t>>> m_xids_seen;  // GPU index -> recent Xids (at, xid)
   static constexpr std::size_t k_max_xids_kept = 16;
-  std::set<std::int64_t> m_hung;          // running jobs check_hangs flagged
-  std::set<std::int64_t> m_hang_stopped;  // of those, the ones it stopped to be retried
-  double m_hangs_checked = 0;
-  std::map<uid_t, Usage> m_usage;
+  HangWatch m_hangs;  // running jobs silent too long (hang_watch.hpp)
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_health_timer;
@@ -469,12 +429,6 @@ class Daemon {
   bool m_ingest_armed = false;
   std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
-  mutable std::map<uid_t, std::string> m_user_names;  // name_of's
-  // identify's: whether a uid is in the admin group, and until when that answer stands (60 s, so
-  // that a change to the group takes effect without a restart).
-  mutable std::map<uid_t, std::pair<bool, std::chrono::steady_clock::time_point>> m_admins;
-  // Lab mode: the accounts jobs run as, as of their owner's last submit (or looked up at launch).
-  std::map<uid_t, common::Account> m_accounts;
   // Deletes cleaned jobs' files; declared last, so it is joined before the state it posts to goes.
   asio::thread_pool m_fs_thread{1};
   asio::thread_pool m_check_thread{1};  // check_batch for submissions

@@ -119,7 +119,7 @@ std::string Daemon::gpu_failure_notes(const JobRecord& r, const json& failure) {
       for (const auto& [pid, o] : w->second.others) {
         if (o.at_start && o.peak_mb <= o.first_mb) continue;  // there all along, and no bigger
         const auto owner = common::process_owner(pid);
-        const std::string who = "pid " + std::to_string(pid) + (owner ? " of " + name_of(*owner) : "") + " outside gpuq";
+        const std::string who = "pid " + std::to_string(pid) + (owner ? " of " + m_users.name_of(*owner) : "") + " outside gpuq";
         notes.push_back(o.at_start ? who + " grew from " + std::to_string(o.first_mb) + " to " +
                                          std::to_string(o.peak_mb) + " MiB on GPU " + std::to_string(o.gpu)
                                    : who + " came to hold " + std::to_string(o.peak_mb) + " MiB on GPU " +

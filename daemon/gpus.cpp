@@ -43,7 +43,7 @@ common::GpusReply Daemon::gpus_reply() {
         if (p.used_mb) pi.used_mb = *p.used_mb;
         if (p.job) pi.job = p.job;
         else info.foreign_mb += p.used_mb.value_or(0);
-        if (const auto owner = common::process_owner(p.pid)) pi.user = name_of(*owner);
+        if (const auto owner = common::process_owner(p.pid)) pi.user = m_users.name_of(*owner);
         std::ifstream comm("/proc/" + std::to_string(p.pid) + "/comm");  // at most 16 bytes: the kernel's
         std::getline(comm, pi.command);
         for (char& c : pi.command)  // any process names itself: nothing for a terminal to act on

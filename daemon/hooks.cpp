@@ -1,14 +1,15 @@
-// on_finish hooks: a command run once a job has ended (pueue's callback, task-spooler's
-// TS_ONFINISH, Slurm's strigger), from the configuration (every job's) and from the job's spec.
-// Each runs under a gpuq-shim of its own, as the job's owner, in jobs/<id>/on-finish-<restarts>-<k>/
-// (launch.json, rank-0.log, exit.json), with the job as `gpuq show --json` gives it on stdin and
-// GPUQ_JOB_ID, GPUQ_JOB_STATE, GPUQ_JOB_NAME in its environment. Its time is bounded by
-// hook_timeout_s, its log by 64 KiB (rotated once), and at most max_hooks run at once, so a
-// thousand jobs ending together queue their hooks instead of a thousand processes. A hook's end
-// is watched through a pidfd on gpuqd's thread: nothing here waits. Due hooks are in the store in
-// the transaction that ends the job, marked started before they start: a job that ended while
-// gpuqd was down has its hooks run at the next start, and none runs twice.
-#include "daemon/daemon.hpp"
+// on_finish hooks (hooks.hpp). Each runs under a gpuq-shim of its own, as the job's owner, in
+// jobs/<id>/on-finish-<restarts>-<k>/ (launch.json, rank-0.log, exit.json), with the job as `gpuq
+// show --json` gives it on stdin and GPUQ_JOB_ID, GPUQ_JOB_STATE, GPUQ_JOB_NAME in its environment.
+// Its time is bounded by hook_timeout_s, its log by 64 KiB (rotated once), and at most max_hooks
+// run at once, so a thousand jobs ending together queue their hooks instead of a thousand
+// processes. A hook's end is watched through a pidfd on gpuqd's thread: nothing here waits. Due
+// hooks are in the store in the transaction that ends the job, marked started before they start: a
+// job that ended while gpuqd was down has its hooks run at the next start, and none runs twice.
+#include "daemon/hooks.hpp"
+
+#include "daemon/executor.hpp"
+#include "daemon/launcher.hpp"
 
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -20,55 +21,65 @@
 
 namespace gpuq::daemon {
 
+namespace asio = boost::asio;
+using json = nlohmann::json;
+
 namespace {
 constexpr std::int64_t k_hook_log_bytes = 64 << 10;
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 }  // namespace
 
-void Daemon::run_hooks() {
+Hooks::Hooks(asio::io_context& io, Setup setup, Store& store, Users& users, Describe describe, Spawn spawn)
+    : m_io(io),
+      m_setup(std::move(setup)),
+      m_store(store),
+      m_users(users),
+      m_describe(std::move(describe)),
+      m_spawn(spawn ? std::move(spawn) : [shim = m_setup.shim_path](const std::string& dir) { return spawn_supervisor(shim, dir); }) {}
+
+void Hooks::run() {
   // Each job in line once round at most: one whose earlier hooks still run (it ended again after a
   // restart) keeps its place for a later round.
-  for (std::size_t n = m_hooks_due.size(); n > 0 && m_hook_processes < m_config.max_hooks; --n) {
-    const std::int64_t id = m_hooks_due.front();
-    m_hooks_due.pop_front();
-    if (m_hooks_running.count(id)) {
-      m_hooks_due.push_back(id);
+  for (std::size_t n = m_due.size(); n > 0 && m_processes < m_setup.max_hooks; --n) {
+    const std::int64_t id = m_due.front();
+    m_due.pop_front();
+    if (m_jobs.count(id)) {
+      m_due.push_back(id);
       continue;
     }
     try {
-      start_hooks(id);
+      start(id);
     } catch (const std::exception& e) {
       std::cerr << "gpuqd: job " << id << ": cannot run its on_finish hooks: " << e.what() << "\n";
     }
   }
 }
 
-void Daemon::start_hooks(std::int64_t id) {
-  const auto found = m_store->get(id);
+void Hooks::start(std::int64_t id) {
+  const auto found = m_store.get(id);
   if (!found || !is_terminal(found->state)) {  // forgotten meanwhile, or restarted: nothing to say
-    m_store->hooks_done(id);
+    m_store.hooks_done(id);
     return;
   }
   const JobRecord& rec = *found;
   std::vector<std::vector<std::string>> hooks;
-  for (const auto& h : {m_config.on_finish, rec.spec.on_finish})
+  for (const auto& h : {m_setup.on_finish, rec.spec.on_finish})
     if (!h.empty()) hooks.push_back(h);
-  m_store->hooks_started(id);  // from here on, never again: a crash leaves them to run on their own
-  if (hooks.empty()) return m_store->hooks_done(id);
+  m_store.hooks_started(id);  // from here on, never again: a crash leaves them to run on their own
+  if (hooks.empty()) return m_store.hooks_done(id);
 
-  const bool as_owner = m_config.multi_user && rec.uid != ::geteuid();
-  const common::Account* owner = as_owner ? account(rec.uid) : nullptr;
-  json input = cmd_show(Caller::self(), common::IdRequest{id});
-  input.erase("ok");
+  const bool as_owner = m_setup.multi_user && rec.uid != ::geteuid();
+  const common::Account* owner = as_owner ? m_users.account(rec.uid) : nullptr;
+  const json input = m_describe(id);
   Env env;
-  const json batch_env = m_store->batch_env(rec.batch);
+  const json batch_env = m_store.batch_env(rec.batch);
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) env[k] = v.get<std::string>();
   for (const auto& [k, v] : rec.spec.env) env[k] = v;
   env["GPUQ_JOB_ID"] = std::to_string(id);
   env["GPUQ_JOB_STATE"] = std::string(to_string(rec.state));
   env["GPUQ_JOB_NAME"] = rec.spec.name;
-  env["GPUQ_JOB_DIR"] = job_dir(m_config.state_dir, id);
+  env["GPUQ_JOB_DIR"] = job_dir(m_setup.state_dir, id);
   if (owner) {
     env["HOME"] = owner->home;
     env["USER"] = env["LOGNAME"] = owner->name;
@@ -77,9 +88,9 @@ void Daemon::start_hooks(std::int64_t id) {
   int started = 0;
   for (std::size_t k = 0; k < hooks.size(); ++k) {
     const std::string name = "on-finish-" + std::to_string(rec.restarts) + "-" + std::to_string(k);
-    const std::string dir = job_dir(m_config.state_dir, id) + "/" + name;
+    const std::string dir = job_dir(m_setup.state_dir, id) + "/" + name;
     auto made = !as_owner ? common::ensure_private_dir(dir)
-                : owner   ? make_owned_subdir(m_config.state_dir, id, name, owner->uid, m_config.admin_gid, owner->gid)
+                : owner   ? make_owned_subdir(m_setup.state_dir, id, name, owner->uid, m_setup.admin_gid, owner->gid)
                           : Result<bool>(Error{ErrorCode::not_found, "its owner, uid " + std::to_string(rec.uid) +
                                                                          ", has no account in the user database"});
     // Readable by the hook, which runs as the job's owner; the directory keeps everyone else out.
@@ -87,8 +98,8 @@ void Daemon::start_hooks(std::int64_t id) {
       made = write_file_atomic(dir + "/input.json", input.dump(-1, ' ', false, json::error_handler_t::replace), 0644);
     json doc = {{"job_id", id},
                 {"attempt", rec.attempt},
-                {"timeout_s", m_config.hook_timeout_s},
-                {"grace_s", std::min(m_config.grace_s, 5.0)},
+                {"timeout_s", m_setup.timeout_s},
+                {"grace_s", std::min(m_setup.grace_s, 5.0)},
                 {"log_limit_bytes", k_hook_log_bytes},
                 {"ranks", json::array({{{"rank", 0},
                                         {"argv", hooks[k]},
@@ -100,7 +111,7 @@ void Daemon::start_hooks(std::int64_t id) {
                 {"exit_file", dir + "/exit.json"}};
     if (owner) doc["run_as"] = {{"uid", owner->uid}, {"gid", owner->gid}, {"groups", owner->groups}, {"user", owner->name}};
     if (made) made = write_file_atomic(dir + "/launch.json", doc.dump());
-    Result<int> pid = made ? spawn_supervisor(m_config.shim_path, dir) : Result<int>(made.error());
+    Result<int> pid = made ? m_spawn(dir) : Result<int>(made.error());
     if (!pid) {
       std::cerr << "gpuqd: job " << id << ": cannot run its on_finish hook " << name << ": " << pid.error().message << "\n";
       continue;
@@ -111,24 +122,24 @@ void Daemon::start_hooks(std::int64_t id) {
       continue;
     }
     ++started;
-    ++m_hook_processes;
+    ++m_processes;
     auto watch = std::make_shared<asio::posix::stream_descriptor>(m_io, fd);
     watch->async_wait(asio::posix::stream_descriptor::wait_read,
                       [this, watch, id, dir, pid = *pid, uid = rec.uid](const boost::system::error_code&) {
-                        hook_ended(id, dir, pid, uid);
+                        ended(id, dir, pid, uid);
                       });
   }
-  if (started) m_hooks_running[id] = started;
-  else m_store->hooks_done(id);
+  if (started) m_jobs[id] = started;
+  else m_store.hooks_done(id);
 }
 
-void Daemon::hook_ended(std::int64_t id, const std::string& dir, int pid, uid_t owner) {
+void Hooks::ended(std::int64_t id, const std::string& dir, int pid, uid_t owner) {
   ::waitpid(pid, nullptr, WNOHANG);  // our child: reap it
-  --m_hook_processes;
+  --m_processes;
   const json out = read_exit_record(dir + "/exit.json", 64 << 10, owner);
   std::string how = "ended";
   if (out.value("timed_out", false)) {
-    how = "was killed after hook_timeout_s (" + std::to_string(static_cast<long long>(m_config.hook_timeout_s)) + " s)";
+    how = "was killed after hook_timeout_s (" + std::to_string(static_cast<long long>(m_setup.timeout_s)) + " s)";
   } else if (const auto f = out.find("first_failure"); f != out.end() && f->is_object()) {
     how = f->contains("signal") ? "was killed by signal " + (*f)["signal"].dump()
                                 : "exited with code " + f->value("exit_code", json(-1)).dump();
@@ -136,15 +147,15 @@ void Daemon::hook_ended(std::int64_t id, const std::string& dir, int pid, uid_t 
     how = "failed: " + out.value("error", std::string());
   }
   if (how != "ended") std::cerr << "gpuqd: job " << id << ": on_finish hook " << how << " (log " << dir << "/rank-0.log)\n";
-  if (auto it = m_hooks_running.find(id); it != m_hooks_running.end() && --it->second == 0) {
-    m_hooks_running.erase(it);
+  if (auto it = m_jobs.find(id); it != m_jobs.end() && --it->second == 0) {
+    m_jobs.erase(it);
     try {
-      m_store->hooks_done(id);
+      m_store.hooks_done(id);
     } catch (const std::exception& e) {  // still marked started: it will not run again
       std::cerr << "gpuqd: job " << id << ": " << e.what() << "\n";
     }
   }
-  run_hooks();
+  run();
 }
 
 }  // namespace gpuq::daemon

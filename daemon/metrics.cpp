@@ -94,7 +94,7 @@ std::string Daemon::metrics_text() {
     if (a.rec.batch != 0) ++(running ? batches[a.rec.batch].second : batches[a.rec.batch].first);
   }
   e.family("gpuq_jobs", "gauge", "Jobs queued (held, waiting or retrying included) and running, by user");
-  for (const auto& [key, n] : jobs) e.sample("gpuq_jobs", {{"state", key.first}, {"user", name_of(key.second)}}, n);
+  for (const auto& [key, n] : jobs) e.sample("gpuq_jobs", {{"state", key.first}, {"user", m_users.name_of(key.second)}}, n);
   // Batches with jobs in line or running: the 50 largest, so a thousand sweeps make no thousand series.
   std::vector<std::pair<std::int64_t, std::pair<int, int>>> big(batches.begin(), batches.end());
   std::stable_sort(big.begin(), big.end(), [](const auto& a, const auto& b) {
@@ -176,9 +176,9 @@ std::string Daemon::metrics_text() {
   e.sample("gpuq_store_bytes", {}, bytes);
 
   e.family("gpuq_hooks_running", "gauge", "on_finish hooks running");
-  e.sample("gpuq_hooks_running", {}, m_hook_processes);
+  e.sample("gpuq_hooks_running", {}, m_hooks.running());
   e.family("gpuq_hooks_waiting", "gauge", "Jobs whose on_finish hooks wait for a turn");
-  e.sample("gpuq_hooks_waiting", {}, static_cast<double>(m_hooks_due.size()));
+  e.sample("gpuq_hooks_waiting", {}, static_cast<double>(m_hooks.waiting()));
 
   e.family("gpuq_requests_total", "counter", "Client requests on the unix socket, by command");
   for (const auto& [cmd, n] : c.requests) e.sample("gpuq_requests_total", {{"command", cmd}}, static_cast<double>(n));

@@ -83,7 +83,7 @@ json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
   auto& d = out.details;
   if (rec.state != JobState::queued) {
     d.push_back(rec.state == JobState::running ? "it is running" : "it has ended " + std::string(to_string(rec.state)));
-    if (const auto note = hang_note(rec, wall_now()); !note.empty() && may_read_details(caller, rec))
+    if (const auto note = m_hangs.note(rec, wall_now()); !note.empty() && may_read_details(caller, rec))
       d.push_back("it has made " + note);
     return out;
   }
@@ -101,7 +101,7 @@ json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
   }
   if (auto l = m_at_limit.find(rec.batch); l != m_at_limit.end()) d.push_back(batch_limit_reason(rec.batch, l->second));
   if (auto u = m_users_at_limit.find(rec.uid); u != m_users_at_limit.end() && user_at_limit(u->second, rec.spec.gpus))
-    d.push_back(user_limit_reason(name_of(rec.uid), u->second, rec.spec.gpus));
+    d.push_back(user_limit_reason(m_users.name_of(rec.uid), u->second, rec.spec.gpus));
 
   // The GPUs: how many it could ever have here, which are free, who holds the others.
   int usable = 0, free = 0;
@@ -130,7 +130,7 @@ json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
     for (int g : gpus) list += (list.empty() ? "" : ", ") + std::to_string(g);
     const auto it = m_active.find(id);
     d.push_back("GPU(s) " + list + " are reserved for job " + std::to_string(id) +
-                (it != m_active.end() ? " (" + name_of(it->second.rec.uid) + "'s " + it->second.rec.spec.name + ")" : "") +
+                (it != m_active.end() ? " (" + m_users.name_of(it->second.rec.uid) + "'s " + it->second.rec.spec.name + ")" : "") +
                 ", ahead of it");
   }
   if (rec.spec.gpus == 0) return out;
@@ -138,7 +138,7 @@ json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
     const JobRecord& r = m_active.at(id).rec;
     if (r.run.gpus.empty()) continue;
     const double ends = r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + m_config.grace_s : 0;
-    out.holders.push_back({r.id, r.spec.name, name_of(r.uid), r.run.gpus, ends});
+    out.holders.push_back({r.id, r.spec.name, m_users.name_of(r.uid), r.run.gpus, ends});
   }
   std::sort(out.holders.begin(), out.holders.end(), [](const auto& a, const auto& b) {
     return (a.ends_by > 0 ? a.ends_by : k_never) < (b.ends_by > 0 ? b.ends_by : k_never);

@@ -217,7 +217,7 @@ bool Daemon::choose_part(Restarting& r) {
                                    : missing_job(dep) + ", so it cannot run again"));
       outside.insert(dep);
     }
-  check_restart_limits(r.chosen);  // max_queued, as at submit
+  m_users.check_restart(r.chosen, [this](uid_t u) { return queued_or_running(u); });  // max_queued, as at submit
   r.outside.assign(outside.begin(), outside.end());
   for (auto dep : r.outside) m_restarting_needs.insert(dep);  // kept from clean --forget until requeued
   if (!r.outside.empty()) ++m_needs_changed;

@@ -219,8 +219,8 @@ void Daemon::schedule_now() {
     std::map<std::uint32_t, double> usage;
     for (const auto& job : queue)
       if (!usage.count(job.user)) {
-        usage[job.user] = recent_use(job.user, now);
-        if (const auto* l = limits_of(job.user); l && (l->max_running > 0 || l->max_gpus > 0))
+        usage[job.user] = m_users.recent_use(job.user, now);
+        if (const auto* l = m_users.limits_of(job.user); l && (l->max_running > 0 || l->max_gpus > 0))
           users[job.user] = {l->max_running, 0, l->max_gpus, 0};
       }
     for (std::int64_t id : m_running) {  // running jobs' GPU time so far counts as recent use
@@ -400,7 +400,7 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
   const std::string adir = attempt_dir(m_config.state_dir, next.id, next.attempt);
   // Lab mode: a job of another user than gpuqd's runs as that user (the shim becomes them).
   const bool as_owner = m_config.multi_user && next.uid != ::geteuid();
-  const common::Account* owner = as_owner ? account(next.uid) : nullptr;
+  const common::Account* owner = as_owner ? m_users.account(next.uid) : nullptr;
   if (as_owner) {
     auto made = owner ? make_owned_dirs(m_config.state_dir, next.id, next.attempt, owner->uid, m_config.admin_gid, owner->gid)
                       : Result<bool>(Error{ErrorCode::not_found, "its owner, uid " + std::to_string(next.uid) +
@@ -467,13 +467,6 @@ void Daemon::start_attempt(Active& a) {
   }
 }
 
-const common::Account* Daemon::account(uid_t uid) {
-  auto known = m_accounts.find(uid);
-  if (known == m_accounts.end())  // its jobs were submitted before gpuqd's last start
-    if (auto found = common::account_of(uid)) known = m_accounts.emplace(uid, std::move(*found)).first;
-  return known != m_accounts.end() ? &known->second : nullptr;
-}
-
 Executor::Attempt Daemon::attempt_of(const JobRecord& rec) const {
   Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}, rec.uid};
   if (m_executor->places_work())
@@ -522,8 +515,7 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
   const double now = wall_now();
   const JobRecord& rec = a.rec;
   // Stopped by check_hangs: a failure, to be retried, not a cancel.
-  const std::string hung = m_hang_stopped.erase(rec.id) ? "stopped: " + hang_note(rec, now) : "";
-  m_hung.erase(rec.id);
+  const std::string hung = m_hangs.ended(rec, now);
   if (outcome.value("withdrawn", false) && !rec.run.cancel_requested) {
     // Taken back before it started (withdraw_orphans): in line again as the same attempt, to
     // wait for its dependency's next attempt, or to fail with it.
@@ -591,14 +583,14 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     JobRecord queued = next_record(failed, event::Retried{now + delay, end.reason});
     ++m_metrics.retries;
     commit({std::move(failed), std::move(queued)});
-    if (gpu_s > 0) add_use(owner, gpu_s, now);
+    if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
     withdraw_orphans();
     schedule_soon();
     return;
   }
   const bool succeeded = end.state == JobState::succeeded;
   commit({next_record(rec, end)});  // `a` is gone: the job has ended
-  if (gpu_s > 0) add_use(owner, gpu_s, now);
+  if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
   if (!succeeded) withdraw_orphans();
   schedule_soon();
 }
@@ -613,14 +605,14 @@ void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::strin
     JobRecord& r = changed[i];
     r.hook_due = is_terminal(r.state) && (i + 1 == changed.size() || changed[i + 1].id != r.id) &&
                  m_active.count(r.id) && !is_terminal(m_active.at(r.id).rec.state) &&
-                 (!m_config.on_finish.empty() || !r.spec.on_finish.empty());
+                 m_hooks.any_for(r.spec);
     if (r.hook_due) hooks.push_back(r.id);
     rows.push_back(&r);
   }
   for (const auto& r : also) quiet.push_back(&r);
   m_store->update_many(rows, why, quiet);  // throws before anything changed in memory
-  for (std::int64_t id : hooks) m_hooks_due.push_back(id);
-  if (!hooks.empty()) asio::post(m_io, [this] { run_hooks(); });
+  for (std::int64_t id : hooks) m_hooks.due(id);
+  if (!hooks.empty()) asio::post(m_io, [this] { m_hooks.run(); });
   for (std::size_t i = 0; i < changed.size(); ++i)
     if (i + 1 == changed.size() || changed[i + 1].id != changed[i].id) apply(std::move(changed[i]));
   for (auto& r : also) apply(std::move(r));
@@ -741,46 +733,17 @@ bool Daemon::ingest(Active& a, bool ended) {
 }
 
 void Daemon::check_hangs(double now) {
-  if (m_config.hang_after_s <= 0 || now - m_hangs_checked < 1) return;
-  m_hangs_checked = now;
-  std::optional<std::vector<GpuReading>> readings;  // read once a check, and only when needed
-  for (std::int64_t id : m_running) {
-    const JobRecord& r = m_active.at(id).rec;
-    const auto at = r.run.progress.is_object() ? r.run.progress.find("at") : r.run.progress.end();
-    // Judged only once it has said how it progresses, and on this attempt.
-    const bool silent = at != r.run.progress.end() && at->is_number() && at->get<double>() >= r.run.started_at &&
-                        now - at->get<double>() > m_config.hang_after_s;
-    if (!silent) {
-      m_hung.erase(id);
-      continue;
-    }
-    if (!r.run.gpus.empty()) {  // busy GPUs (NVML's word) say it still works, quietly
-      if (!readings) readings = m_inventory.read();
-      bool busy = false;
-      for (int g : r.run.gpus)
-        for (std::size_t i = 0; i < m_inventory.gpus().size() && i < readings->size(); ++i)
-          if (m_inventory.gpus()[i].index == g && (*readings)[i].utilization && *(*readings)[i].utilization > 10) busy = true;
-      if (busy) {
-        m_hung.erase(id);
-        continue;
-      }
-    }
-    if (!m_hung.insert(id).second) continue;
-    std::cerr << "gpuqd: job " << id << " (" << r.spec.name << ") " << hang_note(r, now)
-              << (m_config.hang_retry() ? "; stopping it, to be retried" : "") << "\n";
-    if (m_config.hang_retry() && !r.run.cancel_requested && m_hang_stopped.insert(id).second) m_executor->stop(id);
-  }
-}
-
-std::string Daemon::hang_note(const JobRecord& r, double now) const {
-  if (!m_hung.count(r.id)) return "";
-  const double at = r.run.progress.value("at", now);
-  std::string where;
-  for (const char* key : {"epoch", "step"})
-    if (auto it = r.run.progress.find(key); it != r.run.progress.end() && it->is_number())
-      where += std::string(where.empty() ? " at " : ", ") + key + " " + it->dump();
-  return "no progress for " + std::to_string(static_cast<long long>(now - at)) + " s since its last progress event" +
-         where + " (hang_after_s " + std::to_string(static_cast<long long>(m_config.hang_after_s)) + "): it may be hung";
+  std::vector<const JobRecord*> running;
+  for (std::int64_t id : m_running) running.push_back(&m_active.at(id).rec);
+  std::optional<std::vector<GpuReading>> readings;  // read once a check, and only when asked
+  const auto busy = [&](const JobRecord& r) {
+    if (!readings) readings = m_inventory.read();
+    for (int g : r.run.gpus)
+      for (std::size_t i = 0; i < m_inventory.gpus().size() && i < readings->size(); ++i)
+        if (m_inventory.gpus()[i].index == g && (*readings)[i].utilization && *(*readings)[i].utilization > 10) return true;
+    return false;
+  };
+  for (std::int64_t id : m_hangs.check(now, running, busy)) m_executor->stop(id);
 }
 
 void Daemon::arm_ingest_timer() {

@@ -52,7 +52,7 @@ void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& 
 
 void Daemon::submit_checked(const std::shared_ptr<Submission>& s) {
   if (!s->checked) return s->reply(common::error_reply(s->checked.error()));
-  if (s->account) m_accounts[s->account->uid] = *s->account;  // as of now, for the launches
+  if (s->account) m_users.remember(*s->account);  // as of now, for the launches
   auto& batch = *s->checked;
   std::map<std::int64_t, bool> known;  // each id looked up once, however many jobs name it
   for (const auto& [i, id] : batch.outside_deps) {
@@ -66,7 +66,7 @@ void Daemon::submit_checked(const std::shared_ptr<Submission>& s) {
   if (!batch.problems.empty()) return s->reply(common::error_reply(batch.refusal()));
   if (!batch.jobs.empty()) {
     try {  // lab mode: the owner's limits, as they stand now
-      check_user_limits(s->caller, batch.jobs.front().uid, batch.jobs);
+      m_users.check_submission(s->caller, batch.jobs.front().uid, batch.jobs, [this](uid_t u) { return queued_or_running(u); });
     } catch (const RequestError& e) {
       return s->reply(common::error_reply(e.code(), e.what()));
     }
