@@ -38,11 +38,18 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                 job.erase("ok");
                 return job;
               }),
+      m_health(io, m_inventory, *m_store, m_config.health_interval_s, [this] { schedule_soon(); }),
+      m_gpu_processes(io, m_inventory, m_config.gpu_process_interval_s,
+                      [this] {
+                        std::vector<GpuProcesses::Running> out;
+                        for (std::int64_t id : m_running)
+                          out.push_back({id, m_executor->supervisor_pid(id), m_active.at(id).rec.run.gpus});
+                        return out;
+                      },
+                      [this] { schedule_soon(); }),
       m_hangs(m_config.hang_after_s, m_config.hang_retry()),
       m_ingest_timer(io),
       m_backoff_timer(io),
-      m_health_timer(io),
-      m_process_timer(io),
       m_forget_timer(io),
       m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { on_attempt_end(id); })
                  : m_config.executor == "slurm"
@@ -54,7 +61,6 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
   m_cores = std::move(slot_cores.cores);
   m_core_nodes = std::move(slot_cores.nodes);
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
-  m_drained = m_store->drained_gpus();
   m_executor->on_handed([this](std::int64_t) {
     if (!m_with_deps.empty()) schedule_soon();  // a job may wait for this one to be handed over
   });
@@ -116,8 +122,8 @@ void Daemon::recover() {
   }
   resume_restarts();
   arm_ingest_timer();
-  start_health_checks();
-  watch_gpu_processes();
+  m_health.start();
+  m_gpu_processes.start(m_inventory.source().rfind("nvml", 0) == 0 && !m_executor->places_work());
   m_hooks.run();
   forget_old_jobs();
   schedule_soon();
@@ -307,7 +313,7 @@ common::JobInfo Daemon::info_of(const JobRecord& stored, const Caller& viewer) c
     else if (limit != m_at_limit.end()) wait_reason = batch_limit_reason(r.batch, limit->second);
     else if (user != m_users_at_limit.end() && user_at_limit(user->second, r.spec.gpus))
       wait_reason = user_limit_reason(m_users.name_of(r.uid), user->second, r.spec.gpus);
-    else if (m_tail_stopped) wait_reason = with_drain_note(r.spec.gpus, tail_wait_reason(pending_of(r), m_tail));
+    else if (m_tail_stopped) wait_reason = m_health.with_drain_note(r.spec.gpus, tail_wait_reason(pending_of(r), m_tail));
     else wait_reason = a.wait_reason;
   }
   common::JobInfo i;
@@ -341,11 +347,8 @@ common::JobInfo Daemon::info_of(const JobRecord& stored, const Caller& viewer) c
     i.hung = true;
     i.reason = m_hangs.note(r, wall_now());
   }
-  if (auto w = r.state == JobState::running ? m_gpu_watch.find(r.id) : m_gpu_watch.end(); w != m_gpu_watch.end()) {
-    std::int64_t peak = -1;
-    for (const auto& [gpu, mb] : w->second.peak_mb) peak = std::max(peak, mb);
-    if (peak >= 0) i.gpu_memory_peak_mb = peak;
-  }
+  if (r.state == JobState::running)
+    if (const auto peak = m_gpu_processes.peak_mb(r.id)) i.gpu_memory_peak_mb = *peak;
   if (r.held && r.state == JobState::queued)
     i.reason = "held until `gpuq release " + std::to_string(r.id) + "`" + (r.reason.empty() ? "" : "; " + r.reason);
   i.progress = r.run.progress;

@@ -30,6 +30,8 @@
 #include "common/protocol.hpp"
 #include "common/users.hpp"
 #include "daemon/executor.hpp"
+#include "daemon/gpu_service.hpp"
+#include "daemon/gpu_processes.hpp"
 #include "daemon/hang_watch.hpp"
 #include "daemon/hooks.hpp"
 #include "daemon/inventory.hpp"
@@ -236,32 +238,6 @@ class Daemon {
   json cmd_update(const Caller& caller, const common::UpdateRequest& q);
   json cmd_drain(const Caller& caller, const common::DrainRequest& q);
   json cmd_undrain(const Caller& caller, const common::DrainRequest& q);
-  json set_drained(const common::DrainRequest& q, bool drain);
-  // Takes one GPU out of service or puts it back: the store, the in-memory set, the log.
-  void mark_drained(const Gpu& g, bool drain, const std::string& reason);
-  std::string with_drain_note(int gpus_needed, std::string reason) const;
-  // For a job that names its GPU memory: the memory held outside gpuq, where there is some.
-  std::string with_foreign_note(std::int64_t memory_mb, std::string reason) const;
-  // NVML health checks every health_interval_s: a GPU found lost, with failed row remapping or
-  // with new uncorrectable ECC errors is drained, its reason starting "health check: ".
-  void start_health_checks();
-  void check_health();
-  // One health reading: drains what check_health would, and keeps the Xids for failed jobs' reasons.
-  void read_health();
-  // ---- the processes on the GPUs (gpu_processes.cpp) ----
-  struct SeenProcess {
-    int pid = 0;
-    std::optional<std::int64_t> used_mb;
-    std::int64_t job = 0;  // the running job it descends from; 0: outside gpuq
-  };
-  // What NVML lists on each GPU now, in inventory order, each told as a running job's or not;
-  // nullopt where NVML cannot list them.
-  std::vector<std::optional<std::vector<SeenProcess>>> gpu_processes() const;
-  // Every gpu_process_interval_s with NVML GPUs: look_at_gpu_processes.
-  void watch_gpu_processes();
-  // One look: the memory outside gpuq on each GPU (m_foreign_mb, which a pass counts as used),
-  // and for each running job its processes' peak and what others did on its GPUs (m_gpu_watch).
-  void look_at_gpu_processes();
   // What the GPUs say of a failed attempt: for CUDA out of memory, its peak and the processes
   // outside gpuq that grew on its GPUs; for any failure, the Xids its GPUs reported meanwhile.
   // "" when nothing.
@@ -354,6 +330,8 @@ class Daemon {
   Inventory m_inventory;
   Users m_users;  // callers, accounts, lab mode's limits and fair share (users.hpp)
   Hooks m_hooks;  // on_finish hooks (hooks.hpp)
+  GpuService m_health;  // GPUs in and out of service, health checks (gpu_service.hpp)
+  GpuProcesses m_gpu_processes;  // what runs on the GPUs, ours and others' (gpu_processes.hpp)
   std::vector<int> m_cores;  // usable cores in slot order (cpu_topology.hpp): slot s is core m_cores[s % size]
   std::vector<int> m_core_nodes;  // the NUMA node of each of m_cores
   std::map<std::int64_t, Active> m_active;                    // queued and running jobs
@@ -370,8 +348,6 @@ class Daemon {
   std::pmr::map<std::pair<int, std::int64_t>, Queued> m_queue{&m_queue_pool};
   std::set<std::int64_t> m_with_deps;                      // queued jobs with `after`
   std::set<std::int64_t> m_held;                           // queued jobs held out of line
-  std::map<std::string, std::string> m_drained;            // GPUs out of service: UUID -> reason
-  std::map<std::string, std::optional<std::uint64_t>> m_ecc_base;  // UUID -> ECC errors when last found healthy
   std::map<std::int64_t, int> m_batch_limits;              // batch -> max_running, for those with one
   std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;
@@ -379,7 +355,6 @@ class Daemon {
   // Counts changes to what still_needed() would say (a queued job with `after`, a new wait).
   std::uint64_t m_needs_changed = 0;
   std::uint64_t m_pass = 0;  // scheduling passes so far
-  std::uint64_t m_health_checks = 0;  // GPU health readings so far
   bool m_tail_stopped = false;  // the last pass stopped early: the jobs it left wait as m_tail says
   bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back
   TailState m_tail;
@@ -397,26 +372,9 @@ class Daemon {
   MetricCounters m_metrics;
   double m_started_at = 0;  // wall clock, for gpuq_start_time_seconds
   static constexpr std::size_t k_max_batch_series = 50;
-  std::map<int, std::int64_t> m_foreign_mb;  // GPU index -> MiB held outside gpuq, at the last look
-  struct OtherProcess {  // a process outside gpuq on a running job's GPU
-    int gpu = 0;
-    std::int64_t first_mb = 0, peak_mb = 0;
-    bool at_start = false;  // there at the job's first look
-  };
-  struct GpuWatch {
-    std::map<int, std::int64_t> peak_mb;     // GPU -> the job's processes' memory on it, at most
-    std::map<int, OtherProcess> others;       // pid -> (at most k_max_watched_others)
-    bool looked = false;
-  };
-  static constexpr std::size_t k_max_watched_others = 16;
-  std::map<std::int64_t, GpuWatch> m_gpu_watch;  // running jobs -> what their GPUs showed
-  std::map<int, std::deque<std::pair<double, std::uint64_t>>> m_xids_seen;  // GPU index -> recent Xids (at, xid)
-  static constexpr std::size_t k_max_xids_kept = 16;
   HangWatch m_hangs;  // running jobs silent too long (hang_watch.hpp)
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
-  asio::steady_timer m_health_timer;
-  asio::steady_timer m_process_timer;
   asio::steady_timer m_forget_timer;
   // Jobs a restart under way has chosen and not yet requeued: no other restart takes them and no
   // clean touches them. And the jobs outside it that they will wait for, kept from clean --forget.

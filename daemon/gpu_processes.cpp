@@ -1,12 +1,11 @@
-// The processes on the GPUs, as NVML lists them: which are a running job's (descendants of its
-// supervisor, a subreaper, so a job's daemonised helpers stay its own) and which gpuq did not
-// start (a notebook, an inference server, another user's script). Memory held outside gpuq
-// counts as used when packing shared jobs; a job's peak and what others did on its GPUs go into
-// the reason of a job that ran out of GPU memory; `gpuq gpus` names them all.
-#include "daemon/daemon.hpp"
+// The processes on the GPUs (gpu_processes.hpp).
+#include "daemon/gpu_processes.hpp"
 
 #include <algorithm>
-#include <iostream>
+#include <cstdlib>
+#include <set>
+
+#include "common/process.hpp"
 
 namespace gpuq::daemon {
 
@@ -26,12 +25,20 @@ std::int64_t job_of(int pid, const std::map<int, std::int64_t>& supervisors) {
 
 }  // namespace
 
-std::vector<std::optional<std::vector<Daemon::SeenProcess>>> Daemon::gpu_processes() const {
+GpuProcesses::GpuProcesses(boost::asio::io_context& io, const Inventory& inventory, double interval_s,
+                           std::function<std::vector<Running>()> running, std::function<void()> changed)
+    : m_inventory(inventory),
+      m_interval_s(interval_s),
+      m_running(std::move(running)),
+      m_changed(std::move(changed)),
+      m_timer(io) {}
+
+GpuProcesses::Lists GpuProcesses::list() const {
   const auto listed = m_inventory.processes();
-  std::vector<std::optional<std::vector<SeenProcess>>> out(listed.size());
+  Lists out(listed.size());
   std::map<int, std::int64_t> supervisors;
-  for (std::int64_t id : m_running)
-    if (const int pid = m_executor->supervisor_pid(id); pid > 0) supervisors[pid] = id;
+  for (const auto& r : m_running())
+    if (r.supervisor_pid > 0) supervisors[r.supervisor_pid] = r.id;
   for (std::size_t i = 0; i < listed.size(); ++i) {
     if (!listed[i]) continue;
     auto& list = out[i].emplace();
@@ -40,23 +47,25 @@ std::vector<std::optional<std::vector<Daemon::SeenProcess>>> Daemon::gpu_process
   return out;
 }
 
-void Daemon::watch_gpu_processes() {
-  if (m_config.gpu_process_interval_s <= 0 || m_inventory.source().rfind("nvml", 0) != 0 ||
-      m_executor->places_work())
-    return;
-  look_at_gpu_processes();
-  m_process_timer.expires_after(
-      std::chrono::milliseconds(static_cast<long long>(m_config.gpu_process_interval_s * 1000)));
-  m_process_timer.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) watch_gpu_processes();
+void GpuProcesses::start(bool enabled) {
+  m_enabled = enabled;
+  if (on()) tick();
+}
+
+void GpuProcesses::tick() {
+  look();
+  m_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_interval_s * 1000)));
+  m_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) tick();
   });
 }
 
-void Daemon::look_at_gpu_processes() {
-  const auto seen = gpu_processes();
+void GpuProcesses::look() { observe(list(), m_running()); }
+
+void GpuProcesses::observe(const Lists& seen, const std::vector<Running>& running) {
   std::map<int, std::int64_t> foreign;
   std::map<std::int64_t, std::map<int, std::int64_t>> own;  // job -> GPU -> its processes' memory now
-  for (std::size_t i = 0; i < seen.size(); ++i) {
+  for (std::size_t i = 0; i < seen.size() && i < m_inventory.gpus().size(); ++i) {
     if (!seen[i]) continue;
     const int gpu = m_inventory.gpus()[i].index;
     for (const auto& p : *seen[i]) {
@@ -65,25 +74,24 @@ void Daemon::look_at_gpu_processes() {
       else foreign[gpu] += mb;
     }
   }
-  // Each running job's watch: its peak, and the others on its GPUs.
-  for (auto it = m_gpu_watch.begin(); it != m_gpu_watch.end();)
-    it = m_active.count(it->first) && m_active.at(it->first).rec.state == JobState::running ? std::next(it)
-                                                                                           : m_gpu_watch.erase(it);
-  for (std::int64_t id : m_running) {
-    const JobRecord& r = m_active.at(id).rec;
-    if (r.run.gpus.empty()) continue;
-    GpuWatch& w = m_gpu_watch[id];
-    for (const auto& [gpu, mb] : own[id]) w.peak_mb[gpu] = std::max(w.peak_mb[gpu], mb);
-    for (std::size_t i = 0; i < seen.size(); ++i) {
+  // Each running job's watch: its peak, and the others on its GPUs. Those no longer running go.
+  std::set<std::int64_t> ids;
+  for (const auto& r : running) ids.insert(r.id);
+  for (auto it = m_watch.begin(); it != m_watch.end();) it = ids.count(it->first) ? std::next(it) : m_watch.erase(it);
+  for (const auto& r : running) {
+    if (r.gpus.empty()) continue;
+    Watch& w = m_watch[r.id];
+    for (const auto& [gpu, mb] : own[r.id]) w.peak_mb[gpu] = std::max(w.peak_mb[gpu], mb);
+    for (std::size_t i = 0; i < seen.size() && i < m_inventory.gpus().size(); ++i) {
       const int gpu = m_inventory.gpus()[i].index;
-      if (!seen[i] || std::find(r.run.gpus.begin(), r.run.gpus.end(), gpu) == r.run.gpus.end()) continue;
+      if (!seen[i] || std::find(r.gpus.begin(), r.gpus.end(), gpu) == r.gpus.end()) continue;
       for (const auto& p : *seen[i]) {
         if (p.job) continue;
         const std::int64_t mb = p.used_mb.value_or(0);
         auto o = w.others.find(p.pid);
         if (o == w.others.end()) {
           if (w.others.size() >= k_max_watched_others) continue;
-          o = w.others.emplace(p.pid, OtherProcess{gpu, mb, mb, !w.looked}).first;
+          o = w.others.emplace(p.pid, Other{gpu, mb, mb, !w.looked}).first;
         }
         o->second.peak_mb = std::max(o->second.peak_mb, mb);
       }
@@ -92,11 +100,11 @@ void Daemon::look_at_gpu_processes() {
   }
   if (foreign != m_foreign_mb) {  // room on a GPU came or went: jobs may start, reasons change
     m_foreign_mb = std::move(foreign);
-    schedule_soon();
+    m_changed();
   }
 }
 
-std::string Daemon::with_foreign_note(std::int64_t memory_mb, std::string reason) const {
+std::string GpuProcesses::with_foreign_note(std::int64_t memory_mb, std::string reason) const {
   if (m_foreign_mb.empty() || memory_mb <= 0) return reason;  // the usual case, and a pass's hot path
   std::string held;
   for (const auto& [gpu, mb] : m_foreign_mb)
@@ -104,38 +112,33 @@ std::string Daemon::with_foreign_note(std::int64_t memory_mb, std::string reason
   return held.empty() ? reason : reason + " (held outside gpuq: " + held + ")";
 }
 
-std::string Daemon::gpu_failure_notes(const JobRecord& r, const json& failure) {
-  if (r.run.gpus.empty() || m_inventory.source().rfind("nvml", 0) != 0) return "";
+std::optional<std::int64_t> GpuProcesses::peak_mb(std::int64_t id) const {
+  const auto w = m_watch.find(id);
+  if (w == m_watch.end() || w->second.peak_mb.empty()) return std::nullopt;
+  std::int64_t peak = 0;
+  for (const auto& [gpu, mb] : w->second.peak_mb) peak = std::max(peak, mb);
+  return peak;
+}
+
+std::vector<std::string> GpuProcesses::oom_notes(std::int64_t id, const std::map<int, std::int64_t>& memory_total,
+                                                 const std::function<std::string(int pid)>& owner) const {
   std::vector<std::string> notes;
-  const auto cls = failure.is_object() ? failure.find("class") : failure.end();
-  if (failure.is_object() && cls != failure.end() && *cls == "cuda_oom") {
-    if (m_config.gpu_process_interval_s > 0 && !m_executor->places_work()) look_at_gpu_processes();  // the latest
-    if (auto w = m_gpu_watch.find(r.id); w != m_gpu_watch.end()) {
-      for (const auto& [gpu, mb] : w->second.peak_mb) {
-        const Gpu* g = m_inventory.find(gpu);
-        notes.push_back("its processes held up to " + std::to_string(mb) + " MiB of GPU " + std::to_string(gpu) +
-                        (g ? "'s " + std::to_string(g->memory_total_mb) + " MiB" : ""));
-      }
-      for (const auto& [pid, o] : w->second.others) {
-        if (o.at_start && o.peak_mb <= o.first_mb) continue;  // there all along, and no bigger
-        const auto owner = common::process_owner(pid);
-        const std::string who = "pid " + std::to_string(pid) + (owner ? " of " + m_users.name_of(*owner) : "") + " outside gpuq";
-        notes.push_back(o.at_start ? who + " grew from " + std::to_string(o.first_mb) + " to " +
-                                         std::to_string(o.peak_mb) + " MiB on GPU " + std::to_string(o.gpu)
-                                   : who + " came to hold " + std::to_string(o.peak_mb) + " MiB on GPU " +
-                                         std::to_string(o.gpu));
-      }
-    }
+  const auto w = m_watch.find(id);
+  if (w == m_watch.end()) return notes;
+  for (const auto& [gpu, mb] : w->second.peak_mb) {
+    const auto total = memory_total.find(gpu);
+    notes.push_back("its processes held up to " + std::to_string(mb) + " MiB of GPU " + std::to_string(gpu) +
+                    (total != memory_total.end() ? "'s " + std::to_string(total->second) + " MiB" : ""));
   }
-  if (m_config.health_interval_s > 0) {
-    read_health();  // Xids not yet read
-    for (int gpu : r.run.gpus)
-      for (const auto& [at, xid] : m_xids_seen[gpu])
-        if (at >= r.run.started_at) notes.push_back("GPU " + std::to_string(gpu) + " reported " + xid_words(xid));
+  for (const auto& [pid, o] : w->second.others) {
+    if (o.at_start && o.peak_mb <= o.first_mb) continue;  // there all along, and no bigger
+    const std::string user = owner(pid);
+    const std::string who = "pid " + std::to_string(pid) + (user.empty() ? "" : " of " + user) + " outside gpuq";
+    notes.push_back(o.at_start ? who + " grew from " + std::to_string(o.first_mb) + " to " + std::to_string(o.peak_mb) +
+                                     " MiB on GPU " + std::to_string(o.gpu)
+                               : who + " came to hold " + std::to_string(o.peak_mb) + " MiB on GPU " + std::to_string(o.gpu));
   }
-  std::string out;
-  for (const auto& n : notes) out += (out.empty() ? "" : "; ") + n;
-  return out;
+  return notes;
 }
 
 }  // namespace gpuq::daemon

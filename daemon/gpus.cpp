@@ -1,5 +1,6 @@
-// The GPUs: `gpus`, taking GPUs out of service and back (`drain`, `undrain`), and the periodic
-// NVML health checks that drain a failing one.
+// The GPUs' handlers: `gpus`, `drain` and `undrain` (admins'), and what the GPUs say of a failed
+// attempt. What they are made of: gpu_service.hpp (in and out of service, health checks) and
+// gpu_processes.hpp (what runs on them).
 #include "daemon/daemon.hpp"
 
 #include <algorithm>
@@ -16,11 +17,11 @@ common::GpusReply Daemon::gpus_reply() {
   common::GpusReply out;
   out.source = m_inventory.source();
   out.scheduling_passes = m_pass;
-  out.health_checks = m_health_checks;
+  out.health_checks = m_health.checks();
   out.events_reads = m_events_reads.reads;
   out.events_read_max_bytes = m_events_reads.max_bytes;
   auto readings = m_inventory.read();
-  const auto processes = gpu_processes();
+  const auto processes = m_gpu_processes.list();
   for (std::size_t i = 0; i < m_inventory.gpus().size(); ++i) {
     const auto& g = m_inventory.gpus()[i];
     common::GpuInfo info;
@@ -29,7 +30,7 @@ common::GpusReply Daemon::gpus_reply() {
     info.name = g.name;
     info.memory_total_mb = g.memory_total_mb;
     if (g.numa_node >= 0) info.numa_node = g.numa_node;
-    if (auto d = m_drained.find(g.uuid); d != m_drained.end()) {
+    if (auto d = m_health.drained().find(g.uuid); d != m_health.drained().end()) {
       info.drained = true;
       info.drain_reason = d->second;
     }
@@ -69,120 +70,32 @@ common::GpusReply Daemon::gpus_reply() {
 
 json Daemon::cmd_drain(const Caller& caller, const common::DrainRequest& q) {
   authorize_admin(caller, "drain GPUs");
-  return set_drained(q, true);
+  m_health.set_drained(q, true);
+  return cmd_gpus();
 }
 json Daemon::cmd_undrain(const Caller& caller, const common::DrainRequest& q) {
   authorize_admin(caller, "undrain GPUs");
-  return set_drained(q, false);
-}
-
-// Takes GPUs out of service (as Slurm's drain) or back: a drained GPU is given to no job, while
-// the jobs already on it run on. Kept by UUID in the store, so it stays drained across restarts
-// even if indices change. Answers with the GPUs as `gpus` does.
-json Daemon::set_drained(const common::DrainRequest& q, bool drain) {
-  std::vector<const Gpu*> targets;
-  for (int index : q.gpus) {
-    const Gpu* g = m_inventory.find(index);
-    if (!g) {
-      std::string have;
-      for (const auto& x : m_inventory.gpus()) have += (have.empty() ? "" : ", ") + std::to_string(x.index);
-      throw RequestError(ErrorCode::not_found, "no GPU " + std::to_string(index) + "; this machine has " +
-                                                   (have.empty() ? "none" : "GPUs " + have) + " (" +
-                                                   m_inventory.source() + ")");
-    }
-    targets.push_back(g);
-  }
-  for (const auto& prefix : q.uuids) {
-    std::vector<const Gpu*> found;
-    for (const auto& g : m_inventory.gpus())
-      if (g.uuid.rfind(prefix, 0) == 0) found.push_back(&g);
-    if (found.size() != 1)
-      throw RequestError(found.empty() ? ErrorCode::not_found : ErrorCode::bad_request,
-                         found.empty() ? "no GPU with UUID " + prefix + " (" + m_inventory.source() + ")"
-                                       : "UUID prefix " + prefix + " names GPUs " + std::to_string(found[0]->index) +
-                                             " and " + std::to_string(found[1]->index) + "; give more of it");
-    targets.push_back(found[0]);
-  }
-  const std::string reason = q.reason.empty() ? "drained with gpuq drain" : q.reason;
-  // Back in service, a GPU's ECC errors so far are forgiven: its health baseline is what it has now.
-  const auto health = !drain && !m_ecc_base.empty() ? m_inventory.health() : std::vector<GpuHealth>{};
-  for (const Gpu* g : targets) {
-    const auto it = m_drained.find(g->uuid);
-    if (drain ? it != m_drained.end() && it->second == reason : it == m_drained.end()) continue;  // as asked already
-    mark_drained(*g, drain, reason);
-    if (!health.empty())  // in gpus() order, which `g` points into
-      m_ecc_base[g->uuid] = health[static_cast<std::size_t>(g - m_inventory.gpus().data())].ecc_uncorrected;
-  }
-  schedule_soon();  // jobs may start on a GPU back in service, and reasons change either way
+  m_health.set_drained(q, false);
   return cmd_gpus();
 }
 
-void Daemon::mark_drained(const Gpu& g, bool drain, const std::string& reason) {
-  m_store->set_drained(g.uuid, drain, reason);
-  if (drain) m_drained[g.uuid] = reason;
-  else m_drained.erase(g.uuid);
-  std::cerr << "gpuqd: GPU " << g.index << (drain ? " drained: " + reason : " back in service") << "\n";
-}
-
-void Daemon::start_health_checks() {
-  if (m_config.health_interval_s <= 0 || m_inventory.source().rfind("nvml", 0) != 0) return;
-  if (!m_inventory.gpus().empty())
-    std::cerr << "gpuqd: " << m_inventory.watch_xids() << " of " << m_inventory.gpus().size()
-              << " GPU(s) report critical Xid events to the health checks\n";
-  // Errors counted before gpuqd started are not held against a GPU: only new ones drain it.
-  const auto health = m_inventory.health();
-  for (std::size_t i = 0; i < health.size(); ++i) m_ecc_base[m_inventory.gpus()[i].uuid] = health[i].ecc_uncorrected;
-  check_health();
-}
-
-void Daemon::check_health() {
-  read_health();
-  m_health_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.health_interval_s * 1000)));
-  m_health_timer.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) check_health();
-  });
-}
-
-void Daemon::read_health() {
-  const auto health = m_inventory.health();
-  ++m_health_checks;
-  const double now = wall_now();
-  bool drained = false;
-  for (std::size_t i = 0; i < health.size(); ++i) {
-    const Gpu& g = m_inventory.gpus()[i];
-    auto& seen = m_xids_seen[g.index];
-    for (auto xid : health[i].xids) {
-      seen.emplace_back(now, xid);
-      if (seen.size() > k_max_xids_kept) seen.pop_front();
-    }
-    if (m_drained.count(g.uuid)) continue;
-    const std::string problem = health_problem(health[i], m_ecc_base[g.uuid]);
-    if (problem.empty()) {
-      m_ecc_base[g.uuid] = health[i].ecc_uncorrected;  // follows a count reset by a driver reload
-      continue;
-    }
-    try {
-      mark_drained(g, true, "health check: " + problem);
-      drained = true;
-    } catch (const RequestError& e) {
-      std::cerr << "gpuqd: GPU " << g.index << " is unhealthy (" << problem << ") but cannot be drained: " << e.what()
-                << "\n";
-    }
+std::string Daemon::gpu_failure_notes(const JobRecord& r, const json& failure) {
+  if (r.run.gpus.empty() || m_inventory.source().rfind("nvml", 0) != 0) return "";
+  std::vector<std::string> notes;
+  const auto cls = failure.is_object() ? failure.find("class") : failure.end();
+  if (failure.is_object() && cls != failure.end() && *cls == "cuda_oom") {
+    if (m_gpu_processes.on()) m_gpu_processes.look();  // the latest
+    std::map<int, std::int64_t> totals;
+    for (const auto& g : m_inventory.gpus()) totals[g.index] = g.memory_total_mb;
+    notes = m_gpu_processes.oom_notes(r.id, totals, [this](int pid) {
+      const auto owner = common::process_owner(pid);
+      return owner ? m_users.name_of(*owner) : std::string();
+    });
   }
-  if (drained) schedule_soon();
-}
-
-// A job needing more GPUs than are in service waits with the scheduler's "needs 4 GPUs; this
-// machine has 3" (it is given only the GPUs in service); this adds why there are 3.
-std::string Daemon::with_drain_note(int gpus_needed, std::string reason) const {
-  if (m_drained.empty()) return reason;  // the usual case, and a pass's hot path
-  std::string drained;
-  int in_service = 0;
-  for (const auto& g : m_inventory.gpus()) {
-    if (!m_drained.count(g.uuid)) ++in_service;
-    else drained += (drained.empty() ? "" : ", ") + std::to_string(g.index);
-  }
-  return drained.empty() || gpus_needed <= in_service ? reason : reason + " in service (GPU " + drained + " drained)";
+  for (auto& n : m_health.xids_since(r.run.gpus, r.run.started_at)) notes.push_back(std::move(n));
+  std::string out;
+  for (const auto& n : notes) out += (out.empty() ? "" : "; ") + n;
+  return out;
 }
 
 }  // namespace gpuq::daemon

@@ -109,7 +109,7 @@ json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
   for (std::int64_t id : m_running)
     for (int g : m_active.at(id).rec.run.gpus) held_gpus.insert(g);
   for (const auto& g : m_inventory.gpus())
-    if (!m_drained.count(g.uuid)) {
+    if (!m_health.drained(g.uuid)) {
       ++usable;
       free += !held_gpus.count(g.index);
     }

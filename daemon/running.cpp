@@ -239,9 +239,9 @@ void Daemon::schedule_now() {
 
   std::vector<GpuState> gpus;
   for (const auto& g : m_inventory.gpus())  // a drained GPU is not there for a pass
-    if (!m_drained.count(g.uuid)) {
-      const auto foreign = m_foreign_mb.find(g.index);
-      gpus.push_back({g.index, g.memory_total_mb, 0, foreign == m_foreign_mb.end() ? 0 : foreign->second, 0, false, 0,
+    if (!m_health.drained(g.uuid)) {
+      const auto foreign = m_gpu_processes.foreign_mb().find(g.index);
+      gpus.push_back({g.index, g.memory_total_mb, 0, foreign == m_gpu_processes.foreign_mb().end() ? 0 : foreign->second, 0, false, 0,
                       g.numa_node});
     }
   for (std::int64_t id : m_running) {
@@ -311,7 +311,7 @@ void Daemon::schedule_now() {
   m_reservations = plan.reservations;
   for (auto& [id, reason] : plan.waiting) {
     Active& a = m_active.at(id);
-    a.wait_reason = with_foreign_note(a.rec.spec.gpu_memory_mb, with_drain_note(a.rec.spec.gpus, std::move(reason)));
+    a.wait_reason = m_gpu_processes.with_foreign_note(a.rec.spec.gpu_memory_mb, m_health.with_drain_note(a.rec.spec.gpus, std::move(reason)));
     a.reason_pass = m_pass;
   }
   auto prepared = [&](Active& a, const Placement& p) {
@@ -565,7 +565,7 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     retryable = !outcome.value("final", false);  // the executor's word: another attempt would fare the same
   }
 
-  m_gpu_watch.erase(rec.id);
+  m_gpu_processes.forget(rec.id);
   if (rec.run.started_at > 0 && end.at >= rec.run.started_at) m_metrics.run_time.observe(end.at - rec.run.started_at);
   // Fair share remembers its GPU time, once the end is stored (`rec` is gone by then).
   const uid_t owner = rec.uid;
