@@ -1,11 +1,8 @@
 // `clean`: freeing ended jobs' files (or forgetting the jobs), a part per turn, through the state
-// dir's trash, which a thread of its own empties; and forgetting old jobs on a timer.
+// dir's trash (trash.hpp), which a thread of its own empties; and forgetting old jobs on a timer.
 #include "daemon/daemon.hpp"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <iostream>
 
 #include "common/paths.hpp"
@@ -49,7 +46,7 @@ void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Repl
       if (auto it = needed.find(id); it != needed.end())
         throw RequestError(ErrorCode::wrong_state, job_label(existing_job(id)) + " cannot be forgotten: " + it->second);
   }
-  make_trash();
+  m_trash.make();
   auto c = std::make_shared<Cleaning>();
   c->forget = q.forget;
   c->checkpoints_only = q.checkpoints_only;
@@ -77,7 +74,7 @@ void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
       }
     try {
       const std::string dir = job_dir(m_config.state_dir, id) + (c->checkpoints_only ? "/checkpoints" : "");
-      if (auto to = move_to_trash(id, dir, c->checkpoints_only); !to.empty()) c->moved.emplace_back(id, std::move(to));
+      if (auto to = m_trash.move(id, dir, c->checkpoints_only); !to.empty()) c->moved.emplace_back(id, std::move(to));
       part.push_back(id);
     } catch (const RequestError& e) {  // its files stay, and so does its record
       c->failures.push_back(e.what());
@@ -145,45 +142,14 @@ std::map<std::int64_t, std::string> Daemon::still_needed() const {
   return needed;
 }
 
-void Daemon::make_trash() {
-  if (auto made = common::ensure_private_dir(m_config.state_dir + "/trash"); !made) throw RequestError(made.error());
-}
-
-std::string Daemon::move_to_trash(std::int64_t id, const std::string& dir, bool keep_dir) {
-  std::error_code ec;
-  if (keep_dir && std::filesystem::is_empty(dir, ec)) return "";  // nothing to free
-  const std::string to =
-      m_config.state_dir + "/trash/" + std::to_string(id) + "-" + std::to_string(::getpid()) + "-" + std::to_string(++m_trash_seq);
-  if (::rename(dir.c_str(), to.c_str()) != 0) {
-    if (errno == ENOENT) return "";
-    throw RequestError(ErrorCode::store_error, "cannot move " + dir + " into the trash: " + std::strerror(errno));
-  }
-  if (keep_dir) (void)common::ensure_private_dir(dir);  // emptied: the job may be given its path again
-  return to;
-}
-
-// Deletes directories moved into the trash, on the file-system thread; then, on gpuqd's own
-// thread, answers `reply` (when there is one) with what was freed.
-void Daemon::empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply, common::CleanReply out) {
-  asio::post(m_fs_thread, [this, moved = std::move(moved), reply = std::move(reply), out = std::move(out)]() mutable {
-    for (const auto& [id, dir] : moved) {
-      std::string error;
-      out.bytes_freed += common::remove_tree(dir, error);
-      if (!error.empty()) std::cerr << "gpuqd: cleaning " << dir << ": " << error << "\n";
-      if (id > 0) out.cleaned.push_back(id);
-    }
-    if (reply) asio::post(m_io, [reply = std::move(reply), out = std::move(out)] { reply(common::ok_reply(out)); });
+void Daemon::empty_trash(Trash::Moved moved, Reply reply, common::CleanReply out) {
+  if (!reply) return m_trash.empty(std::move(moved));
+  m_trash.empty(std::move(moved), [reply = std::move(reply), out = std::move(out)](std::int64_t bytes,
+                                                                                  std::vector<std::int64_t> cleaned) mutable {
+    out.bytes_freed += bytes;
+    out.cleaned.insert(out.cleaned.end(), cleaned.begin(), cleaned.end());
+    reply(common::ok_reply(out));
   });
-}
-
-// What a clean left in the trash when gpuqd stopped before it was emptied.
-void Daemon::empty_leftover_trash() {
-  std::vector<std::pair<std::int64_t, std::string>> left;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(m_config.state_dir + "/trash", ec), end; !ec && it != end;
-       it.increment(ec))
-    left.emplace_back(0, it->path().string());
-  if (!left.empty()) empty_trash(std::move(left), nullptr);
 }
 
 }  // namespace gpuq::daemon

@@ -133,10 +133,9 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
     changed.push_back(std::move(next));
     why.push_back(std::move(what));
   }
-  std::vector<const JobRecord*> rows;
-  for (const auto& r : changed) rows.push_back(&r);
-  m_store->rewrite_specs(rows, why);  // not a change of state: no transition
-  for (auto& rec : changed) apply(std::move(rec));
+  land(std::move(changed), [&](const std::vector<const JobRecord*>& rows) {
+    m_store->rewrite_specs(rows, why);  // not a change of state: no transition
+  });
   json reply = out;
   if (q.max_running) {  // jobs already running past a lowered limit run on, as in Slurm
     auto it = m_batch_limits.find(q.batch);

@@ -56,7 +56,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                      ? make_slurm_executor(io, {m_config.slurm, m_config.shim_path, m_config.state_dir, m_config.grace_s,
                                                 m_config.slurm_poll_s},
                                            [this](std::int64_t id) { on_attempt_end(id); })
-                     : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })) {
+                     : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })),
+      m_trash(io, m_config.state_dir) {
   auto slot_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
   m_cores = std::move(slot_cores.cores);
   m_core_nodes = std::move(slot_cores.nodes);
@@ -75,18 +76,19 @@ Daemon::~Daemon() = default;
 // gpuqd that launched it. Under another mask (say a restart under a new taskset or systemd
 // CPUAffinity) it holds instead the slots of its real cores in this mapping, and none for cores
 // outside this gpuqd's mask, so no other job is pinned onto them.
-void Daemon::rederive_slots(JobRecord& rec) {
-  if (rec.run.cores.empty() || job_cores(rec, m_cores) == rec.run.cores) return;
+std::optional<JobRecord> Daemon::rederive_slots(const JobRecord& was) const {
+  if (was.run.cores.empty() || job_cores(was, m_cores) == was.run.cores) return std::nullopt;
+  JobRecord rec = was;
   rec.run.cpu_slots = slots_on_cores(rec.run.cores, m_cores, m_config.cpu_slots);
   std::cerr << "gpuqd: job " << rec.id << " runs on cores " << common::format_cpu_list(rec.run.cores)
             << ", launched under another CPU mask; it holds CPU slots " << json(rec.run.cpu_slots).dump()
             << " of this gpuqd's pool (cores " << common::format_cpu_list(m_cores) << ")\n";
-  m_store->update(rec, false);
+  return rec;
 }
 
 void Daemon::recover() {
   m_started_at = wall_now();
-  empty_leftover_trash();
+  m_trash.empty_leftover();
   // Hooks due from before (a job that ended, its hooks not yet started); those started and cut
   // off by a crash run on by themselves.
   m_store->forget_started_hooks();
@@ -98,7 +100,8 @@ void Daemon::recover() {
     a.queued_since = a.rec.attempt == 0 ? a.rec.submitted_at : m_started_at;  // a retry's wait: from now on
     index(a);
     if (a.rec.state != JobState::running) continue;
-    rederive_slots(a.rec);
+    if (auto moved = rederive_slots(a.rec))  // not a change of state: no transition
+      land({std::move(*moved)}, [&](const std::vector<const JobRecord*>& rows) { m_store->update(*rows.front(), false); });
     for (int r = 0; r < a.rec.spec.ranks; ++r) a.event_offsets[r] = m_store->event_offset(id, a.rec.attempt, r);
     switch (m_executor->adopt(attempt_of(a.rec))) {
       case Executor::Found::alive:

@@ -40,6 +40,7 @@
 #include "daemon/scheduler.hpp"
 #include "daemon/store.hpp"
 #include "daemon/submit_check.hpp"
+#include "daemon/trash.hpp"
 #include "daemon/users.hpp"
 
 namespace gpuq::daemon {
@@ -192,7 +193,7 @@ class Daemon {
     std::int64_t batch = 0, batch_after = 0;    // a batch to read, from after this id on
     std::vector<std::int64_t> outside;          // jobs not restarted that chosen ones wait for
     std::size_t cleared = 0;                    // --fresh: of plan.jobs, those whose checkpoints are gone
-    std::vector<std::pair<std::int64_t, std::string>> moved;
+    Trash::Moved moved;
     Store::RestartPlan plan;
     std::size_t part_jobs = 256;  // jobs in the next requeue part
     common::RestartReply out;
@@ -216,7 +217,7 @@ class Daemon {
     std::size_t next = 0;           // the first of `ids` not yet done
     std::map<std::int64_t, std::string> needed;  // still_needed() as of m_needs_changed == needed_as_of
     std::uint64_t needed_as_of = ~std::uint64_t{0};
-    std::vector<std::pair<std::int64_t, std::string>> moved;  // job, its files' place in the trash
+    Trash::Moved moved;  // job, its files' place in the trash
     std::vector<std::string> failures;
     common::CleanReply out;
     Reply reply;
@@ -225,16 +226,10 @@ class Daemon {
   bool paused_between_parts(std::function<void()> resume);  // a test hook: see daemon.cpp
   static std::chrono::steady_clock::time_point part_deadline();
   static bool parts_hooked();  // GPUQ_TEST_PAUSE_PARTS is set: parts of 64 jobs
-  void make_trash();  // the state dir's trash, for move_to_trash; throws store_error
-  // Moves job `id`'s `dir` into the state dir's trash (make_trash first): one rename, the deletion
-  // is the trash thread's (empty_trash). Returns its place there, or "" when `dir` is missing (or,
-  // with keep_dir, empty); throws store_error naming `dir`. With keep_dir an empty `dir` stays.
-  std::string move_to_trash(std::int64_t id, const std::string& dir, bool keep_dir);
-  // `out`: what the reply says besides the files (forgotten, kept).
-  void empty_trash(std::vector<std::pair<std::int64_t, std::string>> moved, Reply reply, common::CleanReply out = {});
+  // Deletes `moved` (Trash::empty); then answers `reply`, where given, with `out` and what was freed.
+  void empty_trash(Trash::Moved moved, Reply reply, common::CleanReply out = {});
   // Ended jobs that a queued job's `after` or a pending wait names: id -> why it must stay.
   std::map<std::int64_t, std::string> still_needed() const;
-  void empty_leftover_trash();
   json cmd_update(const Caller& caller, const common::UpdateRequest& q);
   json cmd_drain(const Caller& caller, const common::DrainRequest& q);
   json cmd_undrain(const Caller& caller, const common::DrainRequest& q);
@@ -271,7 +266,8 @@ class Daemon {
   bool prepare_launch(Active& a, const Placement& placement, double now);
   void start_attempt(Active& a);
   Executor::Attempt attempt_of(const JobRecord& rec) const;
-  void rederive_slots(JobRecord& rec);  // a re-adopted job's slots under this gpuqd's CPU mask
+  // A re-adopted job's record with its slots under this gpuqd's CPU mask; nullopt where they stand.
+  std::optional<JobRecord> rederive_slots(const JobRecord& rec) const;
   void on_attempt_end(std::int64_t id);  // the executor says its processes are gone
   void finish_attempt(Active& a, const json& outcome);
   void finalize(Active& a);  // terminal: persist, notify waiters, forget
@@ -283,6 +279,11 @@ class Daemon {
   // applied in memory after them.
   void commit(std::vector<JobRecord> changed, const std::vector<std::string>& why = {},
               std::vector<JobRecord> also = {});
+  // What commit does with another store write: an update's new specs (no transition), a restart's
+  // part (with its progress). `write` is handed the rows and throws before memory changes; a
+  // record that ends a job makes its hooks due, a job that comes back is live to dependencies
+  // and waits again. Every record lands here, but a submission's new jobs (write_submission).
+  void land(std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write);
   // Memory after the store took `rec`: the record, then the indexes; a job that ended is
   // finalized (waiters answered). Also for changes that are no transition (update's specs).
   // Metrics' counters for a job's change of state (`was`: nullopt for one new to memory).
@@ -385,10 +386,9 @@ class Daemon {
   std::multiset<std::int64_t> m_restarting_needs;
   std::deque<std::shared_ptr<Submission>> m_submissions;  // checked, to be written in this order
   bool m_ingest_armed = false;
-  std::uint64_t m_trash_seq = 0;  // with the job id and gpuqd's pid, a name in the trash no other has
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
-  // Deletes cleaned jobs' files; declared last, so it is joined before the state it posts to goes.
-  asio::thread_pool m_fs_thread{1};
+  // Where cleaned jobs' files go; declared late, so its thread is joined before the state it posts to goes.
+  Trash m_trash;
   asio::thread_pool m_check_thread{1};  // check_batch for submissions
 };
 

@@ -75,7 +75,7 @@ void Daemon::cmd_restart(const Caller& caller, const common::RestartRequest& q, 
   }
   if (q.batch != 0 && !m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
   authorize_batch(caller, q.batch, "restart the batch of");
-  if (q.fresh) make_trash();
+  if (q.fresh) m_trash.make();
   auto r = std::make_shared<Restarting>();
   try {
     for (auto& rec : named) choose(*r, std::move(rec), 0);
@@ -233,7 +233,7 @@ bool Daemon::clear_part(Restarting& r) {
   for (; r.cleared < r.plan.jobs.size(); ++r.cleared) {
     if (r.cleared % 64 == 0 && r.cleared > 0 && std::chrono::steady_clock::now() >= deadline) return false;
     const std::int64_t id = r.plan.jobs[r.cleared].first;
-    if (auto to = move_to_trash(id, job_dir(m_config.state_dir, id) + "/checkpoints", true); !to.empty())
+    if (auto to = m_trash.move(id, job_dir(m_config.state_dir, id) + "/checkpoints", true); !to.empty())
       r.moved.emplace_back(id, std::move(to));
   }
   empty_trash(std::move(r.moved), nullptr);
@@ -246,40 +246,28 @@ bool Daemon::requeue_part(Restarting& r) {
   const std::size_t begin = r.plan.done;
   const std::size_t end = std::min(r.plan.jobs.size(), begin + (parts_hooked() ? 64 : r.part_jobs));
   const auto started = std::chrono::steady_clock::now();
-  std::vector<JobRecord> rows;
-  std::vector<std::string> why;  // for the history; while queued a job shows why it waits
-  std::vector<common::RestartOutcome> outcomes;
+  std::vector<JobRecord> requeued;  // of the part's jobs, those still there to requeue
+  std::vector<std::string> why;     // for their history; while queued a job shows why it waits
+  std::vector<common::RestartOutcome> outcomes;  // the reply's, once written
   for (std::size_t i = begin; i < end; ++i) {
     const auto [id, along] = r.plan.jobs[i];
     std::optional<JobRecord> stored;  // a restart resumed at start has only ids
     const auto it = r.chosen.find(id);
     if (it == r.chosen.end()) stored = m_store->get(id);
     const JobRecord* rec = it != r.chosen.end() ? &it->second : stored ? &*stored : nullptr;
-    if (rec && !is_terminal(rec->state)) rec = nullptr;  // (only ever a hand-edited store)
+    if (!rec || !is_terminal(rec->state)) continue;  // forgotten, or (only ever a hand-edited store) not ended
     why.push_back(along ? "restarted with job " + std::to_string(along)
-                        : "restarted (it had ended " + std::string(rec ? to_string(rec->state) : "") + ")");
-    outcomes.push_back({id, rec ? std::string(to_string(rec->state)) : "", along});
-    rows.push_back(rec ? next_record(*rec, event::Restarted{}) : JobRecord{});
+                        : "restarted (it had ended " + std::string(to_string(rec->state)) + ")");
+    outcomes.push_back({id, std::string(to_string(rec->state)), along});
+    requeued.push_back(next_record(*rec, event::Restarted{}));
   }
-  std::vector<const JobRecord*> written;
-  std::vector<std::string> written_why;
-  for (std::size_t i = 0; i < rows.size(); ++i)
-    if (rows[i].id != 0) {
-      written.push_back(&rows[i]);
-      written_why.push_back(why[i]);
-    }
-  m_store->write_restart_part(r.plan, written, written_why, end - begin);
-
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::int64_t id = r.plan.jobs[begin + i].first;
-    unpin_restart(id);
-    r.chosen.erase(id);
-    if (rows[i].id == 0) continue;
-    r.out.jobs.push_back(std::move(outcomes[i]));
-    m_terminal_cache.erase(id);
-    apply(std::move(rows[i]));
-    for (auto& w : m_waiters)  // a wait that names it waits for it again
-      if (w.ids.count(id)) w.pending.insert(id);
+  land(std::move(requeued), [&](const std::vector<const JobRecord*>& rows) {
+    m_store->write_restart_part(r.plan, rows, why, end - begin);  // with how far the plan is, even with no rows
+  });
+  r.out.jobs.insert(r.out.jobs.end(), outcomes.begin(), outcomes.end());
+  for (std::size_t i = begin; i < end; ++i) {
+    unpin_restart(r.plan.jobs[i].first);
+    r.chosen.erase(r.plan.jobs[i].first);
   }
   schedule_soon();
   const auto took = std::chrono::steady_clock::now() - started;

@@ -597,7 +597,14 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
 
 void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {
   if (changed.empty() && also.empty()) return;
-  std::vector<const JobRecord*> rows, quiet;
+  std::vector<const JobRecord*> quiet;
+  for (const auto& r : also) quiet.push_back(&r);
+  land(std::move(changed), [&](const std::vector<const JobRecord*>& rows) { m_store->update_many(rows, why, quiet); });
+  for (auto& r : also) apply(std::move(r));
+}
+
+void Daemon::land(std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write) {
+  std::vector<const JobRecord*> rows;
   std::vector<std::int64_t> hooks;
   for (std::size_t i = 0; i < changed.size(); ++i) {
     // A job's last record here that ends it (not the failed attempt a retry follows) makes its
@@ -609,19 +616,28 @@ void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::strin
     if (r.hook_due) hooks.push_back(r.id);
     rows.push_back(&r);
   }
-  for (const auto& r : also) quiet.push_back(&r);
-  m_store->update_many(rows, why, quiet);  // throws before anything changed in memory
+  write(rows);  // throws before anything changed in memory
   for (std::int64_t id : hooks) m_hooks.due(id);
   if (!hooks.empty()) asio::post(m_io, [this] { m_hooks.run(); });
   for (std::size_t i = 0; i < changed.size(); ++i)
     if (i + 1 == changed.size() || changed[i + 1].id != changed[i].id) apply(std::move(changed[i]));
-  for (auto& r : also) apply(std::move(r));
 }
 
 void Daemon::apply(JobRecord rec) {
   Active& a = m_active[rec.id];
   const bool fresh = a.rec.id == 0;  // a job coming back (restart), in no index
+  if (!fresh && a.rec.state == JobState::running && rec.state == JobState::running) {
+    // Still running (its events, an update of its priority): filed as it was, so that the event
+    // tick, which walks m_running, may land what it reads.
+    a.rec = std::move(rec);
+    return;
+  }
   if (!fresh) unindex(a.rec);  // as it was filed: an update may have changed its priority
+  if (fresh && !is_terminal(rec.state)) {  // it had ended: dependencies see it live again,
+    m_terminal_cache.erase(rec.id);
+    for (auto& w : m_waiters)  // and a wait that names it waits for it again
+      if (w.ids.count(rec.id)) w.pending.insert(rec.id);
+  }
   count_transition(a, fresh ? std::nullopt : std::optional<JobState>(a.rec.state), rec);
   a.rec = std::move(rec);
   if (is_terminal(a.rec.state)) finalize(a);
@@ -708,14 +724,15 @@ bool Daemon::ingest(Active& a, bool ended) {
       if (parsed.consumed == 0) break;  // an unfinished line: next time
       JobRecord next = a.rec;
       next.bad_event_lines += parsed.bad_lines + apply_events(next, parsed.events);
-      try {
-        m_store->add_events(next, r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
+      try {  // its progress and result: no change of state
+        land({std::move(next)}, [&](const std::vector<const JobRecord*>& rows) {
+          m_store->add_events(*rows.front(), r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
+        });
       } catch (const RequestError& e) {
         std::cerr << "gpuqd: job " << a.rec.id << ": cannot store events: " << e.what() << "\n";
         stored = false;
         break;
       }
-      a.rec = std::move(next);
       offset += static_cast<std::int64_t>(parsed.consumed);
     }
     if (!ended && read_now > 0) {
