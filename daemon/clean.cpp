@@ -57,16 +57,16 @@ void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Repl
 
 void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
   if (c->next > 0 && paused_between_parts([this, c] { clean_part(c); })) return;
-  if (c->forget && c->needed_as_of != m_needs_changed) {
+  if (c->forget && c->needed_as_of != m_jobs.needs_changed()) {
     c->needed = still_needed();
-    c->needed_as_of = m_needs_changed;
+    c->needed_as_of = m_jobs.needs_changed();
   }
   const auto deadline = part_deadline();
   std::vector<std::int64_t> part;
   for (; c->next < c->ids.size(); ++c->next) {
     if (!part.empty() && part.size() % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
     const std::int64_t id = c->ids[c->next];
-    if (m_active.count(id) || m_restarting.count(id)) continue;  // restarted since it was chosen, or being restarted
+    if (m_jobs.contains(id) || m_restarting.count(id)) continue;  // restarted since it was chosen, or being restarted
     if (c->forget)
       if (auto it = c->needed.find(id); it != c->needed.end()) {
         c->out.kept.push_back({id, it->second});
@@ -83,7 +83,7 @@ void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
   try {
     if (c->forget && !part.empty()) {
       for (auto b : m_store->remove_jobs(part)) m_batch_limits.erase(b);
-      for (auto id : part) m_terminal_cache.erase(id);
+      for (auto id : part) m_jobs.forget_state(id);
       c->out.forgotten.insert(c->out.forgotten.end(), part.begin(), part.end());
     }
   } catch (const RequestError& e) {  // after the files: the part's jobs are as a plain clean leaves them
@@ -131,8 +131,8 @@ void Daemon::forget_old_jobs() {
 
 std::map<std::int64_t, std::string> Daemon::still_needed() const {
   std::map<std::int64_t, std::string> needed;
-  for (std::int64_t id : m_with_deps) {
-    const JobRecord& r = m_active.at(id).rec;
+  for (const Active& waiting : m_jobs.with_deps()) {
+    const JobRecord& r = waiting.rec;
     for (auto dep : r.after) needed.try_emplace(dep, "queued " + job_label(r) + " waits for it (`after`)");
   }
   for (const auto& w : m_waiters)

@@ -14,8 +14,8 @@ json Daemon::cmd_cancel(const Caller& caller, const common::IdsRequest& q) {
   // (Their states alone: an ended job's row may hold a result of a megabyte.)
   std::map<std::int64_t, JobState> states;
   for (auto id : q.ids) {
-    auto active = m_active.find(id);
-    auto st = active != m_active.end() ? active->second.rec.state : m_store->state_of(id);
+    const Active* active = m_jobs.find(id);
+    auto st = active ? active->rec.state : m_store->state_of(id);
     states[id] = st ? *st : existing_job(id).state;  // not_found, saying why
   }
   for (auto id : q.ids) authorize(caller, id, "cancel");  // all, before any is cancelled
@@ -24,19 +24,16 @@ json Daemon::cmd_cancel(const Caller& caller, const common::IdsRequest& q) {
   std::vector<JobRecord> cancelled;
   std::set<std::int64_t> now_cancelled;
   for (auto id : q.ids)
-    if (auto it = m_active.find(id); it != m_active.end() && it->second.rec.state == JobState::queued &&
-                                     now_cancelled.insert(id).second)
-      cancelled.push_back(next_record(it->second.rec, event::Cancelled{wall_now()}));
+    if (const Active* it = m_jobs.find(id); it && it->rec.state == JobState::queued && now_cancelled.insert(id).second)
+      cancelled.push_back(next_record(it->rec, event::Cancelled{wall_now()}));
   std::vector<JobRecord> flagged;
   for (auto id : q.ids)
-    if (auto it = m_active.find(id);
-        it != m_active.end() && it->second.rec.state == JobState::running && !it->second.rec.run.cancel_requested)
-      flagged.push_back(next_record(it->second.rec, event::CancelRequested{}));
+    if (const Active* it = m_jobs.find(id); it && it->rec.state == JobState::running && !it->rec.run.cancel_requested)
+      flagged.push_back(next_record(it->rec, event::CancelRequested{}));
   commit(std::move(cancelled), {}, std::move(flagged));
   common::CancelReply out;
   for (auto id : q.ids) {
-    auto it = m_active.find(id);
-    if (it == m_active.end()) {
+    if (!m_jobs.contains(id)) {
       const bool done_now = now_cancelled.count(id) > 0;
       out.jobs.push_back({id, done_now ? JobState::cancelled : states.at(id), done_now});
       continue;
@@ -76,10 +73,10 @@ json Daemon::set_held(const Caller& caller, const common::SelectRequest& q, bool
   common::CancelReply out;
   std::vector<JobRecord> changed;
   for (auto id : ids) {
-    auto it = m_active.find(id);
-    const bool change = it != m_active.end() && it->second.rec.state == JobState::queued && it->second.rec.held != hold;
-    if (change) changed.push_back(next_record(it->second.rec, event::Held{hold}));
-    const JobState state = it != m_active.end() ? it->second.rec.state : lookup(id)->state;
+    const Active* it = m_jobs.find(id);
+    const bool change = it && it->rec.state == JobState::queued && it->rec.held != hold;
+    if (change) changed.push_back(next_record(it->rec, event::Held{hold}));
+    const JobState state = it ? it->rec.state : lookup(id)->state;
     out.jobs.push_back({id, state, change});
   }
   const std::vector<std::string> why(changed.size(), hold ? "held" : "released");
@@ -123,7 +120,7 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
   std::vector<JobRecord> changed;
   std::vector<std::string> why;
   for (auto id : ids) {
-    JobRecord next = m_active.at(id).rec;
+    JobRecord next = m_jobs.at(id).rec;
     std::string what;
     change(next.spec.priority, q.priority, "priority", what);
     change(next.spec.retries, q.retries, "retries", what);
@@ -146,8 +143,8 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
     reply["batch_limit"] = limit;
     if (m_executor->places_work()) {  // its jobs already there (a Slurm array's tasks) take it too
       std::vector<std::int64_t> handed;
-      for (std::int64_t id : m_running)
-        if (m_active.at(id).rec.batch == q.batch) handed.push_back(id);
+      for (std::int64_t id : m_jobs.running_ids())
+        if (m_jobs.at(id).rec.batch == q.batch) handed.push_back(id);
       m_executor->set_array_limit(handed, limit.max_running);
     }
   }

@@ -42,8 +42,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_gpu_processes(io, m_inventory, m_config.gpu_process_interval_s,
                       [this] {
                         std::vector<GpuProcesses::Running> out;
-                        for (std::int64_t id : m_running)
-                          out.push_back({id, m_executor->supervisor_pid(id), m_active.at(id).rec.run.gpus});
+                        for (std::int64_t id : m_jobs.running_ids())
+                          out.push_back({id, m_executor->supervisor_pid(id), m_jobs.at(id).rec.run.gpus});
                         return out;
                       },
                       [this] { schedule_soon(); }),
@@ -63,7 +63,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
   m_core_nodes = std::move(slot_cores.nodes);
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
   m_executor->on_handed([this](std::int64_t) {
-    if (!m_with_deps.empty()) schedule_soon();  // a job may wait for this one to be handed over
+    if (!!m_jobs.any_with_deps()) schedule_soon();  // a job may wait for this one to be handed over
   });
   m_batch_limits = m_store->batch_limits();
 }
@@ -95,10 +95,8 @@ void Daemon::recover() {
   for (std::int64_t id : m_store->due_hooks()) m_hooks.due(id);
   for (auto& rec : m_store->load_active()) {
     const std::int64_t id = rec.id;
-    Active& a = m_active[id];
-    a.rec = std::move(rec);
-    a.queued_since = a.rec.attempt == 0 ? a.rec.submitted_at : m_started_at;  // a retry's wait: from now on
-    index(a);
+    const double queued_since = rec.attempt == 0 ? rec.submitted_at : m_started_at;  // a retry's wait: from now on
+    Active& a = m_jobs.load(std::move(rec), queued_since);
     if (a.rec.state != JobState::running) continue;
     if (auto moved = rederive_slots(a.rec))  // not a change of state: no transition
       land({std::move(*moved)}, [&](const std::vector<const JobRecord*>& rows) { m_store->update(*rows.front(), false); });
@@ -168,7 +166,7 @@ void Daemon::authorize(const Caller& caller, const JobRecord& r, std::string_vie
 
 void Daemon::authorize(const Caller& caller, std::int64_t id, std::string_view act) {
   if (caller.admin) return;
-  if (auto it = m_active.find(id); it != m_active.end()) return authorize(caller, it->second.rec, act);
+  if (const Active* a = m_jobs.find(id)) return authorize(caller, a->rec, act);
   authorize(caller, existing_job(id), act);
 }
 
@@ -264,7 +262,7 @@ const std::string k_forgotten = "was forgotten (`gpuq clean --forget`)";  // wha
 }  // namespace
 
 std::optional<JobRecord> Daemon::lookup(std::int64_t id) {
-  if (auto it = m_active.find(id); it != m_active.end()) return it->second.rec;
+  if (const Active* a = m_jobs.find(id)) return a->rec;
   return m_store->get(id);
 }
 
@@ -303,22 +301,13 @@ std::vector<std::int64_t> Daemon::with_queued_of_batch(std::vector<std::int64_t>
 
 
 common::JobInfo Daemon::info_of(const JobRecord& stored, const Caller& viewer) const {
-  auto active = m_active.find(stored.id);
-  const JobRecord& r = active != m_active.end() ? active->second.rec : stored;
+  const Active* active = m_jobs.find(stored.id);
+  const JobRecord& r = active ? active->rec : stored;
   std::string wait_reason;
-  if (active != m_active.end()) {
-    const Active& a = active->second;
-    // A job the last pass passed over for its batch's limit, or did not reach, waits for that
-    // limit, or for what the pass left everyone behind it.
-    const auto limit = m_at_limit.find(r.batch);
-    const auto user = m_users_at_limit.find(r.uid);
-    if (a.reason_pass == m_pass || r.state != JobState::queued) wait_reason = a.wait_reason;
-    else if (limit != m_at_limit.end()) wait_reason = batch_limit_reason(r.batch, limit->second);
-    else if (user != m_users_at_limit.end() && user_at_limit(user->second, r.spec.gpus))
-      wait_reason = user_limit_reason(m_users.name_of(r.uid), user->second, r.spec.gpus);
-    else if (m_tail_stopped) wait_reason = m_health.with_drain_note(r.spec.gpus, tail_wait_reason(pending_of(r), m_tail));
-    else wait_reason = a.wait_reason;
-  }
+  if (active)
+    wait_reason = m_last_pass.wait_reason(*active, m_users.name_of(r.uid), [this](int gpus, std::string reason) {
+      return m_health.with_drain_note(gpus, std::move(reason));
+    });
   common::JobInfo i;
   i.id = r.id;
   i.batch = r.batch;

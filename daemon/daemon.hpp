@@ -35,6 +35,8 @@
 #include "daemon/hang_watch.hpp"
 #include "daemon/hooks.hpp"
 #include "daemon/inventory.hpp"
+#include "daemon/job_table.hpp"
+#include "daemon/last_pass.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/scheduler.hpp"
@@ -66,9 +68,6 @@ struct Config : common::Settings {
 };
 
 using Reply = std::function<void(json)>;
-
-// What the scheduler needs to know of a queued job.
-PendingJob pending_of(const JobRecord& r);
 
 // How long one part of a long request (a submission's writing, a clean, a restart) may hold
 // gpuqd's thread.
@@ -106,14 +105,6 @@ class Daemon {
   static const std::vector<Command>& commands();
 
  private:
-  struct Active {
-    JobRecord rec;
-    std::string wait_reason;  // queued: why it is not running yet, as of pass `reason_pass`
-    std::uint64_t reason_pass = 0;
-    std::map<int, std::int64_t> event_offsets;
-    std::unique_ptr<asio::steady_timer> retry;  // recording its end again, after the store refused it
-    double queued_since = 0;  // when it last went in line (metrics' queue wait)
-  };
   struct Waiter {
     Caller caller;
     std::set<std::int64_t> ids;
@@ -215,7 +206,7 @@ class Daemon {
     bool forget = false, checkpoints_only = false;
     std::vector<std::int64_t> ids;  // chosen, ascending
     std::size_t next = 0;           // the first of `ids` not yet done
-    std::map<std::int64_t, std::string> needed;  // still_needed() as of m_needs_changed == needed_as_of
+    std::map<std::int64_t, std::string> needed;  // still_needed() as of m_jobs.needs_changed() == needed_as_of
     std::uint64_t needed_as_of = ~std::uint64_t{0};
     Trash::Moved moved;  // job, its files' place in the trash
     std::vector<std::string> failures;
@@ -270,7 +261,6 @@ class Daemon {
   std::optional<JobRecord> rederive_slots(const JobRecord& rec) const;
   void on_attempt_end(std::int64_t id);  // the executor says its processes are gone
   void finish_attempt(Active& a, const json& outcome);
-  void finalize(Active& a);  // terminal: persist, notify waiters, forget
   // The one place a change of state lands: `changed` (each a record lifecycle.hpp made, `why` its
   // history row's reason where given) is stored in one transaction with a transition each, then
   // applied in memory in order (of two records of one job, the second: a failed attempt and its
@@ -284,15 +274,11 @@ class Daemon {
   // record that ends a job makes its hooks due, a job that comes back is live to dependencies
   // and waits again. Every record lands here, but a submission's new jobs (write_submission).
   void land(std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write);
-  // Memory after the store took `rec`: the record, then the indexes; a job that ended is
-  // finalized (waiters answered). Also for changes that are no transition (update's specs).
+  // Memory after the store took `rec`: the job table files it (JobTable::apply), the metrics count
+  // its change of state, and waiters hear of a job that ended or came back.
+  void apply(JobRecord rec);
   // Metrics' counters for a job's change of state (`was`: nullopt for one new to memory).
   void count_transition(Active& a, std::optional<JobState> was, const JobRecord& now);
-  void apply(JobRecord rec);
-  // Files a job in the indexes by its record's state (after every change of state), or takes it out.
-  // `fresh`: a job just submitted, in no index yet.
-  void index(const Active& a, bool fresh = false);
-  void unindex(const JobRecord& r);
   // Reads new event lines of the job's ranks into its record and the store. `ended`: the job's
   // processes are gone, so a last line without its newline is read too. False: the store
   // refused some (they are read again next time).
@@ -335,33 +321,12 @@ class Daemon {
   GpuProcesses m_gpu_processes;  // what runs on the GPUs, ours and others' (gpu_processes.hpp)
   std::vector<int> m_cores;  // usable cores in slot order (cpu_topology.hpp): slot s is core m_cores[s % size]
   std::vector<int> m_core_nodes;  // the NUMA node of each of m_cores
-  std::map<std::int64_t, Active> m_active;                    // queued and running jobs
-  // Indexes of m_active by state, so that a pass and an event tick never walk the whole queue.
-  struct Queued {
-    PendingJob job;
-    double not_before = 0;  // retry backoff
-    bool has_deps = false;
-  };
-  std::set<std::int64_t> m_running;
-  // Queued jobs in scheduling order, (-priority, id). Pooled nodes lie together in memory, so the
-  // walk each pass makes over a deep queue stays in cache.
-  std::pmr::unsynchronized_pool_resource m_queue_pool;
-  std::pmr::map<std::pair<int, std::int64_t>, Queued> m_queue{&m_queue_pool};
-  std::set<std::int64_t> m_with_deps;                      // queued jobs with `after`
-  std::set<std::int64_t> m_held;                           // queued jobs held out of line
+  JobTable m_jobs;  // queued and running jobs, filed by state (job_table.hpp)
+  LastPass m_last_pass;  // what the last scheduling pass said (last_pass.hpp)
   std::map<std::int64_t, int> m_batch_limits;              // batch -> max_running, for those with one
-  std::unordered_map<std::int64_t, JobState> m_terminal_cache;  // dependency lookups
   std::vector<Waiter> m_waiters;
   bool m_schedule_posted = false;
-  // Counts changes to what still_needed() would say (a queued job with `after`, a new wait).
-  std::uint64_t m_needs_changed = 0;
-  std::uint64_t m_pass = 0;  // scheduling passes so far
-  bool m_tail_stopped = false;  // the last pass stopped early: the jobs it left wait as m_tail says
   bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back
-  TailState m_tail;
-  std::map<std::int64_t, BatchLimit> m_at_limit;  // the last pass's Plan::at_limit
-  std::map<std::uint32_t, UserCap> m_users_at_limit;  // and its Plan::users_at_limit
-  std::map<std::int64_t, std::vector<int>> m_reservations;  // and its Plan::reservations
   static constexpr std::int64_t k_max_events_bytes = 64 << 20;  // of a rank's events file, ever read
   static constexpr std::int64_t k_events_per_call = 8 << 20;    // read by one ingest while the job runs
   // Reads of running jobs' events files (one rank's file, one ingest) and the most one read: what

@@ -16,7 +16,7 @@ json Daemon::cmd_gpus() { return gpus_reply(); }
 common::GpusReply Daemon::gpus_reply() {
   common::GpusReply out;
   out.source = m_inventory.source();
-  out.scheduling_passes = m_pass;
+  out.scheduling_passes = m_last_pass.number();
   out.health_checks = m_health.checks();
   out.events_reads = m_events_reads.reads;
   out.events_read_max_bytes = m_events_reads.max_bytes;
@@ -52,10 +52,9 @@ common::GpusReply Daemon::gpus_reply() {
         info.processes.push_back(pi);
       }
     }
-    for (std::int64_t id : m_running) {
-      const Active& a = m_active.at(id);
+    for (const Active& a : m_jobs.running()) {
       if (std::find(a.rec.run.gpus.begin(), a.rec.run.gpus.end(), g.index) == a.rec.run.gpus.end()) continue;
-      info.jobs.push_back(id);
+      info.jobs.push_back(a.rec.id);
       info.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : g.memory_total_mb;
       info.exclusive = info.exclusive || !a.rec.spec.shared;
     }

@@ -10,7 +10,7 @@ namespace gpuq::daemon {
 
 std::int64_t Daemon::queued_or_running(uid_t owner) const {
   std::int64_t mine = 0;
-  for (const auto& [_, a] : m_active) mine += a.rec.uid == owner;
+  for (const auto& [_, a] : m_jobs.all()) mine += a.rec.uid == owner;
   const auto pinned = m_restarting_by_uid.find(owner);
   return mine + (pinned == m_restarting_by_uid.end() ? 0 : pinned->second);
 }
@@ -32,7 +32,7 @@ json Daemon::cmd_usage() {
     return it->second;
   };
   for (const auto& [uid, used] : m_users.recent_uses(now)) row(uid).gpu_hours = used / 3600;
-  for (const auto& [id, a] : m_active) {
+  for (const auto& [id, a] : m_jobs.all()) {
     auto& u = row(a.rec.uid);
     if (a.rec.state == JobState::running) {
       ++u.running;

@@ -88,7 +88,7 @@ std::string Daemon::metrics_text() {
   // backoff or a dependency count as queued).
   std::map<std::pair<std::string, uid_t>, int> jobs;
   std::map<std::int64_t, std::pair<int, int>> batches;  // batch -> (queued, running)
-  for (const auto& [id, a] : m_active) {
+  for (const auto& [id, a] : m_jobs.all()) {
     const bool running = a.rec.state == JobState::running;
     ++jobs[{running ? "running" : "queued", a.rec.uid}];
     if (a.rec.batch != 0) ++(running ? batches[a.rec.batch].second : batches[a.rec.batch].first);

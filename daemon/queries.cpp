@@ -29,13 +29,13 @@ json Daemon::cmd_status(const Caller& caller, const common::StatusRequest& q) {
   };
   // Without all, the lists are cut to the reply's bound (`more`), never paged: running jobs first,
   // then the queue's head, then the most recent ended jobs.
-  for (std::int64_t id : m_running)
-    if (keep(m_active.at(id).rec) && !add_to_reply(out, m_active.at(id).rec, bytes, caller)) break;
+  for (std::int64_t id : m_jobs.running_ids())
+    if (keep(m_jobs.at(id).rec) && !add_to_reply(out, m_jobs.at(id).rec, bytes, caller)) break;
   // Queued jobs in line order, as many as asked: a deep queue need not travel whole, unless a
   // filter has its jobs counted. Held jobs are not in line: they come after it.
   std::int64_t shown = 0, kept = 0;
   const auto visit = [&](std::int64_t id) {  // false: the rest of the line need not be looked at
-    const JobRecord& r = m_active.at(id).rec;
+    const JobRecord& r = m_jobs.at(id).rec;
     if (!keep(r)) return true;
     ++kept;
     if ((q.queued >= 0 && shown >= q.queued) || out.more) return !f.empty();
@@ -44,10 +44,10 @@ json Daemon::cmd_status(const Caller& caller, const common::StatusRequest& q) {
   };
   if (f.states.empty() || std::find(f.states.begin(), f.states.end(), JobState::queued) != f.states.end()) {
     bool more = true;
-    for (auto it = m_queue.begin(); more && it != m_queue.end(); ++it) more = visit(it->second.job.id);
-    for (auto it = m_held.begin(); more && it != m_held.end(); ++it) more = visit(*it);
+    for (auto it = m_jobs.queue().begin(); more && it != m_jobs.queue().end(); ++it) more = visit(it->second.job.id);
+    for (auto it = m_jobs.held().begin(); more && it != m_jobs.held().end(); ++it) more = visit(*it);
   }
-  out.queued_total = f.empty() ? static_cast<std::int64_t>(m_queue.size() + m_held.size()) : kept;
+  out.queued_total = f.empty() ? static_cast<std::int64_t>(m_jobs.queue().size() + m_jobs.held().size()) : kept;
   for (auto& r : m_store->recent_finished(q.limit, f))
     if (!add_to_reply(out, r, bytes, caller)) break;
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
@@ -99,15 +99,15 @@ json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
     d.push_back("it is retried after a backoff, in " + std::to_string(static_cast<long long>(std::ceil(rec.not_before - now))) + " s");
     out.estimated_start = rec.not_before;
   }
-  if (auto l = m_at_limit.find(rec.batch); l != m_at_limit.end()) d.push_back(batch_limit_reason(rec.batch, l->second));
-  if (auto u = m_users_at_limit.find(rec.uid); u != m_users_at_limit.end() && user_at_limit(u->second, rec.spec.gpus))
-    d.push_back(user_limit_reason(m_users.name_of(rec.uid), u->second, rec.spec.gpus));
+  if (const auto* l = m_last_pass.batch_at_limit(rec.batch)) d.push_back(batch_limit_reason(rec.batch, *l));
+  if (const auto* u = m_last_pass.user_at_limit(rec.uid); u && user_at_limit(*u, rec.spec.gpus))
+    d.push_back(user_limit_reason(m_users.name_of(rec.uid), *u, rec.spec.gpus));
 
   // The GPUs: how many it could ever have here, which are free, who holds the others.
   int usable = 0, free = 0;
   std::set<int> held_gpus;
-  for (std::int64_t id : m_running)
-    for (int g : m_active.at(id).rec.run.gpus) held_gpus.insert(g);
+  for (std::int64_t id : m_jobs.running_ids())
+    for (int g : m_jobs.at(id).rec.run.gpus) held_gpus.insert(g);
   for (const auto& g : m_inventory.gpus())
     if (!m_health.drained(g.uuid)) {
       ++usable;
@@ -119,23 +119,23 @@ json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
   else if (rec.spec.gpus > usable)
     d.push_back("it asks for " + std::to_string(rec.spec.gpus) + " GPUs, and only " + std::to_string(usable) +
                 " are in service (`gpuq undrain` puts the others back)");
-  for (const auto& [key, queued] : m_queue) {  // in line order (priority, then id)
+  for (const auto& [key, queued] : m_jobs.queue()) {  // in line order (priority, then id)
     if (queued.job.id == rec.id) break;
     ++out.ahead;
   }
   if (out.ahead > 0) d.push_back(std::to_string(out.ahead) + " job(s) are ahead of it in line");
-  for (const auto& [id, gpus] : m_reservations) {
+  for (const auto& [id, gpus] : m_last_pass.reservations()) {
     if (id == rec.id || gpus.empty()) continue;
     std::string list;
     for (int g : gpus) list += (list.empty() ? "" : ", ") + std::to_string(g);
-    const auto it = m_active.find(id);
+    const Active* it = m_jobs.find(id);
     d.push_back("GPU(s) " + list + " are reserved for job " + std::to_string(id) +
-                (it != m_active.end() ? " (" + m_users.name_of(it->second.rec.uid) + "'s " + it->second.rec.spec.name + ")" : "") +
+                (it ? " (" + m_users.name_of(it->rec.uid) + "'s " + it->rec.spec.name + ")" : "") +
                 ", ahead of it");
   }
   if (rec.spec.gpus == 0) return out;
-  for (std::int64_t id : m_running) {
-    const JobRecord& r = m_active.at(id).rec;
+  for (const Active& running : m_jobs.running()) {
+    const JobRecord& r = running.rec;
     if (r.run.gpus.empty()) continue;
     const double ends = r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + m_config.grace_s : 0;
     out.holders.push_back({r.id, r.spec.name, m_users.name_of(r.uid), r.run.gpus, ends});
@@ -193,7 +193,7 @@ json Daemon::cmd_results(const Caller& caller, const common::ResultsRequest& q) 
   std::vector<std::int64_t> ids = q.ids;  // ascending, each once
   if (q.after == 0)
     for (auto id : ids)
-      if (!m_active.count(id) && !m_store->exists(id)) existing_job(id);  // not_found, saying why
+      if (!m_jobs.contains(id) && !m_store->exists(id)) existing_job(id);  // not_found, saying why
   // Of the batch, only the page's worth after `after`: the union's first page lies within it.
   std::vector<JobRecord> batch_rows;
   if (q.batch) {
@@ -224,7 +224,7 @@ json Daemon::cmd_results(const Caller& caller, const common::ResultsRequest& q) 
 
 void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply) {
   for (auto id : q.ids)  // all known, or no wait (one index probe each)
-    if (!m_active.count(id) && !m_store->exists(id)) existing_job(id);
+    if (!m_jobs.contains(id) && !m_store->exists(id)) existing_job(id);
   std::set<std::int64_t> ids(q.ids.begin(), q.ids.end());
   Waiter w{caller, ids, ids, std::move(reply), nullptr};
   if (q.timeout_s > 0) {
@@ -248,7 +248,7 @@ void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& 
     });
   }
   m_waiters.push_back(std::move(w));
-  ++m_needs_changed;
+  m_jobs.need_changed();
   notify_waiters();
 }
 
@@ -256,7 +256,7 @@ void Daemon::notify_waiters() {
   for (std::size_t i = 0; i < m_waiters.size();) {
     // Each id leaves `pending` once, so a wait on a whole batch costs O(1) per job that ends.
     auto& pending = m_waiters[i].pending;
-    while (!pending.empty() && !m_active.count(*pending.begin())) pending.erase(pending.begin());
+    while (!pending.empty() && !m_jobs.contains(*pending.begin())) pending.erase(pending.begin());
     if (!pending.empty()) {
       ++i;
       continue;

@@ -158,7 +158,7 @@ void Daemon::restart_done(Restarting& r) {
 
 void Daemon::release_outside(Restarting& r) {
   for (auto dep : r.outside) m_restarting_needs.erase(m_restarting_needs.find(dep));
-  if (!r.outside.empty()) ++m_needs_changed;
+  if (!r.outside.empty()) m_jobs.need_changed();
   r.outside.clear();
 }
 
@@ -220,7 +220,7 @@ bool Daemon::choose_part(Restarting& r) {
   m_users.check_restart(r.chosen, [this](uid_t u) { return queued_or_running(u); });  // max_queued, as at submit
   r.outside.assign(outside.begin(), outside.end());
   for (auto dep : r.outside) m_restarting_needs.insert(dep);  // kept from clean --forget until requeued
-  if (!r.outside.empty()) ++m_needs_changed;
+  if (!r.outside.empty()) m_jobs.need_changed();
   for (auto id : dependencies_first(r.chosen)) {
     const auto w = r.with.find(id);
     r.plan.jobs.emplace_back(id, w != r.with.end() ? w->second : 0);

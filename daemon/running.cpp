@@ -65,11 +65,6 @@ std::string describe_end(const json& failure) {
 
 }  // namespace
 
-// What the scheduler needs to know of a queued job.
-PendingJob pending_of(const JobRecord& r) {
-  const auto& s = r.spec;
-  return {r.id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus, r.batch, r.uid};
-}
 
 // ---- scheduling ---------------------------------------------------------------------------------
 
@@ -92,11 +87,10 @@ void Daemon::schedule_soon() {
 }
 
 std::optional<JobState> Daemon::dependency_state(std::int64_t id) {
-  if (auto it = m_active.find(id); it != m_active.end()) return it->second.rec.state;
-  if (auto it = m_terminal_cache.find(id); it != m_terminal_cache.end()) return it->second;
+  if (auto known = m_jobs.known_state(id)) return known;
   auto rec = m_store->get(id);
   if (!rec) return std::nullopt;
-  m_terminal_cache[id] = rec->state;
+  m_jobs.remember_state(id, rec->state);
   return rec->state;
 }
 
@@ -104,18 +98,17 @@ bool Daemon::dependency_met(std::int64_t dep) {
   const auto st = dependency_state(dep);
   if (st == JobState::succeeded) return true;
   if (st != JobState::running || !m_executor->places_work()) return false;
-  const Active& a = m_active.at(dep);
+  const Active& a = m_jobs.at(dep);
   return !a.rec.run.cancel_requested && !m_executor->external_id(dep).empty();
 }
 
 void Daemon::withdraw_orphans() {
   if (!m_executor->places_work()) return;
-  for (std::int64_t id : m_running) {
-    const Active& a = m_active.at(id);
+  for (const Active& a : m_jobs.running()) {
     if (a.rec.run.cancel_requested) continue;
     for (std::int64_t dep : a.rec.after)
       if (!dependency_met(dep)) {
-        m_executor->withdraw(id);
+        m_executor->withdraw(a.rec.id);
         break;
       }
   }
@@ -131,8 +124,8 @@ bool Daemon::fail_blocked_dependents(double now) {
   std::vector<std::pair<std::int64_t, std::int64_t>> waiting;  // (dependency, a queued job naming it), sorted
   std::map<std::int64_t, std::int64_t> blocked_by;  // doomed job -> the dependency that dooms it
   std::vector<std::int64_t> doomed;                 // the nearest first
-  for (std::int64_t id : m_with_deps) {
-    const Active& a = m_active.at(id);
+  for (const Active& a : m_jobs.with_deps()) {
+    const std::int64_t id = a.rec.id;
     for (auto dep : a.rec.after) {
       waiting.emplace_back(dep, id);
       if (blocked_by.count(id)) continue;
@@ -156,7 +149,7 @@ bool Daemon::fail_blocked_dependents(double now) {
     const std::int64_t dep = blocked_by[id];
     auto st = dependency_state(dep);  // doomed, but still queued: it ends failed in this same transaction
     failed.push_back(next_record(
-        m_active.at(id).rec,
+        m_jobs.at(id).rec,
         event::DependencyFailed{dep,
                                 !st ? "dependency: " + missing_job(dep)
                                     : "dependency " + std::to_string(dep) + " ended " +
@@ -168,7 +161,7 @@ bool Daemon::fail_blocked_dependents(double now) {
 }
 
 void Daemon::schedule_now() {
-  ++m_pass;
+  m_last_pass.begin();
   const auto pass_began = std::chrono::steady_clock::now();
   struct Timed {  // however the pass ends
     MetricCounters& m;
@@ -179,23 +172,21 @@ void Daemon::schedule_now() {
   if (fail_blocked_dependents(now)) schedule_soon();  // more to fail, in the next pass
 
   std::vector<PendingJob> queue;
-  queue.reserve(m_queue.size());
+  queue.reserve(m_jobs.queue().size());
   BatchLimits limits;  // of the batches with a job in this pass
   std::int64_t seen_batch = 0;  // a batch's jobs lie together in line: its limit is looked up once a run
   double next_retry = 0;
-  for (const auto& [_, q] : m_queue) {
+  for (const auto& [_, q] : m_jobs.queue()) {
     if (q.has_deps || q.not_before > now) {
-      Active& a = m_active.at(q.job.id);
+      Active& a = m_jobs.at(q.job.id);
       bool deps_done = true;
       for (auto dep : a.rec.after) deps_done = deps_done && dependency_met(dep);
       if (!deps_done) {
-        a.wait_reason = "waiting for dependencies";
-        a.reason_pass = m_pass;
+        m_last_pass.say(a, "waiting for dependencies");
         continue;
       }
       if (q.not_before > now) {
-        a.wait_reason = "retrying after a backoff";
-        a.reason_pass = m_pass;
+        m_last_pass.say(a, "retrying after a backoff");
         next_retry = next_retry == 0 ? q.not_before : std::min(next_retry, q.not_before);
         continue;
       }
@@ -207,13 +198,13 @@ void Daemon::schedule_now() {
     }
   }
   if (!limits.empty())
-    for (std::int64_t id : m_running)
-      if (auto it = limits.find(m_active.at(id).rec.batch); it != limits.end()) ++it->second.running;
+    for (std::int64_t id : m_jobs.running_ids())
+      if (auto it = limits.find(m_jobs.at(id).rec.batch); it != limits.end()) ++it->second.running;
   UserCaps users;  // lab mode: the limits of users with a job in line, and what they hold
   if (m_config.multi_user && !queue.empty()) {
     std::map<std::uint32_t, int> held;  // GPUs, a job without counting one
-    for (std::int64_t id : m_running) {
-      const JobRecord& r = m_active.at(id).rec;
+    for (const Active& running : m_jobs.running()) {
+      const JobRecord& r = running.rec;
       held[r.uid] += std::max<int>(static_cast<int>(r.run.gpus.size()), 1);
     }
     std::map<std::uint32_t, double> usage;
@@ -223,8 +214,8 @@ void Daemon::schedule_now() {
         if (const auto* l = m_users.limits_of(job.user); l && (l->max_running > 0 || l->max_gpus > 0))
           users[job.user] = {l->max_running, 0, l->max_gpus, 0};
       }
-    for (std::int64_t id : m_running) {  // running jobs' GPU time so far counts as recent use
-      const JobRecord& r = m_active.at(id).rec;
+    for (std::int64_t id : m_jobs.running_ids()) {  // running jobs' GPU time so far counts as recent use
+      const JobRecord& r = m_jobs.at(id).rec;
       if (auto u = usage.find(r.uid); u != usage.end() && r.run.started_at > 0)
         u->second += static_cast<double>(r.run.gpus.size()) * std::max(0.0, now - r.run.started_at);
       if (auto c = users.find(r.uid); c != users.end()) {
@@ -244,8 +235,7 @@ void Daemon::schedule_now() {
       gpus.push_back({g.index, g.memory_total_mb, 0, foreign == m_gpu_processes.foreign_mb().end() ? 0 : foreign->second, 0, false, 0,
                       g.numa_node});
     }
-  for (std::int64_t id : m_running) {
-    const Active& a = m_active.at(id);
+  for (const Active& a : m_jobs.running()) {
     double ends = a.rec.spec.timeout_s > 0 ? a.rec.run.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;
     for (int idx : a.rec.run.gpus)
       for (auto& g : gpus)
@@ -279,7 +269,7 @@ void Daemon::schedule_now() {
         plan.at_limit[job.batch] = l->second;
         continue;
       }
-      const Active& a = m_active.at(job.id);
+      const Active& a = m_jobs.at(job.id);
       const bool first = a.rec.attempt == a.rec.attempt_base;
       const std::string key = first && job.batch != 0 ? m_executor->array_key(attempt_of(a.rec)) : std::string();
       if (auto o = key.empty() ? open.end() : open.find({job.batch, key});
@@ -304,15 +294,11 @@ void Daemon::schedule_now() {
   } else {
     plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits), std::move(users));
   }
-  m_tail_stopped = plan.stopped;
-  m_tail = plan.tail;
-  m_at_limit = std::move(plan.at_limit);
-  m_users_at_limit = std::move(plan.users_at_limit);
-  m_reservations = plan.reservations;
+  m_last_pass.remember(plan);
   for (auto& [id, reason] : plan.waiting) {
-    Active& a = m_active.at(id);
-    a.wait_reason = m_gpu_processes.with_foreign_note(a.rec.spec.gpu_memory_mb, m_health.with_drain_note(a.rec.spec.gpus, std::move(reason)));
-    a.reason_pass = m_pass;
+    Active& a = m_jobs.at(id);
+    m_last_pass.say(a, m_gpu_processes.with_foreign_note(a.rec.spec.gpu_memory_mb,
+                                                         m_health.with_drain_note(a.rec.spec.gpus, std::move(reason))));
   }
   auto prepared = [&](Active& a, const Placement& p) {
     try {
@@ -321,9 +307,8 @@ void Daemon::schedule_now() {
       // Still queued (a full disk, say): tried again on a timer, not only when something else
       // happens to trigger a pass.
       std::cerr << "gpuqd: cannot launch job " << p.id << ": " << e.what() << "\n";
-      a.wait_reason = std::string("cannot start: ") + e.what() + "; trying again every " +
-                      std::to_string(static_cast<int>(k_write_retry_s)) + " s";
-      a.reason_pass = m_pass;
+      m_last_pass.say(a, std::string("cannot start: ") + e.what() + "; trying again every " +
+                             std::to_string(static_cast<int>(k_write_retry_s)) + " s");
       next_retry = next_retry == 0 ? now + k_write_retry_s : std::min(next_retry, now + k_write_retry_s);
       return false;
     }
@@ -341,31 +326,30 @@ void Daemon::schedule_now() {
       fds_free -= k_descriptors_per_launch;
       return false;
     }
-    a.wait_reason = "gpuqd is short of file descriptors (" + std::to_string(std::max(0L, fds_free)) +
-                    " free, " + std::to_string(fds_reserved + k_descriptors_per_launch) +
-                    " needed to start a job): raise its limit (LimitNOFILE=, ulimit -n)";
-    a.reason_pass = m_pass;
+    m_last_pass.say(a, "gpuqd is short of file descriptors (" + std::to_string(std::max(0L, fds_free)) + " free, " +
+                           std::to_string(fds_reserved + k_descriptors_per_launch) +
+                           " needed to start a job): raise its limit (LimitNOFILE=, ulimit -n)");
     if (!held_back && !m_fds_short) std::cerr << "gpuqd: " << a.wait_reason << "; jobs wait until some free up\n";
     held_back = true;
     next_retry = next_retry == 0 ? now + 1 : std::min(next_retry, now + 1);
     return true;
   };
   for (const auto& p : plan.start) {
-    Active& a = m_active.at(p.id);
+    Active& a = m_jobs.at(p.id);
     if (fds_short(a)) continue;
     if (prepared(a, p)) start_attempt(a);
   }
   for (const auto& unit : units) {
     std::vector<std::int64_t> ids;
     for (std::int64_t id : unit.ids)
-      if (!fds_short(m_active.at(id)) && prepared(m_active.at(id), {id, {}, {}})) ids.push_back(id);
-    if (ids.size() == 1) start_attempt(m_active.at(ids[0]));
+      if (!fds_short(m_jobs.at(id)) && prepared(m_jobs.at(id), {id, {}, {}})) ids.push_back(id);
+    if (ids.size() == 1) start_attempt(m_jobs.at(ids[0]));
     if (ids.size() < 2) continue;
     std::vector<Executor::Attempt> attempts;
-    for (std::int64_t id : ids) attempts.push_back(attempt_of(m_active.at(id).rec));
+    for (std::int64_t id : ids) attempts.push_back(attempt_of(m_jobs.at(id).rec));
     if (auto refused = m_executor->start_array(attempts, unit.limit)) {
       std::cerr << "gpuqd: jobs " << ids.front() << "-" << ids.back() << ": " << refused->message << "\n";
-      for (std::int64_t id : ids) finish_attempt(m_active.at(id), json{{"error", refused->message}});
+      for (std::int64_t id : ids) finish_attempt(m_jobs.at(id), json{{"error", refused->message}});
     }
   }
   if (held_back) m_fds_short = true;  // said once a shortage, and once when it is over
@@ -389,8 +373,8 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
   }
   if (a.rec.spec.mode == common::Mode::ddp) {
     std::set<int> in_use;
-    for (std::int64_t id : m_running)
-      if (const int port = m_active.at(id).rec.run.master_port) in_use.insert(port);
+    for (std::int64_t id : m_jobs.running_ids())
+      if (const int port = m_jobs.at(id).rec.run.master_port) in_use.insert(port);
     launched.master_port = pick_free_port(in_use);
   }
   JobRecord next = next_record(a.rec, launched);
@@ -471,15 +455,14 @@ Executor::Attempt Daemon::attempt_of(const JobRecord& rec) const {
   Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}, rec.uid};
   if (m_executor->places_work())
     for (std::int64_t dep : rec.after)
-      if (m_running.count(dep)) attempt.after.push_back(dep);
+      if (m_jobs.is_running(dep)) attempt.after.push_back(dep);
   return attempt;
 }
 
 CpuSlots Daemon::cpu_pool() const {
   CpuSlots cpu{m_config.cpu_slots, {}, m_core_nodes};
   std::vector<int> unnumbered;  // running jobs started by a gpuqd whose CPU slots had no numbers yet
-  for (std::int64_t id : m_running) {
-    const Active& a = m_active.at(id);
+  for (const Active& a : m_jobs.running()) {
     cpu.taken.insert(a.rec.run.cpu_slots.begin(), a.rec.run.cpu_slots.end());
     if (a.rec.run.cpu_slots.empty() && a.rec.spec.gpus == 0) unnumbered.push_back(std::min(a.rec.spec.ranks, cpu.total));
   }
@@ -492,9 +475,9 @@ CpuSlots Daemon::cpu_pool() const {
 // ---- attempts ending ----------------------------------------------------------------------------
 
 void Daemon::on_attempt_end(std::int64_t id) {
-  auto it = m_active.find(id);
-  if (it == m_active.end() || it->second.rec.state != JobState::running) return;
-  Active& a = it->second;
+  Active* found = m_jobs.find(id);
+  if (!found || found->rec.state != JobState::running) return;
+  Active& a = *found;
   a.retry.reset();
   try {
     if (!ingest(a, true)) throw RequestError(ErrorCode::store_error, "its last events could not be stored");
@@ -611,7 +594,7 @@ void Daemon::land(std::vector<JobRecord> changed, const std::function<void(const
     // on_finish hooks due, in the same transaction.
     JobRecord& r = changed[i];
     r.hook_due = is_terminal(r.state) && (i + 1 == changed.size() || changed[i + 1].id != r.id) &&
-                 m_active.count(r.id) && !is_terminal(m_active.at(r.id).rec.state) &&
+                 m_jobs.contains(r.id) && !is_terminal(m_jobs.at(r.id).rec.state) &&
                  m_hooks.any_for(r.spec);
     if (r.hook_due) hooks.push_back(r.id);
     rows.push_back(&r);
@@ -624,24 +607,14 @@ void Daemon::land(std::vector<JobRecord> changed, const std::function<void(const
 }
 
 void Daemon::apply(JobRecord rec) {
-  Active& a = m_active[rec.id];
-  const bool fresh = a.rec.id == 0;  // a job coming back (restart), in no index
-  if (!fresh && a.rec.state == JobState::running && rec.state == JobState::running) {
-    // Still running (its events, an update of its priority): filed as it was, so that the event
-    // tick, which walks m_running, may land what it reads.
-    a.rec = std::move(rec);
-    return;
-  }
-  if (!fresh) unindex(a.rec);  // as it was filed: an update may have changed its priority
-  if (fresh && !is_terminal(rec.state)) {  // it had ended: dependencies see it live again,
-    m_terminal_cache.erase(rec.id);
-    for (auto& w : m_waiters)  // and a wait that names it waits for it again
-      if (w.ids.count(rec.id)) w.pending.insert(rec.id);
-  }
-  count_transition(a, fresh ? std::nullopt : std::optional<JobState>(a.rec.state), rec);
-  a.rec = std::move(rec);
-  if (is_terminal(a.rec.state)) finalize(a);
-  else index(a, true);
+  const std::int64_t id = rec.id;
+  const auto applied = m_jobs.apply(std::move(rec), [this](Active& a, std::optional<JobState> was, const JobRecord& now) {
+    count_transition(a, was, now);
+  });
+  if (applied.came_back)  // a wait that names it waits for it again
+    for (auto& w : m_waiters)
+      if (w.ids.count(id)) w.pending.insert(id);
+  if (applied.ended) notify_waiters();
 }
 
 void Daemon::count_transition(Active& a, std::optional<JobState> was, const JobRecord& now) {
@@ -653,33 +626,6 @@ void Daemon::count_transition(Active& a, std::optional<JobState> was, const JobR
       m_metrics.queue_wait.observe(now.run.started_at - a.queued_since);
   }
   if (is_terminal(now.state) && was && !is_terminal(*was)) ++m_metrics.finished[std::string(gpuq::to_string(now.state))];
-}
-
-void Daemon::index(const Active& a, bool fresh) {
-  if (!fresh) unindex(a.rec);
-  if (a.rec.state == JobState::running) m_running.insert(a.rec.id);
-  if (a.rec.state != JobState::queued) return;
-  // A held job is out of line, but still fails when a dependency does.
-  if (!a.rec.after.empty() && m_with_deps.insert(a.rec.id).second) ++m_needs_changed;
-  if (a.rec.held)
-    m_held.insert(a.rec.id);
-  else
-    m_queue[{-a.rec.spec.priority, a.rec.id}] = {pending_of(a.rec), a.rec.not_before, !a.rec.after.empty()};
-}
-
-void Daemon::unindex(const JobRecord& r) {
-  m_running.erase(r.id);
-  m_queue.erase({-r.spec.priority, r.id});
-  m_with_deps.erase(r.id);
-  m_held.erase(r.id);
-}
-
-void Daemon::finalize(Active& a) {
-  const std::int64_t id = a.rec.id;
-  m_terminal_cache[id] = a.rec.state;
-  unindex(a.rec);
-  m_active.erase(id);
-  notify_waiters();
 }
 
 // ---- events -------------------------------------------------------------------------------------
@@ -751,7 +697,7 @@ bool Daemon::ingest(Active& a, bool ended) {
 
 void Daemon::check_hangs(double now) {
   std::vector<const JobRecord*> running;
-  for (std::int64_t id : m_running) running.push_back(&m_active.at(id).rec);
+  for (std::int64_t id : m_jobs.running_ids()) running.push_back(&m_jobs.at(id).rec);
   std::optional<std::vector<GpuReading>> readings;  // read once a check, and only when asked
   const auto busy = [&](const JobRecord& r) {
     if (!readings) readings = m_inventory.read();
@@ -765,14 +711,14 @@ void Daemon::check_hangs(double now) {
 
 void Daemon::arm_ingest_timer() {
   if (m_ingest_armed) return;
-  if (m_running.empty()) return;
+  if ((m_jobs.running_count() == 0)) return;
   m_ingest_armed = true;
   m_ingest_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.ingest_interval_s * 1000)));
   m_ingest_timer.async_wait([this](const boost::system::error_code& ec) {
     m_ingest_armed = false;
     if (ec) return;
-    for (std::int64_t id : m_running)
-      if (m_executor->started(id)) ingest(m_active.at(id));
+    for (std::int64_t id : m_jobs.running_ids())
+      if (m_executor->started(id)) ingest(m_jobs.at(id));
     check_hangs(wall_now());
     arm_ingest_timer();
   });

@@ -107,8 +107,7 @@ void Daemon::write_submission() {
   common::SubmitReply out{s->write.batch, {}};
   out.ids.reserve(s->staged.size());
   for (const auto& [id, _] : s->staged) out.ids.push_back(id);
-  m_active.merge(s->staged);
-  for (auto it = m_active.find(out.ids.front()); it != m_active.end(); ++it) index(it->second, true);
+  m_jobs.add(s->staged);
   schedule_soon();
   s->reply(common::ok_reply(out));
   next_submission();
