@@ -260,7 +260,7 @@ class Daemon {
   // A re-adopted job's record with its slots under this gpuqd's CPU mask; nullopt where they stand.
   std::optional<JobRecord> rederive_slots(const JobRecord& rec) const;
   void on_attempt_end(std::int64_t id);  // the executor says its processes are gone
-  void finish_attempt(Active& a, const json& outcome);
+  void finish_attempt(Active& a, const Outcome& outcome);
   // The one place a change of state lands: `changed` (each a record lifecycle.hpp made, `why` its
   // history row's reason where given) is stored in one transaction with a transition each, then
   // applied in memory in order (of two records of one job, the second: a failed attempt and its

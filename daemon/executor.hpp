@@ -37,6 +37,27 @@ class io_context;
 
 namespace gpuq::daemon {
 
+// How an attempt ended, read once from its exit record (read_exit_record's shape, whatever
+// executor ran it): what gpuqd's core decides the job's next state from.
+struct Outcome {
+  bool all_ok = false;                  // ranks were recorded, and every one exited 0
+  nlohmann::json first_failure;         // the record's first failure (an object), or null
+  std::optional<int> exit_code;         // the first failure's, or 0 when all_ok
+  std::optional<int> exit_signal;       // the first failure's signal
+  bool cancelled = false;               // stopped as asked (by gpuq, or in the other system)
+  bool timed_out = false;               // stopped at its timeout
+  bool withdrawn = false;               // taken back before it started (Executor::withdraw)
+  bool final = false;                   // the executor's word: another attempt would fare the same
+  std::optional<std::string> error;     // no record, why; or the executor's word on the end
+  std::string external_id;              // the executor's id for it ("slurm:42"), never the job's
+  std::optional<double> started_at, ended_at;  // as its supervisor saw them
+
+  // The record as read_exit_record (or merge_task_records) gives it: fields of the wrong type
+  // count as absent.
+  static Outcome from_record(const nlohmann::json& record);
+  static Outcome failed(std::string why);  // an attempt that could not start, or whose end is lost
+};
+
 class Executor {
  public:
   struct Attempt {
@@ -61,9 +82,9 @@ class Executor {
   // Asks a running attempt to end (its supervisor stops the ranks, SIGTERM then SIGKILL after the
   // grace period); `Ended` follows. Nothing when it is not running.
   virtual void stop(std::int64_t id) = 0;
-  // How an ended attempt ended, as the shim's exit record (untrusted: bounded and type-checked),
-  // or {"error": why} when there is none.
-  virtual nlohmann::json outcome(const Attempt& attempt) = 0;
+  // How an ended attempt ended: its supervisor's exit record (untrusted: bounded and type-checked),
+  // read once; an error saying why when there is none.
+  virtual Outcome outcome(const Attempt& attempt) = 0;
 
   // Whether another system decides where and when attempts run (Slurm): gpuqd then hands every
   // job that is ready (dependencies met, not held, within its batch's limit) to start() at once,

@@ -28,6 +28,45 @@ namespace gpuq::daemon {
 namespace asio = boost::asio;
 using json = nlohmann::json;
 
+Outcome Outcome::from_record(const json& record) {
+  Outcome o;
+  if (!record.is_object()) return failed("the job's supervisor ended without recording an outcome");
+  const auto flag = [&](const char* key) {
+    const auto it = record.find(key);
+    return it != record.end() && it->is_boolean() && it->get<bool>();
+  };
+  const auto number = [&](const char* key) -> std::optional<double> {
+    const auto it = record.find(key);
+    return it != record.end() && it->is_number() ? std::optional<double>(it->get<double>()) : std::nullopt;
+  };
+  if (const auto ranks = record.find("ranks"); ranks != record.end() && ranks->is_array() && !ranks->empty()) {
+    o.all_ok = true;
+    for (const auto& r : *ranks) o.all_ok = o.all_ok && r.is_object() && r.value("exit_code", json()) == json(0);
+  }
+  if (const auto f = record.find("first_failure"); f != record.end() && f->is_object()) {
+    o.first_failure = *f;
+    if (auto it = f->find("exit_code"); it != f->end() && it->is_number_integer()) o.exit_code = it->get<int>();
+    if (auto it = f->find("signal"); it != f->end() && it->is_number_integer()) o.exit_signal = it->get<int>();
+  } else if (o.all_ok) {
+    o.exit_code = 0;
+  }
+  o.cancelled = flag("cancelled");
+  o.timed_out = flag("timed_out");
+  o.withdrawn = flag("withdrawn");
+  o.final = flag("final");
+  if (const auto e = record.find("error"); e != record.end() && e->is_string()) o.error = e->get<std::string>();
+  if (const auto x = record.find("external_id"); x != record.end() && x->is_string()) o.external_id = x->get<std::string>();
+  o.started_at = number("started_at");
+  o.ended_at = number("ended_at");
+  return o;
+}
+
+Outcome Outcome::failed(std::string why) {
+  Outcome o;
+  o.error = std::move(why);
+  return o;
+}
+
 json read_exit_record(const std::string& path, std::size_t max_bytes, std::optional<uid_t> owner) {
   auto raw = common::read_untrusted_file(path, max_bytes, "exit record", owner);
   if (!raw || !raw->is_object()) return json{{"error", "the job's supervisor ended without recording an outcome"}};
@@ -144,8 +183,8 @@ class LocalExecutor final : public Executor {
     return it != m_shims.end() ? it->second.pid.pid : 0;
   }
 
-  json outcome(const Attempt& attempt) override {
-    return read_exit_record(attempt.dir + "/exit.json", 4 << 20, attempt.owner);
+  Outcome outcome(const Attempt& attempt) override {
+    return Outcome::from_record(read_exit_record(attempt.dir + "/exit.json", 4 << 20, attempt.owner));
   }
 
  private:

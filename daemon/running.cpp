@@ -1,7 +1,7 @@
 // Running jobs: the scheduling pass (which queued jobs start, on what), launching an attempt
 // through the executor, recording how it ended (a retry, or the job's end) once the executor says
-// it has, committing every change of state (commit, apply), the indexes of the job table by state,
-// and reading running jobs' event files into the store.
+// it has, and landing every change of a record (commit, land, apply). Their event files are
+// ingest.cpp's.
 #include "daemon/daemon.hpp"
 
 #include <fcntl.h>
@@ -26,7 +26,6 @@ namespace gpuq::daemon {
 namespace {
 
 std::string describe_end(const json& failure);
-constexpr std::size_t k_doomed_part = 512;  // jobs failed for a dependency in one pass (~10 ms)
 
 // The first failure in words: which rank, how it ended, and what it said: the class of failure
 // its log names (CUDA out of memory, ...) with the line that named it, else its log's last line.
@@ -84,80 +83,6 @@ void Daemon::schedule_soon() {
       });
     }
   });
-}
-
-std::optional<JobState> Daemon::dependency_state(std::int64_t id) {
-  if (auto known = m_jobs.known_state(id)) return known;
-  auto rec = m_store->get(id);
-  if (!rec) return std::nullopt;
-  m_jobs.remember_state(id, rec->state);
-  return rec->state;
-}
-
-bool Daemon::dependency_met(std::int64_t dep) {
-  const auto st = dependency_state(dep);
-  if (st == JobState::succeeded) return true;
-  if (st != JobState::running || !m_executor->places_work()) return false;
-  const Active& a = m_jobs.at(dep);
-  return !a.rec.run.cancel_requested && !m_executor->external_id(dep).empty();
-}
-
-void Daemon::withdraw_orphans() {
-  if (!m_executor->places_work()) return;
-  for (const Active& a : m_jobs.running()) {
-    if (a.rec.run.cancel_requested) continue;
-    for (std::int64_t dep : a.rec.after)
-      if (!dependency_met(dep)) {
-        m_executor->withdraw(a.rec.id);
-        break;
-      }
-  }
-}
-
-// Fails queued jobs whose dependencies ended without success. Returns true when some are left
-// for the next pass.
-bool Daemon::fail_blocked_dependents(double now) {
-  // The jobs whose dependency ended without success, then, transitively, the jobs waiting for
-  // those: a failed chain fails in one pass (a pass per link was quadratic: 21 s for a chain of
-  // 20,000), k_doomed_part jobs a transaction, the nearest first, a pass each (one transaction
-  // for 20,000 held gpuqd's thread for 435 ms). Those left wait for a failed dependency meanwhile.
-  std::vector<std::pair<std::int64_t, std::int64_t>> waiting;  // (dependency, a queued job naming it), sorted
-  std::map<std::int64_t, std::int64_t> blocked_by;  // doomed job -> the dependency that dooms it
-  std::vector<std::int64_t> doomed;                 // the nearest first
-  for (const Active& a : m_jobs.with_deps()) {
-    const std::int64_t id = a.rec.id;
-    for (auto dep : a.rec.after) {
-      waiting.emplace_back(dep, id);
-      if (blocked_by.count(id)) continue;
-      auto st = dependency_state(dep);
-      if (!st || (is_terminal(*st) && *st != JobState::succeeded)) {
-        doomed.push_back(id);
-        blocked_by[id] = dep;
-      }
-    }
-  }
-  if (doomed.empty()) return false;
-  std::sort(waiting.begin(), waiting.end());
-  for (std::size_t i = 0; i < doomed.size() && doomed.size() <= k_doomed_part; ++i)  // the jobs behind each doomed one
-    for (auto w = std::lower_bound(waiting.begin(), waiting.end(), std::pair<std::int64_t, std::int64_t>{doomed[i], 0});
-         w != waiting.end() && w->first == doomed[i]; ++w)
-      if (blocked_by.emplace(w->second, doomed[i]).second) doomed.push_back(w->second);
-  const bool left = doomed.size() > k_doomed_part;
-  if (left) doomed.resize(k_doomed_part);
-  std::vector<JobRecord> failed;
-  for (auto id : doomed) {
-    const std::int64_t dep = blocked_by[id];
-    auto st = dependency_state(dep);  // doomed, but still queued: it ends failed in this same transaction
-    failed.push_back(next_record(
-        m_jobs.at(id).rec,
-        event::DependencyFailed{dep,
-                                !st ? "dependency: " + missing_job(dep)
-                                    : "dependency " + std::to_string(dep) + " ended " +
-                                          std::string(to_string(is_terminal(*st) ? *st : JobState::failed)),
-                                now}));
-  }
-  commit(std::move(failed));
-  return left;
 }
 
 void Daemon::schedule_now() {
@@ -349,7 +274,7 @@ void Daemon::schedule_now() {
     for (std::int64_t id : ids) attempts.push_back(attempt_of(m_jobs.at(id).rec));
     if (auto refused = m_executor->start_array(attempts, unit.limit)) {
       std::cerr << "gpuqd: jobs " << ids.front() << "-" << ids.back() << ": " << refused->message << "\n";
-      for (std::int64_t id : ids) finish_attempt(m_jobs.at(id), json{{"error", refused->message}});
+      for (std::int64_t id : ids) finish_attempt(m_jobs.at(id), Outcome::failed(refused->message));
     }
   }
   if (held_back) m_fds_short = true;  // said once a shortage, and once when it is over
@@ -391,7 +316,7 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
                                                                      ", has no account in the user database"});
     if (!made) {
       commit({std::move(next)});
-      finish_attempt(a, json{{"error", made.error().message + "; not started"}});
+      finish_attempt(a, Outcome::failed(made.error().message + "; not started"));
       return false;
     }
   } else {
@@ -438,7 +363,7 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
   struct stat st {};
   if (const bool missing = ::stat(a.rec.spec.cwd.c_str(), &st) != 0; missing || !S_ISDIR(st.st_mode)) {
     const std::string why = missing ? std::strerror(errno) : "not a directory";
-    finish_attempt(a, json{{"error", "the job's working directory " + a.rec.spec.cwd + " is gone (" + why + "); not started"}});
+    finish_attempt(a, Outcome::failed("the job's working directory " + a.rec.spec.cwd + " is gone (" + why + "); not started"));
     return false;
   }
   return true;
@@ -447,7 +372,7 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
 void Daemon::start_attempt(Active& a) {
   if (auto refused = m_executor->start(attempt_of(a.rec))) {
     std::cerr << "gpuqd: job " << a.rec.id << ": " << refused->message << "\n";
-    finish_attempt(a, json{{"error", refused->message}});
+    finish_attempt(a, Outcome::failed(refused->message));
   }
 }
 
@@ -494,12 +419,12 @@ void Daemon::on_attempt_end(std::int64_t id) {
   }
 }
 
-void Daemon::finish_attempt(Active& a, const json& outcome) {
+void Daemon::finish_attempt(Active& a, const Outcome& outcome) {
   const double now = wall_now();
   const JobRecord& rec = a.rec;
   // Stopped by check_hangs: a failure, to be retried, not a cancel.
   const std::string hung = m_hangs.ended(rec, now);
-  if (outcome.value("withdrawn", false) && !rec.run.cancel_requested) {
+  if (outcome.withdrawn && !rec.run.cancel_requested) {
     // Taken back before it started (withdraw_orphans): in line again as the same attempt, to
     // wait for its dependency's next attempt, or to fail with it.
     commit({next_record(rec, event::NeverStarted{"back in line: a job it waits for did not succeed"})});
@@ -507,45 +432,32 @@ void Daemon::finish_attempt(Active& a, const json& outcome) {
     schedule_soon();
     return;
   }
-  bool all_ok = outcome.contains("ranks") && outcome["ranks"].is_array() && !outcome["ranks"].empty();
-  if (all_ok)
-    for (const auto& r : outcome["ranks"]) all_ok = all_ok && r.value("exit_code", json()) == json(0);
-  const json failure = outcome.value("first_failure", json());
-  const auto external = outcome.find("external_id");  // the executor's, never the job's (read_exit_record)
-  event::Ended end{JobState::failed,  "", std::nullopt, std::nullopt, failure, outcome.value("ended_at", now),
-                   external != outcome.end() && external->is_string() ? external->get<std::string>() : ""};
+  const json& failure = outcome.first_failure;
+  event::Ended end{JobState::failed, "", outcome.exit_code, outcome.exit_signal, failure, outcome.ended_at.value_or(now),
+                   outcome.external_id};
   // Where another system held it after the launch (pending in Slurm), the run began when its
   // supervisor started: the record's runtime is the job's, not its wait there.
-  if (const auto s = outcome.find("started_at"); m_executor->places_work() && s != outcome.end() && s->is_number())
-    end.started_at = std::min(s->get<double>(), end.at);
-  if (failure.is_object()) {  // (find: operator[] on a const json asserts that the key is there)
-    if (auto it = failure.find("exit_code"); it != failure.end() && it->is_number_integer()) end.exit_code = it->get<int>();
-    if (auto it = failure.find("signal"); it != failure.end() && it->is_number_integer()) end.exit_signal = it->get<int>();
-  } else if (all_ok) {
-    end.exit_code = 0;
-  }
+  if (m_executor->places_work() && outcome.started_at) end.started_at = std::min(*outcome.started_at, end.at);
 
   bool retryable = false;
   if (!hung.empty() && !rec.run.cancel_requested) {
     end.state = JobState::failed;
     end.reason = hung;
     retryable = true;
-  } else if (rec.run.cancel_requested || outcome.value("cancelled", false)) {
+  } else if (rec.run.cancel_requested || outcome.cancelled) {
     end.state = JobState::cancelled;
     // Who, when not gpuq: the executor's word ("cancelled in Slurm (scancel), not through gpuq").
-    end.reason = rec.run.cancel_requested ? "cancelled while running"
-                                          : outcome.value("error", std::string("cancelled while running"));
-  } else if (outcome.value("timed_out", false)) {
+    end.reason = rec.run.cancel_requested ? "cancelled while running" : outcome.error.value_or("cancelled while running");
+  } else if (outcome.timed_out) {
     end.state = JobState::timed_out;
     char buf[64];
     std::snprintf(buf, sizeof(buf), "timed out after %g s", rec.spec.timeout_s);
     end.reason = buf;
-  } else if (all_ok && !failure.is_object()) {
+  } else if (outcome.all_ok && !failure.is_object()) {
     end.state = JobState::succeeded;
   } else {
-    end.reason = outcome.contains("error") ? outcome["error"].get<std::string>()
-                                           : describe_exit(failure, gpu_failure_notes(rec, failure));
-    retryable = !outcome.value("final", false);  // the executor's word: another attempt would fare the same
+    end.reason = outcome.error ? *outcome.error : describe_exit(failure, gpu_failure_notes(rec, failure));
+    retryable = !outcome.final;  // the executor's word: another attempt would fare the same
   }
 
   m_gpu_processes.forget(rec.id);
@@ -626,102 +538,6 @@ void Daemon::count_transition(Active& a, std::optional<JobState> was, const JobR
       m_metrics.queue_wait.observe(now.run.started_at - a.queued_since);
   }
   if (is_terminal(now.state) && was && !is_terminal(*was)) ++m_metrics.finished[std::string(gpuq::to_string(now.state))];
-}
-
-// ---- events -------------------------------------------------------------------------------------
-
-bool Daemon::ingest(Active& a, bool ended) {
-  const std::string adir = attempt_dir(m_config.state_dir, a.rec.id, a.rec.attempt);
-  bool stored = true;
-  for (int r = 0; r < a.rec.spec.ranks; ++r) {
-    const std::string path = rank_events_path(adir, r);
-    // The job writes this file: a symlink, a fifo, or a hard link to a file of another user's
-    // (/etc/shadow) in its place is read as empty.
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
-    if (fd < 0) continue;
-    std::int64_t& offset = a.event_offsets[r];
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != a.rec.uid) st.st_size = 0;
-    // Bounded reads: a job that floods its events file cannot balloon the daemon's memory. Each
-    // read starts one byte early, to tell whether the last one stopped inside a line. Nor can it
-    // hold gpuqd's thread: a call reads k_events_per_call at most while the job runs (the rest
-    // at the next tick), and no more than k_max_events_bytes of a rank's file is ever read (a
-    // 10 GB sparse file took 29 s to read through, all at the job's end).
-    constexpr std::int64_t k_chunk = 4 << 20;
-    const std::int64_t began = offset;
-    const std::int64_t limit = std::min<std::int64_t>(st.st_size, k_max_events_bytes);
-    // What one read while the job runs may take (re-reads of an unfinished line count); at the
-    // job's end, everything up to the cap.
-    const std::int64_t budget = ended ? std::numeric_limits<std::int64_t>::max() : k_events_per_call;
-    std::int64_t read_now = 0;
-    while (limit > offset && read_now < budget) {
-      const std::int64_t from = offset > 0 ? offset - 1 : 0;
-      const std::int64_t want = std::min({limit - offset, k_chunk, budget - read_now});
-      std::string buf(static_cast<std::size_t>(want + (offset - from)), '\0');
-      ssize_t n = ::pread(fd, buf.data(), buf.size(), from);
-      if (n <= offset - from) break;
-      read_now += n - (offset - from);
-      buf.resize(static_cast<std::size_t>(n));
-      std::string_view data(buf);
-      const bool mid_line = offset > 0 && data[0] != '\n';
-      data.remove_prefix(static_cast<std::size_t>(offset - from));
-      const bool at_end = from + n >= limit;  // an unterminated line here is the file's last (or the cap's)
-      auto parsed = parse_events(data, r, wall_now(), mid_line, ended && at_end);
-      if (parsed.consumed == 0) break;  // an unfinished line: next time
-      JobRecord next = a.rec;
-      next.bad_event_lines += parsed.bad_lines + apply_events(next, parsed.events);
-      try {  // its progress and result: no change of state
-        land({std::move(next)}, [&](const std::vector<const JobRecord*>& rows) {
-          m_store->add_events(*rows.front(), r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
-        });
-      } catch (const RequestError& e) {
-        std::cerr << "gpuqd: job " << a.rec.id << ": cannot store events: " << e.what() << "\n";
-        stored = false;
-        break;
-      }
-      offset += static_cast<std::int64_t>(parsed.consumed);
-    }
-    if (!ended && read_now > 0) {
-      ++m_events_reads.reads;
-      m_events_reads.max_bytes = std::max(m_events_reads.max_bytes, read_now);
-    }
-    if (began < k_max_events_bytes && offset >= k_max_events_bytes && st.st_size > offset) {
-      std::cerr << "gpuqd: job " << a.rec.id << ": rank " << r << "'s events file is over "
-                << (k_max_events_bytes >> 20) << " MiB; the rest of it is not read\n";
-      ++a.rec.bad_event_lines;  // in memory; stored with the job's next change
-    }
-    ::close(fd);
-  }
-  return stored;
-}
-
-void Daemon::check_hangs(double now) {
-  std::vector<const JobRecord*> running;
-  for (std::int64_t id : m_jobs.running_ids()) running.push_back(&m_jobs.at(id).rec);
-  std::optional<std::vector<GpuReading>> readings;  // read once a check, and only when asked
-  const auto busy = [&](const JobRecord& r) {
-    if (!readings) readings = m_inventory.read();
-    for (int g : r.run.gpus)
-      for (std::size_t i = 0; i < m_inventory.gpus().size() && i < readings->size(); ++i)
-        if (m_inventory.gpus()[i].index == g && (*readings)[i].utilization && *(*readings)[i].utilization > 10) return true;
-    return false;
-  };
-  for (std::int64_t id : m_hangs.check(now, running, busy)) m_executor->stop(id);
-}
-
-void Daemon::arm_ingest_timer() {
-  if (m_ingest_armed) return;
-  if ((m_jobs.running_count() == 0)) return;
-  m_ingest_armed = true;
-  m_ingest_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.ingest_interval_s * 1000)));
-  m_ingest_timer.async_wait([this](const boost::system::error_code& ec) {
-    m_ingest_armed = false;
-    if (ec) return;
-    for (std::int64_t id : m_jobs.running_ids())
-      if (m_executor->started(id)) ingest(m_jobs.at(id));
-    check_hangs(wall_now());
-    arm_ingest_timer();
-  });
 }
 
 }  // namespace gpuq::daemon

@@ -9,6 +9,11 @@
 //
 // The state dir must be on a filesystem the compute nodes see (the attempt directories are read
 // and written on both sides), and gpuq-shim at a path they share.
+//
+// Longer than the ~600 lines a file is held to: it is one class behind executor.hpp's seam, whose
+// parts (start and arrays, the squeue poll, adopt, stop, outcomes built from scontrol) share the
+// table of handed-over jobs and the command thread; the batch script itself is common's
+// (slurm_script.cpp). Array planning, which gpuqd's core still does, moves here next.
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -255,7 +260,7 @@ class SlurmExecutor final : public Executor {
     pull_back(job);
   }
 
-  json outcome(const Attempt& attempt) override {
+  Outcome outcome(const Attempt& attempt) override {
     json out;
     if (auto it = m_outcomes.find(attempt.id); it != m_outcomes.end()) {
       out = std::move(it->second);
@@ -272,7 +277,7 @@ class SlurmExecutor final : public Executor {
       slurm_id = trim(read_small(attempt.dir + "/slurm.id"));
     }
     if (is_job_id(slurm_id)) out["external_id"] = "slurm:" + slurm_id;
-    return out;
+    return Outcome::from_record(out);
   }
 
   bool started(std::int64_t id) const override {

@@ -1,6 +1,11 @@
 // The job supervisor (see supervisor.hpp). Single-threaded: every signal it cares about is
 // blocked and read from a signalfd in the same poll() as the ranks' output pipes (when logs are
 // capped), so there are no async-signal-safety traps.
+//
+// Longer than the ~600 lines a file is held to: it is the one loop of a program exec'd once per
+// attempt (start the ranks, watch signals, pipes and deadlines, tear the gang down, write the
+// exit record), whose steps share the loop's state; supervision out of the job's reach (a root
+// supervisor, a cgroup per attempt) will reshape it, and split it along the new seams.
 #include "supervisor/supervisor.hpp"
 
 #include <dirent.h>

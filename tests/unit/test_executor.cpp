@@ -15,6 +15,7 @@
 #include "supervisor/supervisor.hpp"
 
 using gpuq::daemon::merge_task_records;
+using gpuq::daemon::Outcome;
 using json = nlohmann::json;
 
 namespace {
@@ -165,4 +166,52 @@ TEST_CASE("a gang's Slurm job succeeds only when every rank's record says its ra
   CHECK(slurm_gang_outcome(launch) == 1);
   CHECK(slurm_gang_outcome(dir + "/nonesuch.json") == 2);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("an outcome is read from an exit record once: every rank at 0 succeeds, the first failure gives the exit") {
+  const Outcome ok = Outcome::from_record(json{{"ranks", {{{"rank", 0}, {"exit_code", 0}}, {{"rank", 1}, {"exit_code", 0}}}},
+                                               {"started_at", 10.5}, {"ended_at", 20.25}});
+  CHECK(ok.all_ok);
+  CHECK(ok.exit_code == 0);
+  CHECK_FALSE(ok.exit_signal);
+  CHECK(ok.first_failure.is_null());
+  CHECK(ok.started_at == 10.5);
+  CHECK(ok.ended_at == 20.25);
+  CHECK_FALSE(ok.error);
+
+  const Outcome killed = Outcome::from_record(
+      json{{"ranks", {{{"rank", 0}, {"exit_code", 0}}, {{"rank", 1}, {"signal", 9}}}}, {"first_failure", {{"rank", 1}, {"signal", 9}}}});
+  CHECK_FALSE(killed.all_ok);
+  CHECK(killed.exit_signal == 9);
+  CHECK_FALSE(killed.exit_code);
+  CHECK(killed.first_failure["rank"] == 1);
+}
+
+TEST_CASE("an outcome's flags and words are kept only with the types gpuqd expects") {
+  const Outcome o = Outcome::from_record(json{{"cancelled", true},
+                                              {"timed_out", "yes"},  // not a boolean: absent
+                                              {"withdrawn", true},
+                                              {"final", true},
+                                              {"error", "cancelled in Slurm (scancel), not through gpuq"},
+                                              {"external_id", "slurm:42"},
+                                              {"ended_at", "soon"},
+                                              {"first_failure", "rank 1"},  // not an object: none
+                                              {"ranks", {1, 2}}});          // not records: not all ok
+  CHECK(o.cancelled);
+  CHECK_FALSE(o.timed_out);
+  CHECK(o.withdrawn);
+  CHECK(o.final);
+  CHECK(o.error == "cancelled in Slurm (scancel), not through gpuq");
+  CHECK(o.external_id == "slurm:42");
+  CHECK_FALSE(o.ended_at);
+  CHECK(o.first_failure.is_null());
+  CHECK_FALSE(o.all_ok);
+  CHECK_FALSE(o.exit_code);
+}
+
+TEST_CASE("no record, or one that is no object, is an outcome saying so") {
+  CHECK(Outcome::from_record(missing()).error == "the job's supervisor ended without recording an outcome");
+  CHECK(Outcome::from_record(json::array()).error == "the job's supervisor ended without recording an outcome");
+  CHECK_FALSE(Outcome::from_record(json{{"ranks", json::array()}}).all_ok);  // no rank recorded: nothing succeeded
+  CHECK(Outcome::failed("disk full; not started").error == "disk full; not started");
 }

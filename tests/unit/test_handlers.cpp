@@ -320,9 +320,9 @@ class FakeExecutor final : public Executor {
     m_cluster.withdrawn.push_back(id);
     finish(id, json{{"withdrawn", true}});
   }
-  json outcome(const Attempt& a) override {
+  Outcome outcome(const Attempt& a) override {
     auto it = m_cluster.outcomes.find(a.id);
-    return it == m_cluster.outcomes.end() ? json{{"error", "no outcome"}} : it->second;
+    return Outcome::from_record(it == m_cluster.outcomes.end() ? json{{"error", "no outcome"}} : it->second);
   }
   std::string external_id(std::int64_t id) const override {
     return m_cluster.live.count(id) ? "fake:" + std::to_string(id) : "";
