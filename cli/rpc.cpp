@@ -33,7 +33,7 @@ void outlive_restarts(const Options& o, Client& client) {
   });
 }
 
-std::optional<Client> connect(const Options& o, int& code, bool waiting) {
+Result<Client> connect(const Options& o, bool waiting) {
   auto client = Client::connect(o.socket);
   const auto unanswered = [&] {
     return waiting && !client && client.error().code == ErrorCode::unavailable && std::filesystem::exists(o.socket);
@@ -41,23 +41,14 @@ std::optional<Client> connect(const Options& o, int& code, bool waiting) {
   if (o.reconnect_s > 0 && unanswered() && ::isatty(STDERR_FILENO) == 1)
     std::cerr << "gpuq: gpuqd does not answer on " << o.socket << "; waiting for up to " << o.reconnect_s << " s\n";
   for (common::Backoff backoff(o.reconnect_s); unanswered() && backoff.wait();) client = Client::connect(o.socket);
-  if (!client) {
-    code = report(client.error());
-    return std::nullopt;
-  }
-  return std::move(*client);
+  return client;
 }
 
-std::optional<json> request(const Options& o, const json& req, int& code, bool reconnect) {
-  auto client = connect(o, code, reconnect);
-  if (!client) return std::nullopt;
+Result<json> call(const Options& o, const json& req, bool reconnect) {
+  auto client = connect(o, reconnect);
+  if (!client) return client.error();
   if (reconnect) outlive_restarts(o, *client);
-  auto reply = client->call(req);
-  if (!reply) {
-    code = report(reply.error());
-    return std::nullopt;
-  }
-  return *reply;
+  return client->call(req);
 }
 
 Result<common::JobsReply> all_results(Client& client, common::ResultsRequest req) {
@@ -73,15 +64,10 @@ Result<common::JobsReply> all_results(Client& client, common::ResultsRequest req
   return all;
 }
 
-std::optional<common::JobsReply> all_results(const Options& o, const common::ResultsRequest& req, int& code) {
-  auto client = connect(o, code);
-  if (!client) return std::nullopt;
-  auto r = all_results(*client, req);
-  if (!r) {
-    code = report(r.error());
-    return std::nullopt;
-  }
-  return std::move(*r);
+Result<common::JobsReply> all_results(const Options& o, const common::ResultsRequest& req) {
+  auto client = connect(o);
+  if (!client) return client.error();
+  return all_results(*client, req);
 }
 
 void print_json(const json& j) { std::cout << j.dump(2) << "\n"; }
@@ -92,11 +78,10 @@ double now_s() {
 
 int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t>& ids) {
   if (batch != 0) {
-    int code = 0;
     common::ResultsRequest req;
     req.batch = batch;
-    auto reply = all_results(o, req, code);
-    if (!reply) return code;
+    auto reply = all_results(o, req);
+    if (!reply) return report(reply.error());
     for (const auto& j : reply->jobs)
       if (std::find(ids.begin(), ids.end(), j.id) == ids.end()) ids.push_back(j.id);
   }

@@ -1,5 +1,6 @@
-// Helpers shared by the CLI's commands: a connection or one request to gpuqd with errors printed,
-// every page of a results request, JSON output.
+// Helpers shared by the CLI's commands: a connection or one request to gpuqd, every page of a
+// results request, JSON output. One error style: each returns its value or the Error, and a
+// command that cannot go on returns report(error), which prints it and gives the exit code.
 #pragma once
 
 #include <optional>
@@ -14,18 +15,17 @@ int report(const Error& e);
 // Makes `client` reconnect for o.reconnect_s after losing gpuqd, saying so on stderr when it is a
 // terminal: for clients that wait on gpuqd (`wait`, `submit --wait`, `logs -f`).
 void outlive_restarts(const Options& o, common::Client& client);
-// A connection to gpuqd, or nothing with the error printed and `code` set. `waiting`: for a client
-// that waits on gpuqd, a socket that is there but unanswered (a gpuqd killed and not yet back)
-// is waited out for o.reconnect_s, as a connection lost later is (outlive_restarts); no socket
-// at all is no daemon, said at once.
-std::optional<common::Client> connect(const Options& o, int& code, bool waiting = false);
-// Connects and sends one request; on failure prints the error and sets `code`. `reconnect`: the
+// A connection to gpuqd. `waiting`: for a client that waits on gpuqd, a socket that is there but
+// unanswered (a gpuqd killed and not yet back) is waited out for o.reconnect_s, as a connection
+// lost later is (outlive_restarts); no socket at all is no daemon, said at once.
+Result<common::Client> connect(const Options& o, bool waiting = false);
+// Connects and sends one request (common::encode's); its reply, or the error. `reconnect`: the
 // request is idempotent and waits on gpuqd, so a lost gpuqd is reconnected to (outlive_restarts).
-std::optional<nlohmann::json> request(const Options& o, const nlohmann::json& req, int& code, bool reconnect = false);
+Result<nlohmann::json> call(const Options& o, const nlohmann::json& req, bool reconnect = false);
 // Every job a `results` request names, over as many pages as gpuqd sends (each reply is bounded:
 // common::k_max_reply_jobs), in id order.
 Result<common::JobsReply> all_results(common::Client& client, common::ResultsRequest req);
-std::optional<common::JobsReply> all_results(const Options& o, const common::ResultsRequest& req, int& code);
+Result<common::JobsReply> all_results(const Options& o, const common::ResultsRequest& req);
 void print_json(const nlohmann::json& j);
 // Appends the ids of `batch`'s jobs (if batch != 0) to `ids`; 0, or the exit code of a failure
 // (also a usage error when there are no ids at all).

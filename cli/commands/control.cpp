@@ -20,9 +20,8 @@ namespace {
 constexpr std::size_t k_lines_per_job = 20;
 
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
-  int code = 0;
-  auto reply = request(o, common::encode(common::cmd::cancel, common::IdsRequest{ids}), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(common::cmd::cancel, common::IdsRequest{ids}));
+  if (!reply) return report(reply.error());
   auto c = reply->get<common::CancelReply>();
   if (o.json) {
     print_json((*reply)["jobs"]);
@@ -63,9 +62,8 @@ int print_changes(const Options& o, const json& reply, std::int64_t batch, const
 }
 
 int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold) {
-  int code = 0;
-  auto reply = request(o, common::encode(hold ? common::cmd::hold : common::cmd::release, common::SelectRequest{ids, batch}), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(hold ? common::cmd::hold : common::cmd::release, common::SelectRequest{ids, batch}));
+  if (!reply) return report(reply.error());
   return print_changes(o, *reply, batch, hold ? "held" : "released", "left as they were", [&](const auto& j) {
     return j.state != JobState::queued ? name_of(j.state) + ", not held" : hold ? "already held" : "was not held";
   });
@@ -73,9 +71,8 @@ int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_
 
 int cmd_update(const Options& o, const common::UpdateRequest& q) {
   const std::int64_t batch = q.batch;
-  int code = 0;
-  auto reply = request(o, common::encode(q), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(q));
+  if (!reply) return report(reply.error());
   if (o.json) {
     reply->erase("ok");
     print_json(*reply);
@@ -92,15 +89,14 @@ int cmd_update(const Options& o, const common::UpdateRequest& q) {
 
 int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
               bool checkpoints_only, bool forget) {
-  int code = 0;
   common::CleanRequest req;
   req.ids = ids;
   req.batch = batch;
   req.checkpoints_only = checkpoints_only;
   req.forget = forget;
   if (older_than_s >= 0) req.ended_before = std::max(1e-3, now_s() - older_than_s);
-  auto reply = request(o, common::encode(req), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(req));
+  if (!reply) return report(reply.error());
   auto c = reply->get<common::CleanReply>();
   if (o.json) {
     print_json(*reply);
@@ -125,13 +121,12 @@ int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64
 }
 
 int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool fresh) {
-  int code = 0;
   common::RestartRequest req;
   req.ids = ids;
   req.batch = batch;
   req.fresh = fresh;
-  auto reply = request(o, common::encode(req), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(req));
+  if (!reply) return report(reply.error());
   auto r = reply->get<common::RestartReply>();
   if (o.json) {
     print_json({{"jobs", (*reply)["jobs"]}, {"total", r.total}, {"was", r.was}, {"along", r.along}, {"more", r.more}});

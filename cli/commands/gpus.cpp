@@ -35,9 +35,8 @@ int cmd_drain(const Options& o, const std::vector<std::string>& names, bool drai
 
 // Sends a request answered with the GPUs (gpus, drain, undrain) and prints them.
 int gpus_request(const Options& o, const json& req) {
-  int code = 0;
-  auto reply = request(o, req, code);
-  if (!reply) return code;
+  auto reply = call(o, req);
+  if (!reply) return report(reply.error());
   if (o.json) {
     reply->erase("ok");
     print_json(*reply);
@@ -96,9 +95,8 @@ namespace {
 std::string limit_text(std::int64_t n) { return n > 0 ? std::to_string(n) : "-"; }
 
 int cmd_usage(const Options& o) {
-  int code = 0;
-  auto reply = request(o, common::encode(common::cmd::usage), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(common::cmd::usage));
+  if (!reply) return report(reply.error());
   if (o.json) {
     reply->erase("ok");
     print_json(*reply);

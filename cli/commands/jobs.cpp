@@ -143,13 +143,12 @@ int status_all(const Options& o, const common::JobFilter& f) {
 int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const common::JobFilter& filter) {
   if (all) return status_all(o, filter);
   if (queued == -2) queued = o.json ? -1 : 50;
-  int code = 0;
   common::StatusRequest req;
   req.limit = limit;
   req.queued = queued;
   req.filter = filter;
-  auto reply = request(o, common::encode(req), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(req));
+  if (!reply) return report(reply.error());
   auto st = reply->get<common::JobsReply>();
   if (o.json) {
     print_json({{"jobs", (*reply)["jobs"]}, {"total", st.total}, {"queued_total", st.queued_total}, {"more", st.more}});
@@ -171,9 +170,8 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const
 }
 
 int cmd_show(const Options& o, std::int64_t id) {
-  int code = 0;
-  auto reply = request(o, common::encode(common::cmd::show, common::IdRequest{id}), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(common::cmd::show, common::IdRequest{id}));
+  if (!reply) return report(reply.error());
   if (o.json) {
     reply->erase("ok");
     print_json(*reply);
@@ -238,11 +236,10 @@ int cmd_show(const Options& o, std::int64_t id) {
 }
 
 int cmd_result(const Options& o, std::int64_t id) {
-  int code = 0;
   common::ResultsRequest req;
   req.ids = {id};
-  auto reply = request(o, common::encode(req), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(req));
+  if (!reply) return report(reply.error());
   auto r = reply->get<common::JobsReply>();
   const auto& j = r.jobs.at(0);
   if (o.json) {
@@ -264,12 +261,11 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
     std::cerr << "gpuq: results needs job ids or --batch B\n";
     return k_exit_usage;
   }
-  int code = 0;
   common::ResultsRequest req;
   req.ids = ids;
   req.batch = batch;
-  auto reply = all_results(o, req, code);
-  if (!reply) return code;
+  auto reply = all_results(o, req);
+  if (!reply) return report(reply.error());
   const auto& r = *reply;
   if (o.json) {
     json out = json::array();
@@ -323,9 +319,8 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
 // change again, so each poll asks only for the others. Ends with the same table and exit code as
 // a plain wait.
 int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
-  int code = 0;
-  auto client = connect(o, code, true);
-  if (!client) return code;
+  auto client = connect(o, true);
+  if (!client) return report(client.error());
   outlive_restarts(o, *client);
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   std::size_t width = 120, rows = 24;
@@ -389,16 +384,15 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
 
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
   if (!o.json) return watch(o, ids, timeout_s);
-  int code = 0;
-  auto reply = request(o, common::encode(common::cmd::wait, common::IdsRequest{ids, timeout_s}), code, true);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(common::cmd::wait, common::IdsRequest{ids, timeout_s}), true);
+  if (!reply) return report(reply.error());
   auto w = reply->get<common::JobsReply>();
   if (w.more) {  // a reply holds so many jobs: the rest, as they are now
     common::ResultsRequest req;
     req.ids = ids;
     req.after = w.jobs.back().id;
-    auto rest = all_results(o, req, code);
-    if (!rest) return code;
+    auto rest = all_results(o, req);
+    if (!rest) return report(rest.error());
     std::move(rest->jobs.begin(), rest->jobs.end(), std::back_inserter(w.jobs));
   }
   print_json({{"jobs", w.jobs}, {"timed_out", w.timed_out}});
@@ -437,9 +431,8 @@ void add_status(CLI::App& app, Context& ctx) {
 namespace {
 
 int cmd_why(const Options& o, std::int64_t id) {
-  int code = 0;
-  auto reply = request(o, common::encode(common::cmd::why, common::IdRequest{id}), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(common::cmd::why, common::IdRequest{id}));
+  if (!reply) return report(reply.error());
   if (o.json) {
     reply->erase("ok");
     print_json(*reply);

@@ -89,9 +89,8 @@ std::streamoff tail_start(const std::string& path, int n, int& lines) {
 }
 
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail) {
-  int code = 0;
-  auto client = connect(o, code, follow);
-  if (!client) return code;
+  auto client = connect(o, follow);
+  if (!client) return report(client.error());
   if (follow) outlive_restarts(o, *client);
   int refused = k_exit_refused;
   auto show = [&]() -> std::optional<common::ShowReply> {

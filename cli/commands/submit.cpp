@@ -110,9 +110,8 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
   for (const auto& f : files)
     if (!read_spec_file(f, jobs)) return k_exit_usage;
   if (dry) return dry_run(o, jobs, hold, max_running);
-  int code = 0;
-  auto reply = request(o, common::encode(common::SubmitRequest{std::move(jobs), common::current_dir(), common::current_environment(), hold, max_running}), code);
-  if (!reply) return code;
+  auto reply = call(o, common::encode(common::SubmitRequest{std::move(jobs), common::current_dir(), common::current_environment(), hold, max_running}));
+  if (!reply) return report(reply.error());
   auto sub = reply->get<common::SubmitReply>();
   if (!wait) {
     if (o.json) {
