@@ -135,8 +135,7 @@ std::map<std::int64_t, std::string> Daemon::still_needed() const {
     const JobRecord& r = waiting.rec;
     for (auto dep : r.after) needed.try_emplace(dep, "queued " + job_label(r) + " waits for it (`after`)");
   }
-  for (const auto& w : m_waiters)
-    for (auto id : w.ids) needed.try_emplace(id, "a `gpuq wait` is waiting on it");
+  m_waiters.for_each_named([&](std::int64_t id) { needed.try_emplace(id, "a `gpuq wait` is waiting on it"); });
   for (const auto& [id, _] : m_restarting) needed.try_emplace(id, "a restart under way is queueing it again");
   for (auto id : m_restarting_needs) needed.try_emplace(id, "a restart under way queues a job that waits for it (`after`)");
   return needed;

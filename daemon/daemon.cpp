@@ -47,6 +47,9 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                         return out;
                       },
                       [this] { schedule_soon(); }),
+      m_waiters(io, [this](const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out) {
+        return wait_answer(caller, ids, timed_out);
+      }),
       m_hangs(m_config.hang_after_s, m_config.hang_retry()),
       m_ingest_timer(io),
       m_backoff_timer(io),

@@ -44,6 +44,7 @@
 #include "daemon/submit_check.hpp"
 #include "daemon/trash.hpp"
 #include "daemon/users.hpp"
+#include "daemon/waiters.hpp"
 
 namespace gpuq::daemon {
 
@@ -67,7 +68,6 @@ struct Config : common::Settings {
   bool hang_retry() const { return hang_action == "retry"; }
 };
 
-using Reply = std::function<void(json)>;
 
 // How long one part of a long request (a submission's writing, a clean, a restart) may hold
 // gpuqd's thread.
@@ -105,13 +105,6 @@ class Daemon {
   static const std::vector<Command>& commands();
 
  private:
-  struct Waiter {
-    Caller caller;
-    std::set<std::int64_t> ids;
-    std::set<std::int64_t> pending;  // of `ids`, those not known to have ended: emptied from the front
-    Reply reply;
-    std::shared_ptr<asio::steady_timer> timer;
-  };
 
   // The rows of commands(): a command of common::k_commands (its name and decoder) with its
   // handler, which takes the caller and the decoded request where it names them, and answers now
@@ -287,6 +280,8 @@ class Daemon {
   void check_hangs(double now);
   void arm_ingest_timer();
   void notify_waiters();
+  // What a wait of `caller` on `ids` is answered with: the jobs as they are now (Waiters::Answer).
+  json wait_answer(const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out);
 
   // A job as clients see it: the in-memory record (with why it waits) when the job is active,
   // else `stored`.
@@ -324,7 +319,7 @@ class Daemon {
   JobTable m_jobs;  // queued and running jobs, filed by state (job_table.hpp)
   LastPass m_last_pass;  // what the last scheduling pass said (last_pass.hpp)
   std::map<std::int64_t, int> m_batch_limits;              // batch -> max_running, for those with one
-  std::vector<Waiter> m_waiters;
+  Waiters m_waiters;  // `wait`s, answered once their jobs end (waiters.hpp)
   bool m_schedule_posted = false;
   bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back
   static constexpr std::int64_t k_max_events_bytes = 64 << 20;  // of a rank's events file, ever read

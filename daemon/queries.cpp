@@ -225,51 +225,22 @@ json Daemon::cmd_results(const Caller& caller, const common::ResultsRequest& q) 
 void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply) {
   for (auto id : q.ids)  // all known, or no wait (one index probe each)
     if (!m_jobs.contains(id) && !m_store->exists(id)) existing_job(id);
-  std::set<std::int64_t> ids(q.ids.begin(), q.ids.end());
-  Waiter w{caller, ids, ids, std::move(reply), nullptr};
-  if (q.timeout_s > 0) {
-    w.timer = std::make_shared<asio::steady_timer>(m_io);
-    w.timer->expires_after(std::chrono::milliseconds(static_cast<long long>(q.timeout_s * 1000)));
-    auto timer = w.timer;
-    w.timer->async_wait([this, timer](const boost::system::error_code& ec) {
-      if (ec) return;
-      for (auto it = m_waiters.begin(); it != m_waiters.end(); ++it) {
-        if (it->timer != timer) continue;
-        common::JobsReply out;
-        std::size_t bytes = 0;
-        for (auto id : it->ids)
-          if (auto rec = lookup(id); rec && !add_to_reply(out, *rec, bytes, it->caller)) break;
-        out.timed_out = true;
-        Reply r = std::move(it->reply);
-        m_waiters.erase(it);
-        r(common::ok_reply(out));
-        return;
-      }
-    });
-  }
-  m_waiters.push_back(std::move(w));
+  m_waiters.add(caller, std::set<std::int64_t>(q.ids.begin(), q.ids.end()), std::move(reply), q.timeout_s);
   m_jobs.need_changed();
   notify_waiters();
 }
 
+json Daemon::wait_answer(const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out) {
+  common::JobsReply out;
+  std::size_t bytes = 0;
+  for (auto id : ids)
+    if (auto rec = lookup(id); rec && !add_to_reply(out, *rec, bytes, caller)) break;
+  out.timed_out = timed_out;
+  return common::ok_reply(out);
+}
+
 void Daemon::notify_waiters() {
-  for (std::size_t i = 0; i < m_waiters.size();) {
-    // Each id leaves `pending` once, so a wait on a whole batch costs O(1) per job that ends.
-    auto& pending = m_waiters[i].pending;
-    while (!pending.empty() && !m_jobs.contains(*pending.begin())) pending.erase(pending.begin());
-    if (!pending.empty()) {
-      ++i;
-      continue;
-    }
-    common::JobsReply out;
-    std::size_t bytes = 0;
-    for (auto id : m_waiters[i].ids)
-      if (auto rec = m_store->get(id); rec && !add_to_reply(out, *rec, bytes, m_waiters[i].caller)) break;
-    Waiter w = std::move(m_waiters[i]);
-    m_waiters.erase(m_waiters.begin() + static_cast<std::ptrdiff_t>(i));
-    if (w.timer) w.timer->cancel();
-    w.reply(common::ok_reply(out));
-  }
+  m_waiters.notify([this](std::int64_t id) { return m_jobs.contains(id); });
 }
 
 }  // namespace gpuq::daemon

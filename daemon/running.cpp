@@ -523,9 +523,7 @@ void Daemon::apply(JobRecord rec) {
   const auto applied = m_jobs.apply(std::move(rec), [this](Active& a, std::optional<JobState> was, const JobRecord& now) {
     count_transition(a, was, now);
   });
-  if (applied.came_back)  // a wait that names it waits for it again
-    for (auto& w : m_waiters)
-      if (w.ids.count(id)) w.pending.insert(id);
+  if (applied.came_back) m_waiters.came_back(id);  // a wait that names it waits for it again
   if (applied.ended) notify_waiters();
 }
 

@@ -1,0 +1,55 @@
+// Waits (waiters.hpp).
+#include "daemon/waiters.hpp"
+
+#include <algorithm>
+
+namespace gpuq::daemon {
+
+void Waiters::add(const Caller& caller, std::set<std::int64_t> ids, Reply reply, double timeout_s) {
+  Wait w{caller, ids, ids, std::move(reply), nullptr};
+  if (timeout_s > 0) {
+    w.timer = std::make_shared<boost::asio::steady_timer>(m_io);
+    w.timer->expires_after(std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000)));
+    w.timer->async_wait([this, timer = std::weak_ptr(w.timer)](const boost::system::error_code& ec) {
+      if (ec) return;
+      const auto mine = timer.lock();
+      const auto it = std::find_if(m_waits.begin(), m_waits.end(), [&](const Wait& x) { return x.timer == mine; });
+      if (!mine || it == m_waits.end()) return;
+      Wait done = std::move(*it);
+      m_waits.erase(it);
+      done.reply(m_answer(done.caller, done.ids, true));
+    });
+  }
+  m_waits.push_back(std::move(w));
+}
+
+void Waiters::notify(const std::function<bool(std::int64_t)>& active) {
+  for (std::size_t i = 0; i < m_waits.size();) {
+    auto& pending = m_waits[i].pending;
+    while (!pending.empty() && !active(*pending.begin())) pending.erase(pending.begin());
+    if (!pending.empty()) {
+      ++i;
+      continue;
+    }
+    Wait done = std::move(m_waits[i]);
+    m_waits.erase(m_waits.begin() + static_cast<std::ptrdiff_t>(i));
+    if (done.timer) done.timer->cancel();
+    done.reply(m_answer(done.caller, done.ids, false));
+  }
+}
+
+void Waiters::came_back(std::int64_t id) {
+  for (auto& w : m_waits)
+    if (w.ids.count(id)) w.pending.insert(id);
+}
+
+bool Waiters::names(std::int64_t id) const {
+  return std::any_of(m_waits.begin(), m_waits.end(), [&](const Wait& w) { return w.ids.count(id) > 0; });
+}
+
+void Waiters::for_each_named(const std::function<void(std::int64_t)>& f) const {
+  for (const auto& w : m_waits)
+    for (auto id : w.ids) f(id);
+}
+
+}  // namespace gpuq::daemon

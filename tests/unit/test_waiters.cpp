@@ -1,0 +1,111 @@
+// Waits (daemon/waiters.hpp): answered once none of their jobs is active, each exactly once; at a
+// timeout, saying so; a job that comes back makes the waits naming it wait again. The answer is
+// made here, so the test sees who asked, for what, and whether it timed out.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <optional>
+#include <set>
+
+#include "daemon/waiters.hpp"
+
+using namespace gpuq::daemon;
+using nlohmann::json;
+
+namespace {
+
+struct Bench {
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  std::set<std::int64_t> active;
+  Waiters waiters{io, [](const Caller& c, const std::set<std::int64_t>& ids, bool timed_out) {
+                    return json{{"uid", c.uid}, {"ids", ids}, {"timed_out", timed_out}};
+                  }};
+  void notify() {
+    waiters.notify([this](std::int64_t id) { return active.count(id) > 0; });
+  }
+};
+
+}  // namespace
+
+TEST_SUITE_BEGIN("waiters");
+
+TEST_CASE("a wait is answered once, when the last of its jobs ends, with its caller's answer") {
+  Bench b;
+  b.active = {1, 2, 3};
+  int answers = 0;
+  json got;
+  b.waiters.add({42, false}, {1, 2}, [&](json j) { ++answers, got = j; }, 0);
+  b.notify();
+  CHECK(answers == 0);
+  b.active.erase(1);
+  b.notify();
+  CHECK(answers == 0);
+  b.active.erase(2);
+  b.notify();
+  CHECK(answers == 1);
+  CHECK(got == json{{"uid", 42}, {"ids", {1, 2}}, {"timed_out", false}});
+  b.notify();
+  CHECK(answers == 1);
+  CHECK(b.waiters.size() == 0);
+}
+
+TEST_CASE("a wait on jobs already ended is answered at the first notify") {
+  Bench b;
+  int answers = 0;
+  b.waiters.add({1, true}, {7}, [&](json) { ++answers; }, 0);
+  CHECK(b.waiters.names(7));
+  b.notify();
+  CHECK(answers == 1);
+  CHECK_FALSE(b.waiters.names(7));
+}
+
+TEST_CASE("a job that comes back makes the waits that name it wait for it again") {
+  Bench b;
+  b.active = {1, 2};
+  int answers = 0;
+  b.waiters.add({1, true}, {1, 2}, [&](json) { ++answers; }, 0);
+  b.active.erase(1);
+  b.notify();  // 1 has left the wait's pending set
+  b.active.insert(1);
+  b.waiters.came_back(1);  // restarted
+  b.active.erase(2);
+  b.notify();
+  CHECK(answers == 0);
+  b.active.erase(1);
+  b.notify();
+  CHECK(answers == 1);
+}
+
+TEST_CASE("at its timeout a wait is answered saying so, and never again") {
+  Bench b;
+  b.active = {1};
+  std::optional<json> got;
+  int answers = 0;
+  b.waiters.add({5, false}, {1}, [&](json j) { ++answers, got = j; }, 0.05);
+  int other = 0;
+  b.waiters.add({6, false}, {1}, [&](json) { ++other; }, 0);  // no timeout: stays
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!got) {
+    if (std::chrono::steady_clock::now() > give_up) FAIL("the timeout did not answer within 60 s");
+    b.io.run_one_for(std::chrono::milliseconds(100));
+  }
+  CHECK((*got)["timed_out"] == true);
+  CHECK(b.waiters.size() == 1);
+  b.active.clear();
+  b.notify();
+  CHECK(answers == 1);
+  CHECK(other == 1);
+}
+
+TEST_CASE("every id a pending wait names is listed, for clean --forget to keep") {
+  Bench b;
+  b.active = {1, 2, 3};
+  b.waiters.add({1, true}, {1, 2}, [](json) {}, 0);
+  b.waiters.add({1, true}, {3}, [](json) {}, 0);
+  std::set<std::int64_t> named;
+  b.waiters.for_each_named([&](std::int64_t id) { named.insert(id); });
+  CHECK(named == std::set<std::int64_t>{1, 2, 3});
+}
+
+TEST_SUITE_END();
