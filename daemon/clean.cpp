@@ -66,7 +66,7 @@ void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
   for (; c->next < c->ids.size(); ++c->next) {
     if (!part.empty() && part.size() % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
     const std::int64_t id = c->ids[c->next];
-    if (m_jobs.contains(id) || m_restarting.count(id)) continue;  // restarted since it was chosen, or being restarted
+    if (m_jobs.contains(id) || m_pins.pinned(id)) continue;  // restarted since it was chosen, or being restarted
     if (c->forget)
       if (auto it = c->needed.find(id); it != c->needed.end()) {
         c->out.kept.push_back({id, it->second});
@@ -136,8 +136,10 @@ std::map<std::int64_t, std::string> Daemon::still_needed() const {
     for (auto dep : r.after) needed.try_emplace(dep, "queued " + job_label(r) + " waits for it (`after`)");
   }
   m_waiters.for_each_named([&](std::int64_t id) { needed.try_emplace(id, "a `gpuq wait` is waiting on it"); });
-  for (const auto& [id, _] : m_restarting) needed.try_emplace(id, "a restart under way is queueing it again");
-  for (auto id : m_restarting_needs) needed.try_emplace(id, "a restart under way queues a job that waits for it (`after`)");
+  m_pins.for_each_pinned([&](std::int64_t id) { needed.try_emplace(id, "a restart under way is queueing it again"); });
+  m_pins.for_each_needed([&](std::int64_t id) {
+    needed.try_emplace(id, "a restart under way queues a job that waits for it (`after`)");
+  });
   return needed;
 }
 

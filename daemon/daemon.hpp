@@ -40,6 +40,7 @@
 #include "daemon/launcher.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/scheduler.hpp"
+#include "daemon/restart_pins.hpp"
 #include "daemon/store.hpp"
 #include "daemon/submit_check.hpp"
 #include "daemon/trash.hpp"
@@ -337,13 +338,7 @@ class Daemon {
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_forget_timer;
-  // Jobs a restart under way has chosen and not yet requeued: no other restart takes them and no
-  // clean touches them. And the jobs outside it that they will wait for, kept from clean --forget.
-  std::map<std::int64_t, uid_t> m_restarting;  // by id: its owner
-  std::map<uid_t, std::int64_t> m_restarting_by_uid;  // how many of m_restarting each owner has
-  void pin_restart(std::int64_t id, uid_t owner);
-  void unpin_restart(std::int64_t id);
-  std::multiset<std::int64_t> m_restarting_needs;
+  RestartPins m_pins;  // the jobs restarts under way hold (restart_pins.hpp)
   std::deque<std::shared_ptr<Submission>> m_submissions;  // checked, to be written in this order
   bool m_ingest_armed = false;
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)

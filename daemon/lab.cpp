@@ -11,8 +11,7 @@ namespace gpuq::daemon {
 std::int64_t Daemon::queued_or_running(uid_t owner) const {
   std::int64_t mine = 0;
   for (const auto& [_, a] : m_jobs.all()) mine += a.rec.uid == owner;
-  const auto pinned = m_restarting_by_uid.find(owner);
-  return mine + (pinned == m_restarting_by_uid.end() ? 0 : pinned->second);
+  return mine + m_pins.pinned_of(owner);
 }
 
 json Daemon::cmd_usage() {

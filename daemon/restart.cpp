@@ -9,7 +9,7 @@
 //   clear    with --fresh, their checkpoints are moved into the trash.
 //   requeue  their new records are written, dependencies first, a part per transaction, and go
 //            live as they are written.
-// From the moment a job is chosen until its part is written it is pinned (m_restarting): no
+// From the moment a job is chosen until its part is written it is pinned (restart_pins.hpp): no
 // other restart takes it and no clean touches it, nor a job outside that it will wait for. Every
 // part leaves a consistent queue: a requeued job waits only for jobs that are live or succeeded.
 // The plan is stored with the first of several parts, so a restart that gpuqd's death cut short
@@ -80,7 +80,7 @@ void Daemon::cmd_restart(const Caller& caller, const common::RestartRequest& q, 
   try {
     for (auto& rec : named) choose(*r, std::move(rec), 0);
   } catch (const RequestError&) {
-    for (const auto& [id, _] : r->chosen) unpin_restart(id);
+    for (const auto& [id, _] : r->chosen) m_pins.unpin(id);
     throw;
   }
   r->fresh = q.fresh;
@@ -95,7 +95,7 @@ void Daemon::resume_restarts() {
     r->step = Restarting::Step::requeue;
     for (std::size_t i = plan.done; i < plan.jobs.size(); ++i) {
       const auto rec = m_store->get(plan.jobs[i].first);
-      pin_restart(plan.jobs[i].first, rec ? rec->uid : 0);
+      m_pins.pin(plan.jobs[i].first, rec ? rec->uid : 0);
     }
     std::cerr << "gpuqd: finishing a restart of " << plan.jobs.size() << " job(s) that stopped after "
               << plan.done << " of them\n";
@@ -131,7 +131,7 @@ void Daemon::restart_part(const std::shared_ptr<Restarting>& r) {
       });
       return;
     }
-    for (const auto& [id, _] : r->chosen) unpin_restart(id);
+    for (const auto& [id, _] : r->chosen) m_pins.unpin(id);
     release_outside(*r);
     empty_trash(std::move(r->moved), nullptr);
     const bool store = code == ErrorCode::store_error;
@@ -157,29 +157,17 @@ void Daemon::restart_done(Restarting& r) {
 }
 
 void Daemon::release_outside(Restarting& r) {
-  for (auto dep : r.outside) m_restarting_needs.erase(m_restarting_needs.find(dep));
+  for (auto dep : r.outside) m_pins.release(dep);
   if (!r.outside.empty()) m_jobs.need_changed();
   r.outside.clear();
-}
-
-void Daemon::pin_restart(std::int64_t id, uid_t owner) {
-  if (m_restarting.emplace(id, owner).second) ++m_restarting_by_uid[owner];
-}
-
-void Daemon::unpin_restart(std::int64_t id) {
-  const auto it = m_restarting.find(id);
-  if (it == m_restarting.end()) return;
-  if (--m_restarting_by_uid[it->second] == 0) m_restarting_by_uid.erase(it->second);
-  m_restarting.erase(it);
 }
 
 // One job more for the restart; throws when another restart has it.
 void Daemon::choose(Restarting& r, JobRecord rec, std::int64_t along) {
   const std::int64_t id = rec.id;
   if (r.chosen.count(id)) return;
-  if (m_restarting.count(id))
+  if (!m_pins.pin(id, rec.uid))
     throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is being restarted by another request under way");
-  pin_restart(id, rec.uid);
   if (along) r.with[id] = along;
   r.frontier.push_back(id);
   r.chosen.emplace(id, std::move(rec));
@@ -219,7 +207,7 @@ bool Daemon::choose_part(Restarting& r) {
     }
   m_users.check_restart(r.chosen, [this](uid_t u) { return queued_or_running(u); });  // max_queued, as at submit
   r.outside.assign(outside.begin(), outside.end());
-  for (auto dep : r.outside) m_restarting_needs.insert(dep);  // kept from clean --forget until requeued
+  for (auto dep : r.outside) m_pins.need(dep);  // kept from clean --forget until requeued
   if (!r.outside.empty()) m_jobs.need_changed();
   for (auto id : dependencies_first(r.chosen)) {
     const auto w = r.with.find(id);
@@ -266,7 +254,7 @@ bool Daemon::requeue_part(Restarting& r) {
   });
   r.out.jobs.insert(r.out.jobs.end(), outcomes.begin(), outcomes.end());
   for (std::size_t i = begin; i < end; ++i) {
-    unpin_restart(r.plan.jobs[i].first);
+    m_pins.unpin(r.plan.jobs[i].first);
     r.chosen.erase(r.plan.jobs[i].first);
   }
   schedule_soon();
