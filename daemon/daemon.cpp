@@ -66,7 +66,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
   m_core_nodes = std::move(slot_cores.nodes);
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
   m_executor->on_handed([this](std::int64_t) {
-    if (!!m_jobs.any_with_deps()) schedule_soon();  // a job may wait for this one to be handed over
+    if (m_jobs.any_with_deps()) schedule_soon();  // a job may wait for this one to be handed over
   });
   m_batch_limits = m_store->batch_limits();
 }

@@ -27,6 +27,7 @@ class HangWatch {
   // being cancelled, and not stopped before.
   std::vector<std::int64_t> check(double now, const std::vector<const JobRecord*>& running,
                                   const std::function<bool(const JobRecord&)>& gpus_busy);
+  bool on() const { return m_after_s > 0; }
   bool hung(std::int64_t id) const { return m_hung.count(id) > 0; }
   // "no progress for N s since its last progress event at epoch E (hang_after_s S): it may be hung",
   // or "" unless flagged.

@@ -84,6 +84,7 @@ bool Daemon::ingest(Active& a, bool ended) {
 }
 
 void Daemon::check_hangs(double now) {
+  if (!m_hangs.on()) return;
   std::vector<const JobRecord*> running;
   for (std::int64_t id : m_jobs.running_ids()) running.push_back(&m_jobs.at(id).rec);
   std::optional<std::vector<GpuReading>> readings;  // read once a check, and only when asked
@@ -99,7 +100,7 @@ void Daemon::check_hangs(double now) {
 
 void Daemon::arm_ingest_timer() {
   if (m_ingest_armed) return;
-  if ((m_jobs.running_count() == 0)) return;
+  if (m_jobs.running_count() == 0) return;
   m_ingest_armed = true;
   m_ingest_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.ingest_interval_s * 1000)));
   m_ingest_timer.async_wait([this](const boost::system::error_code& ec) {

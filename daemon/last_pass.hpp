@@ -22,7 +22,7 @@ class LastPass {
   std::uint64_t number() const { return m_number; }  // passes so far
   void begin() { ++m_number; }                        // a new pass
   // The pass says why `a` waits.
-  void say(Active& a, std::string reason) const {
+  void say(Active& a, std::string reason) {
     a.wait_reason = std::move(reason);
     a.reason_pass = m_number;
   }

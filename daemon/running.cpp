@@ -492,6 +492,13 @@ void Daemon::finish_attempt(Active& a, const Outcome& outcome) {
 
 void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {
   if (changed.empty() && also.empty()) return;
+  for (std::size_t i = 0; i < changed.size(); ++i) {
+    // A job's last record here that ends it (not the failed attempt a retry follows) makes its
+    // on_finish hooks due, in the same transaction (update_many stores them).
+    JobRecord& r = changed[i];
+    r.hook_due = is_terminal(r.state) && (i + 1 == changed.size() || changed[i + 1].id != r.id) &&
+                 m_jobs.contains(r.id) && !is_terminal(m_jobs.at(r.id).rec.state) && m_hooks.any_for(r.spec);
+  }
   std::vector<const JobRecord*> quiet;
   for (const auto& r : also) quiet.push_back(&r);
   land(std::move(changed), [&](const std::vector<const JobRecord*>& rows) { m_store->update_many(rows, why, quiet); });
@@ -500,20 +507,17 @@ void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::strin
 
 void Daemon::land(std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write) {
   std::vector<const JobRecord*> rows;
-  std::vector<std::int64_t> hooks;
-  for (std::size_t i = 0; i < changed.size(); ++i) {
-    // A job's last record here that ends it (not the failed attempt a retry follows) makes its
-    // on_finish hooks due, in the same transaction.
-    JobRecord& r = changed[i];
-    r.hook_due = is_terminal(r.state) && (i + 1 == changed.size() || changed[i + 1].id != r.id) &&
-                 m_jobs.contains(r.id) && !is_terminal(m_jobs.at(r.id).rec.state) &&
-                 m_hooks.any_for(r.spec);
-    if (r.hook_due) hooks.push_back(r.id);
-    rows.push_back(&r);
-  }
+  for (const auto& r : changed) rows.push_back(&r);
   write(rows);  // throws before anything changed in memory
-  for (std::int64_t id : hooks) m_hooks.due(id);
-  if (!hooks.empty()) asio::post(m_io, [this] { m_hooks.run(); });
+  // Hooks made due by commit, whose write stored them with the records; the other writes are of
+  // changes that end no job (a spec, events, a restart's requeue, slots), so carry none.
+  bool hooks = false;
+  for (const auto& r : changed)
+    if (r.hook_due) {
+      m_hooks.due(r.id);
+      hooks = true;
+    }
+  if (hooks) asio::post(m_io, [this] { m_hooks.run(); });
   for (std::size_t i = 0; i < changed.size(); ++i)
     if (i + 1 == changed.size() || changed[i + 1].id != changed[i].id) apply(std::move(changed[i]));
 }

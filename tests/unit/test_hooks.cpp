@@ -137,7 +137,12 @@ TEST_CASE("a job whose hooks still run waits for a later round instead of runnin
   CHECK(h.running() == 1);
   CHECK(h.waiting() == 1);
   b.end(b.hook_dir(1));
-  CHECK(h.waiting() == 0);  // its turn came once the first ended; done then (not due in the store)
+  CHECK(h.waiting() == 0);  // its turn came once the first ended: it ended twice, so its hooks run twice
+  CHECK(h.running() == 1);
+  REQUIRE(b.spawned.size() == 2);
+  CHECK(b.spawned[1] == b.hook_dir(1));
+  b.end(b.hook_dir(1));
+  CHECK(h.running() == 0);
 }
 
 TEST_CASE("a hook is handed the job on stdin, its batch's and its own environment, and the job's ids") {
