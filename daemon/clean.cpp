@@ -25,13 +25,13 @@ void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Repl
   const char* only = q.forget ? "only a job that has ended can be forgotten"
                               : "only the files of a job that has ended can be removed";
   for (auto id : q.ids) {
-    const JobRecord rec = ended_job(id, only);
-    authorize(caller, rec, q.forget ? "forget" : "clean");
+    const JobRecord rec = reads().ended_job(id, only);
+    reads().authorize(caller, rec, q.forget ? "forget" : "clean");
     ended[id] = rec.run.ended_at;
   }
   if (q.batch != 0) {
-    if (!m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
-    authorize_batch(caller, q.batch, "clean the batch of");
+    if (!m_store->batch_exists(q.batch)) throw reads().missing_batch(q.batch);
+    reads().authorize_batch(caller, q.batch, "clean the batch of");
     for (const auto& [id, at] : m_store->ended_of_batch(q.batch)) ended[id] = at;
   }
   if (q.ids.empty() && q.batch == 0) {  // every ended job, or (of one who is no admin) every one of theirs
@@ -44,7 +44,7 @@ void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Repl
     const auto needed = still_needed();
     for (auto id : q.ids)
       if (auto it = needed.find(id); it != needed.end())
-        throw RequestError(ErrorCode::wrong_state, job_label(existing_job(id)) + " cannot be forgotten: " + it->second);
+        throw RequestError(ErrorCode::wrong_state, job_label(reads().existing_job(id)) + " cannot be forgotten: " + it->second);
   }
   m_trash.make();
   auto c = std::make_shared<Cleaning>();

@@ -16,9 +16,9 @@ json Daemon::cmd_cancel(const Caller& caller, const common::IdsRequest& q) {
   for (auto id : q.ids) {
     const Active* active = m_jobs.find(id);
     auto st = active ? active->rec.state : m_store->state_of(id);
-    states[id] = st ? *st : existing_job(id).state;  // not_found, saying why
+    states[id] = st ? *st : reads().existing_job(id).state;  // not_found, saying why
   }
-  for (auto id : q.ids) authorize(caller, id, "cancel");  // all, before any is cancelled
+  for (auto id : q.ids) reads().authorize(caller, id, "cancel");  // all, before any is cancelled
   // One transaction ends the queued ones and records the intent on the running ones (whatever
   // happens next, they end as cancelled): a failed write (disk full) cancels none of them.
   std::vector<JobRecord> cancelled;
@@ -45,13 +45,6 @@ json Daemon::cmd_cancel(const Caller& caller, const common::IdsRequest& q) {
   return out;
 }
 
-JobRecord Daemon::ended_job(std::int64_t id, const std::string& only) {
-  JobRecord rec = existing_job(id);
-  if (!is_terminal(rec.state))
-    throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is " + std::string(to_string(rec.state)) + "; " + only);
-  return rec;
-}
-
 json Daemon::cmd_hold(const Caller& caller, const common::SelectRequest& q) { return set_held(caller, q, true); }
 json Daemon::cmd_release(const Caller& caller, const common::SelectRequest& q) { return set_held(caller, q, false); }
 
@@ -61,14 +54,14 @@ json Daemon::cmd_release(const Caller& caller, const common::SelectRequest& q) {
 // its queued jobs. Each change is a transition in the job's history.
 json Daemon::set_held(const Caller& caller, const common::SelectRequest& q, bool hold) {
   for (auto id : q.ids) {
-    const JobRecord rec = existing_job(id);
+    const JobRecord rec = reads().existing_job(id);
     if (hold && rec.state != JobState::queued)
       throw RequestError(ErrorCode::wrong_state,
                          job_label(rec) + " is " + std::string(to_string(rec.state)) + "; only a queued job can be held" +
                              (rec.state == JobState::running ? " (`gpuq cancel` stops a running one)" : ""));
   }
-  const std::vector<std::int64_t> ids = with_queued_of_batch(q.ids, q.batch);
-  for (auto id : ids) authorize(caller, id, hold ? "hold" : "release");
+  const std::vector<std::int64_t> ids = reads().with_queued_of_batch(q.ids, q.batch);
+  for (auto id : ids) reads().authorize(caller, id, hold ? "hold" : "release");
 
   common::CancelReply out;
   std::vector<JobRecord> changed;
@@ -76,7 +69,7 @@ json Daemon::set_held(const Caller& caller, const common::SelectRequest& q, bool
     const Active* it = m_jobs.find(id);
     const bool change = it && it->rec.state == JobState::queued && it->rec.held != hold;
     if (change) changed.push_back(next_record(it->rec, event::Held{hold}));
-    const JobState state = it ? it->rec.state : lookup(id)->state;
+    const JobState state = it ? it->rec.state : reads().lookup(id)->state;
     out.jobs.push_back({id, state, change});
   }
   const std::vector<std::string> why(changed.size(), hold ? "held" : "released");
@@ -92,7 +85,7 @@ json Daemon::set_held(const Caller& caller, const common::SelectRequest& q, bool
 // with, so that cannot change under it. All or nothing; each change is in the job's history.
 json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
   for (auto id : q.ids) {
-    const JobRecord rec = existing_job(id);
+    const JobRecord rec = reads().existing_job(id);
     if (is_terminal(rec.state))
       throw RequestError(ErrorCode::wrong_state, job_label(rec) + " has ended " + std::string(to_string(rec.state)) +
                                                      "; `gpuq restart` queues it again, and then it can be updated");
@@ -103,10 +96,10 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
   }
   const bool spec_fields = q.priority || q.retries || q.timeout_s;
   // Only the batch's limit: its queued jobs are not asked to change.
-  const std::vector<std::int64_t> ids = spec_fields ? with_queued_of_batch(q.ids, q.batch) : q.ids;
-  if (!spec_fields) jobs_of_batch(q.batch);  // one that exists
-  authorize_batch(caller, q.batch, "update the batch of");
-  for (auto id : ids) authorize(caller, id, "update");
+  const std::vector<std::int64_t> ids = spec_fields ? reads().with_queued_of_batch(q.ids, q.batch) : q.ids;
+  if (!spec_fields) reads().jobs_of_batch(q.batch);  // one that exists
+  reads().authorize_batch(caller, q.batch, "update the batch of");
+  for (auto id : ids) reads().authorize(caller, id, "update");
   if (q.priority) m_users.check_priority(caller, *q.priority, "");
 
   auto change = [](auto& field, const auto& value, const char* name, std::string& why) {

@@ -1,9 +1,8 @@
-// gpuqd's core (see daemon.hpp): construction, recovery at start, request dispatch, and the
-// lookups the handlers share. The handlers live in files by group: submit.cpp, queries.cpp
-// (status, show, events, results, wait), control.cpp (cancel, hold, release, update), restart.cpp,
-// clean.cpp, gpus.cpp (gpus, drain, health checks), lab.cpp (lab mode's users: limits, fair
-// share's memory, usage); running.cpp runs the jobs; gpu_processes.cpp watches what else runs on
-// the GPUs, hooks.cpp runs on_finish hooks, metrics.cpp answers Prometheus.
+// gpuqd's core (see daemon.hpp): construction, recovery at start, request dispatch and `wait`. The
+// handlers live in files by group: queries.cpp (status, show, why, events, results: functions of
+// reads.hpp's Reads), submit.cpp, control.cpp (cancel, hold, release, update), restart.cpp,
+// clean.cpp, gpus.cpp (gpus, drain), lab.cpp (lab mode's users: limits, fair share's memory,
+// usage); running.cpp runs the jobs; metrics.cpp answers Prometheus.
 #include "daemon/daemon.hpp"
 
 #include <unistd.h>
@@ -34,9 +33,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                m_config.state_dir, m_config.admin_gid, m_config.shim_path},
               *m_store, m_users,
               [this](std::int64_t id) {
-                json job = cmd_show(Caller::self(), common::IdRequest{id});
-                job.erase("ok");
-                return job;
+                return json(queries::show(reads(), Caller::self(), common::IdRequest{id}));
               }),
       m_health(io, m_inventory, *m_store, m_config.health_interval_s, [this] { schedule_soon(); }),
       m_gpu_processes(io, m_inventory, m_config.gpu_process_interval_s,
@@ -48,7 +45,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                       },
                       [this] { schedule_soon(); }),
       m_waiters(io, [this](const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out) {
-        return wait_answer(caller, ids, timed_out);
+        return common::ok_reply(queries::wait_answer(reads(), caller, ids, timed_out));
       }),
       m_hangs(m_config.hang_after_s, m_config.hang_retry()),
       m_ingest_timer(io),
@@ -61,10 +58,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                                            [this](std::int64_t id) { on_attempt_end(id); })
                      : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })),
       m_trash(io, m_config.state_dir) {
-  auto slot_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
-  m_cores = std::move(slot_cores.cores);
-  m_core_nodes = std::move(slot_cores.nodes);
-  if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.size());
+  m_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
+  if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.cores.size());
   m_executor->on_handed([this](std::int64_t) {
     if (m_jobs.any_with_deps()) schedule_soon();  // a job may wait for this one to be handed over
   });
@@ -73,6 +68,11 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
 
 Daemon::~Daemon() = default;
 
+Reads Daemon::reads() {
+  return {m_config, *m_store, m_jobs, m_users, m_last_pass, m_health, m_gpu_processes, m_hangs, *m_executor,
+          m_inventory, m_cores, m_batch_limits};
+}
+
 // ---- recovery -----------------------------------------------------------------------------------
 
 // A running job's slots map to the cores it was pinned to only under the affinity mask of the
@@ -80,12 +80,12 @@ Daemon::~Daemon() = default;
 // CPUAffinity) it holds instead the slots of its real cores in this mapping, and none for cores
 // outside this gpuqd's mask, so no other job is pinned onto them.
 std::optional<JobRecord> Daemon::rederive_slots(const JobRecord& was) const {
-  if (was.run.cores.empty() || job_cores(was, m_cores) == was.run.cores) return std::nullopt;
+  if (was.run.cores.empty() || job_cores(was, m_cores.cores) == was.run.cores) return std::nullopt;
   JobRecord rec = was;
-  rec.run.cpu_slots = slots_on_cores(rec.run.cores, m_cores, m_config.cpu_slots);
+  rec.run.cpu_slots = slots_on_cores(rec.run.cores, m_cores.cores, m_config.cpu_slots);
   std::cerr << "gpuqd: job " << rec.id << " runs on cores " << common::format_cpu_list(rec.run.cores)
             << ", launched under another CPU mask; it holds CPU slots " << json(rec.run.cpu_slots).dump()
-            << " of this gpuqd's pool (cores " << common::format_cpu_list(m_cores) << ")\n";
+            << " of this gpuqd's pool (cores " << common::format_cpu_list(m_cores.cores) << ")\n";
   return rec;
 }
 
@@ -140,8 +140,8 @@ const std::vector<Daemon::Command>& Daemon::commands() {
   static const std::vector<Command> k_commands{
       now<cmd::hello, &Daemon::cmd_hello>(),
       later<cmd::submit, &Daemon::cmd_submit>(),
-      now<cmd::status, &Daemon::cmd_status>(),
-      now<cmd::show, &Daemon::cmd_show>(),
+      now<cmd::status, &queries::status>(),
+      now<cmd::show, &queries::show>(),
       now<cmd::cancel, &Daemon::cmd_cancel>(),
       later<cmd::restart, &Daemon::cmd_restart>(),
       now<cmd::hold, &Daemon::cmd_hold>(),
@@ -149,40 +149,16 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::update, &Daemon::cmd_update>(),
       later<cmd::clean, &Daemon::cmd_clean>(),
       later<cmd::wait, &Daemon::cmd_wait>(),
-      now<cmd::results, &Daemon::cmd_results>(),
-      now<cmd::events, &Daemon::cmd_events>(),
+      now<cmd::results, &queries::results>(),
+      now<cmd::events, &queries::events>(),
       now<cmd::gpus, &Daemon::cmd_gpus>(),
       now<cmd::drain, &Daemon::cmd_drain>(),
       now<cmd::undrain, &Daemon::cmd_undrain>(),
-      now<cmd::why, &Daemon::cmd_why>(),
+      now<cmd::why, &queries::why>(),
       now<cmd::usage, &Daemon::cmd_usage>(),
       {cmd::shutdown.name, &Daemon::cmd_shutdown},
   };
   return k_commands;
-}
-
-void Daemon::authorize(const Caller& caller, const JobRecord& r, std::string_view act) const {
-  if (caller.admin || caller.uid == r.uid) return;
-  throw RequestError(ErrorCode::forbidden, job_label(r) + " belongs to " + m_users.name_of(r.uid) + "; only " + m_users.name_of(r.uid) +
-                                               " or an admin may " + std::string(act) + " it");
-}
-
-void Daemon::authorize(const Caller& caller, std::int64_t id, std::string_view act) {
-  if (caller.admin) return;
-  if (const Active* a = m_jobs.find(id)) return authorize(caller, a->rec, act);
-  authorize(caller, existing_job(id), act);
-}
-
-void Daemon::authorize_batch(const Caller& caller, std::int64_t batch, std::string_view act) {
-  if (caller.admin || batch == 0) return;
-  if (auto one = m_store->batch_page(batch, 0, 1); !one.empty()) authorize(caller, one.front(), act);
-}
-
-void Daemon::authorize_admin(const Caller& caller, std::string_view act) const {
-  if (caller.admin) return;
-  throw RequestError(ErrorCode::forbidden, "only an admin may " + std::string(act) + " (root" +
-                                               (m_config.admin_gid ? ", or a member of group " + m_config.admin_group : std::string()) +
-                                               "); you are " + m_users.name_of(caller.uid));
 }
 
 void Daemon::dispatch(const Caller& caller, const json& request, Reply reply_to) {
@@ -218,7 +194,7 @@ void Daemon::dispatch(const Caller& caller, const json& request, Reply reply_to)
 }
 
 void Daemon::cmd_shutdown(const Caller& caller, const json&, Reply& reply) {
-  authorize_admin(caller, "stop gpuqd");
+  reads().authorize_admin(caller, "stop gpuqd");
   reply(common::ok_reply());
   if (on_shutdown) asio::post(m_io, on_shutdown);
 }
@@ -258,133 +234,18 @@ bool Daemon::parts_hooked() {
   return hooked;
 }
 
-// ---- read commands ------------------------------------------------------------------------------
+// ---- wait ---------------------------------------------------------------------------------------
 
-namespace {
-const std::string k_forgotten = "was forgotten (`gpuq clean --forget`)";  // what became of a removed job or batch
-}  // namespace
-
-std::optional<JobRecord> Daemon::lookup(std::int64_t id) {
-  if (const Active* a = m_jobs.find(id)) return a->rec;
-  return m_store->get(id);
+void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply) {
+  for (auto id : q.ids)  // all known, or no wait (one index probe each)
+    if (!m_jobs.contains(id) && !m_store->exists(id)) reads().existing_job(id);
+  m_waiters.add(caller, std::set<std::int64_t>(q.ids.begin(), q.ids.end()), std::move(reply), q.timeout_s);
+  m_jobs.need_changed();
+  notify_waiters();
 }
 
-JobRecord Daemon::existing_job(std::int64_t id) {
-  auto rec = lookup(id);
-  if (!rec)
-    throw RequestError(ErrorCode::not_found, m_store->was_removed(id) ? "job " + std::to_string(id) + " " + k_forgotten
-                                                                      : "no job " + std::to_string(id));
-  return std::move(*rec);
-}
-
-std::string Daemon::missing_job(std::int64_t id) {
-  return "job " + std::to_string(id) + ", which " + (m_store->was_removed(id) ? k_forgotten : "does not exist");
-}
-
-RequestError Daemon::missing_batch(std::int64_t batch) {
-  return RequestError(ErrorCode::not_found, m_store->was_removed(batch, true)
-                                                ? "batch " + std::to_string(batch) + " " + k_forgotten
-                                                : "no batch " + std::to_string(batch));
-}
-
-std::vector<JobRecord> Daemon::jobs_of_batch(std::int64_t batch) {
-  auto rows = m_store->batch_jobs(batch);
-  if (rows.empty()) throw missing_batch(batch);
-  return rows;
-}
-
-std::vector<std::int64_t> Daemon::with_queued_of_batch(std::vector<std::int64_t> ids, std::int64_t batch) {
-  if (batch != 0)
-    for (const auto& rec : jobs_of_batch(batch))
-      if (rec.state == JobState::queued) ids.push_back(rec.id);
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
-}
-
-
-common::JobInfo Daemon::info_of(const JobRecord& stored, const Caller& viewer) const {
-  const Active* active = m_jobs.find(stored.id);
-  const JobRecord& r = active ? active->rec : stored;
-  std::string wait_reason;
-  if (active)
-    wait_reason = m_last_pass.wait_reason(*active, m_users.name_of(r.uid), [this](int gpus, std::string reason) {
-      return m_health.with_drain_note(gpus, std::move(reason));
-    });
-  common::JobInfo i;
-  i.id = r.id;
-  i.batch = r.batch;
-  i.name = r.spec.name;
-  i.state = r.state;
-  i.attempt = r.attempt;
-  i.retries = r.spec.retries;
-  i.restarts = r.restarts;
-  i.attempt_base = r.attempt_base;
-  i.held = r.held;
-  i.priority = r.spec.priority;
-  i.gpus_requested = r.spec.gpus;
-  i.mode = std::string(common::to_string(r.spec.mode));
-  i.ranks = r.spec.ranks;
-  i.gpus = r.run.gpus;
-  i.cpus_requested = r.spec.cpus;
-  // The cores as launched; a store from before they were kept has the slots alone.
-  i.cpus = !r.run.cores.empty() ? r.run.cores : job_cores(r, m_cores);
-  i.mem_bind = std::string(common::to_string(r.spec.mem_bind));
-  if (r.spec.mem_bind != common::MemBind::none) i.mem_nodes = numa_nodes_of(i.cpus, m_cores, m_core_nodes);
-  i.submitted_at = r.submitted_at;
-  i.started_at = r.run.started_at;
-  i.ended_at = r.run.ended_at;
-  i.exit_code = r.run.exit_code ? json(*r.run.exit_code) : json();
-  i.exit_signal = r.run.exit_signal ? json(*r.run.exit_signal) : json();
-  i.reason = r.state == JobState::queued && !wait_reason.empty() && r.reason.empty() ? wait_reason : r.reason;
-  if (r.state == JobState::running && i.reason.empty()) i.reason = m_executor->detail(r.id);
-  if (r.state == JobState::running && m_hangs.hung(r.id)) {
-    i.hung = true;
-    i.reason = m_hangs.note(r, wall_now());
-  }
-  if (r.state == JobState::running)
-    if (const auto peak = m_gpu_processes.peak_mb(r.id)) i.gpu_memory_peak_mb = *peak;
-  if (r.held && r.state == JobState::queued)
-    i.reason = "held until `gpuq release " + std::to_string(r.id) + "`" + (r.reason.empty() ? "" : "; " + r.reason);
-  i.progress = r.run.progress;
-  i.result = r.run.result;
-  i.after = r.after;
-  i.bad_event_lines = r.bad_event_lines;
-  i.job_dir = job_dir(m_config.state_dir, r.id);
-  i.labels = r.spec.labels;
-  i.external_id = r.state == JobState::running ? m_executor->external_id(r.id) : r.run.external_id;
-  i.uid = r.uid;
-  i.user = m_users.name_of(r.uid);
-  if (!may_read_details(viewer, r)) {
-    // Lab mode's one visibility rule (docs/lab.md): another user's job shows what squeue shows,
-    // its id, name, owner, state, GPUs, cores, times, exit code and gpuq's own words on why it
-    // waits; its result, progress, labels and any reason that may quote its output (a failure's
-    // last log line, an earlier attempt's, a hang's progress) are its owner's and the admins'.
-    i.result = i.progress = nullptr;
-    i.labels.clear();
-    i.bad_event_lines = 0;
-    const bool own_words = r.state == JobState::queued && !r.held && r.reason.empty() && !wait_reason.empty();
-    if (!own_words && !(r.state == JobState::running && !i.hung && r.reason.empty())) i.reason.clear();
-    i.details_hidden = true;
-  }
-  return i;
-}
-
-bool Daemon::add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t& bytes, const Caller& viewer) const {
-  if (out.jobs.size() >= static_cast<std::size_t>(common::k_max_reply_jobs) || bytes >= common::k_max_reply_bytes) {
-    out.more = true;
-    return false;
-  }
-  out.jobs.push_back(info_of(r, viewer));
-  auto& i = out.jobs.back();
-  // What the record's fixed fields take is small; results, progress and what a matrix can make
-  // long (labels, `after` naming a whole sweep, the reason, the name) are counted, so a reply
-  // stays within what a client reads (common::k_max_reply_line).
-  std::size_t labels = 0;
-  for (const auto& [k, v] : i.labels) labels += k.size() + v.size() + 8;
-  bytes += 512 + (i.result.is_null() ? 0 : i.result.dump().size()) + (i.progress.is_null() ? 0 : i.progress.dump().size()) +
-           labels + 21 * (i.after.size() + i.gpus.size() + i.cpus.size()) + i.name.size() + 2 * i.reason.size();
-  return true;
+void Daemon::notify_waiters() {
+  m_waiters.notify([this](std::int64_t id) { return m_jobs.contains(id); });
 }
 
 }  // namespace gpuq::daemon

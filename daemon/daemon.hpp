@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config.hpp"
+#include "daemon/config.hpp"
 #include "common/protocol.hpp"
 #include "common/users.hpp"
 #include "daemon/executor.hpp"
@@ -40,6 +41,7 @@
 #include "daemon/launcher.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/scheduler.hpp"
+#include "daemon/reads.hpp"
 #include "daemon/restart_pins.hpp"
 #include "daemon/store.hpp"
 #include "daemon/submit_check.hpp"
@@ -52,22 +54,6 @@ namespace gpuq::daemon {
 namespace asio = boost::asio;
 using json = nlohmann::json;
 
-// What gpuqd runs with: every setting of the configuration table (common/config.hpp: the file,
-// the environment, gpuqd's options), and what only gpuqd knows.
-struct Config : common::Settings {
-  std::string shim_path;
-  std::string worker_path;  // gpuq-worker, for train jobs; empty when this build has none
-  double retry_backoff_max_s = 60;
-  double ingest_interval_s = 0.25; // how often running jobs' event files are read
-  std::string sysfs_root = "/sys"; // CPU topology and NUMA nodes (another tree in tests)
-  int max_hooks = 4;               // hooks running at once; the rest wait their turn
-  std::optional<gid_t> admin_gid;  // admin_group's members may act on every job (as root may)
-  double slurm_poll_s = 2;         // its squeue, once for all jobs, this often
-  // Another executor, whatever `executor` says (tests: one that records what it is asked).
-  std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor;
-
-  bool hang_retry() const { return hang_action == "retry"; }
-};
 
 
 // How long one part of a long request (a submission's writing, a clean, a restart) may hold
@@ -123,7 +109,8 @@ class Daemon {
     using H = decltype(Handler);
     using Q = typename std::remove_cvref_t<decltype(C)>::request;
     Q q = C.decode(request);
-    if constexpr (std::is_invocable_v<H, Daemon*, const Caller&, Q>) reply(common::ok_reply((this->*Handler)(caller, std::move(q))));
+    if constexpr (std::is_invocable_v<H, const Reads&, const Caller&, Q>) reply(common::ok_reply(Handler(reads(), caller, std::move(q))));
+    else if constexpr (std::is_invocable_v<H, Daemon*, const Caller&, Q>) reply(common::ok_reply((this->*Handler)(caller, std::move(q))));
     else if constexpr (std::is_invocable_v<H, Daemon*, Q>) reply(common::ok_reply((this->*Handler)(std::move(q))));
     else if constexpr (std::is_invocable_v<H, Daemon*, const Caller&>) reply(common::ok_reply((this->*Handler)(caller)));
     else reply(common::ok_reply((this->*Handler)()));
@@ -138,13 +125,6 @@ class Daemon {
   }
   void cmd_shutdown(const Caller& caller, const json& request, Reply& reply);
 
-  // Refuses (forbidden, naming the owner) unless `caller` may `act` on job `r` ("cancel"): its
-  // owner or an admin.
-  void authorize(const Caller& caller, const JobRecord& r, std::string_view act) const;
-  void authorize(const Caller& caller, std::int64_t id, std::string_view act);  // job `id`, or not_found
-  void authorize_admin(const Caller& caller, std::string_view act) const;        // admins only
-  // The batch's jobs are one submission's, so one owner's: as authorize for its first job.
-  void authorize_batch(const Caller& caller, std::int64_t batch, std::string_view act);
 
   // Handlers, by group: see the files named in daemon.cpp.
   json cmd_hello(const Caller& caller, const common::HelloRequest& q);
@@ -164,9 +144,6 @@ class Daemon {
   void submit_checked(const std::shared_ptr<Submission>& s);  // on gpuqd's thread, after check_batch
   void write_submission();  // the next part of m_submissions.front()
   void next_submission();   // m_submissions.front() is answered: on to the next
-  json cmd_status(const Caller& caller, const common::StatusRequest& q);
-  json cmd_show(const Caller& caller, const common::IdRequest& q);
-  json cmd_why(const Caller& caller, const common::IdRequest& q);  // what a queued job waits for (queries.cpp)
   json cmd_cancel(const Caller& caller, const common::IdsRequest& q);
   void cmd_restart(const Caller& caller, const common::RestartRequest& q, Reply& reply);  // answers once every job is requeued (restart.cpp)
   struct Restarting {  // a restart under way: see restart.cpp
@@ -224,8 +201,6 @@ class Daemon {
   std::string gpu_failure_notes(const JobRecord& r, const json& failure);
   // Every so often, forgets the jobs that ended over forget_after_s ago (as clean --forget --older-than).
   void forget_old_jobs();
-  json cmd_results(const Caller& caller, const common::ResultsRequest& q);
-  json cmd_events(const Caller& caller, const common::EventsRequest& q);
   json cmd_gpus();
   common::GpusReply gpus_reply();  // what `gpus` answers; the metrics' GPU series too
   json cmd_usage();
@@ -239,7 +214,6 @@ class Daemon {
   void schedule_now();
   CpuSlots cpu_pool() const;  // the pool with the slots running jobs hold
   bool fail_blocked_dependents(double now);
-  std::optional<JobState> dependency_state(std::int64_t id);
   // Whether a queued job's dependency lets it go: it succeeded, or (where another system places
   // work) it is handed over there, to wait in that system until the dependency has succeeded.
   bool dependency_met(std::int64_t dep);
@@ -281,31 +255,9 @@ class Daemon {
   void check_hangs(double now);
   void arm_ingest_timer();
   void notify_waiters();
-  // What a wait of `caller` on `ids` is answered with: the jobs as they are now (Waiters::Answer).
-  json wait_answer(const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out);
 
-  // A job as clients see it: the in-memory record (with why it waits) when the job is active,
-  // else `stored`.
-  // `viewer`: who asks; another user's job shows only its public fields to one who is no admin
-  // (may_read_details, details_hidden).
-  common::JobInfo info_of(const JobRecord& stored, const Caller& viewer) const;
-  // Appends `r` as clients see it, counting it against the reply's bound (common::k_max_reply_jobs
-  // and k_max_reply_bytes, with `bytes` so far); once the reply is full, adds nothing, sets
-  // `more` and returns false.
-  // `viewer`: as info_of's.
-  bool add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t& bytes, const Caller& viewer) const;
-  std::optional<JobRecord> lookup(std::int64_t id);
-  // "job N, which does not exist" or "…, which was forgotten": what to say of an id not found.
-  std::string missing_job(std::int64_t id);
-  // Job `id`, or not_found.
-  JobRecord existing_job(std::int64_t id);
-  // Job `id`, which must have ended: else not_found, or wrong_state "job N (name) is S; <only>".
-  JobRecord ended_job(std::int64_t id, const std::string& only);
-  // The jobs of `batch`, or not_found.
-  std::vector<JobRecord> jobs_of_batch(std::int64_t batch);
-  RequestError missing_batch(std::int64_t batch);  // not_found: "no batch N", or "… was forgotten"
-  // `ids` and the queued jobs of `batch` (0: none), ascending, each once.
-  std::vector<std::int64_t> with_queued_of_batch(std::vector<std::int64_t> ids, std::int64_t batch);
+  // What the handlers read through (reads.hpp), over this daemon's owners.
+  Reads reads();
 
   asio::io_context& m_io;
   Config m_config;
@@ -315,8 +267,7 @@ class Daemon {
   Hooks m_hooks;  // on_finish hooks (hooks.hpp)
   GpuService m_health;  // GPUs in and out of service, health checks (gpu_service.hpp)
   GpuProcesses m_gpu_processes;  // what runs on the GPUs, ours and others' (gpu_processes.hpp)
-  std::vector<int> m_cores;  // usable cores in slot order (cpu_topology.hpp): slot s is core m_cores[s % size]
-  std::vector<int> m_core_nodes;  // the NUMA node of each of m_cores
+  SlotCores m_cores;  // usable cores in slot order, with their NUMA nodes: slot s is core m_cores.cores[s % size]
   JobTable m_jobs;  // queued and running jobs, filed by state (job_table.hpp)
   LastPass m_last_pass;  // what the last scheduling pass said (last_pass.hpp)
   std::map<std::int64_t, int> m_batch_limits;              // batch -> max_running, for those with one

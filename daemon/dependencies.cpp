@@ -14,16 +14,8 @@ namespace {
 constexpr std::size_t k_doomed_part = 512;  // jobs failed for a dependency in one pass (~10 ms)
 }  // namespace
 
-std::optional<JobState> Daemon::dependency_state(std::int64_t id) {
-  if (auto known = m_jobs.known_state(id)) return known;
-  auto rec = m_store->get(id);
-  if (!rec) return std::nullopt;
-  m_jobs.remember_state(id, rec->state);
-  return rec->state;
-}
-
 bool Daemon::dependency_met(std::int64_t dep) {
-  const auto st = dependency_state(dep);
+  const auto st = reads().dependency_state(dep);
   if (st == JobState::succeeded) return true;
   if (st != JobState::running || !m_executor->places_work()) return false;
   const Active& a = m_jobs.at(dep);
@@ -57,7 +49,7 @@ bool Daemon::fail_blocked_dependents(double now) {
     for (auto dep : a.rec.after) {
       waiting.emplace_back(dep, id);
       if (blocked_by.count(id)) continue;
-      auto st = dependency_state(dep);
+      auto st = reads().dependency_state(dep);
       if (!st || (is_terminal(*st) && *st != JobState::succeeded)) {
         doomed.push_back(id);
         blocked_by[id] = dep;
@@ -75,11 +67,11 @@ bool Daemon::fail_blocked_dependents(double now) {
   std::vector<JobRecord> failed;
   for (auto id : doomed) {
     const std::int64_t dep = blocked_by[id];
-    auto st = dependency_state(dep);  // doomed, but still queued: it ends failed in this same transaction
+    auto st = reads().dependency_state(dep);  // doomed, but still queued: it ends failed in this same transaction
     failed.push_back(next_record(
         m_jobs.at(id).rec,
         event::DependencyFailed{dep,
-                                !st ? "dependency: " + missing_job(dep)
+                                !st ? "dependency: " + reads().missing_job(dep)
                                     : "dependency " + std::to_string(dep) + " ended " +
                                           std::string(to_string(is_terminal(*st) ? *st : JobState::failed)),
                                 now}));

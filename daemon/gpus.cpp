@@ -63,17 +63,17 @@ common::GpusReply Daemon::gpus_reply() {
   const CpuSlots cpu = cpu_pool();
   out.cpu_slots = cpu.total;
   for (int slot : cpu.taken) out.cpu_slots_used += slot < cpu.total;
-  out.cores = common::format_cpu_list(m_cores);
+  out.cores = common::format_cpu_list(m_cores.cores);
   return out;
 }
 
 json Daemon::cmd_drain(const Caller& caller, const common::DrainRequest& q) {
-  authorize_admin(caller, "drain GPUs");
+  reads().authorize_admin(caller, "drain GPUs");
   m_health.set_drained(q, true);
   return cmd_gpus();
 }
 json Daemon::cmd_undrain(const Caller& caller, const common::DrainRequest& q) {
-  authorize_admin(caller, "undrain GPUs");
+  reads().authorize_admin(caller, "undrain GPUs");
   m_health.set_drained(q, false);
   return cmd_gpus();
 }

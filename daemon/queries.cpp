@@ -1,27 +1,31 @@
-// The read-only requests (status, show, events, results) and `wait`, which answers once the jobs
-// it names have ended.
-#include "daemon/daemon.hpp"
+// The read-only requests (status, show, why, events, results) and the answer to a `wait`: functions
+// of what they read (reads.hpp) and the request, no more.
+#include "daemon/reads.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <set>
 
 #include "common/paths.hpp"
+#include "daemon/config.hpp"
+#include "daemon/launcher.hpp"
+#include "daemon/lifecycle.hpp"
 
 namespace gpuq::daemon {
+namespace queries {
 
-json Daemon::cmd_status(const Caller& caller, const common::StatusRequest& q) {
+common::JobsReply status(const Reads& reads, const Caller& caller, const common::StatusRequest& q) {
   common::JobsReply out;
   const auto& f = q.filter;
-  out.total = m_store->count_jobs(f);
+  out.total = reads.store.count_jobs(f);
   std::size_t bytes = 0;
   if (q.all) {
     // One page more than asked tells whether another page follows.
-    auto rows = m_store->page_after(q.after, q.page + 1, f);
+    auto rows = reads.store.page_after(q.after, q.page + 1, f);
     out.more = rows.size() > static_cast<std::size_t>(q.page);
     if (out.more) rows.pop_back();
     for (const auto& r : rows)
-      if (!add_to_reply(out, r, bytes, caller)) break;
+      if (!reads.add_to_reply(out, r, bytes, caller)) break;
     return out;
   }
   const auto keep = [&](const JobRecord& r) {
@@ -29,42 +33,42 @@ json Daemon::cmd_status(const Caller& caller, const common::StatusRequest& q) {
   };
   // Without all, the lists are cut to the reply's bound (`more`), never paged: running jobs first,
   // then the queue's head, then the most recent ended jobs.
-  for (std::int64_t id : m_jobs.running_ids())
-    if (keep(m_jobs.at(id).rec) && !add_to_reply(out, m_jobs.at(id).rec, bytes, caller)) break;
+  for (std::int64_t id : reads.jobs.running_ids())
+    if (keep(reads.jobs.at(id).rec) && !reads.add_to_reply(out, reads.jobs.at(id).rec, bytes, caller)) break;
   // Queued jobs in line order, as many as asked: a deep queue need not travel whole, unless a
   // filter has its jobs counted. Held jobs are not in line: they come after it.
   std::int64_t shown = 0, kept = 0;
   const auto visit = [&](std::int64_t id) {  // false: the rest of the line need not be looked at
-    const JobRecord& r = m_jobs.at(id).rec;
+    const JobRecord& r = reads.jobs.at(id).rec;
     if (!keep(r)) return true;
     ++kept;
     if ((q.queued >= 0 && shown >= q.queued) || out.more) return !f.empty();
-    if (add_to_reply(out, r, bytes, caller)) ++shown;
+    if (reads.add_to_reply(out, r, bytes, caller)) ++shown;
     return true;
   };
   if (f.states.empty() || std::find(f.states.begin(), f.states.end(), JobState::queued) != f.states.end()) {
     bool more = true;
-    for (auto it = m_jobs.queue().begin(); more && it != m_jobs.queue().end(); ++it) more = visit(it->second.job.id);
-    for (auto it = m_jobs.held().begin(); more && it != m_jobs.held().end(); ++it) more = visit(*it);
+    for (auto it = reads.jobs.queue().begin(); more && it != reads.jobs.queue().end(); ++it) more = visit(it->second.job.id);
+    for (auto it = reads.jobs.held().begin(); more && it != reads.jobs.held().end(); ++it) more = visit(*it);
   }
-  out.queued_total = f.empty() ? static_cast<std::int64_t>(m_jobs.queue().size() + m_jobs.held().size()) : kept;
-  for (auto& r : m_store->recent_finished(q.limit, f))
-    if (!add_to_reply(out, r, bytes, caller)) break;
+  out.queued_total = f.empty() ? static_cast<std::int64_t>(reads.jobs.queue().size() + reads.jobs.held().size()) : kept;
+  for (auto& r : reads.store.recent_finished(q.limit, f))
+    if (!reads.add_to_reply(out, r, bytes, caller)) break;
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   return out;
 }
 
-json Daemon::cmd_show(const Caller& caller, const common::IdRequest& q) {
-  const JobRecord rec = existing_job(q.id);
-  authorize(caller, rec, "read the details of");  // its environment, result and files
+common::ShowReply show(const Reads& reads, const Caller& caller, const common::IdRequest& q) {
+  const JobRecord rec = reads.existing_job(q.id);
+  reads.authorize(caller, rec, "read the details of");  // its environment, result and files
   common::ShowReply out;
-  out.job = info_of(rec, caller);
-  if (auto it = m_batch_limits.find(rec.batch); it != m_batch_limits.end()) out.batch_max_running = it->second;
+  out.job = reads.info_of(rec, caller);
+  if (auto it = reads.batch_limits.find(rec.batch); it != reads.batch_limits.end()) out.batch_max_running = it->second;
   out.spec = common::to_json(rec.spec);
-  out.history = m_store->history(q.id);
+  out.history = reads.store.history(q.id);
   for (int a = 1; a <= rec.attempt; ++a)
     for (int r = 0; r < rec.spec.ranks; ++r) {
-      std::string p = rank_log_path(attempt_dir(m_config.state_dir, q.id, a), r);
+      std::string p = rank_log_path(attempt_dir(reads.config.state_dir, q.id, a), r);
       if (common::path_exists(p)) out.logs.push_back({a, r, p});
     }
   out.first_failure = rec.run.first_failure;
@@ -76,22 +80,22 @@ json Daemon::cmd_show(const Caller& caller, const common::IdRequest& q) {
 // limit, drained GPUs or a machine it can never fit, the jobs ahead of it and the reservation one
 // of them holds; the running jobs on the GPUs, and from their timeouts the earliest it can start
 // (null when one it must wait for has none). Everyone may ask, as everyone sees the queue.
-json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
-  const JobRecord rec = existing_job(q.id);
+common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdRequest& q) {
+  const JobRecord rec = reads.existing_job(q.id);
   common::WhyReply out;
-  out.job = info_of(rec, caller);
+  out.job = reads.info_of(rec, caller);
   auto& d = out.details;
   if (rec.state != JobState::queued) {
     d.push_back(rec.state == JobState::running ? "it is running" : "it has ended " + std::string(to_string(rec.state)));
-    if (const auto note = m_hangs.note(rec, wall_now()); !note.empty() && may_read_details(caller, rec))
+    if (const auto note = reads.hangs.note(rec, wall_now()); !note.empty() && may_read_details(caller, rec))
       d.push_back("it has made " + note);
     return out;
   }
   const double now = wall_now();
   if (rec.held) d.push_back("it is held: `gpuq release " + std::to_string(rec.id) + "` puts it back in line");
   for (std::int64_t dep : rec.after) {
-    const auto st = dependency_state(dep);
-    if (!st) d.push_back("it waits for " + missing_job(dep));
+    const auto st = reads.dependency_state(dep);
+    if (!st) d.push_back("it waits for " + reads.missing_job(dep));
     else if (*st != JobState::succeeded)
       d.push_back("it waits for job " + std::to_string(dep) + " to succeed, which is " + std::string(to_string(*st)));
   }
@@ -99,46 +103,46 @@ json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
     d.push_back("it is retried after a backoff, in " + std::to_string(static_cast<long long>(std::ceil(rec.not_before - now))) + " s");
     out.estimated_start = rec.not_before;
   }
-  if (const auto* l = m_last_pass.batch_at_limit(rec.batch)) d.push_back(batch_limit_reason(rec.batch, *l));
-  if (const auto* u = m_last_pass.user_at_limit(rec.uid); u && user_at_limit(*u, rec.spec.gpus))
-    d.push_back(user_limit_reason(m_users.name_of(rec.uid), *u, rec.spec.gpus));
+  if (const auto* l = reads.last_pass.batch_at_limit(rec.batch)) d.push_back(batch_limit_reason(rec.batch, *l));
+  if (const auto* u = reads.last_pass.user_at_limit(rec.uid); u && user_at_limit(*u, rec.spec.gpus))
+    d.push_back(user_limit_reason(reads.users.name_of(rec.uid), *u, rec.spec.gpus));
 
   // The GPUs: how many it could ever have here, which are free, who holds the others.
   int usable = 0, free = 0;
   std::set<int> held_gpus;
-  for (std::int64_t id : m_jobs.running_ids())
-    for (int g : m_jobs.at(id).rec.run.gpus) held_gpus.insert(g);
-  for (const auto& g : m_inventory.gpus())
-    if (!m_health.drained(g.uuid)) {
+  for (std::int64_t id : reads.jobs.running_ids())
+    for (int g : reads.jobs.at(id).rec.run.gpus) held_gpus.insert(g);
+  for (const auto& g : reads.inventory.gpus())
+    if (!reads.health.drained(g.uuid)) {
       ++usable;
       free += !held_gpus.count(g.index);
     }
-  if (rec.spec.gpus > static_cast<int>(m_inventory.gpus().size()))
+  if (rec.spec.gpus > static_cast<int>(reads.inventory.gpus().size()))
     d.push_back("it can never start on this machine: it asks for " + std::to_string(rec.spec.gpus) + " GPUs, and there are " +
-                std::to_string(m_inventory.gpus().size()));
+                std::to_string(reads.inventory.gpus().size()));
   else if (rec.spec.gpus > usable)
     d.push_back("it asks for " + std::to_string(rec.spec.gpus) + " GPUs, and only " + std::to_string(usable) +
                 " are in service (`gpuq undrain` puts the others back)");
-  for (const auto& [key, queued] : m_jobs.queue()) {  // in line order (priority, then id)
+  for (const auto& [key, queued] : reads.jobs.queue()) {  // in line order (priority, then id)
     if (queued.job.id == rec.id) break;
     ++out.ahead;
   }
   if (out.ahead > 0) d.push_back(std::to_string(out.ahead) + " job(s) are ahead of it in line");
-  for (const auto& [id, gpus] : m_last_pass.reservations()) {
+  for (const auto& [id, gpus] : reads.last_pass.reservations()) {
     if (id == rec.id || gpus.empty()) continue;
     std::string list;
     for (int g : gpus) list += (list.empty() ? "" : ", ") + std::to_string(g);
-    const Active* it = m_jobs.find(id);
+    const Active* it = reads.jobs.find(id);
     d.push_back("GPU(s) " + list + " are reserved for job " + std::to_string(id) +
-                (it ? " (" + m_users.name_of(it->rec.uid) + "'s " + it->rec.spec.name + ")" : "") +
+                (it ? " (" + reads.users.name_of(it->rec.uid) + "'s " + it->rec.spec.name + ")" : "") +
                 ", ahead of it");
   }
   if (rec.spec.gpus == 0) return out;
-  for (const Active& running : m_jobs.running()) {
+  for (const Active& running : reads.jobs.running()) {
     const JobRecord& r = running.rec;
     if (r.run.gpus.empty()) continue;
-    const double ends = r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + m_config.grace_s : 0;
-    out.holders.push_back({r.id, r.spec.name, m_users.name_of(r.uid), r.run.gpus, ends});
+    const double ends = r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + reads.config.grace_s : 0;
+    out.holders.push_back({r.id, r.spec.name, reads.users.name_of(r.uid), r.run.gpus, ends});
   }
   std::sort(out.holders.begin(), out.holders.end(), [](const auto& a, const auto& b) {
     return (a.ends_by > 0 ? a.ends_by : k_never) < (b.ends_by > 0 ? b.ends_by : k_never);
@@ -160,9 +164,9 @@ json Daemon::cmd_why(const Caller& caller, const common::IdRequest& q) {
   return out;
 }
 
-json Daemon::cmd_events(const Caller& caller, const common::EventsRequest& q) {
-  const JobRecord rec = existing_job(q.id);
-  authorize(caller, rec, "read the events of");
+common::EventsReply events(const Reads& reads, const Caller& caller, const common::EventsRequest& q) {
+  const JobRecord rec = reads.existing_job(q.id);
+  reads.authorize(caller, rec, "read the events of");
   const int attempts = rec.attempt;
   if (q.attempt > attempts)
     throw RequestError(ErrorCode::not_found, "job " + std::to_string(q.id) + " has " + std::to_string(attempts) +
@@ -171,7 +175,7 @@ json Daemon::cmd_events(const Caller& caller, const common::EventsRequest& q) {
   out.id = q.id;
   out.attempt = q.attempt ? q.attempt : attempts;
   // One row more than asked tells whether another page follows.
-  auto rows = m_store->events(q.id, out.attempt, q.after, q.page + 1, q.type);
+  auto rows = reads.store.events(q.id, out.attempt, q.after, q.page + 1, q.type);
   out.more = rows.size() > static_cast<std::size_t>(q.page);
   if (out.more) rows.pop_back();
   std::size_t bytes = 0;
@@ -186,19 +190,19 @@ json Daemon::cmd_events(const Caller& caller, const common::EventsRequest& q) {
   return out;
 }
 
-json Daemon::cmd_results(const Caller& caller, const common::ResultsRequest& q) {
+common::JobsReply results(const Reads& reads, const Caller& caller, const common::ResultsRequest& q) {
   if (q.ids.empty() && q.batch == 0) throw RequestError(ErrorCode::bad_request, "give job ids or a batch");
   // Every id named must exist (checked on the first page, with one index probe each: a client
   // polling many ids pages through them); then one page of them, in id order.
   std::vector<std::int64_t> ids = q.ids;  // ascending, each once
   if (q.after == 0)
     for (auto id : ids)
-      if (!m_jobs.contains(id) && !m_store->exists(id)) existing_job(id);  // not_found, saying why
+      if (!reads.jobs.contains(id) && !reads.store.exists(id)) reads.existing_job(id);  // not_found, saying why
   // Of the batch, only the page's worth after `after`: the union's first page lies within it.
   std::vector<JobRecord> batch_rows;
   if (q.batch) {
-    if (m_store->batch_page(q.batch, 0, 1).empty()) jobs_of_batch(q.batch);  // not_found, saying why
-    batch_rows = m_store->batch_page(q.batch, q.after, q.page + 1);
+    if (reads.store.batch_page(q.batch, 0, 1).empty()) reads.jobs_of_batch(q.batch);  // not_found, saying why
+    batch_rows = reads.store.batch_page(q.batch, q.after, q.page + 1);
   }
   for (const auto& r : batch_rows) ids.push_back(r.id);
   std::sort(ids.begin(), ids.end());
@@ -214,33 +218,22 @@ json Daemon::cmd_results(const Caller& caller, const common::ResultsRequest& q) 
     auto row = std::lower_bound(batch_rows.begin(), batch_rows.end(), *it,
                                 [](const JobRecord& r, std::int64_t id) { return r.id < id; });
     const bool in_batch = row != batch_rows.end() && row->id == *it;
-    const JobRecord rec = in_batch ? *row : existing_job(*it);
-    authorize(caller, rec, "read the result of");
-    if (!add_to_reply(out, rec, bytes, caller)) break;
+    const JobRecord rec = in_batch ? *row : reads.existing_job(*it);
+    reads.authorize(caller, rec, "read the result of");
+    if (!reads.add_to_reply(out, rec, bytes, caller)) break;
     ++shown;
   }
   return out;
 }
 
-void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply) {
-  for (auto id : q.ids)  // all known, or no wait (one index probe each)
-    if (!m_jobs.contains(id) && !m_store->exists(id)) existing_job(id);
-  m_waiters.add(caller, std::set<std::int64_t>(q.ids.begin(), q.ids.end()), std::move(reply), q.timeout_s);
-  m_jobs.need_changed();
-  notify_waiters();
-}
-
-json Daemon::wait_answer(const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out) {
+common::JobsReply wait_answer(const Reads& reads, const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out) {
   common::JobsReply out;
   std::size_t bytes = 0;
   for (auto id : ids)
-    if (auto rec = lookup(id); rec && !add_to_reply(out, *rec, bytes, caller)) break;
+    if (auto rec = reads.lookup(id); rec && !reads.add_to_reply(out, *rec, bytes, caller)) break;
   out.timed_out = timed_out;
-  return common::ok_reply(out);
+  return out;
 }
 
-void Daemon::notify_waiters() {
-  m_waiters.notify([this](std::int64_t id) { return m_jobs.contains(id); });
-}
-
+}  // namespace queries
 }  // namespace gpuq::daemon

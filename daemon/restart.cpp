@@ -70,11 +70,11 @@ std::vector<std::int64_t> dependencies_first(const std::map<std::int64_t, JobRec
 void Daemon::cmd_restart(const Caller& caller, const common::RestartRequest& q, Reply& reply) {
   std::vector<JobRecord> named;
   for (auto id : q.ids) {
-    named.push_back(ended_job(id, "only a job that has ended can be restarted"));
-    authorize(caller, named.back(), "restart");
+    named.push_back(reads().ended_job(id, "only a job that has ended can be restarted"));
+    reads().authorize(caller, named.back(), "restart");
   }
-  if (q.batch != 0 && !m_store->batch_exists(q.batch)) throw missing_batch(q.batch);
-  authorize_batch(caller, q.batch, "restart the batch of");
+  if (q.batch != 0 && !m_store->batch_exists(q.batch)) throw reads().missing_batch(q.batch);
+  reads().authorize_batch(caller, q.batch, "restart the batch of");
   if (q.fresh) m_trash.make();
   auto r = std::make_shared<Restarting>();
   try {
@@ -196,13 +196,13 @@ bool Daemon::choose_part(Restarting& r) {
   for (const auto& [id, rec] : r.chosen)
     for (auto dep : rec.after) {
       if (r.chosen.count(dep)) continue;
-      auto st = dependency_state(dep);
+      auto st = reads().dependency_state(dep);
       if (!st || (is_terminal(*st) && *st != JobState::succeeded))
         throw RequestError(ErrorCode::wrong_state,
                            job_label(rec) + " waits for " +
                                (st ? "job " + std::to_string(dep) + ", which ended " + std::string(to_string(*st)) +
                                          ": restart that job too (the jobs that failed waiting for it come with it)"
-                                   : missing_job(dep) + ", so it cannot run again"));
+                                   : reads().missing_job(dep) + ", so it cannot run again"));
       outside.insert(dep);
     }
   m_users.check_restart(r.chosen, [this](uid_t u) { return queued_or_running(u); });  // max_queued, as at submit

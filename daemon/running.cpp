@@ -294,7 +294,7 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
   {
     JobRecord slots = a.rec;  // the cores follow from the slots, under this gpuqd's CPU mask
     slots.run.cpu_slots = placement.cpu_slots;
-    launched.cores = job_cores(slots, m_cores);
+    launched.cores = job_cores(slots, m_cores.cores);
   }
   if (a.rec.spec.mode == common::Mode::ddp) {
     std::set<int> in_use;
@@ -332,7 +332,7 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
   auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
-                             m_cores, m_core_nodes);
+                             m_cores.cores, m_cores.nodes);
   if (inherit) {
     // The ranks start from the environment where they run; which GPUs they see, and where rank 0
     // listens, are that system's to say (Slurm sets CUDA_VISIBLE_DEVICES for the allocation, the
@@ -385,7 +385,7 @@ Executor::Attempt Daemon::attempt_of(const JobRecord& rec) const {
 }
 
 CpuSlots Daemon::cpu_pool() const {
-  CpuSlots cpu{m_config.cpu_slots, {}, m_core_nodes};
+  CpuSlots cpu{m_config.cpu_slots, {}, m_cores.nodes};
   std::vector<int> unnumbered;  // running jobs started by a gpuqd whose CPU slots had no numbers yet
   for (const Active& a : m_jobs.running()) {
     cpu.taken.insert(a.rec.run.cpu_slots.begin(), a.rec.run.cpu_slots.end());

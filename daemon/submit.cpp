@@ -57,10 +57,10 @@ void Daemon::submit_checked(const std::shared_ptr<Submission>& s) {
   std::map<std::int64_t, bool> known;  // each id looked up once, however many jobs name it
   for (const auto& [i, id] : batch.outside_deps) {
     auto [it, fresh] = known.try_emplace(id, false);
-    if (fresh) it->second = lookup(id).has_value();
+    if (fresh) it->second = reads().lookup(id).has_value();
     if (!it->second) {
       const auto& spec = batch.jobs[i].spec;
-      batch.problems.push_back("job[" + std::to_string(i) + "] (" + spec.name + "): `after` names " + missing_job(id));
+      batch.problems.push_back("job[" + std::to_string(i) + "] (" + spec.name + "): `after` names " + reads().missing_job(id));
     }
   }
   if (!batch.problems.empty()) return s->reply(common::error_reply(batch.refusal()));

@@ -1,0 +1,34 @@
+// gpuqd's settings: every key of the configuration table (common/config.hpp) and what only gpuqd
+// knows (its helpers' paths, intervals, another executor for tests).
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/config.hpp"
+#include "daemon/executor.hpp"
+
+namespace gpuq::daemon {
+
+// What gpuqd runs with: every setting of the configuration table (common/config.hpp: the file,
+// the environment, gpuqd's options), and what only gpuqd knows.
+struct Config : common::Settings {
+  std::string shim_path;
+  std::string worker_path;  // gpuq-worker, for train jobs; empty when this build has none
+  double retry_backoff_max_s = 60;
+  double ingest_interval_s = 0.25; // how often running jobs' event files are read
+  std::string sysfs_root = "/sys"; // CPU topology and NUMA nodes (another tree in tests)
+  int max_hooks = 4;               // hooks running at once; the rest wait their turn
+  std::optional<gid_t> admin_gid;  // admin_group's members may act on every job (as root may)
+  double slurm_poll_s = 2;         // its squeue, once for all jobs, this often
+  // Another executor, whatever `executor` says (tests: one that records what it is asked).
+  std::function<std::unique_ptr<Executor>(boost::asio::io_context&, Executor::Ended)> make_executor;
+
+  bool hang_retry() const { return hang_action == "retry"; }
+};
+
+}  // namespace gpuq::daemon
