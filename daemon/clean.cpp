@@ -56,7 +56,7 @@ void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Repl
 }
 
 void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
-  if (c->next > 0 && paused_between_parts([this, c] { clean_part(c); })) return;
+  if (c->next > 0 && paused_between_parts(m_io, [this, c] { clean_part(c); })) return;
   if (c->forget && c->needed_as_of != m_jobs.needs_changed()) {
     c->needed = still_needed();
     c->needed_as_of = m_jobs.needs_changed();

@@ -57,7 +57,10 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                                                 m_config.slurm_poll_s},
                                            [this](std::int64_t id) { on_attempt_end(id); })
                      : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })),
-      m_trash(io, m_config.state_dir) {
+      m_trash(io, m_config.state_dir),
+      m_submissions(
+          io, *m_store, [this](Submissions::Batch& b) { return accept_submission(b); },
+          [this](Submissions::Batch& b) { submission_written(b); }) {
   m_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.cores.size());
   m_executor->on_handed([this](std::int64_t) {
@@ -207,31 +210,6 @@ json Daemon::cmd_hello(const Caller& caller, const common::HelloRequest& hello) 
   // Any minor of this major: what the client adds, this gpuqd ignores (common/protocol.hpp).
   return common::HelloReply{common::k_protocol_version, common::k_protocol_minor, GPUQ_VERSION, static_cast<int>(::getpid()), m_config.state_dir,
                             m_config.multi_user, m_users.name_of(caller.uid), caller.admin};
-}
-
-// Test hook ($GPUQ_TEST_PAUSE_PARTS=PATH): long requests (a submission's writing, a clean) go in
-// parts of 64 jobs, and while PATH exists none goes on past its first part, and PATH.reached
-// exists: a test can look at gpuqd in the middle of one. `resume` is called once PATH is gone
-// (polled every 10 ms). False: no pause, go on.
-bool Daemon::paused_between_parts(std::function<void()> resume) {
-  const char* path = std::getenv("GPUQ_TEST_PAUSE_PARTS");
-  if (!path || !*path || !common::path_exists(path)) return false;
-  if (!common::path_exists(std::string(path) + ".reached")) std::ofstream(std::string(path) + ".reached").put('\n');
-  auto timer = std::make_shared<asio::steady_timer>(m_io, std::chrono::milliseconds(10));
-  timer->async_wait([timer, resume = std::move(resume)](const boost::system::error_code& ec) {
-    if (!ec) resume();
-  });
-  return true;
-}
-
-// The end of a part of a long request: now, or sooner under the test hook above (parts of 64 jobs).
-std::chrono::steady_clock::time_point Daemon::part_deadline() {
-  return parts_hooked() ? std::chrono::steady_clock::time_point::min() : std::chrono::steady_clock::now() + k_part;
-}
-
-bool Daemon::parts_hooked() {
-  static const bool hooked = std::getenv("GPUQ_TEST_PAUSE_PARTS") != nullptr;
-  return hooked;
 }
 
 // ---- wait ---------------------------------------------------------------------------------------

@@ -40,11 +40,12 @@
 #include "daemon/last_pass.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/metrics.hpp"
+#include "daemon/parts.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/reads.hpp"
 #include "daemon/restart_pins.hpp"
 #include "daemon/store.hpp"
-#include "daemon/submit_check.hpp"
+#include "daemon/submissions.hpp"
 #include "daemon/trash.hpp"
 #include "daemon/users.hpp"
 #include "daemon/waiters.hpp"
@@ -56,9 +57,6 @@ using json = nlohmann::json;
 
 
 
-// How long one part of a long request (a submission's writing, a clean, a restart) may hold
-// gpuqd's thread.
-inline constexpr auto k_part = std::chrono::milliseconds(10);
 // A store write that failed (a launch, a job's end, a later part of a restart) is tried again
 // after this long.
 inline constexpr double k_write_retry_s = 5;
@@ -129,21 +127,8 @@ class Daemon {
   // Handlers, by group: see the files named in daemon.cpp.
   json cmd_hello(const Caller& caller, const common::HelloRequest& q);
   void cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& reply);  // answers once the batch is written
-  // A batch on its way into the store: checked off-thread, then written a part per turn.
-  struct Submission {
-    Reply reply;
-    std::string cwd;
-    int max_running = 0;
-    Caller caller;
-    std::optional<common::Account> account;  // lab mode: the owner's, looked up on the check thread
-    Result<CheckedBatch> checked = Error{};
-    double at = 0;  // submitted at
-    Store::BatchWrite write;
-    std::map<std::int64_t, Active> staged;  // the jobs written so far, to go live once all are
-  };
-  void submit_checked(const std::shared_ptr<Submission>& s);  // on gpuqd's thread, after check_batch
-  void write_submission();  // the next part of m_submissions.front()
-  void next_submission();   // m_submissions.front() is answered: on to the next
+  std::optional<Error> accept_submission(Submissions::Batch& s);  // Submissions::Accept
+  void submission_written(Submissions::Batch& s);                 // Submissions::Written
   json cmd_cancel(const Caller& caller, const common::IdsRequest& q);
   void cmd_restart(const Caller& caller, const common::RestartRequest& q, Reply& reply);  // answers once every job is requeued (restart.cpp)
   struct Restarting {  // a restart under way: see restart.cpp
@@ -185,9 +170,6 @@ class Daemon {
     Reply reply;
   };
   void clean_part(const std::shared_ptr<Cleaning>& c);  // the next ~10 ms of it, or its answer
-  bool paused_between_parts(std::function<void()> resume);  // a test hook: see daemon.cpp
-  static std::chrono::steady_clock::time_point part_deadline();
-  static bool parts_hooked();  // GPUQ_TEST_PAUSE_PARTS is set: parts of 64 jobs
   // Deletes `moved` (Trash::empty); then answers `reply`, where given, with `out` and what was freed.
   void empty_trash(Trash::Moved moved, Reply reply, common::CleanReply out = {});
   // Ended jobs that a queued job's `after` or a pending wait names: id -> why it must stay.
@@ -240,7 +222,7 @@ class Daemon {
   // What commit does with another store write: an update's new specs (no transition), a restart's
   // part (with its progress). `write` is handed the rows and throws before memory changes; a
   // record that ends a job makes its hooks due, a job that comes back is live to dependencies
-  // and waits again. Every record lands here, but a submission's new jobs (write_submission).
+  // and waits again. Every record lands here, but a submission's new jobs (Submissions, then submission_written).
   void land(std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write);
   // Memory after the store took `rec`: the job table files it (JobTable::apply), the metrics count
   // its change of state, and waiters hear of a job that ended or came back.
@@ -290,12 +272,11 @@ class Daemon {
   asio::steady_timer m_backoff_timer;
   asio::steady_timer m_forget_timer;
   RestartPins m_pins;  // the jobs restarts under way hold (restart_pins.hpp)
-  std::deque<std::shared_ptr<Submission>> m_submissions;  // checked, to be written in this order
   bool m_ingest_armed = false;
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
   // Where cleaned jobs' files go; declared late, so its thread is joined before the state it posts to goes.
   Trash m_trash;
-  asio::thread_pool m_check_thread{1};  // check_batch for submissions
+  Submissions m_submissions;  // submits checked off this thread, then written in parts (submissions.hpp)
 };
 
 }  // namespace gpuq::daemon

@@ -115,7 +115,7 @@ void Daemon::restart_part(const std::shared_ptr<Restarting>& r) {
         if (clear_part(*r)) r->step = Step::requeue;
         break;
       case Step::requeue:
-        if (r->plan.done > 0 && paused_between_parts([this, r] { restart_part(r); })) return;
+        if (r->plan.done > 0 && paused_between_parts(m_io, [this, r] { restart_part(r); })) return;
         if (requeue_part(*r)) return restart_done(*r);
         break;
     }
