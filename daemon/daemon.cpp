@@ -58,6 +58,12 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                                            [this](std::int64_t id) { on_attempt_end(id); })
                      : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })),
       m_trash(io, m_config.state_dir),
+      m_restarter(io, m_config.state_dir, *m_store, m_jobs, m_pins, m_trash, m_users,
+                  {[this] { return reads(); },
+                   [this](std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write) {
+                     land(std::move(changed), write);
+                   },
+                   [this] { schedule_soon(); }}),
       m_submissions(
           io, *m_store, [this](Submissions::Batch& b) { return accept_submission(b); },
           [this](Submissions::Batch& b) { submission_written(b); }) {
@@ -127,7 +133,7 @@ void Daemon::recover() {
     for (const auto& [uid, gpu_s, at] : m_store->gpu_time_since(now - 10 * m_config.usage_half_life_s))
       m_users.add_use(uid, gpu_s, at);
   }
-  resume_restarts();
+  m_restarter.resume();
   arm_ingest_timer();
   m_health.start();
   m_gpu_processes.start(m_inventory.source().rfind("nvml", 0) == 0 && !m_executor->places_work());
@@ -146,7 +152,9 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::status, &queries::status>(),
       now<cmd::show, &queries::show>(),
       now<cmd::cancel, &Daemon::cmd_cancel>(),
-      later<cmd::restart, &Daemon::cmd_restart>(),
+      later<cmd::restart, [](Daemon& d, const Caller& c, const common::RestartRequest& q, Reply& r) {
+        d.m_restarter.start(c, q, r);
+      }>(),
       now<cmd::hold, &Daemon::cmd_hold>(),
       now<cmd::release, &Daemon::cmd_release>(),
       now<cmd::update, &Daemon::cmd_update>(),

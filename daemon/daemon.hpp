@@ -44,6 +44,7 @@
 #include "daemon/scheduler.hpp"
 #include "daemon/reads.hpp"
 #include "daemon/restart_pins.hpp"
+#include "daemon/restarter.hpp"
 #include "daemon/store.hpp"
 #include "daemon/submissions.hpp"
 #include "daemon/trash.hpp"
@@ -57,9 +58,6 @@ using json = nlohmann::json;
 
 
 
-// A store write that failed (a launch, a job's end, a later part of a restart) is tried again
-// after this long.
-inline constexpr double k_write_retry_s = 5;
 
 class Daemon {
  public:
@@ -102,24 +100,26 @@ class Daemon {
   static Command later() {
     return {C.name, &Daemon::answer_later<C, Handler>};
   }
+  // A handler is a member (taking this), a function of what the daemon holds (Daemon&: an owner's
+  // handler, reached through the row), or a read-only function of a Reads.
   template <const auto& C, auto Handler>
   void answer_now(const Caller& caller, const json& request, Reply& reply) {
     using H = decltype(Handler);
     using Q = typename std::remove_cvref_t<decltype(C)>::request;
     Q q = C.decode(request);
     if constexpr (std::is_invocable_v<H, const Reads&, const Caller&, Q>) reply(common::ok_reply(Handler(reads(), caller, std::move(q))));
-    else if constexpr (std::is_invocable_v<H, Daemon*, const Caller&, Q>) reply(common::ok_reply((this->*Handler)(caller, std::move(q))));
-    else if constexpr (std::is_invocable_v<H, Daemon*, Q>) reply(common::ok_reply((this->*Handler)(std::move(q))));
-    else if constexpr (std::is_invocable_v<H, Daemon*, const Caller&>) reply(common::ok_reply((this->*Handler)(caller)));
-    else reply(common::ok_reply((this->*Handler)()));
+    else if constexpr (std::is_invocable_v<H, Daemon&, const Caller&, Q>) reply(common::ok_reply(std::invoke(Handler, *this, caller, std::move(q))));
+    else if constexpr (std::is_invocable_v<H, Daemon&, Q>) reply(common::ok_reply(std::invoke(Handler, *this, std::move(q))));
+    else if constexpr (std::is_invocable_v<H, Daemon&, const Caller&>) reply(common::ok_reply(std::invoke(Handler, *this, caller)));
+    else reply(common::ok_reply(std::invoke(Handler, *this)));
   }
   template <const auto& C, auto Handler>
   void answer_later(const Caller& caller, const json& request, Reply& reply) {
     using Q = typename std::remove_cvref_t<decltype(C)>::request;
-    if constexpr (std::is_invocable_v<decltype(Handler), Daemon*, const Caller&, Q, Reply&>)
-      (this->*Handler)(caller, C.decode(request), reply);
+    if constexpr (std::is_invocable_v<decltype(Handler), Daemon&, const Caller&, Q, Reply&>)
+      std::invoke(Handler, *this, caller, C.decode(request), reply);
     else
-      (this->*Handler)(C.decode(request), reply);
+      std::invoke(Handler, *this, C.decode(request), reply);
   }
   void cmd_shutdown(const Caller& caller, const json& request, Reply& reply);
 
@@ -130,30 +130,6 @@ class Daemon {
   std::optional<Error> accept_submission(Submissions::Batch& s);  // Submissions::Accept
   void submission_written(Submissions::Batch& s);                 // Submissions::Written
   json cmd_cancel(const Caller& caller, const common::IdsRequest& q);
-  void cmd_restart(const Caller& caller, const common::RestartRequest& q, Reply& reply);  // answers once every job is requeued (restart.cpp)
-  struct Restarting {  // a restart under way: see restart.cpp
-    enum class Step { choose, clear, requeue } step = Step::choose;
-    bool fresh = false;
-    std::map<std::int64_t, JobRecord> chosen;   // until requeued
-    std::map<std::int64_t, std::int64_t> with;  // a dependent -> the chosen job it had failed waiting for
-    std::vector<std::int64_t> frontier;         // chosen jobs whose dependents are still to be read
-    std::int64_t batch = 0, batch_after = 0;    // a batch to read, from after this id on
-    std::vector<std::int64_t> outside;          // jobs not restarted that chosen ones wait for
-    std::size_t cleared = 0;                    // --fresh: of plan.jobs, those whose checkpoints are gone
-    Trash::Moved moved;
-    Store::RestartPlan plan;
-    std::size_t part_jobs = 256;  // jobs in the next requeue part
-    common::RestartReply out;
-    Reply reply;  // none for a restart resumed at start
-  };
-  void restart_part(const std::shared_ptr<Restarting>& r);  // the next part of it, or its answer
-  bool choose_part(Restarting& r);   // each returns true once its step is done
-  bool clear_part(Restarting& r);
-  bool requeue_part(Restarting& r);
-  void choose(Restarting& r, JobRecord rec, std::int64_t along);
-  void restart_done(Restarting& r);
-  void release_outside(Restarting& r);
-  void resume_restarts();  // those a crash cut short (Store::unfinished_restarts)
   json cmd_hold(const Caller& caller, const common::SelectRequest& q);
   json cmd_release(const Caller& caller, const common::SelectRequest& q);
   json set_held(const Caller& caller, const common::SelectRequest& q, bool hold);
@@ -186,9 +162,6 @@ class Daemon {
   json cmd_gpus();
   common::GpusReply gpus_reply();  // what `gpus` answers; the metrics' GPU series too
   json cmd_usage();
-  // A user's jobs that are queued or running, or chosen by a restart under way: what max_queued
-  // bounds, on every path that queues jobs (submit, restart).
-  std::int64_t queued_or_running(uid_t owner) const;
   void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.
@@ -276,6 +249,7 @@ class Daemon {
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
   // Where cleaned jobs' files go; declared late, so its thread is joined before the state it posts to goes.
   Trash m_trash;
+  Restarter m_restarter;  // restarts under way, in parts (restarter.hpp)
   Submissions m_submissions;  // submits checked off this thread, then written in parts (submissions.hpp)
 };
 

@@ -1,5 +1,5 @@
 // `usage` (lab mode's users: their limits, fair share's memory of their GPU use and what they hold
-// now) and what max_queued counts of the job table. The rules themselves are users.hpp's; who may
+// now). The rules themselves are users.hpp's; who may
 // act on a job is daemon.cpp's authorize; the order users' jobs start in is scheduler.hpp's fair_order.
 #include <algorithm>
 #include <cmath>
@@ -7,12 +7,6 @@
 #include "daemon/daemon.hpp"
 
 namespace gpuq::daemon {
-
-std::int64_t Daemon::queued_or_running(uid_t owner) const {
-  std::int64_t mine = 0;
-  for (const auto& [_, a] : m_jobs.all()) mine += a.rec.uid == owner;
-  return mine + m_pins.pinned_of(owner);
-}
 
 json Daemon::cmd_usage() {
   const double now = wall_now();

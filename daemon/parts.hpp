@@ -15,6 +15,10 @@ namespace gpuq::daemon {
 // How long one part of a long request may hold gpuqd's thread.
 inline constexpr auto k_part = std::chrono::milliseconds(10);
 
+// A store write that failed (a launch, a job's end, a later part of a restart) is tried again
+// after this long.
+inline constexpr double k_write_retry_s = 5;
+
 // The end of a part begun now: now + k_part, or sooner under the test hook below (parts of 64 jobs).
 std::chrono::steady_clock::time_point part_deadline();
 // The test hook is set ($GPUQ_TEST_PAUSE_PARTS): parts of 64 jobs.

@@ -47,7 +47,7 @@ std::optional<Error> Daemon::accept_submission(Submissions::Batch& s) {
   if (!batch.problems.empty()) return batch.refusal();
   if (!batch.jobs.empty()) {
     try {
-      m_users.check_submission(s.caller, batch.jobs.front().uid, batch.jobs, [this](uid_t u) { return queued_or_running(u); });
+      m_users.check_submission(s.caller, batch.jobs.front().uid, batch.jobs, [this](uid_t u) { return queued_or_running(m_jobs, m_pins, u); });
     } catch (const RequestError& e) {
       return Error{e.code(), e.what()};
     }

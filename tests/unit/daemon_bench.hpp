@@ -1,0 +1,114 @@
+// What the daemon's owners read, filled by hand for unit tests (test_queries, test_restarter): a
+// store in memory, a job table, lab mode's users with made-up names (user<uid>), two fake GPUs and
+// an executor that runs nothing. Jobs are written to the store and filed in the table as the
+// daemon would; no process starts.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/config.hpp"
+#include "daemon/reads.hpp"
+
+namespace gpuq::daemon::testing {
+
+using common::json;
+
+// An executor that is never asked to run anything: the handlers only ask it what it can say.
+struct QuietExecutor : Executor {
+  std::optional<gpuq::Error> start(const Attempt&) override { return std::nullopt; }
+  Found adopt(const Attempt&) override { return Found::alive; }
+  void stop(std::int64_t) override {}
+  Outcome outcome(const Attempt&) override { return Outcome::failed("never ran"); }
+  std::string detail(std::int64_t id) const override { return "on node n" + std::to_string(id); }
+};
+
+struct DaemonBench {
+  boost::asio::io_context io;
+  Config config;
+  std::unique_ptr<Store> store;
+  JobTable jobs;
+  Users users;
+  LastPass last_pass;
+  Inventory inventory;
+  GpuService health;
+  GpuProcesses gpu_processes;
+  HangWatch hangs{0, false};
+  QuietExecutor executor;
+  SlotCores cores{{0, 1, 2, 3}, {}};
+  std::map<std::int64_t, int> batch_limits;
+
+  static Users::Rules lab_mode() {
+    Users::Rules r;
+    r.multi_user = true;
+    return r;
+  }
+  static std::unique_ptr<Store> open() {
+    auto s = Store::open(":memory:");
+    REQUIRE(s);
+    return std::move(*s);
+  }
+  DaemonBench()
+      : store(open()),
+        users(lab_mode(),
+              Users::Directory{[](uid_t uid) { return uid == 0 ? std::string("root") : "user" + std::to_string(uid); },
+                               [](uid_t) -> gpuq::Result<gpuq::common::Account> { return gpuq::Error{}; }}),
+        inventory(std::move(*Inventory::create("fake:2:16000", std::nullopt))),
+        health(io, inventory, *store, 0, [] {}),
+        gpu_processes(io, inventory, 0, [] { return std::vector<GpuProcesses::Running>{}; }, [] {}) {
+    config.state_dir = "/nonexistent/state";
+  }
+  Reads reads() {
+    return {config, *store, jobs, users, last_pass, health, gpu_processes, hangs, executor, inventory, cores, batch_limits};
+  }
+
+  // One batch of `n` jobs of `owner`, written to the store; the queued ones live in the job table.
+  std::vector<std::int64_t> submit(int n, uid_t owner, const std::vector<std::vector<std::size_t>>& deps = {}) {
+    std::vector<JobRecord> recs(n);
+    for (int i = 0; i < n; ++i) {
+      recs[i].uid = owner;
+      recs[i].spec.name = "job" + std::to_string(i);
+      recs[i].spec.command = {"true"};  // a spec the store reads back as written
+      recs[i].spec.cwd = "/";
+      recs[i].spec.gpus = 1;
+      recs[i].spec.labels = {{"lr", "0.1"}};
+    }
+    store->insert_batch(recs, deps.empty() ? std::vector<std::vector<std::size_t>>(n) : deps, "/", json::object(), 100);
+    std::vector<std::int64_t> ids;
+    for (auto& r : recs) {
+      ids.push_back(r.id);
+      jobs.load(r, 100);
+    }
+    return ids;
+  }
+  // Job `id` ended as `state` with `result`: in the store, and out of the job table.
+  void end(std::int64_t id, JobState state, json result = nullptr, std::int64_t blocked_by = 0) {
+    JobRecord r = jobs.at(id).rec;
+    r.blocked_by = blocked_by;
+    r.state = state;
+    r.attempt = 1;
+    r.run.started_at = 110;
+    r.run.ended_at = 120;
+    r.run.result = std::move(result);
+    r.reason = state == JobState::failed ? "exit 3: Traceback (most recent call last)" : "";
+    store->update(r, true);
+    jobs.apply(r);
+  }
+  void run(std::int64_t id, std::vector<int> gpus, double timeout_s = 0) {
+    JobRecord r = jobs.at(id).rec;
+    r.state = JobState::running;
+    r.attempt = 1;
+    r.run.started_at = 110;
+    r.run.gpus = std::move(gpus);
+    r.spec.timeout_s = timeout_s;
+    store->update(r, true);
+    jobs.apply(r);
+  }
+};
+
+}  // namespace gpuq::daemon::testing
