@@ -82,7 +82,7 @@ void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
   }
   try {
     if (c->forget && !part.empty()) {
-      for (auto b : m_store->remove_jobs(part)) m_batch_limits.erase(b);
+      for (auto b : m_store->remove_jobs(part)) m_jobs.set_batch_limit(b, 0);
       for (auto id : part) m_jobs.forget_state(id);
       c->out.forgotten.insert(c->out.forgotten.end(), part.begin(), part.end());
     }

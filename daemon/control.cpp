@@ -128,11 +128,9 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
   });
   json reply = out;
   if (q.max_running) {  // jobs already running past a lowered limit run on, as in Slurm
-    auto it = m_batch_limits.find(q.batch);
-    const common::BatchLimitChange limit{q.batch, *q.max_running, it == m_batch_limits.end() ? 0 : it->second};
+    const common::BatchLimitChange limit{q.batch, *q.max_running, m_jobs.batch_limit(q.batch).value_or(0)};
     m_store->set_batch_limit(q.batch, limit.max_running);
-    if (limit.max_running > 0) m_batch_limits[q.batch] = limit.max_running;
-    else m_batch_limits.erase(q.batch);
+    m_jobs.set_batch_limit(q.batch, limit.max_running);
     reply["batch_limit"] = limit;
     if (m_executor->places_work()) {  // its jobs already there (a Slurm array's tasks) take it too
       std::vector<std::int64_t> handed;

@@ -72,14 +72,14 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
   m_executor->on_handed([this](std::int64_t) {
     if (m_jobs.any_with_deps()) schedule_soon();  // a job may wait for this one to be handed over
   });
-  m_batch_limits = m_store->batch_limits();
+  for (const auto& [batch, limit] : m_store->batch_limits()) m_jobs.set_batch_limit(batch, limit);
 }
 
 Daemon::~Daemon() = default;
 
 Reads Daemon::reads() {
   return {m_config, *m_store, m_jobs, m_users, m_last_pass, m_health, m_gpu_processes, m_hangs, *m_executor,
-          m_inventory, m_cores, m_batch_limits};
+          m_inventory, m_cores};
 }
 
 // ---- recovery -----------------------------------------------------------------------------------

@@ -225,7 +225,6 @@ class Daemon {
   SlotCores m_cores;  // usable cores in slot order, with their NUMA nodes: slot s is core m_cores.cores[s % size]
   JobTable m_jobs;  // queued and running jobs, filed by state (job_table.hpp)
   LastPass m_last_pass;  // what the last scheduling pass said (last_pass.hpp)
-  std::map<std::int64_t, int> m_batch_limits;              // batch -> max_running, for those with one
   Waiters m_waiters;  // `wait`s, answered once their jobs end (waiters.hpp)
   bool m_schedule_posted = false;
   bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back

@@ -86,4 +86,14 @@ void JobTable::unfile(const JobRecord& r) {
   m_held.erase(r.id);
 }
 
+std::optional<int> JobTable::batch_limit(std::int64_t batch) const {
+  const auto it = m_batch_limits.find(batch);
+  return it == m_batch_limits.end() ? std::nullopt : std::optional<int>(it->second);
+}
+
+void JobTable::set_batch_limit(std::int64_t batch, int max_running) {
+  if (max_running > 0) m_batch_limits[batch] = max_running;
+  else m_batch_limits.erase(batch);
+}
+
 }  // namespace gpuq::daemon

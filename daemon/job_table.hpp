@@ -98,6 +98,12 @@ class JobTable {
   void remember_state(std::int64_t id, JobState s) { m_ended[id] = s; }
   void forget_state(std::int64_t id) { m_ended.erase(id); }
 
+  // Batches with a max_running (batch -> how many of its jobs may run at once); set_batch_limit
+  // with 0 lifts one.
+  const std::map<std::int64_t, int>& batch_limits() const { return m_batch_limits; }
+  std::optional<int> batch_limit(std::int64_t batch) const;
+  void set_batch_limit(std::int64_t batch, int max_running);
+
   // Counts changes to what ended jobs are still needed for (a queued job with `after` filed, a
   // new wait, a restart's outside jobs): a long clean rereads the needs when it moved.
   std::uint64_t needs_changed() const { return m_needs_changed; }
@@ -130,6 +136,7 @@ class JobTable {
   std::set<std::int64_t> m_held;       // queued jobs held out of line
   std::unordered_map<std::int64_t, JobState> m_ended;  // dependency lookups
   std::uint64_t m_needs_changed = 0;
+  std::map<std::int64_t, int> m_batch_limits;
 };
 
 }  // namespace gpuq::daemon

@@ -63,7 +63,7 @@ common::ShowReply show(const Reads& reads, const Caller& caller, const common::I
   reads.authorize(caller, rec, "read the details of");  // its environment, result and files
   common::ShowReply out;
   out.job = reads.info_of(rec, caller);
-  if (auto it = reads.batch_limits.find(rec.batch); it != reads.batch_limits.end()) out.batch_max_running = it->second;
+  if (const auto limit = reads.jobs.batch_limit(rec.batch)) out.batch_max_running = *limit;
   out.spec = common::to_json(rec.spec);
   out.history = reads.store.history(q.id);
   for (int a = 1; a <= rec.attempt; ++a)

@@ -43,7 +43,6 @@ struct Reads {
   const Executor& executor;
   const Inventory& inventory;
   const SlotCores& cores;  // slot s is core cores.cores[s % size]
-  const std::map<std::int64_t, int>& batch_limits;  // batch -> max_running, for those with one
 
   std::optional<JobRecord> lookup(std::int64_t id) const;
   // Job `id`, or not_found ("no job N", or "job N was forgotten").

@@ -117,9 +117,9 @@ void Daemon::schedule_now() {
       }
     }
     queue.push_back(q.job);  // in scheduling order already
-    if (q.job.batch != seen_batch && !m_batch_limits.empty()) {
+    if (q.job.batch != seen_batch && !m_jobs.batch_limits().empty()) {
       seen_batch = q.job.batch;
-      if (auto it = m_batch_limits.find(seen_batch); it != m_batch_limits.end()) limits[it->first].limit = it->second;
+      if (const auto limit = m_jobs.batch_limit(seen_batch)) limits[seen_batch].limit = *limit;
     }
   }
   if (!limits.empty())

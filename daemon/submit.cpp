@@ -57,7 +57,7 @@ std::optional<Error> Daemon::accept_submission(Submissions::Batch& s) {
 
 // Every job of a batch is written: they go live.
 void Daemon::submission_written(Submissions::Batch& s) {
-  if (s.max_running > 0) m_batch_limits[s.write.batch] = s.max_running;
+  m_jobs.set_batch_limit(s.write.batch, s.max_running);
   m_jobs.add(s.staged);
   schedule_soon();
 }

@@ -41,7 +41,6 @@ struct DaemonBench {
   HangWatch hangs{0, false};
   QuietExecutor executor;
   SlotCores cores{{0, 1, 2, 3}, {}};
-  std::map<std::int64_t, int> batch_limits;
 
   static Users::Rules lab_mode() {
     Users::Rules r;
@@ -64,7 +63,7 @@ struct DaemonBench {
     config.state_dir = "/nonexistent/state";
   }
   Reads reads() {
-    return {config, *store, jobs, users, last_pass, health, gpu_processes, hangs, executor, inventory, cores, batch_limits};
+    return {config, *store, jobs, users, last_pass, health, gpu_processes, hangs, executor, inventory, cores};
   }
 
   // One batch of `n` jobs of `owner`, written to the store; the queued ones live in the job table.

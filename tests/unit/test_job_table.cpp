@@ -143,4 +143,17 @@ TEST_CASE("filing a queued job with `after` counts as a change to what ended job
   CHECK(t.needs_changed() == before + 2);
 }
 
+
+TEST_CASE("a batch's max_running is kept until lifted with 0") {
+  JobTable t;
+  CHECK_FALSE(t.batch_limit(7));
+  t.set_batch_limit(7, 2);
+  t.set_batch_limit(8, 0);  // no limit: nothing kept
+  CHECK(t.batch_limit(7) == 2);
+  CHECK(t.batch_limits().size() == 1);
+  t.set_batch_limit(7, 0);
+  CHECK_FALSE(t.batch_limit(7));
+  CHECK(t.batch_limits().empty());
+}
+
 TEST_SUITE_END();
