@@ -1,14 +1,30 @@
-// `clean`: freeing ended jobs' files (or forgetting the jobs), a part per turn, through the state
-// dir's trash (trash.hpp), which a thread of its own empties; and forgetting old jobs on a timer.
-#include "daemon/daemon.hpp"
+// Cleaner (cleaner.hpp): freeing ended jobs' files (or forgetting the jobs), a part per turn,
+// through the state dir's trash (trash.hpp), which a thread of its own empties; and forgetting old
+// jobs on a timer.
+#include "daemon/cleaner.hpp"
 
 #include <algorithm>
 #include <iostream>
 
 #include "common/paths.hpp"
+#include "daemon/launcher.hpp"
 #include "daemon/lifecycle.hpp"
+#include "daemon/parts.hpp"
 
 namespace gpuq::daemon {
+
+Cleaner::Cleaner(boost::asio::io_context& io, std::string state_dir, double forget_after_s, Store& store, JobTable& jobs,
+                 const RestartPins& pins, const Waiters& waiters, Trash& trash, std::function<Reads()> reads)
+    : m_io(io),
+      m_state_dir(std::move(state_dir)),
+      m_forget_after_s(forget_after_s),
+      m_store(store),
+      m_jobs(jobs),
+      m_pins(pins),
+      m_waiters(waiters),
+      m_trash(trash),
+      m_reads(std::move(reads)),
+      m_forget_timer(io) {}
 
 // Frees the disk ended jobs' files take: the whole job directory (logs, checkpoints, launch and
 // events files), or only the checkpoints. Their records, state history, events and results stay,
@@ -20,23 +36,23 @@ namespace gpuq::daemon {
 // instant, so a restarted job finds its place free at once; the trash is emptied on a thread of
 // its own, so gpuqd goes on serving while thousands of directories are deleted, and the reply
 // comes when they are gone.
-void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Reply& reply) {
+void Cleaner::start(const Caller& caller, const common::CleanRequest& q, Reply& reply) {
   std::map<std::int64_t, double> ended;  // id -> ended_at
   const char* only = q.forget ? "only a job that has ended can be forgotten"
                               : "only the files of a job that has ended can be removed";
   for (auto id : q.ids) {
-    const JobRecord rec = reads().ended_job(id, only);
-    reads().authorize(caller, rec, q.forget ? "forget" : "clean");
+    const JobRecord rec = m_reads().ended_job(id, only);
+    m_reads().authorize(caller, rec, q.forget ? "forget" : "clean");
     ended[id] = rec.run.ended_at;
   }
   if (q.batch != 0) {
-    if (!m_store->batch_exists(q.batch)) throw reads().missing_batch(q.batch);
-    reads().authorize_batch(caller, q.batch, "clean the batch of");
-    for (const auto& [id, at] : m_store->ended_of_batch(q.batch)) ended[id] = at;
+    if (!m_store.batch_exists(q.batch)) throw m_reads().missing_batch(q.batch);
+    m_reads().authorize_batch(caller, q.batch, "clean the batch of");
+    for (const auto& [id, at] : m_store.ended_of_batch(q.batch)) ended[id] = at;
   }
   if (q.ids.empty() && q.batch == 0) {  // every ended job, or (of one who is no admin) every one of theirs
-    for (auto id : m_store->ended_before(q.ended_before))
-      if (caller.admin || m_store->owner_of(id) == caller.uid) ended[id] = 0;
+    for (auto id : m_store.ended_before(q.ended_before))
+      if (caller.admin || m_store.owner_of(id) == caller.uid) ended[id] = 0;
   } else if (q.ended_before > 0) {
     std::erase_if(ended, [&](const auto& e) { return e.second >= q.ended_before; });
   }
@@ -44,7 +60,7 @@ void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Repl
     const auto needed = still_needed();
     for (auto id : q.ids)
       if (auto it = needed.find(id); it != needed.end())
-        throw RequestError(ErrorCode::wrong_state, job_label(reads().existing_job(id)) + " cannot be forgotten: " + it->second);
+        throw RequestError(ErrorCode::wrong_state, job_label(m_reads().existing_job(id)) + " cannot be forgotten: " + it->second);
   }
   m_trash.make();
   auto c = std::make_shared<Cleaning>();
@@ -52,11 +68,11 @@ void Daemon::cmd_clean(const Caller& caller, const common::CleanRequest& q, Repl
   c->checkpoints_only = q.checkpoints_only;
   for (const auto& [id, _] : ended) c->ids.push_back(id);
   c->reply = std::move(reply);
-  clean_part(c);
+  next_part(c);
 }
 
-void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
-  if (c->next > 0 && paused_between_parts(m_io, [this, c] { clean_part(c); })) return;
+void Cleaner::next_part(const std::shared_ptr<Cleaning>& c) {
+  if (c->next > 0 && paused_between_parts(m_io, [this, c] { next_part(c); })) return;
   if (c->forget && c->needed_as_of != m_jobs.needs_changed()) {
     c->needed = still_needed();
     c->needed_as_of = m_jobs.needs_changed();
@@ -73,7 +89,7 @@ void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
         continue;
       }
     try {
-      const std::string dir = job_dir(m_config.state_dir, id) + (c->checkpoints_only ? "/checkpoints" : "");
+      const std::string dir = job_dir(m_state_dir, id) + (c->checkpoints_only ? "/checkpoints" : "");
       if (auto to = m_trash.move(id, dir, c->checkpoints_only); !to.empty()) c->moved.emplace_back(id, std::move(to));
       part.push_back(id);
     } catch (const RequestError& e) {  // its files stay, and so does its record
@@ -82,7 +98,7 @@ void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
   }
   try {
     if (c->forget && !part.empty()) {
-      for (auto b : m_store->remove_jobs(part)) m_jobs.set_batch_limit(b, 0);
+      for (auto b : m_store.remove_jobs(part)) m_jobs.set_batch_limit(b, 0);
       for (auto id : part) m_jobs.forget_state(id);
       c->out.forgotten.insert(c->out.forgotten.end(), part.begin(), part.end());
     }
@@ -90,22 +106,22 @@ void Daemon::clean_part(const std::shared_ptr<Cleaning>& c) {
     c->failures.push_back(e.what());
     c->next = c->ids.size();
   }
-  if (c->next < c->ids.size()) return asio::post(m_io, [this, c] { clean_part(c); });
+  if (c->next < c->ids.size()) return boost::asio::post(m_io, [this, c] { next_part(c); });
 
   if (!c->failures.empty()) {
     std::string msg = "could not clean " + std::to_string(c->failures.size()) + " job(s) (" +
                       std::to_string(c->moved.size()) + " others' files are being removed" +
                       (c->forget ? ", " + std::to_string(c->out.forgotten.size()) + " jobs were forgotten" : "") + "):";
     for (std::size_t i = 0; i < c->failures.size() && i < 10; ++i) msg += "\n  " + c->failures[i];
-    empty_trash(std::move(c->moved), nullptr);
+    m_trash.empty(std::move(c->moved));
     return c->reply(common::error_reply(ErrorCode::store_error, msg));
   }
   empty_trash(std::move(c->moved), std::move(c->reply), std::move(c->out));
 }
 
-void Daemon::forget_old_jobs() {
-  if (m_config.forget_after_s <= 0) return;
-  const double age = m_config.forget_after_s;
+void Cleaner::forget_old_jobs() {
+  if (m_forget_after_s <= 0) return;
+  const double age = m_forget_after_s;
   Reply log = [age](json reply) {
     if (!reply.value("ok", false)) {
       std::cerr << "gpuqd: forgetting old jobs failed: " << reply.value("error", json::object()).value("message", "") << "\n";
@@ -118,7 +134,7 @@ void Daemon::forget_old_jobs() {
     common::CleanRequest q;
     q.forget = true;
     q.ended_before = std::max(1e-3, wall_now() - age);
-    cmd_clean(Caller::self(), q, log);
+    start(Caller::self(), q, log);
   } catch (const RequestError& e) {
     log(common::error_reply(e.code(), e.what()));
   }
@@ -129,7 +145,7 @@ void Daemon::forget_old_jobs() {
   });
 }
 
-std::map<std::int64_t, std::string> Daemon::still_needed() const {
+std::map<std::int64_t, std::string> Cleaner::still_needed() const {
   std::map<std::int64_t, std::string> needed;
   for (const Active& waiting : m_jobs.with_deps()) {
     const JobRecord& r = waiting.rec;
@@ -143,8 +159,7 @@ std::map<std::int64_t, std::string> Daemon::still_needed() const {
   return needed;
 }
 
-void Daemon::empty_trash(Trash::Moved moved, Reply reply, common::CleanReply out) {
-  if (!reply) return m_trash.empty(std::move(moved));
+void Cleaner::empty_trash(Trash::Moved moved, Reply reply, common::CleanReply out) {
   m_trash.empty(std::move(moved), [reply = std::move(reply), out = std::move(out)](std::int64_t bytes,
                                                                                   std::vector<std::int64_t> cleaned) mutable {
     out.bytes_freed += bytes;

@@ -50,7 +50,6 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_hangs(m_config.hang_after_s, m_config.hang_retry()),
       m_ingest_timer(io),
       m_backoff_timer(io),
-      m_forget_timer(io),
       m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { on_attempt_end(id); })
                  : m_config.executor == "slurm"
                      ? make_slurm_executor(io, {m_config.slurm, m_config.shim_path, m_config.state_dir, m_config.grace_s,
@@ -64,6 +63,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                      land(std::move(changed), write);
                    },
                    [this] { schedule_soon(); }}),
+      m_cleaner(io, m_config.state_dir, m_config.forget_after_s, *m_store, m_jobs, m_pins, m_waiters, m_trash,
+                [this] { return reads(); }),
       m_submissions(
           io, *m_store, [this](Submissions::Batch& b) { return accept_submission(b); },
           [this](Submissions::Batch& b) { submission_written(b); }) {
@@ -138,7 +139,7 @@ void Daemon::recover() {
   m_health.start();
   m_gpu_processes.start(m_inventory.source().rfind("nvml", 0) == 0 && !m_executor->places_work());
   m_hooks.run();
-  forget_old_jobs();
+  m_cleaner.forget_old_jobs();
   schedule_soon();
 }
 
@@ -158,7 +159,9 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::hold, &Daemon::cmd_hold>(),
       now<cmd::release, &Daemon::cmd_release>(),
       now<cmd::update, &Daemon::cmd_update>(),
-      later<cmd::clean, &Daemon::cmd_clean>(),
+      later<cmd::clean, [](Daemon& d, const Caller& c, const common::CleanRequest& q, Reply& r) {
+        d.m_cleaner.start(c, q, r);
+      }>(),
       later<cmd::wait, &Daemon::cmd_wait>(),
       now<cmd::results, &queries::results>(),
       now<cmd::events, &queries::events>(),

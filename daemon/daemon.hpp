@@ -30,6 +30,7 @@
 #include "daemon/config.hpp"
 #include "common/protocol.hpp"
 #include "common/users.hpp"
+#include "daemon/cleaner.hpp"
 #include "daemon/executor.hpp"
 #include "daemon/gpu_service.hpp"
 #include "daemon/gpu_processes.hpp"
@@ -133,23 +134,6 @@ class Daemon {
   json cmd_hold(const Caller& caller, const common::SelectRequest& q);
   json cmd_release(const Caller& caller, const common::SelectRequest& q);
   json set_held(const Caller& caller, const common::SelectRequest& q, bool hold);
-  void cmd_clean(const Caller& caller, const common::CleanRequest& q, Reply& reply);  // answers once the files are deleted
-  struct Cleaning {  // a clean under way: its jobs, and what became of those done so far
-    bool forget = false, checkpoints_only = false;
-    std::vector<std::int64_t> ids;  // chosen, ascending
-    std::size_t next = 0;           // the first of `ids` not yet done
-    std::map<std::int64_t, std::string> needed;  // still_needed() as of m_jobs.needs_changed() == needed_as_of
-    std::uint64_t needed_as_of = ~std::uint64_t{0};
-    Trash::Moved moved;  // job, its files' place in the trash
-    std::vector<std::string> failures;
-    common::CleanReply out;
-    Reply reply;
-  };
-  void clean_part(const std::shared_ptr<Cleaning>& c);  // the next ~10 ms of it, or its answer
-  // Deletes `moved` (Trash::empty); then answers `reply`, where given, with `out` and what was freed.
-  void empty_trash(Trash::Moved moved, Reply reply, common::CleanReply out = {});
-  // Ended jobs that a queued job's `after` or a pending wait names: id -> why it must stay.
-  std::map<std::int64_t, std::string> still_needed() const;
   json cmd_update(const Caller& caller, const common::UpdateRequest& q);
   json cmd_drain(const Caller& caller, const common::DrainRequest& q);
   json cmd_undrain(const Caller& caller, const common::DrainRequest& q);
@@ -157,8 +141,6 @@ class Daemon {
   // outside gpuq that grew on its GPUs; for any failure, the Xids its GPUs reported meanwhile.
   // "" when nothing.
   std::string gpu_failure_notes(const JobRecord& r, const json& failure);
-  // Every so often, forgets the jobs that ended over forget_after_s ago (as clean --forget --older-than).
-  void forget_old_jobs();
   json cmd_gpus();
   common::GpusReply gpus_reply();  // what `gpus` answers; the metrics' GPU series too
   json cmd_usage();
@@ -242,13 +224,13 @@ class Daemon {
   HangWatch m_hangs;  // running jobs silent too long (hang_watch.hpp)
   asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
-  asio::steady_timer m_forget_timer;
   RestartPins m_pins;  // the jobs restarts under way hold (restart_pins.hpp)
   bool m_ingest_armed = false;
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
   // Where cleaned jobs' files go; declared late, so its thread is joined before the state it posts to goes.
   Trash m_trash;
   Restarter m_restarter;  // restarts under way, in parts (restarter.hpp)
+  Cleaner m_cleaner;  // cleans under way, in parts, and forgetting old jobs (cleaner.hpp)
   Submissions m_submissions;  // submits checked off this thread, then written in parts (submissions.hpp)
 };
 
