@@ -45,9 +45,6 @@ json Daemon::cmd_cancel(const Caller& caller, const common::IdsRequest& q) {
   return out;
 }
 
-json Daemon::cmd_hold(const Caller& caller, const common::SelectRequest& q) { return set_held(caller, q, true); }
-json Daemon::cmd_release(const Caller& caller, const common::SelectRequest& q) { return set_held(caller, q, false); }
-
 // Holds queued jobs out of line (as Slurm's hold: they keep their place in the history, reserve
 // nothing, and start only once released), or releases them. Holding needs every named job to be
 // queued, or nothing is held; releasing a job that is not held changes nothing. With a batch,

@@ -1,8 +1,7 @@
 // gpuqd's core (see daemon.hpp): construction, recovery at start, request dispatch and `wait`. The
 // handlers live in files by group: queries.cpp (status, show, why, events, results: functions of
 // reads.hpp's Reads), submit.cpp, control.cpp (cancel, hold, release, update), restart.cpp,
-// clean.cpp, gpus.cpp (gpus, drain), lab.cpp (lab mode's users: limits, fair share's memory,
-// usage); running.cpp runs the jobs; metrics.cpp answers Prometheus.
+// clean.cpp, gpus.cpp (gpus, drain), running.cpp runs the jobs; metrics.cpp answers Prometheus.
 #include "daemon/daemon.hpp"
 
 #include <unistd.h>
@@ -148,7 +147,7 @@ void Daemon::recover() {
 const std::vector<Daemon::Command>& Daemon::commands() {
   namespace cmd = common::cmd;
   static const std::vector<Command> k_commands{
-      now<cmd::hello, &Daemon::cmd_hello>(),
+      now<cmd::hello, &queries::hello>(),
       later<cmd::submit, &Daemon::cmd_submit>(),
       now<cmd::status, &queries::status>(),
       now<cmd::show, &queries::show>(),
@@ -156,8 +155,8 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       later<cmd::restart, [](Daemon& d, const Caller& c, const common::RestartRequest& q, Reply& r) {
         d.m_restarter.start(c, q, r);
       }>(),
-      now<cmd::hold, &Daemon::cmd_hold>(),
-      now<cmd::release, &Daemon::cmd_release>(),
+      now<cmd::hold, [](Daemon& d, const Caller& c, const common::SelectRequest& q) { return d.set_held(c, q, true); }>(),
+      now<cmd::release, [](Daemon& d, const Caller& c, const common::SelectRequest& q) { return d.set_held(c, q, false); }>(),
       now<cmd::update, &Daemon::cmd_update>(),
       later<cmd::clean, [](Daemon& d, const Caller& c, const common::CleanRequest& q, Reply& r) {
         d.m_cleaner.start(c, q, r);
@@ -166,10 +165,10 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::results, &queries::results>(),
       now<cmd::events, &queries::events>(),
       now<cmd::gpus, &Daemon::cmd_gpus>(),
-      now<cmd::drain, &Daemon::cmd_drain>(),
-      now<cmd::undrain, &Daemon::cmd_undrain>(),
+      now<cmd::drain, [](Daemon& d, const Caller& c, const common::DrainRequest& q) { return d.set_drained(c, q, true); }>(),
+      now<cmd::undrain, [](Daemon& d, const Caller& c, const common::DrainRequest& q) { return d.set_drained(c, q, false); }>(),
       now<cmd::why, &queries::why>(),
-      now<cmd::usage, &Daemon::cmd_usage>(),
+      now<cmd::usage, &queries::usage>(),
       {cmd::shutdown.name, &Daemon::cmd_shutdown},
   };
   return k_commands;
@@ -211,16 +210,6 @@ void Daemon::cmd_shutdown(const Caller& caller, const json&, Reply& reply) {
   reads().authorize_admin(caller, "stop gpuqd");
   reply(common::ok_reply());
   if (on_shutdown) asio::post(m_io, on_shutdown);
-}
-
-json Daemon::cmd_hello(const Caller& caller, const common::HelloRequest& hello) {
-  if (hello.protocol_version != common::k_protocol_version)
-    throw RequestError(ErrorCode::version_mismatch,
-                       "client speaks protocol " + std::to_string(hello.protocol_version) + ", gpuqd " GPUQ_VERSION
-                       " speaks " + std::to_string(common::k_protocol_version) + "; use matching gpuq and gpuqd");
-  // Any minor of this major: what the client adds, this gpuqd ignores (common/protocol.hpp).
-  return common::HelloReply{common::k_protocol_version, common::k_protocol_minor, GPUQ_VERSION, static_cast<int>(::getpid()), m_config.state_dir,
-                            m_config.multi_user, m_users.name_of(caller.uid), caller.admin};
 }
 
 // ---- wait ---------------------------------------------------------------------------------------

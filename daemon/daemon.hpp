@@ -126,24 +126,19 @@ class Daemon {
 
 
   // Handlers, by group: see the files named in daemon.cpp.
-  json cmd_hello(const Caller& caller, const common::HelloRequest& q);
   void cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& reply);  // answers once the batch is written
   std::optional<Error> accept_submission(Submissions::Batch& s);  // Submissions::Accept
   void submission_written(Submissions::Batch& s);                 // Submissions::Written
   json cmd_cancel(const Caller& caller, const common::IdsRequest& q);
-  json cmd_hold(const Caller& caller, const common::SelectRequest& q);
-  json cmd_release(const Caller& caller, const common::SelectRequest& q);
   json set_held(const Caller& caller, const common::SelectRequest& q, bool hold);
   json cmd_update(const Caller& caller, const common::UpdateRequest& q);
-  json cmd_drain(const Caller& caller, const common::DrainRequest& q);
-  json cmd_undrain(const Caller& caller, const common::DrainRequest& q);
+  json set_drained(const Caller& caller, const common::DrainRequest& q, bool drained);  // drain, undrain (admins')
   // What the GPUs say of a failed attempt: for CUDA out of memory, its peak and the processes
   // outside gpuq that grew on its GPUs; for any failure, the Xids its GPUs reported meanwhile.
   // "" when nothing.
   std::string gpu_failure_notes(const JobRecord& r, const json& failure);
   json cmd_gpus();
   common::GpusReply gpus_reply();  // what `gpus` answers; the metrics' GPU series too
-  json cmd_usage();
   void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.

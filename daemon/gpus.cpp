@@ -67,14 +67,9 @@ common::GpusReply Daemon::gpus_reply() {
   return out;
 }
 
-json Daemon::cmd_drain(const Caller& caller, const common::DrainRequest& q) {
-  reads().authorize_admin(caller, "drain GPUs");
-  m_health.set_drained(q, true);
-  return cmd_gpus();
-}
-json Daemon::cmd_undrain(const Caller& caller, const common::DrainRequest& q) {
-  reads().authorize_admin(caller, "undrain GPUs");
-  m_health.set_drained(q, false);
+json Daemon::set_drained(const Caller& caller, const common::DrainRequest& q, bool drained) {
+  reads().authorize_admin(caller, drained ? "drain GPUs" : "undrain GPUs");
+  m_health.set_drained(q, drained);
   return cmd_gpus();
 }
 

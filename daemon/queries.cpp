@@ -1,6 +1,8 @@
-// The read-only requests (status, show, why, events, results) and the answer to a `wait`: functions
+// The read-only requests (hello, status, show, why, events, results, usage) and the answer to a `wait`: functions
 // of what they read (reads.hpp) and the request, no more.
 #include "daemon/reads.hpp"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -232,6 +234,55 @@ common::JobsReply wait_answer(const Reads& reads, const Caller& caller, const st
   for (auto id : ids)
     if (auto rec = reads.lookup(id); rec && !reads.add_to_reply(out, *rec, bytes, caller)) break;
   out.timed_out = timed_out;
+  return out;
+}
+
+// `hello`: the protocol's version, refused only across a major (common/protocol.hpp), and who the
+// caller is.
+common::HelloReply hello(const Reads& reads, const Caller& caller, const common::HelloRequest& q) {
+  if (q.protocol_version != common::k_protocol_version)
+    throw RequestError(ErrorCode::version_mismatch,
+                       "client speaks protocol " + std::to_string(q.protocol_version) + ", gpuqd " GPUQ_VERSION
+                       " speaks " + std::to_string(common::k_protocol_version) + "; use matching gpuq and gpuqd");
+  // Any minor of this major: what the client adds, this gpuqd ignores.
+  return common::HelloReply{common::k_protocol_version, common::k_protocol_minor, GPUQ_VERSION, static_cast<int>(::getpid()),
+                            reads.config.state_dir, reads.config.multi_user, reads.users.name_of(caller.uid), caller.admin};
+}
+
+// `usage`: lab mode's users, their limits, fair share's memory of their GPU use and what they hold
+// now. The rules themselves are users.hpp's; the order users' jobs start in is scheduler.hpp's
+// fair_order.
+common::UsageReply usage(const Reads& reads, const Caller&, const common::NoFields&) {
+  const double now = wall_now();
+  std::map<uid_t, common::UserUsage> users;
+  const auto row = [&](uid_t uid) -> common::UserUsage& {
+    auto [it, fresh] = users.try_emplace(uid);
+    if (fresh) {
+      it->second.uid = uid;
+      it->second.user = reads.users.name_of(uid);
+      if (const auto* l = reads.users.limits_of(uid)) {
+        it->second.max_running = l->max_running;
+        it->second.max_gpus = l->max_gpus;
+        it->second.max_queued = l->max_queued;
+      }
+    }
+    return it->second;
+  };
+  for (const auto& [uid, used] : reads.users.recent_uses(now)) row(uid).gpu_hours = used / 3600;
+  for (const auto& [id, a] : reads.jobs.all()) {
+    auto& u = row(a.rec.uid);
+    if (a.rec.state == JobState::running) {
+      ++u.running;
+      u.gpus += static_cast<int>(a.rec.run.gpus.size());
+      u.gpu_hours += static_cast<double>(a.rec.run.gpus.size()) * std::max(0.0, now - a.rec.run.started_at) / 3600;
+    } else {
+      ++u.queued;
+    }
+  }
+  common::UsageReply out{reads.config.multi_user, reads.config.usage_half_life_s, {}};
+  for (auto& [_, u] : users) out.users.push_back(std::move(u));
+  std::stable_sort(out.users.begin(), out.users.end(),
+                   [](const auto& a, const auto& b) { return a.gpu_hours < b.gpu_hours; });
   return out;
 }
 

@@ -79,6 +79,8 @@ struct Reads {
 
 // The read-only handlers (queries.cpp).
 namespace queries {
+common::HelloReply hello(const Reads& r, const Caller& caller, const common::HelloRequest& q);
+common::UsageReply usage(const Reads& r, const Caller& caller, const common::NoFields& q);
 common::JobsReply status(const Reads& r, const Caller& caller, const common::StatusRequest& q);
 common::ShowReply show(const Reads& r, const Caller& caller, const common::IdRequest& q);
 // What a queued job waits for, a sentence each, and when it may start at the earliest.

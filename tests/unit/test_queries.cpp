@@ -140,3 +140,35 @@ TEST_CASE("status without all bounds the queue it lists, and counts the whole of
   CHECK(reply.queued_total == 5);
   CHECK(reply.total == 5);
 }
+
+TEST_CASE("hello refuses another major version and takes any minor; it says who the caller is") {
+  DaemonBench b;
+  gpuq::common::HelloRequest q;
+  const auto reply = queries::hello(b.reads(), k_alice, q);
+  CHECK(reply.user == "user1001");
+  CHECK_FALSE(reply.admin);
+  CHECK(reply.multi_user == b.config.multi_user);
+  q.protocol_version = gpuq::common::k_protocol_version + 1;
+  std::string message;
+  CHECK(refusal([&] { queries::hello(b.reads(), k_alice, q); }, message) == ErrorCode::version_mismatch);
+  CHECK(message.find("client speaks protocol " + std::to_string(q.protocol_version)) != std::string::npos);
+}
+
+TEST_CASE("usage counts each user's queued and running jobs and the GPUs they hold") {
+  DaemonBench b;
+  const auto alice = b.submit(3, k_alice.uid);
+  const auto bob = b.submit(1, k_bob.uid);
+  b.run(alice[0], {0});
+  b.run(alice[1], {1});
+  b.end(bob[0], JobState::succeeded);
+  const auto reply = queries::usage(b.reads(), k_bob, {});
+  REQUIRE(reply.users.size() == 1);  // bob has nothing queued or running, and no use recorded
+  const auto& u = reply.users[0];
+  CHECK(u.user == "user1001");
+  CHECK(u.running == 2);
+  CHECK(u.gpus == 2);
+  CHECK(u.queued == 1);
+  CHECK(u.gpu_hours > 0);  // started at 110 (unix time), so hours of it by now
+}
+
+TEST_SUITE_END();
