@@ -143,8 +143,13 @@ class Metrics(DaemonTest):
             urllib.request.urlopen(self.url.replace("/metrics", "/admin"), timeout=30)
         self.assertEqual(e.exception.code, 404)
         with socket.create_connection(("127.0.0.1", self.port)) as s:
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
             reply = b""
+            try:
+                # gpuqd answers 431 and closes once the header passes its limit, which may be before
+                # the megabyte is all sent: the rest then meets a closed socket (EPIPE or a reset).
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
             try:
                 while chunk := s.recv(65536):
                     reply += chunk
