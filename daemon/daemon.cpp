@@ -1,7 +1,8 @@
 // gpuqd's core (see daemon.hpp): construction, recovery at start, request dispatch and `wait`. The
-// handlers live in files by group: queries.cpp (status, show, why, events, results: functions of
-// reads.hpp's Reads), submit.cpp, control.cpp (cancel, hold, release, update), restart.cpp,
-// clean.cpp, gpus.cpp (gpus, drain), running.cpp runs the jobs; metrics.cpp answers Prometheus.
+// handlers live in files by group: queries.cpp (hello, status, show, why, events, results, usage:
+// functions of reads.hpp's Reads), submit.cpp, control.cpp (cancel, hold, release, update),
+// gpus.cpp (gpus, drain); restart and clean are their owners' (restarter.hpp, cleaner.hpp).
+// running.cpp runs the jobs; metrics.cpp answers Prometheus.
 #include "daemon/daemon.hpp"
 
 #include <unistd.h>
@@ -215,8 +216,8 @@ void Daemon::cmd_shutdown(const Caller& caller, const json&, Reply& reply) {
 // ---- wait ---------------------------------------------------------------------------------------
 
 void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply) {
-  for (auto id : q.ids)  // all known, or no wait (one index probe each)
-    if (!m_jobs.contains(id) && !m_store->exists(id)) reads().existing_job(id);
+  const Reads known = reads();
+  for (auto id : q.ids) known.require_job(id);  // all known, or no wait
   m_waiters.add(caller, std::set<std::int64_t>(q.ids.begin(), q.ids.end()), std::move(reply), q.timeout_s);
   m_jobs.need_changed();
   notify_waiters();

@@ -198,8 +198,7 @@ common::JobsReply results(const Reads& reads, const Caller& caller, const common
   // polling many ids pages through them); then one page of them, in id order.
   std::vector<std::int64_t> ids = q.ids;  // ascending, each once
   if (q.after == 0)
-    for (auto id : ids)
-      if (!reads.jobs.contains(id) && !reads.store.exists(id)) reads.existing_job(id);  // not_found, saying why
+    for (auto id : ids) reads.require_job(id);
   // Of the batch, only the page's worth after `after`: the union's first page lies within it.
   std::vector<JobRecord> batch_rows;
   if (q.batch) {

@@ -28,6 +28,10 @@ JobRecord Reads::existing_job(std::int64_t id) const {
   return std::move(*rec);
 }
 
+void Reads::require_job(std::int64_t id) const {
+  if (!jobs.contains(id) && !store.exists(id)) existing_job(id);  // not_found, saying why
+}
+
 std::string Reads::missing_job(std::int64_t id) const {
   return "job " + std::to_string(id) + ", which " + (store.was_removed(id) ? k_forgotten : "does not exist");
 }

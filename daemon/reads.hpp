@@ -47,6 +47,8 @@ struct Reads {
   std::optional<JobRecord> lookup(std::int64_t id) const;
   // Job `id`, or not_found ("no job N", or "job N was forgotten").
   JobRecord existing_job(std::int64_t id) const;
+  // Nothing when job `id` exists (one index probe, no record read); else not_found, as existing_job.
+  void require_job(std::int64_t id) const;
   // Job `id`, which must have ended: else not_found, or wrong_state "job N (name) is S; <only>".
   JobRecord ended_job(std::int64_t id, const std::string& only) const;
   // "job N, which does not exist" or "…, which was forgotten": what to say of an id not found.

@@ -4,8 +4,11 @@
 #include <doctest/doctest.h>
 
 #include "daemon/gpu_service.hpp"
+#include "tests/unit/refusal.hpp"
 
 using namespace gpuq::daemon;
+
+using gpuq::testing::refusal;
 
 namespace {
 
@@ -24,17 +27,6 @@ struct Bench {
     return GpuService(io, inventory, *store, interval_s, [this] { ++changed; });
   }
 };
-
-gpuq::ErrorCode refusal(const std::function<void()>& f, std::string& message) {
-  try {
-    f();
-  } catch (const gpuq::RequestError& e) {
-    message = e.what();
-    return e.code();
-  }
-  FAIL("not refused");
-  return gpuq::ErrorCode::internal;
-}
 
 }  // namespace
 

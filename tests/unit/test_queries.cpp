@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/unit/daemon_bench.hpp"
+#include "tests/unit/refusal.hpp"
 
 using namespace gpuq::daemon;
 using gpuq::daemon::testing::DaemonBench;
@@ -18,6 +19,8 @@ using gpuq::JobState;
 using gpuq::RequestError;
 using gpuq::common::json;
 
+using gpuq::testing::refusal;
+
 namespace {
 
 gpuq::common::JobInfo find(const gpuq::common::JobsReply& reply, std::int64_t id) {
@@ -25,18 +28,6 @@ gpuq::common::JobInfo find(const gpuq::common::JobsReply& reply, std::int64_t id
     if (j.id == id) return j;
   FAIL("job " << id << " is not in the reply");
   return {};
-}
-
-// The refusal `f` throws: its code, and its message in `message`.
-ErrorCode refusal(const std::function<void()>& f, std::string& message) {
-  try {
-    f();
-  } catch (const RequestError& e) {
-    message = e.what();
-    return e.code();
-  }
-  FAIL("not refused");
-  return ErrorCode::internal;
 }
 
 bool has(const std::vector<std::string>& lines, const std::string& part) {

@@ -12,6 +12,7 @@
 #include "daemon/lifecycle.hpp"
 #include "daemon/restarter.hpp"
 #include "tests/unit/daemon_bench.hpp"
+#include "tests/unit/refusal.hpp"
 
 using namespace gpuq::daemon;
 using gpuq::daemon::testing::DaemonBench;
@@ -19,6 +20,8 @@ using gpuq::ErrorCode;
 using gpuq::JobState;
 using gpuq::RequestError;
 using gpuq::common::json;
+
+using gpuq::testing::refusal;
 
 namespace {
 
@@ -66,17 +69,6 @@ gpuq::common::RestartRequest of(std::vector<std::int64_t> ids) {
   gpuq::common::RestartRequest q;
   q.ids = std::move(ids);
   return q;
-}
-
-ErrorCode refusal(const std::function<void()>& f, std::string& message) {
-  try {
-    f();
-  } catch (const RequestError& e) {
-    message = e.what();
-    return e.code();
-  }
-  FAIL("not refused");
-  return ErrorCode::internal;
 }
 
 }  // namespace

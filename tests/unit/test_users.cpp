@@ -9,10 +9,13 @@
 #include <map>
 
 #include "daemon/users.hpp"
+#include "tests/unit/refusal.hpp"
 
 using namespace gpuq::daemon;
 using gpuq::ErrorCode;
 using gpuq::RequestError;
+
+using gpuq::testing::refusal;
 
 namespace {
 
@@ -62,17 +65,6 @@ JobRecord job(uid_t owner, int gpus, int priority = 0) {
   r.spec.gpus = gpus;
   r.spec.priority = priority;
   return r;
-}
-
-ErrorCode refusal(const std::function<void()>& f, std::string* message = nullptr) {
-  try {
-    f();
-  } catch (const RequestError& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  FAIL("not refused");
-  return ErrorCode::internal;
 }
 
 }  // namespace
