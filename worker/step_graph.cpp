@@ -86,11 +86,15 @@ class CudaStepGraph final : public StepGraph {
 
 class EmulatedStepGraph final : public StepGraph {
  public:
-  EmulatedStepGraph(std::function<void()> before_replay, bool fail_capture)
-      : m_before_replay(std::move(before_replay)), m_fail_capture(fail_capture) {}
+  EmulatedStepGraph(std::function<void()> before_replay, std::function<bool()> others_quiet, bool fail_capture)
+      : m_before_replay(std::move(before_replay)), m_others_quiet(std::move(others_quiet)), m_fail_capture(fail_capture) {}
 
   void capture(const std::function<void()>& body) override {
     if (m_fail_capture) throw std::runtime_error("operation not permitted when stream is capturing (emulated)");
+    if (!m_others_quiet())
+      throw std::runtime_error(
+          "operation not permitted when stream is capturing (emulated: another thread may make CUDA calls during the "
+          "capture)");
     m_body = body;
   }
 
@@ -102,6 +106,7 @@ class EmulatedStepGraph final : public StepGraph {
 
  private:
   std::function<void()> m_before_replay;
+  std::function<bool()> m_others_quiet;
   bool m_fail_capture;
   std::function<void()> m_body;
 };
@@ -116,8 +121,9 @@ std::unique_ptr<StepGraph> make_cuda_step_graph([[maybe_unused]] int device, [[m
 #endif
 }
 
-std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay, bool fail_capture) {
-  return std::make_unique<EmulatedStepGraph>(std::move(before_replay), fail_capture);
+std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay,
+                                                    std::function<bool()> others_quiet, bool fail_capture) {
+  return std::make_unique<EmulatedStepGraph>(std::move(before_replay), std::move(others_quiet), fail_capture);
 }
 
 }  // namespace gpuq::worker

@@ -35,7 +35,11 @@ std::unique_ptr<StepGraph> make_cuda_step_graph(int device, bool fail_capture = 
 // the gradients there, which a real replay overwrites) and runs the body again. The trainer's
 // data flow around a graph — static batches refilled, the loss read from the capture's output —
 // then runs, and is tested, on the CPU (gpuq-worker --emulate-cuda-graph). With `fail_capture`
-// the capture throws, as a CUDA capture does on work it cannot record (--fail-capture).
-std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay, bool fail_capture = false);
+// the capture throws, as a CUDA capture does on work it cannot record (--fail-capture). It also
+// throws unless `others_quiet()`: CUDA's global capture mode (PyTorch's default) fails a capture
+// when another thread makes a CUDA call during it, so the trainer must hold its other threads (the
+// host data's gathering thread) still, and the emulation checks that it did.
+std::unique_ptr<StepGraph> make_emulated_step_graph(std::function<void()> before_replay,
+                                                    std::function<bool()> others_quiet, bool fail_capture = false);
 
 }  // namespace gpuq::worker

@@ -102,6 +102,7 @@ class Loader {
       return;
     }
     m_stopping = false;
+    m_paused = false;
     m_error = nullptr;
     m_thread = std::thread([this, count] { produce(count); });
   }
@@ -126,6 +127,32 @@ class Loader {
     auto [xb, yb] = pop_gathered();
     x.copy_(xb, /*non_blocking=*/true);
     y.copy_(yb, /*non_blocking=*/true);
+  }
+
+  // Holds the gathering thread still between batches until resume(). A CUDA graph's capture
+  // (global mode, PyTorch's default) fails when another thread makes a CUDA call meanwhile, and
+  // gathering does: pinned allocations, and the host allocator's event queries. Returns once the
+  // thread is between batches.
+  void pause() {
+    if (!m_thread.joinable()) return;
+    std::unique_lock<std::mutex> lock(m_mutex);
+    m_paused = true;
+    m_idle.wait(lock, [this] { return !m_gathering; });
+  }
+  void resume() {
+    {
+      std::lock_guard<std::mutex> lock(m_mutex);
+      m_paused = false;
+    }
+    m_space.notify_all();
+  }
+
+  // Whether no other thread of the loader's may make a CUDA call now: none runs, or it is paused
+  // between batches.
+  bool quiet() {
+    if (!m_thread.joinable()) return true;
+    std::lock_guard<std::mutex> lock(m_mutex);
+    return m_paused && !m_gathering;
   }
 
   void stop() {
@@ -157,19 +184,27 @@ class Loader {
     try {
       const bool pin = m_device.is_cuda();
       for (std::int64_t k = 0; k < count; ++k) {
+        {
+          std::unique_lock<std::mutex> lock(m_mutex);
+          m_space.wait(lock, [this] { return (m_queue.size() < k_depth && !m_paused) || m_stopping; });
+          if (m_stopping) return;
+          m_gathering = true;
+        }
         auto rows = m_order.narrow(0, k * m_micro, m_micro);
         auto xb = torch::empty({m_micro, m_x.size(1)}, m_x.options().pinned_memory(pin));
         auto yb = torch::empty({m_micro}, m_y.options().pinned_memory(pin));
         torch::index_select_out(xb, m_x, 0, rows);
         torch::index_select_out(yb, m_y, 0, rows);
-        std::unique_lock<std::mutex> lock(m_mutex);
-        m_space.wait(lock, [this] { return m_queue.size() < k_depth || m_stopping; });
-        if (m_stopping) return;
+        std::lock_guard<std::mutex> lock(m_mutex);
+        m_gathering = false;
+        m_idle.notify_all();
         m_queue.emplace_back(std::move(xb), std::move(yb));
         m_ready.notify_one();
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(m_mutex);
+      m_gathering = false;
+      m_idle.notify_all();
       m_error = std::current_exception();
       m_ready.notify_one();
     }
@@ -181,7 +216,8 @@ class Loader {
   std::int64_t m_micro = 1, m_next = 0;
   std::thread m_thread;
   std::mutex m_mutex;
-  std::condition_variable m_ready, m_space;
+  std::condition_variable m_ready, m_space, m_idle;
+  bool m_paused = false, m_gathering = false;
   std::deque<std::pair<torch::Tensor, torch::Tensor>> m_queue;
   bool m_stopping = false;
   std::exception_ptr m_error;
@@ -357,6 +393,11 @@ class GraphedStep {
     for (auto& [x, y] : m_inputs) data.next_into(x, y);
     if (!m_captured) {
       clear_gradients(params);  // so the captured backward assigns gradients rather than adding to them
+      data.pause();  // no other thread's CUDA calls during the capture
+      struct Resume {
+        Loader& data;
+        ~Resume() { data.resume(); }
+      } resume{data};
       try {
         m_graph->capture([&] { m_loss = forward_backward([this](int m) { return m_inputs[m]; }); });
       } catch (const c10::Error& e) {
@@ -601,8 +642,10 @@ int choose_step_graph(Run& r) {
     return 2;
   }
   if (obstacle.empty()) {
-    auto graph = r.o.emulate_cuda_graph ? make_emulated_step_graph([&r] { clear_gradients(r.params); }, r.o.fail_capture)
-                                        : make_cuda_step_graph(r.device.index(), r.o.fail_capture);
+    auto graph = r.o.emulate_cuda_graph
+                     ? make_emulated_step_graph([&r] { clear_gradients(r.params); },
+                                                [&r] { return r.train_data->quiet(); }, r.o.fail_capture)
+                     : make_cuda_step_graph(r.device.index(), r.o.fail_capture);
     r.graphed = std::make_unique<GraphedStep>(std::move(graph), *r.train_data, r.device, r.micro, r.spec.accumulate);
   } else if (r.spec.cuda_graph == "auto") {
     std::cout << "rank " << r.o.rank << ": eager steps, no CUDA graph: " << obstacle << std::endl;
