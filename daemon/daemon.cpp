@@ -47,8 +47,6 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_waiters(io, [this](const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out) {
         return common::ok_reply(queries::wait_answer(reads(), caller, ids, timed_out));
       }),
-      m_hangs(m_config.hang_after_s, m_config.hang_retry()),
-      m_ingest_timer(io),
       m_backoff_timer(io),
       m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { on_attempt_end(id); })
                  : m_config.executor == "slurm"
@@ -56,6 +54,10 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                                                 m_config.slurm_poll_s},
                                            [this](std::int64_t id) { on_attempt_end(id); })
                      : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })),
+      m_events(io, m_config, *m_store, m_jobs, *m_executor, m_inventory,
+               {[this](std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write) {
+                 land(std::move(changed), write);
+               }}),
       m_trash(io, m_config.state_dir),
       m_restarter(io, m_config.state_dir, *m_store, m_jobs, m_pins, m_trash, m_users,
                   {[this] { return reads(); },
@@ -79,7 +81,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
 Daemon::~Daemon() = default;
 
 Reads Daemon::reads() {
-  return {m_config, *m_store, m_jobs, m_users, m_last_pass, m_health, m_gpu_processes, m_hangs, *m_executor,
+  return {m_config, *m_store, m_jobs, m_users, m_last_pass, m_health, m_gpu_processes, m_events.hangs(), *m_executor,
           m_inventory, m_cores};
 }
 
@@ -135,7 +137,7 @@ void Daemon::recover() {
       m_users.add_use(uid, gpu_s, at);
   }
   m_restarter.resume();
-  arm_ingest_timer();
+  m_events.arm();
   m_health.start();
   m_gpu_processes.start(m_inventory.source().rfind("nvml", 0) == 0 && !m_executor->places_work());
   m_hooks.run();

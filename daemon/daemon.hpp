@@ -1,5 +1,5 @@
 // gpuqd's core: the job table and its indexes, the command table and the request handlers (in
-// files by group, named in daemon.cpp), scheduling, recovery after a restart and event ingestion.
+// files by group, named in daemon.cpp), scheduling and recovery after a restart.
 // States change through lifecycle.hpp's transition() and land through commit(); job processes are
 // the Executor's (executor.hpp). Single-threaded on one io_context: handlers, process exits and
 // timers never race. (Two helper threads, which touch no
@@ -31,10 +31,10 @@
 #include "common/protocol.hpp"
 #include "common/users.hpp"
 #include "daemon/cleaner.hpp"
+#include "daemon/event_tick.hpp"
 #include "daemon/executor.hpp"
 #include "daemon/gpu_service.hpp"
 #include "daemon/gpu_processes.hpp"
-#include "daemon/hang_watch.hpp"
 #include "daemon/hooks.hpp"
 #include "daemon/inventory.hpp"
 #include "daemon/job_table.hpp"
@@ -179,13 +179,6 @@ class Daemon {
   void apply(JobRecord rec);
   // Metrics' counters for a job's change of state (`was`: nullopt for one new to memory).
   void count_transition(Active& a, std::optional<JobState> was, const JobRecord& now);
-  // Reads new event lines of the job's ranks into its record and the store. `ended`: the job's
-  // processes are gone, so a last line without its newline is read too. False: the store
-  // refused some (they are read again next time).
-  bool ingest(Active& a, bool ended = false);
-  // The hang watch over the running jobs (hang_watch.hpp), from the event tick: stops those it says.
-  void check_hangs(double now);
-  void arm_ingest_timer();
   void notify_waiters();
 
   // What the handlers read through (reads.hpp), over this daemon's owners.
@@ -205,23 +198,13 @@ class Daemon {
   Waiters m_waiters;  // `wait`s, answered once their jobs end (waiters.hpp)
   bool m_schedule_posted = false;
   bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back
-  static constexpr std::int64_t k_max_events_bytes = 64 << 20;  // of a rank's events file, ever read
-  static constexpr std::int64_t k_events_per_call = 8 << 20;    // read by one ingest while the job runs
-  // Reads of running jobs' events files (one rank's file, one ingest) and the most one read: what
-  // `gpus` reports, so a test can see the k_events_per_call bound hold.
-  struct EventsReads {
-    std::uint64_t reads = 0;
-    std::int64_t max_bytes = 0;
-  } m_events_reads;
   MetricCounters m_metrics;
   double m_started_at = 0;  // wall clock, for gpuq_start_time_seconds
   static constexpr std::size_t k_max_batch_series = 50;
-  HangWatch m_hangs;  // running jobs silent too long (hang_watch.hpp)
-  asio::steady_timer m_ingest_timer;
   asio::steady_timer m_backoff_timer;
   RestartPins m_pins;  // the jobs restarts under way hold (restart_pins.hpp)
-  bool m_ingest_armed = false;
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
+  EventTick m_events;  // running jobs' events read in, and the hang watch (event_tick.hpp)
   // Where cleaned jobs' files go; declared late, so its thread is joined before the state it posts to goes.
   Trash m_trash;
   Restarter m_restarter;  // restarts under way, in parts (restarter.hpp)

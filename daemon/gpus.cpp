@@ -18,8 +18,8 @@ common::GpusReply Daemon::gpus_reply() {
   out.source = m_inventory.source();
   out.scheduling_passes = m_last_pass.number();
   out.health_checks = m_health.checks();
-  out.events_reads = m_events_reads.reads;
-  out.events_read_max_bytes = m_events_reads.max_bytes;
+  out.events_reads = m_events.reads().reads;
+  out.events_read_max_bytes = m_events.reads().max_bytes;
   auto readings = m_inventory.read();
   const auto processes = m_gpu_processes.list();
   for (std::size_t i = 0; i < m_inventory.gpus().size(); ++i) {

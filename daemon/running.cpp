@@ -1,7 +1,7 @@
 // Running jobs: the scheduling pass (which queued jobs start, on what), launching an attempt
 // through the executor, recording how it ended (a retry, or the job's end) once the executor says
 // it has, and landing every change of a record (commit, land, apply). Their event files are
-// ingest.cpp's.
+// the event tick's (event_tick.hpp).
 #include "daemon/daemon.hpp"
 
 #include <fcntl.h>
@@ -285,7 +285,7 @@ void Daemon::schedule_now() {
       if (!ec) schedule_soon();
     });
   }
-  arm_ingest_timer();
+  m_events.arm();
 }
 
 bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
@@ -405,7 +405,7 @@ void Daemon::on_attempt_end(std::int64_t id) {
   Active& a = *found;
   a.retry.reset();
   try {
-    if (!ingest(a, true)) throw RequestError(ErrorCode::store_error, "its last events could not be stored");
+    if (!m_events.ingest(a, true)) throw RequestError(ErrorCode::store_error, "its last events could not be stored");
     finish_attempt(a, m_executor->outcome(attempt_of(a.rec)));
   } catch (const RequestError& e) {
     // A full disk, say: the job stays running in the records until its end is stored, and its
@@ -422,8 +422,8 @@ void Daemon::on_attempt_end(std::int64_t id) {
 void Daemon::finish_attempt(Active& a, const Outcome& outcome) {
   const double now = wall_now();
   const JobRecord& rec = a.rec;
-  // Stopped by check_hangs: a failure, to be retried, not a cancel.
-  const std::string hung = m_hangs.ended(rec, now);
+  // Stopped by the hang watch: a failure, to be retried, not a cancel.
+  const std::string hung = m_events.hangs().ended(rec, now);
   if (outcome.withdrawn && !rec.run.cancel_requested) {
     // Taken back before it started (withdraw_orphans): in line again as the same attempt, to
     // wait for its dependency's next attempt, or to fail with it.

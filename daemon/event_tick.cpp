@@ -1,9 +1,6 @@
-// Running jobs' event files, read into the store: every ingest_interval_s while jobs run (the
-// event tick, which also runs the hang watch) and once more when an attempt ends. Each read is
-// bounded (a flooding job cannot grow gpuqd or hold its thread), refuses files that are not the
-// job's own (links, fifos, another owner's), and lands through land() with its file offset, so a
-// restart neither loses nor repeats an event.
-#include "daemon/daemon.hpp"
+// The event tick (event_tick.hpp): running jobs' event files read into the store, and the hang
+// watch.
+#include "daemon/event_tick.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,13 +9,27 @@
 #include <algorithm>
 #include <iostream>
 #include <limits>
+#include <optional>
 
 #include "common/paths.hpp"
+#include "common/process.hpp"
 #include "daemon/events.hpp"
+#include "daemon/launcher.hpp"
 
 namespace gpuq::daemon {
 
-bool Daemon::ingest(Active& a, bool ended) {
+EventTick::EventTick(boost::asio::io_context& io, const Config& config, Store& store, JobTable& jobs,
+                     Executor& executor, Inventory& inventory, Needs needs)
+    : m_config(config),
+      m_store(store),
+      m_jobs(jobs),
+      m_executor(executor),
+      m_inventory(inventory),
+      m_needs(std::move(needs)),
+      m_hangs(config.hang_after_s, config.hang_retry()),
+      m_timer(io) {}
+
+bool EventTick::ingest(Active& a, bool ended) {
   const std::string adir = attempt_dir(m_config.state_dir, a.rec.id, a.rec.attempt);
   bool stored = true;
   for (int r = 0; r < a.rec.spec.ranks; ++r) {
@@ -59,8 +70,8 @@ bool Daemon::ingest(Active& a, bool ended) {
       JobRecord next = a.rec;
       next.bad_event_lines += parsed.bad_lines + apply_events(next, parsed.events);
       try {  // its progress and result: no change of state
-        land({std::move(next)}, [&](const std::vector<const JobRecord*>& rows) {
-          m_store->add_events(*rows.front(), r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
+        m_needs.land({std::move(next)}, [&](const std::vector<const JobRecord*>& rows) {
+          m_store.add_events(*rows.front(), r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
         });
       } catch (const RequestError& e) {
         std::cerr << "gpuqd: job " << a.rec.id << ": cannot store events: " << e.what() << "\n";
@@ -70,8 +81,8 @@ bool Daemon::ingest(Active& a, bool ended) {
       offset += static_cast<std::int64_t>(parsed.consumed);
     }
     if (!ended && read_now > 0) {
-      ++m_events_reads.reads;
-      m_events_reads.max_bytes = std::max(m_events_reads.max_bytes, read_now);
+      ++m_reads.reads;
+      m_reads.max_bytes = std::max(m_reads.max_bytes, read_now);
     }
     if (began < k_max_events_bytes && offset >= k_max_events_bytes && st.st_size > offset) {
       std::cerr << "gpuqd: job " << a.rec.id << ": rank " << r << "'s events file is over "
@@ -83,7 +94,7 @@ bool Daemon::ingest(Active& a, bool ended) {
   return stored;
 }
 
-void Daemon::check_hangs(double now) {
+void EventTick::check_hangs(double now) {
   if (!m_hangs.on()) return;
   std::vector<const JobRecord*> running;
   for (std::int64_t id : m_jobs.running_ids()) running.push_back(&m_jobs.at(id).rec);
@@ -95,22 +106,26 @@ void Daemon::check_hangs(double now) {
         if (m_inventory.gpus()[i].index == g && (*readings)[i].utilization && *(*readings)[i].utilization > 10) return true;
     return false;
   };
-  for (std::int64_t id : m_hangs.check(now, running, busy)) m_executor->stop(id);
+  for (std::int64_t id : m_hangs.check(now, running, busy)) m_executor.stop(id);
 }
 
-void Daemon::arm_ingest_timer() {
-  if (m_ingest_armed) return;
+void EventTick::arm() {
+  if (m_armed) return;
   if (m_jobs.running_count() == 0) return;
-  m_ingest_armed = true;
-  m_ingest_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.ingest_interval_s * 1000)));
-  m_ingest_timer.async_wait([this](const boost::system::error_code& ec) {
-    m_ingest_armed = false;
-    if (ec) return;
-    for (std::int64_t id : m_jobs.running_ids())
-      if (m_executor->started(id)) ingest(m_jobs.at(id));
-    check_hangs(wall_now());
-    arm_ingest_timer();
+  m_armed = true;
+  m_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_config.ingest_interval_s * 1000)));
+  m_timer.async_wait([this](const boost::system::error_code& ec) {
+    m_armed = false;
+    if (!ec) tick();
   });
+}
+
+void EventTick::tick() {
+  // Events land as progress, no change of state: the running set stays as it is meanwhile.
+  for (std::int64_t id : m_jobs.running_ids())
+    if (m_executor.started(id)) ingest(m_jobs.at(id));
+  check_hangs(wall_now());
+  arm();
 }
 
 }  // namespace gpuq::daemon
