@@ -222,7 +222,7 @@ std::vector<int> usable_cores() {
 
 nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
                                const std::string& state_dir, double grace_s, std::int64_t log_limit_bytes,
-                               const std::vector<int>& cores, const std::vector<int>& core_nodes) {
+                               const std::vector<int>& cores, const std::vector<int>& core_nodes, const RunsAs& runs_as) {
   const std::string jdir = job_dir(state_dir, job.id);
   const std::string adir = attempt_dir(state_dir, job.id, job.attempt);
   nlohmann::json ranks = nlohmann::json::array();
@@ -230,9 +230,18 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const 
   const auto pinned = rank_cores(job, cores);
   for (int r = 0; r < n; ++r) {
     const std::vector<int> mine = pinned.empty() ? std::vector<int>{} : pinned[r];
+    Env env = rank_environment(job, base_env, gpu_uuids, jdir, adir, r, mine);
+    if (runs_as.inherit_env)
+      for (const char* name : {"CUDA_VISIBLE_DEVICES", "GPUQ_GPU_UUIDS", "MASTER_ADDR", "MASTER_PORT"}) env.erase(name);
+    if (const common::Account* a = runs_as.account) {
+      env["HOME"] = a->home;
+      env["USER"] = a->name;
+      env["LOGNAME"] = a->name;
+      env["SHELL"] = a->shell;
+    }
     nlohmann::json rank = {{"rank", r},
                            {"argv", job.spec.command},
-                           {"env", rank_environment(job, base_env, gpu_uuids, jdir, adir, r, mine)},
+                           {"env", std::move(env)},
                            {"cwd", job.spec.cwd},
                            {"log", rank_log_path(adir, r)}};
     if (!mine.empty()) rank["cpus"] = mine;
@@ -241,14 +250,18 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const 
                           {"nodes", numa_nodes_of(mine, cores, core_nodes)}};
     ranks.push_back(std::move(rank));
   }
-  return {{"job_id", job.id},
-          {"attempt", job.attempt},
-          {"timeout_s", job.spec.timeout_s},
-          {"grace_s", grace_s},
-          {"log_limit_bytes", log_limit_bytes},
-          {"ranks", ranks},
-          {"pid_file", adir + "/shim.pid"},
-          {"exit_file", adir + "/exit.json"}};
+  nlohmann::json doc = {{"job_id", job.id},
+                        {"attempt", job.attempt},
+                        {"timeout_s", job.spec.timeout_s},
+                        {"grace_s", grace_s},
+                        {"log_limit_bytes", log_limit_bytes},
+                        {"ranks", ranks},
+                        {"pid_file", adir + "/shim.pid"},
+                        {"exit_file", adir + "/exit.json"}};
+  if (runs_as.inherit_env) doc["inherit_env"] = true;
+  if (const common::Account* a = runs_as.account)
+    doc["run_as"] = {{"uid", a->uid}, {"gid", a->gid}, {"groups", a->groups}, {"user", a->name}};
+  return doc;
 }
 
 namespace {

@@ -22,6 +22,7 @@
 
 #include "common/error.hpp"
 #include "common/process.hpp"
+#include "common/users.hpp"
 #include "daemon/store.hpp"
 
 namespace gpuq::daemon {
@@ -63,6 +64,18 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
                      const std::string& job_dir, const std::string& attempt_dir, int rank,
                      const std::vector<int>& cores = {});
 
+// Whose environment a job's ranks start from, and as whom they run.
+struct RunsAs {
+  // Another system runs the ranks (Slurm) and they start from its environment: which GPUs they
+  // see and where rank 0 listens are that system's to say (Slurm sets CUDA_VISIBLE_DEVICES for
+  // the allocation, the batch script MASTER_ADDR and MASTER_PORT from its nodes), so gpuq sets
+  // none of CUDA_VISIBLE_DEVICES, GPUQ_GPU_UUIDS, MASTER_ADDR, MASTER_PORT.
+  bool inherit_env = false;
+  // Lab mode: the job's owner, whom gpuq-shim becomes; HOME, USER, LOGNAME and SHELL are theirs,
+  // as login(1) sets them, whatever the submitter's environment said. nullptr: gpuqd's user.
+  const common::Account* account = nullptr;
+};
+
 // The launch document gpuq-shim executes (all ranks), also written for `gpuq show`. `cores` maps
 // CPU-pool slots to core ids (slot s is core cores[s % size]); a job with `cpus` has each rank
 // pinned to the cores of its share of the job's slots. `core_nodes[i]` is the NUMA node of
@@ -71,7 +84,7 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
 nlohmann::json launch_document(const JobRecord& job, const Env& base_env,
                                const std::vector<std::string>& gpu_uuids, const std::string& state_dir,
                                double grace_s, std::int64_t log_limit_bytes = 0, const std::vector<int>& cores = {},
-                               const std::vector<int>& core_nodes = {});
+                               const std::vector<int>& core_nodes = {}, const RunsAs& runs_as = {});
 
 // The NUMA nodes of the cores `subset`, where cores[i] is on node core_nodes[i]: ascending,
 // distinct; empty when the node of any of them is unknown.

@@ -173,49 +173,16 @@ void Daemon::schedule_now() {
   }
 
   Plan plan;
-  struct Unit {  // attempts handed over as one array, running at most `limit` at once (0: any)
-    std::vector<std::int64_t> ids;
-    int limit = 0;
-  };
-  std::vector<Unit> units;
-  if (m_executor->places_work()) {
-    // Another system (Slurm) decides where and when: every ready job goes to it now, in line,
-    // within its batch's limit on jobs at once. First attempts of one batch that the executor
-    // can hand over as one array go together; the array takes the room left in the batch's
-    // limit as its own (Slurm's %N) and leaves none, so that the batch's jobs in that system
-    // never run more than the limit at once, whoever is watching. A retry goes on its own once
-    // fewer than the limit are handed over.
-    std::map<std::pair<std::int64_t, std::string>, std::size_t> open;  // (batch, key) -> its unit
-    std::set<std::int64_t> open_batches;  // those with a unit in this pass, which their jobs may join
-    for (const auto& job : queue) {
-      auto l = limits.find(job.batch);
-      const bool full = l != limits.end() && l->second.running >= l->second.limit;
-      if (full && !open_batches.count(job.batch)) {  // a throttled sweep's waiting jobs cost no key each
-        plan.at_limit[job.batch] = l->second;
-        continue;
-      }
-      const Active& a = m_jobs.at(job.id);
-      const bool first = a.rec.attempt == a.rec.attempt_base;
-      const std::string key = first && job.batch != 0 ? m_executor->array_key(attempt_of(a.rec)) : std::string();
-      if (auto o = key.empty() ? open.end() : open.find({job.batch, key});
-          o != open.end() && units[o->second].ids.size() < m_executor->max_array()) {
-        units[o->second].ids.push_back(job.id);
-        continue;
-      }
-      if (full) {
-        plan.at_limit[job.batch] = l->second;
-        continue;
-      }
-      if (key.empty()) {
-        if (l != limits.end()) ++l->second.running;
-        plan.start.push_back({job.id, {}, {}});
-        continue;
-      }
-      open[{job.batch, key}] = units.size();
-      open_batches.insert(job.batch);
-      units.push_back({{job.id}, l == limits.end() ? 0 : l->second.limit - l->second.running});
-      if (l != limits.end()) l->second.running = l->second.limit;
-    }
+  std::vector<Handover::Array> units;  // attempts handed over as one array
+  if (m_executor->places_work()) {  // another system (Slurm) decides where and when
+    // A first attempt of a batch may join an array; a retry goes alone.
+    const auto key = [this](const PendingJob& job) {
+      const JobRecord& r = m_jobs.at(job.id).rec;
+      return r.attempt == r.attempt_base && job.batch != 0 ? m_executor->array_key(attempt_of(r)) : std::string();
+    };
+    auto handover = hand_over(queue, std::move(limits), key, m_executor->max_array());
+    plan = std::move(handover.plan);
+    units = std::move(handover.arrays);
   } else {
     plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits), std::move(users));
   }
@@ -331,26 +298,8 @@ bool Daemon::prepare_launch(Active& a, const Placement& placement, double now) {
   const json batch_env = inherit ? json::object() : m_store->batch_env(next.batch);  // named: items() would dangle
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
-  auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
-                             m_cores.cores, m_cores.nodes);
-  if (inherit) {
-    // The ranks start from the environment where they run; which GPUs they see, and where rank 0
-    // listens, are that system's to say (Slurm sets CUDA_VISIBLE_DEVICES for the allocation, the
-    // batch script MASTER_ADDR and MASTER_PORT from its nodes).
-    doc["inherit_env"] = true;
-    for (auto& rank : doc["ranks"])
-      for (const char* name : {"CUDA_VISIBLE_DEVICES", "GPUQ_GPU_UUIDS", "MASTER_ADDR", "MASTER_PORT"})
-        rank["env"].erase(name);
-  }
-  if (owner) {
-    doc["run_as"] = {{"uid", owner->uid}, {"gid", owner->gid}, {"groups", owner->groups}, {"user", owner->name}};
-    for (auto& rank : doc["ranks"]) {  // as login(1) sets them, whatever the submitter's environment said
-      rank["env"]["HOME"] = owner->home;
-      rank["env"]["USER"] = owner->name;
-      rank["env"]["LOGNAME"] = owner->name;
-      rank["env"]["SHELL"] = owner->shell;
-    }
-  }
+  const auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s,
+                                   m_config.log_limit_mb << 20, m_cores.cores, m_cores.nodes, {inherit, owner});
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.

@@ -374,4 +374,39 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
   return plan;
 }
 
+Handover hand_over(const std::vector<PendingJob>& queue, BatchLimits limits,
+                   const std::function<std::string(const PendingJob&)>& array_key, std::size_t max_array) {
+  Handover out;
+  std::map<std::pair<std::int64_t, std::string>, std::size_t> open;  // (batch, key) -> its array
+  std::set<std::int64_t> open_batches;  // those with an array in this pass, which their jobs may join
+  for (const auto& job : queue) {
+    auto l = limits.find(job.batch);
+    const bool full = l != limits.end() && l->second.running >= l->second.limit;
+    if (full && !open_batches.count(job.batch)) {  // a throttled sweep's waiting jobs cost no key each
+      out.plan.at_limit[job.batch] = l->second;
+      continue;
+    }
+    const std::string key = array_key(job);
+    if (auto o = key.empty() ? open.end() : open.find({job.batch, key});
+        o != open.end() && out.arrays[o->second].ids.size() < max_array) {
+      out.arrays[o->second].ids.push_back(job.id);
+      continue;
+    }
+    if (full) {
+      out.plan.at_limit[job.batch] = l->second;
+      continue;
+    }
+    if (key.empty()) {
+      if (l != limits.end()) ++l->second.running;
+      out.plan.start.push_back({job.id, {}, {}});
+      continue;
+    }
+    open[{job.batch, key}] = out.arrays.size();
+    open_batches.insert(job.batch);
+    out.arrays.push_back({{job.id}, l == limits.end() ? 0 : l->second.limit - l->second.running});
+    if (l != limits.end()) l->second.running = l->second.limit;
+  }
+  return out;
+}
+
 }  // namespace gpuq::daemon

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -134,6 +135,25 @@ std::string user_limit_reason(const std::string& name, const UserCap& cap, int g
 // `stop_early = false` examines every job (tests compare the two).
 Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double now, CpuSlots cpu = {},
               bool stop_early = true, BatchLimits limits = {}, UserCaps users = {});
+
+// The pass where another system (Slurm) decides where and when jobs run: every job of `queue`
+// goes to it now, in line, within its batch's limit on jobs at once. First attempts of one batch
+// that the system can take as one array (`array_key` of a job: equal keys go together; "": the
+// job goes alone) are handed over together, at most `max_array` to an array; an array takes the
+// room left in its batch's limit as its own (Slurm's %N) and leaves none, so that the batch's jobs
+// there never run more than the limit at once, whoever is watching. A job that joins no array
+// goes alone once fewer than the limit are handed over. `plan.start` holds the jobs that go
+// alone, `plan.at_limit` the batches whose limit held jobs back.
+struct Handover {
+  struct Array {
+    std::vector<std::int64_t> ids;
+    int limit = 0;  // running at most this many at once (0: any)
+  };
+  Plan plan;
+  std::vector<Array> arrays;
+};
+Handover hand_over(const std::vector<PendingJob>& queue, BatchLimits limits,
+                   const std::function<std::string(const PendingJob&)>& array_key, std::size_t max_array);
 
 // Lab mode's fair share: within each run of equal priority of `queue` (in line order), the jobs
 // of several users are interleaved: next comes the head job of the user who, counting the jobs

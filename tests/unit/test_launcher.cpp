@@ -107,6 +107,38 @@ TEST_CASE("the launch document has one entry per rank with its own log and event
   CHECK(doc["exit_file"] == "/s/jobs/42/attempt-2/exit.json");
 }
 
+TEST_CASE("the launch document says whose environment the ranks start from and as whom they run") {
+  auto job = ddp_job();
+  const auto plain = launch_document(job, {}, {"GPU-b", "GPU-d"}, "/s", 7.5);
+  CHECK_FALSE(plain.contains("inherit_env"));
+  CHECK_FALSE(plain.contains("run_as"));
+  CHECK(plain["ranks"][1]["env"]["MASTER_PORT"] == "29555");
+  CHECK(plain["ranks"][1]["env"]["HOME"] == "/spec-home");
+
+  // Another system runs the ranks (Slurm): it names the GPUs and the rendezvous, not gpuq.
+  auto doc = launch_document(job, {}, {"GPU-b", "GPU-d"}, "/s", 7.5, 0, {}, {}, {true, nullptr});
+  CHECK(doc["inherit_env"] == true);
+  for (const auto& rank : doc["ranks"]) {
+    for (const char* name : {"CUDA_VISIBLE_DEVICES", "GPUQ_GPU_UUIDS", "MASTER_ADDR", "MASTER_PORT"})
+      CHECK_FALSE(rank["env"].contains(name));
+    CHECK(rank["env"]["RANK"].is_string());  // the rest of gpuq's environment stays
+  }
+
+  // Lab mode: the job's owner, with their login variables over the spec's own.
+  const gpuq::common::Account ada{1234, 1234, "ada", "/home/ada", "/bin/zsh", {1234, 27}};
+  doc = launch_document(job, {}, {"GPU-b", "GPU-d"}, "/s", 7.5, 0, {}, {}, {false, &ada});
+  CHECK(doc["run_as"] == nlohmann::json{{"uid", 1234}, {"gid", 1234}, {"groups", {1234, 27}}, {"user", "ada"}});
+  CHECK_FALSE(doc.contains("inherit_env"));
+  for (const auto& rank : doc["ranks"]) {
+    CHECK(rank["env"]["HOME"] == "/home/ada");
+    CHECK(rank["env"]["USER"] == "ada");
+    CHECK(rank["env"]["LOGNAME"] == "ada");
+    CHECK(rank["env"]["SHELL"] == "/bin/zsh");
+    CHECK(rank["env"]["EXTRA"] == "1");
+    CHECK(rank["env"]["MASTER_PORT"] == "29555");
+  }
+}
+
 TEST_CASE("a `cpus` job's ranks are pinned to their own share of the job's slots, mapped to cores") {
   auto job = ddp_job();  // 2 ranks
   job.spec.cpus = 2;

@@ -516,3 +516,88 @@ TEST_CASE("a user at their limit of running jobs or GPUs waits without reserving
 
 TEST_SUITE_END();
 
+
+// ---- handing over to another system (Slurm) -------------------------------------------------
+
+namespace {
+PendingJob in_batch(std::int64_t id, std::int64_t batch) {
+  PendingJob j;
+  j.id = id;
+  j.batch = batch;
+  return j;
+}
+std::vector<std::vector<std::int64_t>> ids_of(const std::vector<Handover::Array>& arrays) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (const auto& a : arrays) out.push_back(a.ids);
+  return out;
+}
+}  // namespace
+
+TEST_SUITE_BEGIN("scheduler");
+
+TEST_CASE("handing over: jobs of one key go as arrays of at most max_array, others alone, in line") {
+  std::vector<PendingJob> queue;
+  for (std::int64_t id = 1; id <= 5; ++id) queue.push_back(in_batch(id, 7));
+  queue.push_back(in_batch(6, 0));  // no batch: alone
+  queue.push_back(in_batch(8, 7));
+  const auto key = [](const PendingJob& j) {
+    return j.batch == 0 ? std::string() : j.id == 8 ? std::string("other") : std::string("k");
+  };
+  auto h = hand_over(queue, {}, key, 2);
+  CHECK(ids_of(h.arrays) == std::vector<std::vector<std::int64_t>>{{1, 2}, {3, 4}, {5}, {8}});
+  for (const auto& a : h.arrays) CHECK(a.limit == 0);
+  REQUIRE(h.plan.start.size() == 1);
+  CHECK(h.plan.start[0].id == 6);
+  CHECK(h.plan.at_limit.empty());
+}
+
+TEST_CASE("handing over: an array takes the room left in its batch's limit and leaves none") {
+  std::vector<PendingJob> queue;
+  for (std::int64_t id = 1; id <= 5; ++id) queue.push_back(in_batch(id, 7));
+  queue.push_back(in_batch(6, 7));  // a retry: goes alone, or waits
+  const auto key = [](const PendingJob& j) { return j.id == 6 ? std::string() : std::string("k"); };
+  BatchLimits limits{{7, {3, 1}}};  // 3 at once, 1 handed over already
+
+  // One array of all five, running at most the 2 the limit leaves; the retry waits.
+  auto h = hand_over(queue, limits, key, 100);
+  REQUIRE(h.arrays.size() == 1);
+  CHECK(h.arrays[0].ids == std::vector<std::int64_t>{1, 2, 3, 4, 5});
+  CHECK(h.arrays[0].limit == 2);
+  CHECK(h.plan.start.empty());
+  REQUIRE(h.plan.at_limit.count(7));
+  CHECK(h.plan.at_limit[7].running == 3);
+  CHECK(h.plan.at_limit[7].limit == 3);
+
+  // An array full at max_array: the rest of the batch waits for the next pass, not a second
+  // array beside it (two arrays of %2 would run 4 at once).
+  h = hand_over(queue, limits, key, 2);
+  CHECK(ids_of(h.arrays) == std::vector<std::vector<std::int64_t>>{{1, 2}});
+  CHECK(h.arrays[0].limit == 2);
+  CHECK(h.plan.at_limit.count(7));
+
+  // With room for one more and no array key, jobs go alone until the limit holds.
+  const auto alone = [](const PendingJob&) { return std::string(); };
+  h = hand_over(queue, {{7, {3, 1}}}, alone, 100);
+  REQUIRE(h.plan.start.size() == 2);
+  CHECK(h.plan.start[0].id == 1);
+  CHECK(h.plan.start[1].id == 2);
+  CHECK(h.arrays.empty());
+  CHECK(h.plan.at_limit[7].running == 3);
+}
+
+TEST_CASE("handing over: a batch at its limit costs its waiting jobs no array key") {
+  std::vector<PendingJob> queue;
+  for (std::int64_t id = 1; id <= 1000; ++id) queue.push_back(in_batch(id, 7));
+  int asked = 0;
+  const auto key = [&asked](const PendingJob&) {
+    ++asked;
+    return std::string("k");
+  };
+  auto h = hand_over(queue, {{7, {4, 4}}}, key, 100);
+  CHECK(asked == 0);
+  CHECK(h.arrays.empty());
+  CHECK(h.plan.start.empty());
+  CHECK(h.plan.at_limit[7].running == 4);
+}
+
+TEST_SUITE_END();
