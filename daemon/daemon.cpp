@@ -81,7 +81,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
 Daemon::~Daemon() = default;
 
 Reads Daemon::reads() {
-  return {m_config, *m_store, m_jobs, m_users, m_last_pass, m_health, m_gpu_processes, m_events.hangs(), *m_executor,
+  return {m_config, *m_store, m_jobs, m_users, m_last_pass, m_health, m_gpu_processes, m_events, *m_executor,
           m_inventory, m_cores};
 }
 
@@ -167,7 +167,7 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       later<cmd::wait, &Daemon::cmd_wait>(),
       now<cmd::results, &queries::results>(),
       now<cmd::events, &queries::events>(),
-      now<cmd::gpus, &Daemon::cmd_gpus>(),
+      now<cmd::gpus, &queries::gpus>(),
       now<cmd::drain, [](Daemon& d, const Caller& c, const common::DrainRequest& q) { return d.set_drained(c, q, true); }>(),
       now<cmd::undrain, [](Daemon& d, const Caller& c, const common::DrainRequest& q) { return d.set_drained(c, q, false); }>(),
       now<cmd::why, &queries::why>(),

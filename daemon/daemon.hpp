@@ -70,7 +70,7 @@ class Daemon {
   // Handles one request; `reply` is called exactly once, possibly later (wait).
   void dispatch(const Caller& caller, const json& request, Reply reply);
   // The Prometheus exposition of gpuqd's state and counters (metrics.cpp; docs/monitoring.md).
-  std::string metrics_text();
+  std::string metrics_text() { return gpuq::daemon::metrics_text(reads(), m_metrics, m_hooks, m_started_at); }
   void dispatch(const json& request, Reply reply) { dispatch(Caller::self(), request, std::move(reply)); }
   // Whom a connection's peer is, or why gpuqd does not serve it (forbidden).
   Result<Caller> identify(uid_t uid) const { return m_users.identify(uid); }
@@ -137,14 +137,11 @@ class Daemon {
   // outside gpuq that grew on its GPUs; for any failure, the Xids its GPUs reported meanwhile.
   // "" when nothing.
   std::string gpu_failure_notes(const JobRecord& r, const json& failure);
-  json cmd_gpus();
-  common::GpusReply gpus_reply();  // what `gpus` answers; the metrics' GPU series too
   void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.
   void schedule_soon();
   void schedule_now();
-  CpuSlots cpu_pool() const;  // the pool with the slots running jobs hold
   bool fail_blocked_dependents(double now);
   // Whether a queued job's dependency lets it go: it succeeded, or (where another system places
   // work) it is handed over there, to wait in that system until the dependency has succeeded.
@@ -200,7 +197,6 @@ class Daemon {
   bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back
   MetricCounters m_metrics;
   double m_started_at = 0;  // wall clock, for gpuq_start_time_seconds
-  static constexpr std::size_t k_max_batch_series = 50;
   asio::steady_timer m_backoff_timer;
   RestartPins m_pins;  // the jobs restarts under way hold (restart_pins.hpp)
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)

@@ -1,4 +1,4 @@
-// Prometheus metrics (metrics.hpp): the exposition writer, and Daemon::metrics_text, which reads
+// Prometheus metrics (metrics.hpp): the exposition writer, and metrics_text, which reads
 // gpuqd's state at a scrape. Everything here is in memory but the NVML readings (as `gpuq gpus`
 // takes them) and the store's size (a stat), so a scrape costs the daemon's thread little
 // whatever the queue's depth: one walk over the jobs in line and running.
@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "daemon/daemon.hpp"
+#include "daemon/config.hpp"
+#include "daemon/hooks.hpp"
+#include "daemon/reads.hpp"
 
 namespace gpuq::daemon {
 
@@ -74,28 +76,28 @@ void Exposition::histogram(std::string_view name, const Labels& labels, const Hi
   sample(base + "_count", labels, static_cast<double>(h.count));
 }
 
-std::string Daemon::metrics_text() {
+std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& hooks, double started_at) {
   Exposition e;
-  const MetricCounters& c = m_metrics;
   e.family("gpuq_build_info", "gauge", "gpuqd's version and mode (always 1)");
-  e.sample("gpuq_build_info", {{"version", GPUQ_VERSION}, {"multi_user", m_config.multi_user ? "true" : "false"},
-                               {"executor", m_config.executor}},
+  e.sample("gpuq_build_info", {{"version", GPUQ_VERSION}, {"multi_user", r.config.multi_user ? "true" : "false"},
+                               {"executor", r.config.executor}},
            1);
   e.family("gpuq_start_time_seconds", "gauge", "When this gpuqd started (unix seconds)");
-  e.sample("gpuq_start_time_seconds", {}, m_started_at);
+  e.sample("gpuq_start_time_seconds", {}, started_at);
 
   // Jobs in line and running, by state and user (held jobs and those waiting for a retry's
   // backoff or a dependency count as queued).
   std::map<std::pair<std::string, uid_t>, int> jobs;
   std::map<std::int64_t, std::pair<int, int>> batches;  // batch -> (queued, running)
-  for (const auto& [id, a] : m_jobs.all()) {
+  for (const auto& [id, a] : r.jobs.all()) {
     const bool running = a.rec.state == JobState::running;
     ++jobs[{running ? "running" : "queued", a.rec.uid}];
     if (a.rec.batch != 0) ++(running ? batches[a.rec.batch].second : batches[a.rec.batch].first);
   }
   e.family("gpuq_jobs", "gauge", "Jobs queued (held, waiting or retrying included) and running, by user");
-  for (const auto& [key, n] : jobs) e.sample("gpuq_jobs", {{"state", key.first}, {"user", m_users.name_of(key.second)}}, n);
+  for (const auto& [key, n] : jobs) e.sample("gpuq_jobs", {{"state", key.first}, {"user", r.users.name_of(key.second)}}, n);
   // Batches with jobs in line or running: the 50 largest, so a thousand sweeps make no thousand series.
+  constexpr std::size_t k_max_batch_series = 50;
   std::vector<std::pair<std::int64_t, std::pair<int, int>>> big(batches.begin(), batches.end());
   std::stable_sort(big.begin(), big.end(), [](const auto& a, const auto& b) {
     return a.second.first + a.second.second > b.second.first + b.second.second;
@@ -124,8 +126,8 @@ std::string Daemon::metrics_text() {
   e.histogram("gpuq_schedule_pass_seconds", {}, c.pass);
 
   // GPUs: gpuq's bookkeeping, NVML's readings, memory held outside gpuq: what `gpuq gpus` shows.
-  const common::GpusReply gpus = gpus_reply();
-  const bool nvml = m_inventory.source().rfind("nvml", 0) == 0;
+  const common::GpusReply gpus = queries::gpus(r);
+  const bool nvml = r.inventory.source().rfind("nvml", 0) == 0;
   constexpr double mib = 1024.0 * 1024.0;
   struct Row {
     const char* name;
@@ -170,15 +172,15 @@ std::string Daemon::metrics_text() {
   double bytes = 0;
   for (const char* suffix : {"", "-wal"}) {
     struct stat st {};
-    if (::stat((m_config.state_dir + "/gpuq.db" + suffix).c_str(), &st) == 0) bytes += static_cast<double>(st.st_size);
+    if (::stat((r.config.state_dir + "/gpuq.db" + suffix).c_str(), &st) == 0) bytes += static_cast<double>(st.st_size);
   }
   e.family("gpuq_store_bytes", "gauge", "Size of gpuqd's database and its write-ahead log");
   e.sample("gpuq_store_bytes", {}, bytes);
 
   e.family("gpuq_hooks_running", "gauge", "on_finish hooks running");
-  e.sample("gpuq_hooks_running", {}, m_hooks.running());
+  e.sample("gpuq_hooks_running", {}, hooks.running());
   e.family("gpuq_hooks_waiting", "gauge", "Jobs whose on_finish hooks wait for a turn");
-  e.sample("gpuq_hooks_waiting", {}, static_cast<double>(m_hooks.waiting()));
+  e.sample("gpuq_hooks_waiting", {}, static_cast<double>(hooks.waiting()));
 
   e.family("gpuq_requests_total", "counter", "Client requests on the unix socket, by command");
   for (const auto& [cmd, n] : c.requests) e.sample("gpuq_requests_total", {{"command", cmd}}, static_cast<double>(n));

@@ -3,7 +3,7 @@
 // the counters and histograms gpuqd keeps for it. Names follow Prometheus' conventions (gpuq_
 // prefix, _total counters, base units: _seconds, _bytes); label values are bounded sets (states,
 // users, commands, error codes, GPUs, batches with jobs in line), never job ids. The writer is
-// pure, for tests; Daemon::metrics_text fills it (metrics.cpp; the list is docs/monitoring.md).
+// pure, for tests; metrics_text fills it (metrics.cpp; the list is docs/monitoring.md).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +54,13 @@ class Exposition {
  private:
   std::string m_text;
 };
+
+struct Reads;
+class Hooks;
+// The exposition of gpuqd's state at a scrape: what `r` reads (jobs, GPUs as `gpuq gpus` reports
+// them, the store's size), the counters `c`, the hooks running and waiting, and when gpuqd
+// started (`started_at`, wall clock).
+std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& hooks, double started_at);
 
 // A label value as the format quotes it: backslash, double quote and newline escaped.
 std::string escape_label_value(std::string_view v);

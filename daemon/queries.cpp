@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <set>
 
 #include "common/paths.hpp"
@@ -89,7 +90,7 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
   auto& d = out.details;
   if (rec.state != JobState::queued) {
     d.push_back(rec.state == JobState::running ? "it is running" : "it has ended " + std::string(to_string(rec.state)));
-    if (const auto note = reads.hangs.note(rec, wall_now()); !note.empty() && may_read_details(caller, rec))
+    if (const auto note = reads.events.hangs().note(rec, wall_now()); !note.empty() && may_read_details(caller, rec))
       d.push_back("it has made " + note);
     return out;
   }
@@ -282,6 +283,60 @@ common::UsageReply usage(const Reads& reads, const Caller&, const common::NoFiel
   for (auto& [_, u] : users) out.users.push_back(std::move(u));
   std::stable_sort(out.users.begin(), out.users.end(),
                    [](const auto& a, const auto& b) { return a.gpu_hours < b.gpu_hours; });
+  return out;
+}
+
+common::GpusReply gpus(const Reads& r, const Caller&, const common::NoFields&) {
+  common::GpusReply out;
+  out.source = r.inventory.source();
+  out.scheduling_passes = r.last_pass.number();
+  out.health_checks = r.health.checks();
+  out.events_reads = r.events.reads().reads;
+  out.events_read_max_bytes = r.events.reads().max_bytes;
+  auto readings = r.inventory.read();
+  const auto processes = r.gpu_processes.list();
+  for (std::size_t i = 0; i < r.inventory.gpus().size(); ++i) {
+    const auto& g = r.inventory.gpus()[i];
+    common::GpuInfo info;
+    info.index = g.index;
+    info.uuid = g.uuid;
+    info.name = g.name;
+    info.memory_total_mb = g.memory_total_mb;
+    if (g.numa_node >= 0) info.numa_node = g.numa_node;
+    if (auto d = r.health.drained().find(g.uuid); d != r.health.drained().end()) {
+      info.drained = true;
+      info.drain_reason = d->second;
+    }
+    if (readings[i].memory_used_mb) info.memory_used_mb = *readings[i].memory_used_mb;
+    if (readings[i].utilization) info.utilization = *readings[i].utilization;
+    if (processes[i]) {
+      info.processes = json::array();
+      for (const auto& p : *processes[i]) {
+        common::GpuProcessInfo pi;
+        pi.pid = p.pid;
+        if (p.used_mb) pi.used_mb = *p.used_mb;
+        if (p.job) pi.job = p.job;
+        else info.foreign_mb += p.used_mb.value_or(0);
+        if (const auto owner = common::process_owner(p.pid)) pi.user = r.users.name_of(*owner);
+        std::ifstream comm("/proc/" + std::to_string(p.pid) + "/comm");  // at most 16 bytes: the kernel's
+        std::getline(comm, pi.command);
+        for (char& c : pi.command)  // any process names itself: nothing for a terminal to act on
+          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+        info.processes.push_back(pi);
+      }
+    }
+    for (const Active& a : r.jobs.running()) {
+      if (std::find(a.rec.run.gpus.begin(), a.rec.run.gpus.end(), g.index) == a.rec.run.gpus.end()) continue;
+      info.jobs.push_back(a.rec.id);
+      info.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : g.memory_total_mb;
+      info.exclusive = info.exclusive || !a.rec.spec.shared;
+    }
+    out.gpus.push_back(std::move(info));
+  }
+  const CpuSlots cpu = r.cpu_pool();
+  out.cpu_slots = cpu.total;
+  for (int slot : cpu.taken) out.cpu_slots_used += slot < cpu.total;
+  out.cores = common::format_cpu_list(r.cores.cores);
   return out;
 }
 

@@ -93,9 +93,9 @@ common::JobInfo Reads::info_of(const JobRecord& stored, const Caller& viewer) co
   i.exit_signal = r.run.exit_signal ? json(*r.run.exit_signal) : json();
   i.reason = r.state == JobState::queued && !wait_reason.empty() && r.reason.empty() ? wait_reason : r.reason;
   if (r.state == JobState::running && i.reason.empty()) i.reason = executor.detail(r.id);
-  if (r.state == JobState::running && hangs.hung(r.id)) {
+  if (r.state == JobState::running && events.hangs().hung(r.id)) {
     i.hung = true;
-    i.reason = hangs.note(r, wall_now());
+    i.reason = events.hangs().note(r, wall_now());
   }
   if (r.state == JobState::running)
     if (const auto peak = gpu_processes.peak_mb(r.id)) i.gpu_memory_peak_mb = *peak;
@@ -179,6 +179,19 @@ std::optional<JobState> Reads::dependency_state(std::int64_t id) const {
   if (!rec) return std::nullopt;
   jobs.remember_state(id, rec->state);
   return rec->state;
+}
+
+CpuSlots Reads::cpu_pool() const {
+  CpuSlots cpu{config.cpu_slots, {}, cores.nodes};
+  std::vector<int> unnumbered;  // running jobs started by a gpuqd whose CPU slots had no numbers yet
+  for (const Active& a : jobs.running()) {
+    cpu.taken.insert(a.rec.run.cpu_slots.begin(), a.rec.run.cpu_slots.end());
+    if (a.rec.run.cpu_slots.empty() && a.rec.spec.gpus == 0) unnumbered.push_back(std::min(a.rec.spec.ranks, cpu.total));
+  }
+  for (int n : unnumbered)
+    for (int slot = 0; n > 0 && slot < cpu.total; ++slot)
+      if (cpu.taken.insert(slot).second) --n;
+  return cpu;
 }
 
 }  // namespace gpuq::daemon

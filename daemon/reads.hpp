@@ -20,7 +20,7 @@
 #include "daemon/executor.hpp"
 #include "daemon/gpu_processes.hpp"
 #include "daemon/gpu_service.hpp"
-#include "daemon/hang_watch.hpp"
+#include "daemon/event_tick.hpp"
 #include "daemon/inventory.hpp"
 #include "daemon/job_table.hpp"
 #include "daemon/last_pass.hpp"
@@ -39,7 +39,7 @@ struct Reads {
   const LastPass& last_pass;
   const GpuService& health;
   const GpuProcesses& gpu_processes;
-  const HangWatch& hangs;
+  const EventTick& events;  // its hang watch, and its reads of events files
   const Executor& executor;
   const Inventory& inventory;
   const SlotCores& cores;  // slot s is core cores.cores[s % size]
@@ -60,6 +60,8 @@ struct Reads {
   std::vector<std::int64_t> with_queued_of_batch(std::vector<std::int64_t> ids, std::int64_t batch) const;
   // The state of a job named as a dependency (ended ones remembered), nullopt if there is none.
   std::optional<JobState> dependency_state(std::int64_t id) const;
+  // The CPU slot pool with the slots running jobs hold.
+  CpuSlots cpu_pool() const;
 
   // A job as clients see it: the in-memory record (with why it waits) when the job is active,
   // else `stored`. `viewer`: who asks; another user's job shows only its public fields to one who
@@ -91,6 +93,9 @@ common::EventsReply events(const Reads& r, const Caller& caller, const common::E
 common::JobsReply results(const Reads& r, const Caller& caller, const common::ResultsRequest& q);
 // The jobs of a wait as they are now (Waiters::Answer).
 common::JobsReply wait_answer(const Reads& r, const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out);
+// The GPUs as gpuq and NVML see them, the CPU slots, and the daemon's own counts: `gpuq gpus`,
+// and the metrics' GPU series.
+common::GpusReply gpus(const Reads& r, const Caller& caller = Caller::self(), const common::NoFields& q = {});
 }  // namespace queries
 
 }  // namespace gpuq::daemon

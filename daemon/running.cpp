@@ -151,7 +151,7 @@ void Daemon::schedule_now() {
     fair_order(queue, held, usage);
   }
 
-  CpuSlots cpu = cpu_pool();
+  CpuSlots cpu = reads().cpu_pool();
 
   std::vector<GpuState> gpus;
   for (const auto& g : m_inventory.gpus())  // a drained GPU is not there for a pass
@@ -331,19 +331,6 @@ Executor::Attempt Daemon::attempt_of(const JobRecord& rec) const {
     for (std::int64_t dep : rec.after)
       if (m_jobs.is_running(dep)) attempt.after.push_back(dep);
   return attempt;
-}
-
-CpuSlots Daemon::cpu_pool() const {
-  CpuSlots cpu{m_config.cpu_slots, {}, m_cores.nodes};
-  std::vector<int> unnumbered;  // running jobs started by a gpuqd whose CPU slots had no numbers yet
-  for (const Active& a : m_jobs.running()) {
-    cpu.taken.insert(a.rec.run.cpu_slots.begin(), a.rec.run.cpu_slots.end());
-    if (a.rec.run.cpu_slots.empty() && a.rec.spec.gpus == 0) unnumbered.push_back(std::min(a.rec.spec.ranks, cpu.total));
-  }
-  for (int n : unnumbered)
-    for (int slot = 0; n > 0 && slot < cpu.total; ++slot)
-      if (cpu.taken.insert(slot).second) --n;
-  return cpu;
 }
 
 // ---- attempts ending ----------------------------------------------------------------------------

@@ -38,9 +38,9 @@ struct DaemonBench {
   Inventory inventory;
   GpuService health;
   GpuProcesses gpu_processes;
-  HangWatch hangs{0, false};
   QuietExecutor executor;
   SlotCores cores{{0, 1, 2, 3}, {}};
+  EventTick events{io, config, *store, jobs, executor, inventory, {}};  // its hang watch is off (hang_after_s 0)
 
   static Users::Rules lab_mode() {
     Users::Rules r;
@@ -63,7 +63,7 @@ struct DaemonBench {
     config.state_dir = "/nonexistent/state";
   }
   Reads reads() {
-    return {config, *store, jobs, users, last_pass, health, gpu_processes, hangs, executor, inventory, cores};
+    return {config, *store, jobs, users, last_pass, health, gpu_processes, events, executor, inventory, cores};
   }
 
   // One batch of `n` jobs of `owner`, written to the store; the queued ones live in the job table.

@@ -1,7 +1,8 @@
 // The read-only handlers (daemon/queries.cpp) as functions of what they read (daemon/reads.hpp):
 // no daemon, no socket, no process started. A store in memory, a job table and fake GPUs are
 // filled by hand, so each case sets exactly the state it asks about: lab mode's visibility rule,
-// the words for a missing or forgotten job, what `why` says a queued job waits for.
+// the words for a missing or forgotten job, what `why` says a queued job waits for, what `gpus`
+// and a metrics scrape report.
 #include <doctest/doctest.h>
 
 #include <memory>
@@ -9,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/hooks.hpp"
+#include "daemon/metrics.hpp"
 #include "tests/unit/daemon_bench.hpp"
 #include "tests/unit/refusal.hpp"
 
@@ -160,6 +163,61 @@ TEST_CASE("usage counts each user's queued and running jobs and the GPUs they ho
   CHECK(u.gpus == 2);
   CHECK(u.queued == 1);
   CHECK(u.gpu_hours > 0);  // started at 110 (unix time), so hours of it by now
+}
+
+TEST_CASE("gpus: which jobs hold each GPU and how, drained GPUs with their reason, the CPU slots held") {
+  DaemonBench b;
+  b.config.cpu_slots = 4;
+  const auto ids = b.submit(3, k_bob.uid);
+  b.jobs.at(ids[0]).rec.run.cpu_slots = {1, 2};
+  b.run(ids[0], {0});  // exclusive: the whole GPU
+  b.jobs.at(ids[1]).rec.spec.shared = true;
+  b.jobs.at(ids[1]).rec.spec.gpu_memory_mb = 4000;
+  b.run(ids[1], {1});  // shared: its declared memory
+  b.health.set_drained({{1}, {}, "fan failure"}, true);
+
+  const auto reply = queries::gpus(b.reads());
+  CHECK(reply.source == "fake:2:16000");
+  REQUIRE(reply.gpus.size() == 2);
+  CHECK(reply.gpus[0].jobs == std::vector<std::int64_t>{ids[0]});
+  CHECK(reply.gpus[0].exclusive);
+  CHECK(reply.gpus[0].allocated_mb == 16000);
+  CHECK_FALSE(reply.gpus[0].drained);
+  CHECK(reply.gpus[1].jobs == std::vector<std::int64_t>{ids[1]});
+  CHECK_FALSE(reply.gpus[1].exclusive);
+  CHECK(reply.gpus[1].allocated_mb == 4000);
+  CHECK(reply.gpus[1].drained);
+  CHECK(reply.gpus[1].drain_reason == "fan failure");
+  CHECK(reply.cpu_slots == 4);
+  CHECK(reply.cpu_slots_used == 2);
+  CHECK(reply.cores == "0-3");
+}
+
+TEST_CASE("metrics: jobs by state and user, the 50 largest batches, the GPUs as gpus reports them") {
+  DaemonBench b;
+  Hooks hooks{b.io, {}, *b.store, b.users, [](std::int64_t) { return json::object(); }};
+  MetricCounters counters;
+  counters.attempts_started = 7;
+  const auto bobs = b.submit(3, k_bob.uid);
+  b.submit(1, k_alice.uid);
+  b.run(bobs[0], {0});
+  const std::string text = metrics_text(b.reads(), counters, hooks, 1234.5);
+  CHECK(text.find("gpuq_start_time_seconds 1234.5\n") != std::string::npos);
+  CHECK(text.find("gpuq_jobs{state=\"running\",user=\"user1002\"} 1\n") != std::string::npos);
+  CHECK(text.find("gpuq_jobs{state=\"queued\",user=\"user1002\"} 2\n") != std::string::npos);
+  CHECK(text.find("gpuq_jobs{state=\"queued\",user=\"user1001\"} 1\n") != std::string::npos);
+  CHECK(text.find("gpuq_attempts_started_total 7\n") != std::string::npos);
+  CHECK(text.find("gpuq_gpu_jobs{gpu=\"0\",uuid=\"" + b.inventory.gpus()[0].uuid + "\"} 1\n") != std::string::npos);
+  CHECK(text.find("gpuq_gpu_memory_allocated_bytes{gpu=\"0\"") != std::string::npos);
+
+  // Sixty batches with a job each in line: fifty series, not sixty.
+  for (int i = 0; i < 60; ++i) b.submit(1, k_alice.uid);
+  const std::string many = metrics_text(b.reads(), counters, hooks, 0);
+  std::size_t series = 0;
+  for (std::size_t at = many.find("gpuq_batch_jobs{batch="); at != std::string::npos;
+       at = many.find("gpuq_batch_jobs{batch=", at + 1))
+    ++series;
+  CHECK(series == 2 * 50);  // queued and running of each
 }
 
 TEST_SUITE_END();
