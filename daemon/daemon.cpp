@@ -1,7 +1,8 @@
 // gpuqd's core (see daemon.hpp): construction, recovery at start, request dispatch and `wait`. The
 // handlers live in files by group: queries.cpp (hello, status, show, why, events, results, usage:
 // functions of reads.hpp's Reads), submit.cpp, control.cpp (cancel, hold, release, update),
-// gpus.cpp (gpus, drain); restart and clean are their owners' (restarter.hpp, cleaner.hpp).
+// gpus.cpp (drain, undrain; gpus is a query); restart and clean are their owners' (restarter.hpp,
+// cleaner.hpp).
 // running.cpp runs the jobs; metrics.cpp answers Prometheus.
 #include "daemon/daemon.hpp"
 
@@ -55,13 +56,13 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                                            [this](std::int64_t id) { on_attempt_end(id); })
                      : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })),
       m_events(io, m_config, *m_store, m_jobs, *m_executor, m_inventory,
-               {[this](std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write) {
+               {[this](std::vector<JobRecord> changed, const WriteRows& write) {
                  land(std::move(changed), write);
                }}),
       m_trash(io, m_config.state_dir),
       m_restarter(io, m_config.state_dir, *m_store, m_jobs, m_pins, m_trash, m_users,
                   {[this] { return reads(); },
-                   [this](std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write) {
+                   [this](std::vector<JobRecord> changed, const WriteRows& write) {
                      land(std::move(changed), write);
                    },
                    [this] { schedule_soon(); }}),

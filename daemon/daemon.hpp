@@ -170,7 +170,7 @@ class Daemon {
   // part (with its progress). `write` is handed the rows and throws before memory changes; a
   // record that ends a job makes its hooks due, a job that comes back is live to dependencies
   // and waits again. Every record lands here, but a submission's new jobs (Submissions, then submission_written).
-  void land(std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write);
+  void land(std::vector<JobRecord> changed, const WriteRows& write);
   // Memory after the store took `rec`: the job table files it (JobTable::apply), the metrics count
   // its change of state, and waiters hear of a job that ended or came back.
   void apply(JobRecord rec);

@@ -37,7 +37,7 @@ class EventTick {
   struct Needs {
     // Daemon::land: a job's record with its new progress and result, written by `write` in one
     // transaction.
-    std::function<void(std::vector<JobRecord>, const std::function<void(const std::vector<const JobRecord*>&)>& write)> land;
+    Land land;
   };
   EventTick(boost::asio::io_context& io, const Config& config, Store& store, JobTable& jobs, Executor& executor,
             Inventory& inventory, Needs needs);

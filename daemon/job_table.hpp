@@ -26,6 +26,12 @@ namespace gpuq::daemon {
 // What the scheduler needs to know of a queued job.
 PendingJob pending_of(const JobRecord& r);
 
+// How records land (Daemon::land): `write` stores the rows in one transaction and throws before
+// memory changes; then the job table, metrics and waiters take them. Owners that change records
+// are handed one.
+using WriteRows = std::function<void(const std::vector<const JobRecord*>&)>;
+using Land = std::function<void(std::vector<JobRecord>, const WriteRows& write)>;
+
 // A queued or running job, in memory.
 struct Active {
   JobRecord rec;  // its state, priority, held and `after` change only through JobTable::apply

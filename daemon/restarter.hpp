@@ -37,7 +37,7 @@ class Restarter {
   struct Needs {
     std::function<Reads()> reads;
     // Daemon::land: the requeued records, written by `write` in one transaction.
-    std::function<void(std::vector<JobRecord>, const std::function<void(const std::vector<const JobRecord*>&)>& write)> land;
+    Land land;
     std::function<void()> schedule_soon;
   };
   Restarter(boost::asio::io_context& io, std::string state_dir, Store& store, JobTable& jobs, RestartPins& pins,

@@ -441,7 +441,7 @@ void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::strin
   for (auto& r : also) apply(std::move(r));
 }
 
-void Daemon::land(std::vector<JobRecord> changed, const std::function<void(const std::vector<const JobRecord*>&)>& write) {
+void Daemon::land(std::vector<JobRecord> changed, const WriteRows& write) {
   std::vector<const JobRecord*> rows;
   for (const auto& r : changed) rows.push_back(&r);
   write(rows);  // throws before anything changed in memory

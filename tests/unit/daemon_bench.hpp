@@ -40,7 +40,10 @@ struct DaemonBench {
   GpuProcesses gpu_processes;
   QuietExecutor executor;
   SlotCores cores{{0, 1, 2, 3}, {}};
-  EventTick events{io, config, *store, jobs, executor, inventory, {}};  // its hang watch is off (hang_after_s 0)
+  std::vector<std::int64_t> landed;  // the ids of the records land() applied, in order
+  // Its hang watch is off (hang_after_s 0); what it reads lands through land().
+  EventTick events{io, config, *store, jobs, executor, inventory,
+                   {[this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); }}};
 
   static Users::Rules lab_mode() {
     Users::Rules r;
@@ -61,6 +64,17 @@ struct DaemonBench {
         health(io, inventory, *store, 0, [] {}),
         gpu_processes(io, inventory, 0, [] { return std::vector<GpuProcesses::Running>{}; }, [] {}) {
     config.state_dir = "/nonexistent/state";
+  }
+  // Daemon::land as the owners see it, without hooks, metrics or waiters: `write` stores the rows,
+  // then the job table takes them.
+  void land(std::vector<JobRecord> changed, const WriteRows& write) {
+    std::vector<const JobRecord*> rows;
+    for (const auto& r : changed) rows.push_back(&r);
+    write(rows);
+    for (auto& r : changed) {
+      landed.push_back(r.id);
+      jobs.apply(std::move(r));
+    }
   }
   Reads reads() {
     return {config, *store, jobs, users, last_pass, health, gpu_processes, events, executor, inventory, cores};

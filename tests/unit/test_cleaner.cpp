@@ -15,6 +15,7 @@
 #include "daemon/launcher.hpp"
 #include "tests/unit/daemon_bench.hpp"
 #include "tests/unit/refusal.hpp"
+#include "tests/unit/temp_dir.hpp"
 
 using namespace gpuq::daemon;
 using gpuq::daemon::testing::DaemonBench;
@@ -26,24 +27,15 @@ using gpuq::testing::refusal;
 
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/gpuq-unit-cleaner-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
 struct Bench : DaemonBench {
-  std::string dir = temp_dir();
+  gpuq::testing::TempDir tmp{"gpuq-unit-cleaner"};
+  const std::string dir = tmp.path;
   RestartPins pins;
   Waiters waiters{io, [](const Caller&, const std::set<std::int64_t>&, bool) { return json::object(); }};
   Trash trash{io, dir};
   Cleaner cleaner{io, dir, 0, *store, jobs, pins, waiters, trash, [this] { return reads(); }};
 
   Bench() { config.state_dir = dir; }
-  ~Bench() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
   // Job `id`'s directory with a file in it.
   std::string make_files(std::int64_t id) {
     const std::string d = job_dir(dir, id);

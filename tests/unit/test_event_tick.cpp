@@ -1,5 +1,5 @@
-// The event tick (daemon/event_tick.hpp) without a daemon: a running job's events file in a temp
-// state directory, what the tick lands applied to the job table as the daemon's land() does.
+// The event tick (daemon/event_tick.hpp) without a daemon: the bench's, over a running job's events
+// file in a temp state directory, what it lands applied to the job table (DaemonBench::land).
 // Only complete lines are read while the job runs, the last unterminated one at its end; a read
 // while it runs takes at most k_events_per_call; a file that is not the job's own reads as empty;
 // the tick reads by itself while a job runs and stops once none does.
@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "daemon/event_tick.hpp"
 #include "daemon/launcher.hpp"
 #include "tests/unit/daemon_bench.hpp"
+#include "tests/unit/temp_dir.hpp"
 
 using namespace gpuq::daemon;
 using gpuq::daemon::testing::DaemonBench;
@@ -26,31 +26,10 @@ using gpuq::common::json;
 
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/gpuq-unit-events-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
 struct Bench : DaemonBench {
-  std::string dir = temp_dir();
-  int landed = 0;  // records landed
-  EventTick tick{io,
-                 config,
-                 *store,
-                 jobs,
-                 executor,
-                 inventory,
-                 {[this](std::vector<JobRecord> changed,
-                         const std::function<void(const std::vector<const JobRecord*>&)>& write) {
-                   std::vector<const JobRecord*> rows;
-                   for (const auto& r : changed) rows.push_back(&r);
-                   write(rows);
-                   for (auto& r : changed) {
-                     ++landed;
-                     jobs.apply(std::move(r));
-                   }
-                 }}};
+  gpuq::testing::TempDir tmp{"gpuq-unit-events"};
+  const std::string dir = tmp.path;
+  EventTick& tick = events;
   std::int64_t id = 0;
 
   // One job of this process's user, running as attempt 1 with its attempt directory made.
@@ -60,10 +39,6 @@ struct Bench : DaemonBench {
     id = submit(1, ::getuid()).front();
     run(id, {0});
     REQUIRE(gpuq::common::make_dirs(attempt_dir(dir, id, 1)));
-  }
-  ~Bench() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
   }
   std::string events_path() const { return rank_events_path(attempt_dir(dir, id, 1), 0); }
   void append(const std::string& text) {
@@ -86,9 +61,9 @@ TEST_CASE("complete lines are read while the job runs, an unterminated last line
   CHECK(b.store->event_offset(b.id, 1, 0) == first);
   CHECK(b.jobs.at(b.id).event_offsets[0] == first);
   // Read again with nothing new: nothing lands twice.
-  const int landed = b.landed;
+  const std::size_t landed = b.landed.size();
   REQUIRE(b.tick.ingest(b.jobs.at(b.id)));
-  CHECK(b.landed == landed);
+  CHECK(b.landed.size() == landed);
   b.append(":0.9}");
   REQUIRE(b.tick.ingest(b.jobs.at(b.id), /*ended=*/true));
   CHECK(b.rec().run.result == json{{"loss", 0.5}, {"acc", 0.9}});

@@ -28,7 +28,6 @@ namespace {
 struct Bench : DaemonBench {
   RestartPins pins;
   Trash trash{io, "/nonexistent/state"};
-  std::vector<std::int64_t> landed;  // requeued job ids, in the order they landed
   int passes = 0;                    // scheduling passes asked for
   Restarter restarter{io,
                       "/nonexistent/state",
@@ -38,15 +37,8 @@ struct Bench : DaemonBench {
                       trash,
                       users,
                       {[this] { return reads(); },
-                       [this](std::vector<JobRecord> changed,
-                              const std::function<void(const std::vector<const JobRecord*>&)>& write) {
-                         std::vector<const JobRecord*> rows;
-                         for (const auto& r : changed) rows.push_back(&r);
-                         write(rows);
-                         for (auto& r : changed) {
-                           landed.push_back(r.id);
-                           jobs.apply(std::move(r));
-                         }
+                       [this](std::vector<JobRecord> changed, const WriteRows& write) {
+                         land(std::move(changed), write);  // requeued job ids in `landed`, in order
                        },
                        [this] { ++passes; }}};
 
