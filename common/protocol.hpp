@@ -470,8 +470,11 @@ struct ShowReply {
   std::vector<Transition> history;
   std::vector<LogFile> logs;
   json first_failure;  // {rank, exit_code, signal} of the last failed attempt, or null
+  // Why its stored spec does not parse (written by a later gpuq, or damaged), "" when it does:
+  // then `spec` holds only its name and ranks, and the job cannot run again.
+  std::string spec_error;
 };
-GPUQ_JSON_TYPE(ShowReply, job, batch_max_running, spec, history, logs, first_failure)
+GPUQ_JSON_TYPE(ShowReply, job, batch_max_running, spec, history, logs, first_failure, spec_error)
 
 // `why`: what a job waits for, in full.
 struct Holder {  // a running job on GPUs the waiting one could use

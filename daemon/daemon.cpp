@@ -113,6 +113,16 @@ void Daemon::recover() {
     const std::int64_t id = rec.id;
     const double queued_since = rec.attempt == 0 ? rec.submitted_at : m_started_at;  // a retry's wait: from now on
     Active& a = m_jobs.load(std::move(rec), queued_since);
+    if (!a.rec.spec_error.empty()) {
+      // A spec this gpuqd cannot read (written by a later gpuq, or damaged): a queued job fails
+      // now, not launched with an empty command; a running one is adopted and ends as it ends,
+      // with no retry (lifecycle.cpp). Its stored spec stays as it is.
+      std::cerr << "gpuqd: " << job_label(a.rec) << "'s stored spec does not parse: " << a.rec.spec_error << "\n";
+      if (a.rec.state == JobState::queued) {
+        commit({next_record(a.rec, event::Unrunnable{unrunnable_reason(a.rec), wall_now()})});
+        continue;
+      }
+    }
     if (a.rec.state != JobState::running) continue;
     if (auto moved = rederive_slots(a.rec))  // not a change of state: no transition
       land({std::move(*moved)}, [&](const std::vector<const JobRecord*>& rows) { m_store->update(*rows.front(), false); });
@@ -126,7 +136,7 @@ void Daemon::recover() {
       case Executor::Found::never_started: {
         // Marked running, but gpuqd stopped before handing it over: it starts again as the same
         // attempt.
-        commit({next_record(a.rec, event::NeverStarted{"requeued: gpuqd stopped before the job started"})});
+        commit({next_record(a.rec, back_in_line(a.rec, "requeued: gpuqd stopped before the job started", wall_now()))});
         break;
       }
     }

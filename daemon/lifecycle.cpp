@@ -17,6 +17,13 @@ Error refused(const JobRecord& rec, const Event& e, std::string_view needs) {
                                            "; `" + std::string(event_name(e)) + "` needs " + std::string(needs)};
 }
 
+// A job whose stored spec does not parse runs no more: it has no command to run.
+Error unreadable(const JobRecord& rec, const Event& e) {
+  return Error{ErrorCode::wrong_state, job_label(rec) + " cannot `" + std::string(event_name(e)) +
+                                           "`: its stored spec does not parse (" + rec.spec_error +
+                                           "); submit it again"};
+}
+
 }  // namespace
 
 std::string job_label(const JobRecord& rec) { return "job " + std::to_string(rec.id) + " (" + rec.spec.name + ")"; }
@@ -32,6 +39,7 @@ std::string_view event_name(const Event& e) {
                         [](const event::Held& h) { return h.hold ? "held" : "released"; },
                         [](const event::Restarted&) { return "restarted"; },
                         [](const event::NeverStarted&) { return "never_started"; },
+                        [](const event::Unrunnable&) { return "unrunnable"; },
                     },
                     e);
 }
@@ -50,6 +58,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
       Overloaded{
           [&](const event::Launched& l) -> Result<JobRecord> {
             if (!queued || rec.held) return refused(rec, e, "a queued job that is not held");
+            if (!rec.spec_error.empty()) return unreadable(rec, e);
             clear_attempt(next);
             next.state = JobState::running;
             next.attempt = rec.attempt + 1;
@@ -79,6 +88,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             const int run = rec.attempt - rec.attempt_base;
             if (rec.state != JobState::failed || run < 1 || rec.blocked_by != 0)
               return refused(rec, e, "a job whose attempt has just failed");
+            if (!rec.spec_error.empty()) return unreadable(rec, e);
             if (run > rec.spec.retries)
               return Error{ErrorCode::wrong_state, "job " + std::to_string(rec.id) + " has no retry left (" +
                                                        std::to_string(rec.spec.retries) + " used)"};
@@ -117,6 +127,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
           },
           [&](const event::Restarted&) -> Result<JobRecord> {
             if (!is_terminal(rec.state)) return refused(rec, e, "a job that has ended");
+            if (!rec.spec_error.empty()) return unreadable(rec, e);
             clear_attempt(next);
             next.state = JobState::queued;
             next.attempt_base = rec.attempt;
@@ -126,6 +137,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
           },
           [&](const event::NeverStarted& n) -> Result<JobRecord> {
             if (!running || rec.attempt < 1) return refused(rec, e, "a running job");
+            if (!rec.spec_error.empty()) return unreadable(rec, e);
             next.state = JobState::queued;
             next.attempt = rec.attempt - 1;
             next.reason = n.reason;
@@ -134,8 +146,25 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             next.run.cores.clear();
             return next;
           },
+          [&](const event::Unrunnable& u) -> Result<JobRecord> {
+            if (!queued) return refused(rec, e, "a queued job");
+            next.state = JobState::failed;
+            next.held = false;
+            next.run.ended_at = u.at;
+            next.reason = u.reason;
+            return next;
+          },
       },
       e);
+}
+
+std::string unrunnable_reason(const JobRecord& rec) {
+  return "its stored spec does not parse (" + rec.spec_error + "): it cannot run; submit it again";
+}
+
+Event back_in_line(const JobRecord& rec, std::string reason, double now) {
+  if (rec.spec_error.empty()) return event::NeverStarted{std::move(reason)};
+  return event::Ended{JobState::failed, unrunnable_reason(rec), std::nullopt, std::nullopt, nullptr, now, "", 0};
 }
 
 JobRecord next_record(const JobRecord& rec, const Event& e) {

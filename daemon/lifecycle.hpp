@@ -73,12 +73,26 @@ struct Restarted {};
 struct NeverStarted {
   std::string reason;
 };
+// Queued -> failed, without running: it can never run (its stored spec does not parse).
+struct Unrunnable {
+  std::string reason;
+  double at = 0;
+};
 }  // namespace event
 
 using Event = std::variant<event::Launched, event::Ended, event::Retried, event::CancelRequested, event::Cancelled,
-                           event::DependencyFailed, event::Held, event::Restarted, event::NeverStarted>;
+                           event::DependencyFailed, event::Held, event::Restarted, event::NeverStarted,
+                           event::Unrunnable>;
 
 std::string_view event_name(const Event& e);
+
+// A running job that never started (or was taken back before it did) goes back in line as the
+// same attempt: NeverStarted; unless its stored spec does not parse, when it ends failed instead,
+// as it could never run again.
+Event back_in_line(const JobRecord& rec, std::string reason, double now);
+
+// Why a job whose stored spec does not parse fails, for its record's reason.
+std::string unrunnable_reason(const JobRecord& rec);
 
 // "job 7 (train)": how errors name a job.
 std::string job_label(const JobRecord& rec);

@@ -75,6 +75,7 @@ common::ShowReply show(const Reads& reads, const Caller& caller, const common::I
       if (common::path_exists(p)) out.logs.push_back({a, r, p});
     }
   out.first_failure = rec.run.first_failure;
+  out.spec_error = rec.spec_error;
   return out;
 }
 

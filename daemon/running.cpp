@@ -363,7 +363,7 @@ void Daemon::finish_attempt(Active& a, const Outcome& outcome) {
   if (outcome.withdrawn && !rec.run.cancel_requested) {
     // Taken back before it started (withdraw_orphans): in line again as the same attempt, to
     // wait for its dependency's next attempt, or to fail with it.
-    commit({next_record(rec, event::NeverStarted{"back in line: a job it waits for did not succeed"})});
+    commit({next_record(rec, back_in_line(rec, "back in line: a job it waits for did not succeed", now))});
     withdraw_orphans();  // those handed over after this one
     schedule_soon();
     return;

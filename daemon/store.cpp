@@ -256,6 +256,36 @@ void Store::write_transitions(const std::vector<const JobRecord*>& jobs, const s
 }
 
 
+namespace {
+
+// A stored spec into `j.spec`; one that does not parse leaves a default spec with what can be
+// read of the stored one (its name and ranks), and says why in `j.spec_error`. The stored text
+// is never rewritten from such a record (update and restart refuse it), so nothing is lost.
+void read_spec(JobRecord& j, const std::string& stored) {
+  json spec = json::parse(stored, nullptr, false);
+  auto parsed = spec.is_discarded() ? Result<common::JobSpec>(Error{ErrorCode::invalid_spec, "not JSON"})
+                                    : common::parse_job(spec, "/");
+  if (parsed) {
+    j.spec = std::move(*parsed);
+    return;
+  }
+  constexpr std::size_t k_max_said = 512;  // the reason travels in replies and logs: a bounded one
+  std::string why = parsed.error().message;
+  if (why.size() > k_max_said) {
+    std::size_t cut = k_max_said;
+    while (cut > 0 && (static_cast<unsigned char>(why[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+    why = why.substr(0, cut) + "...";
+  }
+  j.spec_error = std::move(why);
+  if (!spec.is_object()) return;
+  if (auto n = spec.find("name"); n != spec.end() && n->is_string() && n->get_ref<const std::string&>().size() <= k_max_said)
+    j.spec.name = n->get<std::string>();
+  if (auto r = spec.find("ranks"); r != spec.end() && r->is_number_integer())
+    j.spec.ranks = static_cast<int>(std::clamp<std::int64_t>(r->get<std::int64_t>(), 1, common::k_max_cpus));
+}
+
+}  // namespace
+
 std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
   std::vector<JobRecord> out;
   int rc;
@@ -263,8 +293,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     JobRecord j;
     j.id = sqlite3_column_int64(st, 0);
     j.batch = sqlite3_column_int64(st, 1);
-    json spec = json::parse(text(st, 2), nullptr, false);
-    if (auto parsed = common::parse_job(spec, "/"); parsed) j.spec = std::move(*parsed);
+    read_spec(j, text(st, 2));
     j.state = job_state_from_string(text(st, 3)).value_or(JobState::failed);
     j.attempt = sqlite3_column_int(st, 4);
     j.reason = text(st, 5);

@@ -65,6 +65,11 @@ struct JobRecord {
   std::int64_t blocked_by = 0;  // failed without running because this dependency ended unsuccessfully
   bool held = false;            // queued, kept from starting until released
   bool hook_due = false;        // not stored: it has just ended and has on_finish hooks to run (hooks.cpp)
+  // Not stored: why its stored spec does not parse (a spec written by a later gpuq, or damaged);
+  // "" when it does. Then `spec` is a default one holding only what could be read of the stored
+  // one (its name and ranks, for status, logs and events), and the job can never run again:
+  // lifecycle.cpp refuses it a launch, a retry and a restart, and recovery fails it if queued.
+  std::string spec_error;
 };
 
 struct EventRow {

@@ -144,6 +144,25 @@ MUTANTS = [
     ("option-duration-check", "common/config.cpp",
      "    if (!d) return Error{ErrorCode::bad_request,", "    if (!d) d = 0.0;\n    if (false) return Error{ErrorCode::bad_request,",
      ["unit:gpuqd's options are the table's*"]),
+    # A job whose stored spec does not parse (a later gpuq's, or damaged) has no command: it must
+    # never launch, and nothing may write a default spec over the one not read.
+    ("unreadable-spec-read", "daemon/store.cpp",
+     "  j.spec_error = std::move(why);\n", "\n",
+     ["unit:a stored spec that does not parse*"]),
+    ("unreadable-spec-recovery", "daemon/daemon.cpp",
+     "      if (a.rec.state == JobState::queued) {", "      if (false) {",
+     ["unit:a job whose stored spec does not parse never runs*"]),
+    ("unreadable-spec-launch", "daemon/lifecycle.cpp",
+     "            if (!rec.spec_error.empty()) return unreadable(rec, e);\n            clear_attempt(next);\n            next.state = JobState::running;",
+     "            clear_attempt(next);\n            next.state = JobState::running;",
+     ["unit:a job whose stored spec does not parse is never launched*"]),
+    ("unreadable-spec-back-in-line", "daemon/lifecycle.cpp",
+     "  if (rec.spec_error.empty()) return event::NeverStarted{std::move(reason)};",
+     "  return event::NeverStarted{std::move(reason)};",
+     ["unit:a job whose stored spec does not parse*"]),
+    ("unreadable-spec-update", "daemon/control.cpp",
+     "    if (!rec.spec_error.empty())  // rewriting it", "    if (false)  // rewriting it",
+     ["unit:a job whose stored spec does not parse never runs*"]),
 ]
 
 

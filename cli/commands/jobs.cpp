@@ -184,6 +184,7 @@ int cmd_show(const Options& o, std::int64_t id) {
                                         : std::string())
             << (someone_elses(j) ? ", of " + printable(j.user) : std::string()) << "\n"
             << "  state:     " << state_of(j) << (j.reason.empty() ? "" : " - " + printable(j.reason)) << "\n"
+            << (s.spec_error.empty() ? "" : "  spec:      unreadable - " + printable(s.spec_error) + "\n")
             << "  mode:      " << j.mode << ", " << j.ranks << " rank(s), gpus requested " << j.gpus_requested
             << ", assigned " << format_gpus(j.gpus)
             << (j.gpu_memory_peak_mb.is_number() ? ", peak " + j.gpu_memory_peak_mb.dump() + " MiB on a GPU so far"

@@ -4,6 +4,7 @@
 // once without an exit record: every attempt fails, "the job's supervisor ended without recording
 // an outcome", which gives the tests ended jobs without running anything.
 #include <doctest/doctest.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <string>
 
 #include "daemon/daemon.hpp"
+#include "tests/unit/temp_dir.hpp"
 
 using namespace gpuq::daemon;
 using gpuq::common::json;
@@ -30,7 +32,7 @@ struct Core {
 
   explicit Core(const std::string& gpus = "fake:2:16000",
                 std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor = {},
-                std::function<void(Config&)> tweak = {}) {
+                std::function<void(Config&)> tweak = {}, const std::string& store_path = ":memory:") {
     char tmpl[] = "/tmp/gpuq-unit-handlers-XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
@@ -40,7 +42,7 @@ struct Core {
     config.retry_backoff_s = 0;
     config.make_executor = std::move(make_executor);
     if (tweak) tweak(config);
-    auto store = Store::open(":memory:");
+    auto store = Store::open(store_path);
     REQUIRE(store);
     auto inventory = Inventory::create(gpus, std::nullopt);
     REQUIRE(inventory);
@@ -314,7 +316,7 @@ class FakeExecutor final : public Executor {
     m_cluster.handed.push_back(std::move(h));
     return std::nullopt;
   }
-  Found adopt(const Attempt&) override { return Found::never_started; }
+  Found adopt(const Attempt& a) override { return m_cluster.live.count(a.id) ? Found::alive : Found::never_started; }
   void stop(std::int64_t id) override { finish(id, json{{"cancelled", true}}); }
   void withdraw(std::int64_t id) override {
     m_cluster.withdrawn.push_back(id);
@@ -341,12 +343,14 @@ class FakeExecutor final : public Executor {
 
 struct ClusterCore : Core {
   FakeCluster& cluster;
-  explicit ClusterCore(FakeCluster& c)
-      : Core("none",
-             [&c](asio::io_context& loop, Executor::Ended ended) {
-               c.ended = std::move(ended);
-               return std::make_unique<FakeExecutor>(loop, c);
-             }),
+  explicit ClusterCore(FakeCluster& c, const std::string& store_path = ":memory:")
+      : Core(
+            "none",
+            [&c](asio::io_context& loop, Executor::Ended ended) {
+              c.ended = std::move(ended);
+              return std::make_unique<FakeExecutor>(loop, c);
+            },
+            {}, store_path),
         cluster(c) {}
   // The job's attempt ends in the cluster as `outcome` says.
   void end(std::int64_t id, json outcome) {
@@ -360,6 +364,86 @@ struct ClusterCore : Core {
 };
 
 }  // namespace
+
+namespace {
+
+// Runs `sql` on a state store's file directly, as another gpuq (or damage) would have.
+void raw_exec(const std::string& path, const std::string& sql) {
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &raw) == SQLITE_OK);
+  CHECK(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(raw);
+}
+
+std::string raw_spec(const std::string& path, std::int64_t id) {
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &raw) == SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  REQUIRE(sqlite3_prepare_v2(raw, "SELECT spec FROM jobs WHERE id=?", -1, &st, nullptr) == SQLITE_OK);
+  sqlite3_bind_int64(st, 1, id);
+  std::string spec;
+  if (sqlite3_step(st) == SQLITE_ROW) spec = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  sqlite3_close(raw);
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("a job whose stored spec does not parse never runs: failed at recovery if queued, never requeued, updated or restarted") {
+  gpuq::testing::TempDir state("gpuq-unit-handlers-spec");
+  const std::string db = state.path + "/state.db";
+  std::vector<std::int64_t> ids;
+  {
+    FakeCluster first;
+    ClusterCore core(first, db);
+    ids = core.submit(json::array({job("later"), job("after-it", {{"after", {"later"}}}), job("fine"), job("running"),
+                                   job("never-started")}),
+                      /*hold=*/true);
+    REQUIRE(ids.size() == 5);
+  }
+  // As a later gpuq would have written them (a field this one does not know, retries it would
+  // take), and two of them running when gpuqd stopped; one of those had not started.
+  const std::string later = R"({"name":"later","command":["true"],"retries":3,"gang_timeout_s":30})";
+  std::string sql;
+  for (std::size_t i : {0, 3, 4})
+    sql += "UPDATE jobs SET spec='" + later + "' WHERE id=" + std::to_string(ids[i]) + ";";
+  for (std::size_t i : {3, 4})
+    sql += "UPDATE jobs SET state='running', attempt=1, held=0, started_at=5 WHERE id=" + std::to_string(ids[i]) + ";";
+  raw_exec(db, sql);
+
+  FakeCluster cluster;
+  cluster.live = {ids[3]};  // still running in the cluster; ids[4] never got there
+  ClusterCore core(cluster, db);
+  core.settle();
+  json queued = core.show(ids[0]);
+  CHECK(queued["job"]["state"] == "failed");
+  CHECK(queued["job"]["attempt"] == 0);
+  const std::string reason = queued["job"]["reason"];
+  CHECK(reason.find("its stored spec does not parse") == 0);
+  CHECK(reason.find("gang_timeout_s") != std::string::npos);
+  CHECK(queued["spec_error"].get<std::string>().find("unknown field `gang_timeout_s`") != std::string::npos);
+  CHECK(core.state_of(ids[1]) == "failed");  // it waited for the one that failed
+  CHECK(core.state_of(ids[2]) == "queued");  // the rest is as it was
+  CHECK(core.show(ids[4])["job"]["reason"].get<std::string>().find("its stored spec does not parse") == 0);
+  CHECK(cluster.handed.empty());  // nothing went over to run
+
+  json r = core.call({{"cmd", "restart"}, {"ids", {ids[0]}}});
+  CHECK(r["error"]["code"] == "wrong_state");
+  CHECK(r["error"]["message"].get<std::string>().find("cannot be restarted: its stored spec does not parse") !=
+        std::string::npos);
+  CHECK(core.state_of(ids[3]) == "running");
+  r = core.call({{"cmd", "update"}, {"ids", {ids[3]}}, {"set", {{"retries", 5}}}});
+  CHECK(r["error"]["code"] == "wrong_state");
+  CHECK(r["error"]["message"].get<std::string>().find("cannot be updated: its stored spec does not parse") !=
+        std::string::npos);
+  // The running one ends as it ends, failed here, and is not retried (its unread spec had 3).
+  core.end(ids[3], json{{"ranks", {{{"rank", 0}, {"exit_code", 1}}}}});
+  CHECK(core.state_of(ids[3]) == "failed");
+  CHECK(cluster.handed.empty());
+  // Nothing wrote over the specs it could not read.
+  for (std::size_t i : {0, 3, 4}) CHECK(raw_spec(db, ids[i]) == later);
+}
 
 TEST_CASE("a batch's first attempts go over as one array holding its limit; a retry goes alone below the limit") {
   FakeCluster cluster;

@@ -46,6 +46,7 @@ const std::vector<Event>& every_event() {
       event::Held{false},
       event::Restarted{},
       event::NeverStarted{"requeued: gpuqd stopped before the job started"},
+      event::Unrunnable{"its stored spec does not parse", 60.0},
   };
   return events;
 }
@@ -69,6 +70,7 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
        {{"succeeded", JobState::queued}, {"failed", JobState::queued}, {"cancelled", JobState::queued},
         {"timed_out", JobState::queued}}},
       {"never_started", {{"running", JobState::queued}}},
+      {"unrunnable", {{"queued", JobState::failed}, {"queued+held", JobState::failed}}},
   };
   int refusals = 0;
   for (const auto& e : every_event()) {
@@ -92,7 +94,7 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
       }
     }
   }
-  CHECK(refusals == 10 * 7 - 17);  // 70 pairs, 17 of them legal
+  CHECK(refusals == 11 * 7 - 19);  // 77 pairs, 19 of them legal
 }
 
 TEST_CASE("a launch starts the next attempt from a clean slate") {
@@ -223,6 +225,52 @@ TEST_CASE("a launch recorded but never started is queued again as the same attem
   CHECK(next->run.cpu_slots.empty());
   CHECK(next->run.cores.empty());
   CHECK(next->reason == "requeued: gpuqd stopped before the job started");
+}
+
+TEST_CASE("a job whose stored spec does not parse is never launched, retried or restarted, and fails if queued") {
+  const std::string why = "invalid job spec: unknown field `gang_timeout_s`";
+  JobRecord queued = job_in(JobState::queued);
+  queued.spec_error = why;
+  for (const Event& e : {Event{event::Launched{{0}, {}, {}, 0, 1.0}}, Event{event::Retried{2.0, "retry 1/1"}}}) {
+    JobRecord r = std::holds_alternative<event::Retried>(e) ? job_in(JobState::failed) : queued;
+    r.spec_error = why;
+    auto next = transition(r, e);
+    REQUIRE_FALSE(next.ok());
+    CHECK(next.error().code == gpuq::ErrorCode::wrong_state);
+    CHECK(next.error().message == "job 7 (train) cannot `" + std::string(event_name(e)) +
+                                      "`: its stored spec does not parse (" + why + "); submit it again");
+  }
+  for (JobState ended : {JobState::succeeded, JobState::failed, JobState::cancelled, JobState::timed_out}) {
+    JobRecord r = job_in(ended);
+    r.spec_error = why;
+    CAPTURE(to_string(ended));
+    CHECK_FALSE(transition(r, event::Restarted{}).ok());
+  }
+  // Running, but never started: not back in line (it would wait for a launch it cannot have) but
+  // ended, failed, saying why.
+  JobRecord running = job_in(JobState::running);
+  running.spec_error = why;
+  CHECK_FALSE(transition(running, event::NeverStarted{"requeued: gpuqd stopped before the job started"}).ok());
+  auto ended = transition(running, back_in_line(running, "requeued: gpuqd stopped before the job started", 8.0));
+  REQUIRE(ended.ok());
+  CHECK(ended->state == JobState::failed);
+  CHECK(ended->run.ended_at == 8.0);
+  CHECK(ended->reason == "its stored spec does not parse (" + why + "): it cannot run; submit it again");
+  running.spec_error.clear();
+  auto requeued = transition(running, back_in_line(running, "requeued: gpuqd stopped before the job started", 8.0));
+  REQUIRE(requeued.ok());
+  CHECK(requeued->state == JobState::queued);
+  // What it may still do: fail without running, be held, be cancelled.
+  queued.held = true;
+  auto failed = transition(queued, event::Unrunnable{"its stored spec does not parse (" + why + ")", 9.0});
+  REQUIRE(failed.ok());
+  CHECK(failed->state == JobState::failed);
+  CHECK_FALSE(failed->held);
+  CHECK(failed->run.ended_at == 9.0);
+  CHECK(failed->attempt == 0);
+  CHECK(failed->reason.find(why) != std::string::npos);
+  CHECK(transition(queued, event::Cancelled{3.0}).ok());
+  CHECK(transition(queued, event::Held{false}).ok());
 }
 
 TEST_SUITE_END();

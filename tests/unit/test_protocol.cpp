@@ -43,6 +43,7 @@ TEST_CASE("show, gpus, cancel and submit replies round-trip") {
   s.history = {{1, JobState::running, 12.5, ""}, {1, JobState::failed, 13.0, "rank 1 exited with code 2"}};
   s.logs = {{1, 0, "/x/rank-0.log"}};
   s.first_failure = {{"rank", 1}, {"exit_code", 2}};
+  s.spec_error = "invalid job spec: unknown field `gang_timeout_s`";
   CHECK(json(json(s).get<ShowReply>()) == json(s));
   GpusReply g{"fake:2:100", {{0, "GPU-a", "Fake", 100, nullptr, nullptr, 50, false, {4, 5}, 1, true, "ECC", nullptr, 0}}, 8, 3, "0-7"};
   CHECK(json(json(g).get<GpusReply>()) == json(g));

@@ -525,4 +525,39 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   CHECK(user_version(db.path) == 99);
 }
 
+TEST_CASE("a stored spec that does not parse reads back as a default spec that says why, its name and ranks kept, its text untouched") {
+  TempDb db;
+  {
+    auto store = Store::open(db.path);
+    REQUIRE(store.ok());
+    std::vector<JobRecord> jobs{job_named("later"), job_named("damaged"), job_named("fine")};
+    (*store)->insert_batch(jobs, {{}, {}, {}}, "/", {}, 1.0);
+  }
+  // A spec as a later gpuq writes it (a field this one does not know), and one that is not JSON.
+  raw_exec(db.path, R"(UPDATE jobs SET spec='{"name":"later","command":["true"],"ranks":4,"gang_timeout_s":30}' WHERE id=1;
+                       UPDATE jobs SET spec='{"name":' WHERE id=2;)");
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  auto later = (*store)->get(1);
+  REQUIRE(later.has_value());
+  CHECK(later->spec_error.find("gang_timeout_s") != std::string::npos);
+  CHECK(later->spec.name == "later");
+  CHECK(later->spec.ranks == 4);
+  CHECK(later->spec.command.empty());  // nothing to run: what lifecycle.cpp refuses to launch
+  auto damaged = (*store)->get(2);
+  REQUIRE(damaged.has_value());
+  CHECK(damaged->spec_error == "not JSON");
+  CHECK(damaged->spec.name.empty());
+  CHECK((*store)->get(3)->spec_error.empty());
+  CHECK((*store)->load_active().size() == 3);  // each still loads, to be failed, not dropped
+  // Its end is stored; the spec it could not read is not written over.
+  JobRecord ended = *later;
+  ended.state = gpuq::JobState::failed;
+  (*store)->update(ended, true);
+  auto again = (*store)->get(1);
+  REQUIRE(again.has_value());
+  CHECK(again->state == gpuq::JobState::failed);
+  CHECK(again->spec_error == later->spec_error);
+}
+
 TEST_SUITE_END();
