@@ -1,47 +1,50 @@
-// Requests that change queued or running jobs in place: cancel, hold and release, update.
-#include "daemon/daemon.hpp"
+// Requests that change queued or running jobs in place, and the GPUs' service (control.hpp).
+#include "daemon/control.hpp"
 
+#include <map>
+#include <set>
 #include <sstream>
 
+#include "common/process.hpp"
 #include "daemon/lifecycle.hpp"
 
-namespace gpuq::daemon {
+namespace gpuq::daemon::control {
 
-// ---- cancel and wait ----------------------------------------------------------------------------
+using json = nlohmann::json;
 
-json Daemon::cmd_cancel(const Caller& caller, const common::IdsRequest& q) {
+common::CancelReply cancel(const Changes& c, const Caller& caller, const common::IdsRequest& q) {
   // All ids must exist before anything is cancelled: a typo cancels nothing.
   // (Their states alone: an ended job's row may hold a result of a megabyte.)
   std::map<std::int64_t, JobState> states;
   for (auto id : q.ids) {
-    const Active* active = m_jobs.find(id);
-    auto st = active ? active->rec.state : m_store->state_of(id);
-    states[id] = st ? *st : reads().existing_job(id).state;  // not_found, saying why
+    const Active* active = c.jobs.find(id);
+    auto st = active ? active->rec.state : c.store.state_of(id);
+    states[id] = st ? *st : c.reads.existing_job(id).state;  // not_found, saying why
   }
-  for (auto id : q.ids) reads().authorize(caller, id, "cancel");  // all, before any is cancelled
+  for (auto id : q.ids) c.reads.authorize(caller, id, "cancel");  // all, before any is cancelled
   // One transaction ends the queued ones and records the intent on the running ones (whatever
   // happens next, they end as cancelled): a failed write (disk full) cancels none of them.
   std::vector<JobRecord> cancelled;
   std::set<std::int64_t> now_cancelled;
   for (auto id : q.ids)
-    if (const Active* it = m_jobs.find(id); it && it->rec.state == JobState::queued && now_cancelled.insert(id).second)
-      cancelled.push_back(next_record(it->rec, event::Cancelled{wall_now()}));
+    if (const Active* it = c.jobs.find(id); it && it->rec.state == JobState::queued && now_cancelled.insert(id).second)
+      cancelled.push_back(next_record(it->rec, event::Cancelled{common::wall_now()}));
   std::vector<JobRecord> flagged;
   for (auto id : q.ids)
-    if (const Active* it = m_jobs.find(id); it && it->rec.state == JobState::running && !it->rec.run.cancel_requested)
+    if (const Active* it = c.jobs.find(id); it && it->rec.state == JobState::running && !it->rec.run.cancel_requested)
       flagged.push_back(next_record(it->rec, event::CancelRequested{}));
-  commit(std::move(cancelled), {}, std::move(flagged));
+  c.commit(std::move(cancelled), {}, std::move(flagged));
   common::CancelReply out;
   for (auto id : q.ids) {
-    if (!m_jobs.contains(id)) {
+    if (!c.jobs.contains(id)) {
       const bool done_now = now_cancelled.count(id) > 0;
       out.jobs.push_back({id, done_now ? JobState::cancelled : states.at(id), done_now});
       continue;
     }
-    m_executor->stop(id);
+    c.executor.stop(id);
     out.jobs.push_back({id, JobState::running, true});
   }
-  schedule_soon();
+  c.schedule_soon();
   return out;
 }
 
@@ -49,30 +52,30 @@ json Daemon::cmd_cancel(const Caller& caller, const common::IdsRequest& q) {
 // nothing, and start only once released), or releases them. Holding needs every named job to be
 // queued, or nothing is held; releasing a job that is not held changes nothing. With a batch,
 // its queued jobs. Each change is a transition in the job's history.
-json Daemon::set_held(const Caller& caller, const common::SelectRequest& q, bool hold) {
+common::CancelReply set_held(const Changes& c, const Caller& caller, const common::SelectRequest& q, bool hold) {
   for (auto id : q.ids) {
-    const JobRecord rec = reads().existing_job(id);
+    const JobRecord rec = c.reads.existing_job(id);
     if (hold && rec.state != JobState::queued)
       throw RequestError(ErrorCode::wrong_state,
                          job_label(rec) + " is " + std::string(to_string(rec.state)) + "; only a queued job can be held" +
                              (rec.state == JobState::running ? " (`gpuq cancel` stops a running one)" : ""));
   }
-  const std::vector<std::int64_t> ids = reads().with_queued_of_batch(q.ids, q.batch);
-  for (auto id : ids) reads().authorize(caller, id, hold ? "hold" : "release");
+  const std::vector<std::int64_t> ids = c.reads.with_queued_of_batch(q.ids, q.batch);
+  for (auto id : ids) c.reads.authorize(caller, id, hold ? "hold" : "release");
 
   common::CancelReply out;
   std::vector<JobRecord> changed;
   for (auto id : ids) {
-    const Active* it = m_jobs.find(id);
+    const Active* it = c.jobs.find(id);
     const bool change = it && it->rec.state == JobState::queued && it->rec.held != hold;
     if (change) changed.push_back(next_record(it->rec, event::Held{hold}));
-    const JobState state = it ? it->rec.state : reads().lookup(id)->state;
+    const JobState state = it ? it->rec.state : c.reads.lookup(id)->state;
     out.jobs.push_back({id, state, change});
   }
   const std::vector<std::string> why(changed.size(), hold ? "held" : "released");
   const bool released = !hold && !changed.empty();
-  commit(std::move(changed), why);
-  if (released) schedule_soon();
+  c.commit(std::move(changed), why, {});
+  if (released) c.schedule_soon();
   return out;
 }
 
@@ -80,9 +83,9 @@ json Daemon::set_held(const Caller& caller, const common::SelectRequest& q, bool
 // the spec is rewritten and the job takes its new place in line. A running job takes `priority`
 // and `retries`, which decide its next attempt; its supervisor enforces the timeout it started
 // with, so that cannot change under it. All or nothing; each change is in the job's history.
-json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
+json update(const Changes& c, const Caller& caller, const common::UpdateRequest& q) {
   for (auto id : q.ids) {
-    const JobRecord rec = reads().existing_job(id);
+    const JobRecord rec = c.reads.existing_job(id);
     if (is_terminal(rec.state))
       throw RequestError(ErrorCode::wrong_state, job_label(rec) + " has ended " + std::string(to_string(rec.state)) +
                                                      "; `gpuq restart` queues it again, and then it can be updated");
@@ -96,11 +99,11 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
   }
   const bool spec_fields = q.priority || q.retries || q.timeout_s;
   // Only the batch's limit: its queued jobs are not asked to change.
-  const std::vector<std::int64_t> ids = spec_fields ? reads().with_queued_of_batch(q.ids, q.batch) : q.ids;
-  if (!spec_fields) reads().jobs_of_batch(q.batch);  // one that exists
-  reads().authorize_batch(caller, q.batch, "update the batch of");
-  for (auto id : ids) reads().authorize(caller, id, "update");
-  if (q.priority) m_users.check_priority(caller, *q.priority, "");
+  const std::vector<std::int64_t> ids = spec_fields ? c.reads.with_queued_of_batch(q.ids, q.batch) : q.ids;
+  if (!spec_fields) c.reads.jobs_of_batch(q.batch);  // one that exists
+  c.reads.authorize_batch(caller, q.batch, "update the batch of");
+  for (auto id : ids) c.reads.authorize(caller, id, "update");
+  if (q.priority) c.users.check_priority(caller, *q.priority, "");
 
   auto change = [](auto& field, const auto& value, const char* name, std::string& why) {
     if (!value || field == *value) return;
@@ -113,7 +116,7 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
   std::vector<JobRecord> changed;
   std::vector<std::string> why;
   for (auto id : ids) {
-    JobRecord next = m_jobs.at(id).rec;
+    JobRecord next = c.jobs.at(id).rec;
     std::string what;
     change(next.spec.priority, q.priority, "priority", what);
     change(next.spec.retries, q.retries, "retries", what);
@@ -123,24 +126,31 @@ json Daemon::cmd_update(const Caller& caller, const common::UpdateRequest& q) {
     changed.push_back(std::move(next));
     why.push_back(std::move(what));
   }
-  land(std::move(changed), [&](const std::vector<const JobRecord*>& rows) {
-    m_store->rewrite_specs(rows, why);  // not a change of state: no transition
+  const bool respecified = !changed.empty();  // new places in line: a pass sees to them
+  c.land(std::move(changed), [&](const std::vector<const JobRecord*>& rows) {
+    c.store.rewrite_specs(rows, why);  // not a change of state: no transition
   });
   json reply = out;
   if (q.max_running) {  // jobs already running past a lowered limit run on, as in Slurm
-    const common::BatchLimitChange limit{q.batch, *q.max_running, m_jobs.batch_limit(q.batch).value_or(0)};
-    m_store->set_batch_limit(q.batch, limit.max_running);
-    m_jobs.set_batch_limit(q.batch, limit.max_running);
+    const common::BatchLimitChange limit{q.batch, *q.max_running, c.jobs.batch_limit(q.batch).value_or(0)};
+    c.store.set_batch_limit(q.batch, limit.max_running);
+    c.jobs.set_batch_limit(q.batch, limit.max_running);
     reply["batch_limit"] = limit;
-    if (m_executor->places_work()) {  // its jobs already there (a Slurm array's tasks) take it too
+    if (c.executor.places_work()) {  // its jobs already there (a Slurm array's tasks) take it too
       std::vector<std::int64_t> handed;
-      for (std::int64_t id : m_jobs.running_ids())
-        if (m_jobs.at(id).rec.batch == q.batch) handed.push_back(id);
-      m_executor->set_array_limit(handed, limit.max_running);
+      for (std::int64_t id : c.jobs.running_ids())
+        if (c.jobs.at(id).rec.batch == q.batch) handed.push_back(id);
+      c.executor.set_array_limit(handed, limit.max_running);
     }
   }
-  if (!changed.empty() || q.max_running) schedule_soon();
+  if (respecified || q.max_running) c.schedule_soon();
   return reply;
 }
 
-}  // namespace gpuq::daemon
+common::GpusReply set_drained(const Changes& c, const Caller& caller, const common::DrainRequest& q, bool drain) {
+  c.reads.authorize_admin(caller, drain ? "drain GPUs" : "undrain GPUs");
+  c.health.set_drained(q, drain);
+  return queries::gpus(c.reads);
+}
+
+}  // namespace gpuq::daemon::control

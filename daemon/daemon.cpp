@@ -1,8 +1,8 @@
 // gpuqd's core (see daemon.hpp): construction, recovery at start, request dispatch and `wait`. The
-// handlers live in files by group: queries.cpp (hello, status, show, why, events, results, usage:
-// functions of reads.hpp's Reads), submit.cpp, control.cpp (cancel, hold, release, update),
-// gpus.cpp (drain, undrain; gpus is a query); restart and clean are their owners' (restarter.hpp,
-// cleaner.hpp).
+// handlers live in files by group: queries.cpp (hello, status, show, why, events, results, usage,
+// gpus: functions of reads.hpp's Reads), control.cpp (cancel, hold, release, update, drain,
+// undrain: functions of control.hpp's Changes), submit.cpp; restart and clean are their owners'
+// (restarter.hpp, cleaner.hpp).
 // running.cpp runs the jobs; metrics.cpp answers Prometheus.
 #include "daemon/daemon.hpp"
 
@@ -86,6 +86,20 @@ Reads Daemon::reads() {
           m_inventory, m_cores};
 }
 
+Changes Daemon::changes() {
+  return {reads(),
+          m_jobs,
+          *m_store,
+          m_users,
+          m_health,
+          *m_executor,
+          [this](std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {
+            commit(std::move(changed), why, std::move(also));
+          },
+          [this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); },
+          [this] { schedule_soon(); }};
+}
+
 // ---- recovery -----------------------------------------------------------------------------------
 
 // A running job's slots map to the cores it was pinned to only under the affinity mask of the
@@ -165,13 +179,17 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       later<cmd::submit, &Daemon::cmd_submit>(),
       now<cmd::status, &queries::status>(),
       now<cmd::show, &queries::show>(),
-      now<cmd::cancel, &Daemon::cmd_cancel>(),
+      now<cmd::cancel, &control::cancel>(),
       later<cmd::restart, [](Daemon& d, const Caller& c, const common::RestartRequest& q, Reply& r) {
         d.m_restarter.start(c, q, r);
       }>(),
-      now<cmd::hold, [](Daemon& d, const Caller& c, const common::SelectRequest& q) { return d.set_held(c, q, true); }>(),
-      now<cmd::release, [](Daemon& d, const Caller& c, const common::SelectRequest& q) { return d.set_held(c, q, false); }>(),
-      now<cmd::update, &Daemon::cmd_update>(),
+      now<cmd::hold, [](const Changes& c, const Caller& who, const common::SelectRequest& q) {
+        return control::set_held(c, who, q, true);
+      }>(),
+      now<cmd::release, [](const Changes& c, const Caller& who, const common::SelectRequest& q) {
+        return control::set_held(c, who, q, false);
+      }>(),
+      now<cmd::update, &control::update>(),
       later<cmd::clean, [](Daemon& d, const Caller& c, const common::CleanRequest& q, Reply& r) {
         d.m_cleaner.start(c, q, r);
       }>(),
@@ -179,8 +197,12 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::results, &queries::results>(),
       now<cmd::events, &queries::events>(),
       now<cmd::gpus, &queries::gpus>(),
-      now<cmd::drain, [](Daemon& d, const Caller& c, const common::DrainRequest& q) { return d.set_drained(c, q, true); }>(),
-      now<cmd::undrain, [](Daemon& d, const Caller& c, const common::DrainRequest& q) { return d.set_drained(c, q, false); }>(),
+      now<cmd::drain, [](const Changes& c, const Caller& who, const common::DrainRequest& q) {
+        return control::set_drained(c, who, q, true);
+      }>(),
+      now<cmd::undrain, [](const Changes& c, const Caller& who, const common::DrainRequest& q) {
+        return control::set_drained(c, who, q, false);
+      }>(),
       now<cmd::why, &queries::why>(),
       now<cmd::usage, &queries::usage>(),
       {cmd::shutdown.name, &Daemon::cmd_shutdown},

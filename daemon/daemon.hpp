@@ -31,6 +31,7 @@
 #include "common/protocol.hpp"
 #include "common/users.hpp"
 #include "daemon/cleaner.hpp"
+#include "daemon/control.hpp"
 #include "daemon/event_tick.hpp"
 #include "daemon/executor.hpp"
 #include "daemon/gpu_service.hpp"
@@ -102,13 +103,15 @@ class Daemon {
     return {C.name, &Daemon::answer_later<C, Handler>};
   }
   // A handler is a member (taking this), a function of what the daemon holds (Daemon&: an owner's
-  // handler, reached through the row), or a read-only function of a Reads.
+  // handler, reached through the row), a read-only function of a Reads, or a function of a
+  // Changes (control.hpp).
   template <const auto& C, auto Handler>
   void answer_now(const Caller& caller, const json& request, Reply& reply) {
     using H = decltype(Handler);
     using Q = typename std::remove_cvref_t<decltype(C)>::request;
     Q q = C.decode(request);
     if constexpr (std::is_invocable_v<H, const Reads&, const Caller&, Q>) reply(common::ok_reply(Handler(reads(), caller, std::move(q))));
+    else if constexpr (std::is_invocable_v<H, const Changes&, const Caller&, Q>) reply(common::ok_reply(Handler(changes(), caller, std::move(q))));
     else if constexpr (std::is_invocable_v<H, Daemon&, const Caller&, Q>) reply(common::ok_reply(std::invoke(Handler, *this, caller, std::move(q))));
     else if constexpr (std::is_invocable_v<H, Daemon&, Q>) reply(common::ok_reply(std::invoke(Handler, *this, std::move(q))));
     else if constexpr (std::is_invocable_v<H, Daemon&, const Caller&>) reply(common::ok_reply(std::invoke(Handler, *this, caller)));
@@ -129,10 +132,6 @@ class Daemon {
   void cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& reply);  // answers once the batch is written
   std::optional<Error> accept_submission(Submissions::Batch& s);  // Submissions::Accept
   void submission_written(Submissions::Batch& s);                 // Submissions::Written
-  json cmd_cancel(const Caller& caller, const common::IdsRequest& q);
-  json set_held(const Caller& caller, const common::SelectRequest& q, bool hold);
-  json cmd_update(const Caller& caller, const common::UpdateRequest& q);
-  json set_drained(const Caller& caller, const common::DrainRequest& q, bool drained);  // drain, undrain (admins')
   // What the GPUs say of a failed attempt: for CUDA out of memory, its peak and the processes
   // outside gpuq that grew on its GPUs; for any failure, the Xids its GPUs reported meanwhile.
   // "" when nothing.
@@ -180,6 +179,8 @@ class Daemon {
 
   // What the handlers read through (reads.hpp), over this daemon's owners.
   Reads reads();
+  // What the handlers that change jobs in place may touch (control.hpp).
+  Changes changes();
 
   asio::io_context& m_io;
   Config m_config;

@@ -1,5 +1,5 @@
-// The GPUs' handlers: `drain` and `undrain` (admins'; `gpus` is queries::gpus), and what the
-// GPUs say of a failed attempt. What they are made of: gpu_service.hpp (in and out of service, health checks) and
+// What the GPUs say of a failed attempt (their handlers: `gpus` is queries::gpus, `drain` and
+// `undrain` control::set_drained). What they are made of: gpu_service.hpp (in and out of service, health checks) and
 // gpu_processes.hpp (what runs on them).
 #include "daemon/daemon.hpp"
 
@@ -9,12 +9,6 @@
 #include "daemon/lifecycle.hpp"
 
 namespace gpuq::daemon {
-
-json Daemon::set_drained(const Caller& caller, const common::DrainRequest& q, bool drained) {
-  reads().authorize_admin(caller, drained ? "drain GPUs" : "undrain GPUs");
-  m_health.set_drained(q, drained);
-  return queries::gpus(reads());
-}
 
 std::string Daemon::gpu_failure_notes(const JobRecord& r, const json& failure) {
   if (r.run.gpus.empty() || m_inventory.source().rfind("nvml", 0) != 0) return "";

@@ -31,6 +31,11 @@ PendingJob pending_of(const JobRecord& r);
 // are handed one.
 using WriteRows = std::function<void(const std::vector<const JobRecord*>&)>;
 using Land = std::function<void(std::vector<JobRecord>, const WriteRows& write)>;
+// Daemon::commit: changes of state (each a record lifecycle.hpp made, `why` its history row's
+// reason where given) stored in one transaction with a transition each, with `also` (other jobs'
+// records, no transition) in it, then landed.
+using Commit = std::function<void(std::vector<JobRecord> changed, const std::vector<std::string>& why,
+                                  std::vector<JobRecord> also)>;
 
 // A queued or running job, in memory.
 struct Active {

@@ -1,4 +1,5 @@
-// What the daemon's owners read, filled by hand for unit tests (test_queries, test_restarter): a
+// What the daemon's owners read, filled by hand for unit tests (test_queries, test_restarter,
+// test_control): a
 // store in memory, a job table, lab mode's users with made-up names (user<uid>), two fake GPUs and
 // an executor that runs nothing. Jobs are written to the store and filed in the table as the
 // daemon would; no process starts.
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "daemon/config.hpp"
+#include "daemon/control.hpp"
 #include "daemon/reads.hpp"
 
 namespace gpuq::daemon::testing {
@@ -23,9 +25,10 @@ using common::json;
 struct QuietExecutor : Executor {
   std::optional<gpuq::Error> start(const Attempt&) override { return std::nullopt; }
   Found adopt(const Attempt&) override { return Found::alive; }
-  void stop(std::int64_t) override {}
+  void stop(std::int64_t id) override { stopped.push_back(id); }
   Outcome outcome(const Attempt&) override { return Outcome::failed("never ran"); }
   std::string detail(std::int64_t id) const override { return "on node n" + std::to_string(id); }
+  std::vector<std::int64_t> stopped;  // the jobs it was asked to stop, in order
 };
 
 struct DaemonBench {
@@ -41,6 +44,8 @@ struct DaemonBench {
   QuietExecutor executor;
   SlotCores cores{{0, 1, 2, 3}, {}};
   std::vector<std::int64_t> landed;  // the ids of the records land() applied, in order
+  int commits = 0;                   // commit()s, each one transaction (empty ones included)
+  int passes_asked = 0;              // scheduling passes asked for (schedule_soon)
   // Its hang watch is off (hang_after_s 0); what it reads lands through land().
   EventTick events{io, config, *store, jobs, executor, inventory,
                    {[this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); }}};
@@ -75,6 +80,27 @@ struct DaemonBench {
       landed.push_back(r.id);
       jobs.apply(std::move(r));
     }
+  }
+  // Daemon::commit without hooks: the records and `also` in one transaction, then landed.
+  void commit(std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {
+    ++commits;
+    std::vector<const JobRecord*> quiet;
+    for (const auto& r : also) quiet.push_back(&r);
+    land(std::move(changed), [&](const std::vector<const JobRecord*>& rows) { store->update_many(rows, why, quiet); });
+    for (auto& r : also) jobs.apply(std::move(r));
+  }
+  Changes changes() {
+    return {reads(),
+            jobs,
+            *store,
+            users,
+            health,
+            executor,
+            [this](std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {
+              commit(std::move(changed), why, std::move(also));
+            },
+            [this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); },
+            [this] { ++passes_asked; }};
   }
   Reads reads() {
     return {config, *store, jobs, users, last_pass, health, gpu_processes, events, executor, inventory, cores};
