@@ -13,6 +13,7 @@
 #include "daemon/config.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/lifecycle.hpp"
+#include "daemon/pass_inputs.hpp"
 
 namespace gpuq::daemon {
 namespace queries {
@@ -145,12 +146,12 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
   for (const Active& running : reads.jobs.running()) {
     const JobRecord& r = running.rec;
     if (r.run.gpus.empty()) continue;
-    const double ends = r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + reads.config.grace_s : 0;
-    out.holders.push_back({r.id, r.spec.name, reads.users.name_of(r.uid), r.run.gpus, ends});
+    const double ends = ends_by(r, reads.config.grace_s);
+    out.holders.push_back({r.id, r.spec.name, reads.users.name_of(r.uid), r.run.gpus, ends == k_never ? 0 : ends});
   }
-  std::sort(out.holders.begin(), out.holders.end(), [](const auto& a, const auto& b) {
-    return (a.ends_by > 0 ? a.ends_by : k_never) < (b.ends_by > 0 ? b.ends_by : k_never);
-  });
+  const auto ends_of = [](const common::Holder& h) { return h.ends_by > 0 ? h.ends_by : k_never; };  // 0: none
+  std::stable_sort(out.holders.begin(), out.holders.end(),
+                   [&](const auto& a, const auto& b) { return ends_of(a) < ends_of(b); });
   // The earliest start: once the holders ending first have freed what it lacks (a lower bound:
   // the jobs ahead of it may take those first).
   int lacking = rec.spec.gpus - free;
@@ -296,6 +297,7 @@ common::GpusReply gpus(const Reads& r, const Caller&, const common::NoFields&) {
   out.events_read_max_bytes = r.events.reads().max_bytes;
   auto readings = r.inventory.read();
   const auto processes = r.gpu_processes.list();
+  const auto holdings = gpu_holdings(r);
   for (std::size_t i = 0; i < r.inventory.gpus().size(); ++i) {
     const auto& g = r.inventory.gpus()[i];
     common::GpuInfo info;
@@ -326,11 +328,10 @@ common::GpusReply gpus(const Reads& r, const Caller&, const common::NoFields&) {
         info.processes.push_back(pi);
       }
     }
-    for (const Active& a : r.jobs.running()) {
-      if (std::find(a.rec.run.gpus.begin(), a.rec.run.gpus.end(), g.index) == a.rec.run.gpus.end()) continue;
-      info.jobs.push_back(a.rec.id);
-      info.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : g.memory_total_mb;
-      info.exclusive = info.exclusive || !a.rec.spec.shared;
+    if (const auto h = holdings.find(g.index); h != holdings.end()) {
+      info.jobs = h->second.jobs;
+      info.allocated_mb = h->second.allocated_mb;
+      info.exclusive = h->second.exclusive;
     }
     out.gpus.push_back(std::move(info));
   }

@@ -20,6 +20,7 @@
 #include "common/paths.hpp"
 #include "daemon/events.hpp"
 #include "daemon/lifecycle.hpp"
+#include "daemon/pass_inputs.hpp"
 
 namespace gpuq::daemon {
 
@@ -125,52 +126,9 @@ void Daemon::schedule_now() {
   if (!limits.empty())
     for (std::int64_t id : m_jobs.running_ids())
       if (auto it = limits.find(m_jobs.at(id).rec.batch); it != limits.end()) ++it->second.running;
-  UserCaps users;  // lab mode: the limits of users with a job in line, and what they hold
-  if (m_config.multi_user && !queue.empty()) {
-    std::map<std::uint32_t, int> held;  // GPUs, a job without counting one
-    for (const Active& running : m_jobs.running()) {
-      const JobRecord& r = running.rec;
-      held[r.uid] += std::max<int>(static_cast<int>(r.run.gpus.size()), 1);
-    }
-    std::map<std::uint32_t, double> usage;
-    for (const auto& job : queue)
-      if (!usage.count(job.user)) {
-        usage[job.user] = m_users.recent_use(job.user, now);
-        if (const auto* l = m_users.limits_of(job.user); l && (l->max_running > 0 || l->max_gpus > 0))
-          users[job.user] = {l->max_running, 0, l->max_gpus, 0};
-      }
-    for (std::int64_t id : m_jobs.running_ids()) {  // running jobs' GPU time so far counts as recent use
-      const JobRecord& r = m_jobs.at(id).rec;
-      if (auto u = usage.find(r.uid); u != usage.end() && r.run.started_at > 0)
-        u->second += static_cast<double>(r.run.gpus.size()) * std::max(0.0, now - r.run.started_at);
-      if (auto c = users.find(r.uid); c != users.end()) {
-        ++c->second.running;
-        c->second.gpus += static_cast<int>(r.run.gpus.size());
-      }
-    }
-    fair_order(queue, held, usage);
-  }
-
-  CpuSlots cpu = reads().cpu_pool();
-
-  std::vector<GpuState> gpus;
-  for (const auto& g : m_inventory.gpus())  // a drained GPU is not there for a pass
-    if (!m_health.drained(g.uuid)) {
-      const auto foreign = m_gpu_processes.foreign_mb().find(g.index);
-      gpus.push_back({g.index, g.memory_total_mb, 0, foreign == m_gpu_processes.foreign_mb().end() ? 0 : foreign->second, 0, false, 0,
-                      g.numa_node});
-    }
-  for (const Active& a : m_jobs.running()) {
-    double ends = a.rec.spec.timeout_s > 0 ? a.rec.run.started_at + a.rec.spec.timeout_s + m_config.grace_s : k_never;
-    for (int idx : a.rec.run.gpus)
-      for (auto& g : gpus)
-        if (g.index == idx) {
-          g.holders++;
-          g.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : g.total_mb;
-          g.exclusive = g.exclusive || !a.rec.spec.shared;
-          g.free_at = std::max(g.free_at, ends);
-        }
-  }
+  UserCaps users = lab_order(reads(), queue, now);  // lab mode: fair share, and the users' caps
+  const CpuSlots cpu = reads().cpu_pool();
+  std::vector<GpuState> gpus = gpus_for_pass(reads());
 
   Plan plan;
   std::vector<Handover::Array> units;  // attempts handed over as one array

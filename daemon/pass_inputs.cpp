@@ -1,0 +1,79 @@
+// What a scheduling pass is given (pass_inputs.hpp).
+#include "daemon/pass_inputs.hpp"
+
+#include <algorithm>
+
+#include "daemon/config.hpp"
+
+namespace gpuq::daemon {
+
+double ends_by(const JobRecord& r, double grace_s) {
+  return r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + grace_s : k_never;
+}
+
+std::map<int, GpuHolding> gpu_holdings(const Reads& reads) {
+  std::map<int, std::int64_t> totals;
+  for (const auto& g : reads.inventory.gpus()) totals[g.index] = g.memory_total_mb;
+  std::map<int, GpuHolding> out;
+  for (const Active& a : reads.jobs.running()) {
+    const double ends = ends_by(a.rec, reads.config.grace_s);
+    for (int index : a.rec.run.gpus) {
+      const auto total = totals.find(index);
+      if (total == totals.end()) continue;  // not a GPU of this machine's (any more)
+      GpuHolding& h = out[index];
+      h.jobs.push_back(a.rec.id);
+      h.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : total->second;
+      h.exclusive = h.exclusive || !a.rec.spec.shared;
+      h.free_at = std::max(h.free_at, ends);
+    }
+  }
+  for (auto& [_, h] : out) std::sort(h.jobs.begin(), h.jobs.end());
+  return out;
+}
+
+std::vector<GpuState> gpus_for_pass(const Reads& reads) {
+  const auto holdings = gpu_holdings(reads);
+  const auto& foreign = reads.gpu_processes.foreign_mb();
+  std::vector<GpuState> gpus;
+  for (const auto& g : reads.inventory.gpus()) {
+    if (reads.health.drained(g.uuid)) continue;  // a drained GPU is not there for a pass
+    GpuState s{g.index, g.memory_total_mb, 0, 0, 0, false, 0, g.numa_node};
+    if (const auto f = foreign.find(g.index); f != foreign.end()) s.foreign_mb = f->second;
+    if (const auto h = holdings.find(g.index); h != holdings.end()) {
+      s.allocated_mb = h->second.allocated_mb;
+      s.holders = static_cast<int>(h->second.jobs.size());
+      s.exclusive = h->second.exclusive;
+      s.free_at = h->second.free_at;
+    }
+    gpus.push_back(s);
+  }
+  return gpus;
+}
+
+UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double now) {
+  UserCaps caps;
+  if (!reads.config.multi_user || queue.empty()) return caps;
+  std::map<std::uint32_t, int> held;  // GPUs, a job without any counting as one
+  for (const Active& running : reads.jobs.running())
+    held[running.rec.uid] += std::max<int>(static_cast<int>(running.rec.run.gpus.size()), 1);
+  std::map<std::uint32_t, double> usage;
+  for (const auto& job : queue)
+    if (!usage.count(job.user)) {
+      usage[job.user] = reads.users.recent_use(job.user, now);
+      if (const auto* l = reads.users.limits_of(job.user); l && (l->max_running > 0 || l->max_gpus > 0))
+        caps[job.user] = {l->max_running, 0, l->max_gpus, 0};
+    }
+  for (const Active& running : reads.jobs.running()) {  // running jobs' GPU time so far counts as recent use
+    const JobRecord& r = running.rec;
+    if (auto u = usage.find(r.uid); u != usage.end() && r.run.started_at > 0)
+      u->second += static_cast<double>(r.run.gpus.size()) * std::max(0.0, now - r.run.started_at);
+    if (auto c = caps.find(r.uid); c != caps.end()) {
+      ++c->second.running;
+      c->second.gpus += static_cast<int>(r.run.gpus.size());
+    }
+  }
+  fair_order(queue, held, usage);
+  return caps;
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,40 @@
+// What a scheduling pass is given, read from the daemon's owners: the GPUs in service with what
+// holds them, and in lab mode the fair-share order and each user's caps. Functions of a Reads, so
+// the pass (running.cpp), `gpus` and `why` (queries.cpp) see one account of who holds what, and
+// unit tests build them without a daemon (test_pass_inputs).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "daemon/reads.hpp"
+#include "daemon/scheduler.hpp"
+
+namespace gpuq::daemon {
+
+// When a running job is over at the latest: its start, its timeout and the grace period after it
+// (the supervisor's SIGKILL). k_never without a timeout.
+double ends_by(const JobRecord& r, double grace_s);
+
+// What the running jobs hold of one GPU.
+struct GpuHolding {
+  std::vector<std::int64_t> jobs;  // ascending ids
+  std::int64_t allocated_mb = 0;   // a shared job's gpu_memory_mb, or the whole GPU
+  bool exclusive = false;          // held whole by one of them
+  double free_at = 0;              // when all of them are over at the latest (k_never if unknown)
+};
+// Every GPU's holding by index (GPUs no running job holds are absent).
+std::map<int, GpuHolding> gpu_holdings(const Reads& reads);
+
+// The GPUs a pass may place jobs on (drained ones are not there), each with what holds it and
+// what processes outside gpuq hold of it.
+std::vector<GpuState> gpus_for_pass(const Reads& reads);
+
+// Lab mode: `queue` (in line order) put in fair-share order (scheduler.hpp's fair_order, with each
+// user's GPUs held and recent use, running jobs' GPU time so far counted), and the caps of the
+// users in it who have limits, with what their running jobs take of them. Outside lab mode, or
+// with an empty queue: nothing changes, no caps.
+UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double now);
+
+}  // namespace gpuq::daemon
