@@ -24,7 +24,8 @@ using gpuq::common::json;
 namespace {
 
 struct Core {
-  std::string dir;
+  gpuq::testing::TempDir temp{"gpuq-unit-handlers"};  // removed with all in it, after the rest is gone
+  const std::string dir = temp.path;
   asio::io_context io;
   // Keeps run_one() waiting while a submit is checked on gpuqd's helper thread.
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
@@ -33,9 +34,6 @@ struct Core {
   explicit Core(const std::string& gpus = "fake:2:16000",
                 std::function<std::unique_ptr<Executor>(asio::io_context&, Executor::Ended)> make_executor = {},
                 std::function<void(Config&)> tweak = {}, const std::string& store_path = ":memory:") {
-    char tmpl[] = "/tmp/gpuq-unit-handlers-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
     Config config;
     config.state_dir = dir;
     config.shim_path = "/bin/false";
@@ -51,8 +49,6 @@ struct Core {
   }
   ~Core() {
     daemon.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
   }
 
   // The reply to `request` (from `caller`), running gpuqd's loop until it comes.

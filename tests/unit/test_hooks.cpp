@@ -15,6 +15,7 @@
 #include <map>
 
 #include "daemon/hooks.hpp"
+#include "tests/unit/temp_dir.hpp"
 
 using namespace gpuq::daemon;
 using nlohmann::json;
@@ -22,7 +23,8 @@ using nlohmann::json;
 namespace {
 
 struct Bench {
-  std::string dir;
+  gpuq::testing::TempDir temp{"gpuq-unit-hooks"};  // removed with all in it, after the rest is gone
+  const std::string dir = temp.path;
   boost::asio::io_context io;
   std::unique_ptr<Store> store;
   Users users{Users::Rules{}};
@@ -31,9 +33,6 @@ struct Bench {
   std::vector<std::string> spawned;    // hook dirs, in the order they started
 
   explicit Bench(int jobs) {
-    char tmpl[] = "/tmp/gpuq-unit-hooks-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
     auto opened = Store::open(":memory:");
     REQUIRE(opened);
     store = std::move(*opened);
@@ -57,8 +56,6 @@ struct Bench {
     for (auto& [_, fd] : release) ::close(fd);
     while (::waitpid(-1, nullptr, WNOHANG) > 0) {
     }
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
   }
 
   Hooks hooks(int max_hooks) {

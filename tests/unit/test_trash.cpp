@@ -12,6 +12,7 @@
 
 #include "common/error.hpp"
 #include "daemon/trash.hpp"
+#include "tests/unit/temp_dir.hpp"
 
 using namespace gpuq::daemon;
 namespace fs = std::filesystem;
@@ -19,19 +20,11 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Bench {
-  std::string dir;
+  gpuq::testing::TempDir temp{"gpuq-unit-trash"};  // removed with all in it, after the rest is gone
+  const std::string dir = temp.path;
   boost::asio::io_context io;
   // Keeps run_one_for() waiting for the trash's answer instead of finding no work and stopping.
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
-  Bench() {
-    char tmpl[] = "/tmp/gpuq-unit-trash-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-  }
-  ~Bench() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
   // A job dir with a 1000-byte log and a checkpoint of `ckpt` bytes.
   std::string job(int id, std::size_t ckpt = 3000) {
     const std::string j = dir + "/jobs/" + std::to_string(id);
