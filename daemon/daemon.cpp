@@ -36,7 +36,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
               [this](std::int64_t id) {
                 return json(queries::show(reads(), Caller::self(), common::IdRequest{id}));
               }),
-      m_health(io, m_inventory, *m_store, m_config.health_interval_s, [this] { schedule_soon(); }),
+      m_health(io, m_inventory, *m_store, m_config.health_interval_s, [this] { m_pacer.soon(); }),
       m_gpu_processes(io, m_inventory, m_config.gpu_process_interval_s,
                       [this] {
                         std::vector<GpuProcesses::Running> out;
@@ -44,11 +44,11 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                           out.push_back({id, m_executor->supervisor_pid(id), m_jobs.at(id).rec.run.gpus});
                         return out;
                       },
-                      [this] { schedule_soon(); }),
+                      [this] { m_pacer.soon(); }),
       m_waiters(io, [this](const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out) {
         return common::ok_reply(queries::wait_answer(reads(), caller, ids, timed_out));
       }),
-      m_backoff_timer(io),
+      m_pacer(io, [this] { schedule_now(); }, k_write_retry_s),
       m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { on_attempt_end(id); })
                  : m_config.executor == "slurm"
                      ? make_slurm_executor(io, {m_config.slurm, m_config.shim_path, m_config.state_dir, m_config.grace_s,
@@ -65,7 +65,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                    [this](std::vector<JobRecord> changed, const WriteRows& write) {
                      land(std::move(changed), write);
                    },
-                   [this] { schedule_soon(); }}),
+                   [this] { m_pacer.soon(); }}),
       m_cleaner(io, m_config.state_dir, m_config.forget_after_s, *m_store, m_jobs, m_pins, m_waiters, m_trash,
                 [this] { return reads(); }),
       m_submissions(
@@ -74,7 +74,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
   m_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
   if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.cores.size());
   m_executor->on_handed([this](std::int64_t) {
-    if (m_jobs.any_with_deps()) schedule_soon();  // a job may wait for this one to be handed over
+    if (m_jobs.any_with_deps()) m_pacer.soon();  // a job may wait for this one to be handed over
   });
   for (const auto& [batch, limit] : m_store->batch_limits()) m_jobs.set_batch_limit(batch, limit);
 }
@@ -97,7 +97,7 @@ Changes Daemon::changes() {
             commit(std::move(changed), why, std::move(also));
           },
           [this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); },
-          [this] { schedule_soon(); }};
+          [this] { m_pacer.soon(); }};
 }
 
 // ---- recovery -----------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ void Daemon::recover() {
   m_gpu_processes.start(m_inventory.source().rfind("nvml", 0) == 0 && !m_executor->places_work());
   m_hooks.run();
   m_cleaner.forget_old_jobs();
-  schedule_soon();
+  m_pacer.soon();
 }
 
 // ---- dispatch -----------------------------------------------------------------------------------

@@ -43,6 +43,7 @@
 #include "daemon/launcher.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/parts.hpp"
+#include "daemon/pass_pacer.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/reads.hpp"
 #include "daemon/restart_pins.hpp"
@@ -139,8 +140,7 @@ class Daemon {
   void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
   // Scheduling and the job state machine.
-  void schedule_soon();
-  void schedule_now();
+  void schedule_now();  // one pass: m_pacer runs it
   bool fail_blocked_dependents(double now);
   // Whether a queued job's dependency lets it go: it succeeded, or (where another system places
   // work) it is handed over there, to wait in that system until the dependency has succeeded.
@@ -194,11 +194,10 @@ class Daemon {
   JobTable m_jobs;  // queued and running jobs, filed by state (job_table.hpp)
   LastPass m_last_pass;  // what the last scheduling pass said (last_pass.hpp)
   Waiters m_waiters;  // `wait`s, answered once their jobs end (waiters.hpp)
-  bool m_schedule_posted = false;
   bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back
   MetricCounters m_metrics;
   double m_started_at = 0;  // wall clock, for gpuq_start_time_seconds
-  asio::steady_timer m_backoff_timer;
+  PassPacer m_pacer;  // when scheduling passes run (pass_pacer.hpp)
   RestartPins m_pins;  // the jobs restarts under way hold (restart_pins.hpp)
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
   EventTick m_events;  // running jobs' events read in, and the hang watch (event_tick.hpp)

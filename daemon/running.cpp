@@ -68,24 +68,6 @@ std::string describe_end(const json& failure) {
 
 // ---- scheduling ---------------------------------------------------------------------------------
 
-void Daemon::schedule_soon() {
-  if (m_schedule_posted) return;
-  m_schedule_posted = true;
-  asio::post(m_io, [this] {
-    m_schedule_posted = false;
-    try {
-      schedule_now();
-    } catch (const std::exception& e) {
-      // A store write that failed (failing a job whose dependency failed): try the pass again.
-      std::cerr << "gpuqd: scheduling pass failed: " << e.what() << "; trying again in " << k_write_retry_s << " s\n";
-      m_backoff_timer.expires_after(std::chrono::milliseconds(static_cast<int>(k_write_retry_s * 1000)));
-      m_backoff_timer.async_wait([this](const boost::system::error_code& ec) {
-        if (!ec) schedule_soon();
-      });
-    }
-  });
-}
-
 void Daemon::schedule_now() {
   m_last_pass.begin();
   const auto pass_began = std::chrono::steady_clock::now();
@@ -95,7 +77,7 @@ void Daemon::schedule_now() {
     ~Timed() { m.pass.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count()); }
   } timed{m_metrics, pass_began};
   const double now = wall_now();
-  if (fail_blocked_dependents(now)) schedule_soon();  // more to fail, in the next pass
+  if (fail_blocked_dependents(now)) m_pacer.soon();  // more to fail, in the next pass
 
   std::vector<PendingJob> queue;
   queue.reserve(m_jobs.queue().size());
@@ -204,12 +186,7 @@ void Daemon::schedule_now() {
   }
   if (held_back) m_fds_short = true;  // said once a shortage, and once when it is over
   else if (launching && std::exchange(m_fds_short, false)) std::cerr << "gpuqd: file descriptors free again; starting jobs\n";
-  if (next_retry > 0) {
-    m_backoff_timer.expires_after(std::chrono::milliseconds(static_cast<long long>((next_retry - now) * 1000) + 1));
-    m_backoff_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) schedule_soon();
-    });
-  }
+  if (next_retry > 0) m_pacer.at(next_retry, now);
   m_events.arm();
 }
 
@@ -323,7 +300,7 @@ void Daemon::finish_attempt(Active& a, const Outcome& outcome) {
     // wait for its dependency's next attempt, or to fail with it.
     commit({next_record(rec, back_in_line(rec, "back in line: a job it waits for did not succeed", now))});
     withdraw_orphans();  // those handed over after this one
-    schedule_soon();
+    m_pacer.soon();
     return;
   }
   const json& failure = outcome.first_failure;
@@ -374,14 +351,14 @@ void Daemon::finish_attempt(Active& a, const Outcome& outcome) {
     commit({std::move(failed), std::move(queued)});
     if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
     withdraw_orphans();
-    schedule_soon();
+    m_pacer.soon();
     return;
   }
   const bool succeeded = end.state == JobState::succeeded;
   commit({next_record(rec, end)});  // `a` is gone: the job has ended
   if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
   if (!succeeded) withdraw_orphans();
-  schedule_soon();
+  m_pacer.soon();
 }
 
 void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {

@@ -59,7 +59,7 @@ std::optional<Error> Daemon::accept_submission(Submissions::Batch& s) {
 void Daemon::submission_written(Submissions::Batch& s) {
   m_jobs.set_batch_limit(s.write.batch, s.max_running);
   m_jobs.add(s.staged);
-  schedule_soon();
+  m_pacer.soon();
 }
 
 }  // namespace gpuq::daemon
