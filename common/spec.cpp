@@ -31,6 +31,8 @@ constexpr std::array<std::string_view, 18> k_reserved_env{
     "GPUQ_EVENTS",          "GPUQ_ATTEMPT",      "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_RUN_ID",  "GPUQ_CPUS",         "TORCHELASTIC_USE_AGENT_STORE"};
 
+}  // namespace
+
 bool valid_name(const std::string& s) {
   if (s.empty() || s.size() > 128) return false;
   if (std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); }))
@@ -39,6 +41,8 @@ bool valid_name(const std::string& s) {
     return std::isalnum(c) || c == '-' || c == '_' || c == '.';
   });
 }
+
+namespace {
 
 // The path of the first string (or key) in `v` that holds a NUL byte, or "" when none does.
 // Such a string is cut at the NUL by exec and every C API, so the job would run something other

@@ -93,6 +93,8 @@ std::string format_cpu_list(const std::vector<int>& cores);
 // The inverse: "0-3,8" -> {0, 1, 2, 3, 8}, ascending, without repeats; nullopt if malformed.
 std::optional<std::vector<int>> parse_cpu_list(const std::string& text);
 std::string_view to_string(Mode mode);
+// A job's name as specs allow it: 1-128 letters, digits, '-', '_' or '.', not all digits.
+bool valid_name(const std::string& s);
 std::string_view to_string(MemBind bind);
 
 // Environment variables gpuq sets for every job; a spec may not override them.

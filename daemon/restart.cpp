@@ -268,6 +268,11 @@ bool Restarter::requeue_part(Restarting& r) {
     if (it == r.chosen.end()) stored = m_store.get(id);
     const JobRecord* rec = it != r.chosen.end() ? &it->second : stored ? &*stored : nullptr;
     if (!rec || !is_terminal(rec->state)) continue;  // forgotten, or (only ever a hand-edited store) not ended
+    if (!rec->spec_error.empty()) {  // only in a restart resumed at start (choose refuses one): it stays ended
+      std::cerr << "gpuqd: " << job_label(*rec) << " is not restarted: its stored spec does not parse ("
+                << rec->spec_error << ")\n";
+      continue;
+    }
     why.push_back(along ? "restarted with job " + std::to_string(along)
                         : "restarted (it had ended " + std::string(to_string(rec->state)) + ")");
     outcomes.push_back({id, std::string(to_string(rec->state)), along});

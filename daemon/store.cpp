@@ -278,10 +278,19 @@ void read_spec(JobRecord& j, const std::string& stored) {
   }
   j.spec_error = std::move(why);
   if (!spec.is_object()) return;
-  if (auto n = spec.find("name"); n != spec.end() && n->is_string() && n->get_ref<const std::string&>().size() <= k_max_said)
-    j.spec.name = n->get<std::string>();
-  if (auto r = spec.find("ranks"); r != spec.end() && r->is_number_integer())
-    j.spec.ranks = static_cast<int>(std::clamp<std::int64_t>(r->get<std::int64_t>(), 1, common::k_max_cpus));
+  // What a running one needs to be adopted and to end as it ends: its ranks, and how they were
+  // laid out (a ddp job's ranks each write their own exit record; its cores, for its CPU slots).
+  const auto integer = [&](const char* key, std::int64_t lo, std::int64_t hi, int& out) {
+    if (auto v = spec.find(key); v != spec.end() && v->is_number_integer())
+      out = static_cast<int>(std::clamp<std::int64_t>(v->get<std::int64_t>(), lo, hi));
+  };
+  if (auto n = spec.find("name"); n != spec.end() && n->is_string() && common::valid_name(n->get<std::string>()))
+    j.spec.name = n->get<std::string>();  // one a log line or a terminal may show as it is
+  if (auto m = spec.find("mode"); m != spec.end() && *m == "ddp") j.spec.mode = common::Mode::ddp;
+  integer("ranks", 1, common::k_max_cpus, j.spec.ranks);
+  integer("gpus", 0, common::k_max_gpus, j.spec.gpus);
+  integer("nodes", 1, common::k_max_nodes, j.spec.nodes);
+  integer("cpus", 0, common::k_max_cpus, j.spec.cpus);
 }
 
 }  // namespace

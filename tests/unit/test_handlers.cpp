@@ -16,6 +16,7 @@
 #include <string>
 
 #include "daemon/daemon.hpp"
+#include "daemon/lifecycle.hpp"
 #include "tests/unit/temp_dir.hpp"
 
 using namespace gpuq::daemon;
@@ -433,12 +434,47 @@ TEST_CASE("a job whose stored spec does not parse never runs: failed at recovery
   CHECK(r["error"]["code"] == "wrong_state");
   CHECK(r["error"]["message"].get<std::string>().find("cannot be updated: its stored spec does not parse") !=
         std::string::npos);
-  // The running one ends as it ends, failed here, and is not retried (its unread spec had 3).
+  // The running one ends as it ends, failed here, and is not retried (its unread spec had 3; the
+  // default one it has now has none, and lifecycle refuses such a job a retry in any case).
   core.end(ids[3], json{{"ranks", {{{"rank", 0}, {"exit_code", 1}}}}});
   CHECK(core.state_of(ids[3]) == "failed");
   CHECK(cluster.handed.empty());
   // Nothing wrote over the specs it could not read.
   for (std::size_t i : {0, 3, 4}) CHECK(raw_spec(db, ids[i]) == later);
+}
+
+TEST_CASE("a restart resumed at start leaves a job whose stored spec does not parse as it ended, and requeues the rest") {
+  gpuq::testing::TempDir state("gpuq-unit-handlers-resume");
+  const std::string db = state.path + "/state.db";
+  std::vector<std::int64_t> ids;
+  {
+    Core first("fake:2:16000", {}, {}, db);
+    ids = first.submit(json::array({job("a"), job("b"), job("c")}));
+    first.ok({{"cmd", "wait"}, {"ids", ids}});  // each fails: /bin/false is its supervisor
+  }
+  {  // A restart of the three cut short after its first part, as gpuqd's death leaves it.
+    auto store = Store::open(db);
+    REQUIRE(store);
+    Store::RestartPlan plan;
+    plan.jobs = {{ids[0], 0}, {ids[1], 0}, {ids[2], 0}};
+    const JobRecord requeued = next_record(*(*store)->get(ids[0]), event::Restarted{});
+    (*store)->write_restart_part(plan, {&requeued}, {"restarted"}, 1);
+    REQUIRE((*store)->unfinished_restarts().size() == 1);
+  }
+  raw_exec(db, "UPDATE jobs SET spec='{\"name\":\"b\",\"command\":[\"true\"],\"gang_timeout_s\":30}' WHERE id=" +
+                   std::to_string(ids[1]));
+  {
+    Core core("fake:2:16000", {}, {}, db);
+    json waited = core.ok({{"cmd", "wait"}, {"ids", {ids[0], ids[2]}}});
+    for (const auto& j : waited["jobs"]) CHECK(j["attempt"] == 2);  // restarted, and ran again
+    json b = core.ok({{"cmd", "show"}, {"id", ids[1]}});
+    CHECK(b["job"]["state"] == "failed");  // as it ended: it has nothing to run
+    CHECK(b["job"]["attempt"] == 1);
+    CHECK(b["job"]["restarts"] == 0);
+  }
+  auto store = Store::open(db);
+  REQUIRE(store);
+  CHECK((*store)->unfinished_restarts().empty());  // finished, not retried forever
 }
 
 TEST_CASE("a batch's first attempts go over as one array holding its limit; a retry goes alone below the limit") {

@@ -530,26 +530,36 @@ TEST_CASE("a stored spec that does not parse reads back as a default spec that s
   {
     auto store = Store::open(db.path);
     REQUIRE(store.ok());
-    std::vector<JobRecord> jobs{job_named("later"), job_named("damaged"), job_named("fine")};
-    (*store)->insert_batch(jobs, {{}, {}, {}}, "/", {}, 1.0);
+    std::vector<JobRecord> jobs{job_named("later"), job_named("damaged"), job_named("fine"), job_named("odd")};
+    (*store)->insert_batch(jobs, {{}, {}, {}, {}}, "/", {}, 1.0);
   }
   // A spec as a later gpuq writes it (a field this one does not know), and one that is not JSON.
-  raw_exec(db.path, R"(UPDATE jobs SET spec='{"name":"later","command":["true"],"ranks":4,"gang_timeout_s":30}' WHERE id=1;
-                       UPDATE jobs SET spec='{"name":' WHERE id=2;)");
+  raw_exec(db.path, R"(UPDATE jobs SET spec='{"name":"later","command":["true"],"mode":"ddp","gpus":4,"ranks":4,"nodes":2,"cpus":3,"gang_timeout_s":30}' WHERE id=1;
+                       UPDATE jobs SET spec='{"name":' WHERE id=2;
+                       UPDATE jobs SET spec='{"name":"a\u001b[2Jname","ranks":"many","x":1}' WHERE id=4;)");
   auto store = Store::open(db.path);
   REQUIRE(store.ok());
   auto later = (*store)->get(1);
   REQUIRE(later.has_value());
   CHECK(later->spec_error.find("gang_timeout_s") != std::string::npos);
   CHECK(later->spec.name == "later");
-  CHECK(later->spec.ranks == 4);
+  CHECK(later->spec.ranks == 4);  // what adopting it and reading its end need: its layout
+  CHECK(later->spec.mode == gpuq::common::Mode::ddp);
+  CHECK(later->spec.gpus == 4);
+  CHECK(later->spec.nodes == 2);
+  CHECK(later->spec.cpus == 3);
   CHECK(later->spec.command.empty());  // nothing to run: what lifecycle.cpp refuses to launch
   auto damaged = (*store)->get(2);
   REQUIRE(damaged.has_value());
   CHECK(damaged->spec_error == "not JSON");
   CHECK(damaged->spec.name.empty());
   CHECK((*store)->get(3)->spec_error.empty());
-  CHECK((*store)->load_active().size() == 3);  // each still loads, to be failed, not dropped
+  auto odd = (*store)->get(4);  // a name no spec allows (an escape sequence), a bad type: neither kept
+  REQUIRE(odd.has_value());
+  CHECK_FALSE(odd->spec_error.empty());
+  CHECK(odd->spec.name.empty());
+  CHECK(odd->spec.ranks == 1);
+  CHECK((*store)->load_active().size() == 4);  // each still loads, to be failed, not dropped
   // Its end is stored; the spec it could not read is not written over.
   JobRecord ended = *later;
   ended.state = gpuq::JobState::failed;
