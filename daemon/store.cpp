@@ -259,7 +259,8 @@ void Store::write_transitions(const std::vector<const JobRecord*>& jobs, const s
 namespace {
 
 // A stored spec into `j.spec`; one that does not parse leaves a default spec with what can be
-// read of the stored one (its name and ranks), and says why in `j.spec_error`. The stored text
+// read of the stored one (a valid name; mode, ranks, gpus, nodes, cpus), and says why in
+// `j.spec_error`. The stored text
 // is never rewritten from such a record (update and restart refuse it), so nothing is lost.
 void read_spec(JobRecord& j, const std::string& stored) {
   json spec = json::parse(stored, nullptr, false);
