@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) into build-fuzz/ and runs each over the
-# committed corpus for a bounded time: $GPUQ_FUZZ_SECONDS (default 60) per target. New inputs go
-# to a scratch directory, crashing inputs into build-fuzz/ (crash-*): add them to tests/corpus once
-# fixed. Any crash, leak or sanitizer report fails.
+# committed corpus for a bounded time: $GPUQ_FUZZ_SECONDS (default 60) per target, one per core at
+# a time. New inputs go to a scratch directory, crashing inputs into build-fuzz/ (crash-*): add
+# them to tests/corpus once fixed. Any crash, leak or sanitizer report fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${GPUQ_FUZZ_BUILD_DIR:-build-fuzz}
@@ -17,14 +17,33 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 mkdir -p "$scratch/request" "$scratch/job_spec" "$scratch/events" "$scratch/dataset"
-for target in request job_spec events dataset; do
+# One target per core at a time: a target's wall time is its own, whatever runs beside it.
+jobs=$(nproc)
+run() {
+  local target=$1 seeds
   case $target in
     request) seeds=(tests/corpus/requests) ;;
     job_spec) seeds=(tests/corpus/specs jobs) ;;
     events) seeds=(tests/corpus/events) ;;
     dataset) seeds=(tests/corpus/datasets) ;;
   esac
-  echo "fuzz: $target for ${seconds}s"
   "$build/bin/fuzz_$target" "$scratch/$target" "${seeds[@]}" -max_total_time="$seconds" \
-    -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/" 2>&1 | tail -n 12
+    -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/" \
+    >"$scratch/$target.log" 2>&1
+}
+pids=() targets=() failed=0
+for target in request job_spec events dataset; do
+  echo "fuzz: $target for ${seconds}s"
+  run "$target" &
+  pids+=($!) targets+=("$target")
+  if [ "${#pids[@]}" -ge "$jobs" ]; then
+    wait "${pids[0]}" && echo "fuzz: ${targets[0]} done" || { echo "fuzz: ${targets[0]} FAILED"; failed=1; }
+    tail -n 12 "$scratch/${targets[0]}.log"
+    pids=("${pids[@]:1}") targets=("${targets[@]:1}")
+  fi
 done
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" && echo "fuzz: ${targets[$i]} done" || { echo "fuzz: ${targets[$i]} FAILED"; failed=1; }
+  tail -n 12 "$scratch/${targets[$i]}.log"
+done
+exit "$failed"
