@@ -41,10 +41,14 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 # Release, as scripts/gpu-check.py configures, so that it reuses this build.
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCUDAToolkit_ROOT="$cuda" -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" -DGPUQ_REQUIRE_CUDA=ON >"$build/gpuq-configure.log" 2>&1 \
+  -DCUDAToolkit_ROOT="$cuda" -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" -DGPUQ_REQUIRE_CUDA=ON \
+  -DGPUQ_PREBUILT_TOOLS="${GPUQ_PREBUILT_TOOLS:-}" >"$build/gpuq-configure.log" 2>&1 \
   || { cat "$build/gpuq-configure.log" >&2; exit 1; }
 grep -E "gpuq-worker:|NVML ABI check" "$build/gpuq-configure.log"
-cmake --build "$build" --parallel "$(nproc)"
+# What differs from a plain build (the worker, the NVML check) and what runs it. The daemon, CLI,
+# shim and unit tests hold no LibTorch, CUDA or NCCL code: the plain build compiles and tests them,
+# and with $GPUQ_PREBUILT_TOOLS (a plain build's bin/) this one copies its gpuqd, gpuq and gpuq-shim.
+cmake --build "$build" --parallel "$(nproc)" --target gpuq-worker gpuq_nvml_abi_check gpuqd gpuq gpuq-shim fake_nvml
 # A script, not a link (a link would lose the venv); written beside and renamed, never through
 # whatever is at that path.
 printf '#!/bin/sh\nexec "%s" "$@"\n' "$python" >"$build/python.new"

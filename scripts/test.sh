@@ -17,8 +17,8 @@ if [ "${GPUQ_SKIP_CUDA:-0}" = 1 ]; then
   echo "== CUDA build SKIPPED (GPUQ_SKIP_CUDA=1): no CUDA path was compiled"
 else
   echo "== CUDA build (PyTorch's LibTorch from PyPI), its tests on the CPU"
-  scripts/cuda-build.sh
-  ctest --test-dir build-cuda --output-on-failure --parallel 2 -R '^(unit|integration\.test_worker|integration\.test_ddp)$'
+  GPUQ_PREBUILT_TOOLS=$(realpath "${GPUQ_BUILD_DIR:-build}/bin") scripts/cuda-build.sh
+  ctest --test-dir build-cuda --output-on-failure --parallel 2 -R '^integration\.(test_worker|test_ddp)$'
   python3 scripts/gpu-check.py --device cpu --python build-cuda/python --build build-cuda --out build-cuda/gpu-check
 fi
 echo "== Debian package"
