@@ -566,6 +566,11 @@ class LongRequestsInParts(DaemonTest):
     def states(self):
         return {j["id"]: j["state"] for j in self.d.json("status", "--all")["jobs"]}
 
+    def states_of(self, ids):
+        """The set of states of these jobs, from one `gpuq status` (not one per job)."""
+        states = self.states()
+        return {states[i] for i in ids}
+
     def test_a_restart_requeues_dependencies_first_a_part_at_a_time_and_holds_its_jobs_meanwhile(self):
         os.unlink(self.pause)
         ids = self.failed_chain(150)
@@ -602,7 +607,7 @@ class LongRequestsInParts(DaemonTest):
         proc.communicate(timeout=60)
         os.unlink(self.pause)
         self.d.start()
-        wait_until(lambda: "failed" not in {self.states()[i] for i in ids}, what="the restart to be finished")
+        wait_until(lambda: "failed" not in self.states_of(ids), what="the restart to be finished")
         with open(os.path.join(self.tmp, "gpuqd.log"), errors="replace") as f:
             self.assertIn("finishing a restart of 150 job(s) that stopped after 64 of them", f.read())
         self.let_the_chain_succeed(ids)
@@ -624,7 +629,7 @@ class LongRequestsInParts(DaemonTest):
 
         wait_until(lambda: "could not requeue its jobs after the first 64 of 150" in logged(), what="the second part to fail")
         self.assertIsNone(proc.poll())  # no answer yet: the restart is not done
-        self.assertEqual({self.states()[i] for i in ids[64:]}, {"failed"})
+        self.assertEqual(self.states_of(ids[64:]), {"failed"})
         os.unlink(full)
         out, err = proc.communicate(timeout=60)
         self.assertEqual(proc.returncode, 0, err)
