@@ -7,7 +7,9 @@
 # The PyTorch wheel, pinned below, lives in a virtual environment in a cache directory
 # ($GPUQ_CACHE_DIR, else ~/.cache/gpuq): the first run downloads ~3 GB and installs ~5 GB, in
 # about 3 minutes; later runs reuse it. The build goes to build-cuda/ ($GPUQ_CUDA_BUILD_DIR).
-# Configure fails unless CUDA, NCCL and nvml.h are all found (GPUQ_REQUIRE_CUDA). The last line
+# Configure fails unless CUDA, NCCL and nvml.h are all found (GPUQ_REQUIRE_CUDA). With
+# $GPUQ_PREBUILT_TOOLS (a plain build's bin/, as scripts/test.sh sets it) gpuqd, gpuq, gpuq-shim and
+# gpuq-plot-png are copied from there, not compiled; without it they are compiled here. The last line
 # printed is `GPUQ_HAVE_CUDA=ON GPUQ_HAVE_NCCL=ON`; the venv's python is in
 # $GPUQ_CUDA_BUILD_DIR/python (scripts/test.sh runs the worker's tests and gpu-check.py with it).
 # docs/cuda.md says why this way and what it costs.
@@ -47,8 +49,10 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREF
 grep -E "gpuq-worker:|NVML ABI check" "$build/gpuq-configure.log"
 # What differs from a plain build (the worker, the NVML check) and what runs it. The daemon, CLI,
 # shim and unit tests hold no LibTorch, CUDA or NCCL code: the plain build compiles and tests them,
-# and with $GPUQ_PREBUILT_TOOLS (a plain build's bin/) this one copies its gpuqd, gpuq and gpuq-shim.
-cmake --build "$build" --parallel "$(nproc)" --target gpuq-worker gpuq_nvml_abi_check gpuqd gpuq gpuq-shim fake_nvml
+# and with $GPUQ_PREBUILT_TOOLS this one copies its binaries.
+plot=gpuq-plot-png
+grep -q "cairo not found" "$build/gpuq-configure.log" && plot=
+cmake --build "$build" --parallel "$(nproc)" --target gpuq-worker gpuq_nvml_abi_check gpuqd gpuq gpuq-shim $plot fake_nvml
 # A script, not a link (a link would lose the venv); written beside and renamed, never through
 # whatever is at that path.
 printf '#!/bin/sh\nexec "%s" "$@"\n' "$python" >"$build/python.new"

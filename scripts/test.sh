@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, runs unit and integration tests; the CUDA
-# build against PyPI's PyTorch (scripts/cuda-build.sh, build-cuda/) with its unit and worker tests
+# build against PyPI's PyTorch (scripts/cuda-build.sh, build-cuda/) with its worker tests
 # on the CPU and the GPU check's dry run (docs/cuda.md); builds and runs the Debian package
 # (packaging/test-deb.sh); the same tests under AddressSanitizer + UndefinedBehaviorSanitizer
 # (build-asan/, without the LibTorch worker); then the libFuzzer targets over the committed corpus
@@ -17,7 +17,9 @@ if [ "${GPUQ_SKIP_CUDA:-0}" = 1 ]; then
   echo "== CUDA build SKIPPED (GPUQ_SKIP_CUDA=1): no CUDA path was compiled"
 else
   echo "== CUDA build (PyTorch's LibTorch from PyPI), its tests on the CPU"
-  GPUQ_PREBUILT_TOOLS=$(realpath "${GPUQ_BUILD_DIR:-build}/bin") scripts/cuda-build.sh
+  # The daemon, CLI and shim hold no LibTorch: the plain build's, copied (scripts/cuda-build.sh).
+  export GPUQ_PREBUILT_TOOLS=$(realpath "${GPUQ_BUILD_DIR:-build}/bin")
+  scripts/cuda-build.sh
   ctest --test-dir build-cuda --output-on-failure --parallel 2 -R '^integration\.(test_worker|test_ddp)$'
   python3 scripts/gpu-check.py --device cpu --python build-cuda/python --build build-cuda --out build-cuda/gpu-check
 fi
