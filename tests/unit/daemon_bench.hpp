@@ -16,6 +16,7 @@
 #include "daemon/config.hpp"
 #include "daemon/control.hpp"
 #include "daemon/reads.hpp"
+#include "tests/unit/memory_store.hpp"
 
 namespace gpuq::daemon::testing {
 
@@ -55,13 +56,8 @@ struct DaemonBench {
     r.multi_user = true;
     return r;
   }
-  static std::unique_ptr<Store> open() {
-    auto s = Store::open(":memory:");
-    REQUIRE(s);
-    return std::move(*s);
-  }
   DaemonBench()
-      : store(open()),
+      : store(gpuq::testing::memory_store()),
         users(lab_mode(),
               Users::Directory{[](uid_t uid) { return uid == 0 ? std::string("root") : "user" + std::to_string(uid); },
                                [](uid_t) -> gpuq::Result<gpuq::common::Account> { return gpuq::Error{}; }}),

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "daemon/gpu_service.hpp"
+#include "tests/unit/memory_store.hpp"
 #include "tests/unit/refusal.hpp"
 
 using namespace gpuq::daemon;
@@ -18,11 +19,9 @@ struct Bench {
   Inventory inventory;
   int changed = 0;
 
-  Bench() : inventory(std::move(*Inventory::create("fake:3:16000", std::nullopt))) {
-    auto opened = Store::open(":memory:");
-    REQUIRE(opened);
-    store = std::move(*opened);
-  }
+  Bench()
+      : store(gpuq::testing::memory_store()),
+        inventory(std::move(*Inventory::create("fake:3:16000", std::nullopt))) {}
   GpuService service(double interval_s = 0) {
     return GpuService(io, inventory, *store, interval_s, [this] { ++changed; });
   }

@@ -15,6 +15,7 @@
 #include <map>
 
 #include "daemon/hooks.hpp"
+#include "tests/unit/memory_store.hpp"
 #include "tests/unit/temp_dir.hpp"
 
 using namespace gpuq::daemon;
@@ -33,9 +34,7 @@ struct Bench {
   std::vector<std::string> spawned;    // hook dirs, in the order they started
 
   explicit Bench(int jobs) {
-    auto opened = Store::open(":memory:");
-    REQUIRE(opened);
-    store = std::move(*opened);
+    store = gpuq::testing::memory_store();
     std::vector<JobRecord> batch(static_cast<std::size_t>(jobs));
     for (auto& j : batch) {
       j.spec.name = "train";

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "daemon/submissions.hpp"
+#include "tests/unit/memory_store.hpp"
 
 using namespace gpuq::daemon;
 using gpuq::ErrorCode;
@@ -26,13 +27,8 @@ struct Bench {
   std::vector<json> replies;                    // in the order they came
   Submissions subs;
 
-  static std::unique_ptr<Store> open() {
-    auto s = Store::open(":memory:");
-    REQUIRE(s);
-    return std::move(*s);
-  }
   Bench()
-      : store(open()),
+      : store(gpuq::testing::memory_store()),
         subs(
             io, *store, [this](Submissions::Batch& b) { return accept(b); },
             [this](Submissions::Batch& b) {
