@@ -31,19 +31,18 @@ run() {
     -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/" \
     >"$scratch/$target.log" 2>&1
 }
+# Waits for the oldest target still running, says how it ended and prints its log's tail.
 pids=() targets=() failed=0
+finish_oldest() {
+  wait "${pids[0]}" && echo "fuzz: ${targets[0]} done" || { echo "fuzz: ${targets[0]} FAILED"; failed=1; }
+  tail -n 12 "$scratch/${targets[0]}.log"
+  pids=("${pids[@]:1}") targets=("${targets[@]:1}")
+}
 for target in request job_spec events dataset; do
   echo "fuzz: $target for ${seconds}s"
   run "$target" &
   pids+=($!) targets+=("$target")
-  if [ "${#pids[@]}" -ge "$jobs" ]; then
-    wait "${pids[0]}" && echo "fuzz: ${targets[0]} done" || { echo "fuzz: ${targets[0]} FAILED"; failed=1; }
-    tail -n 12 "$scratch/${targets[0]}.log"
-    pids=("${pids[@]:1}") targets=("${targets[@]:1}")
-  fi
+  [ "${#pids[@]}" -lt "$jobs" ] || finish_oldest
 done
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}" && echo "fuzz: ${targets[$i]} done" || { echo "fuzz: ${targets[$i]} FAILED"; failed=1; }
-  tail -n 12 "$scratch/${targets[$i]}.log"
-done
+while [ "${#pids[@]}" -gt 0 ]; do finish_oldest; done
 exit "$failed"

@@ -331,8 +331,9 @@ def stage_daemon(c, a):
         c.say(out)
         # A PNG where this build has the painter (cairo); SVG only where it has none, or where the
         # build stage did not run to say.
-        png = getattr(a, "png", None)
-        for name in ("curves.png",) if png else ("curves.svg",) if png is False else ("curves.png", "curves.svg"):
+        names = {True: ("curves.png",), False: ("curves.svg",)}.get(getattr(a, "png", None),
+                                                                    ("curves.png", "curves.svg"))
+        for name in names:
             status, out = gpuq("plot", *ids, "-o", os.path.join(a.out, name))
             if status == 0:
                 break

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 build=${GPUQ_ASAN_BUILD_DIR:-build-asan}
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
-# -g1: line tables, all a sanitizer report's stack needs (file:line); a seventh off the build.
+# -g1: line tables, all a sanitizer report's stack needs (file:line); a seventh off one file's
+# compile, within the noise of the whole build (docs/benchmarks.md).
 [ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DGPUQ_ENABLE_SANITIZERS=ON -DGPUQ_WITH_TORCH=OFF
 cmake --build "$build" --parallel "$(nproc)"
