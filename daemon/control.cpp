@@ -90,8 +90,7 @@ json update(const Changes& c, const Caller& caller, const common::UpdateRequest&
       throw RequestError(ErrorCode::wrong_state, job_label(rec) + " has ended " + std::string(to_string(rec.state)) +
                                                      "; `gpuq restart` queues it again, and then it can be updated");
     if (!rec.spec_error.empty())  // rewriting it would store a default spec over the one not read
-      throw RequestError(ErrorCode::wrong_state, job_label(rec) + " cannot be updated: its stored spec does not parse (" +
-                                                     rec.spec_error + ")");
+      throw RequestError(ErrorCode::wrong_state, unreadable_refusal(rec, "be updated"));
     if (rec.state == JobState::running && q.timeout_s)
       throw RequestError(ErrorCode::wrong_state, job_label(rec) +
                                                      " is running: its supervisor enforces the timeout it started "

@@ -3,7 +3,8 @@
 // gpus: functions of reads.hpp's Reads), control.cpp (cancel, hold, release, update, drain,
 // undrain: functions of control.hpp's Changes), submit.cpp; restart and clean are their owners'
 // (restarter.hpp, cleaner.hpp).
-// running.cpp runs the jobs; metrics.cpp answers Prometheus.
+// running.cpp schedules the jobs (attempts.cpp launches them and records their ends); metrics.cpp
+// answers Prometheus.
 #include "daemon/daemon.hpp"
 
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "common/spec.hpp"
 #include "common/users.hpp"
 #include "daemon/cpu_topology.hpp"
+#include "daemon/dependencies.hpp"
 #include "daemon/lifecycle.hpp"
 
 namespace gpuq::daemon {
@@ -26,7 +28,15 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
     : m_io(io),
       m_config(std::move(config)),
       m_store(std::move(store)),
-      m_inventory(std::move(inventory)),
+      m_machine(io, std::move(inventory), sysfs_slot_cores(m_config.sysfs_root, usable_cores()), *m_store,
+                {m_config.health_interval_s, m_config.gpu_process_interval_s},
+                [this] {
+                  std::vector<GpuProcesses::Running> out;
+                  for (std::int64_t id : m_jobs.running_ids())
+                    out.push_back({id, m_executor->supervisor_pid(id), m_jobs.at(id).rec.run.gpus});
+                  return out;
+                },
+                [this] { m_pacer.soon(); }),
       m_users({m_config.multi_user, m_config.user_limits, m_config.usage_half_life_s, m_config.max_priority,
                m_config.admin_gid, m_config.admin_group}),
       m_hooks(io,
@@ -36,43 +46,28 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
               [this](std::int64_t id) {
                 return json(queries::show(reads(), Caller::self(), common::IdRequest{id}));
               }),
-      m_health(io, m_inventory, *m_store, m_config.health_interval_s, [this] { m_pacer.soon(); }),
-      m_gpu_processes(io, m_inventory, m_config.gpu_process_interval_s,
-                      [this] {
-                        std::vector<GpuProcesses::Running> out;
-                        for (std::int64_t id : m_jobs.running_ids())
-                          out.push_back({id, m_executor->supervisor_pid(id), m_jobs.at(id).rec.run.gpus});
-                        return out;
-                      },
-                      [this] { m_pacer.soon(); }),
       m_waiters(io, [this](const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out) {
         return common::ok_reply(queries::wait_answer(reads(), caller, ids, timed_out));
       }),
       m_pacer(io, [this] { schedule_now(); }, k_write_retry_s),
-      m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { on_attempt_end(id); })
+      m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { m_attempts.ended(id); })
                  : m_config.executor == "slurm"
                      ? make_slurm_executor(io, {m_config.slurm, m_config.shim_path, m_config.state_dir, m_config.grace_s,
                                                 m_config.slurm_poll_s},
-                                           [this](std::int64_t id) { on_attempt_end(id); })
-                     : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { on_attempt_end(id); })),
-      m_events(io, m_config, *m_store, m_jobs, *m_executor, m_inventory,
+                                           [this](std::int64_t id) { m_attempts.ended(id); })
+                     : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { m_attempts.ended(id); })),
+      m_events(io, m_config, *m_store, m_jobs, *m_executor, m_machine.inventory,
                {[this](std::vector<JobRecord> changed, const WriteRows& write) {
                  land(std::move(changed), write);
                }}),
-      m_trash(io, m_config.state_dir),
-      m_restarter(io, m_config.state_dir, *m_store, m_jobs, m_pins, m_trash, m_users,
-                  {[this] { return reads(); },
-                   [this](std::vector<JobRecord> changed, const WriteRows& write) {
-                     land(std::move(changed), write);
-                   },
-                   [this] { m_pacer.soon(); }}),
-      m_cleaner(io, m_config.state_dir, m_config.forget_after_s, *m_store, m_jobs, m_pins, m_waiters, m_trash,
-                [this] { return reads(); }),
-      m_submissions(
-          io, *m_store, [this](Submissions::Batch& b) { return accept_submission(b); },
-          [this](Submissions::Batch& b) { submission_written(b); }) {
-  m_cores = sysfs_slot_cores(m_config.sysfs_root, usable_cores());
-  if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_cores.cores.size());
+      m_attempts(io, m_config, *m_store, m_jobs, m_users, m_machine, *m_executor, m_events, m_metrics,
+                 {commit_fn(), [this] { withdraw_orphans(); }, [this] { m_pacer.soon(); }}),
+      m_ops(io, m_config, *m_store, m_jobs, m_users, m_waiters,
+            {[this] { return reads(); },
+             [this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); },
+             [this] { m_pacer.soon(); }, [this](Submissions::Batch& b) { return accept_submission(b); },
+             [this](Submissions::Batch& b) { submission_written(b); }}) {
+  if (m_config.cpu_slots <= 0) m_config.cpu_slots = static_cast<int>(m_machine.cores.cores.size());
   m_executor->on_handed([this](std::int64_t) {
     if (m_jobs.any_with_deps()) m_pacer.soon();  // a job may wait for this one to be handed over
   });
@@ -82,8 +77,9 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
 Daemon::~Daemon() = default;
 
 Reads Daemon::reads() {
-  return {m_config, *m_store, m_jobs, m_users, m_last_pass, m_health, m_gpu_processes, m_events, *m_executor,
-          m_inventory, m_cores};
+  return {m_config,       *m_store,  m_jobs,      m_users,           m_last_pass,
+          m_machine.health, m_machine.gpu_processes, m_events, *m_executor, m_machine.inventory,
+          m_machine.cores};
 }
 
 Changes Daemon::changes() {
@@ -91,11 +87,9 @@ Changes Daemon::changes() {
           m_jobs,
           *m_store,
           m_users,
-          m_health,
+          m_machine.health,
           *m_executor,
-          [this](std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {
-            commit(std::move(changed), why, std::move(also));
-          },
+          commit_fn(),
           [this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); },
           [this] { m_pacer.soon(); }};
 }
@@ -107,25 +101,25 @@ Changes Daemon::changes() {
 // CPUAffinity) it holds instead the slots of its real cores in this mapping, and none for cores
 // outside this gpuqd's mask, so no other job is pinned onto them.
 std::optional<JobRecord> Daemon::rederive_slots(const JobRecord& was) const {
-  if (was.run.cores.empty() || job_cores(was, m_cores.cores) == was.run.cores) return std::nullopt;
+  if (was.run.cores.empty() || job_cores(was, m_machine.cores.cores) == was.run.cores) return std::nullopt;
   JobRecord rec = was;
-  rec.run.cpu_slots = slots_on_cores(rec.run.cores, m_cores.cores, m_config.cpu_slots);
+  rec.run.cpu_slots = slots_on_cores(rec.run.cores, m_machine.cores.cores, m_config.cpu_slots);
   std::cerr << "gpuqd: job " << rec.id << " runs on cores " << common::format_cpu_list(rec.run.cores)
             << ", launched under another CPU mask; it holds CPU slots " << json(rec.run.cpu_slots).dump()
-            << " of this gpuqd's pool (cores " << common::format_cpu_list(m_cores.cores) << ")\n";
+            << " of this gpuqd's pool (cores " << common::format_cpu_list(m_machine.cores.cores) << ")\n";
   return rec;
 }
 
 void Daemon::recover() {
-  m_started_at = wall_now();
-  m_trash.empty_leftover();
+  m_metrics.started_at = wall_now();
+  m_ops.trash.empty_leftover();
   // Hooks due from before (a job that ended, its hooks not yet started); those started and cut
   // off by a crash run on by themselves.
   m_store->forget_started_hooks();
   for (std::int64_t id : m_store->due_hooks()) m_hooks.due(id);
   for (auto& rec : m_store->load_active()) {
     const std::int64_t id = rec.id;
-    const double queued_since = rec.attempt == 0 ? rec.submitted_at : m_started_at;  // a retry's wait: from now on
+    const double queued_since = rec.attempt == 0 ? rec.submitted_at : m_metrics.started_at;  // a retry's wait: from now on
     Active& a = m_jobs.load(std::move(rec), queued_since);
     if (!a.rec.spec_error.empty()) {
       // A spec this gpuqd cannot read (written by a later gpuq, or damaged): a queued job fails
@@ -141,11 +135,11 @@ void Daemon::recover() {
     if (auto moved = rederive_slots(a.rec))  // not a change of state: no transition
       land({std::move(*moved)}, [&](const std::vector<const JobRecord*>& rows) { m_store->update(*rows.front(), false); });
     for (int r = 0; r < a.rec.spec.ranks; ++r) a.event_offsets[r] = m_store->event_offset(id, a.rec.attempt, r);
-    switch (m_executor->adopt(attempt_of(a.rec))) {
+    switch (m_executor->adopt(m_attempts.attempt_of(a.rec))) {
       case Executor::Found::alive:
         break;
       case Executor::Found::ended:  // while no gpuqd ran: recorded now
-        asio::post(m_io, [this, id] { on_attempt_end(id); });
+        asio::post(m_io, [this, id] { m_attempts.ended(id); });
         break;
       case Executor::Found::never_started: {
         // Marked running, but gpuqd stopped before handing it over: it starts again as the same
@@ -161,12 +155,11 @@ void Daemon::recover() {
     for (const auto& [uid, gpu_s, at] : m_store->gpu_time_since(now - 10 * m_config.usage_half_life_s))
       m_users.add_use(uid, gpu_s, at);
   }
-  m_restarter.resume();
+  m_ops.restarter.resume();
   m_events.arm();
-  m_health.start();
-  m_gpu_processes.start(m_inventory.source().rfind("nvml", 0) == 0 && !m_executor->places_work());
+  m_machine.start(m_executor->places_work());
   m_hooks.run();
-  m_cleaner.forget_old_jobs();
+  m_ops.cleaner.forget_old_jobs();
   m_pacer.soon();
 }
 
@@ -181,7 +174,7 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::show, &queries::show>(),
       now<cmd::cancel, &control::cancel>(),
       later<cmd::restart, [](Daemon& d, const Caller& c, const common::RestartRequest& q, Reply& r) {
-        d.m_restarter.start(c, q, r);
+        d.m_ops.restarter.start(c, q, r);
       }>(),
       now<cmd::hold, [](const Changes& c, const Caller& who, const common::SelectRequest& q) {
         return control::set_held(c, who, q, true);
@@ -191,7 +184,7 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       }>(),
       now<cmd::update, &control::update>(),
       later<cmd::clean, [](Daemon& d, const Caller& c, const common::CleanRequest& q, Reply& r) {
-        d.m_cleaner.start(c, q, r);
+        d.m_ops.cleaner.start(c, q, r);
       }>(),
       later<cmd::wait, &Daemon::cmd_wait>(),
       now<cmd::results, &queries::results>(),
@@ -257,6 +250,14 @@ void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& 
   m_jobs.need_changed();
   notify_waiters();
 }
+
+Commit Daemon::commit_fn() {
+  return [this](std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {
+    commit(std::move(changed), why, std::move(also));
+  };
+}
+
+void Daemon::withdraw_orphans() { dependencies::withdraw_orphans(reads(), *m_executor); }
 
 void Daemon::notify_waiters() {
   m_waiters.notify([this](std::int64_t id) { return m_jobs.contains(id); });

@@ -30,27 +30,21 @@
 #include "daemon/config.hpp"
 #include "common/protocol.hpp"
 #include "common/users.hpp"
-#include "daemon/cleaner.hpp"
+#include "daemon/attempts.hpp"
 #include "daemon/control.hpp"
 #include "daemon/event_tick.hpp"
 #include "daemon/executor.hpp"
-#include "daemon/gpu_service.hpp"
-#include "daemon/gpu_processes.hpp"
 #include "daemon/hooks.hpp"
-#include "daemon/inventory.hpp"
 #include "daemon/job_table.hpp"
+#include "daemon/machine.hpp"
 #include "daemon/last_pass.hpp"
-#include "daemon/launcher.hpp"
 #include "daemon/metrics.hpp"
+#include "daemon/operations.hpp"
 #include "daemon/parts.hpp"
 #include "daemon/pass_pacer.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/reads.hpp"
-#include "daemon/restart_pins.hpp"
-#include "daemon/restarter.hpp"
 #include "daemon/store.hpp"
-#include "daemon/submissions.hpp"
-#include "daemon/trash.hpp"
 #include "daemon/users.hpp"
 #include "daemon/waiters.hpp"
 
@@ -58,9 +52,6 @@ namespace gpuq::daemon {
 
 namespace asio = boost::asio;
 using json = nlohmann::json;
-
-
-
 
 class Daemon {
  public:
@@ -72,7 +63,7 @@ class Daemon {
   // Handles one request; `reply` is called exactly once, possibly later (wait).
   void dispatch(const Caller& caller, const json& request, Reply reply);
   // The Prometheus exposition of gpuqd's state and counters (metrics.cpp; docs/monitoring.md).
-  std::string metrics_text() { return gpuq::daemon::metrics_text(reads(), m_metrics, m_hooks, m_started_at); }
+  std::string metrics_text() { return gpuq::daemon::metrics_text(reads(), m_metrics, m_hooks); }
   void dispatch(const json& request, Reply reply) { dispatch(Caller::self(), request, std::move(reply)); }
   // Whom a connection's peer is, or why gpuqd does not serve it (forbidden).
   Result<Caller> identify(uid_t uid) const { return m_users.identify(uid); }
@@ -133,30 +124,12 @@ class Daemon {
   void cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& reply);  // answers once the batch is written
   std::optional<Error> accept_submission(Submissions::Batch& s);  // Submissions::Accept
   void submission_written(Submissions::Batch& s);                 // Submissions::Written
-  // What the GPUs say of a failed attempt: for CUDA out of memory, its peak and the processes
-  // outside gpuq that grew on its GPUs; for any failure, the Xids its GPUs reported meanwhile.
-  // "" when nothing.
-  std::string gpu_failure_notes(const JobRecord& r, const json& failure);
   void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
 
-  // Scheduling and the job state machine.
-  void schedule_now();  // one pass: m_pacer runs it
-  bool fail_blocked_dependents(double now);
-  // Whether a queued job's dependency lets it go: it succeeded, or (where another system places
-  // work) it is handed over there, to wait in that system until the dependency has succeeded.
-  bool dependency_met(std::int64_t dep);
-  // Takes back each job handed over after a dependency that will no longer succeed as it was
-  // handed over (it failed or was taken back itself): it waits in gpuqd's queue again.
-  void withdraw_orphans();
-  // A launch in two steps: the record and launch.json (false: it could not start, and its
-  // attempt ended), then the executor's hand-over.
-  bool prepare_launch(Active& a, const Placement& placement, double now);
-  void start_attempt(Active& a);
-  Executor::Attempt attempt_of(const JobRecord& rec) const;
+  // Scheduling: one pass (m_pacer runs it); the attempts' owner launches what it places.
+  void schedule_now();
   // A re-adopted job's record with its slots under this gpuqd's CPU mask; nullopt where they stand.
   std::optional<JobRecord> rederive_slots(const JobRecord& rec) const;
-  void on_attempt_end(std::int64_t id);  // the executor says its processes are gone
-  void finish_attempt(Active& a, const Outcome& outcome);
   // The one place a change of state lands: `changed` (each a record lifecycle.hpp made, `why` its
   // history row's reason where given) is stored in one transaction with a transition each, then
   // applied in memory in order (of two records of one job, the second: a failed attempt and its
@@ -176,6 +149,9 @@ class Daemon {
   // Metrics' counters for a job's change of state (`was`: nullopt for one new to memory).
   void count_transition(Active& a, std::optional<JobState> was, const JobRecord& now);
   void notify_waiters();
+  // commit, as the owners are handed it; and dependencies::withdraw_orphans over this daemon.
+  Commit commit_fn();
+  void withdraw_orphans();
 
   // What the handlers read through (reads.hpp), over this daemon's owners.
   Reads reads();
@@ -185,27 +161,20 @@ class Daemon {
   asio::io_context& m_io;
   Config m_config;
   std::unique_ptr<Store> m_store;
-  Inventory m_inventory;
+  Machine m_machine;  // GPUs, their service and processes, CPU cores (machine.hpp)
   Users m_users;  // callers, accounts, lab mode's limits and fair share (users.hpp)
   Hooks m_hooks;  // on_finish hooks (hooks.hpp)
-  GpuService m_health;  // GPUs in and out of service, health checks (gpu_service.hpp)
-  GpuProcesses m_gpu_processes;  // what runs on the GPUs, ours and others' (gpu_processes.hpp)
-  SlotCores m_cores;  // usable cores in slot order, with their NUMA nodes: slot s is core m_cores.cores[s % size]
   JobTable m_jobs;  // queued and running jobs, filed by state (job_table.hpp)
   LastPass m_last_pass;  // what the last scheduling pass said (last_pass.hpp)
   Waiters m_waiters;  // `wait`s, answered once their jobs end (waiters.hpp)
-  bool m_fds_short = false;     // a launch waited for file descriptors: said once, and once when they are back
   MetricCounters m_metrics;
-  double m_started_at = 0;  // wall clock, for gpuq_start_time_seconds
   PassPacer m_pacer;  // when scheduling passes run (pass_pacer.hpp)
-  RestartPins m_pins;  // the jobs restarts under way hold (restart_pins.hpp)
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
   EventTick m_events;  // running jobs' events read in, and the hang watch (event_tick.hpp)
-  // Where cleaned jobs' files go; declared late, so its thread is joined before the state it posts to goes.
-  Trash m_trash;
-  Restarter m_restarter;  // restarts under way, in parts (restarter.hpp)
-  Cleaner m_cleaner;  // cleans under way, in parts, and forgetting old jobs (cleaner.hpp)
-  Submissions m_submissions;  // submits checked off this thread, then written in parts (submissions.hpp)
+  Attempts m_attempts;  // launches attempts and records their ends (attempts.hpp)
+  // Submit, restart and clean, done in parts (operations.hpp). Declared last: the threads of its
+  // trash and its submission checks are joined before the state they post to goes.
+  Operations m_ops;
 };
 
 }  // namespace gpuq::daemon

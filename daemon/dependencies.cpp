@@ -1,55 +1,54 @@
-// Dependencies (`after`): a dependency's state (the job table's, else the store's, remembered),
-// whether it lets a queued job go, failing the jobs whose dependency ended without success (a
-// failed chain in one pass, a part at a time), and taking back from an executor that places work
-// itself the jobs handed over after a dependency that will no longer succeed.
-#include "daemon/daemon.hpp"
+// Dependencies (see dependencies.hpp): a dependency's state is the job table's, else the store's,
+// remembered (Reads::dependency_state); a failed chain fails in one pass, a part at a time.
+#include "daemon/dependencies.hpp"
 
 #include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "daemon/lifecycle.hpp"
 
-namespace gpuq::daemon {
+namespace gpuq::daemon::dependencies {
 
 namespace {
 constexpr std::size_t k_doomed_part = 512;  // jobs failed for a dependency in one pass (~10 ms)
 }  // namespace
 
-bool Daemon::dependency_met(std::int64_t dep) {
-  const auto st = reads().dependency_state(dep);
+bool met(const Reads& r, std::int64_t dep) {
+  const auto st = r.dependency_state(dep);
   if (st == JobState::succeeded) return true;
-  if (st != JobState::running || !m_executor->places_work()) return false;
-  const Active& a = m_jobs.at(dep);
-  return !a.rec.run.cancel_requested && !m_executor->external_id(dep).empty();
+  if (st != JobState::running || !r.executor.places_work()) return false;
+  const Active& a = r.jobs.at(dep);
+  return !a.rec.run.cancel_requested && !r.executor.external_id(dep).empty();
 }
 
-void Daemon::withdraw_orphans() {
-  if (!m_executor->places_work()) return;
-  for (const Active& a : m_jobs.running()) {
+void withdraw_orphans(const Reads& r, Executor& executor) {
+  if (!executor.places_work()) return;
+  for (const Active& a : r.jobs.running()) {
     if (a.rec.run.cancel_requested) continue;
     for (std::int64_t dep : a.rec.after)
-      if (!dependency_met(dep)) {
-        m_executor->withdraw(a.rec.id);
+      if (!met(r, dep)) {
+        executor.withdraw(a.rec.id);  // its end comes later, posted: the table stays as it is
         break;
       }
   }
 }
 
-// Fails queued jobs whose dependencies ended without success. Returns true when some are left
-// for the next pass.
-bool Daemon::fail_blocked_dependents(double now) {
+bool fail_blocked(const Reads& r, const Commit& commit, double now) {
   // The jobs whose dependency ended without success, then, transitively, the jobs waiting for
   // those: a failed chain fails in one pass (a pass per link was quadratic: 21 s for a chain of
   // 20,000), k_doomed_part jobs a transaction, the nearest first, a pass each (one transaction
   // for 20,000 held gpuqd's thread for 435 ms). Those left wait for a failed dependency meanwhile.
   std::vector<std::pair<std::int64_t, std::int64_t>> waiting;  // (dependency, a queued job naming it), sorted
-  std::map<std::int64_t, std::int64_t> blocked_by;  // doomed job -> the dependency that dooms it
-  std::vector<std::int64_t> doomed;                 // the nearest first
-  for (const Active& a : m_jobs.with_deps()) {
+  std::map<std::int64_t, std::int64_t> blocked_by;             // doomed job -> the dependency that dooms it
+  std::vector<std::int64_t> doomed;                            // the nearest first
+  for (const Active& a : r.jobs.with_deps()) {
     const std::int64_t id = a.rec.id;
     for (auto dep : a.rec.after) {
       waiting.emplace_back(dep, id);
       if (blocked_by.count(id)) continue;
-      auto st = reads().dependency_state(dep);
+      auto st = r.dependency_state(dep);
       if (!st || (is_terminal(*st) && *st != JobState::succeeded)) {
         doomed.push_back(id);
         blocked_by[id] = dep;
@@ -67,17 +66,17 @@ bool Daemon::fail_blocked_dependents(double now) {
   std::vector<JobRecord> failed;
   for (auto id : doomed) {
     const std::int64_t dep = blocked_by[id];
-    auto st = reads().dependency_state(dep);  // doomed, but still queued: it ends failed in this same transaction
-    failed.push_back(next_record(
-        m_jobs.at(id).rec,
-        event::DependencyFailed{dep,
-                                !st ? "dependency: " + reads().missing_job(dep)
-                                    : "dependency " + std::to_string(dep) + " ended " +
-                                          std::string(to_string(is_terminal(*st) ? *st : JobState::failed)),
-                                now}));
+    auto st = r.dependency_state(dep);  // doomed, but still queued: it ends failed in this same transaction
+    failed.push_back(
+        next_record(r.jobs.at(id).rec,
+                    event::DependencyFailed{dep,
+                                            !st ? "dependency: " + r.missing_job(dep)
+                                                : "dependency " + std::to_string(dep) + " ended " +
+                                                      std::string(to_string(is_terminal(*st) ? *st : JobState::failed)),
+                                            now}));
   }
-  commit(std::move(failed));
+  commit(std::move(failed), {}, {});
   return left;
 }
 
-}  // namespace gpuq::daemon
+}  // namespace gpuq::daemon::dependencies

@@ -19,9 +19,16 @@ Error refused(const JobRecord& rec, const Event& e, std::string_view needs) {
 
 // A job whose stored spec does not parse runs no more: it has no command to run.
 Error unreadable(const JobRecord& rec, const Event& e) {
-  return Error{ErrorCode::wrong_state, job_label(rec) + " cannot `" + std::string(event_name(e)) +
-                                           "`: its stored spec does not parse (" + rec.spec_error +
-                                           "); submit it again"};
+  return Error{ErrorCode::wrong_state, unreadable_refusal(rec, "`" + std::string(event_name(e)) + "`")};
+}
+
+// A queued job that fails without running (its dependency failed, or it cannot run at all).
+JobRecord fails_unstarted(JobRecord next, double at, std::string reason) {
+  next.state = JobState::failed;
+  next.held = false;
+  next.run.ended_at = at;
+  next.reason = std::move(reason);
+  return next;
 }
 
 }  // namespace
@@ -113,12 +120,8 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
           },
           [&](const event::DependencyFailed& d) -> Result<JobRecord> {
             if (!queued) return refused(rec, e, "a queued job");
-            next.state = JobState::failed;
-            next.held = false;
-            next.run.ended_at = d.at;
             next.blocked_by = d.dependency;
-            next.reason = d.reason;
-            return next;
+            return fails_unstarted(std::move(next), d.at, d.reason);
           },
           [&](const event::Held& h) -> Result<JobRecord> {
             if (!queued) return refused(rec, e, "a queued job");
@@ -148,14 +151,15 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
           },
           [&](const event::Unrunnable& u) -> Result<JobRecord> {
             if (!queued) return refused(rec, e, "a queued job");
-            next.state = JobState::failed;
-            next.held = false;
-            next.run.ended_at = u.at;
-            next.reason = u.reason;
-            return next;
+            return fails_unstarted(std::move(next), u.at, u.reason);
           },
       },
       e);
+}
+
+std::string unreadable_refusal(const JobRecord& rec, std::string_view act) {
+  return job_label(rec) + " cannot " + std::string(act) + ": its stored spec does not parse (" + rec.spec_error +
+         "); submit it again";
 }
 
 std::string unrunnable_reason(const JobRecord& rec) {

@@ -93,6 +93,9 @@ Event back_in_line(const JobRecord& rec, std::string reason, double now);
 
 // Why a job whose stored spec does not parse fails, for its record's reason.
 std::string unrunnable_reason(const JobRecord& rec);
+// The refusal of `act` ("be restarted") on such a job: "job 7 (train) cannot be restarted: its
+// stored spec does not parse (...); submit it again".
+std::string unreadable_refusal(const JobRecord& rec, std::string_view act);
 
 // "job 7 (train)": how errors name a job.
 std::string job_label(const JobRecord& rec);

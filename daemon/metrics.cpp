@@ -76,14 +76,14 @@ void Exposition::histogram(std::string_view name, const Labels& labels, const Hi
   sample(base + "_count", labels, static_cast<double>(h.count));
 }
 
-std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& hooks, double started_at) {
+std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& hooks) {
   Exposition e;
   e.family("gpuq_build_info", "gauge", "gpuqd's version and mode (always 1)");
   e.sample("gpuq_build_info", {{"version", GPUQ_VERSION}, {"multi_user", r.config.multi_user ? "true" : "false"},
                                {"executor", r.config.executor}},
            1);
   e.family("gpuq_start_time_seconds", "gauge", "When this gpuqd started (unix seconds)");
-  e.sample("gpuq_start_time_seconds", {}, started_at);
+  e.sample("gpuq_start_time_seconds", {}, c.started_at);
 
   // Jobs in line and running, by state and user (held jobs and those waiting for a retry's
   // backoff or a dependency count as queued).

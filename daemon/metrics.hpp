@@ -39,6 +39,7 @@ struct MetricCounters {
   Histogram run_time{{1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400}};
   // A scheduling pass, on gpuqd's thread: from 10 µs to a second.
   Histogram pass{{1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1}};
+  double started_at = 0;  // wall clock, when gpuqd began its recovery: gpuq_start_time_seconds
 };
 
 // Writes the exposition text: each family's HELP and TYPE once, then its samples.
@@ -58,9 +59,8 @@ class Exposition {
 struct Reads;
 class Hooks;
 // The exposition of gpuqd's state at a scrape: what `r` reads (jobs, GPUs as `gpuq gpus` reports
-// them, the store's size), the counters `c`, the hooks running and waiting, and when gpuqd
-// started (`started_at`, wall clock).
-std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& hooks, double started_at);
+// them, the store's size), the counters `c` (with when gpuqd started), the hooks running and waiting.
+std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& hooks);
 
 // A label value as the format quotes it: backslash, double quote and newline escaped.
 std::string escape_label_value(std::string_view v);

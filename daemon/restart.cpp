@@ -188,8 +188,7 @@ void Restarter::choose(Restarting& r, JobRecord rec, std::int64_t along) {
   const std::int64_t id = rec.id;
   if (r.chosen.count(id)) return;
   if (!rec.spec_error.empty())  // it has no command to run: refused before anything is pinned
-    throw RequestError(ErrorCode::wrong_state, job_label(rec) + " cannot be restarted: its stored spec does not parse (" +
-                                                   rec.spec_error + "); submit it again");
+    throw RequestError(ErrorCode::wrong_state, unreadable_refusal(rec, "be restarted"));
   if (!m_pins.pin(id, rec.uid))
     throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is being restarted by another request under way");
   if (along) r.with[id] = along;

@@ -14,9 +14,9 @@ void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& 
   if (sub.cwd.empty() || sub.cwd[0] != '/')
     throw RequestError(ErrorCode::bad_request, "field `cwd` must be the submitter's absolute working directory");
   MachineFacts facts;
-  facts.gpus = static_cast<int>(m_inventory.gpus().size());
-  for (const auto& g : m_inventory.gpus()) facts.largest_gpu_mb = std::max(facts.largest_gpu_mb, g.memory_total_mb);
-  facts.gpu_source = m_inventory.source();
+  facts.gpus = static_cast<int>(m_machine.inventory.gpus().size());
+  for (const auto& g : m_machine.inventory.gpus()) facts.largest_gpu_mb = std::max(facts.largest_gpu_mb, g.memory_total_mb);
+  facts.gpu_source = m_machine.inventory.source();
   facts.have_worker = !m_config.worker_path.empty();
   facts.default_retries = m_config.default_retries;
   if (m_executor->places_work()) {  // the cluster's GPUs are Slurm's to count: sbatch refuses what no node has
@@ -27,7 +27,7 @@ void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& 
   }
   // In lab mode the jobs are the caller's, checked and run as them; else gpuqd's own user's.
   const std::optional<uid_t> owner = m_config.multi_user ? std::optional<uid_t>(caller.uid) : std::nullopt;
-  m_submissions.submit(caller, std::move(sub), facts, owner, std::move(reply));
+  m_ops.submissions.submit(caller, std::move(sub), facts, owner, std::move(reply));
 }
 
 // A checked batch, on gpuqd's thread: refused if a job outside it that it names is gone, or its
@@ -47,7 +47,7 @@ std::optional<Error> Daemon::accept_submission(Submissions::Batch& s) {
   if (!batch.problems.empty()) return batch.refusal();
   if (!batch.jobs.empty()) {
     try {
-      m_users.check_submission(s.caller, batch.jobs.front().uid, batch.jobs, [this](uid_t u) { return queued_or_running(m_jobs, m_pins, u); });
+      m_users.check_submission(s.caller, batch.jobs.front().uid, batch.jobs, [this](uid_t u) { return queued_or_running(m_jobs, m_ops.pins, u); });
     } catch (const RequestError& e) {
       return Error{e.code(), e.what()};
     }

@@ -1,8 +1,8 @@
 // What the daemon's owners read, filled by hand for unit tests (test_queries, test_restarter,
-// test_control): a
-// store in memory, a job table, lab mode's users with made-up names (user<uid>), two fake GPUs and
-// an executor that runs nothing. Jobs are written to the store and filed in the table as the
-// daemon would; no process starts.
+// test_control, test_attempts, test_dependencies): a store in memory, a job table, lab mode's users
+// with made-up names (user<uid>), a machine of two fake GPUs and four cores, and an executor that
+// runs nothing and records what it is asked. Jobs are written to the store and filed in the table
+// as the daemon would; no process starts.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "daemon/attempts.hpp"
 #include "daemon/config.hpp"
 #include "daemon/control.hpp"
+#include "daemon/machine.hpp"
 #include "daemon/reads.hpp"
 #include "tests/unit/memory_store.hpp"
 
@@ -22,14 +24,39 @@ namespace gpuq::daemon::testing {
 
 using common::json;
 
-// An executor that is never asked to run anything: the handlers only ask it what it can say.
+// An executor that runs nothing: it records what it is asked, refuses a start where told to, and
+// says where work is placed by another system where told to (`places`).
 struct QuietExecutor : Executor {
-  std::optional<gpuq::Error> start(const Attempt&) override { return std::nullopt; }
+  std::optional<gpuq::Error> start(const Attempt& a) override {
+    started.push_back(a.id);
+    if (on_start) on_start(a);
+    return refuse;
+  }
+  std::optional<gpuq::Error> start_array(const std::vector<Attempt>& attempts, int limit) override {
+    arrays.emplace_back();
+    for (const auto& a : attempts) arrays.back().push_back(a.id);
+    array_limit = limit;
+    return refuse;
+  }
   Found adopt(const Attempt&) override { return Found::alive; }
   void stop(std::int64_t id) override { stopped.push_back(id); }
+  void withdraw(std::int64_t id) override { withdrawn.push_back(id); }
   Outcome outcome(const Attempt&) override { return Outcome::failed("never ran"); }
+  bool places_work() const override { return places; }
   std::string detail(std::int64_t id) const override { return "on node n" + std::to_string(id); }
-  std::vector<std::int64_t> stopped;  // the jobs it was asked to stop, in order
+  std::string external_id(std::int64_t id) const override {
+    const auto it = handed.find(id);
+    return it == handed.end() ? std::string() : it->second;
+  }
+  std::vector<std::int64_t> stopped;    // the jobs it was asked to stop, in order
+  std::vector<std::int64_t> started;    // ... to start alone
+  std::vector<std::vector<std::int64_t>> arrays;  // ... to start as one array
+  int array_limit = -1;
+  std::vector<std::int64_t> withdrawn;  // ... to take back
+  std::optional<gpuq::Error> refuse;    // its answer to every start
+  std::function<void(const Attempt&)> on_start;  // what a test sees at the moment of a start
+  bool places = false;
+  std::map<std::int64_t, std::string> handed;  // job -> the other system's id for it
 };
 
 struct DaemonBench {
@@ -39,11 +66,13 @@ struct DaemonBench {
   JobTable jobs;
   Users users;
   LastPass last_pass;
-  Inventory inventory;
-  GpuService health;
-  GpuProcesses gpu_processes;
+  Machine machine;
+  Inventory& inventory = machine.inventory;
+  GpuService& health = machine.health;
+  GpuProcesses& gpu_processes = machine.gpu_processes;
+  SlotCores& cores = machine.cores;
   QuietExecutor executor;
-  SlotCores cores{{0, 1, 2, 3}, {}};
+  MetricCounters metrics;
   std::vector<std::int64_t> landed;  // the ids of the records land() applied, in order
   int commits = 0;                   // commit()s, each one transaction (empty ones included)
   int passes_asked = 0;              // scheduling passes asked for (schedule_soon)
@@ -61,9 +90,8 @@ struct DaemonBench {
         users(lab_mode(),
               Users::Directory{[](uid_t uid) { return uid == 0 ? std::string("root") : "user" + std::to_string(uid); },
                                [](uid_t) -> gpuq::Result<gpuq::common::Account> { return gpuq::Error{}; }}),
-        inventory(std::move(*Inventory::create("fake:2:16000", std::nullopt))),
-        health(io, inventory, *store, 0, [] {}),
-        gpu_processes(io, inventory, 0, [] { return std::vector<GpuProcesses::Running>{}; }, [] {}) {
+        machine(io, std::move(*Inventory::create("fake:2:16000", std::nullopt)), SlotCores{{0, 1, 2, 3}, {}}, *store, {},
+                [] { return std::vector<GpuProcesses::Running>{}; }, [] {}) {
     config.state_dir = "/nonexistent/state";
   }
   // Daemon::land as the owners see it, without hooks, metrics or waiters: `write` stores the rows,
@@ -98,6 +126,13 @@ struct DaemonBench {
             [this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); },
             [this] { ++passes_asked; }};
   }
+  // The attempts' owner over this bench: its commits land here, withdraw_orphans is counted, and
+  // a pass asked for counts in passes_asked.
+  int orphan_walks = 0;
+  Attempts attempts{io, config, *store, jobs, users, machine, executor, events, metrics,
+                    {[this](std::vector<JobRecord> changed, const std::vector<std::string>& why,
+                            std::vector<JobRecord> also) { commit(std::move(changed), why, std::move(also)); },
+                     [this] { ++orphan_walks; }, [this] { ++passes_asked; }}};
   Reads reads() {
     return {config, *store, jobs, users, last_pass, health, gpu_processes, events, executor, inventory, cores};
   }

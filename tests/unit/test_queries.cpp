@@ -198,10 +198,11 @@ TEST_CASE("metrics: jobs by state and user, the 50 largest batches, the GPUs as 
   Hooks hooks{b.io, {}, *b.store, b.users, [](std::int64_t) { return json::object(); }};
   MetricCounters counters;
   counters.attempts_started = 7;
+  counters.started_at = 1234.5;
   const auto bobs = b.submit(3, k_bob.uid);
   b.submit(1, k_alice.uid);
   b.run(bobs[0], {0});
-  const std::string text = metrics_text(b.reads(), counters, hooks, 1234.5);
+  const std::string text = metrics_text(b.reads(), counters, hooks);
   CHECK(text.find("gpuq_start_time_seconds 1234.5\n") != std::string::npos);
   CHECK(text.find("gpuq_jobs{state=\"running\",user=\"user1002\"} 1\n") != std::string::npos);
   CHECK(text.find("gpuq_jobs{state=\"queued\",user=\"user1002\"} 2\n") != std::string::npos);
@@ -212,7 +213,7 @@ TEST_CASE("metrics: jobs by state and user, the 50 largest batches, the GPUs as 
 
   // Sixty batches with a job each in line: fifty series, not sixty.
   for (int i = 0; i < 60; ++i) b.submit(1, k_alice.uid);
-  const std::string many = metrics_text(b.reads(), counters, hooks, 0);
+  const std::string many = metrics_text(b.reads(), counters, hooks);
   std::size_t series = 0;
   for (std::size_t at = many.find("gpuq_batch_jobs{batch="); at != std::string::npos;
        at = many.find("gpuq_batch_jobs{batch=", at + 1))

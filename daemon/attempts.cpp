@@ -1,0 +1,323 @@
+// The attempts' owner (attempts.hpp): launching an attempt, and recording how it ended.
+#include "daemon/attempts.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "common/failure_class.hpp"
+#include "common/paths.hpp"
+#include "common/users.hpp"
+#include "daemon/lifecycle.hpp"
+#include "daemon/parts.hpp"
+
+namespace gpuq::daemon {
+
+namespace {
+
+std::string describe_end(const json& failure);
+
+// The first failure in words: which rank, how it ended, and what it said: the class of failure
+// its log names (CUDA out of memory, ...) with the line that named it, else its log's last line.
+// `notes`: what the GPUs said meanwhile (gpu_failure_notes).
+std::string describe_exit(const json& failure, const std::string& notes) {
+  if (!failure.is_object()) return notes.empty() ? "failed" : "failed; " + notes;
+  auto text = [&](const char* key) {
+    const auto it = failure.find(key);
+    return it != failure.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const std::string words = common::failure_class_words(text("class"));
+  if (!words.empty()) {
+    const std::string line = text("class_line");
+    return describe_end(failure) + ": " + words + (notes.empty() ? "" : " (" + notes + ")") +
+           (line.empty() ? "" : ": " + line);
+  }
+  const std::string said = text("message");
+  return describe_end(failure) + (notes.empty() ? "" : "; " + notes) + (said.empty() ? "" : ": " + said);
+}
+
+std::string describe_end(const json& failure) {
+  std::string who = "rank " + std::to_string(failure.value("rank", 0));
+  if (failure.contains("signal") && failure["signal"].is_number_integer()) {
+    int sig = failure["signal"].get<int>();
+    // The kernel's OOM-kill count is the system's: another job's OOM kill while this rank died of
+    // someone's SIGKILL reads the same. Likely, then, not certain.
+    if (failure.value("oom_kill", false))
+      return who + " was killed by signal 9 (SIGKILL), most likely by the kernel's out-of-memory killer";
+    const char* name = sigabbrev_np(sig);
+    return who + " was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  if (failure.contains("exit_code") && failure["exit_code"].is_number_integer())
+    return who + " exited with code " + std::to_string(failure["exit_code"].get<int>());
+  return who + " failed";
+}
+
+}  // namespace
+
+// ---- descriptors --------------------------------------------------------------------------------
+
+void DescriptorBudget::begin(bool launching, Descriptors fds) {
+  m_free = launching ? fds.free : -1;
+  m_reserved = fds.reserved;
+  m_launching = launching;
+  m_held_back = false;
+}
+
+std::optional<std::string> DescriptorBudget::spend() {
+  if (m_free < 0) return std::nullopt;  // unknown: no /proc
+  if (m_free >= m_reserved + k_descriptors_per_launch) {
+    m_free -= k_descriptors_per_launch;
+    return std::nullopt;
+  }
+  std::string why = "gpuqd is short of file descriptors (" + std::to_string(std::max(0L, m_free)) + " free, " +
+                    std::to_string(m_reserved + k_descriptors_per_launch) +
+                    " needed to start a job): raise its limit (LimitNOFILE=, ulimit -n)";
+  if (!m_held_back && !m_short) std::cerr << "gpuqd: " << why << "; jobs wait until some free up\n";
+  m_held_back = true;
+  return why;
+}
+
+void DescriptorBudget::end() {
+  if (m_held_back)
+    m_short = true;  // said once a shortage, and once when it is over
+  else if (m_launching && std::exchange(m_short, false))
+    std::cerr << "gpuqd: file descriptors free again; starting jobs\n";
+}
+
+// ---- launching ----------------------------------------------------------------------------------
+
+Attempts::Attempts(boost::asio::io_context& io, const Config& config, Store& store, JobTable& jobs, Users& users,
+                   Machine& machine, Executor& executor, EventTick& events, MetricCounters& metrics, Needs needs)
+    : m_io(io),
+      m_config(config),
+      m_store(store),
+      m_jobs(jobs),
+      m_users(users),
+      m_machine(machine),
+      m_executor(executor),
+      m_events(events),
+      m_metrics(metrics),
+      m_needs(std::move(needs)) {}
+
+bool Attempts::prepare(Active& a, const Placement& placement, double now) {
+  const std::vector<int>& gpus = placement.gpus;
+  event::Launched launched{gpus, placement.cpu_slots, {}, 0, now};
+  {
+    JobRecord slots = a.rec;  // the cores follow from the slots, under this gpuqd's CPU mask
+    slots.run.cpu_slots = placement.cpu_slots;
+    launched.cores = job_cores(slots, m_machine.cores.cores);
+  }
+  if (a.rec.spec.mode == common::Mode::ddp) {
+    std::set<int> in_use;
+    for (std::int64_t id : m_jobs.running_ids())
+      if (const int port = m_jobs.at(id).rec.run.master_port) in_use.insert(port);
+    launched.master_port = pick_free_port(in_use);
+  }
+  JobRecord next = next_record(a.rec, launched);
+
+  if (!next.spec.train.is_null()) next.spec.command[0] = m_config.worker_path;
+  const std::string jdir = job_dir(m_config.state_dir, next.id);
+  const std::string adir = attempt_dir(m_config.state_dir, next.id, next.attempt);
+  // Lab mode: a job of another user than gpuqd's runs as that user (the shim becomes them).
+  const bool as_owner = m_config.multi_user && next.uid != ::geteuid();
+  const common::Account* owner = as_owner ? m_users.account(next.uid) : nullptr;
+  if (as_owner) {
+    auto made =
+        owner ? make_owned_dirs(m_config.state_dir, next.id, next.attempt, owner->uid, m_config.admin_gid, owner->gid)
+              : Result<bool>(Error{ErrorCode::not_found, "its owner, uid " + std::to_string(next.uid) +
+                                                             ", has no account in the user database"});
+    if (!made) {
+      m_needs.commit({std::move(next)}, {}, {});
+      finish(a, Outcome::failed(made.error().message + "; not started"));
+      return false;
+    }
+  } else {
+    for (const auto& dir : {adir, jdir + "/checkpoints"})
+      if (auto made = common::ensure_private_dir(dir); !made) throw RequestError(made.error());
+  }
+  std::vector<std::string> uuids;
+  for (int idx : gpus)
+    if (const Gpu* g = m_machine.inventory.find(idx)) uuids.push_back(g->uuid);
+  Env base;
+  const bool inherit = m_executor.inherits_environment();
+  const json batch_env = inherit ? json::object() : m_store.batch_env(next.batch);  // named: items() would dangle
+  for (const auto& [k, v] : batch_env.items())
+    if (v.is_string()) base[k] = v.get<std::string>();
+  const auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
+                                   m_machine.cores.cores, m_machine.cores.nodes, {inherit, owner});
+  if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
+
+  // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.
+  m_needs.commit({std::move(next)}, {}, {});
+  a.wait_reason.clear();
+  a.event_offsets.clear();
+
+  // A working directory gone since submission fails the attempt with that reason (a job like
+  // `rm -rf ./*` must never run elsewhere; the rank's own chdir also refuses, should it go later).
+  struct stat st {};
+  if (const bool missing = ::stat(a.rec.spec.cwd.c_str(), &st) != 0; missing || !S_ISDIR(st.st_mode)) {
+    const std::string why = missing ? std::strerror(errno) : "not a directory";
+    finish(a, Outcome::failed("the job's working directory " + a.rec.spec.cwd + " is gone (" + why + "); not started"));
+    return false;
+  }
+  return true;
+}
+
+void Attempts::start(Active& a) {
+  if (auto refused = m_executor.start(attempt_of(a.rec))) {
+    std::cerr << "gpuqd: job " << a.rec.id << ": " << refused->message << "\n";
+    finish(a, Outcome::failed(refused->message));
+  }
+}
+
+void Attempts::start_array(const std::vector<std::int64_t>& ids, int limit) {
+  if (ids.size() == 1) start(m_jobs.at(ids[0]));
+  if (ids.size() < 2) return;
+  std::vector<Executor::Attempt> attempts;
+  for (std::int64_t id : ids)
+    attempts.push_back(attempt_of(m_jobs.at(id).rec));
+  if (auto refused = m_executor.start_array(attempts, limit)) {
+    std::cerr << "gpuqd: jobs " << ids.front() << "-" << ids.back() << ": " << refused->message << "\n";
+    for (std::int64_t id : ids)
+      finish(m_jobs.at(id), Outcome::failed(refused->message));
+  }
+}
+
+Executor::Attempt Attempts::attempt_of(const JobRecord& rec) const {
+  Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}, rec.uid};
+  if (m_executor.places_work())
+    for (std::int64_t dep : rec.after)
+      if (m_jobs.is_running(dep)) attempt.after.push_back(dep);
+  return attempt;
+}
+
+// ---- attempts ending ----------------------------------------------------------------------------
+
+void Attempts::ended(std::int64_t id) {
+  Active* found = m_jobs.find(id);
+  if (!found || found->rec.state != JobState::running) return;
+  Active& a = *found;
+  a.retry.reset();
+  try {
+    if (!m_events.ingest(a, true)) throw RequestError(ErrorCode::store_error, "its last events could not be stored");
+    finish(a, m_executor.outcome(attempt_of(a.rec)));
+  } catch (const RequestError& e) {
+    // A full disk, say: the job stays running in the records until its end is stored, and its
+    // end is tried again, as a launch is; nothing else would ever record it.
+    std::cerr << "gpuqd: job " << id << " ended, but its end cannot be recorded (" << e.what() << "); trying again in "
+              << k_write_retry_s << " s\n";
+    a.retry = std::make_unique<boost::asio::steady_timer>(
+        m_io, std::chrono::milliseconds(static_cast<int>(k_write_retry_s * 1000)));
+    a.retry->async_wait([this, id](const boost::system::error_code& ec) {
+      if (!ec) ended(id);
+    });
+  }
+}
+
+void Attempts::finish(Active& a, const Outcome& outcome) {
+  const double now = wall_now();
+  const JobRecord& rec = a.rec;
+  // Stopped by the hang watch: a failure, to be retried, not a cancel.
+  const std::string hung = m_events.hangs().ended(rec, now);
+  if (outcome.withdrawn && !rec.run.cancel_requested) {
+    // Taken back before it started (withdraw_orphans): in line again as the same attempt, to
+    // wait for its dependency's next attempt, or to fail with it.
+    m_needs.commit({next_record(rec, back_in_line(rec, "back in line: a job it waits for did not succeed", now))}, {},
+                   {});
+    m_needs.withdraw_orphans();  // those handed over after this one
+    m_needs.schedule_soon();
+    return;
+  }
+  const json& failure = outcome.first_failure;
+  event::Ended end{JobState::failed,    "",      outcome.exit_code,
+                   outcome.exit_signal, failure, outcome.ended_at.value_or(now),
+                   outcome.external_id};
+  // Where another system held it after the launch (pending in Slurm), the run began when its
+  // supervisor started: the record's runtime is the job's, not its wait there.
+  if (m_executor.places_work() && outcome.started_at) end.started_at = std::min(*outcome.started_at, end.at);
+
+  bool retryable = false;
+  if (!hung.empty() && !rec.run.cancel_requested) {
+    end.state = JobState::failed;
+    end.reason = hung;
+    retryable = true;
+  } else if (rec.run.cancel_requested || outcome.cancelled) {
+    end.state = JobState::cancelled;
+    // Who, when not gpuq: the executor's word ("cancelled in Slurm (scancel), not through gpuq").
+    end.reason =
+        rec.run.cancel_requested ? "cancelled while running" : outcome.error.value_or("cancelled while running");
+  } else if (outcome.timed_out) {
+    end.state = JobState::timed_out;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "timed out after %g s", rec.spec.timeout_s);
+    end.reason = buf;
+  } else if (outcome.all_ok && !failure.is_object()) {
+    end.state = JobState::succeeded;
+  } else {
+    end.reason = outcome.error ? *outcome.error : describe_exit(failure, gpu_failure_notes(rec, failure));
+    retryable = !outcome.final;  // the executor's word: another attempt would fare the same
+  }
+
+  m_machine.gpu_processes.forget(rec.id);
+  if (rec.run.started_at > 0 && end.at >= rec.run.started_at) m_metrics.run_time.observe(end.at - rec.run.started_at);
+  // Fair share remembers its GPU time, once the end is stored (`rec` is gone by then).
+  const uid_t owner = rec.uid;
+  const double gpu_s = rec.run.started_at > 0
+                           ? static_cast<double>(rec.run.gpus.size()) * std::max(0.0, end.at - rec.run.started_at)
+                           : 0;
+  const int run = rec.attempt - rec.attempt_base;  // attempts since the job was submitted or restarted
+  if (retryable && run <= rec.spec.retries && rec.spec_error.empty()) {  // lifecycle refuses it a retry
+    double delay = std::min(m_config.retry_backoff_max_s, m_config.retry_backoff_s * std::pow(2.0, run - 1));
+    end.reason = "attempt " + std::to_string(rec.attempt) + " failed (" + end.reason + "); retry " +
+                 std::to_string(run) + "/" + std::to_string(rec.spec.retries) + " in " +
+                 std::to_string(static_cast<int>(std::ceil(delay))) + " s";
+    // Record the failed attempt's end, then the requeue, as two transitions of one transaction.
+    JobRecord failed = next_record(rec, end);
+    JobRecord queued = next_record(failed, event::Retried{now + delay, end.reason});
+    ++m_metrics.retries;
+    m_needs.commit({std::move(failed), std::move(queued)}, {}, {});
+    if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
+    m_needs.withdraw_orphans();
+    m_needs.schedule_soon();
+    return;
+  }
+  const bool succeeded = end.state == JobState::succeeded;
+  m_needs.commit({next_record(rec, end)}, {}, {});  // `a` is gone: the job has ended
+  if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
+  if (!succeeded) m_needs.withdraw_orphans();
+  m_needs.schedule_soon();
+}
+
+// What the GPUs say of a failed attempt.
+std::string Attempts::gpu_failure_notes(const JobRecord& r, const json& failure) {
+  if (r.run.gpus.empty() || m_machine.inventory.source().rfind("nvml", 0) != 0) return "";
+  std::vector<std::string> notes;
+  const auto cls = failure.is_object() ? failure.find("class") : failure.end();
+  if (failure.is_object() && cls != failure.end() && *cls == "cuda_oom") {
+    if (m_machine.gpu_processes.on()) m_machine.gpu_processes.look();  // the latest
+    std::map<int, std::int64_t> totals;
+    for (const auto& g : m_machine.inventory.gpus())
+      totals[g.index] = g.memory_total_mb;
+    notes = m_machine.gpu_processes.oom_notes(r.id, totals, [this](int pid) {
+      const auto owner = common::process_owner(pid);
+      return owner ? m_users.name_of(*owner) : std::string();
+    });
+  }
+  for (auto& n : m_machine.health.xids_since(r.run.gpus, r.run.started_at))
+    notes.push_back(std::move(n));
+  std::string out;
+  for (const auto& n : notes)
+    out += (out.empty() ? "" : "; ") + n;
+  return out;
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,104 @@
+// The attempts' owner: a job's launch (its record and launch.json written before any process
+// exists, then the executor's hand-over, one job or an array), the attempt's end once the executor
+// says its processes are gone (its last events read in, its outcome judged: a retry with backoff,
+// or the job's end, in words a user can act on), and the file descriptors a pass may spend on
+// launches. Every change of a record goes through the daemon's commit (Needs); nothing here
+// touches the scheduler or the handlers. Unit tests drive it over a store in memory with an
+// executor that records what it was asked (test_attempts).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+// clang-format off
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+#include <boost/asio.hpp>
+// clang-format on
+
+#include "daemon/config.hpp"
+#include "daemon/event_tick.hpp"
+#include "daemon/executor.hpp"
+#include "daemon/job_table.hpp"
+#include "daemon/launcher.hpp"
+#include "daemon/machine.hpp"
+#include "daemon/metrics.hpp"
+#include "daemon/scheduler.hpp"
+#include "daemon/store.hpp"
+#include "daemon/users.hpp"
+
+namespace gpuq::daemon {
+
+// The descriptors one pass may spend on launches: a launch that would leave fewer than the reserve
+// waits, saying why, and is tried again soon (a job's end or a client's leaving frees some).
+// gpuqd's log says so once a shortage, and once when it is over.
+class DescriptorBudget {
+ public:
+  // Every pass begins here (what a pass that threw left is dropped): one that launches with what
+  // is free now (descriptors(); free -1: unknown, no limit).
+  void begin(bool launching, Descriptors fds = {});
+  // Spends one launch's descriptors; nullopt, or (none spent) why the launch waits.
+  std::optional<std::string> spend();
+  // The pass is over: says (to stderr) that a shortage began or ended.
+  void end();
+
+ private:
+  long m_free = -1;
+  long m_reserved = 0;
+  bool m_launching = false;  // this pass began with launches
+  bool m_held_back = false;  // this pass held one back
+  bool m_short = false;      // the last pass that launched was short (said already)
+};
+
+class Attempts {
+ public:
+  struct Needs {
+    Commit commit;                           // every change of a record (Daemon::commit)
+    std::function<void()> withdraw_orphans;  // after a job that will not succeed (dependencies.hpp)
+    std::function<void()> schedule_soon;     // an attempt ended: GPUs free, or a retry waits
+  };
+  Attempts(boost::asio::io_context& io, const Config& config, Store& store, JobTable& jobs, Users& users,
+           Machine& machine, Executor& executor, EventTick& events, MetricCounters& metrics, Needs needs);
+
+  // A launch in two steps. First the record (running, with its GPUs, cores and port) and
+  // launch.json: false when it could not start, its attempt ended (an owner with no account, a
+  // working directory gone); throws RequestError (a full disk) with the job still queued.
+  bool prepare(Active& a, const Placement& placement, double now);
+  // Then the executor's hand-over; a refusal ends the attempt failed, with the executor's words.
+  void start(Active& a);
+  // Jobs prepared together, handed to an executor that places work as one array of `limit`
+  // running at once (0: no limit); one job starts alone.
+  void start_array(const std::vector<std::int64_t>& ids, int limit);
+  // What the executor is told of a job's attempt.
+  Executor::Attempt attempt_of(const JobRecord& rec) const;
+  // The executor says the job's processes are gone: its last events are read in and its end is
+  // recorded. Where the store refuses, the job stays running in the records and this is tried
+  // again every k_write_retry_s.
+  void ended(std::int64_t id);
+  // Records an attempt's end as `outcome` says: a retry, or the job's end.
+  void finish(Active& a, const Outcome& outcome);
+
+  DescriptorBudget& descriptors() { return m_descriptors; }
+
+ private:
+  // What the GPUs say of a failed attempt: for CUDA out of memory, its peak and the processes
+  // outside gpuq that grew on its GPUs; for any failure, the Xids its GPUs reported meanwhile.
+  // "" when nothing.
+  std::string gpu_failure_notes(const JobRecord& r, const nlohmann::json& failure);
+
+  boost::asio::io_context& m_io;
+  const Config& m_config;
+  Store& m_store;
+  JobTable& m_jobs;
+  Users& m_users;
+  Machine& m_machine;
+  Executor& m_executor;
+  EventTick& m_events;
+  MetricCounters& m_metrics;
+  Needs m_needs;
+  DescriptorBudget m_descriptors;
+};
+
+}  // namespace gpuq::daemon
