@@ -77,6 +77,7 @@ void add_events(CLI::App& app, Context& ctx);
 void add_top(CLI::App& app, Context& ctx);     // top.cpp
 void add_config(CLI::App& app, Context& ctx);  // daemon.cpp
 void add_daemon(CLI::App& app, Context& ctx);
+void add_schema(CLI::App& app, Context& ctx);  // daemon.cpp
 
 // Waits for jobs to end: 0 if all succeeded, 1 if not, 124 on timeout (jobs.cpp; submit --wait).
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s);

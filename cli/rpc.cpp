@@ -54,7 +54,7 @@ Result<json> call(const Options& o, const json& req, bool reconnect) {
 Result<common::JobsReply> all_results(Client& client, common::ResultsRequest req) {
   common::JobsReply all;
   for (bool more = true; more;) {
-    auto r = client.call(common::encode(req));
+    auto r = client.call(common::encode(common::cmd::results, req));
     if (!r) return r.error();
     auto page = r->get<common::JobsReply>();
     more = page.more && !page.jobs.empty();

@@ -70,7 +70,7 @@ Result<Client> Client::connect(const std::string& socket_path, const std::string
   Client c(fd);
   c.m_socket_path = socket_path;
   c.m_client_name = client_name;
-  auto hello = c.roundtrip(encode(HelloRequest{k_protocol_version, k_protocol_minor, client_name}));
+  auto hello = c.roundtrip(encode(cmd::hello, HelloRequest{k_protocol_version, k_protocol_minor, client_name}));
   if (!hello) return hello.error();
   c.m_hello = *hello;
   return c;

@@ -1,14 +1,18 @@
-// Request decoding with field-naming errors, and the reply envelope.
+// Each request's field table (decoding with field-naming errors, encoding, schema), the protocol's
+// schema, and the reply envelope.
 #include "common/protocol.hpp"
 
 #include <fnmatch.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <set>
+#include <type_traits>
 
 #include "common/job_state.hpp"
+#include "common/schema.hpp"
 #include "common/spec.hpp"
 
 namespace gpuq::common {
@@ -21,336 +25,578 @@ namespace {
   throw RequestError(ErrorCode::bad_request, "field `" + field + "` must be " + want);
 }
 
+constexpr double k_inf = std::numeric_limits<double>::infinity();
+
+// What a field may hold beyond its type: numbers within [min, max]; strings at most `max`
+// characters (and, given, one of `one_of`); id lists each within [min, max].
+struct Bounds {
+  double min = -k_inf, max = k_inf;
+  bool required = false;  // absent (or null) is an error, not the default
+  std::vector<std::string> one_of = {};
+};
+
+}  // namespace
+
+// A request type's fields (see protocol.hpp): rows read and written through type-erased
+// accessors built by TableOf below, and the rules over several fields (`check`, after them all).
+struct FieldTable {
+  struct Row {
+    std::string name;
+    std::string want;  // "a positive job id": the error's words, and the schema's description
+    bool required = false;
+    json schema;                                                 // of the value: type, bounds, default, description
+    std::function<void(const json& value, void* request)> read;  // checks, then stores; throws bad()
+    std::function<void(const void* request, json& out)> write;   // where it is not the default
+  };
+  std::vector<Row> rows;
+  std::function<void(void*)> check;  // may also normalise (ids each once)
+  json rules;                        // what `check` refuses, as a schema (null: nothing)
+};
+
+namespace {
+
 template <class T>
-T get_or(const json& j, const char* field, T fallback, const char* want) {
-  auto it = j.find(field);
-  if (it == j.end() || it->is_null()) return fallback;
+void read_value(const json& v, T& out, const std::string& name, const std::string& want, const Bounds& b) {
   if constexpr (std::is_same_v<T, bool>) {
-    if (!it->is_boolean()) bad(field, want);
+    if (!v.is_boolean()) bad(name, want);
+    out = v.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) bad(field, want);
     // In range of T, not wrapped: `attempt: 4294967297` is not attempt 1.
-    if (!detail::fits_integer<T>(*it)) bad(field, std::string(want) + " (at most " + std::to_string(std::numeric_limits<T>::max()) + ")");
+    if (!v.is_number_integer() || !detail::fits_integer<T>(v)) bad(name, want);
+    const T x = v.get<T>();
+    if (static_cast<double>(x) < b.min || static_cast<double>(x) > b.max) bad(name, want);
+    out = x;
   } else if constexpr (std::is_floating_point_v<T>) {
-    if (!it->is_number()) bad(field, want);
-  } else {
-    if (!it->is_string()) bad(field, want);
+    if (!v.is_number()) bad(name, want);
+    const double x = v.get<double>();
+    if (!(x >= b.min && x <= b.max)) bad(name, want);
+    out = x;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) bad(name, want);
+    const auto& text = v.get_ref<const std::string&>();
     // Strings reach C APIs (fnmatch, paths), which would cut them at a NUL byte.
-    if (it->template get_ref<const std::string&>().find('\0') != std::string::npos)
-      bad(field, std::string(want) + " without NUL bytes");
+    if (text.find('\0') != std::string::npos || static_cast<double>(text.size()) > b.max) bad(name, want);
+    if (!b.one_of.empty() && std::find(b.one_of.begin(), b.one_of.end(), text) == b.one_of.end()) bad(name, want);
+    out = text;
+  } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+    if (!v.is_array()) bad(name, want);
+    out.clear();
+    for (const auto& x : v) {
+      if (!x.is_number_integer() || !detail::fits_integer<std::int64_t>(x)) bad(name, want);
+      const auto id = x.get<std::int64_t>();
+      if (static_cast<double>(id) < b.min || static_cast<double>(id) > b.max) bad(name, want);
+      out.push_back(id);
+    }
+  } else if constexpr (std::is_same_v<T, std::vector<JobState>>) {
+    if (!v.is_array()) bad(name, want);
+    out.clear();
+    for (const auto& x : v) {
+      const auto state = x.is_string() ? job_state_from_string(x.get_ref<const std::string&>()) : std::nullopt;
+      if (!state) bad(name, want);
+      out.push_back(*state);
+    }
+  } else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>) {
+    if (!v.is_object()) bad(name, want);
+    out.clear();
+    for (const auto& [k, x] : v.items()) {
+      if (!x.is_string()) bad(name + "." + k, "a string");
+      out[k] = x.template get<std::string>();
+    }
+  } else {
+    static_assert(std::is_same_v<T, json>, "a request field of a type the table cannot read");
+    out = v;
   }
-  return it->template get<T>();
 }
 
-std::vector<std::int64_t> id_list(const json& j, const char* field) {
-  std::vector<std::int64_t> ids;
-  auto it = j.find(field);
-  if (it == j.end() || it->is_null()) return ids;
-  if (!it->is_array()) bad(field, "an array of job ids");
-  for (const auto& v : *it) {
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX) || v.get<std::int64_t>() <= 0)
-      bad(field, "an array of positive job ids");
-    ids.push_back(v.get<std::int64_t>());
+template <class T>
+json value_schema(const Bounds& b) {
+  json s;
+  if constexpr (std::is_same_v<T, bool>) {
+    s = {{"type", "boolean"}};
+  } else if constexpr (std::is_integral_v<T> || std::is_floating_point_v<T>) {
+    s = {{"type", std::is_integral_v<T> ? "integer" : "number"}};
+    if (b.min > -k_inf) s["minimum"] = b.min;
+    if (b.max < k_inf) s["maximum"] = b.max;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    s = {{"type", "string"}};
+    if (b.max < k_inf) s["maxLength"] = b.max;
+    if (!b.one_of.empty()) s["enum"] = b.one_of;
+  } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+    json item = {{"type", "integer"}};
+    if (b.min > -k_inf) item["minimum"] = b.min;
+    s = {{"type", "array"}, {"items", std::move(item)}};
+  } else if constexpr (std::is_same_v<T, std::vector<JobState>>) {
+    s = {{"type", "array"}, {"items", {{"enum", schema::state_names()}}}};
+  } else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>) {
+    s = {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}};
+  } else {
+    s = json::object();  // any JSON value
   }
-  return ids;
+  // Schema numbers as integers where whole: "maximum": 2000, not 2000.0.
+  for (const char* k : {"minimum", "maximum", "maxLength"})
+    if (s.contains(k)) {
+      const double x = s[k].get<double>();
+      if (x == static_cast<double>(static_cast<std::int64_t>(x))) s[k] = static_cast<std::int64_t>(x);
+    }
+  if (s.contains("items") && s["items"].contains("minimum")) s["items"]["minimum"] = static_cast<std::int64_t>(b.min);
+  return s;
+}
+
+// The rows of request type R, each a field of R reached through `at` (a lambda R& -> T&).
+template <class R>
+class TableOf {
+ public:
+  template <class At>
+  TableOf& field(std::string name, At at, std::string want, Bounds b = {}) {
+    using T = std::remove_reference_t<std::invoke_result_t<At, R&>>;
+    FieldTable::Row row;
+    row.name = name;
+    row.want = want;
+    row.required = b.required;
+    row.schema = value_schema<T>(b);
+    row.schema["description"] = want;
+    R fallback{};
+    if (!b.required) row.schema["default"] = json(at(fallback));
+    row.read = [at, name, want, b](const json& v, void* r) { read_value(v, at(*static_cast<R*>(r)), name, want, b); };
+    row.write = [at, name, required = b.required](const void* r, json& out) {
+      R& request = *static_cast<R*>(const_cast<void*>(r));  // `at` only reads here
+      R unset{};
+      if (required || !(at(request) == at(unset))) out[name] = at(request);
+    };
+    m_table.rows.push_back(std::move(row));
+    return *this;
+  }
+  // A field read and written by hand (a value of several shapes), with its schema.
+  TableOf& custom(std::string name, std::string want, bool required, json schema,
+                  std::function<void(const json&, R&)> read, std::function<void(const R&, json&)> write) {
+    schema["description"] = want;
+    m_table.rows.push_back({std::move(name), std::move(want), required, std::move(schema),
+                            [read](const json& v, void* r) { read(v, *static_cast<R*>(r)); },
+                            [write](const void* r, json& out) { write(*static_cast<const R*>(r), out); }});
+    return *this;
+  }
+  // The rules over several fields, after each field is read; `says` is what they refuse, as a
+  // schema the request must also match (null where they only normalise).
+  TableOf& check(void (*rule)(R&), json says = nullptr) {
+    m_table.check = [rule](void* r) { rule(*static_cast<R*>(r)); };
+    m_table.rules = std::move(says);
+    return *this;
+  }
+  FieldTable done() { return std::move(m_table); }
+
+ private:
+  FieldTable m_table;
+};
+
+const Bounds k_id{1, k_inf};          // a job id
+const Bounds k_at_least_0{0, k_inf};  // a batch id, an `after`, seconds
+const std::string k_bool = "true or false";
+constexpr std::size_t k_max_path = 4095;  // the longest path getcwd() returns (PATH_MAX, less its NUL)
+
+// The `ids` and `batch` every request that selects jobs by both has.
+template <class R>
+TableOf<R> selection() {
+  TableOf<R> t;
+  t.field(
+       "ids", [](R & r) -> auto& { return r.ids; }, "an array of positive job ids", k_id)
+      .field(
+          "batch", [](R & r) -> auto& { return r.batch; }, "a batch id", k_at_least_0);
+  return t;
+}
+void ids_or_batch(SelectRequest& r) {
+  if (r.ids.empty() && r.batch == 0) bad("ids", "a non-empty array of job ids, or `batch`");
+}
+// The schema of a rule that wants one of `fields` given: ids non-empty, a number above 0.
+json one_of_given(std::initializer_list<const char*> fields) {
+  json any = json::array();
+  for (const char* f : fields) {
+    const json given = std::string(f) == "ids" ? json{{"minItems", 1}} : json{{"exclusiveMinimum", 0}};
+    any.push_back({{"required", {f}}, {"properties", {{f, given}}}});
+  }
+  return {{"anyOf", std::move(any)}};
 }
 
 }  // namespace
 
-HelloRequest decode_hello(const json& j) {
-  HelloRequest r;
-  r.protocol_version = get_or<int>(j, "protocol_version", 0, "an integer");
-  r.protocol_minor = get_or<int>(j, "protocol_minor", 0, "an integer");
-  r.client = get_or<std::string>(j, "client", "", "a string");
-  return r;
+const FieldTable& fields_of(const HelloRequest*) {
+  using R = HelloRequest;
+  static const FieldTable t = TableOf<R>()
+                                  .field("protocol_version", [](R & r) -> auto& { return r.protocol_version; },
+                                         "an integer", {-k_inf, k_inf, true})
+                                  .field(
+                                      "protocol_minor", [](R & r) -> auto& { return r.protocol_minor; }, "an integer")
+                                  .field(
+                                      "client", [](R & r) -> auto& { return r.client; }, "a string")
+                                  .done();
+  return t;
 }
 
-SubmitRequest decode_submit(const json& j) {
-  SubmitRequest r;
-  auto it = j.find("jobs");
-  if (it == j.end()) bad("jobs", "a job spec object or an array of them");
-  r.jobs = *it;
-  r.cwd = get_or<std::string>(j, "cwd", "", "an absolute directory path");
-  r.hold = get_or<bool>(j, "hold", false, "true or false");
-  const auto limit = get_or<std::int64_t>(j, "max_running", 0, "an integer");
-  if (limit < 0 || limit > k_max_running_limit)
-    bad("max_running", "an integer from 1 to " + std::to_string(k_max_running_limit) + ", or 0 for no limit");
-  r.max_running = static_cast<int>(limit);
-  if (auto e = j.find("env"); e != j.end() && !e->is_null()) {
-    if (!e->is_object()) bad("env", "an object of strings");
-    for (const auto& [k, v] : e->items()) {
-      if (!v.is_string()) bad("env." + k, "a string");
-      r.env[k] = v.get<std::string>();
-    }
-  }
-  return r;
+const FieldTable& fields_of(const SubmitRequest*) {
+  using R = SubmitRequest;
+  static const FieldTable t =
+      TableOf<R>()
+          .field("jobs", [](R & r) -> auto& { return r.jobs; }, "a job spec object or an array of them",
+                 {-k_inf, k_inf, true})
+          .custom(
+              "cwd", "the submitter's absolute working directory", true,
+              {{"type", "string"}, {"pattern", "^/"}, {"maxLength", k_max_path}},
+              [](const json& v, R& r) {
+                if (!v.is_string() || v.get_ref<const std::string&>().rfind('/', 0) != 0 ||
+                    v.get_ref<const std::string&>().size() > k_max_path)
+                  bad("cwd", "the submitter's absolute working directory");
+                r.cwd = v.get<std::string>();
+              },
+              [](const R& r, json& out) { out["cwd"] = r.cwd; })
+          .field(
+              "env", [](R & r) -> auto& { return r.env; }, "an object of strings")
+          .field(
+              "hold", [](R & r) -> auto& { return r.hold; }, k_bool)
+          .field("max_running", [](R & r) -> auto& { return r.max_running; },
+                 "an integer from 1 to " + std::to_string(k_max_running_limit) + ", or 0 for no limit",
+                 {0, k_max_running_limit})
+          .done();
+  return t;
 }
 
-StatusRequest decode_status(const json& j) {
-  StatusRequest r;
-  r.all = get_or<bool>(j, "all", false, "true or false");
-  r.limit = get_or<int>(j, "limit", 20, "an integer");
-  if (r.limit < 0 || r.limit > k_max_reply_jobs) bad("limit", "between 0 and " + std::to_string(k_max_reply_jobs));
-  r.after = get_or<std::int64_t>(j, "after", 0, "a job id");
-  if (r.after < 0) bad("after", "a job id >= 0");
-  r.page = get_or<int>(j, "page", 1000, "an integer");
-  if (r.page < 1 || r.page > k_max_reply_jobs) bad("page", "between 1 and " + std::to_string(k_max_reply_jobs));
-  r.queued = get_or<std::int64_t>(j, "queued", -1, "an integer");
-  if (r.queued < -1 || r.queued > k_max_reply_jobs)
-    bad("queued", "-1 (as many as a reply holds) or 0 to " + std::to_string(k_max_reply_jobs));
-  r.filter.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
-  if (r.filter.batch < 0) bad("batch", "a batch id");
-  if (auto it = j.find("states"); it != j.end()) {
-    const char* want = "an array of job states: queued, running, succeeded, failed, cancelled, timed_out";
-    if (!it->is_array()) bad("states", want);
-    for (const auto& s : *it) {
-      const auto state = s.is_string() ? job_state_from_string(s.get<std::string>()) : std::nullopt;
-      if (!state) bad("states", want);
-      r.filter.states.push_back(*state);
+const FieldTable& fields_of(const StatusRequest*) {
+  using R = StatusRequest;
+  const std::string most = std::to_string(k_max_reply_jobs);
+  static const FieldTable t =
+      TableOf<R>()
+          .field(
+              "all", [](R & r) -> auto& { return r.all; }, k_bool)
+          .field("limit", [](R & r) -> auto& { return r.limit; }, "an integer from 0 to " + most, {0, k_max_reply_jobs})
+          .field(
+              "after", [](R & r) -> auto& { return r.after; }, "a job id >= 0", k_at_least_0)
+          .field("page", [](R & r) -> auto& { return r.page; }, "an integer from 1 to " + most, {1, k_max_reply_jobs})
+          .field("queued", [](R & r) -> auto& { return r.queued; }, "-1 (as many as a reply holds) or 0 to " + most,
+                 {-1, k_max_reply_jobs})
+          .field(
+              "batch", [](R & r) -> auto& { return r.filter.batch; }, "a batch id", k_at_least_0)
+          .field(
+              "states", [](R & r) -> auto& { return r.filter.states; },
+              "an array of job states: queued, running, succeeded, failed, cancelled, timed_out")
+          .field("name", [](R & r) -> auto& { return r.filter.name; }, "a shell-style glob of at most 256 characters",
+                 {-k_inf, 256})
+          .done();
+  return t;
+}
+
+const FieldTable& fields_of(const IdRequest*) {
+  using R = IdRequest;
+  static const FieldTable t =
+      TableOf<R>().field("id", [](R & r) -> auto& { return r.id; }, "a positive job id", {1, k_inf, true}).done();
+  return t;
+}
+
+const FieldTable& fields_of(const IdsRequest*) {
+  using R = IdsRequest;
+  static const FieldTable t =
+      TableOf<R>()
+          .field(
+              "ids", [](R & r) -> auto& { return r.ids; }, "an array of positive job ids", k_id)
+          .field(
+              "timeout_s", [](R & r) -> auto& { return r.timeout_s; }, "a number of seconds >= 0 (wait only)",
+              k_at_least_0)
+          .check(
+              [](R& r) {
+                // Each id once, in the order first named: a request repeating one id 1,000 times is not
+                // 1,000 times the work (or the reply).
+                std::set<std::int64_t> seen;
+                r.ids.erase(std::remove_if(r.ids.begin(), r.ids.end(),
+                                           [&](std::int64_t id) { return !seen.insert(id).second; }),
+                            r.ids.end());
+                if (r.ids.empty()) bad("ids", "a non-empty array of job ids");
+              },
+              one_of_given({"ids"}))
+          .done();
+  return t;
+}
+
+const FieldTable& fields_of(const SelectRequest*) {
+  static const FieldTable t = selection<SelectRequest>().check(ids_or_batch, one_of_given({"ids", "batch"})).done();
+  return t;
+}
+
+const FieldTable& fields_of(const RestartRequest*) {
+  using R = RestartRequest;
+  static const FieldTable t = selection<R>()
+                                  .field(
+                                      "fresh", [](R & r) -> auto& { return r.fresh; }, k_bool)
+                                  .check([](R& r) { ids_or_batch(r); }, one_of_given({"ids", "batch"}))
+                                  .done();
+  return t;
+}
+
+namespace {
+// An update's `set`: its values checked by the job-spec parser itself, on a spec that holds only
+// them; max_running is the batch's.
+void read_set(const json& v, UpdateRequest& r) {
+  if (!v.is_object() || v.empty())
+    bad("set", "an object of the fields to change: priority, retries, timeout_s, max_running");
+  json probe = {{"command", {"true"}}};
+  for (const auto& [k, x] : v.items()) {
+    if (k == "max_running") {
+      if (r.batch == 0) bad("set.max_running", "a batch's limit: name the batch (`batch`)");
+      if (x.is_null()) {
+        r.max_running = 0;
+      } else if (!x.is_number_integer() || x.get<std::int64_t>() < 1 || x.get<std::int64_t>() > k_max_running_limit) {
+        bad("set.max_running", "an integer from 1 to " + std::to_string(k_max_running_limit) + ", or null for no limit");
+      } else {
+        r.max_running = x.get<int>();
+      }
+      continue;
     }
+    if (k != "priority" && k != "retries" && k != "timeout_s")
+      bad("set." + k, "left out: only priority, retries, timeout_s and max_running can change after submission");
+    if (!x.is_null())
+      probe[k] = x;
+    else if (k != "timeout_s") bad("set." + k, "a number");
   }
-  r.filter.name = get_or<std::string>(j, "name", "", "a string (a shell-style glob)");
-  if (r.filter.name.size() > 256) bad("name", "at most 256 characters");
-  return r;
+  auto parsed = parse_job(probe, "/");
+  if (!parsed) throw RequestError(parsed.error());
+  if (v.contains("priority")) r.priority = parsed->priority;
+  if (v.contains("retries")) r.retries = parsed->retries;
+  if (v.contains("timeout_s")) r.timeout_s = parsed->timeout_s;
+}
+void write_set(const UpdateRequest& r, json& out) {
+  json set = json::object();
+  if (r.priority) set["priority"] = *r.priority;
+  if (r.retries) set["retries"] = *r.retries;
+  if (r.timeout_s) set["timeout_s"] = *r.timeout_s > 0 ? json(*r.timeout_s) : json(nullptr);
+  if (r.max_running) set["max_running"] = *r.max_running > 0 ? json(*r.max_running) : json(nullptr);
+  out["set"] = std::move(set);
+}
+}  // namespace
+
+const FieldTable& fields_of(const UpdateRequest*) {
+  using R = UpdateRequest;
+  static const FieldTable t =
+      selection<R>()
+          .custom("set", "an object of the fields to change: priority, retries, timeout_s, max_running", true,
+                  {{"type", "object"},
+                   {"minProperties", 1},
+                   {"additionalProperties", false},
+                   {"properties",
+                    {{"priority", {{"type", "integer"}}},
+                     {"retries", {{"type", "integer"}, {"minimum", 0}}},
+                     {"timeout_s", {{"type", {"number", "null"}}, {"description", "0 or null: no timeout"}}},
+                     {"max_running",
+                      {{"type", {"integer", "null"}},
+                       {"minimum", 1},
+                       {"maximum", k_max_running_limit},
+                       {"description", "the batch's limit (needs `batch`); null: none"}}}}}},
+                  read_set, write_set)
+          .check([](R& r) { ids_or_batch(r); },
+                 {{"allOf",
+                   {one_of_given({"ids", "batch"}),
+                    {{"if", {{"properties", {{"set", {{"required", {"max_running"}}}}}}}},
+                     {"then", {{"required", {"batch"}}}}}}}})
+          .done();
+  return t;
+}
+
+const FieldTable& fields_of(const CleanRequest*) {
+  using R = CleanRequest;
+  static const FieldTable t =
+      selection<R>()
+          .field(
+              "ended_before", [](R & r) -> auto& { return r.ended_before; }, "a unix time", k_at_least_0)
+          .field(
+              "checkpoints_only", [](R & r) -> auto& { return r.checkpoints_only; }, k_bool)
+          .field(
+              "forget", [](R & r) -> auto& { return r.forget; }, k_bool)
+          .check(
+              [](R& r) {
+                if (r.ids.empty() && r.batch == 0 && r.ended_before == 0)
+                  bad("ids", "a non-empty array of job ids, or `batch` or `ended_before`");
+                if (r.forget && r.checkpoints_only)
+                  bad("forget", "false with `checkpoints_only`: a forgotten job keeps no files");
+              },
+              {{"allOf",
+                {one_of_given({"ids", "batch", "ended_before"}),
+                 {{"not",
+                   {{"required", {"forget", "checkpoints_only"}},
+                    {"properties", {{"forget", {{"const", true}}}, {"checkpoints_only", {{"const", true}}}}}}}}}}})
+          .done();
+  return t;
+}
+
+const FieldTable& fields_of(const ResultsRequest*) {
+  using R = ResultsRequest;
+  static const FieldTable t =
+      TableOf<R>()
+          .field(
+              "ids", [](R & r) -> auto& { return r.ids; }, "an array of positive job ids", k_id)
+          .field(
+              "batch", [](R & r) -> auto& { return r.batch; }, "a batch id", k_at_least_0)
+          .field(
+              "after", [](R & r) -> auto& { return r.after; }, "a job id >= 0", k_at_least_0)
+          .field("page", [](R & r) -> auto& { return r.page; },
+                 "an integer from 1 to " + std::to_string(k_max_reply_jobs), {1, k_max_reply_jobs})
+          .check([](R& r) {  // each once, ascending
+            std::sort(r.ids.begin(), r.ids.end());
+            r.ids.erase(std::unique(r.ids.begin(), r.ids.end()), r.ids.end());
+          })
+          .done();
+  return t;
+}
+
+const FieldTable& fields_of(const EventsRequest*) {
+  using R = EventsRequest;
+  static const FieldTable t =
+      TableOf<R>()
+          .field("id", [](R & r) -> auto& { return r.id; }, "a positive job id", {1, k_inf, true})
+          .field(
+              "attempt", [](R & r) -> auto& { return r.attempt; }, "an attempt number >= 1, or 0 for the latest",
+              k_at_least_0)
+          .field("type", [](R & r) -> auto& { return r.type; }, "\"progress\", \"result\" or \"\"",
+                 {-k_inf, k_inf, false, {"", "progress", "result"}})
+          .field(
+              "after", [](R & r) -> auto& { return r.after; }, "an event seq >= 0", k_at_least_0)
+          .field("page", [](R & r) -> auto& { return r.page; }, "an integer from 1 to 100000", {1, 100000})
+          .done();
+  return t;
+}
+
+namespace {
+constexpr const char* k_gpus_wanted = "a non-empty array of GPU indices or UUIDs (GPU-…, MIG-…)";
+void read_gpus(const json& v, DrainRequest& r) {
+  if (!v.is_array() || v.empty()) bad("gpus", k_gpus_wanted);
+  for (const auto& x : v) {
+    if (x.is_string()) {
+      const auto& s = x.get_ref<const std::string&>();
+      if (s.size() < 5 || s.size() > 128 || (s.rfind("GPU-", 0) != 0 && s.rfind("MIG-", 0) != 0))
+        bad("gpus", k_gpus_wanted);
+      r.uuids.push_back(s);
+      continue;
+    }
+    if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() > 1 << 20)
+      bad("gpus", k_gpus_wanted);
+    r.gpus.push_back(x.get<int>());
+  }
+}
+void write_gpus(const DrainRequest& r, json& out) {
+  json gpus = json::array();
+  for (int g : r.gpus)
+    gpus.push_back(g);
+  for (const auto& u : r.uuids)
+    gpus.push_back(u);
+  out["gpus"] = std::move(gpus);
+}
+}  // namespace
+
+const FieldTable& fields_of(const DrainRequest*) {
+  using R = DrainRequest;
+  static const FieldTable t =
+      TableOf<R>()
+          .custom("gpus", k_gpus_wanted, true,
+                  {{"type", "array"},
+                   {"minItems", 1},
+                   {"items",
+                    {{"anyOf",
+                      {{{"type", "integer"}, {"minimum", 0}, {"maximum", 1 << 20}},
+                       {{"type", "string"}, {"pattern", "^(GPU|MIG)-"}, {"minLength", 5}, {"maxLength", 128}}}}}}},
+                  read_gpus, write_gpus)
+          .field("reason", [](R & r) -> auto& { return r.reason; }, "a string of at most 1000 characters",
+                 {-k_inf, 1000})
+          .done();
+  return t;
+}
+
+const FieldTable& fields_of(const NoFields*) {
+  static const FieldTable t = TableOf<NoFields>().done();
+  return t;
+}
+
+namespace detail {
+
+void decode_fields(const FieldTable& t, const json& j, void* request) {
+  for (const auto& row : t.rows) {
+    const auto it = j.find(row.name);
+    if (it == j.end() || it->is_null()) {
+      if (row.required) bad(row.name, row.want);
+      continue;
+    }
+    row.read(*it, request);
+  }
+  if (t.check) t.check(request);
+}
+
+json encode_fields(const FieldTable& t, std::string_view cmd, const void* request) {
+  json out{{"cmd", cmd}};
+  for (const auto& row : t.rows)
+    row.write(request, out);
+  return out;
+}
+
+}  // namespace detail
+
+const std::vector<RequestDecoder>& request_decoders() {
+  static const std::vector<RequestDecoder> k_decoders = std::apply(
+      [](const auto&... c) {
+        return std::vector<RequestDecoder>{{c.name, [&c](const json& r) { (void)c.decode(r); }}...};
+      },
+      k_commands);
+  return k_decoders;
+}
+
+void to_json(json& j, const UpdateReply& r) {
+  j = {{"jobs", r.jobs}};
+  if (r.batch_limit) j["batch_limit"] = *r.batch_limit;
+}
+
+void from_json(const json& j, UpdateReply& r) {
+  detail::require_object(j);
+  detail::field_from_json(j, "jobs", r.jobs, {});
+  r.batch_limit.reset();
+  if (const auto it = j.find("batch_limit"); it != j.end() && !it->is_null()) {
+    BatchLimitChange limit;
+    detail::field_from_json(j, "batch_limit", limit, {});
+    r.batch_limit = limit;
+  }
+}
+
+json protocol_schema() {
+  json defs = json::object();
+  json commands = json::object();
+  std::apply(
+      [&](const auto&... c) {
+        (
+            [&](const auto& command) {
+              using C = std::remove_cvref_t<decltype(command)>;
+              const FieldTable& t = fields_of(static_cast<const typename C::request*>(nullptr));
+              json properties{{"cmd", {{"const", command.name}}}};
+              json required = json::array({"cmd"});
+              for (const auto& row : t.rows) {
+                properties[row.name] = row.schema;
+                if (row.required) required.push_back(row.name);
+              }
+              json request{
+                  {"type", "object"}, {"properties", std::move(properties)}, {"required", std::move(required)}};
+              if (!t.rules.is_null()) request["allOf"] = json::array({t.rules});
+              commands[std::string(command.name)] = {{"request", std::move(request)},
+                                                     {"reply", schema::of<typename C::reply>(defs)}};
+            }(c),
+            ...);
+      },
+      k_commands);
+  return {{"$schema", "https://json-schema.org/draft/2020-12/schema"},
+          {"title", "gpuqd protocol " + std::to_string(k_protocol_version) + "." + std::to_string(k_protocol_minor)},
+          {"description",
+           "One JSON object per line over a unix socket (docs/protocol.md). Each command's request and the body of "
+           "its reply ({\"ok\": true, ...}); a failure is {\"ok\": false, \"error\": {\"code\", \"message\"}}. Each "
+           "side ignores fields it does not know; a missing field takes its default."},
+          {"protocol_version", k_protocol_version},
+          {"protocol_minor", k_protocol_minor},
+          {"commands", std::move(commands)},
+          {"$defs", std::move(defs)}};
 }
 
 bool matches(const JobFilter& f, std::int64_t batch, JobState state, const std::string& name) {
   if (f.batch != 0 && batch != f.batch) return false;
   if (!f.states.empty() && std::find(f.states.begin(), f.states.end(), state) == f.states.end()) return false;
   return f.name.empty() || ::fnmatch(f.name.c_str(), name.c_str(), 0) == 0;
-}
-
-IdRequest decode_id(const json& j) {
-  IdRequest r;
-  r.id = get_or<std::int64_t>(j, "id", 0, "a positive job id");
-  if (r.id <= 0) bad("id", "a positive job id");
-  return r;
-}
-
-IdsRequest decode_ids(const json& j) {
-  IdsRequest r;
-  r.ids = id_list(j, "ids");
-  // Each id once, in the order first named: a request repeating one id 1,000 times is not 1,000
-  // times the work (or the reply).
-  std::set<std::int64_t> seen;
-  r.ids.erase(std::remove_if(r.ids.begin(), r.ids.end(), [&](std::int64_t id) { return !seen.insert(id).second; }),
-              r.ids.end());
-  if (r.ids.empty()) bad("ids", "a non-empty array of job ids");
-  r.timeout_s = get_or<double>(j, "timeout_s", 0.0, "a number of seconds");
-  if (r.timeout_s < 0) bad("timeout_s", ">= 0");
-  return r;
-}
-
-ResultsRequest decode_results(const json& j) {
-  ResultsRequest r;
-  r.ids = id_list(j, "ids");
-  std::sort(r.ids.begin(), r.ids.end());
-  r.ids.erase(std::unique(r.ids.begin(), r.ids.end()), r.ids.end());
-  r.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
-  if (r.batch < 0) bad("batch", "a batch id");
-  r.after = get_or<std::int64_t>(j, "after", 0, "a job id");
-  if (r.after < 0) bad("after", "a job id >= 0");
-  r.page = get_or<int>(j, "page", k_max_reply_jobs, "an integer");
-  if (r.page < 1 || r.page > k_max_reply_jobs) bad("page", "between 1 and " + std::to_string(k_max_reply_jobs));
-  return r;
-}
-
-namespace {
-// The `ids` and `batch` of a command that selects jobs by both.
-SelectRequest read_selection(const json& j) {
-  SelectRequest r;
-  r.ids = id_list(j, "ids");
-  r.batch = get_or<std::int64_t>(j, "batch", 0, "a batch id");
-  if (r.batch < 0) bad("batch", "a batch id");
-  return r;
-}
-}  // namespace
-
-SelectRequest decode_select(const json& j) {
-  SelectRequest r = read_selection(j);
-  if (r.ids.empty() && r.batch == 0) bad("ids", "a non-empty array of job ids, or `batch`");
-  return r;
-}
-
-CleanRequest decode_clean(const json& j) {
-  CleanRequest r;
-  static_cast<SelectRequest&>(r) = read_selection(j);
-  r.ended_before = get_or<double>(j, "ended_before", 0.0, "a unix time");
-  if (!(r.ended_before >= 0)) bad("ended_before", "a unix time");
-  if (r.ids.empty() && r.batch == 0 && r.ended_before == 0)
-    bad("ids", "a non-empty array of job ids, or `batch` or `ended_before`");
-  r.checkpoints_only = get_or<bool>(j, "checkpoints_only", false, "true or false");
-  r.forget = get_or<bool>(j, "forget", false, "true or false");
-  if (r.forget && r.checkpoints_only) bad("forget", "false with `checkpoints_only`: a forgotten job keeps no files");
-  return r;
-}
-
-UpdateRequest decode_update(const json& j) {
-  UpdateRequest r;
-  static_cast<SelectRequest&>(r) = decode_select(j);
-  auto it = j.find("set");
-  if (it == j.end() || !it->is_object() || it->empty())
-    bad("set", "an object of the fields to change: priority, retries, timeout_s, max_running");
-  // The values are checked by the job-spec parser itself, on a spec that holds only them.
-  json probe = {{"command", {"true"}}};
-  for (const auto& [k, v] : it->items()) {
-    if (k == "max_running") {
-      if (r.batch == 0) bad("set.max_running", "a batch's limit: name the batch (`batch`)");
-      if (v.is_null()) {
-        r.max_running = 0;
-      } else if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > k_max_running_limit) {
-        bad("set.max_running", "an integer from 1 to " + std::to_string(k_max_running_limit) + ", or null for no limit");
-      } else {
-        r.max_running = v.get<int>();
-      }
-      continue;
-    }
-    if (k != "priority" && k != "retries" && k != "timeout_s")
-      bad("set." + k, "left out: only priority, retries, timeout_s and max_running can change after submission");
-    if (!v.is_null()) probe[k] = v;
-    else if (k != "timeout_s") bad("set." + k, "a number");
-  }
-  auto parsed = parse_job(probe, "/");
-  if (!parsed) throw RequestError(parsed.error());
-  if (it->contains("priority")) r.priority = parsed->priority;
-  if (it->contains("retries")) r.retries = parsed->retries;
-  if (it->contains("timeout_s")) r.timeout_s = parsed->timeout_s;
-  return r;
-}
-
-NoFields decode_no_fields(const json&) { return {}; }
-
-const std::vector<RequestDecoder>& request_decoders() {
-  static const std::vector<RequestDecoder> k_decoders = std::apply(
-      [](const auto&... c) {
-        return std::vector<RequestDecoder>{{c.name, [decode = c.decode](const json& r) { decode(r); }}...};
-      },
-      k_commands);
-  return k_decoders;
-}
-
-DrainRequest decode_drain(const json& j) {
-  DrainRequest r;
-  auto it = j.find("gpus");
-  constexpr const char* want = "a non-empty array of GPU indices or UUIDs (GPU-…, MIG-…)";
-  if (it == j.end() || !it->is_array() || it->empty()) bad("gpus", want);
-  for (const auto& v : *it) {
-    if (v.is_string()) {
-      const auto& s = v.get_ref<const std::string&>();
-      if (s.size() < 5 || s.size() > 128 || (s.rfind("GPU-", 0) != 0 && s.rfind("MIG-", 0) != 0)) bad("gpus", want);
-      r.uuids.push_back(s);
-      continue;
-    }
-    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > 1 << 20) bad("gpus", want);
-    r.gpus.push_back(v.get<int>());
-  }
-  r.reason = get_or<std::string>(j, "reason", "", "a string");
-  if (r.reason.size() > 1000) bad("reason", "at most 1000 characters");
-  return r;
-}
-
-RestartRequest decode_restart(const json& j) {
-  RestartRequest r;
-  static_cast<SelectRequest&>(r) = decode_select(j);
-  r.fresh = get_or<bool>(j, "fresh", false, "true or false");
-  return r;
-}
-
-EventsRequest decode_events(const json& j) {
-  EventsRequest r;
-  r.id = decode_id(j).id;
-  r.attempt = get_or<int>(j, "attempt", 0, "an attempt number");
-  if (r.attempt < 0) bad("attempt", "an attempt number >= 1, or 0 for the latest");
-  r.type = get_or<std::string>(j, "type", "", "\"progress\", \"result\" or \"\"");
-  if (r.type != "" && r.type != "progress" && r.type != "result") bad("type", "\"progress\", \"result\" or \"\"");
-  r.after = get_or<std::int64_t>(j, "after", 0, "an event seq");
-  if (r.after < 0) bad("after", "an event seq >= 0");
-  r.page = get_or<int>(j, "page", 10000, "an integer");
-  if (r.page < 1 || r.page > 100000) bad("page", "between 1 and 100000");
-  return r;
-}
-
-// ---- encoders ------------------------------------------------------------------------------
-
-namespace {
-json with_selection(json j, const SelectRequest& r) {
-  if (!r.ids.empty()) j["ids"] = r.ids;
-  if (r.batch != 0) j["batch"] = r.batch;
-  return j;
-}
-}  // namespace
-
-json encode(const HelloRequest& r) {
-  return {{"cmd", cmd::hello.name},
-          {"protocol_version", r.protocol_version},
-          {"protocol_minor", r.protocol_minor},
-          {"client", r.client}};
-}
-
-json encode(const SubmitRequest& r) {
-  json j{{"cmd", cmd::submit.name}, {"jobs", r.jobs}, {"cwd", r.cwd}, {"env", r.env}, {"hold", r.hold}};
-  if (r.max_running != 0) j["max_running"] = r.max_running;
-  return j;
-}
-
-json encode(const StatusRequest& r) {
-  json j{{"cmd", cmd::status.name}, {"all", r.all},     {"limit", r.limit},
-         {"after", r.after}, {"page", r.page}, {"queued", r.queued}};
-  if (r.filter.batch != 0) j["batch"] = r.filter.batch;
-  if (!r.filter.states.empty()) j["states"] = r.filter.states;
-  if (!r.filter.name.empty()) j["name"] = r.filter.name;
-  return j;
-}
-
-json encode(const Cmd<IdRequest>& c, const IdRequest& r) { return {{"cmd", c.name}, {"id", r.id}}; }
-
-json encode(const Cmd<IdsRequest>& c, const IdsRequest& r) {
-  json j{{"cmd", c.name}, {"ids", r.ids}};
-  if (r.timeout_s != 0) j["timeout_s"] = r.timeout_s;
-  return j;
-}
-
-json encode(const Cmd<SelectRequest>& c, const SelectRequest& r) { return with_selection({{"cmd", c.name}}, r); }
-
-json encode(const RestartRequest& r) { return with_selection({{"cmd", cmd::restart.name}, {"fresh", r.fresh}}, r); }
-
-json encode(const CleanRequest& r) {
-  json j = with_selection({{"cmd", cmd::clean.name}, {"checkpoints_only", r.checkpoints_only}, {"forget", r.forget}}, r);
-  if (r.ended_before != 0) j["ended_before"] = r.ended_before;
-  return j;
-}
-
-json encode(const UpdateRequest& r) {
-  json set = json::object();
-  if (r.priority) set["priority"] = *r.priority;
-  if (r.retries) set["retries"] = *r.retries;
-  if (r.timeout_s) set["timeout_s"] = *r.timeout_s > 0 ? json(*r.timeout_s) : json(nullptr);
-  if (r.max_running) set["max_running"] = *r.max_running > 0 ? json(*r.max_running) : json(nullptr);
-  return with_selection({{"cmd", cmd::update.name}, {"set", std::move(set)}}, r);
-}
-
-json encode(const Cmd<DrainRequest>& c, const DrainRequest& r) {
-  json gpus = json::array();
-  for (int g : r.gpus) gpus.push_back(g);
-  for (const auto& u : r.uuids) gpus.push_back(u);
-  json j{{"cmd", c.name}, {"gpus", std::move(gpus)}};
-  if (!r.reason.empty()) j["reason"] = r.reason;
-  return j;
-}
-
-json encode(const Cmd<NoFields>& c) { return {{"cmd", c.name}}; }
-
-json encode(const ResultsRequest& r) {
-  json j{{"cmd", cmd::results.name}, {"after", r.after}, {"page", r.page}};
-  if (!r.ids.empty()) j["ids"] = r.ids;
-  if (r.batch != 0) j["batch"] = r.batch;
-  return j;
-}
-
-json encode(const EventsRequest& r) {
-  json j{{"cmd", cmd::events.name}, {"id", r.id}, {"attempt", r.attempt}, {"after", r.after}, {"page", r.page}};
-  if (!r.type.empty()) j["type"] = r.type;
-  return j;
 }
 
 json ok_reply(json body) {

@@ -1,8 +1,10 @@
 // The wire protocol between gpuq clients and gpuqd (docs/protocol.md): one JSON object per line
 // over a unix socket. Every request has "cmd"; every reply has "ok", and on failure
 // "error": {"code", "message"}. One struct per message; requests are decoded with messages that
-// name the offending field, and so are replies (GPUQ_JSON_TYPE: a missing field takes its default,
-// one of the wrong type is a ReplyFieldError that names it).
+// name the offending field (each request's field table, protocol.cpp: type, bounds, words), and so
+// are replies (GPUQ_JSON_TYPE: a missing field takes its default, one of the wrong type is a
+// ReplyFieldError that names it). Both also describe themselves: protocol_schema() is the JSON
+// Schema of every command's request and reply (`gpuq schema`, docs/protocol.schema.json).
 #pragma once
 
 #include <cstdint>
@@ -119,16 +121,25 @@ inline void require_object(const nlohmann::json& j) {
 }
 }  // namespace detail
 
-// NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT, decoding with errors that name the field.
+// NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT, decoding with errors that name the field; and
+// gpuq_describe, which names the type and each field with its C++ type and default to a schema
+// writer (common/schema.hpp), so a reply's schema comes from the same list as its encoding.
 #define GPUQ_JSON_FROM_FIELD(v1) ::gpuq::common::detail::field_from_json(nlohmann_json_j, #v1, nlohmann_json_t.v1, nlohmann_json_default_obj.v1);
-#define GPUQ_JSON_TYPE(Type, ...)                                                                   \
-  inline void to_json(nlohmann::json& nlohmann_json_j, const Type& nlohmann_json_t) {             \
-    NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(NLOHMANN_JSON_TO, __VA_ARGS__))                       \
-  }                                                                                               \
-  inline void from_json(const nlohmann::json& nlohmann_json_j, Type& nlohmann_json_t) {           \
-    ::gpuq::common::detail::require_object(nlohmann_json_j);                                      \
-    const Type nlohmann_json_default_obj{};                                                       \
-    NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(GPUQ_JSON_FROM_FIELD, __VA_ARGS__))                   \
+#define GPUQ_JSON_DESCRIBE_FIELD(v1) gpuq_schema_s.field(#v1, nlohmann_json_default_obj.v1);
+#define GPUQ_JSON_TYPE(Type, ...)                                                       \
+  inline void to_json(nlohmann::json& nlohmann_json_j, const Type& nlohmann_json_t) {   \
+    NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(NLOHMANN_JSON_TO, __VA_ARGS__))            \
+  }                                                                                     \
+  inline void from_json(const nlohmann::json& nlohmann_json_j, Type& nlohmann_json_t) { \
+    ::gpuq::common::detail::require_object(nlohmann_json_j);                            \
+    const Type nlohmann_json_default_obj{};                                             \
+    NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(GPUQ_JSON_FROM_FIELD, __VA_ARGS__))        \
+  }                                                                                     \
+  template <class S>                                                                    \
+  void gpuq_describe(S& gpuq_schema_s, const Type*) {                                   \
+    const Type nlohmann_json_default_obj{};                                             \
+    gpuq_schema_s.name(#Type);                                                          \
+    NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(GPUQ_JSON_DESCRIBE_FIELD, __VA_ARGS__))    \
   }
 
 // The protocol's version: major.minor. A client and a gpuqd of the same major work together
@@ -240,7 +251,7 @@ GPUQ_JSON_TYPE(GpuInfo, index, uuid, name, memory_total_mb,
 // ---- requests ---------------------------------------------------------------------------------
 
 struct HelloRequest {
-  int protocol_version = k_protocol_version;
+  int protocol_version = k_protocol_version;  // required
   int protocol_minor = 0;  // absent (an older client): 0; gpuq sends k_protocol_minor
   std::string client;
   bool operator==(const HelloRequest&) const = default;
@@ -346,92 +357,46 @@ struct EventsRequest {
   bool operator==(const EventsRequest&) const = default;
 };
 
-// Decoders: throw RequestError(bad_request) naming the field on a wrong type.
-HelloRequest decode_hello(const json& j);
-SubmitRequest decode_submit(const json& j);
-StatusRequest decode_status(const json& j);
-IdRequest decode_id(const json& j);
-IdsRequest decode_ids(const json& j);
-ResultsRequest decode_results(const json& j);
-RestartRequest decode_restart(const json& j);
-SelectRequest decode_select(const json& j);  // ids and/or batch, at least one
-CleanRequest decode_clean(const json& j);
-// Also throws RequestError(invalid_spec) for a value a job spec could not hold.
-UpdateRequest decode_update(const json& j);
-DrainRequest decode_drain(const json& j);
-EventsRequest decode_events(const json& j);
-
 // A request without fields (gpus, usage, shutdown); whatever else the request holds is ignored.
+// Also the reply of a command that answers only {"ok": true} (shutdown).
 struct NoFields {
   bool operator==(const NoFields&) const = default;
 };
-NoFields decode_no_fields(const json& j);
+inline void to_json(json& j, const NoFields&) {
+  j = json::object();
+}
+inline void from_json(const json&, NoFields&) {}
+template <class S>
+void gpuq_describe(S& s, const NoFields*) {
+  s.name("NoFields");
+}
 
-// ---- the command table ------------------------------------------------------------------------
-// A command of the protocol, bound to the request it takes: its name and the decoder of its
-// request. The objects in `cmd` and the list k_commands are the only list of commands: gpuqd's
-// dispatch pairs each with a handler (daemon.cpp, in this order; a unit test holds the two the
-// same), request_decoders() and the request fuzzer walk it, and the client encodes through it, so
-// a command's name cannot drift from its request's type.
-template <class Request>
-struct Cmd {
-  using request = Request;
-  std::string_view name;
-  Request (*decode)(const json&);
-};
-
-namespace cmd {
-inline constexpr Cmd<HelloRequest> hello{"hello", decode_hello};
-inline constexpr Cmd<SubmitRequest> submit{"submit", decode_submit};
-inline constexpr Cmd<StatusRequest> status{"status", decode_status};
-inline constexpr Cmd<IdRequest> show{"show", decode_id};
-inline constexpr Cmd<IdsRequest> cancel{"cancel", decode_ids};
-inline constexpr Cmd<RestartRequest> restart{"restart", decode_restart};
-inline constexpr Cmd<SelectRequest> hold{"hold", decode_select};
-inline constexpr Cmd<SelectRequest> release{"release", decode_select};
-inline constexpr Cmd<UpdateRequest> update{"update", decode_update};
-inline constexpr Cmd<CleanRequest> clean{"clean", decode_clean};
-inline constexpr Cmd<IdsRequest> wait{"wait", decode_ids};
-inline constexpr Cmd<ResultsRequest> results{"results", decode_results};
-inline constexpr Cmd<EventsRequest> events{"events", decode_events};
-inline constexpr Cmd<NoFields> gpus{"gpus", decode_no_fields};
-inline constexpr Cmd<DrainRequest> drain{"drain", decode_drain};
-inline constexpr Cmd<DrainRequest> undrain{"undrain", decode_drain};
-inline constexpr Cmd<IdRequest> why{"why", decode_id};
-inline constexpr Cmd<NoFields> usage{"usage", decode_no_fields};
-inline constexpr Cmd<NoFields> shutdown{"shutdown", decode_no_fields};
-}  // namespace cmd
-
-inline constexpr auto k_commands =
-    std::tie(cmd::hello, cmd::submit, cmd::status, cmd::show, cmd::cancel, cmd::restart, cmd::hold, cmd::release,
-             cmd::update, cmd::clean, cmd::wait, cmd::results, cmd::events, cmd::gpus, cmd::drain, cmd::undrain,
-             cmd::why, cmd::usage, cmd::shutdown);
-
-// Each command's name with a check of its request (its decoder, the result dropped): what the
-// request fuzzer walks, so a new command is fuzzed once it is in k_commands.
-struct RequestDecoder {
-  std::string_view name;
-  std::function<void(const json&)> check;  // throws RequestError as the decoder does
-};
-const std::vector<RequestDecoder>& request_decoders();
-
-// Encoders: the same requests from the client's side, as {"cmd": name, ...fields}; each decoder
-// above reads back what its encoder wrote (tests/unit/test_protocol.cpp). Where one request type
-// serves several commands (cancel and wait; hold and release; drain and undrain; show and why),
-// the command is given.
-json encode(const HelloRequest& r);
-json encode(const SubmitRequest& r);
-json encode(const StatusRequest& r);
-json encode(const Cmd<IdRequest>& c, const IdRequest& r);
-json encode(const Cmd<IdsRequest>& c, const IdsRequest& r);
-json encode(const Cmd<SelectRequest>& c, const SelectRequest& r);
-json encode(const RestartRequest& r);
-json encode(const CleanRequest& r);
-json encode(const UpdateRequest& r);
-json encode(const Cmd<DrainRequest>& c, const DrainRequest& r);
-json encode(const ResultsRequest& r);
-json encode(const EventsRequest& r);
-json encode(const Cmd<NoFields>& c);
+// ---- request fields -----------------------------------------------------------------------------
+// Each request type's fields are one table in protocol.cpp (fields_of): name, type, bounds,
+// default, and the words an error and the schema use ("a positive job id"), plus the rules over
+// several fields. Decoding, encoding and the request's schema all come from it: decoding refuses
+// a value of the wrong type or out of bounds with RequestError(bad_request) "field `x` must be
+// <words>" (an update's values, checked as a job spec's are: invalid_spec); a missing or null field
+// takes the default; fields it does not know are ignored (a newer client's). Encoding writes the
+// fields that differ from the defaults, and the required ones.
+struct FieldTable;
+const FieldTable& fields_of(const HelloRequest*);
+const FieldTable& fields_of(const SubmitRequest*);
+const FieldTable& fields_of(const StatusRequest*);
+const FieldTable& fields_of(const IdRequest*);
+const FieldTable& fields_of(const IdsRequest*);
+const FieldTable& fields_of(const SelectRequest*);
+const FieldTable& fields_of(const RestartRequest*);
+const FieldTable& fields_of(const UpdateRequest*);
+const FieldTable& fields_of(const CleanRequest*);
+const FieldTable& fields_of(const ResultsRequest*);
+const FieldTable& fields_of(const EventsRequest*);
+const FieldTable& fields_of(const DrainRequest*);
+const FieldTable& fields_of(const NoFields*);
+namespace detail {
+void decode_fields(const FieldTable& t, const json& j, void* request);
+json encode_fields(const FieldTable& t, std::string_view cmd, const void* request);
+}  // namespace detail
 
 // ---- replies ----------------------------------------------------------------------------------
 
@@ -591,6 +556,88 @@ struct UsageReply {
   std::vector<UserUsage> users;  // those with jobs or recent use, least recent use first
 };
 GPUQ_JSON_TYPE(UsageReply, multi_user, half_life_s, users)
+
+// update's reply: the jobs whose spec fields were asked to change, and `batch_limit` (only) when
+// it set the batch's `max_running`.
+struct UpdateReply {
+  std::vector<CancelOutcome> jobs;
+  std::optional<BatchLimitChange> batch_limit;
+};
+void to_json(json& j, const UpdateReply& r);
+void from_json(const json& j, UpdateReply& r);
+template <class S>
+void gpuq_describe(S& s, const UpdateReply*) {
+  s.name("UpdateReply");
+  s.field("jobs", std::vector<CancelOutcome>{});
+  s.field("batch_limit", std::optional<BatchLimitChange>{});
+}
+
+// ---- the command table ------------------------------------------------------------------------
+// A command of the protocol, bound to the request it takes and the reply it gives. The objects in
+// `cmd` and the list k_commands are the only list of commands: gpuqd's dispatch pairs each with a
+// handler (daemon.cpp, in this order; a unit test holds the two the same) whose answer must be of
+// the command's reply type, request_decoders() and the request fuzzer walk it, the client encodes
+// through it, and protocol_schema() describes it, so a command's name cannot drift from its
+// request's or its reply's type.
+template <class Request, class Reply>
+struct Cmd {
+  using request = Request;
+  using reply = Reply;
+  std::string_view name;
+  // The request from its JSON, by the request type's field table; throws RequestError.
+  Request decode(const json& j) const {
+    Request r{};
+    detail::decode_fields(fields_of(static_cast<const Request*>(nullptr)), j, &r);
+    return r;
+  }
+};
+
+namespace cmd {
+inline constexpr Cmd<HelloRequest, HelloReply> hello{"hello"};
+inline constexpr Cmd<SubmitRequest, SubmitReply> submit{"submit"};
+inline constexpr Cmd<StatusRequest, JobsReply> status{"status"};
+inline constexpr Cmd<IdRequest, ShowReply> show{"show"};
+inline constexpr Cmd<IdsRequest, CancelReply> cancel{"cancel"};
+inline constexpr Cmd<RestartRequest, RestartReply> restart{"restart"};
+inline constexpr Cmd<SelectRequest, CancelReply> hold{"hold"};
+inline constexpr Cmd<SelectRequest, CancelReply> release{"release"};
+inline constexpr Cmd<UpdateRequest, UpdateReply> update{"update"};
+inline constexpr Cmd<CleanRequest, CleanReply> clean{"clean"};
+inline constexpr Cmd<IdsRequest, JobsReply> wait{"wait"};
+inline constexpr Cmd<ResultsRequest, JobsReply> results{"results"};
+inline constexpr Cmd<EventsRequest, EventsReply> events{"events"};
+inline constexpr Cmd<NoFields, GpusReply> gpus{"gpus"};
+inline constexpr Cmd<DrainRequest, GpusReply> drain{"drain"};
+inline constexpr Cmd<DrainRequest, GpusReply> undrain{"undrain"};
+inline constexpr Cmd<IdRequest, WhyReply> why{"why"};
+inline constexpr Cmd<NoFields, UsageReply> usage{"usage"};
+inline constexpr Cmd<NoFields, NoFields> shutdown{"shutdown"};
+}  // namespace cmd
+
+inline constexpr auto k_commands =
+    std::tie(cmd::hello, cmd::submit, cmd::status, cmd::show, cmd::cancel, cmd::restart, cmd::hold, cmd::release,
+             cmd::update, cmd::clean, cmd::wait, cmd::results, cmd::events, cmd::gpus, cmd::drain, cmd::undrain,
+             cmd::why, cmd::usage, cmd::shutdown);
+
+// Each command's name with a check of its request (its decoder, the result dropped): what the
+// request fuzzer walks, so a new command is fuzzed once it is in k_commands.
+struct RequestDecoder {
+  std::string_view name;
+  std::function<void(const json&)> check;  // throws RequestError as the decoder does
+};
+const std::vector<RequestDecoder>& request_decoders();
+
+// A request from the client's side, as {"cmd": name, ...fields}: what the command's decoder reads
+// back as `r` (tests/unit/test_protocol.cpp).
+template <class Request, class Reply>
+json encode(const Cmd<Request, Reply>& c, const Request& r = {}) {
+  return detail::encode_fields(fields_of(static_cast<const Request*>(nullptr)), c.name, &r);
+}
+
+// The JSON Schema (2020-12) of the protocol: each command's request and reply, the records they
+// hold under $defs. `gpuq schema` prints it; docs/protocol.schema.json is a copy a test keeps
+// current.
+json protocol_schema();
 
 // Wraps a reply body: {"ok": true, ...body}. Errors: {"ok": false, "error": {...}}.
 json ok_reply(json body = json::object());

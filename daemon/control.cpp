@@ -83,7 +83,7 @@ common::CancelReply set_held(const Changes& c, const Caller& caller, const commo
 // the spec is rewritten and the job takes its new place in line. A running job takes `priority`
 // and `retries`, which decide its next attempt; its supervisor enforces the timeout it started
 // with, so that cannot change under it. All or nothing; each change is in the job's history.
-json update(const Changes& c, const Caller& caller, const common::UpdateRequest& q) {
+common::UpdateReply update(const Changes& c, const Caller& caller, const common::UpdateRequest& q) {
   for (auto id : q.ids) {
     const JobRecord rec = c.reads.existing_job(id);
     if (is_terminal(rec.state))
@@ -129,12 +129,12 @@ json update(const Changes& c, const Caller& caller, const common::UpdateRequest&
   c.land(std::move(changed), [&](const std::vector<const JobRecord*>& rows) {
     c.store.rewrite_specs(rows, why);  // not a change of state: no transition
   });
-  json reply = out;
+  common::UpdateReply reply{std::move(out.jobs), std::nullopt};
   if (q.max_running) {  // jobs already running past a lowered limit run on, as in Slurm
     const common::BatchLimitChange limit{q.batch, *q.max_running, c.jobs.batch_limit(q.batch).value_or(0)};
     c.store.set_batch_limit(q.batch, limit.max_running);
     c.jobs.set_batch_limit(q.batch, limit.max_running);
-    reply["batch_limit"] = limit;
+    reply.batch_limit = limit;
     if (c.executor.places_work()) {  // its jobs already there (a Slurm array's tasks) take it too
       std::vector<std::int64_t> handed;
       for (std::int64_t id : c.jobs.running_ids())

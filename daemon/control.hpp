@@ -38,7 +38,7 @@ common::CancelReply cancel(const Changes& c, const Caller& caller, const common:
 // Holds queued jobs out of line, or releases them (`hold` false); with a batch, its queued jobs.
 common::CancelReply set_held(const Changes& c, const Caller& caller, const common::SelectRequest& q, bool hold);
 // A job's priority, retries or timeout, or a batch's limit on running jobs, after submission.
-nlohmann::json update(const Changes& c, const Caller& caller, const common::UpdateRequest& q);
+common::UpdateReply update(const Changes& c, const Caller& caller, const common::UpdateRequest& q);
 // Takes GPUs out of service or puts them back (admins'); the reply is `gpus`'.
 common::GpusReply set_drained(const Changes& c, const Caller& caller, const common::DrainRequest& q, bool drain);
 }  // namespace control

@@ -173,32 +173,26 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::status, &queries::status>(),
       now<cmd::show, &queries::show>(),
       now<cmd::cancel, &control::cancel>(),
-      later<cmd::restart, [](Daemon& d, const Caller& c, const common::RestartRequest& q, Reply& r) {
-        d.m_ops.restarter.start(c, q, r);
-      }>(),
-      now<cmd::hold, [](const Changes& c, const Caller& who, const common::SelectRequest& q) {
-        return control::set_held(c, who, q, true);
-      }>(),
-      now<cmd::release, [](const Changes& c, const Caller& who, const common::SelectRequest& q) {
-        return control::set_held(c, who, q, false);
-      }>(),
+      later<cmd::restart, [](Daemon& d, const Caller& c, const common::RestartRequest& q,
+                             Reply& r) { d.m_ops.restarter.start(c, q, r); }>(),
+      now<cmd::hold, [](const Changes& c, const Caller& who,
+                        const common::SelectRequest& q) { return control::set_held(c, who, q, true); }>(),
+      now<cmd::release, [](const Changes& c, const Caller& who,
+                           const common::SelectRequest& q) { return control::set_held(c, who, q, false); }>(),
       now<cmd::update, &control::update>(),
-      later<cmd::clean, [](Daemon& d, const Caller& c, const common::CleanRequest& q, Reply& r) {
-        d.m_ops.cleaner.start(c, q, r);
-      }>(),
+      later<cmd::clean, [](Daemon& d, const Caller& c, const common::CleanRequest& q,
+                           Reply& r) { d.m_ops.cleaner.start(c, q, r); }>(),
       later<cmd::wait, &Daemon::cmd_wait>(),
       now<cmd::results, &queries::results>(),
       now<cmd::events, &queries::events>(),
       now<cmd::gpus, &queries::gpus>(),
-      now<cmd::drain, [](const Changes& c, const Caller& who, const common::DrainRequest& q) {
-        return control::set_drained(c, who, q, true);
-      }>(),
-      now<cmd::undrain, [](const Changes& c, const Caller& who, const common::DrainRequest& q) {
-        return control::set_drained(c, who, q, false);
-      }>(),
+      now<cmd::drain, [](const Changes& c, const Caller& who,
+                         const common::DrainRequest& q) { return control::set_drained(c, who, q, true); }>(),
+      now<cmd::undrain, [](const Changes& c, const Caller& who,
+                           const common::DrainRequest& q) { return control::set_drained(c, who, q, false); }>(),
       now<cmd::why, &queries::why>(),
       now<cmd::usage, &queries::usage>(),
-      {cmd::shutdown.name, &Daemon::cmd_shutdown},
+      now<cmd::shutdown, &Daemon::cmd_shutdown>(),
   };
   return k_commands;
 }
@@ -235,10 +229,10 @@ void Daemon::dispatch(const Caller& caller, const json& request, Reply reply_to)
   }
 }
 
-void Daemon::cmd_shutdown(const Caller& caller, const json&, Reply& reply) {
+common::NoFields Daemon::cmd_shutdown(const Caller& caller) {
   reads().authorize_admin(caller, "stop gpuqd");
-  reply(common::ok_reply());
-  if (on_shutdown) asio::post(m_io, on_shutdown);
+  if (on_shutdown) asio::post(m_io, on_shutdown);  // after the reply
+  return {};
 }
 
 // ---- wait ---------------------------------------------------------------------------------------

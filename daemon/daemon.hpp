@@ -102,12 +102,25 @@ class Daemon {
     using H = decltype(Handler);
     using Q = typename std::remove_cvref_t<decltype(C)>::request;
     Q q = C.decode(request);
-    if constexpr (std::is_invocable_v<H, const Reads&, const Caller&, Q>) reply(common::ok_reply(Handler(reads(), caller, std::move(q))));
-    else if constexpr (std::is_invocable_v<H, const Changes&, const Caller&, Q>) reply(common::ok_reply(Handler(changes(), caller, std::move(q))));
-    else if constexpr (std::is_invocable_v<H, Daemon&, const Caller&, Q>) reply(common::ok_reply(std::invoke(Handler, *this, caller, std::move(q))));
-    else if constexpr (std::is_invocable_v<H, Daemon&, Q>) reply(common::ok_reply(std::invoke(Handler, *this, std::move(q))));
-    else if constexpr (std::is_invocable_v<H, Daemon&, const Caller&>) reply(common::ok_reply(std::invoke(Handler, *this, caller)));
-    else reply(common::ok_reply(std::invoke(Handler, *this)));
+    if constexpr (std::is_invocable_v<H, const Reads&, const Caller&, Q>)
+      reply(answer<C>(Handler(reads(), caller, std::move(q))));
+    else if constexpr (std::is_invocable_v<H, const Changes&, const Caller&, Q>)
+      reply(answer<C>(Handler(changes(), caller, std::move(q))));
+    else if constexpr (std::is_invocable_v<H, Daemon&, const Caller&, Q>)
+      reply(answer<C>(std::invoke(Handler, *this, caller, std::move(q))));
+    else if constexpr (std::is_invocable_v<H, Daemon&, Q>)
+      reply(answer<C>(std::invoke(Handler, *this, std::move(q))));
+    else if constexpr (std::is_invocable_v<H, Daemon&, const Caller&>)
+      reply(answer<C>(std::invoke(Handler, *this, caller)));
+    else
+      reply(answer<C>(std::invoke(Handler, *this)));
+  }
+  // A handler's answer, which must be of its command's reply type (common/protocol.hpp's table).
+  template <const auto& C, class Answer>
+  static json answer(const Answer& a) {
+    static_assert(std::is_same_v<Answer, typename std::remove_cvref_t<decltype(C)>::reply>,
+                  "the handler's answer is not of the reply type its command is bound to");
+    return common::ok_reply(a);
   }
   template <const auto& C, auto Handler>
   void answer_later(const Caller& caller, const json& request, Reply& reply) {
@@ -117,8 +130,7 @@ class Daemon {
     else
       std::invoke(Handler, *this, C.decode(request), reply);
   }
-  void cmd_shutdown(const Caller& caller, const json& request, Reply& reply);
-
+  common::NoFields cmd_shutdown(const Caller& caller);
 
   // Handlers, by group: see the files named in daemon.cpp.
   void cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& reply);  // answers once the batch is written

@@ -188,6 +188,17 @@ MUTANTS = [
     ("unreadable-spec-update", "daemon/control.cpp",
      "    if (!rec.spec_error.empty())  // rewriting it", "    if (false)  // rewriting it",
      ["unit:a job whose stored spec does not parse never runs*"]),
+    # The protocol's field tables: a bound the schema states that the decoder does not hold.
+    ("request-string-bound", "common/protocol.cpp",
+     " || static_cast<double>(text.size()) > b.max) bad(name, want);", ") bad(name, want);",
+     ["unit:the schema says of each command's request*"]),
+    ("submit-cwd-absolute", "common/protocol.cpp",
+     "    if (!v.is_string() || v.get_ref<const std::string&>().rfind('/', 0) != 0 ||",
+     "    if (!v.is_string() ||",
+     ["test_protocol.ProtocolSchema.test_what_the_schema_refuses_gpuqd_refuses_by_name"]),
+    ("request-cross-field-rule", "common/protocol.cpp",
+     "  if (t.check) t.check(request);\n", "\n",
+     ["unit:the schema says of each command's request*"]),
 ]
 
 

@@ -71,7 +71,7 @@ int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_
 
 int cmd_update(const Options& o, const common::UpdateRequest& q) {
   const std::int64_t batch = q.batch;
-  auto reply = call(o, common::encode(q));
+  auto reply = call(o, common::encode(common::cmd::update, q));
   if (!reply) return report(reply.error());
   if (o.json) {
     reply->erase("ok");
@@ -95,7 +95,7 @@ int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64
   req.checkpoints_only = checkpoints_only;
   req.forget = forget;
   if (older_than_s >= 0) req.ended_before = std::max(1e-3, now_s() - older_than_s);
-  auto reply = call(o, common::encode(req));
+  auto reply = call(o, common::encode(common::cmd::clean, req));
   if (!reply) return report(reply.error());
   auto c = reply->get<common::CleanReply>();
   if (o.json) {
@@ -125,7 +125,7 @@ int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int
   req.ids = ids;
   req.batch = batch;
   req.fresh = fresh;
-  auto reply = call(o, common::encode(req));
+  auto reply = call(o, common::encode(common::cmd::restart, req));
   if (!reply) return report(reply.error());
   auto r = reply->get<common::RestartReply>();
   if (o.json) {

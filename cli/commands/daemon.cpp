@@ -116,6 +116,18 @@ void add_config(CLI::App& app, Context& ctx) {
   sub->callback([&ctx] { ctx.run = [&ctx] { return cmd_config(ctx.opt, ctx.settings, ctx.socket_flag); }; });
 }
 
+void add_schema(CLI::App& app, Context& ctx) {
+  app.add_subcommand("schema",
+                     "Print the JSON Schema of gpuqd's protocol: every command's request and reply "
+                     "(docs/protocol.schema.json)")
+      ->callback([&ctx] {
+        ctx.run = [] {
+          std::cout << common::protocol_schema().dump(2) << "\n";
+          return k_exit_ok;
+        };
+      });
+}
+
 void add_daemon(CLI::App& app, Context& ctx) {
   struct Args {
     std::string state_dir, gpus;

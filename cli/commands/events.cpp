@@ -39,7 +39,7 @@ Result<std::vector<common::Event>> fetch_events(common::Client& client, std::int
                                                 const std::string& type, int* attempt_out = nullptr) {
   std::vector<common::Event> out;
   for (std::int64_t after = 0;;) {
-    auto r = client.call(common::encode(common::EventsRequest{id, attempt, type, after}));
+    auto r = client.call(common::encode(common::cmd::events, common::EventsRequest{id, attempt, type, after}));
     if (!r) return r.error();
     auto page = r->get<common::EventsReply>();
     if (attempt_out) *attempt_out = page.attempt;

@@ -106,7 +106,7 @@ int status_all(const Options& o, const common::JobFilter& f) {
     req.after = after;
     req.page = 1000;
     req.filter = f;
-    auto r = client->call(common::encode(req));
+    auto r = client->call(common::encode(common::cmd::status, req));
     if (!r) {
       if (o.json) std::cout << "\n";
       return report(r.error());
@@ -147,7 +147,7 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const
   req.limit = limit;
   req.queued = queued;
   req.filter = filter;
-  auto reply = call(o, common::encode(req));
+  auto reply = call(o, common::encode(common::cmd::status, req));
   if (!reply) return report(reply.error());
   auto st = reply->get<common::JobsReply>();
   if (o.json) {
@@ -239,7 +239,7 @@ int cmd_show(const Options& o, std::int64_t id) {
 int cmd_result(const Options& o, std::int64_t id) {
   common::ResultsRequest req;
   req.ids = {id};
-  auto reply = call(o, common::encode(req));
+  auto reply = call(o, common::encode(common::cmd::results, req));
   if (!reply) return report(reply.error());
   auto r = reply->get<common::JobsReply>();
   const auto& j = r.jobs.at(0);

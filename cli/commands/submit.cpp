@@ -59,7 +59,10 @@ bool read_spec_file(const std::string& file, json& jobs) {
 int dry_run(const Options& o, const json& jobs, bool hold, int max_running) {
   const auto env = common::current_environment();
   const std::size_t request_bytes =
-      common::encode(common::SubmitRequest{jobs, common::current_dir(), env, hold, max_running}).dump().size() + 1;
+      common::encode(common::cmd::submit, common::SubmitRequest{jobs, common::current_dir(), env, hold, max_running})
+          .dump()
+          .size() +
+      1;
   if (request_bytes > common::k_max_request_bytes)
     return report(Error{ErrorCode::too_large, "the batch's request is " + std::to_string(request_bytes) +
                                                   " bytes; gpuqd takes at most " +
@@ -110,7 +113,9 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
   for (const auto& f : files)
     if (!read_spec_file(f, jobs)) return k_exit_usage;
   if (dry) return dry_run(o, jobs, hold, max_running);
-  auto reply = call(o, common::encode(common::SubmitRequest{std::move(jobs), common::current_dir(), common::current_environment(), hold, max_running}));
+  auto reply = call(
+      o, common::encode(common::cmd::submit, common::SubmitRequest{std::move(jobs), common::current_dir(),
+                                                                   common::current_environment(), hold, max_running}));
   if (!reply) return report(reply.error());
   auto sub = reply->get<common::SubmitReply>();
   if (!wait) {

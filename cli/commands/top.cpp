@@ -155,7 +155,7 @@ TopSnapshot snapshot(const Options& o, std::optional<common::Client>& client) {
     auto g = client->call(common::encode(common::cmd::gpus));
     common::StatusRequest status;
     status.limit = 15;
-    auto j = g ? client->call(common::encode(status)) : g;
+    auto j = g ? client->call(common::encode(common::cmd::status, status)) : g;
     if (g && j) {
       s.error.clear();
       s.daemon_version = client->hello().value("daemon_version", "");

@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const auto& d : request_decoders())
       if (d.name == cmd) d.check(r);
     if (cmd == "submit") {  // what gpuqd does with a submission before a handler sees it
-      auto submit = decode_submit(r);
+      auto submit = cmd::submit.decode(r);
       if (auto batch = parse_batch(submit.jobs, submit.cwd.empty() ? "/" : submit.cwd)) resolve_batch_dependencies(*batch);
     }
     (void)r.dump(-1, ' ', false, json::error_handler_t::replace);  // the daemon echoes parts of requests

@@ -112,14 +112,14 @@ TEST_CASE("update: a new priority is stored, taken by the job table and asks for
   q.ids = {ids[0]};
   q.priority = 7;
   auto reply = control::update(bench.changes(), k_alice, q);
-  CHECK(reply["jobs"][0]["changed"] == true);
+  CHECK(reply.jobs[0].changed);
   CHECK(bench.store->get(ids[0])->spec.priority == 7);
   CHECK(bench.jobs.at(ids[0]).rec.spec.priority == 7);
   CHECK(bench.store->history(ids[0]).back().reason == "updated: priority 0 -> 7");
   CHECK(bench.passes_asked == 1);  // its new place in line
   // The same again changes nothing.
   reply = control::update(bench.changes(), k_alice, q);
-  CHECK(reply["jobs"][0]["changed"] == false);
+  CHECK_FALSE(reply.jobs[0].changed);
   CHECK(bench.passes_asked == 1);
 
   gpuq::common::UpdateRequest timeout;

@@ -1,6 +1,8 @@
 // Protocol messages: round trips of every reply record, request decoding errors, the envelope.
 #include <doctest/doctest.h>
 
+#include <fstream>
+#include <functional>
 #include <set>
 #include <string_view>
 #include <tuple>
@@ -9,6 +11,22 @@
 
 using namespace gpuq::common;
 using gpuq::JobState;
+
+namespace {
+// Each request type's decoder, as gpuqd reaches it: through a command of the table.
+const auto decode_hello = [](const json& j) { return cmd::hello.decode(j); };
+const auto decode_submit = [](const json& j) { return cmd::submit.decode(j); };
+const auto decode_status = [](const json& j) { return cmd::status.decode(j); };
+const auto decode_id = [](const json& j) { return cmd::show.decode(j); };
+const auto decode_ids = [](const json& j) { return cmd::cancel.decode(j); };
+const auto decode_select = [](const json& j) { return cmd::hold.decode(j); };
+const auto decode_restart = [](const json& j) { return cmd::restart.decode(j); };
+const auto decode_update = [](const json& j) { return cmd::update.decode(j); };
+const auto decode_clean = [](const json& j) { return cmd::clean.decode(j); };
+const auto decode_results = [](const json& j) { return cmd::results.decode(j); };
+const auto decode_events = [](const json& j) { return cmd::events.decode(j); };
+const auto decode_drain = [](const json& j) { return cmd::drain.decode(j); };
+}  // namespace
 
 TEST_SUITE_BEGIN("protocol");
 
@@ -74,7 +92,8 @@ TEST_CASE("request decoders name the offending field") {
       "field `states` must be an array of job states: queued, running, succeeded, failed, cancelled, timed_out";
   CHECK(message(decode_status, {{"states", "failed"}}) == states_wanted);
   CHECK(message(decode_status, {{"states", {"failed", "lost"}}}) == states_wanted);
-  CHECK(message(decode_status, {{"name", std::string(257, '*')}}) == "field `name` must be at most 256 characters");
+  CHECK(message(decode_status, {{"name", std::string(257, '*')}}) ==
+        "field `name` must be a shell-style glob of at most 256 characters");
   const auto f = decode_status({{"batch", 3}, {"states", {"failed", "timed_out"}}, {"name", "lr-[0-9]*"}}).filter;
   CHECK(matches(f, 3, JobState::failed, "lr-0.1"));
   CHECK_FALSE(matches(f, 4, JobState::failed, "lr-0.1"));      // another batch
@@ -101,7 +120,8 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_drain, {{"gpus", {"GPU-"}}}) == gpus_wanted);
   CHECK(message(decode_drain, {{"gpus", {"1a2b"}}}) == gpus_wanted);
   CHECK(decode_drain({{"gpus", {1, "GPU-1a2b"}}}).uuids == std::vector<std::string>{"GPU-1a2b"});
-  CHECK(message(decode_drain, {{"gpus", {0}}, {"reason", 5}}) == "field `reason` must be a string");
+  CHECK(message(decode_drain, {{"gpus", {0}}, {"reason", 5}}) ==
+        "field `reason` must be a string of at most 1000 characters");
   CHECK(decode_drain({{"gpus", {2, 3}}, {"reason", "ECC"}}).gpus == std::vector<int>{2, 3});
   CHECK(message(decode_update, {{"ids", {1}}}) ==
         "field `set` must be an object of the fields to change: priority, retries, timeout_s, max_running");
@@ -123,12 +143,19 @@ TEST_CASE("request decoders name the offending field") {
   CHECK_FALSE(update.retries);
   CHECK(update.timeout_s == 0.0);
   CHECK(message(decode_submit, {{"cwd", "/"}}) == "field `jobs` must be a job spec object or an array of them");
-  CHECK(message(decode_submit, {{"jobs", {}}, {"env", {{"A", 1}}}}) == "field `env.A` must be a string");
-  CHECK(message(decode_submit, {{"jobs", {}}, {"max_running", -1}}) ==
+  CHECK(message(decode_submit, {{"jobs", json::array()}, {"cwd", "/"}, {"env", {{"A", 1}}}}) ==
+        "field `env.A` must be a string");
+  CHECK(message(decode_submit, {{"jobs", json::array()}, {"cwd", "/"}, {"max_running", -1}}) ==
         "field `max_running` must be an integer from 1 to 1000000, or 0 for no limit");
-  CHECK(message(decode_submit, {{"jobs", {}}, {"max_running", 1LL << 40}}) ==
+  CHECK(message(decode_submit, {{"jobs", json::array()}, {"cwd", "/"}, {"max_running", 1LL << 40}}) ==
         "field `max_running` must be an integer from 1 to 1000000, or 0 for no limit");
-  CHECK(decode_submit({{"jobs", {}}, {"max_running", 2}}).max_running == 2);
+  CHECK(decode_submit({{"jobs", json::array()}, {"cwd", "/"}, {"max_running", 2}}).max_running == 2);
+  for (const json& cwd : {json(""), json("rel/dir"), json(1), json("/" + std::string(4095, 'a'))})
+    CHECK(message(decode_submit, {{"jobs", json::array()}, {"cwd", cwd}}) ==
+          "field `cwd` must be the submitter's absolute working directory");
+  CHECK(message(decode_submit, {{"jobs", json::array()}}) ==
+        "field `cwd` must be the submitter's absolute working directory");
+  CHECK(decode_submit({{"jobs", json::array()}, {"cwd", std::string(4095, '/')}}).cwd.size() == 4095);
 }
 
 TEST_CASE("an update's values are checked as a job spec's fields are") {
@@ -167,9 +194,9 @@ TEST_CASE("every error code has a stable wire name") {
 
 TEST_CASE("every request the client encodes decodes to the same request in gpuqd") {
   HelloRequest hello{k_protocol_version, 7, "gpuq"};
-  CHECK(decode_hello(encode(hello)) == hello);
+  CHECK(decode_hello(encode(cmd::hello, hello)) == hello);
   CHECK(decode_hello(json{{"cmd", "hello"}, {"protocol_version", 1}}).protocol_minor == 0);  // an older client
-  CHECK(encode(hello)["cmd"] == "hello");
+  CHECK(encode(cmd::hello, hello)["cmd"] == "hello");
 
   SubmitRequest submit;
   submit.jobs = json::array({{{"command", {"true"}}}});
@@ -177,17 +204,17 @@ TEST_CASE("every request the client encodes decodes to the same request in gpuqd
   submit.env = {{"PATH", "/usr/bin"}};
   submit.hold = true;
   submit.max_running = 3;
-  CHECK(decode_submit(encode(submit)) == submit);
+  CHECK(decode_submit(encode(cmd::submit, submit)) == submit);
 
   StatusRequest status;
-  CHECK(decode_status(encode(status)) == status);
+  CHECK(decode_status(encode(cmd::status, status)) == status);
   status.all = true;
   status.after = 40;
   status.page = 7;
   status.queued = 12;
   status.limit = 0;
   status.filter = {3, {JobState::failed, JobState::timed_out}, "lr-*"};
-  CHECK(decode_status(encode(status)) == status);
+  CHECK(decode_status(encode(cmd::status, status)) == status);
 
   IdRequest show{9};
   CHECK(decode_id(encode(cmd::show, show)) == show);
@@ -203,17 +230,17 @@ TEST_CASE("every request the client encodes decodes to the same request in gpuqd
   RestartRequest restart;
   restart.batch = 2;
   restart.fresh = true;
-  CHECK(decode_restart(encode(restart)) == restart);
+  CHECK(decode_restart(encode(cmd::restart, restart)) == restart);
 
   CleanRequest clean;
   clean.ids = {3};
   clean.ended_before = 1.7e9;
   clean.forget = true;
-  CHECK(decode_clean(encode(clean)) == clean);
+  CHECK(decode_clean(encode(cmd::clean, clean)) == clean);
   CleanRequest by_age;
   by_age.ended_before = 12;
   by_age.checkpoints_only = true;
-  CHECK(decode_clean(encode(by_age)) == by_age);
+  CHECK(decode_clean(encode(cmd::clean, by_age)) == by_age);
 
   UpdateRequest update;
   update.batch = 4;
@@ -221,21 +248,21 @@ TEST_CASE("every request the client encodes decodes to the same request in gpuqd
   update.retries = 2;
   update.timeout_s = 0;  // no timeout: sent as null
   update.max_running = 0;  // no limit: sent as null
-  CHECK(encode(update)["set"]["timeout_s"].is_null());
-  CHECK(decode_update(encode(update)) == update);
+  CHECK(encode(cmd::update, update)["set"]["timeout_s"].is_null());
+  CHECK(decode_update(encode(cmd::update, update)) == update);
   update.timeout_s = 90;
   update.max_running = 5;
   update.retries.reset();
-  CHECK(decode_update(encode(update)) == update);
+  CHECK(decode_update(encode(cmd::update, update)) == update);
 
   DrainRequest drain{{0, 3}, {"GPU-1a2b"}, "fan"};
   CHECK(decode_drain(encode(cmd::drain, drain)) == drain);
 
   ResultsRequest results{{2, 5}, 3, 4, 100};
-  CHECK(decode_results(encode(results)) == results);
+  CHECK(decode_results(encode(cmd::results, results)) == results);
 
   EventsRequest events{7, 2, "progress", 100, 50};
-  CHECK(decode_events(encode(events)) == events);
+  CHECK(decode_events(encode(cmd::events, events)) == events);
 }
 
 TEST_SUITE_END();
@@ -325,22 +352,28 @@ TEST_CASE("the command table: names unique, each encoded request names its comma
   CHECK(encode(cmd::release, SelectRequest{{1}, 0})["cmd"] == "release");
   CHECK(encode(cmd::why, IdRequest{3})["cmd"] == "why");
   CHECK(encode(cmd::undrain, DrainRequest{{0}, {}, ""})["cmd"] == "undrain");
-  for (const auto* c : {&cmd::gpus, &cmd::usage, &cmd::shutdown}) {
-    const json j = encode(*c);
-    CHECK(j == json{{"cmd", c->name}});
-    CHECK_NOTHROW(c->decode(j));
-  }
+  std::apply(
+      [](const auto&... c) {
+        (
+            [](const auto& command) {
+              const json j = encode(command);
+              CHECK(j == json{{"cmd", command.name}});
+              CHECK_NOTHROW(command.decode(j));
+            }(c),
+            ...);
+      },
+      std::tie(cmd::gpus, cmd::usage, cmd::shutdown));
   // A request of each single-command type names that command.
-  CHECK(encode(HelloRequest{})["cmd"] == cmd::hello.name);
-  CHECK(encode(StatusRequest{})["cmd"] == cmd::status.name);
-  CHECK(encode(ResultsRequest{})["cmd"] == cmd::results.name);
-  CHECK(encode(EventsRequest{})["cmd"] == cmd::events.name);
+  CHECK(encode(cmd::hello, HelloRequest{})["cmd"] == cmd::hello.name);
+  CHECK(encode(cmd::status, StatusRequest{})["cmd"] == cmd::status.name);
+  CHECK(encode(cmd::results, ResultsRequest{})["cmd"] == cmd::results.name);
+  CHECK(encode(cmd::events, EventsRequest{})["cmd"] == cmd::events.name);
 }
 
 TEST_CASE("a minor version apart: what the other side adds is ignored, in requests and in replies") {
   // A newer client's request with a field this gpuqd does not know decodes as without it.
   StatusRequest plain;
-  json newer = encode(plain);
+  json newer = encode(cmd::status, plain);
   newer["colour"] = "blue";
   CHECK(decode_status(newer) == plain);
   json hold = encode(cmd::hold, SelectRequest{{4}, 0});
@@ -355,4 +388,166 @@ TEST_CASE("a minor version apart: what the other side adds is ignored, in reques
   CHECK(read.protocol_version == k_protocol_version);
   // An older gpuqd says no minor: read as 0, never as this client's own.
   CHECK(json{{"protocol_version", 1}, {"daemon_version", "0.0.9"}}.get<HelloReply>().protocol_minor == 0);
+}
+
+namespace {
+
+// A value the schema `s` allows: the smallest where it says one, an example of an item where an
+// array needs one, the last property where an object needs one.
+json example(const json& s) {
+  if (s.contains("const")) return s["const"];
+  if (s.contains("enum")) return s["enum"].back();
+  if (s.contains("anyOf")) return example(s["anyOf"][0]);
+  const json type = s.value("type", json());
+  const std::string t = type.is_array() ? type[0].get<std::string>() : type.is_string() ? type.get<std::string>() : "";
+  if (t == "boolean") return true;
+  if (t == "integer") return s.contains("minimum") ? std::max(s["minimum"].get<std::int64_t>(), std::int64_t{1}) : 1;
+  if (t == "number") return s.contains("minimum") ? std::max(s["minimum"].get<double>(), 1.0) : 1.0;
+  if (t == "string") return s.value("pattern", "") == "^/" ? "/" : "";
+  if (t == "array") return s.value("minItems", 0) > 0 ? json::array({example(s["items"])}) : json::array();
+  if (t == "object" && s.value("minProperties", 0) > 0) {
+    const auto last = std::prev(s["properties"].end());
+    return json{{last.key(), example(last.value())}};
+  }
+  return json::object();
+}
+
+// Adds to `base` what schema `rule` wants present: each of allOf, the first of anyOf.
+void satisfy(json& base, const json& rule, const json& properties) {
+  for (const auto& r : rule.value("allOf", json::array()))
+    satisfy(base, r, properties);
+  if (rule.contains("anyOf")) satisfy(base, rule["anyOf"][0], properties);
+  for (const auto& f : rule.value("required", json::array())) {
+    const std::string field = f;
+    json s = properties[field];
+    if (rule.contains("properties") && rule["properties"].contains(field)) s.update(rule["properties"][field]);
+    base[field] = example(s);
+  }
+}
+
+// Calls `f` with each `not` the rules of `s` hold.
+void for_each_not(const json& s, const std::function<void(const json&)>& f) {
+  if (s.contains("not")) f(s["not"]);
+  for (const char* k : {"allOf", "anyOf"})
+    for (const auto& r : s.value(k, json::array()))
+      for_each_not(r, f);
+}
+
+// The refusal of a request, or "" when it decodes.
+template <class C>
+std::string refusal_of(const C& command, const json& request) {
+  try {
+    (void)command.decode(request);
+  } catch (const gpuq::RequestError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The schema `s` with a $ref followed into `defs`.
+const json& resolved(const json& s, const json& defs) {
+  if (!s.contains("$ref")) return s;
+  const std::string ref = s["$ref"];
+  return defs.at(ref.substr(ref.rfind('/') + 1));
+}
+
+// Each bound schema `s` says of a field, the decoder holds, naming the field (`named`): `with(v)` is
+// the refusal of a request with v in that field.
+void check_bounds(const json& s, const std::string& named, const std::function<std::string(json)>& with) {
+  if (s.contains("maximum")) CHECK(with(s["maximum"].get<double>() + 1).rfind(named, 0) == 0);
+  if (s.contains("minimum")) CHECK(with(s["minimum"].get<double>() - 1).rfind(named, 0) == 0);
+  if (s.contains("maxLength"))
+    CHECK(with(std::string(s["maxLength"].get<std::size_t>() + 1, 'a')).rfind(named, 0) == 0);
+  if (s.contains("enum")) CHECK(with("no-such-value").rfind(named, 0) == 0);
+  if (s.value("pattern", "") == "^/") CHECK(with("relative").rfind(named, 0) == 0);
+  const json type = s.value("type", json());
+  if (type == "boolean") CHECK(with("yes").rfind(named, 0) == 0);
+  if (type == "integer") CHECK(with(1.5).rfind(named, 0) == 0);
+  if (type == "array") {
+    CHECK(with("3").rfind(named, 0) == 0);
+    if (s["items"].contains("minimum"))
+      CHECK(with(json::array({s["items"]["minimum"].get<std::int64_t>() - 1})).rfind(named, 0) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the schema says of each command's request what its decoder does, and of its reply what is encoded") {
+  const json schema = protocol_schema();
+  const json& defs = schema["$defs"];
+  std::size_t described = 0;
+  std::apply(
+      [&](const auto&... c) {
+        (
+            [&](const auto& command) {
+              using C = std::remove_cvref_t<decltype(command)>;
+              const std::string name(command.name);
+              CAPTURE(name);
+              REQUIRE(schema["commands"].contains(name));
+              ++described;
+              const json& request = schema["commands"][name]["request"];
+              CHECK(request["properties"]["cmd"]["const"] == name);
+              // A request of each required field's smallest value decodes.
+              json base{{"cmd", name}};
+              for (const auto& field : request["required"])
+                if (field != "cmd")
+                  base[field.get<std::string>()] = example(request["properties"][field.get<std::string>()]);
+              // What the rules over several fields want (`allOf`), the decoder wants too.
+              if (request.contains("allOf")) {
+                CHECK(refusal_of(command, base) != "");
+                for (const auto& rule : request["allOf"])
+                  satisfy(base, rule, request["properties"]);
+                for_each_not(request, [&](const json& forbidden) {
+                  json j = base;
+                  for (const auto& [field, s] : forbidden["properties"].items())
+                    j[field] = s["const"];
+                  CHECK(refusal_of(command, j) != "");
+                });
+              }
+              CHECK(refusal_of(command, base) == "");
+              for (const auto& [field, s] : request["properties"].items()) {
+                if (field == "cmd") continue;
+                CAPTURE(field);
+                CHECK(s.contains("description"));
+                const std::string named = "field `" + field;
+                auto with = [&](json v) {
+                  json j = base;
+                  j[field] = std::move(v);
+                  return refusal_of(command, j);
+                };
+                check_bounds(s, named, with);
+                // An absent field decodes to the default the schema says: the encoder leaves it out.
+                if (s.contains("default") && !base.contains(field)) {
+                  const auto decoded = command.decode(base);
+                  const json again = encode(command, decoded);
+                  CHECK_FALSE(again.contains(field));
+                }
+              }
+              // Every field the encoder writes is described.
+              const json written = encode(command, command.decode(base));
+              for (const auto& [field, v] : written.items()) {
+                CAPTURE(field);
+                CHECK(request["properties"].contains(field));
+              }
+              // The reply: every field its encoding has is described, with the default it has.
+              const json& reply = resolved(schema["commands"][name]["reply"], defs);
+              const json encoded = typename C::reply{};
+              for (const auto& [field, v] : encoded.items()) {
+                CAPTURE(field);
+                REQUIRE(reply["properties"].contains(field));
+                if (reply["properties"][field].contains("default")) CHECK(reply["properties"][field]["default"] == v);
+              }
+            }(c),
+            ...);
+      },
+      k_commands);
+  CHECK(described == schema["commands"].size());
+}
+
+TEST_CASE("docs/protocol.schema.json is the protocol's schema as gpuq schema prints it") {
+  std::ifstream in(GPUQ_SOURCE_DIR "/docs/protocol.schema.json");
+  REQUIRE_MESSAGE(in, "docs/protocol.schema.json is missing: gpuq schema > docs/protocol.schema.json");
+  const json doc = json::parse(in);
+  CHECK_MESSAGE(doc == protocol_schema(),
+                "docs/protocol.schema.json is stale: gpuq schema > docs/protocol.schema.json");
 }

@@ -1,0 +1,103 @@
+"""The protocol's published schema (docs/protocol.schema.json, `gpuq schema`) against the real gpuqd:
+the document is a valid JSON Schema, and every command's request as the schema describes it is
+answered with a reply the schema describes. Clients in other languages are built from it."""
+import json
+import os
+import unittest
+
+import jsonschema
+
+from harness import REPO, DaemonTest, event_line
+
+
+def example_job():
+    """A job that reports one progress event and one result, then ends."""
+    events = "; ".join(event_line(**e) for e in ({"type": "progress", "epoch": 1, "loss": 0.5},
+                                                 {"type": "result", "accuracy": 0.9}))
+    return {"name": "reported", "shell": events, "gpus": 1}
+
+
+class ProtocolSchema(DaemonTest):
+    def setUp(self):
+        super().setUp()
+        self.schema = json.loads(self.d.ok("schema"))
+        with open(os.path.join(REPO, "docs/protocol.schema.json")) as f:
+            self.assertEqual(json.load(f), self.schema, "docs/protocol.schema.json is stale: gpuq schema > it")
+
+    def validator(self, part):
+        """A validator of `part` (a request or reply schema) that resolves $defs in the document."""
+        return jsonschema.Draft202012Validator({**part, "$defs": self.schema["$defs"]})
+
+    def exchange(self, request):
+        """Sends `request` after checking the schema allows it; returns the reply body, checked
+        against the command's reply schema."""
+        command = self.schema["commands"][request["cmd"]]
+        self.validator(command["request"]).validate(request)
+        reply = self.d.request(request)
+        self.assertIsNotNone(reply, request)
+        self.assertTrue(reply.get("ok"), (request, reply))
+        body = {k: v for k, v in reply.items() if k != "ok"}
+        errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+                  for e in self.validator(command["reply"]).iter_errors(body)]
+        self.assertEqual(errors, [], f"{request['cmd']}'s reply is not what the schema says: {body}")
+        return body
+
+    def test_the_schema_is_valid_and_describes_every_reply(self):
+        jsonschema.Draft202012Validator.check_schema(self.schema)
+        ended = self.d.submit([example_job()])["ids"][0]
+        self.d.wait([ended])
+        submitted = self.d.submit([{"name": "held", "shell": "true"}], "--hold")
+        held, batch = submitted["ids"][0], submitted["batch"]
+        sent, replies = set(), {}
+        for request in (
+                {"cmd": "hello", "protocol_version": self.schema["protocol_version"],
+                 "protocol_minor": self.schema["protocol_minor"], "client": "test"},
+                {"cmd": "status", "all": True},
+                {"cmd": "status", "states": ["succeeded"], "name": "rep*", "limit": 5},
+                {"cmd": "show", "id": ended},
+                {"cmd": "results", "ids": [ended]},
+                {"cmd": "wait", "ids": [ended], "timeout_s": 5},
+                {"cmd": "events", "id": ended},
+                {"cmd": "events", "id": ended, "type": "result"},
+                {"cmd": "why", "id": held},
+                {"cmd": "update", "ids": [held], "set": {"priority": 3}},
+                {"cmd": "update", "batch": batch, "set": {"max_running": 2}},
+                {"cmd": "release", "ids": [held]},
+                {"cmd": "hold", "batch": batch},
+                {"cmd": "cancel", "ids": [held]},
+                {"cmd": "gpus"},
+                {"cmd": "drain", "gpus": [1], "reason": "schema test"},
+                {"cmd": "undrain", "gpus": [1]},
+                {"cmd": "usage"},
+                {"cmd": "submit", "jobs": [{"name": "more", "shell": "true"}], "cwd": self.tmp, "hold": True,
+                 "max_running": 1},
+                {"cmd": "restart", "ids": [ended]},
+                {"cmd": "clean", "ids": [held], "checkpoints_only": True},
+                {"cmd": "shutdown"}):
+            with self.subTest(cmd=request["cmd"]):
+                body = self.exchange(request)
+                replies.setdefault(request["cmd"], body)
+            sent.add(request["cmd"])
+        # What was checked held what a job reports, not only empty lists.
+        self.assertEqual([e["type"] for e in replies["events"]["events"]], ["progress", "result"])
+        self.assertEqual(replies["results"]["jobs"][0]["result"]["accuracy"], 0.9)
+        self.assertEqual(sent, set(self.schema["commands"]), "a command of the schema went untried")
+
+    def test_what_the_schema_refuses_gpuqd_refuses_by_name(self):
+        """A request outside the schema's bounds is refused, naming the field the schema bounds."""
+        for request, field in (({"cmd": "status", "limit": 2001}, "limit"),
+                               ({"cmd": "show"}, "id"),
+                               ({"cmd": "submit", "jobs": {"shell": "true"}, "cwd": "relative"}, "cwd"),
+                               ({"cmd": "cancel", "ids": []}, "ids"),
+                               ({"cmd": "update", "ids": [1], "set": {"max_running": 2}}, "set.max_running"),
+                               ({"cmd": "clean", "ids": [1], "forget": True, "checkpoints_only": True}, "forget")):
+            with self.subTest(request=request):
+                schema = self.schema["commands"][request["cmd"]]["request"]
+                self.assertFalse(self.validator(schema).is_valid(request))
+                reply = self.d.request(request)
+                self.assertFalse(reply["ok"], reply)
+                self.assertIn(f"field `{field}`", reply["error"]["message"])
+
+
+if __name__ == "__main__":
+    unittest.main()
