@@ -54,12 +54,11 @@ Result<json> call(const Options& o, const json& req, bool reconnect) {
 Result<common::JobsReply> all_results(Client& client, common::ResultsRequest req) {
   common::JobsReply all;
   for (bool more = true; more;) {
-    auto r = client.call(common::encode(common::cmd::results, req));
-    if (!r) return r.error();
-    auto page = r->get<common::JobsReply>();
-    more = page.more && !page.jobs.empty();
-    if (more) req.after = page.jobs.back().id;
-    std::move(page.jobs.begin(), page.jobs.end(), std::back_inserter(all.jobs));
+    auto page = client.call(common::cmd::results, req);
+    if (!page) return page.error();
+    more = page->more && !page->jobs.empty();
+    if (more) req.after = page->jobs.back().id;
+    std::move(page->jobs.begin(), page->jobs.end(), std::back_inserter(all.jobs));
   }
   return all;
 }

@@ -22,6 +22,14 @@ Result<common::Client> connect(const Options& o, bool waiting = false);
 // Connects and sends one request (common::encode's); its reply, or the error. `reconnect`: the
 // request is idempotent and waits on gpuqd, so a lost gpuqd is reconnected to (outlive_restarts).
 Result<nlohmann::json> call(const Options& o, const nlohmann::json& req, bool reconnect = false);
+// The same for command C (common::cmd::…): its reply as C's reply type, or the error.
+template <class Request, class Reply>
+Result<Reply> call(const Options& o, const common::Cmd<Request, Reply>& command, const Request& req = {},
+                   bool reconnect = false) {
+  auto body = call(o, common::encode(command, req), reconnect);
+  if (!body) return body.error();
+  return common::read_reply<Reply>(*body);
+}
 // Every job a `results` request names, over as many pages as gpuqd sends (each reply is bounded:
 // common::k_max_reply_jobs), in id order.
 Result<common::JobsReply> all_results(common::Client& client, common::ResultsRequest req);

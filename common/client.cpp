@@ -118,6 +118,12 @@ void Client::reconnect_for(double seconds, std::function<void(const std::string&
   m_on_retry = std::move(on_retry);
 }
 
+Error unreadable_reply(const json::exception& e) {
+  const auto* field = dynamic_cast<const ReplyFieldError*>(&e);
+  return Error{ErrorCode::internal, "gpuqd's reply is not one this gpuq (" GPUQ_VERSION ") understands: " +
+                                        (field ? std::string(field->what()) : detail::plain_message(e))};
+}
+
 Result<json> Client::call(const json& request) {
   auto reply = roundtrip(request);
   if (reply || reply.error().code != ErrorCode::unavailable || m_reconnect_s <= 0) return reply;

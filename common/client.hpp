@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/protocol.hpp"
 
 namespace gpuq::common {
 
@@ -24,6 +25,18 @@ class Backoff {
   std::chrono::time_point<std::chrono::steady_clock, std::chrono::duration<double>> m_deadline;  // no overflow
   double m_delay = 0.1;
 };
+
+// A reply body read as type Reply; one of another shape (a gpuqd of another version, or not
+// gpuqd) is an error that names the field, never an exception.
+Error unreadable_reply(const nlohmann::json::exception& e);
+template <class Reply>
+Result<Reply> read_reply(const nlohmann::json& body) {
+  try {
+    return body.get<Reply>();
+  } catch (const nlohmann::json::exception& e) {
+    return unreadable_reply(e);
+  }
+}
 
 class Client {
  public:
@@ -41,6 +54,14 @@ class Client {
   // must come within reply_timeout(request) (an `unavailable` error that says so, the connection
   // closed) and be at most k_max_reply_line bytes.
   Result<nlohmann::json> call(const nlohmann::json& request);
+  // Sends command C's request and reads the reply as C's reply type: the reply, or the error
+  // (gpuqd's, the connection's, or a reply this gpuq cannot read, which says so).
+  template <class Request, class Reply>
+  Result<Reply> call(const Cmd<Request, Reply>& command, const Request& request = {}) {
+    auto body = call(encode(command, request));
+    if (!body) return body.error();
+    return read_reply<Reply>(*body);
+  }
   // How long gpuq waits for any reply (hello included), unless the request waits by design:
   // settings' reply_timeout_s ($GPUQ_REPLY_TIMEOUT_S); 0: no limit. Set once, by main.
   static void set_reply_timeout(double seconds);

@@ -1,16 +1,19 @@
-// Each request's field table (decoding with field-naming errors, encoding, schema), the protocol's
-// schema, and the reply envelope.
+// Each request's field table (field_table.hpp: decoding with field-naming errors, encoding,
+// schema), the protocol's schema, and the reply envelope.
 #include "common/protocol.hpp"
 
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <set>
 #include <type_traits>
 
+#include "common/field_table.hpp"
 #include "common/job_state.hpp"
 #include "common/schema.hpp"
 #include "common/spec.hpp"
@@ -19,175 +22,9 @@ namespace gpuq::common {
 
 Result<json> parse_request(std::string_view line) { return parse_untrusted(line, "request"); }
 
-namespace {
-
-[[noreturn]] void bad(const std::string& field, const std::string& want) {
-  throw RequestError(ErrorCode::bad_request, "field `" + field + "` must be " + want);
-}
-
-constexpr double k_inf = std::numeric_limits<double>::infinity();
-
-// What a field may hold beyond its type: numbers within [min, max]; strings at most `max`
-// characters (and, given, one of `one_of`); id lists each within [min, max].
-struct Bounds {
-  double min = -k_inf, max = k_inf;
-  bool required = false;  // absent (or null) is an error, not the default
-  std::vector<std::string> one_of = {};
-};
-
-}  // namespace
-
-// A request type's fields (see protocol.hpp): rows read and written through type-erased
-// accessors built by TableOf below, and the rules over several fields (`check`, after them all).
-struct FieldTable {
-  struct Row {
-    std::string name;
-    std::string want;  // "a positive job id": the error's words, and the schema's description
-    bool required = false;
-    json schema;                                                 // of the value: type, bounds, default, description
-    std::function<void(const json& value, void* request)> read;  // checks, then stores; throws bad()
-    std::function<void(const void* request, json& out)> write;   // where it is not the default
-  };
-  std::vector<Row> rows;
-  std::function<void(void*)> check;  // may also normalise (ids each once)
-  json rules;                        // what `check` refuses, as a schema (null: nothing)
-};
+using namespace fields;  // field_table.hpp
 
 namespace {
-
-template <class T>
-void read_value(const json& v, T& out, const std::string& name, const std::string& want, const Bounds& b) {
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!v.is_boolean()) bad(name, want);
-    out = v.get<bool>();
-  } else if constexpr (std::is_integral_v<T>) {
-    // In range of T, not wrapped: `attempt: 4294967297` is not attempt 1.
-    if (!v.is_number_integer() || !detail::fits_integer<T>(v)) bad(name, want);
-    const T x = v.get<T>();
-    if (static_cast<double>(x) < b.min || static_cast<double>(x) > b.max) bad(name, want);
-    out = x;
-  } else if constexpr (std::is_floating_point_v<T>) {
-    if (!v.is_number()) bad(name, want);
-    const double x = v.get<double>();
-    if (!(x >= b.min && x <= b.max)) bad(name, want);
-    out = x;
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    if (!v.is_string()) bad(name, want);
-    const auto& text = v.get_ref<const std::string&>();
-    // Strings reach C APIs (fnmatch, paths), which would cut them at a NUL byte.
-    if (text.find('\0') != std::string::npos || static_cast<double>(text.size()) > b.max) bad(name, want);
-    if (!b.one_of.empty() && std::find(b.one_of.begin(), b.one_of.end(), text) == b.one_of.end()) bad(name, want);
-    out = text;
-  } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
-    if (!v.is_array()) bad(name, want);
-    out.clear();
-    for (const auto& x : v) {
-      if (!x.is_number_integer() || !detail::fits_integer<std::int64_t>(x)) bad(name, want);
-      const auto id = x.get<std::int64_t>();
-      if (static_cast<double>(id) < b.min || static_cast<double>(id) > b.max) bad(name, want);
-      out.push_back(id);
-    }
-  } else if constexpr (std::is_same_v<T, std::vector<JobState>>) {
-    if (!v.is_array()) bad(name, want);
-    out.clear();
-    for (const auto& x : v) {
-      const auto state = x.is_string() ? job_state_from_string(x.get_ref<const std::string&>()) : std::nullopt;
-      if (!state) bad(name, want);
-      out.push_back(*state);
-    }
-  } else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>) {
-    if (!v.is_object()) bad(name, want);
-    out.clear();
-    for (const auto& [k, x] : v.items()) {
-      if (!x.is_string()) bad(name + "." + k, "a string");
-      out[k] = x.template get<std::string>();
-    }
-  } else {
-    static_assert(std::is_same_v<T, json>, "a request field of a type the table cannot read");
-    out = v;
-  }
-}
-
-template <class T>
-json value_schema(const Bounds& b) {
-  json s;
-  if constexpr (std::is_same_v<T, bool>) {
-    s = {{"type", "boolean"}};
-  } else if constexpr (std::is_integral_v<T> || std::is_floating_point_v<T>) {
-    s = {{"type", std::is_integral_v<T> ? "integer" : "number"}};
-    if (b.min > -k_inf) s["minimum"] = b.min;
-    if (b.max < k_inf) s["maximum"] = b.max;
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    s = {{"type", "string"}};
-    if (b.max < k_inf) s["maxLength"] = b.max;
-    if (!b.one_of.empty()) s["enum"] = b.one_of;
-  } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
-    json item = {{"type", "integer"}};
-    if (b.min > -k_inf) item["minimum"] = b.min;
-    s = {{"type", "array"}, {"items", std::move(item)}};
-  } else if constexpr (std::is_same_v<T, std::vector<JobState>>) {
-    s = {{"type", "array"}, {"items", {{"enum", schema::state_names()}}}};
-  } else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>) {
-    s = {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}};
-  } else {
-    s = json::object();  // any JSON value
-  }
-  // Schema numbers as integers where whole: "maximum": 2000, not 2000.0.
-  for (const char* k : {"minimum", "maximum", "maxLength"})
-    if (s.contains(k)) {
-      const double x = s[k].get<double>();
-      if (x == static_cast<double>(static_cast<std::int64_t>(x))) s[k] = static_cast<std::int64_t>(x);
-    }
-  if (s.contains("items") && s["items"].contains("minimum")) s["items"]["minimum"] = static_cast<std::int64_t>(b.min);
-  return s;
-}
-
-// The rows of request type R, each a field of R reached through `at` (a lambda R& -> T&).
-template <class R>
-class TableOf {
- public:
-  template <class At>
-  TableOf& field(std::string name, At at, std::string want, Bounds b = {}) {
-    using T = std::remove_reference_t<std::invoke_result_t<At, R&>>;
-    FieldTable::Row row;
-    row.name = name;
-    row.want = want;
-    row.required = b.required;
-    row.schema = value_schema<T>(b);
-    row.schema["description"] = want;
-    R fallback{};
-    if (!b.required) row.schema["default"] = json(at(fallback));
-    row.read = [at, name, want, b](const json& v, void* r) { read_value(v, at(*static_cast<R*>(r)), name, want, b); };
-    row.write = [at, name, required = b.required](const void* r, json& out) {
-      R& request = *static_cast<R*>(const_cast<void*>(r));  // `at` only reads here
-      R unset{};
-      if (required || !(at(request) == at(unset))) out[name] = at(request);
-    };
-    m_table.rows.push_back(std::move(row));
-    return *this;
-  }
-  // A field read and written by hand (a value of several shapes), with its schema.
-  TableOf& custom(std::string name, std::string want, bool required, json schema,
-                  std::function<void(const json&, R&)> read, std::function<void(const R&, json&)> write) {
-    schema["description"] = want;
-    m_table.rows.push_back({std::move(name), std::move(want), required, std::move(schema),
-                            [read](const json& v, void* r) { read(v, *static_cast<R*>(r)); },
-                            [write](const void* r, json& out) { write(*static_cast<const R*>(r), out); }});
-    return *this;
-  }
-  // The rules over several fields, after each field is read; `says` is what they refuse, as a
-  // schema the request must also match (null where they only normalise).
-  TableOf& check(void (*rule)(R&), json says = nullptr) {
-    m_table.check = [rule](void* r) { rule(*static_cast<R*>(r)); };
-    m_table.rules = std::move(says);
-    return *this;
-  }
-  FieldTable done() { return std::move(m_table); }
-
- private:
-  FieldTable m_table;
-};
-
 const Bounds k_id{1, k_inf};          // a job id
 const Bounds k_at_least_0{0, k_inf};  // a batch id, an `after`, seconds
 const std::string k_bool = "true or false";
@@ -235,16 +72,24 @@ const FieldTable& fields_of(const SubmitRequest*) {
   using R = SubmitRequest;
   static const FieldTable t =
       TableOf<R>()
-          .field("jobs", [](R & r) -> auto& { return r.jobs; }, "a job spec object or an array of them",
-                 {-k_inf, k_inf, true})
+          .custom(
+              "jobs", "a job spec object or an array of them", true, {{"type", {"object", "array"}}},
+              [](const json& v, R& r) {
+                if (!v.is_object() && !v.is_array()) bad_spec("jobs", "a job spec object or an array of them");
+                r.jobs = v;
+              },
+              [](const R& r, json& out) { out["jobs"] = r.jobs; })
           .custom(
               "cwd", "the submitter's absolute working directory", true,
-              {{"type", "string"}, {"pattern", "^/"}, {"maxLength", k_max_path}},
+              // A path's limit is in bytes (PATH_MAX), which JSON Schema cannot say: the pattern
+              // says no NUL byte (a C API would cut the path there), the comment says the rest.
+              {{"type", "string"}, {"pattern", "^/[^\\u0000]*$"}, {"$comment", "at most 4095 bytes of UTF-8"}},
               [](const json& v, R& r) {
-                if (!v.is_string() || v.get_ref<const std::string&>().rfind('/', 0) != 0 ||
-                    v.get_ref<const std::string&>().size() > k_max_path)
+                if (!v.is_string()) bad("cwd", "the submitter's absolute working directory");
+                const auto& path = v.get_ref<const std::string&>();
+                if (path.rfind('/', 0) != 0 || path.size() > k_max_path || path.find('\0') != std::string::npos)
                   bad("cwd", "the submitter's absolute working directory");
-                r.cwd = v.get<std::string>();
+                r.cwd = path;
               },
               [](const R& r, json& out) { out["cwd"] = r.cwd; })
           .field(
@@ -329,35 +174,39 @@ const FieldTable& fields_of(const RestartRequest*) {
 }
 
 namespace {
-// An update's `set`: its values checked by the job-spec parser itself, on a spec that holds only
-// them; max_running is the batch's.
+// An update's `set`: each value checked as the job spec checks it (its limits, spec.hpp), named
+// `set.<field>`; max_running is the batch's.
+const std::string k_set_priority =
+    "an integer from -" + std::to_string(k_max_priority) + " to " + std::to_string(k_max_priority);
+const std::string k_set_retries = "an integer from 0 to " + std::to_string(k_max_retries);
+const std::string k_set_timeout = "a number of seconds > 0 and at most 1e9, or null for no timeout";
+const std::string k_set_max_running =
+    "an integer from 1 to " + std::to_string(k_max_running_limit) + ", or null for no limit";
 void read_set(const json& v, UpdateRequest& r) {
   if (!v.is_object() || v.empty())
     bad("set", "an object of the fields to change: priority, retries, timeout_s, max_running");
-  json probe = {{"command", {"true"}}};
   for (const auto& [k, x] : v.items()) {
     if (k == "max_running") {
       if (r.batch == 0) bad("set.max_running", "a batch's limit: name the batch (`batch`)");
-      if (x.is_null()) {
-        r.max_running = 0;
-      } else if (!x.is_number_integer() || x.get<std::int64_t>() < 1 || x.get<std::int64_t>() > k_max_running_limit) {
-        bad("set.max_running", "an integer from 1 to " + std::to_string(k_max_running_limit) + ", or null for no limit");
-      } else {
-        r.max_running = x.get<int>();
-      }
-      continue;
-    }
-    if (k != "priority" && k != "retries" && k != "timeout_s")
+      const auto n = integer_of<int>(x);
+      if (!x.is_null() && (!n || *n < 1 || *n > k_max_running_limit)) bad("set.max_running", k_set_max_running);
+      r.max_running = x.is_null() ? 0 : *n;
+    } else if (k == "priority") {
+      const auto n = integer_of<int>(x);
+      if (!n || *n < -k_max_priority || *n > k_max_priority) bad_spec("set.priority", k_set_priority);
+      r.priority = *n;
+    } else if (k == "retries") {
+      const auto n = integer_of<int>(x);
+      if (!n || *n < 0 || *n > k_max_retries) bad_spec("set.retries", k_set_retries);
+      r.retries = *n;
+    } else if (k == "timeout_s") {
+      if (!x.is_null() && !(x.is_number() && x.get<double>() > 0 && x.get<double>() <= k_max_timeout_s))
+        bad_spec("set.timeout_s", k_set_timeout);
+      r.timeout_s = x.is_null() ? 0.0 : x.get<double>();
+    } else {
       bad("set." + k, "left out: only priority, retries, timeout_s and max_running can change after submission");
-    if (!x.is_null())
-      probe[k] = x;
-    else if (k != "timeout_s") bad("set." + k, "a number");
+    }
   }
-  auto parsed = parse_job(probe, "/");
-  if (!parsed) throw RequestError(parsed.error());
-  if (v.contains("priority")) r.priority = parsed->priority;
-  if (v.contains("retries")) r.retries = parsed->retries;
-  if (v.contains("timeout_s")) r.timeout_s = parsed->timeout_s;
 }
 void write_set(const UpdateRequest& r, json& out) {
   json set = json::object();
@@ -373,25 +222,34 @@ const FieldTable& fields_of(const UpdateRequest*) {
   using R = UpdateRequest;
   static const FieldTable t =
       selection<R>()
-          .custom("set", "an object of the fields to change: priority, retries, timeout_s, max_running", true,
-                  {{"type", "object"},
-                   {"minProperties", 1},
-                   {"additionalProperties", false},
-                   {"properties",
-                    {{"priority", {{"type", "integer"}}},
-                     {"retries", {{"type", "integer"}, {"minimum", 0}}},
-                     {"timeout_s", {{"type", {"number", "null"}}, {"description", "0 or null: no timeout"}}},
-                     {"max_running",
-                      {{"type", {"integer", "null"}},
-                       {"minimum", 1},
-                       {"maximum", k_max_running_limit},
-                       {"description", "the batch's limit (needs `batch`); null: none"}}}}}},
-                  read_set, write_set)
+          .custom(
+              "set", "an object of the fields to change: priority, retries, timeout_s, max_running", true,
+              {{"type", "object"},
+               {"minProperties", 1},
+               {"additionalProperties", false},
+               {"properties",
+                {{"priority",
+                  {{"type", "integer"},
+                   {"minimum", -k_max_priority},
+                   {"maximum", k_max_priority},
+                   {"description", k_set_priority}}},
+                 {"retries",
+                  {{"type", "integer"}, {"minimum", 0}, {"maximum", k_max_retries}, {"description", k_set_retries}}},
+                 {"timeout_s",
+                  {{"anyOf",
+                    {{{"type", "number"}, {"exclusiveMinimum", 0}, {"maximum", k_max_timeout_s}}, {{"type", "null"}}}},
+                   {"description", k_set_timeout}}},
+                 {"max_running",
+                  {{"type", {"integer", "null"}},
+                   {"minimum", 1},
+                   {"maximum", k_max_running_limit},
+                   {"description", "the batch's limit (needs `batch`); null: none"}}}}}},
+              read_set, write_set)
           .check([](R& r) { ids_or_batch(r); },
                  {{"allOf",
                    {one_of_given({"ids", "batch"}),
                     {{"if", {{"properties", {{"set", {{"required", {"max_running"}}}}}}}},
-                     {"then", {{"required", {"batch"}}}}}}}})
+                     {"then", {{"required", {"batch"}}, {"properties", {{"batch", {{"exclusiveMinimum", 0}}}}}}}}}}})
           .done();
   return t;
 }

@@ -5,6 +5,10 @@
 // are replies (GPUQ_JSON_TYPE: a missing field takes its default, one of the wrong type is a
 // ReplyFieldError that names it). Both also describe themselves: protocol_schema() is the JSON
 // Schema of every command's request and reply (`gpuq schema`, docs/protocol.schema.json).
+//
+// Longer than the ~600 lines a file is held to: it is the protocol's one list of messages, each
+// struct beside its field list, and the command table that binds a request to its reply; split
+// into requests and replies, a command's two halves would live apart.
 #pragma once
 
 #include <cstdint>

@@ -229,7 +229,7 @@ class JobParser {
     if (s.gpu_memory_mb > 0 && s.gpus == 0)
       fail("field `gpu_memory_mb` needs `gpus` >= 1");
 
-    if (int_field("priority", -1000000, 1000000, x)) s.priority = static_cast<int>(x);
+    if (int_field("priority", -k_max_priority, k_max_priority, x)) s.priority = static_cast<int>(x);
     if (int_field("retries", 0, k_max_retries, x)) s.retries = static_cast<int>(x);
     if (const json* v = get("timeout_s")) {
       if (!v->is_number()) fail("field `timeout_s` must be a number of seconds, got " + json_type_name(*v));

@@ -61,6 +61,7 @@ constexpr int k_max_gpus = 1024;
 constexpr int k_max_cpus = 4096;
 constexpr int k_max_nodes = 1024;
 constexpr int k_max_retries = 100;
+constexpr int k_max_priority = 1000000;  // priorities run from -k_max_priority to k_max_priority
 constexpr std::size_t k_max_batch = 100000;
 constexpr double k_max_timeout_s = 1e9;
 // Linux's MAX_ARG_STRLEN (32 pages of 4 KiB): the longest single argv or environment string,

@@ -36,7 +36,7 @@ Cleaner::Cleaner(boost::asio::io_context& io, std::string state_dir, double forg
 // instant, so a restarted job finds its place free at once; the trash is emptied on a thread of
 // its own, so gpuqd goes on serving while thousands of directories are deleted, and the reply
 // comes when they are gone.
-void Cleaner::start(const Caller& caller, const common::CleanRequest& q, Reply& reply) {
+void Cleaner::start(const Caller& caller, const common::CleanRequest& q, Later<common::CleanReply>& reply) {
   std::map<std::int64_t, double> ended;  // id -> ended_at
   const char* only = q.forget ? "only a job that has ended can be forgotten"
                               : "only the files of a job that has ended can be removed";
@@ -114,7 +114,7 @@ void Cleaner::next_part(const std::shared_ptr<Cleaning>& c) {
                       (c->forget ? ", " + std::to_string(c->out.forgotten.size()) + " jobs were forgotten" : "") + "):";
     for (std::size_t i = 0; i < c->failures.size() && i < 10; ++i) msg += "\n  " + c->failures[i];
     m_trash.empty(std::move(c->moved));
-    return c->reply(common::error_reply(ErrorCode::store_error, msg));
+    return c->reply.fail(ErrorCode::store_error, msg);
   }
   empty_trash(std::move(c->moved), std::move(c->reply), std::move(c->out));
 }
@@ -122,7 +122,7 @@ void Cleaner::next_part(const std::shared_ptr<Cleaning>& c) {
 void Cleaner::forget_old_jobs() {
   if (m_forget_after_s <= 0) return;
   const double age = m_forget_after_s;
-  Reply log = [age](json reply) {
+  Later<common::CleanReply> log = [age](json reply) {
     if (!reply.value("ok", false)) {
       std::cerr << "gpuqd: forgetting old jobs failed: " << reply.value("error", json::object()).value("message", "") << "\n";
       return;
@@ -136,7 +136,7 @@ void Cleaner::forget_old_jobs() {
     q.ended_before = std::max(1e-3, wall_now() - age);
     start(Caller::self(), q, log);
   } catch (const RequestError& e) {
-    log(common::error_reply(e.code(), e.what()));
+    log.fail(e.code(), e.what());
   }
   // A tenth of the age, within a second and an hour: a job outlives its time by at most that.
   m_forget_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(std::clamp(age / 10, 1.0, 3600.0) * 1000)));
@@ -159,12 +159,12 @@ std::map<std::int64_t, std::string> Cleaner::still_needed() const {
   return needed;
 }
 
-void Cleaner::empty_trash(Trash::Moved moved, Reply reply, common::CleanReply out) {
+void Cleaner::empty_trash(Trash::Moved moved, Later<common::CleanReply> reply, common::CleanReply out) {
   m_trash.empty(std::move(moved), [reply = std::move(reply), out = std::move(out)](std::int64_t bytes,
                                                                                   std::vector<std::int64_t> cleaned) mutable {
     out.bytes_freed += bytes;
     out.cleaned.insert(out.cleaned.end(), cleaned.begin(), cleaned.end());
-    reply(common::ok_reply(out));
+    reply(out);
   });
 }
 

@@ -30,7 +30,7 @@ class Cleaner {
 
   // `clean`: refuses at once (RequestError) a named job that has not ended, is another's, or (to
   // forget) is still needed; else takes `reply`, answered once the files are deleted.
-  void start(const Caller& caller, const common::CleanRequest& q, Reply& reply);
+  void start(const Caller& caller, const common::CleanRequest& q, Later<common::CleanReply>& reply);
   // With forget_after_s: forgets the jobs that ended over forget_after_s ago, now and every tenth
   // of that (as clean --forget --older-than).
   void forget_old_jobs();
@@ -48,11 +48,11 @@ class Cleaner {
     Trash::Moved moved;  // job, its files' place in the trash
     std::vector<std::string> failures;
     common::CleanReply out;
-    Reply reply;
+    Later<common::CleanReply> reply;
   };
   void next_part(const std::shared_ptr<Cleaning>& c);  // the next ~10 ms of it, or its answer
   // Deletes `moved` (Trash::empty); then answers `reply` with `out` and what was freed.
-  void empty_trash(Trash::Moved moved, Reply reply, common::CleanReply out);
+  void empty_trash(Trash::Moved moved, Later<common::CleanReply> reply, common::CleanReply out);
 
   boost::asio::io_context& m_io;
   std::string m_state_dir;

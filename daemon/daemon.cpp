@@ -28,38 +28,36 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
     : m_io(io),
       m_config(std::move(config)),
       m_store(std::move(store)),
-      m_machine(io, std::move(inventory), sysfs_slot_cores(m_config.sysfs_root, usable_cores()), *m_store,
-                {m_config.health_interval_s, m_config.gpu_process_interval_s},
-                [this] {
-                  std::vector<GpuProcesses::Running> out;
-                  for (std::int64_t id : m_jobs.running_ids())
-                    out.push_back({id, m_executor->supervisor_pid(id), m_jobs.at(id).rec.run.gpus});
-                  return out;
-                },
-                [this] { m_pacer.soon(); }),
+      m_machine(
+          io, std::move(inventory), sysfs_slot_cores(m_config.sysfs_root, usable_cores()), *m_store,
+          {m_config.health_interval_s, m_config.gpu_process_interval_s},
+          [this] {
+            std::vector<GpuProcesses::Running> out;
+            for (std::int64_t id : m_jobs.running_ids())
+              out.push_back({id, m_executor->supervisor_pid(id), m_jobs.at(id).rec.run.gpus});
+            return out;
+          },
+          [this] { m_pacer.soon(); }),
       m_users({m_config.multi_user, m_config.user_limits, m_config.usage_half_life_s, m_config.max_priority,
                m_config.admin_gid, m_config.admin_group}),
       m_hooks(io,
               {m_config.on_finish, m_config.max_hooks, m_config.hook_timeout_s, m_config.grace_s, m_config.multi_user,
                m_config.state_dir, m_config.admin_gid, m_config.shim_path},
               *m_store, m_users,
-              [this](std::int64_t id) {
-                return json(queries::show(reads(), Caller::self(), common::IdRequest{id}));
-              }),
-      m_waiters(io, [this](const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out) {
-        return common::ok_reply(queries::wait_answer(reads(), caller, ids, timed_out));
-      }),
-      m_pacer(io, [this] { schedule_now(); }, k_write_retry_s),
+              [this](std::int64_t id) { return json(queries::show(reads(), Caller::self(), common::IdRequest{id})); }),
+      m_waiters(io, [this](const Caller& caller, const std::set<std::int64_t>& ids,
+                           bool timed_out) { return queries::wait_answer(reads(), caller, ids, timed_out); }),
+      m_pacer(
+          io, [this] { schedule_now(); }, k_write_retry_s),
       m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { m_attempts.ended(id); })
                  : m_config.executor == "slurm"
-                     ? make_slurm_executor(io, {m_config.slurm, m_config.shim_path, m_config.state_dir, m_config.grace_s,
-                                                m_config.slurm_poll_s},
+                     ? make_slurm_executor(io,
+                                           {m_config.slurm, m_config.shim_path, m_config.state_dir, m_config.grace_s,
+                                            m_config.slurm_poll_s},
                                            [this](std::int64_t id) { m_attempts.ended(id); })
                      : make_local_executor(io, m_config.shim_path, [this](std::int64_t id) { m_attempts.ended(id); })),
       m_events(io, m_config, *m_store, m_jobs, *m_executor, m_machine.inventory,
-               {[this](std::vector<JobRecord> changed, const WriteRows& write) {
-                 land(std::move(changed), write);
-               }}),
+               {[this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); }}),
       m_attempts(io, m_config, *m_store, m_jobs, m_users, m_machine, *m_executor, m_events, m_metrics,
                  {commit_fn(), [this] { withdraw_orphans(); }, [this] { m_pacer.soon(); }}),
       m_ops(io, m_config, *m_store, m_jobs, m_users, m_waiters,
@@ -174,14 +172,14 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::show, &queries::show>(),
       now<cmd::cancel, &control::cancel>(),
       later<cmd::restart, [](Daemon& d, const Caller& c, const common::RestartRequest& q,
-                             Reply& r) { d.m_ops.restarter.start(c, q, r); }>(),
+                             Later<common::RestartReply>& r) { d.m_ops.restarter.start(c, q, r); }>(),
       now<cmd::hold, [](const Changes& c, const Caller& who,
                         const common::SelectRequest& q) { return control::set_held(c, who, q, true); }>(),
       now<cmd::release, [](const Changes& c, const Caller& who,
                            const common::SelectRequest& q) { return control::set_held(c, who, q, false); }>(),
       now<cmd::update, &control::update>(),
       later<cmd::clean, [](Daemon& d, const Caller& c, const common::CleanRequest& q,
-                           Reply& r) { d.m_ops.cleaner.start(c, q, r); }>(),
+                           Later<common::CleanReply>& r) { d.m_ops.cleaner.start(c, q, r); }>(),
       later<cmd::wait, &Daemon::cmd_wait>(),
       now<cmd::results, &queries::results>(),
       now<cmd::events, &queries::events>(),
@@ -237,7 +235,7 @@ common::NoFields Daemon::cmd_shutdown(const Caller& caller) {
 
 // ---- wait ---------------------------------------------------------------------------------------
 
-void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply) {
+void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Later<common::JobsReply>& reply) {
   const Reads known = reads();
   for (auto id : q.ids) known.require_job(id);  // all known, or no wait
   m_waiters.add(caller, std::set<std::int64_t>(q.ids.begin(), q.ids.end()), std::move(reply), q.timeout_s);

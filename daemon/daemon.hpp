@@ -122,21 +122,28 @@ class Daemon {
                   "the handler's answer is not of the reply type its command is bound to");
     return common::ok_reply(a);
   }
+  // A later handler is handed a Later of its command's reply type: one that takes another type
+  // does not compile. It takes the Later (moves it) only once it will answer through it; a refusal
+  // before that is thrown, and answered here.
   template <const auto& C, auto Handler>
   void answer_later(const Caller& caller, const json& request, Reply& reply) {
-    using Q = typename std::remove_cvref_t<decltype(C)>::request;
-    if constexpr (std::is_invocable_v<decltype(Handler), Daemon&, const Caller&, Q, Reply&>)
-      std::invoke(Handler, *this, caller, C.decode(request), reply);
-    else
-      std::invoke(Handler, *this, C.decode(request), reply);
+    using Cmd = std::remove_cvref_t<decltype(C)>;
+    using Q = typename Cmd::request;
+    using L = Later<typename Cmd::reply>;
+    static_assert(std::is_invocable_v<decltype(Handler), Daemon&, const Caller&, Q, L&>,
+                  "a later handler takes the caller, the request and a Later of its command's reply type");
+    L later(reply);
+    std::invoke(Handler, *this, caller, C.decode(request), later);
   }
   common::NoFields cmd_shutdown(const Caller& caller);
 
   // Handlers, by group: see the files named in daemon.cpp.
-  void cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& reply);  // answers once the batch is written
+  void cmd_submit(const Caller& caller, common::SubmitRequest sub,
+                  Later<common::SubmitReply>& reply);             // answers once the batch is written
   std::optional<Error> accept_submission(Submissions::Batch& s);  // Submissions::Accept
   void submission_written(Submissions::Batch& s);                 // Submissions::Written
-  void cmd_wait(const Caller& caller, const common::IdsRequest& q, Reply& reply);  // takes `reply` only once the request is valid
+  void cmd_wait(const Caller& caller, const common::IdsRequest& q,
+                Later<common::JobsReply>& reply);  // takes `reply` only once the request is valid
 
   // Scheduling: one pass (m_pacer runs it); the attempts' owner launches what it places.
   void schedule_now();

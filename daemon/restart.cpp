@@ -88,7 +88,7 @@ std::vector<std::int64_t> dependencies_first(const std::map<std::int64_t, JobRec
 
 // Restarting a job takes along the jobs that failed waiting for it, whoever owns them: they failed
 // only for its failure.
-void Restarter::start(const Caller& caller, const common::RestartRequest& q, Reply& reply) {
+void Restarter::start(const Caller& caller, const common::RestartRequest& q, Later<common::RestartReply>& reply) {
   std::vector<JobRecord> named;
   for (auto id : q.ids) {
     named.push_back(m_needs.reads().ended_job(id, "only a job that has ended can be restarted"));
@@ -156,7 +156,7 @@ void Restarter::part(const std::shared_ptr<Restarting>& r) {
     release_outside(*r);
     m_trash.empty(std::move(r->moved));
     const bool store = code == ErrorCode::store_error;
-    if (r->reply) r->reply(common::error_reply(code, std::string(e.what()) + (store ? "; nothing was restarted" : "")));
+    if (r->reply) r->reply.fail(code, std::string(e.what()) + (store ? "; nothing was restarted" : ""));
     return;
   }
   boost::asio::post(m_io, [this, r] { part(r); });
@@ -174,7 +174,7 @@ void Restarter::done(Restarting& r) {
   }
   out.more = out.jobs.size() > static_cast<std::size_t>(common::k_max_reply_jobs);  // the reply stays small
   if (out.more) out.jobs.resize(common::k_max_reply_jobs);
-  r.reply(common::ok_reply(json(out)));
+  r.reply(out);
 }
 
 void Restarter::release_outside(Restarting& r) {

@@ -45,7 +45,7 @@ class Restarter {
 
   // `restart`: refuses at once (RequestError) a job that has not ended, is another's or another
   // restart's; else takes `reply`, answered once every job is requeued or the restart is refused.
-  void start(const Caller& caller, const common::RestartRequest& q, Reply& reply);
+  void start(const Caller& caller, const common::RestartRequest& q, Later<common::RestartReply>& reply);
   // At gpuqd's start: finishes the restarts a crash cut short (Store::unfinished_restarts).
   void resume();
 
@@ -63,7 +63,7 @@ class Restarter {
     Store::RestartPlan plan;
     std::size_t part_jobs = 256;  // jobs in the next requeue part
     common::RestartReply out;
-    Reply reply;  // none for a restart resumed at start
+    Later<common::RestartReply> reply;  // none for a restart resumed at start
   };
   void part(const std::shared_ptr<Restarting>& r);  // the next part of it, or its answer
   bool choose_part(Restarting& r);  // each returns true once its step is done

@@ -12,7 +12,7 @@ Submissions::Submissions(boost::asio::io_context& io, Store& store, Accept accep
 Submissions::~Submissions() { m_check_thread.join(); }
 
 void Submissions::submit(const Caller& caller, common::SubmitRequest sub, const MachineFacts& facts,
-                         std::optional<uid_t> owner, Reply reply) {
+                         std::optional<uid_t> owner, Later<common::SubmitReply> reply) {
   auto b = std::make_shared<Batch>();
   b->reply = std::move(reply);
   b->max_running = sub.max_running;
@@ -36,8 +36,8 @@ void Submissions::submit(const Caller& caller, common::SubmitRequest sub, const 
 }
 
 void Submissions::checked(const std::shared_ptr<Batch>& b) {
-  if (!b->checked) return b->reply(common::error_reply(b->checked.error()));
-  if (auto refused = m_accept(*b)) return b->reply(common::error_reply(*refused));
+  if (!b->checked) return b->reply.fail(b->checked.error());
+  if (auto refused = m_accept(*b)) return b->reply.fail(*refused);
   b->at = wall_now();
   m_queue.push_back(b);
   if (m_queue.size() == 1) write_part();
@@ -57,7 +57,7 @@ void Submissions::write_part() {
       m_store.discard_batch();
     } catch (const RequestError&) {  // left hidden; the next batch, or the next start, discards it
     }
-    b->reply(common::error_reply(ErrorCode::store_error, std::string(e.what()) + "; nothing was submitted"));
+    b->reply.fail(ErrorCode::store_error, std::string(e.what()) + "; nothing was submitted");
     return next();
   }
   // The part's jobs become records to go live, a part at a time too: for 100,000 jobs, making
@@ -74,7 +74,7 @@ void Submissions::write_part() {
   out.ids.reserve(b->staged.size());
   for (const auto& [id, _] : b->staged) out.ids.push_back(id);
   m_written(*b);
-  b->reply(common::ok_reply(out));
+  b->reply(out);
   next();
 }
 

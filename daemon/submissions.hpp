@@ -37,7 +37,7 @@ class Submissions {
     double at = 0;                           // submitted at: set once accepted
     Store::BatchWrite write;
     std::map<std::int64_t, Active> staged;   // the jobs written so far, to go live once all are
-    Reply reply;
+    Later<common::SubmitReply> reply;
   };
   // On gpuqd's thread, once a batch is checked well: what refuses it now (a dependency that is
   // gone, the owner's limits), or nothing.
@@ -52,7 +52,7 @@ class Submissions {
   // Checks `sub` off gpuqd's thread, then (accepted) writes it after those before it; `reply`
   // gets the ids, or the error that refused it. `owner`: lab mode's, whose account the jobs run as.
   void submit(const Caller& caller, common::SubmitRequest sub, const MachineFacts& facts, std::optional<uid_t> owner,
-              Reply reply);
+              Later<common::SubmitReply> reply);
   // Accepted, and not all written yet.
   std::size_t writing() const { return m_queue.size(); }
 

@@ -10,7 +10,7 @@ namespace gpuq::daemon {
 
 // A submit: what this machine offers its checks, then Submissions (submissions.hpp) checks it off
 // gpuqd's thread, asks accept_submission, and writes it in parts.
-void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Reply& reply) {
+void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Later<common::SubmitReply>& reply) {
   MachineFacts facts;
   facts.gpus = static_cast<int>(m_machine.inventory.gpus().size());
   for (const auto& g : m_machine.inventory.gpus()) facts.largest_gpu_mb = std::max(facts.largest_gpu_mb, g.memory_total_mb);

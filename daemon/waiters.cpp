@@ -5,7 +5,7 @@
 
 namespace gpuq::daemon {
 
-void Waiters::add(const Caller& caller, std::set<std::int64_t> ids, Reply reply, double timeout_s) {
+void Waiters::add(const Caller& caller, std::set<std::int64_t> ids, Later<common::JobsReply> reply, double timeout_s) {
   Wait w{caller, ids, ids, std::move(reply), nullptr};
   if (timeout_s > 0) {
     w.timer = std::make_shared<boost::asio::steady_timer>(m_io);

@@ -13,23 +13,21 @@
 #include <set>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "daemon/reply.hpp"
 #include "daemon/users.hpp"
 
 namespace gpuq::daemon {
 
-using Reply = std::function<void(nlohmann::json)>;
-
 class Waiters {
  public:
   // The reply to a wait of `caller` on `ids`, ended or (timed_out) not.
-  using Answer = std::function<nlohmann::json(const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out)>;
+  using Answer =
+      std::function<common::JobsReply(const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out)>;
   Waiters(boost::asio::io_context& io, Answer answer) : m_io(io), m_answer(std::move(answer)) {}
 
   // A wait of `caller` on `ids`, answered through `reply` by notify() once none is active, or at
   // `timeout_s` (0: none).
-  void add(const Caller& caller, std::set<std::int64_t> ids, Reply reply, double timeout_s);
+  void add(const Caller& caller, std::set<std::int64_t> ids, Later<common::JobsReply> reply, double timeout_s);
   // Answers every wait whose jobs are no longer active (`active(id)`: queued or running).
   void notify(const std::function<bool(std::int64_t)>& active);
   // Job `id` is active again (restarted): the waits that name it wait for it again.
@@ -44,7 +42,7 @@ class Waiters {
     Caller caller;
     std::set<std::int64_t> ids;
     std::set<std::int64_t> pending;  // of `ids`, those not known to have ended: emptied from the front
-    Reply reply;
+    Later<common::JobsReply> reply;
     std::shared_ptr<boost::asio::steady_timer> timer;
   };
   boost::asio::io_context& m_io;

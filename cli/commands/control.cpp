@@ -20,11 +20,11 @@ namespace {
 constexpr std::size_t k_lines_per_job = 20;
 
 int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
-  auto reply = call(o, common::encode(common::cmd::cancel, common::IdsRequest{ids}));
+  auto reply = call(o, common::cmd::cancel, common::IdsRequest{ids});
   if (!reply) return report(reply.error());
-  auto c = reply->get<common::CancelReply>();
+  const auto& c = *reply;
   if (o.json) {
-    print_json((*reply)["jobs"]);
+    print_json(c.jobs);
     return k_exit_ok;
   }
   if (c.jobs.size() > k_lines_per_job) {  // a batch: counts, not a line per job
@@ -44,11 +44,10 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
 
 // Prints what a hold, release or update did to queued jobs: a line per job ("job 7: <done>", or
 // `unchanged` of it), or past k_lines_per_job the counts ("25 jobs <done>, 0 <rest>").
-int print_changes(const Options& o, const json& reply, std::int64_t batch, const std::string& done,
+int print_changes(const Options& o, const common::CancelReply& c, std::int64_t batch, const std::string& done,
                   const std::string& rest, const std::function<std::string(const common::CancelOutcome&)>& unchanged) {
-  auto c = reply.get<common::CancelReply>();
   if (o.json) {
-    print_json({{"jobs", reply["jobs"]}});
+    print_json({{"jobs", c.jobs}});
     return k_exit_ok;
   }
   if (c.jobs.empty()) std::cout << "batch " << batch << " has no queued jobs\n";
@@ -62,7 +61,7 @@ int print_changes(const Options& o, const json& reply, std::int64_t batch, const
 }
 
 int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold) {
-  auto reply = call(o, common::encode(hold ? common::cmd::hold : common::cmd::release, common::SelectRequest{ids, batch}));
+  auto reply = call(o, hold ? common::cmd::hold : common::cmd::release, common::SelectRequest{ids, batch});
   if (!reply) return report(reply.error());
   return print_changes(o, *reply, batch, hold ? "held" : "released", "left as they were", [&](const auto& j) {
     return j.state != JobState::queued ? name_of(j.state) + ", not held" : hold ? "already held" : "was not held";
@@ -71,20 +70,20 @@ int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_
 
 int cmd_update(const Options& o, const common::UpdateRequest& q) {
   const std::int64_t batch = q.batch;
-  auto reply = call(o, common::encode(common::cmd::update, q));
+  auto reply = call(o, common::cmd::update, q);
   if (!reply) return report(reply.error());
   if (o.json) {
-    reply->erase("ok");
     print_json(*reply);
     return k_exit_ok;
   }
-  if (auto it = reply->find("batch_limit"); it != reply->end()) {
-    auto limit = it->get<common::BatchLimitChange>();
+  if (reply->batch_limit) {
+    const auto& limit = *reply->batch_limit;
     const auto text = [](int n) { return n > 0 ? "at most " + std::to_string(n) + " jobs at once" : std::string("no limit"); };
     std::cout << "batch " << limit.batch << ": " << text(limit.max_running) << " (was " << text(limit.was) << ")\n";
     if (!q.priority && !q.retries && !q.timeout_s) return k_exit_ok;  // only the limit: no job was asked to change
   }
-  return print_changes(o, *reply, batch, "updated", "unchanged", [](const auto&) { return "unchanged"; });
+  return print_changes(o, common::CancelReply{reply->jobs}, batch, "updated", "unchanged",
+                       [](const auto&) { return "unchanged"; });
 }
 
 int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
@@ -95,9 +94,9 @@ int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64
   req.checkpoints_only = checkpoints_only;
   req.forget = forget;
   if (older_than_s >= 0) req.ended_before = std::max(1e-3, now_s() - older_than_s);
-  auto reply = call(o, common::encode(common::cmd::clean, req));
+  auto reply = call(o, common::cmd::clean, req);
   if (!reply) return report(reply.error());
-  auto c = reply->get<common::CleanReply>();
+  const auto& c = *reply;
   if (o.json) {
     print_json(*reply);
     return k_exit_ok;
@@ -125,11 +124,11 @@ int cmd_restart(const Options& o, const std::vector<std::int64_t>& ids, std::int
   req.ids = ids;
   req.batch = batch;
   req.fresh = fresh;
-  auto reply = call(o, common::encode(common::cmd::restart, req));
+  auto reply = call(o, common::cmd::restart, req);
   if (!reply) return report(reply.error());
-  auto r = reply->get<common::RestartReply>();
+  const auto& r = *reply;
   if (o.json) {
-    print_json({{"jobs", (*reply)["jobs"]}, {"total", r.total}, {"was", r.was}, {"along", r.along}, {"more", r.more}});
+    print_json({{"jobs", r.jobs}, {"total", r.total}, {"was", r.was}, {"along", r.along}, {"more", r.more}});
     return k_exit_ok;
   }
   if (r.total == 0) std::cout << "nothing to restart: every job of batch " << batch << " succeeded\n";

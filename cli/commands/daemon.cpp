@@ -76,7 +76,7 @@ int cmd_daemon_stop(const Options& o) {
     std::cout << "gpuqd is not running on " << o.socket << "\n";
     return k_exit_ok;
   }
-  if (auto r = c->call(common::encode(common::cmd::shutdown)); !r) return report(r.error());
+  if (auto r = c->call(common::cmd::shutdown); !r) return report(r.error());
   for (int i = 0; i < 100; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (!Client::connect(o.socket)) {

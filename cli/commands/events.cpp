@@ -39,12 +39,12 @@ Result<std::vector<common::Event>> fetch_events(common::Client& client, std::int
                                                 const std::string& type, int* attempt_out = nullptr) {
   std::vector<common::Event> out;
   for (std::int64_t after = 0;;) {
-    auto r = client.call(common::encode(common::cmd::events, common::EventsRequest{id, attempt, type, after}));
-    if (!r) return r.error();
-    auto page = r->get<common::EventsReply>();
-    if (attempt_out) *attempt_out = page.attempt;
-    for (auto& e : page.events) out.push_back(std::move(e));
-    if (!page.more || page.events.empty()) return out;
+    auto page = client.call(common::cmd::events, common::EventsRequest{id, attempt, type, after});
+    if (!page) return page.error();
+    if (attempt_out) *attempt_out = page->attempt;
+    for (auto& e : page->events)
+      out.push_back(std::move(e));
+    if (!page->more || page->events.empty()) return out;
     after = out.back().seq;
   }
 }

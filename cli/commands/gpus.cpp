@@ -16,7 +16,7 @@ using json = nlohmann::json;
 
 namespace {
 
-int gpus_request(const Options& o, const json& req);
+int print_gpus(const Options& o, const Result<common::GpusReply>& reply);
 
 int cmd_drain(const Options& o, const std::vector<std::string>& names, bool drain, const std::string& reason) {
   common::DrainRequest req;
@@ -30,19 +30,17 @@ int cmd_drain(const Options& o, const std::vector<std::string>& names, bool drai
       return k_exit_usage;
     }
   }
-  return gpus_request(o, common::encode(drain ? common::cmd::drain : common::cmd::undrain, req));
+  return print_gpus(o, call(o, drain ? common::cmd::drain : common::cmd::undrain, req));
 }
 
-// Sends a request answered with the GPUs (gpus, drain, undrain) and prints them.
-int gpus_request(const Options& o, const json& req) {
-  auto reply = call(o, req);
+// Prints the reply of a request answered with the GPUs (gpus, drain, undrain).
+int print_gpus(const Options& o, const Result<common::GpusReply>& reply) {
   if (!reply) return report(reply.error());
   if (o.json) {
-    reply->erase("ok");
     print_json(*reply);
     return k_exit_ok;
   }
-  auto g = reply->get<common::GpusReply>();
+  const auto& g = *reply;
   std::cout << g.gpus.size() << " GPU(s) from " << g.source << "; CPU slots " << g.cpu_slots_used << " of "
             << g.cpu_slots << " in use (cores " << g.cores << ")\n";
   if (g.gpus.empty()) return k_exit_ok;
@@ -95,14 +93,13 @@ namespace {
 std::string limit_text(std::int64_t n) { return n > 0 ? std::to_string(n) : "-"; }
 
 int cmd_usage(const Options& o) {
-  auto reply = call(o, common::encode(common::cmd::usage));
+  auto reply = call(o, common::cmd::usage);
   if (!reply) return report(reply.error());
   if (o.json) {
-    reply->erase("ok");
     print_json(*reply);
     return k_exit_ok;
   }
-  auto u = reply->get<common::UsageReply>();
+  const auto& u = *reply;
   if (!u.multi_user) std::cout << "(one user's gpuqd: lab mode shares one among many, docs/lab.md)\n";
   if (u.users.empty()) {
     std::cout << "no jobs and no recent GPU use\n";
@@ -133,7 +130,7 @@ void add_usage(CLI::App& app, Context& ctx) {
 void add_gpus(CLI::App& app, Context& ctx) {
   auto* sub = app.add_subcommand("gpus", "GPUs, their memory and which jobs hold them");
   add_json_flag(sub, ctx);
-  sub->callback([&ctx] { ctx.run = [&ctx] { return gpus_request(ctx.opt, common::encode(common::cmd::gpus)); }; });
+  sub->callback([&ctx] { ctx.run = [&ctx] { return print_gpus(ctx.opt, call(ctx.opt, common::cmd::gpus)); }; });
 }
 
 void add_drain(CLI::App& app, Context& ctx) {

@@ -106,18 +106,18 @@ int status_all(const Options& o, const common::JobFilter& f) {
     req.after = after;
     req.page = 1000;
     req.filter = f;
-    auto r = client->call(common::encode(common::cmd::status, req));
+    auto r = client->call(common::cmd::status, req);
     if (!r) {
       if (o.json) std::cout << "\n";
       return report(r.error());
     }
-    auto page = r->get<common::JobsReply>();
+    const auto& page = *r;
     more = page.more && !page.jobs.empty();
     total = page.total;
     for (std::size_t i = 0; i < page.jobs.size(); ++i) {
       const auto& j = page.jobs[i];
       if (o.json) {
-        std::string text = (*r)["jobs"][i].dump(2);
+        std::string text = json(j).dump(2);
         for (std::size_t p = 0; (p = text.find('\n', p)) != std::string::npos; p += 5) text.replace(p, 1, "\n    ");
         std::cout << (shown ? ",\n    " : "\n    ") << text;
       } else {
@@ -147,11 +147,11 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const
   req.limit = limit;
   req.queued = queued;
   req.filter = filter;
-  auto reply = call(o, common::encode(common::cmd::status, req));
+  auto reply = call(o, common::cmd::status, req);
   if (!reply) return report(reply.error());
-  auto st = reply->get<common::JobsReply>();
+  const auto& st = *reply;
   if (o.json) {
-    print_json({{"jobs", (*reply)["jobs"]}, {"total", st.total}, {"queued_total", st.queued_total}, {"more", st.more}});
+    print_json({{"jobs", st.jobs}, {"total", st.total}, {"queued_total", st.queued_total}, {"more", st.more}});
     return k_exit_ok;
   }
   if (st.jobs.empty()) {
@@ -170,14 +170,13 @@ int cmd_status(const Options& o, bool all, int limit, std::int64_t queued, const
 }
 
 int cmd_show(const Options& o, std::int64_t id) {
-  auto reply = call(o, common::encode(common::cmd::show, common::IdRequest{id}));
+  auto reply = call(o, common::cmd::show, common::IdRequest{id});
   if (!reply) return report(reply.error());
   if (o.json) {
-    reply->erase("ok");
     print_json(*reply);
     return k_exit_ok;
   }
-  auto s = reply->get<common::ShowReply>();
+  const auto& s = *reply;
   const auto& j = s.job;
   std::cout << "job " << j.id << " (" << printable(j.name) << "), batch " << j.batch
             << (s.batch_max_running > 0 ? " (at most " + std::to_string(s.batch_max_running) + " of it run at once)"
@@ -239,10 +238,11 @@ int cmd_show(const Options& o, std::int64_t id) {
 int cmd_result(const Options& o, std::int64_t id) {
   common::ResultsRequest req;
   req.ids = {id};
-  auto reply = call(o, common::encode(common::cmd::results, req));
+  auto reply = call(o, common::cmd::results, req);
   if (!reply) return report(reply.error());
-  auto r = reply->get<common::JobsReply>();
-  const auto& j = r.jobs.at(0);
+  if (reply->jobs.empty())
+    return report(Error{ErrorCode::internal, "gpuqd's reply lists no job " + std::to_string(id)});
+  const auto& j = reply->jobs.front();
   if (o.json) {
     print_json({{"id", j.id}, {"name", j.name}, {"state", j.state}, {"result", j.result}});
     return k_exit_ok;
@@ -385,9 +385,9 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
 
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
   if (!o.json) return watch(o, ids, timeout_s);
-  auto reply = call(o, common::encode(common::cmd::wait, common::IdsRequest{ids, timeout_s}), true);
+  auto reply = call(o, common::cmd::wait, common::IdsRequest{ids, timeout_s}, true);
   if (!reply) return report(reply.error());
-  auto w = reply->get<common::JobsReply>();
+  auto& w = *reply;
   if (w.more) {  // a reply holds so many jobs: the rest, as they are now
     common::ResultsRequest req;
     req.ids = ids;
@@ -432,14 +432,13 @@ void add_status(CLI::App& app, Context& ctx) {
 namespace {
 
 int cmd_why(const Options& o, std::int64_t id) {
-  auto reply = call(o, common::encode(common::cmd::why, common::IdRequest{id}));
+  auto reply = call(o, common::cmd::why, common::IdRequest{id});
   if (!reply) return report(reply.error());
   if (o.json) {
-    reply->erase("ok");
     print_json(*reply);
     return k_exit_ok;
   }
-  auto w = reply->get<common::WhyReply>();
+  const auto& w = *reply;
   const auto& j = w.job;
   std::cout << "job " << j.id << " (" << printable(j.name) << ")" << (someone_elses(j) ? " of " + printable(j.user) : std::string())
             << ": " << state_of(j) << (j.reason.empty() ? "" : " - " + printable(j.reason)) << "\n";

@@ -94,12 +94,12 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   if (follow) outlive_restarts(o, *client);
   int refused = k_exit_refused;
   auto show = [&]() -> std::optional<common::ShowReply> {
-    auto r = client->call(common::encode(common::cmd::show, common::IdRequest{id}));
+    auto r = client->call(common::cmd::show, common::IdRequest{id});
     if (!r) {
       refused = report(r.error());
       return std::nullopt;
     }
-    return r->get<common::ShowReply>();
+    return std::move(*r);
   };
   auto s = show();
   if (!s) return refused;

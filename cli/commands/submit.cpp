@@ -114,10 +114,10 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
     if (!read_spec_file(f, jobs)) return k_exit_usage;
   if (dry) return dry_run(o, jobs, hold, max_running);
   auto reply = call(
-      o, common::encode(common::cmd::submit, common::SubmitRequest{std::move(jobs), common::current_dir(),
-                                                                   common::current_environment(), hold, max_running}));
+      o, common::cmd::submit,
+      common::SubmitRequest{std::move(jobs), common::current_dir(), common::current_environment(), hold, max_running});
   if (!reply) return report(reply.error());
-  auto sub = reply->get<common::SubmitReply>();
+  const auto& sub = *reply;
   if (!wait) {
     if (o.json) {
       print_json({{"batch", sub.batch}, {"ids", sub.ids}});

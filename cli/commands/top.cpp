@@ -152,18 +152,18 @@ TopSnapshot snapshot(const Options& o, std::optional<common::Client>& client) {
       }
       client.emplace(std::move(*c));
     }
-    auto g = client->call(common::encode(common::cmd::gpus));
+    auto g = client->call(common::cmd::gpus);
     common::StatusRequest status;
     status.limit = 15;
-    auto j = g ? client->call(common::encode(common::cmd::status, status)) : g;
+    auto j = g ? client->call(common::cmd::status, status) : Result<common::JobsReply>(g.error());
     if (g && j) {
       s.error.clear();
       s.daemon_version = client->hello().value("daemon_version", "");
-      s.gpus = g->get<common::GpusReply>();
-      s.jobs = j->get<common::JobsReply>();
+      s.gpus = std::move(*g);
+      s.jobs = std::move(*j);
       return s;
     }
-    s.error = (g ? j : g).error().message;
+    s.error = (g ? j.error() : g.error()).message;
     client.reset();  // the daemon restarted or dropped us: one fresh connection, then report
   }
   return s;

@@ -369,7 +369,7 @@ class Update(DaemonTest):
         self.assertEqual(self.d.show(queued)["spec"]["priority"], 0)
         r = self.d.run("update", str(queued), "--retries", "1000")
         self.assertEqual(r.returncode, 4)
-        self.assertIn("`retries`", r.stderr)
+        self.assertIn("field `set.retries` must be an integer from 0 to 100", r.stderr)
         self.assertEqual(self.d.run("update", str(queued), "--timeout", "soon").returncode, 2)
         self.assertEqual(self.d.run("update", str(queued)).returncode, 2)
         reply = self.d.request({"cmd": "update", "ids": [queued], "set": {"gpus": 4}})

@@ -28,6 +28,26 @@ class ProtocolSchema(DaemonTest):
         """A validator of `part` (a request or reply schema) that resolves $defs in the document."""
         return jsonschema.Draft202012Validator({**part, "$defs": self.schema["$defs"]})
 
+    def undescribed(self, value, schema, path="", found=None):
+        """The paths of the fields in `value` that `schema` does not describe (a record's field
+        missing from its GPUQ_JSON_TYPE list would be sent but left out of the schema)."""
+        found = [] if found is None else found
+        while "$ref" in schema:
+            schema = self.schema["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+        if isinstance(value, dict) and "properties" in schema:
+            for k, v in value.items():
+                if k not in schema["properties"]:
+                    found.append(f"{path}/{k}")
+                else:
+                    self.undescribed(v, schema["properties"][k], f"{path}/{k}", found)
+        elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+            for k, v in value.items():
+                self.undescribed(v, schema["additionalProperties"], f"{path}/{k}", found)
+        elif isinstance(value, list) and "items" in schema:
+            for i, v in enumerate(value):
+                self.undescribed(v, schema["items"], f"{path}/{i}", found)
+        return found
+
     def exchange(self, request):
         """Sends `request` after checking the schema allows it; returns the reply body, checked
         against the command's reply schema."""
@@ -40,13 +60,17 @@ class ProtocolSchema(DaemonTest):
         errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
                   for e in self.validator(command["reply"]).iter_errors(body)]
         self.assertEqual(errors, [], f"{request['cmd']}'s reply is not what the schema says: {body}")
+        self.assertEqual(self.undescribed(body, command["reply"]), [],
+                         f"{request['cmd']}'s reply has fields its schema does not describe")
         return body
 
     def test_the_schema_is_valid_and_describes_every_reply(self):
         jsonschema.Draft202012Validator.check_schema(self.schema)
         ended = self.d.submit([example_job()])["ids"][0]
         self.d.wait([ended])
-        submitted = self.d.submit([{"name": "held", "shell": "true"}], "--hold")
+        # `held` waits for a job held for good, so released it stays queued, whatever the timing.
+        anchor = self.d.submit([{"name": "anchor", "shell": "true"}], "--hold")["ids"][0]
+        submitted = self.d.submit([{"name": "held", "shell": "true", "after": [anchor]}], "--hold")
         held, batch = submitted["ids"][0], submitted["batch"]
         sent, replies = set(), {}
         for request in (
@@ -88,6 +112,10 @@ class ProtocolSchema(DaemonTest):
         for request, field in (({"cmd": "status", "limit": 2001}, "limit"),
                                ({"cmd": "show"}, "id"),
                                ({"cmd": "submit", "jobs": {"shell": "true"}, "cwd": "relative"}, "cwd"),
+                               ({"cmd": "submit", "jobs": {"shell": "true"}, "cwd": "/tmp\u0000x"}, "cwd"),
+                               ({"cmd": "update", "ids": [1], "batch": 0, "set": {"max_running": 2}},
+                                "set.max_running"),
+                               ({"cmd": "update", "ids": [1], "set": {"timeout_s": 0}}, "set.timeout_s"),
                                ({"cmd": "cancel", "ids": []}, "ids"),
                                ({"cmd": "update", "ids": [1], "set": {"max_running": 2}}, "set.max_running"),
                                ({"cmd": "clean", "ids": [1], "forget": True, "checkpoints_only": True}, "forget")):

@@ -45,7 +45,7 @@ struct Bench : DaemonBench {
   }
   json clean(gpuq::common::CleanRequest q, const Caller& caller = Caller::self()) {
     std::optional<json> reply;
-    Reply r = [&](json j) { reply = std::move(j); };
+    Later<gpuq::common::CleanReply> r = [&](json j) { reply = std::move(j); };
     cleaner.start(caller, q, r);
     io.restart();
     auto work = boost::asio::make_work_guard(io);  // the trash's thread answers later

@@ -1,13 +1,16 @@
 // Protocol messages: round trips of every reply record, request decoding errors, the envelope.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <set>
 #include <string_view>
 #include <tuple>
 
 #include "common/protocol.hpp"
+#include "common/spec.hpp"
 
 using namespace gpuq::common;
 using gpuq::JobState;
@@ -137,7 +140,6 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(decode_update({{"batch", 1}, {"set", {{"max_running", 3}}}}).max_running == 3);
   CHECK(decode_update({{"batch", 1}, {"set", {{"max_running", nullptr}}}}).max_running == 0);
   CHECK_FALSE(decode_update({{"batch", 1}, {"set", {{"retries", 2}}}}).max_running);
-  CHECK(message(decode_update, {{"ids", {1}}, {"set", {{"priority", nullptr}}}}) == "field `set.priority` must be a number");
   auto update = decode_update({{"batch", 2}, {"set", {{"priority", 7}, {"timeout_s", nullptr}}}});
   CHECK(update.priority == 7);
   CHECK_FALSE(update.retries);
@@ -158,16 +160,39 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(decode_submit({{"jobs", json::array()}, {"cwd", std::string(4095, '/')}}).cwd.size() == 4095);
 }
 
-TEST_CASE("an update's values are checked as a job spec's fields are") {
-  try {
-    decode_update({{"ids", {1}}, {"set", {{"retries", 1000}}}});
-    FAIL("no error");
-  } catch (const gpuq::RequestError& e) {
-    CHECK(e.code() == gpuq::ErrorCode::invalid_spec);
-    CHECK(std::string(e.what()).find("`retries`") != std::string::npos);
-  }
-  CHECK_THROWS_AS(decode_update({{"ids", {1}}, {"set", {{"timeout_s", -5}}}}), gpuq::RequestError);
-  CHECK_THROWS_AS(decode_update({{"ids", {1}}, {"set", {{"priority", "high"}}}}), gpuq::RequestError);
+TEST_CASE("an update's values are refused exactly where a job spec's are, each naming set.<field>") {
+  const auto refusal_of_set = [](const json& set) {
+    try {
+      (void)cmd::update.decode({{"ids", {1}}, {"set", set}});
+    } catch (const gpuq::RequestError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(refusal_of_set({{"priority", nullptr}}) == "field `set.priority` must be an integer from -1000000 to 1000000");
+  CHECK(refusal_of_set({{"retries", 101}}) == "field `set.retries` must be an integer from 0 to 100");
+  CHECK(refusal_of_set({{"timeout_s", 0}}) ==
+        "field `set.timeout_s` must be a number of seconds > 0 and at most 1e9, or null for no timeout");
+  CHECK(refusal_of_set({{"priority", -1000000}, {"retries", 100.0}, {"timeout_s", 1e9}}).empty());
+  // Whole numbers written with a fraction (1.0) are left out: a request takes them, as JSON
+  // Schema counts them integers; a spec file is stricter.
+  const std::vector<json> values{-1000001, -1000000, -1,  0,     1,      1.5,  100,           101,
+                                 1000000,  1000001,  1e9, 1.5e9, "high", true, json::array(), json::object()};
+  for (const std::string field : {"priority", "retries", "timeout_s"})
+    for (const json& v : values) {
+      CAPTURE(field);
+      CAPTURE(v.dump());
+      const bool spec_takes = static_cast<bool>(parse_job({{"command", {"true"}}, {field, v}}, "/"));
+      std::string refusal;
+      try {
+        (void)cmd::update.decode({{"ids", {1}}, {"set", {{field, v}}}});
+      } catch (const gpuq::RequestError& e) {
+        CHECK(e.code() == gpuq::ErrorCode::invalid_spec);  // as a spec's own
+        refusal = e.what();
+      }
+      CHECK(spec_takes == refusal.empty());
+      if (!refusal.empty()) CHECK(refusal.rfind("field `set." + field + "` must be ", 0) == 0);
+    }
 }
 
 TEST_CASE("the reply envelope carries ok, or an error code and message") {
@@ -403,7 +428,7 @@ json example(const json& s) {
   if (t == "boolean") return true;
   if (t == "integer") return s.contains("minimum") ? std::max(s["minimum"].get<std::int64_t>(), std::int64_t{1}) : 1;
   if (t == "number") return s.contains("minimum") ? std::max(s["minimum"].get<double>(), 1.0) : 1.0;
-  if (t == "string") return s.value("pattern", "") == "^/" ? "/" : "";
+  if (t == "string") return s.contains("pattern") ? "/" : "";  // the one pattern: an absolute path
   if (t == "array") return s.value("minItems", 0) > 0 ? json::array({example(s["items"])}) : json::array();
   if (t == "object" && s.value("minProperties", 0) > 0) {
     const auto last = std::prev(s["properties"].end());
@@ -451,22 +476,84 @@ const json& resolved(const json& s, const json& defs) {
   return defs.at(ref.substr(ref.rfind('/') + 1));
 }
 
-// Each bound schema `s` says of a field, the decoder holds, naming the field (`named`): `with(v)` is
-// the refusal of a request with v in that field.
-void check_bounds(const json& s, const std::string& named, const std::function<std::string(json)>& with) {
-  if (s.contains("maximum")) CHECK(with(s["maximum"].get<double>() + 1).rfind(named, 0) == 0);
-  if (s.contains("minimum")) CHECK(with(s["minimum"].get<double>() - 1).rfind(named, 0) == 0);
-  if (s.contains("maxLength"))
-    CHECK(with(std::string(s["maxLength"].get<std::size_t>() + 1, 'a')).rfind(named, 0) == 0);
-  if (s.contains("enum")) CHECK(with("no-such-value").rfind(named, 0) == 0);
-  if (s.value("pattern", "") == "^/") CHECK(with("relative").rfind(named, 0) == 0);
-  const json type = s.value("type", json());
-  if (type == "boolean") CHECK(with("yes").rfind(named, 0) == 0);
-  if (type == "integer") CHECK(with(1.5).rfind(named, 0) == 0);
-  if (type == "array") {
-    CHECK(with("3").rfind(named, 0) == 0);
-    if (s["items"].contains("minimum"))
-      CHECK(with(json::array({s["items"]["minimum"].get<std::int64_t>() - 1})).rfind(named, 0) == 0);
+// The types schema `s` allows ("null" too where a field may be left out); none where it says no
+// type (any value, or an enum alone).
+std::vector<std::string> types_of(const json& s) {
+  const json t = s.value("type", json());
+  if (t.is_string()) return {t.get<std::string>()};
+  return t.is_array() ? t.get<std::vector<std::string>>() : std::vector<std::string>{};
+}
+
+// What schema `s` says of one field, the decoder does: each value the schema allows at its edges is
+// accepted, each just past them refused, naming the field (`named`). `with(v)` is the refusal of a
+// request with v in that field ("" when it decodes); `may_leave_out`: the request decodes without it.
+void check_bounds(const json& s, bool required, bool may_leave_out, const std::string& named,
+                  const std::function<std::string(json)>& with) {
+  const auto accepted = [&](const json& v) { CHECK_MESSAGE(with(v) == "", "refused " << v.dump()); };
+  const auto refused = [&](const json& v) {
+    const std::string why = with(v);
+    CHECK_MESSAGE(why.rfind(named, 0) == 0, "not refused by name: " << v.dump() << " (" << why << ")");
+  };
+  const auto types = types_of(s);
+  const auto allows = [&](const char* t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+  constexpr auto k_min = std::numeric_limits<std::int64_t>::min(), k_max = std::numeric_limits<std::int64_t>::max();
+  // An integer range: both ends in, one past each out (past int64's own, a number beyond it).
+  const auto integer_edges = [&](const json& range, auto wrap) {
+    const auto lo = range.at("minimum").get<std::int64_t>(), hi = range.at("maximum").get<std::int64_t>();
+    accepted(wrap(lo));
+    accepted(wrap(hi));
+    accepted(wrap(static_cast<double>(std::clamp<std::int64_t>(1, lo, hi))));  // 1.0 is an integer
+    refused(wrap(lo == k_min ? json(-1e19) : json(lo - 1)));
+    refused(wrap(hi == k_max ? json(static_cast<std::uint64_t>(k_max) + 1) : json(hi + 1)));
+    if (lo <= 1 && hi >= 2) refused(wrap(1.5));
+  };
+  if (!types.empty()) {
+    // A value of a kind the schema does not allow is refused.
+    if (!allows("string")) refused("3");
+    if (!allows("integer") && !allows("number")) refused(7);
+    if (!allows("boolean")) refused(true);
+    if (!allows("array")) refused(json::array());
+    if (!allows("object")) refused(json::object());
+    if (!allows("null"))
+      refused(nullptr);
+    else if (may_leave_out)
+      accepted(nullptr);  // null reads as left out (unless a rule wants it)
+  }
+  CHECK(allows("null") == !required);
+  if (types.empty()) return;
+  const std::string t = types[0];
+  if (t == "boolean") accepted(false);
+  if (t == "integer") integer_edges(s, [](json v) { return v; });
+  if (t == "number") {
+    if (s.contains("minimum")) accepted(s["minimum"]), refused(s["minimum"].get<double>() - 1);
+    if (s.contains("maximum")) accepted(s["maximum"]), refused(s["maximum"].get<double>() + 1);
+  }
+  if (t == "string") {
+    // maxLength counts characters: as many two-byte ones are in, one more is out.
+    std::string most;
+    for (std::size_t i = 0; s.contains("maxLength") && i < s["maxLength"].get<std::size_t>(); ++i)
+      most += "\u00e9";
+    if (s.contains("maxLength")) accepted(most), refused(most + "a");
+    for (const auto& v : s.value("enum", json::array()))
+      accepted(v);
+    if (s.contains("enum")) refused("no-such-value");
+    if (s.contains("pattern")) {  // an absolute path without NUL bytes
+      CHECK(s["pattern"] == "^/[^\\u0000]*$");
+      accepted("/x");
+      refused("relative");
+      refused(std::string("/a\0b", 4));
+    }
+  }
+  if (t == "array" && s["items"].value("type", "") == "integer")
+    integer_edges(s["items"], [](json v) { return json::array({std::move(v)}); });
+  if (t == "array" && s["items"].contains("enum")) {
+    for (const auto& v : s["items"]["enum"])
+      accepted(json::array({v}));
+    refused(json::array({"no-such-value"}));
+  }
+  if (t == "object" && s.contains("additionalProperties") && s["additionalProperties"].is_object()) {
+    accepted(json{{"A", "x"}});
+    refused(json{{"A", 1}});
   }
 }
 
@@ -515,7 +602,11 @@ TEST_CASE("the schema says of each command's request what its decoder does, and 
                   j[field] = std::move(v);
                   return refusal_of(command, j);
                 };
-                check_bounds(s, named, with);
+                const json& need = request["required"];
+                json without = base;
+                without.erase(field);
+                check_bounds(s, std::find(need.begin(), need.end(), field) != need.end(),
+                             refusal_of(command, without) == "", named, with);
                 // An absent field decodes to the default the schema says: the encoder leaves it out.
                 if (s.contains("default") && !base.contains(field)) {
                   const auto decoded = command.decode(base);

@@ -45,7 +45,7 @@ struct Bench : DaemonBench {
   // The reply to a restart of `q`, gpuqd's loop run until it comes.
   json restart(const gpuq::common::RestartRequest& q, const Caller& caller = Caller::self()) {
     std::optional<json> reply;
-    Reply r = [&](json j) { reply = std::move(j); };
+    Later<gpuq::common::RestartReply> r = [&](json j) { reply = std::move(j); };
     restarter.start(caller, q, r);
     io.restart();
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);

@@ -18,8 +18,16 @@ struct Bench {
   boost::asio::io_context io;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
   std::set<std::int64_t> active;
+  // The answer names the caller (as `total`) and the ids (as jobs), to be checked.
   Waiters waiters{io, [](const Caller& c, const std::set<std::int64_t>& ids, bool timed_out) {
-                    return json{{"uid", c.uid}, {"ids", ids}, {"timed_out", timed_out}};
+                    gpuq::common::JobsReply r;
+                    r.total = c.uid;
+                    r.timed_out = timed_out;
+                    for (auto id : ids) {
+                      r.jobs.emplace_back();
+                      r.jobs.back().id = id;
+                    }
+                    return r;
                   }};
   void notify() {
     waiters.notify([this](std::int64_t id) { return active.count(id) > 0; });
@@ -44,7 +52,12 @@ TEST_CASE("a wait is answered once, when the last of its jobs ends, with its cal
   b.active.erase(2);
   b.notify();
   CHECK(answers == 1);
-  CHECK(got == json{{"uid", 42}, {"ids", {1, 2}}, {"timed_out", false}});
+  CHECK(got["ok"] == true);
+  CHECK(got["total"] == 42);
+  CHECK(got["timed_out"] == false);
+  REQUIRE(got["jobs"].size() == 2);
+  CHECK(got["jobs"][0]["id"] == 1);
+  CHECK(got["jobs"][1]["id"] == 2);
   b.notify();
   CHECK(answers == 1);
   CHECK(b.waiters.size() == 0);
