@@ -140,9 +140,8 @@ const FieldTable& fields_of(const IdsRequest*) {
       TableOf<R>()
           .field(
               "ids", [](R & r) -> auto& { return r.ids; }, "an array of positive job ids", k_id)
-          .field(
-              "timeout_s", [](R & r) -> auto& { return r.timeout_s; }, "a number of seconds >= 0 (wait only)",
-              k_at_least_0)
+          .field("timeout_s", [](R & r) -> auto& { return r.timeout_s; },
+                 "a number of seconds from 0 to 1e9 (wait only)", {0, k_max_timeout_s})
           .check(
               [](R& r) {
                 // Each id once, in the order first named: a request repeating one id 1,000 times is not
@@ -324,14 +323,14 @@ void read_gpus(const json& v, DrainRequest& r) {
   for (const auto& x : v) {
     if (x.is_string()) {
       const auto& s = x.get_ref<const std::string&>();
-      if (s.size() < 5 || s.size() > 128 || (s.rfind("GPU-", 0) != 0 && s.rfind("MIG-", 0) != 0))
+      if (s.size() < 5 || characters(s) > 128 || (s.rfind("GPU-", 0) != 0 && s.rfind("MIG-", 0) != 0))
         bad("gpus", k_gpus_wanted);
       r.uuids.push_back(s);
       continue;
     }
-    if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() > 1 << 20)
-      bad("gpus", k_gpus_wanted);
-    r.gpus.push_back(x.get<int>());
+    const auto index = integer_of<int>(x);
+    if (!index || *index < 0 || *index > 1 << 20) bad("gpus", k_gpus_wanted);
+    r.gpus.push_back(*index);
   }
 }
 void write_gpus(const DrainRequest& r, json& out) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <memory>
 
 #include "common/paths.hpp"
 #include "daemon/launcher.hpp"
@@ -160,12 +161,14 @@ std::map<std::int64_t, std::string> Cleaner::still_needed() const {
 }
 
 void Cleaner::empty_trash(Trash::Moved moved, Later<common::CleanReply> reply, common::CleanReply out) {
-  m_trash.empty(std::move(moved), [reply = std::move(reply), out = std::move(out)](std::int64_t bytes,
-                                                                                  std::vector<std::int64_t> cleaned) mutable {
-    out.bytes_freed += bytes;
-    out.cleaned.insert(out.cleaned.end(), cleaned.begin(), cleaned.end());
-    reply(out);
-  });
+  // Shared: the trash's callback is a std::function, which must be copyable; a Later is not.
+  auto later = std::make_shared<Later<common::CleanReply>>(std::move(reply));
+  m_trash.empty(std::move(moved),
+                [later, out = std::move(out)](std::int64_t bytes, std::vector<std::int64_t> cleaned) mutable {
+                  out.bytes_freed += bytes;
+                  out.cleaned.insert(out.cleaned.end(), cleaned.begin(), cleaned.end());
+                  (*later)(out);
+                });
 }
 
 }  // namespace gpuq::daemon

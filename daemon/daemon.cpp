@@ -195,6 +195,16 @@ const std::vector<Daemon::Command>& Daemon::commands() {
   return k_commands;
 }
 
+namespace {
+// A refusal, through `reply`; where a later handler had taken its Later already (and so will
+// answer through it), only said on stderr: one request, one reply.
+void answer_error(Reply& reply, std::string_view command, json error) {
+  if (reply) return reply(std::move(error));
+  std::cerr << "gpuqd: " << command
+            << " failed after it was taken in hand: " << error["error"].value("message", std::string()) << "\n";
+}
+}  // namespace
+
 void Daemon::dispatch(const Caller& caller, const json& request, Reply reply_to) {
   const auto cmd = request.is_object() ? request.find("cmd") : request.end();
   const auto& table = commands();
@@ -221,9 +231,9 @@ void Daemon::dispatch(const Caller& caller, const json& request, Reply reply_to)
     }
     (this->*(row->run))(caller, request, reply);
   } catch (const RequestError& e) {
-    reply(common::error_reply(e.code(), e.what()));
+    answer_error(reply, counted, common::error_reply(e.code(), e.what()));
   } catch (const std::exception& e) {
-    reply(common::error_reply(ErrorCode::internal, std::string("internal error: ") + e.what()));
+    answer_error(reply, counted, common::error_reply(ErrorCode::internal, std::string("internal error: ") + e.what()));
   }
 }
 

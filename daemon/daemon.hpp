@@ -124,7 +124,8 @@ class Daemon {
   }
   // A later handler is handed a Later of its command's reply type: one that takes another type
   // does not compile. It takes the Later (moves it) only once it will answer through it; a refusal
-  // before that is thrown, and answered here.
+  // before that is thrown, and dispatch answers it through `reply`, given back. Once taken, only
+  // the Later answers: a throw after that is logged by dispatch, not answered twice.
   template <const auto& C, auto Handler>
   void answer_later(const Caller& caller, const json& request, Reply& reply) {
     using Cmd = std::remove_cvref_t<decltype(C)>;
@@ -132,8 +133,13 @@ class Daemon {
     using L = Later<typename Cmd::reply>;
     static_assert(std::is_invocable_v<decltype(Handler), Daemon&, const Caller&, Q, L&>,
                   "a later handler takes the caller, the request and a Later of its command's reply type");
-    L later(reply);
-    std::invoke(Handler, *this, caller, C.decode(request), later);
+    L later(std::move(reply));
+    try {
+      std::invoke(Handler, *this, caller, C.decode(request), later);
+    } catch (...) {
+      if (later) reply = later.release();  // not taken: the refusal is dispatch's to send
+      throw;
+    }
   }
   common::NoFields cmd_shutdown(const Caller& caller);
 

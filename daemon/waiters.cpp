@@ -17,7 +17,7 @@ void Waiters::add(const Caller& caller, std::set<std::int64_t> ids, Later<common
       if (!mine || it == m_waits.end()) return;
       Wait done = std::move(*it);
       m_waits.erase(it);
-      done.reply(m_answer(done.caller, done.ids, true));
+      answer(done, true);
     });
   }
   m_waits.push_back(std::move(w));
@@ -34,7 +34,20 @@ void Waiters::notify(const std::function<bool(std::int64_t)>& active) {
     Wait done = std::move(m_waits[i]);
     m_waits.erase(m_waits.begin() + static_cast<std::ptrdiff_t>(i));
     if (done.timer) done.timer->cancel();
-    done.reply(m_answer(done.caller, done.ids, false));
+    answer(done, false);
+  }
+}
+
+void Waiters::answer(Wait& done, bool timed_out) {
+  // Out of the list already: answered here whatever happens, the error if the answer cannot be
+  // made (a store read that fails), so that no wait is left unanswered and no exception reaches
+  // the request (another client's) that happened to end its jobs.
+  try {
+    done.reply(m_answer(done.caller, done.ids, timed_out));
+  } catch (const RequestError& e) {
+    done.reply.fail(e.code(), e.what());
+  } catch (const std::exception& e) {
+    done.reply.fail(ErrorCode::internal, std::string("internal error: ") + e.what());
   }
 }
 

@@ -45,6 +45,7 @@ class Waiters {
     Later<common::JobsReply> reply;
     std::shared_ptr<boost::asio::steady_timer> timer;
   };
+  void answer(Wait& done, bool timed_out);  // through its Later, exactly once
   boost::asio::io_context& m_io;
   Answer m_answer;
   std::vector<Wait> m_waits;

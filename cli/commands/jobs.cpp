@@ -388,7 +388,7 @@ int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double time
   auto reply = call(o, common::cmd::wait, common::IdsRequest{ids, timeout_s}, true);
   if (!reply) return report(reply.error());
   auto& w = *reply;
-  if (w.more) {  // a reply holds so many jobs: the rest, as they are now
+  if (w.more && !w.jobs.empty()) {  // a reply holds so many jobs: the rest, as they are now
     common::ResultsRequest req;
     req.ids = ids;
     req.after = w.jobs.back().id;

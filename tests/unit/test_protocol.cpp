@@ -174,6 +174,20 @@ TEST_CASE("an update's values are refused exactly where a job spec's are, each n
   CHECK(refusal_of_set({{"timeout_s", 0}}) ==
         "field `set.timeout_s` must be a number of seconds > 0 and at most 1e9, or null for no timeout");
   CHECK(refusal_of_set({{"priority", -1000000}, {"retries", 100.0}, {"timeout_s", 1e9}}).empty());
+  // The batch's limit, at its edges (with the batch named).
+  for (const json& n : {json(1), json(1000000), json(2.0), json(nullptr)})
+    CHECK_NOTHROW((void)cmd::update.decode({{"batch", 3}, {"set", {{"max_running", n}}}}));
+  for (const json& n : {json(0), json(1000001), json(1.5), json("2")})
+    CHECK_THROWS_WITH_AS((void)cmd::update.decode({{"batch", 3}, {"set", {{"max_running", n}}}}),
+                         "field `set.max_running` must be an integer from 1 to 1000000, or null for no limit",
+                         gpuq::RequestError);
+  // drain's GPUs: an index written 1.0 is index 1; a UUID's 128 characters are characters, not bytes.
+  CHECK(cmd::drain.decode({{"gpus", {1.0}}}).gpus == std::vector<int>{1});
+  std::string uuid = "GPU-";
+  for (int i = 0; i < 124; ++i)
+    uuid += "\u00e9";
+  CHECK(cmd::drain.decode({{"gpus", {uuid}}}).uuids.size() == 1);
+  CHECK_THROWS_AS((void)cmd::drain.decode({{"gpus", {uuid + "a"}}}), gpuq::RequestError);
   // Whole numbers written with a fraction (1.0) are left out: a request takes them, as JSON
   // Schema counts them integers; a spec file is stricter.
   const std::vector<json> values{-1000001, -1000000, -1,  0,     1,      1.5,  100,           101,

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <optional>
 #include <set>
+#include <type_traits>
+#include <vector>
 
 #include "daemon/waiters.hpp"
 
@@ -119,6 +121,51 @@ TEST_CASE("every id a pending wait names is listed, for clean --forget to keep")
   std::set<std::int64_t> named;
   b.waiters.for_each_named([&](std::int64_t id) { named.insert(id); });
   CHECK(named == std::set<std::int64_t>{1, 2, 3});
+}
+
+TEST_CASE("a wait whose answer cannot be made is answered with the error, and the other waits with theirs") {
+  boost::asio::io_context io;
+  Waiters waiters{io, [](const Caller& c, const std::set<std::int64_t>&, bool) {
+                    if (c.uid == 13) throw gpuq::RequestError(gpuq::ErrorCode::store_error, "disk I/O error");
+                    return gpuq::common::JobsReply{};
+                  }};
+  std::vector<json> unlucky, lucky;
+  waiters.add(
+      {13, false}, {1}, [&](json j) { unlucky.push_back(j); }, 0);
+  waiters.add(
+      {14, false}, {1}, [&](json j) { lucky.push_back(j); }, 0);
+  // The store fails while answering the first: it is still answered (with the error), nothing
+  // escapes to the caller of notify (another client's request), and the second is answered too.
+  CHECK_NOTHROW(waiters.notify([](std::int64_t) { return false; }));
+  REQUIRE(unlucky.size() == 1);
+  CHECK(unlucky[0]["ok"] == false);
+  CHECK(unlucky[0]["error"]["code"] == "store_error");
+  REQUIRE(lucky.size() == 1);
+  CHECK(lucky[0]["ok"] == true);
+  CHECK(waiters.size() == 0);
+}
+
+// A Later is one request's reply: of its command's type only, sent once.
+static_assert(!std::is_convertible_v<Later<gpuq::common::CleanReply>, Later<gpuq::common::RestartReply>>);
+static_assert(!std::is_constructible_v<Later<gpuq::common::RestartReply>, Later<gpuq::common::CleanReply>&>);
+static_assert(!std::is_copy_constructible_v<Later<gpuq::common::CleanReply>>);
+static_assert(std::is_convertible_v<Reply, Later<gpuq::common::CleanReply>>);
+
+TEST_CASE("a Later sends one reply: a second answer, or one through a Later moved from, sends nothing") {
+  std::vector<json> sent;
+  Later<gpuq::common::CleanReply> later = [&](json j) { sent.push_back(std::move(j)); };
+  CHECK(static_cast<bool>(later));
+  Later<gpuq::common::CleanReply> taken = std::move(later);
+  CHECK_FALSE(static_cast<bool>(later));
+  later.fail(gpuq::ErrorCode::internal, "never sent");
+  gpuq::common::CleanReply out;
+  out.bytes_freed = 7;
+  taken(out);
+  taken.fail(gpuq::ErrorCode::internal, "never sent either");
+  REQUIRE(sent.size() == 1);
+  CHECK(sent[0]["ok"] == true);
+  CHECK(sent[0]["bytes_freed"] == 7);
+  CHECK_FALSE(static_cast<bool>(taken));
 }
 
 TEST_SUITE_END();
