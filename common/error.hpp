@@ -66,4 +66,11 @@ class RequestError : public std::runtime_error {
   ErrorCode m_code;
 };
 
+// What a caught exception tells a client: a RequestError its code and words; anything else is a
+// bug of ours, `internal`.
+inline Error error_of(const std::exception& e) {
+  if (const auto* r = dynamic_cast<const RequestError*>(&e)) return Error{r->code(), r->what()};
+  return Error{ErrorCode::internal, std::string("internal error: ") + e.what()};
+}
+
 }  // namespace gpuq

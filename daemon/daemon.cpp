@@ -230,10 +230,8 @@ void Daemon::dispatch(const Caller& caller, const json& request, Reply reply_to)
       throw RequestError(ErrorCode::unknown_command, "unknown command `" + name.substr(0, 64) + "`; known: " + known);
     }
     (this->*(row->run))(caller, request, reply);
-  } catch (const RequestError& e) {
-    answer_error(reply, counted, common::error_reply(e.code(), e.what()));
   } catch (const std::exception& e) {
-    answer_error(reply, counted, common::error_reply(ErrorCode::internal, std::string("internal error: ") + e.what()));
+    answer_error(reply, counted, common::error_reply(error_of(e)));
   }
 }
 

@@ -44,10 +44,8 @@ void Waiters::answer(Wait& done, bool timed_out) {
   // the request (another client's) that happened to end its jobs.
   try {
     done.reply(m_answer(done.caller, done.ids, timed_out));
-  } catch (const RequestError& e) {
-    done.reply.fail(e.code(), e.what());
   } catch (const std::exception& e) {
-    done.reply.fail(ErrorCode::internal, std::string("internal error: ") + e.what());
+    done.reply.fail(error_of(e));
   }
 }
 

@@ -44,26 +44,28 @@ int cmd_cancel(const Options& o, const std::vector<std::int64_t>& ids) {
 
 // Prints what a hold, release or update did to queued jobs: a line per job ("job 7: <done>", or
 // `unchanged` of it), or past k_lines_per_job the counts ("25 jobs <done>, 0 <rest>").
-int print_changes(const Options& o, const common::CancelReply& c, std::int64_t batch, const std::string& done,
-                  const std::string& rest, const std::function<std::string(const common::CancelOutcome&)>& unchanged) {
+int print_changes(const Options& o, const std::vector<common::CancelOutcome>& jobs, std::int64_t batch,
+                  const std::string& done, const std::string& rest,
+                  const std::function<std::string(const common::CancelOutcome&)>& unchanged) {
   if (o.json) {
-    print_json({{"jobs", c.jobs}});
+    print_json({{"jobs", jobs}});
     return k_exit_ok;
   }
-  if (c.jobs.empty()) std::cout << "batch " << batch << " has no queued jobs\n";
-  if (c.jobs.size() > k_lines_per_job) {
-    const auto n = std::count_if(c.jobs.begin(), c.jobs.end(), [](const auto& j) { return j.changed; });
-    std::cout << n << " jobs " << done << ", " << c.jobs.size() - n << " " << rest << "\n";
+  if (jobs.empty()) std::cout << "batch " << batch << " has no queued jobs\n";
+  if (jobs.size() > k_lines_per_job) {
+    const auto n = std::count_if(jobs.begin(), jobs.end(), [](const auto& j) { return j.changed; });
+    std::cout << n << " jobs " << done << ", " << jobs.size() - n << " " << rest << "\n";
     return k_exit_ok;
   }
-  for (const auto& j : c.jobs) std::cout << "job " << j.id << ": " << (j.changed ? done : unchanged(j)) << "\n";
+  for (const auto& j : jobs)
+    std::cout << "job " << j.id << ": " << (j.changed ? done : unchanged(j)) << "\n";
   return k_exit_ok;
 }
 
 int cmd_hold(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, bool hold) {
   auto reply = call(o, hold ? common::cmd::hold : common::cmd::release, common::SelectRequest{ids, batch});
   if (!reply) return report(reply.error());
-  return print_changes(o, *reply, batch, hold ? "held" : "released", "left as they were", [&](const auto& j) {
+  return print_changes(o, reply->jobs, batch, hold ? "held" : "released", "left as they were", [&](const auto& j) {
     return j.state != JobState::queued ? name_of(j.state) + ", not held" : hold ? "already held" : "was not held";
   });
 }
@@ -82,8 +84,7 @@ int cmd_update(const Options& o, const common::UpdateRequest& q) {
     std::cout << "batch " << limit.batch << ": " << text(limit.max_running) << " (was " << text(limit.was) << ")\n";
     if (!q.priority && !q.retries && !q.timeout_s) return k_exit_ok;  // only the limit: no job was asked to change
   }
-  return print_changes(o, common::CancelReply{reply->jobs}, batch, "updated", "unchanged",
-                       [](const auto&) { return "unchanged"; });
+  return print_changes(o, reply->jobs, batch, "updated", "unchanged", [](const auto&) { return "unchanged"; });
 }
 
 int cmd_clean(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch, double older_than_s,
