@@ -173,9 +173,9 @@ bool Attempts::prepare(Active& a, const Placement& placement, double now) {
 }
 
 void Attempts::start(Active& a) {
-  if (auto refused = m_executor.start(attempt_of(a.rec))) {
-    std::cerr << "gpuqd: job " << a.rec.id << ": " << refused->message << "\n";
-    finish(a, Outcome::failed(refused->message));
+  if (auto started = m_executor.start(attempt_of(a.rec)); !started) {
+    std::cerr << "gpuqd: job " << a.rec.id << ": " << started.error().message << "\n";
+    finish(a, Outcome::failed(started.error().message));
   }
 }
 
@@ -185,18 +185,17 @@ void Attempts::start_array(const std::vector<std::int64_t>& ids, int limit) {
   std::vector<Executor::Attempt> attempts;
   for (std::int64_t id : ids)
     attempts.push_back(attempt_of(m_jobs.at(id).rec));
-  if (auto refused = m_executor.start_array(attempts, limit)) {
-    std::cerr << "gpuqd: jobs " << ids.front() << "-" << ids.back() << ": " << refused->message << "\n";
+  if (auto started = m_executor.start_array(attempts, limit); !started) {
+    std::cerr << "gpuqd: jobs " << ids.front() << "-" << ids.back() << ": " << started.error().message << "\n";
     for (std::int64_t id : ids)
-      finish(m_jobs.at(id), Outcome::failed(refused->message));
+      finish(m_jobs.at(id), Outcome::failed(started.error().message));
   }
 }
 
 Executor::Attempt Attempts::attempt_of(const JobRecord& rec) const {
   Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}, rec.uid};
-  if (m_executor.places_work())
-    for (std::int64_t dep : rec.after)
-      if (m_jobs.is_running(dep)) attempt.after.push_back(dep);
+  for (std::int64_t dep : rec.after)  // handed over after them (Executor::follows)
+    if (m_jobs.is_running(dep)) attempt.after.push_back(dep);
   return attempt;
 }
 
@@ -243,7 +242,7 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
                    outcome.external_id};
   // Where another system held it after the launch (pending in Slurm), the run began when its
   // supervisor started: the record's runtime is the job's, not its wait there.
-  if (m_executor.places_work() && outcome.started_at) end.started_at = std::min(*outcome.started_at, end.at);
+  if (outcome.began_at) end.started_at = std::min(*outcome.began_at, end.at);
 
   bool retryable = false;
   if (!hung.empty() && !rec.run.cancel_requested) {

@@ -135,12 +135,10 @@ common::UpdateReply update(const Changes& c, const Caller& caller, const common:
     c.store.set_batch_limit(q.batch, limit.max_running);
     c.jobs.set_batch_limit(q.batch, limit.max_running);
     reply.batch_limit = limit;
-    if (c.executor.places_work()) {  // its jobs already there (a Slurm array's tasks) take it too
-      std::vector<std::int64_t> handed;
-      for (std::int64_t id : c.jobs.running_ids())
-        if (c.jobs.at(id).rec.batch == q.batch) handed.push_back(id);
-      c.executor.set_array_limit(handed, limit.max_running);
-    }
+    std::vector<std::int64_t> handed;  // its jobs already handed over as a unit (a Slurm array's tasks) take it too
+    for (std::int64_t id : c.jobs.running_ids())
+      if (c.jobs.at(id).rec.batch == q.batch) handed.push_back(id);
+    c.executor.set_array_limit(handed, limit.max_running);
   }
   if (respecified || q.max_running) c.schedule_soon();
   return reply;

@@ -146,7 +146,7 @@ class Daemon {
   // Handlers, by group: see the files named in daemon.cpp.
   void cmd_submit(const Caller& caller, common::SubmitRequest sub,
                   Later<common::SubmitReply>& reply);             // answers once the batch is written
-  std::optional<Error> accept_submission(Submissions::Batch& s);  // Submissions::Accept
+  Result<bool> accept_submission(Submissions::Batch& s);          // Submissions::Accept
   void submission_written(Submissions::Batch& s);                 // Submissions::Written
   void cmd_wait(const Caller& caller, const common::IdsRequest& q,
                 Later<common::JobsReply>& reply);  // takes `reply` only once the request is valid

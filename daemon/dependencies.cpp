@@ -18,13 +18,11 @@ constexpr std::size_t k_doomed_part = 512;  // jobs failed for a dependency in o
 bool met(const Reads& r, std::int64_t dep) {
   const auto st = r.dependency_state(dep);
   if (st == JobState::succeeded) return true;
-  if (st != JobState::running || !r.executor.places_work()) return false;
-  const Active& a = r.jobs.at(dep);
-  return !a.rec.run.cancel_requested && !r.executor.external_id(dep).empty();
+  if (st != JobState::running || !r.executor.follows(dep)) return false;
+  return !r.jobs.at(dep).rec.run.cancel_requested;
 }
 
 void withdraw_orphans(const Reads& r, Executor& executor) {
-  if (!executor.places_work()) return;
   for (const Active& a : r.jobs.running()) {
     if (a.rec.run.cancel_requested) continue;
     for (std::int64_t dep : a.rec.after)

@@ -13,11 +13,13 @@
 
 namespace gpuq::daemon::dependencies {
 
-// Whether a queued job's dependency lets it go: it succeeded, or (where another system places
-// work) it is handed over there, to wait in that system until the dependency has succeeded.
+// Whether a queued job's dependency lets it go: it succeeded, or it runs under an executor that
+// follows it (Executor::follows: the job waits in that system until the dependency has succeeded).
 bool met(const Reads& r, std::int64_t dep);
 // Takes back each job handed over after a dependency that will no longer succeed as it was
-// handed over (it failed or was taken back itself): it waits in gpuqd's queue again.
+// handed over (it failed or was taken back itself): it waits in gpuqd's queue again. The
+// executor is asked for each running job whose dependency is not met; one that follows nothing
+// ignores it.
 void withdraw_orphans(const Reads& r, Executor& executor);
 // Fails queued jobs whose dependencies ended without success, through `commit`, a part of a
 // failed chain at a time. Returns true when some are left for the next pass.

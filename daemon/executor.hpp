@@ -30,6 +30,7 @@
 #include "common/error.hpp"
 #include "common/slurm_script.hpp"
 #include "common/spec.hpp"
+#include "daemon/scheduler.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -50,10 +51,14 @@ struct Outcome {
   bool final = false;                   // the executor's word: another attempt would fare the same
   std::optional<std::string> error;     // no record, why; or the executor's word on the end
   std::string external_id;              // the executor's id for it ("slurm:42"), never the job's
-  std::optional<double> started_at, ended_at;  // as its supervisor saw them
+  std::optional<double> ended_at;       // as its supervisor saw it
+  // Where the attempt waited in the other system after it was handed over (pending in Slurm):
+  // when its processes began, from which the job's runtime counts. Unset where they began when
+  // gpuqd launched them.
+  std::optional<double> began_at;
 
   // The record as read_exit_record (or merge_task_records) gives it: fields of the wrong type
-  // count as absent.
+  // count as absent. Its `started_at` is left for the executor to give as began_at.
   static Outcome from_record(const nlohmann::json& record);
   static Outcome failed(std::string why);  // an attempt that could not start, or whose end is lost
 };
@@ -64,8 +69,8 @@ class Executor {
     std::int64_t id = 0;  // the job
     std::string dir;      // its attempt directory, with launch.json written (launcher.hpp)
     const common::JobSpec* spec = nullptr;  // the job's spec, valid during the call
-    // Its dependencies that are themselves handed over and not ended (places_work() only): the
-    // attempt is to wait, in the other system, until each of them has succeeded.
+    // Its dependencies still running: where the executor follows() them, the attempt is to wait
+    // in the other system until each of them has succeeded (elsewhere there are none at a start).
     std::vector<std::int64_t> after;
     uid_t owner = 0;  // the user it runs as: what it writes in its directory belongs to them
   };
@@ -75,7 +80,7 @@ class Executor {
 
   virtual ~Executor() = default;
   // Hands the attempt over to run; an Error (nothing was started) is the attempt's failure.
-  virtual std::optional<Error> start(const Attempt& attempt) = 0;
+  virtual Result<bool> start(const Attempt& attempt) = 0;
   // After gpuqd restarted: what became of an attempt it had recorded as running. An alive one is
   // watched as if start() had started it.
   virtual Found adopt(const Attempt& attempt) = 0;
@@ -86,10 +91,24 @@ class Executor {
   // read once; an error saying why when there is none.
   virtual Outcome outcome(const Attempt& attempt) = 0;
 
-  // Whether another system decides where and when attempts run (Slurm): gpuqd then hands every
-  // job that is ready (dependencies met, not held, within its batch's limit) to start() at once,
-  // with no GPUs or cores of its choosing.
+  // Whether another system decides where and when attempts run (Slurm): then place() says which
+  // jobs go, with no GPUs or cores of gpuqd's choosing, and this machine's GPUs are not theirs
+  // (a submit's GPUs are the other system's to count; gpuqd does not watch GPU processes here).
   virtual bool places_work() const { return false; }
+  // Where another system places work: which ready jobs of `queue` (in line, within `limits`) go to
+  // it now, alone or together as one unit (Handover, scheduler.hpp; an executor without units
+  // sends each alone). `first(job)` is a job's attempt when it is the first since the job was
+  // submitted or restarted (one that may join a unit), else nothing (a retry goes alone).
+  // Nothing: gpuqd's scheduler places them on this machine's GPUs and cores.
+  using FirstAttempt = std::function<std::optional<Attempt>(const PendingJob& job)>;
+  virtual std::optional<Handover> place(const std::vector<PendingJob>& /*queue*/, const BatchLimits& /*limits*/,
+                                        const FirstAttempt& /*first*/) const {
+    return std::nullopt;
+  }
+  // Whether a queued job may be handed over now after `dep`, an attempt of this executor's still
+  // running, to wait in the other system until `dep` has succeeded (Slurm's afterok, once `dep`
+  // has its Slurm id); false: it waits in gpuqd's queue until `dep` has succeeded.
+  virtual bool follows(std::int64_t /*dep*/) const { return false; }
   // Whether ranks start from the environment of the machine they run on (the user's login
   // environment on a cluster node) with the job's own variables over it, rather than from the
   // submitter's; GPUs are then the other system's to make visible (CUDA_VISIBLE_DEVICES).
@@ -100,25 +119,22 @@ class Executor {
   // A running attempt's id in the other system ("slurm:42"), once it has one; "" for none. The
   // outcome of an attempt that had one carries it too, as "external_id", for the job's record.
   virtual std::string external_id(std::int64_t /*id*/) const { return {}; }
-  // Attempts of one batch that this executor can hand over as one unit (a Slurm job array, one
-  // sbatch for a thousand jobs, whose limit on tasks at once Slurm enforces) share a non-empty
-  // key; "" for an attempt that goes on its own. At most max_array() in one unit.
-  virtual std::string array_key(const Attempt& /*attempt*/) const { return {}; }
-  virtual std::size_t max_array() const { return 1; }
-  // Hands attempts of one array_key() over as one unit running at most `limit` (0: any number)
-  // at once. From then on each is as if start() had started it (stop, withdraw, outcome and adopt
-  // take it alone); an Error: none was started.
-  virtual std::optional<Error> start_array(const std::vector<Attempt>& /*attempts*/, int /*limit*/) {
+  // Hands attempts that place() put in one unit over together, running at most `limit` (0: any
+  // number) at once (a Slurm job array, one sbatch for a thousand jobs, whose limit Slurm
+  // enforces). From then on each is as if start() had started it (stop, withdraw, outcome and
+  // adopt take it alone); an Error: none was started.
+  virtual Result<bool> start_array(const std::vector<Attempt>& /*attempts*/, int /*limit*/) {
     return Error{ErrorCode::internal, "this executor hands over no arrays"};
   }
-  // A batch's new limit on jobs at once (0: none), for `handed`, its attempts handed over: the
-  // arrays among them run at most the limit less those handed over alone, shared between them.
+  // A batch's new limit on jobs at once (0: none), for `handed`, its attempts running: the arrays
+  // among them run at most the limit less those handed over alone, shared between them. Nothing
+  // where no units are handed over.
   virtual void set_array_limit(const std::vector<std::int64_t>& /*handed*/, int /*limit*/) {}
-  // Takes back an attempt handed over with `after` (places_work() only) whose dependency will not
-  // succeed as it was handed over (it failed, and may be retried as a new attempt): if the other
-  // system has not started it, it is removed there and `Ended` follows with an outcome of
-  // {"withdrawn": true}, which puts the job back in line as the same attempt. An attempt already
-  // running is left alone.
+  // Takes back an attempt handed over with `after` whose dependency will not succeed as it was
+  // handed over (it failed, and may be retried as a new attempt): if the other system has not
+  // started it, it is removed there and `Ended` follows with an outcome of {"withdrawn": true},
+  // which puts the job back in line as the same attempt. An attempt already running is left
+  // alone. Asked of any executor for such an attempt; one that follows() nothing ignores it.
   virtual void withdraw(std::int64_t /*id*/) {}
   // Called on gpuqd's thread when an attempt gets its id in the other system (sbatch answered), so
   // that jobs waiting for it can be handed over after it.

@@ -55,8 +55,8 @@ Outcome Outcome::from_record(const json& record) {
   o.withdrawn = flag("withdrawn");
   o.final = flag("final");
   if (const auto e = record.find("error"); e != record.end() && e->is_string()) o.error = e->get<std::string>();
-  if (const auto x = record.find("external_id"); x != record.end() && x->is_string()) o.external_id = x->get<std::string>();
-  o.started_at = number("started_at");
+  if (const auto x = record.find("external_id"); x != record.end() && x->is_string())
+    o.external_id = x->get<std::string>();
   o.ended_at = number("ended_at");
   return o;
 }
@@ -132,14 +132,14 @@ class LocalExecutor final : public Executor {
   LocalExecutor(asio::io_context& io, std::string shim_path, Ended ended)
       : m_io(io), m_shim_path(std::move(shim_path)), m_ended(std::move(ended)) {}
 
-  std::optional<Error> start(const Attempt& attempt) override {
+  Result<bool> start(const Attempt& attempt) override {
     auto pid = spawn_supervisor(m_shim_path, attempt.dir);
     if (!pid) return pid.error();
     Shim& s = m_shims[attempt.id];
     s.pid = {*pid, process_start_time(*pid).value_or(0)};
     s.own_child = true;
     watch(attempt.id, s);
-    return std::nullopt;
+    return true;
   }
 
   Found adopt(const Attempt& attempt) override {

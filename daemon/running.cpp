@@ -60,16 +60,15 @@ void Daemon::schedule_now() {
   std::vector<GpuState> gpus = gpus_for_pass(reads());
 
   Plan plan;
-  std::vector<Handover::Array> units;  // attempts handed over as one array
-  if (m_executor->places_work()) {  // another system (Slurm) decides where and when
-    // A first attempt of a batch may join an array; a retry goes alone.
-    const auto key = [this](const PendingJob& job) {
-      const JobRecord& r = m_jobs.at(job.id).rec;
-      return r.attempt == r.attempt_base && job.batch != 0 ? m_executor->array_key(m_attempts.attempt_of(r)) : std::string();
-    };
-    auto handover = hand_over(queue, std::move(limits), key, m_executor->max_array());
-    plan = std::move(handover.plan);
-    units = std::move(handover.arrays);
+  std::vector<Handover::Array> units;  // attempts handed over as one unit
+  const auto first = [this](const PendingJob& job) -> std::optional<Executor::Attempt> {
+    const JobRecord& r = m_jobs.at(job.id).rec;
+    if (r.attempt != r.attempt_base) return std::nullopt;  // a retry
+    return m_attempts.attempt_of(r);
+  };
+  if (auto handover = m_executor->place(queue, limits, first)) {  // another system (Slurm) places them
+    plan = std::move(handover->plan);
+    units = std::move(handover->arrays);
   } else {
     plan = schedule(std::move(queue), std::move(gpus), now, cpu, true, std::move(limits), std::move(users));
   }

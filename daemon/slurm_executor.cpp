@@ -127,22 +127,27 @@ class SlurmExecutor final : public Executor {
   bool places_work() const override { return true; }
   bool inherits_environment() const override { return true; }
 
-  std::optional<Error> start(const Attempt& attempt) override { return start_array({attempt}, 0); }
+  Result<bool> start(const Attempt& attempt) override { return start_array({attempt}, 0); }
 
-  // Attempts whose batch scripts differ only in their directory: the same sbatch options (but the
-  // name and output), the same shape of gang, the same dependencies.
-  std::string array_key(const Attempt& a) const override {
-    if (!a.spec) return {};
-    std::string key = a.spec->mode == common::Mode::ddp ? "ddp " + std::to_string(a.spec->ranks) : "one";
-    for (const auto& opt : common::sbatch_options(*a.spec, m_settings.options, layout_of(a, "")))
-      if (opt.rfind("--job-name=", 0) != 0 && opt.rfind("--output=", 0) != 0) key += "\n" + opt;
-    return key + "\nafter" + slurm_after(a);
+  // Every ready job goes to Slurm now; first attempts of one batch whose batch scripts would differ
+  // only in their directory go as one job array (array_key), at most max_array_size() to an array.
+  std::optional<Handover> place(const std::vector<PendingJob>& queue, const BatchLimits& limits,
+                                const FirstAttempt& first) const override {
+    return hand_over(
+        queue, limits,
+        [&](const PendingJob& job) {
+          const auto attempt = job.batch != 0 ? first(job) : std::nullopt;
+          return attempt ? array_key(*attempt) : std::string();
+        },
+        m_max_array);
   }
-  std::size_t max_array() const override { return m_max_array; }
+
+  // A job may wait in Slurm for a dependency that Slurm knows (afterok:ID).
+  bool follows(std::int64_t dep) const override { return !external_id(dep).empty(); }
 
   // One sbatch: a job, or an array of jobs whose index picks the attempt directory.
-  std::optional<Error> start_array(const std::vector<Attempt>& attempts, int limit) override {
-    if (attempts.empty()) return std::nullopt;
+  Result<bool> start_array(const std::vector<Attempt>& attempts, int limit) override {
+    if (attempts.empty()) return true;
     for (const auto& a : attempts)
       if (!a.spec) return Error{ErrorCode::internal, "the Slurm executor needs the job's spec"};
     const Attempt& first = attempts.front();
@@ -151,7 +156,7 @@ class SlurmExecutor final : public Executor {
     const std::vector<std::string> options = sbatch_argv(attempts, limit);
     if (auto w = common::write_file_atomic(script, batch_script(attempts, options)); !w) return w.error();
     const std::uint64_t key = m_next_handover++;
-    Handover& h = m_handovers[key];
+    Sbatch& h = m_handovers[key];
     h.script = script;
     h.options = options;
     h.comment_dir = first.dir;
@@ -177,7 +182,7 @@ class SlurmExecutor final : public Executor {
       h.members.push_back(a.id);
     }
     submit(key, false);
-    return std::nullopt;
+    return true;
   }
 
   Found adopt(const Attempt& attempt) override {
@@ -277,7 +282,10 @@ class SlurmExecutor final : public Executor {
       slurm_id = trim(read_small(attempt.dir + "/slurm.id"));
     }
     if (is_job_id(slurm_id)) out["external_id"] = "slurm:" + slurm_id;
-    return Outcome::from_record(out);
+    Outcome o = Outcome::from_record(out);
+    // It may have waited in Slurm's queue: the job ran from when its first rank's supervisor began.
+    if (const auto s = out.find("started_at"); s != out.end() && s->is_number()) o.began_at = s->get<double>();
+    return o;
   }
 
   bool started(std::int64_t id) const override {
@@ -327,6 +335,16 @@ class SlurmExecutor final : public Executor {
     std::unique_ptr<asio::steady_timer> end_after_grace;  // cancelled: scancel once the grace is over
   };
 
+  // Attempts whose batch scripts differ only in their directory: the same sbatch options (but the
+  // name and output), the same shape of gang, the same dependencies; they may go as one array.
+  std::string array_key(const Attempt& a) const {
+    if (!a.spec) return {};
+    std::string key = a.spec->mode == common::Mode::ddp ? "ddp " + std::to_string(a.spec->ranks) : "one";
+    for (const auto& opt : common::sbatch_options(*a.spec, m_settings.options, layout_of(a, "")))
+      if (opt.rfind("--job-name=", 0) != 0 && opt.rfind("--output=", 0) != 0) key += "\n" + opt;
+    return key + "\nafter" + slurm_after(a);
+  }
+
   // How many jobs one array may hold here: Slurm's MaxArraySize less one (indices 0 to N-1),
   // at most 1,000 (one script names every task's directory); 1 where arrays are off (0). Asked
   // once, at start (bounded): a cluster whose controller does not answer keeps Slurm's default.
@@ -348,7 +366,7 @@ class SlurmExecutor final : public Executor {
 
   // One sbatch: a job, or an array of them (start_array). Its members have no Slurm id until
   // sbatch answers.
-  struct Handover {
+  struct Sbatch {
     std::string script, comment_dir;   // the batch script; the directory its --comment names
     std::vector<std::string> options;   // sbatch's options, on its command line (sbatch_argv)
     std::vector<std::int64_t> members;  // by array index; 0: ended before sbatch answered
@@ -493,7 +511,7 @@ class SlurmExecutor final : public Executor {
   // sbatch for a hand-over, off gpuqd's thread. `again`: an earlier sbatch got no answer, and
   // may have submitted the job all the same: the job whose comment names it is taken first.
   void submit(std::uint64_t key, bool again) {
-    const Handover& h = m_handovers.at(key);
+    const Sbatch& h = m_handovers.at(key);
     asio::post(m_pool, [this, alive = m_alive, key, script = h.script, options = h.options, dir = h.comment_dir, again] {
       CommandResult r;
       if (again) {
@@ -519,7 +537,7 @@ class SlurmExecutor final : public Executor {
   void submitted(std::uint64_t key, const CommandResult& r) {
     auto hit = m_handovers.find(key);
     if (hit == m_handovers.end()) return;
-    Handover& h = hit->second;
+    Sbatch& h = hit->second;
     const std::string slurm_id = trim(r.out.substr(0, r.out.find(';')));  // "42" or "42;cluster"
     if (!r.started || r.timed_out || r.exit_code != 0 || !is_job_id(slurm_id) || slurm_id.find('_') != std::string::npos) {
       const bool wanted = std::any_of(h.members.begin(), h.members.end(),
@@ -555,7 +573,7 @@ class SlurmExecutor final : public Executor {
         if (m != 0) m_ended(m);
       return;
     }
-    const Handover done = std::move(h);
+    const Sbatch done = std::move(h);
     m_handovers.erase(hit);
     std::vector<std::int64_t> handed;
     for (std::size_t i = 0; i < done.members.size(); ++i) {
@@ -812,7 +830,7 @@ class SlurmExecutor final : public Executor {
   asio::thread_pool m_pool{1};  // Slurm's commands, one at a time, in order
   std::shared_ptr<bool> m_alive = std::make_shared<bool>(true);
   std::map<std::int64_t, Job> m_jobs;           // attempts handed to Slurm and not yet ended
-  std::map<std::uint64_t, Handover> m_handovers;  // sbatch calls not yet answered, or to be made again
+  std::map<std::uint64_t, Sbatch> m_handovers;  // sbatch calls not yet answered, or to be made again
   std::uint64_t m_next_handover = 1;
   std::size_t m_max_array = 1000;               // max_array_size()
   std::map<std::int64_t, json> m_outcomes;      // outcomes known when their job left Slurm, until read

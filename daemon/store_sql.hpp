@@ -1,5 +1,5 @@
-// The SQL helpers the store's files share (store_open.cpp, store.cpp): errors, bindings, column
-// reads, and a transaction that rolls back unless committed. Internal to the store.
+// The SQL helpers the store's files share (store_open.cpp, store.cpp, store_read.cpp, store_side.cpp): errors,
+// bindings, column reads, and a transaction that rolls back unless committed. Internal to the store.
 #pragma once
 
 #include <sqlite3.h>

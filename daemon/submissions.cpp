@@ -37,7 +37,7 @@ void Submissions::submit(const Caller& caller, common::SubmitRequest sub, const 
 
 void Submissions::checked(const std::shared_ptr<Batch>& b) {
   if (!b->checked) return b->reply.fail(b->checked.error());
-  if (auto refused = m_accept(*b)) return b->reply.fail(*refused);
+  if (auto accepted = m_accept(*b); !accepted) return b->reply.fail(accepted.error());
   b->at = wall_now();
   m_queue.push_back(b);
   if (m_queue.size() == 1) write_part();

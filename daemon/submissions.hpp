@@ -40,8 +40,8 @@ class Submissions {
     Later<common::SubmitReply> reply;
   };
   // On gpuqd's thread, once a batch is checked well: what refuses it now (a dependency that is
-  // gone, the owner's limits), or nothing.
-  using Accept = std::function<std::optional<Error>(Batch&)>;
+  // gone, the owner's limits), or true.
+  using Accept = std::function<Result<bool>(Batch&)>;
   // On gpuqd's thread, once every job of a batch is written: its jobs go live (batch.staged, with
   // their ids), before the submitter is answered.
   using Written = std::function<void(Batch&)>;

@@ -30,7 +30,7 @@ void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Later<c
 
 // A checked batch, on gpuqd's thread: refused if a job outside it that it names is gone, or its
 // owner's limits (lab mode) do not let it in as they stand now.
-std::optional<Error> Daemon::accept_submission(Submissions::Batch& s) {
+Result<bool> Daemon::accept_submission(Submissions::Batch& s) {
   if (s.account) m_users.remember(*s.account);  // as of now, for the launches
   auto& batch = *s.checked;
   std::map<std::int64_t, bool> known;  // each id looked up once, however many jobs name it
@@ -50,7 +50,7 @@ std::optional<Error> Daemon::accept_submission(Submissions::Batch& s) {
       return Error{e.code(), e.what()};
     }
   }
-  return std::nullopt;
+  return true;
 }
 
 // Every job of a batch is written: they go live.

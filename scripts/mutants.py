@@ -168,7 +168,7 @@ MUTANTS = [
      ["unit:gpuqd's options are the table's*"]),
     # A job whose stored spec does not parse (a later gpuq's, or damaged) has no command: it must
     # never launch, and nothing may write a default spec over the one not read.
-    ("unreadable-spec-read", "daemon/store.cpp",
+    ("unreadable-spec-read", "daemon/store_read.cpp",
      "  j.spec_error = std::move(why);\n", "\n",
      ["unit:a stored spec that does not parse*"]),
     ("unreadable-spec-recovery", "daemon/daemon.cpp",
@@ -215,6 +215,19 @@ MUTANTS = [
     ("request-cross-field-rule", "common/protocol.cpp",
      "  if (t.check) t.check(request);\n", "\n",
      ["unit:the schema says of each command's request*"]),
+    # The executor places work where another system decides (Slurm): a retry goes alone, a job
+    # follows a dependency Slurm knows, and its runtime counts from when Slurm started it.
+    ("handover-retry-alone", "daemon/running.cpp",
+     "    if (r.attempt != r.attempt_base) return std::nullopt;  // a retry\n", "\n",
+     ["unit:a batch's first attempts go over as one array*"]),
+    ("slurm-follows", "daemon/slurm_executor.cpp",
+     "bool follows(std::int64_t dep) const override { return !external_id(dep).empty(); }",
+     "bool follows(std::int64_t) const override { return false; }",
+     ["test_slurm.SlurmExecutor.test_after_chains_wait_in_slurm_and_go_on_while_gpuqd_is_down"]),
+    ("slurm-began-at", "daemon/slurm_executor.cpp",
+     "s != out.end() && s->is_number()) o.began_at = s->get<double>();",
+     "s != out.end() && s->is_number()) (void)s;",
+     ["test_slurm.SlurmExecutor.test_after_chains_wait_in_slurm_and_go_on_while_gpuqd_is_down"]),
 ]
 
 

@@ -27,22 +27,35 @@ using common::json;
 // An executor that runs nothing: it records what it is asked, refuses a start where told to, and
 // says where work is placed by another system where told to (`places`).
 struct QuietExecutor : Executor {
-  std::optional<gpuq::Error> start(const Attempt& a) override {
+  gpuq::Result<bool> start(const Attempt& a) override {
     started.push_back(a.id);
     if (on_start) on_start(a);
-    return refuse;
+    return answer();
   }
-  std::optional<gpuq::Error> start_array(const std::vector<Attempt>& attempts, int limit) override {
+  gpuq::Result<bool> start_array(const std::vector<Attempt>& attempts, int limit) override {
     arrays.emplace_back();
     for (const auto& a : attempts) arrays.back().push_back(a.id);
     array_limit = limit;
-    return refuse;
+    return answer();
+  }
+  gpuq::Result<bool> answer() const {
+    if (refuse) return *refuse;
+    return true;
   }
   Found adopt(const Attempt&) override { return Found::alive; }
   void stop(std::int64_t id) override { stopped.push_back(id); }
   void withdraw(std::int64_t id) override { withdrawn.push_back(id); }
   Outcome outcome(const Attempt&) override { return Outcome::failed("never ran"); }
   bool places_work() const override { return places; }
+  // Where it places work: every job goes at once, each alone; a job may follow a dependency that
+  // has the other system's id.
+  std::optional<Handover> place(const std::vector<PendingJob>& queue, const BatchLimits& limits,
+                                const FirstAttempt&) const override {
+    if (!places) return std::nullopt;
+    return hand_over(
+        queue, limits, [](const PendingJob&) { return std::string(); }, 1);
+  }
+  bool follows(std::int64_t dep) const override { return places && !external_id(dep).empty(); }
   std::string detail(std::int64_t id) const override { return "on node n" + std::to_string(id); }
   std::string external_id(std::int64_t id) const override {
     const auto it = handed.find(id);

@@ -50,6 +50,9 @@ TEST_CASE("a dependency lets its job go once it succeeded; running or failed, it
   CHECK_FALSE(dependencies::met(b.reads(), ids[1]));  // not handed over yet
   b.executor.handed[ids[1]] = "slurm:7";
   CHECK(dependencies::met(b.reads(), ids[1]));
+  b.executor.places = false;  // an executor that does not follow (Executor::follows): it waits here
+  CHECK_FALSE(dependencies::met(b.reads(), ids[1]));
+  b.executor.places = true;
   JobRecord cancelling = b.jobs.at(ids[1]).rec;
   cancelling.run.cancel_requested = true;
   b.jobs.apply(cancelling);
@@ -86,22 +89,22 @@ TEST_CASE("a long failed chain fails a part at a time, saying more is left") {
 
 TEST_CASE("jobs handed over after a dependency that will not succeed are taken back, unless being cancelled") {
   DaemonBench b;
-  const auto ids = b.submit(4, k_owner);
+  b.executor.places = true;
+  const auto ids = b.submit(5, k_owner);
   b.end(ids[0], JobState::failed);
+  b.end(ids[4], JobState::succeeded);
   b.run(ids[1], {0});
   b.run(ids[2], {1});
   b.run(ids[3], {});
-  for (auto id : {ids[1], ids[2]}) {
+  for (auto id : {ids[1], ids[2], ids[3]}) {
     JobRecord r = b.jobs.at(id).rec;
-    r.after = {ids[0]};
+    r.after = {id == ids[3] ? ids[4] : ids[0]};
     if (id == ids[2]) r.run.cancel_requested = true;
     b.jobs.apply(r);
   }
   dependencies::withdraw_orphans(b.reads(), b.executor);
-  CHECK(b.executor.withdrawn.empty());  // this executor does not place work: nothing is handed over
-  b.executor.places = true;
-  dependencies::withdraw_orphans(b.reads(), b.executor);
-  CHECK(b.executor.withdrawn == std::vector<std::int64_t>{ids[1]});
+  CHECK(b.executor.withdrawn ==
+        std::vector<std::int64_t>{ids[1]});  // not ids[2], cancelled; not ids[3], its dependency met
 }
 
 TEST_SUITE_END();

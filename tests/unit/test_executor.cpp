@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <boost/asio/io_context.hpp>
 #include <nlohmann/json.hpp>
 
 #include "daemon/executor.hpp"
@@ -175,7 +176,7 @@ TEST_CASE("an outcome is read from an exit record once: every rank at 0 succeeds
   CHECK(ok.exit_code == 0);
   CHECK_FALSE(ok.exit_signal);
   CHECK(ok.first_failure.is_null());
-  CHECK(ok.started_at == 10.5);
+  CHECK_FALSE(ok.began_at);  // the executor's to give, where the attempt waited elsewhere
   CHECK(ok.ended_at == 20.25);
   CHECK_FALSE(ok.error);
 
@@ -214,4 +215,19 @@ TEST_CASE("no record, or one that is no object, is an outcome saying so") {
   CHECK(Outcome::from_record(json::array()).error == "the job's supervisor ended without recording an outcome");
   CHECK_FALSE(Outcome::from_record(json{{"ranks", json::array()}}).all_ok);  // no rank recorded: nothing succeeded
   CHECK(Outcome::failed("disk full; not started").error == "disk full; not started");
+}
+
+TEST_CASE("the local executor places nothing itself, follows no running dependency, and has nothing to take back") {
+  using gpuq::daemon::Executor;
+  boost::asio::io_context io;
+  int ended = 0;
+  auto local = gpuq::daemon::make_local_executor(io, "/nonexistent/gpuq-shim", [&](std::int64_t) { ++ended; });
+  CHECK_FALSE(local->places_work());
+  const auto first = [](const gpuq::daemon::PendingJob&) -> std::optional<Executor::Attempt> { return std::nullopt; };
+  CHECK_FALSE(local->place({gpuq::daemon::PendingJob{1}}, {}, first));  // gpuqd's scheduler places it
+  CHECK_FALSE(local->follows(1));
+  local->withdraw(1);  // asked of every executor where a running job's dependency will not succeed
+  local->set_array_limit({1}, 2);
+  io.run();
+  CHECK(ended == 0);  // nothing ended: nothing of it was taken back
 }

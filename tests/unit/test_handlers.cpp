@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -290,6 +291,7 @@ struct FakeCluster {
   std::vector<Handover> handed;
   std::vector<std::int64_t> withdrawn;
   std::set<std::int64_t> live;
+  std::vector<std::int64_t> offered_first;  // jobs gpuqd offered for a unit as first attempts, each time
   std::map<std::int64_t, json> outcomes;
   Executor::Ended ended;
 };
@@ -299,10 +301,21 @@ class FakeExecutor final : public Executor {
   FakeExecutor(asio::io_context& io, FakeCluster& cluster) : m_io(io), m_cluster(cluster) {}
   bool places_work() const override { return true; }
   bool inherits_environment() const override { return true; }
-  std::optional<gpuq::Error> start(const Attempt& a) override { return start_array({a}, 0); }
-  std::string array_key(const Attempt& a) const override { return a.spec->gpus > 1 ? "" : "one-gpu"; }
-  std::size_t max_array() const override { return 1000; }
-  std::optional<gpuq::Error> start_array(const std::vector<Attempt>& attempts, int limit) override {
+  gpuq::Result<bool> start(const Attempt& a) override { return start_array({a}, 0); }
+  // First attempts of one-GPU jobs of a batch go as arrays; others alone.
+  std::optional<Handover> place(const std::vector<PendingJob>& queue, const BatchLimits& limits,
+                                const FirstAttempt& first) const override {
+    return hand_over(
+        queue, limits,
+        [&](const PendingJob& job) {
+          const auto a = job.batch != 0 ? first(job) : std::nullopt;
+          if (a) m_cluster.offered_first.push_back(job.id);
+          return a && a->spec->gpus <= 1 ? std::string("one-gpu") : std::string();
+        },
+        1000);
+  }
+  bool follows(std::int64_t dep) const override { return !external_id(dep).empty(); }
+  gpuq::Result<bool> start_array(const std::vector<Attempt>& attempts, int limit) override {
     FakeCluster::Handover h{{}, limit, {}};
     for (const auto& a : attempts) {
       h.ids.push_back(a.id);
@@ -311,7 +324,7 @@ class FakeExecutor final : public Executor {
       if (m_handed) asio::post(m_io, [this, id = a.id] { m_handed(id); });
     }
     m_cluster.handed.push_back(std::move(h));
-    return std::nullopt;
+    return true;
   }
   Found adopt(const Attempt& a) override { return m_cluster.live.count(a.id) ? Found::alive : Found::never_started; }
   void stop(std::int64_t id) override { finish(id, json{{"cancelled", true}}); }
@@ -500,6 +513,8 @@ TEST_CASE("a batch's first attempts go over as one array holding its limit; a re
   REQUIRE(cluster.handed.size() == 2);
   CHECK(cluster.handed[1].ids == std::vector<std::int64_t>{ids[0]});  // the retry, alone (its key is first attempts')
   CHECK(cluster.handed[1].limit == 0);
+  CHECK(std::count(cluster.offered_first.begin(), cluster.offered_first.end(), ids[0]) ==
+        1);  // a retry may join no unit
   CHECK(core.state_of(ids[4]) == "queued");
   core.succeed(ids[3]);
   REQUIRE(cluster.handed.size() == 3);

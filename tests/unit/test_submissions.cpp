@@ -20,8 +20,8 @@ namespace {
 struct Bench {
   boost::asio::io_context io;
   std::unique_ptr<Store> store;
-  std::function<std::optional<gpuq::Error>(Submissions::Batch&)> accept = [](Submissions::Batch&) {
-    return std::optional<gpuq::Error>();
+  std::function<gpuq::Result<bool>(Submissions::Batch&)> accept = [](Submissions::Batch&) {
+    return gpuq::Result<bool>(true);
   };
   std::vector<std::vector<std::int64_t>> live;  // each written batch's job ids, as `written` saw them
   std::vector<json> replies;                    // in the order they came
@@ -101,7 +101,7 @@ TEST_CASE("a batch its checks or accept refuse is answered with the error and le
   b.submit(2, true);
   b.until_replies(1);
   CHECK(b.replies[0]["error"]["code"] == "invalid_spec");
-  b.accept = [](Submissions::Batch& batch) -> std::optional<gpuq::Error> {
+  b.accept = [](Submissions::Batch& batch) -> gpuq::Result<bool> {
     CHECK(batch.checked);
     CHECK(batch.checked->jobs.size() == 4);
     return gpuq::Error{ErrorCode::forbidden, "over max_queued"};
@@ -113,7 +113,7 @@ TEST_CASE("a batch its checks or accept refuse is answered with the error and le
   CHECK(b.live.empty());
   CHECK(b.store->count_jobs({}) == 0);
   // The next accepted batch goes through as if the refused ones had not been.
-  b.accept = [](Submissions::Batch&) { return std::optional<gpuq::Error>(); };
+  b.accept = [](Submissions::Batch&) { return gpuq::Result<bool>(true); };
   b.submit(1);
   b.until_replies(3);
   CHECK(b.replies[2].value("ok", false));
