@@ -274,7 +274,7 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
                            ? static_cast<double>(rec.run.gpus.size()) * std::max(0.0, end.at - rec.run.started_at)
                            : 0;
   const int run = rec.attempt - rec.attempt_base;  // attempts since the job was submitted or restarted
-  if (retryable && run <= rec.spec.retries && rec.spec_error.empty()) {  // lifecycle refuses it a retry
+  if (retryable && has_retry_left(rec)) {
     double delay = std::min(m_config.retry_backoff_max_s, m_config.retry_backoff_s * std::pow(2.0, run - 1));
     end.reason = "attempt " + std::to_string(rec.attempt) + " failed (" + end.reason + "); retry " +
                  std::to_string(run) + "/" + std::to_string(rec.spec.retries) + " in " +

@@ -58,6 +58,11 @@ void clear_attempt(JobRecord& rec) {
   rec.blocked_by = 0;
 }
 
+bool has_retry_left(const JobRecord& rec) {
+  const int run = rec.attempt - rec.attempt_base;
+  return run >= 1 && run <= rec.spec.retries && rec.spec_error.empty();
+}
+
 Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
   const bool queued = rec.state == JobState::queued, running = rec.state == JobState::running;
   JobRecord next = rec;
@@ -96,7 +101,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             if (rec.state != JobState::failed || run < 1 || rec.blocked_by != 0)
               return refused(rec, e, "a job whose attempt has just failed");
             if (!rec.spec_error.empty()) return unreadable(rec, e);
-            if (run > rec.spec.retries)
+            if (!has_retry_left(rec))
               return Error{ErrorCode::wrong_state, "job " + std::to_string(rec.id) + " has no retry left (" +
                                                        std::to_string(rec.spec.retries) + " used)"};
             next.state = JobState::queued;

@@ -106,6 +106,11 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e);
 // The same for gpuqd's own transitions, which its checks made legal: a refusal is a RequestError.
 JobRecord next_record(const JobRecord& rec, const Event& e);
 
+// Whether the attempt that `rec` (running, or just failed) holds may be followed by a retry: it is
+// within the retry budget of this run (attempts since submission or the latest restart), and its
+// spec is readable. The one rule: `Retried` is refused where it says no, and gpuqd asks it before.
+bool has_retry_left(const JobRecord& rec);
+
 // Starts the next attempt from a clean slate: a default JobRecord::Attempt (its times, exit
 // status, GPUs, slots, cores and port, progress, result and first failure, a cancel asked of it),
 // and no reason, backoff or dependency that failed it.

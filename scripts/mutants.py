@@ -128,9 +128,9 @@ MUTANTS = [
      "  m_launching = launching;\n  m_held_back = false;\n",
      "  if (launching) m_launching = true, m_held_back = false;\n",
      ["unit:gpuqd's log says once that launches wait*"]),
-    ("retry-budget", "daemon/attempts.cpp",
-     "if (retryable && run <= rec.spec.retries && rec.spec_error.empty())",
-     "if (retryable && run < rec.spec.retries && rec.spec_error.empty())",
+    ("retry-budget", "daemon/lifecycle.cpp",  # the one rule, asked by an attempt's end and held by Retried
+     "  return run >= 1 && run <= rec.spec.retries && rec.spec_error.empty();",
+     "  return run >= 1 && run < rec.spec.retries && rec.spec_error.empty();",
      ["unit:a failed attempt is retried after a backoff*"]),
     ("dependency-chain", "daemon/dependencies.cpp",
      "if (blocked_by.emplace(w->second, doomed[i]).second) doomed.push_back(w->second);",
