@@ -174,8 +174,11 @@ std::optional<ProcessId> read_pid_file(const std::string& path, std::optional<ui
 }
 
 bool is_alive(const ProcessId& p) {
-  auto st = process_start_time(p.pid);
-  return st && *st == p.start_time;
+  // A zombie has ended (its parent has not collected it yet, and may never: gpuqd, after a
+  // restart, is not the parent of the supervisors it adopts).
+  auto fields = proc_stat_fields(p.pid);
+  if (!fields || fields->size() <= 22 - 3 || (*fields)[0] == "Z") return false;
+  return std::stoull((*fields)[22 - 3]) == p.start_time;
 }
 
 }  // namespace gpuq::common

@@ -30,6 +30,7 @@
 #include "common/error.hpp"
 #include "common/slurm_script.hpp"
 #include "common/spec.hpp"
+#include "daemon/cgroups.hpp"
 #include "daemon/scheduler.hpp"
 
 namespace boost::asio {
@@ -167,9 +168,11 @@ constexpr std::size_t k_max_task_record = 64 << 10;  // one rank's (gpuq-shim --
 nlohmann::json merge_task_records(const std::vector<nlohmann::json>& tasks);
 
 // Runs attempts under `shim_path` (gpuq-shim) on this machine, each in a session of its own, so
-// that they outlive gpuqd; watches each through a pidfd (or polls where there is none).
-std::unique_ptr<Executor> make_local_executor(boost::asio::io_context& io, std::string shim_path,
-                                              Executor::Ended ended);
+// that they outlive gpuqd; watches each through a pidfd (or polls where there is none). With
+// `cgroups`, each attempt's processes run in a cgroup of its own (cgroups.hpp), which is killed
+// and found empty before `Ended`; without, they are tracked by the supervisor's tree.
+std::unique_ptr<Executor> make_local_executor(boost::asio::io_context& io, std::string shim_path, Executor::Ended ended,
+                                              std::optional<Cgroups> cgroups = std::nullopt);
 
 // Hands each attempt to Slurm (slurm_executor.cpp): sbatch a script that runs gpuq-shim inside
 // the allocation, squeue for liveness, scancel to stop.

@@ -309,15 +309,17 @@ Descriptors descriptors() {
   return {limit - open, reserved};
 }
 
-Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir) {
+Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir, const std::string& cgroup) {
   // Its own small environment, not gpuqd's (common::supervisor_environment).
   const std::vector<std::string> env = common::supervisor_environment();
   std::vector<char*> envp;
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   try {
-    bp::child c(bp::exe = shim_path, bp::args = {adir + "/launch.json"}, bp::std_in<bp::null,
-                (bp::std_out & bp::std_err) > bp::null, NewSession{}, EnvSetup{envp.data()}, bp::posix::use_vfork);
+    std::vector<std::string> args{adir + "/launch.json"};
+    if (!cgroup.empty()) args.insert(args.end(), {"--cgroup", cgroup});
+    bp::child c(bp::exe = shim_path, bp::args = args, bp::std_in<bp::null, (bp::std_out & bp::std_err)> bp::null,
+                NewSession{}, EnvSetup{envp.data()}, bp::posix::use_vfork);
     int pid = c.id();
     c.detach();  // the daemon reaps it through its pidfd, or init does after a daemon restart
     return pid;

@@ -108,8 +108,10 @@ std::vector<int> slots_on_cores(const std::vector<int>& job_cores, const std::ve
 // ascending; gpuqd's CPU pool is made of them.
 std::vector<int> usable_cores();
 
-// Spawns `shim_path attempt_dir/launch.json` in its own session; returns its pid.
-Result<int> spawn_supervisor(const std::string& shim_path, const std::string& attempt_dir);
+// Spawns `shim_path attempt_dir/launch.json` in its own session; returns its pid. With a
+// `cgroup` (a directory), every rank joins that cgroup before it runs (the shim stays outside).
+Result<int> spawn_supervisor(const std::string& shim_path, const std::string& attempt_dir,
+                             const std::string& cgroup = "");
 
 // File descriptors. gpuqd raises its soft RLIMIT_NOFILE to the hard limit at start (every running
 // job holds one, every client one, a launch a few more for a moment), and gives what it spawns

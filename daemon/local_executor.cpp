@@ -20,6 +20,7 @@
 #include "common/failure_class.hpp"
 #include "common/json_input.hpp"
 #include "common/paths.hpp"
+#include "daemon/cgroups.hpp"
 #include "daemon/executor.hpp"
 #include "daemon/launcher.hpp"
 
@@ -129,15 +130,28 @@ int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid,
 
 class LocalExecutor final : public Executor {
  public:
-  LocalExecutor(asio::io_context& io, std::string shim_path, Ended ended)
-      : m_io(io), m_shim_path(std::move(shim_path)), m_ended(std::move(ended)) {}
+  LocalExecutor(asio::io_context& io, std::string shim_path, Ended ended, std::optional<Cgroups> cgroups)
+      : m_io(io), m_shim_path(std::move(shim_path)), m_ended(std::move(ended)), m_cgroups(std::move(cgroups)) {}
+  ~LocalExecutor() override {
+    if (m_cgroups) m_cgroups->remove_base();  // stays while attempts' cgroups are in it (jobs outlive gpuqd)
+  }
 
   Result<bool> start(const Attempt& attempt) override {
-    auto pid = spawn_supervisor(m_shim_path, attempt.dir);
-    if (!pid) return pid.error();
+    std::string cgroup;
+    if (m_cgroups) {
+      auto made = m_cgroups->make(cgroup_name(attempt));
+      if (!made) return made.error();
+      cgroup = *made;
+    }
+    auto pid = spawn_supervisor(m_shim_path, attempt.dir, cgroup);
+    if (!pid) {
+      if (m_cgroups) m_cgroups->remove(cgroup);
+      return pid.error();
+    }
     Shim& s = m_shims[attempt.id];
     s.pid = {*pid, process_start_time(*pid).value_or(0)};
     s.own_child = true;
+    s.cgroup = std::move(cgroup);
     watch(attempt.id, s);
     return true;
   }
@@ -147,13 +161,26 @@ class LocalExecutor final : public Executor {
     // The supervisor runs as the job's owner, who could point its pid file at any process: only
     // one of theirs is taken for it (and signalled on cancel).
     const auto pid = read_pid_file(attempt.dir + "/shim.pid", attempt.owner);
+    const std::string cgroup = m_cgroups ? m_cgroups->path(cgroup_name(attempt)) : std::string();
     if (pid && is_alive(*pid) && common::process_owner(pid->pid) == attempt.owner) {
       Shim& s = m_shims[attempt.id];
       s.pid = *pid;
+      s.cgroup = cgroup;
       std::cerr << "gpuqd: re-adopted job " << attempt.id << " (supervisor pid " << pid->pid << ")\n";
       watch(attempt.id, s);
       return Found::alive;
     }
+    // Its supervisor is gone while processes of it live on (it was killed while no gpuqd ran):
+    // they are killed, and the attempt ends once none is left, as if its supervisor had just gone.
+    if (!cgroup.empty() && !m_cgroups->empty(cgroup)) {
+      Shim& s = m_shims[attempt.id];
+      s.cgroup = cgroup;
+      std::cerr << "gpuqd: job " << attempt.id << ": its supervisor is gone and processes of it are left in " << cgroup
+                << "; killing them\n";
+      asio::post(m_io, [this, id = attempt.id] { gone(id); });
+      return Found::alive;
+    }
+    if (!cgroup.empty()) m_cgroups->remove(cgroup);
     // With an exit record it ended while no gpuqd ran; with a pid file and none, its supervisor
     // is gone without one (outcome() says so). Without either it was never started.
     if (pid || common::path_exists(attempt.dir + "/exit.json")) return Found::ended;
@@ -193,7 +220,14 @@ class LocalExecutor final : public Executor {
     std::unique_ptr<asio::posix::stream_descriptor> pidfd;  // readable when the shim exits
     std::unique_ptr<asio::steady_timer> poll;               // where pidfd_open is missing
     bool own_child = false;  // spawned by this gpuqd: reaped with waitpid
+    std::string cgroup;      // the attempt's cgroup; "" where gpuqd has none
+    double gone_at = 0;      // when the supervisor was found gone (steady seconds), 0 before
   };
+
+  // Unique among this gpuqd's attempts, and the same after a restart.
+  static std::string cgroup_name(const Attempt& attempt) {
+    return std::to_string(attempt.id) + "-" + attempt.dir.substr(attempt.dir.rfind('/') + 1);
+  }
 
   void watch(std::int64_t id, Shim& s) {
     int fd = pidfd_open(s.pid.pid);
@@ -227,24 +261,54 @@ class LocalExecutor final : public Executor {
     });
   }
 
+  // The supervisor is gone: what is left in the attempt's cgroup is killed (`setsid` children,
+  // double forks, ranks of a supervisor the job killed), and the attempt ends once none is left.
   void gone(std::int64_t id) {
     auto it = m_shims.find(id);
     if (it == m_shims.end()) return;
-    if (it->second.own_child) ::waitpid(it->second.pid.pid, nullptr, WNOHANG);  // reap our zombie
+    Shim& s = it->second;
+    if (s.own_child && s.pid.pid > 0) ::waitpid(s.pid.pid, nullptr, WNOHANG);  // reap our zombie
+    s.own_child = false;
+    s.pid = {};
+    if (!s.cgroup.empty()) {
+      const double now = steady_s();
+      if (s.gone_at == 0) s.gone_at = now;
+      m_cgroups->kill(s.cgroup);
+      if (!m_cgroups->empty(s.cgroup)) {
+        if (now - s.gone_at < k_unkillable_s) {  // they die as the kernel gets to them: look again shortly
+          if (!s.poll) s.poll = std::make_unique<asio::steady_timer>(m_io);
+          s.poll->expires_after(std::chrono::milliseconds(20));
+          s.poll->async_wait([this, id](const boost::system::error_code& ec) {
+            if (!ec) gone(id);
+          });
+          return;
+        }
+        std::cerr << "gpuqd: job " << id << ": processes in its cgroup " << s.cgroup << " did not die within "
+                  << k_unkillable_s << " s of SIGKILL (stuck in the kernel?); its attempt is recorded as ended\n";
+      }
+      m_cgroups->remove(s.cgroup);
+    }
     m_shims.erase(it);
     m_ended(id);
   }
 
+  static double steady_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  static constexpr double k_unkillable_s = 30;
+
   asio::io_context& m_io;
   std::string m_shim_path;
   Ended m_ended;
+  std::optional<Cgroups> m_cgroups;
   std::map<std::int64_t, Shim> m_shims;  // attempts running, by job
 };
 
 }  // namespace
 
-std::unique_ptr<Executor> make_local_executor(asio::io_context& io, std::string shim_path, Executor::Ended ended) {
-  return std::make_unique<LocalExecutor>(io, std::move(shim_path), std::move(ended));
+std::unique_ptr<Executor> make_local_executor(asio::io_context& io, std::string shim_path, Executor::Ended ended,
+                                              std::optional<Cgroups> cgroups) {
+  return std::make_unique<LocalExecutor>(io, std::move(shim_path), std::move(ended), std::move(cgroups));
 }
 
 }  // namespace gpuq::daemon

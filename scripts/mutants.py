@@ -215,6 +215,21 @@ MUTANTS = [
     ("request-cross-field-rule", "common/protocol.cpp",
      "  if (t.check) t.check(request);\n", "\n",
      ["unit:the schema says of each command's request*"]),
+    # A cgroup per attempt: each rank joins it, the executor kills it when the supervisor is gone
+    # and ends the attempt only once it is empty, and after a restart kills what a dead
+    # supervisor left.
+    ("rank-joins-cgroup", "supervisor/supervisor.cpp",
+     'if (cgroup_procs >= 0 && ::write(cgroup_procs, "0", 1) != 1) {', "if (false) {",
+     ["test_supervision.AttemptCgroups.test_a_job_that_kills_its_supervisor_keeps_nothing_running_and_its_gpus_wait_for_that"]),
+    ("cgroup-killed-when-supervisor-gone", "daemon/local_executor.cpp",
+     "      m_cgroups->kill(s.cgroup);\n", "\n",
+     ["test_supervision.AttemptCgroups.test_a_job_that_kills_its_supervisor_keeps_nothing_running_and_its_gpus_wait_for_that"]),
+    ("adopt-kills-what-is-left", "daemon/local_executor.cpp",
+     "if (!cgroup.empty() && !m_cgroups->empty(cgroup)) {", "if (false) {",
+     ["test_supervision.AttemptCgroups.test_processes_left_by_a_supervisor_killed_while_gpuqd_was_down_are_killed_when_it_is_back"]),
+    ("zombie-is-not-alive", "common/process.cpp",
+     ' || (*fields)[0] == "Z") return false;', ") return false;",
+     ["unit:a process is identified by pid and start time*"]),
     # The executor places work where another system decides (Slurm): a retry goes alone, a job
     # follows a dependency Slurm knows, and its runtime counts from when Slurm started it.
     ("handover-retry-alone", "daemon/running.cpp",

@@ -138,7 +138,8 @@ class MemPolicy {
   std::string m_message;  // written to the rank's log when no policy could be set
 };
 
-// In the rank, between fork and exec: its working directory, own process group (so the whole
+// In the rank, between fork and exec: the attempt's cgroup first (every process of the rank is in
+// it from the start), then its working directory, own process group (so the whole
 // group can be signalled), default signal mask (the shim blocks signals; a blocked mask survives
 // exec), death with the shim, and the rank's cores when it has some. Runs in a vfork child:
 // system calls only. A working directory that cannot be entered ends the rank with 127 and
@@ -148,8 +149,14 @@ struct RankSetup : bp::extend::handler {
   const std::string& chdir_failed;
   const CpuMask& cpus;
   const MemPolicy& memory;
+  int cgroup_procs = -1;  // the attempt's cgroup.procs, opened by the shim; -1: none
+  const std::string& join_failed;
   template <class Executor>
   void on_exec_setup(Executor&) const {
+    if (cgroup_procs >= 0 && ::write(cgroup_procs, "0", 1) != 1) {  // "0": the writer
+      [[maybe_unused]] auto n = ::write(STDERR_FILENO, join_failed.data(), join_failed.size());
+      ::_exit(126);
+    }
     if (::chdir(cwd.c_str()) != 0) {
       [[maybe_unused]] auto n = ::write(STDERR_FILENO, chdir_failed.data(), chdir_failed.size());
       ::_exit(127);
@@ -254,8 +261,14 @@ class Supervisor {
   // `stop_on_urg`: one task of a Slurm gang, where gpuq stops the supervisors with SIGURG (see
   // run_slurm_task).
   // `stop_file`: a file whose presence, once signals are caught, is a stop that came before.
-  explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "")
-      : m_doc(std::move(doc)), m_stop_on_urg(stop_on_urg), m_stop_file(std::move(stop_file)) {}
+  // `cgroup_procs`: a descriptor of the cgroup.procs its ranks join (-1: none), of `cgroup`.
+  explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "", int cgroup_procs = -1,
+                      const std::string& cgroup = "")
+      : m_doc(std::move(doc)),
+        m_stop_on_urg(stop_on_urg),
+        m_stop_file(std::move(stop_file)),
+        m_cgroup_procs(cgroup_procs),
+        m_join_failed("gpuq: cannot join the attempt's cgroup " + cgroup + "; not started\n") {}
 
   // After run(): a rank of its own failed first (not one torn down, timed out or stopped).
   bool rank_failed() const { return !m_first_failure.is_null(); }
@@ -367,8 +380,9 @@ class Supervisor {
         const std::string input = r.value("stdin", std::string());
         auto start = [&](auto&& output) {
           auto child = [&](auto&& in) {
-            bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in < in, (bp::std_out & bp::std_err) > output,
-                        RankSetup{{}, cwd, chdir_failed, cpus, memory}, bp::posix::use_vfork);
+            bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in<in, (bp::std_out & bp::std_err)> output,
+                        RankSetup{{}, cwd, chdir_failed, cpus, memory, m_cgroup_procs, m_join_failed},
+                        bp::posix::use_vfork);
             rank.pid = c.id();
             c.detach();  // reaped below with waitpid(-1), with any orphans
           };
@@ -572,6 +586,8 @@ class Supervisor {
   json m_doc;
   bool m_stop_on_urg = false;
   std::string m_stop_file;
+  int m_cgroup_procs = -1;
+  std::string m_join_failed;
   sigset_t m_signals{};
   std::vector<Rank> m_ranks;
   int m_ranks_left = 0;
@@ -675,12 +691,20 @@ bool become_owner(const json& doc) {
   return true;
 }
 
-int run_supervisor(const std::string& launch_path) {
+int run_supervisor(const std::string& launch_path, const std::string& cgroup) {
   auto doc = read_launch_document(launch_path);
   if (!doc) return 2;
+  // Opened with gpuqd's identity (root in lab mode): a write through it is judged by the opener's
+  // credentials (Linux 5.16), so a rank running as its owner joins a cgroup it could not move into
+  // on its own, and holds no descriptor of it once it runs (close-on-exec).
+  int procs = -1;
+  if (!cgroup.empty() && (procs = ::open((cgroup + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC)) < 0) {
+    complain("cannot open the attempt's cgroup " + cgroup + ": " + std::strerror(errno));
+    return 2;
+  }
   if (!become_owner(*doc)) return 2;
   try {
-    Supervisor attempt(std::move(*doc));
+    Supervisor attempt(std::move(*doc), false, "", procs, cgroup);
     const int written = attempt.run();
     return written != 0 ? written : attempt.succeeded() ? 0 : 1;
   } catch (const std::exception& e) {

@@ -23,7 +23,10 @@ namespace gpuq::supervisor {
 // status: 0 when the attempt succeeded, 1 when it did not (or exit.json could not be written), 2
 // when the launch document is unusable. gpuqd reads exit.json, not this; a Slurm batch job ends
 // with it, so that a job submitted --dependency=afterok on this one starts only after a success.
-int run_supervisor(const std::string& launch_path);
+// With a `cgroup` (a directory), each rank joins it between fork and exec, through a descriptor of
+// its cgroup.procs opened before the shim takes the owner's identity; the shim stays outside. A
+// rank that cannot join does not run (exit 126, its log says why).
+int run_supervisor(const std::string& launch_path, const std::string& cgroup = "");
 
 // One task of a job whose ranks Slurm's srun starts, one shim each, across nodes: runs only the
 // rank SLURM_PROCID names, with RANK, LOCAL_RANK and GROUP_RANK as Slurm placed it, and writes

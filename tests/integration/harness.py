@@ -1,9 +1,11 @@
 """Integration-test harness: a real gpuqd on a temporary socket and state dir, driven by the
 real gpuq. Binary paths come from CMake through $GPUQ_BIN_DIR. A failing test keeps its
 temporary directory and prints where it is."""
+import atexit
 import json
 import itertools
 import os
+import re
 import resource
 import shutil
 import signal
@@ -62,6 +64,7 @@ class Daemon:
         self.extra = list(extra)
         self.proc = None
         self.log = None
+        self.cgroups = None  # where its attempts' cgroups are, once it said so
 
     def start(self, env=None, cpus=None, stack_kb=None, nofile=None, umask=None, user=None):
         """Starts gpuqd; `cpus` (a set of cores) is its affinity mask, as under taskset -c;
@@ -92,6 +95,9 @@ class Daemon:
                    what="gpuqd to answer")
         if self.proc.poll() is not None:
             raise AssertionError(f"gpuqd exited at start with {self.proc.returncode}; see {self.tmp}/gpuqd.log")
+        self.cgroups = attempt_cgroups_of(os.path.join(self.tmp, "gpuqd.log"))
+        if self.cgroups:
+            _cgroup_bases.add(self.cgroups)
         return self
 
     def defaults(self):
@@ -185,6 +191,8 @@ class DaemonTest(unittest.TestCase):
                 pass
         if shims:
             wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), timeout=10, what="job supervisors to exit")
+        if self.d.cgroups:
+            remove_attempt_cgroups(self.d.cgroups)
         if os.environ.get("GPUQ_SANITIZED"):
             self.check_sanitizer_reports()
         failed = any(e for _, e in (self._outcome.result.errors + self._outcome.result.failures)
@@ -210,6 +218,46 @@ class DaemonTest(unittest.TestCase):
 
     def tmp_path(self, name):
         return os.path.join(self.tmp, name)
+
+
+def attempt_cgroups_of(log_path):
+    """The cgroup a gpuqd made its attempts' cgroups under, as its log says; None without one."""
+    try:
+        with open(log_path, errors="replace") as f:
+            said = re.search(r"each attempt runs in a cgroup of its own, under cgroup v[12] at (\S+)", f.read())
+    except FileNotFoundError:
+        return None
+    return said.group(1) if said else None
+
+
+# Every gpuqd's attempts' cgroup this process saw: what is left in them goes when it exits.
+_cgroup_bases = set()
+atexit.register(lambda: [remove_attempt_cgroups(base) for base in sorted(_cgroup_bases)])
+
+
+def remove_attempt_cgroups(base):
+    """After a test: whatever its jobs left running (a job outlives gpuqd by design; a test may
+    stop gpuqd with jobs running) is killed through its gpuqd's cgroup, which is then removed."""
+    if not os.path.isdir(base):
+        return
+    if os.path.exists(os.path.join(base, "cgroup.kill")):
+        with open(os.path.join(base, "cgroup.kill"), "w") as f:
+            f.write("1")
+
+        def populated():
+            with open(os.path.join(base, "cgroup.events")) as f:
+                return "populated 1" in f.read()
+        wait_until(lambda: not populated(), timeout=10, what="the test's jobs' processes to die")
+    for entry in os.listdir(base):
+        if os.path.isdir(os.path.join(base, entry)):
+            try:
+                os.rmdir(os.path.join(base, entry))
+            except OSError:
+                pass
+    try:
+        os.rmdir(base)
+    except OSError:
+        pass
 
 
 def pids_matching(pattern):

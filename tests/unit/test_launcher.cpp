@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -258,6 +259,17 @@ TEST_CASE("a process is identified by pid and start time, so a reused pid does n
   CHECK(is_alive({::getpid(), *st}));
   CHECK_FALSE(is_alive({::getpid(), *st + 1}));
   CHECK_FALSE(is_alive({0x3fffffff, 1}));
+
+  // A process that has exited is not alive while its parent has not collected it (a zombie).
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  siginfo_t info{};
+  REQUIRE(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT) == 0);  // exited, not reaped
+  const auto child_start = process_start_time(child);
+  REQUIRE(child_start.has_value());
+  CHECK_FALSE(is_alive({child, *child_start}));
+  ::waitpid(child, nullptr, 0);
 }
 
 TEST_CASE("free ports are real and avoid ports already handed out") {

@@ -1,0 +1,73 @@
+"""Supervision the kernel enforces (docs/reliability.md): each attempt's processes run in a cgroup
+of their own, which gpuqd kills, and finds empty, before the attempt is recorded as ended and its
+GPUs are given to another job. A job that kills its own supervisor, leaving `setsid` children
+behind, keeps nothing running, whether gpuqd saw it happen or was down at the time."""
+import os
+import unittest
+
+from harness import DaemonTest, pids_matching, wait_until
+
+
+def alive(pid):
+    """Whether `pid` runs (a zombie has ended: it holds nothing but its entry)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def read_pid(path):
+    with open(path) as f:
+        return int(f.read().strip())
+
+
+class AttemptCgroups(DaemonTest):
+    def setUp(self):
+        super().setUp()
+        self.base = self.d.cgroups
+        if not self.base:
+            self.skipTest("this host gives gpuqd no cgroup to make attempts' cgroups under (see gpuqd.log)")
+
+    def escaping_job(self, name, go=None):
+        """A job that leaves a `setsid` child (its pid in <name>.pid), then SIGKILLs its supervisor
+        (its parent) once `go` exists (at once without one), and waits."""
+        pid_file = self.tmp_path(f"{name}.pid")
+        wait = f"while [ ! -e {go} ]; do sleep 0.02; done; " if go else ""
+        shell = (f"setsid sh -c 'echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; exec sleep 1000' & "
+                 f"while [ ! -e {pid_file} ]; do sleep 0.02; done; {wait}kill -9 $PPID; exec sleep 1000")
+        return {"name": name, "gpus": 4, "shell": shell, "retries": 0}, pid_file
+
+    def test_a_job_that_kills_its_supervisor_keeps_nothing_running_and_its_gpus_wait_for_that(self):
+        job, pid_file = self.escaping_job("escape")
+        follower = {"name": "next", "gpus": 4, "shell": "true"}
+        ids = self.d.submit([job, follower])["ids"]
+        done = self.d.wait(ids[:1], timeout=60)[ids[0]]
+        self.assertEqual(done["state"], "failed")
+        self.assertIn("supervisor ended without recording an outcome", done["reason"])
+        # Recorded as ended only once nothing of it was left: its setsid child is dead by now.
+        self.assertFalse(alive(read_pid(pid_file)), "the job's setsid child outlived its attempt")
+        self.assertEqual(self.d.wait(ids[1:], timeout=60)[ids[1]]["state"], "succeeded")
+        # Each attempt's cgroup is gone once it ended.
+        self.assertEqual([e for e in os.listdir(self.base) if "-attempt-" in e], [])
+
+    def test_processes_left_by_a_supervisor_killed_while_gpuqd_was_down_are_killed_when_it_is_back(self):
+        go = self.tmp_path("go")
+        job, pid_file = self.escaping_job("escape", go=go)
+        job_id = self.d.submit([job])["ids"][0]
+        wait_until(lambda: os.path.exists(pid_file), what="the job's setsid child")
+        self.d.kill9()
+        open(go, "w").close()
+        cgroup = os.path.join(self.base, f"{job_id}-attempt-1")
+        # The supervisor dies (the job killed it); the setsid child lives on, with no one to kill it.
+        wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), timeout=30, what="the supervisor to die")
+        self.assertTrue(alive(read_pid(pid_file)))
+        self.d.start()
+        done = self.d.wait([job_id], timeout=60)[job_id]
+        self.assertEqual(done["state"], "failed")
+        self.assertFalse(alive(read_pid(pid_file)), "the job's setsid child outlived gpuqd's restart")
+        self.assertFalse(os.path.exists(cgroup))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,151 @@
+// The cgroup layout as hosts show it (/proc/self/mountinfo, /proc/self/cgroup), and an attempt's
+// cgroup over a fake cgroupfs (a directory with the files the kernel would show).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "daemon/cgroups.hpp"
+#include "tests/unit/temp_dir.hpp"
+
+using gpuq::daemon::CgroupHierarchy;
+using gpuq::daemon::Cgroups;
+using gpuq::daemon::parse_cgroup_layout;
+
+namespace {
+
+// This machine kind: v1 controllers, v2 at /sys/fs/cgroup/unified with nothing in it, the process
+// in a memory cgroup of the sandbox's.
+const char* k_hybrid_mounts =
+    "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+    "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+    "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+    "39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+    "40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd\n"
+    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+    "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n";
+const char* k_hybrid_groups = "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/bc3e\n1:cpu:/\n0::/\n";
+
+// Ubuntu 24.04: v2 only, gpuqd in its service's cgroup.
+const char* k_v2_mounts =
+    "35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 "
+    "rw,nsdelegate,memory_recursiveprot\n";
+const char* k_v2_groups = "0::/system.slice/gpuqd.service\n";
+
+// A container: the hierarchy's part of it bind-mounted, with a space in the mount point.
+const char* k_container_mounts = "700 690 0:30 /docker/abc /sys/fs/cgroup\\040x rw,relatime - cgroup2 cgroup2 rw\n";
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// The directory a refusal names, from `prefix` to the next space.
+std::string named(const std::string& why, const std::string& prefix) {
+  const auto at = why.find(prefix);
+  REQUIRE(at != std::string::npos);
+  return why.substr(at, why.find(' ', at) - at);
+}
+
+}  // namespace
+
+TEST_SUITE_BEGIN("cgroups");
+
+TEST_CASE("the layout: each hierarchy this process is in, with its own cgroup as a directory") {
+  const auto hybrid = parse_cgroup_layout(k_hybrid_mounts, k_hybrid_groups);
+  REQUIRE(hybrid.size() == 5);
+  const auto find = [&](const std::string& controller) -> const CgroupHierarchy* {
+    for (const auto& h : hybrid)
+      if ((controller.empty() && h.v2) || (!h.controllers.empty() && h.controllers.front() == controller)) return &h;
+    return nullptr;
+  };
+  REQUIRE(find(""));
+  CHECK(find("")->own_dir() == "/sys/fs/cgroup/unified");
+  REQUIRE(find("memory"));
+  CHECK(find("memory")->own_dir() == "/sys/fs/cgroup/memory/process_api/bc3e");
+  CHECK(find("name=systemd")->own_dir() == "/sys/fs/cgroup/systemd");
+
+  const auto v2 = parse_cgroup_layout(k_v2_mounts, k_v2_groups);
+  REQUIRE(v2.size() == 1);
+  CHECK(v2[0].v2);
+  CHECK(v2[0].own_dir() == "/sys/fs/cgroup/system.slice/gpuqd.service");
+
+  // Inside the bind-mounted part, and outside it (a cgroup this mount does not show).
+  const auto inside = parse_cgroup_layout(k_container_mounts, "0::/docker/abc/init\n");
+  REQUIRE(inside.size() == 1);
+  CHECK(inside[0].own_dir() == "/sys/fs/cgroup x/init");
+  CHECK(parse_cgroup_layout(k_container_mounts, "0::/docker/other\n").empty());
+  CHECK(parse_cgroup_layout(k_container_mounts, "0::/docker/abcd\n").empty());  // a prefix, not a parent
+
+  // Nothing mounted, or text that is not what the kernel writes.
+  CHECK(parse_cgroup_layout("", k_hybrid_groups).empty());
+  CHECK(parse_cgroup_layout("garbage - cgroup2\n- - -\n", "0::/\n").empty());
+  CHECK(parse_cgroup_layout(k_v2_mounts, "nonsense\n").empty());
+}
+
+TEST_CASE("gpuqd's cgroup is made under its own, named for its state dir, and refused where it is no cgroup") {
+  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
+  const CgroupHierarchy v2{true, {}, fs.path, "/", "/svc"};
+  REQUIRE(std::filesystem::create_directory(fs.path + "/svc"));
+
+  // mkdir in a real cgroupfs makes its files; here it does not: not a cgroup, named.
+  auto refused = Cgroups::open("/var/lib/gpuq", {v2});
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("is not a cgroup") != std::string::npos);
+  const std::string base = named(refused.error().message, fs.path + "/svc/gpuq-");
+  write(base + "/cgroup.procs", "");
+  write(base + "/cgroup.kill", "");
+
+  auto cgroups = Cgroups::open("/var/lib/gpuq", {v2});
+  REQUIRE(cgroups);
+  CHECK(cgroups->base() == base);
+  CHECK(cgroups->describe() == "cgroup v2 at " + base + " (cgroup.kill)");
+  // Another state dir: another cgroup; the same one again: the same.
+  CHECK(Cgroups::open("/var/lib/gpuq2", {v2}).error().message.find(base) == std::string::npos);
+
+  // An attempt's: made (or found again), empty until a process is listed, killed through
+  // cgroup.kill, removed once empty.
+  auto dir = cgroups->make("12-attempt-1");
+  REQUIRE(dir);
+  CHECK(*dir == base + "/12-attempt-1");
+  CHECK(cgroups->make("12-attempt-1"));  // after a restart: found again
+  write(*dir + "/cgroup.events", "populated 1\nfrozen 0\n");
+  CHECK_FALSE(cgroups->empty(*dir));
+  cgroups->kill(*dir);
+  std::ifstream kill(*dir + "/cgroup.kill");
+  std::string said;
+  kill >> said;
+  CHECK(said == "1");
+  write(*dir + "/cgroup.events", "populated 0\nfrozen 0\n");
+  CHECK(cgroups->empty(*dir));
+  CHECK(cgroups->empty(base + "/no-such-attempt"));
+}
+
+TEST_CASE("v1 where v2 cannot be made: a hierarchy that tracks processes, named for its controller") {
+  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
+  const CgroupHierarchy v2{true, {}, fs.path + "/missing", "/", "/"};
+  const CgroupHierarchy cpuset{false, {"cpuset"}, fs.path + "/cpuset", "/", "/"};
+  const CgroupHierarchy pids{false, {"pids"}, fs.path + "/pids", "/", "/"};
+  REQUIRE(std::filesystem::create_directory(fs.path + "/pids"));
+  REQUIRE(std::filesystem::create_directory(fs.path + "/cpuset"));
+  auto refused = Cgroups::open("/s", {cpuset, v2, pids});
+  REQUIRE_FALSE(refused);
+  const std::string& why = refused.error().message;
+  // v2 first, then pids; never cpuset (its children need CPUs given first).
+  CHECK(why.find("v2: cannot make " + fs.path + "/missing/gpuq-") == 0);
+  CHECK(why.find("v1 (pids)") != std::string::npos);
+  CHECK(why.find("cpuset") == std::string::npos);
+  const std::string base = named(why, fs.path + "/pids/gpuq-");
+  write(base + "/cgroup.procs", "");
+  auto cgroups = Cgroups::open("/s", {cpuset, v2, pids});
+  REQUIRE(cgroups);
+  CHECK(cgroups->describe() == "cgroup v1 at " + base);
+  auto dir = cgroups->make("3-attempt-2");
+  REQUIRE(dir);
+  write(*dir + "/cgroup.procs", "");
+  CHECK(cgroups->empty(*dir));  // v1: nothing listed
+  write(*dir + "/cgroup.procs", "999999999\n");
+  CHECK_FALSE(cgroups->empty(*dir));
+}
+
+TEST_SUITE_END();
