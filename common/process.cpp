@@ -177,7 +177,7 @@ bool is_alive(const ProcessId& p) {
   // A zombie has ended (its parent has not collected it yet, and may never: gpuqd, after a
   // restart, is not the parent of the supervisors it adopts).
   auto fields = proc_stat_fields(p.pid);
-  if (!fields || fields->size() <= 22 - 3 || (*fields)[0] == "Z") return false;
+  if (!fields || fields->size() <= 22 - 3 || (*fields)[0] == "Z" || (*fields)[0] == "X") return false;
   return std::stoull((*fields)[22 - 3]) == p.start_time;
 }
 

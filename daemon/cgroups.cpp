@@ -3,12 +3,18 @@
 // removed.
 #include "daemon/cgroups.hpp"
 
+#include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -55,10 +61,12 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// A stable name for a state dir: FNV-1a, 64 bits, in hex.
+// A stable name for a state dir (as the kernel resolves it, where it exists): FNV-1a, 64 bits, in hex.
 std::string tag_of(const std::string& state_dir) {
+  char resolved[PATH_MAX];
+  const std::string path = ::realpath(state_dir.c_str(), resolved) ? std::string(resolved) : state_dir;
   std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : state_dir)
+  for (unsigned char c : path)
     h = (h ^ c) * 1099511628211ULL;
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
@@ -81,6 +89,32 @@ std::vector<int> pids_in(const std::string& dir) {
   for (int pid = 0; in >> pid;)
     if (pid > 0) out.push_back(pid);
   return out;
+}
+
+// Whether a process that is no longer root can join the cgroup `dir` (made here, then removed)
+// through a descriptor of its cgroup.procs that root opened, as a rank of another user does.
+Result<bool> join_as_nobody(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return Error{ErrorCode::internal, "cannot make " + dir + ": " + std::strerror(errno)};
+  const int fd = ::open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  int status = -1;
+  if (fd >= 0) {
+    const pid_t child = ::fork();
+    if (child == 0) {  // system calls only: gpuqd may have threads
+      const gid_t none = 65534;
+      const bool joined =
+          ::setgroups(0, nullptr) == 0 && ::setgid(none) == 0 && ::setuid(none) == 0 && ::write(fd, "0", 1) == 1;
+      ::_exit(joined ? 0 : 1);
+    }
+    if (child > 0) ::waitpid(child, &status, 0);
+    ::close(fd);
+  }
+  ::rmdir(dir.c_str());
+  if (status != 0)
+    return Error{ErrorCode::unavailable,
+                 "a job's rank, running as its user, could not join a cgroup through its supervisor's descriptor "
+                 "(this kernel judges the write by the writer: Linux 5.16 or later does not)"};
+  return true;
 }
 
 }  // namespace
@@ -123,6 +157,8 @@ std::vector<CgroupHierarchy> parse_cgroup_layout(const std::string& mountinfo, c
     const std::string path = line.substr(second + 1);
     const bool v2 = line.compare(0, first, "0") == 0 && controllers.empty();
     const auto wanted = controllers.empty() ? std::vector<std::string>{} : split(controllers, ',');
+    // The last mount that shows this process's cgroup: one mounted over an earlier is the one seen.
+    std::optional<CgroupHierarchy> seen;
     for (const auto& m : mounts) {
       if (m.v2 != v2) continue;
       bool all = true;
@@ -131,18 +167,20 @@ std::vector<CgroupHierarchy> parse_cgroup_layout(const std::string& mountinfo, c
       if (!all || (!v2 && wanted.empty())) continue;
       CgroupHierarchy h{v2, wanted, m.point, m.root, path};
       if (h.own_dir().empty()) continue;  // a mount of another part of the hierarchy
-      out.push_back(std::move(h));
-      break;
+      seen = std::move(h);
     }
+    if (seen) out.push_back(std::move(*seen));
   }
   return out;
 }
 
-Result<Cgroups> Cgroups::open(const std::string& state_dir) {
-  return open(state_dir, parse_cgroup_layout(read_small("/proc/self/mountinfo"), read_small("/proc/self/cgroup")));
+Result<Cgroups> Cgroups::open(const std::string& state_dir, bool other_users) {
+  return open(state_dir, parse_cgroup_layout(read_small("/proc/self/mountinfo"), read_small("/proc/self/cgroup")),
+              other_users);
 }
 
-Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies) {
+Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies,
+                              bool other_users) {
   std::vector<const CgroupHierarchy*> order;
   for (const auto& h : hierarchies)
     if (h.v2) order.push_back(&h);
@@ -161,7 +199,14 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
       tried += (tried.empty() ? "" : "; ") + kind + ": " + base + " is not a cgroup";
       continue;
     }
-    return Cgroups(base, h->v2, h->v2 && exists(base + "/cgroup.kill"));
+    if (other_users && ::geteuid() == 0) {
+      if (auto probe = join_as_nobody(base + "/probe-" + std::to_string(::getpid())); !probe) {
+        tried += (tried.empty() ? "" : "; ") + kind + ": " + probe.error().message;
+        ::rmdir(base.c_str());
+        continue;
+      }
+    }
+    return Cgroups(base, h->v2, h->v2 && exists(base + "/cgroup.kill"), h->mount, h->root);
   }
   return Error{ErrorCode::unavailable, tried.empty() ? "no cgroup hierarchy places gpuqd" : tried};
 }
@@ -172,6 +217,9 @@ std::string Cgroups::describe() const {
 
 Result<std::string> Cgroups::make(const std::string& name) const {
   const std::string dir = path(name);
+  // gpuqd's own may have been removed meanwhile (by an admin, or by a service manager that took
+  // the cgroup back): made again.
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno == ENOENT) ::mkdir(m_base.c_str(), 0755);
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     return Error{ErrorCode::internal, "cannot make the attempt's cgroup " + dir + ": " + std::strerror(errno)};
   return dir;
@@ -181,14 +229,24 @@ void Cgroups::kill(const std::string& dir) const {
   if (m_has_kill) {
     if (std::ofstream out(dir + "/cgroup.kill"); out << "1\n" && out.flush()) return;
   }
-  // Without cgroup.kill: each process listed, again while some fork meanwhile (a few rounds; the
-  // executor asks again until the cgroup is empty).
-  for (int round = 0; round < 8; ++round) {
-    const auto pids = pids_in(dir);
-    if (pids.empty()) return;
-    for (int pid : pids)
-      ::kill(pid, SIGKILL);
+  const std::string name = named(dir);
+  for (int pid : pids_in(dir)) {
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0) continue;  // gone
+    bool inside = false;      // the process the pidfd holds: still in this cgroup
+    std::istringstream lines(read_small("/proc/" + std::to_string(pid) + "/cgroup"));
+    for (std::string line; std::getline(lines, line);) {
+      const auto second = line.find(':', line.find(':') + 1);
+      inside = inside || (second != std::string::npos && line.compare(second + 1, std::string::npos, name) == 0);
+    }
+    if (inside) ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+    ::close(pidfd);
   }
+}
+
+std::string Cgroups::named(const std::string& dir) const {
+  const std::string below = dir.substr(std::min(dir.size(), m_mount.size()));  // "/gpuq-.../12-attempt-1"
+  return m_root == "/" ? below : m_root + below;
 }
 
 bool Cgroups::empty(const std::string& dir) const {

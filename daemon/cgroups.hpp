@@ -41,8 +41,12 @@ class Cgroups {
   // The cgroup under which this gpuqd makes attempts' cgroups: a child of its own, named for its
   // state dir (so that two gpuqds on one host never share one, and a restarted gpuqd finds its
   // running attempts' again). `proc` and `hierarchies` are for tests (a fake cgroupfs).
-  static Result<Cgroups> open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies);
-  static Result<Cgroups> open(const std::string& state_dir);  // this host's layout
+  // `other_users`: jobs run as other users than gpuqd's (lab mode), so their ranks join through a
+  // descriptor gpuqd's identity opened; where this kernel judges the write by the writer (before
+  // Linux 5.16) that fails, and gpuqd makes no cgroups rather than jobs that cannot start.
+  static Result<Cgroups> open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies,
+                              bool other_users = false);
+  static Result<Cgroups> open(const std::string& state_dir, bool other_users);  // this host's layout
 
   // "cgroup v2 at /sys/fs/cgroup/unified/gpuq-0123abcd (cgroup.kill)": what gpuqd logs at start.
   std::string describe() const;
@@ -50,9 +54,11 @@ class Cgroups {
   // than with its own processes). `name`: unique among this gpuqd's attempts ("12-attempt-1").
   Result<std::string> make(const std::string& name) const;
   std::string path(const std::string& name) const { return m_base + "/" + name; }
-  // Kills every process in the cgroup `dir` (cgroup.kill on v2; SIGKILL to each listed process
-  // on v1, over a few rounds for those forked meanwhile). Asynchronous in the kernel: empty() says
-  // when they are gone.
+  // Kills every process in the cgroup `dir`: cgroup.kill on v2 (all at once, forks included);
+  // without it, SIGKILL through a pidfd to each process listed that is still in it when its pidfd
+  // is open (a pid reused meanwhile is not signalled), one round a call (a process forked during
+  // the round is killed by the next: the executor calls again until empty() says so).
+  // Asynchronous in the kernel: empty() says when they are gone.
   void kill(const std::string& dir) const;
   // Whether no process is left in `dir` (a directory that is not there has none).
   bool empty(const std::string& dir) const;
@@ -65,10 +71,14 @@ class Cgroups {
   const std::string& base() const { return m_base; }
 
  private:
-  Cgroups(std::string base, bool v2, bool has_kill) : m_base(std::move(base)), m_v2(v2), m_has_kill(has_kill) {}
+  Cgroups(std::string base, bool v2, bool has_kill, std::string mount, std::string root)
+      : m_base(std::move(base)), m_v2(v2), m_has_kill(has_kill), m_mount(std::move(mount)), m_root(std::move(root)) {}
+  // `dir` as /proc/PID/cgroup names it.
+  std::string named(const std::string& dir) const;
   std::string m_base;
   bool m_v2 = false;
   bool m_has_kill = false;  // v2's cgroup.kill (Linux 5.14)
+  std::string m_mount, m_root;  // the hierarchy's mount point, and the part of it mounted there
 };
 
 }  // namespace gpuq::daemon

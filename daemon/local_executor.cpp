@@ -172,7 +172,8 @@ class LocalExecutor final : public Executor {
     }
     // Its supervisor is gone while processes of it live on (it was killed while no gpuqd ran):
     // they are killed, and the attempt ends once none is left, as if its supervisor had just gone.
-    if (!cgroup.empty() && !m_cgroups->empty(cgroup)) {
+    // (Without a pid file its supervisor never started a rank: it announces itself first.)
+    if (pid && !cgroup.empty() && !m_cgroups->empty(cgroup)) {
       Shim& s = m_shims[attempt.id];
       s.cgroup = cgroup;
       std::cerr << "gpuqd: job " << attempt.id << ": its supervisor is gone and processes of it are left in " << cgroup
@@ -180,7 +181,10 @@ class LocalExecutor final : public Executor {
       asio::post(m_io, [this, id = attempt.id] { gone(id); });
       return Found::alive;
     }
-    if (!cgroup.empty()) m_cgroups->remove(cgroup);
+    if (!cgroup.empty()) {  // empty; or, without a pid file, holding no rank of it: a start makes it again
+      if (!pid) m_cgroups->kill(cgroup);
+      m_cgroups->remove(cgroup);
+    }
     // With an exit record it ended while no gpuqd ran; with a pid file and none, its supervisor
     // is gone without one (outcome() says so). Without either it was never started.
     if (pid || common::path_exists(attempt.dir + "/exit.json")) return Found::ended;

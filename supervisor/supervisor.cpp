@@ -262,13 +262,28 @@ class Supervisor {
   // run_slurm_task).
   // `stop_file`: a file whose presence, once signals are caught, is a stop that came before.
   // `cgroup_procs`: a descriptor of the cgroup.procs its ranks join (-1: none), of `cgroup`.
+  // `dumpable_after`: the job's user may look into this process once the descriptor is closed.
   explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "", int cgroup_procs = -1,
-                      const std::string& cgroup = "")
+                      const std::string& cgroup = "", bool dumpable_after = false)
       : m_doc(std::move(doc)),
         m_stop_on_urg(stop_on_urg),
         m_stop_file(std::move(stop_file)),
         m_cgroup_procs(cgroup_procs),
+        m_dumpable_after(dumpable_after),
         m_join_failed("gpuq: cannot join the attempt's cgroup " + cgroup + "; not started\n") {}
+
+  ~Supervisor() { release_cgroup(); }
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Every rank has joined the cgroup (or none will): the descriptor gpuqd's identity opened goes,
+  // and only then may the job's user look into this process (see become_owner).
+  void release_cgroup() {
+    if (m_cgroup_procs < 0) return;
+    ::close(m_cgroup_procs);
+    m_cgroup_procs = -1;
+    if (m_dumpable_after) ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  }
 
   // After run(): a rank of its own failed first (not one torn down, timed out or stopped).
   bool rank_failed() const { return !m_first_failure.is_null(); }
@@ -314,6 +329,7 @@ class Supervisor {
     if (!m_stop_file.empty() && common::path_exists(m_stop_file)) m_cancelled = true;
     if (!m_cancelled)
       for (const auto& r : m_doc["ranks"]) spawn(r);
+    release_cgroup();
 
     for (;;) {
       // As subreaper, every leftover descendant ends up our child: no children means done.
@@ -587,6 +603,7 @@ class Supervisor {
   bool m_stop_on_urg = false;
   std::string m_stop_file;
   int m_cgroup_procs = -1;
+  bool m_dumpable_after = false;
   std::string m_join_failed;
   sigset_t m_signals{};
   std::vector<Rank> m_ranks;
@@ -655,7 +672,7 @@ std::string task_path(const std::string& path, int rank) {
 // becomes that user, with their groups, before it writes anything or starts a rank, and can never
 // regain root (no_new_privs: no setuid program the job runs gains privileges either). False, said
 // in shim.log, when it cannot.
-bool become_owner(const json& doc) {
+bool become_owner(const json& doc, bool dumpable_later) {
   const auto it = doc.find("run_as");
   if (it == doc.end()) return true;
   const auto& who = *it;
@@ -684,8 +701,13 @@ bool become_owner(const json& doc) {
     return false;
   }
   ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-  // Changing uid made it non-dumpable: it holds nothing of root's now, and its user (and their
-  // debuggers, and LeakSanitizer in a sanitized build) may look at it as at any process of theirs.
+  // Changing uid made it non-dumpable. Once it holds nothing of root's, its user (and their
+  // debuggers, and LeakSanitizer in a sanitized build) may look at it as at any process of theirs;
+  // while it holds the attempt cgroup's descriptor, opened as root, it stays out of their reach
+  // (ptrace or pidfd_getfd would hand it to the job, which could then move any process on the host
+  // into its cgroup for gpuqd to kill): `dumpable_later`, and the supervisor makes it dumpable once
+  // it has closed that descriptor.
+  if (dumpable_later) return true;
   ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
   ::umask(027);  // the job's files: its owner's, readable by the admin group its directory has
   return true;
@@ -702,9 +724,10 @@ int run_supervisor(const std::string& launch_path, const std::string& cgroup) {
     complain("cannot open the attempt's cgroup " + cgroup + ": " + std::strerror(errno));
     return 2;
   }
-  if (!become_owner(*doc)) return 2;
+  const bool dumpable_later = procs >= 0;
+  if (!become_owner(*doc, dumpable_later)) return 2;
   try {
-    Supervisor attempt(std::move(*doc), false, "", procs, cgroup);
+    Supervisor attempt(std::move(*doc), false, "", procs, cgroup, dumpable_later);
     const int written = attempt.run();
     return written != 0 ? written : attempt.succeeded() ? 0 : 1;
   } catch (const std::exception& e) {

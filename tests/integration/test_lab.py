@@ -87,6 +87,23 @@ class LabMode(unittest.TestCase):
         r = self.gpuq(user, "wait", *map(str, ids), "--json")
         return {j["id"]: j for j in json.loads(r.stdout)["jobs"]}
 
+    def test_a_job_runs_in_its_attempts_cgroup_and_cannot_reach_the_descriptor_that_put_it_there(self):
+        if not self.d.cgroups:
+            self.skipTest("this host gives gpuqd no cgroup to make attempts' cgroups under (see gpuqd.log)")
+        # The supervisor opened the cgroup's cgroup.procs as root: the job (its user) may look into
+        # its supervisor only once that descriptor is closed; until then /proc/$PPID/fd is closed
+        # to it.
+        shell = ('cat /proc/self/cgroup; while ! ls /proc/$PPID/fd > /dev/null 2>&1; do sleep 0.01; done; '
+                 'ls -l /proc/$PPID/fd/')
+        [a] = self.submit(ALICE, {"name": "peek", "shell": shell})
+        job = self.wait(ALICE, [a])[a]
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        log = self.ok(ALICE, "logs", str(a))
+        self.assertIn(f"/gpuq-", log)
+        self.assertIn(f"/{a}-attempt-1", log)  # its own cgroup, joined as its user
+        self.assertIn("signalfd", log)  # the listing is there, and holds no cgroup
+        self.assertNotIn("cgroup.procs", log)
+
     def test_jobs_run_as_their_owner_with_their_home_and_files(self):
         [a] = self.submit(ALICE, {"name": "who", "command": ["sh", "-c", 'id -u; echo "HOME=$HOME USER=$USER"; '
                                                             'grep NoNewPrivs /proc/self/status; '

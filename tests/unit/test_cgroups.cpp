@@ -4,9 +4,18 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
 
 #include "daemon/cgroups.hpp"
+#include "daemon/executor.hpp"
 #include "tests/unit/temp_dir.hpp"
 
 using gpuq::daemon::CgroupHierarchy;
@@ -81,6 +90,12 @@ TEST_CASE("the layout: each hierarchy this process is in, with its own cgroup as
   CHECK(parse_cgroup_layout("", k_hybrid_groups).empty());
   CHECK(parse_cgroup_layout("garbage - cgroup2\n- - -\n", "0::/\n").empty());
   CHECK(parse_cgroup_layout(k_v2_mounts, "nonsense\n").empty());
+
+  // Mounted twice at one point: the later mount is the one seen.
+  const std::string over = std::string(k_v2_mounts) + "90 24 0:99 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+  const auto seen = parse_cgroup_layout(over, "0::/a\n");
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].own_dir() == "/sys/fs/cgroup/a");
 }
 
 TEST_CASE("gpuqd's cgroup is made under its own, named for its state dir, and refused where it is no cgroup") {
@@ -146,6 +161,95 @@ TEST_CASE("v1 where v2 cannot be made: a hierarchy that tracks processes, named 
   CHECK(cgroups->empty(*dir));  // v1: nothing listed
   write(*dir + "/cgroup.procs", "999999999\n");
   CHECK_FALSE(cgroups->empty(*dir));
+}
+
+TEST_CASE("gpuqd's cgroup is made again when it was removed meanwhile") {
+  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
+  const CgroupHierarchy v2{true, {}, fs.path, "/", "/"};
+  const std::string base = named(Cgroups::open("/s", {v2}).error().message, fs.path + "/gpuq-");
+  write(base + "/cgroup.procs", "");
+  auto cgroups = Cgroups::open("/s", {v2});
+  REQUIRE(cgroups);
+  std::filesystem::remove_all(base);
+  CHECK(cgroups->make("1-attempt-1"));
+  CHECK(std::filesystem::is_directory(base + "/1-attempt-1"));
+}
+
+TEST_CASE("an attempt has ended only once its supervisor is gone and its cgroup is empty") {
+  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
+  const CgroupHierarchy v2{true, {}, fs.path, "/", "/"};
+  const std::string base = named(Cgroups::open("/s", {v2}).error().message, fs.path + "/gpuq-");
+  write(base + "/cgroup.procs", "");
+  write(base + "/cgroup.kill", "");
+  auto cgroups = Cgroups::open("/s", {v2});
+  REQUIRE(cgroups);
+  const std::string cgroup = base + "/7-attempt-1";
+  REQUIRE(std::filesystem::create_directory(cgroup));
+  write(cgroup + "/cgroup.events", "populated 1\n");  // a process of it lives on
+
+  boost::asio::io_context io;
+  std::vector<std::int64_t> ended;
+  // The supervisor: a program that exits at once (its arguments are ignored).
+  auto local = gpuq::daemon::make_local_executor(
+      io, "/bin/true", [&](std::int64_t id) { ended.push_back(id); }, std::move(*cgroups));
+  const std::string dir = fs.path + "/jobs/7/attempt-1";
+  std::filesystem::create_directories(dir);
+  REQUIRE(local->start({7, dir, nullptr, {}, ::getuid()}));
+  const auto killed = [&] {
+    std::ifstream in(cgroup + "/cgroup.kill");
+    std::string said;
+    in >> said;
+    return said == "1";
+  };
+  for (int i = 0; i < 1000 && !killed(); ++i)
+    io.run_one_for(std::chrono::milliseconds(10));
+  REQUIRE(killed());  // the supervisor is gone: the cgroup was killed
+  for (int i = 0; i < 5; ++i)
+    io.run_one_for(std::chrono::milliseconds(100));  // and looked at again since
+  CHECK(ended.empty());                              // not ended while a process of it lives
+  write(cgroup + "/cgroup.events", "populated 0\n");
+  for (int i = 0; i < 1000 && ended.empty(); ++i)
+    io.run_one_for(std::chrono::milliseconds(10));
+  CHECK(ended == std::vector<std::int64_t>{7});
+}
+
+TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed through its pidfd") {
+  // This host's v1 pids hierarchy, where there is one and it may be written (root).
+  std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
+  std::stringstream m, g;
+  m << mounts.rdbuf();
+  g << groups.rdbuf();
+  std::vector<CgroupHierarchy> v1;
+  for (auto& h : parse_cgroup_layout(m.str(), g.str()))
+    if (!h.v2 && h.controllers == std::vector<std::string>{"pids"}) v1.push_back(h);
+  gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
+  auto cgroups = v1.empty() ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
+  if (!cgroups) {
+    MESSAGE("no writable v1 pids hierarchy here: skipped");
+    return;
+  }
+  auto dir = cgroups->make("1-attempt-1");
+  REQUIRE(dir);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    for (;;)
+      ::pause();
+  }
+  std::ofstream(*dir + "/cgroup.procs") << child << "\n";
+  CHECK_FALSE(cgroups->empty(*dir));
+  for (int i = 0; i < 1000 && !cgroups->empty(*dir); ++i) {
+    cgroups->kill(*dir);
+    ::usleep(10000);
+  }
+  const bool emptied = cgroups->empty(*dir);
+  if (!emptied) ::kill(child, SIGKILL);  // not to leave it behind
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(emptied);
+  cgroups->remove(*dir);
+  cgroups->remove_base();
+  CHECK_FALSE(std::filesystem::exists(cgroups->base()));
 }
 
 TEST_SUITE_END();
