@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -106,7 +107,9 @@ Result<bool> join_as_nobody(const std::string& dir) {
           ::setgroups(0, nullptr) == 0 && ::setgid(none) == 0 && ::setuid(none) == 0 && ::write(fd, "0", 1) == 1;
       ::_exit(joined ? 0 : 1);
     }
-    if (child > 0) ::waitpid(child, &status, 0);
+    if (child > 0)
+      while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+      }
     ::close(fd);
   }
   ::rmdir(dir.c_str());
@@ -206,7 +209,8 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
         continue;
       }
     }
-    return Cgroups(base, h->v2, h->v2 && exists(base + "/cgroup.kill"), h->mount, h->root);
+    return Cgroups(base, h->v2, h->v2 && exists(base + "/cgroup.kill"), h->mount, h->root,
+                   h->v2 ? std::string() : h->controllers.front());
   }
   return Error{ErrorCode::unavailable, tried.empty() ? "no cgroup hierarchy places gpuqd" : tried};
 }
@@ -230,16 +234,29 @@ void Cgroups::kill(const std::string& dir) const {
     if (std::ofstream out(dir + "/cgroup.kill"); out << "1\n" && out.flush()) return;
   }
   const std::string name = named(dir);
-  for (int pid : pids_in(dir)) {
-    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-    if (pidfd < 0) continue;  // gone
-    bool inside = false;      // the process the pidfd holds: still in this cgroup
+  // Whether `pid` is in this cgroup, on this hierarchy's line of /proc/PID/cgroup ("0::/x" on v2;
+  // "4:pids:/x" on v1).
+  const auto inside = [&](int pid) {
     std::istringstream lines(read_small("/proc/" + std::to_string(pid) + "/cgroup"));
     for (std::string line; std::getline(lines, line);) {
-      const auto second = line.find(':', line.find(':') + 1);
-      inside = inside || (second != std::string::npos && line.compare(second + 1, std::string::npos, name) == 0);
+      const auto first = line.find(':');
+      const auto second = first == std::string::npos ? first : line.find(':', first + 1);
+      if (second == std::string::npos || line.compare(second + 1, std::string::npos, name) != 0) continue;
+      const auto controllers = split(line.substr(first + 1, second - first - 1), ',');
+      if (m_v2 ? line.compare(0, second + 1, "0::") == 0
+               : std::find(controllers.begin(), controllers.end(), m_controller) != controllers.end())
+        return true;
     }
-    if (inside) ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+    return false;
+  };
+  for (int pid : pids_in(dir)) {
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0 && errno == ENOSYS) {  // before Linux 5.3: checked, then signalled by its pid
+      if (inside(pid)) ::kill(pid, SIGKILL);
+      continue;
+    }
+    if (pidfd < 0) continue;                                                        // gone
+    if (inside(pid)) ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);  // the process the pidfd holds
     ::close(pidfd);
   }
 }

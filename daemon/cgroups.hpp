@@ -56,7 +56,8 @@ class Cgroups {
   std::string path(const std::string& name) const { return m_base + "/" + name; }
   // Kills every process in the cgroup `dir`: cgroup.kill on v2 (all at once, forks included);
   // without it, SIGKILL through a pidfd to each process listed that is still in it when its pidfd
-  // is open (a pid reused meanwhile is not signalled), one round a call (a process forked during
+  // is open (a pid reused meanwhile is not signalled; before Linux 5.3, which has no pidfd, by its
+  // pid once found in it), one round a call (a process forked during
   // the round is killed by the next: the executor calls again until empty() says so).
   // Asynchronous in the kernel: empty() says when they are gone.
   void kill(const std::string& dir) const;
@@ -71,14 +72,20 @@ class Cgroups {
   const std::string& base() const { return m_base; }
 
  private:
-  Cgroups(std::string base, bool v2, bool has_kill, std::string mount, std::string root)
-      : m_base(std::move(base)), m_v2(v2), m_has_kill(has_kill), m_mount(std::move(mount)), m_root(std::move(root)) {}
+  Cgroups(std::string base, bool v2, bool has_kill, std::string mount, std::string root, std::string controller)
+      : m_base(std::move(base)),
+        m_v2(v2),
+        m_has_kill(has_kill),
+        m_mount(std::move(mount)),
+        m_root(std::move(root)),
+        m_controller(std::move(controller)) {}
   // `dir` as /proc/PID/cgroup names it.
   std::string named(const std::string& dir) const;
   std::string m_base;
   bool m_v2 = false;
   bool m_has_kill = false;  // v2's cgroup.kill (Linux 5.14)
   std::string m_mount, m_root;  // the hierarchy's mount point, and the part of it mounted there
+  std::string m_controller;     // v1: the hierarchy's (first) controller, as /proc/PID/cgroup names it
 };
 
 }  // namespace gpuq::daemon

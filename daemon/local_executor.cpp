@@ -172,8 +172,11 @@ class LocalExecutor final : public Executor {
     }
     // Its supervisor is gone while processes of it live on (it was killed while no gpuqd ran):
     // they are killed, and the attempt ends once none is left, as if its supervisor had just gone.
-    // (Without a pid file its supervisor never started a rank: it announces itself first.)
-    if (pid && !cgroup.empty() && !m_cgroups->empty(cgroup)) {
+    // Without a pid file its supervisor never started a rank (it announces itself first), unless
+    // the job removed or spoilt that file: what is there is killed all the same, and given a moment
+    // at start-up to go, so that the attempt runs again (never started) only on an empty cgroup;
+    // what outlasts that ends the attempt as above.
+    if (!cgroup.empty() && !m_cgroups->empty(cgroup) && (pid || !emptied_soon(cgroup))) {
       Shim& s = m_shims[attempt.id];
       s.cgroup = cgroup;
       std::cerr << "gpuqd: job " << attempt.id << ": its supervisor is gone and processes of it are left in " << cgroup
@@ -181,10 +184,7 @@ class LocalExecutor final : public Executor {
       asio::post(m_io, [this, id = attempt.id] { gone(id); });
       return Found::alive;
     }
-    if (!cgroup.empty()) {  // empty; or, without a pid file, holding no rank of it: a start makes it again
-      if (!pid) m_cgroups->kill(cgroup);
-      m_cgroups->remove(cgroup);
-    }
+    if (!cgroup.empty()) m_cgroups->remove(cgroup);  // empty: a start makes it again
     // With an exit record it ended while no gpuqd ran; with a pid file and none, its supervisor
     // is gone without one (outcome() says so). Without either it was never started.
     if (pid || common::path_exists(attempt.dir + "/exit.json")) return Found::ended;
@@ -294,6 +294,17 @@ class LocalExecutor final : public Executor {
     }
     m_shims.erase(it);
     m_ended(id);
+  }
+
+  // Kills what is in `cgroup` and waits, at most 2 s, for it to be empty: at start-up only (adopt),
+  // before gpuqd serves anyone.
+  bool emptied_soon(const std::string& cgroup) const {
+    for (int i = 0; i < 200; ++i) {
+      m_cgroups->kill(cgroup);
+      if (m_cgroups->empty(cgroup)) return true;
+      ::usleep(10000);
+    }
+    return false;
   }
 
   static double steady_s() {

@@ -701,15 +701,14 @@ bool become_owner(const json& doc, bool dumpable_later) {
     return false;
   }
   ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  ::umask(027);  // the job's files: its owner's, readable by the admin group its directory has
   // Changing uid made it non-dumpable. Once it holds nothing of root's, its user (and their
   // debuggers, and LeakSanitizer in a sanitized build) may look at it as at any process of theirs;
   // while it holds the attempt cgroup's descriptor, opened as root, it stays out of their reach
   // (ptrace or pidfd_getfd would hand it to the job, which could then move any process on the host
   // into its cgroup for gpuqd to kill): `dumpable_later`, and the supervisor makes it dumpable once
   // it has closed that descriptor.
-  if (dumpable_later) return true;
-  ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-  ::umask(027);  // the job's files: its owner's, readable by the admin group its directory has
+  if (!dumpable_later) ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
   return true;
 }
 

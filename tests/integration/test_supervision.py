@@ -68,6 +68,29 @@ class AttemptCgroups(DaemonTest):
         self.assertFalse(alive(read_pid(pid_file)), "the job's setsid child outlived gpuqd's restart")
         self.assertFalse(os.path.exists(cgroup))
 
+    def test_a_job_that_also_removes_its_supervisors_pid_file_is_killed_before_it_runs_again(self):
+        # Without a pid file gpuqd takes the attempt for one that never started and runs it again;
+        # what the first run left in the cgroup must be gone before the second begins.
+        go, first, verdict = self.tmp_path("go"), self.tmp_path("first.pid"), self.tmp_path("verdict")
+        shell = (f"if [ -e {first} ]; then "  # the second run: is the first one's child still there?
+                 f"  state=$(cut -d' ' -f3 /proc/$(cat {first})/stat 2>/dev/null); "
+                 f"  echo \"${{state:-gone}}\" > {verdict}; exit 0; fi; "
+                 f"setsid sh -c 'echo $$ > {first}.tmp && mv {first}.tmp {first}; exec sleep 1000' & "
+                 f"while [ ! -e {first} ] || [ ! -e {go} ]; do sleep 0.02; done; "
+                 f"rm -f \"$(dirname \"$GPUQ_EVENTS\")/shim.pid\"; kill -9 $PPID; exec sleep 1000")
+        job_id = self.d.submit([{"name": "tamper", "shell": shell, "retries": 0}])["ids"][0]
+        wait_until(lambda: os.path.exists(first), what="the job's setsid child")
+        self.d.kill9()
+        open(go, "w").close()
+        wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), timeout=30, what="the supervisor to die")
+        self.assertTrue(alive(read_pid(first)))
+        self.d.start()
+        done = self.d.wait([job_id], timeout=60)[job_id]
+        self.assertEqual(done["state"], "succeeded", done["reason"])  # the second run
+        with open(verdict) as f:
+            self.assertIn(f.read().strip(), ("gone", "Z"), "the first run's child lived on into the second")
+        self.assertFalse(alive(read_pid(first)))
+
 
 if __name__ == "__main__":
     unittest.main()
