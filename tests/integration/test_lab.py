@@ -104,6 +104,15 @@ class LabMode(unittest.TestCase):
         self.assertIn("signalfd", log)  # the listing is there, and holds no cgroup
         self.assertNotIn("cgroup.procs", log)
 
+    def test_a_jobs_files_are_made_under_umask_027_whatever_gpuqds(self):
+        self.d.stop()
+        self.d.start(umask=0o022)
+        [a] = self.submit(ALICE, {"name": "files", "shell": 'touch "$GPUQ_CHECKPOINT_DIR/ckpt"'})
+        job = self.wait(ALICE, [a])[a]
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        ckpt = os.path.join(job["job_dir"], "checkpoints", "ckpt")
+        self.assertEqual(os.stat(ckpt).st_mode & 0o077, 0o040)  # its group's to read (admins), no one else's
+
     def test_jobs_run_as_their_owner_with_their_home_and_files(self):
         [a] = self.submit(ALICE, {"name": "who", "command": ["sh", "-c", 'id -u; echo "HOME=$HOME USER=$USER"; '
                                                             'grep NoNewPrivs /proc/self/status; '
