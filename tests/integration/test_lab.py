@@ -95,7 +95,7 @@ class LabMode(unittest.TestCase):
         # to it.
         shell = ('cat /proc/self/cgroup; while ! ls /proc/$PPID/fd > /dev/null 2>&1; do sleep 0.01; done; '
                  'ls -l /proc/$PPID/fd/')
-        [a] = self.submit(ALICE, {"name": "peek", "shell": shell})
+        [a] = self.submit(ALICE, {"name": "peek", "shell": shell, "timeout_s": 60})
         job = self.wait(ALICE, [a])[a]
         self.assertEqual(job["state"], "succeeded", job["reason"])
         log = self.ok(ALICE, "logs", str(a))
@@ -413,9 +413,12 @@ class LabMode(unittest.TestCase):
         self.assertNotIn(ROOTS_SECRET, log)
 
     def test_a_jobs_supervisor_holds_none_of_gpuqds_environment(self):
-        # The supervisor runs as the job's owner and is dumpable, so the job reads its environ.
+        # The supervisor runs as the job's owner and is dumpable once every rank has joined the
+        # attempt's cgroup (before that, the job may not look into it), so the job reads its environ.
         [a] = self.submit(ALICE, {"name": "peek", "command": [
-            "sh", "-c", 'echo "parent $PPID: $(cat /proc/$PPID/comm)"; tr "\\0" "\\n" < /proc/$PPID/environ']})
+            "sh", "-c", 'while ! cat /proc/$PPID/environ > /dev/null 2>&1; do sleep 0.01; done; '
+                        'echo "parent $PPID: $(cat /proc/$PPID/comm)"; tr "\\0" "\\n" < /proc/$PPID/environ'],
+            "timeout_s": 60})
         self.assertEqual(self.wait(ALICE, [a])[a]["state"], "succeeded")
         log = self.ok(ALICE, "logs", str(a))
         self.assertIn(": gpuq-shim", log.splitlines()[0])  # it read its supervisor's, not another's
