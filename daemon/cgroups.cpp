@@ -21,6 +21,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/paths.hpp"
+
 namespace gpuq::daemon {
 
 namespace {
@@ -55,11 +57,6 @@ std::string read_small(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
 }
 
 // A stable name for a state dir (as the kernel resolves it, where it exists): FNV-1a, 64 bits, in hex.
@@ -190,26 +187,29 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
   for (int rank = 0; rank < 16; ++rank)
     for (const auto& h : hierarchies)
       if (!h.v2 && v1_rank(h) == rank) order.push_back(&h);
-  std::string tried;
+  std::string tried;  // why each hierarchy would not do
+  const auto refused = [&](const std::string& kind, const std::string& why) {
+    tried += (tried.empty() ? "" : "; ") + kind + ": " + why;
+  };
   for (const CgroupHierarchy* h : order) {
     const std::string base = h->own_dir() + "/gpuq-" + tag_of(state_dir);
     const std::string kind = h->v2 ? "v2" : "v1 (" + h->controllers.front() + ")";
     if (::mkdir(base.c_str(), 0755) != 0 && errno != EEXIST) {
-      tried += (tried.empty() ? "" : "; ") + kind + ": cannot make " + base + ": " + std::strerror(errno);
+      refused(kind, "cannot make " + base + ": " + std::strerror(errno));
       continue;
     }
-    if (!exists(base + "/cgroup.procs")) {
-      tried += (tried.empty() ? "" : "; ") + kind + ": " + base + " is not a cgroup";
+    if (!common::path_exists(base + "/cgroup.procs")) {
+      refused(kind, base + " is not a cgroup");
       continue;
     }
     if (other_users && ::geteuid() == 0) {
       if (auto probe = join_as_nobody(base + "/probe-" + std::to_string(::getpid())); !probe) {
-        tried += (tried.empty() ? "" : "; ") + kind + ": " + probe.error().message;
+        refused(kind, probe.error().message);
         ::rmdir(base.c_str());
         continue;
       }
     }
-    return Cgroups(base, h->v2, h->v2 && exists(base + "/cgroup.kill"), h->mount, h->root,
+    return Cgroups(base, h->v2, h->v2 && common::path_exists(base + "/cgroup.kill"), h->mount, h->root,
                    h->v2 ? std::string() : h->controllers.front());
   }
   return Error{ErrorCode::unavailable, tried.empty() ? "no cgroup hierarchy places gpuqd" : tried};
@@ -267,7 +267,7 @@ std::string Cgroups::named(const std::string& dir) const {
 }
 
 bool Cgroups::empty(const std::string& dir) const {
-  if (!exists(dir)) return true;
+  if (!common::path_exists(dir)) return true;
   if (m_v2) {
     std::istringstream events(read_small(dir + "/cgroup.events"));
     for (std::string key, value; events >> key >> value;)

@@ -261,15 +261,14 @@ class Supervisor {
   // `stop_on_urg`: one task of a Slurm gang, where gpuq stops the supervisors with SIGURG (see
   // run_slurm_task).
   // `stop_file`: a file whose presence, once signals are caught, is a stop that came before.
-  // `cgroup_procs`: a descriptor of the cgroup.procs its ranks join (-1: none), of `cgroup`.
-  // `dumpable_after`: the job's user may look into this process once the descriptor is closed.
+  // `cgroup_procs`: a descriptor of the cgroup.procs its ranks join (-1: none), of `cgroup`; while
+  // it is open the job's user may not look into this process (see become_owner).
   explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "", int cgroup_procs = -1,
-                      const std::string& cgroup = "", bool dumpable_after = false)
+                      const std::string& cgroup = "")
       : m_doc(std::move(doc)),
         m_stop_on_urg(stop_on_urg),
         m_stop_file(std::move(stop_file)),
         m_cgroup_procs(cgroup_procs),
-        m_dumpable_after(dumpable_after),
         m_join_failed("gpuq: cannot join the attempt's cgroup " + cgroup + "; not started\n") {}
 
   ~Supervisor() { release_cgroup(); }
@@ -282,7 +281,7 @@ class Supervisor {
     if (m_cgroup_procs < 0) return;
     ::close(m_cgroup_procs);
     m_cgroup_procs = -1;
-    if (m_dumpable_after) ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
   }
 
   // After run(): a rank of its own failed first (not one torn down, timed out or stopped).
@@ -396,9 +395,12 @@ class Supervisor {
         const std::string input = r.value("stdin", std::string());
         auto start = [&](auto&& output) {
           auto child = [&](auto&& in) {
-            bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in<in, (bp::std_out & bp::std_err)> output,
+            // Redirections, not a template's brackets:
+            // clang-format off
+            bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in < in, (bp::std_out & bp::std_err) > output,
                         RankSetup{{}, cwd, chdir_failed, cpus, memory, m_cgroup_procs, m_join_failed},
                         bp::posix::use_vfork);
+            // clang-format on
             rank.pid = c.id();
             c.detach();  // reaped below with waitpid(-1), with any orphans
           };
@@ -603,7 +605,6 @@ class Supervisor {
   bool m_stop_on_urg = false;
   std::string m_stop_file;
   int m_cgroup_procs = -1;
-  bool m_dumpable_after = false;
   std::string m_join_failed;
   sigset_t m_signals{};
   std::vector<Rank> m_ranks;
@@ -726,7 +727,7 @@ int run_supervisor(const std::string& launch_path, const std::string& cgroup) {
   const bool dumpable_later = procs >= 0;
   if (!become_owner(*doc, dumpable_later)) return 2;
   try {
-    Supervisor attempt(std::move(*doc), false, "", procs, cgroup, dumpable_later);
+    Supervisor attempt(std::move(*doc), false, "", procs, cgroup);
     const int written = attempt.run();
     return written != 0 ? written : attempt.succeeded() ? 0 : 1;
   } catch (const std::exception& e) {
