@@ -89,34 +89,6 @@ std::vector<int> pids_in(const std::string& dir) {
   return out;
 }
 
-// Whether a process that is no longer root can join the cgroup `dir` (made here, then removed)
-// through a descriptor of its cgroup.procs that root opened, as a rank of another user does.
-Result<bool> join_as_nobody(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    return Error{ErrorCode::internal, "cannot make " + dir + ": " + std::strerror(errno)};
-  const int fd = ::open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
-  int status = -1;
-  if (fd >= 0) {
-    const pid_t child = ::fork();
-    if (child == 0) {  // system calls only: gpuqd may have threads
-      const gid_t none = 65534;
-      const bool joined =
-          ::setgroups(0, nullptr) == 0 && ::setgid(none) == 0 && ::setuid(none) == 0 && ::write(fd, "0", 1) == 1;
-      ::_exit(joined ? 0 : 1);
-    }
-    if (child > 0)
-      while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-      }
-    ::close(fd);
-  }
-  ::rmdir(dir.c_str());
-  if (status != 0)
-    return Error{ErrorCode::unavailable,
-                 "a job's rank, running as its user, could not join a cgroup through its supervisor's descriptor "
-                 "(this kernel judges the write by the writer: Linux 5.16 or later does not)"};
-  return true;
-}
-
 }  // namespace
 
 std::string CgroupHierarchy::own_dir() const {
@@ -174,13 +146,11 @@ std::vector<CgroupHierarchy> parse_cgroup_layout(const std::string& mountinfo, c
   return out;
 }
 
-Result<Cgroups> Cgroups::open(const std::string& state_dir, bool other_users) {
-  return open(state_dir, parse_cgroup_layout(read_small("/proc/self/mountinfo"), read_small("/proc/self/cgroup")),
-              other_users);
+Result<Cgroups> Cgroups::open(const std::string& state_dir) {
+  return open(state_dir, parse_cgroup_layout(read_small("/proc/self/mountinfo"), read_small("/proc/self/cgroup")));
 }
 
-Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies,
-                              bool other_users) {
+Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies) {
   std::vector<const CgroupHierarchy*> order;
   for (const auto& h : hierarchies)
     if (h.v2) order.push_back(&h);
@@ -201,13 +171,6 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
     if (!common::path_exists(base + "/cgroup.procs")) {
       refused(kind, base + " is not a cgroup");
       continue;
-    }
-    if (other_users && ::geteuid() == 0) {
-      if (auto probe = join_as_nobody(base + "/probe-" + std::to_string(::getpid())); !probe) {
-        refused(kind, probe.error().message);
-        ::rmdir(base.c_str());
-        continue;
-      }
     }
     return Cgroups(base, h->v2, h->v2 && common::path_exists(base + "/cgroup.kill"), h->mount, h->root,
                    h->v2 ? std::string() : h->controllers.front());

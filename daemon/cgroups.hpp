@@ -41,12 +41,8 @@ class Cgroups {
   // The cgroup under which this gpuqd makes attempts' cgroups: a child of its own, named for its
   // state dir (so that two gpuqds on one host never share one, and a restarted gpuqd finds its
   // running attempts' again). `proc` and `hierarchies` are for tests (a fake cgroupfs).
-  // `other_users`: jobs run as other users than gpuqd's (lab mode), so their ranks join through a
-  // descriptor gpuqd's identity opened; where this kernel judges the write by the writer (before
-  // Linux 5.16) that fails, and gpuqd makes no cgroups rather than jobs that cannot start.
-  static Result<Cgroups> open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies,
-                              bool other_users = false);
-  static Result<Cgroups> open(const std::string& state_dir, bool other_users);  // this host's layout
+  static Result<Cgroups> open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies);
+  static Result<Cgroups> open(const std::string& state_dir);  // this host's layout
 
   // "cgroup v2 at /sys/fs/cgroup/unified/gpuq-0123abcd (cgroup.kill)": what gpuqd logs at start.
   std::string describe() const;

@@ -27,7 +27,7 @@ namespace gpuq::daemon {
 namespace {
 // The cgroup each local attempt runs in, where this host lets gpuqd make one; said at start.
 std::optional<Cgroups> attempt_cgroups(const Config& config) {
-  auto cgroups = Cgroups::open(config.state_dir, config.multi_user);
+  auto cgroups = Cgroups::open(config.state_dir);
   if (!cgroups) {
     std::cerr << "gpuqd: attempts get no cgroup of their own (" << cgroups.error().message
               << "); a job's processes are tracked by its supervisor's process tree\n";
@@ -71,7 +71,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                                            [this](std::int64_t id) { m_attempts.ended(id); })
                      : make_local_executor(
                            io, m_config.shim_path, [this](std::int64_t id) { m_attempts.ended(id); },
-                           attempt_cgroups(m_config))),
+                           attempt_cgroups(m_config), m_config.grace_s)),
       m_events(io, m_config, *m_store, m_jobs, *m_executor, m_machine.inventory,
                {[this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); }}),
       m_attempts(io, m_config, *m_store, m_jobs, m_users, m_machine, *m_executor, m_events, m_metrics,

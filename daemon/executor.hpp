@@ -171,8 +171,12 @@ nlohmann::json merge_task_records(const std::vector<nlohmann::json>& tasks);
 // that they outlive gpuqd; watches each through a pidfd (or polls where there is none). With
 // `cgroups`, each attempt's processes run in a cgroup of its own (cgroups.hpp), which is killed
 // and found empty before `Ended`; without, they are tracked by the supervisor's tree.
+// `grace_s`: the supervisors' SIGTERM -> SIGKILL; a supervisor that has not ended its attempt
+// k_overdue_s past that after a stop or the attempt's timeout is killed by gpuqd (a job that
+// shares its supervisor's uid may have stopped it).
 std::unique_ptr<Executor> make_local_executor(boost::asio::io_context& io, std::string shim_path, Executor::Ended ended,
-                                              std::optional<Cgroups> cgroups = std::nullopt);
+                                              std::optional<Cgroups> cgroups = std::nullopt, double grace_s = 10);
+constexpr double k_overdue_s = 5;
 
 // Hands each attempt to Slurm (slurm_executor.cpp): sbatch a script that runs gpuq-shim inside
 // the allocation, squeue for liveness, scancel to stop.

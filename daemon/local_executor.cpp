@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <chrono>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "common/failure_class.hpp"
 #include "common/json_input.hpp"
@@ -130,8 +132,13 @@ int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid,
 
 class LocalExecutor final : public Executor {
  public:
-  LocalExecutor(asio::io_context& io, std::string shim_path, Ended ended, std::optional<Cgroups> cgroups)
-      : m_io(io), m_shim_path(std::move(shim_path)), m_ended(std::move(ended)), m_cgroups(std::move(cgroups)) {}
+  LocalExecutor(asio::io_context& io, std::string shim_path, Ended ended, std::optional<Cgroups> cgroups,
+                double grace_s)
+      : m_io(io),
+        m_shim_path(std::move(shim_path)),
+        m_ended(std::move(ended)),
+        m_cgroups(std::move(cgroups)),
+        m_grace_s(grace_s) {}
   ~LocalExecutor() override {
     if (m_cgroups) m_cgroups->remove_base();  // stays while attempts' cgroups are in it (jobs outlive gpuqd)
   }
@@ -149,25 +156,31 @@ class LocalExecutor final : public Executor {
       return pid.error();
     }
     Shim& s = m_shims[attempt.id];
+    s.serial = ++m_serials;
+    m_killed_at_timeout.erase(attempt.id);
     s.pid = {*pid, process_start_time(*pid).value_or(0)};
     s.own_child = true;
     s.cgroup = std::move(cgroup);
     watch(attempt.id, s);
+    enforce_timeout(attempt, s);
     return true;
   }
 
   Found adopt(const Attempt& attempt) override {
     // A live supervisor first: an exit record may also be a file the running job wrote itself.
-    // The supervisor runs as the job's owner, who could point its pid file at any process: only
-    // one of theirs is taken for it (and signalled on cancel).
+    // The pid file is in the job's directory, and its owner could point it at any process: only
+    // this attempt's supervisor, running as gpuqd does, is taken for it (and signalled on cancel).
     const auto pid = read_pid_file(attempt.dir + "/shim.pid", attempt.owner);
     const std::string cgroup = m_cgroups ? m_cgroups->path(cgroup_name(attempt)) : std::string();
-    if (pid && is_alive(*pid) && common::process_owner(pid->pid) == attempt.owner) {
+    if (pid && is_alive(*pid) && common::process_owner(pid->pid) == ::geteuid() && supervises(pid->pid, attempt)) {
       Shim& s = m_shims[attempt.id];
+      s.serial = ++m_serials;
+      m_killed_at_timeout.erase(attempt.id);
       s.pid = *pid;
       s.cgroup = cgroup;
       std::cerr << "gpuqd: re-adopted job " << attempt.id << " (supervisor pid " << pid->pid << ")\n";
       watch(attempt.id, s);
+      enforce_timeout(attempt, s);
       return Found::alive;
     }
     // Its supervisor is gone while processes of it live on (it was killed while no gpuqd ran):
@@ -178,6 +191,8 @@ class LocalExecutor final : public Executor {
     // what outlasts that ends the attempt as above.
     if (!cgroup.empty() && !m_cgroups->empty(cgroup) && (pid || !emptied_soon(cgroup))) {
       Shim& s = m_shims[attempt.id];
+      s.serial = ++m_serials;
+      m_killed_at_timeout.erase(attempt.id);
       s.cgroup = cgroup;
       std::cerr << "gpuqd: job " << attempt.id << ": its supervisor is gone and processes of it are left in " << cgroup
                 << "; killing them\n";
@@ -193,7 +208,9 @@ class LocalExecutor final : public Executor {
 
   void stop(std::int64_t id) override {
     auto it = m_shims.find(id);
-    if (it != m_shims.end() && it->second.pid.pid > 0 && is_alive(it->second.pid)) ::kill(it->second.pid.pid, SIGTERM);
+    if (it == m_shims.end() || it->second.pid.pid <= 0) return;
+    signal_shim(it->second, SIGTERM);
+    enforce_in(id, it->second, m_grace_s + k_overdue_s, false);
   }
 
   // A supervisor that cannot write its exit record (the state dir full or read-only) keeps
@@ -215,7 +232,11 @@ class LocalExecutor final : public Executor {
   }
 
   Outcome outcome(const Attempt& attempt) override {
-    return Outcome::from_record(read_exit_record(attempt.dir + "/exit.json", 4 << 20, attempt.owner));
+    Outcome o = Outcome::from_record(read_exit_record(attempt.dir + "/exit.json", 4 << 20, attempt.owner));
+    // Killed past its timeout before it wrote a record; one it wrote says how the attempt ended.
+    if (m_killed_at_timeout.erase(attempt.id) && !o.all_ok && !o.first_failure.is_object() && o.error)
+      o.timed_out = true;
+    return o;
   }
 
  private:
@@ -226,7 +247,82 @@ class LocalExecutor final : public Executor {
     bool own_child = false;  // spawned by this gpuqd: reaped with waitpid
     std::string cgroup;      // the attempt's cgroup; "" where gpuqd has none
     double gone_at = 0;      // when the supervisor was found gone (steady seconds), 0 before
+    std::unique_ptr<asio::steady_timer> overdue;  // when gpuqd kills a supervisor that did not end it
+    double overdue_at = 0;                        // (steady seconds), 0: not armed
+    double overdue_since = 0;                     // when it was first found overdue (steady seconds)
+    std::uint64_t serial = 0;                     // tells this watch from a later one of the same job
   };
+
+  // Signals the supervisor, through its pidfd where there is one (never a process that reused
+  // its pid).
+  static void signal_shim(const Shim& s, int sig) {
+    if (s.pidfd && ::syscall(SYS_pidfd_send_signal, s.pidfd->native_handle(), sig, nullptr, 0) == 0) return;
+    if (!s.pidfd && is_alive(s.pid)) ::kill(s.pid.pid, sig);
+  }
+
+  // The supervisor enforces the attempt's timeout and a stop, SIGKILL after the grace period. One
+  // that has not ended the attempt k_overdue_s after that is stopped (a job in single-user mode may
+  // SIGSTOP its supervisor, which runs as its user): gpuqd kills it, and so the attempt's cgroup
+  // (gone()). The timeout counts from the supervisor's own start (the boot clock, as /proc gives
+  // it), which a step of the wall clock while gpuqd was down does not move.
+  void enforce_timeout(const Attempt& attempt, Shim& s) {
+    if (!attempt.spec || attempt.spec->timeout_s <= 0) return;
+    const double age = process_age_s(s.pid).value_or(0);
+    enforce_in(attempt.id, s, attempt.spec->timeout_s + m_grace_s + k_overdue_s - age, true);
+  }
+
+  void enforce_in(std::int64_t id, Shim& s, double in_s, bool timeout) {
+    const double at = steady_s() + std::max(0.0, in_s);
+    if (s.overdue_at > 0 && s.overdue_at <= at) return;  // an earlier deadline holds
+    s.overdue_at = at;
+    if (!s.overdue) s.overdue = std::make_unique<asio::steady_timer>(m_io);
+    s.overdue->expires_after(std::chrono::milliseconds(static_cast<std::int64_t>(std::max(0.0, in_s) * 1000)));
+    s.overdue->async_wait([this, id, timeout, serial = s.serial](const boost::system::error_code& ec) {
+      if (!ec) overdue(id, timeout, serial);
+    });
+  }
+
+  // Past the deadline: a supervisor stopped (SIGSTOP, or traced) is killed at once; one that runs
+  // is given up to k_overdue_running_s more (its last processes may take long to die, a GPU's
+  // teardown say), as is one whose ranks have ended and which keeps trying to write their record
+  // (detail()), once nothing of the attempt is left in its cgroup.
+  void overdue(std::int64_t id, bool timeout, std::uint64_t serial) {
+    auto it = m_shims.find(id);
+    if (it == m_shims.end() || it->second.serial != serial || it->second.pid.pid <= 0) return;
+    Shim& s = it->second;
+    const double now = steady_s();
+    if (s.overdue_since == 0) s.overdue_since = now;
+    const auto fields = common::proc_stat_fields(s.pid.pid);
+    const bool stopped = fields && !fields->empty() && ((*fields)[0] == "T" || (*fields)[0] == "t");
+    const bool recording = !detail(id).empty() && (s.cgroup.empty() || m_cgroups->empty(s.cgroup));
+    if (recording || (!stopped && now - s.overdue_since < k_overdue_running_s)) {
+      s.overdue_at = 0;
+      enforce_in(id, s, k_overdue_s, timeout);
+      return;
+    }
+    std::cerr << "gpuqd: job " << id << ": its supervisor (pid " << s.pid.pid << ", "
+              << (stopped ? "stopped" : "running") << ") has not ended it " << m_grace_s + k_overdue_s
+              << " s after its " << (timeout ? "timeout" : "stop") << "; killing it and what is left of the attempt\n";
+    if (timeout) m_killed_at_timeout.insert(id);
+    signal_shim(s, SIGKILL);  // gone() follows, through the pidfd or the poll
+  }
+
+  // Seconds since process `p` started, by the boot clock; nothing where /proc does not say.
+  static std::optional<double> process_age_s(const ProcessId& p) {
+    std::ifstream in("/proc/uptime");
+    double uptime = 0;
+    const long hz = ::sysconf(_SC_CLK_TCK);
+    if (!(in >> uptime) || hz <= 0 || p.start_time == 0) return std::nullopt;
+    return std::max(0.0, uptime - static_cast<double>(p.start_time) / static_cast<double>(hz));
+  }
+
+  // Whether process `pid` is the supervisor gpuqd started for `attempt`: its command line, which
+  // only it (or root) may change, is `gpuq-shim DIR/launch.json ...` (spawn_supervisor).
+  static bool supervises(int pid, const Attempt& attempt) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+    std::string shim, launch;
+    return std::getline(in, shim, '\0') && std::getline(in, launch, '\0') && launch == attempt.dir + "/launch.json";
+  }
 
   // Unique among this gpuqd's attempts, and the same after a restart.
   static std::string cgroup_name(const Attempt& attempt) {
@@ -311,19 +407,23 @@ class LocalExecutor final : public Executor {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
   static constexpr double k_unkillable_s = 30;
+  static constexpr double k_overdue_running_s = 30;
 
   asio::io_context& m_io;
   std::string m_shim_path;
   Ended m_ended;
   std::optional<Cgroups> m_cgroups;
+  double m_grace_s = 10;
   std::map<std::int64_t, Shim> m_shims;  // attempts running, by job
+  std::uint64_t m_serials = 0;
+  std::set<std::int64_t> m_killed_at_timeout;  // ended by overdue() at their timeout, outcome not yet read
 };
 
 }  // namespace
 
 std::unique_ptr<Executor> make_local_executor(asio::io_context& io, std::string shim_path, Executor::Ended ended,
-                                              std::optional<Cgroups> cgroups) {
-  return std::make_unique<LocalExecutor>(io, std::move(shim_path), std::move(ended), std::move(cgroups));
+                                              std::optional<Cgroups> cgroups, double grace_s) {
+  return std::make_unique<LocalExecutor>(io, std::move(shim_path), std::move(ended), std::move(cgroups), grace_s);
 }
 
 }  // namespace gpuq::daemon

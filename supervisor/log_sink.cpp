@@ -30,9 +30,25 @@ LogSink::~LogSink() {
   if (m_fd >= 0) ::close(m_fd);
 }
 
+Result<int> open_log(const std::string& path, bool truncate) {
+  const int fd =
+      ::open(path.c_str(),
+             O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
+  if (fd < 0) return Error{ErrorCode::internal, "cannot open the log " + path + ": " + std::strerror(errno)};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd);
+    return Error{ErrorCode::forbidden,
+                 "the log " + path + " is not a regular file of one link; refusing to write to it"};
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 Result<bool> LogSink::open() {
-  m_fd = ::open(m_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (m_fd < 0) return Error{ErrorCode::internal, "cannot open the log " + m_path + ": " + std::strerror(errno)};
+  auto fd = open_log(m_path, false);
+  if (!fd) return fd.error();
+  m_fd = *fd;
   struct stat st {};
   m_size = ::fstat(m_fd, &st) == 0 ? st.st_size : 0;
   return true;
@@ -54,7 +70,8 @@ void LogSink::write(const char* data, std::size_t n) {
 void LogSink::rotate() {
   ::close(m_fd);
   ::rename(m_path.c_str(), (m_path + ".1").c_str());
-  m_fd = ::open(m_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  auto fd = open_log(m_path, true);  // what the job put at the name meanwhile is not written through
+  m_fd = fd ? *fd : -1;
   m_size = 0;
   ++m_rotations;
   char line[160];

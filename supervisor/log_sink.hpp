@@ -12,6 +12,12 @@
 
 namespace gpuq::supervisor {
 
+// Opens `path` to append to (emptied with `truncate`), as a rank's log is: the job may have put
+// anything at the name, so a symlink is not followed, and a fifo or anything but a regular file is
+// refused (never waited on), as is a hard link (to a file of someone else's, where the kernel
+// allows making one). Close-on-exec; an error names the file.
+Result<int> open_log(const std::string& path, bool truncate);
+
 class LogSink {
  public:
   LogSink() = default;

@@ -10,13 +10,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <grp.h>
+#include <sys/fsuid.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -138,12 +139,52 @@ class MemPolicy {
   std::string m_message;  // written to the rank's log when no policy could be set
 };
 
+// The user a root supervisor runs the job's processes as (the launch document's `run_as`, lab
+// mode). The supervisor itself stays root (see take_owners_files); only the ranks take this
+// identity, between fork and exec (Owner::become), as slurmstepd's tasks do.
+struct Owner {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+  std::string cannot;  // what a rank says in its log when it cannot become the owner
+
+  // In a vfork child, the last step before exec (from here the owner's processes may signal it,
+  // and its memory is the supervisor's until exec): raw system calls, which change this task's
+  // credentials alone (glibc's wrappers would broadcast the change to every thread of the parent's
+  // process, whose memory a vfork child shares); the ids read back, root's gone for good, not
+  // dumpable until exec gives it memory of its own, then no_new_privs: no set-user-ID program the
+  // job runs gains privileges. False: the rank must not run.
+  bool become() const {
+    if (::syscall(k_setgroups, groups.size(), groups.data()) != 0 || ::syscall(k_setresgid, gid, gid, gid) != 0 ||
+        ::syscall(k_setresuid, uid, uid, uid) != 0)
+      return false;
+    ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    uid_t r = 0, e = 0, s = 0;
+    gid_t rg = 0, eg = 0, sg = 0;
+    if (::syscall(k_getresuid, &r, &e, &s) != 0 || r != uid || e != uid || s != uid ||
+        ::syscall(k_getresgid, &rg, &eg, &sg) != 0 || rg != gid || eg != gid || sg != gid)
+      return false;
+    if (uid != 0 && ::syscall(k_setresuid, 0, 0, 0) == 0) return false;  // root must be gone for good
+    return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0;
+  }
+
+  // Where a 32-bit ABI has 16-bit ids in the plain calls (i386, arm), the 32-bit ones.
+#ifdef SYS_setresuid32
+  static constexpr long k_setgroups = SYS_setgroups32, k_setresgid = SYS_setresgid32, k_setresuid = SYS_setresuid32,
+                        k_getresuid = SYS_getresuid32, k_getresgid = SYS_getresgid32;
+#else
+  static constexpr long k_setgroups = SYS_setgroups, k_setresgid = SYS_setresgid, k_setresuid = SYS_setresuid,
+                        k_getresuid = SYS_getresuid, k_getresgid = SYS_getresgid;
+#endif
+};
+
 // In the rank, between fork and exec: the attempt's cgroup first (every process of the rank is in
-// it from the start), then its working directory, own process group (so the whole
-// group can be signalled), default signal mask (the shim blocks signals; a blocked mask survives
-// exec), death with the shim, and the rank's cores when it has some. Runs in a vfork child:
-// system calls only. A working directory that cannot be entered ends the rank with 127 and
-// `chdir_failed` in its log (bp::start_dir ignores a failed chdir: the job ran in the shim's).
+// it from the start), the rank's cores when it has some, its own process group (so the whole group
+// can be signalled), default signal mask (the shim blocks signals; a blocked mask survives exec),
+// then the owner's identity (lab mode), its working directory, and death with the shim (after the
+// identity change, which clears it). Runs in a vfork child: system calls only. A working
+// directory that cannot be entered ends the rank with 127 and `chdir_failed` in its log
+// (bp::start_dir ignores a failed chdir: the job ran in the shim's).
 struct RankSetup : bp::extend::handler {
   const std::string& cwd;
   const std::string& chdir_failed;
@@ -151,15 +192,16 @@ struct RankSetup : bp::extend::handler {
   const MemPolicy& memory;
   int cgroup_procs = -1;  // the attempt's cgroup.procs, opened by the shim; -1: none
   const std::string& join_failed;
+  const Owner* owner = nullptr;  // lab mode: who the rank runs as; nullptr: the shim's own user
+  int parent = 0;                // the supervisor's pid
   template <class Executor>
   void on_exec_setup(Executor&) const {
+    // A root supervisor acts on files as the owner; the cgroup is joined as root (a kernel before
+    // 5.16 judges the write by the writer's file-system identity, not the opener's).
+    if (owner) ::syscall(SYS_setfsuid, 0), ::syscall(SYS_setfsgid, 0);
     if (cgroup_procs >= 0 && ::write(cgroup_procs, "0", 1) != 1) {  // "0": the writer
       [[maybe_unused]] auto n = ::write(STDERR_FILENO, join_failed.data(), join_failed.size());
       ::_exit(126);
-    }
-    if (::chdir(cwd.c_str()) != 0) {
-      [[maybe_unused]] auto n = ::write(STDERR_FILENO, chdir_failed.data(), chdir_failed.size());
-      ::_exit(127);
     }
     cpus.apply();
     memory.apply();
@@ -167,8 +209,19 @@ struct RankSetup : bp::extend::handler {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     mark_inherited_fds_cloexec();
+    if (owner && !owner->become()) {
+      [[maybe_unused]] auto n = ::write(STDERR_FILENO, owner->cannot.data(), owner->cannot.size());
+      ::_exit(126);
+    }
+    // As the owner, with no privilege left: a path they could not enter (through a link they
+    // turned since submit) is not entered.
+    if (::chdir(cwd.c_str()) != 0) {
+      [[maybe_unused]] auto n = ::write(STDERR_FILENO, chdir_failed.data(), chdir_failed.size());
+      ::_exit(127);
+    }
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);       // after the change of identity, which clears it
+    if (::getppid() != parent) ::_exit(126);  // the supervisor died before that: the rank dies with it
   }
 };
 
@@ -247,10 +300,14 @@ std::int64_t oom_kills() {
 std::string g_complaints;
 void complain(const std::string& message) {
   const std::string line = "gpuq-shim: " + message + "\n";
-  // In the job's directory, and maybe before the shim dropped root's privileges: never through a
-  // symlink the job put there.
-  const int fd = g_complaints.empty() ? ::dup(STDERR_FILENO)
-                                      : ::open(g_complaints.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // In the job's directory, and maybe before the shim acts on files as the owner: never through a
+  // link the job put there, nor into a fifo (open_log).
+  int fd = -1;
+  if (g_complaints.empty()) {
+    fd = ::dup(STDERR_FILENO);
+  } else if (auto log = open_log(g_complaints, false)) {
+    fd = *log;
+  }
   if (fd < 0) return;
   [[maybe_unused]] auto n = ::write(fd, line.data(), line.size());
   ::close(fd);
@@ -261,27 +318,27 @@ class Supervisor {
   // `stop_on_urg`: one task of a Slurm gang, where gpuq stops the supervisors with SIGURG (see
   // run_slurm_task).
   // `stop_file`: a file whose presence, once signals are caught, is a stop that came before.
-  // `cgroup_procs`: a descriptor of the cgroup.procs its ranks join (-1: none), of `cgroup`; while
-  // it is open the job's user may not look into this process (see become_owner).
+  // `cgroup_procs`: a descriptor of the cgroup.procs its ranks join (-1: none), of `cgroup`.
+  // `owner`: who the ranks run as, when this process is root and they are not to be (lab mode).
   explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "", int cgroup_procs = -1,
-                      const std::string& cgroup = "")
+                      const std::string& cgroup = "", std::optional<Owner> owner = std::nullopt)
       : m_doc(std::move(doc)),
         m_stop_on_urg(stop_on_urg),
         m_stop_file(std::move(stop_file)),
         m_cgroup_procs(cgroup_procs),
-        m_join_failed("gpuq: cannot join the attempt's cgroup " + cgroup + "; not started\n") {}
+        m_join_failed("gpuq: cannot join the attempt's cgroup " + cgroup + "; not started\n"),
+        m_owner(std::move(owner)) {}
 
   ~Supervisor() { release_cgroup(); }
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
 
-  // Every rank has joined the cgroup (or none will): the descriptor gpuqd's identity opened goes,
-  // and only then may the job's user look into this process (see become_owner).
+  // Every rank has joined the cgroup (or none will): the descriptor opened with gpuqd's identity
+  // goes, so that no process of the attempt's (a leftover the shim reaps) could ever hold it.
   void release_cgroup() {
     if (m_cgroup_procs < 0) return;
     ::close(m_cgroup_procs);
     m_cgroup_procs = -1;
-    ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
   }
 
   // After run(): a rank of its own failed first (not one torn down, timed out or stopped).
@@ -398,7 +455,8 @@ class Supervisor {
             // Redirections, not a template's brackets:
             // clang-format off
             bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in < in, (bp::std_out & bp::std_err) > output,
-                        RankSetup{{}, cwd, chdir_failed, cpus, memory, m_cgroup_procs, m_join_failed},
+                        RankSetup{{}, cwd, chdir_failed, cpus, memory, m_cgroup_procs, m_join_failed,
+                                  m_owner ? &*m_owner : nullptr, ::getpid()},
                         bp::posix::use_vfork);
             // clang-format on
             rank.pid = c.id();
@@ -433,14 +491,31 @@ class Supervisor {
           ::fcntl(fd, F_SETFD, FD_CLOEXEC);
           m_pipes.emplace(fd, std::move(sink));
         } else {
-          start(log);
+          auto fd = open_log(log, false);
+          if (!fd) throw std::runtime_error(fd.error().message);
+          FILE* out = ::fdopen(*fd, "a");
+          if (!out) {
+            ::close(*fd);
+            throw std::runtime_error("cannot open the log " + log + ": " + std::strerror(errno));
+          }
+          try {
+            start(out);
+          } catch (...) {
+            std::fclose(out);
+            throw;
+          }
+          std::fclose(out);
         }
       } catch (const std::exception& e) {
         error = std::string("gpuq: cannot start rank: ") + e.what();
       }
     }
     if (rank.pid == 0) {
-      std::ofstream(log, std::ios::app) << error << "\n";
+      if (auto fd = open_log(log, false)) {
+        error += "\n";
+        [[maybe_unused]] auto n = ::write(*fd, error.data(), error.size());
+        ::close(*fd);
+      }
       rank.exited = true;
       rank.exit_code = 127;
       m_ranks.push_back(rank);
@@ -537,14 +612,17 @@ class Supervisor {
   }
 
   // SIGTERM reaches each process group and process once (a handler may be slow to act); SIGKILL
-  // is repeated every tick until nothing is left.
+  // is repeated every tick until nothing is left. Only ids that cannot have been reused are
+  // signalled (this process may be root): a rank's process group while the rank is not reaped
+  // (its zombie holds the id), and children not reaped; what a reaped rank leaves is re-parented
+  // here, and signalled as a child.
   void signal_all(int sig) {
     auto signal_once = [&](int target, bool group) {
       if (sig == SIGTERM && !m_termed.insert(group ? -target : target).second) return;
       group ? ::killpg(target, sig) : ::kill(target, sig);
     };
     for (const auto& r : m_ranks)
-      if (r.pid > 0) signal_once(r.pid, true);  // the rank's process group; it may be gone
+      if (r.pid > 0 && !r.exited) signal_once(r.pid, true);  // the rank's process group
     for (int pid : direct_children()) signal_once(pid, false);
   }
 
@@ -552,14 +630,14 @@ class Supervisor {
   // read-only, a full disk): a record missing for good would read as a failure, and the job may
   // have succeeded. Meanwhile gpuqd sees the supervisor alive and the job running. Its own job
   // cannot keep it out: an attempt directory it made unwritable is made the owner's to write
-  // again, as this process runs as the owner. A stop signal (a cancel) ends the trying.
+  // again, as this process writes files as the owner. A stop signal (a cancel) ends the trying.
   int record_outcome() {
     const std::string exit_file = m_doc["exit_file"].get<std::string>();
     const std::string dir = exit_file.substr(0, exit_file.rfind('/'));
     double delay_s = 1;
     for (;;) {
       struct stat st {};
-      if (::stat(dir.c_str(), &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 0700) != 0700)
+      if (::stat(dir.c_str(), &st) == 0 && st.st_uid == files_uid() && (st.st_mode & 0700) != 0700)
         ::chmod(dir.c_str(), (st.st_mode & 07777) | 0700);
       if (write_outcome() == 0) return 0;
       // Said where gpuqd looks (the process's name; the state dir cannot be written): the job's
@@ -601,11 +679,15 @@ class Supervisor {
     return 0;
   }
 
+  // Whose the files this process makes are (its file-system identity).
+  uid_t files_uid() const { return m_owner ? m_owner->uid : ::geteuid(); }
+
   json m_doc;
   bool m_stop_on_urg = false;
   std::string m_stop_file;
   int m_cgroup_procs = -1;
   std::string m_join_failed;
+  std::optional<Owner> m_owner;
   sigset_t m_signals{};
   std::vector<Rank> m_ranks;
   int m_ranks_left = 0;
@@ -669,11 +751,17 @@ std::string task_path(const std::string& path, int rank) {
   return has_ext ? path.substr(0, dot) + tag + path.substr(dot) : path + tag;
 }
 
-// A launch document's `run_as` (lab mode: gpuqd runs as root, the job as its owner): the shim
-// becomes that user, with their groups, before it writes anything or starts a rank, and can never
-// regain root (no_new_privs: no setuid program the job runs gains privileges either). False, said
-// in shim.log, when it cannot.
-bool become_owner(const json& doc, bool dumpable_later) {
+// A launch document's `run_as` (lab mode: gpuqd runs as root, the job as its owner). The shim
+// stays root, out of its job's reach as slurmstepd is of a step's tasks: no process of the
+// owner's may signal, stop, trace or read it, so the timeout, a cancel, the teardown and the exit
+// record hold whatever the job does. It is not dumpable and holds only the small environment gpuqd
+// gave it. What it does on the file system it does as the owner (setfsuid/setfsgid, with their
+// groups): the files it makes (logs, pid file, exit record) are theirs, and no path the job
+// controls (a symlink, a fifo, a directory made unreadable) reaches anything its owner could not
+// reach. Only the ranks take the owner's identity, for good (Owner::become). `owner` is set to
+// whom the ranks run as (left empty: as this process runs); false, said in shim.log, when the
+// document's run_as is unusable or this process cannot act for that user.
+bool take_owners_files(const json& doc, std::optional<Owner>& owner) {
   const auto it = doc.find("run_as");
   if (it == doc.end()) return true;
   const auto& who = *it;
@@ -682,52 +770,50 @@ bool become_owner(const json& doc, bool dumpable_later) {
     complain("the launch document's run_as is not {uid, gid, groups}");
     return false;
   }
-  const auto uid = who["uid"].get<uid_t>();
-  const auto gid = who["gid"].get<gid_t>();
-  std::vector<gid_t> groups;
+  Owner o;
+  o.uid = who["uid"].get<uid_t>();
+  o.gid = who["gid"].get<gid_t>();
   for (const auto& g : who["groups"])
-    if (g.is_number_unsigned()) groups.push_back(g.get<gid_t>());
+    if (g.is_number_unsigned()) o.groups.push_back(g.get<gid_t>());
   if (::geteuid() != 0) {  // not root: it can only be already the user it is to be
-    if (::getuid() == uid) return true;
-    complain("asked to run the job as uid " + std::to_string(uid) + ", but the shim runs as uid " +
+    if (::getuid() == o.uid) return true;
+    complain("asked to run the job as uid " + std::to_string(o.uid) + ", but the shim runs as uid " +
              std::to_string(::getuid()) + ", not root");
     return false;
   }
-  if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) {
-    complain("cannot become uid " + std::to_string(uid) + " (gid " + std::to_string(gid) + "): " + std::strerror(errno));
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // a change of file-system identity clears it too; said, not implied
+  const std::string who_s = "uid " + std::to_string(o.uid) + " (gid " + std::to_string(o.gid) + ")";
+  // setfsuid answers with the identity before the call: a second call shows whether the first took.
+  if (::setgroups(o.groups.size(), o.groups.data()) != 0 ||
+      (::setfsgid(o.gid), ::setfsgid(o.gid)) != static_cast<int>(o.gid) ||
+      (::setfsuid(o.uid), ::setfsuid(o.uid)) != static_cast<int>(o.uid)) {
+    complain("cannot act on files as " + who_s + ": " + std::strerror(errno));
     return false;
   }
-  if (uid != 0 && (::setuid(0) == 0 || ::geteuid() != uid)) {
-    complain("dropped to uid " + std::to_string(uid) + " but could regain root; refusing to run the job");
-    return false;
-  }
-  ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
   ::umask(027);  // the job's files: its owner's, readable by the admin group its directory has
-  // Changing uid made it non-dumpable. Once it holds nothing of root's, its user (and their
-  // debuggers, and LeakSanitizer in a sanitized build) may look at it as at any process of theirs;
-  // while it holds the attempt cgroup's descriptor, opened as root, it stays out of their reach
-  // (ptrace or pidfd_getfd would hand it to the job, which could then move any process on the host
-  // into its cgroup for gpuqd to kill): `dumpable_later`, and the supervisor makes it dumpable once
-  // it has closed that descriptor.
-  if (!dumpable_later) ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  o.cannot = "gpuq: cannot become " + who_s + "; not started\n";
+  owner = std::move(o);
   return true;
 }
 
 int run_supervisor(const std::string& launch_path, const std::string& cgroup) {
   auto doc = read_launch_document(launch_path);
   if (!doc) return 2;
-  // Opened with gpuqd's identity (root in lab mode): a write through it is judged by the opener's
-  // credentials (Linux 5.16), so a rank running as its owner joins a cgroup it could not move into
-  // on its own, and holds no descriptor of it once it runs (close-on-exec).
+  // Opened with gpuqd's identity (root in lab mode), before this process acts as the job's owner:
+  // each rank joins the cgroup through it before it takes the owner's identity, and holds no
+  // descriptor of it once it runs (close-on-exec).
   int procs = -1;
   if (!cgroup.empty() && (procs = ::open((cgroup + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC)) < 0) {
     complain("cannot open the attempt's cgroup " + cgroup + ": " + std::strerror(errno));
     return 2;
   }
-  const bool dumpable_later = procs >= 0;
-  if (!become_owner(*doc, dumpable_later)) return 2;
+  std::optional<Owner> owner;
+  if (!take_owners_files(*doc, owner)) {
+    if (procs >= 0) ::close(procs);
+    return 2;
+  }
   try {
-    Supervisor attempt(std::move(*doc), false, "", procs, cgroup);
+    Supervisor attempt(std::move(*doc), false, "", procs, cgroup, std::move(owner));
     const int written = attempt.run();
     return written != 0 ? written : attempt.succeeded() ? 0 : 1;
   } catch (const std::exception& e) {

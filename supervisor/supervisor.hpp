@@ -13,6 +13,10 @@
 // - when the ranks have exited, leftover descendants are terminated too, so no orphan keeps a
 //   GPU's memory after the job ends;
 // - ranks get PR_SET_PDEATHSIG=SIGKILL, so if the shim itself is killed its ranks die with it.
+// In lab mode (gpuqd runs as root, the job as its owner) the shim stays root and only the ranks
+// take the owner's identity, so the job can neither signal, stop, trace nor read its supervisor;
+// the shim acts on files as the owner (its file-system identity), so that no path in the job's
+// directory leads it anywhere the owner could not go.
 #pragma once
 
 #include <string>
@@ -23,9 +27,10 @@ namespace gpuq::supervisor {
 // status: 0 when the attempt succeeded, 1 when it did not (or exit.json could not be written), 2
 // when the launch document is unusable. gpuqd reads exit.json, not this; a Slurm batch job ends
 // with it, so that a job submitted --dependency=afterok on this one starts only after a success.
-// With a `cgroup` (a directory), each rank joins it between fork and exec, through a descriptor of
-// its cgroup.procs opened before the shim takes the owner's identity; the shim stays outside. A
-// rank that cannot join does not run (exit 126, its log says why).
+// With a `cgroup` (a directory), each rank joins it between fork and exec, before it takes the
+// owner's identity, through a descriptor of its cgroup.procs opened with gpuqd's; the shim stays
+// outside. A rank that cannot join, or cannot become its owner, does not run (exit 126, its log
+// says why).
 int run_supervisor(const std::string& launch_path, const std::string& cgroup = "");
 
 // One task of a job whose ranks Slurm's srun starts, one shim each, across nodes: runs only the

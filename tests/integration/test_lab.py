@@ -87,22 +87,100 @@ class LabMode(unittest.TestCase):
         r = self.gpuq(user, "wait", *map(str, ids), "--json")
         return {j["id"]: j for j in json.loads(r.stdout)["jobs"]}
 
-    def test_a_job_runs_in_its_attempts_cgroup_and_cannot_reach_the_descriptor_that_put_it_there(self):
-        if not self.d.cgroups:
-            self.skipTest("this host gives gpuqd no cgroup to make attempts' cgroups under (see gpuqd.log)")
-        # The supervisor opened the cgroup's cgroup.procs as root: the job (its user) may look into
-        # its supervisor only once that descriptor is closed; until then /proc/$PPID/fd is closed
-        # to it.
-        shell = ('cat /proc/self/cgroup; while ! ls /proc/$PPID/fd > /dev/null 2>&1; do sleep 0.01; done; '
-                 'ls -l /proc/$PPID/fd/')
-        [a] = self.submit(ALICE, {"name": "peek", "shell": shell, "timeout_s": 60})
+    def gated_job(self, name, shell, **spec):
+        """Alice's job that runs `shell`, writes its supervisor's pid (its parent) to `ppid` in its
+        attempt directory, and waits for the gate; returns (id, the supervisor's pid, the gate)."""
+        gate = os.path.join(self.tmp, f"{name}.gate")
+        script = (f'{shell}; d=$(dirname "$GPUQ_EVENTS"); echo $PPID > "$d/ppid.new" && mv "$d/ppid.new" "$d/ppid"; '
+                  f'while [ ! -e {gate} ]; do sleep 0.02; done')
+        [a] = self.submit(ALICE, {"name": name, "shell": script, **spec})
+        ppid = os.path.join(self.d.state, "jobs", str(a), "attempt-1", "ppid")
+        wait_until(lambda: os.path.exists(ppid), timeout=60, what="the job to start")
+        with open(ppid) as f:
+            return a, int(f.read()), gate
+
+    def test_a_job_runs_under_a_supervisor_it_cannot_signal_trace_or_read(self):
+        # The supervisor stays root (as slurmstepd does); only the ranks take their owner's identity.
+        shell = ('for sig in STOP KILL TERM; do kill -$sig $PPID 2>/dev/null && echo "sent $sig"; done; '
+                 'cat /proc/$PPID/environ > /dev/null 2>&1 && echo "read environ"; '
+                 'ls /proc/$PPID/fd > /dev/null 2>&1 && echo "listed fds"; '
+                 # PTRACE_ATTACH (16); a tracer's exit detaches it.
+                 'python3 -c "import ctypes, sys; sys.exit(ctypes.CDLL(None).ptrace(16, $PPID, 0, 0) != 0)"; '
+                 'echo "ptrace: $?"; id -u; echo done')
+        a, shim, gate = self.gated_job("poke", shell, timeout_s=120)
+        with open(f"/proc/{shim}/status") as f:
+            status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        self.assertEqual(status["Uid"].split()[:3], ["0", "0", "0"])  # real, effective, saved
+        self.assertEqual(status["Uid"].split()[3], str(uid_of(ALICE)))  # it makes files as the owner
+        self.assertEqual(status["State"][0], "S")  # not stopped
+        open(gate, "w").close()
         job = self.wait(ALICE, [a])[a]
         self.assertEqual(job["state"], "succeeded", job["reason"])
         log = self.ok(ALICE, "logs", str(a))
-        self.assertIn(f"/gpuq-", log)
+        self.assertEqual(log.split()[-2:], [str(uid_of(ALICE)), "done"], log)
+        for what in ("sent", "read environ", "listed fds"):
+            self.assertNotIn(what, log)
+        self.assertIn("ptrace: 1", log.splitlines())  # refused (not 0: attached; nor 127: not tried)
+
+    def test_a_job_that_stops_and_kills_what_it_can_is_still_stopped_timed_out_and_torn_down_in_full(self):
+        if self.CONFIG is not None:
+            self.skipTest("LabMode runs it; the limits here change nothing of it")
+        # Each job leaves a setsid child, SIGSTOPs every process of its owner's it can see (its
+        # child too), tries to SIGKILL its supervisor, then ends, waits for its timeout, or waits to
+        # be cancelled. One user each: a job stops every process of its owner's, another job's too.
+        def attack(then):
+            return ('d=$(dirname "$GPUQ_EVENTS"); '
+                    'setsid sh -c \'echo $$ > "$0/child.new" && mv "$0/child.new" "$0/child"; exec sleep 1000\' "$d" & '
+                    'while [ ! -e "$d/child" ]; do sleep 0.02; done; '
+                    'for p in /proc/[0-9]*; do pid=${p#/proc/}; [ "$pid" = $$ ] || kill -STOP "$pid" 2>/dev/null; done; '
+                    'kill -KILL $PPID 2>/dev/null && echo "killed its supervisor"; touch "$d/attacked"; ' + then)
+        [ends] = self.submit(ALICE, {"name": "ends", "shell": attack("exit 0")})
+        [times_out] = self.submit(BOB, {"name": "times-out", "shell": attack("exec sleep 1000"), "timeout_s": 15})
+        [cancelled] = self.submit(CAROL, {"name": "cancelled", "gpus": 2, "shell": attack("exec sleep 1000")})
+        attempt = lambda job: os.path.join(self.d.state, "jobs", str(job), "attempt-1")
+        # No client runs as a user whose job is still stopping every process of theirs (it would stop it).
+        wait_until(lambda: all(os.path.exists(os.path.join(attempt(j), "attacked")) for j in (ends, times_out, cancelled)),
+                   timeout=60, what="the jobs to be done attacking")
+        with open(os.path.join(attempt(cancelled), "child")) as f:
+            child = int(f.read())
+        # The next job on its GPUs starts only once nothing of it is left.
+        follower = (f's=$(cut -d" " -f3 /proc/{child}/stat 2>/dev/null); '
+                    f'if [ -n "$s" ] && [ "$s" != Z ]; then echo "overlap: {child} is $s"; exit 1; fi')
+        [follows] = self.submit(CAROL, {"name": "follows", "gpus": 2, "shell": follower})
+        self.ok(CAROL, "cancel", str(cancelled))
+        jobs = {**self.wait(ALICE, [ends]), **self.wait(BOB, [times_out]), **self.wait(CAROL, [cancelled, follows])}
+        for job, state in ((ends, "succeeded"), (times_out, "timed_out"), (cancelled, "cancelled"), (follows, "succeeded")):
+            self.assertEqual(jobs[job]["state"], state, f"{jobs[job]['name']}: {jobs[job]['reason']}")
+        for job, owner in ((ends, ALICE), (times_out, BOB), (cancelled, CAROL)):
+            with open(os.path.join(attempt(job), "child")) as f:
+                pid = int(f.read())
+            self.assertFalse(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z",
+                             f"{jobs[job]['name']}: its setsid child {pid} outlived the attempt")
+            self.assertNotIn("killed its supervisor", self.ok(owner, "logs", str(job)))
+
+    def test_a_job_runs_in_its_attempts_cgroup_and_its_supervisor_lets_go_of_the_descriptor_that_put_it_there(self):
+        if not self.d.cgroups:
+            self.skipTest("this host gives gpuqd no cgroup to make attempts' cgroups under (see gpuqd.log)")
+        a, shim, gate = self.gated_job("peek", "cat /proc/self/cgroup", timeout_s=120)
+        # Opened as root for the ranks to join through, closed once they all have: no process of the
+        # attempt's (a leftover the supervisor reaps) could ever come to hold it.
+        fds = f"/proc/{shim}/fd"
+
+        def holds_cgroup():
+            for fd in os.listdir(fds):
+                try:
+                    if "cgroup.procs" in os.readlink(os.path.join(fds, fd)):
+                        return True
+                except FileNotFoundError:  # closed since the listing
+                    pass
+            return False
+        wait_until(lambda: not holds_cgroup(), timeout=30, what="the supervisor to close the attempt's cgroup.procs")
+        open(gate, "w").close()
+        job = self.wait(ALICE, [a])[a]
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        log = self.ok(ALICE, "logs", str(a))
+        self.assertIn("/gpuq-", log)
         self.assertIn(f"/{a}-attempt-1", log)  # its own cgroup, joined as its user
-        self.assertIn("signalfd", log)  # the listing is there, and holds no cgroup
-        self.assertNotIn("cgroup.procs", log)
 
     def test_a_jobs_files_are_made_under_umask_027_whatever_gpuqds(self):
         self.d.stop()
@@ -146,33 +224,41 @@ class LabMode(unittest.TestCase):
         self.assertIn("USER", table.splitlines()[0])
         self.assertIn(ALICE, table)
 
-    def test_a_pid_file_pointed_at_another_users_process_is_never_taken_or_signalled(self):
-        # Bob's process itself (not under runuser, which a kill would leave it behind), holding
-        # none of the test's pipes.
-        bob = subprocess.Popen(["sleep", "300"], user=uid_of(BOB), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addCleanup(lambda: (bob.kill(), bob.wait()))
-        bob_pid = bob.pid
-        with open(f"/proc/{bob_pid}/stat") as f:
-            start = int(f.read().rsplit(")", 1)[1].split()[19])
-        gate = os.path.join(self.tmp, "gate")
-        [a] = self.submit(ALICE, {"name": "liar", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]})
-        wait_until(lambda: json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"] == "running",
-                   what="the job to start")
-        attempt = os.path.join(json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["job_dir"], "attempt-1")
-        self.d.kill9()
-        # While no gpuqd runs, Alice (whose attempt directory it is) points the pid file at Bob's process.
-        subprocess.run(["runuser", "-u", ALICE, "--", "sh", "-c", f'cat > {attempt}/shim.pid.new && '
-                        f'mv -f {attempt}/shim.pid.new {attempt}/shim.pid'],
-                       input=json.dumps({"pid": bob_pid, "start_time": start}), text=True, check=True)
-        self.d.start(umask=0o027)
-        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
-            self.assertNotIn(f"supervisor pid {bob_pid}", f.read())
-        self.gpuq(ALICE, "cancel", str(a))
-        self.gpuq(CAROL, "cancel", str(a))  # an admin's cancel too
-        self.d.wait_for_counter("scheduling_passes", more=0, at_least=1)
-        self.assertIsNone(bob.poll(), "gpuqd signalled another user's process")
-        open(gate, "w").close()
+    def test_a_pid_file_pointed_at_a_process_not_its_supervisor_is_never_taken_or_signalled(self):
+        # While no gpuqd runs, Alice (whose attempt directory it is) points her job's pid file at:
+        # Bob's process; a process of root's (the user supervisors run as); a process of her own
+        # whose command line is her job's supervisor's. Each started here (not under runuser, which
+        # a kill would leave behind), holding none of the test's pipes.
+        def decoy(user, argv):
+            p = subprocess.Popen(argv, user=user, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            self.addCleanup(lambda: (p.kill(), p.wait(), p.stdin.close()))
+            return p
+
+        for who in ("bob", "root", "alice"):
+            gate = os.path.join(self.tmp, f"gate-{who}")
+            [a] = self.submit(ALICE, {"name": "liar", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]})
+            wait_until(lambda: json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"] == "running",
+                       what="the job to start")
+            attempt = os.path.join(json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["job_dir"], "attempt-1")
+            p = {"bob": lambda: decoy(uid_of(BOB), ["sleep", "300"]),
+                 "root": lambda: decoy(0, ["sleep", "300"]),
+                 "alice": lambda: decoy(uid_of(ALICE), ["cat", os.path.join(attempt, "launch.json"), "-"])}[who]()
+            with open(f"/proc/{p.pid}/stat") as f:
+                start = int(f.read().rsplit(")", 1)[1].split()[19])
+            self.d.kill9()
+            subprocess.run(["runuser", "-u", ALICE, "--", "sh", "-c", f'cat > {attempt}/shim.pid.new && '
+                            f'mv -f {attempt}/shim.pid.new {attempt}/shim.pid'],
+                           input=json.dumps({"pid": p.pid, "start_time": start}), text=True, check=True)
+            self.d.start(umask=0o027)
+            with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+                self.assertNotIn(f"supervisor pid {p.pid}", f.read(), who)
+            self.gpuq(ALICE, "cancel", str(a))
+            self.gpuq(CAROL, "cancel", str(a))  # an admin's cancel too
+            self.d.wait_for_counter("scheduling_passes", more=0, at_least=1)
+            self.assertIsNone(p.poll(), f"gpuqd signalled {who}'s process")
+            open(gate, "w").close()
+            self.wait(ALICE, [a])
 
     def test_with_a_socket_group_only_its_members_reach_gpuqd(self):
         import grp
@@ -413,17 +499,15 @@ class LabMode(unittest.TestCase):
         self.assertNotIn(ROOTS_SECRET, log)
 
     def test_a_jobs_supervisor_holds_none_of_gpuqds_environment(self):
-        # The supervisor runs as the job's owner and is dumpable once every rank has joined the
-        # attempt's cgroup (before that, the job may not look into it), so the job reads its environ.
-        [a] = self.submit(ALICE, {"name": "peek", "command": [
-            "sh", "-c", 'while ! cat /proc/$PPID/environ > /dev/null 2>&1; do sleep 0.01; done; '
-                        'echo "parent $PPID: $(cat /proc/$PPID/comm)"; tr "\\0" "\\n" < /proc/$PPID/environ'],
-            "timeout_s": 60})
+        a, shim, gate = self.gated_job("peek", "true", timeout_s=120)
+        with open(f"/proc/{shim}/comm") as f:
+            self.assertEqual(f.read().strip(), "gpuq-shim")  # its supervisor's, not another's
+        with open(f"/proc/{shim}/environ", "rb") as f:
+            env = f.read().decode().split("\0")
+        open(gate, "w").close()
         self.assertEqual(self.wait(ALICE, [a])[a]["state"], "succeeded")
-        log = self.ok(ALICE, "logs", str(a))
-        self.assertIn(": gpuq-shim", log.splitlines()[0])  # it read its supervisor's, not another's
-        self.assertNotIn(ROOTS_SECRET, log)
-        self.assertIn("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", log.splitlines())
+        self.assertNotIn(ROOTS_SECRET, "\n".join(env))
+        self.assertIn("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", env)
 
     def test_gpus_name_whose_processes_outside_gpuq_hold_memory_and_packing_leaves_it_to_them(self):
         # Bob runs something on GPU 0 himself, outside gpuq (a notebook), holding 12000 of its 16000 MiB.

@@ -91,6 +91,33 @@ class AttemptCgroups(DaemonTest):
             self.assertIn(f.read().strip(), ("gone", "Z"), "the first run's child lived on into the second")
         self.assertFalse(alive(read_pid(first)))
 
+    def test_a_job_that_stops_its_supervisor_is_still_timed_out_and_cancelled_and_leaves_nothing(self):
+        # In single-user mode the job shares its supervisor's uid and may SIGSTOP it, so that the
+        # supervisor enforces nothing: gpuqd kills a supervisor that has not ended its attempt a
+        # grace period and k_overdue_s after the attempt's timeout or a stop, and the cgroup with it.
+        def stopper(name, **spec):
+            child = self.tmp_path(f"{name}.pid")
+            shell = (f"setsid sh -c 'echo $$ > {child}.tmp && mv {child}.tmp {child}; exec sleep 1000' & "
+                     f"while [ ! -e {child} ]; do sleep 0.02; done; kill -STOP $PPID; touch {child}.stopped; "
+                     f"exec sleep 1000")
+            return {"name": name, "shell": shell, "retries": 0, **spec}, child
+        # Its timeout leaves the job time to stop its supervisor first, however loaded the machine.
+        timing_out, child_t = stopper("times-out", timeout_s=20)
+        cancelled, child_c = stopper("cancelled")
+        ids = self.d.submit([timing_out, cancelled])["ids"]
+        wait_until(lambda: os.path.exists(f"{child_c}.stopped"), timeout=60, what="the job to stop its supervisor")
+        self.d.ok("cancel", str(ids[1]))
+        done = self.d.wait(ids, timeout=90)
+        self.assertEqual(done[ids[0]]["state"], "timed_out", done[ids[0]]["reason"])
+        self.assertEqual(done[ids[1]]["state"], "cancelled", done[ids[1]]["reason"])
+        for child in (child_t, child_c):
+            self.assertTrue(os.path.exists(f"{child}.stopped"), "the job did not get to stop its supervisor")
+            self.assertFalse(alive(read_pid(child)), "the job's setsid child outlived its attempt")
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            log = f.read()
+        self.assertRegex(log, rf"job {ids[0]}: its supervisor \(pid \d+, stopped\) has not ended it [\d.]+ s after its timeout;")
+        self.assertRegex(log, rf"job {ids[1]}: its supervisor \(pid \d+, stopped\) has not ended it [\d.]+ s after its stop;")
+
 
 if __name__ == "__main__":
     unittest.main()
