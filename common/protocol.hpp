@@ -537,9 +537,12 @@ struct GpusReply {
   // Reads of running jobs' events files (one rank's file at one tick), and the most bytes one read.
   std::uint64_t events_reads = 0;
   std::int64_t events_read_max_bytes = 0;
+  // What holds a job's processes together and out of others' reach (Executor::containment):
+  // "a cgroup per attempt (cgroup v2 at ... (cgroup.kill))", or what is used where none can be made.
+  std::string containment;
 };
 GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores, scheduling_passes, health_checks,
-               events_reads, events_read_max_bytes)
+               events_reads, events_read_max_bytes, containment)
 
 // `usage` (lab mode): each user's recent GPU use, what they hold and wait for, and their limits.
 struct UserUsage {

@@ -266,6 +266,22 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
     retryable = !outcome.final;  // the executor's word: another attempt would fare the same
   }
 
+  // Processes of it live on (stuck in the kernel): its GPUs go to no other job until they are gone.
+  if (const std::string why = m_executor.lingering(rec.id); !why.empty() && !rec.run.gpus.empty()) {
+    auto& [gpus, reason] = m_drained_for[rec.id];
+    gpus.insert(rec.run.gpus.begin(), rec.run.gpus.end());
+    reason = "job " + std::to_string(rec.id) + ": " + why;
+    std::string listed;
+    for (int g : rec.run.gpus)
+      listed += (listed.empty() ? "" : ",") + std::to_string(g);
+    try {
+      m_machine.health.set_drained({rec.run.gpus, {}, reason}, true);
+      end.reason += (end.reason.empty() ? "" : "; ") + why + "; GPU " + listed + " drained until they are gone";
+    } catch (const RequestError& e) {  // a GPU gone from the inventory since
+      std::cerr << "gpuqd: job " << rec.id << ": " << e.what() << "\n";
+    }
+  }
+
   m_machine.gpu_processes.forget(rec.id);
   if (rec.run.started_at > 0 && end.at >= rec.run.started_at) m_metrics.run_time.observe(end.at - rec.run.started_at);
   // Fair share remembers its GPU time, once the end is stored (`rec` is gone by then).
@@ -293,6 +309,14 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
   m_needs.commit({next_record(rec, end)}, {}, {});  // `a` is gone: the job has ended
   if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
   if (!succeeded) m_needs.withdraw_orphans();
+  m_needs.schedule_soon();
+}
+
+void Attempts::released(std::int64_t id) {
+  const auto it = m_drained_for.find(id);
+  if (it == m_drained_for.end()) return;
+  m_machine.health.release({it->second.first.begin(), it->second.first.end()}, it->second.second);
+  m_drained_for.erase(it);
   m_needs.schedule_soon();
 }
 

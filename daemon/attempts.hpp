@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -77,6 +79,9 @@ class Attempts {
   // recorded. Where the store refuses, the job stays running in the records and this is tried
   // again every k_write_retry_s.
   void ended(std::int64_t id);
+  // The executor says processes of an attempt that ended lingering (Executor::lingering) are gone:
+  // the GPUs drained for it are back in service.
+  void released(std::int64_t id);
   // Records an attempt's end as `outcome` says: a retry, or the job's end.
   void finish(Active& a, const Outcome& outcome);
 
@@ -99,6 +104,9 @@ class Attempts {
   MetricCounters& m_metrics;
   Needs m_needs;
   DescriptorBudget m_descriptors;
+  // Jobs whose ended attempts left processes SIGKILL did not end: the GPUs drained for them, and
+  // the reason they were drained with (Executor::lingering).
+  std::map<std::int64_t, std::pair<std::set<int>, std::string>> m_drained_for;
 };
 
 }  // namespace gpuq::daemon

@@ -71,7 +71,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
                                            [this](std::int64_t id) { m_attempts.ended(id); })
                      : make_local_executor(
                            io, m_config.shim_path, [this](std::int64_t id) { m_attempts.ended(id); },
-                           attempt_cgroups(m_config), m_config.grace_s)),
+                           attempt_cgroups(m_config), LocalBounds{m_config.grace_s})),
       m_events(io, m_config, *m_store, m_jobs, *m_executor, m_machine.inventory,
                {[this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); }}),
       m_attempts(io, m_config, *m_store, m_jobs, m_users, m_machine, *m_executor, m_events, m_metrics,
@@ -85,6 +85,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
   m_executor->on_handed([this](std::int64_t) {
     if (m_jobs.any_with_deps()) m_pacer.soon();  // a job may wait for this one to be handed over
   });
+  m_executor->on_released([this](std::int64_t id) { m_attempts.released(id); });
   for (const auto& [batch, limit] : m_store->batch_limits()) m_jobs.set_batch_limit(batch, limit);
 }
 

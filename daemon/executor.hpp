@@ -149,8 +149,17 @@ class Executor {
   // processes (gpu_processes.cpp tells them from others on a GPU); 0 where it runs elsewhere.
   virtual int supervisor_pid(std::int64_t /*id*/) const { return 0; }
 
+  // Once `Ended` has come for an attempt: why processes of it live on, "" when none does. The
+  // executor could not kill them all within its bound (stuck in the kernel), and ended the attempt
+  // regardless; gpuqd keeps its GPUs out of service until `on_released` says they are gone.
+  virtual std::string lingering(std::int64_t /*id*/) const { return {}; }
+  // What holds each attempt's processes together and kills them all (`gpuq gpus` says it).
+  virtual std::string containment() const = 0;
+  void on_released(std::function<void(std::int64_t id)> f) { m_released = std::move(f); }
+
  protected:
   std::function<void(std::int64_t id)> m_handed;
+  std::function<void(std::int64_t id)> m_released;
 };
 
 // The supervisor's exit record at `path` (supervisor.cpp's write_outcome). It lies in the job's
@@ -171,11 +180,17 @@ nlohmann::json merge_task_records(const std::vector<nlohmann::json>& tasks);
 // that they outlive gpuqd; watches each through a pidfd (or polls where there is none). With
 // `cgroups`, each attempt's processes run in a cgroup of its own (cgroups.hpp), which is killed
 // and found empty before `Ended`; without, they are tracked by the supervisor's tree.
-// `grace_s`: the supervisors' SIGTERM -> SIGKILL; a supervisor that has not ended its attempt
-// k_overdue_s past that after a stop or the attempt's timeout is killed by gpuqd (a job that
-// shares its supervisor's uid may have stopped it).
+struct LocalBounds {
+  // The supervisors' SIGTERM -> SIGKILL; a supervisor that has not ended its attempt k_overdue_s
+  // past that after a stop or the attempt's timeout is killed by gpuqd (a job that shares its
+  // supervisor's uid may have stopped it).
+  double grace_s = 10;
+  // How long processes left in an attempt's cgroup get to die of SIGKILL before the attempt is
+  // recorded as ended regardless, lingering (Executor::lingering) until they are gone.
+  double unkillable_s = 30;
+};
 std::unique_ptr<Executor> make_local_executor(boost::asio::io_context& io, std::string shim_path, Executor::Ended ended,
-                                              std::optional<Cgroups> cgroups = std::nullopt, double grace_s = 10);
+                                              std::optional<Cgroups> cgroups = std::nullopt, LocalBounds bounds = {});
 constexpr double k_overdue_s = 5;
 
 // Hands each attempt to Slurm (slurm_executor.cpp): sbatch a script that runs gpuq-shim inside

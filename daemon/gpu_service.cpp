@@ -103,6 +103,16 @@ void GpuService::set_drained(const common::DrainRequest& q, bool drain) {
   m_changed();  // jobs may start on a GPU back in service, and reasons change either way
 }
 
+void GpuService::release(const std::vector<int>& gpus, const std::string& reason) {
+  bool any = false;
+  for (int index : gpus)
+    if (const Gpu* g = m_inventory.find(index); g && m_drained.count(g->uuid) && m_drained.at(g->uuid) == reason) {
+      mark(*g, false, reason);
+      any = true;
+    }
+  if (any) m_changed();
+}
+
 void GpuService::mark(const Gpu& g, bool drain, const std::string& reason) {
   m_store.set_drained(g.uuid, drain, reason);
   if (drain) m_drained[g.uuid] = reason;

@@ -41,6 +41,9 @@ class GpuService {
   // or back; a GPU back in service has its ECC errors so far forgiven. Throws RequestError naming a
   // GPU not found or a prefix naming several, having changed nothing.
   void set_drained(const common::DrainRequest& q, bool drain);
+  // Puts back in service those of `gpus` (indices) drained for `reason` and for nothing since (an
+  // admin's drain of one meanwhile stays).
+  void release(const std::vector<int>& gpus, const std::string& reason);
   // A job needing more GPUs than are in service waits with the scheduler's "needs 4 GPUs; this
   // machine has 3" (it is given only the GPUs in service); this adds why there are 3.
   std::string with_drain_note(int gpus_needed, std::string reason) const;

@@ -11,9 +11,11 @@
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -133,12 +135,13 @@ int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid,
 class LocalExecutor final : public Executor {
  public:
   LocalExecutor(asio::io_context& io, std::string shim_path, Ended ended, std::optional<Cgroups> cgroups,
-                double grace_s)
+                LocalBounds bounds)
       : m_io(io),
         m_shim_path(std::move(shim_path)),
         m_ended(std::move(ended)),
         m_cgroups(std::move(cgroups)),
-        m_grace_s(grace_s) {}
+        m_grace_s(bounds.grace_s),
+        m_unkillable_s(bounds.unkillable_s) {}
   ~LocalExecutor() override {
     if (m_cgroups) m_cgroups->remove_base();  // stays while attempts' cgroups are in it (jobs outlive gpuqd)
   }
@@ -224,6 +227,19 @@ class LocalExecutor final : public Executor {
     if (name != common::k_shim_recording_name) return {};
     return "its outcome is unknown: its ranks have ended, and its supervisor cannot write the exit record "
            "(is the state dir full or read-only?); it keeps trying";
+  }
+
+  std::string lingering(std::int64_t id) const override {
+    if (std::none_of(m_lingering.begin(), m_lingering.end(), [&](const auto& l) { return l.second.id == id; }))
+      return {};
+    char bound[32];
+    std::snprintf(bound, sizeof bound, "%g", m_unkillable_s);
+    return std::string("processes of it did not die within ") + bound + " s of SIGKILL (stuck in the kernel?)";
+  }
+
+  std::string containment() const override {
+    return m_cgroups ? "a cgroup per attempt, under " + m_cgroups->describe()
+                     : "the supervisor's process tree (no cgroup could be made: gpuqd's log says why)";
   }
 
   int supervisor_pid(std::int64_t id) const override {
@@ -375,7 +391,7 @@ class LocalExecutor final : public Executor {
       if (s.gone_at == 0) s.gone_at = now;
       m_cgroups->kill(s.cgroup);
       if (!m_cgroups->empty(s.cgroup)) {
-        if (now - s.gone_at < k_unkillable_s) {  // they die as the kernel gets to them: look again shortly
+        if (now - s.gone_at < m_unkillable_s) {  // they die as the kernel gets to them: look again shortly
           if (!s.poll) s.poll = std::make_unique<asio::steady_timer>(m_io);
           s.poll->expires_after(std::chrono::milliseconds(20));
           s.poll->async_wait([this, id](const boost::system::error_code& ec) {
@@ -384,12 +400,41 @@ class LocalExecutor final : public Executor {
           return;
         }
         std::cerr << "gpuqd: job " << id << ": processes in its cgroup " << s.cgroup << " did not die within "
-                  << k_unkillable_s << " s of SIGKILL (stuck in the kernel?); its attempt is recorded as ended\n";
+                  << m_unkillable_s << " s of SIGKILL (stuck in the kernel?); its attempt is recorded as ended, "
+                  << "its GPUs out of service until they are gone\n";
+        const std::string cgroup = s.cgroup;
+        m_lingering[cgroup].id = id;
+        m_shims.erase(it);
+        m_ended(id);
+        look_at_lingering(cgroup);
+        return;
       }
       m_cgroups->remove(s.cgroup);
     }
     m_shims.erase(it);
     m_ended(id);
+  }
+
+  // What is left of an attempt that ended lingering: killed again, and once none of it is left,
+  // its cgroup goes; once no attempt of the job lingers, gpuqd hears that it is released.
+  void look_at_lingering(const std::string& cgroup) {
+    auto it = m_lingering.find(cgroup);
+    if (it == m_lingering.end()) return;
+    Lingering& l = it->second;
+    m_cgroups->kill(cgroup);
+    if (m_cgroups->empty(cgroup)) {
+      const std::int64_t id = l.id;
+      std::cerr << "gpuqd: job " << id << ": the processes left in " << cgroup << " are gone\n";
+      m_cgroups->remove(cgroup);
+      m_lingering.erase(it);
+      if (m_released && lingering(id).empty()) m_released(id);
+      return;
+    }
+    if (!l.look) l.look = std::make_unique<asio::steady_timer>(m_io);
+    l.look->expires_after(std::chrono::milliseconds(static_cast<int>(k_linger_look_s * 1000)));
+    l.look->async_wait([this, cgroup](const boost::system::error_code& ec) {
+      if (!ec) look_at_lingering(cgroup);
+    });
   }
 
   // Kills what is in `cgroup` and waits, at most 2 s, for it to be empty: at start-up only (adopt),
@@ -406,7 +451,7 @@ class LocalExecutor final : public Executor {
   static double steady_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
-  static constexpr double k_unkillable_s = 30;
+  static constexpr double k_linger_look_s = 1;
   static constexpr double k_overdue_running_s = 30;
 
   asio::io_context& m_io;
@@ -414,6 +459,14 @@ class LocalExecutor final : public Executor {
   Ended m_ended;
   std::optional<Cgroups> m_cgroups;
   double m_grace_s = 10;
+  double m_unkillable_s = 30;
+  // Attempts ended with processes left that SIGKILL did not end, by cgroup (two attempts of one job
+  // may linger), looked at every k_linger_look_s until empty.
+  struct Lingering {
+    std::int64_t id = 0;
+    std::unique_ptr<asio::steady_timer> look;
+  };
+  std::map<std::string, Lingering> m_lingering;
   std::map<std::int64_t, Shim> m_shims;  // attempts running, by job
   std::uint64_t m_serials = 0;
   std::set<std::int64_t> m_killed_at_timeout;  // ended by overdue() at their timeout, outcome not yet read
@@ -422,8 +475,8 @@ class LocalExecutor final : public Executor {
 }  // namespace
 
 std::unique_ptr<Executor> make_local_executor(asio::io_context& io, std::string shim_path, Executor::Ended ended,
-                                              std::optional<Cgroups> cgroups, double grace_s) {
-  return std::make_unique<LocalExecutor>(io, std::move(shim_path), std::move(ended), std::move(cgroups), grace_s);
+                                              std::optional<Cgroups> cgroups, LocalBounds bounds) {
+  return std::make_unique<LocalExecutor>(io, std::move(shim_path), std::move(ended), std::move(cgroups), bounds);
 }
 
 }  // namespace gpuq::daemon

@@ -295,6 +295,7 @@ common::GpusReply gpus(const Reads& r, const Caller&, const common::NoFields&) {
   out.health_checks = r.health.checks();
   out.events_reads = r.events.reads().reads;
   out.events_read_max_bytes = r.events.reads().max_bytes;
+  out.containment = r.executor.containment();
   auto readings = r.inventory.read();
   const auto processes = r.gpu_processes.list();
   const auto holdings = gpu_holdings(r);

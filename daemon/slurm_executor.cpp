@@ -125,6 +125,9 @@ class SlurmExecutor final : public Executor {
   }
 
   bool places_work() const override { return true; }
+  std::string containment() const override {
+    return "Slurm (its proctrack and task plugins, as the cluster sets them; see docs/slurm.md)";
+  }
   bool inherits_environment() const override { return true; }
 
   Result<bool> start(const Attempt& attempt) override { return start_array({attempt}, 0); }

@@ -247,6 +247,17 @@ MUTANTS = [
     ("overdue-timeout-recorded", "daemon/local_executor.cpp",
      "    if (timeout) m_killed_at_timeout.insert(id);\n", "\n",
      ["test_supervision.AttemptCgroups.test_a_job_that_stops_its_supervisor_is_still_timed_out_and_cancelled_and_leaves_nothing"]),
+    # An attempt whose processes SIGKILL does not end (stuck in the kernel) ends past a bound with
+    # its GPUs drained, back in service once they are gone, an admin's drain meanwhile kept.
+    ("lingering-drains-gpus", "daemon/attempts.cpp",
+     "      m_machine.health.set_drained({rec.run.gpus, {}, reason}, true);\n", "\n",
+     ["unit:an attempt whose processes live on drains its GPUs*"]),
+    ("release-only-its-own-drain", "daemon/gpu_service.cpp",
+     "g && m_drained.count(g->uuid) && m_drained.at(g->uuid) == reason) {", "g && m_drained.count(g->uuid)) {",
+     ["unit:an attempt whose processes live on drains its GPUs*"]),
+    ("lingering-released", "daemon/local_executor.cpp",
+     "      if (m_released && lingering(id).empty()) m_released(id);\n", "\n",
+     ["unit:an attempt whose processes will not die ends after the bound*"]),
     ("attempt-ends-when-cgroup-empty", "daemon/local_executor.cpp",
      "      if (!m_cgroups->empty(s.cgroup)) {", "      if (false) {",
      ["unit:an attempt has ended only once its supervisor is gone*"]),

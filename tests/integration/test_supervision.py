@@ -38,6 +38,14 @@ class AttemptCgroups(DaemonTest):
                  f"while [ ! -e {pid_file} ]; do sleep 0.02; done; {wait}kill -9 $PPID; exec sleep 1000")
         return {"name": name, "gpus": 4, "shell": shell, "retries": 0}, pid_file
 
+    def test_gpus_says_what_holds_each_jobs_processes(self):
+        self.assertEqual(self.d.json("gpus")["containment"], f"a cgroup per attempt, under cgroup {self.base_kind()} at {self.base}"
+                         + (" (cgroup.kill)" if os.path.exists(os.path.join(self.base, "cgroup.kill")) else ""))
+        self.assertIn(f"each job's processes held by a cgroup per attempt, under cgroup", self.d.ok("gpus"))
+
+    def base_kind(self):
+        return "v2" if os.path.exists(os.path.join(self.base, "cgroup.controllers")) else "v1"
+
     def test_a_job_that_kills_its_supervisor_keeps_nothing_running_and_its_gpus_wait_for_that(self):
         job, pid_file = self.escaping_job("escape")
         follower = {"name": "next", "gpus": 4, "shell": "true"}

@@ -57,6 +57,11 @@ struct QuietExecutor : Executor {
   }
   bool follows(std::int64_t dep) const override { return places && !external_id(dep).empty(); }
   std::string detail(std::int64_t id) const override { return "on node n" + std::to_string(id); }
+  std::string containment() const override { return "nothing (a test's executor)"; }
+  std::string lingering(std::int64_t id) const override {
+    const auto it = lingers.find(id);
+    return it == lingers.end() ? std::string() : it->second;
+  }
   std::string external_id(std::int64_t id) const override {
     const auto it = handed.find(id);
     return it == handed.end() ? std::string() : it->second;
@@ -70,6 +75,7 @@ struct QuietExecutor : Executor {
   std::function<void(const Attempt&)> on_start;  // what a test sees at the moment of a start
   bool places = false;
   std::map<std::int64_t, std::string> handed;  // job -> the other system's id for it
+  std::map<std::int64_t, std::string> lingers;  // job -> why processes of its ended attempt live on
 };
 
 struct DaemonBench {

@@ -155,6 +155,35 @@ TEST_CASE("an attempt cancelled while it ran ends cancelled, and one that exited
   CHECK(b.orphan_walks == walks);  // a success leaves its dependents' hand-overs as they are
 }
 
+TEST_CASE("an attempt whose processes live on drains its GPUs until they are gone, and only its own drain is undone") {
+  Bench b;
+  const auto ids = b.submit(2, k_owner);
+  REQUIRE(b.launch(ids[0]));
+  REQUIRE(b.launch(ids[1]));
+  const std::string gpu0 = b.inventory.find(0)->uuid;
+  b.executor.lingers[ids[0]] = "processes of it did not die within 30 s of SIGKILL (stuck in the kernel?)";
+  Outcome ok;
+  ok.all_ok = true;
+  ok.exit_code = 0;
+  b.attempts.finish(b.jobs.at(ids[0]), ok);
+  CHECK(b.stored(ids[0]).state == JobState::succeeded);
+  CHECK(b.stored(ids[0]).reason.find("GPU 0 drained until they are gone") != std::string::npos);
+  REQUIRE(b.health.drained(gpu0));
+  CHECK(b.health.drained().at(gpu0).find("job " + std::to_string(ids[0]) + ": processes of it did not die") == 0);
+  b.executor.lingers.erase(ids[0]);
+  b.attempts.released(ids[0]);
+  CHECK_FALSE(b.health.drained(gpu0));  // back in service once they are gone
+
+  // Drained again by an admin meanwhile: their drain stays.
+  b.executor.lingers[ids[1]] = "stuck";
+  b.attempts.finish(b.jobs.at(ids[1]), ok);
+  REQUIRE(b.health.drained(gpu0));
+  b.health.set_drained({{0}, {}, "fan failure"}, true);
+  b.attempts.released(ids[1]);
+  REQUIRE(b.health.drained(gpu0));
+  CHECK(b.health.drained().at(gpu0) == "fan failure");
+}
+
 TEST_CASE("jobs prepared together go to the executor as one array; one alone as a job") {
   Bench b;
   const auto ids = b.submit(3, k_owner);

@@ -252,4 +252,40 @@ TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed 
   CHECK_FALSE(std::filesystem::exists(cgroups->base()));
 }
 
+TEST_CASE(
+    "an attempt whose processes will not die ends after the bound, lingering, and is released once they are gone") {
+  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
+  const CgroupHierarchy v2{true, {}, fs.path, "/", "/"};
+  const std::string base = named(Cgroups::open("/s", {v2}).error().message, fs.path + "/gpuq-");
+  write(base + "/cgroup.procs", "");
+  write(base + "/cgroup.kill", "");
+  auto cgroups = Cgroups::open("/s", {v2});
+  REQUIRE(cgroups);
+  const std::string cgroup = base + "/7-attempt-1";
+  REQUIRE(std::filesystem::create_directory(cgroup));
+  write(cgroup + "/cgroup.events", "populated 1\n");  // a process of it that SIGKILL does not end
+
+  boost::asio::io_context io;
+  std::vector<std::int64_t> ended, released;
+  auto local = gpuq::daemon::make_local_executor(io, "/bin/true", [&](std::int64_t id) { ended.push_back(id); },
+                                                 std::move(*cgroups), {0.1, 0.5});
+  local->on_released([&](std::int64_t id) { released.push_back(id); });
+  const std::string dir = fs.path + "/jobs/7/attempt-1";
+  std::filesystem::create_directories(dir);
+  REQUIRE(local->start({7, dir, nullptr, {}, ::getuid()}));
+  CHECK(local->lingering(7).empty());
+  for (int i = 0; i < 1000 && ended.empty(); ++i)
+    io.run_one_for(std::chrono::milliseconds(10));
+  REQUIRE(ended == std::vector<std::int64_t>{7});  // recorded as ended past the bound
+  CHECK(local->lingering(7).find("did not die") != std::string::npos);
+  for (int i = 0; i < 5; ++i)
+    io.run_one_for(std::chrono::milliseconds(100));
+  CHECK(released.empty());  // still there
+  write(cgroup + "/cgroup.events", "populated 0\n");
+  for (int i = 0; i < 1000 && released.empty(); ++i)
+    io.run_one_for(std::chrono::milliseconds(10));
+  CHECK(released == std::vector<std::int64_t>{7});
+  CHECK(local->lingering(7).empty());
+}
+
 TEST_SUITE_END();

@@ -301,6 +301,7 @@ class FakeExecutor final : public Executor {
   FakeExecutor(asio::io_context& io, FakeCluster& cluster) : m_io(io), m_cluster(cluster) {}
   bool places_work() const override { return true; }
   bool inherits_environment() const override { return true; }
+  std::string containment() const override { return "the fake cluster's"; }
   gpuq::Result<bool> start(const Attempt& a) override { return start_array({a}, 0); }
   // First attempts of one-GPU jobs of a batch go as arrays; others alone.
   std::optional<Handover> place(const std::vector<PendingJob>& queue, const BatchLimits& limits,

@@ -66,7 +66,16 @@ TEST_CASE("show, gpus, cancel and submit replies round-trip") {
   s.first_failure = {{"rank", 1}, {"exit_code", 2}};
   s.spec_error = "invalid job spec: unknown field `gang_timeout_s`";
   CHECK(json(json(s).get<ShowReply>()) == json(s));
-  GpusReply g{"fake:2:100", {{0, "GPU-a", "Fake", 100, nullptr, nullptr, 50, false, {4, 5}, 1, true, "ECC", nullptr, 0}}, 8, 3, "0-7"};
+  GpusReply g{"fake:2:100",
+              {{0, "GPU-a", "Fake", 100, nullptr, nullptr, 50, false, {4, 5}, 1, true, "ECC", nullptr, 0}},
+              8,
+              3,
+              "0-7",
+              5,
+              2,
+              7,
+              4096,
+              "a cgroup per attempt"};
   CHECK(json(json(g).get<GpusReply>()) == json(g));
   CancelReply c{{{1, JobState::cancelled, true}}};
   CHECK(json(json(c).get<CancelReply>()) == json(c));
