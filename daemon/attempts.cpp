@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "common/failure_class.hpp"
@@ -267,19 +268,10 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
   }
 
   // Processes of it live on (stuck in the kernel): its GPUs go to no other job until they are gone.
-  if (const std::string why = m_executor.lingering(rec.id); !why.empty() && !rec.run.gpus.empty()) {
-    auto& [gpus, reason] = m_drained_for[rec.id];
-    gpus.insert(rec.run.gpus.begin(), rec.run.gpus.end());
-    reason = "job " + std::to_string(rec.id) + ": " + why;
-    std::string listed;
-    for (int g : rec.run.gpus)
-      listed += (listed.empty() ? "" : ",") + std::to_string(g);
-    try {
-      m_machine.health.set_drained({rec.run.gpus, {}, reason}, true);
-      end.reason += (end.reason.empty() ? "" : "; ") + why + "; GPU " + listed + " drained until they are gone";
-    } catch (const RequestError& e) {  // a GPU gone from the inventory since
-      std::cerr << "gpuqd: job " << rec.id << ": " << e.what() << "\n";
-    }
+  if (const std::string why = m_executor.lingering(attempt_of(rec)); !why.empty()) {
+    const std::string held = hold_gpus(rec, why);
+    end.reason +=
+        (end.reason.empty() ? "" : "; ") + why + (held.empty() ? "" : "; GPU " + held + " drained until they are gone");
   }
 
   m_machine.gpu_processes.forget(rec.id);
@@ -312,12 +304,54 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
   m_needs.schedule_soon();
 }
 
+std::string Attempts::hold_gpus(const JobRecord& rec, const std::string& why) {
+  std::string listed;
+  for (int gpu : rec.run.gpus) {
+    const Gpu* g = m_machine.inventory.find(gpu);
+    if (!g) continue;  // gone from the inventory since
+    Held& h = m_held_gpus[gpu];
+    if (h.jobs.empty()) {
+      // Drained already for another reason (an admin's, a failed health check: likely what left the
+      // processes stuck): that drain is left as it is, and not undone when they are gone.
+      if (m_machine.health.drained(g->uuid)) {
+        m_held_gpus.erase(gpu);
+        continue;
+      }
+      h.reason = "job " + std::to_string(rec.id) + ": " + why;
+      try {
+        m_machine.health.set_drained({{gpu}, {}, h.reason}, true);
+      } catch (const RequestError& e) {  // the store refused: the GPU stays in service
+        std::cerr << "gpuqd: job " << rec.id << ": cannot drain GPU " << gpu << ": " << e.what() << "\n";
+        m_held_gpus.erase(gpu);
+        continue;
+      }
+    }
+    h.jobs.insert(rec.id);  // a GPU shared with another lingering job: back once neither lingers
+    listed += (listed.empty() ? "" : ",") + std::to_string(gpu);
+  }
+  return listed;
+}
+
 void Attempts::released(std::int64_t id) {
-  const auto it = m_drained_for.find(id);
-  if (it == m_drained_for.end()) return;
-  m_machine.health.release({it->second.first.begin(), it->second.first.end()}, it->second.second);
-  m_drained_for.erase(it);
-  m_needs.schedule_soon();
+  try {
+    for (const auto& [gpu, h] : m_held_gpus)
+      if (h.jobs.size() == 1 && h.jobs.count(id)) m_machine.health.release({gpu}, h.reason);
+  } catch (const RequestError& e) {  // the store refused: tried again later (what went back stays back)
+    std::cerr << "gpuqd: job " << id << ": cannot put its GPUs back in service (" << e.what() << "); trying again in "
+              << k_write_retry_s << " s\n";
+    auto retry = std::make_shared<boost::asio::steady_timer>(
+        m_io, std::chrono::milliseconds(static_cast<int>(k_write_retry_s * 1000)));
+    retry->async_wait([this, id, retry](const boost::system::error_code& ec) {
+      if (!ec) released(id);
+    });
+    return;
+  }
+  bool any = false;
+  for (auto it = m_held_gpus.begin(); it != m_held_gpus.end();) {
+    any = it->second.jobs.erase(id) > 0 || any;
+    it = it->second.jobs.empty() ? m_held_gpus.erase(it) : std::next(it);
+  }
+  if (any) m_needs.schedule_soon();
 }
 
 // What the GPUs say of a failed attempt.

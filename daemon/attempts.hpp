@@ -104,9 +104,17 @@ class Attempts {
   MetricCounters& m_metrics;
   Needs m_needs;
   DescriptorBudget m_descriptors;
-  // Jobs whose ended attempts left processes SIGKILL did not end: the GPUs drained for them, and
-  // the reason they were drained with (Executor::lingering).
-  std::map<std::int64_t, std::pair<std::set<int>, std::string>> m_drained_for;
+  // Drains the GPUs of `rec`'s ended attempt whose processes live on (`why`, Executor::lingering),
+  // or counts it among those holding a GPU drained already for a lingering job; returns the GPUs it
+  // holds ("0,1"), "" for none.
+  std::string hold_gpus(const JobRecord& rec, const std::string& why);
+  // GPUs drained for lingering processes, by index: the jobs whose processes hold each out of
+  // service, and the reason it was drained with (the first job's).
+  struct Held {
+    std::set<std::int64_t> jobs;
+    std::string reason;
+  };
+  std::map<int, Held> m_held_gpus;
 };
 
 }  // namespace gpuq::daemon

@@ -151,8 +151,9 @@ class Executor {
 
   // Once `Ended` has come for an attempt: why processes of it live on, "" when none does. The
   // executor could not kill them all within its bound (stuck in the kernel), and ended the attempt
-  // regardless; gpuqd keeps its GPUs out of service until `on_released` says they are gone.
-  virtual std::string lingering(std::int64_t /*id*/) const { return {}; }
+  // regardless; gpuqd keeps its GPUs out of service until `on_released` says that no attempt of
+  // the job lingers any more.
+  virtual std::string lingering(const Attempt& /*attempt*/) const { return {}; }
   // What holds each attempt's processes together and kills them all (`gpuq gpus` says it).
   virtual std::string containment() const = 0;
   void on_released(std::function<void(std::int64_t id)> f) { m_released = std::move(f); }

@@ -229,9 +229,12 @@ class LocalExecutor final : public Executor {
            "(is the state dir full or read-only?); it keeps trying";
   }
 
-  std::string lingering(std::int64_t id) const override {
-    if (std::none_of(m_lingering.begin(), m_lingering.end(), [&](const auto& l) { return l.second.id == id; }))
-      return {};
+  std::string lingering(const Attempt& attempt) const override {
+    if (!m_cgroups || !m_lingering.count(m_cgroups->path(cgroup_name(attempt)))) return {};
+    return lingering_words();
+  }
+
+  std::string lingering_words() const {
     char bound[32];
     std::snprintf(bound, sizeof bound, "%g", m_unkillable_s);
     return std::string("processes of it did not die within ") + bound + " s of SIGKILL (stuck in the kernel?)";
@@ -427,7 +430,9 @@ class LocalExecutor final : public Executor {
       std::cerr << "gpuqd: job " << id << ": the processes left in " << cgroup << " are gone\n";
       m_cgroups->remove(cgroup);
       m_lingering.erase(it);
-      if (m_released && lingering(id).empty()) m_released(id);
+      const bool job_lingers =
+          std::any_of(m_lingering.begin(), m_lingering.end(), [&](const auto& other) { return other.second.id == id; });
+      if (m_released && !job_lingers) m_released(id);
       return;
     }
     if (!l.look) l.look = std::make_unique<asio::steady_timer>(m_io);

@@ -58,8 +58,8 @@ struct QuietExecutor : Executor {
   bool follows(std::int64_t dep) const override { return places && !external_id(dep).empty(); }
   std::string detail(std::int64_t id) const override { return "on node n" + std::to_string(id); }
   std::string containment() const override { return "nothing (a test's executor)"; }
-  std::string lingering(std::int64_t id) const override {
-    const auto it = lingers.find(id);
+  std::string lingering(const Attempt& a) const override {
+    const auto it = lingers.find(a.id);
     return it == lingers.end() ? std::string() : it->second;
   }
   std::string external_id(std::int64_t id) const override {

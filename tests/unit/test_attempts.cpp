@@ -157,30 +157,44 @@ TEST_CASE("an attempt cancelled while it ran ends cancelled, and one that exited
 
 TEST_CASE("an attempt whose processes live on drains its GPUs until they are gone, and only its own drain is undone") {
   Bench b;
-  const auto ids = b.submit(2, k_owner);
-  REQUIRE(b.launch(ids[0]));
-  REQUIRE(b.launch(ids[1]));
+  const auto ids = b.submit(5, k_owner);
+  for (auto id : ids)
+    REQUIRE(b.launch(id));  // each on GPU 0 (as shared jobs may be)
   const std::string gpu0 = b.inventory.find(0)->uuid;
-  b.executor.lingers[ids[0]] = "processes of it did not die within 30 s of SIGKILL (stuck in the kernel?)";
   Outcome ok;
   ok.all_ok = true;
   ok.exit_code = 0;
+  b.attempts.finish(b.jobs.at(ids[3]), ok);  // nothing of it lingers
+  CHECK_FALSE(b.health.drained(gpu0));
+  CHECK(b.stored(ids[3]).reason.empty());
+
+  b.executor.lingers[ids[0]] = "processes of it did not die within 30 s of SIGKILL (stuck in the kernel?)";
+  b.executor.lingers[ids[1]] = "stuck too";
   b.attempts.finish(b.jobs.at(ids[0]), ok);
   CHECK(b.stored(ids[0]).state == JobState::succeeded);
   CHECK(b.stored(ids[0]).reason.find("GPU 0 drained until they are gone") != std::string::npos);
   REQUIRE(b.health.drained(gpu0));
   CHECK(b.health.drained().at(gpu0).find("job " + std::to_string(ids[0]) + ": processes of it did not die") == 0);
-  b.executor.lingers.erase(ids[0]);
+  b.attempts.finish(b.jobs.at(ids[1]), ok);  // a second job lingering on the same GPU
   b.attempts.released(ids[0]);
-  CHECK_FALSE(b.health.drained(gpu0));  // back in service once they are gone
-
-  // Drained again by an admin meanwhile: their drain stays.
-  b.executor.lingers[ids[1]] = "stuck";
-  b.attempts.finish(b.jobs.at(ids[1]), ok);
-  REQUIRE(b.health.drained(gpu0));
-  b.health.set_drained({{0}, {}, "fan failure"}, true);
+  CHECK(b.health.drained(gpu0));  // the second's processes are still on it
   b.attempts.released(ids[1]);
-  REQUIRE(b.health.drained(gpu0));
+  CHECK_FALSE(b.health.drained(gpu0));  // back in service once neither lingers
+
+  // Drained by an admin while the job's processes linger: their drain stays when those are gone.
+  b.executor.lingers[ids[4]] = "stuck";
+  b.attempts.finish(b.jobs.at(ids[4]), ok);
+  b.health.set_drained({{0}, {}, "cabling"}, true);
+  b.attempts.released(ids[4]);
+  CHECK(b.health.drained().at(gpu0) == "cabling");
+  b.health.set_drained({{0}, {}, ""}, false);
+
+  // Drained by an admin (or a health check) before the attempt ended: that drain stays, reason and all.
+  b.health.set_drained({{0}, {}, "fan failure"}, true);
+  b.executor.lingers[ids[2]] = "stuck";
+  b.attempts.finish(b.jobs.at(ids[2]), ok);
+  CHECK(b.health.drained().at(gpu0) == "fan failure");
+  b.attempts.released(ids[2]);
   CHECK(b.health.drained().at(gpu0) == "fan failure");
 }
 

@@ -266,18 +266,24 @@ TEST_CASE(
   write(cgroup + "/cgroup.events", "populated 1\n");  // a process of it that SIGKILL does not end
 
   boost::asio::io_context io;
-  std::vector<std::int64_t> ended, released;
-  auto local = gpuq::daemon::make_local_executor(io, "/bin/true", [&](std::int64_t id) { ended.push_back(id); },
-                                                 std::move(*cgroups), {0.1, 0.5});
-  local->on_released([&](std::int64_t id) { released.push_back(id); });
-  const std::string dir = fs.path + "/jobs/7/attempt-1";
+  const std::string dir = fs.path + "/jobs/7/attempt-1", next = fs.path + "/jobs/7/attempt-2";
   std::filesystem::create_directories(dir);
-  REQUIRE(local->start({7, dir, nullptr, {}, ::getuid()}));
-  CHECK(local->lingering(7).empty());
+  const gpuq::daemon::Executor::Attempt first{7, dir, nullptr, {}, ::getuid()},
+      second{7, next, nullptr, {}, ::getuid()};
+  std::unique_ptr<gpuq::daemon::Executor> local;
+  std::vector<std::string> ended;  // what lingering() said of the attempt when it ended
+  std::vector<std::int64_t> released;
+  local = gpuq::daemon::make_local_executor(io, "/bin/true",
+                                            [&](std::int64_t) { ended.push_back(local->lingering(first)); },
+                                            std::move(*cgroups), {0.1, 0.5});
+  local->on_released([&](std::int64_t id) { released.push_back(id); });
+  REQUIRE(local->start(first));
+  CHECK(local->lingering(first).empty());
   for (int i = 0; i < 1000 && ended.empty(); ++i)
     io.run_one_for(std::chrono::milliseconds(10));
-  REQUIRE(ended == std::vector<std::int64_t>{7});  // recorded as ended past the bound
-  CHECK(local->lingering(7).find("did not die") != std::string::npos);
+  REQUIRE(ended.size() == 1);  // recorded as ended past the bound, lingering as it was
+  CHECK(ended[0].find("did not die within 0.5 s of SIGKILL") != std::string::npos);
+  CHECK(local->lingering(second).empty());  // the job's next attempt is not what lingers
   for (int i = 0; i < 5; ++i)
     io.run_one_for(std::chrono::milliseconds(100));
   CHECK(released.empty());  // still there
@@ -285,7 +291,7 @@ TEST_CASE(
   for (int i = 0; i < 1000 && released.empty(); ++i)
     io.run_one_for(std::chrono::milliseconds(10));
   CHECK(released == std::vector<std::int64_t>{7});
-  CHECK(local->lingering(7).empty());
+  CHECK(local->lingering(first).empty());
 }
 
 TEST_SUITE_END();
