@@ -43,8 +43,12 @@ int print_gpus(const Options& o, const Result<common::GpusReply>& reply) {
   const auto& g = *reply;
   std::cout << g.gpus.size() << " GPU(s) from " << g.source << "; CPU slots " << g.cpu_slots_used << " of "
             << g.cpu_slots << " in use (cores " << g.cores << ")\n";
-  if (!g.containment.empty()) std::cout << "each job's processes held by " << g.containment << "\n";
-  if (g.gpus.empty()) return k_exit_ok;
+  // Last, after the tables: what holds each job's processes together.
+  const auto held_by = [&] {
+    if (!g.containment.empty()) std::cout << "\neach job's processes held by " << g.containment << "\n";
+    return k_exit_ok;
+  };
+  if (g.gpus.empty()) return held_by();
   // The NUMA column only where some GPU's node is known (machines with several sockets).
   const bool numa = std::any_of(g.gpus.begin(), g.gpus.end(), [](const auto& x) { return x.numa_node.is_number(); });
   std::vector<std::string> header{"GPU", "NAME", "MEMORY", "USED", "UTIL", "GPUQ", "JOBS"};
@@ -84,7 +88,7 @@ int print_gpus(const Options& o, const Result<common::GpusReply>& reply) {
     std::cout << ":\n";
     procs.print(std::cout);
   }
-  return k_exit_ok;
+  return held_by();
 }
 
 }  // namespace
