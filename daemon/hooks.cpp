@@ -11,11 +11,14 @@
 #include "daemon/executor.hpp"
 #include "daemon/launcher.hpp"
 
+#include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <iostream>
+#include <memory>
 
 #include "common/paths.hpp"
 
@@ -124,8 +127,21 @@ void Hooks::start(std::int64_t id) {
     ++started;
     ++m_processes;
     auto watch = std::make_shared<asio::posix::stream_descriptor>(m_io, fd);
+    // Its supervisor ends it at hook_timeout_s, SIGKILL after the grace period; one that has not
+    // k_overdue_s after that is stopped (in single-user mode a hook runs as its supervisor's user,
+    // and may SIGSTOP it) and is killed here, through the pidfd (its hook dies with it).
+    const double overdue_s = m_setup.timeout_s + doc["grace_s"].get<double>() + k_overdue_s;
+    auto overdue = std::make_shared<asio::steady_timer>(
+        m_io, std::chrono::milliseconds(static_cast<std::int64_t>(overdue_s * 1000)));
+    overdue->async_wait([watch, id, overdue_s](const boost::system::error_code& ec) {
+      if (ec) return;
+      std::cerr << "gpuqd: job " << id << ": its on_finish hook's supervisor has not ended it " << overdue_s
+                << " s after it started (is it stopped?); killing it\n";
+      ::syscall(SYS_pidfd_send_signal, watch->native_handle(), SIGKILL, nullptr, 0);
+    });
     watch->async_wait(asio::posix::stream_descriptor::wait_read,
-                      [this, watch, id, dir, pid = *pid, uid = rec.uid](const boost::system::error_code&) {
+                      [this, watch, overdue, id, dir, pid = *pid, uid = rec.uid](const boost::system::error_code&) {
+                        overdue->cancel();
                         ended(id, dir, pid, uid);
                       });
   }

@@ -7,7 +7,7 @@ import subprocess
 import time
 import unittest
 
-from harness import BIN, Daemon, DaemonTest, event_line, wait_until
+from harness import BIN, Daemon, DaemonTest, event_line, pids_matching, wait_until
 
 
 class Restart(DaemonTest):
@@ -515,6 +515,26 @@ class Hooks(DaemonTest):
         wait_until(lambda: "on_finish hook was killed after hook_timeout_s (1 s)" in pathlib.Path(log).read_text(),
                    what="the hook killed")
         self.assertIn(f"job {hung}: on_finish hook was killed", pathlib.Path(log).read_text())
+
+    def test_a_hook_that_stops_its_supervisor_is_killed_past_its_limit(self):
+        # Single-user mode: the hook runs as its supervisor's user and may SIGSTOP it, so that the
+        # supervisor enforces no hook_timeout_s; gpuqd kills it past the limit and the grace.
+        self.restart_with({"hook_timeout_s": 1})
+        stopped = self.tmp_path("stopped")
+        job = self.d.submit({"name": "stopping-hook", "command": ["true"],
+                             "on_finish": ["sh", "-c", f"kill -STOP $PPID; touch {stopped}; exec sleep 7407"]})["ids"][0]
+        self.d.wait([job])
+        log = os.path.join(self.tmp, "gpuqd.log")
+        wait_until(lambda: "on_finish hook's supervisor has not ended it" in pathlib.Path(log).read_text(), timeout=60,
+                   what="the stopped supervisor killed")
+        self.assertTrue(os.path.exists(stopped), "the hook did not get to stop its supervisor")
+        self.assertIn(f"job {job}: its on_finish hook's supervisor has not ended it", pathlib.Path(log).read_text())
+        wait_until(lambda: not pids_matching("sleep 7407"), what="the hook to die with its supervisor")
+        # Its slot is free: the next job's hook runs.
+        done = self.tmp_path("done")
+        after = self.d.submit({"name": "after", "command": ["true"], "on_finish": ["touch", done]})["ids"][0]
+        self.d.wait([after])
+        wait_until(lambda: os.path.exists(done), what="the next hook")
 
     def test_a_thousand_jobs_ending_at_once_queue_their_hooks_and_scheduling_goes_on(self):
         started = self.tmp_path("started")
