@@ -332,6 +332,33 @@ std::string Attempts::hold_gpus(const JobRecord& rec, const std::string& why) {
   return listed;
 }
 
+void Attempts::resume_holds(const std::vector<std::int64_t>& lingering) {
+  const std::set<std::int64_t> left(lingering.begin(), lingering.end());
+  std::vector<std::pair<int, std::string>> gone;  // GPUs whose job has nothing left
+  for (const auto& g : m_machine.inventory.gpus()) {
+    const auto it = m_machine.health.drained().find(g.uuid);
+    if (it == m_machine.health.drained().end()) continue;
+    const std::string& reason = it->second;  // "job N: processes of it did not die ..." (hold_gpus)
+    long long job = 0;
+    int end = 0;
+    if (std::sscanf(reason.c_str(), "job %lld: processes of it did not die%n", &job, &end) != 1 || end == 0) continue;
+    if (left.count(job)) {
+      Held& h = m_held_gpus[g.index];
+      h.jobs.insert(job);
+      h.reason = reason;
+    } else {
+      gone.emplace_back(g.index, reason);
+    }
+  }
+  for (const auto& [gpu, reason] : gone) {
+    try {
+      m_machine.health.release({gpu}, reason);
+    } catch (const RequestError& e) {
+      std::cerr << "gpuqd: cannot put GPU " << gpu << " back in service (" << e.what() << "); `gpuq undrain` it\n";
+    }
+  }
+}
+
 void Attempts::released(std::int64_t id) {
   try {
     for (const auto& [gpu, h] : m_held_gpus)

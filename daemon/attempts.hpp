@@ -82,6 +82,10 @@ class Attempts {
   // The executor says processes of an attempt that ended lingering (Executor::lingering) are gone:
   // the GPUs drained for it are back in service.
   void released(std::int64_t id);
+  // At start: GPUs a gpuqd before this one drained for lingering processes (their reason names the
+  // job) are held again for the jobs in `lingering` (Executor::adopt_lingering), and put back in
+  // service where nothing of their job is left.
+  void resume_holds(const std::vector<std::int64_t>& lingering);
   // Records an attempt's end as `outcome` says: a retry, or the job's end.
   void finish(Active& a, const Outcome& outcome);
 

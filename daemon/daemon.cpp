@@ -164,6 +164,7 @@ void Daemon::recover() {
       }
     }
   }
+  m_attempts.resume_holds(m_executor->adopt_lingering());  // GPUs kept from jobs by processes left behind
   withdraw_orphans();  // a dependency that ended while no gpuqd ran
   if (m_config.multi_user) {  // fair share's memory: the GPU time of attempts that ended lately
     const double now = wall_now();

@@ -154,6 +154,10 @@ class Executor {
   // regardless; gpuqd keeps its GPUs out of service until `on_released` says that no attempt of
   // the job lingers any more.
   virtual std::string lingering(const Attempt& /*attempt*/) const { return {}; }
+  // At start, after every running attempt was adopted: the jobs whose ended attempts left
+  // processes behind (a gpuqd before this one saw them linger), watched again from now on, each
+  // released as above once none of it is left.
+  virtual std::vector<std::int64_t> adopt_lingering() { return {}; }
   // What holds each attempt's processes together and kills them all (`gpuq gpus` says it).
   virtual std::string containment() const = 0;
   void on_released(std::function<void(std::int64_t id)> f) { m_released = std::move(f); }

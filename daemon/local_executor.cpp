@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -232,6 +233,34 @@ class LocalExecutor final : public Executor {
   std::string lingering(const Attempt& attempt) const override {
     if (!m_cgroups || !m_lingering.count(m_cgroups->path(cgroup_name(attempt)))) return {};
     return lingering_words();
+  }
+
+  std::vector<std::int64_t> adopt_lingering() override {
+    std::vector<std::int64_t> out;
+    if (!m_cgroups) return out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(m_cgroups->base(), ec)) {
+      const std::string name = e.path().filename().string();
+      const auto dash = name.find("-attempt-");
+      if (!e.is_directory(ec) || dash == std::string::npos || dash == 0 || name.find_first_not_of("0123456789") != dash)
+        continue;
+      const std::string cgroup = e.path().string();
+      const std::int64_t id = std::stoll(name.substr(0, dash));
+      const bool watched = m_lingering.count(cgroup) || std::any_of(m_shims.begin(), m_shims.end(), [&](const auto& s) {
+                             return s.second.cgroup == cgroup;
+                           });
+      if (watched) continue;
+      if (m_cgroups->empty(cgroup)) {  // an attempt that ended, whose cgroup a stop of gpuqd left
+        m_cgroups->remove(cgroup);
+        continue;
+      }
+      std::cerr << "gpuqd: job " << id << ": processes of an ended attempt are left in " << cgroup
+                << "; watching them until they are gone\n";
+      m_lingering[cgroup].id = id;
+      out.push_back(id);
+      asio::post(m_io, [this, cgroup] { look_at_lingering(cgroup); });
+    }
+    return out;
   }
 
   std::string lingering_words() const {

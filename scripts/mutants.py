@@ -268,6 +268,17 @@ MUTANTS = [
     ("lingering-released", "daemon/local_executor.cpp",
      "      if (m_released && !job_lingers) m_released(id);\n", "      (void)job_lingers;\n",
      ["unit:an attempt whose processes will not die ends after the bound*"]),
+    # At start, what an ended attempt left behind is watched again, its GPUs held, and GPUs of
+    # jobs whose processes are gone meanwhile put back in service.
+    ("resume-holds-lingering", "daemon/attempts.cpp",
+     "    if (left.count(job)) {", "    if (false) {",
+     ["unit:GPUs drained for lingering processes are held at start*"]),
+    ("resume-releases-gone", "daemon/attempts.cpp",
+     "      m_machine.health.release({gpu}, reason);\n", "\n",
+     ["unit:GPUs drained for lingering processes are held at start*"]),
+    ("adopt-lingering", "daemon/local_executor.cpp",
+     "      m_lingering[cgroup].id = id;\n      out.push_back(id);\n", "      (void)id;\n",
+     ["unit:processes an ended attempt left behind are watched again*"]),
     ("hook-overdue-supervisor-killed", "daemon/hooks.cpp",
      "      ::syscall(SYS_pidfd_send_signal, watch->native_handle(), SIGKILL, nullptr, 0);\n", "\n",
      ["test_control.Hooks.test_a_hook_that_stops_its_supervisor_is_killed_past_its_limit"]),

@@ -190,7 +190,17 @@ class DaemonTest(unittest.TestCase):
             except ProcessLookupError:
                 pass
         if shims:
-            wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), timeout=10, what="job supervisors to exit")
+            try:
+                wait_until(lambda: not pids_matching(f"gpuq-shim {self.tmp}/"), timeout=10, what="job supervisors to exit")
+            except AssertionError:
+                # One stopped (a job or hook may SIGSTOP it, and a guard under test may have let
+                # it) holds its ranks: killed, so that nothing of this test outlives it.
+                for pid in pids_matching(f"gpuq-shim {self.tmp}/"):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                raise
         if self.d.cgroups:
             remove_attempt_cgroups(self.d.cgroups)
         if os.environ.get("GPUQ_SANITIZED"):
@@ -263,6 +273,15 @@ def remove_attempt_cgroups(base):
 def pids_matching(pattern):
     r = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     return [int(p) for p in r.stdout.split()]
+
+
+def alive(pid):
+    """Whether `pid` runs (a zombie has ended: it holds nothing but its entry)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def event_line(**fields):

@@ -7,7 +7,7 @@ import subprocess
 import time
 import unittest
 
-from harness import BIN, Daemon, DaemonTest, event_line, pids_matching, wait_until
+from harness import BIN, Daemon, DaemonTest, alive, event_line, wait_until
 
 
 class Restart(DaemonTest):
@@ -520,16 +520,18 @@ class Hooks(DaemonTest):
         # Single-user mode: the hook runs as its supervisor's user and may SIGSTOP it, so that the
         # supervisor enforces no hook_timeout_s; gpuqd kills it past the limit and the grace.
         self.restart_with({"hook_timeout_s": 1})
-        stopped = self.tmp_path("stopped")
-        job = self.d.submit({"name": "stopping-hook", "command": ["true"],
-                             "on_finish": ["sh", "-c", f"kill -STOP $PPID; touch {stopped}; exec sleep 7407"]})["ids"][0]
+        stopped, hook = self.tmp_path("stopped"), self.tmp_path("hook.pid")
+        job = self.d.submit({"name": "stopping-hook", "command": ["true"], "on_finish": [
+            "sh", "-c", f"echo $$ > {hook}.new && mv {hook}.new {hook}; kill -STOP $PPID; touch {stopped}; exec sleep 7407"]})["ids"][0]
         self.d.wait([job])
         log = os.path.join(self.tmp, "gpuqd.log")
         wait_until(lambda: "on_finish hook's supervisor has not ended it" in pathlib.Path(log).read_text(), timeout=60,
                    what="the stopped supervisor killed")
         self.assertTrue(os.path.exists(stopped), "the hook did not get to stop its supervisor")
         self.assertIn(f"job {job}: its on_finish hook's supervisor has not ended it", pathlib.Path(log).read_text())
-        wait_until(lambda: not pids_matching("sleep 7407"), what="the hook to die with its supervisor")
+        with open(hook) as f:
+            pid = int(f.read())
+        wait_until(lambda: not alive(pid), what="the hook to die with its supervisor")
         # Its slot is free: the next job's hook runs.
         done = self.tmp_path("done")
         after = self.d.submit({"name": "after", "command": ["true"], "on_finish": ["touch", done]})["ids"][0]

@@ -5,16 +5,7 @@ behind, keeps nothing running, whether gpuqd saw it happen or was down at the ti
 import os
 import unittest
 
-from harness import DaemonTest, pids_matching, wait_until
-
-
-def alive(pid):
-    """Whether `pid` runs (a zombie has ended: it holds nothing but its entry)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+from harness import DaemonTest, alive, pids_matching, wait_until
 
 
 def read_pid(path):

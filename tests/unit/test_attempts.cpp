@@ -198,6 +198,23 @@ TEST_CASE("an attempt whose processes live on drains its GPUs until they are gon
   CHECK(b.health.drained().at(gpu0) == "fan failure");
 }
 
+TEST_CASE("GPUs drained for lingering processes are held at start for jobs still lingering and back for the others") {
+  Bench b;
+  const std::string gpu0 = b.inventory.find(0)->uuid, gpu1 = b.inventory.find(1)->uuid;
+  const std::string stuck = ": processes of it did not die within 30 s of SIGKILL (stuck in the kernel?)";
+  b.health.set_drained({{0}, {}, "job 9" + stuck}, true);
+  b.health.set_drained({{1}, {}, "job 8" + stuck}, true);
+  b.attempts.resume_holds({9});
+  CHECK(b.health.drained(gpu0));        // job 9's processes are still there
+  CHECK_FALSE(b.health.drained(gpu1));  // job 8's are gone
+  b.attempts.released(9);
+  CHECK_FALSE(b.health.drained(gpu0));
+
+  b.health.set_drained({{1}, {}, "fan failure"}, true);  // not a lingering job's drain: left alone
+  b.attempts.resume_holds({});
+  CHECK(b.health.drained().at(gpu1) == "fan failure");
+}
+
 TEST_CASE("jobs prepared together go to the executor as one array; one alone as a job") {
   Bench b;
   const auto ids = b.submit(3, k_owner);

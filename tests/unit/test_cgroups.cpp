@@ -294,4 +294,35 @@ TEST_CASE(
   CHECK(local->lingering(first).empty());
 }
 
+TEST_CASE("processes an ended attempt left behind are watched again at start until they are gone") {
+  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
+  const CgroupHierarchy v2{true, {}, fs.path, "/", "/"};
+  const std::string base = named(Cgroups::open("/s", {v2}).error().message, fs.path + "/gpuq-");
+  write(base + "/cgroup.procs", "");
+  write(base + "/cgroup.kill", "");
+  auto cgroups = Cgroups::open("/s", {v2});
+  REQUIRE(cgroups);
+  for (const char* name : {"9-attempt-2", "8-attempt-1", "x-attempt-1", "probe"})
+    REQUIRE(std::filesystem::create_directory(base + "/" + name));
+  write(base + "/9-attempt-2/cgroup.events", "populated 1\n");  // left behind, still there
+  write(base + "/8-attempt-1/cgroup.events", "populated 0\n");  // left behind, gone since
+  write(base + "/x-attempt-1/cgroup.events", "populated 1\n");  // not an attempt's name
+  write(base + "/probe/cgroup.events", "populated 1\n");
+
+  boost::asio::io_context io;
+  std::vector<std::int64_t> released;
+  auto local = gpuq::daemon::make_local_executor(io, "/bin/true", [](std::int64_t) {}, std::move(*cgroups), {0.1, 0.5});
+  local->on_released([&](std::int64_t id) { released.push_back(id); });
+  CHECK(local->adopt_lingering() == std::vector<std::int64_t>{9});
+  CHECK(local->lingering({9, fs.path + "/jobs/9/attempt-2", nullptr, {}, ::getuid()}).find("did not die") !=
+        std::string::npos);
+  for (int i = 0; i < 5; ++i)
+    io.run_one_for(std::chrono::milliseconds(50));
+  CHECK(released.empty());
+  write(base + "/9-attempt-2/cgroup.events", "populated 0\n");
+  for (int i = 0; i < 1000 && released.empty(); ++i)
+    io.run_one_for(std::chrono::milliseconds(10));
+  CHECK(released == std::vector<std::int64_t>{9});
+}
+
 TEST_SUITE_END();
