@@ -26,7 +26,8 @@ class StateDirNotWritable(unittest.TestCase):
     them), and its state dir turns read-only: what a mistaken chmod or chown does. Nothing is lost:
     a job is still taken (the open database is written), waits with the reason while its
     directory cannot be made, and runs once the state dir can be written again."""
-    USER = "gpuq-alice"
+    # A user of its own: test_lab's jobs, run as its users, SIGSTOP every process of their owner's.
+    USER = "gpuq-faults"
 
     def setUp(self):
         ensure_account(self.USER)
