@@ -225,6 +225,25 @@ struct RankSetup : bp::extend::handler {
   }
 };
 
+// Calls `use` with the descriptor `fd` opened as a stream (`mode`), and closes it after, whatever
+// `use` does; an error (in `fd`, or of fdopen) is thrown, naming `what`.
+template <class Use>
+void with_stream(Result<int> fd, const char* mode, const std::string& what, Use&& use) {
+  if (!fd) throw std::runtime_error(fd.error().message);
+  FILE* stream = ::fdopen(*fd, mode);
+  if (!stream) {
+    ::close(*fd);
+    throw std::runtime_error("cannot open " + what + ": " + std::strerror(errno));
+  }
+  try {
+    use(stream);
+  } catch (...) {
+    std::fclose(stream);
+    throw;
+  }
+  std::fclose(stream);
+}
+
 struct Rank {
   int rank = 0;
   int pid = 0;
@@ -464,20 +483,7 @@ class Supervisor {
           };
           if (input.empty()) return child(bp::null);
           // In a directory the job's owner can write: no symlink followed, no fifo waited on.
-          auto fd = common::open_job_file(input, "its input");
-          if (!fd) throw std::runtime_error(fd.error().message);
-          FILE* in = ::fdopen(*fd, "r");
-          if (!in) {
-            ::close(*fd);
-            throw std::runtime_error("cannot open its input " + input + ": " + std::strerror(errno));
-          }
-          try {
-            child(in);
-          } catch (...) {
-            std::fclose(in);
-            throw;
-          }
-          std::fclose(in);
+          with_stream(common::open_job_file(input, "its input"), "r", "its input " + input, child);
         };
         if (m_log_limit > 0) {
           // Capped log: the rank writes into a pipe, the shim copies it to a rotating LogSink.
@@ -491,20 +497,7 @@ class Supervisor {
           ::fcntl(fd, F_SETFD, FD_CLOEXEC);
           m_pipes.emplace(fd, std::move(sink));
         } else {
-          auto fd = open_log(log, false);
-          if (!fd) throw std::runtime_error(fd.error().message);
-          FILE* out = ::fdopen(*fd, "a");
-          if (!out) {
-            ::close(*fd);
-            throw std::runtime_error("cannot open the log " + log + ": " + std::strerror(errno));
-          }
-          try {
-            start(out);
-          } catch (...) {
-            std::fclose(out);
-            throw;
-          }
-          std::fclose(out);
+          with_stream(open_log(log, false), "a", "the log " + log, start);
         }
       } catch (const std::exception& e) {
         error = std::string("gpuq: cannot start rank: ") + e.what();

@@ -175,14 +175,27 @@ TEST_CASE("gpuqd's cgroup is made again when it was removed meanwhile") {
   CHECK(std::filesystem::is_directory(base + "/1-attempt-1"));
 }
 
+// A cgroup v2 filesystem in a temporary directory, with gpuqd's cgroup (for state dir /s) made in
+// it as the kernel would have it: cgroup.procs and cgroup.kill there.
+struct FakeV2 {
+  gpuq::testing::TempDir fs{"gpuq-unit-cgroupfs"};
+  std::string base;
+  gpuq::Result<Cgroups> cgroups = gpuq::Error{};
+  FakeV2() {
+    const CgroupHierarchy v2{true, {}, fs.path, "/", "/"};
+    base = named(Cgroups::open("/s", {v2}).error().message, fs.path + "/gpuq-");
+    write(base + "/cgroup.procs", "");
+    write(base + "/cgroup.kill", "");
+    cgroups = Cgroups::open("/s", {v2});
+    REQUIRE(cgroups);
+  }
+};
+
 TEST_CASE("an attempt has ended only once its supervisor is gone and its cgroup is empty") {
-  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
-  const CgroupHierarchy v2{true, {}, fs.path, "/", "/"};
-  const std::string base = named(Cgroups::open("/s", {v2}).error().message, fs.path + "/gpuq-");
-  write(base + "/cgroup.procs", "");
-  write(base + "/cgroup.kill", "");
-  auto cgroups = Cgroups::open("/s", {v2});
-  REQUIRE(cgroups);
+  FakeV2 fake;
+  const gpuq::testing::TempDir& fs = fake.fs;
+  const std::string& base = fake.base;
+  auto& cgroups = fake.cgroups;
   const std::string cgroup = base + "/7-attempt-1";
   REQUIRE(std::filesystem::create_directory(cgroup));
   write(cgroup + "/cgroup.events", "populated 1\n");  // a process of it lives on
@@ -254,13 +267,10 @@ TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed 
 
 TEST_CASE(
     "an attempt whose processes will not die ends after the bound, lingering, and is released once they are gone") {
-  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
-  const CgroupHierarchy v2{true, {}, fs.path, "/", "/"};
-  const std::string base = named(Cgroups::open("/s", {v2}).error().message, fs.path + "/gpuq-");
-  write(base + "/cgroup.procs", "");
-  write(base + "/cgroup.kill", "");
-  auto cgroups = Cgroups::open("/s", {v2});
-  REQUIRE(cgroups);
+  FakeV2 fake;
+  const gpuq::testing::TempDir& fs = fake.fs;
+  const std::string& base = fake.base;
+  auto& cgroups = fake.cgroups;
   const std::string cgroup = base + "/7-attempt-1";
   REQUIRE(std::filesystem::create_directory(cgroup));
   write(cgroup + "/cgroup.events", "populated 1\n");  // a process of it that SIGKILL does not end
@@ -295,13 +305,10 @@ TEST_CASE(
 }
 
 TEST_CASE("processes an ended attempt left behind are watched again at start until they are gone") {
-  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
-  const CgroupHierarchy v2{true, {}, fs.path, "/", "/"};
-  const std::string base = named(Cgroups::open("/s", {v2}).error().message, fs.path + "/gpuq-");
-  write(base + "/cgroup.procs", "");
-  write(base + "/cgroup.kill", "");
-  auto cgroups = Cgroups::open("/s", {v2});
-  REQUIRE(cgroups);
+  FakeV2 fake;
+  const gpuq::testing::TempDir& fs = fake.fs;
+  const std::string& base = fake.base;
+  auto& cgroups = fake.cgroups;
   for (const char* name : {"9-attempt-2", "8-attempt-1", "x-attempt-1", "probe"})
     REQUIRE(std::filesystem::create_directory(base + "/" + name));
   write(base + "/9-attempt-2/cgroup.events", "populated 1\n");  // left behind, still there
