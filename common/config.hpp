@@ -28,6 +28,7 @@ struct Settings {
   std::int64_t log_limit_mb = 1024;      // "log_limit_mb"    $GPUQ_LOG_LIMIT_MB: per rank log before it rotates (0: no cap)
   int default_retries = 0;               // "retries"         $GPUQ_RETRIES: for jobs whose spec names none
   double grace_s = 10;                   // "grace_s": SIGTERM -> SIGKILL for a job's processes
+  std::int64_t pids_per_attempt = 32768;  // "pids_per_attempt": processes and threads of one attempt (0: no limit)
   double retry_backoff_s = 1;            // "retry_backoff_s": first retry delay; doubles per attempt
   double idle_timeout_s = 300;           // "idle_timeout_s": silent client connections are closed
   int cpu_slots = 0;                     // "cpu_slots": the CPU pool (scheduler.hpp); 0: the cores gpuqd may use

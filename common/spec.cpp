@@ -19,10 +19,10 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 22> k_fields{
-    "name",     "command", "shell",   "train",     "gpus", "mode", "ranks",  "cpus",   "mem_bind", "gpu_memory_mb",
-    "shared",   "priority", "after",  "retries",   "timeout_s", "env", "cwd", "labels", "comment", "matrix", "nodes",
-    "on_finish"};
+constexpr std::array<std::string_view, 24> k_fields{
+    "name",     "command",       "shell",   "train",    "gpus",  "mode",      "ranks",     "cpus",
+    "mem_bind", "gpu_memory_mb", "shared",  "priority", "after", "retries",   "timeout_s", "env",
+    "cwd",      "labels",        "comment", "matrix",   "nodes", "on_finish", "memory_mb", "retry_on_oom"};
 
 constexpr std::array<std::string_view, 18> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
@@ -229,8 +229,13 @@ class JobParser {
     if (s.gpu_memory_mb > 0 && s.gpus == 0)
       fail("field `gpu_memory_mb` needs `gpus` >= 1");
 
+    // Host memory per rank: at least 4 MiB (a limit under what a process needs to start is an OOM
+    // kill before its first line).
+    if (int_field("memory_mb", 4, 1LL << 40, x)) s.memory_mb = x;
+
     if (int_field("priority", -k_max_priority, k_max_priority, x)) s.priority = static_cast<int>(x);
     if (int_field("retries", 0, k_max_retries, x)) s.retries = static_cast<int>(x);
+    m_reader.boolean("retry_on_oom", s.retry_on_oom);
     if (const json* v = get("timeout_s")) {
       if (!v->is_number()) fail("field `timeout_s` must be a number of seconds, got " + json_type_name(*v));
       else if (v->get<double>() <= 0)
@@ -463,12 +468,14 @@ json to_json(const JobSpec& s) {
   if (s.cpus) j["cpus"] = s.cpus;
   if (s.mem_bind != MemBind::none) j["mem_bind"] = to_string(s.mem_bind);
   if (s.gpu_memory_mb) j["gpu_memory_mb"] = s.gpu_memory_mb;
+  if (s.memory_mb) j["memory_mb"] = s.memory_mb;
   j["shared"] = s.shared;
   j["priority"] = s.priority;
   json after = json::array();
   for (const auto& d : s.after) after.push_back(d.name.empty() ? json(d.id) : json(d.name));
   j["after"] = after;
   j["retries"] = s.retries;
+  if (s.retry_on_oom) j["retry_on_oom"] = true;
   if (s.timeout_s > 0) j["timeout_s"] = s.timeout_s;
   j["env"] = s.env;
   j["labels"] = s.labels;

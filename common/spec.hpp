@@ -42,10 +42,12 @@ struct JobSpec {
   int cpus = 0;   // cores per rank, pinned and counted against gpuqd's CPU pool; 0 = unspecified
   MemBind mem_bind = MemBind::none;  // needs cpus
   std::int64_t gpu_memory_mb = 0;  // per GPU; 0 = unspecified
+  std::int64_t memory_mb = 0;      // host memory (and swap) per rank, a limit the kernel holds it to; 0 = none
   bool shared = false;             // may share a GPU with other shared jobs when memory allows
   int priority = 0;
   std::vector<Dependency> after;
   int retries = 0;
+  bool retry_on_oom = false;  // an attempt that ended out_of_memory is retried too (within `retries`)
   double timeout_s = 0;  // 0 = no timeout
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;

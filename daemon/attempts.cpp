@@ -174,7 +174,15 @@ bool Attempts::prepare(Active& a, const Placement& placement, double now) {
 }
 
 void Attempts::start(Active& a) {
-  if (auto started = m_executor.start(attempt_of(a.rec)); !started) {
+  Executor::Attempt attempt = attempt_of(a.rec);
+  const JobRecord& rec = a.rec;
+  AttemptLimits& limits = attempt.limits;
+  limits.ranks = rec.spec.mode == common::Mode::ddp ? rec.spec.ranks : 1;
+  limits.memory_mb = rec.spec.memory_mb;
+  limits.pids = m_config.pids_per_attempt;
+  limits.rank_cores = rank_cores(rec, m_machine.cores.cores);
+  limits.denied_devices = denied_gpu_devices(m_machine.inventory.gpus(), rec.run.gpus);
+  if (auto started = m_executor.start(attempt); !started) {
     std::cerr << "gpuqd: job " << a.rec.id << ": " << started.error().message << "\n";
     finish(a, Outcome::failed(started.error().message));
   }
@@ -194,7 +202,7 @@ void Attempts::start_array(const std::vector<std::int64_t>& ids, int limit) {
 }
 
 Executor::Attempt Attempts::attempt_of(const JobRecord& rec) const {
-  Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}, rec.uid};
+  Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}, rec.uid, {}};
   for (std::int64_t dep : rec.after)  // handed over after them (Executor::follows)
     if (m_jobs.is_running(dep)) attempt.after.push_back(dep);
   return attempt;

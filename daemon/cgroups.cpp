@@ -17,11 +17,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include "common/paths.hpp"
+#include "common/spec.hpp"
 
 namespace gpuq::daemon {
 
@@ -89,7 +91,94 @@ std::vector<int> pids_in(const std::string& dir) {
   return out;
 }
 
+// `dir` and the cgroups below it (its ranks', and any a root job made), deepest last; bounded.
+std::vector<std::string> tree(const std::string& dir) {
+  std::vector<std::string> out{dir};
+  std::error_code ec;
+  for (std::size_t i = 0; i < out.size() && out.size() < 4096; ++i)
+    for (const auto& e : std::filesystem::directory_iterator(out[i], ec))
+      if (e.is_directory(ec) && !e.is_symlink(ec)) out.push_back(e.path().string());
+  return out;
+}
+
+// Writes `text` to the cgroup file `path` in one write(2), as the kernel takes it; an error names
+// the file and what the kernel said.
+Result<bool> put(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Error{ErrorCode::internal, "cannot open " + path + ": " + std::strerror(errno)};
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  const int err = n < 0 ? errno : EIO;
+  ::close(fd);
+  if (n == static_cast<ssize_t>(text.size())) return true;
+  return Error{ErrorCode::internal, "cannot write \"" + text + "\" to " + path + ": " + std::strerror(err)};
+}
+
+std::string first_line(const std::string& path) {
+  std::string text = read_small(path);
+  return text.substr(0, text.find('\n'));
+}
+
+bool has_word(const std::string& text, const std::string& word) {
+  std::istringstream in(text);
+  for (std::string w; in >> w;)
+    if (w == word) return true;
+  return false;
+}
+
+// A "key value" line's value in a cgroup's flat-keyed file (memory.events, memory.oom_control).
+std::optional<std::int64_t> keyed(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::string k;
+  for (std::int64_t value = 0; in >> k >> value;)
+    if (k == key) return value;
+  return std::nullopt;
+}
+
+// A v1 cpuset's children start with no CPUs and no memory nodes: `dir` gets its parent's where it
+// has none (a child cannot be joined before), or `cpus`.
+Result<bool> give_cpuset(const std::string& dir, const std::string& cpus = "") {
+  const std::string parent = dir.substr(0, dir.rfind('/'));
+  for (const char* file : {"cpuset.mems", "cpuset.cpus"}) {
+    const std::string own = first_line(dir + "/" + file);
+    const std::string wanted =
+        std::string(file) == "cpuset.cpus" && !cpus.empty() ? cpus : first_line(parent + "/" + file);
+    if (own == wanted && !own.empty()) continue;
+    if (auto ok = put(dir + "/" + file, wanted); !ok) return ok;
+  }
+  return true;
+}
+
+// The file whose writability says that gpuqd may set a limit in a hierarchy.
+const char* limit_file(Limit limit, bool v2) {
+  switch (limit) {
+    case Limit::memory:
+      return v2 ? "memory.max" : "memory.limit_in_bytes";
+    case Limit::pids:
+      return "pids.max";
+    case Limit::cpuset:
+      return "cpuset.cpus";
+    case Limit::devices:
+      return "devices.deny";
+  }
+  return "";
+}
+
 }  // namespace
+
+const char* controller_of(Limit limit) {
+  switch (limit) {
+    case Limit::memory:
+      return "memory";
+    case Limit::pids:
+      return "pids";
+    case Limit::cpuset:
+      return "cpuset";
+    case Limit::devices:
+      return "devices";
+  }
+  return "";
+}
 
 std::string CgroupHierarchy::own_dir() const {
   if (root == "/") return own == "/" ? mount : mount + own;
@@ -172,8 +261,16 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
       refused(kind, base + " is not a cgroup");
       continue;
     }
-    return Cgroups(base, h->v2, h->v2 && common::path_exists(base + "/cgroup.kill"), h->mount, h->root,
-                   h->v2 ? std::string() : h->controllers.front());
+    Cgroups c;
+    c.m_base = base;
+    c.m_v2 = h->v2;
+    c.m_has_kill = h->v2 && common::path_exists(base + "/cgroup.kill");
+    c.m_mount = h->mount;
+    c.m_root = h->root;
+    c.m_controller = h->v2 ? std::string() : h->controllers.front();
+    c.m_hierarchies.push_back({base, h->v2, h->controllers});
+    c.find_limits(hierarchies, tag_of(state_dir));
+    return c;
   }
   return Error{ErrorCode::unavailable, tried.empty() ? "no cgroup hierarchy places gpuqd" : tried};
 }
@@ -182,51 +279,214 @@ std::string Cgroups::describe() const {
   return std::string(m_v2 ? "cgroup v2" : "cgroup v1") + " at " + m_base + (m_has_kill ? " (cgroup.kill)" : "");
 }
 
-Result<std::string> Cgroups::make(const std::string& name) const {
-  const std::string dir = path(name);
-  // gpuqd's own may have been removed meanwhile (by an admin, or by a service manager that took
-  // the cgroup back): made again.
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno == ENOENT) ::mkdir(m_base.c_str(), 0755);
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    return Error{ErrorCode::internal, "cannot make the attempt's cgroup " + dir + ": " + std::strerror(errno)};
-  return dir;
+void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const std::string& tag) {
+  for (Limit limit : k_limits) {
+    const std::string controller = controller_of(limit);
+    const auto at = static_cast<std::size_t>(limit);
+    const Used& tracking = m_hierarchies.front();
+    std::string why;
+    if (tracking.v2 && limit == Limit::devices) {
+      why = "cgroup v2 keeps devices by a BPF program, which gpuqd does not load";
+    } else if (tracking.v2) {
+      // Given to gpuqd's cgroup (its parent's subtree_control), and handed down to its own: the
+      // attempts' cgroups then have it.
+      const std::string own = tracking.base.substr(0, tracking.base.rfind('/'));
+      if (!has_word(read_small(own + "/cgroup.controllers"), controller)) {
+        why = "cgroup v2: the " + controller + " controller is not given to gpuqd's cgroup " + own;
+      } else if (auto on = has_word(read_small(own + "/cgroup.subtree_control"), controller)
+                               ? Result<bool>(true)
+                               : put(own + "/cgroup.subtree_control", "+" + controller);
+                 !on) {
+        why = "cgroup v2: " + on.error().message +
+              " (processes in gpuqd's own cgroup keep it there: give gpuqd a cgroup of its own below a delegated one)";
+      } else if (auto down = put(tracking.base + "/cgroup.subtree_control", "+" + controller); !down) {
+        why = "cgroup v2: " + down.error().message;
+      } else {
+        m_where[at] = 0;
+        continue;
+      }
+    } else if (std::find(tracking.controllers.begin(), tracking.controllers.end(), controller) !=
+               tracking.controllers.end()) {
+      m_where[at] = 0;
+      continue;
+    }
+    // A v1 hierarchy with the controller, gpuqd's cgroup in it made as in the tracking one's.
+    std::string v1_why = "no v1 hierarchy has it";
+    for (const auto& h : hierarchies) {
+      if (h.v2 || std::find(h.controllers.begin(), h.controllers.end(), controller) == h.controllers.end()) continue;
+      const std::string base = h.own_dir() + "/gpuq-" + tag;
+      std::size_t index = 0;
+      while (index < m_hierarchies.size() && m_hierarchies[index].base != base)
+        ++index;
+      if (index == m_hierarchies.size()) {
+        if (::mkdir(base.c_str(), 0755) != 0 && errno != EEXIST) {
+          v1_why = "v1: cannot make " + base + ": " + std::strerror(errno);
+          break;
+        }
+        if (!common::path_exists(base + "/cgroup.procs")) {
+          v1_why = "v1: " + base + " is not a cgroup";
+          break;
+        }
+        if (std::find(h.controllers.begin(), h.controllers.end(), "cpuset") != h.controllers.end())
+          if (auto given = give_cpuset(base); !given) {
+            v1_why = "v1: " + given.error().message;
+            break;
+          }
+        m_hierarchies.push_back({base, false, h.controllers});
+      }
+      if (::access((base + "/" + limit_file(limit, false)).c_str(), W_OK) != 0) {
+        v1_why = "v1: " + base + "/" + limit_file(limit, false) + ": " + std::strerror(errno);
+        break;
+      }
+      m_where[at] = static_cast<int>(index);
+      break;
+    }
+    if (m_where[at] < 0) m_why_not[at] = why.empty() ? v1_why : why + "; " + v1_why;
+  }
+}
+
+std::string Cgroups::where(Limit limit) const {
+  const int at = m_where[static_cast<std::size_t>(limit)];
+  if (at < 0) return {};
+  const Used& used = m_hierarchies[static_cast<std::size_t>(at)];
+  return used.v2 ? "v2" : std::string("v1 ") + controller_of(limit);
+}
+
+std::string Cgroups::describe_limits() const {
+  static const char* names[] = {"memory per rank", "processes per attempt", "each rank's cores", "the GPUs given"};
+  std::string in_force, not_in_force;
+  for (Limit limit : k_limits) {
+    const auto at = static_cast<std::size_t>(limit);
+    if (m_where[at] >= 0)
+      in_force +=
+          std::string(in_force.empty() ? "" : ", ") + names[at] + " (" +
+          (m_where[at] == 0 ? where(limit) : "v1 at " + m_hierarchies[static_cast<std::size_t>(m_where[at])].base) +
+          ")";
+    else
+      not_in_force += std::string(not_in_force.empty() ? "" : "; ") + names[at] + ": " + m_why_not[at];
+  }
+  return "limits in force: " + (in_force.empty() ? std::string("none") : in_force) +
+         (not_in_force.empty() ? "" : "; not in force: " + not_in_force);
+}
+
+Result<std::vector<std::string>> Cgroups::make(const std::string& name, const AttemptLimits& limits) const {
+  std::vector<std::string> dirs;
+  const auto undo = [&](Error e) {
+    for (const auto& made : dirs)
+      remove(made);
+    return e;
+  };
+  for (std::size_t i = 0; i < m_hierarchies.size(); ++i) {
+    const Used& used = m_hierarchies[i];
+    const std::string dir = used.base + "/" + name;
+    // gpuqd's own may have been removed meanwhile (by an admin, or by a service manager that took
+    // the cgroup back): made again.
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno == ENOENT && ::mkdir(used.base.c_str(), 0755) == 0 && !used.v2 &&
+        std::find(used.controllers.begin(), used.controllers.end(), "cpuset") != used.controllers.end())
+      give_cpuset(used.base);
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      return undo(Error{ErrorCode::internal, "cannot make the attempt's cgroup " + dir + ": " + std::strerror(errno)});
+    dirs.push_back(dir);
+    if (auto made = make_in(i, dir, limits); !made)
+      return undo(Error{ErrorCode::internal, "cannot hold the attempt to its limits: " + made.error().message});
+  }
+  return dirs;
+}
+
+Result<bool> Cgroups::make_in(std::size_t i, const std::string& dir, const AttemptLimits& limits) const {
+  const Used& used = m_hierarchies[i];
+  const bool memory = in_force_at(Limit::memory, i), cpuset = in_force_at(Limit::cpuset, i);
+  std::set<int> all_cores;
+  for (const auto& cores : limits.rank_cores)
+    all_cores.insert(cores.begin(), cores.end());
+  const std::string attempt_cores = common::format_cpu_list({all_cores.begin(), all_cores.end()});
+  if (used.v2 && (memory || cpuset)) {  // handed down to the ranks' cgroups
+    if (auto on = put(dir + "/cgroup.subtree_control",
+                      std::string(memory ? "+memory" : "") + (memory && cpuset ? " " : "") + (cpuset ? "+cpuset" : ""));
+        !on)
+      return on;
+  }
+  if (cpuset && !used.v2)
+    if (auto given = give_cpuset(dir, all_cores.empty() ? "" : attempt_cores); !given) return given;
+  if (in_force_at(Limit::pids, i) && limits.pids > 0)
+    if (auto ok = put(dir + "/pids.max", std::to_string(limits.pids)); !ok) return ok;
+  if (in_force_at(Limit::devices, i))
+    for (const auto& [major, minor] : limits.denied_devices)
+      if (auto ok = put(dir + "/devices.deny", "c " + std::to_string(major) + ":" + std::to_string(minor) + " rwm");
+          !ok)
+        return ok;
+  for (int r = 0; r < std::max(1, limits.ranks); ++r) {
+    const std::string rank = dir + "/rank-" + std::to_string(r);
+    if (::mkdir(rank.c_str(), 0755) != 0 && errno != EEXIST)
+      return Error{ErrorCode::internal, "cannot make " + rank + ": " + std::strerror(errno)};
+    const auto index = static_cast<std::size_t>(r);
+    const std::string cores = index < limits.rank_cores.size() && !limits.rank_cores[index].empty()
+                                  ? common::format_cpu_list(limits.rank_cores[index])
+                                  : std::string();
+    if (cpuset && !used.v2)
+      if (auto given = give_cpuset(rank, cores); !given) return given;
+    if (cpuset && used.v2 && !cores.empty())
+      if (auto ok = put(rank + "/cpuset.cpus", cores); !ok) return ok;
+    if (memory && limits.memory_mb > 0) {
+      const std::string bytes = std::to_string(limits.memory_mb << 20);
+      // Swap counts against it too, where the kernel accounts swap: no job outgrows its limit by swapping.
+      if (used.v2) {
+        if (auto ok = put(rank + "/memory.max", bytes); !ok) return ok;
+        if (common::path_exists(rank + "/memory.swap.max"))
+          if (auto ok = put(rank + "/memory.swap.max", "0"); !ok) return ok;
+      } else {
+        if (auto ok = put(rank + "/memory.limit_in_bytes", bytes); !ok) return ok;
+        if (common::path_exists(rank + "/memory.memsw.limit_in_bytes"))
+          if (auto ok = put(rank + "/memory.memsw.limit_in_bytes", bytes); !ok) return ok;
+      }
+    }
+  }
+  return true;
 }
 
 void Cgroups::kill(const std::string& dir) const {
-  if (m_has_kill) {
+  if (m_has_kill) {  // the whole subtree at once
     if (std::ofstream out(dir + "/cgroup.kill"); out << "1\n" && out.flush()) return;
   }
-  const std::string name = named(dir);
-  // Whether `pid` is in this cgroup, on this hierarchy's line of /proc/PID/cgroup ("0::/x" on v2;
-  // "4:pids:/x" on v1).
-  const auto inside = [&](int pid) {
-    std::istringstream lines(read_small("/proc/" + std::to_string(pid) + "/cgroup"));
-    for (std::string line; std::getline(lines, line);) {
-      const auto first = line.find(':');
-      const auto second = first == std::string::npos ? first : line.find(':', first + 1);
-      if (second == std::string::npos || line.compare(second + 1, std::string::npos, name) != 0) continue;
-      const auto controllers = split(line.substr(first + 1, second - first - 1), ',');
-      if (m_v2 ? line.compare(0, second + 1, "0::") == 0
-               : std::find(controllers.begin(), controllers.end(), m_controller) != controllers.end())
-        return true;
+  for (const std::string& group : tree(dir)) {
+    const std::string name = named(group);
+    // Whether `pid` is in this cgroup, on this hierarchy's line of /proc/PID/cgroup ("0::/x" on
+    // v2; "4:pids:/x" on v1).
+    const auto inside = [&](int pid) {
+      std::istringstream lines(read_small("/proc/" + std::to_string(pid) + "/cgroup"));
+      for (std::string line; std::getline(lines, line);) {
+        const auto first = line.find(':');
+        const auto second = first == std::string::npos ? first : line.find(':', first + 1);
+        if (second == std::string::npos || line.compare(second + 1, std::string::npos, name) != 0) continue;
+        const auto controllers = split(line.substr(first + 1, second - first - 1), ',');
+        if (m_v2 ? line.compare(0, second + 1, "0::") == 0
+                 : std::find(controllers.begin(), controllers.end(), m_controller) != controllers.end())
+          return true;
+      }
+      return false;
+    };
+    for (int pid : pids_in(group)) {
+      const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+      if (pidfd < 0 && errno == ENOSYS) {  // before Linux 5.3: checked, then signalled by its pid
+        if (inside(pid)) ::kill(pid, SIGKILL);
+        continue;
+      }
+      if (pidfd < 0) continue;                                                        // gone
+      if (inside(pid)) ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);  // the process the pidfd holds
+      ::close(pidfd);
     }
-    return false;
-  };
-  for (int pid : pids_in(dir)) {
-    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-    if (pidfd < 0 && errno == ENOSYS) {  // before Linux 5.3: checked, then signalled by its pid
-      if (inside(pid)) ::kill(pid, SIGKILL);
-      continue;
-    }
-    if (pidfd < 0) continue;                                                        // gone
-    if (inside(pid)) ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);  // the process the pidfd holds
-    ::close(pidfd);
   }
 }
 
 std::string Cgroups::named(const std::string& dir) const {
   const std::string below = dir.substr(std::min(dir.size(), m_mount.size()));  // "/gpuq-.../12-attempt-1"
   return m_root == "/" ? below : m_root + below;
+}
+
+std::string Cgroups::name_of(const std::string& dir) const {
+  if (dir.size() > m_base.size() + 1 && dir.compare(0, m_base.size() + 1, m_base + "/") == 0)
+    return dir.substr(m_base.size() + 1);
+  return dir.substr(dir.rfind('/') + 1);
 }
 
 bool Cgroups::empty(const std::string& dir) const {
@@ -236,11 +496,35 @@ bool Cgroups::empty(const std::string& dir) const {
     for (std::string key, value; events >> key >> value;)
       if (key == "populated") return value == "0";
   }
-  return pids_in(dir).empty();
+  for (const std::string& group : tree(dir))
+    if (!pids_in(group).empty()) return false;
+  return true;
 }
 
 void Cgroups::remove(const std::string& dir) const {
-  ::rmdir(dir.c_str());
+  const std::string name = name_of(dir);
+  for (const Used& used : m_hierarchies) {
+    const auto groups = tree(used.base + "/" + name);
+    for (auto it = groups.rbegin(); it != groups.rend(); ++it)  // the deepest first
+      ::rmdir(it->c_str());
+  }
+}
+
+void Cgroups::remove_base() const {
+  for (const Used& used : m_hierarchies)
+    ::rmdir(used.base.c_str());
+}
+
+std::optional<std::int64_t> Cgroups::oom_kills(const std::string& dir) const {
+  const int at = m_where[static_cast<std::size_t>(Limit::memory)];
+  if (at < 0) return std::nullopt;
+  const Used& used = m_hierarchies[static_cast<std::size_t>(at)];
+  const std::string group = used.base + "/" + name_of(dir);
+  if (used.v2) return keyed(group + "/memory.events", "oom_kill");  // its subtree's
+  std::optional<std::int64_t> sum;
+  for (const std::string& g : tree(group))
+    if (const auto n = keyed(g + "/memory.oom_control", "oom_kill")) sum = sum.value_or(0) + *n;
+  return sum;
 }
 
 }  // namespace gpuq::daemon

@@ -8,13 +8,21 @@
 // The layout is discovered at run time, as hosts differ: cgroup v2 (its own cgroup's directory
 // writable by gpuqd: root, or a subtree delegated to its service), else a v1 hierarchy it may
 // write (any controller tracks processes; `pids` or `freezer` first). Where none can be made,
-// gpuqd says so at start and tracks processes by the supervisor's tree, as before. Limits (memory,
-// devices, pids, cpuset) through the controllers given to gpuqd come next.
+// gpuqd says so at start and tracks processes by the supervisor's tree, as before.
+//
+// Limits the kernel enforces come from the controllers given to gpuqd, on v2 where its cgroup has
+// them, else from a v1 hierarchy that has them (a hybrid host: v2 tracks, v1 memory limits): host
+// memory per rank, the processes of an attempt, each rank's cores, and the GPUs' device nodes an
+// attempt was not given. Each rank runs in a cgroup of its own below the attempt's (`rank-R`, in
+// every hierarchy used), which holds its memory limit and cpuset and counts its OOM kills. A limit
+// whose controller gpuqd was not given is not in force, and `describe()` says so and why.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -36,6 +44,20 @@ struct CgroupHierarchy {
 // in (pure: unit-tested against hosts' texts).
 std::vector<CgroupHierarchy> parse_cgroup_layout(const std::string& mountinfo, const std::string& proc_cgroup);
 
+// What the kernel is to hold an attempt to (each where its controller is in force).
+struct AttemptLimits {
+  int ranks = 1;                             // a cgroup `rank-R` each, R from 0
+  std::int64_t memory_mb = 0;                // host memory (and swap) per rank; 0: none
+  std::int64_t pids = 0;                     // processes and threads of the whole attempt; 0: none
+  std::vector<std::vector<int>> rank_cores;  // rank R's cpuset; none (or empty): gpuqd's own
+  // Character devices (major, minor) the attempt may not open: the GPUs it was not given.
+  std::vector<std::pair<unsigned, unsigned>> denied_devices;
+};
+
+enum class Limit { memory, pids, cpuset, devices };
+constexpr std::array<Limit, 4> k_limits = {Limit::memory, Limit::pids, Limit::cpuset, Limit::devices};
+const char* controller_of(Limit limit);  // "memory", "pids", "cpuset", "devices"
+
 class Cgroups {
  public:
   // The cgroup under which this gpuqd makes attempts' cgroups: a child of its own, named for its
@@ -46,9 +68,15 @@ class Cgroups {
 
   // "cgroup v2 at /sys/fs/cgroup/unified/gpuq-0123abcd (cgroup.kill)": what gpuqd logs at start.
   std::string describe() const;
-  // An attempt's cgroup: its directory (made here, or found again after a restart; empty otherwise
-  // than with its own processes). `name`: unique among this gpuqd's attempts ("12-attempt-1").
-  Result<std::string> make(const std::string& name) const;
+  // Each limit in force and where ("memory per rank (v1 memory)"), then those not, each with why.
+  std::string describe_limits() const;
+  // Where `limit` is in force: "v2", "v1 memory"; "" where it is not.
+  std::string where(Limit limit) const;
+  // An attempt's cgroup in every hierarchy used, the tracking one first, each with a `rank-R` per
+  // rank, and `limits` written where they are in force (made here, or found again after a
+  // restart). `name`: unique among this gpuqd's attempts ("12-attempt-1"). A limit the kernel
+  // refuses is an error that names it, and nothing is left made.
+  Result<std::vector<std::string>> make(const std::string& name, const AttemptLimits& limits = {}) const;
   std::string path(const std::string& name) const { return m_base + "/" + name; }
   // Kills every process in the cgroup `dir`: cgroup.kill on v2 (all at once, forks included);
   // without it, SIGKILL through a pidfd to each process listed that is still in it when its pidfd
@@ -59,29 +87,48 @@ class Cgroups {
   void kill(const std::string& dir) const;
   // Whether no process is left in `dir` (a directory that is not there has none).
   bool empty(const std::string& dir) const;
-  // Removes an attempt's cgroup once empty; and this gpuqd's own at shutdown where no attempt's is
-  // left in it. Quiet: a cgroup still in use (EBUSY) stays.
+  // Removes an attempt's cgroups (`dir`: its tracking one) once empty, in every hierarchy; and this
+  // gpuqd's own at shutdown where no attempt's is left in them. Quiet: a cgroup still in use
+  // (EBUSY) stays.
   void remove(const std::string& dir) const;
-  void remove_base() const { remove(m_base); }
+  void remove_base() const;
+  // How many of the attempt's processes an OOM killer killed (its memory limit's, or the
+  // machine's), its tracking cgroup `dir`; nothing where the memory controller is not in force.
+  // Read before remove().
+  std::optional<std::int64_t> oom_kills(const std::string& dir) const;
 
   bool v2() const { return m_v2; }
   const std::string& base() const { return m_base; }
 
  private:
-  Cgroups(std::string base, bool v2, bool has_kill, std::string mount, std::string root, std::string controller)
-      : m_base(std::move(base)),
-        m_v2(v2),
-        m_has_kill(has_kill),
-        m_mount(std::move(mount)),
-        m_root(std::move(root)),
-        m_controller(std::move(controller)) {}
+  Cgroups() = default;
+  // A hierarchy gpuqd makes attempts' cgroups in: the tracking one (m_hierarchies[0]), then v1
+  // ones that give limits it lacks.
+  struct Used {
+    std::string base;  // gpuqd's cgroup in it
+    bool v2 = false;
+    std::vector<std::string> controllers;  // v1: the hierarchy's
+  };
+  // Finds where each limit can be in force (open()).
+  void find_limits(const std::vector<CgroupHierarchy>& hierarchies, const std::string& tag);
+  // The limits of `limits` in force in `used` written into the attempt's cgroup `dir` there and its
+  // ranks' (made here).
+  Result<bool> make_in(std::size_t used, const std::string& dir, const AttemptLimits& limits) const;
+  bool in_force_at(Limit limit, std::size_t used) const {
+    return m_where[static_cast<std::size_t>(limit)] == static_cast<int>(used);
+  }
   // `dir` as /proc/PID/cgroup names it.
   std::string named(const std::string& dir) const;
+  // The attempt's name in every hierarchy, from its tracking cgroup `dir`.
+  std::string name_of(const std::string& dir) const;
   std::string m_base;
   bool m_v2 = false;
   bool m_has_kill = false;  // v2's cgroup.kill (Linux 5.14)
   std::string m_mount, m_root;  // the hierarchy's mount point, and the part of it mounted there
   std::string m_controller;     // v1: the hierarchy's (first) controller, as /proc/PID/cgroup names it
+  std::vector<Used> m_hierarchies;
+  std::array<int, 4> m_where{-1, -1, -1, -1};  // by Limit: the index in m_hierarchies; -1: not in force
+  std::array<std::string, 4> m_why_not;        // by Limit, where not in force
 };
 
 }  // namespace gpuq::daemon

@@ -33,7 +33,8 @@ std::optional<Cgroups> attempt_cgroups(const Config& config) {
               << "); a job's processes are tracked by its supervisor's process tree\n";
     return std::nullopt;
   }
-  std::cerr << "gpuqd: each attempt runs in a cgroup of its own, under " << cgroups->describe() << "\n";
+  std::cerr << "gpuqd: each attempt runs in a cgroup of its own, under " << cgroups->describe() << "; "
+            << cgroups->describe_limits() << "\n";
   return std::move(*cgroups);
 }
 }  // namespace

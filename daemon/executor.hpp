@@ -57,6 +57,9 @@ struct Outcome {
   // when its processes began, from which the job's runtime counts. Unset where they began when
   // gpuqd launched them.
   std::optional<double> began_at;
+  // How many of its processes an OOM killer killed (its cgroup's count; its memory limit's killer
+  // or the machine's), where the executor can tell.
+  std::optional<std::int64_t> oom_kills;
 
   // The record as read_exit_record (or merge_task_records) gives it: fields of the wrong type
   // count as absent. Its `started_at` is left for the executor to give as began_at.
@@ -74,6 +77,8 @@ class Executor {
     // in the other system until each of them has succeeded (elsewhere there are none at a start).
     std::vector<std::int64_t> after;
     uid_t owner = 0;  // the user it runs as: what it writes in its directory belongs to them
+    // What the kernel is to hold it to, where the executor has controllers for it (at start).
+    AttemptLimits limits;
   };
   // Called on gpuqd's thread once the attempt's processes are gone (or known never to come).
   using Ended = std::function<void(std::int64_t id)>;

@@ -1,10 +1,15 @@
 // GPU discovery: NVML through dlopen, or fake GPUs (see inventory.hpp).
 #include "daemon/inventory.hpp"
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "daemon/nvml.hpp"
@@ -79,7 +84,7 @@ Result<std::vector<Gpu>> fake_gpus(const std::string& spec, std::string& source)
   for (int i = 0; i < *n; ++i) {
     char uuid[64];
     std::snprintf(uuid, sizeof(uuid), "GPU-fake0000-0000-0000-0000-%012d", i);
-    out.push_back({i, uuid, "Fake GPU", *mib, nodes.empty() ? -1 : nodes[static_cast<std::size_t>(i)]});
+    out.push_back({i, uuid, "Fake GPU", *mib, nodes.empty() ? -1 : nodes[static_cast<std::size_t>(i)], i});
   }
   return out;
 }
@@ -121,7 +126,10 @@ Result<Inventory> Inventory::create(const std::string& spec, const std::optional
         const int node = inv.m_nvml->pci_info && inv.m_nvml->pci_info(d, &pci) == 0
                              ? pci_numa_node(sys_root, pci.domain, pci.bus, pci.device)
                              : -1;
-        all.push_back({static_cast<int>(i), uuid, name, static_cast<std::int64_t>(mem.total >> 20), node});
+        unsigned int node_minor = 0;
+        const bool has_minor = inv.m_nvml->minor_number && inv.m_nvml->minor_number(d, &node_minor) == 0;
+        all.push_back({static_cast<int>(i), uuid, name, static_cast<std::int64_t>(mem.total >> 20), node,
+                       has_minor ? static_cast<int>(node_minor) : -1});
       }
       inv.m_source = "nvml";
     }
@@ -256,6 +264,30 @@ std::string health_problem(const GpuHealth& now, std::optional<std::uint64_t> ec
     return std::to_string(n) + " new uncorrectable ECC error" + (n == 1 ? "" : "s");
   }
   return "";
+}
+
+std::vector<std::pair<unsigned, unsigned>> denied_gpu_devices(const std::vector<Gpu>& gpus,
+                                                              const std::vector<int>& given, const std::string& dev) {
+  std::set<unsigned> mine, denied;
+  for (const auto& g : gpus)
+    if (g.minor >= 0)
+      (std::find(given.begin(), given.end(), g.index) != given.end() ? mine : denied)
+          .insert(static_cast<unsigned>(g.minor));
+  // /dev/nvidiaN: a GPU's node (nvidiactl is 255, nvidia-modeset 254: not named so).
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dev, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= 6 || name.compare(0, 6, "nvidia") != 0 ||
+        name.find_first_not_of("0123456789", 6) != std::string::npos)
+      continue;
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) != 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != k_nvidia_major) continue;
+    if (!mine.count(minor(st.st_rdev))) denied.insert(minor(st.st_rdev));
+  }
+  std::vector<std::pair<unsigned, unsigned>> out;
+  for (unsigned m : denied)
+    if (!mine.count(m)) out.emplace_back(k_nvidia_major, m);
+  return out;
 }
 
 }  // namespace gpuq::daemon

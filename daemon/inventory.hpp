@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -21,7 +22,18 @@ struct Gpu {
   std::string name;
   std::int64_t memory_total_mb = 0;
   int numa_node = -1;  // the node of its PCI slot (sysfs), -1 when unknown
+  // Its device node's minor number (/dev/nvidiaN, major 195), -1 when unknown; a fake GPU's is its index.
+  int minor = -1;
 };
+
+// The character devices (major, minor) of the machine's GPUs that a job given `given` (indices)
+// may not open: every GPU's of `gpus` but those, and every other /dev/nvidiaN node of `dev` (a GPU
+// gpuqd does not serve is not the job's either). NVIDIA's control nodes (nvidiactl, nvidia-uvm)
+// stay open: CUDA needs them.
+std::vector<std::pair<unsigned, unsigned>> denied_gpu_devices(const std::vector<Gpu>& gpus,
+                                                              const std::vector<int>& given,
+                                                              const std::string& dev = "/dev");
+constexpr unsigned k_nvidia_major = 195;
 
 struct GpuReading {
   std::optional<std::int64_t> memory_used_mb;

@@ -309,7 +309,8 @@ Descriptors descriptors() {
   return {limit - open, reserved};
 }
 
-Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir, const std::string& cgroup) {
+Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir,
+                             const std::vector<std::string>& cgroups) {
   // Its own small environment, not gpuqd's (common::supervisor_environment).
   const std::vector<std::string> env = common::supervisor_environment();
   std::vector<char*> envp;
@@ -317,7 +318,8 @@ Result<int> spawn_supervisor(const std::string& shim_path, const std::string& ad
   envp.push_back(nullptr);
   try {
     std::vector<std::string> args{adir + "/launch.json"};
-    if (!cgroup.empty()) args.insert(args.end(), {"--cgroup", cgroup});
+    for (const auto& cgroup : cgroups)
+      args.insert(args.end(), {"--cgroup", cgroup});
     bp::child c(bp::exe = shim_path, bp::args = args, bp::std_in<bp::null, (bp::std_out & bp::std_err)> bp::null,
                 NewSession{}, EnvSetup{envp.data()}, bp::posix::use_vfork);
     int pid = c.id();

@@ -108,10 +108,11 @@ std::vector<int> slots_on_cores(const std::vector<int>& job_cores, const std::ve
 // ascending; gpuqd's CPU pool is made of them.
 std::vector<int> usable_cores();
 
-// Spawns `shim_path attempt_dir/launch.json` in its own session; returns its pid. With a
-// `cgroup` (a directory), every rank joins that cgroup before it runs (the shim stays outside).
+// Spawns `shim_path attempt_dir/launch.json` in its own session; returns its pid. With `cgroups`
+// (the attempt's cgroup in each hierarchy, as Cgroups::make gives them), rank R joins `rank-R` of
+// each before it runs (the shim stays outside).
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& attempt_dir,
-                             const std::string& cgroup = "");
+                             const std::vector<std::string>& cgroups = {});
 
 // File descriptors. gpuqd raises its soft RLIMIT_NOFILE to the hard limit at start (every running
 // job holds one, every client one, a launch a few more for a moment), and gives what it spawns

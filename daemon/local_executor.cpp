@@ -148,23 +148,21 @@ class LocalExecutor final : public Executor {
   }
 
   Result<bool> start(const Attempt& attempt) override {
-    std::string cgroup;
+    std::vector<std::string> cgroups;  // the attempt's in each hierarchy, the tracking one first
     if (m_cgroups) {
-      auto made = m_cgroups->make(cgroup_name(attempt));
+      auto made = m_cgroups->make(cgroup_name(attempt), attempt.limits);
       if (!made) return made.error();
-      cgroup = *made;
+      cgroups = std::move(*made);
     }
-    auto pid = spawn_supervisor(m_shim_path, attempt.dir, cgroup);
+    auto pid = spawn_supervisor(m_shim_path, attempt.dir, cgroups);
     if (!pid) {
-      if (m_cgroups) m_cgroups->remove(cgroup);
+      if (m_cgroups) m_cgroups->remove(cgroups.front());
       return pid.error();
     }
-    Shim& s = m_shims[attempt.id];
-    s.serial = ++m_serials;
-    m_killed_at_timeout.erase(attempt.id);
+    Shim& s = track(attempt.id);
     s.pid = {*pid, process_start_time(*pid).value_or(0)};
     s.own_child = true;
-    s.cgroup = std::move(cgroup);
+    if (!cgroups.empty()) s.cgroup = cgroups.front();
     watch(attempt.id, s);
     enforce_timeout(attempt, s);
     return true;
@@ -177,9 +175,7 @@ class LocalExecutor final : public Executor {
     const auto pid = read_pid_file(attempt.dir + "/shim.pid", attempt.owner);
     const std::string cgroup = m_cgroups ? m_cgroups->path(cgroup_name(attempt)) : std::string();
     if (pid && is_alive(*pid) && common::process_owner(pid->pid) == ::geteuid() && supervises(pid->pid, attempt)) {
-      Shim& s = m_shims[attempt.id];
-      s.serial = ++m_serials;
-      m_killed_at_timeout.erase(attempt.id);
+      Shim& s = track(attempt.id);
       s.pid = *pid;
       s.cgroup = cgroup;
       std::cerr << "gpuqd: re-adopted job " << attempt.id << " (supervisor pid " << pid->pid << ")\n";
@@ -194,9 +190,7 @@ class LocalExecutor final : public Executor {
     // at start-up to go, so that the attempt runs again (never started) only on an empty cgroup;
     // what outlasts that ends the attempt as above.
     if (!cgroup.empty() && !m_cgroups->empty(cgroup) && (pid || !emptied_soon(cgroup))) {
-      Shim& s = m_shims[attempt.id];
-      s.serial = ++m_serials;
-      m_killed_at_timeout.erase(attempt.id);
+      Shim& s = track(attempt.id);
       s.cgroup = cgroup;
       std::cerr << "gpuqd: job " << attempt.id << ": its supervisor is gone and processes of it are left in " << cgroup
                 << "; killing them\n";
@@ -270,7 +264,7 @@ class LocalExecutor final : public Executor {
   }
 
   std::string containment() const override {
-    return m_cgroups ? "a cgroup per attempt, under " + m_cgroups->describe()
+    return m_cgroups ? "a cgroup per attempt, under " + m_cgroups->describe() + "; " + m_cgroups->describe_limits()
                      : "the supervisor's process tree (no cgroup could be made: gpuqd's log says why)";
   }
 
@@ -284,6 +278,10 @@ class LocalExecutor final : public Executor {
     // Killed past its timeout before it wrote a record; one it wrote says how the attempt ended.
     if (m_killed_at_timeout.erase(attempt.id) && !o.all_ok && !o.first_failure.is_object() && o.error)
       o.timed_out = true;
+    if (auto it = m_oom_kills.find(attempt.id); it != m_oom_kills.end()) {
+      o.oom_kills = it->second;
+      m_oom_kills.erase(it);
+    }
     return o;
   }
 
@@ -372,6 +370,15 @@ class LocalExecutor final : public Executor {
     return std::getline(in, shim, '\0') && std::getline(in, launch, '\0') && launch == attempt.dir + "/launch.json";
   }
 
+  // A new watch of the attempt of job `id`: what an earlier one left is forgotten.
+  Shim& track(std::int64_t id) {
+    Shim& s = m_shims[id];
+    s.serial = ++m_serials;
+    m_killed_at_timeout.erase(id);
+    m_oom_kills.erase(id);
+    return s;
+  }
+
   // Unique among this gpuqd's attempts, and the same after a restart.
   static std::string cgroup_name(const Attempt& attempt) {
     return std::to_string(attempt.id) + "-" + attempt.dir.substr(attempt.dir.rfind('/') + 1);
@@ -435,16 +442,23 @@ class LocalExecutor final : public Executor {
                   << m_unkillable_s << " s of SIGKILL (stuck in the kernel?); its attempt is recorded as ended, "
                   << "its GPUs out of service until they are gone\n";
         const std::string cgroup = s.cgroup;
+        count_oom_kills(id, cgroup);
         m_lingering[cgroup].id = id;
         m_shims.erase(it);
         m_ended(id);
         look_at_lingering(cgroup);
         return;
       }
+      count_oom_kills(id, s.cgroup);
       m_cgroups->remove(s.cgroup);
     }
     m_shims.erase(it);
     m_ended(id);
+  }
+
+  // The attempt's OOM kills, read while its cgroup is there, for outcome().
+  void count_oom_kills(std::int64_t id, const std::string& cgroup) {
+    if (const auto n = m_cgroups->oom_kills(cgroup)) m_oom_kills[id] = *n;
   }
 
   // What is left of an attempt that ended lingering: killed again, and once none of it is left,
@@ -503,6 +517,7 @@ class LocalExecutor final : public Executor {
   std::map<std::string, Lingering> m_lingering;
   std::map<std::int64_t, Shim> m_shims;  // attempts running, by job
   std::uint64_t m_serials = 0;
+  std::map<std::int64_t, std::int64_t> m_oom_kills;  // by job: its ended attempt's, outcome not yet read
   std::set<std::int64_t> m_killed_at_timeout;  // ended by overdue() at their timeout, outcome not yet read
 };
 

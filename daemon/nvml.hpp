@@ -55,6 +55,7 @@ class Nvml {
       return nullptr;
     }
     if (!n->sym(n->pci_info, "nvmlDeviceGetPciInfo_v3")) n->sym(n->pci_info, "nvmlDeviceGetPciInfo_v2");  // optional
+    n->sym(n->minor_number, "nvmlDeviceGetMinorNumber");   // optional: device limits
     n->sym(n->ecc_errors, "nvmlDeviceGetTotalEccErrors");  // optional: health checks
     n->sym(n->remapped_rows, "nvmlDeviceGetRemappedRows");
     if (!n->sym(n->event_set_wait, "nvmlEventSetWait_v2")) n->sym(n->event_set_wait, "nvmlEventSetWait");
@@ -86,6 +87,7 @@ class Nvml {
   int (*memory)(Device, Memory*) = nullptr;
   int (*utilization)(Device, Utilization*) = nullptr;
   int (*pci_info)(Device, PciInfo*) = nullptr;
+  int (*minor_number)(Device, unsigned int*) = nullptr;                // of /dev/nvidiaN
   int (*ecc_errors)(Device, int, int, unsigned long long*) = nullptr;  // (error type, counter type)
   int (*remapped_rows)(Device, unsigned int*, unsigned int*, unsigned int*, unsigned int*) = nullptr;
   int (*event_set_create)(void**) = nullptr;

@@ -68,6 +68,7 @@ GPUQ_NVML_SAME(memory, nvmlDeviceGetMemoryInfo);
 GPUQ_NVML_SAME(utilization, nvmlDeviceGetUtilizationRates);
 GPUQ_NVML_SAME(pci_info, nvmlDeviceGetPciInfo_v3);
 GPUQ_NVML_SAME(pci_info, nvmlDeviceGetPciInfo_v2);
+GPUQ_NVML_SAME(minor_number, nvmlDeviceGetMinorNumber);
 GPUQ_NVML_SAME(ecc_errors, nvmlDeviceGetTotalEccErrors);
 GPUQ_NVML_SAME(remapped_rows, nvmlDeviceGetRemappedRows);
 GPUQ_NVML_SAME(event_set_create, nvmlEventSetCreate);

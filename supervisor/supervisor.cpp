@@ -190,7 +190,7 @@ struct RankSetup : bp::extend::handler {
   const std::string& chdir_failed;
   const CpuMask& cpus;
   const MemPolicy& memory;
-  int cgroup_procs = -1;  // the attempt's cgroup.procs, opened by the shim; -1: none
+  const std::vector<int>* cgroup_procs = nullptr;  // the rank's cgroup.procs in each hierarchy, opened by the shim
   const std::string& join_failed;
   const Owner* owner = nullptr;  // lab mode: who the rank runs as; nullptr: the shim's own user
   int parent = 0;                // the supervisor's pid
@@ -199,10 +199,12 @@ struct RankSetup : bp::extend::handler {
     // A root supervisor acts on files as the owner; the cgroup is joined as root (a kernel before
     // 5.16 judges the write by the writer's file-system identity, not the opener's).
     if (owner) ::syscall(SYS_setfsuid, 0), ::syscall(SYS_setfsgid, 0);
-    if (cgroup_procs >= 0 && ::write(cgroup_procs, "0", 1) != 1) {  // "0": the writer
-      [[maybe_unused]] auto n = ::write(STDERR_FILENO, join_failed.data(), join_failed.size());
-      ::_exit(126);
-    }
+    if (cgroup_procs)
+      for (int procs : *cgroup_procs)
+        if (::write(procs, "0", 1) != 1) {  // "0": the writer
+          [[maybe_unused]] auto n = ::write(STDERR_FILENO, join_failed.data(), join_failed.size());
+          ::_exit(126);
+        }
     cpus.apply();
     memory.apply();
     ::setpgid(0, 0);
@@ -337,15 +339,17 @@ class Supervisor {
   // `stop_on_urg`: one task of a Slurm gang, where gpuq stops the supervisors with SIGURG (see
   // run_slurm_task).
   // `stop_file`: a file whose presence, once signals are caught, is a stop that came before.
-  // `cgroup_procs`: a descriptor of the cgroup.procs its ranks join (-1: none), of `cgroup`.
+  // `cgroup_procs`: by rank, a descriptor of each cgroup.procs it joins (none: no cgroup), of
+  // the attempt's cgroups `cgroups` (their names, for a log).
   // `owner`: who the ranks run as, when this process is root and they are not to be (lab mode).
-  explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "", int cgroup_procs = -1,
-                      const std::string& cgroup = "", std::optional<Owner> owner = std::nullopt)
+  explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "",
+                      std::map<int, std::vector<int>> cgroup_procs = {}, const std::string& cgroups = "",
+                      std::optional<Owner> owner = std::nullopt)
       : m_doc(std::move(doc)),
         m_stop_on_urg(stop_on_urg),
         m_stop_file(std::move(stop_file)),
-        m_cgroup_procs(cgroup_procs),
-        m_join_failed("gpuq: cannot join the attempt's cgroup " + cgroup + "; not started\n"),
+        m_cgroup_procs(std::move(cgroup_procs)),
+        m_join_failed("gpuq: cannot join the attempt's cgroup " + cgroups + "; not started\n"),
         m_owner(std::move(owner)) {}
 
   ~Supervisor() { release_cgroup(); }
@@ -355,9 +359,16 @@ class Supervisor {
   // Every rank has joined the cgroup (or none will): the descriptor opened with gpuqd's identity
   // goes, so that no process of the attempt's (a leftover the shim reaps) could ever hold it.
   void release_cgroup() {
-    if (m_cgroup_procs < 0) return;
-    ::close(m_cgroup_procs);
-    m_cgroup_procs = -1;
+    for (const auto& [rank, fds] : m_cgroup_procs)
+      for (int fd : fds)
+        ::close(fd);
+    m_cgroup_procs.clear();
+  }
+
+  // The cgroups rank `rank` joins; nullptr: none.
+  const std::vector<int>* joins(int rank) const {
+    const auto it = m_cgroup_procs.find(rank);
+    return it == m_cgroup_procs.end() ? nullptr : &it->second;
   }
 
   // After run(): a rank of its own failed first (not one torn down, timed out or stopped).
@@ -474,7 +485,7 @@ class Supervisor {
             // Redirections, not a template's brackets:
             // clang-format off
             bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in < in, (bp::std_out & bp::std_err) > output,
-                        RankSetup{{}, cwd, chdir_failed, cpus, memory, m_cgroup_procs, m_join_failed,
+                        RankSetup{{}, cwd, chdir_failed, cpus, memory, joins(rank.rank), m_join_failed,
                                   m_owner ? &*m_owner : nullptr, ::getpid()},
                         bp::posix::use_vfork);
             // clang-format on
@@ -678,7 +689,7 @@ class Supervisor {
   json m_doc;
   bool m_stop_on_urg = false;
   std::string m_stop_file;
-  int m_cgroup_procs = -1;
+  std::map<int, std::vector<int>> m_cgroup_procs;
   std::string m_join_failed;
   std::optional<Owner> m_owner;
   sigset_t m_signals{};
@@ -789,24 +800,42 @@ bool take_owners_files(const json& doc, std::optional<Owner>& owner) {
   return true;
 }
 
-int run_supervisor(const std::string& launch_path, const std::string& cgroup) {
+int run_supervisor(const std::string& launch_path, const std::vector<std::string>& cgroups) {
   auto doc = read_launch_document(launch_path);
   if (!doc) return 2;
   // Opened with gpuqd's identity (root in lab mode), before this process acts as the job's owner:
-  // each rank joins the cgroup through it before it takes the owner's identity, and holds no
-  // descriptor of it once it runs (close-on-exec).
-  int procs = -1;
-  if (!cgroup.empty() && (procs = ::open((cgroup + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC)) < 0) {
-    complain("cannot open the attempt's cgroup " + cgroup + ": " + std::strerror(errno));
-    return 2;
+  // each rank joins its cgroups through them before it takes the owner's identity, and holds no
+  // descriptor of them once it runs (close-on-exec). Rank R's is `rank-R` of each (its memory
+  // limit, its cores), or the attempt's own where gpuqd made none.
+  std::map<int, std::vector<int>> procs;
+  const auto close_all = [&] {
+    for (const auto& [rank, fds] : procs)
+      for (int fd : fds)
+        ::close(fd);
+  };
+  std::string names;
+  for (const auto& cgroup : cgroups) {
+    names += (names.empty() ? "" : ", ") + cgroup;
+    for (const auto& r : (*doc)["ranks"]) {
+      const int rank = r["rank"].get<int>();
+      std::string path = cgroup + "/rank-" + std::to_string(rank) + "/cgroup.procs";
+      if (!common::path_exists(path)) path = cgroup + "/cgroup.procs";
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0) {
+        complain("cannot open the attempt's cgroup " + path + ": " + std::strerror(errno));
+        close_all();
+        return 2;
+      }
+      procs[rank].push_back(fd);
+    }
   }
   std::optional<Owner> owner;
   if (!take_owners_files(*doc, owner)) {
-    if (procs >= 0) ::close(procs);
+    close_all();
     return 2;
   }
   try {
-    Supervisor attempt(std::move(*doc), false, "", procs, cgroup, std::move(owner));
+    Supervisor attempt(std::move(*doc), false, "", std::move(procs), names, std::move(owner));
     const int written = attempt.run();
     return written != 0 ? written : attempt.succeeded() ? 0 : 1;
   } catch (const std::exception& e) {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace gpuq::supervisor {
 
@@ -27,11 +28,12 @@ namespace gpuq::supervisor {
 // status: 0 when the attempt succeeded, 1 when it did not (or exit.json could not be written), 2
 // when the launch document is unusable. gpuqd reads exit.json, not this; a Slurm batch job ends
 // with it, so that a job submitted --dependency=afterok on this one starts only after a success.
-// With a `cgroup` (a directory), each rank joins it between fork and exec, before it takes the
-// owner's identity, through a descriptor of its cgroup.procs opened with gpuqd's; the shim stays
+// With `cgroups` (the attempt's cgroup in each hierarchy gpuqd uses), rank R joins `rank-R` of
+// each (the attempt's own where there is none) between fork and exec, before it takes the
+// owner's identity, through descriptors of their cgroup.procs opened with gpuqd's; the shim stays
 // outside. A rank that cannot join, or cannot become its owner, does not run (exit 126, its log
 // says why).
-int run_supervisor(const std::string& launch_path, const std::string& cgroup = "");
+int run_supervisor(const std::string& launch_path, const std::vector<std::string>& cgroups = {});
 
 // One task of a job whose ranks Slurm's srun starts, one shim each, across nodes: runs only the
 // rank SLURM_PROCID names, with RANK, LOCAL_RANK and GROUP_RANK as Slurm placed it, and writes

@@ -65,6 +65,7 @@ class Daemon:
         self.proc = None
         self.log = None
         self.cgroups = None  # where its attempts' cgroups are, once it said so
+        self.limit_cgroups = set()  # and those of the v1 hierarchies that give it limits
 
     def start(self, env=None, cpus=None, stack_kb=None, nofile=None, umask=None, user=None):
         """Starts gpuqd; `cpus` (a set of cores) is its affinity mask, as under taskset -c;
@@ -96,8 +97,10 @@ class Daemon:
         if self.proc.poll() is not None:
             raise AssertionError(f"gpuqd exited at start with {self.proc.returncode}; see {self.tmp}/gpuqd.log")
         self.cgroups = attempt_cgroups_of(os.path.join(self.tmp, "gpuqd.log"))
+        self.limit_cgroups = limit_cgroups_of(os.path.join(self.tmp, "gpuqd.log"))
         if self.cgroups:
             _cgroup_bases.add(self.cgroups)
+        _cgroup_bases.update(self.limit_cgroups)
         return self
 
     def defaults(self):
@@ -203,6 +206,8 @@ class DaemonTest(unittest.TestCase):
                 raise
         if self.d.cgroups:
             remove_attempt_cgroups(self.d.cgroups)
+        for base in self.d.limit_cgroups:
+            remove_attempt_cgroups(base)
         if os.environ.get("GPUQ_SANITIZED"):
             self.check_sanitizer_reports()
         failed = any(e for _, e in (self._outcome.result.errors + self._outcome.result.failures)
@@ -240,6 +245,16 @@ def attempt_cgroups_of(log_path):
     return said.group(1) if said else None
 
 
+def limit_cgroups_of(log_path):
+    """The v1 hierarchies' cgroups a gpuqd made its attempts' cgroups under for limits (memory, pids,
+    cpuset, devices where v2 does not give them), as its log says."""
+    try:
+        with open(log_path, errors="replace") as f:
+            return set(re.findall(r"\(v1 at (/[^)\s]+)\)", f.read()))
+    except FileNotFoundError:
+        return set()
+
+
 # Every gpuqd's attempts' cgroup this process saw: what is left in them goes when it exits.
 _cgroup_bases = set()
 atexit.register(lambda: [remove_attempt_cgroups(base) for base in sorted(_cgroup_bases)])
@@ -258,10 +273,11 @@ def remove_attempt_cgroups(base):
             with open(os.path.join(base, "cgroup.events")) as f:
                 return "populated 1" in f.read()
         wait_until(lambda: not populated(), timeout=10, what="the test's jobs' processes to die")
-    for entry in os.listdir(base):
-        if os.path.isdir(os.path.join(base, entry)):
+    # Each attempt's cgroup and its ranks' below it, the deepest first.
+    for root, dirs, _ in os.walk(base, topdown=False):
+        for d in dirs:
             try:
-                os.rmdir(os.path.join(base, entry))
+                os.rmdir(os.path.join(root, d))
             except OSError:
                 pass
     try:

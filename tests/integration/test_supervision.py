@@ -2,10 +2,14 @@
 of their own, which gpuqd kills, and finds empty, before the attempt is recorded as ended and its
 GPUs are given to another job. A job that kills its own supervisor, leaving `setsid` children
 behind, keeps nothing running, whether gpuqd saw it happen or was down at the time."""
+import errno
 import os
+import re
+import stat
+import tempfile
 import unittest
 
-from harness import DaemonTest, alive, pids_matching, wait_until
+from harness import Daemon, DaemonTest, alive, pids_matching, wait_until
 
 
 def read_pid(path):
@@ -30,8 +34,13 @@ class AttemptCgroups(DaemonTest):
         return {"name": name, "gpus": 4, "shell": shell, "retries": 0}, pid_file
 
     def test_gpus_says_what_holds_each_jobs_processes(self):
-        self.assertEqual(self.d.json("gpus")["containment"], f"a cgroup per attempt, under cgroup {self.base_kind()} at {self.base}"
-                         + (" (cgroup.kill)" if os.path.exists(os.path.join(self.base, "cgroup.kill")) else ""))
+        said = self.d.json("gpus")["containment"]
+        self.assertTrue(said.startswith(f"a cgroup per attempt, under cgroup {self.base_kind()} at {self.base}"
+                                        + (" (cgroup.kill)" if os.path.exists(os.path.join(self.base, "cgroup.kill")) else "")
+                                        + "; limits in force: "), said)
+        # Each limit, in force or not (and why not).
+        for limit in ("memory per rank", "processes per attempt", "each rank's cores", "the GPUs given"):
+            self.assertIn(limit, said)
         self.assertIn(f"each job's processes held by a cgroup per attempt, under cgroup", self.d.ok("gpus"))
 
     def base_kind(self):
@@ -47,8 +56,9 @@ class AttemptCgroups(DaemonTest):
         # Recorded as ended only once nothing of it was left: its setsid child is dead by now.
         self.assertFalse(alive(read_pid(pid_file)), "the job's setsid child outlived its attempt")
         self.assertEqual(self.d.wait(ids[1:], timeout=60)[ids[1]]["state"], "succeeded")
-        # Each attempt's cgroup is gone once it ended.
-        self.assertEqual([e for e in os.listdir(self.base) if "-attempt-" in e], [])
+        # Each attempt's cgroup is gone once it ended, in every hierarchy.
+        for base in [self.base, *self.d.limit_cgroups]:
+            self.assertEqual([e for e in os.listdir(base) if "-attempt-" in e], [], base)
 
     def test_processes_left_by_a_supervisor_killed_while_gpuqd_was_down_are_killed_when_it_is_back(self):
         go = self.tmp_path("go")
@@ -116,6 +126,105 @@ class AttemptCgroups(DaemonTest):
             log = f.read()
         self.assertRegex(log, rf"job {ids[0]}: its supervisor \(pid \d+, stopped\) has not ended it [\d.]+ s after its timeout;")
         self.assertRegex(log, rf"job {ids[1]}: its supervisor \(pid \d+, stopped\) has not ended it [\d.]+ s after its stop;")
+
+
+class KernelLimits(DaemonTest):
+    """Limits the kernel holds each attempt to, through the controllers gpuqd was given (v2 where
+    its cgroup has them, else v1): memory per rank, processes per attempt, each rank's cores, and
+    the GPUs' device nodes it was not given. Each test runs where its controller is in force."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        self.d = Daemon(self.tmp, self.GPUS, extra=["--pids-per-attempt", "40"]).start()
+        self.containment = self.d.json("gpus")["containment"]
+
+    def need(self, limit):
+        if not re.search(re.escape(limit) + r" \((v2|v1 at [^)]+)\)", self.containment):
+            self.skipTest(f"{limit}: not in force here ({self.containment})")
+
+    def run_job(self, spec):
+        job_id = self.d.submit([{"retries": 0, **spec}])["ids"][0]
+        return job_id, self.d.wait([job_id], timeout=90)[job_id]
+
+    def test_a_rank_over_its_memory_is_killed_and_one_within_it_runs(self):
+        self.need("memory per rank")
+        grow = "import sys; b = bytearray(int(sys.argv[1]) << 20); b[::4096] = b'x' * len(b[::4096]); print('held')"
+        _, over = self.run_job({"name": "over", "command": ["python3", "-c", grow, "256"], "memory_mb": 64})
+        self.assertEqual(over["state"], "failed", over["reason"])
+        self.assertIn("signal 9", over["reason"])
+        _, within = self.run_job({"name": "within", "command": ["python3", "-c", grow, "16"], "memory_mb": 64})
+        self.assertEqual(within["state"], "succeeded", within["reason"])
+
+    def test_a_fork_bomb_ends_at_the_attempts_process_limit(self):
+        self.need("processes per attempt")
+        out = self.tmp_path("forks")
+        bomb = ("import os, sys, time\n"
+                "n = 0\n"
+                "try:\n"
+                "    while n < 200:\n"
+                "        if os.fork() == 0:\n"
+                "            time.sleep(60); os._exit(0)\n"
+                "        n += 1\n"
+                "except OSError as e:\n"
+                "    print(n, e.errno, file=open(sys.argv[1], 'w')); sys.exit(3)\n"
+                "print(n, 0, file=open(sys.argv[1], 'w'))\n")
+        _, done = self.run_job({"name": "bomb", "command": ["python3", "-c", bomb, out], "timeout_s": 60})
+        self.assertEqual(done["state"], "failed", done["reason"])
+        with open(out) as f:
+            forked, err = map(int, f.read().split())
+        self.assertEqual(err, errno.EAGAIN)
+        self.assertLess(forked, 40)  # --pids-per-attempt 40: the rank itself and its forks
+
+    def test_a_rank_cannot_leave_its_cores(self):
+        self.need("each rank's cores")
+        out = self.tmp_path("cores")
+        grab = ("import os, sys\n"
+                "mine = sorted(os.sched_getaffinity(0))\n"
+                "try:\n"
+                "    os.sched_setaffinity(0, range(os.cpu_count()))\n"
+                "except OSError:\n"
+                "    pass\n"
+                "print(mine, sorted(os.sched_getaffinity(0)), file=open(sys.argv[1], 'w'))\n")
+        _, done = self.run_job({"name": "grab", "command": ["python3", "-c", grab, out], "cpus": 1})
+        self.assertEqual(done["state"], "succeeded", done["reason"])
+        with open(out) as f:
+            pinned, after = f.read().split("] [")
+        self.assertEqual(pinned + "]", "[" + after.strip().rstrip("]").lstrip("[") + "]",
+                         "the rank took cores it was not given")
+
+    def test_a_job_cannot_open_the_device_nodes_of_gpus_it_was_not_given(self):
+        self.need("the GPUs given")
+        # NVIDIA's major is 195, minor N is /dev/nvidiaN (a fake GPU's minor is its index). With no
+        # driver for 195 here, opening one the job may use says ENXIO; one it may not, EPERM.
+        nodes = self.tmp_path("dev")
+        os.mkdir(nodes)
+        for minor in range(4):
+            try:
+                os.mknod(os.path.join(nodes, f"nvidia{minor}"), 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+            except PermissionError:
+                self.skipTest("cannot make device nodes here (mknod needs CAP_MKNOD)")
+        probe = ("import os, sys\n"
+                 "seen = {}\n"
+                 "for m in range(4):\n"
+                 "    try:\n"
+                 "        os.close(os.open(os.path.join(sys.argv[1], f'nvidia{m}'), os.O_RDWR)); seen[m] = 0\n"
+                 "    except OSError as e:\n"
+                 "        seen[m] = e.errno\n"
+                 "print(os.environ.get('CUDA_VISIBLE_DEVICES', ''), seen, file=open(sys.argv[2], 'w'))\n")
+        for gpus in (1, 2, 0):
+            out = self.tmp_path(f"devices-{gpus}")
+            _, done = self.run_job({"name": f"probe{gpus}", "command": ["python3", "-c", probe, nodes, out], "gpus": gpus})
+            self.assertEqual(done["state"], "succeeded", done["reason"])
+            with open(out) as f:
+                visible, seen = f.read().split(" ", 1)
+            mine = {int(g) for g in visible.split(",") if g}
+            self.assertEqual(len(mine), gpus)
+            seen = eval(seen)  # a dict the probe printed
+            for minor, err in seen.items():
+                if minor in mine:
+                    self.assertIn(err, (errno.ENXIO, errno.ENODEV), f"GPU {minor} is the job's: {seen}")
+                else:
+                    self.assertEqual(err, errno.EPERM, f"GPU {minor} is not the job's ({visible}): {seen}")
 
 
 if __name__ == "__main__":

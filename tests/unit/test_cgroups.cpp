@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -54,6 +55,12 @@ std::string named(const std::string& why, const std::string& prefix) {
   const auto at = why.find(prefix);
   REQUIRE(at != std::string::npos);
   return why.substr(at, why.find(' ', at) - at);
+}
+
+// An attempt's tracking cgroup: the first of those make() gives.
+std::optional<std::string> made(gpuq::Result<std::vector<std::string>> dirs) {
+  if (!dirs || dirs->empty()) return std::nullopt;
+  return dirs->front();
 }
 
 }  // namespace
@@ -120,7 +127,7 @@ TEST_CASE("gpuqd's cgroup is made under its own, named for its state dir, and re
 
   // An attempt's: made (or found again), empty until a process is listed, killed through
   // cgroup.kill, removed once empty.
-  auto dir = cgroups->make("12-attempt-1");
+  auto dir = made(cgroups->make("12-attempt-1"));
   REQUIRE(dir);
   CHECK(*dir == base + "/12-attempt-1");
   CHECK(cgroups->make("12-attempt-1"));  // after a restart: found again
@@ -155,7 +162,7 @@ TEST_CASE("v1 where v2 cannot be made: a hierarchy that tracks processes, named 
   auto cgroups = Cgroups::open("/s", {cpuset, v2, pids});
   REQUIRE(cgroups);
   CHECK(cgroups->describe() == "cgroup v1 at " + base);
-  auto dir = cgroups->make("3-attempt-2");
+  auto dir = made(cgroups->make("3-attempt-2"));
   REQUIRE(dir);
   write(*dir + "/cgroup.procs", "");
   CHECK(cgroups->empty(*dir));  // v1: nothing listed
@@ -207,7 +214,7 @@ TEST_CASE("an attempt has ended only once its supervisor is gone and its cgroup 
       io, "/bin/true", [&](std::int64_t id) { ended.push_back(id); }, std::move(*cgroups));
   const std::string dir = fs.path + "/jobs/7/attempt-1";
   std::filesystem::create_directories(dir);
-  REQUIRE(local->start({7, dir, nullptr, {}, ::getuid()}));
+  REQUIRE(local->start({7, dir, nullptr, {}, ::getuid(), {}}));
   const auto killed = [&] {
     std::ifstream in(cgroup + "/cgroup.kill");
     std::string said;
@@ -241,7 +248,7 @@ TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed 
     MESSAGE("no writable v1 pids hierarchy here: skipped");
     return;
   }
-  auto dir = cgroups->make("1-attempt-1");
+  auto dir = made(cgroups->make("1-attempt-1"));
   REQUIRE(dir);
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
@@ -278,8 +285,8 @@ TEST_CASE(
   boost::asio::io_context io;
   const std::string dir = fs.path + "/jobs/7/attempt-1", next = fs.path + "/jobs/7/attempt-2";
   std::filesystem::create_directories(dir);
-  const gpuq::daemon::Executor::Attempt first{7, dir, nullptr, {}, ::getuid()},
-      second{7, next, nullptr, {}, ::getuid()};
+  const gpuq::daemon::Executor::Attempt first{7, dir, nullptr, {}, ::getuid(), {}},
+      second{7, next, nullptr, {}, ::getuid(), {}};
   std::unique_ptr<gpuq::daemon::Executor> local;
   std::vector<std::string> ended;  // what lingering() said of the attempt when it ended
   std::vector<std::int64_t> released;
@@ -321,7 +328,7 @@ TEST_CASE("processes an ended attempt left behind are watched again at start unt
   auto local = gpuq::daemon::make_local_executor(io, "/bin/true", [](std::int64_t) {}, std::move(*cgroups), {0.1, 0.5});
   local->on_released([&](std::int64_t id) { released.push_back(id); });
   CHECK(local->adopt_lingering() == std::vector<std::int64_t>{9});
-  CHECK(local->lingering({9, fs.path + "/jobs/9/attempt-2", nullptr, {}, ::getuid()}).find("did not die") !=
+  CHECK(local->lingering({9, fs.path + "/jobs/9/attempt-2", nullptr, {}, ::getuid(), {}}).find("did not die") !=
         std::string::npos);
   for (int i = 0; i < 5; ++i)
     io.run_one_for(std::chrono::milliseconds(50));
@@ -330,6 +337,142 @@ TEST_CASE("processes an ended attempt left behind are watched again at start unt
   for (int i = 0; i < 1000 && released.empty(); ++i)
     io.run_one_for(std::chrono::milliseconds(10));
   CHECK(released == std::vector<std::int64_t>{9});
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST_CASE("limits on cgroup v2: the controllers given to gpuqd's cgroup, handed down and written per rank") {
+  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
+  const std::string own = fs.path + "/svc";
+  REQUIRE(std::filesystem::create_directory(own));
+  write(own + "/cgroup.controllers", "cpuset cpu io memory pids\n");
+  const CgroupHierarchy v2{true, {}, fs.path, "/", "/svc"};
+  const std::string base = named(Cgroups::open("/s", {v2}).error().message, own + "/gpuq-");
+  write(base + "/cgroup.procs", "");
+  write(base + "/cgroup.kill", "");
+  auto cgroups = Cgroups::open("/s", {v2});
+  REQUIRE(cgroups);
+  for (auto limit : {gpuq::daemon::Limit::memory, gpuq::daemon::Limit::pids, gpuq::daemon::Limit::cpuset})
+    CHECK(cgroups->where(limit) == "v2");
+  CHECK(cgroups->where(gpuq::daemon::Limit::devices).empty());  // a BPF program: not loaded
+  CHECK(read(base + "/cgroup.subtree_control") == "+cpuset");   // the last handed down
+  const std::string said = cgroups->describe_limits();
+  CHECK(said.find("limits in force: memory per rank (v2), processes per attempt (v2), each rank's cores (v2)") == 0);
+  CHECK(said.find("not in force: the GPUs given: cgroup v2 keeps devices by a BPF program") != std::string::npos);
+
+  gpuq::daemon::AttemptLimits limits;
+  limits.ranks = 2;
+  limits.memory_mb = 64;
+  limits.pids = 100;
+  limits.rank_cores = {{0, 1}, {3}};
+  auto dirs = cgroups->make("5-attempt-1", limits);
+  REQUIRE(dirs);
+  REQUIRE(dirs->size() == 1);  // v2 gives them all: one hierarchy
+  const std::string dir = dirs->front();
+  CHECK(dir == base + "/5-attempt-1");
+  CHECK(read(dir + "/cgroup.subtree_control") == "+memory +cpuset");  // for the ranks' cgroups
+  CHECK(read(dir + "/pids.max") == "100");
+  for (int r = 0; r < 2; ++r)
+    CHECK(read(dir + "/rank-" + std::to_string(r) + "/memory.max") == std::to_string(64 << 20));
+  CHECK(read(dir + "/rank-0/cpuset.cpus") == "0-1");
+  CHECK(read(dir + "/rank-1/cpuset.cpus") == "3");
+  CHECK_FALSE(std::filesystem::exists(dir + "/rank-2"));
+
+  // The OOM kills of its subtree (v2's memory.events is hierarchical).
+  CHECK_FALSE(cgroups->oom_kills(dir + "-none").has_value());
+  write(dir + "/memory.events", "low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n");
+  CHECK(cgroups->oom_kills(dir) == 2);
+
+  // A controller not given to gpuqd's cgroup is not in force, and why is said.
+  gpuq::testing::TempDir bare("gpuq-unit-cgroupfs");
+  REQUIRE(std::filesystem::create_directory(bare.path + "/svc"));
+  write(bare.path + "/svc/cgroup.controllers", "cpu io\n");
+  const CgroupHierarchy plain{true, {}, bare.path, "/", "/svc"};
+  const std::string bare_base = named(Cgroups::open("/s", {plain}).error().message, bare.path + "/svc/gpuq-");
+  write(bare_base + "/cgroup.procs", "");
+  auto without = Cgroups::open("/s", {plain});
+  REQUIRE(without);
+  CHECK(without->where(gpuq::daemon::Limit::memory).empty());
+  CHECK(without->describe_limits().find("limits in force: none; not in force: memory per rank: cgroup v2: the memory "
+                                        "controller is not given to gpuqd's cgroup " +
+                                        bare.path + "/svc; no v1 hierarchy has it") == 0);
+  CHECK_FALSE(without->oom_kills(bare_base + "/1-attempt-1").has_value());
+}
+
+TEST_CASE("limits on a hybrid host: v2 tracks, v1 hierarchies hold the limits v2 does not give") {
+  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
+  for (const char* h : {"unified", "memory", "memory/sandbox", "cpuset", "devices"})
+    REQUIRE(std::filesystem::create_directory(fs.path + "/" + h));
+  const CgroupHierarchy v2{true, {}, fs.path + "/unified", "/", "/"};
+  const CgroupHierarchy memory{false, {"memory"}, fs.path + "/memory", "/", "/sandbox"};
+  const CgroupHierarchy cpuset{false, {"cpuset"}, fs.path + "/cpuset", "/", "/"};
+  const CgroupHierarchy devices{false, {"devices"}, fs.path + "/devices", "/", "/"};
+  const std::vector<CgroupHierarchy> all{v2, memory, cpuset, devices};
+  const std::string base = named(Cgroups::open("/s", all).error().message, fs.path + "/unified/gpuq-");
+  write(base + "/cgroup.procs", "");
+  write(base + "/cgroup.kill", "");
+  const std::string tag = base.substr(base.rfind('/') + 1);  // "gpuq-<hash of the state dir>"
+  // What the kernel shows in gpuqd's cgroup of each v1 hierarchy once made (here before): its files.
+  write(fs.path + "/cpuset/cpuset.cpus", "0-3\n");
+  write(fs.path + "/cpuset/cpuset.mems", "0\n");
+  for (const char* h : {"memory/sandbox", "cpuset", "devices"})
+    std::filesystem::create_directories(fs.path + "/" + std::string(h) + "/" + tag);  // made by a first try, or not
+  write(fs.path + "/memory/sandbox/" + tag + "/cgroup.procs", "");
+  write(fs.path + "/memory/sandbox/" + tag + "/memory.limit_in_bytes", "");
+  write(fs.path + "/cpuset/" + tag + "/cgroup.procs", "");
+  write(fs.path + "/devices/" + tag + "/cgroup.procs", "");
+  write(fs.path + "/devices/" + tag + "/devices.deny", "");
+  auto cgroups = Cgroups::open("/s", all);
+  REQUIRE(cgroups);
+  CHECK(cgroups->where(gpuq::daemon::Limit::memory) == "v1 memory");
+  CHECK(cgroups->where(gpuq::daemon::Limit::cpuset) == "v1 cpuset");
+  CHECK(cgroups->where(gpuq::daemon::Limit::devices) == "v1 devices");
+  CHECK(cgroups->where(gpuq::daemon::Limit::pids).empty());           // no pids hierarchy here
+  CHECK(read(fs.path + "/cpuset/" + tag + "/cpuset.cpus") == "0-3");  // given its parent's: joinable
+  CHECK(read(fs.path + "/cpuset/" + tag + "/cpuset.mems") == "0");
+  CHECK(cgroups->describe_limits().find("memory per rank (v1 at " + fs.path + "/memory/sandbox/" + tag + ")") !=
+        std::string::npos);
+
+  gpuq::daemon::AttemptLimits limits;
+  limits.ranks = 2;
+  limits.memory_mb = 100;
+  limits.pids = 50;  // not in force: nowhere written
+  limits.rank_cores = {{2}, {3}};
+  limits.denied_devices = {{195, 1}};
+  auto dirs = cgroups->make("6-attempt-3", limits);
+  REQUIRE(dirs);
+  const std::vector<std::string> expected{base + "/6-attempt-3", fs.path + "/memory/sandbox/" + tag + "/6-attempt-3",
+                                          fs.path + "/cpuset/" + tag + "/6-attempt-3",
+                                          fs.path + "/devices/" + tag + "/6-attempt-3"};
+  CHECK(*dirs == expected);  // the tracking one first: the one the shim is told first
+  for (int r = 0; r < 2; ++r)
+    for (const auto& dir : expected)
+      CHECK(std::filesystem::is_directory(dir + "/rank-" + std::to_string(r)));
+  CHECK(read(expected[1] + "/rank-1/memory.limit_in_bytes") == std::to_string(100 << 20));
+  CHECK(read(expected[2] + "/cpuset.cpus") == "2-3");  // the attempt's: its ranks' together
+  CHECK(read(expected[2] + "/rank-0/cpuset.cpus") == "2");
+  CHECK(read(expected[2] + "/rank-1/cpuset.cpus") == "3");
+  CHECK(read(expected[2] + "/rank-1/cpuset.mems") == "0");
+  CHECK(read(expected[3] + "/devices.deny") == "c 195:1 rwm");
+  CHECK_FALSE(std::filesystem::exists(expected[0] + "/pids.max"));
+
+  // v1's OOM kills: each of its cgroups' (memory.oom_control is not hierarchical), summed.
+  write(expected[1] + "/rank-0/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n");
+  write(expected[1] + "/rank-1/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n");
+  CHECK(cgroups->oom_kills(expected[0]) == 3);
+
+  // A limit the kernel refuses fails the start, naming the file.
+  REQUIRE(std::filesystem::create_directories(fs.path + "/memory/sandbox/" + tag +
+                                              "/7-attempt-1/rank-0/memory.limit_in_bytes"));
+  auto refused = cgroups->make("7-attempt-1", limits);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("cannot hold the attempt to its limits: cannot open " + fs.path +
+                                     "/memory/sandbox/" + tag + "/7-attempt-1/rank-0/memory.limit_in_bytes") == 0);
 }
 
 TEST_SUITE_END();

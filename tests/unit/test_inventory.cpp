@@ -1,6 +1,8 @@
 // GPU inventory: fake GPUs and CUDA_VISIBLE_DEVICES filtering as CUDA does it.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -127,6 +129,40 @@ TEST_CASE("fake GPUs are always healthy") {
   const auto health = inv->health();
   REQUIRE(health.size() == 2);
   for (const auto& h : health) CHECK(health_problem(h, std::nullopt).empty());
+}
+
+TEST_CASE("the device nodes a job may not open: every GPU's but its own, and /dev/nvidiaN that gpuqd does not serve") {
+  std::vector<Gpu> gpus(3);
+  for (int i = 0; i < 3; ++i) {
+    gpus[static_cast<std::size_t>(i)].index = i;
+    gpus[static_cast<std::size_t>(i)].minor = 10 + i;  // NVML's minor numbers need not be the indices
+  }
+  gpus[2].minor = -1;  // unknown: nothing to deny by it
+  const std::string none = "/nonexistent-dev";
+  using Devices = std::vector<std::pair<unsigned, unsigned>>;
+  CHECK(denied_gpu_devices(gpus, {0}, none) == Devices{{195, 11}});
+  CHECK(denied_gpu_devices(gpus, {0, 1}, none).empty());
+  CHECK(denied_gpu_devices(gpus, {}, none) == Devices{{195, 10}, {195, 11}});  // a CPU job: none of them
+
+  // A /dev with GPU nodes: one of a GPU gpuqd does not serve (minor 12) is denied too; control
+  // nodes, other majors and files that are no device are not GPUs.
+  char tmpl[] = "/tmp/gpuq-unit-dev-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  const std::string dev = tmpl;
+  const auto node = [&](const std::string& name, unsigned major_no, unsigned minor_no) {
+    return ::mknod((dev + "/" + name).c_str(), S_IFCHR | 0600, makedev(major_no, minor_no)) == 0;
+  };
+  if (node("nvidia10", 195, 10)) {
+    REQUIRE(node("nvidia12", 195, 12));
+    REQUIRE(node("nvidiactl", 195, 255));
+    REQUIRE(node("nvidia13", 10, 13));  // not NVIDIA's major
+    std::ofstream(dev + "/nvidia14") << "";
+    CHECK(denied_gpu_devices(gpus, {0}, dev) == Devices{{195, 11}, {195, 12}});
+    CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}});
+  } else {
+    MESSAGE("mknod needs CAP_MKNOD: the /dev part is skipped");
+  }
+  std::filesystem::remove_all(dev);
 }
 
 TEST_SUITE_END();
