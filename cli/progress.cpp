@@ -97,7 +97,7 @@ std::vector<std::string> wait_screen(const std::vector<common::JobInfo>& jobs, d
   const int filled = static_cast<int>(std::lround(done * k_bar));
   std::string head = std::to_string(jobs.size()) + " jobs  [" + std::string(filled, '#') +
                      std::string(k_bar - filled, '-') + "] " + std::to_string(static_cast<int>(done * 100)) + "%";
-  for (const char* state : {"succeeded", "failed", "timed_out", "cancelled", "running", "queued"})
+  for (const char* state : {"succeeded", "failed", "out_of_memory", "timed_out", "cancelled", "running", "queued"})
     if (count[state]) head += "  " + std::to_string(count[state]) + " " + state;
   const std::size_t left = jobs.size() - ended;
   if (ended_since > 0 && left > 0 && now > since)
@@ -111,7 +111,8 @@ std::vector<std::string> wait_screen(const std::vector<common::JobInfo>& jobs, d
     if (j.state == JobState::running) shown.push_back(&j);
   std::vector<const common::JobInfo*> failed;
   for (const auto& j : jobs)
-    if (j.state == JobState::failed || j.state == JobState::timed_out) failed.push_back(&j);
+    if (j.state == JobState::failed || j.state == JobState::timed_out || j.state == JobState::out_of_memory)
+      failed.push_back(&j);
   std::sort(failed.begin(), failed.end(), [](const auto* a, const auto* b) { return a->ended_at > b->ended_at; });
   shown.insert(shown.end(), failed.begin(), failed.end());
   const std::size_t room = rows - 1;

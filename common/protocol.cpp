@@ -120,7 +120,7 @@ const FieldTable& fields_of(const StatusRequest*) {
               "batch", [](R & r) -> auto& { return r.filter.batch; }, "a batch id", k_at_least_0)
           .field(
               "states", [](R & r) -> auto& { return r.filter.states; },
-              "an array of job states: queued, running, succeeded, failed, cancelled, timed_out")
+              "an array of job states: queued, running, succeeded, failed, cancelled, timed_out, out_of_memory")
           .field("name", [](R & r) -> auto& { return r.filter.name; }, "a shell-style glob of at most 256 characters",
                  {-k_inf, 256})
           .done();

@@ -29,8 +29,7 @@ struct is_optional<std::optional<T>> : std::true_type {};
 // The names of the job states, as the protocol writes them.
 inline json state_names() {
   json names = json::array();
-  for (JobState s : {JobState::queued, JobState::running, JobState::succeeded, JobState::failed, JobState::cancelled,
-                     JobState::timed_out})
+  for (JobState s : k_job_states)
     names.push_back(std::string(to_string(s)));
   return names;
 }

@@ -270,6 +270,16 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
     end.reason = buf;
   } else if (outcome.all_ok && !failure.is_object()) {
     end.state = JobState::succeeded;
+  } else if (outcome.oom_kills.value_or(0) > 0) {
+    // An OOM killer killed a process of it (a shell wrapper's child, say), and it failed: that is
+    // why, whatever the rank that failed first shows.
+    end.state = JobState::out_of_memory;
+    const std::int64_t n = *outcome.oom_kills;
+    end.reason = "out of memory: the OOM killer killed " + std::to_string(n) + (n == 1 ? " process" : " processes") +
+                 " of it" +
+                 (rec.spec.memory_mb > 0 ? " (its limit: " + std::to_string(rec.spec.memory_mb) + " MiB a rank)" : "") +
+                 "; " + (outcome.error ? *outcome.error : describe_exit(failure, gpu_failure_notes(rec, failure)));
+    retryable = rec.spec.retry_on_oom && !outcome.final;
   } else {
     end.reason = outcome.error ? *outcome.error : describe_exit(failure, gpu_failure_notes(rec, failure));
     retryable = !outcome.final;  // the executor's word: another attempt would fare the same

@@ -83,7 +83,8 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
           },
           [&](const event::Ended& end) -> Result<JobRecord> {
             if (!running) return refused(rec, e, "a running job");
-            if (!is_terminal(end.state)) return refused(rec, e, "an end state (succeeded, failed, timed_out, cancelled)");
+            if (!is_terminal(end.state))
+              return refused(rec, e, "an end state (succeeded, failed, timed_out, cancelled, out_of_memory)");
             next.state = end.state;
             next.reason = end.reason;
             next.run.exit_code = end.exit_code;
@@ -98,7 +99,8 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             // Only an attempt that ran and failed, within the retry budget of this run (since
             // submission or the latest restart); a job failed for a dependency never ran.
             const int run = rec.attempt - rec.attempt_base;
-            if (rec.state != JobState::failed || run < 1 || rec.blocked_by != 0)
+            const bool oom_retried = rec.state == JobState::out_of_memory && rec.spec.retry_on_oom;
+            if ((rec.state != JobState::failed && !oom_retried) || run < 1 || rec.blocked_by != 0)
               return refused(rec, e, "a job whose attempt has just failed");
             if (!rec.spec_error.empty()) return unreadable(rec, e);
             if (!has_retry_left(rec))

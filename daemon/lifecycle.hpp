@@ -6,10 +6,10 @@
 //             ┌──────── held / released ───────┐
 //             ▼                                │
 //   submit ─▶ queued ─── launched ──────────▶ running ─── ended ──▶ succeeded | failed |
-//             │  ▲ ▲                            │  │                timed_out | cancelled
-//             │  │ └──── never_started ─────────┘  │                    │        │
-//             │  └────── retried (failed, with retries left) ◀──────────┼────────┘
-//             │                                                         │
+//             │  ▲ ▲                            │  │                timed_out | cancelled |
+//             │  │ └──── never_started ─────────┘  │                out_of_memory       │
+//             │  └────── retried (failed, with retries left; ◀──────────┼────────┘
+//             │          out_of_memory too, if the spec asks)           │
 //             ├── cancelled / dependency_failed ──▶ cancelled | failed  │
 //             └◀─────────────── restarted (any end) ◀───────────────────┘
 //   running ── cancel_requested ──▶ running (it ends as cancelled, whatever happens next)
@@ -35,7 +35,7 @@ struct Launched {
 };
 // Running -> a terminal state: the attempt's end, as its supervisor recorded it.
 struct Ended {
-  JobState state = JobState::failed;  // succeeded, failed, timed_out or cancelled
+  JobState state = JobState::failed;  // succeeded, failed, timed_out, cancelled or out_of_memory
   std::string reason;
   std::optional<int> exit_code, exit_signal;
   json first_failure;

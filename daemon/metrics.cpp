@@ -112,7 +112,7 @@ std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& h
   e.family("gpuq_attempts_started_total", "counter", "Job attempts started");
   e.sample("gpuq_attempts_started_total", {}, static_cast<double>(c.attempts_started));
   e.family("gpuq_jobs_finished_total", "counter", "Jobs that reached a terminal state, by state");
-  for (const char* s : {"succeeded", "failed", "cancelled", "timed_out"}) {
+  for (const char* s : {"succeeded", "failed", "cancelled", "timed_out", "out_of_memory"}) {
     const auto it = c.finished.find(s);
     e.sample("gpuq_jobs_finished_total", {{"state", s}}, it == c.finished.end() ? 0.0 : static_cast<double>(it->second));
   }

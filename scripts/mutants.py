@@ -332,6 +332,17 @@ MUTANTS = [
     ("rank-joins-every-hierarchy", "supervisor/supervisor.cpp",
      "      for (int procs : *cgroup_procs)", "      for (int procs : {cgroup_procs->front()})",
      ["test_supervision.KernelLimits.test_a_job_cannot_open_the_device_nodes_of_gpus_it_was_not_given"]),
+    ("oom-ends-out-of-memory", "daemon/attempts.cpp",
+     "  } else if (outcome.oom_kills.value_or(0) > 0) {", "  } else if (false) {",
+     ["unit:an attempt that failed after an OOM kill*",
+      "test_reliability.OutOfMemory"]),
+    ("oom-not-retried-unless-asked", "daemon/attempts.cpp",
+     "    retryable = rec.spec.retry_on_oom && !outcome.final;", "    retryable = !outcome.final;",
+     ["unit:an attempt that failed after an OOM kill*",
+      "test_reliability.OutOfMemory"]),
+    ("oom-count-read-before-removal", "daemon/local_executor.cpp",
+     "      count_oom_kills(id, s.cgroup);\n      m_cgroups->remove(s.cgroup);", "      m_cgroups->remove(s.cgroup);",
+     ["test_reliability.OutOfMemory"]),
 ]
 
 

@@ -35,7 +35,7 @@ std::string runtime_of(const common::JobInfo& j) {
 std::string state_of(const common::JobInfo& j) {
   if (j.state == JobState::queued) return display_state(j);
   if (j.state == JobState::running && j.hung) return "running (hung?)";
-  if (j.state == JobState::failed || j.state == JobState::succeeded) {
+  if (j.state == JobState::failed || j.state == JobState::succeeded || j.state == JobState::out_of_memory) {
     if (j.exit_signal.is_number()) return name_of(j.state) + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
     if (j.exit_code.is_number() && j.exit_code.get<int>() != 0)
       return name_of(j.state) + " (" + std::to_string(j.exit_code.get<int>()) + ")";
@@ -417,10 +417,10 @@ void add_status(CLI::App& app, Context& ctx) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   sub->add_option("--batch,-b", a->filter.batch, "Only the jobs of this batch");
   sub->add_option("--state,-s", a->states,
-                  "Only jobs in these states: queued, running, succeeded, failed, cancelled, timed_out "
+                  "Only jobs in these states: queued, running, succeeded, failed, cancelled, timed_out, out_of_memory "
                   "(comma-separated, or the option again)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"queued", "running", "succeeded", "failed", "cancelled", "timed_out"}));
+      ->check(CLI::IsMember({"queued", "running", "succeeded", "failed", "cancelled", "timed_out", "out_of_memory"}));
   sub->add_option("--name", a->filter.name, "Only jobs whose names match this shell-style glob ('lr-*')");
   add_json_flag(sub, ctx);
   sub->callback([&ctx, a] {

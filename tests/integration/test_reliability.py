@@ -3,6 +3,7 @@ during a retry backoff, log floods, other users, path tricks and the committed b
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -91,63 +92,27 @@ class DyingRank(DaemonTest):
         self.assertIn("rank 1 was killed by signal 9 (SIGKILL)", reasons)
 
 
-def memory_cgroup(name, limit):
-    """A cgroup with a memory limit, wherever this host has the memory controller: a cgroup v1
-    hierarchy mounted with it, or a cgroup v2 one that offers it (enabled for the new group's
-    parent). Returns its directory, or raises OSError saying what was tried."""
-    tried = []
-    with open("/proc/self/mounts") as f:
-        mounts = [line.split() for line in f]
-    for _, where, kind, options, *_ in mounts:
-        if kind == "cgroup" and "memory" in options.split(","):
-            path = os.path.join(where, name)
-            try:
-                os.mkdir(path)
-                with open(os.path.join(path, "memory.limit_in_bytes"), "w") as out:
-                    out.write(str(limit))
-                return path
-            except OSError as e:
-                tried.append(f"v1 at {where}: {e}")
-    for _, where, kind, *_ in mounts:
-        if kind != "cgroup2":
-            continue
-        try:
-            with open(os.path.join(where, "cgroup.controllers")) as f:
-                if "memory" not in f.read().split():
-                    tried.append(f"v2 at {where}: no memory controller")
-                    continue
-            with open(os.path.join(where, "cgroup.subtree_control"), "w") as out:
-                out.write("+memory")
-            path = os.path.join(where, name)
-            os.mkdir(path)
-            with open(os.path.join(path, "memory.max"), "w") as out:
-                out.write(str(limit))
-            if os.path.exists(os.path.join(path, "memory.swap.max")):  # else swap is not accounted here
-                with open(os.path.join(path, "memory.swap.max"), "w") as out:
-                    out.write("0")
-            return path
-        except OSError as e:
-            tried.append(f"v2 at {where}: {e}")
-    raise OSError("; ".join(tried) or "no cgroup hierarchy is mounted")
-
-
 class OutOfMemory(DaemonTest):
-    def test_an_oom_killed_job_is_recorded_as_killed_by_the_oom_killer_and_retried(self):
-        try:
-            cgroup = memory_cgroup(f"gpuq-test-{os.getpid()}", 64 << 20)
-        except OSError as e:
-            self.skipTest(f"needs a writable memory cgroup (v1 or v2) to cause a real OOM kill: {e}")
-        self.addCleanup(lambda: os.rmdir(cgroup))
-        # The job moves itself into a 64 MiB cgroup, then asks for 512 MiB.
-        shell = (f"echo $$ > {cgroup}/cgroup.procs && "
-                 "exec /usr/bin/python3 -c 'x = bytearray(512 << 20); print(\"survived\")'")
-        job_id = self.d.submit({"name": "hog", "retries": 1, "shell": shell})["ids"][0]
-        job = self.d.wait([job_id], timeout=60)[job_id]
-        self.assertEqual(job["state"], "failed")
-        self.assertEqual(job["attempt"], 2, "an OOM-killed job is retried like any failure")
-        self.assertEqual(job["exit_signal"], 9)
-        self.assertEqual(job["reason"], "rank 0 was killed by signal 9 (SIGKILL), most likely by the kernel's out-of-memory killer")
-        self.assertTrue(self.d.show(job_id)["first_failure"]["oom_kill"])
+    def test_a_job_over_its_memory_ends_out_of_memory_even_through_a_wrapper_and_is_retried_only_if_asked(self):
+        containment = self.d.json("gpus")["containment"]
+        if not re.search(r"memory per rank \((v2|v1 at [^)]+)\)", containment):
+            self.skipTest(f"needs the memory controller for gpuqd's cgroups: {containment}")
+        # The program the OOM killer kills runs under a shell that outlives it and exits 137: what
+        # died was not the rank, and the job still ends out_of_memory (its cgroup's count).
+        shell = "/usr/bin/python3 -c 'x = bytearray(512 << 20); x[::4096] = b\"y\" * len(x[::4096])'; exit $?"
+        ids = self.d.submit([{"name": "hog", "retries": 1, "memory_mb": 64, "shell": shell},
+                             {"name": "hog-retried", "retries": 1, "memory_mb": 64, "retry_on_oom": True,
+                              "shell": shell}])["ids"]
+        done = self.d.wait(ids, timeout=90)
+        hog, again = done[ids[0]], done[ids[1]]
+        self.assertEqual(hog["state"], "out_of_memory", hog["reason"])
+        self.assertEqual(hog["attempt"], 1, "an attempt out of memory is not retried unless the spec asks")
+        self.assertEqual(hog["exit_code"], 137)  # the wrapper's: it was not killed itself
+        self.assertRegex(hog["reason"], r"^out of memory: the OOM killer killed 1 process of it "
+                                        r"\(its limit: 64 MiB a rank\); rank 0 exited with code 137")
+        self.assertEqual(again["state"], "out_of_memory", again["reason"])
+        self.assertEqual(again["attempt"], 2, "retry_on_oom: retried within its retries")
+        self.assertIn("out_of_memory", self.d.ok("status", "-s", "out_of_memory"))
 
 
 class InheritedDescriptors(DaemonTest):

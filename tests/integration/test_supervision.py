@@ -150,7 +150,7 @@ class KernelLimits(DaemonTest):
         self.need("memory per rank")
         grow = "import sys; b = bytearray(int(sys.argv[1]) << 20); b[::4096] = b'x' * len(b[::4096]); print('held')"
         _, over = self.run_job({"name": "over", "command": ["python3", "-c", grow, "256"], "memory_mb": 64})
-        self.assertEqual(over["state"], "failed", over["reason"])
+        self.assertEqual(over["state"], "out_of_memory", over["reason"])
         self.assertIn("signal 9", over["reason"])
         _, within = self.run_job({"name": "within", "command": ["python3", "-c", grow, "16"], "memory_mb": 64})
         self.assertEqual(within["state"], "succeeded", within["reason"])

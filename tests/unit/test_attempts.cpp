@@ -155,6 +155,44 @@ TEST_CASE("an attempt cancelled while it ran ends cancelled, and one that exited
   CHECK(b.orphan_walks == walks);  // a success leaves its dependents' hand-overs as they are
 }
 
+TEST_CASE("an attempt that failed after an OOM kill ends out_of_memory, retried only if its spec asks") {
+  Bench b;
+  const auto ids = b.submit(3, k_owner);
+  for (std::int64_t id : ids) {
+    JobRecord r = b.rec(id);
+    r.spec.retries = 2;
+    r.spec.memory_mb = 64;
+    r.spec.retry_on_oom = id == ids[1];
+    b.store->update(r, false);
+    b.jobs.apply(r);
+    REQUIRE(b.launch(id));
+  }
+  // A shell wrapper whose child the OOM killer took: the wrapper exited 137, the cgroup counted it.
+  Outcome wrapped = exited(137);
+  wrapped.oom_kills = 1;
+  b.attempts.finish(b.jobs.at(ids[0]), wrapped);
+  const JobRecord oom = b.stored(ids[0]);
+  CHECK(oom.state == JobState::out_of_memory);  // not retried, though retries are left
+  CHECK(oom.reason ==
+        "out of memory: the OOM killer killed 1 process of it (its limit: 64 MiB a rank); rank 0 exited with code 137");
+  CHECK(b.metrics.retries == 0);
+
+  Outcome twice = exited(137);
+  twice.oom_kills = 2;
+  b.attempts.finish(b.jobs.at(ids[1]), twice);
+  CHECK(b.rec(ids[1]).state == JobState::queued);  // retry_on_oom
+  CHECK(b.rec(ids[1]).reason.find("attempt 1 failed (out of memory: the OOM killer killed 2 processes of it") == 0);
+  CHECK(b.metrics.retries == 1);
+
+  // A process of it killed, and it succeeded all the same (a worker it did without): succeeded.
+  Outcome ok;
+  ok.all_ok = true;
+  ok.exit_code = 0;
+  ok.oom_kills = 1;
+  b.attempts.finish(b.jobs.at(ids[2]), ok);
+  CHECK(b.stored(ids[2]).state == JobState::succeeded);
+}
+
 TEST_CASE("an attempt whose processes live on drains its GPUs until they are gone, and only its own drain is undone") {
   Bench b;
   const auto ids = b.submit(5, k_owner);

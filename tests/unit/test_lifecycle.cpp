@@ -26,10 +26,20 @@ JobRecord job_in(JobState state, bool held = false) {
 
 const std::vector<std::pair<std::string, JobRecord>>& every_state() {
   static const std::vector<std::pair<std::string, JobRecord>> states{
-      {"queued", job_in(JobState::queued)},       {"queued+held", job_in(JobState::queued, true)},
-      {"running", job_in(JobState::running)},     {"succeeded", job_in(JobState::succeeded)},
-      {"failed", job_in(JobState::failed)},       {"cancelled", job_in(JobState::cancelled)},
+      {"queued", job_in(JobState::queued)},
+      {"queued+held", job_in(JobState::queued, true)},
+      {"running", job_in(JobState::running)},
+      {"succeeded", job_in(JobState::succeeded)},
+      {"failed", job_in(JobState::failed)},
+      {"cancelled", job_in(JobState::cancelled)},
       {"timed_out", job_in(JobState::timed_out)},
+      {"out_of_memory", job_in(JobState::out_of_memory)},
+      {"out_of_memory+retry_on_oom",
+       [] {
+         JobRecord r = job_in(JobState::out_of_memory);
+         r.spec.retry_on_oom = true;
+         return r;
+       }()},
   };
   return states;
 }
@@ -60,15 +70,19 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
   const std::map<std::string, std::map<std::string, JobState>> legal{
       {"launched", {{"queued", JobState::running}}},
       {"ended", {{"running", JobState::succeeded}}},
-      {"retried", {{"failed", JobState::queued}}},
+      {"retried", {{"failed", JobState::queued}, {"out_of_memory+retry_on_oom", JobState::queued}}},
       {"cancel_requested", {{"running", JobState::running}}},
       {"cancelled", {{"queued", JobState::cancelled}, {"queued+held", JobState::cancelled}}},
       {"dependency_failed", {{"queued", JobState::failed}, {"queued+held", JobState::failed}}},
       {"held", {{"queued", JobState::queued}, {"queued+held", JobState::queued}}},
       {"released", {{"queued", JobState::queued}, {"queued+held", JobState::queued}}},
       {"restarted",
-       {{"succeeded", JobState::queued}, {"failed", JobState::queued}, {"cancelled", JobState::queued},
-        {"timed_out", JobState::queued}}},
+       {{"succeeded", JobState::queued},
+        {"failed", JobState::queued},
+        {"cancelled", JobState::queued},
+        {"timed_out", JobState::queued},
+        {"out_of_memory", JobState::queued},
+        {"out_of_memory+retry_on_oom", JobState::queued}}},
       {"never_started", {{"running", JobState::queued}}},
       {"unrunnable", {{"queued", JobState::failed}, {"queued+held", JobState::failed}}},
   };
@@ -94,7 +108,7 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
       }
     }
   }
-  CHECK(refusals == 11 * 7 - 19);  // 77 pairs, 19 of them legal
+  CHECK(refusals == 11 * 9 - 22);  // 99 pairs, 22 of them legal
 }
 
 TEST_CASE("a launch starts the next attempt from a clean slate") {

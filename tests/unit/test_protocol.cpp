@@ -101,7 +101,8 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_ids, {{"ids", json::array()}}) == "field `ids` must be a non-empty array of job ids");
   CHECK(message(decode_status, {{"all", 1}}) == "field `all` must be true or false");
   const std::string states_wanted =
-      "field `states` must be an array of job states: queued, running, succeeded, failed, cancelled, timed_out";
+      "field `states` must be an array of job states: queued, running, succeeded, failed, cancelled, timed_out, "
+      "out_of_memory";
   CHECK(message(decode_status, {{"states", "failed"}}) == states_wanted);
   CHECK(message(decode_status, {{"states", {"failed", "lost"}}}) == states_wanted);
   CHECK(message(decode_status, {{"name", std::string(257, '*')}}) ==

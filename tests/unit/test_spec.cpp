@@ -183,6 +183,23 @@ TEST_CASE("shared jobs must say how much memory they need") {
                  "a ddp job cannot be shared"));
 }
 
+TEST_CASE("host memory per rank, and whether an attempt out of memory is retried") {
+  auto r =
+      parse_batch(json::parse(R"({"command": ["t"], "memory_mb": 2048, "retries": 1, "retry_on_oom": true})"), "/tmp");
+  REQUIRE(r.ok());
+  CHECK(r->at(0).memory_mb == 2048);
+  CHECK(r->at(0).retry_on_oom);
+  const json again = to_json(r->at(0));
+  CHECK(again["memory_mb"] == 2048);
+  CHECK(again["retry_on_oom"] == true);
+  const json plain = to_json(parse_batch(json::parse(R"({"command": ["t"]})"), "/tmp")->at(0));
+  CHECK_FALSE(plain.contains("memory_mb"));
+  CHECK_FALSE(plain.contains("retry_on_oom"));
+  CHECK(contains(error_of(R"({"command": ["t"], "memory_mb": 3})"), "`memory_mb`"));  // under what a process needs
+  CHECK(contains(error_of(R"({"command": ["t"], "memory_mb": "1G"})"), "`memory_mb`"));
+  CHECK(contains(error_of(R"({"command": ["t"], "retry_on_oom": 1})"), "`retry_on_oom`"));
+}
+
 TEST_CASE("gpuq's own environment variables cannot be overridden") {
   CHECK(contains(error_of(R"({"command": ["t"], "env": {"CUDA_VISIBLE_DEVICES": "0"}})"),
                  "field `env.CUDA_VISIBLE_DEVICES` is set by gpuq"));
