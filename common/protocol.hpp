@@ -152,7 +152,7 @@ inline void require_object(const nlohmann::json& j) {
 // newer minor is asked for only where the hello's reply says that minor. A major changes
 // meanings and is refused (`version_mismatch`).
 constexpr int k_protocol_version = 1;
-constexpr int k_protocol_minor = 0;
+constexpr int k_protocol_minor = 1;  // 1: the job state out_of_memory (sent as failed to a client of 0)
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
 
 // Parses one request line within json_input.hpp's limits (depth, no NUL byte), or a bad_request

@@ -36,6 +36,8 @@ std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions&
   out.push_back("--ntasks-per-node=" + std::to_string(ranks / nodes));
   if (spec.gpus > 0) out.push_back("--gpus-per-node=" + std::to_string(spec.gpus / nodes));
   if (spec.cpus > 0) out.push_back("--cpus-per-task=" + std::to_string(spec.cpus));
+  // Slurm's memory limit is per node (its cgroup's, ConstrainRAMSpace): the ranks on one together.
+  if (spec.memory_mb > 0) out.push_back("--mem=" + std::to_string(spec.memory_mb * (ranks / nodes)) + "M");
   if (layout.time_minutes > 0) {
     out.push_back("--time=" + std::to_string(layout.time_minutes));
   } else if (spec.timeout_s > 0) {

@@ -95,17 +95,24 @@ std::vector<int> pids_in(const std::string& dir) {
 std::vector<std::string> tree(const std::string& dir) {
   std::vector<std::string> out{dir};
   std::error_code ec;
-  for (std::size_t i = 0; i < out.size() && out.size() < 4096; ++i)
-    for (const auto& e : std::filesystem::directory_iterator(out[i], ec))
-      if (e.is_directory(ec) && !e.is_symlink(ec)) out.push_back(e.path().string());
+  for (std::size_t i = 0; i < out.size(); ++i)
+    for (std::filesystem::directory_iterator it(out[i], ec), end; !ec && it != end && out.size() < 4096;
+         it.increment(ec))
+      if (it->is_directory(ec) && !it->is_symlink(ec)) out.push_back(it->path().string());
   return out;
 }
 
 // Writes `text` to the cgroup file `path` in one write(2), as the kernel takes it; an error names
 // the file and what the kernel said.
 Result<bool> put(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error{ErrorCode::internal, "cannot open " + path + ": " + std::strerror(errno)};
+  // O_CREAT for a fake cgroupfs (tests): the kernel's files are there, and it refuses new ones.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    return Error{ErrorCode::internal,
+                 "cannot open " + path + ": " + std::strerror(err) +
+                     (common::path_exists(path) ? "" : " (no such file: is its controller enabled?)")};
+  }
   const ssize_t n = ::write(fd, text.data(), text.size());
   const int err = n < 0 ? errno : EIO;
   ::close(fd);
@@ -143,7 +150,9 @@ Result<bool> give_cpuset(const std::string& dir, const std::string& cpus = "") {
     const std::string own = first_line(dir + "/" + file);
     const std::string wanted =
         std::string(file) == "cpuset.cpus" && !cpus.empty() ? cpus : first_line(parent + "/" + file);
-    if (own == wanted && !own.empty()) continue;
+    if (wanted.empty())  // a cpuset with none cannot be joined: said now, not at each rank's start
+      return Error{ErrorCode::internal, parent + "/" + file + " gives no value for " + dir};
+    if (own == wanted) continue;
     if (auto ok = put(dir + "/" + file, wanted); !ok) return ok;
   }
   return true;
@@ -298,7 +307,8 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
                                : put(own + "/cgroup.subtree_control", "+" + controller);
                  !on) {
         why = "cgroup v2: " + on.error().message +
-              " (processes in gpuqd's own cgroup keep it there: give gpuqd a cgroup of its own below a delegated one)";
+              " (a cgroup with processes in it, gpuqd's own, hands no controller down unless it is the root: run "
+              "gpuqd in the root cgroup, or in one whose subtree_control already has it)";
       } else if (auto down = put(tracking.base + "/cgroup.subtree_control", "+" + controller); !down) {
         why = "cgroup v2: " + down.error().message;
       } else {
@@ -338,6 +348,12 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
         v1_why = "v1: " + base + "/" + limit_file(limit, false) + ": " + std::strerror(errno);
         break;
       }
+      // A devices cgroup that denies by default (a container's) allows by exceptions, which a
+      // deny of one node does not narrow ("c 195:* rwm" stays): only one that allows all is used.
+      if (limit == Limit::devices && first_line(base + "/devices.list") != "a *:* rwm") {
+        v1_why = "v1: " + base + " allows devices by a list (a container's?), which gpuqd does not narrow";
+        break;
+      }
       m_where[at] = static_cast<int>(index);
       break;
     }
@@ -358,10 +374,11 @@ std::string Cgroups::describe_limits() const {
   for (Limit limit : k_limits) {
     const auto at = static_cast<std::size_t>(limit);
     if (m_where[at] >= 0)
-      in_force +=
-          std::string(in_force.empty() ? "" : ", ") + names[at] + " (" +
-          (m_where[at] == 0 ? where(limit) : "v1 at " + m_hierarchies[static_cast<std::size_t>(m_where[at])].base) +
-          ")";
+      in_force += std::string(in_force.empty() ? "" : ", ") + names[at] + " (" +
+                  (m_hierarchies[static_cast<std::size_t>(m_where[at])].v2
+                       ? where(limit)
+                       : "v1 at " + m_hierarchies[static_cast<std::size_t>(m_where[at])].base) +
+                  ")";
     else
       not_in_force += std::string(not_in_force.empty() ? "" : "; ") + names[at] + ": " + m_why_not[at];
   }
@@ -380,10 +397,11 @@ Result<std::vector<std::string>> Cgroups::make(const std::string& name, const At
     const Used& used = m_hierarchies[i];
     const std::string dir = used.base + "/" + name;
     // gpuqd's own may have been removed meanwhile (by an admin, or by a service manager that took
-    // the cgroup back): made again.
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno == ENOENT && ::mkdir(used.base.c_str(), 0755) == 0 && !used.v2 &&
-        std::find(used.controllers.begin(), used.controllers.end(), "cpuset") != used.controllers.end())
-      give_cpuset(used.base);
+    // the cgroup back): made again, as open() made it.
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno == ENOENT && ::mkdir(used.base.c_str(), 0755) == 0)
+      if (auto again = prepare_base(i); !again)
+        return undo(
+            Error{ErrorCode::internal, "cannot make gpuqd's cgroup " + used.base + " again: " + again.error().message});
     if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
       return undo(Error{ErrorCode::internal, "cannot make the attempt's cgroup " + dir + ": " + std::strerror(errno)});
     dirs.push_back(dir);
@@ -391,6 +409,18 @@ Result<std::vector<std::string>> Cgroups::make(const std::string& name, const At
       return undo(Error{ErrorCode::internal, "cannot hold the attempt to its limits: " + made.error().message});
   }
   return dirs;
+}
+
+Result<bool> Cgroups::prepare_base(std::size_t i) const {
+  const Used& used = m_hierarchies[i];
+  if (!used.v2 && std::find(used.controllers.begin(), used.controllers.end(), "cpuset") != used.controllers.end())
+    return give_cpuset(used.base);
+  if (used.v2)  // the controllers in force on v2, handed down to the attempts' cgroups
+    for (Limit limit : k_limits)
+      if (in_force_at(limit, i))
+        if (auto down = put(used.base + "/cgroup.subtree_control", std::string("+") + controller_of(limit)); !down)
+          return down;
+  return true;
 }
 
 Result<bool> Cgroups::make_in(std::size_t i, const std::string& dir, const AttemptLimits& limits) const {
@@ -520,10 +550,14 @@ std::optional<std::int64_t> Cgroups::oom_kills(const std::string& dir) const {
   if (at < 0) return std::nullopt;
   const Used& used = m_hierarchies[static_cast<std::size_t>(at)];
   const std::string group = used.base + "/" + name_of(dir);
-  if (used.v2) return keyed(group + "/memory.events", "oom_kill");  // its subtree's
+  // v2: each cgroup's own count (memory.events.local, Linux 5.2) summed; memory.events is the
+  // subtree's, but only the cgroup's own under the memory_localevents mount option.
+  if (used.v2 && !common::path_exists(group + "/memory.events.local"))
+    return keyed(group + "/memory.events", "oom_kill");
+  const char* file = used.v2 ? "/memory.events.local" : "/memory.oom_control";
   std::optional<std::int64_t> sum;
   for (const std::string& g : tree(group))
-    if (const auto n = keyed(g + "/memory.oom_control", "oom_kill")) sum = sum.value_or(0) + *n;
+    if (const auto n = keyed(g + file, "oom_kill")) sum = sum.value_or(0) + *n;
   return sum;
 }
 

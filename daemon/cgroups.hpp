@@ -109,6 +109,9 @@ class Cgroups {
     bool v2 = false;
     std::vector<std::string> controllers;  // v1: the hierarchy's
   };
+  // Gives gpuqd's cgroup in m_hierarchies[used] what its attempts' need (v2: the controllers in
+  // force handed down; v1 cpuset: CPUs and memory nodes), as when open() made it.
+  Result<bool> prepare_base(std::size_t used) const;
   // Finds where each limit can be in force (open()).
   void find_limits(const std::vector<CgroupHierarchy>& hierarchies, const std::string& tag);
   // The limits of `limits` in force in `used` written into the attempt's cgroup `dir` there and its

@@ -269,13 +269,16 @@ std::string health_problem(const GpuHealth& now, std::optional<std::uint64_t> ec
 std::vector<std::pair<unsigned, unsigned>> denied_gpu_devices(const std::vector<Gpu>& gpus,
                                                               const std::vector<int>& given, const std::string& dev) {
   std::set<unsigned> mine, denied;
-  for (const auto& g : gpus)
+  bool all_known = true;  // a GPU whose minor is unknown may be any /dev/nvidiaN: none is denied by the scan
+  for (const auto& g : gpus) {
+    all_known = all_known && g.minor >= 0;
     if (g.minor >= 0)
       (std::find(given.begin(), given.end(), g.index) != given.end() ? mine : denied)
           .insert(static_cast<unsigned>(g.minor));
+  }
   // /dev/nvidiaN: a GPU's node (nvidiactl is 255, nvidia-modeset 254: not named so).
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dev, ec)) {
+  for (const auto& e : std::filesystem::directory_iterator(all_known ? dev : std::string("/nonexistent"), ec)) {
     const std::string name = e.path().filename().string();
     if (name.size() <= 6 || name.compare(0, 6, "nvidia") != 0 ||
         name.find_first_not_of("0123456789", 6) != std::string::npos)

@@ -197,7 +197,10 @@ class LocalExecutor final : public Executor {
       asio::post(m_io, [this, id = attempt.id] { gone(id); });
       return Found::alive;
     }
-    if (!cgroup.empty()) m_cgroups->remove(cgroup);  // empty: a start makes it again
+    if (!cgroup.empty()) {                  // empty: a start makes it again
+      count_oom_kills(attempt.id, cgroup);  // an attempt that ended while no gpuqd ran
+      m_cgroups->remove(cgroup);
+    }
     // With an exit record it ended while no gpuqd ran; with a pid file and none, its supervisor
     // is gone without one (outcome() says so). Without either it was never started.
     if (pid || common::path_exists(attempt.dir + "/exit.json")) return Found::ended;

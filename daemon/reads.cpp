@@ -57,6 +57,7 @@ std::vector<std::int64_t> Reads::with_queued_of_batch(std::vector<std::int64_t> 
   return ids;
 }
 
+static_assert(k_caller_minor_latest == common::k_protocol_minor, "Caller's latest minor is the protocol's");
 
 common::JobInfo Reads::info_of(const JobRecord& stored, const Caller& viewer) const {
   const Active* active = jobs.find(stored.id);
@@ -70,7 +71,8 @@ common::JobInfo Reads::info_of(const JobRecord& stored, const Caller& viewer) co
   i.id = r.id;
   i.batch = r.batch;
   i.name = r.spec.name;
-  i.state = r.state;
+  // out_of_memory came with minor 1: a client of minor 0 cannot read it, and reads the failure it is.
+  i.state = r.state == JobState::out_of_memory && viewer.protocol_minor < 1 ? JobState::failed : r.state;
   i.attempt = r.attempt;
   i.retries = r.spec.retries;
   i.restarts = r.restarts;

@@ -46,6 +46,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     m_caller = *caller;
+    m_caller.protocol_minor = 0;  // until its hello says otherwise: a missing minor reads as 0
     read();
   }
 
@@ -97,6 +98,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
       send(common::error_reply(request.error().code, request.error().message), false);
       read_when_sent();
       return;
+    }
+    // The client's protocol minor, from its hello: what its replies may hold (Caller).
+    if (const auto cmd = request->find("cmd"); cmd != request->end() && *cmd == "hello") {
+      const auto minor = request->find("protocol_minor");
+      m_caller.protocol_minor = minor != request->end() && minor->is_number_integer()
+                                    ? static_cast<int>(std::clamp<std::int64_t>(minor->get<std::int64_t>(), 0, 1 << 20))
+                                    : 0;
     }
     // A reply may come later (wait): the next request is read once this one is answered.
     m_daemon.dispatch(m_caller, *request, [self](nlohmann::json reply) {

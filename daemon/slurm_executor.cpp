@@ -286,6 +286,7 @@ class SlurmExecutor final : public Executor {
     }
     if (is_job_id(slurm_id)) out["external_id"] = "slurm:" + slurm_id;
     Outcome o = Outcome::from_record(out);
+    if (m_out_of_memory.erase(attempt.id)) o.oom_kills = 1;
     // It may have waited in Slurm's queue: the job ran from when its first rank's supervisor began.
     if (const auto s = out.find("started_at"); s != out.end() && s->is_number()) o.began_at = s->get<double>();
     return o;
@@ -756,6 +757,9 @@ class SlurmExecutor final : public Executor {
       const auto f = fields_of(r.out);
       const auto field = [&](const char* key) { return f.count(key) ? f.at(key).substr(0, 200) : std::string(); };
       const auto state = f.count("JobState") ? field("JobState") : std::string("unknown (Slurm no longer knows it)");
+      // Slurm's cgroup saw an OOM kill in the job (its memory limit's, or the node's): the job
+      // ends out_of_memory as it would locally (how many processes, Slurm does not say: one).
+      if (state == "OUT_OF_MEMORY") m_out_of_memory.insert(id);
       if (!record.is_null() && state != "CANCELLED" && state != "TIMEOUT" && state != "PREEMPTED" &&
           state != "NODE_FAIL") {
         m_outcomes[id] = std::move(record);
@@ -837,6 +841,7 @@ class SlurmExecutor final : public Executor {
   std::uint64_t m_next_handover = 1;
   std::size_t m_max_array = 1000;               // max_array_size()
   std::map<std::int64_t, json> m_outcomes;      // outcomes known when their job left Slurm, until read
+  std::set<std::int64_t> m_out_of_memory;       // ended OUT_OF_MEMORY in Slurm, until their outcome is read
   std::map<std::int64_t, std::string> m_ended_ids;  // the Slurm job of each attempt ended, until read
   asio::steady_timer m_poll_timer;
   bool m_poll_armed = false, m_polling = false, m_squeue_failing = false;

@@ -26,9 +26,15 @@ namespace gpuq::daemon {
 // Who sent a request, as the kernel says (SO_PEERCRED), never as the request says. An admin may act
 // on every job: root, a member of the admin group in lab mode, and in single-user mode every
 // caller gpuqd serves at all (its own user and root).
+constexpr int k_caller_minor_latest = 1;  // common::k_protocol_minor, without its header
+
 struct Caller {
   uid_t uid = 0;
   bool admin = true;
+  // The protocol minor its client said in its hello (0 without one): what its replies may hold
+  // (common::k_protocol_minor; a job state a client of an older minor does not know is sent as
+  // one it does).
+  int protocol_minor = k_caller_minor_latest;
   static Caller self();  // this process's user, an admin: unit tests, and single-user mode's caller
 };
 

@@ -178,6 +178,20 @@ struct Owner {
 #endif
 };
 
+// Writes `what`, the decimal `err` and "); not started" to stderr: system calls only (a vfork child).
+void say_errno(const std::string& what, int err) {
+  char digits[16];
+  int at = sizeof(digits);
+  do {
+    digits[--at] = static_cast<char>('0' + err % 10);
+    err /= 10;
+  } while (err > 0 && at > 0);
+  [[maybe_unused]] auto n = ::write(STDERR_FILENO, what.data(), what.size());
+  n = ::write(STDERR_FILENO, digits + at, sizeof(digits) - static_cast<std::size_t>(at));
+  static constexpr char k_end[] = "); not started\n";
+  n = ::write(STDERR_FILENO, k_end, sizeof(k_end) - 1);
+}
+
 // In the rank, between fork and exec: the attempt's cgroup first (every process of the rank is in
 // it from the start), the rank's cores when it has some, its own process group (so the whole group
 // can be signalled), default signal mask (the shim blocks signals; a blocked mask survives exec),
@@ -190,8 +204,11 @@ struct RankSetup : bp::extend::handler {
   const std::string& chdir_failed;
   const CpuMask& cpus;
   const MemPolicy& memory;
-  const std::vector<int>* cgroup_procs = nullptr;  // the rank's cgroup.procs in each hierarchy, opened by the shim
-  const std::string& join_failed;
+  // The attempt's cgroup in each hierarchy (O_PATH descriptors the shim opened), the rank's
+  // `rank-R/cgroup.procs` below each, and what to say where one cannot be joined (the errno follows).
+  const std::vector<int>& cgroups;
+  const std::string& rank_procs;
+  const std::vector<std::string>& join_failed;
   const Owner* owner = nullptr;  // lab mode: who the rank runs as; nullptr: the shim's own user
   int parent = 0;                // the supervisor's pid
   template <class Executor>
@@ -199,12 +216,14 @@ struct RankSetup : bp::extend::handler {
     // A root supervisor acts on files as the owner; the cgroup is joined as root (a kernel before
     // 5.16 judges the write by the writer's file-system identity, not the opener's).
     if (owner) ::syscall(SYS_setfsuid, 0), ::syscall(SYS_setfsgid, 0);
-    if (cgroup_procs)
-      for (int procs : *cgroup_procs)
-        if (::write(procs, "0", 1) != 1) {  // "0": the writer
-          [[maybe_unused]] auto n = ::write(STDERR_FILENO, join_failed.data(), join_failed.size());
-          ::_exit(126);
-        }
+    for (std::size_t i = 0; i < cgroups.size(); ++i) {
+      const int procs = ::openat(cgroups[i], rank_procs.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (procs < 0 || ::write(procs, "0", 1) != 1) {  // "0": the writer
+        say_errno(join_failed[i], errno);
+        ::_exit(126);
+      }
+      ::close(procs);
+    }
     cpus.apply();
     memory.apply();
     ::setpgid(0, 0);
@@ -339,17 +358,16 @@ class Supervisor {
   // `stop_on_urg`: one task of a Slurm gang, where gpuq stops the supervisors with SIGURG (see
   // run_slurm_task).
   // `stop_file`: a file whose presence, once signals are caught, is a stop that came before.
-  // `cgroup_procs`: by rank, a descriptor of each cgroup.procs it joins (none: no cgroup), of
-  // the attempt's cgroups `cgroups` (their names, for a log).
+  // `cgroups`: the attempt's cgroup in each hierarchy, as O_PATH descriptors, and their
+  // directories (for what a rank says when it cannot join); none: no cgroup.
   // `owner`: who the ranks run as, when this process is root and they are not to be (lab mode).
-  explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "",
-                      std::map<int, std::vector<int>> cgroup_procs = {}, const std::string& cgroups = "",
-                      std::optional<Owner> owner = std::nullopt)
+  explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "", std::vector<int> cgroups = {},
+                      std::vector<std::string> cgroup_dirs = {}, std::optional<Owner> owner = std::nullopt)
       : m_doc(std::move(doc)),
         m_stop_on_urg(stop_on_urg),
         m_stop_file(std::move(stop_file)),
-        m_cgroup_procs(std::move(cgroup_procs)),
-        m_join_failed("gpuq: cannot join the attempt's cgroup " + cgroups + "; not started\n"),
+        m_cgroups(std::move(cgroups)),
+        m_cgroup_dirs(std::move(cgroup_dirs)),
         m_owner(std::move(owner)) {}
 
   ~Supervisor() { release_cgroup(); }
@@ -359,16 +377,9 @@ class Supervisor {
   // Every rank has joined the cgroup (or none will): the descriptor opened with gpuqd's identity
   // goes, so that no process of the attempt's (a leftover the shim reaps) could ever hold it.
   void release_cgroup() {
-    for (const auto& [rank, fds] : m_cgroup_procs)
-      for (int fd : fds)
-        ::close(fd);
-    m_cgroup_procs.clear();
-  }
-
-  // The cgroups rank `rank` joins; nullptr: none.
-  const std::vector<int>* joins(int rank) const {
-    const auto it = m_cgroup_procs.find(rank);
-    return it == m_cgroup_procs.end() ? nullptr : &it->second;
+    for (int fd : m_cgroups)
+      ::close(fd);
+    m_cgroups.clear();
   }
 
   // After run(): a rank of its own failed first (not one torn down, timed out or stopped).
@@ -477,6 +488,11 @@ class Supervisor {
         std::vector<std::string> args(argv.begin() + 1, argv.end());
         // stdout and stderr go to `output`: the log file, or a pipe the shim copies from.
         const std::string chdir_failed = "gpuq: cannot enter the job's working directory " + cwd + "; not started\n";
+        // Its cgroup below the attempt's in each hierarchy (Cgroups::make made it).
+        const std::string rank_procs = "rank-" + std::to_string(rank.rank) + "/cgroup.procs";
+        std::vector<std::string> join_failed;
+        for (const auto& dir : m_cgroup_dirs)
+          join_failed.push_back("gpuq: cannot join the rank's cgroup " + dir + "/" + rank_procs + " (errno ");
         // stdin: nothing, or a file the doc names (an on_finish hook's job document), opened as
         // the user this process runs as.
         const std::string input = r.value("stdin", std::string());
@@ -485,7 +501,7 @@ class Supervisor {
             // Redirections, not a template's brackets:
             // clang-format off
             bp::child c(bp::exe = exe, bp::args = args, env, bp::std_in < in, (bp::std_out & bp::std_err) > output,
-                        RankSetup{{}, cwd, chdir_failed, cpus, memory, joins(rank.rank), m_join_failed,
+                        RankSetup{{}, cwd, chdir_failed, cpus, memory, m_cgroups, rank_procs, join_failed,
                                   m_owner ? &*m_owner : nullptr, ::getpid()},
                         bp::posix::use_vfork);
             // clang-format on
@@ -689,8 +705,8 @@ class Supervisor {
   json m_doc;
   bool m_stop_on_urg = false;
   std::string m_stop_file;
-  std::map<int, std::vector<int>> m_cgroup_procs;
-  std::string m_join_failed;
+  std::vector<int> m_cgroups;  // O_PATH, gpuqd's identity; closed once every rank has joined
+  std::vector<std::string> m_cgroup_dirs;
   std::optional<Owner> m_owner;
   sigset_t m_signals{};
   std::vector<Rank> m_ranks;
@@ -804,30 +820,22 @@ int run_supervisor(const std::string& launch_path, const std::vector<std::string
   auto doc = read_launch_document(launch_path);
   if (!doc) return 2;
   // Opened with gpuqd's identity (root in lab mode), before this process acts as the job's owner:
-  // each rank joins its cgroups through them before it takes the owner's identity, and holds no
-  // descriptor of them once it runs (close-on-exec). Rank R's is `rank-R` of each (its memory
-  // limit, its cores), or the attempt's own where gpuqd made none.
-  std::map<int, std::vector<int>> procs;
+  // each rank joins `rank-R` below each between fork and exec, before it takes the owner's
+  // identity, and holds no descriptor of them once it runs (close-on-exec). One descriptor a
+  // hierarchy, however many ranks.
+  std::vector<int> dirs;
   const auto close_all = [&] {
-    for (const auto& [rank, fds] : procs)
-      for (int fd : fds)
-        ::close(fd);
+    for (int fd : dirs)
+      ::close(fd);
   };
-  std::string names;
   for (const auto& cgroup : cgroups) {
-    names += (names.empty() ? "" : ", ") + cgroup;
-    for (const auto& r : (*doc)["ranks"]) {
-      const int rank = r["rank"].get<int>();
-      std::string path = cgroup + "/rank-" + std::to_string(rank) + "/cgroup.procs";
-      if (!common::path_exists(path)) path = cgroup + "/cgroup.procs";
-      const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd < 0) {
-        complain("cannot open the attempt's cgroup " + path + ": " + std::strerror(errno));
-        close_all();
-        return 2;
-      }
-      procs[rank].push_back(fd);
+    const int fd = ::open(cgroup.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+      complain("cannot open the attempt's cgroup " + cgroup + ": " + std::strerror(errno));
+      close_all();
+      return 2;
     }
+    dirs.push_back(fd);
   }
   std::optional<Owner> owner;
   if (!take_owners_files(*doc, owner)) {
@@ -835,7 +843,7 @@ int run_supervisor(const std::string& launch_path, const std::vector<std::string
     return 2;
   }
   try {
-    Supervisor attempt(std::move(*doc), false, "", std::move(procs), names, std::move(owner));
+    Supervisor attempt(std::move(*doc), false, "", std::move(dirs), cgroups, std::move(owner));
     const int written = attempt.run();
     return written != 0 ? written : attempt.succeeded() ? 0 : 1;
   } catch (const std::exception& e) {

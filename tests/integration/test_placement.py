@@ -230,6 +230,18 @@ class CpuPinning(DaemonTest):
         done = self.d.wait([first, second, third])
         self.assertEqual({j["state"] for j in done.values()}, {"succeeded"}, done)
 
+    def test_a_job_without_cpus_runs_on_the_cores_gpuqd_may_use_and_not_beyond(self):
+        # A cpuset joined resets a process's affinity to the cpuset's: an unpinned job's must be
+        # gpuqd's cores, as it was when the job inherited gpuqd's mask.
+        low, high = self.two_cores()
+        go = self.tmp_path("go")
+        open(go, "w").close()
+        self.d.stop()
+        self.d.start(cpus={high})
+        job = self.d.submit({"name": "unpinned", "shell": PINNED.format(go=go)})["ids"][0]
+        self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
+        self.assertEqual(cpu_list(self.d.show(job)["job"]["result"]["allowed"]), {high})
+
 
 class Packing(DaemonTest):
     GPUS = "fake:1:1000"

@@ -418,7 +418,7 @@ class ResultsWaitLogs(DaemonTest):
         self.assertIn("done", r.stderr)
         reply = self.d.request({"cmd": "status", "states": ["done"]})
         self.assertEqual(reply["error"]["message"], "field `states` must be an array of job states: queued, running, "
-                                                    "succeeded, failed, cancelled, timed_out")
+                                                    "succeeded, failed, cancelled, timed_out, out_of_memory")
         self.d.ok("cancel", str(busy), str(held))
         self.d.wait([busy, held])
 

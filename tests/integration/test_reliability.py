@@ -92,6 +92,46 @@ class DyingRank(DaemonTest):
         self.assertIn("rank 1 was killed by signal 9 (SIGKILL)", reasons)
 
 
+def memory_cgroup(name, limit):
+    """A cgroup with a memory limit, wherever this host has the memory controller: a cgroup v1
+    hierarchy mounted with it, or a cgroup v2 one that offers it (enabled for the new group's
+    parent). Returns its directory, or raises OSError saying what was tried."""
+    tried = []
+    with open("/proc/self/mounts") as f:
+        mounts = [line.split() for line in f]
+    for _, where, kind, options, *_ in mounts:
+        if kind == "cgroup" and "memory" in options.split(","):
+            path = os.path.join(where, name)
+            try:
+                os.mkdir(path)
+                with open(os.path.join(path, "memory.limit_in_bytes"), "w") as out:
+                    out.write(str(limit))
+                return path
+            except OSError as e:
+                tried.append(f"v1 at {where}: {e}")
+    for _, where, kind, *_ in mounts:
+        if kind != "cgroup2":
+            continue
+        try:
+            with open(os.path.join(where, "cgroup.controllers")) as f:
+                if "memory" not in f.read().split():
+                    tried.append(f"v2 at {where}: no memory controller")
+                    continue
+            with open(os.path.join(where, "cgroup.subtree_control"), "w") as out:
+                out.write("+memory")
+            path = os.path.join(where, name)
+            os.mkdir(path)
+            with open(os.path.join(path, "memory.max"), "w") as out:
+                out.write(str(limit))
+            if os.path.exists(os.path.join(path, "memory.swap.max")):  # else swap is not accounted here
+                with open(os.path.join(path, "memory.swap.max"), "w") as out:
+                    out.write("0")
+            return path
+        except OSError as e:
+            tried.append(f"v2 at {where}: {e}")
+    raise OSError("; ".join(tried) or "no cgroup hierarchy is mounted")
+
+
 class OutOfMemory(DaemonTest):
     def test_a_job_over_its_memory_ends_out_of_memory_even_through_a_wrapper_and_is_retried_only_if_asked(self):
         containment = self.d.json("gpus")["containment"]
@@ -113,6 +153,44 @@ class OutOfMemory(DaemonTest):
         self.assertEqual(again["state"], "out_of_memory", again["reason"])
         self.assertEqual(again["attempt"], 2, "retry_on_oom: retried within its retries")
         self.assertIn("out_of_memory", self.d.ok("status", "-s", "out_of_memory"))
+        # A client of protocol minor 0 does not know the state: it reads the failure it is.
+        def state_seen(*hello):
+            lines = [json.dumps(h) for h in hello] + [json.dumps({"cmd": "show", "id": ids[0]})]
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(30)
+                s.connect(self.d.socket)
+                s.sendall(("\n".join(lines) + "\n").encode())
+                buf = b""
+                while buf.count(b"\n") < len(lines):
+                    chunk = s.recv(65536)
+                    self.assertTrue(chunk, "gpuqd closed the connection")
+                    buf += chunk
+            return json.loads(buf.splitlines()[-1])["job"]["state"]
+        hello = {"cmd": "hello", "protocol_version": 1, "client": "test"}
+        self.assertEqual(state_seen(), "failed")  # no hello: minor 0
+        self.assertEqual(state_seen({**hello, "protocol_minor": 0}), "failed")
+        self.assertEqual(state_seen({**hello, "protocol_minor": 1}), "out_of_memory")
+
+
+    def test_a_kill_outside_the_jobs_own_cgroups_reads_most_likely_the_oom_killer_and_is_retried(self):
+        # Where gpuqd does not count the kill (no memory controller of its own; here the job left
+        # its memory cgroup), only the supervisor's reading of /proc/vmstat says what it likely was:
+        # not certain, so the job fails and is retried like any failure.
+        try:
+            cgroup = memory_cgroup(f"gpuq-test-{os.getpid()}", 64 << 20)
+        except OSError as e:
+            self.skipTest(f"needs a writable memory cgroup (v1 or v2) to cause a real OOM kill: {e}")
+        self.addCleanup(lambda: os.rmdir(cgroup))
+        # The job moves itself into a 64 MiB cgroup, then asks for 512 MiB.
+        shell = (f"echo $$ > {cgroup}/cgroup.procs && "
+                 "exec /usr/bin/python3 -c 'x = bytearray(512 << 20); print(\"survived\")'")
+        job_id = self.d.submit({"name": "hog", "retries": 1, "shell": shell})["ids"][0]
+        job = self.d.wait([job_id], timeout=60)[job_id]
+        self.assertEqual(job["state"], "failed", job["reason"])
+        self.assertEqual(job["attempt"], 2, "an OOM-killed job is retried like any failure")
+        self.assertEqual(job["exit_signal"], 9)
+        self.assertEqual(job["reason"], "rank 0 was killed by signal 9 (SIGKILL), most likely by the kernel's out-of-memory killer")
+        self.assertTrue(self.d.show(job_id)["first_failure"]["oom_kill"])
 
 
 class InheritedDescriptors(DaemonTest):

@@ -427,6 +427,13 @@ TEST_CASE("limits on a hybrid host: v2 tracks, v1 hierarchies hold the limits v2
   write(fs.path + "/cpuset/" + tag + "/cgroup.procs", "");
   write(fs.path + "/devices/" + tag + "/cgroup.procs", "");
   write(fs.path + "/devices/" + tag + "/devices.deny", "");
+  write(fs.path + "/devices/" + tag + "/devices.list", "c 195:* rwm\n");  // an allow-list: not narrowed
+  CHECK(Cgroups::open("/s", all)->describe_limits().find("the GPUs given: no v1 hierarchy has it") ==
+        std::string::npos);
+  CHECK(Cgroups::open("/s", all)->describe_limits().find(" allows devices by a list (a container's?)") !=
+        std::string::npos);
+  CHECK(Cgroups::open("/s", all)->where(gpuq::daemon::Limit::devices).empty());
+  write(fs.path + "/devices/" + tag + "/devices.list", "a *:* rwm\n");  // allows all: what a deny narrows
   auto cgroups = Cgroups::open("/s", all);
   REQUIRE(cgroups);
   CHECK(cgroups->where(gpuq::daemon::Limit::memory) == "v1 memory");

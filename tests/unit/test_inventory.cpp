@@ -137,9 +137,9 @@ TEST_CASE("the device nodes a job may not open: every GPU's but its own, and /de
     gpus[static_cast<std::size_t>(i)].index = i;
     gpus[static_cast<std::size_t>(i)].minor = 10 + i;  // NVML's minor numbers need not be the indices
   }
-  gpus[2].minor = -1;  // unknown: nothing to deny by it
   const std::string none = "/nonexistent-dev";
   using Devices = std::vector<std::pair<unsigned, unsigned>>;
+  gpus.pop_back();  // gpuqd serves GPUs 0 and 1 (minors 10, 11)
   CHECK(denied_gpu_devices(gpus, {0}, none) == Devices{{195, 11}});
   CHECK(denied_gpu_devices(gpus, {0, 1}, none).empty());
   CHECK(denied_gpu_devices(gpus, {}, none) == Devices{{195, 10}, {195, 11}});  // a CPU job: none of them
@@ -159,6 +159,11 @@ TEST_CASE("the device nodes a job may not open: every GPU's but its own, and /de
     std::ofstream(dev + "/nvidia14") << "";
     CHECK(denied_gpu_devices(gpus, {0}, dev) == Devices{{195, 11}, {195, 12}});
     CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}});
+    // A GPU whose minor NVML did not give may be any node: the scan denies none (it could be the job's).
+    Gpu unknown;
+    unknown.index = 2;
+    gpus.push_back(unknown);
+    CHECK(denied_gpu_devices(gpus, {2}, dev) == Devices{{195, 10}, {195, 11}});
   } else {
     MESSAGE("mknod needs CAP_MKNOD: the /dev part is skipped");
   }

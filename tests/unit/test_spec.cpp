@@ -306,16 +306,34 @@ TEST_CASE("nodes: a ddp gang split evenly over machines; anything else is refuse
 }
 
 TEST_CASE("slurm: a spec's sbatch options and script, quoted for bash, environment its own") {
-  auto spec = *parse_job({{"name", "ddp-run"}, {"command", {"python3", "it's.py"}}, {"mode", "ddp"}, {"gpus", 4},
-                          {"nodes", 2}, {"cpus", 3}, {"timeout_s", 90}, {"priority", -4}, {"env", {{"X", "a'b"}}}},
+  auto spec = *parse_job({{"name", "ddp-run"},
+                          {"command", {"python3", "it's.py"}},
+                          {"mode", "ddp"},
+                          {"gpus", 4},
+                          {"nodes", 2},
+                          {"cpus", 3},
+                          {"memory_mb", 1000},
+                          {"timeout_s", 90},
+                          {"priority", -4},
+                          {"env", {{"X", "a'b"}}}},
                          "/work");
   SlurmOptions o;
   o.partition = "gpu";
   o.extra_args = {"--constraint=a100"};
   const auto opts = sbatch_options(spec, o);
-  const std::vector<std::string> want{"--job-name=ddp-run", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2",
-                                      "--cpus-per-task=3", "--time=3", "--signal=TERM@60", "--nice=4", "--chdir=/work",
-                                      "--output=ddp-run-%j.log", "--export=NONE", "--partition=gpu",
+  const std::vector<std::string> want{"--job-name=ddp-run",
+                                      "--nodes=2",
+                                      "--ntasks-per-node=2",
+                                      "--gpus-per-node=2",
+                                      "--cpus-per-task=3",
+                                      "--mem=2000M",
+                                      "--time=3",
+                                      "--signal=TERM@60",
+                                      "--nice=4",
+                                      "--chdir=/work",
+                                      "--output=ddp-run-%j.log",
+                                      "--export=NONE",
+                                      "--partition=gpu",
                                       "--constraint=a100"};
   CHECK(opts == want);
   const std::string script = *sbatch_script(spec, o);
