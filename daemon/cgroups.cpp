@@ -285,7 +285,10 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
 }
 
 std::string Cgroups::describe() const {
-  return std::string(m_v2 ? "cgroup v2" : "cgroup v1") + " at " + m_base + (m_has_kill ? " (cgroup.kill)" : "");
+  return std::string(m_v2 ? "cgroup v2" : "cgroup v1") + " at " + m_base +
+         (m_has_kill      ? " (cgroup.kill)"
+          : m_freeze >= 0 ? " (frozen, then killed)"
+                          : "");
 }
 
 void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const std::string& tag) {
@@ -322,43 +325,60 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
     }
     // A v1 hierarchy with the controller, gpuqd's cgroup in it made as in the tracking one's.
     std::string v1_why = "no v1 hierarchy has it";
-    for (const auto& h : hierarchies) {
-      if (h.v2 || std::find(h.controllers.begin(), h.controllers.end(), controller) == h.controllers.end()) continue;
-      const std::string base = h.own_dir() + "/gpuq-" + tag;
-      std::size_t index = 0;
-      while (index < m_hierarchies.size() && m_hierarchies[index].base != base)
-        ++index;
-      if (index == m_hierarchies.size()) {
-        if (::mkdir(base.c_str(), 0755) != 0 && errno != EEXIST) {
-          v1_why = "v1: cannot make " + base + ": " + std::strerror(errno);
-          break;
-        }
-        if (!common::path_exists(base + "/cgroup.procs")) {
-          v1_why = "v1: " + base + " is not a cgroup";
-          break;
-        }
-        if (std::find(h.controllers.begin(), h.controllers.end(), "cpuset") != h.controllers.end())
-          if (auto given = give_cpuset(base); !given) {
-            v1_why = "v1: " + given.error().message;
-            break;
-          }
-        m_hierarchies.push_back({base, false, h.controllers});
-      }
+    const int index = use_v1(hierarchies, controller, tag, v1_why);
+    if (index >= 0) {
+      const std::string& base = m_hierarchies[static_cast<std::size_t>(index)].base;
       if (::access((base + "/" + limit_file(limit, false)).c_str(), W_OK) != 0) {
         v1_why = "v1: " + base + "/" + limit_file(limit, false) + ": " + std::strerror(errno);
-        break;
-      }
-      // A devices cgroup that denies by default (a container's) allows by exceptions, which a
-      // deny of one node does not narrow ("c 195:* rwm" stays): only one that allows all is used.
-      if (limit == Limit::devices && first_line(base + "/devices.list") != "a *:* rwm") {
+      } else if (limit == Limit::devices && first_line(base + "/devices.list") != "a *:* rwm") {
+        // A devices cgroup that denies by default (a container's) allows by exceptions, which a
+        // deny of one node does not narrow ("c 195:* rwm" stays): only one that allows all is used.
         v1_why = "v1: " + base + " allows devices by a list (a container's?), which gpuqd does not narrow";
-        break;
+      } else {
+        m_where[at] = index;
       }
-      m_where[at] = static_cast<int>(index);
-      break;
     }
     if (m_where[at] < 0) m_why_not[at] = why.empty() ? v1_why : why + "; " + v1_why;
   }
+  // Without cgroup.kill, a fork loop may outpace rounds of SIGKILL: the attempt is frozen first,
+  // through v2's cgroup.freeze (Linux 5.2), or a v1 freezer hierarchy.
+  if (!m_has_kill) {
+    const Used& tracking = m_hierarchies.front();
+    if (tracking.v2) {
+      m_freeze = common::path_exists(tracking.base + "/cgroup.freeze") ? 0 : -1;
+    } else {
+      std::string unused;
+      m_freeze = use_v1(hierarchies, "freezer", tag, unused);
+    }
+  }
+}
+
+int Cgroups::use_v1(const std::vector<CgroupHierarchy>& hierarchies, const std::string& controller,
+                    const std::string& tag, std::string& why) {
+  for (const auto& h : hierarchies) {
+    if (h.v2 || std::find(h.controllers.begin(), h.controllers.end(), controller) == h.controllers.end()) continue;
+    const std::string base = h.own_dir() + "/gpuq-" + tag;
+    std::size_t index = 0;
+    while (index < m_hierarchies.size() && m_hierarchies[index].base != base)
+      ++index;
+    if (index < m_hierarchies.size()) return static_cast<int>(index);  // used already (the tracking one, say)
+    if (::mkdir(base.c_str(), 0755) != 0 && errno != EEXIST) {
+      why = "v1: cannot make " + base + ": " + std::strerror(errno);
+      return -1;
+    }
+    if (!common::path_exists(base + "/cgroup.procs")) {
+      why = "v1: " + base + " is not a cgroup";
+      return -1;
+    }
+    if (std::find(h.controllers.begin(), h.controllers.end(), "cpuset") != h.controllers.end())
+      if (auto given = give_cpuset(base); !given) {
+        why = "v1: " + given.error().message;
+        return -1;
+      }
+    m_hierarchies.push_back({base, false, h.controllers});
+    return static_cast<int>(index);
+  }
+  return -1;
 }
 
 std::string Cgroups::where(Limit limit) const {
@@ -478,6 +498,22 @@ void Cgroups::kill(const std::string& dir) const {
   if (m_has_kill) {  // the whole subtree at once
     if (std::ofstream out(dir + "/cgroup.kill"); out << "1\n" && out.flush()) return;
   }
+  // Frozen first (where it can be), so that none of it forks while its processes are listed and
+  // signalled; thawed after, when the SIGKILLs take them (a fork with one pending is refused).
+  const std::string frozen =
+      m_freeze < 0 ? std::string() : m_hierarchies[static_cast<std::size_t>(m_freeze)].base + "/" + name_of(dir);
+  const bool v2 = m_freeze >= 0 && m_hierarchies[static_cast<std::size_t>(m_freeze)].v2;
+  if (!frozen.empty() && put(frozen + (v2 ? "/cgroup.freeze" : "/freezer.state"), v2 ? "1" : "FROZEN")) {
+    const auto done = [&] {
+      if (!v2) return first_line(frozen + "/freezer.state") == "FROZEN";
+      std::istringstream events(read_small(frozen + "/cgroup.events"));
+      for (std::string key, value; events >> key >> value;)
+        if (key == "frozen") return value == "1";
+      return false;
+    };
+    for (int i = 0; i < 100 && !done(); ++i)  // at most ~100 ms on gpuqd's thread: the kernel is quick
+      ::usleep(1000);
+  }
   for (const std::string& group : tree(dir)) {
     const std::string name = named(group);
     // Whether `pid` is in this cgroup, on this hierarchy's line of /proc/PID/cgroup ("0::/x" on
@@ -506,6 +542,7 @@ void Cgroups::kill(const std::string& dir) const {
       ::close(pidfd);
     }
   }
+  if (!frozen.empty()) put(frozen + (v2 ? "/cgroup.freeze" : "/freezer.state"), v2 ? "0" : "THAWED");
 }
 
 std::string Cgroups::named(const std::string& dir) const {

@@ -81,8 +81,10 @@ class Cgroups {
   // Kills every process in the cgroup `dir`: cgroup.kill on v2 (all at once, forks included);
   // without it, SIGKILL through a pidfd to each process listed that is still in it when its pidfd
   // is open (a pid reused meanwhile is not signalled; before Linux 5.3, which has no pidfd, by its
-  // pid once found in it), one round a call (a process forked during
-  // the round is killed by the next: the executor calls again until empty() says so).
+  // pid once found in it), one round a call, the attempt frozen during it where a freezer is at
+  // hand (v2's cgroup.freeze, or a v1 freezer hierarchy: nothing forks while it is listed);
+  // without one a process forked during the round is killed by the next (the executor calls
+  // again until empty() says so).
   // Asynchronous in the kernel: empty() says when they are gone.
   void kill(const std::string& dir) const;
   // Whether no process is left in `dir` (a directory that is not there has none).
@@ -112,6 +114,10 @@ class Cgroups {
   // Gives gpuqd's cgroup in m_hierarchies[used] what its attempts' need (v2: the controllers in
   // force handed down; v1 cpuset: CPUs and memory nodes), as when open() made it.
   Result<bool> prepare_base(std::size_t used) const;
+  // A v1 hierarchy with `controller`, gpuqd's cgroup made in it (or found among those used): its
+  // index in m_hierarchies, or -1 with `why`.
+  int use_v1(const std::vector<CgroupHierarchy>& hierarchies, const std::string& controller, const std::string& tag,
+             std::string& why);
   // Finds where each limit can be in force (open()).
   void find_limits(const std::vector<CgroupHierarchy>& hierarchies, const std::string& tag);
   // The limits of `limits` in force in `used` written into the attempt's cgroup `dir` there and its
@@ -132,6 +138,7 @@ class Cgroups {
   std::vector<Used> m_hierarchies;
   std::array<int, 4> m_where{-1, -1, -1, -1};  // by Limit: the index in m_hierarchies; -1: not in force
   std::array<std::string, 4> m_why_not;        // by Limit, where not in force
+  int m_freeze = -1;  // without cgroup.kill: the hierarchy whose freezer stops an attempt before a kill; -1: none
 };
 
 }  // namespace gpuq::daemon

@@ -223,13 +223,13 @@ MUTANTS = [
     # and ends the attempt only once it is empty, and after a restart kills what a dead
     # supervisor left.
     ("rank-joins-cgroup", "supervisor/supervisor.cpp",
-     'if (cgroup_procs >= 0 && ::write(cgroup_procs, "0", 1) != 1) {', "if (false) {",
+     'if (procs < 0 || ::write(procs, "0", 1) != 1) {  // "0": the writer', "if (false) {",
      ["test_supervision.AttemptCgroups.test_a_job_that_kills_its_supervisor_keeps_nothing_running_and_its_gpus_wait_for_that"]),
     ("cgroup-killed-when-supervisor-gone", "daemon/local_executor.cpp",
      "      m_cgroups->kill(s.cgroup);\n", "\n",
      ["test_supervision.AttemptCgroups.test_a_job_that_kills_its_supervisor_keeps_nothing_running_and_its_gpus_wait_for_that"]),
     ("shim-closes-cgroup-fd", "supervisor/supervisor.cpp",
-     "    ::close(m_cgroup_procs);\n    m_cgroup_procs = -1;\n", "    m_cgroup_procs = -1;\n",
+     "    for (int fd : m_cgroups)\n      ::close(fd);\n    m_cgroups.clear();\n", "    m_cgroups.clear();\n",
      ["test_lab.LabMode.test_a_job_runs_in_its_attempts_cgroup_and_its_supervisor_lets_go_of_the_descriptor_that_put_it_there"]),
     # A supervisor out of its job's reach (lab mode): it stays root, acts on files as the owner,
     # and only the ranks take the owner's identity.
@@ -333,6 +333,9 @@ MUTANTS = [
      "    for (std::size_t i = 0; i < cgroups.size(); ++i) {",
      "    for (std::size_t i = 0; i < std::min<std::size_t>(cgroups.size(), 1); ++i) {",
      ["test_supervision.KernelLimits.test_a_job_cannot_open_the_device_nodes_of_gpus_it_was_not_given"]),
+    ("freezer-thaws-after-kill", "daemon/cgroups.cpp",
+     '  if (!frozen.empty()) put(frozen + (v2 ? "/cgroup.freeze" : "/freezer.state"), v2 ? "0" : "THAWED");',
+     "", ["unit:without cgroup.kill*"]),
     ("oom-ends-out-of-memory", "daemon/attempts.cpp",
      "  } else if (outcome.oom_kills.value_or(0) > 0) {", "  } else if (false) {",
      ["unit:an attempt that failed after an OOM kill*",

@@ -162,19 +162,20 @@ class LabMode(unittest.TestCase):
         if not self.d.cgroups:
             self.skipTest("this host gives gpuqd no cgroup to make attempts' cgroups under (see gpuqd.log)")
         a, shim, gate = self.gated_job("peek", "cat /proc/self/cgroup", timeout_s=120)
-        # Opened as root for the ranks to join through, closed once they all have: no process of the
-        # attempt's (a leftover the supervisor reaps) could ever come to hold it.
+        # Opened as root for the ranks to join through (the attempt's cgroup in each hierarchy),
+        # closed once they all have: no process of the attempt's (a leftover the supervisor reaps)
+        # could ever come to hold one.
         fds = f"/proc/{shim}/fd"
 
         def holds_cgroup():
             for fd in os.listdir(fds):
                 try:
-                    if "cgroup.procs" in os.readlink(os.path.join(fds, fd)):
+                    if f"/{a}-attempt-1" in os.readlink(os.path.join(fds, fd)):
                         return True
                 except FileNotFoundError:  # closed since the listing
                     pass
             return False
-        wait_until(lambda: not holds_cgroup(), timeout=30, what="the supervisor to close the attempt's cgroup.procs")
+        wait_until(lambda: not holds_cgroup(), timeout=30, what="the supervisor to close the attempt's cgroups")
         open(gate, "w").close()
         job = self.wait(ALICE, [a])[a]
         self.assertEqual(job["state"], "succeeded", job["reason"])

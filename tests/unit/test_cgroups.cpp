@@ -272,6 +272,74 @@ TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed 
   CHECK_FALSE(std::filesystem::exists(cgroups->base()));
 }
 
+TEST_CASE("without cgroup.kill, a fork loop is frozen before its round of SIGKILL: one round ends it") {
+  // This host's v1 pids and freezer hierarchies, where there are both and they may be written (root).
+  // (Without the freezer a round lists the chains, and each has forked on before its SIGKILL.)
+  std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
+  std::stringstream m, g;
+  m << mounts.rdbuf();
+  g << groups.rdbuf();
+  std::vector<CgroupHierarchy> v1;
+  for (auto& h : parse_cgroup_layout(m.str(), g.str()))
+    if (!h.v2 &&
+        (h.controllers == std::vector<std::string>{"pids"} || h.controllers == std::vector<std::string>{"freezer"}))
+      v1.push_back(h);
+  gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
+  auto cgroups = v1.size() < 2 ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
+  if (!cgroups) {
+    MESSAGE("no writable v1 pids and freezer hierarchies here: skipped");
+    return;
+  }
+  CHECK(cgroups->describe() == "cgroup v1 at " + cgroups->base() + " (frozen, then killed)");
+  auto dirs = cgroups->make("1-attempt-1");
+  REQUIRE(dirs);
+  REQUIRE(dirs->size() == 2);  // pids tracks, freezer freezes
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // once in the cgroups: forks a child and exits, again and again (a pid that runs away)
+    char c;
+    ::close(go[1]);
+    if (::read(go[0], &c, 1) != 1) ::_exit(1);
+    for (int chains = 0; chains < 7 && ::fork() > 0; ++chains) {
+    }  // eight chains at once
+    for (;;) {
+      const pid_t next = ::fork();
+      if (next != 0) ::_exit(0);
+    }
+  }
+  ::close(go[0]);
+  for (const auto& dir : *dirs)
+    std::ofstream(dir + "/rank-0/cgroup.procs") << child << "\n";
+  REQUIRE(::write(go[1], "x", 1) == 1);
+  ::close(go[1]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);  // it forked on: its successors live in the cgroup
+  const std::string& dir = dirs->front();
+  REQUIRE_FALSE(cgroups->empty(dir));
+  cgroups->kill(dir);  // one round
+  bool emptied = false;
+  for (int i = 0; i < 200 && !(emptied = cgroups->empty(dir)); ++i)
+    ::usleep(5000);  // the SIGKILLed take a moment to go, but none of them forks again
+  // Not to leave a runaway behind, whatever happened: thawed (were it left frozen, it would never
+  // die of its SIGKILL), and killed again until none is left.
+  for (int i = 0; i < 1000 && !cgroups->empty(dir); ++i) {
+    for (const auto& d : *dirs)
+      for (const std::string& group : {d, d + "/rank-0"}) {
+        if (std::filesystem::exists(group + "/freezer.state")) std::ofstream(group + "/freezer.state") << "THAWED\n";
+        std::ifstream procs(group + "/cgroup.procs");
+        for (int pid = 0; procs >> pid;)
+          ::kill(pid, SIGKILL);
+      }
+    ::usleep(1000);
+  }
+  CHECK(emptied);
+  CHECK(cgroups->empty(dir));
+  cgroups->remove(dir);
+  cgroups->remove_base();
+}
+
 TEST_CASE(
     "an attempt whose processes will not die ends after the bound, lingering, and is released once they are gone") {
   FakeV2 fake;
