@@ -158,6 +158,18 @@ Result<bool> give_cpuset(const std::string& dir, const std::string& cpus = "") {
   return true;
 }
 
+// Whether the kernel takes a deny from gpuqd (it needs CAP_SYS_ADMIN, which a service's bounding
+// set may leave out, whatever the file's mode says): tried on a cgroup of its own under `base`.
+Result<bool> may_deny_devices(const std::string& base) {
+  const std::string probe = base + "/probe-devices";
+  if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST)
+    return Error{ErrorCode::internal, "cannot make " + probe + ": " + std::strerror(errno)};
+  auto denied = put(probe + "/devices.deny", "c 195:255 m");  // nvidiactl, made: harmless, and gone with the probe
+  ::rmdir(probe.c_str());
+  if (!denied) return Error{ErrorCode::internal, denied.error().message + " (the kernel wants CAP_SYS_ADMIN for it)"};
+  return true;
+}
+
 // The file whose writability says that gpuqd may set a limit in a hierarchy.
 const char* limit_file(Limit limit, bool v2) {
   switch (limit) {
@@ -334,6 +346,8 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
         // A devices cgroup that denies by default (a container's) allows by exceptions, which a
         // deny of one node does not narrow ("c 195:* rwm" stays): only one that allows all is used.
         v1_why = "v1: " + base + " allows devices by a list (a container's?), which gpuqd does not narrow";
+      } else if (auto probe = limit == Limit::devices ? may_deny_devices(base) : Result<bool>(true); !probe) {
+        v1_why = "v1: " + probe.error().message;
       } else {
         m_where[at] = index;
       }

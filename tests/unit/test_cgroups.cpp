@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include <linux/capability.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -270,6 +272,55 @@ TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed 
   cgroups->remove(*dir);
   cgroups->remove_base();
   CHECK_FALSE(std::filesystem::exists(cgroups->base()));
+}
+
+TEST_CASE("the devices limit is in force only where the kernel takes a deny from gpuqd (CAP_SYS_ADMIN)") {
+  std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
+  std::stringstream m, g;
+  m << mounts.rdbuf();
+  g << groups.rdbuf();
+  std::vector<CgroupHierarchy> v1;
+  for (auto& h : parse_cgroup_layout(m.str(), g.str()))
+    if (!h.v2 &&
+        (h.controllers == std::vector<std::string>{"pids"} || h.controllers == std::vector<std::string>{"devices"}))
+      v1.push_back(h);
+  gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
+  auto with = v1.size() < 2 ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
+  if (!with || with->where(gpuq::daemon::Limit::devices).empty()) {
+    MESSAGE("no writable v1 pids and devices hierarchies here: skipped");
+    return;
+  }
+  // The same, in a child without CAP_SYS_ADMIN in its effective set (a service's bounding set
+  // without it): the file's mode still says writable, the kernel refuses the deny.
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[2]{};
+    if (::syscall(SYS_capget, &header, caps) != 0) ::_exit(2);
+    caps[CAP_SYS_ADMIN / 32].effective &= ~(1u << (CAP_SYS_ADMIN % 32));
+    if (::syscall(SYS_capset, &header, caps) != 0) ::_exit(3);
+    auto without = Cgroups::open(state.path, v1);
+    const std::string said = without ? without->describe_limits() : without.error().message;
+    [[maybe_unused]] auto n = ::write(out[1], said.data(), said.size());
+    ::_exit(without && without->where(gpuq::daemon::Limit::devices).empty() ? 0 : 1);
+  }
+  ::close(out[1]);
+  std::string said;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof(buf))) > 0;)
+    said.append(buf, static_cast<std::size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CAPTURE(said);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(said.find("the GPUs given: v1: cannot write \"c 195:255 m\" to ") != std::string::npos);
+  CHECK(said.find("(the kernel wants CAP_SYS_ADMIN for it)") != std::string::npos);
+  with->remove_base();
 }
 
 TEST_CASE("without cgroup.kill, a fork loop is frozen before its round of SIGKILL: one round ends it") {
