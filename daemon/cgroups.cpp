@@ -432,11 +432,15 @@ Result<std::vector<std::string>> Cgroups::make(const std::string& name, const At
     const std::string dir = used.base + "/" + name;
     // gpuqd's own may have been removed meanwhile (by an admin, or by a service manager that took
     // the cgroup back): made again, as open() made it.
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno == ENOENT && ::mkdir(used.base.c_str(), 0755) == 0)
+    // One mkdir where all is well (an attempt starts often: no call that is bound to fail).
+    int rc = ::mkdir(dir.c_str(), 0755);
+    if (rc != 0 && errno == ENOENT && ::mkdir(used.base.c_str(), 0755) == 0) {
       if (auto again = prepare_base(i); !again)
         return undo(
             Error{ErrorCode::internal, "cannot make gpuqd's cgroup " + used.base + " again: " + again.error().message});
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      rc = ::mkdir(dir.c_str(), 0755);
+    }
+    if (rc != 0 && errno != EEXIST)
       return undo(Error{ErrorCode::internal, "cannot make the attempt's cgroup " + dir + ": " + std::strerror(errno)});
     dirs.push_back(dir);
     if (auto made = make_in(i, dir, limits); !made)
