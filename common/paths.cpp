@@ -92,12 +92,18 @@ Result<bool> make_dirs(const std::string& dir) {
 }
 
 Result<bool> ensure_private_dir(const std::string& dir) {
-  // Parents are created with the default mode; only the last component must be private.
-  for (std::size_t pos = 1; pos != std::string::npos;) {
-    pos = dir.find('/', pos + 1);
-    std::string part = dir.substr(0, pos);
-    if (::mkdir(part.c_str(), pos == std::string::npos ? 0700 : 0755) != 0 && errno != EEXIST)
-      return Error{ErrorCode::internal, "cannot create directory " + part + ": " + std::strerror(errno)};
+  // Parents are created with the default mode; only the last component must be private. The
+  // directory itself first: its parents are walked (mkdir -p) only when one is missing, not for
+  // every attempt of every job.
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    if (errno != ENOENT)
+      return Error{ErrorCode::internal, "cannot create directory " + dir + ": " + std::strerror(errno)};
+    for (std::size_t pos = 1; pos != std::string::npos;) {
+      pos = dir.find('/', pos + 1);
+      std::string part = dir.substr(0, pos);
+      if (::mkdir(part.c_str(), pos == std::string::npos ? 0700 : 0755) != 0 && errno != EEXIST)
+        return Error{ErrorCode::internal, "cannot create directory " + part + ": " + std::strerror(errno)};
+    }
   }
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))

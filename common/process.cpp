@@ -48,9 +48,12 @@ std::string resolve_executable(const std::string& name, const std::string& path_
 Result<bool> write_file_atomic(const std::string& path, const std::string& text, unsigned mode) {
   // The directory may be the job's, and the job may have put a symlink at the temporary name
   // (to /etc/shadow, for a root gpuqd to write through): it is replaced, never followed.
+  // Created, never opened: one there already (a crash's, or the job's) is removed first.
   std::string tmp = path + ".tmp";
-  ::unlink(tmp.c_str());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, static_cast<mode_t>(mode));
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(tmp.c_str(), flags, static_cast<mode_t>(mode));
+  if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0)
+    fd = ::open(tmp.c_str(), flags, static_cast<mode_t>(mode));
   if (fd < 0) return Error{ErrorCode::store_error, "cannot write " + tmp + ": " + std::strerror(errno)};
   // The mode asked for, not less: under the units' UMask=0027 a hook's input (read by the job's
   // owner) or the metrics textfile (read by node_exporter) would be closed to its reader.

@@ -55,8 +55,8 @@ MUTANTS = [
      "if (pid && is_alive(*pid) && common::process_owner(pid->pid) == ::geteuid()) {",
      ["test_lab.LabMode.test_a_pid_file_pointed_at_a_process_not_its_supervisor_is_never_taken_or_signalled"]),
     ("launch-doc-symlink", "common/process.cpp",
-     "  ::unlink(tmp.c_str());\n  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, static_cast<mode_t>(mode));",
-     "  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, static_cast<mode_t>(mode));",
+     "  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;",
+     "  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;",
      ["unit:write_file_atomic*"]),
     ("clean-follows-links", "common/paths.cpp",  # both guards: each alone covers for the other
      [("  if (::fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {",
