@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/bpf.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -158,6 +159,16 @@ Result<bool> give_cpuset(const std::string& dir, const std::string& cpus = "") {
   return true;
 }
 
+// Whether the kernel attaches a device program for gpuqd: tried on a cgroup of its own under `base`.
+Result<bool> may_deny_devices_bpf(const std::string& base) {
+  const std::string probe = base + "/probe-devices";
+  if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST)
+    return Error{ErrorCode::internal, "cannot make " + probe + ": " + std::strerror(errno)};
+  auto attached = deny_devices_bpf(probe, {{195, 255}});
+  ::rmdir(probe.c_str());  // and its program with it
+  return attached;
+}
+
 // Whether the kernel takes a deny from gpuqd (it needs CAP_SYS_ADMIN, which a service's bounding
 // set may leave out, whatever the file's mode says): tried on a cgroup of its own under `base`.
 Result<bool> may_deny_devices(const std::string& base) {
@@ -186,6 +197,76 @@ const char* limit_file(Limit limit, bool v2) {
 }
 
 }  // namespace
+
+Result<bool> deny_devices_bpf(const std::string& dir, const std::vector<std::pair<unsigned, unsigned>>& denied) {
+  // r1: struct bpf_cgroup_dev_ctx {u32 access_type (access << 16 | type); u32 major; u32 minor}.
+  std::vector<bpf_insn> prog;
+  const auto insn = [&](int code, int dst, int src, int off, std::int64_t imm) {
+    bpf_insn i{};
+    i.code = static_cast<std::uint8_t>(code);
+    i.dst_reg = static_cast<std::uint8_t>(dst & 0xf);
+    i.src_reg = static_cast<std::uint8_t>(src & 0xf);
+    i.off = static_cast<std::int16_t>(off);
+    i.imm = static_cast<std::int32_t>(imm);
+    prog.push_back(i);
+  };
+  const int n = static_cast<int>(denied.size());
+  const int allow = 5 + 2 * n, deny = allow + 2;       // where they start
+  insn(BPF_LDX | BPF_MEM | BPF_W, 2, 1, 0, 0);         // r2 = access_type
+  insn(BPF_ALU64 | BPF_AND | BPF_K, 2, 0, 0, 0xffff);  // its device type
+  insn(BPF_JMP | BPF_JNE | BPF_K, 2, 0, allow - 3, BPF_DEVCG_DEV_CHAR);
+  insn(BPF_LDX | BPF_MEM | BPF_W, 3, 1, 4, 0);  // r3 = major
+  insn(BPF_LDX | BPF_MEM | BPF_W, 4, 1, 8, 0);  // r4 = minor
+  for (int i = 0; i < n; ++i) {
+    const auto& [major_no, minor_no] = denied[static_cast<std::size_t>(i)];
+    insn(BPF_JMP | BPF_JNE | BPF_K, 3, 0, 1, major_no);                       // another major: the next
+    insn(BPF_JMP | BPF_JEQ | BPF_K, 4, 0, deny - (6 + 2 * i) - 1, minor_no);  // this node: refused
+  }
+  insn(BPF_ALU64 | BPF_MOV | BPF_K, 0, 0, 0, 1);  // allowed
+  insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0);
+  insn(BPF_ALU64 | BPF_MOV | BPF_K, 0, 0, 0, 0);  // refused
+  insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0);
+
+  static const char k_license[] = "GPL";
+  char log[1024] = {0};
+  bpf_attr load{};
+  load.prog_type = BPF_PROG_TYPE_CGROUP_DEVICE;
+  load.insns = reinterpret_cast<std::uint64_t>(prog.data());
+  load.insn_cnt = static_cast<std::uint32_t>(prog.size());
+  load.license = reinterpret_cast<std::uint64_t>(k_license);
+  int fd = static_cast<int>(::syscall(SYS_bpf, BPF_PROG_LOAD, &load, sizeof(load)));
+  if (fd < 0) {
+    const int err = errno;
+    // Again with the verifier's words, for the error (its log of a program that loads would not
+    // fit: ENOSPC; so not the first time).
+    load.log_buf = reinterpret_cast<std::uint64_t>(log);
+    load.log_size = sizeof(log);
+    load.log_level = 1;
+    fd = static_cast<int>(::syscall(SYS_bpf, BPF_PROG_LOAD, &load, sizeof(load)));
+    if (fd >= 0) ::close(fd);
+    log[sizeof(log) - 1] = 0;
+    return Error{ErrorCode::internal, std::string("cannot load a BPF device program: ") + std::strerror(err) +
+                                          (log[0] ? std::string(" (") + log + ")" : std::string())};
+  }
+  const int group = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (group < 0) {
+    const int err = errno;
+    ::close(fd);
+    return Error{ErrorCode::internal, "cannot open " + dir + ": " + std::strerror(err)};
+  }
+  bpf_attr attach{};
+  attach.target_fd = static_cast<std::uint32_t>(group);
+  attach.attach_bpf_fd = static_cast<std::uint32_t>(fd);
+  attach.attach_type = BPF_CGROUP_DEVICE;
+  attach.attach_flags = BPF_F_ALLOW_MULTI;
+  const long attached = ::syscall(SYS_bpf, BPF_PROG_ATTACH, &attach, sizeof(attach));
+  const int err = errno;
+  ::close(group);
+  ::close(fd);  // the cgroup holds the program now
+  if (attached != 0)
+    return Error{ErrorCode::internal, "cannot attach a BPF device program to " + dir + ": " + std::strerror(err)};
+  return true;
+}
 
 const char* controller_of(Limit limit) {
   switch (limit) {
@@ -310,7 +391,13 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
     const Used& tracking = m_hierarchies.front();
     std::string why;
     if (tracking.v2 && limit == Limit::devices) {
-      why = "cgroup v2 keeps devices by a BPF program, which gpuqd does not load";
+      // v2 keeps devices by a BPF program: in force where the kernel attaches one for gpuqd.
+      auto probe = may_deny_devices_bpf(tracking.base);
+      if (probe) {
+        m_where[at] = 0;
+        continue;
+      }
+      why = "cgroup v2: " + probe.error().message;
     } else if (tracking.v2) {
       // Given to gpuqd's cgroup (its parent's subtree_control), and handed down to its own: the
       // attempts' cgroups then have it.
@@ -478,11 +565,16 @@ Result<bool> Cgroups::make_in(std::size_t i, const std::string& dir, const Attem
     if (auto given = give_cpuset(dir, all_cores.empty() ? "" : attempt_cores); !given) return given;
   if (in_force_at(Limit::pids, i) && limits.pids > 0)
     if (auto ok = put(dir + "/pids.max", std::to_string(limits.pids)); !ok) return ok;
-  if (in_force_at(Limit::devices, i))
-    for (const auto& [major, minor] : limits.denied_devices)
-      if (auto ok = put(dir + "/devices.deny", "c " + std::to_string(major) + ":" + std::to_string(minor) + " rwm");
-          !ok)
-        return ok;
+  if (in_force_at(Limit::devices, i)) {
+    if (used.v2 && !limits.denied_devices.empty()) {  // a BPF program on the attempt's cgroup, its ranks' too
+      if (auto ok = deny_devices_bpf(dir, limits.denied_devices); !ok) return ok;
+    } else if (!used.v2) {
+      for (const auto& [major, minor] : limits.denied_devices)
+        if (auto ok = put(dir + "/devices.deny", "c " + std::to_string(major) + ":" + std::to_string(minor) + " rwm");
+            !ok)
+          return ok;
+    }
+  }
   for (int r = 0; r < std::max(1, limits.ranks); ++r) {
     const std::string rank = dir + "/rank-" + std::to_string(r);
     if (::mkdir(rank.c_str(), 0755) != 0 && errno != EEXIST)

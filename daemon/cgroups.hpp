@@ -55,6 +55,13 @@ struct AttemptLimits {
 };
 
 enum class Limit { memory, pids, cpuset, devices };
+
+// cgroup v2 keeps devices by a BPF program (BPF_PROG_TYPE_CGROUP_DEVICE) attached to a cgroup:
+// one that refuses the character devices `denied` (major, minor) and allows the rest, attached to
+// the v2 cgroup directory `dir` with BPF_F_ALLOW_MULTI (so that a service manager's program above
+// still runs; the cgroup's descendants run it too). Gone with the cgroup. Needs CAP_BPF and
+// CAP_SYS_ADMIN (or root's full set); an error says what the kernel refused.
+Result<bool> deny_devices_bpf(const std::string& dir, const std::vector<std::pair<unsigned, unsigned>>& denied);
 constexpr std::array<Limit, 4> k_limits = {Limit::memory, Limit::pids, Limit::cpuset, Limit::devices};
 const char* controller_of(Limit limit);  // "memory", "pids", "cpuset", "devices"
 

@@ -315,7 +315,7 @@ MUTANTS = [
      "s != out.end() && s->is_number()) (void)s;",
      ["test_slurm.SlurmExecutor.test_after_chains_wait_in_slurm_and_go_on_while_gpuqd_is_down"]),
     ("limit-devices", "daemon/cgroups.cpp",
-     "  if (in_force_at(Limit::devices, i))\n", "  if (false)\n",
+     "  if (in_force_at(Limit::devices, i)) {", "  if (false) {",
      ["test_supervision.KernelLimits.test_a_job_cannot_open_the_device_nodes_of_gpus_it_was_not_given",
       "unit:limits on a hybrid host*"]),
     ("limit-memory", "daemon/cgroups.cpp",

@@ -9,9 +9,12 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -274,6 +277,54 @@ TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed 
   CHECK_FALSE(std::filesystem::exists(cgroups->base()));
 }
 
+TEST_CASE("cgroup v2's device program refuses the nodes it lists to the cgroup's processes, and only those") {
+  std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
+  std::stringstream m, g;
+  m << mounts.rdbuf();
+  g << groups.rdbuf();
+  std::string own;
+  for (auto& h : parse_cgroup_layout(m.str(), g.str()))
+    if (h.v2) own = h.own_dir();
+  char tmpl[] = "/tmp/gpuq-unit-bpf-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  const std::string nodes = tmpl;
+  const std::string cgroup = own + "/gpuq-unit-bpf-" + std::to_string(::getpid());
+  const bool can = !own.empty() && ::mknod((nodes + "/nvidia0").c_str(), S_IFCHR | 0666, makedev(195, 0)) == 0 &&
+                   ::mknod((nodes + "/nvidia1").c_str(), S_IFCHR | 0666, makedev(195, 1)) == 0 &&
+                   ::mkdir(cgroup.c_str(), 0755) == 0;
+  std::vector<std::pair<unsigned, unsigned>> denied{{195, 1}};
+  for (unsigned minor_no = 0; minor_no < 256; ++minor_no)
+    denied.emplace_back(10, minor_no);  // a long list loads too (a box's every GPU, and more)
+  auto attached = can ? gpuq::daemon::deny_devices_bpf(cgroup, denied)
+                      : gpuq::Result<bool>(gpuq::Error{gpuq::ErrorCode::unavailable, "no v2 cgroup or mknod here"});
+  if (!attached) {
+    MESSAGE("skipped: " << attached.error().message);
+  } else {
+    // A child in the cgroup opens both nodes: 195:0 is allowed (no driver here: ENXIO), 195:1 refused.
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      std::ofstream(cgroup + "/cgroup.procs") << ::getpid() << "\n";
+      const auto err_of = [&](const char* name) {
+        const int fd = ::open((nodes + "/" + name).c_str(), O_RDWR);
+        if (fd >= 0) ::close(fd);
+        return fd >= 0 ? 0 : errno;
+      };
+      const int allowed = err_of("nvidia0"), refused = err_of("nvidia1");
+      ::_exit((allowed == ENXIO || allowed == ENODEV) && refused == EPERM ? 0 : 10 + (refused == EPERM));
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    // Outside the cgroup nothing is refused.
+    const int fd = ::open((nodes + "/nvidia1").c_str(), O_RDWR);
+    CHECK((fd < 0 && errno != EPERM));
+  }
+  ::rmdir(cgroup.c_str());
+  std::filesystem::remove_all(nodes);
+}
+
 TEST_CASE("the devices limit is in force only where the kernel takes a deny from gpuqd (CAP_SYS_ADMIN)") {
   std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
   std::stringstream m, g;
@@ -482,7 +533,8 @@ TEST_CASE("limits on cgroup v2: the controllers given to gpuqd's cgroup, handed 
   CHECK(read(base + "/cgroup.subtree_control") == "+cpuset");   // the last handed down
   const std::string said = cgroups->describe_limits();
   CHECK(said.find("limits in force: memory per rank (v2), processes per attempt (v2), each rank's cores (v2)") == 0);
-  CHECK(said.find("not in force: the GPUs given: cgroup v2 keeps devices by a BPF program") != std::string::npos);
+  CHECK(said.find("not in force: the GPUs given: cgroup v2: ") !=
+        std::string::npos);  // a directory: no program attaches
 
   gpuq::daemon::AttemptLimits limits;
   limits.ranks = 2;
