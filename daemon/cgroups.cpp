@@ -159,13 +159,37 @@ Result<bool> give_cpuset(const std::string& dir, const std::string& cpus = "") {
   return true;
 }
 
-// Whether the kernel attaches a device program for gpuqd: tried on a cgroup of its own under `base`.
+// How many device programs run for the cgroup `dir` (its own and those above it that still run
+// for it); nothing where the kernel does not say.
+std::optional<std::uint32_t> device_programs(const std::string& dir) {
+  const int group = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (group < 0) return std::nullopt;
+  bpf_attr query{};
+  query.query.target_fd = static_cast<std::uint32_t>(group);
+  query.query.attach_type = BPF_CGROUP_DEVICE;
+  query.query.query_flags = BPF_F_QUERY_EFFECTIVE;
+  const long ok = ::syscall(SYS_bpf, BPF_PROG_QUERY, &query, sizeof(query));
+  ::close(group);
+  if (ok != 0) return std::nullopt;
+  return query.query.prog_cnt;
+}
+
+// Whether the kernel attaches a device program for gpuqd, and the programs above still run beside
+// it: tried on a cgroup of its own under `base`. One attached above without BPF_F_ALLOW_MULTI (a
+// container runtime's, say) runs only for cgroups with none of their own: gpuqd's would replace
+// its policy for the jobs (devices it refuses would open), so none is attached then.
 Result<bool> may_deny_devices_bpf(const std::string& base) {
   const std::string probe = base + "/probe-devices";
   if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST)
     return Error{ErrorCode::internal, "cannot make " + probe + ": " + std::strerror(errno)};
+  const auto before = device_programs(probe);
   auto attached = deny_devices_bpf(probe, {{195, 255}});
+  const auto after = device_programs(probe);
   ::rmdir(probe.c_str());  // and its program with it
+  if (attached && before && after && *after != *before + 1)
+    return Error{ErrorCode::internal,
+                 "a device program above gpuqd's cgroup (attached without BPF_F_ALLOW_MULTI) "
+                 "would no longer run for its jobs beside gpuqd's"};
   return attached;
 }
 
@@ -235,18 +259,22 @@ Result<bool> deny_devices_bpf(const std::string& dir, const std::vector<std::pai
   load.insn_cnt = static_cast<std::uint32_t>(prog.size());
   load.license = reinterpret_cast<std::uint64_t>(k_license);
   int fd = static_cast<int>(::syscall(SYS_bpf, BPF_PROG_LOAD, &load, sizeof(load)));
+  const int load_err = errno;
   if (fd < 0) {
-    const int err = errno;
     // Again with the verifier's words, for the error (its log of a program that loads would not
     // fit: ENOSPC; so not the first time).
     load.log_buf = reinterpret_cast<std::uint64_t>(log);
     load.log_size = sizeof(log);
     load.log_level = 1;
     fd = static_cast<int>(::syscall(SYS_bpf, BPF_PROG_LOAD, &load, sizeof(load)));
-    if (fd >= 0) ::close(fd);
+  }
+  if (fd < 0) {
+    const int err = load_err;  // the first refusal's (the second may only say the log was short)
     log[sizeof(log) - 1] = 0;
+    std::string said(log);
+    std::replace(said.begin(), said.end(), '\n', ' ');
     return Error{ErrorCode::internal, std::string("cannot load a BPF device program: ") + std::strerror(err) +
-                                          (log[0] ? std::string(" (") + log + ")" : std::string())};
+                                          (said.empty() ? std::string() : " (" + said.substr(0, 300) + ")")};
   }
   const int group = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
   if (group < 0) {
@@ -417,8 +445,9 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
         m_where[at] = 0;
         continue;
       }
-    } else if (std::find(tracking.controllers.begin(), tracking.controllers.end(), controller) !=
-               tracking.controllers.end()) {
+    } else if (limit != Limit::devices &&  // devices: checked below as any v1 hierarchy's
+               std::find(tracking.controllers.begin(), tracking.controllers.end(), controller) !=
+                   tracking.controllers.end()) {
       m_where[at] = 0;
       continue;
     }
@@ -520,15 +549,15 @@ Result<std::vector<std::string>> Cgroups::make(const std::string& name, const At
     // gpuqd's own may have been removed meanwhile (by an admin, or by a service manager that took
     // the cgroup back): made again, as open() made it.
     // One mkdir where all is well (an attempt starts often: no call that is bound to fail).
-    int rc = ::mkdir(dir.c_str(), 0755);
-    if (rc != 0 && errno == ENOENT && ::mkdir(used.base.c_str(), 0755) == 0) {
+    int err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;
+    if (err == ENOENT && ::mkdir(used.base.c_str(), 0755) == 0) {
       if (auto again = prepare_base(i); !again)
         return undo(
             Error{ErrorCode::internal, "cannot make gpuqd's cgroup " + used.base + " again: " + again.error().message});
-      rc = ::mkdir(dir.c_str(), 0755);
     }
-    if (rc != 0 && errno != EEXIST)
-      return undo(Error{ErrorCode::internal, "cannot make the attempt's cgroup " + dir + ": " + std::strerror(errno)});
+    if (err == ENOENT) err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;  // its base made again (here, or by another)
+    if (err != 0 && err != EEXIST)
+      return undo(Error{ErrorCode::internal, "cannot make the attempt's cgroup " + dir + ": " + std::strerror(err)});
     dirs.push_back(dir);
     if (auto made = make_in(i, dir, limits); !made)
       return undo(Error{ErrorCode::internal, "cannot hold the attempt to its limits: " + made.error().message});
@@ -540,9 +569,9 @@ Result<bool> Cgroups::prepare_base(std::size_t i) const {
   const Used& used = m_hierarchies[i];
   if (!used.v2 && std::find(used.controllers.begin(), used.controllers.end(), "cpuset") != used.controllers.end())
     return give_cpuset(used.base);
-  if (used.v2)  // the controllers in force on v2, handed down to the attempts' cgroups
+  if (used.v2)  // the controllers in force on v2, handed down to the attempts' cgroups (devices is a program)
     for (Limit limit : k_limits)
-      if (in_force_at(limit, i))
+      if (in_force_at(limit, i) && limit != Limit::devices)
         if (auto down = put(used.base + "/cgroup.subtree_control", std::string("+") + controller_of(limit)); !down)
           return down;
   return true;
@@ -609,20 +638,18 @@ void Cgroups::kill(const std::string& dir) const {
     if (std::ofstream out(dir + "/cgroup.kill"); out << "1\n" && out.flush()) return;
   }
   // Frozen first (where it can be), so that none of it forks while its processes are listed and
-  // signalled; thawed after, when the SIGKILLs take them (a fork with one pending is refused).
+  // signalled; thawed after, when the SIGKILLs take them (a fork with one pending is refused). In
+  // two rounds, so that gpuqd's thread never waits on the freezer (a task stuck in the kernel never
+  // freezes): this one asks for the freeze, the next (the executor calls again until empty) finds
+  // it asked, frozen or freezing, kills and thaws. A child born meanwhile is born frozen.
   const std::string frozen =
       m_freeze < 0 ? std::string() : m_hierarchies[static_cast<std::size_t>(m_freeze)].base + "/" + name_of(dir);
   const bool v2 = m_freeze >= 0 && m_hierarchies[static_cast<std::size_t>(m_freeze)].v2;
-  if (!frozen.empty() && put(frozen + (v2 ? "/cgroup.freeze" : "/freezer.state"), v2 ? "1" : "FROZEN")) {
-    const auto done = [&] {
-      if (!v2) return first_line(frozen + "/freezer.state") == "FROZEN";
-      std::istringstream events(read_small(frozen + "/cgroup.events"));
-      for (std::string key, value; events >> key >> value;)
-        if (key == "frozen") return value == "1";
-      return false;
-    };
-    for (int i = 0; i < 100 && !done(); ++i)  // at most ~100 ms on gpuqd's thread: the kernel is quick
-      ::usleep(1000);
+  const std::string freeze_file = frozen + (v2 ? "/cgroup.freeze" : "/freezer.state");
+  if (!frozen.empty()) {
+    const std::string state = first_line(freeze_file);  // v2: "0" or "1"; v1: THAWED, FREEZING or FROZEN
+    const bool asked = v2 ? state == "1" : state == "FREEZING" || state == "FROZEN";
+    if (!asked && put(freeze_file, v2 ? "1" : "FROZEN")) return;
   }
   for (const std::string& group : tree(dir)) {
     const std::string name = named(group);
@@ -652,7 +679,7 @@ void Cgroups::kill(const std::string& dir) const {
       ::close(pidfd);
     }
   }
-  if (!frozen.empty()) put(frozen + (v2 ? "/cgroup.freeze" : "/freezer.state"), v2 ? "0" : "THAWED");
+  if (!frozen.empty()) put(freeze_file, v2 ? "0" : "THAWED");
 }
 
 std::string Cgroups::named(const std::string& dir) const {

@@ -62,6 +62,14 @@ std::string named(const std::string& why, const std::string& prefix) {
   return why.substr(at, why.find(' ', at) - at);
 }
 
+// A file's first word (a cgroup file's value).
+std::string first_of(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  in >> word;
+  return word;
+}
+
 // An attempt's tracking cgroup: the first of those make() gives.
 std::optional<std::string> made(gpuq::Result<std::vector<std::string>> dirs) {
   if (!dirs || dirs->empty()) return std::nullopt;
@@ -374,7 +382,7 @@ TEST_CASE("the devices limit is in force only where the kernel takes a deny from
   with->remove_base();
 }
 
-TEST_CASE("without cgroup.kill, a fork loop is frozen before its round of SIGKILL: one round ends it") {
+TEST_CASE("without cgroup.kill, a fork loop is frozen in one round and killed in the next, which ends it") {
   // This host's v1 pids and freezer hierarchies, where there are both and they may be written (root).
   // (Without the freezer a round lists the chains, and each has forked on before its SIGKILL.)
   std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
@@ -420,7 +428,12 @@ TEST_CASE("without cgroup.kill, a fork loop is frozen before its round of SIGKIL
   REQUIRE(::waitpid(child, &status, 0) == child);  // it forked on: its successors live in the cgroup
   const std::string& dir = dirs->front();
   REQUIRE_FALSE(cgroups->empty(dir));
-  cgroups->kill(dir);  // one round
+  cgroups->kill(dir);  // a round that asks for the freeze, and returns
+  const std::string freezer = dirs->back() + "/freezer.state";
+  for (int i = 0; i < 2000 && first_of(freezer) != "FROZEN"; ++i)
+    ::usleep(1000);
+  CHECK(first_of(freezer) == "FROZEN");
+  cgroups->kill(dir);  // the round that kills, and thaws
   bool emptied = false;
   for (int i = 0; i < 200 && !(emptied = cgroups->empty(dir)); ++i)
     ::usleep(5000);  // the SIGKILLed take a moment to go, but none of them forks again
