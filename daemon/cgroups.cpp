@@ -159,6 +159,18 @@ Result<bool> give_cpuset(const std::string& dir, const std::string& cpus = "") {
   return true;
 }
 
+// `try_it` on a cgroup of gpuqd's own under `base`, made for it and removed after (with what was
+// attached to it or written in it): what the kernel lets gpuqd do, tried at start.
+template <class Try>
+Result<bool> on_probe(const std::string& base, Try&& try_it) {
+  const std::string probe = base + "/probe-devices";
+  if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST)
+    return Error{ErrorCode::internal, "cannot make " + probe + ": " + std::strerror(errno)};
+  auto tried = try_it(probe);
+  ::rmdir(probe.c_str());
+  return tried;
+}
+
 // How many device programs run for the cgroup `dir` (its own and those above it that still run
 // for it); nothing where the kernel does not say.
 std::optional<std::uint32_t> device_programs(const std::string& dir) {
@@ -179,30 +191,26 @@ std::optional<std::uint32_t> device_programs(const std::string& dir) {
 // container runtime's, say) runs only for cgroups with none of their own: gpuqd's would replace
 // its policy for the jobs (devices it refuses would open), so none is attached then.
 Result<bool> may_deny_devices_bpf(const std::string& base) {
-  const std::string probe = base + "/probe-devices";
-  if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST)
-    return Error{ErrorCode::internal, "cannot make " + probe + ": " + std::strerror(errno)};
-  const auto before = device_programs(probe);
-  auto attached = deny_devices_bpf(probe, {{195, 255}});
-  const auto after = device_programs(probe);
-  ::rmdir(probe.c_str());  // and its program with it
-  if (attached && before && after && *after != *before + 1)
-    return Error{ErrorCode::internal,
-                 "a device program above gpuqd's cgroup (attached without BPF_F_ALLOW_MULTI) "
-                 "would no longer run for its jobs beside gpuqd's"};
-  return attached;
+  return on_probe(base, [](const std::string& probe) -> Result<bool> {
+    const auto before = device_programs(probe);
+    auto attached = deny_devices_bpf(probe, {{195, 255}});
+    const auto after = device_programs(probe);
+    if (attached && before && after && *after != *before + 1)
+      return Error{ErrorCode::internal,
+                   "a device program above gpuqd's cgroup (attached without BPF_F_ALLOW_MULTI) "
+                   "would no longer run for its jobs beside gpuqd's"};
+    return attached;
+  });
 }
 
 // Whether the kernel takes a deny from gpuqd (it needs CAP_SYS_ADMIN, which a service's bounding
 // set may leave out, whatever the file's mode says): tried on a cgroup of its own under `base`.
 Result<bool> may_deny_devices(const std::string& base) {
-  const std::string probe = base + "/probe-devices";
-  if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST)
-    return Error{ErrorCode::internal, "cannot make " + probe + ": " + std::strerror(errno)};
-  auto denied = put(probe + "/devices.deny", "c 195:255 m");  // nvidiactl, made: harmless, and gone with the probe
-  ::rmdir(probe.c_str());
-  if (!denied) return Error{ErrorCode::internal, denied.error().message + " (the kernel wants CAP_SYS_ADMIN for it)"};
-  return true;
+  return on_probe(base, [](const std::string& probe) -> Result<bool> {
+    auto denied = put(probe + "/devices.deny", "c 195:255 m");  // nvidiactl, made: harmless, and gone with the probe
+    if (!denied) return Error{ErrorCode::internal, denied.error().message + " (the kernel wants CAP_SYS_ADMIN for it)"};
+    return true;
+  });
 }
 
 // The file whose writability says that gpuqd may set a limit in a hierarchy.

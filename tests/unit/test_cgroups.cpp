@@ -2,6 +2,7 @@
 // cgroup over a fake cgroupfs (a directory with the files the kernel would show).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -60,6 +61,25 @@ std::string named(const std::string& why, const std::string& prefix) {
   const auto at = why.find(prefix);
   REQUIRE(at != std::string::npos);
   return why.substr(at, why.find(' ', at) - at);
+}
+
+// This host's hierarchies, as gpuqd reads them at start.
+std::vector<CgroupHierarchy> host_layout() {
+  std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
+  std::stringstream m, g;
+  m << mounts.rdbuf();
+  g << groups.rdbuf();
+  return parse_cgroup_layout(m.str(), g.str());
+}
+
+// This host's v1 hierarchies of one controller each, for those named.
+std::vector<CgroupHierarchy> host_v1(const std::vector<std::string>& controllers) {
+  std::vector<CgroupHierarchy> out;
+  for (auto& h : host_layout())
+    if (!h.v2 && h.controllers.size() == 1 &&
+        std::find(controllers.begin(), controllers.end(), h.controllers.front()) != controllers.end())
+      out.push_back(h);
+  return out;
 }
 
 // A file's first word (a cgroup file's value).
@@ -248,13 +268,7 @@ TEST_CASE("an attempt has ended only once its supervisor is gone and its cgroup 
 
 TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed through its pidfd") {
   // This host's v1 pids hierarchy, where there is one and it may be written (root).
-  std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
-  std::stringstream m, g;
-  m << mounts.rdbuf();
-  g << groups.rdbuf();
-  std::vector<CgroupHierarchy> v1;
-  for (auto& h : parse_cgroup_layout(m.str(), g.str()))
-    if (!h.v2 && h.controllers == std::vector<std::string>{"pids"}) v1.push_back(h);
+  const std::vector<CgroupHierarchy> v1 = host_v1({"pids"});
   gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
   auto cgroups = v1.empty() ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
   if (!cgroups) {
@@ -286,12 +300,8 @@ TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed 
 }
 
 TEST_CASE("cgroup v2's device program refuses the nodes it lists to the cgroup's processes, and only those") {
-  std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
-  std::stringstream m, g;
-  m << mounts.rdbuf();
-  g << groups.rdbuf();
   std::string own;
-  for (auto& h : parse_cgroup_layout(m.str(), g.str()))
+  for (auto& h : host_layout())
     if (h.v2) own = h.own_dir();
   char tmpl[] = "/tmp/gpuq-unit-bpf-XXXXXX";
   REQUIRE(::mkdtemp(tmpl));
@@ -334,15 +344,7 @@ TEST_CASE("cgroup v2's device program refuses the nodes it lists to the cgroup's
 }
 
 TEST_CASE("the devices limit is in force only where the kernel takes a deny from gpuqd (CAP_SYS_ADMIN)") {
-  std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
-  std::stringstream m, g;
-  m << mounts.rdbuf();
-  g << groups.rdbuf();
-  std::vector<CgroupHierarchy> v1;
-  for (auto& h : parse_cgroup_layout(m.str(), g.str()))
-    if (!h.v2 &&
-        (h.controllers == std::vector<std::string>{"pids"} || h.controllers == std::vector<std::string>{"devices"}))
-      v1.push_back(h);
+  const std::vector<CgroupHierarchy> v1 = host_v1({"pids", "devices"});
   gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
   auto with = v1.size() < 2 ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
   if (!with || with->where(gpuq::daemon::Limit::devices).empty()) {
@@ -385,15 +387,7 @@ TEST_CASE("the devices limit is in force only where the kernel takes a deny from
 TEST_CASE("without cgroup.kill, a fork loop is frozen in one round and killed in the next, which ends it") {
   // This host's v1 pids and freezer hierarchies, where there are both and they may be written (root).
   // (Without the freezer a round lists the chains, and each has forked on before its SIGKILL.)
-  std::ifstream mounts("/proc/self/mountinfo"), groups("/proc/self/cgroup");
-  std::stringstream m, g;
-  m << mounts.rdbuf();
-  g << groups.rdbuf();
-  std::vector<CgroupHierarchy> v1;
-  for (auto& h : parse_cgroup_layout(m.str(), g.str()))
-    if (!h.v2 &&
-        (h.controllers == std::vector<std::string>{"pids"} || h.controllers == std::vector<std::string>{"freezer"}))
-      v1.push_back(h);
+  const std::vector<CgroupHierarchy> v1 = host_v1({"pids", "freezer"});
   gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
   auto cgroups = v1.size() < 2 ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
   if (!cgroups) {
