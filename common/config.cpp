@@ -78,6 +78,9 @@ const Rule k_rules[] = {
     {"pids_per_attempt", nullptr, "--pids-per-attempt", "N", "int", 0, 1 << 22, &Settings::pids_per_attempt,
      "Processes and threads one attempt of a job may have at once, held by the kernel where gpuqd has the pids "
      "controller: a fork bomb ends there (0: no limit)"},
+    {"cgroup_parent", nullptr, "--cgroup-parent", "DIR", "path", 0, 0, &Settings::cgroup_parent,
+     "A cgroup v2 directory of the admin's (no process in it, or the root) to make attempts' cgroups under instead "
+     "of below gpuqd's own; gpuqd hands it the controllers of the limits it holds jobs to (docs/reliability.md)"},
     {"retry_backoff_s", nullptr, "--retry-backoff", "SECONDS", "number", 0, 86400, &Settings::retry_backoff_s,
      "First retry delay in seconds (doubles per attempt)"},
     {"idle_timeout_s", nullptr, "--idle-timeout", "SECONDS", "number", 0.1, 86400 * 7, &Settings::idle_timeout_s,

@@ -29,6 +29,8 @@ struct Settings {
   int default_retries = 0;               // "retries"         $GPUQ_RETRIES: for jobs whose spec names none
   double grace_s = 10;                   // "grace_s": SIGTERM -> SIGKILL for a job's processes
   std::int64_t pids_per_attempt = 32768;  // "pids_per_attempt": processes and threads of one attempt (0: no limit)
+  std::string
+      cgroup_parent;  // "cgroup_parent": the cgroup v2 directory attempts' cgroups go under (empty: gpuqd's own)
   double retry_backoff_s = 1;            // "retry_backoff_s": first retry delay; doubles per attempt
   double idle_timeout_s = 300;           // "idle_timeout_s": silent client connections are closed
   int cpu_slots = 0;                     // "cpu_slots": the CPU pool (scheduler.hpp); 0: the cores gpuqd may use

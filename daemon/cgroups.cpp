@@ -6,8 +6,10 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/bpf.h>
+#include <linux/magic.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -373,11 +375,26 @@ std::vector<CgroupHierarchy> parse_cgroup_layout(const std::string& mountinfo, c
   return out;
 }
 
-Result<Cgroups> Cgroups::open(const std::string& state_dir) {
-  return open(state_dir, parse_cgroup_layout(read_small("/proc/self/mountinfo"), read_small("/proc/self/cgroup")));
+Result<bool> check_cgroup_parent(const std::string& dir) {
+  struct statfs fs {};
+  if (dir.empty() || dir.front() != '/')
+    return Error{ErrorCode::invalid_spec, "cgroup_parent " + dir + ": not an absolute path"};
+  if (::statfs(dir.c_str(), &fs) != 0)
+    return Error{ErrorCode::invalid_spec, "cgroup_parent " + dir + ": " + std::strerror(errno)};
+  if (fs.f_type != CGROUP2_SUPER_MAGIC || !common::path_exists(dir + "/cgroup.procs"))
+    return Error{ErrorCode::invalid_spec, "cgroup_parent " + dir +
+                                              ": not a cgroup v2 directory (make one with mkdir "
+                                              "in the v2 hierarchy, as root or a service given it with Delegate=yes)"};
+  return true;
 }
 
-Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies) {
+Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::string& v2_parent) {
+  return open(state_dir, parse_cgroup_layout(read_small("/proc/self/mountinfo"), read_small("/proc/self/cgroup")),
+              v2_parent);
+}
+
+Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies,
+                              const std::string& v2_parent) {
   std::vector<const CgroupHierarchy*> order;
   for (const auto& h : hierarchies)
     if (h.v2) order.push_back(&h);
@@ -388,11 +405,17 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
   const auto refused = [&](const std::string& kind, const std::string& why) {
     tried += (tried.empty() ? "" : "; ") + kind + ": " + why;
   };
+  if (!v2_parent.empty() && std::none_of(order.begin(), order.end(), [&](const CgroupHierarchy* h) {
+        return h->v2 && v2_parent.compare(0, h->mount.size() + 1, h->mount + "/") == 0;
+      }))
+    return Error{ErrorCode::unavailable,
+                 "cgroup_parent " + v2_parent + " is not in the cgroup v2 hierarchy gpuqd is in"};
   for (const CgroupHierarchy* h : order) {
-    const std::string base = h->own_dir() + "/gpuq-" + tag_of(state_dir);
+    const std::string base = (h->v2 && !v2_parent.empty() ? v2_parent : h->own_dir()) + "/gpuq-" + tag_of(state_dir);
     const std::string kind = h->v2 ? "v2" : "v1 (" + h->controllers.front() + ")";
     if (::mkdir(base.c_str(), 0755) != 0 && errno != EEXIST) {
       refused(kind, "cannot make " + base + ": " + std::strerror(errno));
+      if (h->v2 && !v2_parent.empty()) break;  // the admin's choice: not another in its place
       continue;
     }
     if (!common::path_exists(base + "/cgroup.procs")) {
@@ -435,18 +458,22 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
       }
       why = "cgroup v2: " + probe.error().message;
     } else if (tracking.v2) {
-      // Given to gpuqd's cgroup (its parent's subtree_control), and handed down to its own: the
-      // attempts' cgroups then have it.
+      // Given to the parent (gpuqd's cgroup, or cgroup_parent) by its own parent's subtree_control,
+      // and handed down to gpuqd's base: the attempts' cgroups then have it.
       const std::string own = tracking.base.substr(0, tracking.base.rfind('/'));
       if (!has_word(read_small(own + "/cgroup.controllers"), controller)) {
-        why = "cgroup v2: the " + controller + " controller is not given to gpuqd's cgroup " + own;
+        why = "cgroup v2: the " + controller + " controller is not given to the cgroup " + own;
       } else if (auto on = has_word(read_small(own + "/cgroup.subtree_control"), controller)
                                ? Result<bool>(true)
                                : put(own + "/cgroup.subtree_control", "+" + controller);
                  !on) {
+        // The no-internal-process rule: gpuqd's own cgroup holds gpuqd (a container's, other
+        // processes too). gpuqd does not move itself into a leaf below it, as a lone service might:
+        // under systemd a restart would then find controllers enabled in the service's cgroup, where
+        // jobs kept running, and fail to place the new gpuqd there (EBUSY).
         why = "cgroup v2: " + on.error().message +
-              " (a cgroup with processes in it, gpuqd's own, hands no controller down unless it is the root: run "
-              "gpuqd in the root cgroup, or in one whose subtree_control already has it)";
+              " (a cgroup with processes in it hands no controller down unless it is the root: name a cgroup with "
+              "none in it for the jobs with --cgroup-parent)";
       } else if (auto down = put(tracking.base + "/cgroup.subtree_control", "+" + controller); !down) {
         why = "cgroup v2: " + down.error().message;
       } else {

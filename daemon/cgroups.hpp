@@ -65,13 +65,21 @@ Result<bool> deny_devices_bpf(const std::string& dir, const std::vector<std::pai
 constexpr std::array<Limit, 4> k_limits = {Limit::memory, Limit::pids, Limit::cpuset, Limit::devices};
 const char* controller_of(Limit limit);  // "memory", "pids", "cpuset", "devices"
 
+// Whether `dir` can be gpuqd's `cgroup_parent`: an absolute path to a directory of a cgroup v2
+// filesystem; an error says what it is instead.
+Result<bool> check_cgroup_parent(const std::string& dir);
+
 class Cgroups {
  public:
   // The cgroup under which this gpuqd makes attempts' cgroups: a child of its own, named for its
   // state dir (so that two gpuqds on one host never share one, and a restarted gpuqd finds its
-  // running attempts' again). `proc` and `hierarchies` are for tests (a fake cgroupfs).
-  static Result<Cgroups> open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies);
-  static Result<Cgroups> open(const std::string& state_dir);  // this host's layout
+  // running attempts' again). On v2, `v2_parent` (the `cgroup_parent` setting) replaces gpuqd's own
+  // cgroup as the parent: a cgroup of the admin's outside gpuqd's, which can hand controllers down
+  // where gpuqd's own cannot (it has processes in it: gpuqd, or a container's others) and which a
+  // restart of gpuqd's service leaves alone. `hierarchies` are for tests (a fake cgroupfs).
+  static Result<Cgroups> open(const std::string& state_dir, const std::vector<CgroupHierarchy>& hierarchies,
+                              const std::string& v2_parent = "");
+  static Result<Cgroups> open(const std::string& state_dir, const std::string& v2_parent = "");  // this host's
 
   // "cgroup v2 at /sys/fs/cgroup/unified/gpuq-0123abcd (cgroup.kill)": what gpuqd logs at start.
   std::string describe() const;

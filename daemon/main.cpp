@@ -17,6 +17,7 @@
 #include "common/config.hpp"
 #include "common/paths.hpp"
 #include "common/users.hpp"
+#include "daemon/cgroups.hpp"
 #include "daemon/daemon.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/metrics_http.hpp"
@@ -184,6 +185,11 @@ Step resolve_paths(Config& config) {
     std::cerr << "gpuqd: job supervisor " << config.shim_path << " is missing or not executable\n";
     return 1;
   }
+  if (!config.cgroup_parent.empty())
+    if (auto ok = gpuq::daemon::check_cgroup_parent(config.cgroup_parent); !ok) {
+      std::cerr << "gpuqd: " << ok.error().message << "\n";
+      return 1;
+    }
   return std::nullopt;
 }
 

@@ -4,7 +4,8 @@
 Builds gpuq against PyTorch's LibTorch (CUDA, NCCL), then: gpuq-worker on the GPU alone, in bf16
 and fp16, with host-held data, with its step replayed from a CUDA graph, and as a 1-rank NCCL DDP
 gang; gpuqd on the real GPUs (NVML) with
-bundled example jobs; training throughput against eager PyTorch (bench/throughput.py); the
+bundled example jobs; the limits the kernel holds jobs to (cgroups: the integration tests of them,
+which must not skip as root on a GPU machine, and a job kept off a real GPU it was not given); training throughput against eager PyTorch (bench/throughput.py); the
 Fashion-MNIST accuracy of the CNNs (bench/accuracy.py). Every stage goes on after a failed check
 and writes its log to OUT; OUT/summary.json and the last lines printed say what passed.
 
@@ -14,11 +15,12 @@ they are unpacked into a prefix inside the build folder, never over the system, 
 dataset is copied to /usr/share/datasets where it is missing, so the example jobs run as written.
 
 Usage: scripts/gpu-check.py [--out DIR] [--build DIR] [--debs DIR] [--device cuda|cpu] [STAGE ...]
-       STAGE: build worker daemon throughput accuracy (default: all of them, in this order)
+       STAGE: build worker daemon limits throughput accuracy (default: all of them, in this order)
        --device cpu runs the same checks without a GPU (two fake ones for gpuqd; no fp16): a dry
        run of this script itself.
 """
 import argparse
+import errno
 import glob
 import json
 import os
@@ -31,7 +33,7 @@ import tempfile
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-STAGES = ["build", "worker", "daemon", "throughput", "accuracy"]
+STAGES = ["build", "worker", "daemon", "limits", "throughput", "accuracy"]
 FASHION = "/usr/share/datasets/fashion-mnist"
 MLP = {"dataset": {"kind": "fashion-mnist"}, "model": {"kind": "mlp", "hidden": [256, 128]}, "epochs": 2,
        "batch_size": 128, "log_every": 50}
@@ -341,6 +343,110 @@ def stage_daemon(c, a):
         if len(doc.get("gpus", [])) < 2:
             status, out = gpuq("submit", os.path.join(REPO, "jobs", "fashion-mnist-ddp.json"))
             c.that("a gang larger than the machine is refused with a reason", status != 0, out.strip())
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+
+
+LIMIT_TESTS = ["test_supervision.AttemptCgroups", "test_supervision.KernelLimits", "test_supervision.CgroupParent",
+               "test_reliability.OutOfMemory"]
+
+
+def cgroup_parent(c):
+    """A cgroup of the check's own directly below the v2 root, for --cgroup-parent: a container's
+    cgroup holds other processes and so hands no controller down, where a cgroup with none in it
+    does (the root gives its children every controller it has). None where there is no v2 root to
+    write to (then the tests say what is not in force, and skip)."""
+    mounts = [l.split() for l in open("/proc/self/mountinfo")]
+    root = next((f[4] for f in mounts if "-" in f and f[f.index("-") + 1] == "cgroup2" and f[3] == "/"), None)
+    if not root:
+        return None
+    parent = os.path.join(root, f"gpuq-check-{os.getpid()}")
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        c.say(f"no --cgroup-parent: cannot make {parent}: {e}")
+        return None
+    with open(os.path.join(parent, "cgroup.controllers")) as f:
+        c.say(f"--cgroup-parent {parent}, given: {f.read().strip()}")
+    return parent
+
+
+def stage_limits(c, a):
+    """The cgroup tests on this host (a GPU machine's kernel and cgroup layout, often v2 alone),
+    every gpuqd with --cgroup-parent (a cgroup of the check's own below the v2 root): as root on a
+    GPU machine none may skip, since each limit must be in force there. Then, on the real GPUs, a
+    job given none cannot open /dev/nvidia0 where the device limit is in force."""
+    parent = cgroup_parent(c)
+    try:
+        return limits_under(c, a, parent)
+    finally:
+        if parent:
+            try:
+                os.rmdir(parent)
+            except OSError as e:
+                c.say(f"{parent} left behind: {e}")
+
+
+def limits_under(c, a, parent):
+    env = {"GPUQ_BIN_DIR": os.path.join(a.build, "bin"), "PYTHONUNBUFFERED": "1",
+           "GPUQ_TEST_CGROUP_PARENT": parent or ""}
+    status, out = c.run([a.python, "-m", "unittest", "-v", *LIMIT_TESTS], env=env, cwd=os.path.join(REPO, "tests/integration"),
+                        timeout=900)
+    skipped = [l.strip() for l in out.splitlines() if " skipped " in l]
+    c.that("the cgroup integration tests pass", status == 0, out.strip().splitlines()[-1] if out.strip() else "")
+    if a.device == "cuda" and os.geteuid() == 0:
+        c.that("none of them skips as root", not skipped, skipped)
+    else:
+        c.say(f"skipped (not checked off a GPU machine or not as root): {skipped}")
+    if a.device != "cuda":
+        return
+    tmp = tempfile.mkdtemp(prefix="gpuq-limits-")
+    sock, state = os.path.join(tmp, "gpuqd.sock"), os.path.join(tmp, "state")
+    env = {"GPUQ_CONFIG": "", "GPUQ_SOCKET": sock, "GPUQ_STATE_DIR": state}
+    bin_dir = os.path.join(a.build, "bin")
+    log = open(os.path.join(a.out, "gpuqd-limits.log"), "w")
+    daemon = subprocess.Popen([os.path.join(bin_dir, "gpuqd"), "--foreground", "--socket", sock, "--state-dir", state,
+                               "--gpus", "nvml", *(["--cgroup-parent", parent] if parent else [])],
+                              stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **env))
+    gpuq = lambda *args: c.run([os.path.join(bin_dir, "gpuq"), *args], env=env, timeout=300)
+    try:
+        for _ in range(100):
+            if gpuq("status")[0] == 0:
+                break
+            time.sleep(0.1)
+        status, out = gpuq("gpus", "--json")
+        containment = json.loads(out).get("containment", "") if status == 0 else out
+        c.say(f"containment: {containment}")
+        if "the GPUs given (" not in containment:
+            c.that("the device limit is in force on the GPU machine", False, containment)
+            return
+        probe = ("import json, os, sys, torch\n"
+                 "try:\n"
+                 "    os.close(os.open('/dev/nvidia0', os.O_RDWR)); err = 0\n"
+                 "except OSError as e:\n"
+                 "    err = e.errno\n"
+                 "print(json.dumps([os.environ.get('CUDA_VISIBLE_DEVICES'), err, torch.cuda.device_count()]))\n")
+        ids = []
+        for gpus in (0, 1):
+            spec = os.path.join(tmp, f"probe{gpus}.json")
+            with open(spec, "w") as f:
+                json.dump({"name": f"probe{gpus}", "gpus": gpus, "retries": 0, "command": [a.python, "-c", probe]}, f)
+            status, out = gpuq("submit", "--json", spec)
+            ids += [str(i) for i in json.loads(out)["ids"]] if status == 0 else []
+        status, out = gpuq("wait", "--json", *ids)
+        said = []
+        for i in ids:
+            lines = gpuq("logs", i)[1].strip().splitlines()
+            try:
+                said.append(json.loads(lines[-1]))
+            except (IndexError, ValueError):
+                said.append(lines[-5:])
+        c.say(f"probes (CUDA_VISIBLE_DEVICES, errno of opening /dev/nvidia0, CUDA devices seen): {said}")
+        c.that("a job given no GPU cannot open /dev/nvidia0 (EPERM) and sees no CUDA device",
+               len(said) == 2 and said[0][1:] == [errno.EPERM, 0], said[:1])
+        c.that("a job given the GPU opens it and sees one CUDA device", len(said) == 2 and said[1][1:] == [0, 1],
+               said[1:])
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)

@@ -52,6 +52,11 @@ def wait_until(pred, timeout=20.0, interval=0.05, what="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+# A cgroup v2 directory every gpuqd of the tests makes its attempts' cgroups under (--cgroup-parent),
+# where gpuqd's own cgroup cannot hand controllers down (a container's, with other processes in it).
+CGROUP_PARENT = os.environ.get("GPUQ_TEST_CGROUP_PARENT", "")
+
+
 class Daemon:
     """One gpuqd in the foreground, as a child of the test."""
 
@@ -106,8 +111,8 @@ class Daemon:
     def defaults(self):
         """Test-friendly settings, unless the test gives its own."""
         out = []
-        for option, value in (("--grace", "2"), ("--retry-backoff", "0.2")):
-            if option not in self.extra:
+        for option, value in (("--grace", "2"), ("--retry-backoff", "0.2"), ("--cgroup-parent", CGROUP_PARENT)):
+            if value and option not in self.extra:
                 out += [option, value]
         return out
 

@@ -6,10 +6,11 @@ import errno
 import os
 import re
 import stat
+import subprocess
 import tempfile
 import unittest
 
-from harness import Daemon, DaemonTest, alive, pids_matching, wait_until
+from harness import BIN, Daemon, DaemonTest, alive, pids_matching, wait_until
 
 
 def read_pid(path):
@@ -194,8 +195,9 @@ class KernelLimits(DaemonTest):
 
     def test_a_job_cannot_open_the_device_nodes_of_gpus_it_was_not_given(self):
         self.need("the GPUs given")
-        # NVIDIA's major is 195, minor N is /dev/nvidiaN (a fake GPU's minor is its index). With no
-        # driver for 195 here, opening one the job may use says ENXIO; one it may not, EPERM.
+        # NVIDIA's major is 195, minor N is /dev/nvidiaN (a fake GPU's minor is its index). Opening
+        # one the job may use says ENXIO with no driver for 195, and opens on a GPU machine (whose
+        # GPU 0 has a driver); one it may not, EPERM.
         nodes = self.tmp_path("dev")
         os.mkdir(nodes)
         for minor in range(4):
@@ -222,9 +224,73 @@ class KernelLimits(DaemonTest):
             seen = eval(seen)  # a dict the probe printed
             for minor, err in seen.items():
                 if minor in mine:
-                    self.assertIn(err, (errno.ENXIO, errno.ENODEV), f"GPU {minor} is the job's: {seen}")
+                    self.assertIn(err, (0, errno.ENXIO, errno.ENODEV), f"GPU {minor} is the job's: {seen}")
                 else:
                     self.assertEqual(err, errno.EPERM, f"GPU {minor} is not the job's ({visible}): {seen}")
+
+
+def v2_mount():
+    """Where this process's cgroup v2 hierarchy is mounted (its root in it), or None."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            dash = fields.index("-")
+            if fields[dash + 1] == "cgroup2" and fields[3] == "/":
+                return fields[4]
+    return None
+
+
+class CgroupParent(DaemonTest):
+    """`--cgroup-parent DIR`: attempts' cgroups under a cgroup v2 directory of the admin's instead of
+    below gpuqd's own, which cannot hand controllers down while processes are in it (gpuqd's; a
+    container's others), and which a restart of gpuqd's service must find as it left it."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        self.d = Daemon(self.tmp, self.GPUS)  # started by each test
+
+    def test_a_parent_that_is_no_cgroup_v2_directory_stops_gpuqd_at_start_naming_it(self):
+        for parent in (self.tmp, "relative/dir", "/sys/fs/cgroup/gpuq-no-such-dir"):
+            r = subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.d.socket,
+                                "--state-dir", self.d.state, "--gpus", "fake:1", "--cgroup-parent", parent],
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(r.returncode, 0, parent)
+            self.assertRegex(r.stderr, r"(cgroup_parent|--cgroup-parent)[^\n]*" + re.escape(parent), r.stderr)
+        self.assertFalse(os.path.exists(self.d.socket), "gpuqd must not have started")
+
+    def test_attempts_run_under_the_parent_named_and_a_restarted_gpuqd_finds_them_there(self):
+        mount = v2_mount()
+        parent = os.path.join(mount or "/nonexistent", f"gpuq-it-parent-{os.getpid()}")
+        try:
+            os.mkdir(parent)
+        except OSError as e:
+            self.skipTest(f"cannot make a cgroup v2 directory here: {e}")
+        self.addCleanup(lambda: os.path.isdir(parent) and os.rmdir(parent))
+        self.d.extra = ["--cgroup-parent", parent]
+        self.d.start()
+        self.assertIsNotNone(self.d.cgroups, "gpuqd made no cgroup for its attempts")
+        self.assertTrue(self.d.cgroups.startswith(parent + "/gpuq-"), self.d.cgroups)
+        # Every controller of a limit that the parent is given is handed down and in force on v2.
+        containment = self.d.json("gpus")["containment"]
+        with open(os.path.join(parent, "cgroup.controllers")) as f:
+            given = f.read().split()
+        for controller, limit in (("memory", "memory per rank"), ("pids", "processes per attempt"),
+                                  ("cpuset", "each rank's cores")):
+            if controller in given:
+                self.assertIn(f"{limit} (v2)", containment)
+        where, go = self.tmp_path("cgroup"), self.tmp_path("go")
+        job = self.d.submit([{"name": "held", "retries": 0, "shell": f"cat /proc/self/cgroup > {where}.tmp && "
+                              f"mv {where}.tmp {where}; while [ ! -e {go} ]; do sleep 0.05; done"}])["ids"][0]
+        wait_until(lambda: os.path.exists(where), what="the job to say its cgroup")
+        with open(where) as f:
+            v2 = next(line.strip().split(":", 2)[2] for line in f if line.startswith("0::"))
+        self.assertTrue((mount.rstrip("/") + v2).startswith(self.d.cgroups + "/"), (v2, self.d.cgroups))
+        # gpuqd killed and started again: the attempt's cgroup is found under the same parent.
+        self.d.kill9()
+        self.d.start()
+        self.assertTrue(self.d.cgroups.startswith(parent + "/gpuq-"), self.d.cgroups)
+        open(go, "w").close()
+        self.assertEqual(self.d.wait([job], timeout=60)[job]["state"], "succeeded")
 
 
 if __name__ == "__main__":

@@ -318,7 +318,8 @@ TEST_CASE("cgroup v2's device program refuses the nodes it lists to the cgroup's
   if (!attached) {
     MESSAGE("skipped: " << attached.error().message);
   } else {
-    // A child in the cgroup opens both nodes: 195:0 is allowed (no driver here: ENXIO), 195:1 refused.
+    // A child in the cgroup opens both nodes: 195:0 is allowed (ENXIO without a driver; it opens
+    // on a GPU machine), 195:1 refused.
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
     if (child == 0) {
@@ -329,7 +330,8 @@ TEST_CASE("cgroup v2's device program refuses the nodes it lists to the cgroup's
         return fd >= 0 ? 0 : errno;
       };
       const int allowed = err_of("nvidia0"), refused = err_of("nvidia1");
-      ::_exit((allowed == ENXIO || allowed == ENODEV) && refused == EPERM ? 0 : 10 + (refused == EPERM));
+      ::_exit((allowed == 0 || allowed == ENXIO || allowed == ENODEV) && refused == EPERM ? 0
+                                                                                          : 10 + (refused == EPERM));
     }
     int status = 0;
     REQUIRE(::waitpid(child, &status, 0) == child);
@@ -577,9 +579,37 @@ TEST_CASE("limits on cgroup v2: the controllers given to gpuqd's cgroup, handed 
   REQUIRE(without);
   CHECK(without->where(gpuq::daemon::Limit::memory).empty());
   CHECK(without->describe_limits().find("limits in force: none; not in force: memory per rank: cgroup v2: the memory "
-                                        "controller is not given to gpuqd's cgroup " +
+                                        "controller is not given to the cgroup " +
                                         bare.path + "/svc; no v1 hierarchy has it") == 0);
   CHECK_FALSE(without->oom_kills(bare_base + "/1-attempt-1").has_value());
+}
+
+TEST_CASE("cgroup_parent: attempts' cgroups under the admin's v2 cgroup, which hands its controllers down") {
+  gpuq::testing::TempDir fs("gpuq-unit-cgroupfs");
+  REQUIRE(std::filesystem::create_directory(fs.path + "/svc"));  // gpuqd's own: given nothing
+  const std::string parent = fs.path + "/gpuq-jobs";
+  REQUIRE(std::filesystem::create_directory(parent));
+  write(parent + "/cgroup.controllers", "cpuset memory pids\n");
+  const CgroupHierarchy v2{true, {}, fs.path, "/", "/svc"};
+  const std::string base = named(Cgroups::open("/s", {v2}, parent).error().message, parent + "/gpuq-");
+  write(base + "/cgroup.procs", "");
+  auto cgroups = Cgroups::open("/s", {v2}, parent);
+  REQUIRE(cgroups);
+  CHECK(cgroups->base() == base);
+  CHECK_FALSE(std::filesystem::exists(fs.path + "/svc/gpuq-" + base.substr(base.rfind("gpuq-") + 5)));
+  for (auto limit : {gpuq::daemon::Limit::memory, gpuq::daemon::Limit::pids, gpuq::daemon::Limit::cpuset})
+    CHECK(cgroups->where(limit) == "v2");
+  CHECK(read(parent + "/cgroup.subtree_control") == "+cpuset");  // each written in turn: the last
+  // A directory outside the hierarchy gpuqd is in is refused, and none is made in its place.
+  gpuq::testing::TempDir elsewhere("gpuq-unit-cgroupfs");
+  auto refused = Cgroups::open("/s", {v2}, elsewhere.path);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message ==
+        "cgroup_parent " + elsewhere.path + " is not in the cgroup v2 hierarchy gpuqd is in");
+  // Not a cgroup v2 directory: gpuqd's start refuses it (the check on the real filesystem).
+  CHECK_FALSE(gpuq::daemon::check_cgroup_parent(elsewhere.path));
+  CHECK(gpuq::daemon::check_cgroup_parent("relative").error().message.find("not an absolute path") !=
+        std::string::npos);
 }
 
 TEST_CASE("limits on a hybrid host: v2 tracks, v1 hierarchies hold the limits v2 does not give") {
