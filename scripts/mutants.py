@@ -356,6 +356,13 @@ MUTANTS = [
     ("oom-count-read-before-removal", "daemon/local_executor.cpp",
      "      count_oom_kills(id, s.cgroup);\n      m_cgroups->remove(s.cgroup);", "      m_cgroups->remove(s.cgroup);",
      ["test_reliability.OutOfMemory"]),
+    ("cgroup-parent-used", "daemon/cgroups.cpp",
+     "(h->v2 && !v2_parent.empty() ? v2_parent : h->own_dir())", "(h->own_dir())",
+     ["unit:cgroup_parent*", "test_supervision.CgroupParent"]),
+    ("cgroup-parent-checked", "daemon/cgroups.cpp",
+     "  if (fs.f_type != CGROUP2_SUPER_MAGIC || !common::path_exists(dir + \"/cgroup.procs\"))",
+     "  if (false)",
+     ["unit:cgroup_parent*", "test_supervision.CgroupParent"]),
 ]
 
 
