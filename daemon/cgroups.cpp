@@ -375,17 +375,41 @@ std::vector<CgroupHierarchy> parse_cgroup_layout(const std::string& mountinfo, c
   return out;
 }
 
-Result<bool> check_cgroup_parent(const std::string& dir) {
+namespace {
+bool on_cgroup2(const std::string& path) {
   struct statfs fs {};
-  if (dir.empty() || dir.front() != '/')
-    return Error{ErrorCode::invalid_spec, "cgroup_parent " + dir + ": not an absolute path"};
-  if (::statfs(dir.c_str(), &fs) != 0)
-    return Error{ErrorCode::invalid_spec, "cgroup_parent " + dir + ": " + std::strerror(errno)};
-  if (fs.f_type != CGROUP2_SUPER_MAGIC || !common::path_exists(dir + "/cgroup.procs"))
-    return Error{ErrorCode::invalid_spec, "cgroup_parent " + dir +
-                                              ": not a cgroup v2 directory (make one with mkdir "
-                                              "in the v2 hierarchy, as root or a service given it with Delegate=yes)"};
-  return true;
+  return ::statfs(path.c_str(), &fs) == 0 && fs.f_type == CGROUP2_SUPER_MAGIC;
+}
+}  // namespace
+
+Result<std::string> check_cgroup_parent(const std::string& dir) {
+  const auto refuse = [&](const std::string& why) {
+    return Error{ErrorCode::invalid_spec, "cgroup_parent " + dir + ": " + why};
+  };
+  if (dir.empty() || dir.front() != '/') return refuse("not an absolute path");
+  // cgroupfs is not kept over a reboot: a parent gone with it is made again below one that is a
+  // cgroup v2 directory.
+  const std::string trimmed = dir.substr(0, dir.find_last_not_of('/') + 1);  // no trailing '/'
+  const std::string up = trimmed.substr(0, trimmed.rfind('/'));
+  if (!common::path_exists(dir) && !up.empty() && on_cgroup2(up) && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return refuse(std::string("cannot make it: ") + std::strerror(errno));
+  char resolved[PATH_MAX];
+  if (!::realpath(dir.c_str(), resolved)) return refuse(std::strerror(errno));
+  const std::string path = resolved;
+  if (!on_cgroup2(path) || !common::path_exists(path + "/cgroup.procs"))
+    return refuse(
+        "not a cgroup v2 directory (make one with mkdir in the v2 hierarchy, as root or as a service "
+        "given it with Delegate=yes)");
+  // Whoever may write it may kill, freeze or starve every job below it: gpuqd's user alone.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return refuse(std::strerror(errno));
+  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0)
+    return refuse("owned by uid " + std::to_string(st.st_uid) + " with mode " + std::to_string(st.st_mode & 0777) +
+                  ": it must be gpuqd's user's alone (who may write it may kill or freeze every job below it)");
+  // The root has no cgroup.events and may hold processes; any other hands no controller down then.
+  if (common::path_exists(path + "/cgroup.events") && !pids_in(path).empty())
+    return refuse("has processes in it, so it can hand no controller down: name one with none in it");
+  return path;
 }
 
 Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::string& v2_parent) {
@@ -406,13 +430,28 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
     tried += (tried.empty() ? "" : "; ") + kind + ": " + why;
   };
   if (!v2_parent.empty() && std::none_of(order.begin(), order.end(), [&](const CgroupHierarchy* h) {
-        return h->v2 && v2_parent.compare(0, h->mount.size() + 1, h->mount + "/") == 0;
+        return h->v2 && (v2_parent == h->mount || v2_parent.compare(0, h->mount.size() + 1, h->mount + "/") == 0);
       }))
     return Error{ErrorCode::unavailable,
                  "cgroup_parent " + v2_parent + " is not in the cgroup v2 hierarchy gpuqd is in"};
+  // Where this state dir's attempts ran before on v2 (its record, or below gpuqd's own cgroup).
+  const std::string record = state_dir + "/cgroup-base";
+  const std::string recorded = first_line(record);
   for (const CgroupHierarchy* h : order) {
     const std::string base = (h->v2 && !v2_parent.empty() ? v2_parent : h->own_dir()) + "/gpuq-" + tag_of(state_dir);
     const std::string kind = h->v2 ? "v2" : "v1 (" + h->controllers.front() + ")";
+    // A base that moved (cgroup_parent set, changed or dropped) while attempts still ran in the
+    // old one would find none of them again, and run them a second time beside their processes.
+    for (const std::string& before : {recorded, h->own_dir() + "/gpuq-" + tag_of(state_dir)}) {
+      if (!h->v2 || before.empty() || before == base || !common::path_exists(before)) continue;
+      if (keyed(before + "/cgroup.events", "populated").value_or(0) != 0)
+        return Error{ErrorCode::wrong_state, "attempts of this state dir still run in " + before +
+                                                 ", where gpuqd put them before cgroup_parent changed to \"" +
+                                                 v2_parent + "\": let them end (or cancel them) first"};
+      const auto groups = tree(before);
+      for (auto it = groups.rbegin(); it != groups.rend(); ++it)
+        ::rmdir(it->c_str());
+    }
     if (::mkdir(base.c_str(), 0755) != 0 && errno != EEXIST) {
       refused(kind, "cannot make " + base + ": " + std::strerror(errno));
       if (h->v2 && !v2_parent.empty()) break;  // the admin's choice: not another in its place
@@ -423,6 +462,7 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
       continue;
     }
     Cgroups c;
+    c.m_parent = h->v2 ? v2_parent : std::string();
     c.m_base = base;
     c.m_v2 = h->v2;
     c.m_has_kill = h->v2 && common::path_exists(base + "/cgroup.kill");
@@ -431,6 +471,7 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
     c.m_controller = h->v2 ? std::string() : h->controllers.front();
     c.m_hierarchies.push_back({base, h->v2, h->controllers});
     c.find_limits(hierarchies, tag_of(state_dir));
+    if (h->v2 && recorded != base) std::ofstream(record) << base << "\n";  // a state dir that is there
     return c;
   }
   return Error{ErrorCode::unavailable, tried.empty() ? "no cgroup hierarchy places gpuqd" : tried};
@@ -471,9 +512,10 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
         // processes too). gpuqd does not move itself into a leaf below it, as a lone service might:
         // under systemd a restart would then find controllers enabled in the service's cgroup, where
         // jobs kept running, and fail to place the new gpuqd there (EBUSY).
-        why = "cgroup v2: " + on.error().message +
-              " (a cgroup with processes in it hands no controller down unless it is the root: name a cgroup with "
-              "none in it for the jobs with --cgroup-parent)";
+        why =
+            "cgroup v2: " + on.error().message +
+            " (a cgroup with processes in it hands no controller down unless it is the root" +
+            (own == m_parent ? std::string(")") : ": name a cgroup with none in it for the jobs with --cgroup-parent)");
       } else if (auto down = put(tracking.base + "/cgroup.subtree_control", "+" + controller); !down) {
         why = "cgroup v2: " + down.error().message;
       } else {

@@ -65,9 +65,11 @@ Result<bool> deny_devices_bpf(const std::string& dir, const std::vector<std::pai
 constexpr std::array<Limit, 4> k_limits = {Limit::memory, Limit::pids, Limit::cpuset, Limit::devices};
 const char* controller_of(Limit limit);  // "memory", "pids", "cpuset", "devices"
 
-// Whether `dir` can be gpuqd's `cgroup_parent`: an absolute path to a directory of a cgroup v2
-// filesystem; an error says what it is instead.
-Result<bool> check_cgroup_parent(const std::string& dir);
+// Whether `dir` can be gpuqd's `cgroup_parent`, and its path with every link resolved: an absolute
+// path to a cgroup v2 directory, gpuqd's user's alone (not writable by others), with no process
+// in it unless it is the root. One that is missing (cgroupfs is not kept over a reboot) is made
+// where its parent is a cgroup v2 directory. An error says what is wrong with it.
+Result<std::string> check_cgroup_parent(const std::string& dir);
 
 class Cgroups {
  public:
@@ -146,6 +148,7 @@ class Cgroups {
   // The attempt's name in every hierarchy, from its tracking cgroup `dir`.
   std::string name_of(const std::string& dir) const;
   std::string m_base;
+  std::string m_parent;  // cgroup_parent, where given
   bool m_v2 = false;
   bool m_has_kill = false;  // v2's cgroup.kill (Linux 5.14)
   std::string m_mount, m_root;  // the hierarchy's mount point, and the part of it mounted there

@@ -185,11 +185,14 @@ Step resolve_paths(Config& config) {
     std::cerr << "gpuqd: job supervisor " << config.shim_path << " is missing or not executable\n";
     return 1;
   }
-  if (!config.cgroup_parent.empty())
-    if (auto ok = gpuq::daemon::check_cgroup_parent(config.cgroup_parent); !ok) {
-      std::cerr << "gpuqd: " << ok.error().message << "\n";
+  if (!config.cgroup_parent.empty()) {
+    auto parent = gpuq::daemon::check_cgroup_parent(config.cgroup_parent);
+    if (!parent) {
+      std::cerr << "gpuqd: " << parent.error().message << "\n";
       return 1;
     }
+    config.cgroup_parent = *parent;  // every link resolved: compared with what /proc/PID/cgroup says
+  }
   return std::nullopt;
 }
 
@@ -319,6 +322,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (auto end = lock_state_dir(s.config)) return *end;
+  // No start where the admin named where jobs' cgroups go and none can be made there, nor where
+  // attempts still run in a cgroup that is no longer where gpuqd would look for them. Elsewhere a
+  // host without cgroups is no error: gpuqd tracks jobs by process tree, and says so.
+  if (auto cgroups = gpuq::daemon::Cgroups::open(s.config.state_dir, s.config.cgroup_parent);
+      !cgroups && (!s.config.cgroup_parent.empty() || cgroups.error().code == gpuq::ErrorCode::wrong_state)) {
+    report_ready(cgroups.error().message);
+    return 1;
+  }
   auto store = open_store(s);
   if (!store) {
     report_ready(store.error().message);

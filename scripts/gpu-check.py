@@ -355,12 +355,21 @@ LIMIT_TESTS = ["test_supervision.AttemptCgroups", "test_supervision.KernelLimits
 def cgroup_parent(c):
     """A cgroup of the check's own directly below the v2 root, for --cgroup-parent: a container's
     cgroup holds other processes and so hands no controller down, where a cgroup with none in it
-    does (the root gives its children every controller it has). None where there is no v2 root to
-    write to (then the tests say what is not in force, and skip)."""
-    mounts = [l.split() for l in open("/proc/self/mountinfo")]
+    does (the root hands its children what its subtree_control has: memory, pids and cpuset are
+    enabled there first). None where there is no v2 root to write to (then the tests say what is
+    not in force, and skip)."""
+    with open("/proc/self/mountinfo") as f:
+        mounts = [l.split() for l in f]
     root = next((f[4] for f in mounts if "-" in f and f[f.index("-") + 1] == "cgroup2" and f[3] == "/"), None)
     if not root:
+        c.say("no --cgroup-parent: no cgroup v2 hierarchy mounted at its root here")
         return None
+    for controller in ("memory", "pids", "cpuset"):
+        try:
+            with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+                f.write("+" + controller)
+        except OSError as e:
+            c.say(f"cannot enable {controller} in {root}/cgroup.subtree_control: {e}")
     parent = os.path.join(root, f"gpuq-check-{os.getpid()}")
     try:
         os.makedirs(parent, exist_ok=True)
@@ -421,12 +430,15 @@ def limits_under(c, a, parent):
         if "the GPUs given (" not in containment:
             c.that("the device limit is in force on the GPU machine", False, containment)
             return
-        probe = ("import json, os, sys, torch\n"
-                 "try:\n"
-                 "    os.close(os.open('/dev/nvidia0', os.O_RDWR)); err = 0\n"
-                 "except OSError as e:\n"
-                 "    err = e.errno\n"
-                 "print(json.dumps([os.environ.get('CUDA_VISIBLE_DEVICES'), err, torch.cuda.device_count()]))\n")
+        # Every GPU node there is (a container may hold /dev/nvidia3 alone): errno of opening each.
+        probe = ("import glob, json, os, re, torch\n"
+                 "seen = {}\n"
+                 "for node in sorted(n for n in glob.glob('/dev/nvidia*') if re.fullmatch(r'/dev/nvidia[0-9]+', n)):\n"
+                 "    try:\n"
+                 "        os.close(os.open(node, os.O_RDWR)); seen[node] = 0\n"
+                 "    except OSError as e:\n"
+                 "        seen[node] = e.errno\n"
+                 "print(json.dumps([os.environ.get('CUDA_VISIBLE_DEVICES'), seen, torch.cuda.device_count()]))\n")
         ids = []
         for gpus in (0, 1):
             spec = os.path.join(tmp, f"probe{gpus}.json")
@@ -442,11 +454,13 @@ def limits_under(c, a, parent):
                 said.append(json.loads(lines[-1]))
             except (IndexError, ValueError):
                 said.append(lines[-5:])
-        c.say(f"probes (CUDA_VISIBLE_DEVICES, errno of opening /dev/nvidia0, CUDA devices seen): {said}")
-        c.that("a job given no GPU cannot open /dev/nvidia0 (EPERM) and sees no CUDA device",
-               len(said) == 2 and said[0][1:] == [errno.EPERM, 0], said[:1])
-        c.that("a job given the GPU opens it and sees one CUDA device", len(said) == 2 and said[1][1:] == [0, 1],
-               said[1:])
+        c.say(f"probes (CUDA_VISIBLE_DEVICES, errno of opening each GPU node, CUDA devices seen): {said}")
+        ok = len(said) == 2 and all(isinstance(s, list) and len(s) == 3 and s[1] for s in said)
+        c.that("a job given no GPU can open no GPU node (EPERM) and sees no CUDA device",
+               ok and set(said[0][1].values()) == {errno.EPERM} and said[0][2] == 0, said[:1])
+        c.that("a job given one GPU opens its node alone and sees one CUDA device",
+               ok and sorted(said[1][1].values()).count(0) == 1
+               and set(said[1][1].values()) <= {0, errno.EPERM} and said[1][2] == 1, said[1:])
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)

@@ -249,23 +249,69 @@ class CgroupParent(DaemonTest):
         self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
         self.d = Daemon(self.tmp, self.GPUS)  # started by each test
 
-    def test_a_parent_that_is_no_cgroup_v2_directory_stops_gpuqd_at_start_naming_it(self):
-        for parent in (self.tmp, "relative/dir", "/sys/fs/cgroup/gpuq-no-such-dir"):
-            r = subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.d.socket,
-                                "--state-dir", self.d.state, "--gpus", "fake:1", "--cgroup-parent", parent],
-                               capture_output=True, text=True, timeout=60)
-            self.assertNotEqual(r.returncode, 0, parent)
-            self.assertRegex(r.stderr, r"(cgroup_parent|--cgroup-parent)[^\n]*" + re.escape(parent), r.stderr)
+    def refused(self, parent):
+        """gpuqd's start with `--cgroup-parent parent`: its exit status and what it said."""
+        r = subprocess.run([os.path.join(BIN, "gpuqd"), "--foreground", "--socket", self.d.socket,
+                            "--state-dir", self.d.state, "--gpus", "fake:1", "--cgroup-parent", parent],
+                           capture_output=True, text=True, timeout=60)
         self.assertFalse(os.path.exists(self.d.socket), "gpuqd must not have started")
+        return r.returncode, r.stderr
 
-    def test_attempts_run_under_the_parent_named_and_a_restarted_gpuqd_finds_them_there(self):
+    def v2_dir(self, name):
+        """A fresh cgroup v2 directory below the hierarchy's root, removed after the test."""
         mount = v2_mount()
-        parent = os.path.join(mount or "/nonexistent", f"gpuq-it-parent-{os.getpid()}")
+        if not mount:
+            self.skipTest("no cgroup v2 hierarchy mounted at its root here")
+        path = os.path.join(mount, f"gpuq-it-{name}-{os.getpid()}")
         try:
-            os.mkdir(parent)
+            os.mkdir(path)
         except OSError as e:
             self.skipTest(f"cannot make a cgroup v2 directory here: {e}")
-        self.addCleanup(lambda: os.path.isdir(parent) and os.rmdir(parent))
+        self.addCleanup(lambda: os.path.isdir(path) and os.rmdir(path))
+        return mount, path
+
+    def test_a_parent_that_is_no_cgroup_v2_directory_stops_gpuqd_at_start_naming_it(self):
+        for parent in (self.tmp, "relative/dir", self.tmp_path("missing/gpuq-no-such-dir")):
+            status, said = self.refused(parent)
+            self.assertNotEqual(status, 0, parent)
+            self.assertRegex(said, r"(cgroup_parent|--cgroup-parent)[^\n]*" + re.escape(parent), said)
+
+    def test_a_parent_others_may_write_or_with_processes_in_it_is_refused(self):
+        _, parent = self.v2_dir("open")
+        os.chmod(parent, 0o777)
+        status, said = self.refused(parent)
+        self.assertNotEqual(status, 0)
+        self.assertIn(f"cgroup_parent {parent}: owned by uid {os.geteuid()} with mode 511: it must be gpuqd's", said)
+        os.chmod(parent, 0o755)
+        sleeper = subprocess.Popen(["sleep", "60"])
+        self.addCleanup(lambda: (sleeper.kill(), sleeper.wait()))
+        with open(os.path.join(parent, "cgroup.procs"), "w") as f:
+            f.write(str(sleeper.pid))
+        status, said = self.refused(parent)
+        self.assertNotEqual(status, 0)
+        self.assertIn(f"cgroup_parent {parent}: has processes in it", said)
+        sleeper.kill()
+        sleeper.wait()
+        def procs():
+            with open(os.path.join(parent, "cgroup.procs")) as f:
+                return f.read().strip()
+        wait_until(lambda: not procs(), what="the sleeper to go")
+
+    def held_job(self, name):
+        """A job that records its cgroup, leaves a `setsid` child (its pid in <name>.pid) and waits
+        for <name>.go."""
+        where, pid_file, go = self.tmp_path(f"{name}.cgroup"), self.tmp_path(f"{name}.pid"), self.tmp_path(f"{name}.go")
+        shell = (f"cat /proc/self/cgroup > {where}.tmp && mv {where}.tmp {where}; "
+                 f"setsid sh -c 'echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; exec sleep 1000' & "
+                 f"while [ ! -e {go} ]; do sleep 0.05; done")
+        job = self.d.submit([{"name": name, "retries": 0, "shell": shell}])["ids"][0]
+        wait_until(lambda: os.path.exists(where) and os.path.exists(pid_file), what="the job to start")
+        with open(where) as f:
+            v2 = next(line.strip().split(":", 2)[2] for line in f if line.startswith("0::"))
+        return job, v2, read_pid(pid_file)
+
+    def test_attempts_run_under_the_parent_and_a_restarted_gpuqd_kills_them_there(self):
+        mount, parent = self.v2_dir("parent")
         self.d.extra = ["--cgroup-parent", parent]
         self.d.start()
         self.assertIsNotNone(self.d.cgroups, "gpuqd made no cgroup for its attempts")
@@ -278,20 +324,40 @@ class CgroupParent(DaemonTest):
                                   ("cpuset", "each rank's cores")):
             if controller in given:
                 self.assertIn(f"{limit} (v2)", containment)
-        where, go = self.tmp_path("cgroup"), self.tmp_path("go")
-        job = self.d.submit([{"name": "held", "retries": 0, "shell": f"cat /proc/self/cgroup > {where}.tmp && "
-                              f"mv {where}.tmp {where}; while [ ! -e {go} ]; do sleep 0.05; done"}])["ids"][0]
-        wait_until(lambda: os.path.exists(where), what="the job to say its cgroup")
-        with open(where) as f:
-            v2 = next(line.strip().split(":", 2)[2] for line in f if line.startswith("0::"))
+        job, v2, child = self.held_job("held")
         self.assertTrue((mount.rstrip("/") + v2).startswith(self.d.cgroups + "/"), (v2, self.d.cgroups))
-        # gpuqd killed and started again: the attempt's cgroup is found under the same parent.
+        # gpuqd killed and started again: the attempt is found in its cgroup under the same parent,
+        # and cancelling it kills its `setsid` child there too.
         self.d.kill9()
         self.d.start()
         self.assertTrue(self.d.cgroups.startswith(parent + "/gpuq-"), self.d.cgroups)
-        open(go, "w").close()
-        self.assertEqual(self.d.wait([job], timeout=60)[job]["state"], "succeeded")
+        self.d.ok("cancel", str(job))
+        self.assertEqual(self.d.wait([job], timeout=60)[job]["state"], "cancelled")
+        wait_until(lambda: not alive(child), what="the job's setsid child to be killed")
 
+    def test_no_start_while_attempts_run_where_gpuqd_no_longer_looks(self):
+        _, parent = self.v2_dir("moved")
+        self.d.extra = ["--cgroup-parent", parent]
+        self.d.start()
+        if not self.d.cgroups or not self.d.cgroups.startswith(parent):
+            self.fail(f"no attempts' cgroup under {parent}: {self.d.cgroups}")
+        job, _, child = self.held_job("moved")
+        old_base = self.d.cgroups
+        self.d.kill9()
+        # Without the parent the attempt would not be found: its cgroup is elsewhere.
+        self.d.extra = []
+        with self.assertRaises(AssertionError):
+            self.d.start()
+        with open(self.tmp_path("gpuqd.log")) as f:
+            self.assertIn(f"attempts of this state dir still run in {old_base}, where gpuqd put them before "
+                          f"cgroup_parent changed", f.read())
+        self.assertTrue(alive(child))
+        # Back where they are: found, and ended by a cancel.
+        self.d.extra = ["--cgroup-parent", parent]
+        self.d.start()
+        self.d.ok("cancel", str(job))
+        self.assertEqual(self.d.wait([job], timeout=60)[job]["state"], "cancelled")
+        wait_until(lambda: not alive(child), what="the job's setsid child to be killed")
 
 if __name__ == "__main__":
     unittest.main()

@@ -600,6 +600,22 @@ TEST_CASE("cgroup_parent: attempts' cgroups under the admin's v2 cgroup, which h
   for (auto limit : {gpuq::daemon::Limit::memory, gpuq::daemon::Limit::pids, gpuq::daemon::Limit::cpuset})
     CHECK(cgroups->where(limit) == "v2");
   CHECK(read(parent + "/cgroup.subtree_control") == "+cpuset");  // each written in turn: the last
+  // The hierarchy's root itself may be the parent (it hands down whatever it has).
+  const std::string tag = base.substr(base.rfind("gpuq-") + 5);
+  auto at_root = Cgroups::open("/s", {v2}, fs.path);
+  REQUIRE_FALSE(at_root);  // not a cgroup here (a fake one): its base is where it would be made
+  CHECK(named(at_root.error().message, fs.path + "/gpuq-") == fs.path + "/gpuq-" + tag);
+  // A base that moved while attempts still ran in the old one (below gpuqd's own cgroup here):
+  // no cgroups, so no start, as adoption would find none of them; an empty old one goes.
+  const std::string old = fs.path + "/svc/gpuq-" + tag;
+  REQUIRE(std::filesystem::create_directories(old + "/3-attempt-1"));
+  write(old + "/cgroup.events", "populated 1\nfrozen 0\n");
+  auto moved = Cgroups::open("/s", {v2}, parent);
+  REQUIRE_FALSE(moved);
+  CHECK(moved.error().code == gpuq::ErrorCode::wrong_state);
+  CHECK(moved.error().message.find("attempts of this state dir still run in " + old) == 0);
+  write(old + "/cgroup.events", "populated 0\nfrozen 0\n");
+  CHECK(Cgroups::open("/s", {v2}, parent));
   // A directory outside the hierarchy gpuqd is in is refused, and none is made in its place.
   gpuq::testing::TempDir elsewhere("gpuq-unit-cgroupfs");
   auto refused = Cgroups::open("/s", {v2}, elsewhere.path);
