@@ -232,7 +232,9 @@ const char* limit_file(Limit limit, bool v2) {
 
 }  // namespace
 
-Result<bool> deny_devices_bpf(const std::string& dir, const std::vector<std::pair<unsigned, unsigned>>& denied) {
+namespace {
+// A BPF_PROG_TYPE_CGROUP_DEVICE program refusing the character devices `denied`: its descriptor.
+Result<int> load_deny_program(const std::vector<std::pair<unsigned, unsigned>>& denied) {
   // r1: struct bpf_cgroup_dev_ctx {u32 access_type (access << 16 | type); u32 major; u32 minor}.
   std::vector<bpf_insn> prog;
   const auto insn = [&](int code, int dst, int src, int off, std::int64_t imm) {
@@ -286,24 +288,38 @@ Result<bool> deny_devices_bpf(const std::string& dir, const std::vector<std::pai
     return Error{ErrorCode::internal, std::string("cannot load a BPF device program: ") + std::strerror(err) +
                                           (said.empty() ? std::string() : " (" + said.substr(0, 300) + ")")};
   }
+  return fd;
+}
+
+Result<bool> attach_deny_program(const std::string& dir, int program) {
   const int group = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-  if (group < 0) {
-    const int err = errno;
-    ::close(fd);
-    return Error{ErrorCode::internal, "cannot open " + dir + ": " + std::strerror(err)};
-  }
+  if (group < 0) return Error{ErrorCode::internal, "cannot open " + dir + ": " + std::strerror(errno)};
   bpf_attr attach{};
   attach.target_fd = static_cast<std::uint32_t>(group);
-  attach.attach_bpf_fd = static_cast<std::uint32_t>(fd);
+  attach.attach_bpf_fd = static_cast<std::uint32_t>(program);
   attach.attach_type = BPF_CGROUP_DEVICE;
   attach.attach_flags = BPF_F_ALLOW_MULTI;
   const long attached = ::syscall(SYS_bpf, BPF_PROG_ATTACH, &attach, sizeof(attach));
   const int err = errno;
   ::close(group);
-  ::close(fd);  // the cgroup holds the program now
-  if (attached != 0)
+  // EEXIST: this very program is attached there already (an attempt's cgroup found again).
+  if (attached != 0 && err != EEXIST)
     return Error{ErrorCode::internal, "cannot attach a BPF device program to " + dir + ": " + std::strerror(err)};
   return true;
+}
+}  // namespace
+
+Result<bool> deny_devices_bpf(const std::string& dir, const std::vector<std::pair<unsigned, unsigned>>& denied) {
+  auto program = load_deny_program(denied);
+  if (!program) return program.error();
+  auto attached = attach_deny_program(dir, *program);
+  ::close(*program);  // the cgroup holds it now
+  return attached;
+}
+
+Cgroups::Programs::~Programs() {
+  for (const auto& [denied, fd] : by_denied)
+    ::close(fd);
 }
 
 const char* controller_of(Limit limit) {
@@ -673,7 +689,20 @@ Result<bool> Cgroups::make_in(std::size_t i, const std::string& dir, const Attem
     if (auto ok = put(dir + "/pids.max", std::to_string(limits.pids)); !ok) return ok;
   if (in_force_at(Limit::devices, i)) {
     if (used.v2 && !limits.denied_devices.empty()) {  // a BPF program on the attempt's cgroup, its ranks' too
-      if (auto ok = deny_devices_bpf(dir, limits.denied_devices); !ok) return ok;
+      // Loaded (and verified) once for each set of nodes denied, then attached to each attempt's.
+      auto& programs = m_programs->by_denied;
+      auto known = programs.find(limits.denied_devices);
+      if (known == programs.end()) {
+        auto loaded = load_deny_program(limits.denied_devices);
+        if (!loaded) return loaded.error();
+        if (programs.size() >= 64) {  // bounded: subsets of the GPUs; a box's distinct ones are few
+          for (const auto& [denied, fd] : programs)
+            ::close(fd);
+          programs.clear();
+        }
+        known = programs.emplace(limits.denied_devices, *loaded).first;
+      }
+      if (auto ok = attach_deny_program(dir, known->second); !ok) return ok;
     } else if (!used.v2) {
       for (const auto& [major, minor] : limits.denied_devices)
         if (auto ok = put(dir + "/devices.deny", "c " + std::to_string(major) + ":" + std::to_string(minor) + " rwm");
@@ -785,7 +814,13 @@ bool Cgroups::empty(const std::string& dir) const {
 void Cgroups::remove(const std::string& dir) const {
   const std::string name = name_of(dir);
   for (const Used& used : m_hierarchies) {
-    const auto groups = tree(used.base + "/" + name);
+    // The ranks' as make() made them (rank-0 up), then the attempt's: no listing of a cgroup's
+    // files where all is as made. One that stays (a root job's own cgroups below) is walked.
+    const std::string group = used.base + "/" + name;
+    for (int r = 0; r < 4096; ++r)  // until one is not there (or cannot be seen: EACCES)
+      if (::rmdir((group + "/rank-" + std::to_string(r)).c_str()) != 0 && errno != EBUSY && errno != ENOTEMPTY) break;
+    if (::rmdir(group.c_str()) == 0 || errno == ENOENT) continue;
+    const auto groups = tree(group);
     for (auto it = groups.rbegin(); it != groups.rend(); ++it)  // the deepest first
       ::rmdir(it->c_str());
   }

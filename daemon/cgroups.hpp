@@ -20,6 +20,8 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -147,6 +149,15 @@ class Cgroups {
   std::string named(const std::string& dir) const;
   // The attempt's name in every hierarchy, from its tracking cgroup `dir`.
   std::string name_of(const std::string& dir) const;
+  // The device programs loaded, by the nodes they deny (descriptors, closed with the last copy).
+  struct Programs {
+    std::map<std::vector<std::pair<unsigned, unsigned>>, int> by_denied;
+    Programs() = default;
+    Programs(const Programs&) = delete;
+    Programs& operator=(const Programs&) = delete;
+    ~Programs();
+  };
+  std::shared_ptr<Programs> m_programs = std::make_shared<Programs>();
   std::string m_base;
   std::string m_parent;  // cgroup_parent, where given
   bool m_v2 = false;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -266,6 +267,41 @@ std::string health_problem(const GpuHealth& now, std::optional<std::uint64_t> ec
   return "";
 }
 
+namespace {
+// The minors of `dev`'s /dev/nvidiaN character nodes (nvidiactl is 255, nvidia-modeset 254: not
+// named so), listed again only when the directory changed (a node made or removed changes its
+// mtime): an attempt's start reads no directory of a few hundred entries.
+std::vector<unsigned> nvidia_node_minors(const std::string& dev) {
+  struct Seen {
+    std::string dev;
+    timespec mtime{};
+    std::vector<unsigned> minors;
+  };
+  thread_local std::optional<Seen> seen;
+  struct stat d {};
+  const bool known = ::stat(dev.c_str(), &d) == 0;
+  if (known && seen && seen->dev == dev && seen->mtime.tv_sec == d.st_mtim.tv_sec &&
+      seen->mtime.tv_nsec == d.st_mtim.tv_nsec)
+    return seen->minors;
+  std::vector<unsigned> minors;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dev, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= 6 || name.compare(0, 6, "nvidia") != 0 ||
+        name.find_first_not_of("0123456789", 6) != std::string::npos)
+      continue;
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) != 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != k_nvidia_major) continue;
+    minors.push_back(minor(st.st_rdev));
+  }
+  if (known)
+    seen = Seen{dev, d.st_mtim, minors};
+  else
+    seen.reset();
+  return minors;
+}
+}  // namespace
+
 std::vector<std::pair<unsigned, unsigned>> denied_gpu_devices(const std::vector<Gpu>& gpus,
                                                               const std::vector<int>& given, const std::string& dev) {
   std::set<unsigned> mine, denied;
@@ -276,17 +312,10 @@ std::vector<std::pair<unsigned, unsigned>> denied_gpu_devices(const std::vector<
       (std::find(given.begin(), given.end(), g.index) != given.end() ? mine : denied)
           .insert(static_cast<unsigned>(g.minor));
   }
-  // /dev/nvidiaN: a GPU's node (nvidiactl is 255, nvidia-modeset 254: not named so).
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(all_known ? dev : std::string("/nonexistent"), ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() <= 6 || name.compare(0, 6, "nvidia") != 0 ||
-        name.find_first_not_of("0123456789", 6) != std::string::npos)
-      continue;
-    struct stat st {};
-    if (::stat(e.path().c_str(), &st) != 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != k_nvidia_major) continue;
-    if (!mine.count(minor(st.st_rdev))) denied.insert(minor(st.st_rdev));
-  }
+  // Every /dev/nvidiaN gpuqd does not serve too.
+  if (all_known)
+    for (unsigned m : nvidia_node_minors(dev))
+      if (!mine.count(m)) denied.insert(m);
   std::vector<std::pair<unsigned, unsigned>> out;
   for (unsigned m : denied)
     if (!mine.count(m)) out.emplace_back(k_nvidia_major, m);

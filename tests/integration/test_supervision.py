@@ -213,9 +213,11 @@ class KernelLimits(DaemonTest):
                  "    except OSError as e:\n"
                  "        seen[m] = e.errno\n"
                  "print(os.environ.get('CUDA_VISIBLE_DEVICES', ''), seen, file=open(sys.argv[2], 'w'))\n")
-        for gpus in (1, 2, 0):
-            out = self.tmp_path(f"devices-{gpus}")
-            _, done = self.run_job({"name": f"probe{gpus}", "command": ["python3", "-c", probe, nodes, out], "gpus": gpus})
+        # The second one-GPU job is given GPU 0 again: the program that refuses the others, loaded
+        # for the first, is attached to its cgroup too.
+        for i, gpus in enumerate((1, 2, 0, 1)):
+            out = self.tmp_path(f"devices-{i}")
+            _, done = self.run_job({"name": f"probe{i}", "command": ["python3", "-c", probe, nodes, out], "gpus": gpus})
             self.assertEqual(done["state"], "succeeded", done["reason"])
             with open(out) as f:
                 visible, seen = f.read().split(" ", 1)

@@ -159,6 +159,10 @@ TEST_CASE("the device nodes a job may not open: every GPU's but its own, and /de
     std::ofstream(dev + "/nvidia14") << "";
     CHECK(denied_gpu_devices(gpus, {0}, dev) == Devices{{195, 11}, {195, 12}});
     CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}});
+    // A node made since (the driver makes them at a first use): /dev is listed once, and again
+    // once it changed.
+    REQUIRE(node("nvidia15", 195, 15));
+    CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}, {195, 15}});
     // A GPU whose minor NVML did not give may be any node: the scan denies none (it could be the job's).
     Gpu unknown;
     unknown.index = 2;
