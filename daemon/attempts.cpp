@@ -183,8 +183,7 @@ void Attempts::start(Active& a) {
   // Each rank's cpuset: its cores, or where it has none the cores gpuqd may use (joining a cpuset
   // resets a process's affinity to it on kernels before 6.2; an unpinned rank had gpuqd's mask).
   limits.rank_cores = rank_cores(rec, m_machine.cores.cores);
-  if (limits.rank_cores.empty())
-    limits.rank_cores.assign(static_cast<std::size_t>(limits.ranks), m_machine.cores.cores);
+  limits.free_cores = m_machine.cores.cores;
   limits.denied_devices = denied_gpu_devices(m_machine.inventory.gpus(), rec.run.gpus);
   if (auto started = m_executor.start(attempt); !started) {
     std::cerr << "gpuqd: job " << a.rec.id << ": " << started.error().message << "\n";

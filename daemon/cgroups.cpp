@@ -629,15 +629,28 @@ std::string Cgroups::describe_limits() const {
          (not_in_force.empty() ? "" : "; not in force: " + not_in_force);
 }
 
-Result<std::vector<std::string>> Cgroups::make(const std::string& name, const AttemptLimits& limits) const {
-  std::vector<std::string> dirs;
+Result<std::vector<AttemptCgroup>> Cgroups::make(const std::string& name, const AttemptLimits& limits) const {
+  std::vector<AttemptCgroup> dirs;
+  std::vector<std::string> made_here;  // the attempt's own, to remove on an error (not a shared one)
   const auto undo = [&](Error e) {
-    for (const auto& made : dirs)
+    for (const auto& made : made_here)
       remove(made);
     return e;
   };
+  const bool pinned = std::any_of(limits.rank_cores.begin(), limits.rank_cores.end(),
+                                  [](const std::vector<int>& cores) { return !cores.empty(); });
   for (std::size_t i = 0; i < m_hierarchies.size(); ++i) {
     const Used& used = m_hierarchies[i];
+    // A v1 cpuset hierarchy that holds nothing else of an unpinned attempt: the one cgroup they
+    // all share (no cgroup of its own to make and remove at each start).
+    if (!pinned && i != 0 && in_force_at(Limit::cpuset, i) && !in_force_at(Limit::memory, i) &&
+        !in_force_at(Limit::pids, i) && !in_force_at(Limit::devices, i) && i != static_cast<std::size_t>(m_freeze)) {
+      auto shared = unpinned(i, common::format_cpu_list(limits.free_cores));
+      if (!shared)
+        return undo(Error{ErrorCode::internal, "cannot hold the attempt to its cores: " + shared.error().message});
+      dirs.push_back({*shared, false});
+      continue;
+    }
     const std::string dir = used.base + "/" + name;
     // gpuqd's own may have been removed meanwhile (by an admin, or by a service manager that took
     // the cgroup back): made again, as open() made it.
@@ -651,11 +664,26 @@ Result<std::vector<std::string>> Cgroups::make(const std::string& name, const At
     if (err == ENOENT) err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;  // its base made again (here, or by another)
     if (err != 0 && err != EEXIST)
       return undo(Error{ErrorCode::internal, "cannot make the attempt's cgroup " + dir + ": " + std::strerror(err)});
-    dirs.push_back(dir);
-    if (auto made = make_in(i, dir, limits); !made)
+    made_here.push_back(dir);
+    const bool per_rank =
+        (in_force_at(Limit::memory, i) && limits.memory_mb > 0) || (in_force_at(Limit::cpuset, i) && pinned);
+    dirs.push_back({dir, per_rank});
+    if (auto made = make_in(i, dir, limits, per_rank); !made)
       return undo(Error{ErrorCode::internal, "cannot hold the attempt to its limits: " + made.error().message});
   }
   return dirs;
+}
+
+Result<std::string> Cgroups::unpinned(std::size_t i, const std::string& cores) const {
+  const std::string dir = m_hierarchies[i].base + "/unpinned";
+  if (!m_unpinned_cores.empty() && m_unpinned_cores == cores && common::path_exists(dir + "/cgroup.procs")) return dir;
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno == ENOENT && ::mkdir(m_hierarchies[i].base.c_str(), 0755) == 0)
+    if (auto again = prepare_base(i); !again) return again.error();
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return Error{ErrorCode::internal, "cannot make " + dir + ": " + std::strerror(errno)};
+  if (auto given = give_cpuset(dir, cores); !given) return given.error();
+  m_unpinned_cores = cores;
+  return dir;
 }
 
 Result<bool> Cgroups::prepare_base(std::size_t i) const {
@@ -670,21 +698,25 @@ Result<bool> Cgroups::prepare_base(std::size_t i) const {
   return true;
 }
 
-Result<bool> Cgroups::make_in(std::size_t i, const std::string& dir, const AttemptLimits& limits) const {
+Result<bool> Cgroups::make_in(std::size_t i, const std::string& dir, const AttemptLimits& limits, bool per_rank) const {
   const Used& used = m_hierarchies[i];
   const bool memory = in_force_at(Limit::memory, i), cpuset = in_force_at(Limit::cpuset, i);
   std::set<int> all_cores;
   for (const auto& cores : limits.rank_cores)
     all_cores.insert(cores.begin(), cores.end());
-  const std::string attempt_cores = common::format_cpu_list({all_cores.begin(), all_cores.end()});
-  if (used.v2 && (memory || cpuset)) {  // handed down to the ranks' cgroups
+  // The attempt's cores: its ranks' together, or where it is unpinned those gpuqd may use.
+  const std::string attempt_cores = common::format_cpu_list(
+      all_cores.empty() ? limits.free_cores : std::vector<int>(all_cores.begin(), all_cores.end()));
+  if (used.v2 && per_rank && (memory || cpuset)) {  // handed down to the ranks' cgroups
     if (auto on = put(dir + "/cgroup.subtree_control",
                       std::string(memory ? "+memory" : "") + (memory && cpuset ? " " : "") + (cpuset ? "+cpuset" : ""));
         !on)
       return on;
   }
   if (cpuset && !used.v2)
-    if (auto given = give_cpuset(dir, all_cores.empty() ? "" : attempt_cores); !given) return given;
+    if (auto given = give_cpuset(dir, attempt_cores); !given) return given;
+  if (cpuset && used.v2 && !per_rank && !attempt_cores.empty())
+    if (auto ok = put(dir + "/cpuset.cpus", attempt_cores); !ok) return ok;
   if (in_force_at(Limit::pids, i) && limits.pids > 0)
     if (auto ok = put(dir + "/pids.max", std::to_string(limits.pids)); !ok) return ok;
   if (in_force_at(Limit::devices, i)) {
@@ -710,7 +742,7 @@ Result<bool> Cgroups::make_in(std::size_t i, const std::string& dir, const Attem
           return ok;
     }
   }
-  for (int r = 0; r < std::max(1, limits.ranks); ++r) {
+  for (int r = 0; per_rank && r < std::max(1, limits.ranks); ++r) {
     const std::string rank = dir + "/rank-" + std::to_string(r);
     if (::mkdir(rank.c_str(), 0755) != 0 && errno != EEXIST)
       return Error{ErrorCode::internal, "cannot make " + rank + ": " + std::strerror(errno)};
@@ -817,6 +849,7 @@ void Cgroups::remove(const std::string& dir) const {
     // The ranks' as make() made them (rank-0 up), then the attempt's: no listing of a cgroup's
     // files where all is as made. One that stays (a root job's own cgroups below) is walked.
     const std::string group = used.base + "/" + name;
+    if (::rmdir(group.c_str()) == 0 || errno == ENOENT) continue;  // one its ranks joined
     for (int r = 0; r < 4096; ++r)  // until one is not there (or cannot be seen: EACCES)
       if (::rmdir((group + "/rank-" + std::to_string(r)).c_str()) != 0 && errno != EBUSY && errno != ENOTEMPTY) break;
     if (::rmdir(group.c_str()) == 0 || errno == ENOENT) continue;
@@ -827,8 +860,10 @@ void Cgroups::remove(const std::string& dir) const {
 }
 
 void Cgroups::remove_base() const {
-  for (const Used& used : m_hierarchies)
+  for (const Used& used : m_hierarchies) {
+    ::rmdir((used.base + "/unpinned").c_str());  // the unpinned attempts' shared cpuset, once empty
     ::rmdir(used.base.c_str());
+  }
 }
 
 std::optional<std::int64_t> Cgroups::oom_kills(const std::string& dir) const {

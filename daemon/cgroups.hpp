@@ -51,12 +51,21 @@ struct AttemptLimits {
   int ranks = 1;                             // a cgroup `rank-R` each, R from 0
   std::int64_t memory_mb = 0;                // host memory (and swap) per rank; 0: none
   std::int64_t pids = 0;                     // processes and threads of the whole attempt; 0: none
-  std::vector<std::vector<int>> rank_cores;  // rank R's cpuset; none (or empty): gpuqd's own
+  std::vector<std::vector<int>> rank_cores;  // rank R's cpuset; none (or all empty): unpinned
+  std::vector<int> free_cores;               // an unpinned rank's cpuset: the cores gpuqd may use
   // Character devices (major, minor) the attempt may not open: the GPUs it was not given.
   std::vector<std::pair<unsigned, unsigned>> denied_devices;
 };
 
 enum class Limit { memory, pids, cpuset, devices };
+
+// An attempt's cgroup in one hierarchy, as its ranks join it: `rank-R` below `dir` each where a
+// limit is held per rank there (memory, or pinned cores), else `dir` itself. `dir` may be one
+// that unpinned attempts share (a v1 cpuset hierarchy that holds nothing else of theirs).
+struct AttemptCgroup {
+  std::string dir;
+  bool per_rank = false;
+};
 
 // cgroup v2 keeps devices by a BPF program (BPF_PROG_TYPE_CGROUP_DEVICE) attached to a cgroup:
 // one that refuses the character devices `denied` (major, minor) and allows the rest, attached to
@@ -95,7 +104,7 @@ class Cgroups {
   // rank, and `limits` written where they are in force (made here, or found again after a
   // restart). `name`: unique among this gpuqd's attempts ("12-attempt-1"). A limit the kernel
   // refuses is an error that names it, and nothing is left made.
-  Result<std::vector<std::string>> make(const std::string& name, const AttemptLimits& limits = {}) const;
+  Result<std::vector<AttemptCgroup>> make(const std::string& name, const AttemptLimits& limits = {}) const;
   std::string path(const std::string& name) const { return m_base + "/" + name; }
   // Kills every process in the cgroup `dir`: cgroup.kill on v2 (all at once, forks included);
   // without it, SIGKILL through a pidfd to each process listed that is still in it when its pidfd
@@ -141,7 +150,9 @@ class Cgroups {
   void find_limits(const std::vector<CgroupHierarchy>& hierarchies, const std::string& tag);
   // The limits of `limits` in force in `used` written into the attempt's cgroup `dir` there and its
   // ranks' (made here).
-  Result<bool> make_in(std::size_t used, const std::string& dir, const AttemptLimits& limits) const;
+  Result<bool> make_in(std::size_t used, const std::string& dir, const AttemptLimits& limits, bool per_rank) const;
+  // The cgroup unpinned attempts share in the v1 cpuset hierarchy `used`, holding `cores`.
+  Result<std::string> unpinned(std::size_t used, const std::string& cores) const;
   bool in_force_at(Limit limit, std::size_t used) const {
     return m_where[static_cast<std::size_t>(limit)] == static_cast<int>(used);
   }
@@ -158,6 +169,7 @@ class Cgroups {
     ~Programs();
   };
   std::shared_ptr<Programs> m_programs = std::make_shared<Programs>();
+  mutable std::string m_unpinned_cores;  // what the shared `unpinned` cpuset holds; "": not made yet
   std::string m_base;
   std::string m_parent;  // cgroup_parent, where given
   bool m_v2 = false;

@@ -310,7 +310,7 @@ Descriptors descriptors() {
 }
 
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& adir,
-                             const std::vector<std::string>& cgroups) {
+                             const std::vector<AttemptCgroup>& cgroups) {
   // Its own small environment, not gpuqd's (common::supervisor_environment).
   const std::vector<std::string> env = common::supervisor_environment();
   std::vector<char*> envp;
@@ -319,7 +319,7 @@ Result<int> spawn_supervisor(const std::string& shim_path, const std::string& ad
   try {
     std::vector<std::string> args{adir + "/launch.json"};
     for (const auto& cgroup : cgroups)
-      args.insert(args.end(), {"--cgroup", cgroup});
+      args.insert(args.end(), {cgroup.per_rank ? "--cgroup" : "--cgroup-whole", cgroup.dir});
     bp::child c(bp::exe = shim_path, bp::args = args, bp::std_in<bp::null, (bp::std_out & bp::std_err)> bp::null,
                 NewSession{}, EnvSetup{envp.data()}, bp::posix::use_vfork);
     int pid = c.id();

@@ -23,6 +23,7 @@
 #include "common/error.hpp"
 #include "common/process.hpp"
 #include "common/users.hpp"
+#include "daemon/cgroups.hpp"
 #include "daemon/store.hpp"
 
 namespace gpuq::daemon {
@@ -110,9 +111,10 @@ std::vector<int> usable_cores();
 
 // Spawns `shim_path attempt_dir/launch.json` in its own session; returns its pid. With `cgroups`
 // (the attempt's cgroup in each hierarchy, as Cgroups::make gives them), rank R joins `rank-R` of
-// each before it runs (the shim stays outside).
+// each (or the cgroup itself, where its ranks have none of their own) before it runs (the shim
+// stays outside).
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& attempt_dir,
-                             const std::vector<std::string>& cgroups = {});
+                             const std::vector<AttemptCgroup>& cgroups = {});
 
 // File descriptors. gpuqd raises its soft RLIMIT_NOFILE to the hard limit at start (every running
 // job holds one, every client one, a launch a few more for a moment), and gives what it spawns

@@ -148,7 +148,7 @@ class LocalExecutor final : public Executor {
   }
 
   Result<bool> start(const Attempt& attempt) override {
-    std::vector<std::string> cgroups;  // the attempt's in each hierarchy, the tracking one first
+    std::vector<AttemptCgroup> cgroups;  // the attempt's in each hierarchy, the tracking one first
     if (m_cgroups) {
       auto made = m_cgroups->make(cgroup_name(attempt), attempt.limits);
       if (!made) return made.error();
@@ -156,13 +156,13 @@ class LocalExecutor final : public Executor {
     }
     auto pid = spawn_supervisor(m_shim_path, attempt.dir, cgroups);
     if (!pid) {
-      if (m_cgroups) m_cgroups->remove(cgroups.front());
+      if (m_cgroups) m_cgroups->remove(cgroups.front().dir);
       return pid.error();
     }
     Shim& s = track(attempt.id);
     s.pid = {*pid, process_start_time(*pid).value_or(0)};
     s.own_child = true;
-    if (!cgroups.empty()) s.cgroup = cgroups.front();
+    if (!cgroups.empty()) s.cgroup = cgroups.front().dir;
     watch(attempt.id, s);
     enforce_timeout(attempt, s);
     return true;

@@ -205,9 +205,10 @@ struct RankSetup : bp::extend::handler {
   const CpuMask& cpus;
   const MemPolicy& memory;
   // The attempt's cgroup in each hierarchy (O_PATH descriptors the shim opened), the rank's
-  // `rank-R/cgroup.procs` below each, and what to say where one cannot be joined (the errno follows).
+  // `cgroup.procs` in each (`rank-R/cgroup.procs`, or the attempt's own where its ranks have no
+  // cgroup of their own there), and what to say where one cannot be joined (the errno follows).
   const std::vector<int>& cgroups;
-  const std::string& rank_procs;
+  const std::vector<std::string>& rank_procs;
   const std::vector<std::string>& join_failed;
   const Owner* owner = nullptr;  // lab mode: who the rank runs as; nullptr: the shim's own user
   int parent = 0;                // the supervisor's pid
@@ -217,7 +218,7 @@ struct RankSetup : bp::extend::handler {
     // 5.16 judges the write by the writer's file-system identity, not the opener's).
     if (owner) ::syscall(SYS_setfsuid, 0), ::syscall(SYS_setfsgid, 0);
     for (std::size_t i = 0; i < cgroups.size(); ++i) {
-      const int procs = ::openat(cgroups[i], rank_procs.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+      const int procs = ::openat(cgroups[i], rank_procs[i].c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
       if (procs < 0 || ::write(procs, "0", 1) != 1) {  // "0": the writer
         say_errno(join_failed[i], errno);
         ::_exit(126);
@@ -359,15 +360,18 @@ class Supervisor {
   // run_slurm_task).
   // `stop_file`: a file whose presence, once signals are caught, is a stop that came before.
   // `cgroups`: the attempt's cgroup in each hierarchy, as O_PATH descriptors, and their
-  // directories (for what a rank says when it cannot join); none: no cgroup.
+  // directories (for what a rank says when it cannot join); none: no cgroup. `per_rank`: for each,
+  // whether rank R joins `rank-R` below it (the default) or the cgroup itself.
   // `owner`: who the ranks run as, when this process is root and they are not to be (lab mode).
   explicit Supervisor(json doc, bool stop_on_urg = false, std::string stop_file = "", std::vector<int> cgroups = {},
-                      std::vector<std::string> cgroup_dirs = {}, std::optional<Owner> owner = std::nullopt)
+                      std::vector<std::string> cgroup_dirs = {}, std::optional<Owner> owner = std::nullopt,
+                      std::vector<bool> per_rank = {})
       : m_doc(std::move(doc)),
         m_stop_on_urg(stop_on_urg),
         m_stop_file(std::move(stop_file)),
         m_cgroups(std::move(cgroups)),
         m_cgroup_dirs(std::move(cgroup_dirs)),
+        m_per_rank(std::move(per_rank)),
         m_owner(std::move(owner)) {}
 
   ~Supervisor() { release_cgroup(); }
@@ -488,11 +492,15 @@ class Supervisor {
         std::vector<std::string> args(argv.begin() + 1, argv.end());
         // stdout and stderr go to `output`: the log file, or a pipe the shim copies from.
         const std::string chdir_failed = "gpuq: cannot enter the job's working directory " + cwd + "; not started\n";
-        // Its cgroup below the attempt's in each hierarchy (Cgroups::make made it).
-        const std::string rank_procs = "rank-" + std::to_string(rank.rank) + "/cgroup.procs";
-        std::vector<std::string> join_failed;
-        for (const auto& dir : m_cgroup_dirs)
-          join_failed.push_back("gpuq: cannot join the rank's cgroup " + dir + "/" + rank_procs + " (errno ");
+        // Its cgroup below the attempt's in each hierarchy, or the attempt's (Cgroups::make made it).
+        std::vector<std::string> rank_procs, join_failed;
+        for (std::size_t i = 0; i < m_cgroup_dirs.size(); ++i) {
+          rank_procs.push_back(i >= m_per_rank.size() || m_per_rank[i]
+                                   ? "rank-" + std::to_string(rank.rank) + "/cgroup.procs"
+                                   : std::string("cgroup.procs"));
+          join_failed.push_back("gpuq: cannot join the rank's cgroup " + m_cgroup_dirs[i] + "/" + rank_procs.back() +
+                                " (errno ");
+        }
         // stdin: nothing, or a file the doc names (an on_finish hook's job document), opened as
         // the user this process runs as.
         const std::string input = r.value("stdin", std::string());
@@ -707,6 +715,7 @@ class Supervisor {
   std::string m_stop_file;
   std::vector<int> m_cgroups;  // O_PATH, gpuqd's identity; closed once every rank has joined
   std::vector<std::string> m_cgroup_dirs;
+  std::vector<bool> m_per_rank;
   std::optional<Owner> m_owner;
   sigset_t m_signals{};
   std::vector<Rank> m_ranks;
@@ -816,7 +825,8 @@ bool take_owners_files(const json& doc, std::optional<Owner>& owner) {
   return true;
 }
 
-int run_supervisor(const std::string& launch_path, const std::vector<std::string>& cgroups) {
+int run_supervisor(const std::string& launch_path, const std::vector<std::string>& cgroups,
+                   const std::vector<bool>& per_rank) {
   auto doc = read_launch_document(launch_path);
   if (!doc) return 2;
   // Opened with gpuqd's identity (root in lab mode), before this process acts as the job's owner:
@@ -843,7 +853,7 @@ int run_supervisor(const std::string& launch_path, const std::vector<std::string
     return 2;
   }
   try {
-    Supervisor attempt(std::move(*doc), false, "", std::move(dirs), cgroups, std::move(owner));
+    Supervisor attempt(std::move(*doc), false, "", std::move(dirs), cgroups, std::move(owner), per_rank);
     const int written = attempt.run();
     return written != 0 ? written : attempt.succeeded() ? 0 : 1;
   } catch (const std::exception& e) {

@@ -29,11 +29,12 @@ namespace gpuq::supervisor {
 // when the launch document is unusable. gpuqd reads exit.json, not this; a Slurm batch job ends
 // with it, so that a job submitted --dependency=afterok on this one starts only after a success.
 // With `cgroups` (the attempt's cgroup in each hierarchy gpuqd uses), rank R joins `rank-R` of
-// each (the attempt's own where there is none) between fork and exec, before it takes the
+// each (the cgroup itself where `per_rank` says false for it) between fork and exec, before it takes the
 // owner's identity, through descriptors of their cgroup.procs opened with gpuqd's; the shim stays
 // outside. A rank that cannot join, or cannot become its owner, does not run (exit 126, its log
 // says why).
-int run_supervisor(const std::string& launch_path, const std::vector<std::string>& cgroups = {});
+int run_supervisor(const std::string& launch_path, const std::vector<std::string>& cgroups = {},
+                   const std::vector<bool>& per_rank = {});
 
 // One task of a job whose ranks Slurm's srun starts, one shim each, across nodes: runs only the
 // rank SLURM_PROCID names, with RANK, LOCAL_RANK and GROUP_RANK as Slurm placed it, and writes

@@ -193,6 +193,26 @@ class KernelLimits(DaemonTest):
         self.assertEqual(pinned + "]", "[" + after.strip().rstrip("]").lstrip("[") + "]",
                          "the rank took cores it was not given")
 
+    def test_an_unpinned_rank_cannot_leave_the_cores_gpuqd_may_use(self):
+        self.need("each rank's cores")
+        if len(os.sched_getaffinity(0)) < 2:
+            self.skipTest("needs two cores: gpuqd on one, the job trying the other")
+        core = min(os.sched_getaffinity(0))
+        self.d.stop()
+        self.d.start(cpus={core})  # as under taskset: gpuqd may use one core, its cgroup allows more
+        out = self.tmp_path("unpinned")
+        grab = ("import os, sys\n"
+                "try:\n"
+                "    os.sched_setaffinity(0, range(os.cpu_count()))\n"
+                "except OSError:\n"
+                "    pass\n"
+                "print(sorted(os.sched_getaffinity(0)), file=open(sys.argv[1], 'w'))\n")
+        for i in range(2):  # the second shares the first's cpuset where unpinned attempts share one
+            _, done = self.run_job({"name": f"unpinned{i}", "command": ["python3", "-c", grab, out]})
+            self.assertEqual(done["state"], "succeeded", done["reason"])
+            with open(out) as f:
+                self.assertEqual(f.read().strip(), str([core]), "an unpinned rank took cores gpuqd may not use")
+
     def test_a_job_cannot_open_the_device_nodes_of_gpus_it_was_not_given(self):
         self.need("the GPUs given")
         # NVIDIA's major is 195, minor N is /dev/nvidiaN (a fake GPU's minor is its index). Opening

@@ -91,9 +91,9 @@ std::string first_of(const std::string& path) {
 }
 
 // An attempt's tracking cgroup: the first of those make() gives.
-std::optional<std::string> made(gpuq::Result<std::vector<std::string>> dirs) {
+std::optional<std::string> made(gpuq::Result<std::vector<gpuq::daemon::AttemptCgroup>> dirs) {
   if (!dirs || dirs->empty()) return std::nullopt;
-  return dirs->front();
+  return dirs->front().dir;
 }
 
 }  // namespace
@@ -416,16 +416,16 @@ TEST_CASE("without cgroup.kill, a fork loop is frozen in one round and killed in
     }
   }
   ::close(go[0]);
-  for (const auto& dir : *dirs)
-    std::ofstream(dir + "/rank-0/cgroup.procs") << child << "\n";
+  for (const auto& group : *dirs)  // no limit per rank: the ranks join the attempt's cgroup itself
+    std::ofstream(group.dir + "/cgroup.procs") << child << "\n";
   REQUIRE(::write(go[1], "x", 1) == 1);
   ::close(go[1]);
   int status = 0;
   REQUIRE(::waitpid(child, &status, 0) == child);  // it forked on: its successors live in the cgroup
-  const std::string& dir = dirs->front();
+  const std::string& dir = dirs->front().dir;
   REQUIRE_FALSE(cgroups->empty(dir));
   cgroups->kill(dir);  // a round that asks for the freeze, and returns
-  const std::string freezer = dirs->back() + "/freezer.state";
+  const std::string freezer = dirs->back().dir + "/freezer.state";
   for (int i = 0; i < 2000 && first_of(freezer) != "FROZEN"; ++i)
     ::usleep(1000);
   CHECK(first_of(freezer) == "FROZEN");
@@ -437,7 +437,7 @@ TEST_CASE("without cgroup.kill, a fork loop is frozen in one round and killed in
   // die of its SIGKILL), and killed again until none is left.
   for (int i = 0; i < 1000 && !cgroups->empty(dir); ++i) {
     for (const auto& d : *dirs)
-      for (const std::string& group : {d, d + "/rank-0"}) {
+      for (const std::string& group : {d.dir, d.dir + "/rank-0"}) {
         if (std::filesystem::exists(group + "/freezer.state")) std::ofstream(group + "/freezer.state") << "THAWED\n";
         std::ifstream procs(group + "/cgroup.procs");
         for (int pid = 0; procs >> pid;)
@@ -553,7 +553,8 @@ TEST_CASE("limits on cgroup v2: the controllers given to gpuqd's cgroup, handed 
   auto dirs = cgroups->make("5-attempt-1", limits);
   REQUIRE(dirs);
   REQUIRE(dirs->size() == 1);  // v2 gives them all: one hierarchy
-  const std::string dir = dirs->front();
+  const std::string dir = dirs->front().dir;
+  CHECK(dirs->front().per_rank);  // memory and pinned cores per rank
   CHECK(dir == base + "/5-attempt-1");
   CHECK(read(dir + "/cgroup.subtree_control") == "+memory +cpuset");  // for the ranks' cgroups
   CHECK(read(dir + "/pids.max") == "100");
@@ -680,10 +681,14 @@ TEST_CASE("limits on a hybrid host: v2 tracks, v1 hierarchies hold the limits v2
   const std::vector<std::string> expected{base + "/6-attempt-3", fs.path + "/memory/sandbox/" + tag + "/6-attempt-3",
                                           fs.path + "/cpuset/" + tag + "/6-attempt-3",
                                           fs.path + "/devices/" + tag + "/6-attempt-3"};
-  CHECK(*dirs == expected);  // the tracking one first: the one the shim is told first
-  for (int r = 0; r < 2; ++r)
-    for (const auto& dir : expected)
-      CHECK(std::filesystem::is_directory(dir + "/rank-" + std::to_string(r)));
+  REQUIRE(dirs->size() == expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    CHECK((*dirs)[i].dir == expected[i]);  // the tracking one first: the one the shim is told first
+    // A cgroup per rank where a limit is held per rank: memory, and the pinned ranks' cores.
+    CHECK((*dirs)[i].per_rank == (i == 1 || i == 2));
+    for (int r = 0; r < 2; ++r)
+      CHECK(std::filesystem::is_directory(expected[i] + "/rank-" + std::to_string(r)) == (i == 1 || i == 2));
+  }
   CHECK(read(expected[1] + "/rank-1/memory.limit_in_bytes") == std::to_string(100 << 20));
   CHECK(read(expected[2] + "/cpuset.cpus") == "2-3");  // the attempt's: its ranks' together
   CHECK(read(expected[2] + "/rank-0/cpuset.cpus") == "2");
@@ -696,6 +701,26 @@ TEST_CASE("limits on a hybrid host: v2 tracks, v1 hierarchies hold the limits v2
   write(expected[1] + "/rank-0/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n");
   write(expected[1] + "/rank-1/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n");
   CHECK(cgroups->oom_kills(expected[0]) == 3);
+
+  // Unpinned, no memory limit: no cgroup per rank anywhere; the cpuset hierarchy, which holds
+  // nothing else of theirs, has one cgroup that unpinned attempts share, holding gpuqd's cores.
+  gpuq::daemon::AttemptLimits loose;
+  loose.ranks = 2;
+  loose.free_cores = {0, 1, 2};
+  for (const char* name : {"8-attempt-1", "9-attempt-1"}) {
+    auto shared = cgroups->make(name, loose);
+    REQUIRE(shared);
+    REQUIRE(shared->size() == 4);
+    CHECK((*shared)[2].dir == fs.path + "/cpuset/" + tag + "/unpinned");
+    for (const auto& group : *shared) {
+      CHECK_FALSE(group.per_rank);
+      CHECK_FALSE(std::filesystem::exists(group.dir + "/rank-0"));
+    }
+    CHECK((*shared)[1].dir == fs.path + "/memory/sandbox/" + tag + "/" + name);  // its own: its OOM kills
+  }
+  CHECK(read(fs.path + "/cpuset/" + tag + "/unpinned/cpuset.cpus") == "0-2");
+  CHECK(read(fs.path + "/cpuset/" + tag + "/unpinned/cpuset.mems") == "0");
+  CHECK_FALSE(std::filesystem::exists(fs.path + "/cpuset/" + tag + "/8-attempt-1"));
 
   // A limit the kernel refuses fails the start, naming the file.
   REQUIRE(std::filesystem::create_directories(fs.path + "/memory/sandbox/" + tag +
