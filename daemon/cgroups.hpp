@@ -13,9 +13,11 @@
 // Limits the kernel enforces come from the controllers given to gpuqd, on v2 where its cgroup has
 // them, else from a v1 hierarchy that has them (a hybrid host: v2 tracks, v1 memory limits): host
 // memory per rank, the processes of an attempt, each rank's cores, and the GPUs' device nodes an
-// attempt was not given. Each rank runs in a cgroup of its own below the attempt's (`rank-R`, in
-// every hierarchy used), which holds its memory limit and cpuset and counts its OOM kills. A limit
-// whose controller gpuqd was not given is not in force, and `describe()` says so and why.
+// attempt was not given. Where a limit is held per rank (memory_mb, pinned cores), each rank runs
+// in a cgroup of its own below the attempt's (`rank-R`, in the hierarchies that hold it); elsewhere
+// the ranks join the attempt's, and unpinned attempts share one in a v1 cpuset hierarchy that holds
+// nothing else of theirs: fewer cgroups made and removed at each start. A limit whose controller
+// gpuqd was not given is not in force, and `describe()` says so and why.
 #pragma once
 
 #include <array>
@@ -101,7 +103,7 @@ class Cgroups {
   // Where `limit` is in force: "v2", "v1 memory"; "" where it is not.
   std::string where(Limit limit) const;
   // An attempt's cgroup in every hierarchy used, the tracking one first, each with a `rank-R` per
-  // rank, and `limits` written where they are in force (made here, or found again after a
+  // rank where a limit is held per rank there, and `limits` written where they are in force (made here, or found again after a
   // restart). `name`: unique among this gpuqd's attempts ("12-attempt-1"). A limit the kernel
   // refuses is an error that names it, and nothing is left made.
   Result<std::vector<AttemptCgroup>> make(const std::string& name, const AttemptLimits& limits = {}) const;
