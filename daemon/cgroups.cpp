@@ -859,9 +859,10 @@ void Cgroups::remove(const std::string& dir) const {
   }
 }
 
-void Cgroups::remove_base() const {
+void Cgroups::remove_base(bool none_running) const {
   for (const Used& used : m_hierarchies) {
-    ::rmdir((used.base + "/unpinned").c_str());  // the unpinned attempts' shared cpuset, once empty
+    // The unpinned attempts' shared cpuset: empty too while a rank is about to join it.
+    if (none_running) ::rmdir((used.base + "/unpinned").c_str());
     ::rmdir(used.base.c_str());
   }
 }

@@ -123,7 +123,9 @@ class Cgroups {
   // gpuqd's own at shutdown where no attempt's is left in them. Quiet: a cgroup still in use
   // (EBUSY) stays.
   void remove(const std::string& dir) const;
-  void remove_base() const;
+  // `none_running`: no attempt of this gpuqd's runs (else one about to join the cgroup unpinned
+  // attempts share would find it gone).
+  void remove_base(bool none_running = true) const;
   // How many of the attempt's processes an OOM killer killed (its memory limit's, or the
   // machine's), its tracking cgroup `dir`; nothing where the memory controller is not in force.
   // Read before remove().

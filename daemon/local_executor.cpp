@@ -144,7 +144,8 @@ class LocalExecutor final : public Executor {
         m_grace_s(bounds.grace_s),
         m_unkillable_s(bounds.unkillable_s) {}
   ~LocalExecutor() override {
-    if (m_cgroups) m_cgroups->remove_base();  // stays while attempts' cgroups are in it (jobs outlive gpuqd)
+    // Stays while attempts' cgroups are in it (jobs outlive gpuqd).
+    if (m_cgroups) m_cgroups->remove_base(m_shims.empty() && m_lingering.empty());
   }
 
   Result<bool> start(const Attempt& attempt) override {
