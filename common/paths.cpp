@@ -93,17 +93,24 @@ Result<bool> make_dirs(const std::string& dir) {
 
 Result<bool> ensure_private_dir(const std::string& dir) {
   // Parents are created with the default mode; only the last component must be private. The
-  // directory itself first: its parents are walked (mkdir -p) only when one is missing, not for
-  // every attempt of every job.
+  // directory itself first, then up from it only as far as one is missing (a new job's first
+  // attempt: its job's directory), not from the root for every attempt of every job.
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     if (errno != ENOENT)
       return Error{ErrorCode::internal, "cannot create directory " + dir + ": " + std::strerror(errno)};
-    for (std::size_t pos = 1; pos != std::string::npos;) {
-      pos = dir.find('/', pos + 1);
-      std::string part = dir.substr(0, pos);
-      if (::mkdir(part.c_str(), pos == std::string::npos ? 0700 : 0755) != 0 && errno != EEXIST)
-        return Error{ErrorCode::internal, "cannot create directory " + part + ": " + std::strerror(errno)};
+    std::vector<std::string> missing{dir};  // the deepest first
+    for (std::string at = dir;;) {
+      const auto slash = at.find_last_of('/', at.find_last_not_of('/'));
+      if (slash == 0 || slash == std::string::npos) break;  // up to the root (or a relative path's first)
+      at = at.substr(0, slash);
+      if (::mkdir(at.c_str(), 0755) == 0 || errno == EEXIST) break;
+      if (errno != ENOENT)
+        return Error{ErrorCode::internal, "cannot create directory " + at + ": " + std::strerror(errno)};
+      missing.push_back(at);
     }
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it)
+      if (::mkdir(it->c_str(), *it == dir ? 0700 : 0755) != 0 && errno != EEXIST)
+        return Error{ErrorCode::internal, "cannot create directory " + *it + ": " + std::strerror(errno)};
   }
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))

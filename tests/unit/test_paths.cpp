@@ -36,6 +36,29 @@ TEST_CASE("make_dirs creates missing parents, accepts what exists, and names wha
   CHECK_FALSE(path_exists(root));
 }
 
+TEST_CASE("ensure_private_dir makes what is missing of a path, up from its end, and the directory itself private") {
+  const std::string root = "/tmp/gpuq-unit-private-" + std::to_string(::getpid());
+  const std::string deep = root + "/jobs//7/attempt-1";
+  REQUIRE(ensure_private_dir(deep));
+  struct stat st {};
+  REQUIRE(::stat(deep.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  CHECK(is_directory(root + "/jobs/7"));
+  REQUIRE(ensure_private_dir(root + "/jobs/7/attempt-2"));  // a second attempt: its parent is there
+  CHECK(is_directory(root + "/jobs/7/attempt-2"));
+  REQUIRE(::chmod(deep.c_str(), 0755) == 0);
+  CHECK(ensure_private_dir(deep));  // there already: made private again
+  REQUIRE(::stat(deep.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  std::ofstream(root + "/file") << "x";
+  auto blocked = ensure_private_dir(root + "/file/sub/dir");
+  REQUIRE_FALSE(blocked);
+  CHECK(blocked.error().message.find(root + "/file") != std::string::npos);
+  std::string error;
+  remove_tree(root, error);
+  CHECK(error.empty());
+}
+
 TEST_CASE("make_dirs leaves the mode to the umask, as mkdir -p does") {
   const std::string root = "/tmp/gpuq-unit-paths-mode-" + std::to_string(::getpid());
   const mode_t old = ::umask(027);
