@@ -183,6 +183,63 @@ class LabMode(unittest.TestCase):
         self.assertIn("/gpuq-", log)
         self.assertIn(f"/{a}-attempt-1", log)  # its own cgroup, joined as its user
 
+    def test_a_job_can_neither_loosen_nor_leave_its_cgroups_nor_reach_its_neighbours(self):
+        if not self.d.cgroups:
+            self.skipTest("this host gives gpuqd no cgroup to make attempts' cgroups under (see gpuqd.log)")
+        # As its owner, in each hierarchy it is in: raise its limits, enable controllers, freeze,
+        # move itself up (to its attempt's, gpuqd's, the hierarchy's root), make a cgroup of its
+        # own, and kill every attempt of gpuqd's. Each must be refused.
+        attack = r"""
+import os
+mounts = []
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    kind = f[f.index("-") + 1]
+    if kind in ("cgroup", "cgroup2") and f[3] == "/":
+        mounts.append((kind == "cgroup2", set(f[-1].split(",")), f[4]))
+def where(line):
+    number, controllers, path = line.strip().split(":", 2)
+    for v2, options, point in mounts:
+        if (v2 and number == "0" and not controllers) or (not v2 and controllers and controllers.split(",")[0] in options):
+            return point + path
+first = open("/proc/self/cgroup").read()
+done, tried = [], []
+def attempt(what, act):
+    tried.append(what)
+    try:
+        act()
+        done.append(what)
+    except OSError:
+        pass
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+for line in first.splitlines():
+    own = where(line)
+    if not own or "/gpuq-" not in own:
+        continue
+    base = own[:own.index("/", own.index("/gpuq-") + 1)]
+    for name, text in (("pids.max", "max"), ("memory.max", "max"), ("memory.limit_in_bytes", "-1"),
+                       ("memory.memsw.limit_in_bytes", "-1"), ("cpuset.cpus", "0-1023"),
+                       ("cgroup.subtree_control", "+memory"), ("cgroup.freeze", "1"), ("freezer.state", "FROZEN")):
+        if os.path.exists(os.path.join(own, name)):
+            attempt(f"{own}/{name}", lambda: write(os.path.join(own, name), text))
+    for up in {os.path.dirname(own), base, os.path.dirname(base)}:
+        attempt(f"joined {up}", lambda: write(os.path.join(up, "cgroup.procs"), str(os.getpid())))
+    attempt(f"made {own}/mine", lambda: os.mkdir(os.path.join(own, "mine")))
+    attempt(f"killed {base}", lambda: write(os.path.join(base, "cgroup.kill"), "1"))
+print("tried:", len(tried), "done:", done, "moved:", open("/proc/self/cgroup").read() != first)
+"""
+        [a] = self.submit(ALICE, {"name": "loosen", "command": ["python3", "-c", attack], "memory_mb": 512, "cpus": 1})
+        job = self.wait(ALICE, [a])[a]
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        said = self.ok(ALICE, "logs", str(a))
+        self.assertIn("done: [] moved: False", said)
+        # Its cgroup in each hierarchy gpuqd uses, with a limit file, a cgroup above, a cgroup of
+        # its own and gpuqd's cgroup.kill tried in each: four tries or more each.
+        self.assertGreaterEqual(int(said.split("tried: ")[1].split()[0]), 4 * len(self.d.limit_cgroups | {self.d.cgroups}),
+                                said)
+
     def test_a_jobs_files_are_made_under_umask_027_whatever_gpuqds(self):
         self.d.stop()
         self.d.start(umask=0o022)
