@@ -302,8 +302,7 @@ Result<bool> attach_deny_program(const std::string& dir, int program) {
   const long attached = ::syscall(SYS_bpf, BPF_PROG_ATTACH, &attach, sizeof(attach));
   const int err = errno;
   ::close(group);
-  // EEXIST: this very program is attached there already (an attempt's cgroup found again).
-  if (attached != 0 && err != EEXIST)
+  if (attached != 0)
     return Error{ErrorCode::internal, "cannot attach a BPF device program to " + dir + ": " + std::strerror(err)};
   return true;
 }
@@ -715,7 +714,9 @@ Result<bool> Cgroups::make_in(std::size_t i, const std::string& dir, const Attem
   }
   if (cpuset && !used.v2)
     if (auto given = give_cpuset(dir, attempt_cores); !given) return given;
-  if (cpuset && used.v2 && !per_rank && !attempt_cores.empty())
+  // The attempt's cores on v2 too, its ranks' own below where they have some: a rank without
+  // (unpinned, in its own cgroup for its memory) is held to the attempt's, not to its parent's.
+  if (cpuset && used.v2 && !attempt_cores.empty())
     if (auto ok = put(dir + "/cpuset.cpus", attempt_cores); !ok) return ok;
   if (in_force_at(Limit::pids, i) && limits.pids > 0)
     if (auto ok = put(dir + "/pids.max", std::to_string(limits.pids)); !ok) return ok;
@@ -734,7 +735,10 @@ Result<bool> Cgroups::make_in(std::size_t i, const std::string& dir, const Attem
         }
         known = programs.emplace(limits.denied_devices, *loaded).first;
       }
-      if (auto ok = attach_deny_program(dir, known->second); !ok) return ok;
+      // The same program is not attached twice to one cgroup (EINVAL): an attempt's cgroup found
+      // again, the program already on it, gets one loaded for it alone, as before the cache.
+      if (auto ok = attach_deny_program(dir, known->second); !ok)
+        if (auto again = deny_devices_bpf(dir, limits.denied_devices); !again) return again;
     } else if (!used.v2) {
       for (const auto& [major, minor] : limits.denied_devices)
         if (auto ok = put(dir + "/devices.deny", "c " + std::to_string(major) + ":" + std::to_string(minor) + " rwm");

@@ -50,7 +50,7 @@ std::vector<CgroupHierarchy> parse_cgroup_layout(const std::string& mountinfo, c
 
 // What the kernel is to hold an attempt to (each where its controller is in force).
 struct AttemptLimits {
-  int ranks = 1;                             // a cgroup `rank-R` each, R from 0
+  int ranks = 1;                             // R from 0; a cgroup `rank-R` each where a limit is per rank
   std::int64_t memory_mb = 0;                // host memory (and swap) per rank; 0: none
   std::int64_t pids = 0;                     // processes and threads of the whole attempt; 0: none
   std::vector<std::vector<int>> rank_cores;  // rank R's cpuset; none (or all empty): unpinned

@@ -270,18 +270,22 @@ std::string health_problem(const GpuHealth& now, std::optional<std::uint64_t> ec
 namespace {
 // The minors of `dev`'s /dev/nvidiaN character nodes (nvidiactl is 255, nvidia-modeset 254: not
 // named so), listed again only when the directory changed (a node made or removed changes its
-// mtime): an attempt's start reads no directory of a few hundred entries.
+// mtime): an attempt's start reads no directory of a few hundred entries. A listing is kept only
+// once the directory's mtime is two seconds old: a kernel stamps it from a coarse clock (a tick,
+// before 6.13), so a node made in the tick of a listing would leave the mtime as it was.
 std::vector<unsigned> nvidia_node_minors(const std::string& dev) {
   struct Seen {
     std::string dev;
+    dev_t device = 0;
+    ino_t inode = 0;
     timespec mtime{};
     std::vector<unsigned> minors;
   };
   thread_local std::optional<Seen> seen;
   struct stat d {};
   const bool known = ::stat(dev.c_str(), &d) == 0;
-  if (known && seen && seen->dev == dev && seen->mtime.tv_sec == d.st_mtim.tv_sec &&
-      seen->mtime.tv_nsec == d.st_mtim.tv_nsec)
+  if (known && seen && seen->dev == dev && seen->device == d.st_dev && seen->inode == d.st_ino &&
+      seen->mtime.tv_sec == d.st_mtim.tv_sec && seen->mtime.tv_nsec == d.st_mtim.tv_nsec)
     return seen->minors;
   std::vector<unsigned> minors;
   std::error_code ec;
@@ -294,8 +298,10 @@ std::vector<unsigned> nvidia_node_minors(const std::string& dev) {
     if (::stat(e.path().c_str(), &st) != 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != k_nvidia_major) continue;
     minors.push_back(minor(st.st_rdev));
   }
-  if (known)
-    seen = Seen{dev, d.st_mtim, minors};
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  if (known && now.tv_sec - d.st_mtim.tv_sec >= 2)
+    seen = Seen{dev, d.st_dev, d.st_ino, d.st_mtim, minors};
   else
     seen.reset();
   return minors;

@@ -23,11 +23,10 @@ int main(int argc, char** argv) {
     per_rank.push_back(ranks);
   }
   if (usage) {
-    std::cerr << "usage: gpuq-shim LAUNCH_JSON [--cgroup[-whole] DIR... | --slurm-task | --slurm-outcome]\n(started by "
-                 "gpuqd, one "
-                 "per job "
-                 "attempt; with --slurm-task by srun, one per rank; with --slurm-outcome by a gang's batch script, "
-                 "after srun)\n";
+    std::cerr
+        << "usage: gpuq-shim LAUNCH_JSON [--cgroup DIR | --cgroup-whole DIR]... | --slurm-task | --slurm-outcome\n"
+           "(started by gpuqd, one per job attempt; with --slurm-task by srun, one per rank; with "
+           "--slurm-outcome by a gang's batch script, after srun)\n";
     return 2;
   }
   return gpuq::supervisor::run_supervisor(argv[1], cgroups, per_rank);

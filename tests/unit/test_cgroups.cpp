@@ -564,6 +564,21 @@ TEST_CASE("limits on cgroup v2: the controllers given to gpuqd's cgroup, handed 
   CHECK(read(dir + "/rank-1/cpuset.cpus") == "3");
   CHECK_FALSE(std::filesystem::exists(dir + "/rank-2"));
 
+  // Unpinned: held to the cores gpuqd may use by the attempt's cgroup, whose ranks (in cgroups of
+  // their own for their memory, or not) have no cores of their own to widen it by.
+  for (const std::int64_t memory_mb : {32, 0}) {
+    gpuq::daemon::AttemptLimits loose;
+    loose.ranks = 2;
+    loose.memory_mb = memory_mb;
+    loose.free_cores = {0, 2};
+    const std::string name = "6-attempt-" + std::to_string(memory_mb);
+    auto held = cgroups->make(name, loose);
+    REQUIRE(held);
+    CHECK(held->front().per_rank == (memory_mb > 0));
+    CHECK(read(base + "/" + name + "/cpuset.cpus") == "0,2");
+    CHECK_FALSE(std::filesystem::exists(base + "/" + name + "/rank-0/cpuset.cpus"));
+  }
+
   // The OOM kills of its subtree (v2's memory.events is hierarchical).
   CHECK_FALSE(cgroups->oom_kills(dir + "-none").has_value());
   write(dir + "/memory.events", "low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n");

@@ -1,6 +1,7 @@
 // GPU inventory: fake GPUs and CUDA_VISIBLE_DEVICES filtering as CUDA does it.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -159,10 +160,21 @@ TEST_CASE("the device nodes a job may not open: every GPU's but its own, and /de
     std::ofstream(dev + "/nvidia14") << "";
     CHECK(denied_gpu_devices(gpus, {0}, dev) == Devices{{195, 11}, {195, 12}});
     CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}});
-    // A node made since (the driver makes them at a first use): /dev is listed once, and again
-    // once it changed.
+    // A node made since (the driver makes them at a first use): /dev is listed once it settled
+    // (its mtime two seconds old: kept), and again once it changed.
+    const timespec long_ago[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 60, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, dev.c_str(), long_ago, 0) == 0);
+    CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}});
     REQUIRE(node("nvidia15", 195, 15));
     CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}, {195, 15}});
+    // One made within the same clock tick as a listing leaves the mtime as it was: a listing of a
+    // directory changed in the last two seconds is not kept.
+    const timespec just_now[2] = {{0, UTIME_OMIT}, {::time(nullptr), 0}};
+    REQUIRE(::utimensat(AT_FDCWD, dev.c_str(), just_now, 0) == 0);
+    CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}, {195, 15}});
+    REQUIRE(node("nvidia16", 195, 16));
+    REQUIRE(::utimensat(AT_FDCWD, dev.c_str(), just_now, 0) == 0);  // as if in the same tick
+    CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}, {195, 15}, {195, 16}});
     // A GPU whose minor NVML did not give may be any node: the scan denies none (it could be the job's).
     Gpu unknown;
     unknown.index = 2;
