@@ -23,6 +23,7 @@
 
 #include "daemon/cgroups.hpp"
 #include "daemon/executor.hpp"
+#include "daemon/launcher.hpp"
 #include "tests/unit/temp_dir.hpp"
 
 using gpuq::daemon::CgroupHierarchy;
@@ -264,6 +265,37 @@ TEST_CASE("an attempt has ended only once its supervisor is gone and its cgroup 
   for (int i = 0; i < 1000 && ended.empty(); ++i)
     io.run_one_for(std::chrono::milliseconds(10));
   CHECK(ended == std::vector<std::int64_t>{7});
+}
+
+TEST_CASE("the cpuset unpinned attempts share stays while an attempt runs, and goes with gpuqd's cgroup after") {
+  // This host's v1 pids (tracking) and cpuset hierarchies, where they may be written (root).
+  const std::vector<CgroupHierarchy> v1 = host_v1({"pids", "cpuset"});
+  gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
+  auto cgroups = v1.size() < 2 ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
+  if (!cgroups || cgroups->where(gpuq::daemon::Limit::cpuset).empty()) {
+    MESSAGE("no writable v1 pids and cpuset hierarchies here: skipped");
+    return;
+  }
+  gpuq::daemon::AttemptLimits loose;
+  const std::vector<int> cores = gpuq::daemon::usable_cores();  // ascending
+  REQUIRE_FALSE(cores.empty());
+  loose.free_cores = {cores.front()};
+  auto dirs = cgroups->make("1-attempt-1", loose);
+  REQUIRE(dirs);
+  REQUIRE(dirs->size() == 2);
+  const std::string shared = (*dirs)[1].dir;
+  CHECK(shared.substr(shared.rfind('/')) == "/unpinned");
+  CHECK(first_of(shared + "/cpuset.cpus") == std::to_string(loose.free_cores.front()));
+  cgroups->remove((*dirs)[0].dir);
+  cgroups->remove_base(false);  // an attempt of gpuqd's runs: a rank may be about to join it
+  CHECK(std::filesystem::exists(shared + "/cgroup.procs"));
+  auto again = cgroups->make("2-attempt-1", loose);  // found as it was left
+  REQUIRE(again);
+  CHECK((*again)[1].dir == shared);
+  cgroups->remove((*again)[0].dir);
+  cgroups->remove_base(true);
+  CHECK_FALSE(std::filesystem::exists(shared));
+  CHECK_FALSE(std::filesystem::exists(cgroups->base()));
 }
 
 TEST_CASE("without cgroup.kill (v1), each process still in the cgroup is killed through its pidfd") {
