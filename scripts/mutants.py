@@ -378,7 +378,7 @@ MUTANTS = [
      "  if (cpuset && used.v2 && !attempt_cores.empty())", "  if (cpuset && used.v2 && !per_rank && !attempt_cores.empty())",
      ["unit:limits on cgroup v2*"]),
     ("shared-cpuset-kept-while-running", "daemon/cgroups.cpp",
-     '    if (none_running) ::rmdir((used.base + "/unpinned").c_str());', '    ::rmdir((used.base + "/unpinned").c_str());',
+     '    if (none_running) ::rmdir((used.base + "/unpinned").c_str());', '    if (none_running || true) ::rmdir((used.base + "/unpinned").c_str());',
      ["unit:the cpuset unpinned attempts share*"]),
     ("cgroup-parent-used", "daemon/cgroups.cpp",
      "(h->v2 && !v2_parent.empty() ? v2_parent : h->own_dir())", "(h->own_dir())",
