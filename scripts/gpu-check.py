@@ -398,9 +398,12 @@ def stage_limits(c, a):
 
 
 def limits_under(c, a, parent):
-    env = {"GPUQ_BIN_DIR": os.path.join(a.build, "bin"), "PYTHONUNBUFFERED": "1",
+    env = {"GPUQ_BIN_DIR": os.path.abspath(os.path.join(a.build, "bin")), "PYTHONUNBUFFERED": "1",
            "GPUQ_TEST_CGROUP_PARENT": parent or ""}
-    status, out = c.run([a.python, "-m", "unittest", "-v", *LIMIT_TESTS], env=env, cwd=os.path.join(REPO, "tests/integration"),
+    # Run from the tests' folder (their harness is imported from there): a relative --python or
+    # --build (the dry run's build-cuda/python) is made absolute first.
+    python = os.path.abspath(a.python) if os.sep in a.python else a.python
+    status, out = c.run([python, "-m", "unittest", "-v", *LIMIT_TESTS], env=env, cwd=os.path.join(REPO, "tests/integration"),
                         timeout=900)
     skipped = [l.strip() for l in out.splitlines() if " skipped " in l]
     c.that("the cgroup integration tests pass", status == 0, out.strip().splitlines()[-1] if out.strip() else "")
