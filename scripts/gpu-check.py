@@ -398,12 +398,10 @@ def stage_limits(c, a):
 
 
 def limits_under(c, a, parent):
-    env = {"GPUQ_BIN_DIR": os.path.abspath(os.path.join(a.build, "bin")), "PYTHONUNBUFFERED": "1",
+    env = {"GPUQ_BIN_DIR": os.path.join(a.build, "bin"), "PYTHONUNBUFFERED": "1",
            "GPUQ_TEST_CGROUP_PARENT": parent or ""}
-    # Run from the tests' folder (their harness is imported from there): a relative --python or
-    # --build (the dry run's build-cuda/python) is made absolute first.
-    python = os.path.abspath(a.python) if os.sep in a.python else a.python
-    status, out = c.run([python, "-m", "unittest", "-v", *LIMIT_TESTS], env=env, cwd=os.path.join(REPO, "tests/integration"),
+    # From the tests' folder, whose harness they import (--python and --build are absolute: main).
+    status, out = c.run([a.python, "-m", "unittest", "-v", *LIMIT_TESTS], env=env, cwd=os.path.join(REPO, "tests/integration"),
                         timeout=900)
     skipped = [l.strip() for l in out.splitlines() if " skipped " in l]
     c.that("the cgroup integration tests pass", status == 0, out.strip().splitlines()[-1] if out.strip() else "")
@@ -501,6 +499,10 @@ def main():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("stages", nargs="*", metavar="STAGE", help=" ".join(STAGES))
     a = ap.parse_args()
+    # One meaning for a relative path, whichever folder a stage or a job runs in: the caller's.
+    a.build, a.out = os.path.abspath(a.build), os.path.abspath(a.out)
+    if os.sep in a.python:
+        a.python = os.path.abspath(a.python)
     unknown = [s for s in a.stages if s not in STAGES]
     if unknown:
         ap.error(f"unknown stage {unknown[0]!r} (stages: {' '.join(STAGES)})")

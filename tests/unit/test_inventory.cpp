@@ -168,8 +168,9 @@ TEST_CASE("the device nodes a job may not open: every GPU's but its own, and /de
     REQUIRE(node("nvidia15", 195, 15));
     CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}, {195, 15}});
     // One made within the same clock tick as a listing leaves the mtime as it was: a listing of a
-    // directory changed in the last two seconds is not kept.
-    const timespec just_now[2] = {{0, UTIME_OMIT}, {::time(nullptr), 0}};
+    // directory changed in the last two seconds (or stamped ahead, as here: however slow this
+    // run) is not kept.
+    const timespec just_now[2] = {{0, UTIME_OMIT}, {::time(nullptr) + 3600, 0}};
     REQUIRE(::utimensat(AT_FDCWD, dev.c_str(), just_now, 0) == 0);
     CHECK(denied_gpu_devices(gpus, {1}, dev) == Devices{{195, 10}, {195, 12}, {195, 15}});
     REQUIRE(node("nvidia16", 195, 16));
