@@ -105,6 +105,14 @@ std::vector<std::string> tree(const std::string& dir) {
   return out;
 }
 
+// Removes the cgroup `dir` and those below it that are empty, the deepest first (a cgroup with a
+// process in it, and those above it, stay).
+void remove_tree(const std::string& dir) {
+  const auto groups = tree(dir);
+  for (auto it = groups.rbegin(); it != groups.rend(); ++it)
+    ::rmdir(it->c_str());
+}
+
 // Writes `text` to the cgroup file `path` in one write(2), as the kernel takes it; an error names
 // the file and what the kernel said.
 Result<bool> put(const std::string& path, const std::string& text) {
@@ -463,9 +471,7 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
         return Error{ErrorCode::wrong_state, "attempts of this state dir still run in " + before +
                                                  ", where gpuqd put them before cgroup_parent changed to \"" +
                                                  v2_parent + "\": let them end (or cancel them) first"};
-      const auto groups = tree(before);
-      for (auto it = groups.rbegin(); it != groups.rend(); ++it)
-        ::rmdir(it->c_str());
+      remove_tree(before);
     }
     if (::mkdir(base.c_str(), 0755) != 0 && errno != EEXIST) {
       refused(kind, "cannot make " + base + ": " + std::strerror(errno));
@@ -651,18 +657,7 @@ Result<std::vector<AttemptCgroup>> Cgroups::make(const std::string& name, const 
       continue;
     }
     const std::string dir = used.base + "/" + name;
-    // gpuqd's own may have been removed meanwhile (by an admin, or by a service manager that took
-    // the cgroup back): made again, as open() made it.
-    // One mkdir where all is well (an attempt starts often: no call that is bound to fail).
-    int err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;
-    if (err == ENOENT && ::mkdir(used.base.c_str(), 0755) == 0) {
-      if (auto again = prepare_base(i); !again)
-        return undo(
-            Error{ErrorCode::internal, "cannot make gpuqd's cgroup " + used.base + " again: " + again.error().message});
-    }
-    if (err == ENOENT) err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;  // its base made again (here, or by another)
-    if (err != 0 && err != EEXIST)
-      return undo(Error{ErrorCode::internal, "cannot make the attempt's cgroup " + dir + ": " + std::strerror(err)});
+    if (auto made = make_below(i, dir, "the attempt's cgroup "); !made) return undo(made.error());
     made_here.push_back(dir);
     const bool per_rank =
         (in_force_at(Limit::memory, i) && limits.memory_mb > 0) || (in_force_at(Limit::cpuset, i) && pinned);
@@ -673,13 +668,25 @@ Result<std::vector<AttemptCgroup>> Cgroups::make(const std::string& name, const 
   return dirs;
 }
 
+Result<bool> Cgroups::make_below(std::size_t i, const std::string& dir, const std::string& what) const {
+  const std::string& base = m_hierarchies[i].base;
+  // gpuqd's own may have been removed meanwhile (by an admin, or by a service manager that took
+  // the cgroup back): made again, as open() made it.
+  // One mkdir where all is well (an attempt starts often: no call that is bound to fail).
+  int err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;
+  if (err == ENOENT && ::mkdir(base.c_str(), 0755) == 0)
+    if (auto again = prepare_base(i); !again)
+      return Error{ErrorCode::internal, "cannot make gpuqd's cgroup " + base + " again: " + again.error().message};
+  if (err == ENOENT) err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;  // its base made again (here, or by another)
+  if (err != 0 && err != EEXIST)
+    return Error{ErrorCode::internal, "cannot make " + what + dir + ": " + std::strerror(err)};
+  return true;
+}
+
 Result<std::string> Cgroups::unpinned(std::size_t i, const std::string& cores) const {
   const std::string dir = m_hierarchies[i].base + "/unpinned";
   if (!m_unpinned_cores.empty() && m_unpinned_cores == cores && common::path_exists(dir + "/cgroup.procs")) return dir;
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno == ENOENT && ::mkdir(m_hierarchies[i].base.c_str(), 0755) == 0)
-    if (auto again = prepare_base(i); !again) return again.error();
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    return Error{ErrorCode::internal, "cannot make " + dir + ": " + std::strerror(errno)};
+  if (auto made = make_below(i, dir); !made) return made.error();
   if (auto given = give_cpuset(dir, cores); !given) return given.error();
   m_unpinned_cores = cores;
   return dir;
@@ -857,9 +864,7 @@ void Cgroups::remove(const std::string& dir) const {
     for (int r = 0; r < 4096; ++r)  // until one is not there (or cannot be seen: EACCES)
       if (::rmdir((group + "/rank-" + std::to_string(r)).c_str()) != 0 && errno != EBUSY && errno != ENOTEMPTY) break;
     if (::rmdir(group.c_str()) == 0 || errno == ENOENT) continue;
-    const auto groups = tree(group);
-    for (auto it = groups.rbegin(); it != groups.rend(); ++it)  // the deepest first
-      ::rmdir(it->c_str());
+    remove_tree(group);
   }
 }
 

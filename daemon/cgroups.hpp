@@ -155,6 +155,9 @@ class Cgroups {
   // The limits of `limits` in force in `used` written into the attempt's cgroup `dir` there and its
   // ranks' (made here).
   Result<bool> make_in(std::size_t used, const std::string& dir, const AttemptLimits& limits, bool per_rank) const;
+  // Makes the cgroup `dir` below gpuqd's in m_hierarchies[used] (found there is fine), making
+  // gpuqd's again first where it was removed meanwhile; `what` names `dir` in an error.
+  Result<bool> make_below(std::size_t used, const std::string& dir, const std::string& what = "") const;
   // The cgroup unpinned attempts share in the v1 cpuset hierarchy `used`, holding `cores`.
   Result<std::string> unpinned(std::size_t used, const std::string& cores) const;
   bool in_force_at(Limit limit, std::size_t used) const {

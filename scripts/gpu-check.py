@@ -20,6 +20,7 @@ Usage: scripts/gpu-check.py [--out DIR] [--build DIR] [--debs DIR] [--device cud
        run of this script itself.
 """
 import argparse
+import contextlib
 import errno
 import glob
 import json
@@ -272,28 +273,39 @@ def sysfs_gpu_nodes(c):
     return nodes
 
 
-def stage_daemon(c, a):
+@contextlib.contextmanager
+def gpuqd(c, a, log_name, options, timeout=600):
+    """gpuqd in the foreground on a socket and state dir of its own (its log in OUT/log_name), once
+    it answers: yields (gpuq, tmp), gpuq(*args, timeout=...) running the CLI against it; stopped
+    at the end."""
     tmp = tempfile.mkdtemp(prefix="gpuq-check-")
     sock, state = os.path.join(tmp, "gpuqd.sock"), os.path.join(tmp, "state")
     env = {"GPUQ_CONFIG": "", "GPUQ_SOCKET": sock, "GPUQ_STATE_DIR": state}
     bin_dir = os.path.join(a.build, "bin")
-    log = open(os.path.join(a.out, "gpuqd.log"), "w")
-    gpus = "nvml" if a.device == "cuda" else "fake:2"
-    daemon = subprocess.Popen([os.path.join(bin_dir, "gpuqd"), "--foreground", "--socket", sock, "--state-dir", state,
-                               "--gpus", gpus],
-                              stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **env))
-    gpuq = lambda *args, timeout=600: c.run([os.path.join(bin_dir, "gpuq"), *args], env=env, timeout=timeout)
+    with open(os.path.join(a.out, log_name), "w") as log:
+        daemon = subprocess.Popen([os.path.join(bin_dir, "gpuqd"), "--foreground", "--socket", sock, "--state-dir",
+                                   state, *options],
+                                  stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **env))
+    gpuq = lambda *args, timeout=timeout: c.run([os.path.join(bin_dir, "gpuq"), *args], env=env, timeout=timeout)
     try:
         for _ in range(100):
             if gpuq("status")[0] == 0:
                 break
             time.sleep(0.1)
+        yield gpuq, tmp
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+
+
+def stage_daemon(c, a):
+    gpus = "nvml" if a.device == "cuda" else "fake:2"
+    with gpuqd(c, a, "gpuqd.log", ["--gpus", gpus]) as (gpuq, tmp):
         status, out = gpuq("gpus", "--json")
         doc = json.loads(out) if status == 0 else {}
         c.that(f"gpuqd finds the GPUs ({gpus})", doc.get("source", "").startswith(gpus) and doc.get("gpus"),
                out.strip()[:800])
         if a.device == "cuda":
-            log.flush()
             with open(os.path.join(a.out, "gpuqd.log")) as f:
                 said = [line.strip() for line in f if "Xid events" in line]
             n = len(doc.get("gpus", []))
@@ -343,9 +355,6 @@ def stage_daemon(c, a):
         if len(doc.get("gpus", [])) < 2:
             status, out = gpuq("submit", os.path.join(REPO, "jobs", "fashion-mnist-ddp.json"))
             c.that("a gang larger than the machine is refused with a reason", status != 0, out.strip())
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
 
 
 LIMIT_TESTS = ["test_supervision.AttemptCgroups", "test_supervision.KernelLimits", "test_supervision.CgroupParent",
@@ -411,20 +420,8 @@ def limits_under(c, a, parent):
         c.say(f"skipped (not checked off a GPU machine or not as root): {skipped}")
     if a.device != "cuda":
         return
-    tmp = tempfile.mkdtemp(prefix="gpuq-limits-")
-    sock, state = os.path.join(tmp, "gpuqd.sock"), os.path.join(tmp, "state")
-    env = {"GPUQ_CONFIG": "", "GPUQ_SOCKET": sock, "GPUQ_STATE_DIR": state}
-    bin_dir = os.path.join(a.build, "bin")
-    log = open(os.path.join(a.out, "gpuqd-limits.log"), "w")
-    daemon = subprocess.Popen([os.path.join(bin_dir, "gpuqd"), "--foreground", "--socket", sock, "--state-dir", state,
-                               "--gpus", "nvml", *(["--cgroup-parent", parent] if parent else [])],
-                              stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **env))
-    gpuq = lambda *args: c.run([os.path.join(bin_dir, "gpuq"), *args], env=env, timeout=300)
-    try:
-        for _ in range(100):
-            if gpuq("status")[0] == 0:
-                break
-            time.sleep(0.1)
+    options = ["--gpus", "nvml", *(["--cgroup-parent", parent] if parent else [])]
+    with gpuqd(c, a, "gpuqd-limits.log", options, timeout=300) as (gpuq, tmp):
         status, out = gpuq("gpus", "--json")
         containment = json.loads(out).get("containment", "") if status == 0 else out
         c.say(f"containment: {containment}")
@@ -462,9 +459,6 @@ def limits_under(c, a, parent):
         c.that("a job given one GPU opens its node alone and sees one CUDA device",
                ok and sorted(said[1][1].values()).count(0) == 1
                and set(said[1][1].values()) <= {0, errno.EPERM} and said[1][2] == 1, said[1:])
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
 
 
 def stage_throughput(c, a):

@@ -325,7 +325,7 @@ MUTANTS = [
      "  if (in_force_at(Limit::pids, i) && limits.pids > 0)", "  if (false)",
      ["test_supervision.KernelLimits.test_a_fork_bomb_ends_at_the_attempts_process_limit"]),
     ("limit-cpuset", "daemon/cgroups.cpp",
-     [('give_cpuset(dir, all_cores.empty() ? "" : attempt_cores)', "give_cpuset(dir)"),
+     [("give_cpuset(dir, attempt_cores)", "give_cpuset(dir)"),
       ("if (auto given = give_cpuset(rank, cores); !given) return given;",
        "if (auto given = give_cpuset(rank); !given) return given;")], None,
      ["test_supervision.KernelLimits.test_a_rank_cannot_leave_its_cores"]),
