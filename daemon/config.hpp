@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/config.hpp"
+#include "daemon/cgroups.hpp"
 #include "daemon/executor.hpp"
 
 namespace gpuq::daemon {
@@ -25,6 +26,9 @@ struct Config : common::Settings {
   int max_hooks = 4;               // hooks running at once; the rest wait their turn
   std::optional<gid_t> admin_gid;  // admin_group's members may act on every job (as root may)
   double slurm_poll_s = 2;         // its squeue, once for all jobs, this often
+  // The attempts' cgroups as main opened them at start (which their failure may stop); unset:
+  // the local executor opens them.
+  std::optional<Result<Cgroups>> cgroups;
   // Another executor, whatever `executor` says (tests: one that records what it is asked).
   std::function<std::unique_ptr<Executor>(boost::asio::io_context&, Executor::Ended)> make_executor;
 

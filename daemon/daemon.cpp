@@ -27,7 +27,7 @@ namespace gpuq::daemon {
 namespace {
 // The cgroup each local attempt runs in, where this host lets gpuqd make one; said at start.
 std::optional<Cgroups> attempt_cgroups(const Config& config) {
-  auto cgroups = Cgroups::open(config.state_dir, config.cgroup_parent);
+  auto cgroups = config.cgroups ? *config.cgroups : Cgroups::open(config.state_dir, config.cgroup_parent);
   if (!cgroups) {
     std::cerr << "gpuqd: attempts get no cgroup of their own (" << cgroups.error().message
               << "); a job's processes are tracked by its supervisor's process tree\n";

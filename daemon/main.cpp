@@ -325,9 +325,10 @@ int main(int argc, char** argv) {
   // No start where the admin named where jobs' cgroups go and none can be made there, nor where
   // attempts still run in a cgroup that is no longer where gpuqd would look for them. Elsewhere a
   // host without cgroups is no error: gpuqd tracks jobs by process tree, and says so.
-  if (auto cgroups = gpuq::daemon::Cgroups::open(s.config.state_dir, s.config.cgroup_parent);
-      !cgroups && (!s.config.cgroup_parent.empty() || cgroups.error().code == gpuq::ErrorCode::wrong_state)) {
-    report_ready(cgroups.error().message);
+  // Opened once: the daemon's executor takes them as they are.
+  const auto& cgroups = s.config.cgroups = gpuq::daemon::Cgroups::open(s.config.state_dir, s.config.cgroup_parent);
+  if (!*cgroups && (!s.config.cgroup_parent.empty() || cgroups->error().code == gpuq::ErrorCode::wrong_state)) {
+    report_ready(cgroups->error().message);
     return 1;
   }
   auto store = open_store(s);
