@@ -3,16 +3,20 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -268,15 +272,114 @@ namespace {
 // Runs in the child before exec: a new session detaches the supervisor from the daemon's
 // terminal and process group, so signals aimed at the daemon never reach jobs. The child is
 // created with vfork (no copy of the daemon's page tables), so this may only make system calls.
+// `keep` (the supervisors' server's end of its socket pair) becomes descriptor 3, kept across exec.
 struct NewSession : bp::extend::handler {
+  int keep = -1;
   template <class Executor>
   void on_exec_setup(Executor&) const {
     ::setsid();
     mark_inherited_fds_cloexec();
     common::restore_children_descriptor_limit();
+    if (keep >= 0 && (keep == 3 ? ::fcntl(3, F_SETFD, 0) != 0 : ::dup2(keep, 3) != 3)) ::_exit(127);
   }
 };
 }  // namespace
+
+Result<bool> SupervisorServer::launch() {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
+    return Error{ErrorCode::internal, std::string("cannot make the supervisors' socket: ") + std::strerror(errno)};
+  const std::vector<std::string> env = common::supervisor_environment();
+  std::vector<char*> envp;
+  for (const auto& e : env)
+    envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  try {
+    // The last argument is room for a supervisor's command line, `gpuq-shim DIR/launch.json`
+    // (supervisor::CommandLine): a path as long as the kernel takes.
+    const std::vector<std::string> args{"--serve", "3", std::string(PATH_MAX + 16, '.')};
+    bp::child c(bp::exe = m_shim, bp::args = args, bp::std_in<bp::null, (bp::std_out & bp::std_err)> bp::null,
+                NewSession{{}, pair[1]}, EnvSetup{envp.data()}, bp::posix::use_vfork);
+    m_pid = c.id();
+    c.detach();  // reaped by end()
+  } catch (const std::exception& e) {
+    ::close(pair[0]);
+    ::close(pair[1]);
+    return Error{ErrorCode::internal, "cannot start " + m_shim + " --serve: " + e.what()};
+  }
+  ::close(pair[1]);
+  m_sock = pair[0];
+  return true;
+}
+
+void SupervisorServer::end() {
+  if (m_sock >= 0) ::close(m_sock);  // it ends on reading that
+  m_sock = -1;
+  if (m_pid <= 0) return;
+  ::kill(m_pid, SIGKILL);  // one that stopped answering; what it started is not touched
+  for (int i = 0; i < 1000 && ::waitpid(m_pid, nullptr, WNOHANG) == 0; ++i)
+    ::usleep(1000);
+  m_pid = 0;
+}
+
+Result<SupervisorServer::Started> SupervisorServer::start(const std::string& adir,
+                                                          const std::vector<AttemptCgroup>& cgroups) {
+  nlohmann::json request = {{"launch", adir + "/launch.json"}, {"cgroups", nlohmann::json::array()}};
+  for (const auto& c : cgroups)
+    request["cgroups"].push_back({c.dir, c.per_rank});
+  const std::string text = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  Error failed{ErrorCode::internal, ""};
+  for (int tries = 0; tries < 2; ++tries) {
+    if (m_sock < 0)
+      if (auto l = launch(); !l) return l.error();
+    auto started = ask(text);
+    if (started || started.error().code != ErrorCode::unavailable) return started;
+    failed = started.error();
+    end();  // it died or hung: a new one
+  }
+  return failed;
+}
+
+// unavailable: the server is gone or did not answer; internal: it answered that it could not.
+Result<SupervisorServer::Started> SupervisorServer::ask(const std::string& request) {
+  if (::send(m_sock, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size()))
+    return Error{ErrorCode::unavailable,
+                 std::string("the supervisors' server took no request: ") + std::strerror(errno)};
+  pollfd p{m_sock, POLLIN, 0};
+  int ready = 0;
+  while ((ready = ::poll(&p, 1, k_answer_ms)) < 0 && errno == EINTR) {
+  }
+  if (ready <= 0)
+    return Error{ErrorCode::unavailable,
+                 "the supervisors' server did not answer in " + std::to_string(k_answer_ms / 1000) + " s"};
+  char buf[4096];
+  iovec iov{buf, sizeof(buf)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = ::recvmsg(m_sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  int pidfd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c; c = CMSG_NXTHDR(&msg, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+      std::memcpy(&pidfd, CMSG_DATA(c), sizeof(int));
+  if (n <= 0) return Error{ErrorCode::unavailable, "the supervisors' server ended"};
+  const auto answer = nlohmann::json::parse(buf, buf + n, nullptr, false);
+  const auto pid = answer.is_object() ? answer.value("pid", nlohmann::json()) : nlohmann::json();
+  if (!pid.is_number_integer() || pid.get<long long>() <= 0) {
+    if (pidfd >= 0) ::close(pidfd);
+    const auto why = answer.is_object() ? answer.value("error", nlohmann::json()) : nlohmann::json();
+    return Error{ErrorCode::internal, "the supervisors' server could not start one: " +
+                                          (why.is_string() ? why.get<std::string>() : std::string("no answer"))};
+  }
+  Started s;
+  const auto started = answer.value("start_time", nlohmann::json());
+  s.pid = {pid.get<int>(), started.is_number_unsigned() ? started.get<std::uint64_t>() : 0};
+  s.pidfd = pidfd;
+  return s;
+}
 
 std::string raise_descriptor_limit() {
   rlimit l{};

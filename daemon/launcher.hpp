@@ -1,6 +1,7 @@
 // Launching a job attempt. The daemon writes the attempt's launch document (argv, environment,
-// cwd and log file of every rank) into the attempt directory, then spawns gpuq-shim on it with
-// Boost.Process in a new session. The shim, not the daemon, is the parent of the job's processes,
+// cwd and log file of every rank) into the attempt directory, then has gpuq-shim --serve fork a
+// supervisor on it in a new session (SupervisorServer), or spawns gpuq-shim on it with
+// Boost.Process. The shim, not the daemon, is the parent of the job's processes,
 // so jobs keep running when the daemon stops or crashes (see supervisor/supervisor.hpp).
 //
 // Layout of a job:   <state>/jobs/<id>/             GPUQ_JOB_DIR (stable across attempts)
@@ -115,6 +116,38 @@ std::vector<int> usable_cores();
 // stays outside).
 Result<int> spawn_supervisor(const std::string& shim_path, const std::string& attempt_dir,
                              const std::vector<AttemptCgroup>& cgroups = {});
+
+// gpuqd's end of `gpuq-shim --serve` (supervisor/serve.hpp), which forks each attempt's
+// supervisor where spawn_supervisor execs one: the same supervisor, in a session of its own,
+// named `gpuq-shim DIR/launch.json` in its command line, outliving gpuqd. The server is gpuqd's
+// child, started at the first start(); it ends when this closes its end (destroyed, or given up
+// on), and what it started goes on. Asking it holds gpuqd's thread for one fork (a server that
+// has not answered in k_answer_ms is killed and started again, once a start).
+class SupervisorServer {
+ public:
+  explicit SupervisorServer(std::string shim_path) : m_shim(std::move(shim_path)) {}
+  ~SupervisorServer() { end(); }
+  SupervisorServer(const SupervisorServer&) = delete;
+  SupervisorServer& operator=(const SupervisorServer&) = delete;
+
+  struct Started {
+    ProcessId pid;
+    int pidfd = -1;  // the caller's to close; -1 where the kernel has no pidfd_open
+  };
+  // Starts the supervisor of `attempt_dir`/launch.json, as spawn_supervisor would.
+  Result<Started> start(const std::string& attempt_dir, const std::vector<AttemptCgroup>& cgroups = {});
+  // The server's pid; 0 while none runs.
+  int pid() const { return m_pid; }
+
+ private:
+  static constexpr int k_answer_ms = 10000;
+  Result<bool> launch();
+  Result<Started> ask(const std::string& request);
+  void end();
+  std::string m_shim;
+  int m_sock = -1;  // gpuqd's end of the socket pair
+  int m_pid = 0;
+};
 
 // File descriptors. gpuqd raises its soft RLIMIT_NOFILE to the hard limit at start (every running
 // job holds one, every client one, a launch a few more for a moment), and gives what it spawns

@@ -1,5 +1,6 @@
 // The local executor (executor.hpp): each attempt under gpuq-shim, a process in a session of its
-// own that outlives gpuqd and is the parent of the job's ranks (supervisor/supervisor.hpp). gpuqd
+// own that outlives gpuqd and is the parent of the job's ranks (supervisor/supervisor.hpp), forked
+// by gpuq-shim --serve (launcher.hpp's SupervisorServer) or, where that cannot, exec'd. gpuqd
 // watches the shim, not the ranks: through a pidfd, readable once it exits (polling its liveness
 // every 200 ms on kernels without pidfd_open). It finds a shim again after a restart by the pid
 // file the shim writes in the attempt directory, with the process's start time, so a recycled pid
@@ -155,16 +156,23 @@ class LocalExecutor final : public Executor {
       if (!made) return made.error();
       cgroups = std::move(*made);
     }
-    auto pid = spawn_supervisor(m_shim_path, attempt.dir, cgroups);
+    // Forked by the server; exec'd by gpuqd where the server cannot start it.
+    auto forked = m_server.start(attempt.dir, cgroups);
+    Result<int> pid = forked ? Result<int>(forked->pid.pid) : Result<int>(0);
+    if (!forked) {
+      if (!m_said_exec) std::cerr << "gpuqd: " << forked.error().message << "; starting supervisors one exec each\n";
+      m_said_exec = true;
+      pid = spawn_supervisor(m_shim_path, attempt.dir, cgroups);
+    }
     if (!pid) {
       if (m_cgroups) m_cgroups->remove(cgroups.front().dir);
       return pid.error();
     }
     Shim& s = track(attempt.id);
-    s.pid = {*pid, process_start_time(*pid).value_or(0)};
-    s.own_child = true;
+    s.pid = forked ? forked->pid : ProcessId{*pid, process_start_time(*pid).value_or(0)};
+    s.own_child = !forked;
     if (!cgroups.empty()) s.cgroup = cgroups.front().dir;
-    watch(attempt.id, s);
+    watch(attempt.id, s, forked ? forked->pidfd : -1);
     enforce_timeout(attempt, s);
     return true;
   }
@@ -367,7 +375,8 @@ class LocalExecutor final : public Executor {
   }
 
   // Whether process `pid` is the supervisor gpuqd started for `attempt`: its command line, which
-  // only it (or root) may change, is `gpuq-shim DIR/launch.json ...` (spawn_supervisor).
+  // only it (or root) may change, is `gpuq-shim DIR/launch.json ...` (spawn_supervisor; one the
+  // server forked writes it over the server's own before it writes its pid file: serve.cpp).
   static bool supervises(int pid, const Attempt& attempt) {
     std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
     std::string shim, launch;
@@ -388,8 +397,9 @@ class LocalExecutor final : public Executor {
     return std::to_string(attempt.id) + "-" + attempt.dir.substr(attempt.dir.rfind('/') + 1);
   }
 
-  void watch(std::int64_t id, Shim& s) {
-    int fd = pidfd_open(s.pid.pid);
+  // `pidfd`: one the server handed over with the pid, or -1 (opened here).
+  void watch(std::int64_t id, Shim& s, int pidfd = -1) {
+    int fd = pidfd >= 0 ? pidfd : pidfd_open(s.pid.pid);
     if (fd >= 0) {
       s.pidfd = std::make_unique<asio::posix::stream_descriptor>(m_io, fd);
       s.pidfd->async_wait(asio::posix::stream_descriptor::wait_read, [this, id](const boost::system::error_code& ec) {
@@ -508,6 +518,8 @@ class LocalExecutor final : public Executor {
 
   asio::io_context& m_io;
   std::string m_shim_path;
+  SupervisorServer m_server{m_shim_path};
+  bool m_said_exec = false;  // that a supervisor was exec'd, the server unable to fork it
   Ended m_ended;
   std::optional<Cgroups> m_cgroups;
   double m_grace_s = 10;

@@ -64,7 +64,7 @@ MUTANTS = [
       ("O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);\n    if (fd >= 0) {",
        "O_RDONLY | O_DIRECTORY | O_CLOEXEC);\n    if (fd >= 0) {")], None,
      ["unit:remove_tree deletes a symlink*"]),
-    ("fds-inherited", None,  # both layers: gpuqd's, before it execs a supervisor, and the supervisor's
+    ("fds-inherited", None,  # both layers: gpuqd's, before it execs a supervisor (or its server), and the supervisor's
      [("daemon/launcher.cpp", "    ::setsid();\n    mark_inherited_fds_cloexec();\n", "    ::setsid();\n"),
       ("supervisor/supervisor.cpp", "    mark_inherited_fds_cloexec();\n", "\n")], None,
      ["test_reliability.InheritedDescriptors"]),
@@ -393,6 +393,18 @@ MUTANTS = [
      "  if (!on_cgroup2(path) || !common::path_exists(path + \"/cgroup.procs\"))",
      "  if (false)",
      ["unit:cgroup_parent*", "test_supervision.CgroupParent"]),
+    ("forked-supervisor-named", "supervisor/serve.cpp",
+     '    title.set({"gpuq-shim", r.launch.c_str()});\n', "\n",
+     ["test_lifecycle.SupervisorServer.test_a_forked_supervisor_is_named_by_its_attempt_outlives_the_server_and_is_adopted_again"]),
+    ("forked-supervisor-session", "supervisor/serve.cpp",
+     "    ::setsid();\n    sigset_t none;", "    sigset_t none;",
+     ["test_lifecycle.SupervisorServer.test_a_forked_supervisor_is_named_by_its_attempt_outlives_the_server_and_is_adopted_again"]),
+    ("server-ends-with-gpuqd", "supervisor/serve.cpp",
+     "    if (n <= 0) return 0;", "    if (n <= 0) return (void)::sleep(30), 0;",  # outlives gpuqd (a while)
+     ["test_lifecycle.SupervisorServer.test_a_forked_supervisor_is_named_by_its_attempt_outlives_the_server_and_is_adopted_again"]),
+    ("server-started-again", "daemon/launcher.cpp",
+     "  for (int tries = 0; tries < 2; ++tries) {", "  for (int tries = 0; tries < 1; ++tries) {",
+     ["test_lifecycle.SupervisorServer.test_a_server_that_dies_harms_no_running_job_and_the_next_start_gets_a_new_one"]),
 ]
 
 

@@ -1,4 +1,5 @@
-// gpuq-shim: the per-attempt supervisor. gpuqd spawns one per job attempt in a new session; it
+// gpuq-shim: the per-attempt supervisor. One per job attempt, in a session of its own, forked by
+// `gpuq-shim --serve` for gpuqd (serve.hpp; exec'd by gpuqd where that server cannot start it); it
 // starts every rank (Boost.Process, each rank in its own process group), waits for them, and
 // writes the attempt's outcome to exit.json atomically. Because the shim is the ranks' parent and
 // not the daemon, a job keeps running while gpuqd is stopped, restarted or killed; a restarted

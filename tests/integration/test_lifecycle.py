@@ -1,6 +1,7 @@
 """Process supervision and durability: cancel kills whole trees, jobs survive a killed daemon,
 one daemon per socket, private socket files, clean shutdown."""
 import json
+import pathlib
 import os
 import signal
 import stat
@@ -8,7 +9,20 @@ import subprocess
 import time
 import unittest
 
-from harness import BIN, Daemon, DaemonTest, event_line, pids_matching, wait_until
+from harness import BIN, Daemon, DaemonTest, alive, event_line, pids_matching, wait_until
+
+
+def cmdline(pid):
+    """A process's command line, its empty words (what a rewritten one leaves at its end) dropped."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [w.decode() for w in f.read().split(b"\0") if w]
+
+
+def stat_fields(pid):
+    """(ppid, session id) of a process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[3])
 
 
 class Cancel(DaemonTest):
@@ -97,7 +111,7 @@ class Durability(DaemonTest):
         self.assertEqual([done[i]["result"] for i in ids], [{"n": 0}, {"n": 1}, {"n": 2}])
         # Every job ran exactly once.
         self.assertEqual(sorted(open(runs).read().split()), ["q0", "q1", "q2"])
-        self.assertIn("re-adopted job", open(self.tmp_path("gpuqd.log")).read())
+        self.assertIn("re-adopted job", pathlib.Path(self.tmp_path("gpuqd.log")).read_text())
 
     def test_a_job_that_ends_while_the_daemon_is_down_is_recorded(self):
         release = self.tmp_path("release")
@@ -266,3 +280,57 @@ class OneDaemon(DaemonTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SupervisorServer(DaemonTest):
+    """Each attempt's supervisor is forked by one `gpuq-shim --serve`, gpuqd's child, instead of an
+    exec of gpuq-shim per attempt: the supervisor is the same (a session of its own, named by its
+    launch document, which is how a restarted gpuqd knows it), and neither the server's end nor
+    gpuqd's touches it."""
+    GPUS = "fake:2"
+
+    def gated_job(self, name):
+        release = self.tmp_path(f"release-{name}")
+        job = self.d.submit({"name": name, "gpus": 1, "shell": f"while [ ! -e {release} ]; do sleep 0.02; done"})["ids"][0]
+        wait_until(lambda: self.d.show(job)["job"]["state"] == "running", what=f"job {name} to run")
+        attempt = os.path.join(self.d.state, "jobs", str(job), "attempt-1")
+        wait_until(lambda: os.path.exists(f"{attempt}/shim.pid"), what="its supervisor's pid file")
+        with open(f"{attempt}/shim.pid") as f:
+            return job, json.load(f)["pid"], attempt, release
+
+    def server_of(self, supervisor):
+        server, _ = stat_fields(supervisor)
+        self.assertEqual(cmdline(server), ["gpuq-shim", "--serve"], "the supervisor's parent is not the server")
+        self.assertEqual(stat_fields(server)[0], self.d.proc.pid, "the server is not gpuqd's child")
+        return server
+
+    def test_a_forked_supervisor_is_named_by_its_attempt_outlives_the_server_and_is_adopted_again(self):
+        job, supervisor, attempt, release = self.gated_job("a")
+        self.assertEqual(cmdline(supervisor), ["gpuq-shim", f"{attempt}/launch.json"])
+        self.assertEqual(stat_fields(supervisor)[1], supervisor, "the supervisor has no session of its own")
+        with open(f"/proc/{supervisor}/environ", "rb") as f:
+            names = {v.split(b"=", 1)[0] for v in f.read().split(b"\0") if v}
+        self.assertLessEqual(names, {b"PATH", b"ASAN_OPTIONS", b"LSAN_OPTIONS", b"UBSAN_OPTIONS"},
+                             "the supervisor holds gpuqd's environment")
+        server = self.server_of(supervisor)
+        self.d.kill9()
+        wait_until(lambda: not alive(server), what="the server to end with gpuqd")
+        self.assertTrue(alive(supervisor), "the supervisor died with the server")
+        self.d.start()
+        self.assertEqual(self.d.show(job)["job"]["state"], "running")
+        self.assertIn(f"re-adopted job {job} (supervisor pid {supervisor})", pathlib.Path(self.tmp_path("gpuqd.log")).read_text())
+        open(release, "w").close()
+        self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
+
+    def test_a_server_that_dies_harms_no_running_job_and_the_next_start_gets_a_new_one(self):
+        job, supervisor, _, release = self.gated_job("b")
+        server = self.server_of(supervisor)
+        os.kill(server, signal.SIGKILL)
+        wait_until(lambda: not alive(server), what="the server to die")
+        after, next_supervisor, _, next_release = self.gated_job("c")
+        self.assertNotEqual(self.server_of(next_supervisor), server)
+        self.assertNotIn("starting supervisors one exec each", pathlib.Path(self.tmp_path("gpuqd.log")).read_text())
+        open(release, "w").close()
+        open(next_release, "w").close()
+        done = self.d.wait([job, after])
+        self.assertEqual([done[job]["state"], done[after]["state"]], ["succeeded", "succeeded"])

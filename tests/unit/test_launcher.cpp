@@ -281,3 +281,14 @@ TEST_CASE("free ports are real and avoid ports already handed out") {
 }
 
 TEST_SUITE_END();
+
+TEST_CASE("a supervisors' server that ends without answering is tried once more, then given up on") {
+  // /bin/true for gpuq-shim: it ends at once, as a server that died would. The start fails (gpuqd
+  // then execs the supervisor), after one more server was tried.
+  SupervisorServer server("/bin/true");
+  auto started = server.start("/nonexistent/attempt-1");
+  REQUIRE_FALSE(started);
+  CHECK(started.error().code == gpuq::ErrorCode::unavailable);
+  CHECK(started.error().message.find("supervisors' server") != std::string::npos);
+  CHECK(server.pid() == 0);
+}

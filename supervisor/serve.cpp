@@ -1,0 +1,188 @@
+// gpuq-shim --serve (serve.hpp). Single-threaded: SIGCHLD is read from a signalfd in the same
+// poll() as gpuqd's socket.
+#include "supervisor/serve.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/process.hpp"
+#include "supervisor/supervisor.hpp"
+
+namespace gpuq::supervisor {
+
+using json = nlohmann::json;
+
+CommandLine CommandLine::of(int argc, char** argv) {
+  if (argc < 1 || !argv[0]) return {};
+  char* end = argv[0];
+  for (int i = 0; i < argc; ++i) {
+    if (argv[i] != end) return {};  // not one after another: nothing to write over safely
+    end += std::strlen(argv[i]) + 1;
+  }
+  return {argv[0], static_cast<std::size_t>(end - argv[0])};
+}
+
+bool CommandLine::set(std::initializer_list<const char*> parts) const {
+  std::size_t need = 0;
+  for (const char* p : parts)
+    need += std::strlen(p) + 1;
+  if (!begin || need > room) return false;
+  char* at = begin;
+  for (const char* p : parts) {
+    const std::size_t n = std::strlen(p) + 1;
+    std::memcpy(at, p, n);
+    at += n;
+  }
+  std::memset(at, 0, room - need);
+  return true;
+}
+
+namespace {
+
+constexpr std::size_t k_max_request = 64 << 10;
+
+// One answer; `fd` (>= 0) goes with it as SCM_RIGHTS. A gpuqd that has gone away is no error here:
+// the next recv() says so.
+void answer(int sock, const json& reply, int fd = -1) {
+  const std::string text = reply.dump(-1, ' ', false, json::error_handler_t::replace);
+  iovec iov{const_cast<char*>(text.data()), text.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  while (::sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+  }
+}
+
+// The request's launch document and cgroups, or what is wrong with it.
+struct Request {
+  std::string launch;
+  std::vector<std::string> cgroups;
+  std::vector<bool> per_rank;
+  std::string error;
+};
+
+Request parse(const char* data, std::size_t size) {
+  Request r;
+  const json doc = json::parse(data, data + size, nullptr, false);
+  const auto absolute = [](const json& v) {
+    return v.is_string() && !v.get_ref<const std::string&>().empty() && v.get_ref<const std::string&>()[0] == '/' &&
+           v.get_ref<const std::string&>().find('\0') == std::string::npos;
+  };
+  if (!doc.is_object() || !absolute(doc.value("launch", json()))) {
+    r.error = "a start request names no launch document (an absolute path)";
+    return r;
+  }
+  r.launch = doc["launch"].get<std::string>();
+  const json cgroups = doc.value("cgroups", json::array());
+  if (!cgroups.is_array()) r.error = "a start request's cgroups are not a list";
+  for (const auto& c : cgroups) {
+    if (!c.is_array() || c.size() != 2 || !absolute(c[0]) || !c[1].is_boolean()) {
+      r.error = "a start request's cgroup is not [absolute dir, per_rank]";
+      break;
+    }
+    r.cgroups.push_back(c[0].get<std::string>());
+    r.per_rank.push_back(c[1].get<bool>());
+  }
+  return r;
+}
+
+// Forks the supervisor of one attempt and answers with its pid, start time and pidfd.
+void start(int sock, int sigfd, const CommandLine& title, const Request& r) {
+  if (!title.begin || r.launch.size() + sizeof("gpuq-shim") + 1 > title.room) {
+    // gpuqd would not know it again after a restart (supervises()): it execs this one instead.
+    answer(sock, {{"error", "no room in the server's command line to name the supervisor of " + r.launch}});
+    return;
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    answer(sock, {{"error", std::string("fork: ") + std::strerror(errno)}});
+    return;
+  }
+  if (pid == 0) {
+    // As an exec'd gpuq-shim starts: a session of its own, nothing of the server's open or
+    // blocked, its command line naming its launch document (before it writes its pid file).
+    ::close(sock);
+    ::close(sigfd);
+    ::setsid();
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    title.set({"gpuq-shim", r.launch.c_str()});
+    int status = 2;
+    try {
+      status = run_supervisor(r.launch, r.cgroups, r.per_rank);
+    } catch (...) {
+    }
+    ::_exit(status);
+  }
+  // Read now, before this loop can reap it: the child is at least a zombie until then.
+  const auto started = common::process_start_time(pid);
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  answer(sock, {{"pid", pid}, {"start_time", started.value_or(0)}}, pidfd);
+  if (pidfd >= 0) ::close(pidfd);
+}
+
+}  // namespace
+
+int serve(int sock, CommandLine title) {
+  title.set({"gpuq-shim", "--serve"});  // the padding gpuqd gave it, gone from ps
+  if (::chdir("/") != 0) return 2;      // holds no directory of anyone's
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  const int sigfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sigfd < 0) return 2;
+  std::vector<char> buf(k_max_request + 1);
+  for (;;) {
+    pollfd fds[2] = {{sock, POLLIN, 0}, {sigfd, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return 2;
+    }
+    if (fds[1].revents) {
+      signalfd_siginfo info{};
+      while (::read(sigfd, &info, sizeof(info)) == sizeof(info)) {
+      }
+      while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+      }
+    }
+    if (!fds[0].revents) continue;
+    const ssize_t n = ::recv(sock, buf.data(), buf.size(), MSG_TRUNC);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return 0;  // gpuqd closed its end: what was started goes on without the server
+    if (static_cast<std::size_t>(n) > k_max_request) {
+      answer(sock, {{"error", "a start request longer than " + std::to_string(k_max_request) + " bytes"}});
+      continue;
+    }
+    const Request r = parse(buf.data(), static_cast<std::size_t>(n));
+    if (!r.error.empty())
+      answer(sock, {{"error", r.error}});
+    else
+      start(sock, sigfd, title, r);
+  }
+}
+
+}  // namespace gpuq::supervisor
