@@ -315,69 +315,107 @@ Result<bool> SupervisorServer::launch() {
 void SupervisorServer::end() {
   if (m_sock >= 0) ::close(m_sock);  // it ends on reading that
   m_sock = -1;
-  if (m_pid <= 0) return;
-  ::kill(m_pid, SIGKILL);  // one that stopped answering; what it started is not touched
-  for (int i = 0; i < 1000 && ::waitpid(m_pid, nullptr, WNOHANG) == 0; ++i)
-    ::usleep(1000);
+  if (m_pid > 0) {
+    ::kill(m_pid, SIGKILL);  // one that stopped answering; what it started is not touched
+    m_dead.push_back(m_pid);
+  }
   m_pid = 0;
+  std::erase_if(m_dead, [](int pid) { return ::waitpid(pid, nullptr, WNOHANG) != 0; });
 }
 
 Result<SupervisorServer::Started> SupervisorServer::start(const std::string& adir,
                                                           const std::vector<AttemptCgroup>& cgroups) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < m_rest_until) return Error{ErrorCode::unavailable, "the supervisors' server is resting after failing"};
   nlohmann::json request = {{"launch", adir + "/launch.json"}, {"cgroups", nlohmann::json::array()}};
   for (const auto& c : cgroups)
     request["cgroups"].push_back({c.dir, c.per_rank});
-  const std::string text = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  Error failed{ErrorCode::internal, ""};
+  std::string text;
+  try {
+    text = request.dump();  // strict: a path that is not UTF-8 is exec'd as it is, not mangled
+  } catch (const std::exception&) {
+    return Error{ErrorCode::internal, "an attempt's paths are not UTF-8, which the supervisors' server takes"};
+  }
+  const auto deadline = now + std::chrono::milliseconds(k_answer_ms);
+  Error failed{ErrorCode::unavailable, ""};
   for (int tries = 0; tries < 2; ++tries) {
     if (m_sock < 0)
-      if (auto l = launch(); !l) return l.error();
-    auto started = ask(text);
+      if (auto l = launch(); !l) {
+        failed = l.error();
+        break;
+      }
+    auto started = ask(text, deadline);
     if (started || started.error().code != ErrorCode::unavailable) return started;
     failed = started.error();
-    end();  // it died or hung: a new one
+    end();  // it died or hung: a new one (nothing it forked for this request goes on)
   }
+  m_rest_until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                        std::chrono::duration<double>(k_rest_s));
   return failed;
 }
 
 // unavailable: the server is gone or did not answer; internal: it answered that it could not.
-Result<SupervisorServer::Started> SupervisorServer::ask(const std::string& request) {
+Result<SupervisorServer::Started> SupervisorServer::ask(const std::string& request,
+                                                        std::chrono::steady_clock::time_point deadline) {
   if (::send(m_sock, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size()))
     return Error{ErrorCode::unavailable,
                  std::string("the supervisors' server took no request: ") + std::strerror(errno)};
   pollfd p{m_sock, POLLIN, 0};
   int ready = 0;
-  while ((ready = ::poll(&p, 1, k_answer_ms)) < 0 && errno == EINTR) {
-  }
+  do {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, left.count())));
+  } while (ready < 0 && errno == EINTR);
   if (ready <= 0)
     return Error{ErrorCode::unavailable,
-                 "the supervisors' server did not answer in " + std::to_string(k_answer_ms / 1000) + " s"};
-  char buf[4096];
+                 "the supervisors' server did not answer within " + std::to_string(k_answer_ms) + " ms"};
+  char buf[8192];
   iovec iov{buf, sizeof(buf)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   const ssize_t n = ::recvmsg(m_sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  int pidfd = -1;
+  std::vector<int> fds;  // the child's go-ahead, then its pidfd where the server had one
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c; c = CMSG_NXTHDR(&msg, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
-      std::memcpy(&pidfd, CMSG_DATA(c), sizeof(int));
-  if (n <= 0) return Error{ErrorCode::unavailable, "the supervisors' server ended"};
-  const auto answer = nlohmann::json::parse(buf, buf + n, nullptr, false);
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      for (std::size_t i = 0; CMSG_LEN((i + 1) * sizeof(int)) <= c->cmsg_len; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.push_back(fd);
+      }
+  const auto close_all = [&] {
+    for (int fd : fds)
+      ::close(fd);
+  };
+  if (n <= 0) {
+    close_all();
+    return Error{ErrorCode::unavailable, "the supervisors' server ended"};
+  }
+  const auto answer = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0
+                          ? nlohmann::json::parse(buf, buf + n, nullptr, false)
+                          : nlohmann::json();
   const auto pid = answer.is_object() ? answer.value("pid", nlohmann::json()) : nlohmann::json();
-  if (!pid.is_number_integer() || pid.get<long long>() <= 0) {
-    if (pidfd >= 0) ::close(pidfd);
+  const bool with_pidfd = answer.is_object() && answer.value("pidfd", false);
+  if (!pid.is_number_integer() || pid.get<long long>() <= 0 || fds.size() != (with_pidfd ? 2u : 1u)) {
+    close_all();  // a child waiting for its go-ahead ends at that
     const auto why = answer.is_object() ? answer.value("error", nlohmann::json()) : nlohmann::json();
     return Error{ErrorCode::internal, "the supervisors' server could not start one: " +
                                           (why.is_string() ? why.get<std::string>() : std::string("no answer"))};
   }
+  // The go-ahead: from here the supervisor is the caller's to watch.
+  const bool went = ::write(fds[0], "g", 1) == 1;
+  ::close(fds[0]);
   Started s;
   const auto started = answer.value("start_time", nlohmann::json());
   s.pid = {pid.get<int>(), started.is_number_unsigned() ? started.get<std::uint64_t>() : 0};
-  s.pidfd = pidfd;
+  s.pidfd = with_pidfd ? fds[1] : -1;
+  if (!went) {  // it is gone already: its pidfd says so
+    if (s.pidfd < 0) return Error{ErrorCode::internal, "the supervisor the server forked ended before it began"};
+  }
   return s;
 }
 

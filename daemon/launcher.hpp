@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -121,8 +122,10 @@ Result<int> spawn_supervisor(const std::string& shim_path, const std::string& at
 // supervisor where spawn_supervisor execs one: the same supervisor, in a session of its own,
 // named `gpuq-shim DIR/launch.json` in its command line, outliving gpuqd. The server is gpuqd's
 // child, started at the first start(); it ends when this closes its end (destroyed, or given up
-// on), and what it started goes on. Asking it holds gpuqd's thread for one fork (a server that
-// has not answered in k_answer_ms is killed and started again, once a start).
+// on), and what it started goes on. A start holds gpuqd's thread for one fork: a server that has
+// not answered within k_answer_ms of the request is killed and one more is tried within the same
+// bound; after that (or a server that cannot start), start() fails at once for k_rest_s, and the
+// caller execs the supervisor. A start is done at most once whatever fails (serve.cpp's start()).
 class SupervisorServer {
  public:
   explicit SupervisorServer(std::string shim_path) : m_shim(std::move(shim_path)) {}
@@ -139,14 +142,18 @@ class SupervisorServer {
   // The server's pid; 0 while none runs.
   int pid() const { return m_pid; }
 
+  static constexpr int k_answer_ms = 3000;
+  static constexpr double k_rest_s = 60;
+
  private:
-  static constexpr int k_answer_ms = 10000;
   Result<bool> launch();
-  Result<Started> ask(const std::string& request);
+  Result<Started> ask(const std::string& request, std::chrono::steady_clock::time_point deadline);
   void end();
   std::string m_shim;
   int m_sock = -1;  // gpuqd's end of the socket pair
   int m_pid = 0;
+  std::vector<int> m_dead;  // servers killed and not yet reaped
+  std::chrono::steady_clock::time_point m_rest_until{};
 };
 
 // File descriptors. gpuqd raises its soft RLIMIT_NOFILE to the hard limit at start (every running

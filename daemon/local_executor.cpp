@@ -377,10 +377,19 @@ class LocalExecutor final : public Executor {
   // Whether process `pid` is the supervisor gpuqd started for `attempt`: its command line, which
   // only it (or root) may change, is `gpuq-shim DIR/launch.json ...` (spawn_supervisor; one the
   // server forked writes it over the server's own before it writes its pid file: serve.cpp).
-  static bool supervises(int pid, const Attempt& attempt) {
+  // And its executable is gpuq-shim's, the one this gpuqd runs (or was, before an upgrade replaced
+  // it): a set-user-ID program the job's owner ran with the launch document as its argument (sudo)
+  // has the command line and the identity, not the executable.
+  bool supervises(int pid, const Attempt& attempt) const {
     std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
     std::string shim, launch;
-    return std::getline(in, shim, '\0') && std::getline(in, launch, '\0') && launch == attempt.dir + "/launch.json";
+    if (!std::getline(in, shim, '\0') || !std::getline(in, launch, '\0') || launch != attempt.dir + "/launch.json")
+      return false;
+    std::error_code ec;
+    std::string exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).string();
+    if (constexpr std::string_view deleted = " (deleted)"; exe.ends_with(deleted))
+      exe.resize(exe.size() - deleted.size());
+    return !ec && !m_shim_exe.empty() && exe == m_shim_exe;
   }
 
   // A new watch of the attempt of job `id`: what an earlier one left is forgotten.
@@ -397,9 +406,16 @@ class LocalExecutor final : public Executor {
     return std::to_string(attempt.id) + "-" + attempt.dir.substr(attempt.dir.rfind('/') + 1);
   }
 
-  // `pidfd`: one the server handed over with the pid, or -1 (opened here).
+  // `pidfd`: one the server handed over with the pid, or -1 (opened here, and kept only if the
+  // pid is still the supervisor's: one the server forked is not gpuqd's child, whose zombie would
+  // hold the pid, and may have been reaped already).
   void watch(std::int64_t id, Shim& s, int pidfd = -1) {
     int fd = pidfd >= 0 ? pidfd : pidfd_open(s.pid.pid);
+    if (pidfd < 0 && fd >= 0 && !s.own_child && !is_alive(s.pid)) {
+      ::close(fd);
+      asio::post(m_io, [this, id] { gone(id); });
+      return;
+    }
     if (fd >= 0) {
       s.pidfd = std::make_unique<asio::posix::stream_descriptor>(m_io, fd);
       s.pidfd->async_wait(asio::posix::stream_descriptor::wait_read, [this, id](const boost::system::error_code& ec) {
@@ -510,6 +526,12 @@ class LocalExecutor final : public Executor {
     return false;
   }
 
+  static std::string real_path(const std::string& path) {
+    std::error_code ec;
+    auto p = std::filesystem::canonical(path, ec);
+    return ec ? std::string() : p.string();
+  }
+
   static double steady_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
@@ -518,6 +540,7 @@ class LocalExecutor final : public Executor {
 
   asio::io_context& m_io;
   std::string m_shim_path;
+  std::string m_shim_exe = real_path(m_shim_path);  // as /proc/PID/exe names it
   SupervisorServer m_server{m_shim_path};
   bool m_said_exec = false;  // that a supervisor was exec'd, the server unable to fork it
   Ended m_ended;

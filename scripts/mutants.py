@@ -54,6 +54,9 @@ MUTANTS = [
      "if (pid && is_alive(*pid) && common::process_owner(pid->pid) == ::geteuid() && supervises(pid->pid, attempt)) {",
      "if (pid && is_alive(*pid) && common::process_owner(pid->pid) == ::geteuid()) {",
      ["test_lab.LabMode.test_a_pid_file_pointed_at_a_process_not_its_supervisor_is_never_taken_or_signalled"]),
+    ("readopt-is-its-executable", "daemon/local_executor.cpp",
+     "    return !ec && !m_shim_exe.empty() && exe == m_shim_exe;", "    return true;",
+     ["test_lab.LabMode.test_a_pid_file_pointed_at_a_process_not_its_supervisor_is_never_taken_or_signalled"]),
     ("launch-doc-symlink", "common/process.cpp",
      "  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;",
      "  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;",
@@ -404,7 +407,14 @@ MUTANTS = [
      ["test_lifecycle.SupervisorServer.test_a_forked_supervisor_is_named_by_its_attempt_outlives_the_server_and_is_adopted_again"]),
     ("server-started-again", "daemon/launcher.cpp",
      "  for (int tries = 0; tries < 2; ++tries) {", "  for (int tries = 0; tries < 1; ++tries) {",
-     ["test_lifecycle.SupervisorServer.test_a_server_that_dies_harms_no_running_job_and_the_next_start_gets_a_new_one"]),
+     ["unit:a supervisors' server that ends*",
+      "test_lifecycle.SupervisorServer.test_a_server_that_dies_harms_no_running_job_and_the_next_start_gets_a_new_one"]),
+    ("server-rests", "daemon/launcher.cpp",
+     "  if (now < m_rest_until) return", "  if (false) return",
+     ["unit:a supervisors' server that ends*"]),
+    ("forked-supervisor-waits-to-go", "supervisor/serve.cpp",
+     "    if (got != 1) ::_exit(3);", "    (void)got;",
+     ["unit:a supervisor the server forks begins*"]),
 ]
 
 

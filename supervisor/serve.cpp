@@ -2,6 +2,7 @@
 // poll() as gpuqd's socket.
 #include "supervisor/serve.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -53,23 +55,26 @@ namespace {
 
 constexpr std::size_t k_max_request = 64 << 10;
 
-// One answer; `fd` (>= 0) goes with it as SCM_RIGHTS. A gpuqd that has gone away is no error here:
-// the next recv() says so.
-void answer(int sock, const json& reply, int fd = -1) {
+// One answer; `fds` (those >= 0) go with it as SCM_RIGHTS. A gpuqd that has gone away is no error
+// here: the next recv() says so.
+void answer(int sock, const json& reply, std::initializer_list<int> fds = {}) {
   const std::string text = reply.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::vector<int> passed;
+  for (int fd : fds)
+    if (fd >= 0) passed.push_back(fd);
   iovec iov{const_cast<char*>(text.data()), text.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  if (!passed.empty()) {
     msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    msg.msg_controllen = CMSG_SPACE(passed.size() * sizeof(int));
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(passed.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), passed.data(), passed.size() * sizeof(int));
   }
   while (::sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {
   }
@@ -108,15 +113,28 @@ Request parse(const char* data, std::size_t size) {
   return r;
 }
 
-// Forks the supervisor of one attempt and answers with its pid, start time and pidfd.
+// Forks the supervisor of one attempt and answers with its pid and start time, and as
+// descriptors its pidfd and the write end of a pipe the child waits on before it does anything:
+// it goes on only once gpuqd has the answer and writes to it. So a start is never done twice: an
+// answer gpuqd did not get (this server killed or stopped after the fork, gpuqd gave up waiting and
+// closed its end, which closes the descriptors in flight) ends the child at EOF, and gpuqd may ask
+// again; and one gpuqd got but did not act on (it died) leaves no supervisor, as if it had died
+// before asking.
 void start(int sock, int sigfd, const CommandLine& title, const Request& r) {
   if (!title.begin || r.launch.size() + sizeof("gpuq-shim") + 1 > title.room) {
     // gpuqd would not know it again after a restart (supervises()): it execs this one instead.
-    answer(sock, {{"error", "no room in the server's command line to name the supervisor of " + r.launch}});
+    answer(sock, {{"error", "no room in the server's command line to name the supervisor of an attempt"}});
+    return;
+  }
+  int go[2];
+  if (::pipe2(go, O_CLOEXEC) != 0) {
+    answer(sock, {{"error", std::string("pipe: ") + std::strerror(errno)}});
     return;
   }
   const pid_t pid = ::fork();
   if (pid < 0) {
+    ::close(go[0]);
+    ::close(go[1]);
     answer(sock, {{"error", std::string("fork: ") + std::strerror(errno)}});
     return;
   }
@@ -125,6 +143,13 @@ void start(int sock, int sigfd, const CommandLine& title, const Request& r) {
     // blocked, its command line naming its launch document (before it writes its pid file).
     ::close(sock);
     ::close(sigfd);
+    ::close(go[1]);
+    char word = 0;
+    ssize_t got = 0;
+    while ((got = ::read(go[0], &word, 1)) < 0 && errno == EINTR) {
+    }
+    if (got != 1) ::_exit(3);  // gpuqd never had the answer: nothing was started
+    ::close(go[0]);
     ::setsid();
     sigset_t none;
     sigemptyset(&none);
@@ -135,12 +160,14 @@ void start(int sock, int sigfd, const CommandLine& title, const Request& r) {
       status = run_supervisor(r.launch, r.cgroups, r.per_rank);
     } catch (...) {
     }
-    ::_exit(status);
+    std::exit(status);  // as an exec'd shim ends (a sanitizer build's leak check included)
   }
+  ::close(go[0]);
   // Read now, before this loop can reap it: the child is at least a zombie until then.
   const auto started = common::process_start_time(pid);
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  answer(sock, {{"pid", pid}, {"start_time", started.value_or(0)}}, pidfd);
+  answer(sock, {{"pid", pid}, {"start_time", started.value_or(0)}, {"pidfd", pidfd >= 0}}, {go[1], pidfd});
+  ::close(go[1]);
   if (pidfd >= 0) ::close(pidfd);
 }
 

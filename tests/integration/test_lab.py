@@ -290,15 +290,19 @@ print("hierarchies:", len(visited), "tried:", len(tried), "done:", done, "odd:",
     def test_a_pid_file_pointed_at_a_process_not_its_supervisor_is_never_taken_or_signalled(self):
         # While no gpuqd runs, Alice (whose attempt directory it is) points her job's pid file at:
         # Bob's process; a process of root's (the user supervisors run as); a process of her own
-        # whose command line is her job's supervisor's. Each started here (not under runuser, which
-        # a kill would leave behind), holding none of the test's pipes.
+        # whose command line is her job's supervisor's; one of a set-user-ID root program (as sudo
+        # is) that she ran with that command line, root's by its effective uid. Each started here
+        # (not under runuser, which a kill would leave behind), holding none of the test's pipes.
         def decoy(user, argv):
             p = subprocess.Popen(argv, user=user, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
             self.addCleanup(lambda: (p.kill(), p.wait(), p.stdin.close()))
             return p
 
-        for who in ("bob", "root", "alice"):
+        suid_cat = os.path.join(self.tmp, "suid-cat")
+        shutil.copy("/bin/cat", suid_cat)
+        os.chmod(suid_cat, 0o4755)
+        for who in ("bob", "root", "alice", "setuid"):
             gate = os.path.join(self.tmp, f"gate-{who}")
             [a] = self.submit(ALICE, {"name": "liar", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]})
             wait_until(lambda: json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"] == "running",
@@ -306,7 +310,12 @@ print("hierarchies:", len(visited), "tried:", len(tried), "done:", done, "odd:",
             attempt = os.path.join(json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["job_dir"], "attempt-1")
             p = {"bob": lambda: decoy(uid_of(BOB), ["sleep", "300"]),
                  "root": lambda: decoy(0, ["sleep", "300"]),
-                 "alice": lambda: decoy(uid_of(ALICE), ["cat", os.path.join(attempt, "launch.json"), "-"])}[who]()
+                 "alice": lambda: decoy(uid_of(ALICE), ["cat", os.path.join(attempt, "launch.json"), "-"]),
+                 "setuid": lambda: decoy(uid_of(ALICE), [suid_cat, os.path.join(attempt, "launch.json"), "-"])}[who]()
+            if who == "setuid":  # (not on a nosuid mount)
+                with open(f"/proc/{p.pid}/status") as f:
+                    uids = next(line for line in f if line.startswith("Uid:")).split()[1:3]
+                self.assertEqual(uids, [str(uid_of(ALICE)), "0"], "the set-user-ID decoy did not run as root")
             with open(f"/proc/{p.pid}/stat") as f:
                 start = int(f.read().rsplit(")", 1)[1].split()[19])
             self.d.kill9()

@@ -278,9 +278,6 @@ class OneDaemon(DaemonTest):
         self.assertEqual(subprocess.run([gpuq, "daemon", "status"], env=env, capture_output=True).returncode, 3)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class SupervisorServer(DaemonTest):
     """Each attempt's supervisor is forked by one `gpuq-shim --serve`, gpuqd's child, instead of an
@@ -334,3 +331,7 @@ class SupervisorServer(DaemonTest):
         open(next_release, "w").close()
         done = self.d.wait([job, after])
         self.assertEqual([done[job]["state"], done[after]["state"]], ["succeeded", "succeeded"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <sched.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <fstream>
 
 #include "daemon/launcher.hpp"
+#include "temp_dir.hpp"
 
 using namespace gpuq::daemon;
 
@@ -282,13 +284,26 @@ TEST_CASE("free ports are real and avoid ports already handed out") {
 
 TEST_SUITE_END();
 
-TEST_CASE("a supervisors' server that ends without answering is tried once more, then given up on") {
-  // /bin/true for gpuq-shim: it ends at once, as a server that died would. The start fails (gpuqd
-  // then execs the supervisor), after one more server was tried.
-  SupervisorServer server("/bin/true");
+TEST_CASE("a supervisors' server that ends without answering is tried once more, then rests") {
+  // A gpuq-shim that ends at once, as a server that died (or an older gpuq-shim without --serve)
+  // would, counting its starts. The start fails (gpuqd then execs the supervisor) after one more
+  // server was tried; the next start within k_rest_s tries none.
+  gpuq::testing::TempDir dir("gpuq-server");
+  const std::string shim = dir.path + "/gpuq-shim", starts = dir.path + "/starts";
+  std::ofstream(shim) << "#!/bin/sh\necho \"$1\" >> " << starts << "\nexit 2\n";
+  REQUIRE(::chmod(shim.c_str(), 0755) == 0);
+  SupervisorServer server(shim);
   auto started = server.start("/nonexistent/attempt-1");
   REQUIRE_FALSE(started);
   CHECK(started.error().code == gpuq::ErrorCode::unavailable);
   CHECK(started.error().message.find("supervisors' server") != std::string::npos);
   CHECK(server.pid() == 0);
+  auto lines = [&] {
+    std::ifstream in(starts);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return all;
+  };
+  CHECK(lines() == "--serve\n--serve\n");
+  CHECK_FALSE(server.start("/nonexistent/attempt-2"));
+  CHECK(lines() == "--serve\n--serve\n");
 }

@@ -1,0 +1,155 @@
+// gpuq-shim --serve (supervisor/serve.hpp), driven in-process: the server forked from this test,
+// and gpuqd's side of the socket written out here, so that the test can do what gpuqd never does
+// (take an answer and not act on it).
+#include <doctest/doctest.h>
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/paths.hpp"
+#include "supervisor/serve.hpp"
+#include "temp_dir.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+using gpuq::testing::TempDir;
+
+struct Answer {
+  json body;
+  std::vector<int> fds;  // the go-ahead, then the pidfd
+};
+
+// A server on one end of a socket pair, forked from this process; ends when the other end closes.
+struct Server {
+  int sock = -1;
+  pid_t pid = 0;
+  char title[512] = "gpuq-shim";  // room for the supervisors' command lines
+
+  Server() {
+    int pair[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0);
+    std::fflush(nullptr);  // a supervisor ends with exit(), which would write what is buffered again
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(pair[0]);
+      ::_exit(gpuq::supervisor::serve(pair[1], {title, sizeof(title)}));
+    }
+    ::close(pair[1]);
+    sock = pair[0];
+  }
+  ~Server() {
+    ::close(sock);  // the server ends at that
+    int status = -1;
+    ::waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
+  Answer ask(const json& request) {
+    const std::string text = request.dump();
+    REQUIRE(::send(sock, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size()));
+    char buf[8192];
+    iovec iov{buf, sizeof(buf)};
+    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    REQUIRE(n > 0);
+    Answer a{json::parse(buf, buf + n), {}};
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+      for (std::size_t i = 0; CMSG_LEN((i + 1) * sizeof(int)) <= c->cmsg_len; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        a.fds.push_back(fd);
+      }
+    return a;
+  }
+};
+
+// Waits (at most a minute) for the process behind `pidfd` to end.
+void wait_for_end(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 60000) == 1);
+}
+
+// An attempt whose one rank appends a line to `ran`.
+std::string write_launch(const std::string& dir) {
+  const json doc = {{"ranks", json::array({{{"rank", 0},
+                                            {"argv", {"/bin/sh", "-c", "echo ran >> " + dir + "/ran"}},
+                                            {"env", {{"PATH", "/usr/bin:/bin"}}},
+                                            {"cwd", dir},
+                                            {"log", dir + "/rank-0.log"}}})},
+                    {"pid_file", dir + "/shim.pid"},
+                    {"exit_file", dir + "/exit.json"}};
+  std::ofstream(dir + "/launch.json") << doc.dump();
+  return dir + "/launch.json";
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a supervisor the server forks begins at gpuqd's go-ahead, and one whose answer gpuqd dropped starts nothing") {
+  TempDir dir("gpuq-serve");
+  const std::string launch = write_launch(dir.path);
+  Server server;
+
+  // Dropped: gpuqd closes the go-ahead unwritten (it never got the answer, or died with it).
+  Answer dropped = server.ask({{"launch", launch}, {"cgroups", json::array()}});
+  REQUIRE(dropped.body.value("pid", 0) > 0);
+  REQUIRE(dropped.body.value("pidfd", false));
+  REQUIRE(dropped.fds.size() == 2);
+  ::close(dropped.fds[0]);
+  wait_for_end(dropped.fds[1]);
+  ::close(dropped.fds[1]);
+  CHECK_FALSE(gpuq::common::path_exists(dir.path + "/shim.pid"));
+  CHECK_FALSE(gpuq::common::path_exists(dir.path + "/ran"));
+
+  // Acted on: it runs the attempt once, and records it.
+  Answer go = server.ask({{"launch", launch}, {"cgroups", json::array()}});
+  REQUIRE(go.fds.size() == 2);
+  REQUIRE(::write(go.fds[0], "g", 1) == 1);
+  ::close(go.fds[0]);
+  wait_for_end(go.fds[1]);
+  ::close(go.fds[1]);
+  CHECK(read(dir.path + "/ran") == "ran\n");
+  const json record = json::parse(read(dir.path + "/exit.json"));
+  CHECK(record["ranks"][0]["exit_code"] == 0);
+  CHECK(json::parse(read(dir.path + "/shim.pid"))["pid"] == go.body["pid"]);
+}
+
+TEST_CASE("the server answers a request it cannot take with an error, and goes on serving") {
+  Server server;
+  for (const json& bad : {json{{"launch", "relative/launch.json"}}, json{{"cgroups", json::array()}},
+                          json{{"launch", "/a/launch.json"}, {"cgroups", {{"/cg", "yes"}}}}, json::array()}) {
+    Answer a = server.ask(bad);
+    CHECK(a.body.contains("error"));
+    CHECK(a.fds.empty());
+  }
+  // No room to name the supervisor of this one in the command line: gpuqd execs it instead.
+  Answer long_path = server.ask({{"launch", "/" + std::string(600, 'x') + "/launch.json"}});
+  CHECK(long_path.body.value("error", "").find("no room") != std::string::npos);
+  CHECK(long_path.fds.empty());
+}
