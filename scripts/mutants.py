@@ -12,6 +12,8 @@ killed, 1 otherwise.
   scripts/mutants.sh                 # all of them
   scripts/mutants.sh restart fds     # those whose names contain a word given
   GPUQ_MUTANT_DIR=/var/tmp/m scripts/mutants.sh   # where the copy and its build live
+  scripts/mutants.py --check build/bin # the table alone (a CTest entry): every snippet is in its
+                                       # file once, every test named exists; builds nothing
 """
 import os
 import shutil
@@ -455,13 +457,13 @@ def build():
     return r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
-def check_tests(tests):
+def check_tests(tests, bin_dir=None):
     """The tests a mutant names exist: a unit pattern that matches nothing passes, and an
     integration name that does not resolve fails, whatever the mutant does."""
     for t in tests:
         if t.startswith("unit:"):
-            r = run([os.path.join(BUILD, "bin", "gpuq_unit_tests"), f"-tc={t[5:]}", "-ltc"], capture_output=True,
-                    text=True)
+            r = run([os.path.join(bin_dir or os.path.join(BUILD, "bin"), "gpuq_unit_tests"), f"-tc={t[5:]}", "-ltc"],
+                    capture_output=True, text=True)
             if "passing the current filters: 0" in r.stdout or "passing the current filters" not in r.stdout:
                 return f"no unit test case matches {t[5:]!r}"
     names = [t for t in tests if not t.startswith("unit:")]
@@ -500,7 +502,39 @@ def killed_by(tests):
     return False
 
 
+def edits_of(path, snippet, replacement):
+    """A mutant's edits as (path, old, new): one, several in one file, or several in several files."""
+    if path is None:
+        return snippet
+    if replacement is None:
+        return [(path, old, new) for old, new in snippet]
+    return [(path, snippet, replacement)]
+
+
+def check_table(bin_dir):
+    """The table against the tree as it is: a snippet the code no longer holds (the code moved, and
+    the mutant would be reported in error only when someone ran it) or a test renamed fails here."""
+    problems = []
+    names = [m[0] for m in MUTANTS]
+    if len(set(names)) != len(names):
+        problems.append("two mutants share a name")
+    for name, path, snippet, replacement, tests in MUTANTS:
+        for p, old, _ in edits_of(path, snippet, replacement):
+            with open(os.path.join(REPO, p)) as f:
+                count = f.read().count(old)
+            if count != 1:
+                problems.append(f"{name}: its snippet is in {p} {count} times, not once: {old!r}")
+        if problem := check_tests(tests, bin_dir):
+            problems.append(f"{name}: {problem}")
+    for line in problems:
+        print("mutants table: " + line)
+    print(f"mutants table: {len(MUTANTS)} mutants, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
 def main(words):
+    if words[:1] == ["--check"] and len(words) == 2:
+        return check_table(os.path.abspath(words[1]))
     chosen = [m for m in MUTANTS if not words or any(w in m[0] for w in words)]
     t0 = time.time()
     ok, log = sync_and_build()
@@ -515,13 +549,7 @@ def main(words):
             broken.append(name)
             print(f"  {name:22} ERROR: {problem}")
             continue
-        # Edits: one (path, old, new), several in one file, or several in several files.
-        if path is None:
-            edits = snippet
-        elif replacement is None:
-            edits = [(path, old, new) for old, new in snippet]
-        else:
-            edits = [(path, snippet, replacement)]
+        edits = edits_of(path, snippet, replacement)
         originals = {}
         for p in {p for p, _, _ in edits}:
             with open(os.path.join(SRC, p)) as f:
