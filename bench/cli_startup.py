@@ -7,7 +7,9 @@ user would compare gpuq with:
              of Python to every run, which hid a 3x difference as 1.0x
   sweep      a script that calls the CLI once per job: N trivial jobs submitted one call each and
              drained, on `fake:8` against `tsp -S 8` (goal: <= 1.0x): `tsp -n` keeps nothing of a
-             job, plain `tsp` its output in a file, as gpuq keeps a job's logs and records
+             job, plain `tsp` its output in a file, as gpuq keeps a job's logs and records. Drained:
+             for tsp, when a `tsp` listing (asked every 10 ms) shows none queued or running; for
+             gpuq, when the last job ended by gpuqd's clock (`gpuq wait` asks every 500 ms)
   gpuqd cpu  the daemon's CPU time over the sweep, per job
   libraries  what `ldd gpuq` lists (goal: no graphics library; cairo is loaded by gpuq-plot-png alone)
 
@@ -79,14 +81,18 @@ def gpuq_sweep(n, tmp):
     try:
         env = dict(os.environ, GPUQ_SOCKET=d.socket)
         spec = json.dumps({"command": ["true"]})
-        t = time.perf_counter()
+        t, t_wall = time.perf_counter(), time.time()
         ids = []
         for _ in range(n):
             r = subprocess.run([GPUQ, "submit", "-", "--json"], input=spec, env=env, capture_output=True, text=True,
                                check=True)
             ids += json.loads(r.stdout)["ids"]
-        subprocess.run([GPUQ, "wait", *map(str, ids)], env=env, stdout=subprocess.DEVNULL, check=True)
-        took = time.perf_counter() - t
+        # Drained when the last job ended, by gpuqd's clock: `gpuq wait` asks every 500 ms, which
+        # would add up to half a second (tsp's loop below asks every 10 ms).
+        r = subprocess.run([GPUQ, "wait", "--json", *map(str, ids)], env=env, capture_output=True, text=True, check=True)
+        ended = max(j["ended_at"] for j in json.loads(r.stdout)["jobs"])
+        waited = time.perf_counter() - t
+        took = min(waited, ended - t_wall)
         stat = open(f"/proc/{d.proc.pid}/stat").read().rsplit(")", 1)[1].split()
         cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
         return took, cpu
