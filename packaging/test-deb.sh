@@ -12,7 +12,8 @@ echo "test-deb: $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB)"
 
 contents=$(dpkg-deb -c "$deb")
 for f in usr/bin/gpuqd usr/bin/gpuq usr/bin/gpuq-shim usr/bin/gpuq-plot-png usr/bin/gpuq-worker usr/lib/systemd/user/gpuqd.service \
- usr/lib/systemd/system/gpuqd@.service usr/lib/systemd/system/gpuqd-lab.service usr/share/bash-completion/completions/gpuq \
+ usr/lib/systemd/system/gpuqd@.service usr/lib/systemd/system/gpuqd-lab.service usr/lib/systemd/system/gpuq-jobs.service \
+         usr/lib/gpuq/gpuq-jobs-cgroup usr/share/bash-completion/completions/gpuq \
          usr/share/gpuq/jobs/demo.json usr/share/gpuq/grafana-dashboard.json usr/share/doc/gpuq/README.md usr/share/doc/gpuq/docs/cookbook.md usr/share/doc/gpuq/docs/monitoring.md \
          usr/share/man/man1/gpuq.1.gz usr/share/man/man1/gpuqd.1.gz usr/share/man/man1/gpuq-worker.1.gz; do
   grep -q " \./$f\$" <<<"$contents" || { echo "test-deb: $f missing from the package"; exit 1; }
@@ -43,10 +44,10 @@ exercise() {
 # The units: ExecStart pointed at the extracted binary, so verify can check it exists.
 dpkg-deb -x "$deb" "$tmp/root"
 if command -v systemd-analyze >/dev/null; then
-  for unit in gpuqd.service gpuqd@.service gpuqd-lab.service; do
-    sed "s|/usr/bin/gpuqd|$tmp/root/usr/bin/gpuqd|" "packaging/$unit" >"$tmp/$unit"
+  for unit in gpuqd.service gpuqd@.service gpuqd-lab.service gpuq-jobs.service; do
+    sed -e "s|/usr/bin/gpuqd|$tmp/root/usr/bin/gpuqd|" -e "s|/usr/lib/gpuq/|$tmp/root/usr/lib/gpuq/|" "packaging/$unit" >"$tmp/$unit"
   done
-  if ! (cd "$tmp" && systemd-analyze verify --man=no gpuqd.service "gpuqd@alice.service" gpuqd-lab.service >"$tmp/verify" 2>&1) ||
+  if ! (cd "$tmp" && systemd-analyze verify --man=no gpuqd.service "gpuqd@alice.service" gpuqd-lab.service gpuq-jobs.service >"$tmp/verify" 2>&1) ||
      [ -s "$tmp/verify" ]; then
     echo "test-deb: systemd-analyze verify complained:"; cat "$tmp/verify"; exit 1
   fi

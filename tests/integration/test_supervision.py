@@ -357,6 +357,47 @@ class CgroupParent(DaemonTest):
         self.assertEqual(self.d.wait([job], timeout=60)[job]["state"], "cancelled")
         wait_until(lambda: not alive(child), what="the job's setsid child to be killed")
 
+    def test_the_packaged_jobs_cgroup_frees_its_units_cgroup_and_gpuqd_runs_attempts_below_it(self):
+        # packaging/gpuq-jobs-cgroup, as gpuq-jobs.service runs it: started in a cgroup of its own
+        # (the unit's), it moves itself into a leaf, hands down what it is given, makes `jobs`, and
+        # says where in the file gpuqd-lab.service reads.
+        mount, unit = self.v2_dir("unit")
+        keeper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "packaging", "gpuq-jobs-cgroup")
+        env_file = self.tmp_path("jobs-cgroup.env")
+        p = subprocess.Popen(["sh", "-c", f'echo $$ > {unit}/cgroup.procs && exec "$0"', keeper],
+                             env=dict(os.environ, GPUQ_JOBS_ENV=env_file), stderr=subprocess.PIPE, text=True)
+
+        def stop_keeper():
+            p.kill()
+            p.wait()
+            p.stderr.close()
+            wait_until(lambda: not procs(os.path.join(unit, "keeper")), what="the keeper to go")
+            for leaf in ("jobs", "keeper"):
+                if os.path.isdir(os.path.join(unit, leaf)):
+                    os.rmdir(os.path.join(unit, leaf))
+        self.addCleanup(stop_keeper)
+
+        def procs(cgroup):
+            with open(os.path.join(cgroup, "cgroup.procs")) as f:
+                return f.read().split()
+        wait_until(lambda: os.path.exists(env_file) or p.poll() is not None, what="the keeper to say where")
+        self.assertIsNone(p.poll(), p.stderr.read() if p.poll() is not None else "")
+        with open(env_file) as f:
+            self.assertEqual(f.read(), f"GPUQ_JOBS_ARGS=--cgroup-parent {unit}/jobs\n")
+        self.assertIn(str(p.pid), procs(os.path.join(unit, "keeper")))
+        self.assertEqual(procs(unit), [], "the unit's cgroup still holds a process: it can hand nothing down")
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(unit, "jobs")).st_mode), 0o755)
+
+        self.d.extra = ["--cgroup-parent", f"{unit}/jobs"]
+        self.d.start()
+        self.assertTrue(self.d.cgroups.startswith(f"{unit}/jobs/gpuq-"), self.d.cgroups)
+        job, v2, child = self.held_job("kept")
+        self.assertTrue((mount.rstrip("/") + v2).startswith(self.d.cgroups + "/"), (v2, self.d.cgroups))
+        open(self.tmp_path("kept.go"), "w").close()
+        self.assertEqual(self.d.wait([job], timeout=60)[job]["state"], "succeeded")
+        wait_until(lambda: not alive(child), what="the job's setsid child to be killed at its end")
+        self.d.stop()
+
     def test_no_start_while_attempts_run_where_gpuqd_no_longer_looks(self):
         _, parent = self.v2_dir("moved")
         self.d.extra = ["--cgroup-parent", parent]
