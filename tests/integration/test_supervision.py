@@ -387,6 +387,9 @@ class CgroupParent(DaemonTest):
         self.assertIn(str(p.pid), procs(os.path.join(unit, "keeper")))
         self.assertEqual(procs(unit), [], "the unit's cgroup still holds a process: it can hand nothing down")
         self.assertEqual(stat.S_IMODE(os.stat(os.path.join(unit, "jobs")).st_mode), 0o755)
+        with open(os.path.join(unit, "cgroup.controllers")) as f, open(os.path.join(unit, "jobs", "cgroup.controllers")) as g:
+            given, handed = set(f.read().split()), set(g.read().split())
+        self.assertLessEqual(given & {"memory", "pids", "cpuset"}, handed, "a controller given was not handed down")
 
         self.d.extra = ["--cgroup-parent", f"{unit}/jobs"]
         self.d.start()
