@@ -398,6 +398,9 @@ MUTANTS = [
      "  if (!on_cgroup2(path) || !common::path_exists(path + \"/cgroup.procs\"))",
      "  if (false)",
      ["unit:cgroup_parent*", "test_supervision.CgroupParent"]),
+    ("jobs-cgroup-keeper-leaves", "packaging/gpuq-jobs-cgroup",
+     'echo $$ >"$dir/keeper/cgroup.procs"\n', "\n",
+     ["test_supervision.CgroupParent.test_the_packaged_jobs_cgroup_frees_its_units_cgroup_and_gpuqd_runs_attempts_below_it"]),
     ("forked-supervisor-named", "supervisor/serve.cpp",
      '    title.set({"gpuq-shim", r.launch.c_str()});\n', "\n",
      ["test_lifecycle.SupervisorServer.test_a_forked_supervisor_is_named_by_its_attempt_outlives_the_server_and_is_adopted_again"]),
@@ -493,7 +496,8 @@ def killed_by(tests):
                 return True
         if integration:
             try:
-                r = run([sys.executable, "-m", "unittest", *integration], cwd=os.path.join(REPO, "tests", "integration"),
+                # From the copy: a mutant of a script the tests run (packaging/) is the copy's.
+                r = run([sys.executable, "-m", "unittest", *integration], cwd=os.path.join(SRC, "tests", "integration"),
                         env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900)
             except subprocess.TimeoutExpired:
                 return True  # hung: the guard against hanging is gone, and the test noticed
