@@ -91,26 +91,41 @@ Result<bool> make_dirs(const std::string& dir) {
   return true;
 }
 
+namespace {
+// The first leading part of `path` that is there and is not a directory; "" when none is.
+std::string first_non_directory(const std::string& path) {
+  for (std::size_t at = path.find('/', 1);; at = path.find('/', at + 1)) {
+    const std::string prefix = path.substr(0, at);
+    struct stat st {};
+    if (!prefix.empty() && ::stat(prefix.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) return prefix;
+    if (at == std::string::npos) return "";
+  }
+}
+
+Error cannot_create(const std::string& dir, int err) {
+  const std::string blocker = err == ENOTDIR ? first_non_directory(dir) : std::string();
+  return Error{ErrorCode::internal, "cannot create directory " + dir + ": " +
+                                        (blocker.empty() ? std::strerror(err) : blocker + " is not a directory")};
+}
+}  // namespace
+
 Result<bool> ensure_private_dir(const std::string& dir) {
   // Parents are created with the default mode; only the last component must be private. The
   // directory itself first, then up from it only as far as one is missing (a new job's first
   // attempt: its job's directory), not from the root for every attempt of every job.
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    if (errno != ENOENT)
-      return Error{ErrorCode::internal, "cannot create directory " + dir + ": " + std::strerror(errno)};
+    if (errno != ENOENT) return cannot_create(dir, errno);
     std::vector<std::string> missing{dir};  // the deepest first
     for (std::string at = dir;;) {
       const auto slash = at.find_last_of('/', at.find_last_not_of('/'));
       if (slash == 0 || slash == std::string::npos) break;  // up to the root (or a relative path's first)
       at = at.substr(0, slash);
       if (::mkdir(at.c_str(), 0755) == 0 || errno == EEXIST) break;
-      if (errno != ENOENT)
-        return Error{ErrorCode::internal, "cannot create directory " + at + ": " + std::strerror(errno)};
+      if (errno != ENOENT) return cannot_create(at, errno);
       missing.push_back(at);
     }
     for (auto it = missing.rbegin(); it != missing.rend(); ++it)
-      if (::mkdir(it->c_str(), *it == dir ? 0700 : 0755) != 0 && errno != EEXIST)
-        return Error{ErrorCode::internal, "cannot create directory " + *it + ": " + std::strerror(errno)};
+      if (::mkdir(it->c_str(), *it == dir ? 0700 : 0755) != 0 && errno != EEXIST) return cannot_create(*it, errno);
   }
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
