@@ -104,6 +104,7 @@ bool Store::insert_batch_part(BatchWrite& w, std::vector<JobRecord>& jobs,
     if (first_part) w.batch = 0;  // nothing of it was written
     throw;
   }
+  if (m_job_rows) *m_job_rows += static_cast<std::int64_t>(i - w.written);
   w.written = i;
   if (complete)
     m_unfinished.reset();
@@ -117,15 +118,18 @@ void Store::discard_batch() {
   Txn txn(m_db, m_faults);
   auto* del_transitions = prepare("DELETE FROM transitions WHERE job_id BETWEEN ? AND ?");
   auto* del_jobs = prepare("DELETE FROM jobs WHERE id BETWEEN ? AND ?");
+  std::int64_t deleted = 0;
   for (auto* st : {del_transitions, del_jobs}) {
     sqlite3_bind_int64(st, 1, m_unfinished->first);
     sqlite3_bind_int64(st, 2, m_unfinished->last);
     run(m_db, st, "discard an unfinished batch");
+    deleted = sqlite3_changes(m_db);  // the jobs', the last
   }
   auto* del_batch = prepare("DELETE FROM batches WHERE id=?");
   sqlite3_bind_int64(del_batch, 1, m_unfinished->batch);
   run(m_db, del_batch, "discard an unfinished batch");
   txn.commit();
+  if (m_job_rows) *m_job_rows -= deleted;
   m_unfinished.reset();
 }
 
@@ -273,7 +277,7 @@ void Store::rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::
 std::vector<std::int64_t> Store::remove_jobs(const std::vector<std::int64_t>& ids) {
   Txn txn(m_db, m_faults);
   std::set<std::int64_t> batches;
-  std::int64_t max_id = 0;
+  std::int64_t max_id = 0, removed = 0;
   auto* batch_of = prepare("SELECT batch FROM jobs WHERE id=?");
   auto* del_job = prepare("DELETE FROM jobs WHERE id=?");
   auto* del_transitions = prepare("DELETE FROM transitions WHERE job_id=?");
@@ -286,6 +290,7 @@ std::vector<std::int64_t> Store::remove_jobs(const std::vector<std::int64_t>& id
     sqlite3_reset(batch_of);
     if (!found) continue;
     max_id = std::max(max_id, id);
+    ++removed;
     for (auto* st : {del_job, del_transitions, del_events, del_offsets}) {
       sqlite3_bind_int64(st, 1, id);
       run(m_db, st, "remove a job");
@@ -313,6 +318,7 @@ std::vector<std::int64_t> Store::remove_jobs(const std::vector<std::int64_t>& id
     run(m_db, mark, "record removed ids");
   }
   txn.commit();
+  if (m_job_rows) *m_job_rows -= removed;
   return emptied;
 }
 

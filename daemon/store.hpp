@@ -231,6 +231,10 @@ class Store {
     std::size_t written = 0;
   };
   std::optional<Unfinished> m_unfinished;
+  // Rows in the jobs table, counted once (the first unfiltered count_jobs: a scan of the table)
+  // and kept since by the writes that insert or delete jobs, each once its transaction committed:
+  // `status` does not scan a long history for it.
+  std::optional<std::int64_t> m_job_rows;
 
   sqlite3* m_db = nullptr;
   class Checkpointer;  // the log's checkpoints, off the writing thread (store.cpp)

@@ -278,13 +278,18 @@ std::vector<std::int64_t> Store::ended_before(double t) {
 }
 
 std::int64_t Store::count_jobs(const common::JobFilter& f) {
-  auto* st =
-      f.empty() ? prepare("SELECT count(*) FROM jobs") : prepare("SELECT count(*) FROM jobs WHERE " GPUQ_JOB_FILTER);
-  if (!f.empty()) bind_filter(st, f);
   std::int64_t n = 0;
-  if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int64(st, 0);
-  sqlite3_reset(st);
-  if (f.empty() && m_unfinished) n -= static_cast<std::int64_t>(m_unfinished->written);
+  if (!f.empty() || !m_job_rows) {
+    auto* st =
+        f.empty() ? prepare("SELECT count(*) FROM jobs") : prepare("SELECT count(*) FROM jobs WHERE " GPUQ_JOB_FILTER);
+    if (!f.empty()) bind_filter(st, f);
+    if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    if (!f.empty()) return n;
+    m_job_rows = n;
+  }
+  n = *m_job_rows;
+  if (m_unfinished) n -= static_cast<std::int64_t>(m_unfinished->written);
   return n;
 }
 

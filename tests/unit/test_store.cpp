@@ -220,6 +220,7 @@ TEST_CASE("removed jobs leave no rows, their emptied batch goes with them, and n
   {
     auto store = Store::open(db.path);
     REQUIRE(store.ok());
+    CHECK((*store)->count_jobs() == 0);  // counted now, and kept from here by the writes
     std::vector<JobRecord> first{job_named("a"), job_named("b")}, second{job_named("c")};
     const auto b1 = (*store)->insert_batch(first, {{}, {}}, "/", json::object(), 1.0);
     const auto b2 = (*store)->insert_batch(second, {{}}, "/", json::object(), 1.0, 3);
@@ -255,9 +256,14 @@ TEST_CASE("removed jobs leave no rows, their emptied batch goes with them, and n
   CHECK(next[0].id == 4);
   CHECK((*store)->get(4)->spec.name == "d");
   CHECK((*store)->was_removed(3));
+  CHECK((*store)->count_jobs() == 2);
   CHECK((*store)->remove_jobs({next[0].id}) == std::vector<std::int64_t>{b3});
+  CHECK((*store)->count_jobs() == 1);
   std::vector<JobRecord> last{job_named("e"), job_named("f")};
   (*store)->insert_batch(last, {{}, {0}}, "/", json::object(), 6.0);
+  CHECK((*store)->count_jobs() == 3);
+  // The kept count is what a scan of the table finds (a filter that every job passes scans).
+  CHECK((*store)->count_jobs({0, {gpuq::JobState::queued, gpuq::JobState::succeeded}, ""}) == 3);
   CHECK(last[0].id == 5);
   CHECK(last[1].after == std::vector<std::int64_t>{5});
 }
