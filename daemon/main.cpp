@@ -325,11 +325,18 @@ int main(int argc, char** argv) {
   // No start where the admin named where jobs' cgroups go and none can be made there, nor where
   // attempts still run in a cgroup that is no longer where gpuqd would look for them. Elsewhere a
   // host without cgroups is no error: gpuqd tracks jobs by process tree, and says so.
-  // Opened once: the daemon's executor takes them as they are.
-  const auto& cgroups = s.config.cgroups = gpuq::daemon::Cgroups::open(s.config.state_dir, s.config.cgroup_parent);
-  if (!*cgroups && (!s.config.cgroup_parent.empty() || cgroups->error().code == gpuq::ErrorCode::wrong_state)) {
-    report_ready(cgroups->error().message);
-    return 1;
+  // Opened once: the daemon's executor takes them as they are. Only the local executor's attempts
+  // run on this machine (under Slurm, containment is Slurm's: docs/slurm.md), and only it removes
+  // what opening made.
+  if (s.config.executor != "slurm") {
+    const auto& cgroups = s.config.cgroups = gpuq::daemon::Cgroups::open(s.config.state_dir, s.config.cgroup_parent);
+    if (!*cgroups && (!s.config.cgroup_parent.empty() || cgroups->error().code == gpuq::ErrorCode::wrong_state)) {
+      report_ready(cgroups->error().message);
+      return 1;
+    }
+  } else if (!s.config.cgroup_parent.empty()) {
+    std::cerr << "gpuqd: cgroup_parent " << s.config.cgroup_parent
+              << " is not used: under the Slurm executor, jobs' cgroups are Slurm's\n";
   }
   auto store = open_store(s);
   if (!store) {

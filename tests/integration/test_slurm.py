@@ -5,6 +5,7 @@ from Slurm's; and `gpuqd --executor slurm` hands each attempt to Slurm, ddp gang
 nodes, driven through the real gpuq."""
 import json
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -185,6 +186,12 @@ class SlurmExecutor(unittest.TestCase):
         self.d.stop()
         subprocess.run(["scancel", "-u", str(os.getuid())], timeout=60)  # nothing left for the next test
         wait_until(lambda: not squeue(), timeout=60, interval=0.2, what="Slurm's queue to empty")
+
+    def test_gpuqd_makes_no_cgroup_of_its_own_for_jobs_that_slurm_contains(self):
+        # Cgroups::open records the base it made in the state dir; under Slurm nothing would remove
+        # it (one left in the hierarchy's root for every state dir gpuqd ever ran on).
+        self.assertFalse(os.path.exists(os.path.join(self.d.state, "cgroup-base")))
+        self.assertNotIn("each attempt runs in a cgroup of its own", pathlib.Path(self.tmp, "gpuqd.log").read_text())
 
     def test_one_gpu_jobs_run_under_slurm_four_at_a_time_on_two_nodes_each_with_its_own_gpu(self):
         marks = os.path.join(self.tmp, "marks")
