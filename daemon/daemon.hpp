@@ -27,23 +27,24 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config.hpp"
-#include "daemon/config.hpp"
 #include "common/protocol.hpp"
 #include "common/users.hpp"
 #include "daemon/attempts.hpp"
+#include "daemon/config.hpp"
 #include "daemon/control.hpp"
 #include "daemon/event_tick.hpp"
 #include "daemon/executor.hpp"
+#include "daemon/heap_trim.hpp"
 #include "daemon/hooks.hpp"
 #include "daemon/job_table.hpp"
-#include "daemon/machine.hpp"
 #include "daemon/last_pass.hpp"
+#include "daemon/machine.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/operations.hpp"
 #include "daemon/parts.hpp"
 #include "daemon/pass_pacer.hpp"
-#include "daemon/scheduler.hpp"
 #include "daemon/reads.hpp"
+#include "daemon/scheduler.hpp"
 #include "daemon/store.hpp"
 #include "daemon/users.hpp"
 #include "daemon/waiters.hpp"
@@ -194,6 +195,7 @@ class Daemon {
   Waiters m_waiters;  // `wait`s, answered once their jobs end (waiters.hpp)
   MetricCounters m_metrics;
   PassPacer m_pacer;  // when scheduling passes run (pass_pacer.hpp)
+  HeapTrim m_heap{m_io};                 // freed memory given back to the kernel (heap_trim.hpp)
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
   EventTick m_events;  // running jobs' events read in, and the hang watch (event_tick.hpp)
   Attempts m_attempts;  // launches attempts and records their ends (attempts.hpp)
