@@ -112,6 +112,38 @@ with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
 print(f"| sweep: {args.jobs} trivial jobs, one CLI call each, drained (8 slots), against `tsp -n` | {g:.2f} s | {s:.2f} s | {g / s:.2f}x |")
 print(f"| the same against plain `tsp` (each job's output kept in a file) | {g:.2f} s | {s_out:.2f} s | {g / s_out:.2f}x |")
 print(f"| gpuqd's CPU time over the sweep | {cpu:.2f} s ({cpu / args.jobs * 1000:.2f} ms a job) | | |")
+
+
+def submit_and_wait(n=50):
+    """One trivial job submitted and waited for, n times alternated: `gpuq submit --wait` (a table
+    when it ends) against `tsp -n true` then `tsp -w` on it; medians in ms."""
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        d = Daemon(tmp, gpus="fake:8", extra=["--cpu-slots", "8"]).start()
+        tenv = dict(os.environ, TS_SOCKET=os.path.join(tmp, "tsp.sock"), TMPDIR=tmp)
+        subprocess.run(["tsp", "-S", "8"], env=tenv, check=True)
+        spec = os.path.join(tmp, "true.json")
+        with open(spec, "w") as f:
+            json.dump({"command": ["true"]}, f)
+        genv = dict(os.environ, GPUQ_SOCKET=d.socket)
+        g, t = [], []
+        try:
+            for _ in range(n):
+                t0 = time.perf_counter()
+                subprocess.run([GPUQ, "submit", "--wait", spec], env=genv, capture_output=True, check=True)
+                g.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                job = subprocess.run(["tsp", "-n", "true"], env=tenv, capture_output=True, text=True, check=True).stdout.strip()
+                subprocess.run(["tsp", "-w", job], env=tenv, capture_output=True)
+                t.append(time.perf_counter() - t0)
+        finally:
+            subprocess.run(["tsp", "-K"], env=tenv)
+            d.stop()
+        return statistics.median(g) * 1000, statistics.median(t) * 1000
+
+
+sw_g, sw_t = submit_and_wait()
+print(f"| one job submitted and waited for: `gpuq submit --wait` against `tsp -n` + `tsp -w` (median of 50, "
+      f"alternated) | {sw_g:.1f} ms | {sw_t:.1f} ms | {sw_g / sw_t:.2f}x |")
 libs = subprocess.run(["ldd", GPUQ], capture_output=True, text=True).stdout.split("\n")
 graphics = [l.split()[0] for l in libs if any(k in l for k in ("cairo", "X11", "xcb", "fontconfig", "freetype", "png"))]
 linked = "statically linked" if any("statically linked" in l for l in libs) else f"{len([l for l in libs if l.strip()])} libraries"

@@ -5,9 +5,10 @@
 // runs only where it pays.
 #pragma once
 
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+
 #include <boost/asio.hpp>
 #include <cstddef>
-#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
 
 namespace gpuq::daemon {
 

@@ -314,11 +314,13 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
   return k_exit_ok;
 }
 
-// Waits by polling the jobs twice a second and showing their progress: on a terminal the
+// Waits by looking at the jobs twice a second and showing their progress: on a terminal the
 // wait_screen redrawn in place (a line per job, or a summary when they do not fit), elsewhere a
 // plain line when a job's state changes or, at most every 10 s, its progress. Ended jobs do not
 // change again, so each poll asks only for the others. Ends with the same table and exit code as
 // a plain wait.
+constexpr std::size_t k_wait_ids_per_tick = 1000;
+
 int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
   auto client = connect(o, true);
   if (!client) return report(client.error());
@@ -373,7 +375,16 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
       w.timed_out = true;
       break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    // Until the next look, half a second: a wait on what is still active, which gpuqd answers as
+    // soon as all of it has ended, so that the last end shows at once (a sleep put up to 500 ms
+    // between a job's end and this command's). Over many jobs (a request's worth of ids), a sleep.
+    const double tick = deadline > 0 ? std::clamp(deadline - now, 0.01, 0.5) : 0.5;
+    if (pending.size() <= k_wait_ids_per_tick) {
+      if (auto waited = client->call(common::cmd::wait, common::IdsRequest{pending, tick}); !waited)
+        return report(waited.error());
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double>(tick));
+    }
   }
   std::cout << "\n";
   print_jobs_table(w.jobs);
