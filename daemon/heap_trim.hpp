@@ -1,8 +1,8 @@
 // Memory given back: glibc keeps what gpuqd freed (a 100,000-job batch submitted and cancelled
 // left it at 330-380 MiB until a restart, against ~10 MiB fresh) for reuse instead of returning it
-// to the kernel. Every k_period_s this looks at the heap, and where enough of it lies free (what
-// big batches, replies and parses leave), returns it (malloc_trim). A trim walks the heap, so it
-// runs only where it pays.
+// to the kernel. Every k_period_s this looks at the heap (mallinfo2, which walks the free lists of
+// every arena), and where enough of it lies free (what big batches, replies and parses leave),
+// returns it (malloc_trim, a longer walk), so a trim runs only where it pays.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
@@ -12,10 +12,12 @@
 
 namespace gpuq::daemon {
 
-// Whether a heap with `free_bytes` free and `used_bytes` in use is worth trimming, when
-// `free_after_last` was free after the last trim (0 before one): 8 MiB more free since, and at
-// least as much free as in use.
-bool worth_trimming(std::size_t free_bytes, std::size_t used_bytes, std::size_t free_after_last = 0);
+// Whether a heap with `free_bytes` free and `used_bytes` in use is worth trimming: 8 MiB free at
+// least and at least as much as in use, and since the last trim (`free_after_last` free after it,
+// 0 before one) 8 MiB more free, or the resident set grown by 8 MiB (`resident_grew`: pages given
+// back were used, and freed, again).
+bool worth_trimming(std::size_t free_bytes, std::size_t used_bytes, std::size_t free_after_last = 0,
+                    std::size_t resident_grew = 0);
 
 class HeapTrim {
  public:
@@ -27,7 +29,8 @@ class HeapTrim {
  private:
   void arm();
   boost::asio::steady_timer m_timer;
-  std::size_t m_free_after_last = 0;  // the heap's free bytes after the last trim
+  std::size_t m_free_after_last = 0;      // the heap's free bytes after the last trim
+  std::size_t m_resident_after_last = 0;  // this process's resident set after it
 };
 
 }  // namespace gpuq::daemon

@@ -338,12 +338,18 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
   std::vector<std::int64_t> pending = ids;
   std::size_t drawn = 0;
   common::JobsReply w;
+  std::optional<common::JobsReply> waited;  // the last tick's wait answered with the pending jobs
   for (;;) {
-    common::ResultsRequest req;
-    req.ids = pending;
-    auto r = all_results(*client, req);
-    if (!r) return report(r.error());
-    for (auto& j : r->jobs) latest[j.id] = std::move(j);
+    if (!waited || waited->more) {  // the first look, or a wait's answer cut short (many jobs)
+      common::ResultsRequest req;
+      req.ids = pending;
+      auto r = all_results(*client, req);
+      if (!r) return report(r.error());
+      waited = std::move(*r);
+    }
+    for (auto& j : waited->jobs)
+      latest[j.id] = std::move(j);
+    waited.reset();
     w.jobs.clear();
     pending.clear();
     for (const auto& [id, j] : latest) {
@@ -377,11 +383,13 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
     }
     // Until the next look, half a second: a wait on what is still active, which gpuqd answers as
     // soon as all of it has ended, so that the last end shows at once (a sleep put up to 500 ms
-    // between a job's end and this command's). Over many jobs (a request's worth of ids), a sleep.
+    // between a job's end and this command's); its answer is the next look. Over many jobs (a
+    // request's worth of ids), a sleep.
     const double tick = deadline > 0 ? std::clamp(deadline - now, 0.01, 0.5) : 0.5;
     if (pending.size() <= k_wait_ids_per_tick) {
-      if (auto waited = client->call(common::cmd::wait, common::IdsRequest{pending, tick}); !waited)
-        return report(waited.error());
+      auto answer = client->call(common::cmd::wait, common::IdsRequest{pending, tick});
+      if (!answer) return report(answer.error());
+      waited = std::move(*answer);  // the next look
     } else {
       std::this_thread::sleep_for(std::chrono::duration<double>(tick));
     }
