@@ -34,7 +34,6 @@
 #include "daemon/control.hpp"
 #include "daemon/event_tick.hpp"
 #include "daemon/executor.hpp"
-#include "daemon/heap_trim.hpp"
 #include "daemon/hooks.hpp"
 #include "daemon/job_table.hpp"
 #include "daemon/last_pass.hpp"
@@ -194,8 +193,7 @@ class Daemon {
   LastPass m_last_pass;  // what the last scheduling pass said (last_pass.hpp)
   Waiters m_waiters;  // `wait`s, answered once their jobs end (waiters.hpp)
   MetricCounters m_metrics;
-  PassPacer m_pacer;  // when scheduling passes run (pass_pacer.hpp)
-  HeapTrim m_heap{m_io};                 // freed memory given back to the kernel (heap_trim.hpp)
+  PassPacer m_pacer;                     // when scheduling passes run (pass_pacer.hpp)
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)
   EventTick m_events;  // running jobs' events read in, and the hang watch (event_tick.hpp)
   Attempts m_attempts;  // launches attempts and records their ends (attempts.hpp)

@@ -25,6 +25,7 @@
 #include "common/command.hpp"
 #include "common/json_input.hpp"
 #include "supervisor/boost_process.hpp"
+#include "supervisor/serve.hpp"
 
 namespace gpuq::daemon {
 
@@ -370,34 +371,14 @@ Result<SupervisorServer::Started> SupervisorServer::ask(const std::string& reque
   if (ready <= 0)
     return Error{ErrorCode::unavailable,
                  "the supervisors' server did not answer within " + std::to_string(k_answer_ms) + " ms"};
-  char buf[8192];
-  iovec iov{buf, sizeof(buf)};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  const ssize_t n = ::recvmsg(m_sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  std::vector<int> fds;  // the child's go-ahead, then its pidfd where the server had one
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c; c = CMSG_NXTHDR(&msg, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-      for (std::size_t i = 0; CMSG_LEN((i + 1) * sizeof(int)) <= c->cmsg_len; ++i) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds.push_back(fd);
-      }
+  supervisor::Received got = supervisor::receive(m_sock, MSG_DONTWAIT);
+  std::vector<int>& fds = got.fds;  // the child's go-ahead, then its pidfd where the server had one
   const auto close_all = [&] {
     for (int fd : fds)
       ::close(fd);
   };
-  if (n <= 0) {
-    close_all();
-    return Error{ErrorCode::unavailable, "the supervisors' server ended"};
-  }
-  const auto answer = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0
-                          ? nlohmann::json::parse(buf, buf + n, nullptr, false)
-                          : nlohmann::json();
+  if (got.size <= 0) return Error{ErrorCode::unavailable, "the supervisors' server ended"};
+  const auto answer = got.cut ? nlohmann::json() : nlohmann::json::parse(got.text, nullptr, false);
   const auto pid = answer.is_object() ? answer.value("pid", nlohmann::json()) : nlohmann::json();
   const bool with_pidfd = answer.is_object() && answer.value("pidfd", false);
   if (!pid.is_number_integer() || pid.get<long long>() <= 0 || fds.size() != (with_pidfd ? 2u : 1u)) {

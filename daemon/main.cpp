@@ -19,6 +19,7 @@
 #include "common/users.hpp"
 #include "daemon/cgroups.hpp"
 #include "daemon/daemon.hpp"
+#include "daemon/heap_trim.hpp"
 #include "daemon/launcher.hpp"
 #include "daemon/metrics_http.hpp"
 #include "daemon/options.hpp"
@@ -269,6 +270,7 @@ int serve(Start& s, std::unique_ptr<gpuq::daemon::Store> store, gpuq::daemon::In
   boost::asio::io_context io;
   ::signal(SIGPIPE, SIG_IGN);
   gpuq::daemon::Daemon daemon(io, config, std::move(store), std::move(inventory));
+  gpuq::daemon::HeapTrim heap(io);  // freed memory given back to the kernel, every 10 s
   gpuq::daemon::Server server(io, daemon, config.socket_path, config.idle_timeout_s,
                               {config.multi_user, s.socket_gid});
   if (auto listening = server.listen(); !listening) {

@@ -51,6 +51,30 @@ bool CommandLine::set(std::initializer_list<const char*> parts) const {
   return true;
 }
 
+Received receive(int sock, int flags) {
+  Received r;
+  char buf[8192];
+  iovec iov{buf, sizeof(buf)};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  r.size = ::recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+  if (r.size <= 0) return r;
+  r.text.assign(buf, static_cast<std::size_t>(r.size));
+  r.cut = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      for (std::size_t i = 0; CMSG_LEN((i + 1) * sizeof(int)) <= c->cmsg_len; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        r.fds.push_back(fd);
+      }
+  return r;
+}
+
 namespace {
 
 constexpr std::size_t k_max_request = 64 << 10;

@@ -19,8 +19,12 @@
 // gpuqd and the server alike, and one attempt's supervisor failing touches no other.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 namespace gpuq::supervisor {
 
@@ -36,6 +40,18 @@ struct CommandLine {
   // they do not fit.
   bool set(std::initializer_list<const char*> parts) const;
 };
+
+// One message of the server's socket as recvmsg(2) gives it, with `flags` (close-on-exec added):
+// `size` as recvmsg returned (<= 0: ended, or an error), its text, whether it or its descriptors
+// were cut (longer than 8 KiB, more than two), and the descriptors passed with it (SCM_RIGHTS),
+// now the receiver's to close: an answer's go-ahead, then its pidfd where the server had one.
+struct Received {
+  ssize_t size = 0;
+  std::string text;
+  bool cut = false;
+  std::vector<int> fds;
+};
+Received receive(int sock, int flags = 0);
 
 // Serves start requests on `sock` until gpuqd closes its end; returns the process's exit status.
 int serve(int sock, CommandLine title);

@@ -61,23 +61,10 @@ struct Server {
   Answer ask(const json& request) {
     const std::string text = request.dump();
     REQUIRE(::send(sock, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size()));
-    char buf[8192];
-    iovec iov{buf, sizeof(buf)};
-    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    REQUIRE(n > 0);
-    Answer a{json::parse(buf, buf + n), {}};
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-      for (std::size_t i = 0; CMSG_LEN((i + 1) * sizeof(int)) <= c->cmsg_len; ++i) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        a.fds.push_back(fd);
-      }
+    gpuq::supervisor::Received got = gpuq::supervisor::receive(sock);
+    REQUIRE(got.size > 0);
+    REQUIRE_FALSE(got.cut);
+    Answer a{json::parse(got.text), std::move(got.fds)};
     return a;
   }
 };
