@@ -2,9 +2,9 @@
 """The CLI's own cost, against task-spooler's (`tsp`, Debian's task-spooler), the lightest queue a
 user would compare gpuq with:
 
-  start-up   median wall time of `gpuq --version` against `tsp -h`, 300 runs each, started with
-             posix_spawn (goal: <= 1.3x); `/bin/true` shows the floor. subprocess.run adds ~3 ms
-             of Python to every run, which hid a 3x difference as 1.0x
+  start-up   wall time of `gpuq --version` against `tsp -h`, 300 runs each, alternated, started
+             with posix_spawn (goal: <= 1.3x); `/bin/true` shows the floor. subprocess.run adds
+             ~3 ms of Python to every run, which hid a 3x difference as 1.0x
   sweep      a script that calls the CLI once per job: N trivial jobs submitted one call each and
              drained, on `fake:8` against `tsp -S 8` (goal: <= 1.0x): `tsp -n` keeps nothing of a
              job, plain `tsp` its output in a file, as gpuq keeps a job's logs and records. Drained:
@@ -17,7 +17,7 @@ The sweep is sensitive to the filesystem: on an ext4 without a journal (as on th
 new inode is checked against those deleted in the last seconds, so a run straight after another
 (or after a build) is slower; let the machine idle for a minute, or pass --tmp /dev/shm.
 
-Usage: bench/cli_startup.py [--bin build/bin] [--jobs 500] [--tmp DIR]
+Usage: bench/cli_startup.py [--bin build/bin] [--jobs 500] [--rounds 3] [--tmp DIR] [--baseline-bin DIR]
 """
 import argparse
 import json
@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,6 +35,8 @@ sys.path.insert(0, os.path.join(HERE, "../tests/integration"))
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(HERE, "../build/bin"))
 ap.add_argument("--jobs", type=int, default=500)
+ap.add_argument("--rounds", type=int, default=3, help="sweeps of each queue, alternated")
+ap.add_argument("--baseline-bin", default=None, help="an older gpuq's bin/, whose `logs -f` runs beside")
 ap.add_argument("--tmp", default=None, help="where both queues keep their state and logs (default: $TMPDIR); "
                 "/dev/shm takes the filesystem out of the comparison")
 args = ap.parse_args()
@@ -46,18 +49,29 @@ if not shutil.which("tsp"):
     sys.exit("cli_startup: needs task-spooler's tsp (apt-get install task-spooler)")
 
 
-def median_ms(argv, runs=300):
+def spawn_times(argvs, runs=300):
+    """Wall times (ms) of each argv, run `runs` times, the argvs alternated."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     quiet = [(os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, devnull, 2)]
-    path = shutil.which(argv[0])
-    times = []
+    times = [[] for _ in argvs]
     for _ in range(runs):
-        t = time.perf_counter()
-        pid = os.posix_spawn(path, argv, os.environ, file_actions=quiet)
-        os.waitpid(pid, 0)
-        times.append(time.perf_counter() - t)
+        for argv, out in zip(argvs, times):
+            t = time.perf_counter()
+            pid = os.posix_spawn(shutil.which(argv[0]), argv, os.environ, file_actions=quiet)
+            os.waitpid(pid, 0)
+            out.append((time.perf_counter() - t) * 1000)
     os.close(devnull)
-    return statistics.median(times) * 1000
+    return times
+
+
+def spread(xs, unit="ms", digits=2):
+    """median (p25-p75)"""
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return f"{statistics.median(xs):.{digits}f} {unit} ({q[0]:.{digits}f}-{q[2]:.{digits}f})"
+
+
+def load():
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
 
 
 def tsp_sweep(n, tmp, keep_output):
@@ -100,17 +114,29 @@ def gpuq_sweep(n, tmp):
         d.stop()
 
 
-gpuq_ms, tsp_ms, floor_ms = median_ms([GPUQ, "--version"]), median_ms(["tsp", "-h"]), median_ms(["true"])
-print(f"| start-up: `gpuq --version` against `tsp -h` (median of 300; `/bin/true`: {floor_ms:.2f} ms) | "
-      f"{gpuq_ms:.2f} ms | {tsp_ms:.2f} ms | {gpuq_ms / tsp_ms:.2f}x |")
-with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-    g, cpu = gpuq_sweep(args.jobs, tmp)
-with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-    s = tsp_sweep(args.jobs, tmp, keep_output=False)
-with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-    s_out = tsp_sweep(args.jobs, tmp, keep_output=True)
-print(f"| sweep: {args.jobs} trivial jobs, one CLI call each, drained (8 slots), against `tsp -n` | {g:.2f} s | {s:.2f} s | {g / s:.2f}x |")
-print(f"| the same against plain `tsp` (each job's output kept in a file) | {g:.2f} s | {s_out:.2f} s | {g / s_out:.2f}x |")
+print(f"| {load()} at the start | | | |")
+gpuq_t, tsp_t, floor_t = spawn_times([[GPUQ, "--version"], ["tsp", "-h"], ["true"]])
+print(f"| start-up: `gpuq --version` against `tsp -h` (300 each, alternated; `/bin/true`: {spread(floor_t)}) | "
+      f"{spread(gpuq_t)} | {spread(tsp_t)} | {statistics.median(gpuq_t) / statistics.median(tsp_t):.2f}x |")
+g_runs, cpus, s_runs, s_out_runs = [], [], [], []
+for _ in range(args.rounds):  # alternated, so that a burst of other work hits each queue alike
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        g, cpu = gpuq_sweep(args.jobs, tmp)
+        g_runs.append(g), cpus.append(cpu)
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        s_runs.append(tsp_sweep(args.jobs, tmp, keep_output=False))
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        s_out_runs.append(tsp_sweep(args.jobs, tmp, keep_output=True))
+
+
+def span(xs, unit="s"):
+    return f"{statistics.median(xs):.2f} {unit} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+g, s, s_out, cpu = map(statistics.median, (g_runs, s_runs, s_out_runs, cpus))
+print(f"| sweep: {args.jobs} trivial jobs, one CLI call each, drained (8 slots), against `tsp -n` "
+      f"(median of {args.rounds}, range) | {span(g_runs)} | {span(s_runs)} | {g / s:.2f}x |")
+print(f"| the same against plain `tsp` (each job's output kept in a file) | {span(g_runs)} | {span(s_out_runs)} | {g / s_out:.2f}x |")
 print(f"| gpuqd's CPU time over the sweep | {cpu:.2f} s ({cpu / args.jobs * 1000:.2f} ms a job) | | |")
 
 
@@ -138,12 +164,68 @@ def submit_and_wait(n=50):
         finally:
             subprocess.run(["tsp", "-K"], env=tenv)
             d.stop()
-        return statistics.median(g) * 1000, statistics.median(t) * 1000
+        return [x * 1000 for x in g], [x * 1000 for x in t]
 
 
 sw_g, sw_t = submit_and_wait()
-print(f"| one job submitted and waited for: `gpuq submit --wait` against `tsp -n` + `tsp -w` (median of 50, "
-      f"alternated) | {sw_g:.1f} ms | {sw_t:.1f} ms | {sw_g / sw_t:.2f}x |")
+print(f"| one job submitted and waited for: `gpuq submit --wait` against `tsp -n` + `tsp -w` (50, "
+      f"alternated) | {spread(sw_g, digits=1)} | {spread(sw_t, digits=1)} | "
+      f"{statistics.median(sw_g) / statistics.median(sw_t):.2f}x |")
+
+
+def logs_follow(lines=30):
+    """A job prints line i once the benchmark creates gate i; the delay (ms) until each follower
+    prints it: gpuq's `logs -f`, `tail -F` on the log itself, an older gpuq's `logs -f`."""
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        d = Daemon(tmp, gpus="fake:2").start()
+        env = dict(os.environ, GPUQ_SOCKET=d.socket)
+        gate = os.path.join(tmp, "gate")
+        shell = (f"for i in $(seq {lines}); do while [ ! -e {gate}$i ]; do sleep 0.001; done; echo line-$i; done")
+        job = json.loads(subprocess.run([GPUQ, "submit", "-", "--json"], input=json.dumps({"shell": shell}), env=env,
+                                        capture_output=True, text=True, check=True).stdout)["ids"][0]
+        while True:
+            show = json.loads(subprocess.run([GPUQ, "show", str(job), "--json"], env=env, capture_output=True,
+                                             text=True, check=True).stdout)
+            if show["logs"]:
+                break
+            time.sleep(0.01)
+        followers = {"gpuq logs -f": [GPUQ, "logs", "-f", str(job)],
+                     "tail -F": ["tail", "-n", "+1", "-F", show["logs"][0]["path"]]}
+        if args.baseline_bin:
+            followers["older gpuq logs -f"] = [os.path.join(args.baseline_bin, "gpuq"), "logs", "-f", str(job)]
+        procs = {k: subprocess.Popen(v, env=env, stdout=subprocess.PIPE, text=True) for k, v in followers.items()}
+        seen = {k: {} for k in followers}  # line -> when its follower printed it
+        done = threading.Condition()
+
+        def read(k):
+            for line in procs[k].stdout:
+                with done:
+                    seen[k][line.strip()] = time.perf_counter()
+                    done.notify_all()
+
+        readers = [threading.Thread(target=read, args=(k,), daemon=True) for k in followers]
+        for r in readers:
+            r.start()
+        delays = {k: [] for k in followers}
+        try:
+            for i in range(1, lines + 1):
+                time.sleep(0.05)  # the followers idle, as they would between a job's lines
+                t = time.perf_counter()
+                open(f"{gate}{i}", "w").close()
+                with done:
+                    done.wait_for(lambda: all(f"line-{i}" in seen[k] for k in followers), timeout=30)
+                for k in followers:
+                    delays[k].append((seen[k].get(f"line-{i}", float("nan")) - t) * 1000)
+        finally:
+            for p in procs.values():
+                p.kill()
+            d.stop()
+        return delays
+
+
+for who, ms in logs_follow().items():
+    print(f"| a line a job prints, until `{who}` shows it (30 lines) | {spread(ms, digits=1)} | | |")
+print(f"| {load()} at the end | | | |")
 libs = subprocess.run(["ldd", GPUQ], capture_output=True, text=True).stdout.split("\n")
 graphics = [l.split()[0] for l in libs if any(k in l for k in ("cairo", "X11", "xcb", "fontconfig", "freetype", "png"))]
 linked = "statically linked" if any("statically linked" in l for l in libs) else f"{len([l for l in libs if l.strip()])} libraries"

@@ -36,6 +36,9 @@ double Client::reply_timeout(const json& request) {
     const double s = own != request.end() && own->is_number() ? own->get<double>() : 0.0;
     if (!(s > 0)) return 0;
     t = s + g_reply_timeout_s;
+  } else if (cmd == "watch") {  // held up to its timeout_s (30 s unless given)
+    const auto own = request.find("timeout_s");
+    t = (own != request.end() && own->is_number() ? own->get<double>() : 30.0) + g_reply_timeout_s;
   } else if (cmd == "submit" || cmd == "restart" || cmd == "clean") {
     t = 10 * g_reply_timeout_s;
   }
@@ -151,6 +154,17 @@ Result<json> Client::call(const json& request) {
 }
 
 Result<json> Client::roundtrip(const json& request) {
+  if (auto sent = send(request); !sent) return sent.error();
+  return receive(request);
+}
+
+void Client::drop() {
+  if (m_fd >= 0) ::close(m_fd);
+  m_fd = -1;
+  m_buffer.clear();
+}
+
+Result<bool> Client::send(const json& request) {
   if (m_fd < 0) return Error{ErrorCode::unavailable, "lost connection to gpuqd: an earlier reply never came"};
   std::string line;
   try {
@@ -160,9 +174,7 @@ Result<json> Client::roundtrip(const json& request) {
                                              " (an argument or environment variable that is not UTF-8?)"};
   }
   const auto broken = [this](Error e) {  // a reply may still come: this connection is done
-    ::close(m_fd);
-    m_fd = -1;
-    m_buffer.clear();
+    drop();
     return e;
   };
   for (std::size_t sent = 0; sent < line.size();) {
@@ -173,6 +185,15 @@ Result<json> Client::roundtrip(const json& request) {
     if (n <= 0) return Error{ErrorCode::unavailable, std::string("lost connection to gpuqd: ") + std::strerror(errno)};
     sent += static_cast<std::size_t>(n);
   }
+  return true;
+}
+
+Result<json> Client::receive(const json& request) {
+  if (m_fd < 0) return Error{ErrorCode::unavailable, "lost connection to gpuqd: an earlier reply never came"};
+  const auto broken = [this](Error e) {  // a reply may still come: this connection is done
+    drop();
+    return e;
+  };
   // One line, read within the time allowed, found by scanning only the bytes each read adds.
   const double timeout_s = reply_timeout(request);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);

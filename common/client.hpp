@@ -75,10 +75,18 @@ class Client {
   // `on_retry` hears of each lost connection (once per outage) and of the reconnection.
   void reconnect_for(double seconds, std::function<void(const std::string& what)> on_retry = {});
   const nlohmann::json& hello() const { return m_hello; }
+  // One request's two halves, for a client that waits on gpuqd's answer beside other things
+  // (`top`: keys and the terminal): send() it, poll fd() for input, then receive() its reply
+  // (read within reply_timeout(request), as call's). No reconnecting here: an error is final for
+  // the request, and after one the connection is closed.
+  Result<bool> send(const nlohmann::json& request);
+  Result<nlohmann::json> receive(const nlohmann::json& request);
+  int fd() const { return m_fd; }
 
  private:
   explicit Client(int fd) : m_fd(fd) {}
   Result<nlohmann::json> roundtrip(const nlohmann::json& request);
+  void drop();  // closes the connection, forgetting what was read
 
   int m_fd = -1;
   std::string m_buffer;  // bytes read past the last reply line

@@ -316,6 +316,31 @@ const FieldTable& fields_of(const EventsRequest*) {
   return t;
 }
 
+const FieldTable& fields_of(const WatchRequest*) {
+  using R = WatchRequest;
+  const std::string most = std::to_string(k_max_reply_jobs);
+  static const FieldTable t =
+      TableOf<R>()
+          .field(
+              "epoch", [](R & r) -> auto& { return r.epoch; }, "the epoch of an earlier reply, or 0", k_at_least_0)
+          .field(
+              "after", [](R & r) -> auto& { return r.after; }, "the cursor of an earlier reply, or 0", k_at_least_0)
+          .field(
+              "ids", [](R & r) -> auto& { return r.ids; }, "an array of at most " + most + " positive job ids", k_id)
+          .field(
+              "batch", [](R & r) -> auto& { return r.batch; }, "a batch id", k_at_least_0)
+          .field("timeout_s", [](R & r) -> auto& { return r.timeout_s; }, "a number of seconds from 0 to 300", {0, 300})
+          .field("page", [](R & r) -> auto& { return r.page; }, "an integer from 1 to " + most, {1, k_max_reply_jobs})
+          .check([](R& r) {
+            std::sort(r.ids.begin(), r.ids.end());
+            r.ids.erase(std::unique(r.ids.begin(), r.ids.end()), r.ids.end());
+            if (r.ids.size() > static_cast<std::size_t>(k_max_reply_jobs))
+              bad("ids", "an array of at most " + std::to_string(k_max_reply_jobs) + " job ids");
+          })
+          .done();
+  return t;
+}
+
 namespace {
 constexpr const char* k_gpus_wanted = "a non-empty array of GPU indices or UUIDs (GPU-…, MIG-…)";
 void read_gpus(const json& v, DrainRequest& r) {

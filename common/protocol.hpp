@@ -152,7 +152,8 @@ inline void require_object(const nlohmann::json& j) {
 // newer minor is asked for only where the hello's reply says that minor. A major changes
 // meanings and is refused (`version_mismatch`).
 constexpr int k_protocol_version = 1;
-constexpr int k_protocol_minor = 1;  // 1: the job state out_of_memory (sent as failed to a client of 0)
+// 1: the job state out_of_memory (sent as failed to a client of 0); 2: the command `watch`.
+constexpr int k_protocol_minor = 2;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
 
 // Parses one request line within json_input.hpp's limits (depth, no NUL byte), or a bad_request
@@ -352,6 +353,18 @@ struct ResultsRequest {
   bool operator==(const ResultsRequest&) const = default;
 };
 
+// `watch`: the jobs that changed since a cursor, answered once one has (or at the timeout). See
+// docs/protocol.md#watch and daemon/watches.hpp.
+struct WatchRequest {
+  std::int64_t epoch = 0;         // the epoch `after` was given in (0 with after 0: none yet)
+  std::int64_t after = 0;         // the cursor of the last reply: changes after it
+  std::vector<std::int64_t> ids;  // only these jobs (at most k_max_reply_jobs); none: every job the caller sees
+  std::int64_t batch = 0;         // only this batch's jobs (0: any)
+  double timeout_s = 30;          // how long gpuqd holds the request when nothing changed: 0..300
+  int page = 1000;                // at most this many jobs in the reply: 1..k_max_reply_jobs
+  bool operator==(const WatchRequest&) const = default;
+};
+
 struct EventsRequest {
   std::int64_t id = 0;
   int attempt = 0;         // 0: the job's latest attempt
@@ -395,6 +408,7 @@ const FieldTable& fields_of(const UpdateRequest*);
 const FieldTable& fields_of(const CleanRequest*);
 const FieldTable& fields_of(const ResultsRequest*);
 const FieldTable& fields_of(const EventsRequest*);
+const FieldTable& fields_of(const WatchRequest*);
 const FieldTable& fields_of(const DrainRequest*);
 const FieldTable& fields_of(const NoFields*);
 namespace detail {
@@ -478,6 +492,17 @@ struct EventsReply {
 };
 GPUQ_JSON_TYPE(EventsReply, id, attempt, events, more)
 
+struct WatchReply {
+  std::int64_t epoch = 0;   // this gpuqd's run: a cursor of another one is not resumed (reset)
+  std::int64_t cursor = 0;  // the next request's `after`
+  std::vector<JobInfo>
+      jobs;  // each job that changed after `after` (once, as it is now), in the order of its first change
+  bool reset =
+      false;  // `after` could not be resumed from: read the jobs afresh (status, results), then watch from `cursor`
+  bool more = false;  // cut at the page or the reply's bound: ask again at once
+};
+GPUQ_JSON_TYPE(WatchReply, epoch, cursor, jobs, reset, more)
+
 struct CancelOutcome {  // cancel, hold, release
   std::int64_t id = 0;
   JobState state = JobState::queued;  // state after the request
@@ -537,12 +562,15 @@ struct GpusReply {
   // Reads of running jobs' events files (one rank's file at one tick), and the most bytes one read.
   std::uint64_t events_reads = 0;
   std::int64_t events_read_max_bytes = 0;
+  // `watch`es held now (each waits for a change it asks about), and those answered so far.
+  std::uint64_t watches_held = 0;
+  std::uint64_t watch_answers = 0;
   // What holds a job's processes together and out of others' reach (Executor::containment):
   // "a cgroup per attempt (cgroup v2 at ... (cgroup.kill))", or what is used where none can be made.
   std::string containment;
 };
 GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores, scheduling_passes, health_checks,
-               events_reads, events_read_max_bytes, containment)
+               events_reads, events_read_max_bytes, watches_held, watch_answers, containment)
 
 // `usage` (lab mode): each user's recent GPU use, what they hold and wait for, and their limits.
 struct UserUsage {
@@ -613,6 +641,7 @@ inline constexpr Cmd<CleanRequest, CleanReply> clean{"clean"};
 inline constexpr Cmd<IdsRequest, JobsReply> wait{"wait"};
 inline constexpr Cmd<ResultsRequest, JobsReply> results{"results"};
 inline constexpr Cmd<EventsRequest, EventsReply> events{"events"};
+inline constexpr Cmd<WatchRequest, WatchReply> watch{"watch"};
 inline constexpr Cmd<NoFields, GpusReply> gpus{"gpus"};
 inline constexpr Cmd<DrainRequest, GpusReply> drain{"drain"};
 inline constexpr Cmd<DrainRequest, GpusReply> undrain{"undrain"};
@@ -623,8 +652,8 @@ inline constexpr Cmd<NoFields, NoFields> shutdown{"shutdown"};
 
 inline constexpr auto k_commands =
     std::tie(cmd::hello, cmd::submit, cmd::status, cmd::show, cmd::cancel, cmd::restart, cmd::hold, cmd::release,
-             cmd::update, cmd::clean, cmd::wait, cmd::results, cmd::events, cmd::gpus, cmd::drain, cmd::undrain,
-             cmd::why, cmd::usage, cmd::shutdown);
+             cmd::update, cmd::clean, cmd::wait, cmd::results, cmd::events, cmd::watch, cmd::gpus, cmd::drain,
+             cmd::undrain, cmd::why, cmd::usage, cmd::shutdown);
 
 // Each command's name with a check of its request (its decoder, the result dropped): what the
 // request fuzzer walks, so a new command is fuzzed once it is in k_commands.

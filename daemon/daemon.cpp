@@ -62,6 +62,13 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
               [this](std::int64_t id) { return json(queries::show(reads(), Caller::self(), common::IdRequest{id})); }),
       m_waiters(io, [this](const Caller& caller, const std::set<std::int64_t>& ids,
                            bool timed_out) { return queries::wait_answer(reads(), caller, ids, timed_out); }),
+      m_watches(
+          io,
+          [this](const Caller& caller, const std::vector<std::int64_t>& ids, common::WatchReply& out) {
+            return queries::watch_answer(reads(), caller, ids, out);
+          },
+          std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count()),
       m_pacer(
           io, [this] { schedule_now(); }, k_write_retry_s),
       m_executor(m_config.make_executor ? m_config.make_executor(io, [this](std::int64_t id) { m_attempts.ended(id); })
@@ -202,7 +209,14 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       later<cmd::wait, &Daemon::cmd_wait>(),
       now<cmd::results, &queries::results>(),
       now<cmd::events, &queries::events>(),
-      now<cmd::gpus, &queries::gpus>(),
+      later<cmd::watch, &Daemon::cmd_watch>(),
+      now<cmd::gpus,
+          [](Daemon& d, const Caller& c, const common::NoFields& q) {
+            auto out = queries::gpus(d.reads(), c, q);
+            out.watches_held = d.m_watches.held();
+            out.watch_answers = d.m_watches.answers();
+            return out;
+          }>(),
       now<cmd::drain, [](const Changes& c, const Caller& who,
                          const common::DrainRequest& q) { return control::set_drained(c, who, q, true); }>(),
       now<cmd::undrain, [](const Changes& c, const Caller& who,
@@ -268,6 +282,14 @@ void Daemon::cmd_wait(const Caller& caller, const common::IdsRequest& q, Later<c
   m_waiters.add(caller, std::set<std::int64_t>(q.ids.begin(), q.ids.end()), std::move(reply), q.timeout_s);
   m_jobs.need_changed();
   notify_waiters();
+}
+
+void Daemon::cmd_watch(const Caller& caller, const common::WatchRequest& q, Later<common::WatchReply>& reply) {
+  const Reads known = reads();
+  for (auto id : q.ids)
+    known.require_job(id);  // all known, or no watch
+  if (q.batch != 0 && m_store->batch_page(q.batch, 0, 1).empty()) throw known.missing_batch(q.batch);
+  m_watches.add(caller, q, std::move(reply));
 }
 
 Commit Daemon::commit_fn() {

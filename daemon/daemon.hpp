@@ -47,6 +47,7 @@
 #include "daemon/store.hpp"
 #include "daemon/users.hpp"
 #include "daemon/waiters.hpp"
+#include "daemon/watches.hpp"
 
 namespace gpuq::daemon {
 
@@ -150,6 +151,7 @@ class Daemon {
   void submission_written(Submissions::Batch& s);                 // Submissions::Written
   void cmd_wait(const Caller& caller, const common::IdsRequest& q,
                 Later<common::JobsReply>& reply);  // takes `reply` only once the request is valid
+  void cmd_watch(const Caller& caller, const common::WatchRequest& q, Later<common::WatchReply>& reply);
 
   // Scheduling: one pass (m_pacer runs it); the attempts' owner launches what it places.
   void schedule_now();
@@ -192,6 +194,7 @@ class Daemon {
   JobTable m_jobs;  // queued and running jobs, filed by state (job_table.hpp)
   LastPass m_last_pass;  // what the last scheduling pass said (last_pass.hpp)
   Waiters m_waiters;  // `wait`s, answered once their jobs end (waiters.hpp)
+  Watches m_watches;  // which jobs changed, and the `watch`es held until one does (watches.hpp)
   MetricCounters m_metrics;
   PassPacer m_pacer;                     // when scheduling passes run (pass_pacer.hpp)
   std::unique_ptr<Executor> m_executor;  // runs the attempts (executor.hpp)

@@ -239,6 +239,18 @@ common::JobsReply wait_answer(const Reads& reads, const Caller& caller, const st
   return out;
 }
 
+std::size_t watch_answer(const Reads& reads, const Caller& caller, const std::vector<std::int64_t>& ids,
+                         common::WatchReply& out) {
+  common::JobsReply jobs;
+  std::size_t bytes = 0, took = 0;
+  for (auto id : ids) {
+    if (auto rec = reads.lookup(id); rec && !reads.add_to_reply(jobs, *rec, bytes, caller)) break;
+    ++took;
+  }
+  out.jobs = std::move(jobs.jobs);
+  return took;
+}
+
 // `hello`: the protocol's version, refused only across a major (common/protocol.hpp), and who the
 // caller is.
 common::HelloReply hello(const Reads& reads, const Caller& caller, const common::HelloRequest& q) {

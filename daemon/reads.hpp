@@ -93,6 +93,10 @@ common::EventsReply events(const Reads& r, const Caller& caller, const common::E
 common::JobsReply results(const Reads& r, const Caller& caller, const common::ResultsRequest& q);
 // The jobs of a wait as they are now (Waiters::Answer).
 common::JobsReply wait_answer(const Reads& r, const Caller& caller, const std::set<std::int64_t>& ids, bool timed_out);
+// Watches::Answer: the jobs of `ids` as `caller` may see them, into out.jobs within a reply's
+// bounds; how many of `ids` it took (a forgotten one is taken, showing nothing).
+std::size_t watch_answer(const Reads& r, const Caller& caller, const std::vector<std::int64_t>& ids,
+                         common::WatchReply& out);
 // The GPUs as gpuq and NVML see them, the CPU slots, and the daemon's own counts: `gpuq gpus`,
 // and the metrics' GPU series.
 common::GpusReply gpus(const Reads& r, const Caller& caller = Caller::self(), const common::NoFields& q = {});

@@ -155,6 +155,12 @@ void Daemon::apply(JobRecord rec) {
   const std::int64_t id = rec.id;
   const auto applied = m_jobs.apply(std::move(rec), [this](Active& a, std::optional<JobState> was, const JobRecord& now) {
     count_transition(a, was, now);
+    // Watches hear of it: of its place in the queue when that changed (a job back from its end is
+    // new to the table: `was` is empty), else of its details (progress, result) when they did.
+    const bool queue = !was || *was != now.state || a.rec.attempt != now.attempt || a.rec.held != now.held ||
+                       a.rec.reason != now.reason || a.rec.spec.priority != now.spec.priority;
+    if (queue || a.rec.run.progress != now.run.progress || a.rec.run.result != now.run.result)
+      m_watches.changed({now.id, now.batch, now.uid, queue ? Watches::Kind::state : Watches::Kind::details});
   });
   if (applied.came_back) m_waiters.came_back(id);  // a wait that names it waits for it again
   if (applied.ended) notify_waiters();

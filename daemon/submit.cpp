@@ -56,6 +56,8 @@ Result<bool> Daemon::accept_submission(Submissions::Batch& s) {
 // Every job of a batch is written: they go live.
 void Daemon::submission_written(Submissions::Batch& s) {
   m_jobs.set_batch_limit(s.write.batch, s.max_running);
+  for (const auto& [id, a] : s.staged)
+    m_watches.changed({id, a.rec.batch, a.rec.uid, Watches::Kind::state});
   m_jobs.add(s.staged);
   m_pacer.soon();
 }

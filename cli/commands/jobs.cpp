@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <thread>
 
 #include "cli/commands/register.hpp"
@@ -314,11 +315,13 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
   return k_exit_ok;
 }
 
-// Waits by looking at the jobs twice a second and showing their progress: on a terminal the
-// wait_screen redrawn in place (a line per job, or a summary when they do not fit), elsewhere a
-// plain line when a job's state changes or, at most every 10 s, its progress. Ended jobs do not
-// change again, so each poll asks only for the others. Ends with the same table and exit code as
-// a plain wait.
+// Waits by following the jobs on gpuqd's watch stream and showing their progress: on a terminal
+// the wait_screen redrawn in place (a line per job, or a summary when they do not fit), elsewhere
+// a plain line when a job's state changes or, at most every 10 s, its progress. gpuqd answers a
+// watch as soon as one of the jobs changes, so an end shows at once; on a terminal the screen is
+// also redrawn twice a second (the times in it move on). Ends with the same table and exit code as
+// a plain wait. Against a gpuqd older than the watch (protocol minor 2), a wait on the jobs still
+// active twice a second, which also answers at once when the last ends.
 constexpr std::size_t k_wait_ids_per_tick = 1000;
 
 int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
@@ -336,19 +339,33 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
   std::map<std::int64_t, std::pair<std::string, double>> printed;  // plain mode: last state|epoch, when
   std::map<std::int64_t, common::JobInfo> latest;
   std::vector<std::int64_t> pending = ids;
+  const std::set<std::int64_t> wanted(ids.begin(), ids.end());
   std::size_t drawn = 0;
   common::JobsReply w;
-  std::optional<common::JobsReply> waited;  // the last tick's wait answered with the pending jobs
+  std::optional<common::JobsReply> waited;  // news of some of the jobs, to take in before drawing
+  common::WatchRequest follow;              // where the stream stands: its epoch and cursor
+  follow.page = common::k_max_reply_jobs;
+  bool look = true;  // read the jobs afresh: at first, and when the stream cannot be resumed
   for (;;) {
-    if (!waited || waited->more) {  // the first look, or a wait's answer cut short (many jobs)
+    if (look || (waited && waited->more)) {
+      // The stream's cursor first, then the jobs: a change in between is sent again, never lost.
+      if (look && client->hello().value("protocol_minor", 0) >= 2) {
+        common::WatchRequest now;
+        now.timeout_s = 0;
+        auto r = client->call(common::cmd::watch, now);
+        if (!r) return report(r.error());
+        follow.epoch = r->epoch, follow.after = r->cursor;
+      }
+      look = false;
       common::ResultsRequest req;
       req.ids = pending;
       auto r = all_results(*client, req);
       if (!r) return report(r.error());
       waited = std::move(*r);
     }
-    for (auto& j : waited->jobs)
-      latest[j.id] = std::move(j);
+    if (waited)
+      for (auto& j : waited->jobs)
+        if (wanted.count(j.id)) latest[j.id] = std::move(j);  // an unfiltered watch tells of others' too
     waited.reset();
     w.jobs.clear();
     pending.clear();
@@ -381,17 +398,32 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
       w.timed_out = true;
       break;
     }
-    // Until the next look, half a second: a wait on what is still active, which gpuqd answers as
-    // soon as all of it has ended, so that the last end shows at once (a sleep put up to 500 ms
-    // between a job's end and this command's); its answer is the next look. Over many jobs (a
-    // request's worth of ids), a sleep.
-    const double tick = deadline > 0 ? std::clamp(deadline - now, 0.01, 0.5) : 0.5;
-    if (pending.size() <= k_wait_ids_per_tick) {
+    // Until the next drawing: on a terminal half a second, else as long as nothing changes.
+    const double most = tty ? 0.5 : 30;
+    const double tick = deadline > 0 ? std::clamp(deadline - now, 0.01, most) : most;
+    if (follow.epoch != 0) {
+      // The jobs still active, or (more than a request names) every job, those of others dropped.
+      follow.ids =
+          pending.size() <= static_cast<std::size_t>(common::k_max_reply_jobs) ? pending : std::vector<std::int64_t>{};
+      follow.timeout_s = tick;
+      auto r = client->call(common::cmd::watch, follow);
+      if (!r) return report(r.error());
+      follow.epoch = r->epoch, follow.after = r->cursor;
+      if (r->reset) {  // another gpuqd (a restart), or too far behind: read the jobs afresh
+        look = true;
+        continue;
+      }
+      waited.emplace();  // (cut short, `more`: the rest comes with the next, at once)
+      waited->jobs = std::move(r->jobs);
+    } else if (pending.size() <= k_wait_ids_per_tick) {
+      // An older gpuqd: a wait on what is still active, which it answers as soon as all of it has
+      // ended; its answer is the next look.
       auto answer = client->call(common::cmd::wait, common::IdsRequest{pending, tick});
       if (!answer) return report(answer.error());
-      waited = std::move(*answer);  // the next look
+      waited = std::move(*answer);
     } else {
       std::this_thread::sleep_for(std::chrono::duration<double>(tick));
+      look = true;
     }
   }
   std::cout << "\n";

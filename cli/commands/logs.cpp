@@ -1,7 +1,11 @@
 // `gpuq logs`: a job's output, read from the rank logs gpuqd names (gpuqd never reads logs), the
-// last N lines found by reading backwards, and with -f followed across attempts until the job ends.
+// last N lines found by reading backwards, and with -f followed across attempts until the job ends:
+// told of what a log gains by inotify, of the job's changes by gpuqd's watch stream.
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,7 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <thread>
+#include <set>
 
 #include "cli/commands/register.hpp"
 #include "cli/format.hpp"
@@ -86,6 +90,28 @@ std::streamoff tail_start(const std::string& path, int n, int& lines) {
   }
   lines += seen_last ? 1 : 0;
   return 0;
+}
+
+// Whether writes to files in `dir` may happen where inotify does not see them: a network or
+// cluster file system, written from another node.
+bool on_network_fs(const std::string& dir) {
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0) return true;
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0x6969:      // NFS
+    case 0xFF534D42:  // CIFS
+    case 0xFE534D42:  // SMB2
+    case 0x65735546:  // FUSE (sshfs, ...)
+    case 0x0BD00BD0:  // Lustre
+    case 0x47504653:  // GPFS
+    case 0x19830326:  // BeeGFS
+    case 0x00C36400:  // Ceph
+    case 0x013111A8:  // IBRIX
+    case 0x6B414653:  // AFS
+      return true;
+    default:
+      return false;
+  }
 }
 
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail) {
@@ -179,15 +205,102 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
     }
     std::cout.flush();
   };
+  if (!follow) {
+    pump(*s);
+    return k_exit_ok;
+  }
+  // Following: the kernel says when a log grows or a file appears (inotify on the job's directory,
+  // where each attempt's directory appears, and on the attempts' directories, where the ranks' logs
+  // appear, grow and rotate), and gpuqd's watch stream when the job changes (a new attempt, its
+  // end), on a connection of its own; neither has a poll interval. Where inotify cannot see a
+  // write (a network file system: a job on another node) the logs are also read every second;
+  // against a gpuqd without the watch (protocol minor 2) the job is looked at every 200 ms.
+  const bool stream = client->hello().value("protocol_minor", 0) >= 2;
+  std::optional<Client> watcher;
+  common::WatchRequest changes;
+  changes.ids = {id};
+  changes.timeout_s = 60;
+  if (stream) {  // the cursor, then the look that follows it: no change in between is missed
+    common::WatchRequest now;
+    now.timeout_s = 0;
+    auto r = client->call(common::cmd::watch, now);
+    if (!r) return report(r.error());
+    changes.epoch = r->epoch, changes.after = r->cursor;
+    if (!(s = show())) return refused;
+  }
+  const int grown = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);  // -1: read on the timer alone
+  std::set<std::string> watched;
+  bool timer = grown < 0;  // the logs are also read every second
+  auto watch_dir = [&](const std::string& dir) {
+    if (grown < 0 || !watched.insert(dir).second) return;
+    if (::inotify_add_watch(grown, dir.c_str(),
+                            IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR | IN_DONT_FOLLOW) < 0) {
+      watched.erase(dir);  // not there yet: its creation is seen in the job's directory
+      return;
+    }
+    if (on_network_fs(dir)) timer = true;
+  };
+  auto watch_dirs = [&](const common::ShowReply& sr) {
+    if (sr.job.job_dir.empty()) return;
+    watch_dir(sr.job.job_dir);
+    for (int at = std::max(1, sr.job.attempt_base); at <= sr.job.attempt; ++at)
+      watch_dir(sr.job.job_dir + "/attempt-" + std::to_string(at));
+    for (const auto& l : sr.logs)
+      watch_dir(common::parent_dir(l.path));
+  };
+  watch_dirs(*s);
   pump(*s);
   initial = false;
-  while (follow && (s->job.state == JobState::queued || s->job.state == JobState::running)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    s = show();
-    if (!s) return refused;
+  bool asked = false;
+  double looked_at = now_s();
+  while (s->job.state == JobState::queued || s->job.state == JobState::running) {
+    if (stream && !watcher)
+      if (auto c = Client::connect(o.socket)) watcher.emplace(std::move(*c));
+    if (watcher && !asked) {
+      if (watcher->send(common::encode(common::cmd::watch, changes)))
+        asked = true;
+      else
+        watcher.reset();
+    }
+    pollfd p[2] = {{grown, POLLIN, 0}, {asked ? watcher->fd() : -1, POLLIN, 0}};
+    ::poll(p, 2, !stream || !watcher ? 200 : timer ? 1000 : -1);  // a watch answers within its timeout
+    // A file that appeared (a new attempt's directory, a rank's log, a rotation) is looked up;
+    // what grew is read. Without the stream, or while gpuqd cannot be reached, every 200 ms.
+    bool look = (!stream || !watcher) && now_s() - looked_at >= 0.2;
+    if (grown >= 0 && (p[0].revents & POLLIN)) {
+      alignas(inotify_event) char events[8192];
+      ssize_t n;
+      while ((n = ::read(grown, events, sizeof events)) > 0)
+        for (ssize_t at = 0; at + static_cast<ssize_t>(sizeof(inotify_event)) <= n;) {
+          const auto* e = reinterpret_cast<const inotify_event*>(events + at);
+          look = look || (e->mask & (IN_CREATE | IN_MOVED_TO | IN_Q_OVERFLOW));
+          at += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+        }
+    }
+    if (asked && p[1].revents) {
+      asked = false;
+      auto r = watcher->receive(common::encode(common::cmd::watch, changes));
+      auto news = r ? common::read_reply<common::WatchReply>(*r) : Result<common::WatchReply>(r.error());
+      if (news) {
+        changes.epoch = news->epoch, changes.after = news->cursor;
+        look = look || !news->jobs.empty() || news->reset;
+      } else {
+        watcher.reset();  // gpuqd went away: the look reconnects (outlive_restarts), the next watch resets
+        look = true;
+      }
+    }
+    if (look) {
+      looked_at = now_s();
+      if (!(s = show())) {
+        if (grown >= 0) ::close(grown);
+        return refused;
+      }
+      watch_dirs(*s);
+    }
     pump(*s);
   }
-  if (follow) pump(*s);
+  if (grown >= 0) ::close(grown);
+  pump(*s);
   return k_exit_ok;
 }
 

@@ -203,28 +203,85 @@ int cmd_top(const Options& o, double interval_s, bool once) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGWINCH}) ::sigaction(sig, &sa, nullptr);
   std::cout << "\x1b[?1049h\x1b[?25l";
 
+  // A frame is drawn at each refresh, and at once when a job changes: between frames a watch
+  // (gpuqd's answer when one does, or at the refresh; protocol minor 2) is waited on beside the
+  // keys. Frames that news brings come at most ten a second. Against an older gpuqd, the refresh only.
+  std::int64_t epoch = 0, cursor = 0;
+  TopSnapshot shown;
+  bool fetch = true;
   while (!g_stop) {
+    const double drawn_at = now_s();
+    if (fetch) {
+      // The watch's cursor before the snapshot: a change in between is told again, never lost.
+      if (!client)
+        if (auto c = common::Client::connect(o.socket)) client.emplace(std::move(*c));  // else the snapshot says why
+      if (client && epoch == 0 && client->hello().value("protocol_minor", 0) >= 2) {
+        common::WatchRequest q;
+        q.timeout_s = 0;
+        if (auto r = client->call(common::cmd::watch, q)) epoch = r->epoch, cursor = r->cursor;
+      }
+      shown = snapshot(o, client);
+    }
     auto [w, h] = size();
-    auto lines = top_screen(snapshot(o, client), now_s(), w, h);
+    auto lines = top_screen(shown, now_s(), w, h);
     std::string frame = "\x1b[H";
     for (std::size_t i = 0; i < lines.size(); ++i) {
       const bool header = i == 0 || lines[i].rfind("GPU  ", 0) == 0 || lines[i].rfind("ID  ", 0) == 0;
       frame += (header ? "\x1b[7m" + lines[i] + "\x1b[0m" : lines[i]) + (i + 1 < lines.size() ? "\r\n" : "");
     }
     std::cout << frame << std::flush;
-    // Wait for the next refresh, a key, or a resize
-    const double until = now_s() + interval_s;
+    // Until the next frame: the refresh, a key, a resize (the same snapshot, redrawn), or news.
+    const double until = drawn_at + interval_s;
+    std::optional<common::WatchRequest> asked;
+    bool answered = false;
     g_resized = 0;
+    fetch = true;
     while (!g_stop && !g_resized) {
-      const double left = until - now_s();
-      if (left <= 0) break;
-      pollfd p{STDIN_FILENO, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left * 1000) + 1) > 0) {
+      double left = until - now_s();
+      if (left <= 0 && !asked) break;
+      if (!asked && client && epoch != 0 && now_s() - drawn_at >= 0.1) {  // ten frames a second at most
+        asked.emplace();
+        asked->epoch = epoch, asked->after = cursor, asked->timeout_s = std::clamp(left, 0.0, 300.0);  // gpuqd's most
+        if (!client->send(common::encode(common::cmd::watch, *asked))) client.reset(), epoch = 0, asked.reset();
+      }
+      if (!asked) left = std::min(left, 0.1 - (now_s() - drawn_at));
+      pollfd p[2] = {{STDIN_FILENO, POLLIN, 0}, {asked ? client->fd() : -1, POLLIN, 0}};
+      // gpuqd answers a watch at its timeout, the refresh: waited for (a second more at most).
+      const double wait_s = asked ? std::max(left, 0.0) + 1 : std::max(left, 0.0);
+      if (::poll(p, 2, static_cast<int>(wait_s * 1000) + 1) <= 0) {
+        if (!asked) continue;       // the refresh, or the time to ask, has come
+        client.reset(), epoch = 0;  // no answer: a fresh connection next frame
+        break;
+      }
+      if (p[0].revents) {
         char key = 0;
         if (::read(STDIN_FILENO, &key, 1) == 1 && (key == 'q' || key == 'Q' || key == 27 || key == 3)) g_stop = 1;
-        if (p.revents & (POLLHUP | POLLERR)) g_stop = 1;  // the terminal went away
+        if (p[0].revents & (POLLHUP | POLLERR)) g_stop = 1;  // the terminal went away
+      }
+      if (asked && p[1].revents) {
+        auto r = client->receive(common::encode(common::cmd::watch, *asked));
+        if (!r) {
+          client.reset(), epoch = 0;
+          break;
+        }
+        auto news = common::read_reply<common::WatchReply>(*r);
+        if (!news) {
+          client.reset(), epoch = 0;
+          break;
+        }
+        epoch = news->epoch, cursor = news->cursor;
+        if (news->jobs.empty() && !news->reset && until - now_s() > 0) {  // a watch shorter than the refresh
+          asked.reset();
+          continue;
+        }
+        answered = true;
+        break;  // news, a reset (read afresh) or the refresh: the next frame
       }
     }
+    if (g_resized && !asked) fetch = false;  // only the size changed
+    // Left with a watch unanswered (a key, a resize): its answer would be read as the next
+    // request's, so that connection goes, and the next frame connects afresh.
+    if (asked && !answered && client) client.reset(), epoch = 0;
   }
   restore_terminal();
   return k_exit_ok;

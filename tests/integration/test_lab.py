@@ -391,6 +391,45 @@ print("hierarchies:", len(visited), "tried:", len(tried), "done:", done, "odd:",
         [b2] = self.submit(BOB, {"name": "second", "command": ["true"], "after": [b1]})
         self.assertEqual(self.wait(BOB, [b2])[b2]["state"], "succeeded")
 
+    def watch_as(self, user, request, background=False):
+        """One raw request on a connection of `user`'s own: its reply (or, in the background, the
+        process that will print it)."""
+        script = ("import json, socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+                  "s.sendall(sys.argv[2].encode() + b'\\n'); f = s.makefile(); print(f.readline(), end='')")
+        argv = ["runuser", "-u", user, "--", "python3", "-c", script, self.d.socket, json.dumps(request)]
+        if background:
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def test_a_watch_shows_another_user_s_job_changing_but_never_its_progress(self):
+        start = self.watch_as(BOB, {"cmd": "watch"})
+        gates = [os.path.join(self.tmp, f"gate{i}") for i in (1, 2)]
+        step = 'echo \'{"type": "progress", "secret_step_%d": 1}\' >> "$GPUQ_EVENTS"'
+        [a] = self.submit(ALICE, {"name": "private", "shell": "; ".join([
+            step % 1, f"while [ ! -e {gates[0]} ]; do sleep 0.05; done",
+            step % 2, f"while [ ! -e {gates[1]} ]; do sleep 0.05; done"])})
+        wait_until(lambda: "secret_step_1" in self.ok(ALICE, "status", "--json"), what="the first progress event")
+        cursor = {"epoch": start["epoch"], "after": start["cursor"], "timeout_s": 0}
+        mine = self.watch_as(ALICE, {"cmd": "watch", **cursor})
+        self.assertIn("secret_step_1", json.dumps(mine["jobs"]))
+        seen = self.watch_as(BOB, {"cmd": "watch", **cursor})
+        self.assertEqual([(j["id"], j["state"], j["details_hidden"]) for j in seen["jobs"]], [(a, "running", True)])
+        self.assertNotIn("secret_step", json.dumps(seen))
+        # Held for Bob: the job's next progress is no news to him; its end is.
+        bob = self.watch_as(BOB, {"cmd": "watch", "epoch": seen["epoch"], "after": seen["cursor"], "ids": [a],
+                                  "timeout_s": 120}, background=True)
+        wait_until(lambda: json.loads(self.ok(CAROL, "gpus", "--json"))["watches_held"] == 1, what="Bob's watch")
+        open(gates[0], "w").close()
+        wait_until(lambda: "secret_step_2" in self.ok(ALICE, "status", "--json"), what="the second progress event")
+        self.assertEqual(json.loads(self.ok(CAROL, "gpus", "--json"))["watches_held"], 1)
+        open(gates[1], "w").close()
+        out, err = bob.communicate(timeout=120)
+        ended = json.loads(out)
+        self.assertEqual([(j["id"], j["state"]) for j in ended["jobs"]], [(a, "succeeded")])
+        self.assertNotIn("secret_step", out)
+
     def test_one_visibility_rule_for_every_command_owner_other_user_and_admin(self):
         # Alice's jobs carry private details: a result, a label, progress, a failure quoting its log.
         release = os.path.join(self.tmp, "release")

@@ -66,6 +66,7 @@ class ProtocolSchema(DaemonTest):
 
     def test_the_schema_is_valid_and_describes_every_reply(self):
         jsonschema.Draft202012Validator.check_schema(self.schema)
+        start = self.exchange({"cmd": "watch", "timeout_s": 0})  # the cursor before any job
         ended = self.d.submit([example_job()])["ids"][0]
         self.d.wait([ended])
         # `held` waits for a job held for good, so released it stays queued, whatever the timing.
@@ -83,6 +84,7 @@ class ProtocolSchema(DaemonTest):
                 {"cmd": "wait", "ids": [ended], "timeout_s": 5},
                 {"cmd": "events", "id": ended},
                 {"cmd": "events", "id": ended, "type": "result"},
+                {"cmd": "watch", "epoch": start["epoch"], "after": start["cursor"], "timeout_s": 0},
                 {"cmd": "why", "id": held},
                 {"cmd": "update", "ids": [held], "set": {"priority": 3}},
                 {"cmd": "update", "batch": batch, "set": {"max_running": 2}},
@@ -105,6 +107,7 @@ class ProtocolSchema(DaemonTest):
         # What was checked held what a job reports, not only empty lists.
         self.assertEqual([e["type"] for e in replies["events"]["events"]], ["progress", "result"])
         self.assertEqual(replies["results"]["jobs"][0]["result"]["accuracy"], 0.9)
+        self.assertEqual([j["id"] for j in replies["watch"]["jobs"]], [ended, anchor, held])
         self.assertEqual(sent, set(self.schema["commands"]), "a command of the schema went untried")
 
     def test_what_the_schema_refuses_gpuqd_refuses_by_name(self):

@@ -75,6 +75,8 @@ TEST_CASE("show, gpus, cancel and submit replies round-trip") {
               2,
               7,
               4096,
+              1,
+              9,
               "a cgroup per attempt"};
   CHECK(json(json(g).get<GpusReply>()) == json(g));
   CancelReply c{{{1, JobState::cancelled, true}}};
@@ -100,6 +102,15 @@ TEST_CASE("request decoders name the offending field") {
   CHECK(message(decode_ids, {{"ids", {1, -2}}}) == "field `ids` must be an array of positive job ids");
   CHECK(message(decode_ids, {{"ids", json::array()}}) == "field `ids` must be a non-empty array of job ids");
   CHECK(message(decode_status, {{"all", 1}}) == "field `all` must be true or false");
+  // A held watch keeps its ids: at most a reply's worth, each once, sorted.
+  json many = json::array();
+  for (int id = 1; id <= k_max_reply_jobs + 1; ++id)
+    many.push_back(id);
+  CHECK(message([](const json& j) { return cmd::watch.decode(j); }, {{"ids", many}}) ==
+        "field `ids` must be an array of at most 2000 job ids");
+  many.erase(many.begin());
+  many.push_back(2);
+  CHECK(cmd::watch.decode({{"ids", many}}).ids.size() == static_cast<std::size_t>(k_max_reply_jobs));
   const std::string states_wanted =
       "field `states` must be an array of job states: queued, running, succeeded, failed, cancelled, timed_out, "
       "out_of_memory";
