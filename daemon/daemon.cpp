@@ -213,8 +213,10 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::gpus,
           [](Daemon& d, const Caller& c, const common::NoFields& q) {
             auto out = queries::gpus(d.reads(), c, q);
-            out.watches_held = d.m_watches.held();
-            out.watch_answers = d.m_watches.answers();
+            if (c.admin) {  // how often others' watches are answered would tell of their jobs' progress
+              out.watches_held = d.m_watches.held();
+              out.watch_answers = d.m_watches.answers();
+            }
             return out;
           }>(),
       now<cmd::drain, [](const Changes& c, const Caller& who,

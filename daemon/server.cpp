@@ -78,9 +78,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void discard_line() {
     auto self = shared_from_this();
-    m_socket.async_read_some(asio::buffer(m_scratch), [self](const boost::system::error_code& ec, std::size_t n) {
+    if (!m_scratch) m_scratch = std::make_unique<std::array<char, 65536>>();
+    m_socket.async_read_some(asio::buffer(*m_scratch), [self](const boost::system::error_code& ec, std::size_t n) {
       if (ec) return;
-      auto* begin = self->m_scratch.data();
+      auto* begin = self->m_scratch->data();
       auto* nl = std::find(begin, begin + n, '\n');
       if (nl == begin + n) return self->discard_line();
       std::size_t rest = static_cast<std::size_t>(begin + n - (nl + 1));  // the next request's bytes
@@ -107,9 +108,31 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                     : 0;
     }
     // A reply may come later (wait): the next request is read once this one is answered.
+    m_held = true;
     m_daemon.dispatch(m_caller, *request, [self](nlohmann::json reply) {
+      self->m_held = false;
       self->send(std::move(reply), false);
       self->read_when_sent();
+    });
+    if (m_held) notice_hangup();
+  }
+
+  // While a request is held (a wait, a watch), a client that hangs up is let go at once: its
+  // descriptor and buffers are freed, not kept until the answer (up to the request's timeout).
+  // Bytes it sent meanwhile are left where they are, read after the answer as the next request.
+  void notice_hangup() {
+    auto self = shared_from_this();
+    m_socket.async_wait(local::socket::wait_read, [self](const boost::system::error_code& ec) {
+      if (ec || !self->m_held || !self->m_socket.is_open()) return;
+      char c;
+      const ssize_t n = ::recv(self->m_socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        boost::system::error_code ignored;
+        self->m_socket.close(ignored);
+        self->m_scratch.reset();
+      } else if (n < 0) {
+        self->notice_hangup();  // woken for nothing: wait on
+      }
     });
   }
 
@@ -157,8 +180,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::steady_timer m_idle;
   double m_idle_s;
   std::deque<std::string> m_out;
-  std::array<char, 65536> m_scratch{};
+  std::unique_ptr<std::array<char, 65536>> m_scratch;  // only while a line too long is skipped
   bool m_close_after = false;
+  bool m_held = false;  // a request is being answered later
   bool m_read_after_write = false;
 };
 

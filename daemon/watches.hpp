@@ -6,9 +6,12 @@
 // it: lab mode's visibility rule applied), so a client that missed three changes of one job sees
 // the last; the history is `show`'s. Bounded: the journal keeps the last k_capacity changes, a
 // reply at most a page of jobs, a connection one request at a time. Resumable: a cursor is an
-// epoch (this gpuqd's run) and a sequence number; a client further behind than the journal, or
-// holding another run's cursor, is told to `reset` (read the jobs afresh, then watch on), as a
-// Kubernetes watch's 410 Gone. When, and for whom, is this owner's (tests/unit/test_watches.cpp).
+// epoch (this gpuqd's run) and a sequence number; a client that missed changes it may see (the
+// journal dropped them) or holds another run's cursor is told to `reset` (read the jobs afresh,
+// then watch on), as a Kubernetes watch's 410 Gone. Nothing tells a caller of changes it may not
+// see: its cursor moves only over changes it may see, and they alone reset it. A change looks only
+// at the held watches that name its job or batch, and at those that name neither. When, and for
+// whom, is this owner's (tests/unit/test_watches.cpp).
 #pragma once
 
 #include <sys/types.h>
@@ -21,6 +24,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon/reply.hpp"
@@ -66,16 +72,24 @@ class Watches {
  private:
   struct Held {
     Caller caller;
-    common::WatchRequest q;  // q.after: changes up to it are known not to concern it
+    common::WatchRequest q;  // due: q.after is the change before the first that concerns it
     Later<common::WatchReply> reply;
     std::unique_ptr<boost::asio::steady_timer> timer;
     bool due = false;
   };
-  bool concerns(const Caller& caller, const common::WatchRequest& q, const Change& c) const;
+  static bool visible(const Caller& caller, const Change& c) {
+    return c.kind == Kind::state || caller.admin || caller.uid == c.uid;
+  }
+  static bool concerns(const Caller& caller, const common::WatchRequest& q, const Change& c);
+  // The last change `caller` may see, up to the head: the cursor it may be told.
+  std::int64_t visible_head(const Caller& caller) const;
+  // The last change `caller` may see that the journal dropped (0: none).
+  std::int64_t dropped_for(const Caller& caller) const;
   // The answer to `q` as the journal stands, or nullopt when there is nothing to say yet.
   std::optional<common::WatchReply> look(const Caller& caller, const common::WatchRequest& q);
   void answer_due();
-  void answer(std::uint64_t key, bool timed_out);  // a held watch, if it is still held
+  void answer(std::uint64_t key);  // a held watch, if it is still held: due, or its time up
+  void file(std::uint64_t key, const common::WatchRequest& q, bool in);  // into the indexes, or out
 
   boost::asio::io_context& m_io;
   Answer m_answer;
@@ -83,10 +97,17 @@ class Watches {
   std::size_t m_capacity;
   std::deque<Change> m_journal;  // changes m_head - size() + 1 .. m_head
   std::int64_t m_head = 0;
+  // The last changes the journal dropped, by who may see them: a change of state (everyone's), any
+  // change (the admins'), a change of details (its owner's).
+  std::int64_t m_dropped_state = 0, m_dropped_any = 0;
+  std::unordered_map<uid_t, std::int64_t> m_dropped_details;  // one entry per user with jobs
   // By a key of their own, which their timers name: a timer whose wait had ended when its watch
   // was answered otherwise still runs its handler, which then finds nothing.
   std::map<std::uint64_t, Held> m_held;
   std::uint64_t m_next_key = 0;
+  // The held watches by what they name: ids (those with ids), else a batch, else neither.
+  std::unordered_multimap<std::int64_t, std::uint64_t> m_by_id, m_by_batch;
+  std::set<std::uint64_t> m_open;
   bool m_posted = false;
   std::uint64_t m_answers = 0;
 };

@@ -205,7 +205,8 @@ int cmd_top(const Options& o, double interval_s, bool once) {
 
   // A frame is drawn at each refresh, and at once when a job changes: between frames a watch
   // (gpuqd's answer when one does, or at the refresh; protocol minor 2) is waited on beside the
-  // keys. Frames that news brings come at most ten a second. Against an older gpuqd, the refresh only.
+  // keys. Frames that news brings come at most four a second (each reads gpus and status). Against an older gpuqd, the
+  // refresh only.
   std::int64_t epoch = 0, cursor = 0;
   TopSnapshot shown;
   bool fetch = true;
@@ -239,12 +240,12 @@ int cmd_top(const Options& o, double interval_s, bool once) {
     while (!g_stop && !g_resized) {
       double left = until - now_s();
       if (left <= 0 && !asked) break;
-      if (!asked && client && epoch != 0 && now_s() - drawn_at >= 0.1) {  // ten frames a second at most
+      if (!asked && client && epoch != 0 && now_s() - drawn_at >= 0.25) {  // four frames a second at most
         asked.emplace();
         asked->epoch = epoch, asked->after = cursor, asked->timeout_s = std::clamp(left, 0.0, 300.0);  // gpuqd's most
         if (!client->send(common::encode(common::cmd::watch, *asked))) client.reset(), epoch = 0, asked.reset();
       }
-      if (!asked) left = std::min(left, 0.1 - (now_s() - drawn_at));
+      if (!asked) left = std::min(left, 0.25 - (now_s() - drawn_at));
       pollfd p[2] = {{STDIN_FILENO, POLLIN, 0}, {asked ? client->fd() : -1, POLLIN, 0}};
       // gpuqd answers a watch at its timeout, the refresh: waited for (a second more at most).
       const double wait_s = asked ? std::max(left, 0.0) + 1 : std::max(left, 0.0);

@@ -194,6 +194,39 @@ class ProtocolAbuse(DaemonTest):
         self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
         self.d.ok("status")
 
+    def test_clients_that_hang_up_on_a_held_wait_or_watch_are_let_go_at_once(self):
+        release = self.tmp_path("release")
+        job = self.d.submit({"name": "held", "shell": f"while [ ! -e {release} ]; do sleep 0.05; done"})["ids"][0]
+        wait_until(lambda: self.d.show(job)["job"]["state"] == "running", what="the job to run")
+        proc = f"/proc/{self.d.proc.pid}/fd"
+
+        def fds():  # gpuqd's sockets
+            n = 0
+            for fd in os.listdir(proc):
+                try:
+                    n += os.readlink(f"{proc}/{fd}").startswith("socket:")
+                except FileNotFoundError:  # closed meanwhile
+                    pass
+            return n
+        before = fds()
+        clients = []
+        for i in range(20):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(self.d.socket)
+            request = {"cmd": "wait", "ids": [job]} if i % 2 else {"cmd": "watch", "ids": [job], "timeout_s": 300}
+            s.sendall((json.dumps(request) + "\n").encode())
+            clients.append(s)
+        # All held (none answered: the job runs on), each a descriptor of gpuqd's.
+        wait_until(lambda: fds() >= before + 20, what="gpuqd to hold the 20 connections")
+        for s in clients:
+            s.close()
+        # Each hang-up noticed while its request is held: its descriptor is closed at once, not
+        # when the job ends or the watch's 300 s are up.
+        wait_until(lambda: fds() <= before, what="gpuqd to let the 20 connections go")
+        open(release, "w").close()
+        self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
+        self.d.ok("status")
+
 
 class NoDaemon(unittest.TestCase):
     def test_the_cli_says_the_daemon_is_not_running_and_how_to_start_it(self):

@@ -174,6 +174,46 @@ TEST_CASE("another user's progress is not news to one who may not read it; its s
   CHECK(Bench::ids(b.got[3]) == std::vector<std::int64_t>{1});
 }
 
+TEST_CASE("a caller's cursor moves only over changes it may see, and only those reset it") {
+  Bench b;  // the journal keeps 8 changes
+  for (int i = 0; i < 3; ++i)
+    b.change(1, k_alice.uid, Watches::Kind::details);
+  b.watch(k_bob, 0, {}, 0);  // where to start: the last change bob may see, none
+  REQUIRE(b.got.size() == 1);
+  CHECK(b.got[0]["cursor"] == 0);
+  b.watch(k_bob, 0, held_for(0));
+  REQUIRE(b.got.size() == 2);
+  CHECK(b.got[1]["cursor"] == 0);
+  CHECK(b.got[1]["jobs"].empty());
+  b.watch(k_alice, 0, held_for(0));
+  CHECK(b.got.back()["cursor"] == 3);  // her own
+  b.change(1, k_alice.uid, Watches::Kind::state);
+  b.watch(k_bob, 0, held_for(0));
+  CHECK(b.got.back()["cursor"] == 4);
+  CHECK(Bench::ids(b.got.back()) == std::vector<std::int64_t>{1});
+  // Twenty more of alice's progress: gone from the journal, and never bob's news, so his cursor
+  // is still good; hers is reset.
+  for (int i = 0; i < 20; ++i)
+    b.change(1, k_alice.uid, Watches::Kind::details);
+  b.watch(k_bob, 4, held_for(0));
+  CHECK(b.got.back()["reset"] == false);
+  CHECK(b.got.back()["cursor"] == 4);
+  b.watch(k_alice, 4, held_for(0));
+  CHECK(b.got.back()["reset"] == true);
+  CHECK(b.got.back()["cursor"] == 24);
+  // Held: alice's progress meanwhile neither answers bob's watch nor moves its cursor.
+  b.watch(k_bob, 4, held_for(0.01));
+  b.change(1, k_alice.uid, Watches::Kind::details);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const std::size_t had = b.got.size();
+  while (b.got.size() == had) {
+    if (std::chrono::steady_clock::now() > give_up) FAIL("the timeout did not answer within 60 s");
+    b.io.run_one_for(std::chrono::milliseconds(100));
+  }
+  CHECK(b.got.back()["cursor"] == 4);
+  CHECK(b.got.back()["jobs"].empty());
+}
+
 TEST_CASE("a reply cut at its page or its bound says more, and the next one starts where it stopped") {
   Bench b;
   for (int id = 1; id <= 5; ++id)
@@ -220,7 +260,7 @@ TEST_CASE("at its timeout a held watch is answered with nothing and the head, an
   REQUIRE(b.got.size() == 1);
   CHECK(b.got[0]["ok"] == true);
   CHECK(b.got[0]["jobs"].empty());
-  CHECK(b.got[0]["cursor"] == 1);
+  CHECK(b.got[0]["cursor"] == 0);  // bob's progress is not alice's to count
   CHECK(b.watches.held() == 1);
   b.change(3);
   b.settle();
