@@ -3,12 +3,15 @@
 issue 39: `gpuq status` within 3x `tsp -l`; `gpuq status --json`, its first page, <= 50 ms).
 
 gpuqd gets N held jobs (one matrix submit; held, so none runs and the queue stays N deep);
-task-spooler gets one job that blocks on a file (`tsp -S 1`) and N `true` jobs queued behind it.
+task-spooler gets one job that blocks on a file (`tsp -S 1`) and --tsp-jobs `true` jobs queued
+behind it (default 900: each job queued in task-spooler is a process of its own waiting to be
+told to run, and it serves at most 1,000 at once: a 1,000th waits for ever).
 Then each listing runs --runs times, alternated, started with posix_spawn, its output to
 /dev/null; each figure is a median with the middle half (p25-p75). The load average is printed
-before and after. Submitting N jobs to task-spooler is N processes (about 2 ms each).
+before and after.
 
-Usage: bench/status_depth.py [--bin build/bin] [--jobs 99856] [--runs 30] [--tmp /dev/shm]   (--jobs: a square)
+Usage: bench/status_depth.py [--bin build/bin] [--jobs 99856] [--tsp-jobs 900] [--runs 30] [--tmp /dev/shm]
+       (--jobs: a square)
 """
 import argparse
 import json
@@ -23,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(HERE, "../build/bin"))
 ap.add_argument("--jobs", type=int, default=316 * 316)
+ap.add_argument("--tsp-jobs", type=int, default=900)
 ap.add_argument("--runs", type=int, default=30)
 ap.add_argument("--tmp", default=None)
 args = ap.parse_args()
@@ -75,12 +79,12 @@ try:
     subprocess.run(["tsp", "-S", "1"], env=tenv, check=True)
     subprocess.run(["tsp", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done"], env=tenv, check=True,
                    capture_output=True)
-    for _ in range(args.jobs):
+    for _ in range(args.tsp_jobs):
         subprocess.run(["tsp", "-n", "true"], env=tenv, check=True, capture_output=True)
     env = dict(os.environ, GPUQ_SOCKET=sock, **{k: tenv[k] for k in ("TS_SOCKET", "TMPDIR")})
     status, status_json, tsp_l = times_ms([[GPUQ, "status"], [GPUQ, "status", "--json"], ["tsp", "-l"]], env)
     first = json.loads(gpuq("status", "--json").stdout)
-    print(f"| `gpuq status` with {args.jobs} queued, against `tsp -l` ({args.runs} each, alternated) | "
+    print(f"| `gpuq status` with {args.jobs} queued, against `tsp -l` with {args.tsp_jobs} ({args.runs} each, alternated) | "
           f"{spread(status)} | {spread(tsp_l)} | {statistics.median(status) / statistics.median(tsp_l):.2f}x |")
     print(f"| `gpuq status --json` ({len(first['jobs'])} jobs, `more`: {first['more']}) | {spread(status_json)} | | |")
     print("| load average %.2f %.2f %.2f at the end | | |" % os.getloadavg())

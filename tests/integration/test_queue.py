@@ -134,11 +134,18 @@ class DeepQueue(DaemonTest):
         names = [line.split()[1] for line in table.splitlines()[1:] if line and not line.startswith("(")]
         self.assertEqual(names, ["busy", "q0", "q1", "urgent"])  # in id order; urgent is first in line
         self.assertIn("(3 of 31 queued jobs shown, the first in line; --queued N for more)", table)
-        everything = self.d.json("status")  # --json: every queued job unless asked otherwise
+        everything = self.d.json("status")  # --json: the first 200 queued jobs unless asked otherwise
         self.assertEqual((len(everything["jobs"]), everything["queued_total"]), (32, 31))
         few = self.d.json("status", "--queued", "0")
         self.assertEqual([j["name"] for j in few["jobs"]], ["busy"])
         self.assertEqual(few["queued_total"], 31)
+        # A deep queue: --json's first page is 200 of it, in line; -q asks for more.
+        self.d.submit({"name": "deep-{i}", "command": ["true"], "matrix": {"i": list(range(250))}}, "--hold")
+        first = self.d.json("status", "-n", "0")
+        queued = [j for j in first["jobs"] if j["state"] == "queued"]
+        self.assertEqual((len(queued), first["queued_total"]), (200, 281))
+        self.assertEqual(queued[0]["name"], "q0")
+        self.assertEqual(len(self.d.json("status", "-n", "0", "-q", "281")["jobs"]), 282)
         bad = self.d.request({"cmd": "status", "queued": -5})
         self.assertFalse(bad["ok"])
         self.assertIn("queued", bad["error"]["message"])
