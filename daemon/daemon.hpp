@@ -59,6 +59,8 @@ class Daemon {
   Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store, Inventory inventory);
   ~Daemon();
 
+  // Gives back the caches it can do without (the store's pages): before the heap is trimmed.
+  void release_memory() { m_store->release_memory(); }
   // Re-adopts running jobs, records those that ended while no daemon ran, and schedules.
   void recover();
   // Handles one request; `reply` is called exactly once, possibly later (wait).

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <utility>
 
 namespace gpuq::daemon {
 
@@ -26,7 +27,14 @@ std::size_t resident_bytes() {
 }
 }  // namespace
 
-HeapTrim::HeapTrim(boost::asio::io_context& io) : m_timer(io) {
+void use_one_arena() {
+#if defined(__GLIBC__)
+  ::mallopt(M_ARENA_MAX, 1);
+#endif
+}
+
+HeapTrim::HeapTrim(boost::asio::io_context& io, std::function<void()> release)
+    : m_timer(io), m_release(std::move(release)) {
   arm();
 }
 
@@ -39,7 +47,8 @@ bool HeapTrim::look() {
   const std::size_t resident = resident_bytes();
   const std::size_t grew = resident > m_resident_after_last ? resident - m_resident_after_last : 0;
   if (!worth_trimming(m.fordblks, m.uordblks, m_free_after_last, grew)) return false;
-  m_free_after_last = m.fordblks;
+  if (m_release) m_release();
+  m_free_after_last = ::mallinfo2().fordblks;
   const bool trimmed = ::malloc_trim(0) != 0;
   m_resident_after_last = resident_bytes();
   return trimmed;

@@ -270,7 +270,8 @@ int serve(Start& s, std::unique_ptr<gpuq::daemon::Store> store, gpuq::daemon::In
   boost::asio::io_context io;
   ::signal(SIGPIPE, SIG_IGN);
   gpuq::daemon::Daemon daemon(io, config, std::move(store), std::move(inventory));
-  gpuq::daemon::HeapTrim heap(io);  // freed memory given back to the kernel, every 10 s
+  // Freed memory given back to the kernel, every 10 s, the store's unused cache with it.
+  gpuq::daemon::HeapTrim heap(io, [&daemon] { daemon.release_memory(); });
   gpuq::daemon::Server server(io, daemon, config.socket_path, config.idle_timeout_s,
                               {config.multi_user, s.socket_gid});
   if (auto listening = server.listen(); !listening) {
@@ -312,6 +313,7 @@ int serve(Start& s, std::unique_ptr<gpuq::daemon::Store> store, gpuq::daemon::In
 }  // namespace
 
 int main(int argc, char** argv) {
+  gpuq::daemon::use_one_arena();
   Start s;
   if (auto end = load_settings_and_options(argc, argv, s)) return *end;
   if (auto end = check_lab_mode(s)) return *end;

@@ -195,6 +195,8 @@ class Store {
   // The jobs that failed without running because job `id` had ended without success.
   std::vector<JobRecord> failed_waiting_for(std::int64_t id);
   std::int64_t count_jobs(const common::JobFilter& f = {});
+  // Gives back what SQLite caches that no statement is using (its page cache): before a heap trim.
+  void release_memory();
   json batch_env(std::int64_t batch);
   // Batches' limits on running jobs: batch -> max_running, for those that have one.
   std::map<std::int64_t, int> batch_limits();

@@ -346,6 +346,10 @@ Store::~Store() {
   sqlite3_close(m_db);
 }
 
+void Store::release_memory() {
+  ::sqlite3_db_release_memory(m_db);
+}
+
 void Store::exec(const char* sql) {
   char* err = nullptr;
   if (sqlite3_exec(m_db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
