@@ -17,6 +17,9 @@
 namespace CLI {
 class App;
 }
+namespace gpuq::common {
+class Client;
+}
 
 namespace gpuq::cli {
 
@@ -81,5 +84,10 @@ void add_schema(CLI::App& app, Context& ctx);  // daemon.cpp
 
 // Waits for jobs to end: 0 if all succeeded, 1 if not, 124 on timeout (jobs.cpp; submit --wait).
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s);
+// The same on a connection already open, from where gpuqd's watch stream stood before the jobs
+// went live (`submit --wait`: the submit's reply; epoch 0 for none): their first look comes with
+// the first watch.
+int cmd_wait(const Options& o, common::Client& client, const std::vector<std::int64_t>& ids, double timeout_s,
+             std::int64_t epoch, std::int64_t cursor);
 
 }  // namespace gpuq::cli

@@ -71,6 +71,13 @@ Result<common::JobsReply> all_results(const Options& o, const common::ResultsReq
 
 void print_json(const json& j) { std::cout << j.dump(2) << "\n"; }
 
+Result<common::WatchReply> stream_position(Client& client) {
+  if (client.hello().value("protocol_minor", 0) < 2) return common::WatchReply{};
+  common::WatchRequest now;
+  now.timeout_s = 0;
+  return client.call(common::cmd::watch, now);
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }

@@ -35,6 +35,10 @@ Result<Reply> call(const Options& o, const common::Cmd<Request, Reply>& command,
 Result<common::JobsReply> all_results(common::Client& client, common::ResultsRequest req);
 Result<common::JobsReply> all_results(const Options& o, const common::ResultsRequest& req);
 void print_json(const nlohmann::json& j);
+// Where gpuqd's watch stream stands now (a watch answered at once): the epoch and cursor to follow
+// from, taken before a look at the jobs, so that a change in between is told again, never lost.
+// Epoch 0 from a gpuqd without the watch (protocol minor 2).
+Result<common::WatchReply> stream_position(common::Client& client);
 // Appends the ids of `batch`'s jobs (if batch != 0) to `ids`; 0, or the exit code of a failure
 // (also a usage error when there are no ids at all).
 int add_batch_ids(const Options& o, std::int64_t batch, std::vector<std::int64_t>& ids);

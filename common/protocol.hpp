@@ -434,8 +434,12 @@ GPUQ_JSON_TYPE(HelloReply, protocol_version, protocol_minor, daemon_version, pid
 struct SubmitReply {
   std::int64_t batch = 0;
   std::vector<std::int64_t> ids;
+  // Where the watch stream stood just before the batch's jobs went live (0, 0 from a gpuqd without
+  // it): a watch from there on the ids tells of each job at once, then of its changes.
+  std::int64_t epoch = 0;
+  std::int64_t cursor = 0;
 };
-GPUQ_JSON_TYPE(SubmitReply, batch, ids)
+GPUQ_JSON_TYPE(SubmitReply, batch, ids, epoch, cursor)
 
 struct JobsReply {  // status, wait, results
   std::vector<JobInfo> jobs;

@@ -74,6 +74,7 @@ void Submissions::write_part() {
   out.ids.reserve(b->staged.size());
   for (const auto& [id, _] : b->staged) out.ids.push_back(id);
   m_written(*b);
+  out.epoch = b->epoch, out.cursor = b->cursor;
   b->reply(out);
   next();
 }

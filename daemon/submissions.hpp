@@ -38,12 +38,13 @@ class Submissions {
     Store::BatchWrite write;
     std::map<std::int64_t, Active> staged;   // the jobs written so far, to go live once all are
     Later<common::SubmitReply> reply;
+    std::int64_t epoch = 0, cursor = 0;  // the watch stream's, for the submitter, before the jobs went live
   };
   // On gpuqd's thread, once a batch is checked well: what refuses it now (a dependency that is
   // gone, the owner's limits), or true.
   using Accept = std::function<Result<bool>(Batch&)>;
   // On gpuqd's thread, once every job of a batch is written: its jobs go live (batch.staged, with
-  // their ids), before the submitter is answered.
+  // their ids), before the submitter is answered (with batch.epoch and batch.cursor).
   using Written = std::function<void(Batch&)>;
 
   Submissions(boost::asio::io_context& io, Store& store, Accept accept, Written written);

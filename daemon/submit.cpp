@@ -55,6 +55,7 @@ Result<bool> Daemon::accept_submission(Submissions::Batch& s) {
 
 // Every job of a batch is written: they go live.
 void Daemon::submission_written(Submissions::Batch& s) {
+  s.epoch = m_watches.epoch(), s.cursor = m_watches.visible_head(s.caller);
   m_jobs.set_batch_limit(s.write.batch, s.max_running);
   for (const auto& [id, a] : s.staged)
     m_watches.changed({id, a.rec.batch, a.rec.uid, Watches::Kind::state});

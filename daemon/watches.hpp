@@ -61,6 +61,8 @@ class Watches {
   std::int64_t head() const { return m_head; }  // the cursor after the last change
   std::size_t held() const { return m_held.size(); }
   std::uint64_t answers() const { return m_answers; }  // watches answered so far
+  // The last change `caller` may see, up to the head: the cursor it may be told.
+  std::int64_t visible_head(const Caller& caller) const;
 
   // Journals a change. The requests it concerns are answered once the handler that made it is
   // done (posted): changes that land together (a commit of many jobs) make one answer each.
@@ -81,8 +83,6 @@ class Watches {
     return c.kind == Kind::state || caller.admin || caller.uid == c.uid;
   }
   static bool concerns(const Caller& caller, const common::WatchRequest& q, const Change& c);
-  // The last change `caller` may see, up to the head: the cursor it may be told.
-  std::int64_t visible_head(const Caller& caller) const;
   // The last change `caller` may see that the journal dropped (0: none).
   std::int64_t dropped_for(const Caller& caller) const;
   // The answer to `q` as the journal stands, or nullopt when there is nothing to say yet.

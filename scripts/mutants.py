@@ -252,6 +252,18 @@ MUTANTS = [
     ("watch-cursor-visible-only", "daemon/watches.cpp",
      "    if (visible(caller, c) && ids.size() <= page) cursor = seq;", "    if (ids.size() <= page) cursor = seq;",
      ["unit:a caller's cursor moves only over changes it may see*"]),
+    # The store's unused cache is given back before the heap is trimmed.
+    ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
+     "  if (m_release) m_release();\n", "\n",
+     ["unit:what a big batch left free is given back*"]),
+    # A submit's reply says where the watch stream stood before its jobs went live.
+    ("submit-reply-cursor", "daemon/submissions.cpp",
+     "  out.epoch = b->epoch, out.cursor = b->cursor;\n", "\n",
+     ["test_watch.Watch.test_a_submit_says_where_the_stream_stood_before_its_jobs_so_a_watch_from_there_tells_of_them_at_once"]),
+    ("submit-cursor-before-its-jobs", "daemon/submit.cpp",
+     "s.cursor = m_watches.visible_head(s.caller);",
+     "s.cursor = m_watches.visible_head(s.caller) + static_cast<std::int64_t>(s.staged.size());",
+     ["test_watch.Watch.test_a_submit_says_where_the_stream_stood_before_its_jobs_so_a_watch_from_there_tells_of_them_at_once"]),
     ("request-cross-field-rule", "common/protocol.cpp",
      "  if (t.check) t.check(request);\n", "\n",
      ["unit:the schema says of each command's request*"]),

@@ -326,10 +326,9 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
 // active twice a second, which also answers at once when the last ends.
 constexpr std::size_t k_wait_ids_per_tick = 1000;
 
-int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
-  auto client = connect(o, true);
-  if (!client) return report(client.error());
-  outlive_restarts(o, *client);
+int watch(const Options& o, Client& client, const std::vector<std::int64_t>& ids, double timeout_s, std::int64_t epoch,
+          std::int64_t cursor) {
+  outlive_restarts(o, client);
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   std::size_t width = 120, rows = 24;
   if (winsize ws{}; tty && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20) {
@@ -347,21 +346,33 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
   std::optional<common::JobsReply> waited;  // news of some of the jobs, to take in before drawing
   common::WatchRequest follow;              // where the stream stands: its epoch and cursor
   follow.page = common::k_max_reply_jobs;
+  const auto some = [&](const std::vector<std::int64_t>& active) {  // the ids a watch names: none for all
+    return active.size() <= static_cast<std::size_t>(common::k_max_reply_jobs) ? active : std::vector<std::int64_t>{};
+  };
   bool look = true;  // read the jobs afresh: at first, and when the stream cannot be resumed
+  if (epoch != 0) {  // from before the jobs went live: the stream tells of each of them at once
+    follow.epoch = epoch, follow.after = cursor, follow.ids = some(ids), follow.timeout_s = 0;
+    auto r = client.call(common::cmd::watch, follow);
+    if (!r) return report(r.error());
+    follow.epoch = r->epoch, follow.after = r->cursor;
+    if (!r->reset) {
+      for (auto& j : r->jobs)
+        if (wanted.count(j.id)) latest[j.id] = std::move(j);
+      look = latest.size() < wanted.size();  // (cut short, or already forgotten: a look says)
+    }
+  }
   for (;;) {
     if (look || (waited && waited->more)) {
       // The stream's cursor first, then the jobs: a change in between is sent again, never lost.
-      if (look && client->hello().value("protocol_minor", 0) >= 2) {
-        common::WatchRequest now;
-        now.timeout_s = 0;
-        auto r = client->call(common::cmd::watch, now);
+      if (look) {
+        auto r = stream_position(client);
         if (!r) return report(r.error());
         follow.epoch = r->epoch, follow.after = r->cursor;
       }
       look = false;
       common::ResultsRequest req;
       req.ids = pending;
-      auto r = all_results(*client, req);
+      auto r = all_results(client, req);
       if (!r) return report(r.error());
       waited = std::move(*r);
     }
@@ -405,10 +416,9 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
     const double tick = deadline > 0 ? std::clamp(deadline - now, 0.01, most) : most;
     if (follow.epoch != 0) {
       // The jobs still active, or (more than a request names) every job, those of others dropped.
-      follow.ids =
-          pending.size() <= static_cast<std::size_t>(common::k_max_reply_jobs) ? pending : std::vector<std::int64_t>{};
+      follow.ids = some(pending);
       follow.timeout_s = tick;
-      auto r = client->call(common::cmd::watch, follow);
+      auto r = client.call(common::cmd::watch, follow);
       if (!r) return report(r.error());
       follow.epoch = r->epoch, follow.after = r->cursor;
       if (r->reset) {  // another gpuqd (a restart), or too far behind: read the jobs afresh
@@ -420,7 +430,7 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
     } else if (pending.size() <= k_wait_ids_per_tick) {
       // An older gpuqd: a wait on what is still active, which it answers as soon as all of it has
       // ended; its answer is the next look.
-      auto answer = client->call(common::cmd::wait, common::IdsRequest{pending, tick});
+      auto answer = client.call(common::cmd::wait, common::IdsRequest{pending, tick});
       if (!answer) return report(answer.error());
       waited = std::move(*answer);
     } else {
@@ -437,15 +447,23 @@ int watch(const Options& o, const std::vector<std::int64_t>& ids, double timeout
 }  // namespace
 
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s) {
-  if (!o.json) return watch(o, ids, timeout_s);
-  auto reply = call(o, common::cmd::wait, common::IdsRequest{ids, timeout_s}, true);
+  auto client = connect(o, true);
+  if (!client) return report(client.error());
+  return cmd_wait(o, *client, ids, timeout_s, 0, 0);
+}
+
+int cmd_wait(const Options& o, Client& client, const std::vector<std::int64_t>& ids, double timeout_s,
+             std::int64_t epoch, std::int64_t cursor) {
+  if (!o.json) return watch(o, client, ids, timeout_s, epoch, cursor);
+  outlive_restarts(o, client);
+  auto reply = client.call(common::cmd::wait, common::IdsRequest{ids, timeout_s});
   if (!reply) return report(reply.error());
   auto& w = *reply;
   if (w.more && !w.jobs.empty()) {  // a reply holds so many jobs: the rest, as they are now
     common::ResultsRequest req;
     req.ids = ids;
     req.after = w.jobs.back().id;
-    auto rest = all_results(o, req);
+    auto rest = all_results(client, req);
     if (!rest) return report(rest.error());
     std::move(rest->jobs.begin(), rest->jobs.end(), std::back_inserter(w.jobs));
   }

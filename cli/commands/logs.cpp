@@ -221,9 +221,7 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   changes.ids = {id};
   changes.timeout_s = 60;
   if (stream) {  // the cursor, then the look that follows it: no change in between is missed
-    common::WatchRequest now;
-    now.timeout_s = 0;
-    auto r = client->call(common::cmd::watch, now);
+    auto r = stream_position(*client);
     if (!r) return report(r.error());
     changes.epoch = r->epoch, changes.after = r->cursor;
     if (!(s = show())) return refused;

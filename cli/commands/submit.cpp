@@ -113,8 +113,10 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
   for (const auto& f : files)
     if (!read_spec_file(f, jobs)) return k_exit_usage;
   if (dry) return dry_run(o, jobs, hold, max_running);
-  auto reply = call(
-      o, common::cmd::submit,
+  auto client = connect(o);  // not reconnected: a submit sent again could run its jobs twice
+  if (!client) return report(client.error());
+  auto reply = client->call(
+      common::cmd::submit,
       common::SubmitRequest{std::move(jobs), common::current_dir(), common::current_environment(), hold, max_running});
   if (!reply) return report(reply.error());
   const auto& sub = *reply;
@@ -129,7 +131,7 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
     return k_exit_ok;
   }
   if (!o.json) std::cerr << "submitted batch " << sub.batch << "; waiting...\n";
-  return cmd_wait(o, sub.ids, 0);
+  return cmd_wait(o, *client, sub.ids, 0, sub.epoch, sub.cursor);  // on the same connection, from the stream's cursor
 }
 
 struct ExportArgs {

@@ -216,11 +216,8 @@ int cmd_top(const Options& o, double interval_s, bool once) {
       // The watch's cursor before the snapshot: a change in between is told again, never lost.
       if (!client)
         if (auto c = common::Client::connect(o.socket)) client.emplace(std::move(*c));  // else the snapshot says why
-      if (client && epoch == 0 && client->hello().value("protocol_minor", 0) >= 2) {
-        common::WatchRequest q;
-        q.timeout_s = 0;
-        if (auto r = client->call(common::cmd::watch, q)) epoch = r->epoch, cursor = r->cursor;
-      }
+      if (client && epoch == 0)
+        if (auto r = stream_position(*client)) epoch = r->epoch, cursor = r->cursor;
       shown = snapshot(o, client);
     }
     auto [w, h] = size();

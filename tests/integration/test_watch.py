@@ -84,6 +84,36 @@ class Watch(DaemonTest):
         self.assertEqual(missing["error"]["code"], "not_found")
         again.close()
 
+    def test_a_submit_says_where_the_stream_stood_before_its_jobs_so_a_watch_from_there_tells_of_them_at_once(self):
+        earlier = self.d.submit({"name": "earlier", "shell": "true"})["ids"][0]
+        self.assertEqual(self.d.wait([earlier])[earlier]["state"], "succeeded")
+        c = Connection(self.d.socket)
+        now = c.call({"cmd": "watch"})
+        sub = c.call({"cmd": "submit", "cwd": self.tmp, "hold": True,
+                      "jobs": [{"name": "a", "shell": "true"}, {"name": "b", "shell": "true"}]})
+        self.assertTrue(sub["ok"], sub)
+        self.assertEqual(sub["epoch"], now["epoch"])
+        self.assertGreaterEqual(sub["cursor"], now["cursor"])  # past the earlier job's changes
+        # From there, on the batch's ids or on everything: the batch's jobs, held, and nothing before.
+        for ids in ({"ids": sub["ids"]}, {}):
+            seen = c.call({"cmd": "watch", "epoch": sub["epoch"], "after": sub["cursor"], "timeout_s": 0, **ids})
+            self.assertFalse(seen["reset"], seen)
+            self.assertEqual([(j["id"], j["state"], j["held"]) for j in seen["jobs"]],
+                             [(i, "queued", True) for i in sub["ids"]])
+        c.close()
+        # submit --wait follows from there on the connection it submitted on: one request held,
+        # the job's end its answer.
+        release = self.tmp_path("release-waited")
+        env = dict(os.environ, GPUQ_SOCKET=self.d.socket)
+        p = subprocess.Popen([os.path.join(BIN, "gpuq"), "submit", "--wait", "-"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        p.stdin.write(json.dumps({"name": "waited", "shell": f"while [ ! -e {release} ]; do sleep 0.05; done"}))
+        p.stdin.close()
+        wait_until(lambda: self.d.json("gpus")["watches_held"] == 1, what="submit --wait's watch to be held")
+        open(release, "w").close()
+        self.assertEqual(p.wait(timeout=120), 0, p.stderr.read())
+        self.assertRegex(p.stdout.read(), r"\d+  waited  succeeded")
+
     def test_a_cursor_of_a_gpuqd_that_restarted_is_reset(self):
         c = Connection(self.d.socket)
         first = c.call({"cmd": "watch"})
