@@ -3,7 +3,9 @@
 (goal, issue 39: within 2x a fresh gpuqd's once nothing is queued or running). gpuqd looks at its
 heap every 10 s (daemon/heap_trim.hpp), so the last figure is read up to 25 s after the cancel.
 
-Usage: bench/memory_return.py [--bin build/bin] [--jobs 99856] [--tmp /dev/shm]   (a square: a matrix)
+With --run the jobs (`true`, on 8 fake GPUs) run to their end instead of being cancelled.
+
+Usage: bench/memory_return.py [--bin build/bin] [--jobs 99856] [--tmp /dev/shm] [--run]   (a square: a matrix)
 """
 import argparse
 import json
@@ -18,6 +20,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(HERE, "../build/bin"))
 ap.add_argument("--jobs", type=int, default=316 * 316)
 ap.add_argument("--tmp", default=None)
+ap.add_argument("--run", action="store_true", help="run the jobs to their end instead of cancelling them")
 args = ap.parse_args()
 bindir = os.path.abspath(args.bin)
 tmp = tempfile.mkdtemp(prefix="gpuq-memory-", dir=args.tmp)
@@ -35,8 +38,17 @@ def rss_mib():
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
+def status():
+    return json.loads(gpuq("status", "--json", "-q", "0", "-n", "0").stdout)
+
+
 def queued():
-    return json.loads(gpuq("status", "--json", "-q", "0").stdout)["queued_total"]
+    return status()["queued_total"]
+
+
+def active():  # queued or running
+    s = status()
+    return s["queued_total"] + sum(1 for j in s["jobs"] if j["state"] == "running")
 
 
 try:
@@ -46,15 +58,15 @@ try:
     # One spec with a matrix: N jobs in one request of a few KiB (a list of N would pass a request's 1 MiB).
     side = int(args.jobs ** 0.5)
     assert side * side == args.jobs, "--jobs must be a square"
-    spec = {"name": "m-{a}-{b}", "command": ["true"], "matrix": {"a": list(range(side)), "b": list(range(side))}}
+    spec = {"name": "m-{a}-{b}", "command": ["true"], "gpus": 1, "matrix": {"a": list(range(side)), "b": list(range(side))}}
     r = gpuq("submit", "-", "--json", "--hold", input=json.dumps(spec))
     assert r.returncode == 0, r.stderr
     batch = json.loads(r.stdout)["batch"]
     while queued() < args.jobs:
         time.sleep(0.2)
     held = rss_mib()
-    gpuq("cancel", "--batch", str(batch))
-    while queued() > 0:
+    gpuq("release" if args.run else "cancel", "--batch", str(batch))
+    while active() > 0:
         time.sleep(0.2)
     cancelled = rss_mib()
     t0 = time.time()
@@ -62,7 +74,7 @@ try:
         time.sleep(0.5)
     after = rss_mib()
     print(f"| gpuqd's resident set, {args.jobs} jobs | fresh {fresh:.0f} MiB | held {held:.0f} MiB | "
-          f"just cancelled {cancelled:.0f} MiB | {time.time() - t0:.1f} s later {after:.0f} MiB ({after / fresh:.1f}x fresh) |")
+          f"just {'ended' if args.run else 'cancelled'} {cancelled:.0f} MiB | {time.time() - t0:.1f} s later {after:.0f} MiB ({after / fresh:.1f}x fresh) |")
 finally:
     daemon.terminate()
     daemon.wait()

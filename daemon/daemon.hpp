@@ -61,6 +61,7 @@ class Daemon {
 
   // Gives back the caches it can do without (the store's pages): before the heap is trimmed.
   void release_memory() { m_store->release_memory(); }
+  bool idle() const { return m_jobs.size() == 0; }  // no job queued or running
   // Re-adopts running jobs, records those that ended while no daemon ran, and schedules.
   void recover();
   // Handles one request; `reply` is called exactly once, possibly later (wait).

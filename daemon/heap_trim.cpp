@@ -33,8 +33,8 @@ void use_one_arena() {
 #endif
 }
 
-HeapTrim::HeapTrim(boost::asio::io_context& io, std::function<void()> release)
-    : m_timer(io), m_release(std::move(release)) {
+HeapTrim::HeapTrim(boost::asio::io_context& io, std::function<void()> release, std::function<bool()> idle)
+    : m_timer(io), m_release(std::move(release)), m_idle(std::move(idle)) {
   arm();
 }
 
@@ -46,7 +46,11 @@ bool HeapTrim::look() {
   if (m.fordblks < m_free_after_last) m_free_after_last = m.fordblks;
   const std::size_t resident = resident_bytes();
   const std::size_t grew = resident > m_resident_after_last ? resident - m_resident_after_last : 0;
-  if (!worth_trimming(m.fordblks, m.uordblks, m_free_after_last, grew)) return false;
+  const bool idle = m_idle && m_idle();
+  const bool went_idle = idle && !m_was_idle;
+  m_was_idle = idle;
+  if (!(went_idle && m.fordblks >= (std::size_t{1} << 20)) && !worth_trimming(m.fordblks, m.uordblks, m_free_after_last, grew))
+    return false;
   if (m_release) m_release();
   m_free_after_last = ::mallinfo2().fordblks;
   const bool trimmed = ::malloc_trim(0) != 0;

@@ -31,7 +31,10 @@ class HeapTrim {
  public:
   static constexpr double k_period_s = 10;
   // `release`: gives back caches (the store's page cache) before a trim, so their pages go too.
-  explicit HeapTrim(boost::asio::io_context& io, std::function<void()> release = {});
+  // `idle`: whether no job is queued or running; a look that finds gpuqd newly idle trims what
+  // lies free whatever worth_trimming says (1 MiB at least): once the work is done, its memory
+  // goes, however it was left (a batch that ran frees less at once than one cancelled).
+  explicit HeapTrim(boost::asio::io_context& io, std::function<void()> release = {}, std::function<bool()> idle = {});
   // Looks now, and trims where worth_trimming says so; true when it trimmed.
   bool look();
 
@@ -39,6 +42,8 @@ class HeapTrim {
   void arm();
   boost::asio::steady_timer m_timer;
   std::function<void()> m_release;
+  std::function<bool()> m_idle;
+  bool m_was_idle = true;  // at the last look (fresh: nothing to give back)
   std::size_t m_free_after_last = 0;      // the heap's free bytes after the last trim
   std::size_t m_resident_after_last = 0;  // this process's resident set after it
 };

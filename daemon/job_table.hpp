@@ -145,7 +145,9 @@ class JobTable {
   Queue m_queue{&m_queue_pool};
   std::set<std::int64_t> m_with_deps;  // queued jobs with `after`
   std::set<std::int64_t> m_held;       // queued jobs held out of line
-  std::unordered_map<std::int64_t, JobState> m_ended;  // dependency lookups
+  // Ended jobs' states for dependency lookups, while a queued job has dependencies (a cache: the
+  // store has them all).
+  std::unordered_map<std::int64_t, JobState> m_ended;
   std::uint64_t m_needs_changed = 0;
   std::map<std::int64_t, int> m_batch_limits;
 };

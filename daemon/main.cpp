@@ -271,7 +271,8 @@ int serve(Start& s, std::unique_ptr<gpuq::daemon::Store> store, gpuq::daemon::In
   ::signal(SIGPIPE, SIG_IGN);
   gpuq::daemon::Daemon daemon(io, config, std::move(store), std::move(inventory));
   // Freed memory given back to the kernel, every 10 s, the store's unused cache with it.
-  gpuq::daemon::HeapTrim heap(io, [&daemon] { daemon.release_memory(); });
+  gpuq::daemon::HeapTrim heap(
+      io, [&daemon] { daemon.release_memory(); }, [&daemon] { return daemon.idle(); });
   gpuq::daemon::Server server(io, daemon, config.socket_path, config.idle_timeout_s,
                               {config.multi_user, s.socket_gid});
   if (auto listening = server.listen(); !listening) {

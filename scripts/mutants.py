@@ -256,6 +256,12 @@ MUTANTS = [
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",
      ["unit:what a big batch left free is given back*"]),
+    ("ended-states-not-kept-for-history", "daemon/job_table.cpp",
+     "    if (!m_with_deps.empty()) m_ended[id] = a.rec.state;\n", "    m_ended[id] = a.rec.state;\n",
+     ["unit:an ended job leaves the table and every index*"]),
+    ("heap-trim-once-idle", "daemon/heap_trim.cpp",
+     "  const bool went_idle = idle && !m_was_idle;", "  const bool went_idle = false;",
+     ["unit:once no job is queued or running*"]),
     # A submit's reply says where the watch stream stood before its jobs went live.
     ("submit-reply-cursor", "daemon/submissions.cpp",
      "  out.epoch = b->epoch, out.cursor = b->cursor;\n", "\n",

@@ -70,4 +70,34 @@ TEST_CASE("what a big batch left free is given back to the kernel at the next lo
   CHECK(released == 1);
   std::free(blocks.back());
 }
+
+TEST_CASE("once no job is queued or running, what lies free is given back, however little") {
+  boost::asio::io_context io;
+  bool idle = false;
+  int released = 0;
+  HeapTrim trim(io, [&] { ++released; }, [&] { return idle; });
+  trim.look();  // whatever the tests before left: from here, nothing new lies free
+  const int before = released;
+  CHECK_FALSE(trim.look());
+  // 4 MiB used and freed, under worth_trimming's 8: kept while jobs run, given back once idle.
+  auto fill = [] {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 4000; ++i) {
+      blocks.push_back(std::malloc(1000));
+      std::memset(blocks.back(), 1, 1000);
+    }
+    void* top = std::malloc(1000);  // holds the heap's top: only a trim gives the rest back
+    for (void* b : blocks) std::free(b);
+    return top;
+  };
+  void* top = fill();
+  CHECK_FALSE(trim.look());
+  idle = true;
+  CHECK(trim.look());
+  CHECK(released == before + 1);
+  std::free(top);
+  top = fill();
+  CHECK_FALSE(trim.look());  // still idle: given back once, when it became so
+  std::free(top);
+}
 #endif

@@ -70,7 +70,7 @@ TEST_CASE("a change of priority refiles a queued job; releasing a held one puts 
   CHECK(t.held().empty());
 }
 
-TEST_CASE("an ended job leaves the table and every index, and its end state is remembered") {
+TEST_CASE("an ended job leaves the table and every index, and its end state is remembered while jobs wait") {
   JobTable t;
   t.load(job(1, JobState::running), 0);
   auto dep = job(2);
@@ -89,6 +89,13 @@ TEST_CASE("an ended job leaves the table and every index, and its end state is r
   CHECK_FALSE(t.any_with_deps());
   CHECK(t.size() == 0);
   CHECK(t.queue().empty());
+  // Nothing waits on anything: what ended is forgotten here (the store answers), not kept for
+  // the whole history; and a job that ends meanwhile is not remembered.
+  CHECK_FALSE(t.known_state(1));
+  CHECK_FALSE(t.known_state(2));
+  t.load(job(3, JobState::running), 0);
+  t.apply(job(3, JobState::succeeded));
+  CHECK_FALSE(t.known_state(3));
 }
 
 TEST_CASE("a job that comes back from having ended is live again, and says so") {
