@@ -49,7 +49,8 @@ bool HeapTrim::look() {
   const bool idle = m_idle && m_idle();
   const bool went_idle = idle && !m_was_idle;
   m_was_idle = idle;
-  if (!(went_idle && m.fordblks >= (std::size_t{1} << 20)) && !worth_trimming(m.fordblks, m.uordblks, m_free_after_last, grew))
+  if (!(went_idle && m.fordblks >= (std::size_t{1} << 20)) &&
+      !worth_trimming(m.fordblks, m.uordblks, m_free_after_last, grew))
     return false;
   if (m_release) m_release();
   m_free_after_last = ::mallinfo2().fordblks;

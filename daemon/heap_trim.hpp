@@ -43,7 +43,7 @@ class HeapTrim {
   boost::asio::steady_timer m_timer;
   std::function<void()> m_release;
   std::function<bool()> m_idle;
-  bool m_was_idle = true;  // at the last look (fresh: nothing to give back)
+  bool m_was_idle = true;                 // at the last look (fresh: nothing to give back)
   std::size_t m_free_after_last = 0;      // the heap's free bytes after the last trim
   std::size_t m_resident_after_last = 0;  // this process's resident set after it
 };

@@ -42,8 +42,10 @@ JobTable::Applied JobTable::apply(JobRecord rec,
     const std::int64_t id = a.rec.id;
     // Remembered while a queued job waits on something; once none does, forgotten (the store
     // answers a later lookup): a history of ended jobs costs no memory here.
-    if (!m_with_deps.empty()) m_ended[id] = a.rec.state;
-    else if (!m_ended.empty()) decltype(m_ended)().swap(m_ended);  // clear() keeps the buckets
+    if (!m_with_deps.empty())
+      m_ended[id] = a.rec.state;
+    else if (!m_ended.empty())
+      decltype(m_ended)().swap(m_ended);  // clear() keeps the buckets
     m_active.erase(id);
     out.ended = true;
     return out;

@@ -257,7 +257,7 @@ MUTANTS = [
      "  if (m_release) m_release();\n", "\n",
      ["unit:what a big batch left free is given back*"]),
     ("ended-states-not-kept-for-history", "daemon/job_table.cpp",
-     "    if (!m_with_deps.empty()) m_ended[id] = a.rec.state;\n", "    m_ended[id] = a.rec.state;\n",
+     "    if (!m_with_deps.empty())\n      m_ended[id] = a.rec.state;\n", "    if (true)\n      m_ended[id] = a.rec.state;\n",
      ["unit:an ended job leaves the table and every index*"]),
     ("heap-trim-once-idle", "daemon/heap_trim.cpp",
      "  const bool went_idle = idle && !m_was_idle;", "  const bool went_idle = false;",

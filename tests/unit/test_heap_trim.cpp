@@ -75,7 +75,8 @@ TEST_CASE("once no job is queued or running, what lies free is given back, howev
   boost::asio::io_context io;
   bool idle = false;
   int released = 0;
-  HeapTrim trim(io, [&] { ++released; }, [&] { return idle; });
+  HeapTrim trim(
+      io, [&] { ++released; }, [&] { return idle; });
   trim.look();  // whatever the tests before left: from here, nothing new lies free
   const int before = released;
   CHECK_FALSE(trim.look());
@@ -87,7 +88,8 @@ TEST_CASE("once no job is queued or running, what lies free is given back, howev
       std::memset(blocks.back(), 1, 1000);
     }
     void* top = std::malloc(1000);  // holds the heap's top: only a trim gives the rest back
-    for (void* b : blocks) std::free(b);
+    for (void* b : blocks)
+      std::free(b);
     return top;
   };
   void* top = fill();
