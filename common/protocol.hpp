@@ -268,10 +268,12 @@ constexpr int k_max_running_limit = 1000000;  // the largest batch limit on runn
 // k_max_reply_bytes (each job's are bounded too, at 1 MiB). A cut list says `more`; the client
 // asks again from the last id it got (`after`).
 constexpr int k_max_reply_jobs = 2000;
-constexpr std::size_t k_max_reply_bytes = 64 << 20;
-// The longest reply line a client reads: a list cut at k_max_reply_bytes, its last job's 1 MiB and
-// the rest of the reply fit with room to spare. A longer one is not gpuqd's.
-constexpr std::size_t k_max_reply_line = k_max_reply_bytes + (16 << 20);
+// 8 MiB: a reply is held whole in gpuqd until its client reads it, and a user's unread replies are
+// bounded at 32 MiB (daemon/outbox.hpp); a list of larger jobs takes more pages.
+constexpr std::size_t k_max_reply_bytes = 8 << 20;
+// The longest reply line a client reads: a list cut at 64 MiB (earlier gpuqds' bound), its last
+// job's 1 MiB and the rest of the reply fit with room to spare. A longer one is not gpuqd's.
+constexpr std::size_t k_max_reply_line = (64 << 20) + (16 << 20);
 
 struct SubmitRequest {
   json jobs;  // one spec object or an array: validated by common::parse_batch in the daemon
@@ -569,12 +571,17 @@ struct GpusReply {
   // `watch`es held now (each waits for a change it asks about), and those answered so far.
   std::uint64_t watches_held = 0;
   std::uint64_t watch_answers = 0;
+  // Replies made and not yet read by their clients, in bytes, and the connections closed since
+  // gpuqd started for holding too many (docs/reliability.md). Admins' alone, as the watches'.
+  std::uint64_t replies_unread_bytes = 0;
+  std::uint64_t connections_dropped = 0;
   // What holds a job's processes together and out of others' reach (Executor::containment):
   // "a cgroup per attempt (cgroup v2 at ... (cgroup.kill))", or what is used where none can be made.
   std::string containment;
 };
 GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores, scheduling_passes, health_checks,
-               events_reads, events_read_max_bytes, watches_held, watch_answers, containment)
+               events_reads, events_read_max_bytes, watches_held, watch_answers, replies_unread_bytes,
+               connections_dropped, containment)
 
 // `usage` (lab mode): each user's recent GPU use, what they hold and wait for, and their limits.
 struct UserUsage {

@@ -40,6 +40,7 @@
 #include "daemon/machine.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/operations.hpp"
+#include "daemon/outbox.hpp"
 #include "daemon/parts.hpp"
 #include "daemon/pass_pacer.hpp"
 #include "daemon/reads.hpp"
@@ -62,6 +63,8 @@ class Daemon {
   // Gives back the caches it can do without (the store's pages): before the heap is trimmed.
   void release_memory() { m_store->release_memory(); }
   bool idle() const { return m_jobs.size() == 0; }  // no job queued or running
+  // Replies made and not yet read by the clients, bounded (outbox.hpp): the server's connections'.
+  const std::shared_ptr<Outbox>& outbox() const { return m_outbox; }
   // Re-adopts running jobs, records those that ended while no daemon ran, and schedules.
   void recover();
   // Handles one request; `reply` is called exactly once, possibly later (wait).
@@ -197,6 +200,7 @@ class Daemon {
   JobTable m_jobs;  // queued and running jobs, filed by state (job_table.hpp)
   LastPass m_last_pass;  // what the last scheduling pass said (last_pass.hpp)
   Waiters m_waiters;  // `wait`s, answered once their jobs end (waiters.hpp)
+  std::shared_ptr<Outbox> m_outbox = std::make_shared<Outbox>();
   Watches m_watches;  // which jobs changed, and the `watch`es held until one does (watches.hpp)
   MetricCounters m_metrics;
   PassPacer m_pacer;                     // when scheduling passes run (pass_pacer.hpp)

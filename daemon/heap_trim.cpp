@@ -30,6 +30,7 @@ std::size_t resident_bytes() {
 void use_one_arena() {
 #if defined(__GLIBC__)
   ::mallopt(M_ARENA_MAX, 1);
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
 #endif
 }
 

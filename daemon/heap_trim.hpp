@@ -24,7 +24,11 @@ bool worth_trimming(std::size_t free_bytes, std::size_t used_bytes, std::size_t 
 // its own, up to 8 a core): the threads that check a batch or checkpoint the store otherwise keep
 // arenas whose free pages lie between the few blocks still live there (9 MiB of a 100,000-job
 // batch's after its cancel and the trim, against 0.1 MiB fresh). gpuqd's threads seldom allocate
-// at once (a batch of 99,856 was submitted no slower). Before any thread starts.
+// at once (a batch of 99,856 was submitted no slower). And blocks of 1 MiB or more mapped of their
+// own, given back when freed: glibc raises that threshold to the largest block freed (up to 32
+// MiB), after which a reply's 8 MiB went on the heap and stayed resident once freed (30 replies
+// made for clients that were then dropped left 100 MiB resident, against 25 MiB so). Before any
+// thread starts.
 void use_one_arena();
 
 class HeapTrim {

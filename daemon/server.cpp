@@ -29,14 +29,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(local::socket socket, Daemon& daemon, double idle_s)
       : m_socket(std::move(socket)),
         m_daemon(daemon),
+        m_outbox(daemon.outbox()),
         m_buffer(common::k_max_request_bytes + 1),
         m_idle(m_socket.get_executor()),
         m_idle_s(idle_s) {}
+  ~Connection() {
+    if (m_key) m_outbox->forget(m_key);
+  }
 
   void start() {
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    const bool known = ::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+    // What its replies hold until it reads them counts against its user's bound (outbox.hpp).
+    std::weak_ptr<Connection> weak = shared_from_this();
+    m_key = m_outbox->open(known ? cred.uid : static_cast<uid_t>(-1), [weak] {
+      if (auto self = weak.lock()) self->drop();
+    });
+    if (!known) {
       send(common::error_reply(ErrorCode::forbidden, "cannot tell who is calling (SO_PEERCRED failed)"), true);
       return;
     }
@@ -145,15 +155,28 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void send(nlohmann::json reply, bool close_after) {
-    std::string text;
+    if (!m_socket.is_open()) return;  // dropped, or gone while its request was answered
+    auto text = std::make_shared<std::string>();
     try {
-      text = reply.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+      *text = reply.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     } catch (const std::exception& e) {
-      text = common::error_reply(ErrorCode::internal, e.what()).dump() + "\n";
+      *text = common::error_reply(ErrorCode::internal, e.what()).dump() + "\n";
     }
+    reply = nullptr;                                  // its memory goes before the outbox makes room
+    if (!m_outbox->add(m_key, text->size())) return;  // this very connection was dropped for it
     m_out.push_back(std::move(text));
     m_close_after = m_close_after || close_after;
     if (m_out.size() == 1) write();
+  }
+
+  // Over its user's (or everyone's) bound on unread replies, as the one that waited longest: let
+  // go at once, what it holds freed (the reply being written, once its write is cancelled).
+  void drop() {
+    boost::system::error_code ignored;
+    m_socket.close(ignored);
+    m_idle.cancel();
+    m_out.clear();
+    m_scratch.reset();
   }
 
   // A client that stops reading mid-reply is disconnected after the idle timeout, like a silent one.
@@ -163,23 +186,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
     m_idle.async_wait([self](const boost::system::error_code& ec) {
       if (!ec) self->m_socket.close();
     });
-    asio::async_write(m_socket, asio::buffer(m_out.front()), [self](const boost::system::error_code& ec, std::size_t) {
+    auto text = m_out.front();  // kept by the write until it ends, even if the connection is dropped
+    asio::async_write(m_socket, asio::buffer(*text), [self, text](const boost::system::error_code& ec, std::size_t) {
       self->m_idle.cancel();
       if (ec) return;
+      self->m_outbox->sent(self->m_key, text->size());
       self->m_out.pop_front();
-      if (!self->m_out.empty()) self->write();
-      else if (self->m_close_after) self->m_socket.close();
-      else if (std::exchange(self->m_read_after_write, false)) self->read();
+      if (!self->m_out.empty())
+        self->write();
+      else if (self->m_close_after)
+        self->m_socket.close();
+      else if (std::exchange(self->m_read_after_write, false))
+        self->read();
     });
   }
 
   local::socket m_socket;
   Daemon& m_daemon;
+  std::shared_ptr<Outbox> m_outbox;
+  Outbox::Key m_key = 0;
   Caller m_caller;
   asio::streambuf m_buffer;
   asio::steady_timer m_idle;
   double m_idle_s;
-  std::deque<std::string> m_out;
+  std::deque<std::shared_ptr<const std::string>> m_out;
   std::unique_ptr<std::array<char, 65536>> m_scratch;  // only while a line too long is skipped
   bool m_close_after = false;
   bool m_held = false;  // a request is being answered later

@@ -252,6 +252,15 @@ MUTANTS = [
     ("watch-cursor-visible-only", "daemon/watches.cpp",
      "    if (visible(caller, c) && ids.size() <= page) cursor = seq;", "    if (ids.size() <= page) cursor = seq;",
      ["unit:a caller's cursor moves only over changes it may see*"]),
+    # Unread replies are bounded per user: connections that do not read are let go.
+    ("outbox-per-user-bound", "daemon/outbox.cpp",
+     "  while (unsent_of(uid) + bytes > m_per_user) {", "  while (false) {",
+     ["test_budgets.UnreadReplies.test_replies_nobody_reads_are_bounded_and_their_connections_let_go",
+      "unit:a user's unread replies stay under its bound*"]),
+    ("outbox-counts-what-is-sent", "daemon/server.cpp",
+     "      self->m_outbox->sent(self->m_key, text->size());\n", "\n",
+     ["unit:a user's unread replies stay under its bound*",
+      "test_budgets.UnreadReplies.test_replies_nobody_reads_are_bounded_and_their_connections_let_go"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",

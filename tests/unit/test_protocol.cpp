@@ -77,6 +77,8 @@ TEST_CASE("show, gpus, cancel and submit replies round-trip") {
               4096,
               1,
               9,
+              3 << 20,
+              2,
               "a cgroup per attempt"};
   CHECK(json(json(g).get<GpusReply>()) == json(g));
   CancelReply c{{{1, JobState::cancelled, true}}};

@@ -1,0 +1,73 @@
+"""Budgets per user (docs/reliability.md, "Limits"): one user's clients cannot grow gpuqd without
+bound or lock the others out."""
+import json
+import os
+import socket
+
+from harness import DaemonTest, wait_until
+from loadgen import rss_kib
+
+
+class UnreadReplies(DaemonTest):
+    def test_replies_nobody_reads_are_bounded_and_their_connections_let_go(self):
+        # Jobs whose progress and result are large (each under the 1 MiB a job's details may hold):
+        # a status of all of them is cut at the reply's 8 MiB bound.
+        fill = ("import json, os; f = open(os.environ['GPUQ_EVENTS'], 'a'); "
+                "f.write(json.dumps({'type': 'progress', 'epoch': 1, 'note': 'p' * 450000}) + '\\n'); "
+                "f.write(json.dumps({'type': 'result', 'note': 'r' * 450000}) + '\\n')")
+        ids = self.d.submit([{"name": f"big{i}", "command": ["python3", "-c", fill]} for i in range(12)])["ids"]
+        self.assertEqual({j["state"] for j in self.d.wait(ids).values()}, {"succeeded"})
+        self.d.json("status")
+        before = rss_kib(self.d.proc.pid)
+        # 30 clients ask for every job, 8 MiB of reply each, and never read.
+        clients = []
+        for _ in range(30):
+            s = socket.socket(socket.AF_UNIX)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(self.d.socket)
+            s.sendall(b'{"cmd": "status", "limit": 2000}\n')
+            clients.append(s)
+        # gpuqd holds at most 32 MiB of a user's unread replies: most of them are let go.
+        wait_until(lambda: self.d.json("gpus")["connections_dropped"] >= 25, timeout=120,
+                   what="connections holding unread replies to be dropped")
+        gpus = self.d.json("gpus")
+        self.assertLessEqual(gpus["replies_unread_bytes"], 32 << 20)
+        # What it holds (large blocks are given back as they are freed: heap_trim.hpp): under 64
+        # MiB more than before, where 30 x 8 MiB held would be 240.
+        self.assertLess(rss_kib(self.d.proc.pid) - before, 64 * 1024)
+        # Others are still answered: a status in full, its pages read.
+        status = self.d.json("status", "--all")
+        self.assertEqual(len(status["jobs"]), 12)
+        # A dropped connection ends (EOF, its reply cut short); one kept has its reply whole.
+        ended = kept = 0
+        for s in clients:
+            s.settimeout(60)
+            got = b""
+            while not got.endswith(b"\n"):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                got += chunk
+            if got.endswith(b"\n"):
+                kept += 1
+                self.assertTrue(json.loads(got)["more"])
+            else:
+                ended += 1
+            s.close()
+        self.assertEqual(ended + kept, 30)
+        self.assertGreaterEqual(ended, 25)
+        # A client that reads is never over: 6 replies of 8 MiB on one connection, each read.
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(60)
+        s.connect(self.d.socket)
+        buf = b""
+        for _ in range(6):
+            s.sendall(b'{"cmd": "status", "limit": 2000}\n')
+            while b"\n" not in buf:
+                chunk = s.recv(1 << 20)
+                self.assertTrue(chunk, "gpuqd closed a connection that read every reply")
+                buf += chunk
+            line, buf = buf.split(b"\n", 1)
+            self.assertTrue(json.loads(line)["ok"])
+        s.close()
+        self.assertEqual(self.d.json("gpus")["replies_unread_bytes"], 0)
