@@ -85,6 +85,9 @@ const Rule k_rules[] = {
      "First retry delay in seconds (doubles per attempt)"},
     {"idle_timeout_s", nullptr, "--idle-timeout", "SECONDS", "number", 0.1, 86400 * 7, &Settings::idle_timeout_s,
      "Close client connections silent for this many seconds"},
+    {"connections_per_user", nullptr, "--connections-per-user", "N", "int", 1, 1 << 20, &Settings::connections_per_user,
+     "Connections one user may hold open at once; the next is refused, saying so (root and admins: no limit, and "
+     "room kept for them when gpuqd's descriptors run low)"},
     {"cpu_slots", nullptr, "--cpu-slots", "N", "int", 0, 1 << 20, &Settings::cpu_slots,
      "CPU slots: ranks of jobs without GPUs, or cores of jobs with `cpus`, that may run at once (0, the default: "
      "the cores gpuqd may run on)"},

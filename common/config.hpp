@@ -33,6 +33,7 @@ struct Settings {
       cgroup_parent;  // "cgroup_parent": the cgroup v2 directory attempts' cgroups go under (empty: gpuqd's own)
   double retry_backoff_s = 1;            // "retry_backoff_s": first retry delay; doubles per attempt
   double idle_timeout_s = 300;           // "idle_timeout_s": silent client connections are closed
+  int connections_per_user = 256;        // "connections_per_user": open at once (admins: no limit)
   int cpu_slots = 0;                     // "cpu_slots": the CPU pool (scheduler.hpp); 0: the cores gpuqd may use
   double health_interval_s = 60;         // "health_interval_s": NVML health checks; 0: none
   double gpu_process_interval_s = 5;     // "gpu_process_interval_s": NVML's process lists; 0: not read

@@ -274,7 +274,7 @@ int serve(Start& s, std::unique_ptr<gpuq::daemon::Store> store, gpuq::daemon::In
   gpuq::daemon::HeapTrim heap(
       io, [&daemon] { daemon.release_memory(); }, [&daemon] { return daemon.idle(); });
   gpuq::daemon::Server server(io, daemon, config.socket_path, config.idle_timeout_s,
-                              {config.multi_user, s.socket_gid});
+                              {config.multi_user, s.socket_gid, config.connections_per_user});
   if (auto listening = server.listen(); !listening) {
     report_ready(listening.error().message);
     return 1;

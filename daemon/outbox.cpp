@@ -9,9 +9,11 @@
 
 namespace gpuq::daemon {
 
-Outbox::Key Outbox::open(uid_t uid, std::function<void()> drop) {
+Outbox::Key Outbox::open(uid_t uid, std::function<void()> drop, bool counted) {
   const Key k = m_next++;
-  m_entries.emplace(k, Entry{uid, 0, 0, std::move(drop)});
+  m_entries.emplace(k, Entry{uid, 0, 0, std::move(drop), counted});
+  ++m_connections[uid];
+  if (counted) ++m_counted;
   return k;
 }
 
@@ -19,7 +21,15 @@ void Outbox::forget(Key k) {
   auto it = m_entries.find(k);
   if (it == m_entries.end()) return;
   sent(k, it->second.bytes);
+  auto c = m_connections.find(it->second.uid);
+  if (--c->second == 0) m_connections.erase(c);
+  if (it->second.counted) --m_counted;
   m_entries.erase(it);
+}
+
+std::size_t Outbox::connections_of(uid_t uid) const {
+  auto it = m_connections.find(uid);
+  return it == m_connections.end() ? 0 : it->second;
 }
 
 std::size_t Outbox::unsent_of(uid_t uid) const {

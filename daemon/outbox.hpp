@@ -27,12 +27,16 @@ class Outbox {
       : m_per_user(per_user), m_total_limit(total) {}
 
   // A connection of `uid`; `drop` closes it and frees what it holds (then calls forget).
-  Key open(uid_t uid, std::function<void()> drop);
+  // `counted`: against the bounds on connections (not an admin's).
+  Key open(uid_t uid, std::function<void()> drop, bool counted = true);
   void forget(Key k);  // closed: what it held is released
   // `k` queues a reply of `bytes`. Room is made first (above); false when `k` itself was dropped.
   bool add(Key k, std::size_t bytes);
   void sent(Key k, std::size_t bytes);  // written to the client
 
+  // Connections open, of `uid` and of everyone who is not an admin (`open`'s `counted`).
+  std::size_t connections_of(uid_t uid) const;
+  std::size_t connections_counted() const { return m_counted; }
   std::size_t unsent() const { return m_total; }
   std::size_t unsent_of(uid_t uid) const;
   std::uint64_t dropped() const { return m_dropped; }
@@ -43,6 +47,7 @@ class Outbox {
     std::size_t bytes = 0;
     std::uint64_t since = 0;  // when it began to hold unread bytes (an order, not a time)
     std::function<void()> drop;
+    bool counted = true;
   };
   // The connection of `uid` whose reply has waited longest, or 0.
   Key oldest_of(uid_t uid) const;
@@ -51,6 +56,8 @@ class Outbox {
   std::size_t m_per_user, m_total_limit;
   std::unordered_map<Key, Entry> m_entries;
   std::unordered_map<uid_t, std::size_t> m_by_user;  // users holding unread bytes
+  std::unordered_map<uid_t, std::size_t> m_connections;  // users with connections open
+  std::size_t m_counted = 0;
   std::size_t m_total = 0;
   Key m_next = 1;
   std::uint64_t m_seq = 0, m_dropped = 0;

@@ -1,6 +1,7 @@
 // The socket server and its connections (see server.hpp).
 #include "daemon/server.hpp"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -26,8 +27,10 @@ namespace {
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(local::socket socket, Daemon& daemon, double idle_s)
-      : m_socket(std::move(socket)),
+  Connection(local::socket socket, Daemon& daemon, double idle_s, std::size_t per_user, std::size_t room)
+      : m_per_user(per_user),
+        m_room(room),
+        m_socket(std::move(socket)),
         m_daemon(daemon),
         m_outbox(daemon.outbox()),
         m_buffer(common::k_max_request_bytes + 1),
@@ -41,21 +44,40 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ucred cred{};
     socklen_t len = sizeof(cred);
     const bool known = ::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
-    // What its replies hold until it reads them counts against its user's bound (outbox.hpp).
+    auto caller = known
+                      ? m_daemon.identify(cred.uid)
+                      : Result<Caller>(Error{ErrorCode::forbidden, "cannot tell who is calling (SO_PEERCRED failed)"});
+    const bool admin = caller && caller->admin;
+    // What its replies hold until it reads them counts against its user's bound, and it against
+    // the bounds on connections unless it is an admin's (outbox.hpp).
     std::weak_ptr<Connection> weak = shared_from_this();
-    m_key = m_outbox->open(known ? cred.uid : static_cast<uid_t>(-1), [weak] {
-      if (auto self = weak.lock()) self->drop();
-    });
-    if (!known) {
-      send(common::error_reply(ErrorCode::forbidden, "cannot tell who is calling (SO_PEERCRED failed)"), true);
-      return;
-    }
-    auto caller = m_daemon.identify(cred.uid);
+    m_key = m_outbox->open(
+        known ? cred.uid : static_cast<uid_t>(-1),
+        [weak] {
+          if (auto self = weak.lock()) self->drop();
+        },
+        !admin);
     if (!caller) {
       send(common::error_reply(caller.error().code, caller.error().message), true);
       return;
     }
     m_caller = *caller;
+    if (!admin && m_outbox->connections_of(cred.uid) > m_per_user) {
+      send(
+          common::error_reply(ErrorCode::too_large, "you have " + std::to_string(m_per_user) +
+                                                        " connections to gpuqd open, the most one user may "
+                                                        "(connections_per_user); this one is closed: close some first"),
+          true);
+      return;
+    }
+    if (!admin && m_outbox->connections_counted() > m_room) {
+      send(
+          common::error_reply(ErrorCode::unavailable, "gpuqd holds " + std::to_string(m_room) +
+                                                          " connections, all its descriptors allow beside room for the "
+                                                          "admins; this one is closed: try again later"),
+          true);
+      return;
+    }
     m_caller.protocol_minor = 0;  // until its hello says otherwise: a missing minor reads as 0
     read();
   }
@@ -201,6 +223,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
+  std::size_t m_per_user, m_room;  // connections: one user's, all non-admins'
   local::socket m_socket;
   Daemon& m_daemon;
   std::shared_ptr<Outbox> m_outbox;
@@ -300,7 +323,15 @@ void Server::accept() {
       return;
     }
     if (std::exchange(m_accept_failing, false)) std::cerr << "gpuqd: accepting connections again\n";
-    std::make_shared<Connection>(std::move(socket), m_daemon, m_idle_timeout_s)->start();
+    // Users but the admins may hold the descriptors gpuqd's limit leaves after a reserve.
+    rlimit files{};
+    const std::size_t limit = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                                  ? static_cast<std::size_t>(files.rlim_cur)
+                                  : std::size_t{1} << 20;
+    const std::size_t room = limit > 2 * k_reserved_descriptors ? limit - k_reserved_descriptors : limit / 2;
+    std::make_shared<Connection>(std::move(socket), m_daemon, m_idle_timeout_s,
+                                 static_cast<std::size_t>(std::max(1, m_access.connections_per_user)), room)
+        ->start();
     accept();
   });
 }

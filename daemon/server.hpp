@@ -18,11 +18,16 @@ namespace gpuq::daemon {
 
 class Daemon;
 
-// Who may reach the socket.
+// Who may reach the socket, and how much of it.
 struct SocketAccess {
   bool everyone = false;        // lab mode: every local user (gpuqd tells them apart)
   std::optional<gid_t> group;   // lab mode: this group's members only
+  // Connections one user may hold open at once (admins: any). All users but the admins together
+  // may hold as many as gpuqd's descriptor limit leaves after k_reserved_descriptors: accepting
+  // never fails for an admin because others hold every descriptor.
+  int connections_per_user = 256;
 };
+constexpr int k_reserved_descriptors = 512;  // for gpuqd's own files (store, jobs, logs) and admins
 
 class Server {
  public:

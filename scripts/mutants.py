@@ -261,6 +261,14 @@ MUTANTS = [
      "      self->m_outbox->sent(self->m_key, text->size());\n", "\n",
      ["unit:a user's unread replies stay under its bound*",
       "test_budgets.UnreadReplies.test_replies_nobody_reads_are_bounded_and_their_connections_let_go"]),
+    # A user's connections are bounded; an admin's are not.
+    ("connections-per-user", "daemon/server.cpp",
+     "    if (!admin && m_outbox->connections_of(cred.uid) > m_per_user) {", "    if (false) {",
+     ["test_lab.LabSharing.test_one_users_connections_are_bounded_and_the_others_still_get_in"]),
+    ("connections-admins-unbounded", "daemon/server.cpp",
+     "    if (!admin && m_outbox->connections_of(cred.uid) > m_per_user) {",
+     "    if (m_outbox->connections_of(cred.uid) > m_per_user) {",
+     ["test_lab.LabSharing.test_one_users_connections_are_bounded_and_the_others_still_get_in"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",

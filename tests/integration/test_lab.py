@@ -650,7 +650,7 @@ print("hierarchies:", len(visited), "tried:", len(tried), "done:", done, "odd:",
 class LabSharing(LabMode):
     """Fair share and per-user limits (docs/lab.md, "Sharing the GPUs")."""
     CONFIG = {"user_limits": {BOB: {"max_running": 1}, CAROL: {"max_gpus": 1, "max_queued": 6}, "*": {"max_queued": 6}},
-              "max_priority": 10, "usage_half_life_s": 60}
+              "max_priority": 10, "usage_half_life_s": 60, "connections_per_user": 12}
 
     # The LabMode tests run here too, under limits that do not bind them.
 
@@ -680,6 +680,48 @@ class LabSharing(LabMode):
         open(second, "w").close()
         jobs = self.wait(ALICE, early + late_a + late_b)
         self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
+
+    def test_one_users_connections_are_bounded_and_the_others_still_get_in(self):
+        # Bob opens 16 connections and asks on each; past his 12, each is refused and closed.
+        script = ("import json, socket, sys\n"
+                  "conns = []\n"
+                  "for _ in range(16):\n"
+                  "    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); conns.append(s)\n"
+                  "said = []\n"
+                  "for s in conns:\n"
+                  "    try:\n"
+                  "        s.sendall(b'{\"cmd\": \"status\", \"limit\": 0}\\n')\n"
+                  "    except BrokenPipeError:\n"
+                  "        pass  # refused: closed once its answer was sent\n"
+                  "    said.append(json.loads(s.makefile().readline()))\n"
+                  "print(json.dumps(said), flush=True)\n"
+                  "sys.stdin.read()\n")
+        def sixteen(user):
+            p = subprocess.Popen(["runuser", "-u", user, "--", "python3", "-c", script, self.d.socket],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            said = json.loads(p.stdout.readline() or "null")
+            self.assertIsNotNone(said, p.stderr.read() if p.poll() is not None else "")
+            return p, said
+
+        bob, said = sixteen(BOB)
+        refused = [r["error"] for r in said if not r["ok"]]
+        self.assertEqual(len(said) - len(refused), 12)
+        self.assertEqual(len(refused), 4)
+        self.assertEqual(refused[0]["code"], "too_large")
+        self.assertIn("you have 12 connections to gpuqd open, the most one user may (connections_per_user)",
+                      refused[0]["message"])
+        # While he holds his 12, Alice is served, and so is an admin.
+        self.ok(ALICE, "status")
+        self.ok(CAROL, "gpus")
+        bob.stdin.close()
+        self.assertEqual(bob.wait(timeout=60), 0)
+        # Closed, they no longer count: he gets in again.
+        self.ok(BOB, "status")
+        # An admin has no such bound.
+        carol, said = sixteen(CAROL)
+        self.assertTrue(all(r["ok"] for r in said), said)
+        carol.stdin.close()
+        self.assertEqual(carol.wait(timeout=60), 0)
 
     def test_a_users_limits_hold_and_say_so(self):
         gate = os.path.join(self.tmp, "gate")

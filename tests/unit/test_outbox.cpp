@@ -76,3 +76,19 @@ TEST_CASE("a connection over its bound on its own is dropped, and says so to the
   CHECK(c.box.add(big, 40 * MiB));
   CHECK(c.box.unsent_of(3000) == 40 * MiB);
 }
+
+TEST_CASE("connections are counted by user, and those of admins apart from the rest") {
+  Outbox box;
+  const auto a = box.open(1000, {}), b = box.open(1000, {}), admin = box.open(0, {}, false);
+  CHECK(box.connections_of(1000) == 2);
+  CHECK(box.connections_of(0) == 1);
+  CHECK(box.connections_counted() == 2);
+  box.forget(a);
+  box.forget(admin);
+  CHECK(box.connections_of(1000) == 1);
+  CHECK(box.connections_of(0) == 0);
+  CHECK(box.connections_counted() == 1);
+  box.forget(b);
+  box.forget(b);  // once
+  CHECK(box.connections_counted() == 0);
+}
