@@ -192,12 +192,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // Over its user's (or everyone's) bound on unread replies, as the one that waited longest: let
-  // go at once, what it holds freed (the reply being written, once its write is cancelled).
+  // go at once. What it holds goes with it once its last handler has run (a write's, cancelled
+  // now, or one that had completed and is still to run: its reply is left for it to pop, as
+  // clearing it under that handler popped an empty queue and crashed gpuqd).
   void drop() {
     boost::system::error_code ignored;
     m_socket.close(ignored);
     m_idle.cancel();
-    m_out.clear();
     m_scratch.reset();
   }
 
@@ -211,15 +212,39 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto text = m_out.front();  // kept by the write until it ends, even if the connection is dropped
     asio::async_write(m_socket, asio::buffer(*text), [self, text](const boost::system::error_code& ec, std::size_t) {
       self->m_idle.cancel();
-      if (ec) return;
+      if (ec || !self->m_socket.is_open()) return;  // gone, or dropped: nothing more is written
       self->m_outbox->sent(self->m_key, text->size());
       self->m_out.pop_front();
       if (!self->m_out.empty())
         self->write();
       else if (self->m_close_after)
-        self->m_socket.close();
+        self->linger();
       else if (std::exchange(self->m_read_after_write, false))
         self->read();
+    });
+  }
+
+  // Closes once the client has read its last reply (a refusal): what it sent meanwhile (its
+  // hello) is read and thrown away until it hangs up, for at most 5 s. Closed at once with that
+  // unread, the client's read got ECONNRESET instead of the refusal.
+  void linger() {
+    boost::system::error_code ignored;
+    m_socket.shutdown(local::socket::shutdown_send, ignored);
+    auto self = shared_from_this();
+    m_idle.expires_after(std::chrono::seconds(5));
+    m_idle.async_wait([self](const boost::system::error_code& ec) {
+      if (!ec) self->m_socket.close();
+    });
+    if (!m_scratch) m_scratch = std::make_unique<std::array<char, 65536>>();
+    linger_on();
+  }
+  void linger_on() {
+    auto self = shared_from_this();
+    m_socket.async_read_some(asio::buffer(*m_scratch), [self](const boost::system::error_code& ec, std::size_t) {
+      if (!ec) return self->linger_on();
+      self->m_idle.cancel();
+      boost::system::error_code e;
+      self->m_socket.close(e);
     });
   }
 

@@ -269,6 +269,9 @@ MUTANTS = [
      "    if (!admin && m_outbox->connections_of(cred.uid) > m_per_user) {",
      "    if (m_outbox->connections_of(cred.uid) > m_per_user) {",
      ["test_lab.LabSharing.test_one_users_connections_are_bounded_and_the_others_still_get_in"]),
+    ("refusal-lingers", "daemon/server.cpp",
+     "        self->linger();\n", "        self->m_socket.close();\n",
+     ["test_lab.LabSharing.test_one_users_connections_are_bounded_and_the_others_still_get_in"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",

@@ -683,16 +683,17 @@ class LabSharing(LabMode):
 
     def test_one_users_connections_are_bounded_and_the_others_still_get_in(self):
         # Bob opens 16 connections and asks on each; past his 12, each is refused and closed.
+        # Each asks at once, as gpuq does: a refusal must reach it although its request is unread.
         script = ("import json, socket, sys\n"
                   "conns = []\n"
                   "for _ in range(16):\n"
                   "    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); conns.append(s)\n"
-                  "said = []\n"
-                  "for s in conns:\n"
                   "    try:\n"
                   "        s.sendall(b'{\"cmd\": \"status\", \"limit\": 0}\\n')\n"
                   "    except BrokenPipeError:\n"
-                  "        pass  # refused: closed once its answer was sent\n"
+                  "        pass  # refused and closed already: its answer is still there to read\n"
+                  "said = []\n"
+                  "for s in conns:\n"
                   "    said.append(json.loads(s.makefile().readline()))\n"
                   "print(json.dumps(said), flush=True)\n"
                   "sys.stdin.read()\n")
@@ -710,6 +711,10 @@ class LabSharing(LabMode):
         self.assertEqual(refused[0]["code"], "too_large")
         self.assertIn("you have 12 connections to gpuqd open, the most one user may (connections_per_user)",
                       refused[0]["message"])
+        # The CLI says why (the refusal is read, not lost to a reset).
+        r = self.gpuq(BOB, "status")
+        self.assertEqual(r.returncode, 4, r.stdout + r.stderr)
+        self.assertIn("you have 12 connections to gpuqd open", r.stderr)
         # While he holds his 12, Alice is served, and so is an admin.
         self.ok(ALICE, "status")
         self.ok(CAROL, "gpus")
