@@ -5,6 +5,8 @@
 // k_per_user, or every user past k_total, connections are dropped to make room: of that user (of
 // the user holding most, for the total), the one whose reply has waited unread longest first.
 // A client that reads is seldom the one that has waited longest; one that does not is let go.
+// It also counts each user's open connections, and all but the admins', which the server bounds
+// (server.hpp, SocketAccess).
 #pragma once
 
 #include <sys/types.h>
