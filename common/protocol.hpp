@@ -575,13 +575,14 @@ struct GpusReply {
   // gpuqd started for holding too many (docs/reliability.md). Admins' alone, as the watches'.
   std::uint64_t replies_unread_bytes = 0;
   std::uint64_t connections_dropped = 0;
+  std::uint64_t connections_open = 0;  // clients connected now, this one's included
   // What holds a job's processes together and out of others' reach (Executor::containment):
   // "a cgroup per attempt (cgroup v2 at ... (cgroup.kill))", or what is used where none can be made.
   std::string containment;
 };
 GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores, scheduling_passes, health_checks,
                events_reads, events_read_max_bytes, watches_held, watch_answers, replies_unread_bytes,
-               connections_dropped, containment)
+               connections_dropped, connections_open, containment)
 
 // `usage` (lab mode): each user's recent GPU use, what they hold and wait for, and their limits.
 struct UserUsage {

@@ -218,6 +218,7 @@ const std::vector<Daemon::Command>& Daemon::commands() {
               out.watch_answers = d.m_watches.answers();
               out.replies_unread_bytes = d.m_outbox->unsent();
               out.connections_dropped = d.m_outbox->dropped();
+              out.connections_open = d.m_outbox->connections();
             }
             return out;
           }>(),

@@ -39,6 +39,7 @@ class Outbox {
   // Connections open, of `uid` and of everyone who is not an admin (`open`'s `counted`).
   std::size_t connections_of(uid_t uid) const;
   std::size_t connections_counted() const { return m_counted; }
+  std::size_t connections() const { return m_entries.size(); }
   std::size_t unsent() const { return m_total; }
   std::size_t unsent_of(uid_t uid) const;
   std::uint64_t dropped() const { return m_dropped; }

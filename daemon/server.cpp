@@ -162,6 +162,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
         boost::system::error_code ignored;
         self->m_socket.close(ignored);
         self->m_scratch.reset();
+        // No longer one of its user's connections, though its request is still answered (to no one).
+        self->m_outbox->forget(std::exchange(self->m_key, 0));
       } else if (n < 0) {
         self->notice_hangup();  // woken for nothing: wait on
       }

@@ -198,17 +198,9 @@ class ProtocolAbuse(DaemonTest):
         release = self.tmp_path("release")
         job = self.d.submit({"name": "held", "shell": f"while [ ! -e {release} ]; do sleep 0.05; done"})["ids"][0]
         wait_until(lambda: self.d.show(job)["job"]["state"] == "running", what="the job to run")
-        proc = f"/proc/{self.d.proc.pid}/fd"
 
-        def fds():  # gpuqd's sockets
-            n = 0
-            for fd in os.listdir(proc):
-                try:
-                    n += os.readlink(f"{proc}/{fd}").startswith("socket:")
-                except FileNotFoundError:  # closed meanwhile
-                    pass
-            return n
-        before = fds()
+        def held():  # connections gpuqd holds now, the asking one's included
+            return self.d.json("gpus")["connections_open"]
         clients = []
         for i in range(20):
             s = socket.socket(socket.AF_UNIX)
@@ -216,13 +208,13 @@ class ProtocolAbuse(DaemonTest):
             request = {"cmd": "wait", "ids": [job]} if i % 2 else {"cmd": "watch", "ids": [job], "timeout_s": 300}
             s.sendall((json.dumps(request) + "\n").encode())
             clients.append(s)
-        # All held (none answered: the job runs on), each a descriptor of gpuqd's.
-        wait_until(lambda: fds() >= before + 20, what="gpuqd to hold the 20 connections")
+        # All held (none answered: the job runs on), each a connection of gpuqd's.
+        wait_until(lambda: held() >= 21, what="gpuqd to hold the 20 connections")
         for s in clients:
             s.close()
-        # Each hang-up noticed while its request is held: its descriptor is closed at once, not
-        # when the job ends or the watch's 300 s are up.
-        wait_until(lambda: fds() <= before, what="gpuqd to let the 20 connections go")
+        # Each hang-up noticed while its request is held: let go at once (its descriptor closed and
+        # what it held freed), not when the job ends or the watch's 300 s are up.
+        wait_until(lambda: held() == 1, what="gpuqd to let the 20 connections go")
         open(release, "w").close()
         self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
         self.d.ok("status")

@@ -79,6 +79,7 @@ TEST_CASE("show, gpus, cancel and submit replies round-trip") {
               9,
               3 << 20,
               2,
+              7,
               "a cgroup per attempt"};
   CHECK(json(json(g).get<GpusReply>()) == json(g));
   CancelReply c{{{1, JobState::cancelled, true}}};
