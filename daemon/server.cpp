@@ -27,9 +27,12 @@ namespace {
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(local::socket socket, Daemon& daemon, double idle_s, std::size_t per_user, std::size_t room)
-      : m_per_user(per_user),
-        m_room(room),
+  // Connections one user may hold, and all users but the admins (Server::listen).
+  struct Limits {
+    std::size_t per_user = 0, room = 0;
+  };
+  Connection(local::socket socket, Daemon& daemon, double idle_s, Limits limits)
+      : m_limits(limits),
         m_socket(std::move(socket)),
         m_daemon(daemon),
         m_outbox(daemon.outbox()),
@@ -62,20 +65,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     m_caller = *caller;
-    if (!admin && m_outbox->connections_of(cred.uid) > m_per_user) {
-      send(
-          common::error_reply(ErrorCode::too_large, "you have " + std::to_string(m_per_user) +
-                                                        " connections to gpuqd open, the most one user may "
-                                                        "(connections_per_user); this one is closed: close some first"),
-          true);
-      return;
-    }
-    if (!admin && m_outbox->connections_counted() > m_room) {
-      send(
-          common::error_reply(ErrorCode::unavailable, "gpuqd holds " + std::to_string(m_room) +
-                                                          " connections, all its descriptors allow beside room for the "
-                                                          "admins; this one is closed: try again later"),
-          true);
+    if (auto over = admin ? std::nullopt : over_limits(cred.uid)) {
+      send(common::error_reply(over->code, over->message), true);
       return;
     }
     m_caller.protocol_minor = 0;  // until its hello says otherwise: a missing minor reads as 0
@@ -83,6 +74,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
+  // Why a connection of `uid` (not an admin's) is one too many, now that it counts; or nothing.
+  std::optional<Error> over_limits(uid_t uid) const {
+    if (m_outbox->connections_of(uid) > m_limits.per_user)
+      return Error{ErrorCode::too_large, "you have " + std::to_string(m_limits.per_user) +
+                                             " connections to gpuqd open, the most one user may "
+                                             "(connections_per_user); this one is closed: close some first"};
+    if (m_outbox->connections_counted() > m_limits.room)
+      return Error{ErrorCode::unavailable, "gpuqd holds " + std::to_string(m_limits.room) +
+                                               " connections, all its descriptors allow beside room for the admins; "
+                                               "this one is closed: try again later"};
+    return std::nullopt;
+  }
+
   void read() {
     auto self = shared_from_this();
     m_idle.expires_after(std::chrono::milliseconds(static_cast<long long>(m_idle_s * 1000)));
@@ -250,7 +254,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
-  std::size_t m_per_user, m_room;  // connections: one user's, all non-admins'
+  Limits m_limits;
   local::socket m_socket;
   Daemon& m_daemon;
   std::shared_ptr<Outbox> m_outbox;
@@ -323,6 +327,14 @@ Result<bool> Server::listen() {
   if (!ec) ::chmod(m_path.c_str(), !m_access.everyone ? 0600 : m_access.group ? 0660 : 0666);
   if (!ec) m_acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Error{ErrorCode::unavailable, "cannot listen on " + m_path + ": " + ec.message()};
+  // Users but the admins may hold the descriptors gpuqd's limit leaves after a reserve (the limit
+  // is read once: gpuqd sets it at start).
+  rlimit files{};
+  const std::size_t limit = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                                ? static_cast<std::size_t>(files.rlim_cur)
+                                : std::size_t{1} << 20;
+  m_connections_room = limit > 2 * k_reserved_descriptors ? limit - k_reserved_descriptors : limit / 2;
+  m_connections_per_user = static_cast<std::size_t>(std::max(1, m_access.connections_per_user));
   accept();
   return true;
 }
@@ -350,14 +362,8 @@ void Server::accept() {
       return;
     }
     if (std::exchange(m_accept_failing, false)) std::cerr << "gpuqd: accepting connections again\n";
-    // Users but the admins may hold the descriptors gpuqd's limit leaves after a reserve.
-    rlimit files{};
-    const std::size_t limit = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
-                                  ? static_cast<std::size_t>(files.rlim_cur)
-                                  : std::size_t{1} << 20;
-    const std::size_t room = limit > 2 * k_reserved_descriptors ? limit - k_reserved_descriptors : limit / 2;
     std::make_shared<Connection>(std::move(socket), m_daemon, m_idle_timeout_s,
-                                 static_cast<std::size_t>(std::max(1, m_access.connections_per_user)), room)
+                                 Connection::Limits{m_connections_per_user, m_connections_room})
         ->start();
     accept();
   });

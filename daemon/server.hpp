@@ -48,6 +48,7 @@ class Server {
   boost::asio::local::stream_protocol::acceptor m_acceptor;
   boost::asio::steady_timer m_accept_retry;  // after a failed accept (out of file descriptors)
   bool m_accept_failing = false;
+  std::size_t m_connections_per_user = 1, m_connections_room = 0;  // set by listen()
 };
 
 }  // namespace gpuq::daemon
