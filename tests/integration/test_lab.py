@@ -6,6 +6,7 @@ write what its owner could not. Needs root (CI runs as root); skipped otherwise.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -683,23 +684,29 @@ class LabSharing(LabMode):
 
     def test_one_users_connections_are_bounded_and_the_others_still_get_in(self):
         # Bob opens 16 connections and asks on each; past his 12, each is refused and closed.
-        # Each asks at once, as gpuq does: a refusal must reach it although its request is unread.
+        # Each asks at once, as gpuq does, and all of it is sent while gpuqd is stopped: a refusal
+        # must reach its client although the client's request lies unread when gpuqd closes.
         script = ("import json, socket, sys\n"
                   "conns = []\n"
                   "for _ in range(16):\n"
                   "    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); conns.append(s)\n"
-                  "    try:\n"
-                  "        s.sendall(b'{\"cmd\": \"status\", \"limit\": 0}\\n')\n"
-                  "    except BrokenPipeError:\n"
-                  "        pass  # refused and closed already: its answer is still there to read\n"
+                  "    s.sendall(b'{\"cmd\": \"status\", \"limit\": 0}\\n')\n"
+                  "print('sent', flush=True)\n"
                   "said = []\n"
                   "for s in conns:\n"
                   "    said.append(json.loads(s.makefile().readline()))\n"
                   "print(json.dumps(said), flush=True)\n"
                   "sys.stdin.read()\n")
+
         def sixteen(user):
-            p = subprocess.Popen(["runuser", "-u", user, "--", "python3", "-c", script, self.d.socket],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            os.kill(self.d.proc.pid, signal.SIGSTOP)
+            try:
+                p = subprocess.Popen(["runuser", "-u", user, "--", "python3", "-c", script, self.d.socket],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                sent = p.stdout.readline()
+            finally:
+                os.kill(self.d.proc.pid, signal.SIGCONT)
+            self.assertEqual(sent, "sent\n", p.stderr.read() if p.poll() is not None else "")
             said = json.loads(p.stdout.readline() or "null")
             self.assertIsNotNone(said, p.stderr.read() if p.poll() is not None else "")
             return p, said
