@@ -4,6 +4,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <iostream>
+#include <list>
 
 #include "common/process.hpp"
 
@@ -33,11 +34,14 @@ Result<HttpEndpoint> parse_http_endpoint(const std::string& text) {
   return HttpEndpoint{host, static_cast<unsigned short>(std::stoi(port))};
 }
 
+class MetricsConnection;
+
 struct MetricsServer::State {
   explicit State(asio::io_context& io) : acceptor(io) {}
   tcp::acceptor acceptor;
   std::function<std::string()> render;
-  int open = 0;  // connections now
+  int open = 0;                                        // connections now
+  std::list<std::weak_ptr<MetricsConnection>> by_age;  // the open ones, the oldest first
   std::string cached;
   std::chrono::steady_clock::time_point rendered_at{};
   const std::string& text() {
@@ -50,20 +54,19 @@ struct MetricsServer::State {
   }
 };
 
-namespace {
-
-class Connection : public std::enable_shared_from_this<Connection> {
+class MetricsConnection : public std::enable_shared_from_this<MetricsConnection> {
  public:
-  Connection(tcp::socket socket, std::shared_ptr<MetricsServer::State> state)
-      : m_stream(std::move(socket)), m_state(std::move(state)) {
-    ++m_state->open;
-  }
-  ~Connection() { --m_state->open; }
+  MetricsConnection(tcp::socket socket, std::shared_ptr<MetricsServer::State> state)
+      : m_stream(std::move(socket)), m_state(std::move(state)) {}
+  ~MetricsConnection() { leave(); }
 
   void start() {
+    ++m_state->open;
+    m_age = m_state->by_age.insert(m_state->by_age.end(), weak_from_this());
+    m_counted = true;
     m_parser.header_limit(MetricsServer::k_header_limit);
     m_parser.body_limit(0);
-    m_stream.expires_after(MetricsServer::k_request_timeout);  // the whole request, however it trickles in
+    m_stream.expires_after(MetricsServer::k_header_timeout);  // the whole request, however it trickles in
     http::async_read(m_stream, m_buffer, m_parser,
                      [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
   }
@@ -93,7 +96,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     m_response.body() = head ? std::string() : body;
     m_response.prepare_payload();
     if (head) m_response.content_length(body.size());
-    m_stream.expires_after(MetricsServer::k_request_timeout);  // a reader too slow for the answer is dropped
+    m_stream.expires_after(MetricsServer::k_response_timeout);  // a reader too slow for the answer is dropped
     http::async_write(m_stream, m_response,
                       [self = shared_from_this()](beast::error_code, std::size_t) { self->close(); });
   }
@@ -104,14 +107,28 @@ class Connection : public std::enable_shared_from_this<Connection> {
     m_stream.close();
   }
 
+ public:
+  // Closed to make room for a newer one (MetricsServer::accept); no longer counted from now.
+  void evict() {
+    leave();
+    close();  // its handler runs with an error and does nothing more
+  }
+
+ private:
+  void leave() {
+    if (!std::exchange(m_counted, false)) return;
+    --m_state->open;
+    m_state->by_age.erase(m_age);
+  }
+
   beast::tcp_stream m_stream;
   std::shared_ptr<MetricsServer::State> m_state;
+  std::list<std::weak_ptr<MetricsConnection>>::iterator m_age;
+  bool m_counted = false;  // in `open` and `by_age`
   beast::flat_buffer m_buffer{MetricsServer::k_header_limit * 2};
   http::request_parser<http::empty_body> m_parser;
   http::response<http::string_body> m_response;
 };
-
-}  // namespace
 
 MetricsServer::MetricsServer(asio::io_context& io, std::function<std::string()> render)
     : m_io(io), m_state(std::make_shared<State>(io)) {
@@ -155,12 +172,16 @@ void MetricsServer::accept() {
     if (!state->acceptor.is_open()) return;
     if (!ec) {
       ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
-      if (state->open >= k_max_connections) {
-        boost::system::error_code ignored;
-        socket.close(ignored);  // full: gone at once, so that no backlog builds up behind the flood
-      } else {
-        std::make_shared<Connection>(std::move(socket), state)->start();
+      // Full: the oldest goes. A scrape is answered within a few turns of the thread, so what has
+      // been open longest is what is stuck (a client that sends slowly or not at all); closing the
+      // newest instead let 64 held connections blind Prometheus for as long as they were held.
+      while (state->open >= k_max_connections && !state->by_age.empty()) {
+        if (auto oldest = state->by_age.front().lock())
+          oldest->evict();
+        else
+          state->by_age.pop_front();  // (not reached: each leaves the list as it closes)
       }
+      std::make_shared<MetricsConnection>(std::move(socket), state)->start();
       accept();
     } else {
       // Out of file descriptors, say: try again shortly rather than spin.

@@ -1,11 +1,13 @@
 // `gpuqd --metrics-listen ADDRESS:PORT`: GET /metrics over HTTP/1.1 (Boost.Beast), on gpuqd's
-// io_context, for Prometheus to scrape. Nothing here may hold up the unix-socket clients: a
-// request's header is at most k_header_limit bytes (431 beyond), must arrive whole within
-// k_request_timeout (else the connection is closed: slowloris), and carries no body; at most
-// k_max_connections are open at once (more are closed as they are accepted); every response
-// closes its connection. The exposition is rendered at most once per k_render_every, so a flood
-// of scrapes costs one rendering per period. And `--metrics-textfile PATH`: the same text
-// written atomically every k_textfile_every for node_exporter's textfile collector.
+// io_context, for Prometheus to scrape. Nothing here may hold up the unix-socket clients, and no
+// client may keep the scrapes out: a request's header is at most k_header_limit bytes (431
+// beyond), must arrive whole within k_header_timeout (else the connection is closed: slowloris),
+// and carries no body; the answer must be read within k_response_timeout; at most
+// k_max_connections are open at once, and a new one closes the oldest (what is stuck, as a scrape
+// is answered at once); every response closes its connection. The exposition is rendered at most
+// once per k_render_every, so a flood of scrapes costs one rendering per period. And
+// `--metrics-textfile PATH`: the same text written atomically every k_textfile_every for
+// node_exporter's textfile collector.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
@@ -31,7 +33,8 @@ class MetricsServer {
  public:
   static constexpr std::size_t k_header_limit = 8192;
   static constexpr int k_max_connections = 64;
-  static constexpr std::chrono::seconds k_request_timeout{10};
+  static constexpr std::chrono::seconds k_header_timeout{5};
+  static constexpr std::chrono::seconds k_response_timeout{10};
   static constexpr std::chrono::milliseconds k_render_every{500};
 
   MetricsServer(boost::asio::io_context& io, std::function<std::string()> render);

@@ -185,6 +185,29 @@ class Metrics(DaemonTest):
         self.assertIn("gpuq_build_info", self.scrape())  # and serves scrapes again
 
 
+    def test_held_connections_keep_no_scrape_out_the_oldest_is_closed_for_a_new_one(self):
+        # 200 connections that send half a request and hold it. gpuqd keeps 64 open; it used to
+        # close each new one while 64 were held, so a loop reopening them refused every scrape.
+        held = []
+        try:
+            for _ in range(200):
+                s = socket.create_connection(("127.0.0.1", self.port))
+                s.sendall(b"GET /met")
+                held.append(s)
+            # Connected after all of them (accepted in that order), the scrape closes the oldest.
+            self.assertIn("gpuq_build_info", self.scrape())
+            # The first ones were closed to make room, not left to their 5 s.
+            for s in held[:100]:
+                s.settimeout(60)
+                try:
+                    self.assertEqual(s.recv(1), b"")
+                except ConnectionResetError:
+                    pass
+        finally:
+            for s in held:
+                s.close()
+
+
 @unittest.skipUnless(REQUIRED or shutil.which("prometheus"), "Debian's prometheus package is not installed")
 class PrometheusScrapes(DaemonTest):
     """A real Prometheus server scrapes gpuqd; its HTTP API has the series and values."""
