@@ -17,6 +17,7 @@
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
 #include "daemon/daemon.hpp"
+#include "daemon/turns.hpp"
 
 namespace gpuq::daemon {
 
@@ -25,16 +26,29 @@ using local = asio::local::stream_protocol;
 
 namespace {
 
+// Whether `reply` answers a request gpuqd knows, well formed; refusals of a line that is not one
+// (bad_request, unknown_command, too_large) are not activity.
+bool is_request_answered(const nlohmann::json& reply) {
+  if (reply.value("ok", false)) return true;
+  const auto error = reply.find("error");
+  if (error == reply.end() || !error->is_object()) return true;
+  const std::string code = error->value("code", "");
+  for (auto junk : {ErrorCode::bad_request, ErrorCode::unknown_command, ErrorCode::too_large})
+    if (code == to_string(junk)) return false;
+  return true;
+}
+
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   // Connections one user may hold, and all users but the admins (Server::listen).
   struct Limits {
     std::size_t per_user = 0, room = 0;
   };
-  Connection(local::socket socket, Daemon& daemon, double idle_s, Limits limits)
+  Connection(local::socket socket, Daemon& daemon, std::shared_ptr<Turns> turns, double idle_s, Limits limits)
       : m_limits(limits),
         m_socket(std::move(socket)),
         m_daemon(daemon),
+        m_turns(std::move(turns)),
         m_outbox(daemon.outbox()),
         m_buffer(common::k_max_request_bytes + 1),
         m_idle(m_socket.get_executor()),
@@ -87,9 +101,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return std::nullopt;
   }
 
+  // Waits for the next request. Idle means idle: the limit counts from the last request answered
+  // (or the connection's start), so lines that are not requests (not JSON, unknown commands,
+  // too long) sent to keep a connection open do not; a held wait or watch is not idle.
   void read() {
     auto self = shared_from_this();
-    m_idle.expires_after(std::chrono::milliseconds(static_cast<long long>(m_idle_s * 1000)));
+    m_idle.expires_at(m_active_at + std::chrono::milliseconds(static_cast<long long>(m_idle_s * 1000)));
     m_idle.async_wait([self](const boost::system::error_code& ec) {
       if (!ec) self->m_socket.close();  // silent client: let it go
     });
@@ -143,14 +160,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                     ? static_cast<int>(std::clamp<std::int64_t>(minor->get<std::int64_t>(), 0, 1 << 20))
                                     : 0;
     }
-    // A reply may come later (wait): the next request is read once this one is answered.
-    m_held = true;
-    m_daemon.dispatch(m_caller, *request, [self](nlohmann::json reply) {
-      self->m_held = false;
-      self->send(std::move(reply), false);
-      self->read_when_sent();
+    // In its user's turn (turns.hpp). A reply may come later (wait): the next request is read
+    // once this one is answered.
+    m_turns->add(m_caller.uid, [self, request = std::move(*request)] {
+      self->m_held = true;
+      self->m_daemon.dispatch(self->m_caller, request, [self](nlohmann::json reply) {
+        self->m_held = false;
+        if (is_request_answered(reply)) self->m_active_at = std::chrono::steady_clock::now();
+        self->send(std::move(reply), false);
+        self->read_when_sent();
+      });
+      if (self->m_held) self->notice_hangup();
     });
-    if (m_held) notice_hangup();
   }
 
   // While a request is held (a wait, a watch), a client that hangs up is let go at once: its
@@ -257,12 +278,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Limits m_limits;
   local::socket m_socket;
   Daemon& m_daemon;
+  std::shared_ptr<Turns> m_turns;
   std::shared_ptr<Outbox> m_outbox;
   Outbox::Key m_key = 0;
   Caller m_caller;
   asio::streambuf m_buffer;
   asio::steady_timer m_idle;
   double m_idle_s;
+  std::chrono::steady_clock::time_point m_active_at = std::chrono::steady_clock::now();  // read()
   std::deque<std::shared_ptr<const std::string>> m_out;
   std::unique_ptr<std::array<char, 65536>> m_scratch;  // only while a line too long is skipped
   bool m_close_after = false;
@@ -292,7 +315,8 @@ Server::Server(asio::io_context& io, Daemon& daemon, std::string socket_path, do
       m_idle_timeout_s(idle_timeout_s),
       m_access(access),
       m_acceptor(io),
-      m_accept_retry(io) {}
+      m_accept_retry(io),
+      m_turns(std::make_shared<Turns>(io.get_executor())) {}
 
 Server::~Server() { close(); }
 
@@ -362,7 +386,7 @@ void Server::accept() {
       return;
     }
     if (std::exchange(m_accept_failing, false)) std::cerr << "gpuqd: accepting connections again\n";
-    std::make_shared<Connection>(std::move(socket), m_daemon, m_idle_timeout_s,
+    std::make_shared<Connection>(std::move(socket), m_daemon, m_turns, m_idle_timeout_s,
                                  Connection::Limits{m_connections_per_user, m_connections_room})
         ->start();
     accept();

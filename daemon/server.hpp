@@ -1,6 +1,7 @@
 // gpuqd's socket server: a unix stream socket (0600 in a 0700 directory; in lab mode 0666, or 0660
 // in a group, in a 0755 one), one JSON request per line, replies in order. Each peer is named by
-// SO_PEERCRED, and Daemon::identify says whether and as whom it is served. Lines over
+// SO_PEERCRED, and Daemon::identify says whether and as whom it is served; users take turns on
+// gpuqd's thread (turns.hpp). Lines over
 // k_max_request_bytes are refused without buffering them whole; a connection that sends nothing
 // for the idle timeout is closed, so no client can pin the daemon. Out of file descriptors,
 // accepting pauses (100 ms at a time) instead of failing again at once in a loop.
@@ -17,6 +18,7 @@
 namespace gpuq::daemon {
 
 class Daemon;
+class Turns;
 
 // Who may reach the socket, and how much of it.
 struct SocketAccess {
@@ -49,6 +51,7 @@ class Server {
   boost::asio::steady_timer m_accept_retry;  // after a failed accept (out of file descriptors)
   bool m_accept_failing = false;
   std::size_t m_connections_per_user = 1, m_connections_room = 0;  // set by listen()
+  std::shared_ptr<Turns> m_turns;                                  // the connections' requests, by user in turn
 };
 
 }  // namespace gpuq::daemon

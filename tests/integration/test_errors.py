@@ -154,6 +154,37 @@ class ProtocolAbuse(DaemonTest):
             idle.settimeout(60)
             self.assertEqual(idle.recv(1), b"")
 
+    def test_lines_that_are_not_requests_do_not_keep_a_connection_open(self):
+        self.d.stop()
+        self.d = Daemon(self.tmp, extra=["--idle-timeout", "1"]).start()
+        # A line every 0.2 s, each refused (not JSON, an unknown command, too long): the idle
+        # limit counts from the last request answered, here the connection's start, so gpuqd
+        # closes it after 1 s. Each line used to start the idle timeout again: it stayed open.
+        junk = [b"x\n", b'{"cmd": "keepalive"}\n', b"{" * 100 + b"\n", b"y" * (1 << 20) + b"z\n"]
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(self.d.socket)
+            s.settimeout(0.2)
+            deadline = time.monotonic() + 60
+            closed = False
+            sent = 0
+            while not closed and time.monotonic() < deadline:
+                try:
+                    s.sendall(junk[sent % len(junk)])
+                    sent += 1
+                    while True:  # its refusals, until gpuqd has nothing more to say for now
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            closed = True
+                            break
+                except socket.timeout:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+            self.assertTrue(closed, f"gpuqd kept a connection open past its idle limit for {sent} lines that were "
+                                    "not requests")
+            self.assertGreater(sent, 1)
+        self.d.ok("status")
+
     def test_a_client_that_sends_and_never_reads_is_held_back_and_dropped(self):
         self.d.stop()
         self.d = Daemon(self.tmp, extra=["--idle-timeout", "2"]).start()

@@ -735,6 +735,46 @@ class LabSharing(LabMode):
         carol.stdin.close()
         self.assertEqual(carol.wait(timeout=60), 0)
 
+    def test_users_take_turns_on_gpuqds_thread(self):
+        # Bob's 5 connections and then Alice's one each send a submit while gpuqd is stopped, so
+        # all 6 are read in one go. Users take turns (daemon/turns.hpp): Alice's is answered after
+        # Bob's first, not after all 5 of his (it was); job ids show the order they ran in.
+        script = ("import json, os, socket, sys\n"
+                  "conns = []\n"
+                  "for _ in range(int(sys.argv[2])):\n"
+                  "    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); conns.append(s)\n"
+                  "    s.sendall(b'{\"cmd\": \"hello\", \"protocol_version\": 1}\\n')\n"
+                  "    assert json.loads(s.makefile().readline())['ok']\n"
+                  "print('ready', flush=True)\n"
+                  "sys.stdin.readline()\n"
+                  "req = {'cmd': 'submit', 'jobs': {'command': ['true']}, 'cwd': os.getcwd(), 'hold': True,\n"
+                  "       'env': {'PATH': '/usr/bin:/bin'}}\n"
+                  "for s in conns:\n"
+                  "    s.sendall((json.dumps(req) + '\\n').encode())\n"
+                  "print('sent', flush=True)\n"
+                  "print(json.dumps([json.loads(s.makefile().readline())['ids'][0] for s in conns]), flush=True)\n")
+
+        def user(name, n):
+            p = subprocess.Popen(["runuser", "-u", name, "--", "python3", "-c", script, self.d.socket, str(n)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 cwd=self.home[name])
+            self.assertEqual(p.stdout.readline(), "ready\n", p.stderr.read() if p.poll() is not None else "")
+            return p
+
+        bob, alice = user(BOB, 5), user(ALICE, 1)
+        os.kill(self.d.proc.pid, signal.SIGSTOP)
+        try:
+            for p in (bob, alice):  # Bob's requests arrive first
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                self.assertEqual(p.stdout.readline(), "sent\n", p.stderr.read() if p.poll() is not None else "")
+        finally:
+            os.kill(self.d.proc.pid, signal.SIGCONT)
+        bobs, [alices] = (json.loads(p.stdout.readline() or "null") for p in (bob, alice))
+        for p in (bob, alice):
+            self.assertEqual(p.wait(timeout=60), 0, p.stderr.read())
+        self.assertEqual(sorted(bobs + [alices]).index(alices), 1, f"bob's {bobs}, alice's {alices}")
+
     def test_a_users_limits_hold_and_say_so(self):
         gate = os.path.join(self.tmp, "gate")
         ids = self.submit(BOB, [self.gated(f"b{i}", gate) for i in range(2)])
