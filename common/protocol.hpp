@@ -571,8 +571,9 @@ struct GpusReply {
   // `watch`es held now (each waits for a change it asks about), and those answered so far.
   std::uint64_t watches_held = 0;
   std::uint64_t watch_answers = 0;
-  // Replies made and not yet read by their clients, in bytes, and the connections closed since
-  // gpuqd started for holding too many (docs/reliability.md). Admins' alone, as the watches'.
+  // Replies made and not yet read by their clients and request lines read in part, in bytes, and
+  // the connections closed since gpuqd started for holding too many (docs/reliability.md).
+  // Admins' alone, as the watches'.
   std::uint64_t replies_unread_bytes = 0;
   std::uint64_t connections_dropped = 0;
   std::uint64_t connections_open = 0;  // clients connected now, this one's included

@@ -55,8 +55,9 @@ void Outbox::drop(Key k, const std::string& why) {
   const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   if (now - m_said_at >= 10) {
     m_said_at = now;
-    std::cerr << "gpuqd: closed a connection of uid " << uid << " holding " << (held >> 10) << " KiB of replies it had not read ("
-              << why << "; " << m_dropped << " closed so far)\n";
+    std::cerr << "gpuqd: closed a connection of uid " << uid << " holding " << (held >> 10)
+              << " KiB of replies it had not read or of a request not yet whole (" << why << "; " << m_dropped
+              << " closed so far)\n";
   }
   if (close) close();
 }

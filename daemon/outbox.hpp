@@ -1,10 +1,12 @@
-// Replies gpuqd has made and its clients have not read yet, counted by user and in all, and
-// bounded: a client that asks and never reads holds its reply in gpuqd's memory (a connection
-// holds one at a time: the next request is read once the last reply is written), so without a
-// bound 30 connections asking for 64 MiB each held 743 MB. When a reply would take its user past
-// k_per_user, or every user past k_total, connections are dropped to make room: of that user (of
-// the user holding most, for the total), the one whose reply has waited unread longest first.
-// A client that reads is seldom the one that has waited longest; one that does not is let go.
+// Replies gpuqd has made and its clients have not read yet, and request lines read in part, counted
+// by user and in all, and bounded: a client that asks and never reads holds its reply in gpuqd's
+// memory (a connection holds one at a time: the next request is read once the last reply is
+// written), so without a bound 30 connections asking for 64 MiB each held 743 MB; one that sends
+// most of a line and never ends it holds that (up to 1 MiB a connection). When bytes would take
+// their user past k_per_user, or every user past k_total, connections are dropped to make room:
+// of that user (of the user holding most, for the total), the one that has held bytes longest
+// first. A client that reads, and ends its lines, is seldom the one that has held longest; one
+// that does not is let go.
 // It also counts each user's open connections, and all but the admins', which the server bounds
 // (server.hpp, SocketAccess).
 #pragma once
@@ -32,9 +34,10 @@ class Outbox {
   // `counted`: against the bounds on connections (not an admin's).
   Key open(uid_t uid, std::function<void()> drop, bool counted = true);
   void forget(Key k);  // closed: what it held is released
-  // `k` queues a reply of `bytes`. Room is made first (above); false when `k` itself was dropped.
+  // `k` holds `bytes` more (a reply queued, or a request's bytes read). Room is made first
+  // (above); false when `k` itself was dropped.
   bool add(Key k, std::size_t bytes);
-  void sent(Key k, std::size_t bytes);  // written to the client
+  void sent(Key k, std::size_t bytes);  // no longer held: written to the client, or dealt with
 
   // Connections open, of `uid` and of everyone who is not an admin (`open`'s `counted`).
   std::size_t connections_of(uid_t uid) const;

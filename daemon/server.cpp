@@ -50,7 +50,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
         m_daemon(daemon),
         m_turns(std::move(turns)),
         m_outbox(daemon.outbox()),
-        m_buffer(common::k_max_request_bytes + 1),
         m_idle(m_socket.get_executor()),
         m_idle_s(idle_s) {}
   ~Connection() {
@@ -110,23 +109,55 @@ class Connection : public std::enable_shared_from_this<Connection> {
     m_idle.async_wait([self](const boost::system::error_code& ec) {
       if (!ec) self->m_socket.close();  // silent client: let it go
     });
-    asio::async_read_until(m_socket, m_buffer, '\n', [self](const boost::system::error_code& ec, std::size_t n) {
-      self->m_idle.cancel();
-      if (ec == asio::error::not_found) {
-        // Refuse, then skip the rest of the line without keeping it; the connection stays usable.
-        self->send(common::error_reply(ErrorCode::too_large, "request line longer than " +
-                                                                 std::to_string(common::k_max_request_bytes) +
-                                                                 " bytes; refused"),
-                   false);
-        self->m_buffer.consume(self->m_buffer.size());
-        self->discard_line();
-        return;
-      }
-      if (ec) return;  // closed by the peer or by the idle timer
-      std::string line(asio::buffers_begin(self->m_buffer.data()), asio::buffers_begin(self->m_buffer.data()) + n);
-      self->m_buffer.consume(n);
-      self->handle(line);
-    });
+    read_line();
+  }
+
+  // Reads until a whole line is here. What a connection holds of lines not yet read whole counts
+  // with its unread replies against its user's bound (outbox.hpp): 256 connections, each holding
+  // a line of 1 MiB it never ended, used to hold 256 MiB of gpuqd's memory for the idle limit.
+  void read_line() {
+    if (const auto nl = m_in.find('\n', m_scanned); nl != std::string::npos) {
+      m_idle.cancel();
+      std::string line = m_in.substr(0, nl + 1);
+      take(nl + 1);
+      return handle(line);
+    }
+    m_scanned = m_in.size();
+    if (m_in.size() > common::k_max_request_bytes) {
+      // Refuse, then skip the rest of the line without keeping it; the connection stays usable.
+      m_idle.cancel();
+      send(common::error_reply(
+               ErrorCode::too_large,
+               "request line longer than " + std::to_string(common::k_max_request_bytes) + " bytes; refused"),
+           false);
+      take(m_in.size());
+      return discard_line();
+    }
+    const std::size_t have = m_in.size(), room = std::min<std::size_t>(65536, common::k_max_request_bytes + 1 - have);
+    if (m_in.capacity() < have + room)  // grown by doubling, never past the longest line taken
+      m_in.reserve(std::min(std::max(2 * m_in.capacity(), have + room), common::k_max_request_bytes + 1));
+    m_in.resize(have + room);
+    auto self = shared_from_this();
+    m_socket.async_read_some(
+        asio::buffer(m_in.data() + have, room),
+        [self, have](const boost::system::error_code& ec, std::size_t n) { self->on_read(ec, have, n); });
+  }
+  void on_read(const boost::system::error_code& ec, std::size_t had, std::size_t n) {
+    m_in.resize(had + n);
+    if (ec) {  // closed by the peer or by the idle timer
+      m_idle.cancel();
+      return;
+    }
+    if (!m_outbox->add(m_key, n)) return;  // dropped to make room for its user
+    read_line();
+  }
+
+  // The first `n` bytes read are dealt with: no longer held.
+  void take(std::size_t n) {
+    m_in.erase(0, n);
+    m_scanned = 0;
+    m_outbox->sent(m_key, n);
+    if (m_in.capacity() > 65536 && m_in.size() <= 4096) m_in.shrink_to_fit();
   }
 
   void discard_line() {
@@ -138,9 +169,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       auto* nl = std::find(begin, begin + n, '\n');
       if (nl == begin + n) return self->discard_line();
       std::size_t rest = static_cast<std::size_t>(begin + n - (nl + 1));  // the next request's bytes
-      auto out = self->m_buffer.prepare(rest);
-      std::memcpy(out.data(), nl + 1, rest);
-      self->m_buffer.commit(rest);
+      self->m_in.append(nl + 1, rest);
+      self->m_scratch.reset();
+      if (!self->m_outbox->add(self->m_key, rest)) return;
       self->read_when_sent();
     });
   }
@@ -282,7 +313,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<Outbox> m_outbox;
   Outbox::Key m_key = 0;
   Caller m_caller;
-  asio::streambuf m_buffer;
+  std::string m_in;           // bytes read and not yet dealt with: a line, or part of one
+  std::size_t m_scanned = 0;  // how far m_in is known to hold no newline
   asio::steady_timer m_idle;
   double m_idle_s;
   std::chrono::steady_clock::time_point m_active_at = std::chrono::steady_clock::now();  // read()

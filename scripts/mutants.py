@@ -261,6 +261,9 @@ MUTANTS = [
      "      self->m_outbox->sent(self->m_key, text->size());\n", "\n",
      ["unit:a user's unread replies stay under its bound*",
       "test_budgets.UnreadReplies.test_replies_nobody_reads_are_bounded_and_their_connections_let_go"]),
+    ("outbox-counts-unfinished-lines", "daemon/server.cpp",
+     "    if (!m_outbox->add(m_key, n)) return;  // dropped to make room for its user\n", "\n",
+     ["test_budgets.UnfinishedRequests.test_lines_not_yet_ended_count_with_unread_replies_against_the_same_bound"]),
     # A user's connections are bounded; an admin's are not.
     ("connections-per-user", "daemon/server.cpp",
      "    if (m_outbox->connections_of(uid) > m_limits.per_user)\n", "    if (false)\n",

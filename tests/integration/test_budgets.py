@@ -71,3 +71,41 @@ class UnreadReplies(DaemonTest):
             self.assertTrue(json.loads(line)["ok"])
         s.close()
         self.assertEqual(self.d.json("gpus")["replies_unread_bytes"], 0)
+
+
+class UnfinishedRequests(DaemonTest):
+    def test_lines_not_yet_ended_count_with_unread_replies_against_the_same_bound(self):
+        before = rss_kib(self.d.proc.pid)
+        # 64 clients each send ~1 MB of a request line and never end it: 64 MB that gpuqd used to
+        # hold (up to 1 MiB a connection, for as long as the idle limit), now at most 32 MiB.
+        part = b'{"cmd": "status", "pad": "' + b"x" * 1000000
+        clients = []
+        for _ in range(64):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(60)
+            s.connect(self.d.socket)
+            try:
+                s.sendall(part)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # dropped already, to make room
+            clients.append(s)
+        wait_until(lambda: self.d.json("gpus")["connections_dropped"] >= 24, timeout=120,
+                   what="connections holding unfinished lines to be dropped")
+        self.assertLessEqual(self.d.json("gpus")["replies_unread_bytes"], 32 << 20)
+        self.assertLess(rss_kib(self.d.proc.pid) - before, 64 * 1024)
+        self.d.ok("status")  # others are served
+        # A kept one is still served once it ends its line.
+        kept = 0
+        for s in clients:
+            try:
+                s.sendall(b'"}\n')
+                reply = s.makefile("rb").readline()
+            except (BrokenPipeError, ConnectionResetError):
+                reply = b""
+            if reply:
+                kept += 1
+                self.assertIn("ok", json.loads(reply))
+            s.close()
+        self.assertGreater(kept, 0)
+        self.assertLessEqual(kept, 40)
+        wait_until(lambda: self.d.json("gpus")["replies_unread_bytes"] == 0, what="what they held to be let go")
