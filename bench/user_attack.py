@@ -52,12 +52,17 @@ if role == "victim":  # arg: samples
 served = [0]
 stop = threading.Event()
 held = []
+dropped = [0]
 if role == "flood":  # arg: connections
     def loop():
-        with connect() as s:
-            f = s.makefile("rb")
-            while not stop.is_set():
-                s.sendall(BIG); readline(f); served[0] += 1
+        while not stop.is_set():
+            try:
+                with connect() as s:
+                    f = s.makefile("rb")
+                    while not stop.is_set():
+                        s.sendall(BIG); readline(f); served[0] += 1
+            except (ConnectionError, ValueError, OSError):
+                dropped[0] += 1  # over the user's bound on unread replies: connect again
     threads = [threading.Thread(target=loop, daemon=True) for _ in range(arg)]
     for t in threads: t.start()
 elif role == "unread":
@@ -71,7 +76,7 @@ elif role == "connections":
 print("ready", len(held), flush=True)
 sys.stdin.read()
 stop.set()
-print(served[0], flush=True)
+print(served[0], dropped[0], flush=True)
 '''
 
 ap = argparse.ArgumentParser()
@@ -91,8 +96,8 @@ ensure_account(BOB)
 
 
 def as_user(user, *argv, **kw):
-    return subprocess.Popen([sys.executable, "-c", ROLE, *argv], user=uid_of(user), group=gid_of(user),
-                            extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(["/usr/bin/python3", "-c", ROLE, *argv], user=uid_of(user), group=gid_of(user),
+                            extra_groups=[], cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kw)
 
 
 def pct(xs, q):
@@ -131,7 +136,7 @@ with tempfile.TemporaryDirectory(prefix="gpuq-attack-", dir="/tmp") as tmp:
             served = ""
             if attacker:
                 attacker.stdin.close()
-                served = attacker.stdout.readline().strip() if attack == "flood" else ""
+                served = " (dropped, connected again: ".join(attacker.stdout.readline().split()) + ")" if attack == "flood" else ""
                 attacker.wait(timeout=120)
             print(f"| {attack} | {statistics.median(took) * 1000:.1f} ms | {pct(took, 0.9) * 1000:.1f} ms | "
                   f"{max(took) * 1000:.1f} ms | {served} |", flush=True)

@@ -571,6 +571,7 @@ struct GpusReply {
   // `watch`es held now (each waits for a change it asks about), and those answered so far.
   std::uint64_t watches_held = 0;
   std::uint64_t watch_answers = 0;
+  std::uint64_t waits_held = 0;  // `wait`s held now
   // Replies made and not yet read by their clients and request lines read in part, in bytes, and
   // the connections closed since gpuqd started for holding too many (docs/reliability.md).
   // Admins' alone, as the watches'.
@@ -582,7 +583,7 @@ struct GpusReply {
   std::string containment;
 };
 GPUQ_JSON_TYPE(GpusReply, source, gpus, cpu_slots, cpu_slots_used, cores, scheduling_passes, health_checks,
-               events_reads, events_read_max_bytes, watches_held, watch_answers, replies_unread_bytes,
+               events_reads, events_read_max_bytes, watches_held, watch_answers, waits_held, replies_unread_bytes,
                connections_dropped, connections_open, containment)
 
 // `usage` (lab mode): each user's recent GPU use, what they hold and wait for, and their limits.

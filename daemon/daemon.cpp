@@ -215,6 +215,7 @@ const std::vector<Daemon::Command>& Daemon::commands() {
             auto out = queries::gpus(d.reads(), c, q);
             if (c.admin) {  // how often others' watches are answered would tell of their jobs' progress
               out.watches_held = d.m_watches.held();
+              out.waits_held = d.m_waiters.size();
               out.watch_answers = d.m_watches.answers();
               out.replies_unread_bytes = d.m_outbox->unsent();
               out.connections_dropped = d.m_outbox->dropped();

@@ -65,6 +65,11 @@ class Daemon {
   bool idle() const { return m_jobs.size() == 0; }  // no job queued or running
   // Replies made and not yet read by the clients, bounded (outbox.hpp): the server's connections'.
   const std::shared_ptr<Outbox>& outbox() const { return m_outbox; }
+  // The client of `connection` (Caller::connection) hung up: the waits and watches it held go.
+  void abandon(std::uint64_t connection) {
+    m_waiters.abandon(connection);
+    m_watches.abandon(connection);
+  }
   // Re-adopts running jobs, records those that ended while no daemon ran, and schedules.
   void recover();
   // Handles one request; `reply` is called exactly once, possibly later (wait).

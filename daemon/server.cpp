@@ -26,13 +26,17 @@ using local = asio::local::stream_protocol;
 
 namespace {
 
-// Whether `reply` answers a request gpuqd knows, well formed; refusals of a line that is not one
-// (bad_request, unknown_command, too_large) are not activity.
+// Whether `reply` answers a request gpuqd knows, well formed: refusals of a line as not one, or as
+// malformed (bad_request, unknown_command, too_large), are not activity; any other answer is,
+// a refusal for want of rights or room included.
 bool is_request_answered(const nlohmann::json& reply) {
-  if (reply.value("ok", false)) return true;
+  if (!reply.is_object()) return true;
+  if (const auto ok = reply.find("ok"); ok != reply.end() && ok->is_boolean() && ok->get<bool>()) return true;
   const auto error = reply.find("error");
   if (error == reply.end() || !error->is_object()) return true;
-  const std::string code = error->value("code", "");
+  const auto found = error->find("code");
+  if (found == error->end() || !found->is_string()) return true;
+  const std::string& code = found->get_ref<const std::string&>();
   for (auto junk : {ErrorCode::bad_request, ErrorCode::unknown_command, ErrorCode::too_large})
     if (code == to_string(junk)) return false;
   return true;
@@ -51,6 +55,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         m_turns(std::move(turns)),
         m_outbox(daemon.outbox()),
         m_idle(m_socket.get_executor()),
+        m_write_timer(m_socket.get_executor()),
         m_idle_s(idle_s) {}
   ~Connection() {
     if (m_key) m_outbox->forget(m_key);
@@ -78,6 +83,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     m_caller = *caller;
+    m_caller.connection = m_key;
     if (auto over = admin ? std::nullopt : over_limits(cred.uid)) {
       send(common::error_reply(over->code, over->message), true);
       return;
@@ -102,8 +108,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Waits for the next request. Idle means idle: the limit counts from the last request answered
   // (or the connection's start), so lines that are not requests (not JSON, unknown commands,
-  // too long) sent to keep a connection open do not; a held wait or watch is not idle.
+  // malformed, too long) sent to keep a connection open do not; a held wait or watch is not idle.
   void read() {
+    if (!m_socket.is_open()) return;  // gone while its last request was answered: read no more of it
     auto self = shared_from_this();
     m_idle.expires_at(m_active_at + std::chrono::milliseconds(static_cast<long long>(m_idle_s * 1000)));
     m_idle.async_wait([self](const boost::system::error_code& ec) {
@@ -115,6 +122,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Reads until a whole line is here. What a connection holds of lines not yet read whole counts
   // with its unread replies against its user's bound (outbox.hpp): 256 connections, each holding
   // a line of 1 MiB it never ended, used to hold 256 MiB of gpuqd's memory for the idle limit.
+  // It waits for bytes without a buffer and reads what has come, so an idle connection holds
+  // none.
   void read_line() {
     if (const auto nl = m_in.find('\n', m_scanned); nl != std::string::npos) {
       m_idle.cancel();
@@ -124,8 +133,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     m_scanned = m_in.size();
     if (m_in.size() > common::k_max_request_bytes) {
-      // Refuse, then skip the rest of the line without keeping it; the connection stays usable.
-      m_idle.cancel();
+      // Refuse, then skip the rest of the line without keeping it; the connection stays usable,
+      // and the idle limit goes on running.
       send(common::error_reply(
                ErrorCode::too_large,
                "request line longer than " + std::to_string(common::k_max_request_bytes) + " bytes; refused"),
@@ -133,44 +142,63 @@ class Connection : public std::enable_shared_from_this<Connection> {
       take(m_in.size());
       return discard_line();
     }
-    const std::size_t have = m_in.size(), room = std::min<std::size_t>(65536, common::k_max_request_bytes + 1 - have);
-    if (m_in.capacity() < have + room)  // grown by doubling, never past the longest line taken
-      m_in.reserve(std::min(std::max(2 * m_in.capacity(), have + room), common::k_max_request_bytes + 1));
-    m_in.resize(have + room);
     auto self = shared_from_this();
-    m_socket.async_read_some(
-        asio::buffer(m_in.data() + have, room),
-        [self, have](const boost::system::error_code& ec, std::size_t n) { self->on_read(ec, have, n); });
+    m_socket.async_wait(local::socket::wait_read, [self](const boost::system::error_code& ec) {
+      if (!ec) return self->read_some();
+      self->m_idle.cancel();  // closed by the idle timer or dropped
+    });
   }
-  void on_read(const boost::system::error_code& ec, std::size_t had, std::size_t n) {
-    m_in.resize(had + n);
-    if (ec) {  // closed by the peer or by the idle timer
+  void read_some() {
+    const std::size_t have = m_in.size();
+    boost::system::error_code ec;
+    const std::size_t ready = m_socket.available(ec);
+    const std::size_t want =
+        std::clamp<std::size_t>(ready, 1, std::min<std::size_t>(65536, common::k_max_request_bytes + 1 - have));
+    if (m_in.capacity() < have + want)  // grown by doubling, never past the longest line
+      m_in.reserve(std::min(std::max(2 * m_in.capacity(), have + want), common::k_max_request_bytes + 1));
+    m_in.resize(have + want);
+    const ssize_t n = ec ? -1 : ::recv(m_socket.native_handle(), m_in.data() + have, want, MSG_DONTWAIT);
+    const int error = errno;
+    m_in.resize(have + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
+    if (n < 0 && !ec && (error == EAGAIN || error == EWOULDBLOCK || error == EINTR))
+      return read_line();  // woken for nothing
+    if (n <= 0) {          // hung up, or broken
       m_idle.cancel();
+      boost::system::error_code ignored;
+      m_socket.close(ignored);
       return;
     }
-    if (!m_outbox->add(m_key, n)) return;  // dropped to make room for its user
+    if (!m_outbox->add(m_key, static_cast<std::size_t>(n))) return;  // dropped to make room for its user
     read_line();
   }
 
-  // The first `n` bytes read are dealt with: no longer held.
+  // The first `n` bytes read are dealt with: no longer held (nor, beyond 64 KiB, their room).
   void take(std::size_t n) {
     m_in.erase(0, n);
     m_scanned = 0;
     m_outbox->sent(m_key, n);
-    if (m_in.capacity() > 65536 && m_in.size() <= 4096) m_in.shrink_to_fit();
+    if (m_in.capacity() - m_in.size() > 65536) m_in.shrink_to_fit();
   }
 
+  // The rest of a line too long, read through a buffer of 64 KiB that counts as held while it is.
   void discard_line() {
     auto self = shared_from_this();
-    if (!m_scratch) m_scratch = std::make_unique<std::array<char, 65536>>();
+    if (!m_scratch) {
+      if (!m_outbox->add(m_key, k_scratch)) return;
+      m_scratch = std::make_unique<std::array<char, k_scratch>>();
+    }
     m_socket.async_read_some(asio::buffer(*m_scratch), [self](const boost::system::error_code& ec, std::size_t n) {
-      if (ec) return;
+      if (ec) {  // gone, closed by the idle timer, or dropped
+        self->m_idle.cancel();
+        return;
+      }
       auto* begin = self->m_scratch->data();
       auto* nl = std::find(begin, begin + n, '\n');
       if (nl == begin + n) return self->discard_line();
       std::size_t rest = static_cast<std::size_t>(begin + n - (nl + 1));  // the next request's bytes
       self->m_in.append(nl + 1, rest);
       self->m_scratch.reset();
+      self->m_outbox->sent(self->m_key, k_scratch);
       if (!self->m_outbox->add(self->m_key, rest)) return;
       self->read_when_sent();
     });
@@ -194,6 +222,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // In its user's turn (turns.hpp). A reply may come later (wait): the next request is read
     // once this one is answered.
     m_turns->add(m_caller.uid, [self, request = std::move(*request)] {
+      if (!self->m_socket.is_open()) return;  // dropped, or closed at its idle limit, meanwhile
       self->m_held = true;
       self->m_daemon.dispatch(self->m_caller, request, [self](nlohmann::json reply) {
         self->m_held = false;
@@ -206,7 +235,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // While a request is held (a wait, a watch), a client that hangs up is let go at once: its
-  // descriptor and buffers are freed, not kept until the answer (up to the request's timeout).
+  // descriptor and buffers are freed and its wait or watch let go, not kept until the answer (a
+  // wait on jobs that never end: for ever).
   // Bytes it sent meanwhile are left where they are, read after the answer as the next request.
   void notice_hangup() {
     auto self = shared_from_this();
@@ -218,8 +248,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
         boost::system::error_code ignored;
         self->m_socket.close(ignored);
         self->m_scratch.reset();
-        // No longer one of its user's connections, though its request is still answered (to no one).
+        std::string().swap(self->m_in);  // what it sent after the request: never read now
+        // No longer one of its user's connections, and its wait or watch is let go unanswered.
         self->m_outbox->forget(std::exchange(self->m_key, 0));
+        self->m_daemon.abandon(self->m_caller.connection);
       } else if (n < 0) {
         self->notice_hangup();  // woken for nothing: wait on
       }
@@ -257,19 +289,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     boost::system::error_code ignored;
     m_socket.close(ignored);
     m_idle.cancel();
-    m_scratch.reset();
+    m_write_timer.cancel();
   }
 
   // A client that stops reading mid-reply is disconnected after the idle timeout, like a silent one.
   void write() {
     auto self = shared_from_this();
-    m_idle.expires_after(std::chrono::milliseconds(static_cast<long long>(m_idle_s * 1000)));
-    m_idle.async_wait([self](const boost::system::error_code& ec) {
+    m_write_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_idle_s * 1000)));
+    m_write_timer.async_wait([self](const boost::system::error_code& ec) {
       if (!ec) self->m_socket.close();
     });
     auto text = m_out.front();  // kept by the write until it ends, even if the connection is dropped
     asio::async_write(m_socket, asio::buffer(*text), [self, text](const boost::system::error_code& ec, std::size_t) {
-      self->m_idle.cancel();
+      self->m_write_timer.cancel();
       if (ec || !self->m_socket.is_open()) return;  // gone, or dropped: nothing more is written
       self->m_outbox->sent(self->m_key, text->size());
       self->m_out.pop_front();
@@ -289,18 +321,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     boost::system::error_code ignored;
     m_socket.shutdown(local::socket::shutdown_send, ignored);
     auto self = shared_from_this();
-    m_idle.expires_after(std::chrono::seconds(5));
-    m_idle.async_wait([self](const boost::system::error_code& ec) {
+    m_write_timer.expires_after(std::chrono::seconds(5));
+    m_write_timer.async_wait([self](const boost::system::error_code& ec) {
       if (!ec) self->m_socket.close();
     });
-    if (!m_scratch) m_scratch = std::make_unique<std::array<char, 65536>>();
+    if (!m_scratch) m_scratch = std::make_unique<std::array<char, k_scratch>>();
     linger_on();
   }
   void linger_on() {
     auto self = shared_from_this();
     m_socket.async_read_some(asio::buffer(*m_scratch), [self](const boost::system::error_code& ec, std::size_t) {
       if (!ec) return self->linger_on();
-      self->m_idle.cancel();
+      self->m_write_timer.cancel();
       boost::system::error_code e;
       self->m_socket.close(e);
     });
@@ -315,11 +347,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Caller m_caller;
   std::string m_in;           // bytes read and not yet dealt with: a line, or part of one
   std::size_t m_scanned = 0;  // how far m_in is known to hold no newline
-  asio::steady_timer m_idle;
+  asio::steady_timer m_idle;  // the idle limit, while a request is awaited (read())
+  asio::steady_timer m_write_timer;  // a reply's writing, and a refusal's linger
   double m_idle_s;
   std::chrono::steady_clock::time_point m_active_at = std::chrono::steady_clock::now();  // read()
   std::deque<std::shared_ptr<const std::string>> m_out;
-  std::unique_ptr<std::array<char, 65536>> m_scratch;  // only while a line too long is skipped
+  static constexpr std::size_t k_scratch = 65536;
+  std::unique_ptr<std::array<char, k_scratch>> m_scratch;  // only while a line too long is skipped, or in linger()
   bool m_close_after = false;
   bool m_held = false;  // a request is being answered later
   bool m_read_after_write = false;

@@ -1,9 +1,11 @@
 // Requests waiting for gpuqd's one thread take turns by user: each user's requests wait in order,
 // and the users with some waiting are served one request each in rotation. Without it a request
 // waited behind every request already read, so a user with 256 connections each asking for a
-// large status put another user's `gpuq status` behind 256 of them; now it waits behind at most
+// large status put another user's `gpuq status` behind 256 of them; now it starts after at most
 // one request of each other user with requests waiting. Each request is run from a handler of its
-// own, so reads, timers and the parts of long requests (parts.hpp) run between them.
+// own, so reads, timers and the parts of long requests run between them. A long request (a
+// submission's writing, a clean, a restart: parts.hpp) takes one turn to start; its later parts,
+// each at most k_part, run in the io_context's order, not in turns.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded

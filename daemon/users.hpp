@@ -35,6 +35,9 @@ struct Caller {
   // (common::k_protocol_minor; a job state a client of an older minor does not know is sent as
   // one it does).
   int protocol_minor = k_caller_minor_latest;
+  // The server's key for the connection it asks on (0: none): a wait or watch it holds is let go
+  // when it hangs up (Daemon::abandon).
+  std::uint64_t connection = 0;
   static Caller self();  // this process's user, an admin: unit tests, and single-user mode's caller
 };
 

@@ -49,6 +49,15 @@ void Waiters::answer(Wait& done, bool timed_out) {
   }
 }
 
+std::size_t Waiters::abandon(std::uint64_t connection) {
+  if (connection == 0) return 0;
+  const auto gone =
+      std::remove_if(m_waits.begin(), m_waits.end(), [&](const Wait& w) { return w.caller.connection == connection; });
+  const auto n = static_cast<std::size_t>(m_waits.end() - gone);
+  m_waits.erase(gone, m_waits.end());  // their timers go with them, cancelled
+  return n;
+}
+
 void Waiters::came_back(std::int64_t id) {
   for (auto& w : m_waits)
     if (w.ids.count(id)) w.pending.insert(id);

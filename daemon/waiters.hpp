@@ -36,6 +36,10 @@ class Waiters {
   bool names(std::int64_t id) const;
   void for_each_named(const std::function<void(std::int64_t)>& f) const;
   std::size_t size() const { return m_waits.size(); }
+  // Lets go, unanswered, of the waits asked on `connection` (Caller::connection): its client hung
+  // up. A wait on 100,000 jobs holds their ids; each one a client left used to stay until its
+  // jobs ended, so a loop of waits and hang-ups grew gpuqd without bound. How many went.
+  std::size_t abandon(std::uint64_t connection);
 
  private:
   struct Wait {

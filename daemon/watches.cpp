@@ -145,6 +145,20 @@ void Watches::answer_due() {
     answer(key);
 }
 
+std::size_t Watches::abandon(std::uint64_t connection) {
+  if (connection == 0) return 0;
+  std::vector<std::uint64_t> keys;
+  for (const auto& [key, h] : m_held)
+    if (h.caller.connection == connection) keys.push_back(key);
+  for (auto key : keys) {
+    auto it = m_held.find(key);
+    file(key, it->second.q, false);
+    it->second.timer->cancel();
+    m_held.erase(it);
+  }
+  return keys.size();
+}
+
 void Watches::answer(std::uint64_t key) {
   const auto it = m_held.find(key);
   if (it == m_held.end()) return;  // answered already

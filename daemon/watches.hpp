@@ -70,6 +70,9 @@ class Watches {
   // A watch of `caller`: answered now when `q` can be answered (a change after q.after it may
   // see; a cursor that cannot be resumed; no timeout), else held until one lands or q.timeout_s.
   void add(const Caller& caller, const common::WatchRequest& q, Later<common::WatchReply> reply);
+  // Lets go, unanswered, of the watches held for `connection` (Caller::connection), whose client
+  // hung up. How many went.
+  std::size_t abandon(std::uint64_t connection);
 
  private:
   struct Held {

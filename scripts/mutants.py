@@ -262,8 +262,24 @@ MUTANTS = [
      ["unit:a user's unread replies stay under its bound*",
       "test_budgets.UnreadReplies.test_replies_nobody_reads_are_bounded_and_their_connections_let_go"]),
     ("outbox-counts-unfinished-lines", "daemon/server.cpp",
-     "    if (!m_outbox->add(m_key, n)) return;  // dropped to make room for its user\n", "\n",
+     "    if (!m_outbox->add(m_key, static_cast<std::size_t>(n))) return;  // dropped to make room for its user\n", "\n",
      ["test_budgets.UnfinishedRequests.test_lines_not_yet_ended_count_with_unread_replies_against_the_same_bound"]),
+    # A connection reads nothing more once closed (nor keeps what came after a held request), the
+    # idle limit runs while a line too long is skipped, and a connection waiting for a request
+    # holds no buffer.
+    ("read-stops-once-closed", "daemon/server.cpp",
+     [("    if (!m_socket.is_open()) return;  // gone while its last request was answered: read no more of it\n", "\n"),
+      ("        std::string().swap(self->m_in);  // what it sent after the request: never read now\n", "\n")], None,
+     ["test_errors.ProtocolAbuse.test_a_hang_up_on_a_held_wait_with_lines_behind_it_harms_nothing"]),
+    ("idle-runs-through-a-skipped-line", "daemon/server.cpp",
+     "      take(m_in.size());\n      return discard_line();", "      m_idle.cancel();\n      take(m_in.size());\n      return discard_line();",
+     ["test_errors.ProtocolAbuse.test_a_line_too_long_left_unended_is_still_closed_at_the_idle_limit"]),
+    ("no-read-buffer-while-idle", "daemon/server.cpp",
+     "      if (!ec) return self->read_some();", "      self->m_in.reserve(65536);\n      if (!ec) return self->read_some();",
+     ["test_errors.ProtocolAbuse.test_idle_connections_hold_no_read_buffer"]),
+    ("held-request-let-go-on-hang-up", "daemon/server.cpp",
+     "        self->m_daemon.abandon(self->m_caller.connection);\n", "\n",
+     ["test_errors.ProtocolAbuse.test_clients_that_hang_up_on_a_held_wait_or_watch_are_let_go_at_once"]),
     # A user's connections are bounded; an admin's are not.
     ("connections-per-user", "daemon/server.cpp",
      "    if (m_outbox->connections_of(uid) > m_limits.per_user)\n", "    if (false)\n",

@@ -2,6 +2,7 @@
 down."""
 import json
 import os
+import resource
 import select
 import socket
 import subprocess
@@ -185,6 +186,55 @@ class ProtocolAbuse(DaemonTest):
             self.assertGreater(sent, 1)
         self.d.ok("status")
 
+    def test_a_line_too_long_left_unended_is_still_closed_at_the_idle_limit(self):
+        self.d.stop()
+        self.d = Daemon(self.tmp, extra=["--idle-timeout", "1"]).start()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(self.d.socket)
+            s.settimeout(60)
+            s.sendall(b"x" * ((1 << 20) + 10))  # past the request bound, and never ended
+            f = s.makefile("rb")
+            self.assertEqual(json.loads(f.readline())["error"]["code"], "too_large")
+            # gpuqd skips the rest of the line; the idle limit runs on (the refusal's writing
+            # stopped it: the connection was held for ever).
+            self.assertEqual(f.read(), b"")
+
+    def test_a_hang_up_on_a_held_wait_with_lines_behind_it_harms_nothing(self):
+        job = self.d.submit({"name": "held", "command": ["true"]}, "--hold")["ids"][0]
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(self.d.socket)
+            # A wait answered in 1 s, then 60,000 empty lines, read in as the wait is held; the
+            # client hangs up. Answering the wait, gpuqd went on to read those lines from a closed
+            # connection, each refusal reading the next one: 60,000 calls deep, and it crashed.
+            s.sendall(json.dumps({"cmd": "wait", "ids": [job], "timeout_s": 1}).encode() + b"\n" * 60001)
+        # A wait of 2 s asked after it is answered after it.
+        reply = self.d.request({"cmd": "wait", "ids": [job], "timeout_s": 2})
+        self.assertTrue(reply["ok"] and reply["timed_out"], reply)
+        self.assertIsNone(self.d.proc.poll())
+        self.d.ok("status")
+
+    def test_idle_connections_hold_no_read_buffer(self):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+        self.addCleanup(resource.setrlimit, resource.RLIMIT_NOFILE, (soft, hard))
+        self.d.ok("status")
+        before = rss_kib(self.d.proc.pid)
+        conns = []
+        try:
+            for _ in range(1500):  # each says hello, is answered, and waits for its next request
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(self.d.socket)
+                s.sendall(b'{"cmd": "hello", "protocol_version": 1}\n')
+                conns.append(s)
+            for s in conns:
+                s.settimeout(60)
+                self.assertTrue(json.loads(s.makefile("rb").readline())["ok"])
+            # A few KiB each; a buffer of 64 KiB each would be 94 MiB.
+            self.assertLess(rss_kib(self.d.proc.pid) - before, 24 * 1024)
+        finally:
+            for s in conns:
+                s.close()
+
     def test_a_client_that_sends_and_never_reads_is_held_back_and_dropped(self):
         self.d.stop()
         self.d = Daemon(self.tmp, extra=["--idle-timeout", "2"]).start()
@@ -246,6 +296,10 @@ class ProtocolAbuse(DaemonTest):
         # Each hang-up noticed while its request is held: let go at once (its descriptor closed and
         # what it held freed), not when the job ends or the watch's 300 s are up.
         wait_until(lambda: held() == 1, what="gpuqd to let the 20 connections go")
+        # And their waits and watches with them: each kept what it asked about until the job
+        # ended (a wait on jobs that never end: for ever), so a loop of them grew gpuqd.
+        gpus = self.d.json("gpus")
+        self.assertEqual((gpus["waits_held"], gpus["watches_held"]), (0, 0))
         open(release, "w").close()
         self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
         self.d.ok("status")

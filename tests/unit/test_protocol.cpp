@@ -77,6 +77,7 @@ TEST_CASE("show, gpus, cancel and submit replies round-trip") {
               4096,
               1,
               9,
+              5,
               3 << 20,
               2,
               7,

@@ -169,3 +169,27 @@ TEST_CASE("a Later sends one reply: a second answer, or one through a Later move
 }
 
 TEST_SUITE_END();
+
+TEST_CASE("the waits of a connection whose client hung up are let go unanswered, the others kept") {
+  Bench b;
+  b.active = {1, 2};
+  int left = 0, kept = 0;
+  Caller gone{42, false}, stays{42, false};
+  gone.connection = 7, stays.connection = 8;
+  b.waiters.add(
+      gone, {1}, [&](json) { ++left; }, 0);
+  b.waiters.add(
+      gone, {1, 2}, [&](json) { ++left; }, 0.01);
+  b.waiters.add(
+      stays, {1}, [&](json) { ++kept; }, 0);
+  CHECK(b.waiters.abandon(0) == 0);  // no connection: nothing
+  CHECK(b.waiters.abandon(7) == 2);
+  CHECK(b.waiters.size() == 1);
+  CHECK_FALSE(b.waiters.names(2));
+  b.io.run_for(std::chrono::milliseconds(50));  // the abandoned one's timeout would be up
+  b.active.clear();
+  b.notify();
+  CHECK(left == 0);
+  CHECK(kept == 1);
+  CHECK(b.waiters.size() == 0);
+}

@@ -306,3 +306,23 @@ TEST_CASE("a watch whose answer cannot be made is answered with the error") {
 }
 
 TEST_SUITE_END();
+
+TEST_CASE("the watches held for a connection whose client hung up are let go unanswered") {
+  Bench b;
+  Caller gone = k_alice, stays = k_alice;
+  gone.connection = 3, stays.connection = 4;
+  WatchRequest on_job = held_for(0.01);
+  on_job.ids = {5};
+  b.watch(gone, 0, on_job);
+  b.watch(gone, 0, held_for(300));
+  b.watch(stays, 0, held_for(300));
+  CHECK(b.watches.held() == 3);
+  CHECK(b.watches.abandon(3) == 2);
+  CHECK(b.watches.held() == 1);
+  b.io.run_for(std::chrono::milliseconds(50));  // the abandoned one's timeout would be up
+  b.change(5);
+  b.settle();
+  REQUIRE(b.got.size() == 1);  // the one kept, of its connection
+  CHECK(Bench::ids(b.got[0]) == std::vector<std::int64_t>{5});
+  CHECK(b.watches.held() == 0);
+}
