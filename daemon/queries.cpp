@@ -23,9 +23,10 @@ common::JobsReply status(const Reads& reads, const Caller& caller, const common:
   const auto& f = q.filter;
   out.total = reads.store.count_jobs(f);
   std::size_t bytes = 0;
+  const auto details = [&](uid_t owner) { return caller.admin || caller.uid == owner; };  // may_read_details
   if (q.all) {
     // One page more than asked tells whether another page follows.
-    auto rows = reads.store.page_after(q.after, q.page + 1, f);
+    auto rows = reads.store.page_after(q.after, q.page + 1, f, details);
     out.more = rows.size() > static_cast<std::size_t>(q.page);
     if (out.more) rows.pop_back();
     for (const auto& r : rows)
@@ -56,7 +57,7 @@ common::JobsReply status(const Reads& reads, const Caller& caller, const common:
     for (auto it = reads.jobs.held().begin(); more && it != reads.jobs.held().end(); ++it) more = visit(*it);
   }
   out.queued_total = f.empty() ? static_cast<std::int64_t>(reads.jobs.queue().size() + reads.jobs.held().size()) : kept;
-  for (auto& r : reads.store.recent_finished(q.limit, f))
+  for (auto& r : reads.store.recent_finished(q.limit, f, details))
     if (!reads.add_to_reply(out, r, bytes, caller)) break;
   std::sort(out.jobs.begin(), out.jobs.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   return out;

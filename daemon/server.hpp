@@ -29,7 +29,9 @@ struct SocketAccess {
   // never fails for an admin because others hold every descriptor.
   int connections_per_user = 256;
 };
-constexpr int k_reserved_descriptors = 512;  // for gpuqd's own files (store, jobs, logs) and admins
+constexpr int k_reserved_descriptors = 512;
+constexpr int k_accepts_per_turn =
+    256;  // connections accepted in one go (Server::accept)  // for gpuqd's own files (store, jobs, logs) and admins
 
 class Server {
  public:

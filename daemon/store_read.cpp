@@ -56,7 +56,7 @@ void read_spec(JobRecord& j, const std::string& stored) {
 
 }  // namespace
 
-std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
+std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st, const DetailsOf& details) {
   std::vector<JobRecord> out;
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -77,12 +77,16 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     j.run.master_port = sqlite3_column_int(st, 12);
     j.not_before = sqlite3_column_double(st, 13);
     j.run.cancel_requested = sqlite3_column_int(st, 14) != 0;
-    j.run.progress = json_col(st, 15);
-    j.run.result = json_col(st, 16);
+    j.uid = static_cast<uid_t>(sqlite3_column_int64(st, 27));
+    const bool detailed = !details || details(j.uid);
+    if (detailed) {
+      j.run.progress = json_col(st, 15);
+      j.run.result = json_col(st, 16);
+      j.run.first_failure = json_col(st, 19);
+    }
     json after = json_col(st, 17);
     if (after.is_array()) j.after = after.get<std::vector<std::int64_t>>();
     j.bad_event_lines = sqlite3_column_int64(st, 18);
-    j.run.first_failure = json_col(st, 19);
     json cpu_slots = json_col(st, 20);
     if (cpu_slots.is_array()) j.run.cpu_slots = cpu_slots.get<std::vector<int>>();
     json cores = json_col(st, 21);
@@ -92,7 +96,6 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st) {
     j.blocked_by = sqlite3_column_int64(st, 24);
     j.held = sqlite3_column_int(st, 25) != 0;
     j.run.external_id = text(st, 26);
-    j.uid = static_cast<uid_t>(sqlite3_column_int64(st, 27));
     out.push_back(std::move(j));
   }
   sqlite3_reset(st);
@@ -138,22 +141,23 @@ void Store::bind_filter(sqlite3_stmt* st, const common::JobFilter& f) const {
   sqlite3_bind_int64(st, 14, m_unfinished ? m_unfinished->last : 0);
 }
 
-std::vector<JobRecord> Store::recent_finished(int limit, const common::JobFilter& f) {
+std::vector<JobRecord> Store::recent_finished(int limit, const common::JobFilter& f, const DetailsOf& details) {
   auto* st = prepare(
       GPUQ_SELECT_JOBS("WHERE state NOT IN ('queued', 'running') AND " GPUQ_JOB_FILTER " ORDER BY id DESC LIMIT ?1"));
   sqlite3_bind_int(st, 1, limit);
   bind_filter(st, f);
-  auto rows = query_jobs(st);
+  auto rows = query_jobs(st, details);
   std::reverse(rows.begin(), rows.end());
   return rows;
 }
 
-std::vector<JobRecord> Store::page_after(std::int64_t after, int limit, const common::JobFilter& f) {
+std::vector<JobRecord> Store::page_after(std::int64_t after, int limit, const common::JobFilter& f,
+                                         const DetailsOf& details) {
   auto* st = prepare(GPUQ_SELECT_JOBS("WHERE id > ?1 AND " GPUQ_JOB_FILTER " ORDER BY id LIMIT ?2"));
   sqlite3_bind_int64(st, 1, after);
   sqlite3_bind_int(st, 2, limit);
   bind_filter(st, f);
-  return query_jobs(st);
+  return query_jobs(st, details);
 }
 
 bool Store::exists(std::int64_t id) {

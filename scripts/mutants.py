@@ -280,6 +280,9 @@ MUTANTS = [
     ("held-request-let-go-on-hang-up", "daemon/server.cpp",
      "        self->m_daemon.abandon(self->m_caller.connection);\n", "\n",
      ["test_errors.ProtocolAbuse.test_clients_that_hang_up_on_a_held_wait_or_watch_are_let_go_at_once"]),
+    ("reads-skip-others-details", "daemon/store_read.cpp",
+     "    const bool detailed = !details || details(j.uid);", "    const bool detailed = true;",
+     ["unit:a read parses the details only of the jobs whose owners it is told*"]),
     # A user's connections are bounded; an admin's are not.
     ("connections-per-user", "daemon/server.cpp",
      "    if (m_outbox->connections_of(uid) > m_limits.per_user)\n", "    if (false)\n",

@@ -160,6 +160,35 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
   CHECK((*store)->page_after(rest[0].id, 2).empty());
 }
 
+TEST_CASE("a read parses the details only of the jobs whose owners it is told: others' stay unread") {
+  TempDb db;
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  std::vector<JobRecord> jobs{job_named("alices"), job_named("bobs")};
+  jobs[0].uid = 1001, jobs[1].uid = 1002;
+  (*store)->insert_batch(jobs, {{}, {}}, "/", json::object(), 1.0);
+  for (auto& j : jobs) {
+    j.state = gpuq::JobState::succeeded;
+    j.run.ended_at = 2.0;
+    j.run.progress = json{{"epoch", 3}};
+    j.run.result = json{{"accuracy", 0.9}};
+    j.run.first_failure = json{{"rank", 0}};
+    (*store)->update(j, true);
+  }
+  const Store::DetailsOf alices = [](uid_t owner) { return owner == 1001; };
+  for (const auto& rows : {(*store)->recent_finished(10, {}, alices), (*store)->page_after(0, 10, {}, alices)}) {
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0].run.result == json{{"accuracy", 0.9}});
+    CHECK(rows[0].run.progress == json{{"epoch", 3}});
+    CHECK(rows[1].uid == 1002);  // what is not a detail is read for everyone
+    CHECK(rows[1].state == gpuq::JobState::succeeded);
+    CHECK(rows[1].run.result.is_null());
+    CHECK(rows[1].run.progress.is_null());
+    CHECK(rows[1].run.first_failure.is_null());
+  }
+  CHECK((*store)->recent_finished(10)[1].run.result == json{{"accuracy", 0.9}});  // no predicate: all
+}
+
 TEST_CASE("the jobs that failed waiting for a job are found, and a restart is one transaction with its own reasons") {
   TempDb db;
   auto store = Store::open(db.path);
