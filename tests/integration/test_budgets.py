@@ -73,6 +73,42 @@ class UnreadReplies(DaemonTest):
         self.assertEqual(self.d.json("gpus")["replies_unread_bytes"], 0)
 
 
+class DroppedWhileHeld(DaemonTest):
+    def test_a_connection_dropped_with_lines_behind_its_held_wait_reads_none_of_them(self):
+        fill = ("import json, os; f = open(os.environ['GPUQ_EVENTS'], 'a'); "
+                "f.write(json.dumps({'type': 'progress', 'epoch': 1, 'note': 'p' * 450000}) + '\\n'); "
+                "f.write(json.dumps({'type': 'result', 'note': 'r' * 450000}) + '\\n')")
+        ids = self.d.submit([{"name": f"big{i}", "command": ["python3", "-c", fill]} for i in range(12)])["ids"]
+        self.assertEqual({j["state"] for j in self.d.wait(ids).values()}, {"succeeded"})
+        held = self.d.submit({"name": "held", "command": ["true"]}, "--hold")["ids"][0]
+        # A wait on it, 60,000 empty lines behind it, read in with it: the connection holds them,
+        # the first of the user's connections to hold anything.
+        a = socket.socket(socket.AF_UNIX)
+        a.connect(self.d.socket)
+        a.sendall(json.dumps({"cmd": "wait", "ids": [held]}).encode() + b"\n" * 60001)
+        wait_until(lambda: self.d.json("gpus")["waits_held"] == 1, what="the wait to be held")
+        # Replies the same user's other connections do not read take him past his 32 MiB: the
+        # one holding bytes longest, the waiting one, is dropped (its wait still held).
+        others = []
+        for _ in range(6):
+            s = socket.socket(socket.AF_UNIX)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(self.d.socket)
+            s.sendall(b'{"cmd": "status", "limit": 2000}\n')
+            others.append(s)
+        a.settimeout(120)
+        self.assertEqual(a.recv(1), b"", "the waiting connection was not the one dropped")
+        # Its wait is answered, to no one, as the job ends. gpuqd used to read on from the closed
+        # connection, each line's refusal reading the next, 60,000 calls deep.
+        self.d.ok("release", str(held))
+        self.assertEqual(self.d.wait([held])[held]["state"], "succeeded")
+        self.assertIsNone(self.d.proc.poll())
+        wait_until(lambda: self.d.json("gpus")["waits_held"] == 0, what="the dropped connection's wait to be answered")
+        self.assertIsNone(self.d.proc.poll())
+        for s in others + [a]:
+            s.close()
+
+
 class UnfinishedRequests(DaemonTest):
     def test_lines_not_yet_ended_count_with_unread_replies_against_the_same_bound(self):
         before = rss_kib(self.d.proc.pid)
