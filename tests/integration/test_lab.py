@@ -762,7 +762,12 @@ class LabSharing(LabMode):
             return p
 
         bob, alice = user(BOB, 5), user(ALICE, 1)
+        # Each hello's answer can reach its client before gpuqd has run the handler that waits for
+        # the next request on its connection; a request through gpuqd after them runs after those.
+        self.ok(CAROL, "gpus")
         os.kill(self.d.proc.pid, signal.SIGSTOP)
+        wait_until(lambda: open(f"/proc/{self.d.proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T",
+                   what="gpuqd to stop")
         try:
             for p in (bob, alice):  # Bob's requests arrive first
                 p.stdin.write("go\n")
