@@ -142,6 +142,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       take(m_in.size());
       return discard_line();
     }
+    read_some();
+  }
+  // Reads what has come without blocking, and waits only once the socket says there is nothing:
+  // the reactor is edge-triggered, so a wait begun after bytes came waits for the next ones (a
+  // request sent before gpuqd began to wait for it was left unread).
+  void wait_readable() {
     auto self = shared_from_this();
     m_socket.async_wait(local::socket::wait_read, [self](const boost::system::error_code& ec) {
       if (!ec) return self->read_some();
@@ -161,7 +167,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const int error = errno;
     m_in.resize(have + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
     if (n < 0 && !ec && (error == EAGAIN || error == EWOULDBLOCK || error == EINTR))
-      return read_line();  // woken for nothing
+      return wait_readable();  // nothing yet
     if (n <= 0) {          // hung up, or broken
       m_idle.cancel();
       boost::system::error_code ignored;
