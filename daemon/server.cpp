@@ -155,26 +155,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
   void read_some() {
-    const std::size_t have = m_in.size();
-    boost::system::error_code ec;
-    const std::size_t ready = m_socket.available(ec);
-    const std::size_t want =
-        std::clamp<std::size_t>(ready, 1, std::min<std::size_t>(65536, common::k_max_request_bytes + 1 - have));
-    if (m_in.capacity() < have + want)  // grown by doubling, never past the longest line
-      m_in.reserve(std::min(std::max(2 * m_in.capacity(), have + want), common::k_max_request_bytes + 1));
-    m_in.resize(have + want);
-    const ssize_t n = ec ? -1 : ::recv(m_socket.native_handle(), m_in.data() + have, want, MSG_DONTWAIT);
-    const int error = errno;
-    m_in.resize(have + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
-    if (n < 0 && !ec && (error == EAGAIN || error == EWOULDBLOCK || error == EINTR))
-      return wait_readable();  // nothing yet
-    if (n <= 0) {          // hung up, or broken
+    std::array<char, 65536> chunk;  // on the stack: a connection waiting for a request holds none
+    const std::size_t have = m_in.size(), want = std::min(chunk.size(), common::k_max_request_bytes + 1 - have);
+    const ssize_t n = ::recv(m_socket.native_handle(), chunk.data(), want, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return wait_readable();  // nothing yet
+    if (n <= 0) {  // hung up, or broken
       m_idle.cancel();
       boost::system::error_code ignored;
       m_socket.close(ignored);
       return;
     }
-    if (!m_outbox->add(m_key, static_cast<std::size_t>(n))) return;  // dropped to make room for its user
+    const auto got = static_cast<std::size_t>(n);
+    if (m_in.capacity() < have + got)  // grown by doubling, never past the longest line
+      m_in.reserve(std::min(std::max(2 * m_in.capacity(), have + got), common::k_max_request_bytes + 1));
+    m_in.append(chunk.data(), got);
+    if (!m_outbox->add(m_key, got)) return;  // dropped to make room for its user
     read_line();
   }
 
@@ -245,23 +240,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // wait on jobs that never end: for ever).
   // Bytes it sent meanwhile are left where they are, read after the answer as the next request.
   void notice_hangup() {
-    auto self = shared_from_this();
-    m_socket.async_wait(local::socket::wait_read, [self](const boost::system::error_code& ec) {
-      if (ec || !self->m_held || !self->m_socket.is_open()) return;
-      char c;
-      const ssize_t n = ::recv(self->m_socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        boost::system::error_code ignored;
-        self->m_socket.close(ignored);
-        self->m_scratch.reset();
-        std::string().swap(self->m_in);  // what it sent after the request: never read now
-        // No longer one of its user's connections, and its wait or watch is let go unanswered.
-        self->m_outbox->forget(std::exchange(self->m_key, 0));
-        self->m_daemon.abandon(self->m_caller.connection);
-      } else if (n < 0) {
-        self->notice_hangup();  // woken for nothing: wait on
-      }
-    });
+    if (!m_held || !m_socket.is_open()) return;
+    // Looked at before waiting: the reactor is edge-triggered, so a wait begun after the client
+    // hung up (with its request, as gpuqd was busy) waits for an edge that never comes.
+    char c;
+    const ssize_t n = ::recv(m_socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    const int error = errno;
+    if (n > 0) return;  // bytes of its next request: read after the answer
+    if (n < 0 && (error == EAGAIN || error == EWOULDBLOCK || error == EINTR)) {
+      auto self = shared_from_this();
+      m_socket.async_wait(local::socket::wait_read, [self](const boost::system::error_code& ec) {
+        if (!ec) self->notice_hangup();
+      });
+      return;
+    }
+    boost::system::error_code ignored;
+    m_socket.close(ignored);
+    m_scratch.reset();
+    std::string().swap(m_in);  // what it sent after the request: never read now
+    // No longer one of its user's connections, and its wait or watch is let go unanswered.
+    m_outbox->forget(std::exchange(m_key, 0));
+    m_daemon.abandon(m_caller.connection);
   }
 
   // Backpressure: the next request is read only once the replies so far have been written, so
@@ -444,36 +443,42 @@ void Server::close() {
   ::unlink(m_path.c_str());
 }
 
-// Takes every connection waiting (up to k_accepts_per_turn) in one turn of the thread. One per
-// turn, a connection waited in the backlog behind every other, each accepted between two users'
-// requests (turns.hpp): behind 64 of one user's reconnecting clients, another's `gpuq status`
-// took 6 to 10 s to be accepted.
+// Takes every connection waiting, up to k_accepts_per_turn in one turn of the thread (the rest in
+// the next), and waits only once none is left: the reactor is edge-triggered, so a wait begun
+// with connections still in the backlog waits for another client to connect. One per turn, a
+// connection waited in the backlog behind every other, each accepted between two users' requests
+// (turns.hpp): behind 64 of one user's reconnecting clients, another's `gpuq status` took 6 to
+// 10 s to be accepted.
 void Server::accept() {
-  m_acceptor.async_wait(local::acceptor::wait_read, [this](const boost::system::error_code& ec) {
-    if (ec == asio::error::operation_aborted || !m_acceptor.is_open()) return;
-    for (int taken = 0; !ec && taken < k_accepts_per_turn; ++taken) {
-      boost::system::error_code e;
-      local::socket socket(m_io);
-      m_acceptor.accept(socket, e);  // the acceptor does not block (listen())
-      if (e == asio::error::would_block || e == asio::error::try_again || e == asio::error::connection_aborted) break;
-      if (e) {
-        // EMFILE or ENFILE, mostly: the connection stays in the backlog, so accepting again at
-        // once fails again at once, at 100% CPU. Pause; the client is served once fds free up.
-        if (!std::exchange(m_accept_failing, true))
-          std::cerr << "gpuqd: cannot accept connections (" << e.message() << "); trying again every 100 ms\n";
-        m_accept_retry.expires_after(std::chrono::milliseconds(100));
-        m_accept_retry.async_wait([this](const boost::system::error_code& again) {
-          if (!again) accept();
-        });
-        return;
-      }
-      if (std::exchange(m_accept_failing, false)) std::cerr << "gpuqd: accepting connections again\n";
-      std::make_shared<Connection>(std::move(socket), m_daemon, m_turns, m_idle_timeout_s,
-                                   Connection::Limits{m_connections_per_user, m_connections_room})
-          ->start();
+  if (!m_acceptor.is_open()) return;
+  for (int taken = 0; taken < k_accepts_per_turn; ++taken) {
+    boost::system::error_code e;
+    local::socket socket(m_io);
+    m_acceptor.accept(socket, e);                        // the acceptor does not block (listen())
+    if (e == asio::error::connection_aborted) continue;  // gone before it was taken
+    if (e == asio::error::would_block || e == asio::error::try_again) {
+      m_acceptor.async_wait(local::acceptor::wait_read, [this](const boost::system::error_code& ec) {
+        if (ec != asio::error::operation_aborted) accept();
+      });
+      return;
     }
-    accept();
-  });
+    if (e) {
+      // EMFILE or ENFILE, mostly: the connection stays in the backlog, so accepting again at
+      // once fails again at once, at 100% CPU. Pause; the client is served once fds free up.
+      if (!std::exchange(m_accept_failing, true))
+        std::cerr << "gpuqd: cannot accept connections (" << e.message() << "); trying again every 100 ms\n";
+      m_accept_retry.expires_after(std::chrono::milliseconds(100));
+      m_accept_retry.async_wait([this](const boost::system::error_code& again) {
+        if (!again) accept();
+      });
+      return;
+    }
+    if (std::exchange(m_accept_failing, false)) std::cerr << "gpuqd: accepting connections again\n";
+    std::make_shared<Connection>(std::move(socket), m_daemon, m_turns, m_idle_timeout_s,
+                                 Connection::Limits{m_connections_per_user, m_connections_room})
+        ->start();
+  }
+  asio::post(m_io, [this] { accept(); });  // more may wait: after what is queued now
 }
 
 }  // namespace gpuq::daemon

@@ -2,6 +2,7 @@
 real gpuq. Binary paths come from CMake through $GPUQ_BIN_DIR. A failing test keeps its
 temporary directory and prints where it is."""
 import atexit
+import contextlib
 import json
 import itertools
 import os
@@ -32,6 +33,12 @@ def ensure_account(name, groups=()):
         subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
     for group in groups:
         subprocess.run(["usermod", "--append", "--groups", group, name], check=True, capture_output=True)
+
+
+def proc_state(pid):
+    """A process's state letter (R, S, T, ...) from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def uid_of(name):
@@ -115,6 +122,17 @@ class Daemon:
             if value and option not in self.extra:
                 out += [option, value]
         return out
+
+    @contextlib.contextmanager
+    def paused(self):
+        """gpuqd stopped (SIGSTOP, waited for) while the block runs, so that what clients send
+        meanwhile is all there when it goes on; continued after."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: proc_state(self.proc.pid) == "T", what="gpuqd to stop")
+            yield
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def kill9(self):
         self.proc.send_signal(signal.SIGKILL)

@@ -118,6 +118,10 @@ class NoGpus(DaemonTest):
 
 
 class ProtocolAbuse(DaemonTest):
+    def restart_with_idle_timeout(self, seconds):
+        self.d.stop()
+        self.d = Daemon(self.tmp, extra=["--idle-timeout", str(seconds)]).start()
+
     def test_malformed_requests_get_error_replies_and_the_daemon_lives(self):
         cases = [
             (b"this is not json\n", "bad_request"),
@@ -144,8 +148,7 @@ class ProtocolAbuse(DaemonTest):
         self.d.ok("status")
 
     def test_a_silent_client_does_not_block_others_and_is_dropped_after_the_idle_timeout(self):
-        self.d.stop()
-        self.d = Daemon(self.tmp, extra=["--idle-timeout", "1"]).start()
+        self.restart_with_idle_timeout(1)
         with socket.socket(socket.AF_UNIX) as idle:
             idle.connect(self.d.socket)
             idle.sendall(b'{"cmd": "sta')  # half a request, then nothing
@@ -156,8 +159,7 @@ class ProtocolAbuse(DaemonTest):
             self.assertEqual(idle.recv(1), b"")
 
     def test_lines_that_are_not_requests_do_not_keep_a_connection_open(self):
-        self.d.stop()
-        self.d = Daemon(self.tmp, extra=["--idle-timeout", "1"]).start()
+        self.restart_with_idle_timeout(1)
         # A line every 0.2 s, each refused (not JSON, an unknown command, too long): the idle
         # limit counts from the last request answered, here the connection's start, so gpuqd
         # closes it after 1 s. Each line used to start the idle timeout again: it stayed open.
@@ -187,8 +189,7 @@ class ProtocolAbuse(DaemonTest):
         self.d.ok("status")
 
     def test_a_line_too_long_left_unended_is_still_closed_at_the_idle_limit(self):
-        self.d.stop()
-        self.d = Daemon(self.tmp, extra=["--idle-timeout", "1"]).start()
+        self.restart_with_idle_timeout(1)
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(self.d.socket)
             s.settimeout(60)
@@ -213,6 +214,39 @@ class ProtocolAbuse(DaemonTest):
         self.assertIsNone(self.d.proc.poll())
         self.d.ok("status")
 
+    def test_connections_waiting_past_one_turns_accepts_are_all_served(self):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+        self.addCleanup(resource.setrlimit, resource.RLIMIT_NOFILE, (soft, hard))
+        # 300 clients connect and ask while gpuqd is stopped: all wait in the backlog at once, more
+        # than it takes in one turn (256). The rest are taken in the next turn, not when another
+        # client happens to connect (the reactor is edge-triggered: a wait begun with connections
+        # still waiting waits for a new one).
+        conns = []
+        with self.d.paused():
+            for _ in range(300):
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(self.d.socket)
+                s.sendall(b'{"cmd": "hello", "protocol_version": 1}\n')
+                conns.append(s)
+        try:
+            for s in conns:
+                s.settimeout(60)
+                self.assertTrue(json.loads(s.makefile("rb").readline())["ok"])
+        finally:
+            for s in conns:
+                s.close()
+
+    def test_a_client_that_asks_and_hangs_up_while_gpuqd_is_busy_leaves_no_wait_behind(self):
+        job = self.d.submit({"name": "held", "command": ["true"]}, "--hold")["ids"][0]
+        # Its request and its hang-up come together, before gpuqd looks: the hang-up is seen when
+        # the wait is held, not waited for (an edge that came already).
+        with self.d.paused(), socket.socket(socket.AF_UNIX) as s:
+            s.connect(self.d.socket)
+            s.sendall(json.dumps({"cmd": "wait", "ids": [job]}).encode() + b"\n")
+        wait_until(lambda: self.d.json("gpus")["connections_open"] == 1, what="the client's connection to go")
+        self.assertEqual(self.d.json("gpus")["waits_held"], 0)
+
     def test_idle_connections_hold_no_read_buffer(self):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
@@ -236,8 +270,7 @@ class ProtocolAbuse(DaemonTest):
                 s.close()
 
     def test_a_client_that_sends_and_never_reads_is_held_back_and_dropped(self):
-        self.d.stop()
-        self.d = Daemon(self.tmp, extra=["--idle-timeout", "2"]).start()
+        self.restart_with_idle_timeout(2)
         # A job whose show reply is ~100 KB; 200,000 pipelined requests (5 MB) would be 20 GB of
         # replies. gpuqd buffers at most one request line (1 MiB) and one reply per connection.
         job = self.d.submit({"name": "big", "command": ["true"], "env": {"PAD": "x" * 100000}})["ids"][0]

@@ -6,7 +6,6 @@ write what its owner could not. Needs root (CI runs as root); skipped otherwise.
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -699,13 +698,10 @@ class LabSharing(LabMode):
                   "sys.stdin.read()\n")
 
         def sixteen(user):
-            os.kill(self.d.proc.pid, signal.SIGSTOP)
-            try:
+            with self.d.paused():
                 p = subprocess.Popen(["runuser", "-u", user, "--", "python3", "-c", script, self.d.socket],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 sent = p.stdout.readline()
-            finally:
-                os.kill(self.d.proc.pid, signal.SIGCONT)
             self.assertEqual(sent, "sent\n", p.stderr.read() if p.poll() is not None else "")
             said = json.loads(p.stdout.readline() or "null")
             self.assertIsNotNone(said, p.stderr.read() if p.poll() is not None else "")
@@ -765,16 +761,11 @@ class LabSharing(LabMode):
         # Each hello's answer can reach its client before gpuqd has run the handler that waits for
         # the next request on its connection; a request through gpuqd after them runs after those.
         self.ok(CAROL, "gpus")
-        os.kill(self.d.proc.pid, signal.SIGSTOP)
-        wait_until(lambda: open(f"/proc/{self.d.proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T",
-                   what="gpuqd to stop")
-        try:
+        with self.d.paused():
             for p in (bob, alice):  # Bob's requests arrive first
                 p.stdin.write("go\n")
                 p.stdin.flush()
                 self.assertEqual(p.stdout.readline(), "sent\n", p.stderr.read() if p.poll() is not None else "")
-        finally:
-            os.kill(self.d.proc.pid, signal.SIGCONT)
         bobs, [alices] = (json.loads(p.stdout.readline() or "null") for p in (bob, alice))
         for p in (bob, alice):
             self.assertEqual(p.wait(timeout=60), 0, p.stderr.read())
