@@ -23,7 +23,7 @@ common::JobsReply status(const Reads& reads, const Caller& caller, const common:
   const auto& f = q.filter;
   out.total = reads.store.count_jobs(f);
   std::size_t bytes = 0;
-  const auto details = [&](uid_t owner) { return caller.admin || caller.uid == owner; };  // may_read_details
+  const auto details = [&](uid_t owner) { return may_read_details(caller, owner); };
   if (q.all) {
     // One page more than asked tells whether another page follows.
     auto rows = reads.store.page_after(q.after, q.page + 1, f, details);

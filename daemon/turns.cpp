@@ -7,8 +7,14 @@ void Turns::add(uid_t uid, std::function<void()> request) {
   auto& queue = m_queues[uid];
   if (queue.empty()) m_rotation.push_back(uid);
   queue.push_back(std::move(request));
-  ++m_waiting;
   if (!std::exchange(m_posted, true)) boost::asio::post(m_executor, [self = shared_from_this()] { self->run_next(); });
+}
+
+std::size_t Turns::waiting() const {
+  std::size_t n = 0;
+  for (const auto& [uid, queue] : m_queues)
+    n += queue.size();
+  return n;
 }
 
 void Turns::run_next() {
@@ -19,7 +25,6 @@ void Turns::run_next() {
   auto found = m_queues.find(uid);
   auto request = std::move(found->second.front());
   found->second.pop_front();
-  --m_waiting;
   if (found->second.empty())
     m_queues.erase(found);
   else

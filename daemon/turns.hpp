@@ -27,14 +27,13 @@ class Turns : public std::enable_shared_from_this<Turns> {
   explicit Turns(boost::asio::any_io_executor executor) : m_executor(std::move(executor)) {}
   // Runs `request` on the executor, in `uid`'s turn.
   void add(uid_t uid, std::function<void()> request);
-  std::size_t waiting() const { return m_waiting; }
+  std::size_t waiting() const;
 
  private:
   void run_next();
   boost::asio::any_io_executor m_executor;
   std::unordered_map<uid_t, std::deque<std::function<void()>>> m_queues;
   std::deque<uid_t> m_rotation;  // the users with requests waiting, the next to be served first
-  std::size_t m_waiting = 0;
   bool m_posted = false;  // a handler to run the next request is queued
 };
 

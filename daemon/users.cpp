@@ -10,7 +10,12 @@ namespace gpuq::daemon {
 
 Caller Caller::self() { return {::getuid(), true}; }
 
-bool may_read_details(const Caller& viewer, const JobRecord& r) { return viewer.admin || viewer.uid == r.uid; }
+bool may_read_details(const Caller& viewer, uid_t owner) {
+  return viewer.admin || viewer.uid == owner;
+}
+bool may_read_details(const Caller& viewer, const JobRecord& r) {
+  return may_read_details(viewer, r.uid);
+}
 
 Users::Users(Rules rules) : Users(std::move(rules), Directory{}) {}
 

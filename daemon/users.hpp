@@ -44,6 +44,7 @@ struct Caller {
 // Whether `viewer` may read `r`'s details: its result, progress, labels, failure reasons, spec,
 // environment, events and logs (lab mode: its owner and the admins; docs/lab.md).
 bool may_read_details(const Caller& viewer, const JobRecord& r);
+bool may_read_details(const Caller& viewer, uid_t owner);  // of `owner`'s jobs
 
 class Users {
  public:

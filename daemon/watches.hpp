@@ -83,7 +83,7 @@ class Watches {
     bool due = false;
   };
   static bool visible(const Caller& caller, const Change& c) {
-    return c.kind == Kind::state || caller.admin || caller.uid == c.uid;
+    return c.kind == Kind::state || may_read_details(caller, c.uid);
   }
   static bool concerns(const Caller& caller, const common::WatchRequest& q, const Change& c);
   // The last change `caller` may see that the journal dropped (0: none).

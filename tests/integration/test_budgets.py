@@ -8,15 +8,19 @@ from harness import DaemonTest, wait_until
 from loadgen import rss_kib
 
 
+def big_jobs(test):
+    """12 ended jobs of the test's daemon whose progress and result are large (each under the 1 MiB
+    a job's details may hold): a status of all of them is cut at the reply's 8 MiB bound."""
+    fill = ("import json, os; f = open(os.environ['GPUQ_EVENTS'], 'a'); "
+            "f.write(json.dumps({'type': 'progress', 'epoch': 1, 'note': 'p' * 450000}) + '\\n'); "
+            "f.write(json.dumps({'type': 'result', 'note': 'r' * 450000}) + '\\n')")
+    ids = test.d.submit([{"name": f"big{i}", "command": ["python3", "-c", fill]} for i in range(12)])["ids"]
+    test.assertEqual({j["state"] for j in test.d.wait(ids).values()}, {"succeeded"})
+
+
 class UnreadReplies(DaemonTest):
     def test_replies_nobody_reads_are_bounded_and_their_connections_let_go(self):
-        # Jobs whose progress and result are large (each under the 1 MiB a job's details may hold):
-        # a status of all of them is cut at the reply's 8 MiB bound.
-        fill = ("import json, os; f = open(os.environ['GPUQ_EVENTS'], 'a'); "
-                "f.write(json.dumps({'type': 'progress', 'epoch': 1, 'note': 'p' * 450000}) + '\\n'); "
-                "f.write(json.dumps({'type': 'result', 'note': 'r' * 450000}) + '\\n')")
-        ids = self.d.submit([{"name": f"big{i}", "command": ["python3", "-c", fill]} for i in range(12)])["ids"]
-        self.assertEqual({j["state"] for j in self.d.wait(ids).values()}, {"succeeded"})
+        big_jobs(self)
         self.d.json("status")
         before = rss_kib(self.d.proc.pid)
         # 30 clients ask for every job, 8 MiB of reply each, and never read.
@@ -75,11 +79,7 @@ class UnreadReplies(DaemonTest):
 
 class DroppedWhileHeld(DaemonTest):
     def test_a_connection_dropped_with_lines_behind_its_held_wait_reads_none_of_them(self):
-        fill = ("import json, os; f = open(os.environ['GPUQ_EVENTS'], 'a'); "
-                "f.write(json.dumps({'type': 'progress', 'epoch': 1, 'note': 'p' * 450000}) + '\\n'); "
-                "f.write(json.dumps({'type': 'result', 'note': 'r' * 450000}) + '\\n')")
-        ids = self.d.submit([{"name": f"big{i}", "command": ["python3", "-c", fill]} for i in range(12)])["ids"]
-        self.assertEqual({j["state"] for j in self.d.wait(ids).values()}, {"succeeded"})
+        big_jobs(self)
         held = self.d.submit({"name": "held", "command": ["true"]}, "--hold")["ids"][0]
         # A wait on it, 60,000 empty lines behind it, read in with it: the connection holds them,
         # the first of the user's connections to hold anything.

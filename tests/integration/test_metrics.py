@@ -41,6 +41,15 @@ def samples(text):
     return out
 
 
+def assert_closed_by_peer(test, s):
+    """gpuqd closed `s` (end of file, or a reset for what it left unread), within 60 s."""
+    s.settimeout(60)
+    try:
+        test.assertEqual(s.recv(1), b"")
+    except ConnectionResetError:
+        pass
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -174,11 +183,7 @@ class Metrics(DaemonTest):
             self.assertEqual(self.d.run("status").returncode, 0)
             # gpuqd closes the ones beyond its limit at once, and the rest when their time is up.
             for s in flood:
-                s.settimeout(60)
-                try:
-                    self.assertEqual(s.recv(1), b"")
-                except ConnectionResetError:
-                    pass
+                assert_closed_by_peer(self, s)
         finally:
             for s in flood:
                 s.close()
@@ -198,11 +203,7 @@ class Metrics(DaemonTest):
             self.assertIn("gpuq_build_info", self.scrape())
             # The first ones were closed to make room, not left to their 5 s.
             for s in held[:100]:
-                s.settimeout(60)
-                try:
-                    self.assertEqual(s.recv(1), b"")
-                except ConnectionResetError:
-                    pass
+                assert_closed_by_peer(self, s)
         finally:
             for s in held:
                 s.close()
