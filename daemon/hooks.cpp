@@ -10,6 +10,7 @@
 
 #include "daemon/executor.hpp"
 #include "daemon/launcher.hpp"
+#include "daemon/readiness.hpp"
 
 #include <signal.h>
 #include <sys/syscall.h>
@@ -139,11 +140,10 @@ void Hooks::start(std::int64_t id) {
                 << " s after it started (is it stopped?); killing it\n";
       ::syscall(SYS_pidfd_send_signal, watch->native_handle(), SIGKILL, nullptr, 0);
     });
-    watch->async_wait(asio::posix::stream_descriptor::wait_read,
-                      [this, watch, overdue, id, dir, pid = *pid, uid = rec.uid](const boost::system::error_code&) {
-                        overdue->cancel();
-                        ended(id, dir, pid, uid);
-                      });
+    when_readable(*watch, [this, watch, overdue, id, dir, pid = *pid, uid = rec.uid](const boost::system::error_code&) {
+      overdue->cancel();
+      ended(id, dir, pid, uid);
+    });
   }
   if (started) m_jobs[id] = started;
   else m_store.hooks_done(id);

@@ -29,6 +29,7 @@
 #include "daemon/cgroups.hpp"
 #include "daemon/executor.hpp"
 #include "daemon/launcher.hpp"
+#include "daemon/readiness.hpp"
 
 namespace gpuq::daemon {
 
@@ -418,7 +419,7 @@ class LocalExecutor final : public Executor {
     }
     if (fd >= 0) {
       s.pidfd = std::make_unique<asio::posix::stream_descriptor>(m_io, fd);
-      s.pidfd->async_wait(asio::posix::stream_descriptor::wait_read, [this, id](const boost::system::error_code& ec) {
+      when_readable(*s.pidfd, [this, id](const boost::system::error_code& ec) {  // not before it ends
         if (!ec) gone(id);
       });
       return;

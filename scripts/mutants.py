@@ -309,6 +309,12 @@ MUTANTS = [
      "      while (state->open >= k_max_connections && !state->by_age.empty()) {",
      "      if (state->open >= k_max_connections) return socket.close(), accept();\n      while (false) {",
      ["test_metrics.Metrics.test_held_connections_keep_no_scrape_out_the_oldest_is_closed_for_a_new_one"]),
+    # A pidfd's wait that Asio completes for a closed descriptor's readiness is not taken for the
+    # process's end (the daemon-death test killed a live attempt so).
+    ("wait-taken-for-readiness", "daemon/readiness.hpp",
+     "                 if (!ec && !readable_now(d.native_handle())) return when_readable(d, std::move(done));\n",
+     "\n",
+     ["unit:a wait on a descriptor registered where a closed one's readiness is still queued*"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",
