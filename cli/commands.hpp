@@ -46,6 +46,9 @@ struct Context {
   // Read after parsing, before `run`: the settings in effect, and "--socket" when the flag set it.
   common::Settings settings;
   std::string socket_flag;
+  // `gpuq run`'s command when the command line gave it after --: the arguments there, as given.
+  bool command_given = false;
+  std::vector<std::string> command;
 };
 
 // The commands, by group (cli/commands/*.cpp). Each registration adds one command (or a pair
@@ -59,6 +62,7 @@ struct Command {
 const std::vector<Command>& command_table();
 
 void add_submit(CLI::App& app, Context& ctx);  // submit.cpp
+void add_run(CLI::App& app, Context& ctx);
 void add_export(CLI::App& app, Context& ctx);
 void add_status(CLI::App& app, Context& ctx);  // jobs.cpp
 void add_show(CLI::App& app, Context& ctx);
@@ -82,6 +86,8 @@ void add_config(CLI::App& app, Context& ctx);  // daemon.cpp
 void add_daemon(CLI::App& app, Context& ctx);
 void add_schema(CLI::App& app, Context& ctx);  // daemon.cpp
 
+// Prints a job's output; with `follow`, until it ends (logs.cpp; run --follow).
+int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail);
 // Waits for jobs to end: 0 if all succeeded, 1 if not, 124 on timeout (jobs.cpp; submit --wait).
 int cmd_wait(const Options& o, const std::vector<std::int64_t>& ids, double timeout_s);
 // The same on a connection already open, from where gpuqd's watch stream stood before the jobs

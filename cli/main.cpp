@@ -22,13 +22,13 @@ namespace gpuq::cli {
 
 const std::vector<Command>& command_table() {
   static const std::vector<Command> k_commands{
-      {"submit", add_submit},   {"status", add_status},   {"show", add_show},   {"logs", add_logs},
-      {"cancel", add_cancel},   {"restart", add_restart}, {"hold", add_hold},   {"release", add_hold},
-      {"update", add_update},   {"clean", add_clean},     {"wait", add_wait},   {"result", add_result},
-      {"results", add_results}, {"gpus", add_gpus},       {"drain", add_drain}, {"undrain", add_drain},
-      {"plot", add_plot},       {"events", add_events},   {"top", add_top},     {"config", add_config},
-      {"daemon", add_daemon},   {"export", add_export},   {"usage", add_usage}, {"why", add_why},
-      {"schema", add_schema},
+      {"run", add_run},       {"submit", add_submit},   {"status", add_status},   {"show", add_show},
+      {"logs", add_logs},     {"cancel", add_cancel},   {"restart", add_restart}, {"hold", add_hold},
+      {"release", add_hold},  {"update", add_update},   {"clean", add_clean},     {"wait", add_wait},
+      {"result", add_result}, {"results", add_results}, {"gpus", add_gpus},       {"drain", add_drain},
+      {"undrain", add_drain}, {"plot", add_plot},       {"events", add_events},   {"top", add_top},
+      {"config", add_config}, {"daemon", add_daemon},   {"export", add_export},   {"usage", add_usage},
+      {"why", add_why},       {"schema", add_schema},
   };
   return k_commands;
 }
@@ -80,6 +80,16 @@ int main(int argc, char** argv) {
     registered = c.add;
   }
 
+  // `gpuq run [options] -- PROGRAM ARGS...`: what follows the first -- is the command, untouched
+  // (CLI11 would take a -- after a repeatable option for that option's end).
+  if (named == "run")
+    for (int i = 1; i < argc; ++i)
+      if (std::strcmp(argv[i], "--") == 0) {
+        ctx.command_given = true;
+        ctx.command.assign(argv + i + 1, argv + argc);
+        argc = i;
+        break;
+      }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -114,6 +114,8 @@ bool on_network_fs(const std::string& dir) {
   }
 }
 
+}  // namespace
+
 int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attempt, int tail) {
   auto client = connect(o, follow);
   if (!client) return report(client.error());
@@ -133,7 +135,7 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
     std::cerr << "gpuq: job " << id << " has " << s->job.ranks << " rank(s); --rank " << rank << " does not exist\n";
     return k_exit_usage;
   }
-  if (s->logs.empty() && s->job.attempt > 0)
+  if (s->logs.empty() && s->job.attempt > 0 && is_terminal(s->job.state))  // a running one's may be still to come
     std::cerr << "gpuq: job " << id << " has no log files left (`gpuq clean` removed them)\n";
   const bool prefix = s->job.ranks > 1 && rank < 0;
   // Follow state: per (attempt, rank) file offsets. A capped log rotates to <log>.1 (gpuqd
@@ -301,8 +303,6 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   pump(*s);
   return k_exit_ok;
 }
-
-}  // namespace
 
 void add_logs(CLI::App& app, Context& ctx) {
   struct Args {

@@ -1,5 +1,6 @@
 // `gpuq submit`: spec files in, one batch out (or, with --dry-run, the jobs it would make).
 // `gpuq export --slurm`: the same spec files as Slurm batch scripts, for running without gpuqd.
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,12 +11,16 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 #include "cli/commands/register.hpp"
 #include "cli/format.hpp"
 #include "cli/rpc.hpp"
 #include "common/client.hpp"
+#include "common/config.hpp"
+#include "common/matrix.hpp"
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
 #include "common/slurm_script.hpp"
@@ -107,12 +112,30 @@ int dry_run(const Options& o, const json& jobs, bool hold, int max_running) {
   return k_exit_ok;
 }
 
-int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry, bool hold,
-               int max_running) {
-  json jobs = json::array();
-  for (const auto& f : files)
-    if (!read_spec_file(f, jobs)) return k_exit_usage;
-  if (dry) return dry_run(o, jobs, hold, max_running);
+// How a submit's client stays with its jobs: not at all, until they end (`--wait`), or printing
+// the one job's output as it comes until it ends (`run --follow`).
+enum class Attach { no, wait, follow };
+
+// Ctrl-C while attached leaves the jobs running, and says so (what to type to come back or stop
+// them): the message is made before the handler may run, which only writes it.
+std::string g_detached;
+extern "C" void on_detach(int) {
+  if (::write(STDERR_FILENO, g_detached.data(), g_detached.size()) < 0) {
+  }
+  ::_exit(130);
+}
+void detach_on_interrupt(const std::vector<std::int64_t>& ids) {
+  const std::string which = id_ranges(ids);
+  g_detached = "\ngpuq: detached; job" + std::string(ids.size() == 1 ? " " : "s ") + which +
+               (ids.size() == 1 ? " goes" : " go") + " on (`gpuq wait " + which + "` to wait again, `gpuq cancel " +
+               which + "` to stop " + (ids.size() == 1 ? "it" : "them") + ")\n";
+  struct sigaction sa {};
+  sa.sa_handler = on_detach;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+}
+
+int submit_jobs(const Options& o, json jobs, Attach attach, bool hold, int max_running) {
   auto client = connect(o);  // not reconnected: a submit sent again could run its jobs twice
   if (!client) return report(client.error());
   auto reply = client->call(
@@ -120,7 +143,13 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
       common::SubmitRequest{std::move(jobs), common::current_dir(), common::current_environment(), hold, max_running});
   if (!reply) return report(reply.error());
   const auto& sub = *reply;
-  if (!wait) {
+  if (attach != Attach::no && !o.json) detach_on_interrupt(sub.ids);
+  if (attach == Attach::follow) {
+    if (!o.json) std::cerr << "submitted job " << sub.ids.front() << "; its output follows (Ctrl-C detaches)\n";
+    if (const int rc = cmd_logs(o, sub.ids.front(), true, -1, 0, -1); rc != k_exit_ok) return rc;
+    return cmd_wait(o, *client, sub.ids, 0, sub.epoch, sub.cursor);
+  }
+  if (attach == Attach::no) {
     if (o.json) {
       print_json({{"batch", sub.batch}, {"ids", sub.ids}});
     } else {
@@ -130,8 +159,178 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
     }
     return k_exit_ok;
   }
-  if (!o.json) std::cerr << "submitted batch " << sub.batch << "; waiting...\n";
+  if (!o.json) std::cerr << "submitted batch " << sub.batch << "; waiting (Ctrl-C detaches)...\n";
   return cmd_wait(o, *client, sub.ids, 0, sub.epoch, sub.cursor);  // on the same connection, from the stream's cursor
+}
+
+int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wait, bool dry, bool hold,
+               int max_running) {
+  json jobs = json::array();
+  for (const auto& f : files)
+    if (!read_spec_file(f, jobs)) return k_exit_usage;
+  if (dry) return dry_run(o, jobs, hold, max_running);
+  return submit_jobs(o, std::move(jobs), wait ? Attach::wait : Attach::no, hold, max_running);
+}
+
+// `gpuq run`'s options: a spec's common fields, and the command.
+struct RunArgs {
+  std::vector<std::string> argv;  // the program and its arguments, as given
+  std::string name, mode, cwd, memory, gpu_memory, timeout;
+  int gpus = -1, ranks = -1, cpus = -1, priority = 0, retries = 0, max_running = 0;
+  bool shell = false, shared = false, hold = false, wait = false, follow = false, dry_run = false;
+  std::vector<std::string> after, env, labels, matrix;
+};
+
+// "K=V" split at its first '='; nothing when there is none or K is empty.
+std::optional<std::pair<std::string, std::string>> key_value(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) return std::nullopt;
+  return std::make_pair(text.substr(0, eq), text.substr(eq + 1));
+}
+
+// A size in MiB: "4096", "512M", "4G", "1T" (binary units; a number alone is MiB).
+std::optional<std::int64_t> mebibytes(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  std::size_t used = 0;
+  double n = 0;
+  try {
+    n = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  std::string unit = text.substr(used);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();  // "4GB", "4GiB" read as "4G"
+  if (unit.size() == 2 && (unit[1] == 'i' || unit[1] == 'I')) unit.pop_back();
+  double scale = 0;
+  if (unit.empty() || unit == "M" || unit == "m")
+    scale = 1;
+  else if (unit == "K" || unit == "k")
+    scale = 1.0 / 1024;
+  else if (unit == "G" || unit == "g")
+    scale = 1024;
+  else if (unit == "T" || unit == "t")
+    scale = 1024.0 * 1024;
+  const double mib = n * scale;
+  if (scale == 0 || !(mib >= 1) || mib > 1e12) return std::nullopt;
+  return static_cast<std::int64_t>(mib);
+}
+
+// A matrix value as typed on the command line: a number or true/false stays one, anything else
+// is a string.
+json typed_value(const std::string& text) {
+  if (text == "true") return true;
+  if (text == "false") return false;
+  const json number = json::parse(text, nullptr, false);
+  if (number.is_number() && !text.empty() && text.find_first_of(" \t\n") == std::string::npos) return number;
+  return text;
+}
+
+// The job spec `gpuq run`'s options make, or why they make none.
+Result<json> run_spec(const RunArgs& a) {
+  const auto bad = [](const std::string& why) { return Error{ErrorCode::bad_request, why}; };
+  if (a.argv.empty()) return bad("no command: gpuq run [options] -- PROGRAM [ARGS...]");
+  json spec = json::object();
+  if (a.shell) {
+    std::string text;
+    for (const auto& arg : a.argv)
+      text += (text.empty() ? "" : " ") + arg;
+    spec["shell"] = text;
+  } else {
+    spec["command"] = a.argv;
+  }
+  std::string name = a.name;
+  if (name.empty()) {
+    const std::string& program = a.shell ? std::string("sh") : a.argv.front();
+    name = program.substr(program.rfind('/') == std::string::npos ? 0 : program.rfind('/') + 1);
+    if (name.empty()) name = "job";
+  }
+  spec["name"] = name;
+  if (a.gpus >= 0) spec["gpus"] = a.gpus;
+  if (!a.mode.empty()) spec["mode"] = a.mode;
+  if (a.ranks >= 0) spec["ranks"] = a.ranks;
+  if (a.cpus >= 0) spec["cpus"] = a.cpus;
+  if (a.shared) spec["shared"] = true;
+  if (a.priority != 0) spec["priority"] = a.priority;
+  if (a.retries != 0) spec["retries"] = a.retries;
+  if (!a.cwd.empty()) spec["cwd"] = a.cwd;
+  if (!a.memory.empty()) {
+    const auto mib = mebibytes(a.memory);
+    if (!mib) return bad("--memory " + a.memory + " is not a size (4096, 512M, 16G: MiB unless a unit is given)");
+    spec["memory_mb"] = *mib;
+  }
+  if (!a.gpu_memory.empty()) {
+    const auto mib = mebibytes(a.gpu_memory);
+    if (!mib)
+      return bad("--gpu-memory " + a.gpu_memory + " is not a size (4096, 512M, 16G: MiB unless a unit is given)");
+    spec["gpu_memory_mb"] = *mib;
+  }
+  if (!a.timeout.empty()) {
+    const auto s = common::parse_duration(a.timeout);
+    if (!s || *s <= 0) return bad("--timeout " + a.timeout + " is not a duration (90, 90s, 30m, 12h, 7d)");
+    spec["timeout_s"] = *s;
+  }
+  if (!a.after.empty()) {
+    json after = json::array();
+    for (const auto& dep : a.after) {
+      char* end = nullptr;
+      errno = 0;
+      const long long id = std::strtoll(dep.c_str(), &end, 10);
+      if (!dep.empty() && *end == '\0' && errno == 0 && id > 0)
+        after.push_back(id);
+      else
+        after.push_back(dep);  // a name: gpuqd says if it is not one of the batch's
+    }
+    spec["after"] = after;
+  }
+  for (const auto& [what, list] : {std::pair{"env", &a.env}, std::pair{"labels", &a.labels}}) {
+    for (const auto& item : *list) {
+      const auto kv = key_value(item);
+      if (!kv)
+        return bad(std::string("--") + (what == std::string("env") ? "env" : "label") + " " + item +
+                   " is not KEY=VALUE");
+      spec[what][kv->first] = kv->second;
+    }
+  }
+  for (const auto& item : a.matrix) {
+    const auto kv = key_value(item);
+    if (!kv || kv->second.empty()) return bad("--matrix " + item + " is not KEY=V1,V2,...");
+    if (spec.contains("matrix") && spec["matrix"].contains(kv->first))
+      return bad("--matrix " + kv->first + " is given twice");
+    json values = json::array();
+    std::size_t from = 0;
+    for (;;) {
+      const auto comma = kv->second.find(',', from);
+      values.push_back(
+          typed_value(kv->second.substr(from, comma == std::string::npos ? std::string::npos : comma - from)));
+      if (comma == std::string::npos) break;
+      from = comma + 1;
+    }
+    spec["matrix"][kv->first] = values;
+  }
+  return spec;
+}
+
+int cmd_run(const Options& o, const RunArgs& a) {
+  auto spec = run_spec(a);
+  if (!spec) {
+    std::cerr << "gpuq: " << spec.error().message << "\n";
+    return k_exit_usage;
+  }
+  json jobs = json::array({std::move(*spec)});
+  if (a.dry_run) return dry_run(o, jobs, a.hold, a.max_running);
+  if (a.follow) {  // one job's output: a matrix makes several
+    auto expanded = common::expand_matrices(jobs, 2);
+    if (expanded && expanded->size() > 1) {
+      std::cerr << "gpuq: --follow prints one job's output, and this run makes several (a matrix): use --wait, "
+                   "then `gpuq logs ID`\n";
+      return k_exit_usage;
+    }
+  }
+  return submit_jobs(o, std::move(jobs),
+                     a.follow ? Attach::follow
+                     : a.wait ? Attach::wait
+                              : Attach::no,
+                     a.hold, a.max_running);
 }
 
 struct ExportArgs {
@@ -231,6 +430,62 @@ void add_export(CLI::App& app, Context& ctx) {
   sub->add_option("--sbatch-arg", a->slurm_options.extra_args, "Another sbatch option, as written (repeatable)")
       ->allow_extra_args(false);
   sub->callback([&ctx, a] { ctx.run = [a] { return cmd_export(*a); }; });
+}
+
+void add_run(CLI::App& app, Context& ctx) {
+  auto a = args<RunArgs>();
+  auto* sub = app.add_subcommand(
+      "run", "Submit one command as a job, without a spec file: gpuq run [options] -- PROGRAM [ARGS...]");
+  // Options end at the program's name (or at --): what follows is the command's own, `-c` included.
+  sub->prefix_command();
+  sub->add_option("--name,-N", a->name, "The job's name (default: the program's file name)");
+  sub->add_option("--gpus,-g", a->gpus, "GPUs (ddp: one rank each)")->check(CLI::Range(0, 4096));
+  sub->add_option("--mode", a->mode, "independent (one process) or ddp (a rank per GPU)")
+      ->check(CLI::IsMember({"independent", "ddp"}));
+  sub->add_option("--ranks", a->ranks, "Ranks of a ddp job without GPUs (on CPU, Gloo)")->check(CLI::Range(1, 4096));
+  sub->add_option("--cpus,-c", a->cpus, "Cores per rank, pinned")->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--memory", a->memory, "Host memory per rank, a limit the kernel holds it to (MiB, or 512M, 16G)");
+  sub->add_option("--gpu-memory", a->gpu_memory, "GPU memory it needs per GPU, for packing (MiB, or 16G)");
+  sub->add_flag("--shared", a->shared, "May share a GPU with other shared jobs where memory allows");
+  sub->add_option("--after,-a", a->after, "Start after this job succeeds (an id; repeatable)")->allow_extra_args(false);
+  sub->add_option("--priority,-p", a->priority, "Higher starts first");
+  sub->add_option("--retries,-r", a->retries, "Attempts after a failure")->check(CLI::Range(0, 1000));
+  sub->add_option("--timeout,-t", a->timeout, "End it after this long (90, 90s, 30m, 12h, 7d)");
+  sub->add_option("--env,-e", a->env, "KEY=VALUE in its environment (repeatable; it gets yours too)")
+      ->allow_extra_args(false);
+  sub->add_option("--label,-l", a->labels, "KEY=VALUE label (repeatable)")->allow_extra_args(false);
+  sub->add_option("--cwd", a->cwd, "Its working directory (default: this one)");
+  sub->add_option("--matrix", a->matrix,
+                  "KEY=V1,V2,...: one job per value, {KEY} in the arguments replaced (repeatable: every combination)")
+      ->allow_extra_args(false);
+  sub->add_flag("--shell", a->shell, "Run the arguments, joined by spaces, as a /bin/sh command line");
+  sub->add_flag("--hold", a->hold, "Queue it held: it starts after `gpuq release`");
+  sub->add_option("--max-running,-m", a->max_running, "Run at most N of a matrix's jobs at once")
+      ->check(CLI::Range(1, common::k_max_running_limit));
+  sub->add_flag("--wait,-w", a->wait, "Wait for the jobs; exit 1 unless all succeed (Ctrl-C detaches)");
+  sub->add_flag("--follow,-f", a->follow, "Print the job's output as it comes until it ends (Ctrl-C detaches)");
+  sub->add_flag("--dry-run,-n", a->dry_run, "List the jobs it makes; submit nothing");
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, a, sub] {
+    // Parsing stopped at the first word that is not run's (prefix_command): from there on, up to
+    // a --, the command; then what followed the -- (main.cpp kept it from CLI11), as given.
+    a->argv = sub->remaining();
+    const std::string unknown =
+        !a->argv.empty() && a->argv.front().size() > 1 && a->argv.front()[0] == '-' ? a->argv.front() : "";
+    if (ctx.command_given) {
+      if (!a->argv.empty()) a->argv.push_back("--");  // gpuq run PROGRAM ARGS -- MORE: the program's own --
+      a->argv.insert(a->argv.end(), ctx.command.begin(), ctx.command.end());
+    }
+    ctx.run = [&ctx, a, unknown] {
+      if (!unknown.empty()) {
+        std::cerr << "gpuq: run has no option " << unknown
+                  << " (gpuq run --help); a command that starts with - goes after --: gpuq run [options] -- PROGRAM "
+                     "ARGS...\n";
+        return k_exit_usage;
+      }
+      return cmd_run(ctx.opt, *a);
+    };
+  });
 }
 
 void add_submit(CLI::App& app, Context& ctx) {
