@@ -19,10 +19,10 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 24> k_fields{
-    "name",     "command",       "shell",   "train",    "gpus",  "mode",      "ranks",     "cpus",
-    "mem_bind", "gpu_memory_mb", "shared",  "priority", "after", "retries",   "timeout_s", "env",
-    "cwd",      "labels",        "comment", "matrix",   "nodes", "on_finish", "memory_mb", "retry_on_oom"};
+constexpr std::array<std::string_view, 25> k_fields{
+    "name",          "command", "shell",    "train",     "gpus",      "mode",         "ranks", "cpus", "mem_bind",
+    "gpu_memory_mb", "shared",  "priority", "after",     "retries",   "timeout_s",    "env",   "cwd",  "labels",
+    "comment",       "matrix",  "nodes",    "on_finish", "memory_mb", "retry_on_oom", "report"};
 
 constexpr std::array<std::string_view, 18> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
@@ -95,6 +95,64 @@ class JobParser {
     }
   }
 
+  // `report`: {"progress": [pattern...], "result": [pattern...], "rank": R, "file": "path"}. The
+  // patterns are RE2's; gpuqd compiles them when the batch comes (submit_check.cpp), this checks
+  // their shape.
+  void parse_report(const json& r, Report& out) {
+    if (!r.is_object()) {
+      fail(
+          "field `report` must be an object ({\"progress\": [...], \"result\": [...], \"rank\": 0, \"file\": "
+          "\"results.json\"}), got " +
+          json_type_name(r));
+      return;
+    }
+    for (const auto& [key, value] : r.items()) {
+      const std::string at = "report." + key;
+      if (key == "progress" || key == "result") {
+        auto& list = key == "progress" ? out.progress : out.result;
+        if (!value.is_array() || value.size() > k_max_report_patterns) {
+          fail("field `" + at + "` must be an array of at most " + std::to_string(k_max_report_patterns) +
+               " patterns (strings)");
+          continue;
+        }
+        for (std::size_t i = 0; i < value.size(); ++i) {
+          const std::string where = at + "[" + std::to_string(i) + "]";
+          if (!value[i].is_string() || value[i].get_ref<const std::string&>().empty()) {
+            fail("field `" + where + "` must be a non-empty string (an RE2 pattern)");
+            continue;
+          }
+          const auto& pattern = value[i].get_ref<const std::string&>();
+          if (pattern.size() > k_max_report_pattern_bytes) {
+            fail("field `" + where + "` is " + std::to_string(pattern.size()) + " bytes; a pattern may have " +
+                 std::to_string(k_max_report_pattern_bytes));
+            continue;
+          }
+          if (pattern.find("(?P<") == std::string::npos)
+            fail("field `" + where +
+                 "` has no named group, so a match would report nothing: name what to keep, "
+                 "(?P<loss>[0-9.]+)");
+          list.push_back(pattern);
+        }
+      } else if (key == "rank") {
+        if (!value.is_number_integer() || value.get<long long>() < 0 || value.get<long long>() >= k_max_gpus) {
+          fail("field `" + at + "` must be a rank number (0 is the first)");
+          continue;
+        }
+        out.rank = value.get<int>();
+      } else if (key == "file") {
+        if (!value.is_string() || value.get_ref<const std::string&>().empty() ||
+            value.get_ref<const std::string&>().size() > 4096) {
+          fail("field `" + at + "` must be a file's path (relative to the job's cwd), at most 4096 bytes");
+          continue;
+        }
+        out.file = value.get<std::string>();
+      } else {
+        fail("field `" + at + "` is not one of report's: progress, result, rank, file");
+      }
+    }
+    if (out.empty()) fail("field `report` names nothing to read: give `progress` or `result` patterns, or a `file`");
+  }
+
   JobSpec parse(const std::string& default_cwd) {
     JobSpec s;
     if (string_field("name", s.name) && !valid_name(s.name))
@@ -154,6 +212,7 @@ class JobParser {
                std::to_string(k_max_on_finish_bytes) + " in all");
       }
     }
+    if (const json* r = get("report")) parse_report(*r, s.report);
     if (string_field("shell", s.shell)) {
       if (s.shell.empty()) fail("field `shell` is empty");
       s.command = {"/bin/sh", "-c", s.shell};
@@ -279,6 +338,9 @@ class JobParser {
     } else {
       s.cwd = default_cwd;
     }
+    if (!s.report.empty() && s.report.rank >= s.ranks)
+      fail("field `report.rank` is " + std::to_string(s.report.rank) + ", and the job has " + std::to_string(s.ranks) +
+           " rank" + (s.ranks == 1 ? "" : "s") + " (0 is the first)");
     return s;
   }
 
@@ -481,6 +543,13 @@ json to_json(const JobSpec& s) {
   j["labels"] = s.labels;
   j["cwd"] = s.cwd;
   if (!s.on_finish.empty()) j["on_finish"] = s.on_finish;
+  if (!s.report.empty()) {
+    json r = {{"rank", s.report.rank}};
+    if (!s.report.progress.empty()) r["progress"] = s.report.progress;
+    if (!s.report.result.empty()) r["result"] = s.report.result;
+    if (!s.report.file.empty()) r["file"] = s.report.file;
+    j["report"] = r;
+  }
   return j;
 }
 

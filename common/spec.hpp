@@ -31,6 +31,20 @@ struct Dependency {
   std::int64_t id = 0;  // set (> 0) for an existing job, or once a batch name is resolved
 };
 
+// How a program that does not write $GPUQ_EVENTS reports: what its supervisor reads from one
+// rank's output lines (RE2 patterns whose named groups, `(?P<loss>[0-9.]+)`, become an event's
+// fields) and from a file it leaves (a JSON object, its result). gpuq-shim turns them into events
+// (supervisor/output_report.hpp).
+struct Report {
+  std::vector<std::string> progress;  // each line a pattern matches: a progress event
+  std::vector<std::string> result;    // each match's fields go into the result, the last match winning
+  int rank = 0;                       // whose output
+  std::string file;                   // read when the job ends, relative to its cwd; "" for none
+  bool empty() const { return progress.empty() && result.empty() && file.empty(); }
+};
+constexpr std::size_t k_max_report_patterns = 16;  // in each of progress and result
+constexpr std::size_t k_max_report_pattern_bytes = 1024;
+
 struct JobSpec {
   std::string name;
   std::vector<std::string> command;  // argv; for a "shell" job: {"/bin/sh", "-c", shell}
@@ -54,6 +68,7 @@ struct JobSpec {
   std::string cwd;  // absolute; the submitter's directory when the spec has none
   json train;       // a `train` job: the normalised train section (common/train_spec.hpp), else null
   std::vector<std::string> on_finish;  // argv run once the job has ended (hooks.cpp); empty: none
+  Report report;                       // progress and results read from its output (report.hpp)
 };
 
 // The argv placeholder of a train job; gpuqd puts its gpuq-worker's path there at launch.

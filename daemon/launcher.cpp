@@ -264,6 +264,8 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const 
                         {"pid_file", adir + "/shim.pid"},
                         {"exit_file", adir + "/exit.json"}};
   if (runs_as.inherit_env) doc["inherit_env"] = true;
+  if (const auto& r = job.spec.report; !r.empty())  // read by the supervisor (supervisor/output_report.hpp)
+    doc["report"] = {{"progress", r.progress}, {"result", r.result}, {"rank", r.rank}, {"file", r.file}};
   if (const common::Account* a = runs_as.account)
     doc["run_as"] = {{"uid", a->uid}, {"gid", a->gid}, {"groups", a->groups}, {"user", a->name}};
   return doc;

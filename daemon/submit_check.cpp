@@ -11,6 +11,7 @@
 
 #include "common/paths.hpp"
 #include "common/spec.hpp"
+#include "supervisor/output_report.hpp"
 
 namespace gpuq::daemon {
 
@@ -61,6 +62,8 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
     std::string who = "job[" + std::to_string(i) + "]" + (s.name.empty() ? "" : " (" + s.name + ")");
     if (auto too_big = common::exec_size_problem(s, base_bytes); !too_big.empty())
       problems.push_back(who + ": " + too_big);
+    for (const auto& p : supervisor::pattern_problems(s.report))  // RE2's, as the supervisor compiles them
+      problems.push_back(who + ": " + p);
     if (s.nodes > facts.max_nodes)
       problems.push_back(who + ": `nodes` " + std::to_string(s.nodes) + " spreads the job over " +
                          std::to_string(s.nodes) + " machines, which needs the Slurm executor (gpuqd --executor " +

@@ -8,6 +8,8 @@ packages=(
   g++ cmake ninja-build ccache pkg-config dpkg-dev
   # daemon and CLI
   libboost-dev libboost-filesystem-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev
+  # a job's report patterns over its output (RE2: linear time, bounded memory)
+  libre2-dev
   # gpuq plot's PNGs, and man pages from --help
   libcairo2-dev fonts-dejavu-core help2man
   # tests and benchmarks

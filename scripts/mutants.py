@@ -315,6 +315,12 @@ MUTANTS = [
      "                 if (!ec && !readable_now(d.native_handle())) return when_readable(d, std::move(done));\n",
      "\n",
      ["unit:a wait on a descriptor registered where a closed one's readiness is still queued*"]),
+    # A report pattern looks at the first 4 KiB of a line only: the work a job's output costs its
+    # root supervisor is bounded per line.
+    ("report-line-bound", "supervisor/output_report.cpp",
+     "      const std::size_t take = std::min(room, static_cast<std::size_t>(stop - data));\n",
+     "      const std::size_t take = static_cast<std::size_t>(stop - data) + 0 * room;\n",
+     ["unit:a carriage return ends a line and only the start of a long line is looked at"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",

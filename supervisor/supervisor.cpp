@@ -39,10 +39,11 @@
 #include "common/failure_class.hpp"
 #include "common/json_input.hpp"
 #include "common/paths.hpp"
+#include "common/process.hpp"
 #include "common/spec.hpp"
 #include "supervisor/boost_process.hpp"
-#include "common/process.hpp"
 #include "supervisor/log_sink.hpp"
+#include "supervisor/output_report.hpp"
 
 extern char** environ;
 
@@ -428,6 +429,7 @@ class Supervisor {
     // the file gpuqd writes before sending it says so. One written after this look comes with a
     // signal that is caught.
     if (!m_stop_file.empty() && common::path_exists(m_stop_file)) m_cancelled = true;
+    take_report();
     if (!m_cancelled)
       for (const auto& r : m_doc["ranks"]) spawn(r);
     release_cgroup();
@@ -458,6 +460,7 @@ class Supervisor {
     std::vector<int> all;
     for (const auto& [fd, _] : m_pipes) all.push_back(fd);
     pump_pipes(all, true);
+    read_results_file();
     return record_outcome();
   }
 
@@ -476,6 +479,11 @@ class Supervisor {
     const auto log = r["log"].get<std::string>();
     const CpuMask cpus(r.value("cpus", std::vector<int>{}));
     const MemPolicy memory(r.value("mem_bind", json()));
+    if (rank.rank == m_report_rank) {  // where its reported events and results file are
+      m_report_events = env_map.count("GPUQ_EVENTS") ? env_map.at("GPUQ_EVENTS") : "";
+      m_report_cwd = cwd;
+      m_report_log = log;
+    }
     auto path_it = env_map.find("PATH");
     std::string exe = resolve_executable(argv[0], path_it == env_map.end() ? "" : path_it->second, cwd);
     std::string error;
@@ -520,8 +528,10 @@ class Supervisor {
           // In a directory the job's owner can write: no symlink followed, no fifo waited on.
           with_stream(common::open_job_file(input, "its input"), "r", "its input " + input, child);
         };
-        if (m_log_limit > 0) {
-          // Capped log: the rank writes into a pipe, the shim copies it to a rotating LogSink.
+        const bool reported = m_report && rank.rank == m_report_rank;
+        if (m_log_limit > 0 || reported) {
+          // Capped log: the rank writes into a pipe, the shim copies it to a rotating LogSink
+          // (and, for the rank whose output reports, through the job's patterns).
           LogSink sink(log, m_log_limit);
           if (auto o = sink.open(); !o) throw std::runtime_error(o.error().message);
           bp::pipe pipe;
@@ -531,6 +541,7 @@ class Supervisor {
           ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
           ::fcntl(fd, F_SETFD, FD_CLOEXEC);
           m_pipes.emplace(fd, std::move(sink));
+          if (reported) m_report_fd = fd;
         } else {
           with_stream(open_log(log, false), "a", "the log " + log, start);
         }
@@ -571,6 +582,7 @@ class Supervisor {
     for (std::size_t i = 1; i < fds.size(); ++i)
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) ready.push_back(fds[i].fd);
     pump_pipes(ready, false);
+    if (m_report_fd >= 0) write_events();  // what waited for its pace
     return stop;
   }
 
@@ -585,6 +597,10 @@ class Supervisor {
         const ssize_t n = ::read(fd, buf, sizeof buf);
         if (n > 0) {
           m_pipes.at(fd).write(buf, static_cast<std::size_t>(n));
+          if (fd == m_report_fd) {
+            m_report->feed(buf, static_cast<std::size_t>(n), m_report_out);
+            write_events();
+          }
         } else if (n < 0 && errno == EINTR) {
           continue;
         } else if (n < 0 && errno == EAGAIN) {
@@ -598,6 +614,11 @@ class Supervisor {
         }
       }
       if (done) {
+        if (fd == m_report_fd) {  // its last line, if it did not end with one
+          m_report->finish(m_report_out);
+          write_events(true);
+          m_report_fd = -1;
+        }
         ::close(fd);
         m_pipes.erase(fd);
       }
@@ -710,6 +731,101 @@ class Supervisor {
   // Whose the files this process makes are (its file-system identity).
   uid_t files_uid() const { return m_owner ? m_owner->uid : ::geteuid(); }
 
+  // The launch document's `report` (a spec's, common/spec.hpp): its patterns compiled, for the
+  // rank whose output they read. A problem (gpuqd checked them when the job came) is said in the
+  // shim's log and the job runs unreported.
+  void take_report() {
+    const auto it = m_doc.find("report");
+    if (it == m_doc.end() || !it->is_object()) return;
+    common::Report r;
+    try {
+      r.progress = it->value("progress", std::vector<std::string>{});
+      r.result = it->value("result", std::vector<std::string>{});
+      r.rank = it->value("rank", 0);
+      r.file = it->value("file", std::string());
+    } catch (const std::exception&) {
+      complain("the launch document's report is not {progress, result, rank, file}");
+      return;
+    }
+    m_report_file = r.file;
+    m_report_rank = r.rank;
+    if (r.progress.empty() && r.result.empty()) return;
+    auto made = OutputReport::make(r);
+    if (!made) return complain("the job's report patterns: " + made.error().message);
+    m_report = std::move(*made);
+  }
+
+  // The events the report made, appended to the rank's events file as lines the job could have
+  // written (O_APPEND: a line each, among any the job writes itself), made as the owner and never
+  // through a link the job put at its name (open_log). gpuqd reads them with the job's own.
+  // What a chatty program's lines make is paced: a progress event at most every 10 ms (a later
+  // one replaces one not yet written), and the result's fields merged and written at most once a
+  // second; both are written out when the rank's output ends (`all`).
+  void write_events(bool all = false) {
+    const double now = mono_now();
+    for (auto& e : m_report_out) {
+      if (e.value("type", "") == "result") {
+        for (auto& [k, v] : e.items())
+          m_pending_result[k] = std::move(v);
+      } else {
+        m_pending_progress = std::move(e);
+      }
+    }
+    m_report_out.clear();
+    if (!m_pending_progress.is_null() && (all || now - m_progress_at >= 0.01)) {
+      m_report_out.push_back(std::move(m_pending_progress));
+      m_pending_progress = json();
+      m_progress_at = now;
+    }
+    if (!m_pending_result.empty() && (all || now - m_result_at >= 1.0)) {
+      m_report_out.push_back(std::move(m_pending_result));
+      m_pending_result = json::object();
+      m_result_at = now;
+    }
+    if (m_report_out.empty()) return;
+    if (m_events_fd < 0 && !m_report_events.empty() && !m_events_failed) {
+      auto fd = open_log(m_report_events, false);
+      if (fd)
+        m_events_fd = *fd;
+      else
+        complain("cannot write the job's reported events: " + fd.error().message), m_events_failed = true;
+    }
+    for (const auto& e : m_report_out) {
+      if (m_events_fd < 0) break;
+      const std::string line = e.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      if (::write(m_events_fd, line.data(), line.size()) < 0) break;
+    }
+    m_report_out.clear();
+  }
+
+  // The results file the report names, once every rank has ended: a JSON object (at most 1 MiB),
+  // read as the owner from the reporting rank's directory, never through a link, and written as
+  // a result event. A file that is missing or not an object is said in the rank's log.
+  void read_results_file() {
+    if (m_report_file.empty() || m_report_events.empty()) return;
+    const std::string path = m_report_file[0] == '/' ? m_report_file : m_report_cwd + "/" + m_report_file;
+    std::string problem;
+    auto text = common::read_job_file(path, 1 << 20, "its results file " + m_report_file);
+    if (!text) {
+      problem = text.error().message;
+    } else if (auto doc = common::parse_untrusted(*text, "its results file " + m_report_file); !doc) {
+      problem = doc.error().message;
+    } else if (!doc->is_object()) {
+      problem = "its results file " + m_report_file + " holds " + std::string(doc->type_name()) + ", not an object";
+    } else {
+      json result = std::move(*doc);
+      result["type"] = "result";
+      m_report_out.push_back(std::move(result));
+      write_events(true);
+      return;
+    }
+    if (auto fd = open_log(m_report_log, false)) {
+      const std::string line = "gpuq: no result from " + problem + "\n";
+      [[maybe_unused]] auto n = ::write(*fd, line.data(), line.size());
+      ::close(*fd);
+    }
+  }
+
   json m_doc;
   bool m_stop_on_urg = false;
   std::string m_stop_file;
@@ -728,6 +844,16 @@ class Supervisor {
   std::int64_t m_oom_kills_at_start = -1;
   std::int64_t m_log_limit = 0;  // 0: ranks write their log files directly
   std::map<int, LogSink> m_pipes;  // read end of a rank's output pipe -> its log
+  // The job's report (take_report): what its patterns read, and where the events go.
+  std::unique_ptr<OutputReport> m_report;
+  int m_report_rank = 0;
+  int m_report_fd = -1;  // the reporting rank's pipe
+  std::string m_report_events, m_report_cwd, m_report_log, m_report_file;
+  std::vector<json> m_report_out;
+  json m_pending_progress, m_pending_result = json::object();  // paced (write_events)
+  double m_progress_at = -1, m_result_at = -1;
+  int m_events_fd = -1;
+  bool m_events_failed = false;
 };
 
 std::optional<json> read_launch_document(const std::string& launch_path) {

@@ -179,6 +179,9 @@ struct RunArgs {
   int gpus = -1, ranks = -1, cpus = -1, priority = 0, retries = 0, max_running = 0;
   bool shell = false, shared = false, hold = false, wait = false, follow = false, dry_run = false;
   std::vector<std::string> after, env, labels, matrix;
+  std::vector<std::string> progress_patterns, result_patterns;  // the spec's `report`
+  std::string results_file;
+  int report_rank = -1;
 };
 
 // "K=V" split at its first '='; nothing when there is none or K is empty.
@@ -290,6 +293,16 @@ Result<json> run_spec(const RunArgs& a) {
                    " is not KEY=VALUE");
       spec[what][kv->first] = kv->second;
     }
+  }
+  if (!a.progress_patterns.empty() || !a.result_patterns.empty() || !a.results_file.empty()) {
+    json report = json::object();
+    if (!a.progress_patterns.empty()) report["progress"] = a.progress_patterns;
+    if (!a.result_patterns.empty()) report["result"] = a.result_patterns;
+    if (!a.results_file.empty()) report["file"] = a.results_file;
+    if (a.report_rank >= 0) report["rank"] = a.report_rank;
+    spec["report"] = report;
+  } else if (a.report_rank >= 0) {
+    return bad("--report-rank says whose output the patterns read: give --progress or --result patterns");
   }
   for (const auto& item : a.matrix) {
     const auto kv = key_value(item);
@@ -458,6 +471,18 @@ void add_run(CLI::App& app, Context& ctx) {
   sub->add_option("--matrix", a->matrix,
                   "KEY=V1,V2,...: one job per value, {KEY} in the arguments replaced (repeatable: every combination)")
       ->allow_extra_args(false);
+  sub->add_option("--progress", a->progress_patterns,
+                  "A pattern (RE2) over its output lines whose named groups, (?P<loss>[0-9.]+), make a progress "
+                  "event at each line it matches (repeatable)")
+      ->allow_extra_args(false);
+  sub->add_option("--result", a->result_patterns,
+                  "A pattern whose named groups, at each line it matches, go into its result (the last match wins; "
+                  "repeatable)")
+      ->allow_extra_args(false);
+  sub->add_option("--results-file", a->results_file,
+                  "A JSON object it leaves (relative to its cwd), read as its result when it ends");
+  sub->add_option("--report-rank", a->report_rank, "Whose output the patterns read (default: rank 0)")
+      ->check(CLI::Range(0, 4095));
   sub->add_flag("--shell", a->shell, "Run the arguments, joined by spaces, as a /bin/sh command line");
   sub->add_flag("--hold", a->hold, "Queue it held: it starts after `gpuq release`");
   sub->add_option("--max-running,-m", a->max_running, "Run at most N of a matrix's jobs at once")
