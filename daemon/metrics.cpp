@@ -5,10 +5,12 @@
 #include "daemon/metrics.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "daemon/config.hpp"
 #include "daemon/hooks.hpp"
@@ -94,6 +96,9 @@ std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& h
     ++jobs[{running ? "running" : "queued", a.rec.uid}];
     if (a.rec.batch != 0) ++(running ? batches[a.rec.batch].second : batches[a.rec.batch].first);
   }
+  // Both states of gpuqd's own user always: an empty queue is 0, not no data.
+  jobs[{"queued", ::geteuid()}] += 0;
+  jobs[{"running", ::geteuid()}] += 0;
   e.family("gpuq_jobs", "gauge", "Jobs queued (held, waiting or retrying included) and running, by user");
   for (const auto& [key, n] : jobs) e.sample("gpuq_jobs", {{"state", key.first}, {"user", r.users.name_of(key.second)}}, n);
   // Batches with jobs in line or running: the 50 largest, so a thousand sweeps make no thousand series.
@@ -111,11 +116,16 @@ std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& h
 
   e.family("gpuq_attempts_started_total", "counter", "Job attempts started");
   e.sample("gpuq_attempts_started_total", {}, static_cast<double>(c.attempts_started));
-  e.family("gpuq_jobs_finished_total", "counter", "Jobs that reached a terminal state, by state");
-  for (const char* s : {"succeeded", "failed", "cancelled", "timed_out", "out_of_memory"}) {
-    const auto it = c.finished.find(s);
-    e.sample("gpuq_jobs_finished_total", {{"state", s}}, it == c.finished.end() ? 0.0 : static_cast<double>(it->second));
-  }
+  e.family("gpuq_jobs_finished_total", "counter", "Jobs that reached a terminal state, by state and user");
+  std::set<uid_t> finishers{::geteuid()};  // every state of each user with any, and of gpuqd's own
+  for (const auto& [key, n] : c.finished)
+    finishers.insert(key.second);
+  for (uid_t uid : finishers)
+    for (const char* s : {"succeeded", "failed", "cancelled", "timed_out", "out_of_memory"}) {
+      const auto it = c.finished.find({s, uid});
+      e.sample("gpuq_jobs_finished_total", {{"state", s}, {"user", r.users.name_of(uid)}},
+               it == c.finished.end() ? 0.0 : static_cast<double>(it->second));
+    }
   e.family("gpuq_retries_total", "counter", "Failed attempts put back in line to be tried again");
   e.sample("gpuq_retries_total", {}, static_cast<double>(c.retries));
   e.family("gpuq_queue_wait_seconds", "histogram", "Time from queued to started, per attempt");

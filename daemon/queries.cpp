@@ -92,7 +92,10 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
   out.job = reads.info_of(rec, caller);
   auto& d = out.details;
   if (rec.state != JobState::queued) {
-    d.push_back(rec.state == JobState::running ? "it is running" : "it has ended " + std::string(to_string(rec.state)));
+    // Its state is the header's (`job 7 (x): succeeded`): said once, with where to look next.
+    d.push_back(rec.state == JobState::running
+                    ? "it is running"
+                    : "it waits for nothing: it has ended (gpuq show " + std::to_string(rec.id) + " says how)");
     if (const auto note = reads.events.hangs().note(rec, wall_now()); !note.empty() && may_read_details(caller, rec))
       d.push_back("it has made " + note);
     return out;

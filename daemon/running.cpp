@@ -174,7 +174,8 @@ void Daemon::count_transition(Active& a, std::optional<JobState> was, const JobR
     if (a.queued_since > 0 && now.run.started_at >= a.queued_since)
       m_metrics.queue_wait.observe(now.run.started_at - a.queued_since);
   }
-  if (is_terminal(now.state) && was && !is_terminal(*was)) ++m_metrics.finished[std::string(gpuq::to_string(now.state))];
+  if (is_terminal(now.state) && was && !is_terminal(*was))
+    ++m_metrics.finished[{std::string(gpuq::to_string(now.state)), now.uid}];
 }
 
 }  // namespace gpuq::daemon

@@ -19,6 +19,7 @@
 #include "common/json_input.hpp"
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
+#include "common/slurm_script.hpp"
 #include "common/spec.hpp"
 
 namespace gpuq::cli {
@@ -216,7 +217,24 @@ int cmd_show(const Options& o, std::int64_t id) {
     std::cout << printable(j.external_id.rfind("slurm:", 0) == 0 ? "  Slurm job: " + j.external_id.substr(6)
                                                                   : "  external:  " + j.external_id)
               << "\n";
-  if (s.first_failure.is_object()) std::cout << "  first failure: " << printable(s.first_failure.dump()) << "\n";
+  if (const auto& f = s.first_failure; f.is_object()) {  // as words: what ended first, when, its last words
+    std::string what = f.contains("rank") ? "rank " + f["rank"].dump() : std::string("a rank");
+    if (f.value("signal", json()).is_number())
+      what += " was killed by signal " + f["signal"].dump();
+    else if (f.value("exit_code", json()).is_number())
+      what += " exited with code " + f["exit_code"].dump();
+    else
+      what += " ended";
+    if (f.value("at", json()).is_number()) what += " at " + format_time(f["at"].get<double>());
+    if (f.value("message", json()).is_string()) what += ": " + f["message"].get<std::string>();
+    std::cout << "  first failure: " << printable(what) << "\n";
+    if (f.value("class", json()).is_string())
+      std::cout << "                 looks like " << printable(f["class"].get<std::string>())
+                << (f.value("class_line", json()).is_string()
+                        ? " (" + printable(f["class_line"].get<std::string>()) + ")"
+                        : "")
+                << "\n";
+  }
   if (j.progress.is_object()) std::cout << "  progress:  " << format_fields(j.progress, 12) << "\n";
   if (j.result.is_object()) std::cout << "  result:    " << format_fields(j.result, 24) << "\n";
   if (j.bad_event_lines) std::cout << "  skipped event lines: " << j.bad_event_lines << "\n";
@@ -225,8 +243,17 @@ int cmd_show(const Options& o, std::int64_t id) {
     std::cout << "  shell:     " << printable(s.spec["shell"].get<std::string>()) << "\n";
   else if (s.spec.contains("train") && s.spec["train"].is_object())
     std::cout << "  train:     " << printable(s.spec["train"].dump()) << "\n";
-  else
-    std::cout << "  command:   " << printable(s.spec.value("command", json()).dump()) << "\n";
+  else if (const json cmd = s.spec.value("command", json()); cmd.is_array()) {  // as a shell would take it back
+    std::string line;
+    for (const auto& arg : cmd) {
+      const std::string word = arg.is_string() ? arg.get<std::string>() : arg.dump();
+      const bool plain = !word.empty() && word.find_first_not_of(
+                                              "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                              "0123456789_@%+=:,./-") == std::string::npos;
+      line += (line.empty() ? "" : " ") + (plain ? word : common::shell_quote(word));
+    }
+    std::cout << "  command:   " << printable(line) << "\n";
+  }
   std::cout << "  history:\n";
   for (const auto& t : s.history)
     std::cout << "    " << format_time(t.at) << "  " << t.state << (t.attempt ? " (attempt " + std::to_string(t.attempt) + ")" : "")
@@ -261,12 +288,25 @@ int cmd_result(const Options& o, std::int64_t id) {
 
 int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch,
                 const std::vector<std::string>& fields) {
-  if (ids.empty() && batch == 0) {
-    std::cerr << "gpuq: results needs job ids or --batch B\n";
-    return k_exit_usage;
-  }
   common::ResultsRequest req;
   req.ids = ids;
+  if (ids.empty() && batch == 0) {  // the 20 jobs that ended last, as `status` lists them
+    common::StatusRequest recent;
+    recent.limit = 20;
+    recent.queued = 0;
+    auto listed = call(o, common::cmd::status, recent);
+    if (!listed) return report(listed.error());
+    for (const auto& j : listed->jobs)
+      if (is_terminal(j.state)) req.ids.push_back(j.id);
+    std::sort(req.ids.begin(), req.ids.end());
+    if (req.ids.empty()) {
+      if (o.json)
+        print_json({{"jobs", json::array()}});
+      else
+        std::cout << "no job has ended yet\n";
+      return k_exit_ok;
+    }
+  }
   req.batch = batch;
   auto reply = all_results(o, req);
   if (!reply) return report(reply.error());

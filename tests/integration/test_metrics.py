@@ -5,6 +5,7 @@ format, which Debian's promtool checks and a real Prometheus server scrapes (CI 
 socket's clients."""
 import json
 import os
+import pwd
 import re
 import resource
 import shutil
@@ -88,9 +89,10 @@ class Metrics(DaemonTest):
         wait_until(lambda: self.d.show(held)["job"]["state"] == "running", what="the GPU job to run")
         self.assertEqual(self.d.run("show", "999").returncode, 4)
         text = self.scrape()
-        self.assertEqual(self.value(text, "gpuq_jobs_finished_total", state="succeeded"), 2)
-        self.assertEqual(self.value(text, "gpuq_jobs_finished_total", state="failed"), 1)
-        self.assertEqual(self.value(text, "gpuq_jobs_finished_total", state="cancelled"), 0)
+        me = pwd.getpwuid(os.getuid()).pw_name
+        self.assertEqual(self.value(text, "gpuq_jobs_finished_total", state="succeeded", user=me), 2)
+        self.assertEqual(self.value(text, "gpuq_jobs_finished_total", state="failed", user=me), 1)
+        self.assertEqual(self.value(text, "gpuq_jobs_finished_total", state="cancelled", user=me), 0)
         self.assertEqual(self.value(text, "gpuq_retries_total"), 1)
         self.assertEqual(self.value(text, "gpuq_attempts_started_total"), 5)
         self.assertEqual(self.value(text, "gpuq_attempt_run_seconds_count"), 4)  # the running one has not ended
@@ -98,7 +100,7 @@ class Metrics(DaemonTest):
         self.assertEqual(self.value(text, "gpuq_queue_wait_seconds_bucket", le="+Inf"), 5)
         user = self.d.json("show", str(held))["job"]["user"]
         self.assertEqual(self.value(text, "gpuq_jobs", state="running", user=user), 1)
-        self.assertIsNone(self.value(text, "gpuq_jobs", state="queued", user=user))
+        self.assertEqual(self.value(text, "gpuq_jobs", state="queued", user=user), 0)  # 0, not no sample
         gpu = self.d.json("gpus")["gpus"][self.d.show(held)["job"]["gpus"][0]]
         labels = {"gpu": str(gpu["index"]), "uuid": gpu["uuid"]}
         self.assertEqual(self.value(text, "gpuq_gpu_memory_allocated_bytes", **labels), 1000 * 2**20)
@@ -128,7 +130,12 @@ class Metrics(DaemonTest):
 
     def test_the_grafana_dashboard_queries_only_series_gpuqd_serves_in_valid_promql(self):
         with open(os.path.join(REPO, "packaging", "grafana-dashboard.json")) as f:
-            exprs = [t["expr"] for p in json.load(f)["panels"] for t in p["targets"]]
+            panels = json.load(f)["panels"]
+        exprs = [t["expr"] for p in panels for t in p["targets"]]
+        # A panel plots what its title names (one titled "... and jobs" plotted the drained flag).
+        for p in panels:
+            if p["title"].endswith("jobs"):
+                self.assertTrue(any("_jobs" in t["expr"] for t in p["targets"]), p["title"])
         families = set(re.findall(r"^# TYPE (\S+) ", self.scrape(), re.M))
         for expr in exprs:
             for name in re.findall(r"\b(gpuq_[a-z_]+)", expr):

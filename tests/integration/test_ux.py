@@ -392,3 +392,28 @@ class Why(DaemonTest):
         jobs = self.d.wait(running + [big, small, after, held])
         self.assertTrue(all(j["state"] == "succeeded" for j in jobs.values()), jobs)
         self.assertEqual(self.d.run("why", "999").returncode, 4)
+
+
+class Words(DaemonTest):
+    """What the human output says, in words rather than JSON."""
+
+    def test_show_says_the_first_failure_and_the_command_as_a_shell_would_take_them(self):
+        job = self.d.submit({"name": "f", "command": ["sh", "-c", "echo 'last words'; exit 3", "it's"]})["ids"][0]
+        self.d.wait([job])
+        out = self.d.ok("show", str(job))
+        self.assertRegex(out, r"first failure: rank 0 exited with code 3 at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d: last words\n")
+        self.assertIn("""command:   sh -c 'echo '\\''last words'\\''; exit 3' 'it'\\''s'\n""", out)
+        self.assertNotIn('{"at"', out)
+
+    def test_results_without_ids_shows_the_jobs_that_ended_last_and_why_an_ended_job_waits_for_nothing(self):
+        self.assertIn("no job has ended yet", self.d.ok("results"))
+        ids = self.d.submit([{"name": f"r{i}", "shell": f"echo '{{\"type\": \"result\", \"n\": {i}}}' >> $GPUQ_EVENTS"}
+                             for i in range(3)])["ids"]
+        self.d.wait(ids)
+        self.assertEqual([j["id"] for j in self.d.json("results")["jobs"]], ids)
+        table = self.d.ok("results")
+        for i in range(3):
+            self.assertIn(f"r{i}", table)
+        why = self.d.ok("why", str(ids[0]))
+        self.assertIn("it waits for nothing: it has ended", why)
+        self.assertNotIn("ended succeeded", why)

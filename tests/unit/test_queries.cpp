@@ -120,6 +120,10 @@ TEST_CASE("why says a queued job waits for a dependency, drained GPUs and the jo
   // A running job's why says so, and nothing of a wait.
   const auto running = queries::why(b.reads(), k_alice, {ids[0]});
   CHECK(running.details == std::vector<std::string>{"it is running"});
+  // An ended one's says it waits for nothing, its state left to the header.
+  const auto ended = queries::why(b.reads(), k_bob, {ids[3]});
+  CHECK(ended.details == std::vector<std::string>{"it waits for nothing: it has ended (gpuq show " +
+                                                  std::to_string(ids[3]) + " says how)"});
   // The status reason of a running job comes from its executor where the record has none.
   CHECK(find(queries::status(b.reads(), k_alice, {}), ids[0]).reason == "on node n" + std::to_string(ids[0]));
 }
