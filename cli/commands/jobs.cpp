@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -56,7 +57,8 @@ std::string detail_of(const common::JobInfo& j) {
 
 // The jobs table. Its USER column (a row's second cell) is left out unless some job is another
 // user's than the caller's: a lab's shared gpuqd (docs/lab.md).
-const std::vector<std::string> k_jobs_header{"ID", "USER", "NAME", "STATE", "GPUS", "TRY", "RUNTIME", "DETAIL"};
+// GPU IDS: the GPUs' indices (as `gpus` lists them), not a count.
+const std::vector<std::string> k_jobs_header{"ID", "USER", "NAME", "STATE", "GPU IDS", "TRY", "RUNTIME", "DETAIL"};
 
 std::vector<std::string> job_row(const common::JobInfo& j) {
   return {std::to_string(j.id), j.user, j.name, state_of(j), format_gpus(j.gpus), format_try(j), runtime_of(j),
@@ -64,6 +66,14 @@ std::vector<std::string> job_row(const common::JobInfo& j) {
 }
 
 void print_rows(std::vector<std::vector<std::string>> rows, bool others) {
+  // A state's suffix, said once under the table when one is there.
+  bool code = false, sig = false;
+  for (const auto& row : rows) {
+    sig = sig || row[3].find(" (sig ") != std::string::npos;
+    code = code || (row[3].find(" (") != std::string::npos && row[3].find(" (sig ") == std::string::npos &&
+                    row[3].find(" (hung?)") == std::string::npos && row[3].back() == ')' &&
+                    std::isdigit(static_cast<unsigned char>(row[3][row[3].rfind('(') + 1])));
+  }
   auto header = k_jobs_header;
   if (!others) {
     header.erase(header.begin() + 1);
@@ -72,6 +82,9 @@ void print_rows(std::vector<std::vector<std::string>> rows, bool others) {
   Table t(header);
   for (auto& row : rows) t.add(std::move(row));
   t.print(std::cout);
+  if (code || sig)
+    std::cout << "(" << (code ? "N): the exit code of the rank that failed first" : "") << (code && sig ? "; (" : "")
+              << (sig ? "sig N): the signal that killed it" : "") << "\n";
 }
 
 bool someone_elses(const common::JobInfo& j) { return j.uid != static_cast<std::int64_t>(::getuid()); }

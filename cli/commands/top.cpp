@@ -110,7 +110,7 @@ std::vector<std::string> top_screen(const TopSnapshot& s, double now, std::size_
       if (order_of(a) != order_of(b)) return order_of(a) < order_of(b);
       return order_of(a) == 2 ? a.ended_at > b.ended_at : a.id < b.id;
     });
-    std::vector<std::vector<std::string>> r{{"ID", "NAME", "STATE", "GPUS", "TRY", "PROGRESS / RESULT / REASON"}};
+    std::vector<std::vector<std::string>> r{{"ID", "NAME", "STATE", "GPU IDS", "TRY", "PROGRESS / RESULT / REASON"}};
     for (const auto& j : jobs) {
       std::string state = display_state(j);
       std::string detail = j.state == JobState::running  ? progress_text(j, now, 16)

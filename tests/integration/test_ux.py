@@ -404,6 +404,12 @@ class Words(DaemonTest):
         self.assertRegex(out, r"first failure: rank 0 exited with code 3 at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d: last words\n")
         self.assertIn("""command:   sh -c 'echo '\\''last words'\\''; exit 3' 'it'\\''s'\n""", out)
         self.assertNotIn('{"at"', out)
+        # The table's suffix is explained under it, and the GPUs column names ids.
+        table = self.d.ok("status")
+        self.assertIn("failed (3)", table)
+        self.assertIn("GPU IDS", table)
+        self.assertIn("(N): the exit code of the rank that failed first\n", table)
+        self.assertNotIn("sig N", table)
 
     def test_results_without_ids_shows_the_jobs_that_ended_last_and_why_an_ended_job_waits_for_nothing(self):
         self.assertIn("no job has ended yet", self.d.ok("results"))
