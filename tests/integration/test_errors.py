@@ -10,7 +10,7 @@ import time
 import unittest
 
 from harness import BIN, Daemon, DaemonTest, wait_until
-from loadgen import rss_kib
+from loadgen import assert_rss_grew_less, rss_kib
 
 
 class SpecErrors(DaemonTest):
@@ -264,7 +264,7 @@ class ProtocolAbuse(DaemonTest):
                 s.settimeout(60)
                 self.assertTrue(json.loads(s.makefile("rb").readline())["ok"])
             # A few KiB each; a buffer of 64 KiB each would be 94 MiB.
-            self.assertLess(rss_kib(self.d.proc.pid) - before, 24 * 1024)
+            assert_rss_grew_less(self, self.d.proc.pid, before, 24 * 1024)
         finally:
             for s in conns:
                 s.close()
@@ -287,7 +287,7 @@ class ProtocolAbuse(DaemonTest):
             pass  # gpuqd stopped reading: backpressure
         self.assertLess(sent, len(request), "gpuqd kept reading requests it could not answer")
         self.d.ok("status")  # others are served meanwhile
-        self.assertLess(rss_kib(self.d.proc.pid) - rss_before, 20 * 1024)
+        assert_rss_grew_less(self, self.d.proc.pid, rss_before, 20 * 1024)
         # The hog never reads: after the idle timeout gpuqd drops it. Its end of the socket says
         # so (POLLHUP) without a read, which would let gpuqd write on.
         poller = select.poll()
