@@ -130,6 +130,9 @@ const Rule k_rules[] = {
     {"hang_after_s", nullptr, "--hang-after", "DURATION", "duration", 0, 86400 * 30, &Settings::hang_after_s,
      "A running job that reported progress and then nothing for this long (its GPUs idle, where NVML says) is "
      "flagged as maybe hung: 30m, 2h, … (0: never)"},
+    {"placement", nullptr, "--placement", "pack|spread", "placement", 0, 0, &Settings::placement,
+     "Where shared jobs go among the GPUs they fit on, for specs that name none: pack (best fit, the default: whole "
+     "GPUs stay free for exclusive jobs) or spread (the GPU with the fewest jobs first)"},
     {"hang_action", nullptr, "--hang-action", "flag|retry", "hang_action", 0, 0, &Settings::hang_action,
      "What a maybe hung job gets: flag (said in status and why) or retry (stopped, and retried as a failure)"},
     {"on_finish", nullptr, nullptr, "", "argv", 0, 0, &Settings::on_finish,
@@ -246,6 +249,10 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
                     !v[0].get<std::string>().empty();
     if (!ok) return "`" + key + "` must be a non-empty array of strings, a command as a job's `command`";
     store(s, r, v.get<std::vector<std::string>>());
+  } else if (kind == "placement") {
+    if (!v.is_string() || (v.get<std::string>() != "pack" && v.get<std::string>() != "spread"))
+      return std::string("`placement` must be \"pack\" (best fit) or \"spread\" (the GPU with the fewest jobs first)");
+    store(s, r, v.get<std::string>());
   } else if (kind == "hang_action") {
     if (!v.is_string() || (v.get<std::string>() != "flag" && v.get<std::string>() != "retry"))
       return std::string("`hang_action` must be \"flag\" (say so in status) or \"retry\" (stop the job and retry it)");

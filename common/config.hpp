@@ -53,6 +53,7 @@ struct Settings {
   double usage_half_life_s = 7 * 86400;  // "usage_half_life_s": fair share forgets GPU use at this pace
   std::optional<int> max_priority;       // "max_priority": higher priorities are an admin's
   double hang_after_s = 0;               // "hang_after_s": silent this long after progress: maybe hung; 0: never
+  std::string placement = "pack";        // "placement": shared jobs' default, "pack" or "spread" (spec.hpp)
   std::string hang_action = "flag";      // "hang_action": "flag" (say so) or "retry" (stop it, retry it)
   std::string file;                      // the file read, empty if none
   std::map<std::string, std::string> source;  // key given -> the file's path, "$VARIABLE" or "--option"

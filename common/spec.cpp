@@ -19,10 +19,10 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 25> k_fields{
-    "name",          "command", "shell",    "train",     "gpus",      "mode",         "ranks", "cpus", "mem_bind",
-    "gpu_memory_mb", "shared",  "priority", "after",     "retries",   "timeout_s",    "env",   "cwd",  "labels",
-    "comment",       "matrix",  "nodes",    "on_finish", "memory_mb", "retry_on_oom", "report"};
+constexpr std::array<std::string_view, 26> k_fields{
+    "name",          "command", "shell",    "train",     "gpus",      "mode",         "ranks",  "cpus",     "mem_bind",
+    "gpu_memory_mb", "shared",  "priority", "after",     "retries",   "timeout_s",    "env",    "cwd",      "labels",
+    "comment",       "matrix",  "nodes",    "on_finish", "memory_mb", "retry_on_oom", "report", "placement"};
 
 constexpr std::array<std::string_view, 18> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
@@ -213,6 +213,13 @@ class JobParser {
       }
     }
     if (const json* r = get("report")) parse_report(*r, s.report);
+    std::string placement;
+    if (string_field("placement", placement)) {
+      if (placement == "spread")
+        s.placement = Placement::spread;
+      else if (placement != "pack")
+        fail("field `placement` must be \"pack\" or \"spread\", got \"" + placement.substr(0, 64) + "\"");
+    }
     if (string_field("shell", s.shell)) {
       if (s.shell.empty()) fail("field `shell` is empty");
       s.command = {"/bin/sh", "-c", s.shell};
@@ -543,6 +550,7 @@ json to_json(const JobSpec& s) {
   j["labels"] = s.labels;
   j["cwd"] = s.cwd;
   if (!s.on_finish.empty()) j["on_finish"] = s.on_finish;
+  if (s.placement == Placement::spread) j["placement"] = "spread";
   if (!s.report.empty()) {
     json r = {{"rank", s.report.rank}};
     if (!s.report.progress.empty()) r["progress"] = s.report.progress;

@@ -45,6 +45,12 @@ struct Report {
 constexpr std::size_t k_max_report_patterns = 16;  // in each of progress and result
 constexpr std::size_t k_max_report_pattern_bytes = 1024;
 
+// Where a shared job goes among the GPUs it fits on: `pack` (best fit: the GPU left with the least
+// free memory, so whole GPUs stay free for exclusive jobs) or `spread` (the GPU with the fewest
+// jobs, then the most free memory: shared jobs that compete for compute each get a GPU while
+// there are idle ones). A spec that names none gets gpuqd's `placement` when it is submitted.
+enum class Placement { pack, spread };
+
 struct JobSpec {
   std::string name;
   std::vector<std::string> command;  // argv; for a "shell" job: {"/bin/sh", "-c", shell}
@@ -58,6 +64,7 @@ struct JobSpec {
   std::int64_t gpu_memory_mb = 0;  // per GPU; 0 = unspecified
   std::int64_t memory_mb = 0;      // host memory (and swap) per rank, a limit the kernel holds it to; 0 = none
   bool shared = false;             // may share a GPU with other shared jobs when memory allows
+  Placement placement = Placement::pack;  // among the GPUs a shared job fits on
   int priority = 0;
   std::vector<Dependency> after;
   int retries = 0;

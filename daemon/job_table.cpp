@@ -5,7 +5,17 @@ namespace gpuq::daemon {
 
 PendingJob pending_of(const JobRecord& r) {
   const auto& s = r.spec;
-  return {r.id, s.priority, s.gpus, s.shared, s.gpu_memory_mb, s.timeout_s, s.ranks, s.cpus, r.batch, r.uid};
+  return {r.id,
+          s.priority,
+          s.gpus,
+          s.shared,
+          s.gpu_memory_mb,
+          s.timeout_s,
+          s.ranks,
+          s.cpus,
+          r.batch,
+          r.uid,
+          s.placement == common::Placement::spread};
 }
 
 Active* JobTable::find(std::int64_t id) {

@@ -71,7 +71,12 @@ std::vector<int> pick(std::vector<Slot>& slots, const PendingJob& j, double now,
   for (auto& s : slots)
     if (may_use(s, j, now) && (j.shared ? fits_shared(s, j) : fits_exclusive(s, j))) cands.push_back(&s);
   if (cands.size() < static_cast<std::size_t>(j.gpus)) return {};
-  if (j.shared) {
+  if (j.shared && j.spread) {
+    // Spread: the GPU with the fewest jobs, then the most free memory; then lowest index.
+    std::stable_sort(cands.begin(), cands.end(), [](const Slot* a, const Slot* b) {
+      return a->gpu.holders != b->gpu.holders ? a->gpu.holders < b->gpu.holders : free_mb(*a) > free_mb(*b);
+    });
+  } else if (j.shared) {
     // Best fit: least free memory left after placing the job; then lowest index.
     std::stable_sort(cands.begin(), cands.end(), [](const Slot* a, const Slot* b) { return free_mb(*a) < free_mb(*b); });
   }

@@ -65,6 +65,7 @@ struct PendingJob {
   int cpus = 0;                // CPU slots per rank; 0 = one per rank without GPUs, none with
   std::int64_t batch = 0;
   std::uint32_t user = 0;      // its owner's uid
+  bool spread = false;         // a shared job: the GPU with the fewest jobs first (spec.hpp's Placement)
 };
 
 // A user's limits and what their running jobs hold (lab mode); 0: no limit.

@@ -27,6 +27,7 @@ struct MachineFacts {
   bool have_worker = false;   // gpuq-worker was built, so `train` jobs can run
   int default_retries = 0;    // for specs that name no `retries`
   int max_nodes = 1;          // machines the executor can spread one job over (1: this one)
+  std::string placement = "pack";  // for specs that name none
 };
 
 struct CheckedBatch {

@@ -175,7 +175,7 @@ int cmd_submit(const Options& o, const std::vector<std::string>& files, bool wai
 // `gpuq run`'s options: a spec's common fields, and the command.
 struct RunArgs {
   std::vector<std::string> argv;  // the program and its arguments, as given
-  std::string name, mode, cwd, memory, gpu_memory, timeout;
+  std::string name, mode, cwd, memory, gpu_memory, timeout, placement;
   int gpus = -1, ranks = -1, cpus = -1, priority = 0, retries = 0, max_running = 0;
   bool shell = false, shared = false, hold = false, wait = false, follow = false, dry_run = false;
   std::vector<std::string> after, env, labels, matrix;
@@ -253,6 +253,7 @@ Result<json> run_spec(const RunArgs& a) {
   if (a.ranks >= 0) spec["ranks"] = a.ranks;
   if (a.cpus >= 0) spec["cpus"] = a.cpus;
   if (a.shared) spec["shared"] = true;
+  if (!a.placement.empty()) spec["placement"] = a.placement;
   if (a.priority != 0) spec["priority"] = a.priority;
   if (a.retries != 0) spec["retries"] = a.retries;
   if (!a.cwd.empty()) spec["cwd"] = a.cwd;
@@ -460,6 +461,8 @@ void add_run(CLI::App& app, Context& ctx) {
   sub->add_option("--memory", a->memory, "Host memory per rank, a limit the kernel holds it to (MiB, or 512M, 16G)");
   sub->add_option("--gpu-memory", a->gpu_memory, "GPU memory it needs per GPU, for packing (MiB, or 16G)");
   sub->add_flag("--shared", a->shared, "May share a GPU with other shared jobs where memory allows");
+  sub->add_option("--placement", a->placement, "A shared job's GPU: pack (best fit) or spread (the fewest jobs first)")
+      ->check(CLI::IsMember({"pack", "spread"}));
   sub->add_option("--after,-a", a->after, "Start after this job succeeds (an id; repeatable)")->allow_extra_args(false);
   sub->add_option("--priority,-p", a->priority, "Higher starts first");
   sub->add_option("--retries,-r", a->retries, "Attempts after a failure")->check(CLI::Range(0, 1000));

@@ -261,6 +261,33 @@ class Packing(DaemonTest):
         done = self.d.wait(sub["ids"])
         self.assertTrue(all(j["state"] == "succeeded" for j in done.values()))
 
+    def test_spread_is_chosen_per_job_and_by_gpuqds_placement_and_pack_stays_the_default(self):
+        release = self.tmp_path("release")
+        hold = f'while [ ! -e "{release}" ]; do sleep 0.05; done'
+
+        def run(jobs):
+            ids = self.d.submit(jobs)["ids"]
+            wait_until(lambda: all(self.d.show(i)["job"]["state"] == "running" for i in ids), what="the jobs to run")
+            gpus = [self.d.show(i)["job"]["gpus"] for i in ids]
+            open(release, "w").close()
+            self.d.wait(ids)
+            os.remove(release)
+            return gpus
+
+        self.d.stop()
+        self.d.gpus = "fake:3:1000"
+        self.d.start()
+        shared = {"gpus": 1, "shared": True, "gpu_memory_mb": 100, "shell": hold}
+        self.assertEqual(run([dict(shared, name=f"p{i}") for i in range(3)]), [[0], [0], [0]])  # pack: one GPU
+        self.assertEqual(run([dict(shared, name=f"s{i}", placement="spread") for i in range(3)]), [[0], [1], [2]])
+        self.d.stop()
+        self.d.extra = ["--placement", "spread"]
+        self.d.start()
+        self.assertEqual(run([dict(shared, name=f"d{i}") for i in range(3)]), [[0], [1], [2]])
+        self.assertEqual(run([dict(shared, name=f"k{i}", placement="pack") for i in range(3)]), [[0], [0], [0]])
+        r = self.d.run("submit", "-", input=json.dumps(dict(shared, placement="sideways")))
+        self.assertIn('field `placement` must be "pack" or "spread", got "sideways"', r.stderr)
+
     def test_gpus_shows_the_shared_allocation(self):
         sub = self.d.submit({"name": "holder", "gpus": 1, "shared": True, "gpu_memory_mb": 300, "shell": "sleep 30"})
         wait_until(lambda: self.d.json("gpus")["gpus"][0]["jobs"] == sub["ids"], what="the job on GPU 0")

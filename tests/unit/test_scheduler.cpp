@@ -121,6 +121,28 @@ TEST_CASE("shared jobs pack onto one GPU by memory, best fit, leaving other GPUs
   CHECK(p.start[3].gpus == std::vector<int>{1});
 }
 
+TEST_CASE("spread puts each shared job on the GPU with the fewest jobs, then the most free memory") {
+  auto gpus = idle_gpus(3, 40000);
+  hold(gpus[0], false, 30000);  // one job there already, 10000 free
+  std::vector<PendingJob> jobs;
+  for (std::int64_t id = 1; id <= 4; ++id) {
+    jobs.push_back(shared(id, 5000));
+    jobs.back().spread = true;
+  }
+  auto p = schedule(jobs, gpus, 0);
+  REQUIRE(p.start.size() == 4);
+  CHECK(p.start[0].gpus == std::vector<int>{1});  // GPUs 1 and 2 have none: the lower index
+  CHECK(p.start[1].gpus == std::vector<int>{2});
+  CHECK(p.start[2].gpus == std::vector<int>{1});  // one each now: GPU 1 has 35000 free, GPU 0 10000
+  CHECK(p.start[3].gpus == std::vector<int>{2});
+  // The same jobs packed: all on GPU 0 while they fit there (best fit), the rest next to it.
+  for (auto& j : jobs)
+    j.spread = false;
+  auto packed = schedule(jobs, idle_gpus(3, 40000), 0);
+  for (const auto& s : packed.start)
+    CHECK(s.gpus == std::vector<int>{0});
+}
+
 TEST_CASE("best fit prefers the fuller GPU that still has room") {
   auto gpus = idle_gpus(2, 40000);
   hold(gpus[0], false, 10000);
