@@ -13,7 +13,7 @@ packages=(
   # gpuq plot's PNGs, and man pages from --help
   libcairo2-dev fonts-dejavu-core help2man
   # tests and benchmarks
-  doctest-dev python3 procps task-spooler sqlite3 tmux jq python3-jsonschema
+  doctest-dev python3 python3-pytest procps task-spooler sqlite3 tmux jq python3-jsonschema
   # promtool and a real Prometheus server for the metrics tests
   prometheus
   # a real Slurm (slurmctld and slurmd on this machine) for the Slurm tests

@@ -15,7 +15,8 @@ for f in usr/bin/gpuqd usr/bin/gpuq usr/bin/gpuq-shim usr/bin/gpuq-plot-png usr/
  usr/lib/systemd/system/gpuqd@.service usr/lib/systemd/system/gpuqd-lab.service usr/lib/systemd/system/gpuq-jobs.service \
          usr/lib/gpuq/gpuq-jobs-cgroup usr/share/bash-completion/completions/gpuq \
          usr/share/gpuq/jobs/demo.json usr/share/gpuq/grafana-dashboard.json usr/share/doc/gpuq/README.md usr/share/doc/gpuq/docs/cookbook.md usr/share/doc/gpuq/docs/monitoring.md \
-         usr/share/man/man1/gpuq.1.gz usr/share/man/man1/gpuqd.1.gz usr/share/man/man1/gpuq-worker.1.gz; do
+         usr/share/man/man1/gpuq.1.gz usr/share/man/man1/gpuqd.1.gz usr/share/man/man1/gpuq-worker.1.gz \
+         usr/lib/python3/dist-packages/gpuq/__init__.py usr/lib/python3/dist-packages/gpuq/client.py; do
   grep -q " \./$f\$" <<<"$contents" || { echo "test-deb: $f missing from the package"; exit 1; }
 done
 dpkg-deb -f "$deb" Depends | grep -q libsqlite3 || { echo "test-deb: no shared-library dependencies"; exit 1; }
@@ -34,6 +35,9 @@ exercise() {
     "$bin/gpuq" --socket "$sock" submit - --wait >"$tmp/out" || { cat "$tmp/out" "$tmp/gpuqd.log"; exit 1; }
   grep -q "train .*succeeded" "$tmp/out" || { cat "$tmp/out"; exit 1; }
   "$bin/gpuq" --socket "$sock" logs 1 | grep -q packaged
+  # The package's Python client, on the same gpuqd.
+  PYTHONPATH="$1/usr/lib/python3/dist-packages" python3 -c "import gpuq, sys
+print(gpuq.Client(sys.argv[1]).results(ids=[1]))" "$sock" | grep -q "'hello'" || { echo "test-deb: the Python client failed"; exit 1; }
   "$bin/gpuq" --socket "$sock" plot 2 -o "$tmp/curves.png" >/dev/null  # cairo, from the package's dependencies
   [ "$(head -c 4 "$tmp/curves.png" | tail -c 3)" = PNG ] || { echo "test-deb: gpuq plot wrote no PNG"; exit 1; }
   kill "$(cat "$tmp/pid")"

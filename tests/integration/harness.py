@@ -233,8 +233,10 @@ class DaemonTest(unittest.TestCase):
             remove_attempt_cgroups(base)
         if os.environ.get("GPUQ_SANITIZED"):
             self.check_sanitizer_reports()
-        failed = any(e for _, e in (self._outcome.result.errors + self._outcome.result.failures)
-                     if _ is self) if hasattr(self._outcome, "result") else False
+        # unittest's result says whether this test failed (pytest's, running these tests, does not).
+        result = getattr(getattr(self, "_outcome", None), "result", None)
+        failed = any(e for t, e in (list(getattr(result, "errors", [])) + list(getattr(result, "failures", [])))
+                     if t is self)
         if failed:
             print(f"\nkept {self.tmp} for inspection")
         else:

@@ -1,0 +1,112 @@
+"""gpuq's Python client: submit jobs to gpuqd, wait for them, read their results, report from
+inside a job, and run a function over items one job each (docs/python.md)."""
+import json
+import os
+import sys
+
+from .client import (Batch, BadRequest, Client, Error, Forbidden, InvalidSpec, NotFound, StoreError, TooLarge,
+                     Unavailable, VersionMismatch, WrongState, default_socket)
+
+__all__ = ["Client", "Batch", "Error", "BadRequest", "InvalidSpec", "NotFound", "WrongState", "Forbidden",
+           "TooLarge", "Unavailable", "VersionMismatch", "StoreError", "JobFailed", "report", "map",
+           "default_socket"]
+
+MAX_ITEM_BYTES = 100 << 10  # an item travels as one argument of the job's command (exec: 128 KiB)
+
+
+def report(progress=None, result=None):
+    """From inside a job: `progress` (a dict: epoch, step, loss, ...) becomes its progress, and
+    `result`'s fields merge into its result (docs/job-spec.md). Outside a gpuq job, nothing
+    happens (returns False), so a script runs the same standalone."""
+    path = os.environ.get("GPUQ_EVENTS")
+    if not path:
+        return False
+    lines = []
+    if progress is not None:
+        lines.append(json.dumps({**progress, "type": "progress"}, allow_nan=False))
+    if result is not None:
+        lines.append(json.dumps({**result, "type": "result"}, allow_nan=False))
+    with open(path, "a") as f:
+        for line in lines:
+            f.write(line + "\n")  # one write a line (O_APPEND): ranks may report at once
+    return True
+
+
+class JobFailed(Exception):
+    """An item's job did not succeed: `index` (the item's), `job` (its id), `state`, `reason`,
+    and `remote_traceback` where the function raised."""
+
+    def __init__(self, index, job, state, reason, remote_traceback=None):
+        self.index, self.job, self.state, self.reason = index, job, state, reason
+        self.remote_traceback = remote_traceback
+        message = f"item {index} (job {job}) {state}: {reason}"
+        if remote_traceback:
+            message += "\n\nIn the job:\n" + remote_traceback
+        super().__init__(message)
+
+
+def _function_name(function):
+    module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    if not module or "<" in qualname:
+        raise ValueError(f"gpuq.map runs a function by its importable name; {function!r} has none (a lambda or a "
+                         "function defined inside another): define it at a module's top level")
+    if module == "__main__":
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if not main_file:
+            raise ValueError("gpuq.map cannot run a function of an interactive session's __main__: put it in a module")
+        return {"module": "__main__", "file": os.path.abspath(main_file), "qualname": qualname}
+    return {"module": module, "file": None, "qualname": qualname}
+
+
+def map(function, items, gpus=1, name=None, client=None, timeout=0, **spec):  # noqa: A001 - as the builtin
+    """Runs `function(item)` once per item, each in a job of its own with `gpus` GPUs (and any
+    other spec field: memory_mb, cpus, shared, retries, timeout_s, env, ...), and returns what they
+    returned, in the items' order: the one-dataset-per-GPU launcher in one call.
+
+    How it travels: the function by its importable name (`module.function`; a script's own
+    function is loaded from the script's file, its `if __name__ == "__main__"` block not run),
+    run by this interpreter (sys.executable) with this process's sys.path, environment and
+    working directory; each item as JSON in the job's command (at most 100 KiB: pass a path for
+    more), each return value as JSON in the job's result (over 512 KiB, a file in the job's
+    directory). So it works where the jobs see this machine's files: locally, or under gpuqd's
+    Slurm executor where the nodes share the filesystem and the interpreter.
+
+    A job that fails raises JobFailed for the first such item, with the job's reason and, where the
+    function raised, its traceback; `timeout` (seconds) bounds the whole wait (TimeoutError)."""
+    items = list(items)
+    where = _function_name(function)
+    where["sys_path"] = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bootstrap = f"import sys; sys.path.insert(0, {package_root!r}); from gpuq._runner import main; main()"
+    base = name or where["qualname"].replace(".", "-")
+    jobs = []
+    for i, item in enumerate(items):
+        payload = json.dumps({**where, "item": item}, allow_nan=False)
+        if len(payload) > MAX_ITEM_BYTES:
+            raise ValueError(f"item {i} is {len(payload)} bytes as JSON; gpuq.map passes at most {MAX_ITEM_BYTES} "
+                             "in a job's command: pass a path to the data instead")
+        jobs.append({"name": f"{base}-{i}", "gpus": gpus, "command": [sys.executable, "-c", bootstrap, payload],
+                     **spec})
+    if not jobs:
+        return []
+    own = client is None
+    client = client or Client()
+    try:
+        batch = client.submit(jobs)
+        done = {j["id"]: j for j in client.wait(batch.ids, timeout=timeout)}
+        out = []
+        for i, job_id in enumerate(batch.ids):
+            job = done.get(job_id) or client.jobs([job_id])[0]
+            result = job.get("result") or {}
+            if job.get("state") != "succeeded":
+                error = result.get("error") if isinstance(result.get("error"), dict) else {}
+                raise JobFailed(i, job_id, job.get("state"), job.get("reason", ""), error.get("traceback"))
+            if "file" in result and "value" not in result:
+                with open(result["file"]) as f:
+                    out.append(json.load(f))
+            else:
+                out.append(result.get("value"))
+        return out
+    finally:
+        if own:
+            client.close()

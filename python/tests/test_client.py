@@ -1,0 +1,152 @@
+"""The Python client against a real gpuqd (tests/integration's harness: a temp socket, fake GPUs).
+Run with pytest (CTest: python.client) or unittest."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(HERE)
+sys.path.insert(0, PYTHON_DIR)
+sys.path.insert(0, os.path.join(os.path.dirname(PYTHON_DIR), "tests", "integration"))
+
+import gpuq  # noqa: E402
+from harness import DaemonTest, wait_until  # noqa: E402
+
+WORKERS = '''
+import os
+
+def square(x):
+    return {"x": x, "square": x * x, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+def picky(x):
+    if x == 2:
+        raise ValueError(f"no twos, please (got {x})")
+    return x
+
+def big(n):
+    return "z" * n
+'''
+
+
+class ClientTest(DaemonTest):
+    def setUp(self):
+        super().setUp()
+        self.client = gpuq.Client(self.d.socket)
+        self.addCleanup(self.client.close)
+        with open(self.tmp_path("workers.py"), "w") as f:
+            f.write(WORKERS)
+        sys.path.insert(0, self.tmp)
+        self.addCleanup(sys.path.remove, self.tmp)
+        sys.modules.pop("workers", None)
+        import workers  # noqa: F401
+        self.workers = sys.modules["workers"]
+
+    def test_submit_status_wait_and_results_as_a_dict(self):
+        self.assertEqual(self.client.hello["protocol_version"], 1)
+        batch = self.client.submit([
+            {"name": f"ds{i}", "shell": f"echo '{{\"type\": \"result\", \"acc\": 0.{i}}}' >> $GPUQ_EVENTS"}
+            for i in range(3)])
+        self.assertEqual(len(batch.ids), 3)
+        self.assertEqual({j["id"] for j in self.client.status()} >= set(batch.ids), True)
+        done = self.client.wait(batch)
+        self.assertEqual([j["state"] for j in done], ["succeeded"] * 3)
+        self.assertEqual(self.client.results(batch=batch.id), {"ds0": {"acc": 0.0}, "ds1": {"acc": 0.1},
+                                                               "ds2": {"acc": 0.2}})
+        self.assertEqual(self.client.results(ids=batch.ids[:1]), {"ds0": {"acc": 0.0}})
+        # It sent this process's environment and directory, as gpuq does.
+        os.environ["GPUQ_PY_TEST"] = "from the caller"
+        try:
+            job = self.client.submit({"name": "env", "shell": "echo $GPUQ_PY_TEST; pwd"}).ids[0]
+        finally:
+            del os.environ["GPUQ_PY_TEST"]
+        self.client.wait([job])
+        self.assertEqual(self.d.ok("logs", str(job)), f"from the caller\n{os.getcwd()}\n")
+
+    def test_errors_are_typed(self):
+        with self.assertRaises(gpuq.InvalidSpec) as e:
+            self.client.submit({"name": "x", "command": ["true"], "gpu": 1})
+        self.assertIn("unknown field `gpu`", str(e.exception))
+        self.assertEqual(e.exception.code, "invalid_spec")
+        with self.assertRaises(gpuq.NotFound):
+            self.client.show(999)
+        with self.assertRaises(gpuq.Unavailable) as e:
+            gpuq.Client(self.tmp_path("nobody.sock"))
+        self.assertIn("is it running", str(e.exception))
+        self.assertIsInstance(e.exception, gpuq.Error)
+
+    def test_map_returns_results_in_order_each_job_on_its_own_gpu(self):
+        out = gpuq.map(self.workers.square, [3, 1, 2, 4], gpus=1, client=self.client)
+        self.assertEqual([o["square"] for o in out], [9, 1, 4, 16])
+        self.assertEqual(sorted(o["gpus"] for o in out), ["0", "1", "2", "3"])  # four GPUs, one each
+        self.assertEqual(gpuq.map(self.workers.square, [], client=self.client), [])
+        # A value over 512 KiB comes back through a file in the job's directory.
+        self.assertEqual(gpuq.map(self.workers.big, [600000], gpus=0, client=self.client), ["z" * 600000])
+
+    def test_map_raises_for_a_failed_item_with_the_remote_traceback(self):
+        with self.assertRaises(gpuq.JobFailed) as e:
+            gpuq.map(self.workers.picky, [1, 2, 3], gpus=0, client=self.client, name="picky")
+        failed = e.exception
+        self.assertEqual((failed.index, failed.state), (1, "failed"))
+        self.assertIn("ValueError: no twos, please (got 2)", failed.remote_traceback)
+        self.assertIn('workers.py", line', failed.remote_traceback)
+        self.assertIn("In the job:", str(failed))
+        # The other items' results are there all the same.
+        batch = self.client.jobs([failed.job])[0]["batch"]
+        results = self.client.results(batch=batch)
+        self.assertEqual((results["picky-0"], results["picky-2"]), ({"value": 1}, {"value": 3}))
+        with self.assertRaises(ValueError):
+            gpuq.map(lambda x: x, [1], client=self.client)
+
+    def test_map_runs_a_scripts_own_function_without_its_main_block(self):
+        script = self.tmp_path("sweep.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(f'''
+                import sys
+                sys.path.insert(0, {PYTHON_DIR!r})
+                import gpuq
+
+                def train(lr):
+                    return {{"lr": lr, "loss": 1 - lr}}
+
+                if __name__ == "__main__":
+                    import json
+                    print(json.dumps(gpuq.map(train, [0.1, 0.5], gpus=1)))
+                '''))
+        r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, GPUQ_SOCKET=self.d.socket), cwd=self.tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout), [{"lr": 0.1, "loss": 0.9}, {"lr": 0.5, "loss": 0.5}])
+
+    def test_report_from_inside_a_job(self):
+        code = (f"import sys; sys.path.insert(0, {PYTHON_DIR!r}); import gpuq; "
+                "gpuq.report(progress={'epoch': 1, 'epochs': 2, 'loss': 0.5}); "
+                "gpuq.report(result={'acc': 0.9}); gpuq.report(result={'f1': 0.8})")
+        job = self.client.submit({"name": "rep", "command": [sys.executable, "-c", code]}).ids[0]
+        done = self.client.wait([job])[0]
+        self.assertEqual(done["state"], "succeeded")
+        self.assertEqual(done["result"], {"acc": 0.9, "f1": 0.8})
+        self.assertEqual((done["progress"]["epoch"], done["progress"]["loss"]), (1, 0.5))
+        self.assertFalse(gpuq.report(result={"x": 1}))  # not in a job: nothing happens
+
+    def test_a_waiting_client_outlives_a_gpuqd_restart(self):
+        release = self.tmp_path("release")
+        job = self.client.submit({"name": "slow", "shell": f"while [ ! -e {release} ]; do sleep 0.05; done"}).ids[0]
+        wait_until(lambda: self.client.show(job)["job"]["state"] == "running", what="the job to run")
+        got = {}
+        waiter = threading.Thread(target=lambda: got.update(jobs=self.client.wait([job], timeout=120)))
+        waiter.start()
+        wait_until(lambda: self.d.json("gpus").get("waits_held", 1) >= 1, what="the wait to be held")
+        self.d.kill9()
+        open(release, "w").close()
+        self.d.start()
+        waiter.join(120)
+        self.assertFalse(waiter.is_alive())
+        self.assertEqual(got["jobs"][0]["state"], "succeeded")
+
+
+if __name__ == "__main__":
+    unittest.main()
