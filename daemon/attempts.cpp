@@ -146,15 +146,24 @@ bool Attempts::prepare(Active& a, const Placement& placement, double now) {
       if (auto made = common::ensure_private_dir(dir); !made) throw RequestError(made.error());
   }
   std::vector<std::string> uuids;
+  std::int64_t gpu_total_mb = 0;  // of the first of its GPUs: a shared job's memory is a part of it
   for (int idx : gpus)
-    if (const Gpu* g = m_machine.inventory.find(idx)) uuids.push_back(g->uuid);
+    if (const Gpu* g = m_machine.inventory.find(idx)) {
+      uuids.push_back(g->uuid);
+      if (gpu_total_mb == 0) gpu_total_mb = g->memory_total_mb;
+    }
   Env base;
   const bool inherit = m_executor.inherits_environment();
   const json batch_env = inherit ? json::object() : m_store.batch_env(next.batch);  // named: items() would dangle
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
-  const auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
-                                   m_machine.cores.cores, m_machine.cores.nodes, {inherit, owner});
+  const auto doc =
+      launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
+                      m_machine.cores.cores, m_machine.cores.nodes,
+                      {inherit, owner,
+                       inherit ? 0
+                               : omp_share(next.spec, static_cast<int>(m_machine.cores.cores.size()),
+                                           static_cast<int>(m_machine.inventory.gpus().size()), gpu_total_mb)});
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.

@@ -225,6 +225,16 @@ std::vector<int> usable_cores() {
   return out;
 }
 
+int omp_share(const common::JobSpec& spec, int cores, int machine_gpus, std::int64_t gpu_total_mb) {
+  if (spec.cpus > 0) return 0;
+  if (spec.gpus <= 0 || machine_gpus <= 0 || cores <= 0) return 1;
+  const int ranks = spec.mode == common::Mode::ddp ? std::max(1, spec.ranks) : 1;
+  double share = static_cast<double>(cores) * (static_cast<double>(spec.gpus) / ranks) / machine_gpus;
+  if (spec.shared && spec.gpu_memory_mb > 0 && gpu_total_mb > 0)
+    share *= std::min(1.0, static_cast<double>(spec.gpu_memory_mb) / static_cast<double>(gpu_total_mb));
+  return std::max(1, static_cast<int>(share));
+}
+
 nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const std::vector<std::string>& gpu_uuids,
                                const std::string& state_dir, double grace_s, std::int64_t log_limit_bytes,
                                const std::vector<int>& cores, const std::vector<int>& core_nodes, const RunsAs& runs_as) {
@@ -238,6 +248,8 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const 
     Env env = rank_environment(job, base_env, gpu_uuids, jdir, adir, r, mine);
     if (runs_as.inherit_env)
       for (const char* name : {"CUDA_VISIBLE_DEVICES", "GPUQ_GPU_UUIDS", "MASTER_ADDR", "MASTER_PORT"}) env.erase(name);
+    if (mine.empty() && runs_as.omp_threads > 0 && !env.count("OMP_NUM_THREADS"))
+      env["OMP_NUM_THREADS"] = std::to_string(runs_as.omp_threads);
     if (const common::Account* a = runs_as.account) {
       env["HOME"] = a->home;
       env["USER"] = a->name;

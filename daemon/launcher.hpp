@@ -77,7 +77,17 @@ struct RunsAs {
   // Lab mode: the job's owner, whom gpuq-shim becomes; HOME, USER, LOGNAME and SHELL are theirs,
   // as login(1) sets them, whatever the submitter's environment said. nullptr: gpuqd's user.
   const common::Account* account = nullptr;
+  // OMP_NUM_THREADS for the ranks of a job without `cpus` (unpinned), unless its spec or the
+  // submitter's environment sets it: its share of gpuqd's cores (omp_share); 0: none set.
+  int omp_threads = 0;
 };
+
+// A job without `cpus`'s share of gpuqd's `cores` for each rank, as OMP_NUM_THREADS (PyTorch's
+// intra-op pool sizes itself to every core of the machine otherwise: 12 shared jobs on 2 cores ran
+// at load 9.5): a rank with GPUs gets the cores of its GPUs' share of the machine's `machine_gpus`,
+// and a shared one the part of that its `gpu_memory_mb` is of the GPU's `gpu_total_mb`; a rank
+// without GPUs 1 (it holds one CPU slot). At least 1. 0 for a job with `cpus` (pinned: its cores).
+int omp_share(const common::JobSpec& spec, int cores, int machine_gpus, std::int64_t gpu_total_mb);
 
 // The launch document gpuq-shim executes (all ranks), also written for `gpuq show`. `cores` maps
 // CPU-pool slots to core ids (slot s is core cores[s % size]); a job with `cpus` has each rank

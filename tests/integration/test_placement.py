@@ -243,6 +243,28 @@ class CpuPinning(DaemonTest):
         self.assertEqual(cpu_list(self.d.show(job)["job"]["result"]["allowed"]), {high})
 
 
+class ThreadShare(DaemonTest):
+    GPUS = "fake:2:80000"
+
+    def test_jobs_without_cpus_get_their_share_of_the_cores_as_omp_num_threads(self):
+        cores = len(os.sched_getaffinity(0))
+        show = "echo $OMP_NUM_THREADS"
+        saved = os.environ.pop("OMP_NUM_THREADS", None)  # the submitter's own would be kept
+        if saved is not None:
+            self.addCleanup(os.environ.__setitem__, "OMP_NUM_THREADS", saved)
+        jobs = [{"name": "one-gpu", "gpus": 1, "shell": show},
+                {"name": "two-gpus", "gpus": 2, "shell": show},
+                {"name": "half-a-gpu", "gpus": 1, "shared": True, "gpu_memory_mb": 40000, "shell": show},
+                {"name": "cpu", "shell": show},
+                {"name": "own", "gpus": 1, "env": {"OMP_NUM_THREADS": "5"}, "shell": show}]
+        r = self.d.run("submit", "-", "--json", input=json.dumps(jobs))
+        ids = json.loads(r.stdout)["ids"]
+        self.d.wait(ids)
+        got = {self.d.show(i)["job"]["name"]: self.d.ok("logs", str(i)).strip() for i in ids}
+        self.assertEqual(got, {"one-gpu": str(max(1, cores // 2)), "two-gpus": str(cores),
+                               "half-a-gpu": str(max(1, cores // 4)), "cpu": "1", "own": "5"})
+
+
 class Packing(DaemonTest):
     GPUS = "fake:1:1000"
 

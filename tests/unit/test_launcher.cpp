@@ -174,6 +174,37 @@ TEST_CASE("a `cpus` job's ranks are pinned to their own share of the job's slots
   CHECK_FALSE(plain["ranks"][0]["env"].contains("GPUQ_CPUS"));
 }
 
+TEST_CASE("a job without `cpus` gets its share of the cores as OMP_NUM_THREADS, unless it or its submitter set one") {
+  gpuq::common::JobSpec s;
+  s.gpus = 1;
+  CHECK(omp_share(s, 16, 4, 80000) == 4);  // a quarter of the GPUs: a quarter of the cores
+  s.gpus = 2;
+  CHECK(omp_share(s, 16, 4, 80000) == 8);
+  s.mode = gpuq::common::Mode::ddp, s.ranks = 2;
+  CHECK(omp_share(s, 16, 4, 80000) == 4);  // per rank: one GPU each
+  s = {};
+  s.gpus = 1, s.shared = true, s.gpu_memory_mb = 20000;
+  CHECK(omp_share(s, 16, 1, 80000) == 4);  // a quarter of the one GPU's memory: a quarter of its cores
+  CHECK(omp_share(s, 2, 4, 80000) == 1);   // at least one
+  s.gpus = 0;
+  CHECK(omp_share(s, 16, 4, 80000) == 1);  // a CPU job holds one slot a rank
+  s.cpus = 4;
+  CHECK(omp_share(s, 16, 4, 80000) == 0);  // pinned: its own cores say (rank_environment)
+
+  JobRecord job;
+  job.id = 7, job.attempt = 1;
+  job.spec.command = {"python3", "train.py"};
+  job.spec.gpus = 1;
+  job.run.gpus = {2};
+  RunsAs runs;
+  runs.omp_threads = 4;
+  CHECK(launch_document(job, {}, {"GPU-c"}, "/s", 7.5, 0, {}, {}, runs)["ranks"][0]["env"]["OMP_NUM_THREADS"] == "4");
+  CHECK(launch_document(job, {{"OMP_NUM_THREADS", "6"}}, {"GPU-c"}, "/s", 7.5, 0, {}, {},
+                        runs)["ranks"][0]["env"]["OMP_NUM_THREADS"] == "6");  // the submitter's own
+  job.spec.env["OMP_NUM_THREADS"] = "2";
+  CHECK(launch_document(job, {}, {"GPU-c"}, "/s", 7.5, 0, {}, {}, runs)["ranks"][0]["env"]["OMP_NUM_THREADS"] == "2");
+}
+
 TEST_CASE("with `mem_bind`, each rank's entry names the NUMA nodes of its own cores") {
   auto job = ddp_job();  // 2 ranks
   job.spec.cpus = 2;
