@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <optional>
 
 #include "common/paths.hpp"
@@ -59,14 +60,23 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
   // A job that would pass exec's size limit is refused now, not failed at every launch.
   const std::size_t base_bytes = common::exec_bytes(out.env);
   auto& problems = out.problems;
+  std::map<std::pair<std::vector<std::string>, std::vector<std::string>>, std::vector<std::string>> pattern_checks;
   out.jobs.reserve(parsed->size());
   for (std::size_t i = 0; i < parsed->size(); ++i) {
     auto& s = (*parsed)[i];
     std::string who = "job[" + std::to_string(i) + "]" + (s.name.empty() ? "" : " (" + s.name + ")");
     if (auto too_big = common::exec_size_problem(s, base_bytes); !too_big.empty())
       problems.push_back(who + ": " + too_big);
-    for (const auto& p : supervisor::pattern_problems(s.report))  // RE2's, as the supervisor compiles them
-      problems.push_back(who + ": " + p);
+    if (!s.report.progress.empty() || !s.report.result.empty()) {
+      // RE2's word, as the supervisor compiles them; once a batch for each set of patterns (a
+      // matrix of 100,000 jobs has one).
+      auto key = std::make_pair(s.report.progress, s.report.result);
+      auto it = pattern_checks.find(key);
+      if (it == pattern_checks.end())
+        it = pattern_checks.emplace(std::move(key), supervisor::pattern_problems(s.report)).first;
+      for (const auto& p : it->second)
+        if (problems.size() < 1000) problems.push_back(who + ": " + p);
+    }
     if (s.nodes > facts.max_nodes)
       problems.push_back(who + ": `nodes` " + std::to_string(s.nodes) + " spreads the job over " +
                          std::to_string(s.nodes) + " machines, which needs the Slurm executor (gpuqd --executor " +

@@ -321,6 +321,12 @@ MUTANTS = [
      "      const std::size_t take = std::min(room, static_cast<std::size_t>(stop - data));\n",
      "      const std::size_t take = static_cast<std::size_t>(stop - data) + 0 * room;\n",
      ["unit:a carriage return ends a line and only the start of a long line is looked at"]),
+    # The supervisor's last read of a rank's output stops after 2 s: a writer outside the job that
+    # holds the pipe cannot keep the attempt (and its GPUs) from ending.
+    ("final-drain-bound", "supervisor/supervisor.cpp",
+     "        if (drain && mono_now() >= drain_until) {\n",
+     "        if (drain && mono_now() >= drain_until + 1e9) {\n",
+     ["test_report.Report.test_a_writer_outside_the_job_holding_its_output_cannot_keep_the_attempt_from_ending"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",

@@ -17,12 +17,16 @@ using json = nlohmann::json;
 
 namespace {
 // Each pattern's compiled program, and the set of them all, may take this much memory.
-constexpr std::int64_t k_pattern_memory = 1 << 20;
+constexpr std::int64_t k_pattern_memory = 256 << 10;
+constexpr std::size_t k_max_groups = 16;          // named groups in one pattern
+constexpr std::size_t k_max_capture_bytes = 256;  // of a captured text kept as a field
 }  // namespace
 
 json typed_capture(std::string_view text) {
   const std::string s(text);
-  if (s.empty() || s.size() > 64 || std::isspace(static_cast<unsigned char>(s.front()))) return s;
+  if (s.empty() || s.size() > 64 || std::isspace(static_cast<unsigned char>(s.front())) ||
+      s.find('\0') != std::string::npos)
+    return s;
   char* end = nullptr;
   errno = 0;
   const long long whole = std::strtoll(s.c_str(), &end, 10);
@@ -54,6 +58,9 @@ std::string problem_of(const RE2& re) {
   if (!re.ok()) return re.error();
   const auto& names = re.NamedCapturingGroups();
   if (names.empty()) return "it has no named group, so a match would report nothing: (?P<loss>[0-9.]+)";
+  if (names.size() > k_max_groups || static_cast<std::size_t>(re.NumberOfCapturingGroups()) > 2 * k_max_groups)
+    return "it has " + std::to_string(re.NumberOfCapturingGroups()) + " groups; a pattern may have " +
+           std::to_string(k_max_groups) + " named ones (and as many unnamed)";
   if (names.count("type")) return "a group named `type` would be the event's type: name it otherwise";
   return "";
 }
@@ -61,13 +68,19 @@ std::string problem_of(const RE2& re) {
 
 std::vector<std::string> pattern_problems(const common::Report& report) {
   std::vector<std::string> out;
+  RE2::Set set(pattern_options(), RE2::UNANCHORED);  // all of them at once, as the supervisor runs them
   for (const auto& [what, list] : {std::pair{"progress", &report.progress}, std::pair{"result", &report.result}})
     for (std::size_t i = 0; i < list->size(); ++i) {
+      const std::string at = std::string("`report.") + what + "[" + std::to_string(i) + "]`";
       const RE2 re((*list)[i], pattern_options());
+      std::string error;
       if (auto why = problem_of(re); !why.empty())
-        out.push_back(std::string("`report.") + what + "[" + std::to_string(i) +
-                      "]` is not a pattern gpuq can use: " + why);
+        out.push_back(at + " is not a pattern gpuq can use: " + why);
+      else if (set.Add((*list)[i], &error) < 0)
+        out.push_back(at + ": " + error);
     }
+  if (out.empty() && !(report.progress.empty() && report.result.empty()) && !set.Compile())
+    out.push_back("`report`'s patterns together take more memory than a job's may: fewer or simpler ones");
   return out;
 }
 
@@ -115,7 +128,7 @@ void OutputReport::line(std::string_view text, std::vector<json>& events) {
     for (const auto& [name, at] : re.NamedCapturingGroups()) {
       const auto& g = groups[static_cast<std::size_t>(at)];
       if (g.data() == nullptr) continue;  // an optional group that took no part
-      into[name] = typed_capture(std::string_view(g.data(), g.size()));
+      into[name] = typed_capture(std::string_view(g.data(), std::min(g.size(), k_max_capture_bytes)));
     }
   }
   // gpuqd merges each result event into the job's result, so a field caught later replaces it.

@@ -571,7 +571,10 @@ class Supervisor {
     std::vector<pollfd> fds{{m_sigfd, POLLIN, 0}};
     for (const auto& [fd, _] : m_pipes) fds.push_back({fd, POLLIN, 0});
     const int timeout_ms = static_cast<int>(wait_s * 1000 + 0.5);
-    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return false;
+    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) {
+      if (m_report_fd >= 0) write_events();  // what waited for its pace, while the program is silent
+      return false;
+    }
     bool stop = false;
     signalfd_siginfo info{};
     while (::read(m_sigfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
@@ -590,10 +593,17 @@ class Supervisor {
   // final pass, every rank gone) each pipe is read to its end.
   void pump_pipes(const std::vector<int>& fds, bool drain) {
     static char buf[1 << 16];
+    // The final pass reads for at most 2 s: a process outside the job's tree that holds a pipe
+    // (handed it, or opened /proc/<pid>/fd/1) and writes on cannot keep the attempt from ending.
+    const double drain_until = mono_now() + 2.0;
     for (int fd : fds) {
       bool done = false;
       int idle_polls = 0;
       for (int rounds = 0; !done && (drain || rounds < 16); ++rounds) {  // bounded: signals stay prompt
+        if (drain && mono_now() >= drain_until) {
+          done = true;
+          break;
+        }
         const ssize_t n = ::read(fd, buf, sizeof buf);
         if (n > 0) {
           m_pipes.at(fd).write(buf, static_cast<std::size_t>(n));
@@ -758,23 +768,21 @@ class Supervisor {
   // The events the report made, appended to the rank's events file as lines the job could have
   // written (O_APPEND: a line each, among any the job writes itself), made as the owner and never
   // through a link the job put at its name (open_log). gpuqd reads them with the job's own.
-  // What a chatty program's lines make is paced: a progress event at most every 10 ms (a later
-  // one replaces one not yet written), and the result's fields merged and written at most once a
-  // second; both are written out when the rank's output ends (`all`).
+  // What a chatty program's lines make is paced: a progress event at most every 0.5 s and the
+  // result at most once a second, the fields of the lines between merged (the later winning), so
+  // a rank's events file (of which gpuqd reads 64 MiB) lasts days; both are written out when the
+  // rank's output ends (`all`).
   void write_events(bool all = false) {
     const double now = mono_now();
     for (auto& e : m_report_out) {
-      if (e.value("type", "") == "result") {
-        for (auto& [k, v] : e.items())
-          m_pending_result[k] = std::move(v);
-      } else {
-        m_pending_progress = std::move(e);
-      }
+      json& pending = e.value("type", "") == "result" ? m_pending_result : m_pending_progress;
+      for (auto& [k, v] : e.items())
+        pending[k] = std::move(v);
     }
     m_report_out.clear();
-    if (!m_pending_progress.is_null() && (all || now - m_progress_at >= 0.01)) {
+    if (!m_pending_progress.empty() && (all || now - m_progress_at >= 0.5)) {
       m_report_out.push_back(std::move(m_pending_progress));
-      m_pending_progress = json();
+      m_pending_progress = json::object();
       m_progress_at = now;
     }
     if (!m_pending_result.empty() && (all || now - m_result_at >= 1.0)) {
@@ -815,9 +823,12 @@ class Supervisor {
     } else {
       json result = std::move(*doc);
       result["type"] = "result";
-      m_report_out.push_back(std::move(result));
-      write_events(true);
-      return;
+      if (result.dump().size() < (1 << 20)) {  // an event line gpuqd reads (k_max_event_line)
+        m_report_out.push_back(std::move(result));
+        write_events(true);
+        return;
+      }
+      problem = "its results file " + m_report_file + ": over 1 MiB as an event line";
     }
     if (auto fd = open_log(m_report_log, false)) {
       const std::string line = "gpuq: no result from " + problem + "\n";
@@ -850,7 +861,7 @@ class Supervisor {
   int m_report_fd = -1;  // the reporting rank's pipe
   std::string m_report_events, m_report_cwd, m_report_log, m_report_file;
   std::vector<json> m_report_out;
-  json m_pending_progress, m_pending_result = json::object();  // paced (write_events)
+  json m_pending_progress = json::object(), m_pending_result = json::object();  // paced (write_events)
   double m_progress_at = -1, m_result_at = -1;
   int m_events_fd = -1;
   bool m_events_failed = false;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -20,7 +21,6 @@
 #include "cli/rpc.hpp"
 #include "common/client.hpp"
 #include "common/config.hpp"
-#include "common/matrix.hpp"
 #include "common/paths.hpp"
 #include "common/protocol.hpp"
 #include "common/slurm_script.hpp"
@@ -218,13 +218,14 @@ std::optional<std::int64_t> mebibytes(const std::string& text) {
   return static_cast<std::int64_t>(mib);
 }
 
-// A matrix value as typed on the command line: a number or true/false stays one, anything else
-// is a string.
+// A matrix value as typed on the command line: a number that reads back as typed (0.1, 64, -3)
+// or true/false stays one, anything else is a string, so {KEY} puts back what was typed
+// (1e-4 and 1.10 stay text: as numbers they would come back 0.0001 and 1.1).
 json typed_value(const std::string& text) {
   if (text == "true") return true;
   if (text == "false") return false;
   const json number = json::parse(text, nullptr, false);
-  if (number.is_number() && !text.empty() && text.find_first_of(" \t\n") == std::string::npos) return number;
+  if (number.is_number() && number.dump() == text) return number;
   return text;
 }
 
@@ -242,10 +243,13 @@ Result<json> run_spec(const RunArgs& a) {
     spec["command"] = a.argv;
   }
   std::string name = a.name;
-  if (name.empty()) {
-    const std::string& program = a.shell ? std::string("sh") : a.argv.front();
-    name = program.substr(program.rfind('/') == std::string::npos ? 0 : program.rfind('/') + 1);
+  if (name.empty()) {  // the program's file name, made a valid job name (g++ -> g--, 7z -> job-7z)
+    const std::string program = a.shell ? std::string("sh") : a.argv.front();
+    for (char c : program.substr(program.rfind('/') == std::string::npos ? 0 : program.rfind('/') + 1).substr(0, 64))
+      name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '-';
     if (name.empty()) name = "job";
+    else if (name.find_first_not_of("0123456789") == std::string::npos)
+      name = "job-" + name;
   }
   spec["name"] = name;
   if (a.gpus >= 0) spec["gpus"] = a.gpus;
@@ -333,8 +337,10 @@ int cmd_run(const Options& o, const RunArgs& a) {
   json jobs = json::array({std::move(*spec)});
   if (a.dry_run) return dry_run(o, jobs, a.hold, a.max_running);
   if (a.follow) {  // one job's output: a matrix makes several
-    auto expanded = common::expand_matrices(jobs, 2);
-    if (expanded && expanded->size() > 1) {
+    std::size_t values = 1;  // the jobs a matrix makes: the product of its keys' value counts
+    for (const auto& item : a.matrix)
+      values *= 1 + static_cast<std::size_t>(std::count(item.begin(), item.end(), ','));
+    if (values > 1) {
       std::cerr << "gpuq: --follow prints one job's output, and this run makes several (a matrix): use --wait, "
                    "then `gpuq logs ID`\n";
       return k_exit_usage;

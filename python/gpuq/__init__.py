@@ -23,13 +23,36 @@ def report(progress=None, result=None):
         return False
     lines = []
     if progress is not None:
-        lines.append(json.dumps({**progress, "type": "progress"}, allow_nan=False))
+        lines.append(_event_line({**progress, "type": "progress"}))
     if result is not None:
-        lines.append(json.dumps({**result, "type": "result"}, allow_nan=False))
+        lines.append(_event_line({**result, "type": "result"}))
     with open(path, "a") as f:
         for line in lines:
             f.write(line + "\n")  # one write a line (O_APPEND): ranks may report at once
     return True
+
+
+def _plain(value):
+    """A value as JSON can hold it: numpy and torch scalars as Python numbers (.item()), NaN and
+    infinities as null (JSON has none), anything else unknown as its text."""
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if hasattr(value, "item"):
+        try:
+            return _plain(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def _event_line(event):
+    return json.dumps(_plain(event), allow_nan=False)
 
 
 class JobFailed(Exception):
@@ -73,11 +96,14 @@ def map(function, items, gpus=1, name=None, client=None, timeout=0, **spec):  # 
 
     A job that fails raises JobFailed for the first such item, with the job's reason and, where the
     function raised, its traceback; `timeout` (seconds) bounds the whole wait (TimeoutError)."""
+    if os.environ.get("GPUQ_MAP_LOADING"):
+        raise RuntimeError("gpuq.map was called while a gpuq.map job loaded its function's script: the script "
+                           "calls gpuq.map at its top level; put that under if __name__ == \"__main__\":")
     items = list(items)
     where = _function_name(function)
     where["sys_path"] = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    bootstrap = f"import sys; sys.path.insert(0, {package_root!r}); from gpuq._runner import main; main()"
+    bootstrap = f"import sys; sys.path.append({package_root!r}); from gpuq._runner import main; main()"
     base = name or where["qualname"].replace(".", "-")
     jobs = []
     for i, item in enumerate(items):

@@ -13,9 +13,8 @@ MAX_INLINE_BYTES = 512 << 10  # a result event is at most 1 MiB: larger values g
 
 
 def load_function(payload):
-    for path in reversed(payload.get("sys_path", [])):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    sys.path[:] = payload.get("sys_path", []) + [p for p in sys.path if p not in payload.get("sys_path", [])]
+    os.environ["GPUQ_MAP_LOADING"] = "1"  # a gpuq.map at the script's top level would submit again
     if payload.get("file"):  # the caller's __main__: loaded under another name, so its main block does not run
         spec = importlib.util.spec_from_file_location("__gpuq_main__", payload["file"])
         module = importlib.util.module_from_spec(spec)
@@ -23,6 +22,7 @@ def load_function(payload):
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(payload["module"])
+    del os.environ["GPUQ_MAP_LOADING"]
     target = module
     for part in payload["qualname"].split("."):
         target = getattr(target, part)

@@ -108,6 +108,7 @@ class Connection:
             self._sock.close()
             raise Unavailable(f"cannot reach gpuqd at {path}: {e.strerror or e} (is it running? `gpuq daemon start`)")
         self._buf = b""
+        self.broken = False  # a request went unanswered: the next reply could be its, so no more requests here
         self.hello = self.call({"cmd": "hello", "protocol_version": PROTOCOL_VERSION, "protocol_minor": PROTOCOL_MINOR,
                                 "client": "gpuq-python"})
 
@@ -115,6 +116,8 @@ class Connection:
         self._sock.close()
 
     def call(self, request, timeout=None):
+        if self.broken:
+            raise Unavailable(f"the connection to gpuqd at {self.path} lost a reply; connect again")
         try:
             line = json.dumps(request, ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
         except UnicodeEncodeError as e:
@@ -125,22 +128,37 @@ class Connection:
             self._sock.sendall(line)
             reply = self._read_line()
         except socket.timeout:
+            self._give_up()
             raise Unavailable(f"gpuqd did not answer `{request.get('cmd')}` in time")
         except OSError as e:
+            self._give_up()
             raise Unavailable(f"lost gpuqd at {self.path}: {e}")
+        except Error:
+            self._give_up()
+            raise
         if not reply.get("ok"):
             raise error_of(reply)
         return reply
 
+    def _give_up(self):
+        self.broken = True
+        self._sock.close()
+
     def _read_line(self):
-        while b"\n" not in self._buf:
+        buf = bytearray(self._buf)
+        scanned = 0
+        while True:
+            nl = buf.find(b"\n", scanned)
+            if nl >= 0:
+                break
+            scanned = len(buf)
             chunk = self._sock.recv(1 << 20)
             if not chunk:
                 raise Unavailable(f"gpuqd at {self.path} closed the connection")
-            self._buf += chunk
-            if len(self._buf) > MAX_REPLY_BYTES:
+            buf += chunk
+            if len(buf) > MAX_REPLY_BYTES:
                 raise TooLarge(f"a reply longer than {MAX_REPLY_BYTES} bytes")
-        line, self._buf = self._buf.split(b"\n", 1)
+        line, self._buf = bytes(buf[:nl]), bytes(buf[nl + 1:])
         try:
             reply = json.loads(line)
         except ValueError as e:
@@ -162,8 +180,9 @@ class Batch:
 
 
 class Client:
-    """A client of one gpuqd. Calls reconnect once where gpuqd went away between two of them;
-    `wait` waits out a restart (gpuqd stopped and started again) for up to `reconnect_s`."""
+    """A client of one gpuqd. A call after one that lost gpuqd (or its reply) connects again
+    first; a request is never sent twice. `wait` waits out a restart (gpuqd stopped and started
+    again) for up to `reconnect_s` in all."""
 
     def __init__(self, socket_path=None, timeout=None, reconnect_s=60):
         self.socket_path = socket_path or default_socket()
@@ -187,6 +206,8 @@ class Client:
     def call(self, cmd, **fields):
         """One request as docs/protocol.md has it; the reply (without `ok`), or a typed Error."""
         request = {"cmd": cmd, **{k: v for k, v in fields.items() if v is not None}}
+        if self._conn.broken:
+            self._reconnect(time.monotonic())  # one try: the caller saw the last one fail
         reply = self._conn.call(request)
         reply.pop("ok", None)
         return reply
@@ -236,12 +257,20 @@ class Client:
         waited out (reconnect_s)."""
         ids = _ids(ids)
         deadline = time.monotonic() + timeout if timeout else None
+        lost_since = None  # gpuqd gone: reconnect_s from then in all, not afresh at each loss
         while True:
             left = max(0.001, deadline - time.monotonic()) if deadline else 0
             try:
-                reply = self._conn.call({"cmd": "wait", "ids": ids, "timeout_s": left})
+                if self._conn.broken:
+                    self._reconnect((lost_since or time.monotonic()) + self.reconnect_s)
+                reply = self._conn.call({"cmd": "wait", "ids": ids, "timeout_s": left}, timeout=None)
+                lost_since = None
             except Unavailable:
-                self._reconnect(time.monotonic() + self.reconnect_s)
+                now = time.monotonic()
+                lost_since = lost_since or now
+                if now - lost_since >= self.reconnect_s:
+                    raise
+                self._conn.broken = True
                 continue
             if reply.get("timed_out"):
                 raise TimeoutError(f"jobs {ids} had not ended after {timeout} s")

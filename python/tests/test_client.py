@@ -121,6 +121,37 @@ class ClientTest(DaemonTest):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(json.loads(r.stdout), [{"lr": 0.1, "loss": 0.9}, {"lr": 0.5, "loss": 0.5}])
 
+    def test_a_script_calling_map_at_its_top_level_fails_its_jobs_instead_of_submitting_more(self):
+        script = self.tmp_path("unguarded.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(f'''
+                import sys
+                sys.path.insert(0, {PYTHON_DIR!r})
+                import gpuq
+
+                def train(lr):
+                    return lr
+
+                gpuq.map(train, [1, 2], gpus=0)
+                '''))
+        r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, GPUQ_SOCKET=self.d.socket), cwd=self.tmp)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("gpuq.JobFailed", r.stderr)
+        self.assertIn("put that under if __name__", r.stderr)
+        self.assertEqual(len(self.client.status(all=True)), 2)  # the two items' jobs, and no more
+
+    def test_a_connection_that_lost_a_reply_is_not_read_again(self):
+        client = gpuq.Client(self.d.socket)
+        self.addCleanup(client.close)
+        job = client.submit({"name": "w", "shell": "sleep 30"}).ids[0]
+        client._conn._sock.settimeout(0.2)
+        with self.assertRaises(gpuq.Unavailable):
+            client._conn.call({"cmd": "wait", "ids": [job], "timeout_s": 5})  # answered after its timeout
+        # The next call connects again, and gets its own reply, not the wait's.
+        self.assertEqual(client.show(job)["job"]["id"], job)
+        client.cancel([job])
+
     def test_report_from_inside_a_job(self):
         code = (f"import sys; sys.path.insert(0, {PYTHON_DIR!r}); import gpuq; "
                 "gpuq.report(progress={'epoch': 1, 'epochs': 2, 'loss': 0.5}); "

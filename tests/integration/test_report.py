@@ -3,7 +3,7 @@
 import json
 import os
 
-from harness import DaemonTest
+from harness import DaemonTest, pids_matching, wait_until
 
 # Prints as pytorch/examples' mnist/main.py does (its format strings), and nothing for gpuq.
 MNIST_LIKE = r'''
@@ -98,3 +98,44 @@ class Report(DaemonTest):
                              "report": {"result": [r"^x=(?P<last>-?\d+)$"]}})["ids"][0]
         self.assertEqual(self.d.wait([job], timeout=300)[job]["state"], "succeeded")
         self.assertEqual(self.d.json("result", str(job))["result"], {"last": 199999})
+
+    def test_a_writer_outside_the_job_holding_its_output_cannot_keep_the_attempt_from_ending(self):
+        # Something outside the job's tree (here the test, through /proc/PID/fd/1, as any process
+        # of the owner's may) writes into the reporting rank's output for ever: the supervisor's
+        # last read of it stops, and the attempt ends.
+        import threading
+        import time
+        go = self.tmp_path("go")
+        job = self.d.submit({"name": "held", "shell": f"echo ready; while [ ! -e {go} ]; do sleep 0.05; done",
+                             "report": {"result": [r"^n=(?P<n>\d+)$"]}})["ids"][0]
+        wait_until(lambda: "ready" in self.d.ok("logs", str(job)), what="the job's first line")
+        shells = [p for p in pids_matching(f"while \\[ ! -e {go} \\]")]
+        self.assertTrue(shells)
+        out = open(f"/proc/{shells[0]}/fd/1", "w")
+        stop = threading.Event()
+
+        def flood():
+            i = 0
+            while not stop.is_set():
+                try:
+                    out.write(f"n={i}\n")
+                    out.flush()
+                except OSError:
+                    return
+                i += 1
+        writer = threading.Thread(target=flood)
+        writer.start()
+        try:
+            started = time.monotonic()
+            open(go, "w").close()
+            done = self.d.wait([job], timeout=60)[job]
+            self.assertEqual(done["state"], "succeeded")
+            self.assertLess(time.monotonic() - started, 30)
+            self.assertIsInstance(self.d.json("result", str(job))["result"]["n"], int)
+        finally:
+            stop.set()
+            writer.join()
+            try:
+                out.close()
+            except OSError:
+                pass  # what it had buffered, after the job's end

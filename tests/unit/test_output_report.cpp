@@ -36,6 +36,11 @@ TEST_CASE("captured text stays a number where it is one") {
   CHECK(typed_capture("1e-3") == json(1e-3));
   for (const char* text : {"nan", "inf", "0x10", " 3", "3 ", "9890/10000", "", "abc"})
     CHECK(typed_capture(text) == json(text));
+  CHECK(typed_capture(std::string_view("12\0"
+                                       "3",
+                                       4)) == json(std::string("12\0"
+                                                               "3",
+                                                               4)));  // not 12
 }
 
 TEST_CASE("mnist's lines become progress and result events, numbers kept") {
@@ -86,9 +91,13 @@ TEST_CASE("patterns that cannot be used are named") {
   }
   Report r;
   r.progress = {"(?P<ok>1)", "(?P<broken"};
-  r.result = {"no groups", "(?P<type>x)", "(?P<x>a{1000}){1000}"};
+  r.result = {"no groups", "(?P<type>x)", "(?P<x>a{1000}){1000}",
+              "(?P<a>(?P<b>(?P<c>(?P<d>(?P<e>(?P<f>(?P<g>(?P<h>(?P<i>(?P<j>(?P<k>(?P<l>(?P<m>(?P<n>(?P<o>(?P<p>(?P<q>.)"
+              "))))))))))))))))"};
   const auto problems = pattern_problems(r);
-  REQUIRE(problems.size() == 4);
+  REQUIRE(problems.size() == 5);
+  CHECK(problems[4].find("`report.result[3]`") == 0);  // 17 named groups: more than a pattern may have
+  CHECK(problems[4].find("17 groups") != std::string::npos);
   CHECK(problems[0].find("`report.progress[1]`") == 0);
   CHECK(problems[1].find("`report.result[0]`") == 0);
   CHECK(problems[1].find("no named group") != std::string::npos);
