@@ -100,7 +100,9 @@ class Cookbook(DaemonTest):
             self.assertGreater(os.path.getsize(os.path.join(work, picture)), 5000, picture)
         status = json.loads(self.d.ok("status", "--all", "--json"))
         finished = [j for j in status["jobs"] if j["state"] == "succeeded"]
-        self.assertEqual(len(finished), 2 + 1 + 2 + 12 + 1)
+        self.assertEqual(len(finished), 2 + 1 + 2 + 12 + 1 + 1)
+        # The torchrun script as `gpuq run`, its results read from what it printed.
+        self.assertRegex(out, r"script-run +succeeded +[0-9.e-]+ +[0-9.]+\n")
 
 
 if __name__ == "__main__":
