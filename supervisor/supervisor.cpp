@@ -355,6 +355,152 @@ void complain(const std::string& message) {
   ::close(fd);
 }
 
+// A job's `report` (a spec's, common/spec.hpp) as its supervisor carries it out: the chosen
+// rank's output read through the job's patterns (output_report.hpp), and the results file read
+// once every rank has ended, both written into that rank's events file.
+class Reporting {
+ public:
+  Reporting() = default;
+  Reporting(const Reporting&) = delete;
+  Reporting& operator=(const Reporting&) = delete;
+  ~Reporting() {
+    if (m_events_fd >= 0) ::close(m_events_fd);
+  }
+
+  // The launch document's `report`: its patterns compiled. A problem (gpuqd checked them when the
+  // job came) is said in the shim's log and the job runs unreported.
+  void take(const json& doc) {
+    const auto it = doc.find("report");
+    if (it == doc.end() || !it->is_object()) return;
+    common::Report r;
+    try {
+      r.progress = it->value("progress", std::vector<std::string>{});
+      r.result = it->value("result", std::vector<std::string>{});
+      r.rank = it->value("rank", 0);
+      r.file = it->value("file", std::string());
+    } catch (const std::exception&) {
+      complain("the launch document's report is not {progress, result, rank, file}");
+      return;
+    }
+    m_file = r.file;
+    m_rank = r.rank;
+    if (r.progress.empty() && r.result.empty()) return;
+    auto made = OutputReport::make(r);
+    if (!made) return complain("the job's report patterns: " + made.error().message);
+    m_patterns = std::move(*made);
+  }
+
+  // Rank `rank` starts: where its events go, its working directory and its log, if it reports.
+  void spawning(int rank, const std::string& events, const std::string& cwd, const std::string& log) {
+    if (rank != m_rank) return;
+    m_events = events;
+    m_cwd = cwd;
+    m_log = log;
+  }
+  // Whether rank `rank`'s output goes through the patterns (then through a pipe: watch()).
+  bool reads_output_of(int rank) const { return m_patterns && rank == m_rank; }
+  void watch(int pipe) { m_pipe = pipe; }
+  // Output read from pipe `fd`; its end.
+  void output(int fd, const char* data, std::size_t n) {
+    if (fd != m_pipe) return;
+    m_patterns->feed(data, n, m_out);
+    write_events();
+  }
+  void closed(int fd) {
+    if (fd != m_pipe) return;
+    m_patterns->finish(m_out);  // its last line, if it did not end with one
+    write_events(true);
+    m_pipe = -1;
+  }
+  // A turn of the supervisor's loop: what waited for its pace.
+  void tick() {
+    if (m_pipe >= 0) write_events();
+  }
+
+  // The results file the report names, once every rank has ended: a JSON object (at most 1 MiB),
+  // read as the owner from the reporting rank's directory, never through a link, and written as
+  // a result event. A file that is missing or not an object is said in the rank's log.
+  void read_results_file() {
+    if (m_file.empty() || m_events.empty()) return;
+    const std::string path = m_file[0] == '/' ? m_file : m_cwd + "/" + m_file;
+    std::string problem;
+    auto text = common::read_job_file(path, 1 << 20, "its results file " + m_file);
+    if (!text) {
+      problem = text.error().message;
+    } else if (auto doc = common::parse_untrusted(*text, "its results file " + m_file); !doc) {
+      problem = doc.error().message;
+    } else if (!doc->is_object()) {
+      problem = "its results file " + m_file + " holds " + std::string(doc->type_name()) + ", not an object";
+    } else {
+      json result = std::move(*doc);
+      result["type"] = "result";
+      if (result.dump().size() < (1 << 20)) {  // an event line gpuqd reads (k_max_event_line)
+        m_out.push_back(std::move(result));
+        write_events(true);
+        return;
+      }
+      problem = "its results file " + m_file + ": over 1 MiB as an event line";
+    }
+    if (auto fd = open_log(m_log, false)) {
+      const std::string line = "gpuq: no result from " + problem + "\n";
+      [[maybe_unused]] auto n = ::write(*fd, line.data(), line.size());
+      ::close(*fd);
+    }
+  }
+
+ private:
+  // The events the report made, appended to the rank's events file as lines the job could have
+  // written (O_APPEND: a line each, among any the job writes itself), made as the owner and never
+  // through a link the job put at its name (open_log). gpuqd reads them with the job's own.
+  // What a chatty program's lines make is paced: a progress event at most every 0.5 s and the
+  // result at most once a second, the fields of the lines between merged (the later winning), so
+  // a rank's events file (of which gpuqd reads 64 MiB) lasts days; both are written out when the
+  // rank's output ends (`all`).
+  void write_events(bool all = false) {
+    const double now = mono_now();
+    for (auto& e : m_out) {
+      json& pending = e.value("type", "") == "result" ? m_pending_result : m_pending_progress;
+      for (auto& [k, v] : e.items())
+        pending[k] = std::move(v);
+    }
+    m_out.clear();
+    if (!m_pending_progress.empty() && (all || now - m_progress_at >= 0.5)) {
+      m_out.push_back(std::move(m_pending_progress));
+      m_pending_progress = json::object();
+      m_progress_at = now;
+    }
+    if (!m_pending_result.empty() && (all || now - m_result_at >= 1.0)) {
+      m_out.push_back(std::move(m_pending_result));
+      m_pending_result = json::object();
+      m_result_at = now;
+    }
+    if (m_out.empty()) return;
+    if (m_events_fd < 0 && !m_events.empty() && !m_events_failed) {
+      auto fd = open_log(m_events, false);
+      if (fd)
+        m_events_fd = *fd;
+      else
+        complain("cannot write the job's reported events: " + fd.error().message), m_events_failed = true;
+    }
+    for (const auto& e : m_out) {
+      if (m_events_fd < 0) break;
+      const std::string line = e.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      if (::write(m_events_fd, line.data(), line.size()) < 0) break;
+    }
+    m_out.clear();
+  }
+
+  std::unique_ptr<OutputReport> m_patterns;  // none: the output is not read
+  int m_rank = 0;
+  int m_pipe = -1;  // the reporting rank's output
+  std::string m_events, m_cwd, m_log, m_file;
+  std::vector<json> m_out;                                                      // events made, not yet written
+  json m_pending_progress = json::object(), m_pending_result = json::object();  // paced (write_events)
+  double m_progress_at = -1, m_result_at = -1;
+  int m_events_fd = -1;
+  bool m_events_failed = false;
+};
+
 class Supervisor {
  public:
   // `stop_on_urg`: one task of a Slurm gang, where gpuq stops the supervisors with SIGURG (see
@@ -429,7 +575,7 @@ class Supervisor {
     // the file gpuqd writes before sending it says so. One written after this look comes with a
     // signal that is caught.
     if (!m_stop_file.empty() && common::path_exists(m_stop_file)) m_cancelled = true;
-    take_report();
+    m_report.take(m_doc);
     if (!m_cancelled)
       for (const auto& r : m_doc["ranks"]) spawn(r);
     release_cgroup();
@@ -460,7 +606,7 @@ class Supervisor {
     std::vector<int> all;
     for (const auto& [fd, _] : m_pipes) all.push_back(fd);
     pump_pipes(all, true);
-    read_results_file();
+    m_report.read_results_file();
     return record_outcome();
   }
 
@@ -479,11 +625,7 @@ class Supervisor {
     const auto log = r["log"].get<std::string>();
     const CpuMask cpus(r.value("cpus", std::vector<int>{}));
     const MemPolicy memory(r.value("mem_bind", json()));
-    if (rank.rank == m_report_rank) {  // where its reported events and results file are
-      m_report_events = env_map.count("GPUQ_EVENTS") ? env_map.at("GPUQ_EVENTS") : "";
-      m_report_cwd = cwd;
-      m_report_log = log;
-    }
+    m_report.spawning(rank.rank, env_map.count("GPUQ_EVENTS") ? env_map.at("GPUQ_EVENTS") : "", cwd, log);
     auto path_it = env_map.find("PATH");
     std::string exe = resolve_executable(argv[0], path_it == env_map.end() ? "" : path_it->second, cwd);
     std::string error;
@@ -528,7 +670,7 @@ class Supervisor {
           // In a directory the job's owner can write: no symlink followed, no fifo waited on.
           with_stream(common::open_job_file(input, "its input"), "r", "its input " + input, child);
         };
-        const bool reported = m_report && rank.rank == m_report_rank;
+        const bool reported = m_report.reads_output_of(rank.rank);
         if (m_log_limit > 0 || reported) {
           // Capped log: the rank writes into a pipe, the shim copies it to a rotating LogSink
           // (and, for the rank whose output reports, through the job's patterns).
@@ -541,7 +683,7 @@ class Supervisor {
           ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
           ::fcntl(fd, F_SETFD, FD_CLOEXEC);
           m_pipes.emplace(fd, std::move(sink));
-          if (reported) m_report_fd = fd;
+          if (reported) m_report.watch(fd);
         } else {
           with_stream(open_log(log, false), "a", "the log " + log, start);
         }
@@ -572,7 +714,7 @@ class Supervisor {
     for (const auto& [fd, _] : m_pipes) fds.push_back({fd, POLLIN, 0});
     const int timeout_ms = static_cast<int>(wait_s * 1000 + 0.5);
     if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) {
-      if (m_report_fd >= 0) write_events();  // what waited for its pace, while the program is silent
+      m_report.tick();  // what waited for its pace, while the program is silent
       return false;
     }
     bool stop = false;
@@ -585,7 +727,7 @@ class Supervisor {
     for (std::size_t i = 1; i < fds.size(); ++i)
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) ready.push_back(fds[i].fd);
     pump_pipes(ready, false);
-    if (m_report_fd >= 0) write_events();  // what waited for its pace
+    m_report.tick();  // what waited for its pace
     return stop;
   }
 
@@ -607,10 +749,7 @@ class Supervisor {
         const ssize_t n = ::read(fd, buf, sizeof buf);
         if (n > 0) {
           m_pipes.at(fd).write(buf, static_cast<std::size_t>(n));
-          if (fd == m_report_fd) {
-            m_report->feed(buf, static_cast<std::size_t>(n), m_report_out);
-            write_events();
-          }
+          m_report.output(fd, buf, static_cast<std::size_t>(n));
         } else if (n < 0 && errno == EINTR) {
           continue;
         } else if (n < 0 && errno == EAGAIN) {
@@ -624,11 +763,7 @@ class Supervisor {
         }
       }
       if (done) {
-        if (fd == m_report_fd) {  // its last line, if it did not end with one
-          m_report->finish(m_report_out);
-          write_events(true);
-          m_report_fd = -1;
-        }
+        m_report.closed(fd);
         ::close(fd);
         m_pipes.erase(fd);
       }
@@ -741,102 +876,6 @@ class Supervisor {
   // Whose the files this process makes are (its file-system identity).
   uid_t files_uid() const { return m_owner ? m_owner->uid : ::geteuid(); }
 
-  // The launch document's `report` (a spec's, common/spec.hpp): its patterns compiled, for the
-  // rank whose output they read. A problem (gpuqd checked them when the job came) is said in the
-  // shim's log and the job runs unreported.
-  void take_report() {
-    const auto it = m_doc.find("report");
-    if (it == m_doc.end() || !it->is_object()) return;
-    common::Report r;
-    try {
-      r.progress = it->value("progress", std::vector<std::string>{});
-      r.result = it->value("result", std::vector<std::string>{});
-      r.rank = it->value("rank", 0);
-      r.file = it->value("file", std::string());
-    } catch (const std::exception&) {
-      complain("the launch document's report is not {progress, result, rank, file}");
-      return;
-    }
-    m_report_file = r.file;
-    m_report_rank = r.rank;
-    if (r.progress.empty() && r.result.empty()) return;
-    auto made = OutputReport::make(r);
-    if (!made) return complain("the job's report patterns: " + made.error().message);
-    m_report = std::move(*made);
-  }
-
-  // The events the report made, appended to the rank's events file as lines the job could have
-  // written (O_APPEND: a line each, among any the job writes itself), made as the owner and never
-  // through a link the job put at its name (open_log). gpuqd reads them with the job's own.
-  // What a chatty program's lines make is paced: a progress event at most every 0.5 s and the
-  // result at most once a second, the fields of the lines between merged (the later winning), so
-  // a rank's events file (of which gpuqd reads 64 MiB) lasts days; both are written out when the
-  // rank's output ends (`all`).
-  void write_events(bool all = false) {
-    const double now = mono_now();
-    for (auto& e : m_report_out) {
-      json& pending = e.value("type", "") == "result" ? m_pending_result : m_pending_progress;
-      for (auto& [k, v] : e.items())
-        pending[k] = std::move(v);
-    }
-    m_report_out.clear();
-    if (!m_pending_progress.empty() && (all || now - m_progress_at >= 0.5)) {
-      m_report_out.push_back(std::move(m_pending_progress));
-      m_pending_progress = json::object();
-      m_progress_at = now;
-    }
-    if (!m_pending_result.empty() && (all || now - m_result_at >= 1.0)) {
-      m_report_out.push_back(std::move(m_pending_result));
-      m_pending_result = json::object();
-      m_result_at = now;
-    }
-    if (m_report_out.empty()) return;
-    if (m_events_fd < 0 && !m_report_events.empty() && !m_events_failed) {
-      auto fd = open_log(m_report_events, false);
-      if (fd)
-        m_events_fd = *fd;
-      else
-        complain("cannot write the job's reported events: " + fd.error().message), m_events_failed = true;
-    }
-    for (const auto& e : m_report_out) {
-      if (m_events_fd < 0) break;
-      const std::string line = e.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-      if (::write(m_events_fd, line.data(), line.size()) < 0) break;
-    }
-    m_report_out.clear();
-  }
-
-  // The results file the report names, once every rank has ended: a JSON object (at most 1 MiB),
-  // read as the owner from the reporting rank's directory, never through a link, and written as
-  // a result event. A file that is missing or not an object is said in the rank's log.
-  void read_results_file() {
-    if (m_report_file.empty() || m_report_events.empty()) return;
-    const std::string path = m_report_file[0] == '/' ? m_report_file : m_report_cwd + "/" + m_report_file;
-    std::string problem;
-    auto text = common::read_job_file(path, 1 << 20, "its results file " + m_report_file);
-    if (!text) {
-      problem = text.error().message;
-    } else if (auto doc = common::parse_untrusted(*text, "its results file " + m_report_file); !doc) {
-      problem = doc.error().message;
-    } else if (!doc->is_object()) {
-      problem = "its results file " + m_report_file + " holds " + std::string(doc->type_name()) + ", not an object";
-    } else {
-      json result = std::move(*doc);
-      result["type"] = "result";
-      if (result.dump().size() < (1 << 20)) {  // an event line gpuqd reads (k_max_event_line)
-        m_report_out.push_back(std::move(result));
-        write_events(true);
-        return;
-      }
-      problem = "its results file " + m_report_file + ": over 1 MiB as an event line";
-    }
-    if (auto fd = open_log(m_report_log, false)) {
-      const std::string line = "gpuq: no result from " + problem + "\n";
-      [[maybe_unused]] auto n = ::write(*fd, line.data(), line.size());
-      ::close(*fd);
-    }
-  }
-
   json m_doc;
   bool m_stop_on_urg = false;
   std::string m_stop_file;
@@ -855,16 +894,7 @@ class Supervisor {
   std::int64_t m_oom_kills_at_start = -1;
   std::int64_t m_log_limit = 0;  // 0: ranks write their log files directly
   std::map<int, LogSink> m_pipes;  // read end of a rank's output pipe -> its log
-  // The job's report (take_report): what its patterns read, and where the events go.
-  std::unique_ptr<OutputReport> m_report;
-  int m_report_rank = 0;
-  int m_report_fd = -1;  // the reporting rank's pipe
-  std::string m_report_events, m_report_cwd, m_report_log, m_report_file;
-  std::vector<json> m_report_out;
-  json m_pending_progress = json::object(), m_pending_result = json::object();  // paced (write_events)
-  double m_progress_at = -1, m_result_at = -1;
-  int m_events_fd = -1;
-  bool m_events_failed = false;
+  Reporting m_report;              // the job's `report`: its output read through its patterns, its results file
 };
 
 std::optional<json> read_launch_document(const std::string& launch_path) {
