@@ -45,6 +45,14 @@ class ClientTest(DaemonTest):
         import workers  # noqa: F401
         self.workers = sys.modules["workers"]
 
+    def run_script(self, name, body):
+        """Runs a script of the caller's (gpuq imported, then `body`) against the test's gpuqd."""
+        script = self.tmp_path(name)
+        with open(script, "w") as f:
+            f.write(f"import sys\nsys.path.insert(0, {PYTHON_DIR!r})\nimport gpuq\n" + textwrap.dedent(body))
+        return subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, GPUQ_SOCKET=self.d.socket), cwd=self.tmp)
+
     def test_submit_status_wait_and_results_as_a_dict(self):
         self.assertEqual(self.client.hello["protocol_version"], 1)
         batch = self.client.submit([
@@ -102,40 +110,24 @@ class ClientTest(DaemonTest):
             gpuq.map(lambda x: x, [1], client=self.client)
 
     def test_map_runs_a_scripts_own_function_without_its_main_block(self):
-        script = self.tmp_path("sweep.py")
-        with open(script, "w") as f:
-            f.write(textwrap.dedent(f'''
-                import sys
-                sys.path.insert(0, {PYTHON_DIR!r})
-                import gpuq
+        r = self.run_script("sweep.py", '''
+            def train(lr):
+                return {"lr": lr, "loss": 1 - lr}
 
-                def train(lr):
-                    return {{"lr": lr, "loss": 1 - lr}}
-
-                if __name__ == "__main__":
-                    import json
-                    print(json.dumps(gpuq.map(train, [0.1, 0.5], gpus=1)))
-                '''))
-        r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ, GPUQ_SOCKET=self.d.socket), cwd=self.tmp)
+            if __name__ == "__main__":
+                import json
+                print(json.dumps(gpuq.map(train, [0.1, 0.5], gpus=1)))
+            ''')
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(json.loads(r.stdout), [{"lr": 0.1, "loss": 0.9}, {"lr": 0.5, "loss": 0.5}])
 
     def test_a_script_calling_map_at_its_top_level_fails_its_jobs_instead_of_submitting_more(self):
-        script = self.tmp_path("unguarded.py")
-        with open(script, "w") as f:
-            f.write(textwrap.dedent(f'''
-                import sys
-                sys.path.insert(0, {PYTHON_DIR!r})
-                import gpuq
+        r = self.run_script("unguarded.py", '''
+            def train(lr):
+                return lr
 
-                def train(lr):
-                    return lr
-
-                gpuq.map(train, [1, 2], gpus=0)
-                '''))
-        r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ, GPUQ_SOCKET=self.d.socket), cwd=self.tmp)
+            gpuq.map(train, [1, 2], gpus=0)
+            ''')
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("gpuq.JobFailed", r.stderr)
         self.assertIn("put that under if __name__", r.stderr)
