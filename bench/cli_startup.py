@@ -6,7 +6,8 @@ user would compare gpuq with:
              with posix_spawn (goal: <= 1.3x); `/bin/true` shows the floor. subprocess.run adds
              ~3 ms of Python to every run, which hid a 3x difference as 1.0x
   sweep      a script that calls the CLI once per job: N trivial jobs submitted one call each and
-             drained, on `fake:8` against `tsp -S 8` (goal: <= 1.0x): `tsp -n` keeps nothing of a
+             drained, on `fake:8` against `tsp -S 8` (goal: <= 1.3x `tsp -n`), as `gpuq submit -` fed a
+             spec and as `gpuq run true` (called as tsp is): `tsp -n` keeps nothing of a
              job, plain `tsp` its output in a file, as gpuq keeps a job's logs and records. Drained:
              for tsp, when a `tsp` listing (asked every 10 ms) shows none queued or running; for
              gpuq, when the last job ended by gpuqd's clock (`gpuq wait` asks every 500 ms)
@@ -79,7 +80,7 @@ def tsp_sweep(n, tmp, keep_output):
     subprocess.run(["tsp", "-S", "8"], env=env, check=True)
     t = time.perf_counter()
     for _ in range(n):
-        subprocess.run(["tsp", *([] if keep_output else ["-n"]), "true"], env=env, stdout=subprocess.DEVNULL, check=True)
+        subprocess.run(["tsp", *([] if keep_output else ["-n"]), "true"], env=env, capture_output=True, check=True)
     while True:  # drained: no job queued or running
         out = subprocess.run(["tsp"], env=env, capture_output=True, text=True).stdout
         if not any(w in out for w in (" queued ", " running ")):
@@ -90,7 +91,9 @@ def tsp_sweep(n, tmp, keep_output):
     return took
 
 
-def gpuq_sweep(n, tmp):
+def gpuq_sweep(n, tmp, form):
+    """form "submit": `gpuq submit - --json` fed the spec, as a script would; "run": `gpuq run true`,
+    called as tsp is above (the same argv length, output read)."""
     d = Daemon(tmp, gpus="fake:8", extra=["--cpu-slots", "8"]).start()  # 8 at once, as tsp -S 8
     try:
         env = dict(os.environ, GPUQ_SOCKET=d.socket)
@@ -98,9 +101,13 @@ def gpuq_sweep(n, tmp):
         t, t_wall = time.perf_counter(), time.time()
         ids = []
         for _ in range(n):
-            r = subprocess.run([GPUQ, "submit", "-", "--json"], input=spec, env=env, capture_output=True, text=True,
-                               check=True)
-            ids += json.loads(r.stdout)["ids"]
+            if form == "run":
+                r = subprocess.run([GPUQ, "run", "true"], env=env, capture_output=True, check=True)
+                ids.append(int(r.stdout.rsplit(b" ", 1)[1]))  # "submitted batch B: job N"
+            else:
+                r = subprocess.run([GPUQ, "submit", "-", "--json"], input=spec, env=env, capture_output=True,
+                                   text=True, check=True)
+                ids += json.loads(r.stdout)["ids"]
         # Drained when the last job ended, by gpuqd's clock: `gpuq wait` asks every 500 ms, which
         # would add up to half a second (tsp's loop below asks every 10 ms).
         r = subprocess.run([GPUQ, "wait", "--json", *map(str, ids)], env=env, capture_output=True, text=True, check=True)
@@ -118,11 +125,14 @@ print(f"| {load()} at the start | | | |")
 gpuq_t, tsp_t, floor_t = spawn_times([[GPUQ, "--version"], ["tsp", "-h"], ["true"]])
 print(f"| start-up: `gpuq --version` against `tsp -h` (300 each, alternated; `/bin/true`: {spread(floor_t)}) | "
       f"{spread(gpuq_t)} | {spread(tsp_t)} | {statistics.median(gpuq_t) / statistics.median(tsp_t):.2f}x |")
-g_runs, cpus, s_runs, s_out_runs = [], [], [], []
+g_runs, cpus, r_runs, r_cpus, s_runs, s_out_runs = [], [], [], [], [], []
 for _ in range(args.rounds):  # alternated, so that a burst of other work hits each queue alike
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        g, cpu = gpuq_sweep(args.jobs, tmp)
+        g, cpu = gpuq_sweep(args.jobs, tmp, "submit")
         g_runs.append(g), cpus.append(cpu)
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        g, cpu = gpuq_sweep(args.jobs, tmp, "run")
+        r_runs.append(g), r_cpus.append(cpu)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         s_runs.append(tsp_sweep(args.jobs, tmp, keep_output=False))
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
@@ -133,9 +143,11 @@ def span(xs, unit="s"):
     return f"{statistics.median(xs):.2f} {unit} ({min(xs):.2f}-{max(xs):.2f})"
 
 
-g, s, s_out, cpu = map(statistics.median, (g_runs, s_runs, s_out_runs, cpus))
+g, r, s, s_out, cpu = map(statistics.median, (g_runs, r_runs, s_runs, s_out_runs, cpus))
 print(f"| sweep: {args.jobs} trivial jobs, one CLI call each, drained (8 slots), against `tsp -n` "
       f"(median of {args.rounds}, range) | {span(g_runs)} | {span(s_runs)} | {g / s:.2f}x |")
+print(f"| the same, `gpuq run true` against `tsp -n true` (both called alike) | {span(r_runs)} | {span(s_runs)} | "
+      f"{r / s:.2f}x |")
 print(f"| the same against plain `tsp` (each job's output kept in a file) | {span(g_runs)} | {span(s_out_runs)} | {g / s_out:.2f}x |")
 print(f"| gpuqd's CPU time over the sweep | {cpu:.2f} s ({cpu / args.jobs * 1000:.2f} ms a job) | | |")
 
