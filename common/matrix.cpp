@@ -191,7 +191,8 @@ Result<json> expand_matrices(const json& doc, std::size_t max_jobs) {
       if (!one.contains("labels")) one["labels"] = json::object();
       if (one["labels"].is_object())
         for (const auto& [key, v] : values.of)
-          if (!one["labels"].contains(key)) one["labels"][key] = text_of(v);
+          if (!one["labels"].contains(key))  // as typed ("lr": 0.3); a list or an object as its text
+            one["labels"][key] = v.is_primitive() && !v.is_null() ? v : json(text_of(v));
       if (!comment.is_null()) one["comment"] = comment;
       if (!base.empty() && one["name"].is_string()) names_of[base].push_back(one["name"].get<std::string>());
       out.push_back(std::move(one));

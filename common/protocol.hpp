@@ -152,8 +152,9 @@ inline void require_object(const nlohmann::json& j) {
 // newer minor is asked for only where the hello's reply says that minor. A major changes
 // meanings and is refused (`version_mismatch`).
 constexpr int k_protocol_version = 1;
-// 1: the job state out_of_memory (sent as failed to a client of 0); 2: the command `watch`.
-constexpr int k_protocol_minor = 2;
+// 1: the job state out_of_memory (sent as failed to a client of 0); 2: the command `watch`;
+// 3: labels as typed (strings to a client of 2 or less), a job's `first_bad_event`.
+constexpr int k_protocol_minor = 3;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
 
 // Parses one request line within json_input.hpp's limits (depth, no NUL byte), or a bad_request
@@ -191,7 +192,8 @@ struct JobInfo {
   std::vector<std::int64_t> after;
   std::int64_t bad_event_lines = 0;
   std::string job_dir;
-  std::map<std::string, std::string> labels;
+  std::map<std::string, json> labels;  // as typed (minor 3); to a client of an older minor, each as text
+  std::string first_bad_event;         // the first event line (or results file) it could not take, and why; "" if none
   std::string external_id;  // the current or last attempt in the system that ran it ("slurm:42"), or ""
   std::string user;  // its owner's name (its uid as text where the user database has none)
   std::int64_t uid = 0;
@@ -199,13 +201,10 @@ struct JobInfo {
   bool hung = false;  // running, silent for hang_after_s since its last progress event: `reason` says more
   json gpu_memory_peak_mb;  // running: the most GPU memory its processes held on one GPU (NVML), null when unknown
 };
-GPUQ_JSON_TYPE(JobInfo, id, batch, name, state, attempt, retries,
-                                                restarts, attempt_base, held,
-                                                priority, gpus_requested, mode, ranks, gpus,
-                                                cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at, ended_at, exit_code,
-                                                exit_signal, reason, progress, result, after,
-                                                bad_event_lines, job_dir, labels, external_id, user, uid,
-                                                details_hidden, hung, gpu_memory_peak_mb)
+GPUQ_JSON_TYPE(JobInfo, id, batch, name, state, attempt, retries, restarts, attempt_base, held, priority,
+               gpus_requested, mode, ranks, gpus, cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at,
+               ended_at, exit_code, exit_signal, reason, progress, result, after, bad_event_lines, first_bad_event,
+               job_dir, labels, external_id, user, uid, details_hidden, hung, gpu_memory_peak_mb)
 
 struct Transition {
   int attempt = 0;

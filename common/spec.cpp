@@ -95,6 +95,25 @@ class JobParser {
     }
   }
 
+  // `labels`: each a string, a number or a boolean, kept as typed: a sweep's "lr": 0.3 is a number
+  // its results table sorts by as one.
+  void label_map(std::map<std::string, json>& out) {
+    const json* v = get("labels");
+    if (!v) return;
+    if (!v->is_object()) {
+      fail("field `labels` must be an object of strings, numbers or booleans, got " + json_type_name(*v));
+      return;
+    }
+    for (const auto& [k, val] : v->items()) {
+      if (!val.is_string() && !val.is_number() && !val.is_boolean()) {
+        fail("field `labels." + k.substr(0, 64) + "` must be a string, a number or a boolean, got " +
+             json_type_name(val));
+        continue;
+      }
+      out[k] = val;
+    }
+  }
+
   // `report`: {"progress": [pattern...], "result": [pattern...], "rank": R, "file": "path"}. The
   // patterns are RE2's; gpuqd compiles them when the batch comes (submit_check.cpp), this checks
   // their shape.
@@ -127,7 +146,12 @@ class JobParser {
                  std::to_string(k_max_report_pattern_bytes));
             continue;
           }
-          if (pattern.find("(?P<") == std::string::npos)
+          // (?P<name>...) and, in RE2 from mid-2023 on, (?<name>...) as Python 3.12 and PCRE write it;
+          // gpuqd's RE2 says which it takes. (?<= and (?<! are look-behinds, which RE2 has not.
+          bool named = pattern.find("(?P<") != std::string::npos;
+          for (auto p = pattern.find("(?<"); !named && p != std::string::npos; p = pattern.find("(?<", p + 1))
+            named = p + 3 < pattern.size() && pattern[p + 3] != '=' && pattern[p + 3] != '!';
+          if (!named)
             fail("field `" + where +
                  "` has no named group, so a match would report nothing: name what to keep, "
                  "(?P<loss>[0-9.]+)");
@@ -338,7 +362,7 @@ class JobParser {
         fail("field `env." + k.substr(0, 64) + "` is " + std::to_string(v.size()) +
              " bytes; exec takes at most 128 KiB in one environment variable");
     }
-    string_map("labels", s.labels);
+    label_map(s.labels);
 
     if (string_field("cwd", s.cwd)) {
       if (s.cwd.empty() || s.cwd[0] != '/') fail("field `cwd` must be an absolute path, got \"" + s.cwd.substr(0, 128) + "\"");
@@ -393,39 +417,59 @@ Result<JobSpec> parse_job(const json& obj, const std::string& default_cwd) {
   return spec;
 }
 
-Result<std::vector<JobSpec>> parse_batch(const json& submitted, const std::string& default_cwd) {
+namespace {
+std::vector<std::string> dependency_problems(const std::vector<JobSpec>& batch,
+                                             std::vector<std::vector<std::size_t>>& edges);
+}  // namespace
+
+Result<BatchParse> parse_batch_all(const json& submitted, const std::string& default_cwd) {
   auto expanded = expand_matrices(submitted, k_max_batch);
   if (!expanded) return expanded.error();
   const json& doc = *expanded;
-  std::vector<std::string> errors;
-  std::vector<JobSpec> out;
+  BatchParse out;
+  auto& errors = out.problems;
+  auto one = [&](const json& job, std::size_t i) {
+    const std::size_t before = errors.size();
+    if (job.is_object()) {
+      JobParser p(job, i, errors);
+      out.specs.push_back(p.parse(default_cwd));
+    } else {
+      errors.push_back("job[" + std::to_string(i) + "]: must be an object, got " + json_type_name(job));
+      out.specs.emplace_back();
+    }
+    out.ok.push_back(errors.size() == before);
+  };
   if (doc.is_object()) {
-    JobParser p(doc, 0, errors);
-    out.push_back(p.parse(default_cwd));
+    one(doc, 0);
   } else if (doc.is_array()) {
     if (doc.empty()) return Error{ErrorCode::invalid_spec, "invalid job spec: the batch is empty"};
     if (doc.size() > k_max_batch)
       return Error{ErrorCode::invalid_spec, "invalid job spec: a batch holds at most " +
                                                 std::to_string(k_max_batch) + " jobs"};
-    for (std::size_t i = 0; i < doc.size(); ++i) {
-      if (!doc[i].is_object()) {
-        errors.push_back("job[" + std::to_string(i) + "]: must be an object, got " + json_type_name(doc[i]));
-        continue;
-      }
-      JobParser p(doc[i], i, errors);
-      out.push_back(p.parse(default_cwd));
-    }
+    for (std::size_t i = 0; i < doc.size(); ++i)
+      one(doc[i], i);
   } else {
     return Error{ErrorCode::invalid_spec,
                  "invalid job spec: expected a job object or an array of jobs, got " + json_type_name(doc)};
   }
-  if (!errors.empty()) return invalid_spec_error(errors);
-  if (auto deps = resolve_batch_dependencies(out); !deps) return deps.error();
+  // Names and `after` are only sure once every spec read whole: a job whose name did not parse
+  // would make each job naming it look wrong too.
+  if (errors.empty()) errors = dependency_problems(out.specs, out.local_deps);
   return out;
 }
 
-Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
-    const std::vector<JobSpec>& batch) {
+Result<std::vector<JobSpec>> parse_batch(const json& submitted, const std::string& default_cwd) {
+  auto parsed = parse_batch_all(submitted, default_cwd);
+  if (!parsed) return parsed.error();
+  if (!parsed->problems.empty()) return invalid_spec_error(parsed->problems);
+  return std::move(parsed->specs);
+}
+
+namespace {
+// The batch's own dependencies (`after` by name) as edges, or the problems that keep them from
+// being resolved: unknown or repeated names, a job depending on itself, a cycle.
+std::vector<std::string> dependency_problems(const std::vector<JobSpec>& batch,
+                                             std::vector<std::vector<std::size_t>>& edges) {
   std::vector<std::string> errors;
   std::map<std::string, std::size_t> by_name;
   for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -435,7 +479,7 @@ Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
       errors.push_back("job[" + std::to_string(i) + "] (" + batch[i].name + "): name also used by job[" +
                        std::to_string(it->second) + "]; names in a batch must be unique");
   }
-  std::vector<std::vector<std::size_t>> edges(batch.size());
+  edges.assign(batch.size(), {});
   for (std::size_t i = 0; i < batch.size(); ++i) {
     for (const auto& d : batch[i].after) {
       if (d.name.empty()) continue;
@@ -452,7 +496,7 @@ Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
       }
     }
   }
-  if (!errors.empty()) return invalid_spec_error(errors);
+  if (!errors.empty()) return errors;
 
   // Cycle check: iterative DFS with colours; report one cycle by its names.
   std::vector<int> colour(batch.size(), 0);
@@ -478,7 +522,7 @@ Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
         }
         std::string cycle;
         for (auto it = path.rbegin(); it != path.rend(); ++it) cycle += batch[*it].name + " -> ";
-        return invalid_spec_error({"dependency cycle: " + cycle + batch[to].name});
+        return {"dependency cycle: " + cycle + batch[to].name};
       }
       if (colour[to] == 0) {
         colour[to] = 1;
@@ -487,6 +531,13 @@ Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(
       }
     }
   }
+  return {};
+}
+}  // namespace
+
+Result<std::vector<std::vector<std::size_t>>> resolve_batch_dependencies(const std::vector<JobSpec>& batch) {
+  std::vector<std::vector<std::size_t>> edges;
+  if (auto problems = dependency_problems(batch, edges); !problems.empty()) return invalid_spec_error(problems);
   return edges;
 }
 

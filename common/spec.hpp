@@ -71,7 +71,7 @@ struct JobSpec {
   bool retry_on_oom = false;  // an attempt that ended out_of_memory is retried too (within `retries`)
   double timeout_s = 0;  // 0 = no timeout
   std::map<std::string, std::string> env;
-  std::map<std::string, std::string> labels;
+  std::map<std::string, json> labels;  // each a string, a number or a boolean, kept as typed
   std::string cwd;  // absolute; the submitter's directory when the spec has none
   json train;       // a `train` job: the normalised train section (common/train_spec.hpp), else null
   std::vector<std::string> on_finish;  // argv run once the job has ended (hooks.cpp); empty: none
@@ -98,6 +98,17 @@ constexpr std::size_t k_max_on_finish_args = 4096;           // and its argument
 // `default_cwd` fills jobs without `cwd`.
 // On failure the Error lists every problem found, one per line, each prefixed with its job.
 Result<std::vector<JobSpec>> parse_batch(const json& doc, const std::string& default_cwd);
+
+// The same, keeping going past the jobs whose specs have problems, so that gpuqd can check the
+// others against the machine and list every problem of a batch in one answer. The Error is for a
+// batch that has no jobs to look at (not an object or array, empty, too large, a bad matrix).
+struct BatchParse {
+  std::vector<JobSpec> specs;                        // one per job; a spec with problems holds what could be read of it
+  std::vector<bool> ok;                              // per job: its spec has no problem
+  std::vector<std::string> problems;                 // "job[3] (name): ...", the specs' own, then their `after`s'
+  std::vector<std::vector<std::size_t>> local_deps;  // when every spec is ok and `after` resolves
+};
+Result<BatchParse> parse_batch_all(const json& doc, const std::string& default_cwd);
 
 // The error for a spec with these problems: "invalid job spec (2 problems):" and one per line.
 Error invalid_spec_error(const std::vector<std::string>& problems);

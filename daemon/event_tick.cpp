@@ -68,6 +68,7 @@ bool EventTick::ingest(Active& a, bool ended) {
       auto parsed = parse_events(data, r, wall_now(), mid_line, ended && at_end);
       if (parsed.consumed == 0) break;  // an unfinished line: next time
       JobRecord next = a.rec;
+      if (next.first_bad_event.empty()) next.first_bad_event = std::move(parsed.first_bad);
       next.bad_event_lines += parsed.bad_lines + apply_events(next, parsed.events);
       try {  // its progress and result: no change of state
         m_needs.land({std::move(next)}, [&](const std::vector<const JobRecord*>& rows) {
@@ -88,6 +89,9 @@ bool EventTick::ingest(Active& a, bool ended) {
       std::cerr << "gpuqd: job " << a.rec.id << ": rank " << r << "'s events file is over "
                 << (k_max_events_bytes >> 20) << " MiB; the rest of it is not read\n";
       ++a.rec.bad_event_lines;  // in memory; stored with the job's next change
+      if (a.rec.first_bad_event.empty())
+        a.rec.first_bad_event = "rank " + std::to_string(r) + ": its events file is over " +
+                                std::to_string(k_max_events_bytes >> 20) + " MiB; the rest of it is not read";
     }
     ::close(fd);
   }

@@ -7,18 +7,29 @@ namespace gpuq::daemon {
 
 namespace {
 
-// One line's event, or nothing (a bad line).
-bool parse_line(std::string_view line, int rank, double now, ParsedEvents& out) {
-  if (line.size() > k_max_event_line) return false;
+// One line's event, or why it is not one ("" when it is).
+std::string parse_line(std::string_view line, int rank, double now, ParsedEvents& out) {
+  if (line.size() > k_max_event_line) return "over " + std::to_string(k_max_event_line >> 20) + " MiB";
   auto parsed = common::parse_untrusted(line, "event line");
-  if (!parsed) return false;
+  if (!parsed) return parsed.error().message;
   json& j = *parsed;
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) return false;
+  if (!j.is_object()) return "not a JSON object";
+  if (!j.contains("type") || !j["type"].is_string()) return "no \"type\" string";
   std::string type = j["type"].get<std::string>();
-  if (type != "progress" && type != "result") return false;
+  if (type != "progress" && type != "result")
+    return "\"type\" is " + json(type.substr(0, 32)).dump(-1, ' ', true, json::error_handler_t::replace) +
+           ", not \"progress\" or \"result\"";
   j.erase("type");
   out.events.push_back({0, rank, type, now, std::move(j)});
-  return true;
+  return "";
+}
+
+void bad(ParsedEvents& out, int rank, std::string_view why, std::string_view line) {
+  if (out.bad_lines++ == 0) out.first_bad = describe_bad_line(rank, why, line);
+}
+
+void take(std::string_view line, int rank, double now, ParsedEvents& out) {
+  if (auto why = parse_line(line, rank, now, out); !why.empty()) bad(out, rank, why, line);
 }
 
 bool blank(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
@@ -38,11 +49,11 @@ ParsedEvents parse_events(std::string_view data, int rank, double now, bool mid_
       std::string_view tail = data.substr(pos);
       if (tail.size() > k_max_event_line) {
         // Too long to ever be valid: drop it now (its rest is skipped as mid_line next time).
-        out.bad_lines++;
+        bad(out, rank, "over " + std::to_string(k_max_event_line >> 20) + " MiB", tail);
         out.consumed = data.size();
       } else if (ended) {
         // The job is gone: no newline will come.
-        if (!blank(tail) && !parse_line(tail, rank, now, out)) out.bad_lines++;
+        if (!blank(tail)) take(tail, rank, now, out);
         out.consumed = data.size();
       }
       break;  // else an unfinished line: wait for the rest
@@ -51,9 +62,16 @@ ParsedEvents parse_events(std::string_view data, int rank, double now, bool mid_
     pos = nl + 1;
     out.consumed = pos;
     if (blank(line)) continue;
-    if (!parse_line(line, rank, now, out)) out.bad_lines++;
+    take(line, rank, now, out);
   }
   return out;
+}
+
+std::string describe_bad_line(int rank, std::string_view why, std::string_view line) {
+  const bool cut = line.size() > k_bad_line_excerpt;
+  const std::string excerpt(line.substr(0, k_bad_line_excerpt));
+  return "rank " + std::to_string(rank) + ": " + std::string(why.substr(0, 200)) + ": " +
+         json(excerpt).dump(-1, ' ', true, json::error_handler_t::replace) + (cut ? "..." : "");
 }
 
 std::int64_t apply_events(JobRecord& job, const std::vector<EventRow>& events) {
@@ -76,7 +94,11 @@ std::int64_t apply_events(JobRecord& job, const std::vector<EventRow>& events) {
         if (auto old = job.run.result.find(k); old != job.run.result.end()) after -= k.size() + 4 + old->dump().size();
       }
       if (after > k_max_result_bytes) {
-        refused++;
+        if (refused++ == 0 && job.first_bad_event.empty())
+          job.first_bad_event = describe_bad_line(e.rank,
+                                                  "a result event that would make the job's result over " +
+                                                      std::to_string(k_max_result_bytes >> 20) + " MiB",
+                                                  e.data.dump().substr(0, k_bad_line_excerpt));
         continue;
       }
       for (const auto& [k, v] : e.data.items()) job.run.result[k] = v;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -26,7 +27,13 @@ struct ParsedEvents {
   std::vector<EventRow> events;
   std::size_t consumed = 0;   // bytes up to and including the last complete line
   std::int64_t bad_lines = 0; // not JSON, not an object, unknown type, too deep, or over k_max_event_line
+  std::string first_bad;      // the first of them, and why (describe_bad_line); "" if none
 };
+
+// What `show`, `status` and `wait` say of a bad line: the rank, why, and the line's first bytes
+// (at most k_bad_line_excerpt, as JSON text, so a control character or invalid UTF-8 shows escaped).
+constexpr std::size_t k_bad_line_excerpt = 120;
+std::string describe_bad_line(int rank, std::string_view why, std::string_view line);
 
 // `data` starts where the last read stopped; `mid_line` says that was inside a line (the byte
 // before `data` is not a newline), which is then skipped up to its end: it was counted already.
@@ -35,7 +42,8 @@ ParsedEvents parse_events(std::string_view data, int rank, double now, bool mid_
 
 // Progress: the job's progress becomes the latest event (with its rank).
 // Result: fields merge into the job's result (later values win), up to k_max_result_bytes.
-// Returns how many result events were refused for that limit.
+// Returns how many result events were refused for that limit; the first such, where the job has no
+// first bad line yet, becomes it.
 std::int64_t apply_events(JobRecord& job, const std::vector<EventRow>& events);
 
 }  // namespace gpuq::daemon

@@ -107,8 +107,12 @@ common::JobInfo Reads::info_of(const JobRecord& stored, const Caller& viewer) co
   i.result = r.run.result;
   i.after = r.after;
   i.bad_event_lines = r.bad_event_lines;
+  i.first_bad_event = r.first_bad_event;
   i.job_dir = job_dir(config.state_dir, r.id);
   i.labels = r.spec.labels;
+  if (viewer.protocol_minor < 3)  // it reads labels as strings: 0.3 as "0.3"
+    for (auto& [_, v] : i.labels)
+      if (!v.is_string()) v = v.dump();
   i.external_id = r.state == JobState::running ? executor.external_id(r.id) : r.run.external_id;
   i.uid = r.uid;
   i.user = users.name_of(r.uid);
@@ -120,6 +124,7 @@ common::JobInfo Reads::info_of(const JobRecord& stored, const Caller& viewer) co
     i.result = i.progress = nullptr;
     i.labels.clear();
     i.bad_event_lines = 0;
+    i.first_bad_event.clear();
     const bool own_words = r.state == JobState::queued && !r.held && r.reason.empty() && !wait_reason.empty();
     if (!own_words && !(r.state == JobState::running && !i.hung && r.reason.empty())) i.reason.clear();
     i.details_hidden = true;
@@ -138,9 +143,12 @@ bool Reads::add_to_reply(common::JobsReply& out, const JobRecord& r, std::size_t
   // long (labels, `after` naming a whole sweep, the reason, the name) are counted, so a reply
   // stays within what a client reads (common::k_max_reply_line).
   std::size_t labels = 0;
-  for (const auto& [k, v] : i.labels) labels += k.size() + v.size() + 8;
-  bytes += 512 + (i.result.is_null() ? 0 : i.result.dump().size()) + (i.progress.is_null() ? 0 : i.progress.dump().size()) +
-           labels + 21 * (i.after.size() + i.gpus.size() + i.cpus.size()) + i.name.size() + 2 * i.reason.size();
+  for (const auto& [k, v] : i.labels)
+    labels += k.size() + (v.is_string() ? v.get_ref<const std::string&>().size() : 24) + 8;
+  bytes += 512 + (i.result.is_null() ? 0 : i.result.dump().size()) +
+           (i.progress.is_null() ? 0 : i.progress.dump().size()) + labels +
+           21 * (i.after.size() + i.gpus.size() + i.cpus.size()) + i.name.size() + 2 * i.reason.size() +
+           i.first_bad_event.size();
   return true;
 }
 

@@ -188,7 +188,8 @@ void Store::write_job(const JobRecord& j) {
   auto* st = prepare(
       "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
       "gpus=?, master_port=?, not_before=?, cancel_requested=?, progress=?, result=?, after=?, "
-      "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=?, attempt_base=?, restarts=?, blocked_by=?, held=?, external_id=? WHERE id=?");
+      "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=?, attempt_base=?, restarts=?, blocked_by=?, held=?, "
+      "external_id=?, first_bad_event=? WHERE id=?");
   bind_text(st, 1, std::string(to_string(j.state)));
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, j.reason);
@@ -212,7 +213,8 @@ void Store::write_job(const JobRecord& j) {
   sqlite3_bind_int64(st, 21, j.blocked_by);
   sqlite3_bind_int(st, 22, j.held ? 1 : 0);
   bind_text(st, 23, j.run.external_id);
-  sqlite3_bind_int64(st, 24, j.id);
+  bind_text(st, 24, j.first_bad_event);
+  sqlite3_bind_int64(st, 25, j.id);
   run(m_db, st, "update job");
 }
 

@@ -61,6 +61,7 @@ struct JobRecord {
   double not_before = 0;  // retry backoff: not eligible before this time
   std::vector<std::int64_t> after;  // resolved dependency ids
   std::int64_t bad_event_lines = 0;
+  std::string first_bad_event;  // the first of them, and why (events.hpp describe_bad_line); "" if none
   int attempt_base = 0;  // attempts before the latest restart; `retries` counts from there
   int restarts = 0;      // times it was restarted after it had ended
   std::int64_t blocked_by = 0;  // failed without running because this dependency ended unsuccessfully

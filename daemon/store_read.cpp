@@ -83,6 +83,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st, const DetailsOf& deta
       j.run.progress = json_col(st, 15);
       j.run.result = json_col(st, 16);
       j.run.first_failure = json_col(st, 19);
+      j.first_bad_event = text(st, 28);
     }
     json after = json_col(st, 17);
     if (after.is_array()) j.after = after.get<std::vector<std::int64_t>>();
@@ -107,7 +108,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st, const DetailsOf& deta
 #define GPUQ_SELECT_JOBS(where)                                                                                   \
   ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, " \
    "gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, "   \
-   "cpu_slots, cores, attempt_base, restarts, blocked_by, held, external_id, uid FROM jobs " where)
+   "cpu_slots, cores, attempt_base, restarts, blocked_by, held, external_id, uid, first_bad_event FROM jobs " where)
 
 std::vector<JobRecord> Store::load_active() {
   return query_jobs(prepare(GPUQ_SELECT_JOBS("WHERE state IN ('queued', 'running') ORDER BY id")));

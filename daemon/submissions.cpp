@@ -38,6 +38,9 @@ void Submissions::submit(const Caller& caller, common::SubmitRequest sub, const 
 void Submissions::checked(const std::shared_ptr<Batch>& b) {
   if (!b->checked) return b->reply.fail(b->checked.error());
   if (auto accepted = m_accept(*b); !accepted) return b->reply.fail(accepted.error());
+  // A batch with any problem is never written, whatever accepted it: its jobs whose specs did not
+  // read whole are placeholders.
+  if (!b->checked->problems.empty()) return b->reply.fail(b->checked->refusal());
   b->at = wall_now();
   m_queue.push_back(b);
   if (m_queue.size() == 1) write_part();

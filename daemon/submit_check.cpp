@@ -17,9 +17,10 @@
 namespace gpuq::daemon {
 
 Error CheckedBatch::refusal() const {
-  std::string msg = "cannot run this batch here (" + std::to_string(problems.size()) + " problem" +
-                    (problems.size() == 1 ? "" : "s") + "):";
+  std::string msg = std::string(spec_problems ? "invalid job spec (" : "cannot run this batch here (") +
+                    std::to_string(problems.size()) + " problem" + (problems.size() == 1 ? "" : "s") + "):";
   for (std::size_t i = 0; i < problems.size() && i < 50; ++i) msg += "\n  " + problems[i];
+  if (problems.size() > 50) msg += "\n  ... and " + std::to_string(problems.size() - 50) + " more";
   return {ErrorCode::invalid_spec, msg};
 }
 
@@ -43,13 +44,13 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
     else
       fill(sub.jobs);
   }
-  auto parsed = common::parse_batch(sub.jobs, sub.cwd);
-  if (!parsed) return parsed.error();
-  auto deps = common::resolve_batch_dependencies(*parsed);
-  if (!deps) return deps.error();
-
+  auto all = common::parse_batch_all(sub.jobs, sub.cwd);
+  if (!all) return all.error();
   CheckedBatch out;
-  out.local_deps = std::move(*deps);
+  out.local_deps = std::move(all->local_deps);
+  out.problems = std::move(all->problems);
+  out.spec_problems = !out.problems.empty();
+  auto* parsed = &all->specs;
   // The jobs' base environment: the submitter's, as sbatch and pueue do. A client that sent none
   // gets gpuqd's in single-user mode (the same user's); in lab mode a minimal one of its owner's,
   // never the root daemon's (docs/lab.md).
@@ -61,15 +62,10 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
   const std::size_t base_bytes = common::exec_bytes(out.env);
   auto& problems = out.problems;
   std::map<std::pair<std::vector<std::string>, std::vector<std::string>>, std::vector<std::string>> pattern_checks;
-  out.jobs.reserve(parsed->size());
-  for (std::size_t i = 0; i < parsed->size(); ++i) {
-    auto& s = (*parsed)[i];
-    std::string who = "job[" + std::to_string(i) + "]" + (s.name.empty() ? "" : " (" + s.name + ")");
-    if (auto too_big = common::exec_size_problem(s, base_bytes); !too_big.empty())
-      problems.push_back(who + ": " + too_big);
+  // What a job's fields say alone against this machine: its patterns (RE2's word, as the supervisor
+  // compiles them; once a batch for each set of them: a matrix of 100,000 jobs has one), its GPUs.
+  auto check_alone = [&](const common::JobSpec& s, const std::string& who) {
     if (!s.report.progress.empty() || !s.report.result.empty()) {
-      // RE2's word, as the supervisor compiles them; once a batch for each set of patterns (a
-      // matrix of 100,000 jobs has one).
       auto key = std::make_pair(s.report.progress, s.report.result);
       auto it = pattern_checks.find(key);
       if (it == pattern_checks.end())
@@ -87,6 +83,23 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
     if (s.gpu_memory_mb > facts.largest_gpu_mb && facts.gpus > 0)
       problems.push_back(who + ": asks for " + std::to_string(s.gpu_memory_mb) + " MiB per GPU; the largest GPU here has " +
                          std::to_string(facts.largest_gpu_mb) + " MiB");
+  };
+  out.jobs.reserve(parsed->size());
+  for (std::size_t i = 0; i < parsed->size(); ++i) {
+    auto& s = (*parsed)[i];
+    // A spec with problems of its own (said above) is still checked where a field stands alone
+    // (its patterns, its GPUs), not where what was read of it may not be what was meant (its
+    // command, its directory): the batch is refused either way.
+    const bool whole = all->ok[i];
+    std::string who = "job[" + std::to_string(i) + "]" + (s.name.empty() ? "" : " (" + s.name + ")");
+    if (!whole) {
+      check_alone(s, who);
+      out.jobs.emplace_back();
+      continue;
+    }
+    if (auto too_big = common::exec_size_problem(s, base_bytes); !too_big.empty())
+      problems.push_back(who + ": " + too_big);
+    check_alone(s, who);
     for (const auto& d : s.after)
       if (d.name.empty()) out.outside_deps.emplace_back(i, d.id);
     std::string cwd_problem;  // "" when the job can run there

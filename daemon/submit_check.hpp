@@ -37,13 +37,16 @@ struct CheckedBatch {
   // Each job's `after` ids from outside the batch, as (job index, id), for gpuqd to look up.
   std::vector<std::pair<std::size_t, std::int64_t>> outside_deps;
   std::vector<std::string> problems;  // "job[3] (name): …", each a reason the batch cannot run here
+  bool spec_problems = false;         // some are the specs' own (they come first)
   // The `invalid_spec` error that lists the problems (at most 50 of them), given any.
   Error refusal() const;
 };
 
-// A spec that does not parse, or dependencies that do not resolve, are an error; the problems
-// that only this machine makes (GPUs, memory, directories, executables, exec's size limit) are
-// collected in `problems`, so the submitter sees them all at once.
+// A batch with no jobs to look at (not JSON's shape of one, empty, too large, a bad matrix) is an
+// error. Otherwise every problem goes into `problems`, so the submitter sees them all at once: the
+// specs' own (a field's type or range, `after` names), then those only this machine makes (GPUs,
+// memory, directories, executables, exec's size limit, patterns RE2 refuses) for each job whose
+// spec read whole.
 // With `owner` (a root gpuqd's job for another user), directories and executables are looked up as
 // that user would (common::ScopedFsIdentity), and the jobs are theirs (JobRecord::uid).
 Result<CheckedBatch> check_batch(common::SubmitRequest request, const MachineFacts& facts,

@@ -95,7 +95,7 @@ MUTANTS = [
      "if (!ec) self->m_socket.close();  // silent client: let it go", "(void)ec;",
      ["test_errors.ProtocolAbuse.test_a_silent_client_does_not_block_others_and_is_dropped_after_the_idle_timeout"]),
     ("event-line-bound", "daemon/events.cpp",
-     "  if (line.size() > k_max_event_line) return false;\n", "\n",
+     "  if (line.size() > k_max_event_line) return \"over \" + std::to_string(k_max_event_line >> 20) + \" MiB\";\n", "\n",
      ["unit:a whole line over the limit*"]),
     ("reply-jobs-bound", "daemon/reads.cpp",
      "if (out.jobs.size() >= static_cast<std::size_t>(common::k_max_reply_jobs) || bytes >= common::k_max_reply_bytes) {",
@@ -327,6 +327,26 @@ MUTANTS = [
      "        if (drain && mono_now() >= drain_until) {\n",
      "        if (drain && mono_now() >= drain_until + 1e9) {\n",
      ["test_report.Report.test_a_writer_outside_the_job_holding_its_output_cannot_keep_the_attempt_from_ending"]),
+    # What a bad event line shows of itself is its first bytes: the line is the job's, any length.
+    ("bad-line-excerpt-bound", "daemon/events.cpp",
+     "  const std::string excerpt(line.substr(0, k_bad_line_excerpt));\n",
+     "  const std::string excerpt(line);\n",
+     ["unit:what is said of a bad line is its first bytes*"]),
+    # A client of protocol minor 2 or less reads labels as strings: typed ones would break its decode.
+    ("labels-text-for-older-clients", "daemon/reads.cpp",
+     "  if (viewer.protocol_minor < 3)  // it reads labels as strings: 0.3 as \"0.3\"\n",
+     "  if (false)\n",
+     ["test_protocol.ProtocolSchema.test_labels_keep_their_type_for_clients_that_read_it_and_are_text_for_older_ones"]),
+    # One pass: the machine's checks run for the jobs whose specs read whole though others' did not.
+    ("one-pass-validation", "daemon/submit_check.cpp",
+     "  out.spec_problems = !out.problems.empty();\n",
+     "  out.spec_problems = !out.problems.empty();\n  if (out.spec_problems) return out;\n",
+     ["test_errors.SpecErrors.test_a_batch_with_problems_of_every_kind_names_them_all_in_one_answer"]),
+    # `run --memory` takes digits and a unit, not what strtod takes (hex, a sign, an exponent).
+    ("run-size-digits-only", "cli/commands/submit.cpp",
+     "  if (used == 0 || !std::isdigit(static_cast<unsigned char>(text[0])) || used > 24) return std::nullopt;\n",
+     "  try {\n    used = 0;\n    (void)std::stod(text, &used);\n  } catch (...) {\n    return std::nullopt;\n  }\n",
+     ["test_run.Run.test_mistakes_are_named_and_submit_nothing"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",

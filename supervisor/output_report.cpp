@@ -55,7 +55,13 @@ RE2::Options pattern_options() {
 
 // What is wrong with one pattern, compiled; "" when nothing is.
 std::string problem_of(const RE2& re) {
-  if (!re.ok()) return re.error();
+  if (!re.ok()) {
+    const auto& p = re.pattern();
+    const auto angle = p.find("(?<");
+    if (angle != std::string::npos && angle + 3 < p.size() && p[angle + 3] != '=' && p[angle + 3] != '!')
+      return re.error() + " (this RE2 names a group (?P<name>...) only)";
+    return re.error();
+  }
   const auto& names = re.NamedCapturingGroups();
   if (names.empty()) return "it has no named group, so a match would report nothing: (?P<loss>[0-9.]+)";
   if (names.size() > k_max_groups || static_cast<std::size_t>(re.NumberOfCapturingGroups()) > 2 * k_max_groups)

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -89,6 +91,21 @@ void print_rows(std::vector<std::vector<std::string>> rows, bool others) {
 
 bool someone_elses(const common::JobInfo& j) { return j.uid != static_cast<std::int64_t>(::getuid()); }
 
+// Under the table: the jobs some of whose event lines (or results file) gpuqd could not take, with
+// the first such line and why; a job is not failed by it, so this is where its owner learns it.
+void print_bad_events(const std::vector<common::JobInfo>& jobs) {
+  constexpr int k_shown = 3;
+  int n = 0;
+  for (const auto& j : jobs) {
+    if (j.bad_event_lines <= 0) continue;
+    if (n++ < k_shown)
+      std::cout << "job " << j.id << ": " << j.bad_event_lines << " event line" << (j.bad_event_lines == 1 ? "" : "s")
+                << " not taken" << (j.first_bad_event.empty() ? "" : "; the first, " + printable(j.first_bad_event))
+                << "\n";
+  }
+  if (n > k_shown) std::cout << "(and " << n - k_shown << " more jobs with event lines not taken: gpuq show ID)\n";
+}
+
 void print_jobs_table(const std::vector<common::JobInfo>& jobs) {
   std::vector<std::vector<std::string>> rows;
   bool others = false;
@@ -97,6 +114,7 @@ void print_jobs_table(const std::vector<common::JobInfo>& jobs) {
     others = others || someone_elses(j);
   }
   print_rows(std::move(rows), others);
+  print_bad_events(jobs);
 }
 
 bool all_succeeded(const common::JobsReply& r) {
@@ -250,7 +268,10 @@ int cmd_show(const Options& o, std::int64_t id) {
   }
   if (j.progress.is_object()) std::cout << "  progress:  " << format_fields(j.progress, 12) << "\n";
   if (j.result.is_object()) std::cout << "  result:    " << format_fields(j.result, 24) << "\n";
-  if (j.bad_event_lines) std::cout << "  skipped event lines: " << j.bad_event_lines << "\n";
+  if (j.bad_event_lines) {
+    std::cout << "  event lines not taken: " << j.bad_event_lines << "\n";
+    if (!j.first_bad_event.empty()) std::cout << "    the first: " << printable(j.first_bad_event) << "\n";
+  }
   std::cout << "  directory: " << printable(j.job_dir) << "\n";
   if (s.spec.contains("shell") && s.spec["shell"].is_string())
     std::cout << "  shell:     " << printable(s.spec["shell"].get<std::string>()) << "\n";
@@ -299,8 +320,45 @@ int cmd_result(const Options& o, std::int64_t id) {
   return k_exit_ok;
 }
 
+// A results column's value for a job: its result's field, else its label of that name.
+const json* column_value(const common::JobInfo& j, const std::string& key) {
+  if (j.result.is_object())
+    if (auto it = j.result.find(key); it != j.result.end()) return &*it;
+  if (auto it = j.labels.find(key); it != j.labels.end()) return &it->second;
+  return nullptr;
+}
+
+// --sort: numbers in numeric order (a label from before labels were typed, "0.3", counts as the
+// number it reads as), then text, then jobs without the field; ties keep the id order.
+void sort_rows(std::vector<common::JobInfo>& jobs, const std::string& key, bool reverse) {
+  auto rank = [&](const common::JobInfo& j) -> std::pair<int, json> {
+    const json* v = column_value(j, key);
+    if (!v || v->is_null()) return {2, nullptr};
+    if (v->is_number()) return {0, *v};
+    if (v->is_boolean()) return {0, v->get<bool>() ? 1 : 0};
+    if (v->is_string()) {
+      const auto& s = v->get_ref<const std::string&>();
+      char* end = nullptr;
+      const double d = std::strtod(s.c_str(), &end);
+      if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d) &&
+          !std::isspace(static_cast<unsigned char>(s[0])))
+        return {0, d};
+      return {1, s};
+    }
+    return {1, v->dump()};
+  };
+  std::stable_sort(jobs.begin(), jobs.end(), [&](const common::JobInfo& a, const common::JobInfo& b) {
+    auto ra = rank(a), rb = rank(b);
+    if (ra.first != rb.first) return ra.first < rb.first;  // missing last either way
+    if (ra.first == 2) return false;
+    const bool less = ra.first == 0 ? ra.second.get<double>() < rb.second.get<double>() : ra.second < rb.second;
+    const bool more = ra.first == 0 ? rb.second.get<double>() < ra.second.get<double>() : rb.second < ra.second;
+    return reverse ? more : less;
+  });
+}
+
 int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int64_t batch,
-                const std::vector<std::string>& fields) {
+                const std::vector<std::string>& fields, const std::string& sort_key, bool reverse) {
   common::ResultsRequest req;
   req.ids = ids;
   if (ids.empty() && batch == 0) {  // the 20 jobs that ended last, as `status` lists them
@@ -323,7 +381,8 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
   req.batch = batch;
   auto reply = all_results(o, req);
   if (!reply) return report(reply.error());
-  const auto& r = *reply;
+  auto& r = *reply;
+  if (!sort_key.empty()) sort_rows(r.jobs, sort_key, reverse);
   if (o.json) {
     json out = json::array();
     for (const auto& j : r.jobs)
@@ -331,17 +390,24 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
     print_json({{"jobs", out}});
     return k_exit_ok;
   }
-  // Columns: the asked-for fields, else every plain field, metrics first (field_rank).
+  // Columns: the asked-for fields, else every plain field of the results, metrics first
+  // (field_rank), then the labels (a sweep's lr and seed) not among them.
   std::vector<std::string> keys = fields;
   if (keys.empty()) {
     std::vector<std::pair<int, std::string>> seen;
+    auto known = [&](const std::string& k) {
+      return std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.second == k; }) != seen.end();
+    };
     for (const auto& j : r.jobs)
       if (j.result.is_object())
         for (const auto& [k, v] : j.result.items())
-          if (!v.is_object() && !v.is_array() &&
-              std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.second == k; }) == seen.end())
-            seen.push_back({field_rank(k, v), k});
+          if (!v.is_object() && !v.is_array() && !known(k)) seen.push_back({field_rank(k, v), k});
     std::stable_sort(seen.begin(), seen.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    const std::size_t results = seen.size();
+    for (const auto& j : r.jobs)
+      for (const auto& [k, _] : j.labels)
+        if (!known(k)) seen.push_back({0, k});
+    std::sort(seen.begin() + static_cast<std::ptrdiff_t>(results), seen.end());
     for (auto& [_, k] : seen) keys.push_back(k);
   }
   auto table = [&](std::size_t n) {
@@ -350,8 +416,10 @@ int cmd_results(const Options& o, const std::vector<std::int64_t>& ids, std::int
     Table t(header);
     for (const auto& j : r.jobs) {
       std::vector<std::string> row{std::to_string(j.id), j.name, state_of(j)};
-      for (std::size_t i = 0; i < n; ++i)
-        row.push_back(j.result.is_object() && j.result.contains(keys[i]) ? format_value(j.result[keys[i]]) : "-");
+      for (std::size_t i = 0; i < n; ++i) {
+        const json* v = column_value(j, keys[i]);
+        row.push_back(v ? format_value(*v) : "-");
+      }
       t.add(row);
     }
     return t;
@@ -629,14 +697,23 @@ void add_result(CLI::App& app, Context& ctx) {
 void add_results(CLI::App& app, Context& ctx) {
   struct Args : Selection {
     std::vector<std::string> fields;
+    std::string sort;
+    bool reverse = false;
   };
   auto a = args<Args>();
   auto* sub = app.add_subcommand("results", "Results of many jobs in one table");
   add_selection(sub, *a, "Job ids", "Every job of this batch");
-  sub->add_option("--fields,-f", a->fields, "Result fields to show, comma-separated (default: all, metrics first)")
+  sub->add_option("--fields,-f", a->fields,
+                  "Result fields or labels to show, comma-separated (default: every result field, metrics first, then "
+                  "the labels)")
       ->delimiter(',');
+  sub->add_option("--sort,-s", a->sort,
+                  "Order the jobs by this result field or label (numbers as numbers; jobs without it last)");
+  sub->add_flag("--reverse,-r", a->reverse, "With --sort: largest first");
   add_json_flag(sub, ctx);
-  sub->callback([&ctx, a] { ctx.run = [&ctx, a] { return cmd_results(ctx.opt, a->ids, a->batch, a->fields); }; });
+  sub->callback([&ctx, a] {
+    ctx.run = [&ctx, a] { return cmd_results(ctx.opt, a->ids, a->batch, a->fields, a->sort, a->reverse); };
+  });
 }
 
 }  // namespace gpuq::cli

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -98,7 +99,8 @@ int dry_run(const Options& o, const json& jobs, bool hold, int max_running) {
   for (std::size_t i = 0; i < parsed->size(); ++i) {
     const auto& spec = (*parsed)[i];
     std::string labels, runs;
-    for (const auto& [k, v] : spec.labels) labels += (labels.empty() ? "" : ",") + k + "=" + v;
+    for (const auto& [k, v] : spec.labels)
+      labels += (labels.empty() ? "" : ",") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
     if (!spec.train.is_null()) runs = "train " + spec.train.dump();
     else if (!spec.shell.empty()) runs = spec.shell;
     else
@@ -191,16 +193,20 @@ std::optional<std::pair<std::string, std::string>> key_value(const std::string& 
   return std::make_pair(text.substr(0, eq), text.substr(eq + 1));
 }
 
-// A size in MiB: "4096", "512M", "4G", "1T" (binary units; a number alone is MiB).
+// A size in MiB: "4096", "512M", "4G", "1.5G", "1T" (binary units; a number alone is MiB), rounded
+// up to a whole MiB as Slurm's --mem is (1025K is 2). Digits and one '.', nothing else: no sign,
+// exponent, hex or "inf", which strtod would take.
 std::optional<std::int64_t> mebibytes(const std::string& text) {
-  if (text.empty()) return std::nullopt;
   std::size_t used = 0;
-  double n = 0;
-  try {
-    n = std::stod(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
+  bool dot = false;
+  for (; used < text.size(); ++used) {
+    if (text[used] == '.' && !dot)
+      dot = true;
+    else if (!std::isdigit(static_cast<unsigned char>(text[used])))
+      break;
   }
+  if (used == 0 || !std::isdigit(static_cast<unsigned char>(text[0])) || used > 24) return std::nullopt;
+  const double n = std::strtod(text.substr(0, used).c_str(), nullptr);
   std::string unit = text.substr(used);
   if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();  // "4GB", "4GiB" read as "4G"
   if (unit.size() == 2 && (unit[1] == 'i' || unit[1] == 'I')) unit.pop_back();
@@ -213,7 +219,7 @@ std::optional<std::int64_t> mebibytes(const std::string& text) {
     scale = 1024;
   else if (unit == "T" || unit == "t")
     scale = 1024.0 * 1024;
-  const double mib = n * scale;
+  const double mib = std::ceil(n * scale);
   if (scale == 0 || !(mib >= 1) || mib > 1e12) return std::nullopt;
   return static_cast<std::int64_t>(mib);
 }
@@ -283,7 +289,8 @@ Result<json> run_spec(const RunArgs& a) {
       char* end = nullptr;
       errno = 0;
       const long long id = std::strtoll(dep.c_str(), &end, 10);
-      if (!dep.empty() && *end == '\0' && errno == 0 && id > 0)
+      // An id is digits alone ("+5" and " 5" are names, which gpuqd looks for in the batch).
+      if (!dep.empty() && std::isdigit(static_cast<unsigned char>(dep[0])) && *end == '\0' && errno == 0 && id > 0)
         after.push_back(id);
       else
         after.push_back(dep);  // a name: gpuqd says if it is not one of the batch's
@@ -296,7 +303,8 @@ Result<json> run_spec(const RunArgs& a) {
       if (!kv)
         return bad(std::string("--") + (what == std::string("env") ? "env" : "label") + " " + item +
                    " is not KEY=VALUE");
-      spec[what][kv->first] = kv->second;
+      // A label is typed as a matrix value is (lr=0.3 a number, lr=0.30 text); env is text.
+      spec[what][kv->first] = what == std::string("labels") ? typed_value(kv->second) : json(kv->second);
     }
   }
   if (!a.progress_patterns.empty() || !a.result_patterns.empty() || !a.results_file.empty()) {

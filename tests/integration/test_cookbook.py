@@ -93,9 +93,12 @@ class Cookbook(DaemonTest):
         self.assertRegex(out, r"world_size: 2")
         self.assertRegex(out, r"split-mlp +succeeded")
         self.assertRegex(out, r"hybrid-mlp +succeeded")
-        best = re.findall(r"^(0\.3|0\.1|0\.03)\t(\S+)\t(0\.\d+)$", out, re.M)
-        self.assertEqual(len(best), 3, out)
-        self.assertGreater(float(best[0][2]), 0.7)
+        # The sweep's results table, best first, its labels (the matrix's values) as columns.
+        best = re.findall(r"^\d+ +sweep-\S+ +succeeded +(0\.\d+|1) +(0\.3|0\.1|0\.03) +(\[[0-9,]+\])$", out, re.M)
+        self.assertEqual(len(best), 12, out)
+        accuracies = [float(b[0]) for b in best]
+        self.assertEqual(accuracies, sorted(accuracies, reverse=True))
+        self.assertGreater(accuracies[0], 0.7)
         for picture in ("two-datasets.png", "script.svg"):
             self.assertGreater(os.path.getsize(os.path.join(work, picture)), 5000, picture)
         status = json.loads(self.d.ok("status", "--all", "--json"))

@@ -36,6 +36,27 @@ class SpecErrors(DaemonTest):
         self.assertIn("cwd /nonexistent-dir cannot be the job's working directory (No such file or directory)",
                       self.submit_error('{"command":["true"],"cwd":"/nonexistent-dir"}'))
 
+    def test_a_batch_with_problems_of_every_kind_names_them_all_in_one_answer(self):
+        # A spec's own (a field's type), the machine's (GPUs, a program, a directory, RE2's word
+        # on a pattern) and the queue's (`after` a job that is not there): one submit, all of them.
+        err = self.submit_error(json.dumps([
+            {"name": "typo", "command": ["true"], "retries": "two", "gpus": 9},
+            {"name": "big", "command": ["true"], "gpus": 8},
+            {"name": "nowhere", "command": ["no-such-program-here"], "cwd": "/nonexistent-dir"},
+            {"name": "pattern", "command": ["true"], "report": {"result": ["(?P<x>1"]}},
+            {"name": "orphan", "command": ["true"], "after": [999]}]))
+        self.assertIn("invalid job spec (6 problems):", err)
+        for said in ["job[0] (typo): field `retries` must be", "job[0] (typo): asks for 9 GPUs; this machine has 4",
+                     "job[1] (big): asks for 8 GPUs; this machine has 4",
+                     "job[2] (nowhere): cwd /nonexistent-dir cannot be the job's working directory",
+                     "job[3] (pattern): `report.result[0]` is not a pattern gpuq can use",
+                     "job[4] (orphan): `after` names job 999, which does not exist"]:
+            self.assertIn(said, err)
+        # Where the directory is not there, whether the program is is not asked; a job whose spec
+        # has problems of its own is not looked for on disk.
+        self.assertNotIn("not an executable file", err)
+        self.assertEqual(self.d.json("status")["total"], 0)
+
     def test_a_batch_is_rejected_whole(self):
         err = self.submit_error('[{"name":"good","command":["true"]},{"name":"bad","command":["true"],"gpus":99}]')
         self.assertIn("job[1] (bad)", err)

@@ -35,10 +35,13 @@ class HostileEvents(DaemonTest):
         self.assertEqual(job["state"], "succeeded")
         self.assertEqual(job["bad_event_lines"], 1)
         self.assertEqual(job["result"], {"after": 1})
+        self.assertIn("nests deeper than", job["first_bad_event"])
+        self.assertLess(len(job["first_bad_event"]), 400)  # the line's first bytes, not the line
         self.d.kill9()
         self.d.start()
         self.assert_alive()
         self.assertEqual(self.d.show(job_id)["job"]["bad_event_lines"], 1)
+        self.assertIn("nests deeper than", self.d.show(job_id)["job"]["first_bad_event"])  # stored
 
     def test_a_last_event_line_without_a_newline_is_read_once_the_job_ends(self):
         code = ("import json, os\n"

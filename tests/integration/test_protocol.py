@@ -3,6 +3,7 @@ the document is a valid JSON Schema, and every command's request as the schema d
 answered with a reply the schema describes. Clients in other languages are built from it."""
 import json
 import os
+import socket
 import unittest
 
 import jsonschema
@@ -109,6 +110,31 @@ class ProtocolSchema(DaemonTest):
         self.assertEqual(replies["results"]["jobs"][0]["result"]["accuracy"], 0.9)
         self.assertEqual([j["id"] for j in replies["watch"]["jobs"]], [ended, anchor, held])
         self.assertEqual(sent, set(self.schema["commands"]), "a command of the schema went untried")
+
+    def test_labels_keep_their_type_for_clients_that_read_it_and_are_text_for_older_ones(self):
+        job = self.d.submit([{"name": "typed", "shell": "true", "labels": {"lr": 0.3, "seed": 2, "tag": "a", "best": True}}],
+                            "--hold")["ids"][0]
+
+        def labels_seen(*hello):
+            lines = [json.dumps(h) for h in hello] + [json.dumps({"cmd": "show", "id": job})]
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(30)
+                s.connect(self.d.socket)
+                s.sendall(("\n".join(lines) + "\n").encode())
+                buf = b""
+                while buf.count(b"\n") < len(lines):
+                    chunk = s.recv(65536)
+                    self.assertTrue(chunk, "gpuqd closed the connection")
+                    buf += chunk
+            return json.loads(buf.splitlines()[-1])["job"]["labels"]
+
+        hello = {"cmd": "hello", "protocol_version": 1, "client": "test"}
+        typed = {"lr": 0.3, "seed": 2, "tag": "a", "best": True}
+        text = {"lr": "0.3", "seed": "2", "tag": "a", "best": "true"}
+        self.assertEqual(labels_seen({**hello, "protocol_minor": 3}), typed)
+        self.assertEqual(labels_seen({**hello, "protocol_minor": 2}), text)
+        self.assertEqual(labels_seen(), text)  # no hello: minor 0
+        self.assertEqual(json.loads(self.d.ok("show", str(job), "--json"))["job"]["labels"], typed)  # gpuq: minor 3
 
     def test_what_the_schema_refuses_gpuqd_refuses_by_name(self):
         """A request outside the schema's bounds is refused, naming the field the schema bounds."""

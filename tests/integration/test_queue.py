@@ -76,7 +76,7 @@ class Matrix(DaemonTest):
         jobs = self.d.json("results", "--batch", str(sub["batch"]))["jobs"]
         by_name = {j["name"]: j for j in jobs}
         self.assertEqual(sorted(by_name), ["report", "train-0.1-1", "train-0.1-2", "train-0.3-1", "train-0.3-2"])
-        self.assertEqual(by_name["train-0.3-1"]["labels"], {"lr": "0.3", "seed": "1"})
+        self.assertEqual(by_name["train-0.3-1"]["labels"], {"lr": 0.3, "seed": 1})  # as typed in the matrix
         self.assertEqual(pathlib.Path(out, "train-0.3-1").read_text(), "0.3 1\n")
         # The report ran after all four: it saw every file.
         self.assertEqual(sorted(pathlib.Path(out, "report").read_text().splitlines()),
@@ -263,13 +263,25 @@ class ResultsWaitLogs(DaemonTest):
         self.assertIn("test_accuracy", table.splitlines()[0])
         self.assertEqual(self.d.json("result", str(sub["ids"][1]))["result"], {"test_accuracy": 0.6, "epochs": 1})
 
-    def test_bad_event_lines_are_counted_not_fatal(self):
+    def test_bad_event_lines_are_counted_not_fatal_and_the_first_is_shown(self):
         sub = self.d.submit({"name": "noisy", "shell": "echo garbage >> $GPUQ_EVENTS; echo '{\"x\":1}' >> $GPUQ_EVENTS; " +
                              event_line(type="result", ok=1)})
-        job = self.d.wait(sub["ids"])[sub["ids"][0]]
+        job_id = sub["ids"][0]
+        job = self.d.wait(sub["ids"])[job_id]
         self.assertEqual(job["state"], "succeeded")
         self.assertEqual(job["bad_event_lines"], 2)
         self.assertEqual(job["result"], {"ok": 1})
+        self.assertRegex(job["first_bad_event"], r'^rank 0: event line is not valid JSON .*: "garbage"$')
+        # Said where its owner looks: show, status, and what wait prints when the jobs end.
+        said = f'job {job_id}: 2 event lines not taken; the first, rank 0: event line is not valid JSON'
+        self.assertIn(said, self.d.ok("status"))
+        self.assertIn(said, self.d.ok("wait", str(job_id)))
+        shown = self.d.ok("show", str(job_id))
+        self.assertIn("event lines not taken: 2", shown)
+        self.assertIn('the first: rank 0: event line is not valid JSON', shown)
+        # (The first was kept, not the last.) A line without a type is named so.
+        other = self.d.submit({"name": "typeless", "shell": "echo '{\"x\":1}' >> $GPUQ_EVENTS"})["ids"][0]
+        self.assertEqual(self.d.wait([other])[other]["first_bad_event"], 'rank 0: no "type" string: "{\\"x\\":1}"')
 
     def test_a_flooded_events_file_is_read_at_most_8_mib_at_a_time_while_the_job_runs(self):
         # 30 MB of bad lines (each under the 1 MiB line limit) and one progress event appear at

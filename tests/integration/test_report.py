@@ -28,26 +28,30 @@ class Report(DaemonTest):
             f.write(MNIST_LIKE)
 
     def test_a_sweep_of_an_unmodified_script_gives_a_results_table(self):
-        r = self.d.run("run", "--json", "--matrix", "lr=0.1,0.5", "--progress", PROGRESS, "--result", RESULT,
+        r = self.d.run("run", "--json", "--matrix", "lr=0.5,0.1,0.3", "--progress", PROGRESS, "--result", RESULT,
                        "--", "python3", "main.py", "{lr}")
         self.assertEqual(r.returncode, 0, r.stderr)
         ids = json.loads(r.stdout)["ids"]
         done = self.d.wait(ids)
         self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
         results = {self.d.show(i)["job"]["labels"]["lr"]: self.d.json("result", str(i))["result"] for i in ids}
-        # The last epoch's line wins; numbers stay numbers.
-        self.assertEqual(results["0.1"], {"test_loss": 0.04, "correct": 9102, "test_accuracy": 91})
-        self.assertEqual(results["0.5"], {"test_loss": 0.0, "correct": 9502, "test_accuracy": 95})
+        # The last epoch's line wins; numbers stay numbers, the labels' too.
+        self.assertEqual(results[0.1], {"test_loss": 0.04, "correct": 9102, "test_accuracy": 91})
+        self.assertEqual(results[0.5], {"test_loss": 0.0, "correct": 9502, "test_accuracy": 95})
         progress = self.d.show(ids[0])["job"]["progress"]
         self.assertEqual((progress["epoch"], progress["step"]), (2, 640))
         self.assertIsInstance(progress["loss"], float)
-        # The table of a sweep, a column per field.
-        table = self.d.ok("results", *map(str, ids), "-f", "test_loss,test_accuracy")
-        self.assertIn("test_accuracy", table)
-        self.assertIn("91", table)
-        self.assertIn("95", table)
+        # The table of a sweep, a column per field, the labels among them; sorted by a field.
+        table = self.d.ok("results", *map(str, ids), "-f", "test_accuracy,lr", "--sort", "test_accuracy", "-r")
+        rows = [line.split() for line in table.splitlines()]
+        self.assertEqual(rows[0][-2:], ["test_accuracy", "lr"])
+        self.assertEqual([row[-2:] for row in rows[1:]], [["95", "0.5"], ["93", "0.3"], ["91", "0.1"]])
+        by_lr = self.d.json("results", *map(str, ids), "--sort", "lr")["jobs"]
+        self.assertEqual([j["labels"]["lr"] for j in by_lr], [0.1, 0.3, 0.5])
+        self.assertIn("lr", self.d.ok("results", *map(str, ids)).splitlines()[0])  # a column by default
         # The output itself is untouched.
-        self.assertIn("Test set: Average loss: 0.0400, Accuracy: 9102/10000 (91%)", self.d.ok("logs", str(ids[0])))
+        lr01 = next(i for i in ids if self.d.show(i)["job"]["labels"]["lr"] == 0.1)
+        self.assertIn("Test set: Average loss: 0.0400, Accuracy: 9102/10000 (91%)", self.d.ok("logs", str(lr01)))
 
     def test_a_results_file_is_read_when_the_job_ends_and_the_jobs_own_events_still_count(self):
         script = ("import json, os; "
@@ -74,14 +78,16 @@ class Report(DaemonTest):
             self.assertIn("gpuq: no result from its results file " + name, self.d.ok("logs", str(i)))
 
     def test_bad_patterns_are_refused_when_submitted_naming_each(self):
+        # The spec's own problems and what RE2 makes of its patterns (gpuqd compiles each as the
+        # supervisor will) come in one answer.
         r = self.d.run("submit", "-", input=json.dumps({
             "command": ["true"],
             "report": {"progress": ["(?P<x>1", "no group"], "result": ["(?P<type>x)"], "rank": 3, "extra": 1}}))
         self.assertNotEqual(r.returncode, 0)
         for said in ["`report.progress[1]` has no named group", "`report.extra` is not one of report's",
-                     "`report.rank` is 3, and the job has 1 rank"]:
+                     "`report.rank` is 3, and the job has 1 rank",
+                     "`report.progress[0]` is not a pattern gpuq can use: missing ): (?P<x>1"]:
             self.assertIn(said, r.stderr)
-        # What RE2 makes of them: gpuqd compiles each as the supervisor will.
         r = self.d.run("submit", "-", input=json.dumps(
             {"command": ["true"], "report": {"progress": ["(?P<x>1"], "result": ["(?P<type>x)"]}}))
         self.assertNotEqual(r.returncode, 0)

@@ -28,8 +28,8 @@ class Run(DaemonTest):
             argv = json.loads(self.d.ok("logs", str(i)))
             self.assertEqual(argv[:len(odd)], odd)  # no shell in between: nothing expanded or split
             seen[(job["labels"]["lr"], job["labels"]["seed"])] = argv[len(odd):]
-        self.assertEqual(seen, {("0.1", "1"): ["--lr=0.1", "1"], ("0.1", "2"): ["--lr=0.1", "2"],
-                                ("0.3", "1"): ["--lr=0.3", "1"], ("0.3", "2"): ["--lr=0.3", "2"]})
+        self.assertEqual(seen, {(0.1, 1): ["--lr=0.1", "1"], (0.1, 2): ["--lr=0.1", "2"],
+                                (0.3, 1): ["--lr=0.3", "1"], (0.3, 2): ["--lr=0.3", "2"]})
         names = sorted(self.d.show(i)["job"]["name"] for i in ids)
         self.assertEqual(names, ["python3-0.1-1", "python3-0.1-2", "python3-0.3-1", "python3-0.3-2"])
 
@@ -37,7 +37,7 @@ class Run(DaemonTest):
         first = json.loads(self.gpuq("run", "--json", "--hold", "--", "true").stdout)["ids"][0]
         r = self.gpuq("run", "--json", "--name", "tuned", "--gpus", "2", "--cpus", "1", "--memory", "2G",
                       "--gpu-memory", "512", "--priority", "7", "--retries", "2", "--timeout", "90m",
-                      "--env", "GREETING=hi there", "--label", "group=a", "--after", str(first), "--cwd", "/",
+                      "--env", "GREETING=hi there", "--label", "group=a", "--label", "seed=7", "--label", "lr=0.30", "--after", str(first), "--cwd", "/",
                       "--hold", "--shell", "--", "echo", "$GREETING", "from", "$(pwd)")
         self.assertEqual(r.returncode, 0, r.stderr)
         job_id = json.loads(r.stdout)["ids"][0]
@@ -46,7 +46,8 @@ class Run(DaemonTest):
         self.assertEqual((job["name"], spec["gpus"], spec["cpus"], spec["memory_mb"], spec["gpu_memory_mb"]),
                          ("tuned", 2, 1, 2048, 512))
         self.assertEqual((spec["priority"], spec["retries"], spec["timeout_s"], spec["cwd"]), (7, 2, 5400, "/"))
-        self.assertEqual((spec["env"], spec["labels"], spec["after"]), ({"GREETING": "hi there"}, {"group": "a"}, [first]))
+        self.assertEqual((spec["env"], spec["labels"], spec["after"]), ({"GREETING": "hi there"}, {"group": "a", "seed": 7, "lr": "0.30"}, [first]))
+        # A label is a number where its text reads back as that number (seed=7), else text (0.30).
         self.assertEqual(spec["shell"], "echo $GREETING from $(pwd)")
         self.d.ok("release", str(first), str(job_id))
         self.assertEqual(self.d.wait([first, job_id])[job_id]["state"], "succeeded")
@@ -90,6 +91,11 @@ class Run(DaemonTest):
             ((), "no command"),
             (("--bogus", "x"), "run has no option --bogus"),
             (("--memory", "lots", "--", "true"), "--memory lots is not a size"),
+            (("--memory", "0x10", "--", "true"), "--memory 0x10 is not a size"),  # strtod's hex
+            (("--memory", "-5G", "--", "true"), "--memory -5G is not a size"),
+            (("--memory", "1e3", "--", "true"), "--memory 1e3 is not a size"),
+            (("--memory", "inf", "--", "true"), "--memory inf is not a size"),
+            (("--after", "+5", "--", "true"), "`after` names \"+5\", which is not a job in this batch"),
             (("--timeout", "soon", "--", "true"), "--timeout soon is not a duration"),
             (("--env", "NOVALUE", "--", "true"), "--env NOVALUE is not KEY=VALUE"),
             (("--matrix", "lr", "--", "true"), "--matrix lr is not KEY=V1,V2"),
@@ -100,6 +106,10 @@ class Run(DaemonTest):
             self.assertNotEqual(r.returncode, 0, args)
             self.assertIn(said, r.stderr, args)
         self.assertEqual(self.d.json("status", "--all")["jobs"], [])
+        # A size that is not a whole MiB is rounded up, as Slurm's --mem is (it was cut to 1).
+        dry = json.loads(self.gpuq("run", "--json", "--dry-run", "--memory", "4097K", "--gpus", "1", "--gpu-memory", "1.5G",
+                                   "--", "true").stdout)["jobs"][0]
+        self.assertEqual((dry["memory_mb"], dry["gpu_memory_mb"]), (5, 1536))
 
     def test_a_program_may_take_options_that_look_like_runs_own(self):
         # Options end at the program's name: -c, --name and a later -- are the program's.

@@ -26,6 +26,26 @@ TEST_CASE("bad lines are skipped and counted, never fatal") {
   REQUIRE(p.events.size() == 1);
   CHECK(p.events[0].data["ok"] == true);
   CHECK(p.consumed == data.size());
+  // The first is kept, with why: each kind of bad line says its own.
+  CHECK(p.first_bad.rfind("rank 0: event line is not valid JSON", 0) == 0);
+  CHECK(p.first_bad.find(": \"not json\"") != std::string::npos);
+  CHECK(parse_events("[1,2]\n", 2, 0).first_bad == "rank 2: not a JSON object: \"[1,2]\"");
+  CHECK(parse_events("{\"type\":3}\n", 0, 0).first_bad == "rank 0: no \"type\" string: \"{\\\"type\\\":3}\"");
+  CHECK(parse_events("{\"type\":\"weird\"}\n", 0, 0)
+            .first_bad.find("\"type\" is \"weird\", not \"progress\" or \"result\"") != std::string::npos);
+  CHECK(parse_events("{\"type\":\"result\"}\n", 0, 0).first_bad.empty());
+}
+
+TEST_CASE("what is said of a bad line is its first bytes, escaped: the line is the job's, any bytes, any length") {
+  const std::string line = std::string("\x1b[2J\xff") + std::string(1000, 'z');
+  auto p = parse_events(line + "\n", 0, 0);
+  REQUIRE(p.bad_lines == 1);
+  CHECK(p.first_bad.size() < 400);
+  CHECK(p.first_bad.find('\x1b') == std::string::npos);  // no terminal escape reaches a screen
+  CHECK(p.first_bad.find("\\u001b") != std::string::npos);
+  CHECK(p.first_bad.substr(p.first_bad.size() - 3) == "...");
+  auto big = parse_events(std::string(k_max_event_line + 10, 'x'), 0, 0);
+  CHECK(big.first_bad.rfind("rank 0: over 1 MiB: \"xxx", 0) == 0);
 }
 
 TEST_CASE("an endless line without a newline is dropped once it exceeds the limit") {
@@ -114,6 +134,11 @@ TEST_CASE("a result is bounded: an event that would grow it past the limit is re
   CHECK(job.run.result["f0"] == "small");
   CHECK(job.run.result.contains("f9"));
   CHECK(job.run.result.dump().size() <= k_max_result_bytes);
+  CHECK(job.first_bad_event.rfind("rank 0: a result event that would make the job's result over 1 MiB: ", 0) == 0);
+  JobRecord earlier;  // a job with a first bad line keeps it
+  earlier.first_bad_event = "rank 0: not a JSON object: \"[]\"";
+  apply_events(earlier, events);
+  CHECK(earlier.first_bad_event == "rank 0: not a JSON object: \"[]\"");
 }
 
 TEST_CASE("progress keeps the latest event; results merge field by field") {

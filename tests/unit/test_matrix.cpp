@@ -33,7 +33,7 @@ TEST_CASE("a matrix makes one job per combination, the last key varying fastest"
   // Names get the values appended; each job is labelled with its values.
   CHECK(jobs[0].name == "sweep-0.1-1");
   CHECK(jobs[5].name == "sweep-0.3-3");
-  CHECK(jobs[4].labels == std::map<std::string, std::string>{{"lr", "0.3"}, {"seed", "2"}});
+  CHECK(jobs[4].labels == std::map<std::string, json>{{"lr", 0.3}, {"seed", 2}});  // as typed
 }
 
 TEST_CASE("a string that is only a placeholder takes the value's type, so train sections get numbers") {
@@ -49,7 +49,7 @@ TEST_CASE("a string that is only a placeholder takes the value's type, so train 
   CHECK(jobs[1].env.at("LR") == "0.05");  // env values are strings: the text
   CHECK(jobs[1].env.at("HOME") == "${HOME}/128");  // ${...} is the shell's
   CHECK(jobs[0].labels.at("lr") == "mine");  // the spec's own label wins
-  CHECK(jobs[0].labels.at("hidden") == "64");
+  CHECK(jobs[0].labels.at("hidden") == 64);
 }
 
 TEST_CASE("a value may be a list: whole where the placeholder is a whole string, its JSON elsewhere") {

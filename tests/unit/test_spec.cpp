@@ -268,9 +268,62 @@ TEST_CASE("unknown dependency names, duplicates and cycles are rejected") {
   CHECK(contains(msg, "dependency cycle: a -> c -> b -> a"));
 }
 
+TEST_CASE("labels keep their JSON type; a label is a string, a number or a boolean") {
+  auto r = parse_batch(json::parse(R"({"command": ["t"], "labels": {"lr": 0.3, "seed": 2, "tag": "a", "best": true}})"),
+                       "/");
+  REQUIRE(r.ok());
+  CHECK(r->at(0).labels.at("lr") == 0.3);
+  CHECK(r->at(0).labels.at("lr").is_number_float());
+  CHECK(r->at(0).labels.at("seed").is_number_integer());
+  CHECK(r->at(0).labels.at("tag") == "a");
+  CHECK(gpuq::common::to_json(r->at(0))["labels"]["lr"] == 0.3);  // stored as typed
+  CHECK(contains(error_of(R"({"command": ["t"], "labels": {"hidden": [64]}})"),
+                 "field `labels.hidden` must be a string, a number or a boolean, got an array"));
+  CHECK(contains(error_of(R"({"command": ["t"], "labels": {"n": null}})"), "field `labels.n` must be"));
+  CHECK(contains(error_of(R"({"command": ["t"], "labels": "lr=0.3"})"), "field `labels` must be an object"));
+}
+
+TEST_CASE("a report pattern needs a named group, written (?P<name>...) or (?<name>...)") {
+  auto with = [](const char* pattern) {
+    return parse_batch(json{{"command", {"t"}}, {"report", {{"result", {pattern}}}}}, "/");
+  };
+  CHECK(with("acc=(?P<acc>[0-9.]+)").ok());
+  CHECK(with("acc=(?<acc>[0-9.]+)").ok());  // RE2's own word on it comes from gpuqd
+  CHECK(contains(with("(?<=x)acc=([0-9.]+)").error().message, "has no named group"));  // a look-behind
+  CHECK(contains(with("acc=[0-9.]+").error().message, "has no named group"));
+}
+
+TEST_CASE("parse_batch_all keeps going past a job with problems, saying which jobs read whole") {
+  auto r = gpuq::common::parse_batch_all(json::parse(R"([{"name": "a", "command": ["t"], "gpus": "2"},
+                                                        {"name": "b", "command": ["t"], "gpus": 3},
+                                                        7,
+                                                        {"name": "d", "command": ["t"], "retries": -1, "bogus": 1}])"),
+                                         "/");
+  REQUIRE(r.ok());
+  REQUIRE(r->specs.size() == 4);
+  CHECK(r->ok == std::vector<bool>{false, true, false, false});
+  CHECK(r->specs[1].gpus == 3);  // a job that read whole is whole, for the machine's checks
+  REQUIRE(r->problems.size() == 4);
+  CHECK(contains(r->problems[0], "job[0] (a): field `gpus`"));
+  CHECK(contains(r->problems[1], "job[2]: must be an object"));
+  CHECK(r->local_deps.empty());  // not resolved while a name may be wrong
+  // Whole, its `after` resolves as parse_batch's does.
+  auto whole = gpuq::common::parse_batch_all(json::parse(R"([{"name": "a", "command": ["t"]},
+                                                            {"name": "b", "command": ["t"], "after": ["a"]}])"),
+                                             "/");
+  REQUIRE(whole.ok());
+  CHECK(whole->problems.empty());
+  CHECK(whole->local_deps == std::vector<std::vector<std::size_t>>{{}, {0}});
+  auto cycle = gpuq::common::parse_batch_all(json::parse(R"([{"name": "a", "command": ["t"], "after": ["a"]}])"), "/");
+  REQUIRE(cycle.ok());
+  REQUIRE(cycle->problems.size() == 1);
+  CHECK(contains(cycle->problems[0], "depends on itself"));
+  CHECK_FALSE(gpuq::common::parse_batch_all(json::array(), "/").ok());  // nothing to look at
+}
+
 TEST_CASE("a stored spec parses back to the same job") {
   auto r = parse_batch(json::parse(R"({"name": "n", "shell": "echo", "gpus": 2, "mode": "ddp", "retries": 3,
-                                      "timeout_s": 9.5, "env": {"A": "1"}, "labels": {"k": "v"}, "after": [4], "cpus": 3,
+                                      "timeout_s": 9.5, "env": {"A": "1"}, "labels": {"k": "v", "lr": 0.5}, "after": [4], "cpus": 3,
                                       "mem_bind": "prefer"})"),
                        "/w");
   REQUIRE(r.ok());

@@ -376,7 +376,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
       cancel_requested INTEGER NOT NULL DEFAULT 0, progress TEXT, result TEXT,
       after TEXT NOT NULL DEFAULT '[]', bad_event_lines INTEGER NOT NULL DEFAULT 0, first_failure TEXT);
     INSERT INTO jobs(id, batch, name, spec, state, attempt, submitted_at, started_at, gpus)
-      VALUES(7, 1, 'old', '{"name": "old", "command": ["true"], "cwd": "/"}', 'running', 1, 1.0, 2.0, '[1]');
+      VALUES(7, 1, 'old', '{"name": "old", "command": ["true"], "cwd": "/", "labels": {"lr": "0.3"}}', 'running', 1, 1.0, 2.0, '[1]');
   )sql");
 
   {
@@ -393,6 +393,9 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     CHECK(active[0].blocked_by == 0);
     CHECK_FALSE(active[0].held);
     CHECK(active[0].uid == ::getuid());  // jobs from before owners were kept are gpuqd's user's
+    CHECK(active[0].spec.labels.at("lr") == "0.3");  // labels were text then, and stay so
+    CHECK(active[0].first_bad_event.empty());
+    active[0].first_bad_event = "rank 0, line 3: not JSON";
     active[0].run.cpu_slots = {3};
     active[0].run.cores = {6, 7};
     active[0].attempt_base = 1;
@@ -400,7 +403,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 13);
+  CHECK(user_version(db.path) == 14);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   CHECK((*again)->get(7)->run.external_id.empty());  // the column a version 11 store added
   REQUIRE(again.ok());
@@ -408,6 +411,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
   CHECK((*again)->get(7)->run.cores == std::vector<int>{6, 7});
   CHECK((*again)->get(7)->attempt_base == 1);
   CHECK((*again)->get(7)->restarts == 1);
+  CHECK((*again)->get(7)->first_bad_event == "rank 0, line 3: not JSON");
   CHECK((*again)->get(7)->held);
   CHECK((*again)->drained_gpus().empty());  // the table a version 6 store added
   (*again)->set_drained("GPU-a", true, "ECC errors");
@@ -556,7 +560,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 13") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 14") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
