@@ -74,7 +74,13 @@ def _function_name(function):
         raise ValueError(f"gpuq.map runs a function by its importable name; {function!r} has none (a lambda or a "
                          "function defined inside another): define it at a module's top level")
     if module == "__main__":
-        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and spec.name and spec.name != "__main__":
+            # Started as `python -m pkg.mod`: the job imports pkg.mod by that name, so its relative
+            # imports work (loaded from its file as a script they would not).
+            return {"module": spec.name, "file": None, "qualname": qualname}
+        main_file = getattr(main, "__file__", None)
         if not main_file:
             raise ValueError("gpuq.map cannot run a function of an interactive session's __main__: put it in a module")
         return {"module": "__main__", "file": os.path.abspath(main_file), "qualname": qualname}
@@ -95,7 +101,9 @@ def map(function, items, gpus=1, name=None, client=None, timeout=0, **spec):  # 
     Slurm executor where the nodes share the filesystem and the interpreter.
 
     A job that fails raises JobFailed for the first such item, with the job's reason and, where the
-    function raised, its traceback; `timeout` (seconds) bounds the whole wait (TimeoutError)."""
+    function raised, its traceback; `timeout` (seconds) bounds the whole wait (TimeoutError). A
+    wait that ends without the results (the timeout, Ctrl-C, a lost gpuqd) cancels the jobs still
+    queued or running: nobody would read what they return."""
     if os.environ.get("GPUQ_MAP_LOADING"):
         raise RuntimeError("gpuq.map was called while a gpuq.map job loaded its function's script: the script "
                            "calls gpuq.map at its top level; put that under if __name__ == \"__main__\":")
@@ -119,7 +127,14 @@ def map(function, items, gpus=1, name=None, client=None, timeout=0, **spec):  # 
     client = client or Client()
     try:
         batch = client.submit(jobs)
-        done = {j["id"]: j for j in client.wait(batch.ids, timeout=timeout)}
+        try:
+            done = {j["id"]: j for j in client.wait(batch.ids, timeout=timeout)}
+        except BaseException:
+            try:
+                client.cancel(batch.ids)
+            except Exception:  # noqa: BLE001 - what stopped the wait is what the caller hears of
+                pass
+            raise
         out = []
         for i, job_id in enumerate(batch.ids):
             job = done.get(job_id) or client.jobs([job_id])[0]

@@ -6,7 +6,7 @@ import socket
 import time
 
 PROTOCOL_VERSION = 1
-PROTOCOL_MINOR = 2  # what this client reads: out_of_memory (1), watch (2)
+PROTOCOL_MINOR = 3  # what this client reads: out_of_memory (1), watch (2), typed labels (3)
 LAB_SOCKET = "/run/gpuq/gpuqd.sock"
 MAX_REPLY_BYTES = 80 << 20  # gpuqd's replies stop at 8 MiB of results; a line is bounded well above
 

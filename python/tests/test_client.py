@@ -29,6 +29,12 @@ def picky(x):
 
 def big(n):
     return "z" * n
+
+def stuck(gate):
+    import time
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+    return gate
 '''
 
 
@@ -108,6 +114,42 @@ class ClientTest(DaemonTest):
         self.assertEqual((results["picky-0"], results["picky-2"]), ({"value": 1}, {"value": 3}))
         with self.assertRaises(ValueError):
             gpuq.map(lambda x: x, [1], client=self.client)
+
+    def test_map_cancels_its_jobs_when_its_wait_ends_without_them(self):
+        gate = self.tmp_path("never")  # never made: the items' jobs would run on
+        with self.assertRaises(TimeoutError):
+            gpuq.map(self.workers.stuck, [gate, gate], gpus=0, client=self.client, timeout=2, name="stuck")
+        jobs = self.client.status(all=True)
+        self.assertEqual(len(jobs), 2)
+        ended = self.client.wait([j["id"] for j in jobs], timeout=60)
+        self.assertEqual({j["state"] for j in ended}, {"cancelled"})
+
+    def test_map_from_a_module_run_with_python_m_imports_it_by_name(self):
+        # `python -m pkg.sweep`: the job imports pkg.sweep, whose relative import works (loaded from
+        # its file as a script, it would fail).
+        pkg = self.tmp_path("pkg")
+        os.mkdir(pkg)
+        with open(os.path.join(pkg, "__init__.py"), "w") as f:
+            f.write("")
+        with open(os.path.join(pkg, "helpers.py"), "w") as f:
+            f.write("def double(x):\n    return 2 * x\n")
+        with open(os.path.join(pkg, "sweep.py"), "w") as f:
+            f.write(textwrap.dedent(f'''
+                import json, sys
+                sys.path.insert(0, {PYTHON_DIR!r})
+                import gpuq
+                from .helpers import double
+
+                def train(x):
+                    return double(x)
+
+                if __name__ == "__main__":
+                    print(json.dumps(gpuq.map(train, [1, 2], gpus=0)))
+                '''))
+        r = subprocess.run([sys.executable, "-m", "pkg.sweep"], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, GPUQ_SOCKET=self.d.socket), cwd=self.tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout), [2, 4])
 
     def test_map_runs_a_scripts_own_function_without_its_main_block(self):
         r = self.run_script("sweep.py", '''
