@@ -158,6 +158,9 @@ void Daemon::recover() {
     if (auto moved = rederive_slots(a.rec))  // not a change of state: no transition
       land({std::move(*moved)}, [&](const std::vector<const JobRecord*>& rows) { m_store->update(*rows.front(), false); });
     for (int r = 0; r < a.rec.spec.ranks; ++r) a.event_offsets[r] = m_store->event_offset(id, a.rec.attempt, r);
+    if (!a.rec.spec.report.empty())
+      a.event_offsets[report_offset_key(a.rec.spec.report.rank)] =
+          m_store->event_offset(id, a.rec.attempt, report_offset_key(a.rec.spec.report.rank));
     switch (m_executor->adopt(m_attempts.attempt_of(a.rec))) {
       case Executor::Found::alive:
         break;

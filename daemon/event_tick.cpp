@@ -10,6 +10,8 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "common/paths.hpp"
 #include "common/process.hpp"
@@ -32,13 +34,22 @@ EventTick::EventTick(boost::asio::io_context& io, const Config& config, Store& s
 bool EventTick::ingest(Active& a, bool ended) {
   const std::string adir = attempt_dir(m_config.state_dir, a.rec.id, a.rec.attempt);
   bool stored = true;
-  for (int r = 0; r < a.rec.spec.ranks; ++r) {
-    const std::string path = rank_events_path(adir, r);
+  // Each rank's events file, and the one its supervisor writes for the spec's `report` (beside it).
+  struct File {
+    std::string path;
+    int rank, key;  // key: its offset's (report_offset_key for the report's)
+  };
+  std::vector<File> files;
+  for (int r = 0; r < a.rec.spec.ranks; ++r)
+    files.push_back({rank_events_path(adir, r), r, r});
+  if (const auto& report = a.rec.spec.report; !report.empty() && report.rank < a.rec.spec.ranks)
+    files.push_back({rank_report_path(adir, report.rank), report.rank, report_offset_key(report.rank)});
+  for (const auto& [path, r, key] : files) {
     // The job writes this file: a symlink, a fifo, or a hard link to a file of another user's
     // (/etc/shadow) in its place is read as empty.
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     if (fd < 0) continue;
-    std::int64_t& offset = a.event_offsets[r];
+    std::int64_t& offset = a.event_offsets[key];
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != a.rec.uid) st.st_size = 0;
     // Bounded reads: a job that floods its events file cannot balloon the daemon's memory. Each
@@ -72,7 +83,7 @@ bool EventTick::ingest(Active& a, bool ended) {
       next.bad_event_lines += parsed.bad_lines + apply_events(next, parsed.events);
       try {  // its progress and result: no change of state
         m_needs.land({std::move(next)}, [&](const std::vector<const JobRecord*>& rows) {
-          m_store.add_events(*rows.front(), r, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
+          m_store.add_events(*rows.front(), key, offset + static_cast<std::int64_t>(parsed.consumed), parsed.events);
         });
       } catch (const RequestError& e) {
         std::cerr << "gpuqd: job " << a.rec.id << ": cannot store events: " << e.what() << "\n";
@@ -86,12 +97,13 @@ bool EventTick::ingest(Active& a, bool ended) {
       m_reads.max_bytes = std::max(m_reads.max_bytes, read_now);
     }
     if (began < k_max_events_bytes && offset >= k_max_events_bytes && st.st_size > offset) {
-      std::cerr << "gpuqd: job " << a.rec.id << ": rank " << r << "'s events file is over "
-                << (k_max_events_bytes >> 20) << " MiB; the rest of it is not read\n";
+      std::cerr << "gpuqd: job " << a.rec.id << ": rank " << r << (key == r ? "'s events file" : "'s report events")
+                << " is over " << (k_max_events_bytes >> 20) << " MiB; the rest of it is not read\n";
       ++a.rec.bad_event_lines;  // in memory; stored with the job's next change
       if (a.rec.first_bad_event.empty())
-        a.rec.first_bad_event = "rank " + std::to_string(r) + ": its events file is over " +
-                                std::to_string(k_max_events_bytes >> 20) + " MiB; the rest of it is not read";
+        a.rec.first_bad_event = "rank " + std::to_string(r) + (key == r ? ": its events file" : ": its report events") +
+                                " is over " + std::to_string(k_max_events_bytes >> 20) +
+                                " MiB; the rest of it is not read";
     }
     ::close(fd);
   }

@@ -41,6 +41,9 @@ std::string rank_log_path(const std::string& dir, int rank) { return dir + "/ran
 std::string rank_events_path(const std::string& dir, int rank) {
   return dir + "/events-" + std::to_string(rank) + ".jsonl";
 }
+std::string rank_report_path(const std::string& dir, int rank) {
+  return dir + "/report-" + std::to_string(rank) + ".jsonl";
+}
 
 namespace {
 

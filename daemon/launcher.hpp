@@ -46,6 +46,14 @@ std::string job_dir(const std::string& state_dir, std::int64_t id);
 std::string attempt_dir(const std::string& state_dir, std::int64_t id, int attempt);
 std::string rank_log_path(const std::string& attempt_dir, int rank);
 std::string rank_events_path(const std::string& attempt_dir, int rank);
+// The events a spec's `report` makes of rank `rank`'s output, written by its supervisor beside the
+// rank's own events file (never into it: a line the job writes in pieces would take the
+// supervisor's line into its middle, and both be lost). Their read offsets are kept under the
+// key report_offset_key(rank), a rank number no rank has.
+std::string rank_report_path(const std::string& attempt_dir, int rank);
+constexpr int report_offset_key(int rank) {
+  return -1 - rank;
+}
 
 // An attempt's directories for a job that runs as another user than gpuqd (lab mode): the job's
 // own directory stays gpuqd's (mode 0711: its owner passes through, and cannot swap the attempt

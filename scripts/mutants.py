@@ -347,6 +347,11 @@ MUTANTS = [
      "  if (used == 0 || !std::isdigit(static_cast<unsigned char>(text[0])) || used > 24) return std::nullopt;\n",
      "  try {\n    used = 0;\n    (void)std::stod(text, &used);\n  } catch (...) {\n    return std::nullopt;\n  }\n",
      ["test_run.Run.test_mistakes_are_named_and_submit_nothing"]),
+    # The report's events go beside the rank's events file, never into it: a line the job writes
+    # in pieces would take the supervisor's into its middle.
+    ("report-events-beside", "supervisor/supervisor.cpp",
+     "    m_events = report_path(events);\n", "    m_events = events;\n",
+     ["test_report.Report.test_a_job_writing_its_own_events_in_pieces_loses_no_line_to_the_reports"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",

@@ -357,7 +357,10 @@ void complain(const std::string& message) {
 
 // A job's `report` (a spec's, common/spec.hpp) as its supervisor carries it out: the chosen
 // rank's output read through the job's patterns (output_report.hpp), and the results file read
-// once every rank has ended, both written into that rank's events file.
+// once every rank has ended, both written as event lines into report-R.jsonl beside the rank's
+// events file (events-R.jsonl; daemon/launcher.hpp rank_report_path), which gpuqd reads as it
+// reads that one. Never into the rank's own: a line the job writes there in pieces (a buffered
+// file flushed mid-line) would take the supervisor's line into its middle, and both be lost.
 class Reporting {
  public:
   Reporting() = default;
@@ -393,7 +396,7 @@ class Reporting {
   // Rank `rank` starts: where its events go, its working directory and its log, if it reports.
   void spawning(int rank, const std::string& events, const std::string& cwd, const std::string& log) {
     if (rank != m_rank) return;
-    m_events = events;
+    m_events = report_path(events);
     m_cwd = cwd;
     m_log = log;
   }
@@ -420,6 +423,15 @@ class Reporting {
   // The results file the report names, once every rank has ended: a JSON object (at most 1 MiB),
   // read as the owner from the reporting rank's directory, never through a link, and written as
   // a result event. A file that is missing or not an object is said in the rank's log.
+  // ".../events-R.jsonl" -> ".../report-R.jsonl"; another name gets ".report" after it.
+  static std::string report_path(const std::string& events) {
+    if (events.empty()) return "";
+    const auto slash = events.rfind('/');
+    const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
+    if (events.compare(base, 7, "events-") == 0) return events.substr(0, base) + "report-" + events.substr(base + 7);
+    return events + ".report";
+  }
+
   void read_results_file() {
     if (m_file.empty() || m_events.empty()) return;
     const std::string path = m_file[0] == '/' ? m_file : m_cwd + "/" + m_file;
@@ -449,9 +461,9 @@ class Reporting {
   }
 
  private:
-  // The events the report made, appended to the rank's events file as lines the job could have
-  // written (O_APPEND: a line each, among any the job writes itself), made as the owner and never
-  // through a link the job put at its name (open_log). gpuqd reads them with the job's own.
+  // The events the report made, appended to the report's events file as lines the job could have
+  // written (O_APPEND, a line a write), made as the owner and never through a link the job put at
+  // its name (open_log). gpuqd reads them with the rank's own.
   // What a chatty program's lines make is paced: a progress event at most every 0.5 s and the
   // result at most once a second, the fields of the lines between merged (the later winning), so
   // a rank's events file (of which gpuqd reads 64 MiB) lasts days; both are written out when the

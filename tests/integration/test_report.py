@@ -2,6 +2,7 @@
 (docs/job-spec.md), read by the job's supervisor from its output and from a file it leaves."""
 import json
 import os
+import textwrap
 
 from harness import DaemonTest, pids_matching, wait_until
 
@@ -62,6 +63,32 @@ class Report(DaemonTest):
                              "report": {"result": [r"acc=(?P<acc>[0-9.]+)"], "file": "out/metrics.json"}})["ids"][0]
         self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
         self.assertEqual(self.d.json("result", str(job))["result"], {"own": 1, "acc": 0.75, "f1": 0.5, "name": "x"})
+
+    def test_a_job_writing_its_own_events_in_pieces_loses_no_line_to_the_reports(self):
+        # The job's own result line is written in two pieces; between them its output makes the
+        # supervisor write a result of its own. Once both went into $GPUQ_EVENTS, the supervisor's
+        # line landed inside the job's and both were lost (two bad lines, neither result).
+        script = textwrap.dedent('''
+            import os, time
+            events = os.environ["GPUQ_EVENTS"]
+            with open(events, "a") as f:
+                f.write('{"type": "result", "own":')
+                f.flush()
+                print("acc=0.5", flush=True)
+                # The supervisor has written its line when it shows, beside this file or in it.
+                report = os.path.join(os.path.dirname(events), "report-0.jsonl")
+                deadline = time.time() + 60
+                while time.time() < deadline and not (os.path.exists(report) and os.path.getsize(report) > 0) \\
+                        and os.path.getsize(events) <= len('{"type": "result", "own":'):
+                    time.sleep(0.02)
+                f.write(' 1}\\n')
+            ''')
+        job = self.d.submit({"name": "pieces", "command": ["python3", "-c", script],
+                             "report": {"result": [r"^acc=(?P<acc>[0-9.]+)$"]}})["ids"][0]
+        done = self.d.wait([job])[job]
+        self.assertEqual(done["state"], "succeeded", done["reason"])
+        self.assertEqual(done["bad_event_lines"], 0, done["first_bad_event"])
+        self.assertEqual(done["result"], {"own": 1, "acc": 0.5})
 
     def test_a_results_file_that_is_missing_or_not_an_object_is_said_in_the_log(self):
         link = self.tmp_path("secret.json")
