@@ -352,6 +352,9 @@ MUTANTS = [
     ("report-events-beside", "supervisor/supervisor.cpp",
      "    m_events = report_path(events);\n", "    m_events = events;\n",
      ["test_report.Report.test_a_job_writing_its_own_events_in_pieces_loses_no_line_to_the_reports"]),
+    ("report-offset-kept-across-restart", "daemon/daemon.cpp",
+     "    if (!a.rec.spec.report.empty())\n      a.event_offsets", "    if (false)\n      a.event_offsets",
+     ["test_report.Report.test_a_restarted_gpuqd_reads_on_from_where_it_was_in_the_reports_events"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",

@@ -90,6 +90,21 @@ class Report(DaemonTest):
         self.assertEqual(done["bad_event_lines"], 0, done["first_bad_event"])
         self.assertEqual(done["result"], {"own": 1, "acc": 0.5})
 
+    def test_a_restarted_gpuqd_reads_on_from_where_it_was_in_the_reports_events(self):
+        # The report's events are read from their own offset, kept in the store as a rank's are: a
+        # gpuqd killed and started again mid-job takes no event twice.
+        gate = self.tmp_path("gate")
+        script = f"print('step=1', flush=True)\nimport os, time\nwhile not os.path.exists({gate!r}): time.sleep(0.02)\nprint('step=2')"
+        job = self.d.submit({"name": "restarted", "command": ["python3", "-c", script],
+                             "report": {"progress": [r"^step=(?P<step>\d+)$"]}})["ids"][0]
+        wait_until(lambda: (self.d.show(job)["job"]["progress"] or {}).get("step") == 1, what="the first step")
+        self.d.kill9()
+        self.d.start()
+        open(gate, "w").close()
+        self.assertEqual(self.d.wait([job])[job]["state"], "succeeded")
+        steps = [e["data"]["step"] for e in self.d.request({"cmd": "events", "id": job})["events"]]
+        self.assertEqual(steps, [1, 2])
+
     def test_a_results_file_that_is_missing_or_not_an_object_is_said_in_the_log(self):
         link = self.tmp_path("secret.json")
         with open(link, "w") as f:
