@@ -237,8 +237,10 @@ json typed_value(const std::string& text) {
 
 // The job spec `gpuq run`'s options make, or why they make none.
 Result<json> run_spec(const RunArgs& a) {
-  const auto bad = [](const std::string& why) { return Error{ErrorCode::bad_request, why}; };
-  if (a.argv.empty()) return bad("no command: gpuq run [options] -- PROGRAM [ARGS...]");
+  if (a.argv.empty()) return Error{ErrorCode::bad_request, "no command: gpuq run [options] -- PROGRAM [ARGS...]"};
+  // Every option's problem is said at once, as a spec's are.
+  std::vector<std::string> problems;
+  const auto bad = [&](const std::string& why) { problems.push_back(why); };
   json spec = json::object();
   if (a.shell) {
     std::string text;
@@ -269,19 +271,24 @@ Result<json> run_spec(const RunArgs& a) {
   if (!a.cwd.empty()) spec["cwd"] = a.cwd;
   if (!a.memory.empty()) {
     const auto mib = mebibytes(a.memory);
-    if (!mib) return bad("--memory " + a.memory + " is not a size (4096, 512M, 16G: MiB unless a unit is given)");
-    spec["memory_mb"] = *mib;
+    if (!mib)
+      bad("--memory " + a.memory + " is not a size (4096, 512M, 16G: MiB unless a unit is given)");
+    else
+      spec["memory_mb"] = *mib;
   }
   if (!a.gpu_memory.empty()) {
     const auto mib = mebibytes(a.gpu_memory);
     if (!mib)
-      return bad("--gpu-memory " + a.gpu_memory + " is not a size (4096, 512M, 16G: MiB unless a unit is given)");
-    spec["gpu_memory_mb"] = *mib;
+      bad("--gpu-memory " + a.gpu_memory + " is not a size (4096, 512M, 16G: MiB unless a unit is given)");
+    else
+      spec["gpu_memory_mb"] = *mib;
   }
   if (!a.timeout.empty()) {
     const auto s = common::parse_duration(a.timeout);
-    if (!s || *s <= 0) return bad("--timeout " + a.timeout + " is not a duration (90, 90s, 30m, 12h, 7d)");
-    spec["timeout_s"] = *s;
+    if (!s || *s <= 0)
+      bad("--timeout " + a.timeout + " is not a duration (90, 90s, 30m, 12h, 7d)");
+    else
+      spec["timeout_s"] = *s;
   }
   if (!a.after.empty()) {
     json after = json::array();
@@ -300,9 +307,10 @@ Result<json> run_spec(const RunArgs& a) {
   for (const auto& [what, list] : {std::pair{"env", &a.env}, std::pair{"labels", &a.labels}}) {
     for (const auto& item : *list) {
       const auto kv = key_value(item);
-      if (!kv)
-        return bad(std::string("--") + (what == std::string("env") ? "env" : "label") + " " + item +
-                   " is not KEY=VALUE");
+      if (!kv) {
+        bad(std::string("--") + (what == std::string("env") ? "env" : "label") + " " + item + " is not KEY=VALUE");
+        continue;
+      }
       // A label is typed as a matrix value is (lr=0.3 a number, lr=0.30 text); env is text.
       spec[what][kv->first] = what == std::string("labels") ? typed_value(kv->second) : json(kv->second);
     }
@@ -315,13 +323,18 @@ Result<json> run_spec(const RunArgs& a) {
     if (a.report_rank >= 0) report["rank"] = a.report_rank;
     spec["report"] = report;
   } else if (a.report_rank >= 0) {
-    return bad("--report-rank says whose output the patterns read: give --progress or --result patterns");
+    bad("--report-rank says whose output the patterns read: give --progress or --result patterns");
   }
   for (const auto& item : a.matrix) {
     const auto kv = key_value(item);
-    if (!kv || kv->second.empty()) return bad("--matrix " + item + " is not KEY=V1,V2,...");
-    if (spec.contains("matrix") && spec["matrix"].contains(kv->first))
-      return bad("--matrix " + kv->first + " is given twice");
+    if (!kv || kv->second.empty()) {
+      bad("--matrix " + item + " is not KEY=V1,V2,...");
+      continue;
+    }
+    if (spec.contains("matrix") && spec["matrix"].contains(kv->first)) {
+      bad("--matrix " + kv->first + " is given twice");
+      continue;
+    }
     json values = json::array();
     std::size_t from = 0;
     for (;;) {
@@ -332,6 +345,13 @@ Result<json> run_spec(const RunArgs& a) {
       from = comma + 1;
     }
     spec["matrix"][kv->first] = values;
+  }
+  if (problems.size() == 1) return Error{ErrorCode::bad_request, problems.front()};
+  if (!problems.empty()) {
+    std::string all = std::to_string(problems.size()) + " problems with its options:";
+    for (const auto& p : problems)
+      all += "\n  " + p;
+    return Error{ErrorCode::bad_request, all};
   }
   return spec;
 }

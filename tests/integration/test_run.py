@@ -106,6 +106,12 @@ class Run(DaemonTest):
             self.assertNotEqual(r.returncode, 0, args)
             self.assertIn(said, r.stderr, args)
         self.assertEqual(self.d.json("status", "--all")["jobs"], [])
+        # All of them at once, as a spec's problems are.
+        r = self.gpuq("run", "--memory", "lots", "--timeout", "soon", "--env", "NOVALUE", "--", "true")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        for said in ("3 problems with its options:", "--memory lots is not a size", "--timeout soon is not a duration",
+                     "--env NOVALUE is not KEY=VALUE"):
+            self.assertIn(said, r.stderr)
         # A size that is not a whole MiB is rounded up, as Slurm's --mem is (it was cut to 1).
         dry = json.loads(self.gpuq("run", "--json", "--dry-run", "--memory", "4097K", "--gpus", "1", "--gpu-memory", "1.5G",
                                    "--", "true").stdout)["jobs"][0]
