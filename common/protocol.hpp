@@ -153,7 +153,8 @@ inline void require_object(const nlohmann::json& j) {
 // meanings and is refused (`version_mismatch`).
 constexpr int k_protocol_version = 1;
 // 1: the job state out_of_memory (sent as failed to a client of 0); 2: the command `watch`;
-// 3: labels as typed (strings to a client of 2 or less), a job's `first_bad_event`.
+// 3: labels as typed (strings to a client of 2 or less), a job's `first_bad_event`; the command
+// `requeue`.
 constexpr int k_protocol_minor = 3;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
 
@@ -646,6 +647,7 @@ inline constexpr Cmd<SubmitRequest, SubmitReply> submit{"submit"};
 inline constexpr Cmd<StatusRequest, JobsReply> status{"status"};
 inline constexpr Cmd<IdRequest, ShowReply> show{"show"};
 inline constexpr Cmd<IdsRequest, CancelReply> cancel{"cancel"};
+inline constexpr Cmd<IdsRequest, CancelReply> requeue{"requeue"};
 inline constexpr Cmd<RestartRequest, RestartReply> restart{"restart"};
 inline constexpr Cmd<SelectRequest, CancelReply> hold{"hold"};
 inline constexpr Cmd<SelectRequest, CancelReply> release{"release"};
@@ -664,9 +666,9 @@ inline constexpr Cmd<NoFields, NoFields> shutdown{"shutdown"};
 }  // namespace cmd
 
 inline constexpr auto k_commands =
-    std::tie(cmd::hello, cmd::submit, cmd::status, cmd::show, cmd::cancel, cmd::restart, cmd::hold, cmd::release,
-             cmd::update, cmd::clean, cmd::wait, cmd::results, cmd::events, cmd::watch, cmd::gpus, cmd::drain,
-             cmd::undrain, cmd::why, cmd::usage, cmd::shutdown);
+    std::tie(cmd::hello, cmd::submit, cmd::status, cmd::show, cmd::cancel, cmd::requeue, cmd::restart, cmd::hold,
+             cmd::release, cmd::update, cmd::clean, cmd::wait, cmd::results, cmd::events, cmd::watch, cmd::gpus,
+             cmd::drain, cmd::undrain, cmd::why, cmd::usage, cmd::shutdown);
 
 // Each command's name with a check of its request (its decoder, the result dropped): what the
 // request fuzzer walks, so a new command is fuzzed once it is in k_commands.

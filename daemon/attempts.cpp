@@ -311,6 +311,16 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
   const double gpu_s = rec.run.started_at > 0
                            ? static_cast<double>(rec.run.gpus.size()) * std::max(0.0, end.at - rec.run.started_at)
                            : 0;
+  // Stopped by `gpuq requeue` (and not cancelled, nor done before the stop came): back in line as
+  // the same job, no retry spent, its lingering processes' GPUs held as for any end.
+  if (rec.run.requeue_requested && !rec.run.cancel_requested && end.state != JobState::succeeded) {
+    const std::string why = "requeued (gpuq requeue): attempt " + std::to_string(rec.attempt) + " was stopped";
+    m_needs.commit({next_record(rec, event::Requeued{why})}, {}, {});
+    if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
+    m_needs.withdraw_orphans();
+    m_needs.schedule_soon();
+    return;
+  }
   const int run = rec.attempt - rec.attempt_base;  // attempts since the job was submitted or restarted
   if (retryable && has_retry_left(rec)) {
     double delay = std::min(m_config.retry_backoff_max_s, m_config.retry_backoff_s * std::pow(2.0, run - 1));

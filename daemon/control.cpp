@@ -48,6 +48,35 @@ common::CancelReply cancel(const Changes& c, const Caller& caller, const common:
   return out;
 }
 
+common::CancelReply requeue(const Changes& c, const Caller& caller, const common::IdsRequest& q) {
+  for (auto id : q.ids) {
+    const JobRecord rec = c.reads.existing_job(id);  // not_found, saying why
+    if (rec.state != JobState::running)
+      throw RequestError(
+          ErrorCode::wrong_state,
+          job_label(rec) + " is " + std::string(to_string(rec.state)) + "; only a running job can be requeued" +
+              (rec.state == JobState::queued ? " (it is in line already)" : " (`gpuq restart` queues an ended one)"));
+    if (rec.run.cancel_requested) throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is being cancelled");
+  }
+  for (auto id : q.ids)
+    c.reads.authorize(caller, id, "requeue");  // all, before any is asked
+  std::vector<JobRecord> flagged;
+  std::set<std::int64_t> asked;
+  for (auto id : q.ids) {
+    const Active& a = c.jobs.at(id);
+    if (!a.rec.run.requeue_requested && asked.insert(id).second)
+      flagged.push_back(next_record(a.rec, event::RequeueRequested{}));
+  }
+  c.commit({}, {}, std::move(flagged));  // the intent, stored: a gpuqd restarted meanwhile requeues it still
+  common::CancelReply out;
+  for (auto id : q.ids) {
+    const bool now_asked = asked.erase(id) > 0;
+    if (now_asked) c.executor.stop(id);
+    out.jobs.push_back({id, JobState::running, now_asked});
+  }
+  return out;
+}
+
 // Holds queued jobs out of line (as Slurm's hold: they keep their place in the history, reserve
 // nothing, and start only once released), or releases them. Holding needs every named job to be
 // queued, or nothing is held; releasing a job that is not held changes nothing. With a batch,

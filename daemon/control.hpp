@@ -35,6 +35,11 @@ namespace control {
 // Cancels jobs: queued ones end at once, running ones are asked to stop (they end as cancelled).
 // Every id must exist and be the caller's (or the caller an admin) before anything changes.
 common::CancelReply cancel(const Changes& c, const Caller& caller, const common::IdsRequest& q);
+// Stops running jobs and puts them back in line, no retry spent (Slurm's `scontrol requeue`): each
+// is asked to stop as a cancel asks (SIGTERM, then SIGKILL after the grace), and once its processes
+// are gone it is queued again, its next attempt numbered on. Every id must exist, be the caller's
+// (or the caller an admin) and be running, or nothing changes.
+common::CancelReply requeue(const Changes& c, const Caller& caller, const common::IdsRequest& q);
 // Holds queued jobs out of line, or releases them (`hold` false); with a batch, its queued jobs.
 common::CancelReply set_held(const Changes& c, const Caller& caller, const common::SelectRequest& q, bool hold);
 // A job's priority, retries or timeout, or a batch's limit on running jobs, after submission.

@@ -200,6 +200,7 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::status, &queries::status>(),
       now<cmd::show, &queries::show>(),
       now<cmd::cancel, &control::cancel>(),
+      now<cmd::requeue, &control::requeue>(),
       later<cmd::restart, [](Daemon& d, const Caller& c, const common::RestartRequest& q,
                              Later<common::RestartReply>& r) { d.m_ops.restarter.start(c, q, r); }>(),
       now<cmd::hold, [](const Changes& c, const Caller& who,

@@ -47,6 +47,8 @@ std::string_view event_name(const Event& e) {
                         [](const event::Restarted&) { return "restarted"; },
                         [](const event::NeverStarted&) { return "never_started"; },
                         [](const event::Unrunnable&) { return "unrunnable"; },
+                        [](const event::RequeueRequested&) { return "requeue_requested"; },
+                        [](const event::Requeued&) { return "requeued"; },
                     },
                     e);
 }
@@ -159,6 +161,20 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
           [&](const event::Unrunnable& u) -> Result<JobRecord> {
             if (!queued) return refused(rec, e, "a queued job");
             return fails_unstarted(std::move(next), u.at, u.reason);
+          },
+          [&](const event::RequeueRequested&) -> Result<JobRecord> {
+            if (!running) return refused(rec, e, "a running job");
+            next.run.requeue_requested = true;
+            return next;
+          },
+          [&](const event::Requeued& r) -> Result<JobRecord> {
+            if (!running || rec.attempt < 1) return refused(rec, e, "a running job");
+            if (!rec.spec_error.empty()) return unreadable(rec, e);
+            clear_attempt(next);
+            next.state = JobState::queued;
+            next.attempt_base = rec.attempt_base + 1;  // the attempt it lost is not one of its tries
+            next.reason = r.reason;
+            return next;
           },
       },
       e);

@@ -13,6 +13,7 @@
 //             ├── cancelled / dependency_failed ──▶ cancelled | failed  │
 //             └◀─────────────── restarted (any end) ◀───────────────────┘
 //   running ── cancel_requested ──▶ running (it ends as cancelled, whatever happens next)
+//   running ── requeue_requested ─▶ running ── requeued (its attempt ended) ──▶ queued (no retry spent)
 #pragma once
 
 #include <optional>
@@ -66,6 +67,13 @@ struct DependencyFailed {
 struct Held {
   bool hold = true;
 };
+// Running -> running, flagged: once its processes are gone it goes back in line (Requeued).
+struct RequeueRequested {};
+// Running (its attempt just ended, stopped by gpuq requeue) -> queued, as the same job: the next
+// attempt is numbered on, and no retry is spent (attempt_base moves with it).
+struct Requeued {
+  std::string reason;
+};
 // Any end -> queued under the same id, with a fresh retry budget (gpuq restart).
 struct Restarted {};
 // Running but never started (gpuqd stopped between recording the launch and spawning it) ->
@@ -82,7 +90,7 @@ struct Unrunnable {
 
 using Event = std::variant<event::Launched, event::Ended, event::Retried, event::CancelRequested, event::Cancelled,
                            event::DependencyFailed, event::Held, event::Restarted, event::NeverStarted,
-                           event::Unrunnable>;
+                           event::Unrunnable, event::RequeueRequested, event::Requeued>;
 
 std::string_view event_name(const Event& e);
 

@@ -200,7 +200,7 @@ void Store::write_job(const JobRecord& j) {
   bind_text(st, 8, json(j.run.gpus).dump());
   sqlite3_bind_int(st, 9, j.run.master_port);
   sqlite3_bind_double(st, 10, j.not_before);
-  sqlite3_bind_int(st, 11, j.run.cancel_requested ? 1 : 0);
+  sqlite3_bind_int(st, 11, j.run.cancel_requested ? 1 : j.run.requeue_requested ? 2 : 0);
   bind_json(st, 12, j.run.progress);
   bind_json(st, 13, j.run.result);
   bind_text(st, 14, json(j.after).dump());

@@ -53,6 +53,9 @@ struct JobRecord {
     std::vector<int> cores;
     int master_port = 0;
     bool cancel_requested = false;
+    // Asked to stop and go back in line (gpuq requeue), no retry spent; stored as cancel_requested 2.
+    // A cancel asked too wins.
+    bool requeue_requested = false;
     json progress;       // last progress event
     json result;         // merged result events
     json first_failure;  // {rank, exit_code, signal} when it failed

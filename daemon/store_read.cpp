@@ -76,7 +76,8 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st, const DetailsOf& deta
     if (gpus.is_array()) j.run.gpus = gpus.get<std::vector<int>>();
     j.run.master_port = sqlite3_column_int(st, 12);
     j.not_before = sqlite3_column_double(st, 13);
-    j.run.cancel_requested = sqlite3_column_int(st, 14) != 0;
+    j.run.cancel_requested = sqlite3_column_int(st, 14) == 1;
+    j.run.requeue_requested = sqlite3_column_int(st, 14) == 2;
     j.uid = static_cast<uid_t>(sqlite3_column_int64(st, 27));
     const bool detailed = !details || details(j.uid);
     if (detailed) {

@@ -355,6 +355,20 @@ MUTANTS = [
     ("report-offset-kept-across-restart", "daemon/daemon.cpp",
      "    if (!a.rec.spec.report.empty())\n      a.event_offsets", "    if (false)\n      a.event_offsets",
      ["test_report.Report.test_a_restarted_gpuqd_reads_on_from_where_it_was_in_the_reports_events"]),
+    # gpuq requeue: the stopped attempt is not one of the job's tries; the request outlives gpuqd;
+    # the attempt's end puts the job back in line rather than ending it.
+    ("requeue-spends-no-retry", "daemon/lifecycle.cpp",
+     "            next.attempt_base = rec.attempt_base + 1;", "            next.attempt_base = rec.attempt_base;",
+     ["unit:a requeue stops a running job*",
+      "test_control.Restart.test_a_requeued_job_checkpoints_on_sigterm_and_resumes_as_its_next_attempt_no_retry_spent"]),
+    ("requeue-intent-stored", "daemon/store.cpp",
+     "j.run.cancel_requested ? 1 : j.run.requeue_requested ? 2 : 0", "j.run.cancel_requested ? 1 : 0",
+     ["unit:updates persist across reopening*",
+      "test_control.Restart.test_a_requeue_asked_before_gpuqd_dies_is_carried_out_by_the_next"]),
+    ("requeue-back-in-line", "daemon/attempts.cpp",
+     "  if (rec.run.requeue_requested && !rec.run.cancel_requested && end.state != JobState::succeeded) {",
+     "  if (false) {",
+     ["test_control.Restart.test_a_requeued_job_checkpoints_on_sigterm_and_resumes_as_its_next_attempt_no_retry_spent"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
      "  if (m_release) m_release();\n", "\n",

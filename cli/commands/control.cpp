@@ -170,6 +170,31 @@ void add_cancel(CLI::App& app, Context& ctx) {
   });
 }
 
+// `gpuq requeue`: running jobs stopped and put back in line, no retry spent (Slurm's `scontrol
+// requeue`): a job that checkpoints into $GPUQ_CHECKPOINT_DIR on SIGTERM resumes from there.
+void add_requeue(CLI::App& app, Context& ctx) {
+  auto ids = args<std::vector<std::int64_t>>();
+  auto* sub = app.add_subcommand("requeue",
+                                 "Stop running jobs (SIGTERM, then SIGKILL) and put them back in line, no retry spent");
+  sub->add_option("ids", *ids, "Job ids (running)")->required();
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, ids] {
+    ctx.run = [&ctx, ids] {
+      auto reply = call(ctx.opt, common::cmd::requeue, common::IdsRequest{*ids});
+      if (!reply) return report(reply.error());
+      if (ctx.opt.json) {
+        print_json(reply->jobs);
+        return k_exit_ok;
+      }
+      for (const auto& j : reply->jobs)
+        std::cout << "job " << j.id
+                  << (j.changed ? ": stopping (SIGTERM to all its processes); it goes back in line once they are gone\n"
+                                : ": already going back in line\n");
+      return k_exit_ok;
+    };
+  });
+}
+
 void add_restart(CLI::App& app, Context& ctx) {
   struct Args : Selection {
     bool fresh = false;

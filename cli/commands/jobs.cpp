@@ -239,7 +239,10 @@ int cmd_show(const Options& o, std::int64_t id) {
   std::cout << "  attempt:   " << j.attempt - j.attempt_base << " of " << j.retries + 1
             << (j.restarts ? " since restart " + std::to_string(j.restarts) + " (attempt " + std::to_string(j.attempt) +
                                  " in all)"
-                           : std::string())
+                : j.attempt_base > 0  // requeued: attempts it lost that were not tries
+                    ? " (attempt " + std::to_string(j.attempt) + " in all; requeued " + std::to_string(j.attempt_base) +
+                          (j.attempt_base == 1 ? " time)" : " times)")
+                    : std::string())
             << "\n"
             << "  submitted: " << format_time(j.submitted_at) << "\n"
             << "  started:   " << format_time(j.started_at) << "\n"

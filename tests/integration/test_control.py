@@ -57,6 +57,65 @@ class Restart(DaemonTest):
         text = self.d.ok("show", str(prep))
         self.assertIn("attempt:   2 of 2 since restart 1 (attempt 4 in all)", text)
 
+    def test_a_requeued_job_checkpoints_on_sigterm_and_resumes_as_its_next_attempt_no_retry_spent(self):
+        started = self.tmp_path("started")
+        script = ('ck="$GPUQ_CHECKPOINT_DIR/step"; '
+                  'if [ -f "$ck" ]; then echo "resumed from step $(cat "$ck") as attempt $GPUQ_ATTEMPT"; exit 0; fi; '
+                  'trap \'echo 41 > "$ck"; echo saved; exit 143\' TERM; '
+                  f'touch {started}; while true; do sleep 0.05; done')
+        job = self.d.submit({"name": "long", "shell": script, "gpus": 1, "timeout_s": 120})["ids"][0]  # retries: 0
+        wait_until(lambda: os.path.exists(started), what="the job to start")
+        out = self.d.ok("requeue", str(job))
+        self.assertIn(f"job {job}: stopping", out)
+        done = self.d.wait([job])[job]
+        self.assertEqual(done["state"], "succeeded", done["reason"])
+        self.assertEqual((done["attempt"], done["attempt_base"], done["retries"]), (2, 1, 0))
+        self.assertEqual(self.d.ok("logs", str(job)).strip(), "resumed from step 41 as attempt 2")
+        self.assertEqual(self.d.ok("logs", str(job), "--attempt", "1").split()[-1], "saved")
+        history = [(h["attempt"], h["state"], h["reason"]) for h in self.d.show(job)["history"]]
+        self.assertIn((1, "queued", "requeued (gpuq requeue): attempt 1 was stopped"), history)
+        self.assertEqual([s for _, s, _ in history], ["queued", "running", "queued", "running", "succeeded"])
+        self.assertIn("attempt:   1 of 1 (attempt 2 in all; requeued 1 time)", self.d.ok("show", str(job)))
+
+    def test_a_requeue_that_cannot_be_done_changes_nothing_and_says_why(self):
+        gate = self.tmp_path("gate")
+        running = self.d.submit({"name": "runs", "shell": f"while [ ! -e {gate} ]; do sleep 0.05; done",
+                                 "timeout_s": 120})["ids"][0]
+        queued = self.d.submit({"name": "waits", "command": ["true"], "after": [running]})["ids"][0]
+        wait_until(lambda: self.d.show(running)["job"]["state"] == "running", what="the first job to run")
+        for ids, said in (([running, queued], f"job {queued} (waits) is queued; only a running job can be requeued "
+                                              "(it is in line already)"),
+                          ([running, 999], "no job 999")):
+            r = self.d.run("requeue", *map(str, ids))
+            self.assertEqual(r.returncode, 4, r.stderr)
+            self.assertIn(said, r.stderr)
+        self.assertFalse(self.d.show(running)["job"]["attempt_base"])  # nothing was asked of it
+        open(gate, "w").close()
+        done = self.d.wait([running, queued])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
+        self.assertEqual(done[running]["attempt"], 1)
+        r = self.d.run("requeue", str(running))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn(f"job {running} (runs) is succeeded; only a running job can be requeued (`gpuq restart` queues "
+                      "an ended one)", r.stderr)
+
+    def test_a_requeue_asked_before_gpuqd_dies_is_carried_out_by_the_next(self):
+        # The job takes its time to stop (it traps SIGTERM and waits for the gate); gpuqd is killed
+        # meanwhile. The intent was stored: the next gpuqd requeues it when it ends.
+        gate, started, stopping = self.tmp_path("gate"), self.tmp_path("started"), self.tmp_path("stopping")
+        script = ('if [ "$GPUQ_ATTEMPT" = 2 ]; then exit 0; fi; '
+                  f"trap 'touch {stopping}; while [ ! -e {gate} ]; do sleep 0.05; done; exit 143' TERM; "
+                  f"touch {started}; while true; do sleep 0.05; done")
+        job = self.d.submit({"name": "slow-stop", "shell": script, "timeout_s": 120})["ids"][0]
+        wait_until(lambda: os.path.exists(started), what="the job to start")  # its trap set
+        self.d.ok("requeue", str(job))
+        wait_until(lambda: os.path.exists(stopping), what="the job to get its SIGTERM")
+        self.d.kill9()
+        open(gate, "w").close()
+        self.d.start()
+        done = self.d.wait([job])[job]
+        self.assertEqual((done["state"], done["attempt"], done["attempt_base"]), ("succeeded", 2, 1), done["reason"])
+
     def test_a_restart_that_cannot_be_done_changes_nothing_and_says_why(self):
         broken, waiting = self.d.submit([{"name": "broken", "command": ["false"]},
                                          {"name": "waiting", "after": ["broken"], "command": ["true"]}])["ids"]

@@ -8,7 +8,7 @@ import unittest
 
 import jsonschema
 
-from harness import REPO, DaemonTest, event_line
+from harness import REPO, DaemonTest, event_line, wait_until
 
 
 def example_job():
@@ -74,6 +74,10 @@ class ProtocolSchema(DaemonTest):
         anchor = self.d.submit([{"name": "anchor", "shell": "true"}], "--hold")["ids"][0]
         submitted = self.d.submit([{"name": "held", "shell": "true", "after": [anchor]}], "--hold")
         held, batch = submitted["ids"][0], submitted["batch"]
+        gate, started = self.tmp_path("gate"), self.tmp_path("started")
+        running = self.d.submit([{"name": "runs", "timeout_s": 120,  # bounded, should the test stop early
+                                  "shell": f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done"}])["ids"][0]
+        wait_until(lambda: os.path.exists(started), what="a job to run")
         sent, replies = set(), {}
         for request in (
                 {"cmd": "hello", "protocol_version": self.schema["protocol_version"],
@@ -92,6 +96,7 @@ class ProtocolSchema(DaemonTest):
                 {"cmd": "release", "ids": [held]},
                 {"cmd": "hold", "batch": batch},
                 {"cmd": "cancel", "ids": [held]},
+                {"cmd": "requeue", "ids": [running]},
                 {"cmd": "gpus"},
                 {"cmd": "drain", "gpus": [1], "reason": "schema test"},
                 {"cmd": "undrain", "gpus": [1]},
@@ -105,10 +110,11 @@ class ProtocolSchema(DaemonTest):
                 body = self.exchange(request)
                 replies.setdefault(request["cmd"], body)
             sent.add(request["cmd"])
+        open(gate, "w").close()  # the requeued job's next attempt ends
         # What was checked held what a job reports, not only empty lists.
         self.assertEqual([e["type"] for e in replies["events"]["events"]], ["progress", "result"])
         self.assertEqual(replies["results"]["jobs"][0]["result"]["accuracy"], 0.9)
-        self.assertEqual([j["id"] for j in replies["watch"]["jobs"]], [ended, anchor, held])
+        self.assertEqual([j["id"] for j in replies["watch"]["jobs"]], [ended, anchor, held, running])
         self.assertEqual(sent, set(self.schema["commands"]), "a command of the schema went untried")
 
     def test_labels_keep_their_type_for_clients_that_read_it_and_are_text_for_older_ones(self):

@@ -57,6 +57,8 @@ const std::vector<Event>& every_event() {
       event::Restarted{},
       event::NeverStarted{"requeued: gpuqd stopped before the job started"},
       event::Unrunnable{"its stored spec does not parse", 60.0},
+      event::RequeueRequested{},
+      event::Requeued{"requeued (gpuq requeue): attempt 1 was stopped"},
   };
   return events;
 }
@@ -85,6 +87,8 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
         {"out_of_memory+retry_on_oom", JobState::queued}}},
       {"never_started", {{"running", JobState::queued}}},
       {"unrunnable", {{"queued", JobState::failed}, {"queued+held", JobState::failed}}},
+      {"requeue_requested", {{"running", JobState::running}}},
+      {"requeued", {{"running", JobState::queued}}},
   };
   int refusals = 0;
   for (const auto& e : every_event()) {
@@ -108,7 +112,7 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
       }
     }
   }
-  CHECK(refusals == 11 * 9 - 22);  // 99 pairs, 22 of them legal
+  CHECK(refusals == 13 * 9 - 24);  // 117 pairs, 24 of them legal
 }
 
 TEST_CASE("a launch starts the next attempt from a clean slate") {
@@ -239,6 +243,33 @@ TEST_CASE("a launch recorded but never started is queued again as the same attem
   CHECK(next->run.cpu_slots.empty());
   CHECK(next->run.cores.empty());
   CHECK(next->reason == "requeued: gpuqd stopped before the job started");
+}
+
+TEST_CASE("a requeue stops a running job and puts it back in line, its next attempt numbered on, no retry spent") {
+  JobRecord r = job_in(JobState::running);  // attempt 1 of 1 + 1 retry
+  r.run.gpus = {1};
+  r.run.progress = {{"step", 40}};
+  auto asked = transition(r, event::RequeueRequested{});
+  REQUIRE(asked.ok());
+  CHECK(asked->state == JobState::running);
+  CHECK(asked->run.requeue_requested);
+  CHECK_FALSE(asked->run.cancel_requested);
+  auto back = transition(*asked, event::Requeued{"requeued (gpuq requeue): attempt 1 was stopped"});
+  REQUIRE(back.ok());
+  CHECK(back->state == JobState::queued);
+  CHECK(back->attempt == 1);       // the next launch makes it attempt 2
+  CHECK(back->attempt_base == 1);  // and its try 1 of 2: the stopped attempt was not one
+  CHECK_FALSE(back->run.requeue_requested);
+  CHECK(back->run.gpus.empty());
+  CHECK(back->run.progress.is_null());
+  CHECK(back->reason == "requeued (gpuq requeue): attempt 1 was stopped");
+  auto again = transition(*back, event::Launched{{0}, {}, {}, 0, 5.0});
+  REQUIRE(again.ok());
+  CHECK(again->attempt == 2);
+  CHECK(has_retry_left(*again));  // retries 1: a failure of attempt 2 is retried
+  JobRecord unreadable = *asked;
+  unreadable.spec_error = "invalid job spec";
+  CHECK_FALSE(transition(unreadable, event::Requeued{""}).ok());  // it could never run again
 }
 
 TEST_CASE("a job whose stored spec does not parse is never launched, retried or restarted, and fails if queued") {

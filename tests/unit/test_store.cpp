@@ -125,6 +125,7 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
     jobs[0].run.cpu_slots = {4, 5};
     jobs[0].run.cores = {8, 9};
     jobs[0].run.started_at = 2.0;
+    jobs[0].run.requeue_requested = true;  // asked to go back in line (gpuq requeue): kept, not a cancel
     (*store)->update(jobs[0], true);
     jobs[1].state = gpuq::JobState::failed;
     jobs[1].run.exit_signal = 9;
@@ -141,7 +142,10 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
   CHECK(active[0].run.gpus == std::vector<int>{2});
   CHECK(active[0].run.cpu_slots == std::vector<int>{4, 5});
   CHECK(active[0].run.cores == std::vector<int>{8, 9});
+  CHECK(active[0].run.requeue_requested);
+  CHECK_FALSE(active[0].run.cancel_requested);
   auto failed = (*store)->get(2);
+  CHECK_FALSE(failed->run.requeue_requested);
   CHECK(failed->run.exit_signal == 9);
   CHECK_FALSE(failed->run.exit_code.has_value());
   CHECK(failed->reason == "rank 0 was killed by signal 9");
