@@ -49,8 +49,10 @@ common::CancelReply cancel(const Changes& c, const Caller& caller, const common:
 }
 
 common::CancelReply requeue(const Changes& c, const Caller& caller, const common::IdsRequest& q) {
+  for (auto id : q.ids)
+    c.reads.authorize(caller, id, "requeue");  // all, before any is looked at further
   for (auto id : q.ids) {
-    const JobRecord rec = c.reads.existing_job(id);  // not_found, saying why
+    const JobRecord rec = c.reads.existing_job(id);
     if (rec.state != JobState::running)
       throw RequestError(
           ErrorCode::wrong_state,
@@ -58,8 +60,6 @@ common::CancelReply requeue(const Changes& c, const Caller& caller, const common
               (rec.state == JobState::queued ? " (it is in line already)" : " (`gpuq restart` queues an ended one)"));
     if (rec.run.cancel_requested) throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is being cancelled");
   }
-  for (auto id : q.ids)
-    c.reads.authorize(caller, id, "requeue");  // all, before any is asked
   std::vector<JobRecord> flagged;
   std::set<std::int64_t> asked;
   for (auto id : q.ids) {

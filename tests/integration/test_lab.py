@@ -360,7 +360,7 @@ print("hierarchies:", len(visited), "tried:", len(tried), "done:", done, "odd:",
     def test_another_users_job_cannot_be_touched_and_an_admin_may(self):
         [a] = self.submit(ALICE, {"name": "held", "command": ["true"]}, "--hold")
         for args in (["cancel", str(a)], ["release", str(a)], ["update", str(a), "--priority", "3"],
-                     ["show", str(a)], ["logs", str(a)], ["result", str(a)]):
+                     ["show", str(a)], ["logs", str(a)], ["result", str(a)], ["requeue", str(a)]):
             r = self.gpuq(BOB, *args)
             self.assertEqual(r.returncode, 5, f"gpuq {' '.join(args)} as bob: {r.stdout}{r.stderr}")
             self.assertIn(f"belongs to {ALICE}; only {ALICE} or an admin may", r.stderr)
