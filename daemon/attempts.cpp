@@ -313,7 +313,8 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
                            : 0;
   // Stopped by `gpuq requeue` (and not cancelled, nor done before the stop came): back in line as
   // the same job, no retry spent, its lingering processes' GPUs held as for any end.
-  if (rec.run.requeue_requested && !rec.run.cancel_requested && end.state != JobState::succeeded) {
+  if (rec.run.requeue_requested && !rec.run.cancel_requested && end.state != JobState::succeeded &&
+      rec.spec_error.empty()) {
     const std::string why = "requeued (gpuq requeue): attempt " + std::to_string(rec.attempt) + " was stopped";
     m_needs.commit({next_record(rec, event::Requeued{why})}, {}, {});
     if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);

@@ -163,6 +163,9 @@ void Daemon::recover() {
           m_store->event_offset(id, a.rec.attempt, report_offset_key(a.rec.spec.report.rank));
     switch (m_executor->adopt(m_attempts.attempt_of(a.rec))) {
       case Executor::Found::alive:
+        // A cancel or requeue asked before the last gpuqd died may never have reached the job (it
+        // died between storing the intent and the stop): asked again, with its deadline.
+        if (a.rec.run.cancel_requested || a.rec.run.requeue_requested) m_executor->stop(id);
         break;
       case Executor::Found::ended:  // while no gpuqd ran: recorded now
         asio::post(m_io, [this, id] { m_attempts.ended(id); });

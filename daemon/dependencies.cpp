@@ -19,7 +19,8 @@ bool met(const Reads& r, std::int64_t dep) {
   const auto st = r.dependency_state(dep);
   if (st == JobState::succeeded) return true;
   if (st != JobState::running || !r.executor.follows(dep)) return false;
-  return !r.jobs.at(dep).rec.run.cancel_requested;
+  const auto& run = r.jobs.at(dep).rec.run;
+  return !run.cancel_requested && !run.requeue_requested;  // it will not end as it runs now
 }
 
 void withdraw_orphans(const Reads& r, Executor& executor) {

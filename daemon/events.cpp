@@ -70,7 +70,18 @@ ParsedEvents parse_events(std::string_view data, int rank, double now, bool mid_
 std::string describe_bad_line(int rank, std::string_view why, std::string_view line) {
   const bool cut = line.size() > k_bad_line_excerpt;
   const std::string excerpt(line.substr(0, k_bad_line_excerpt));
-  return "rank " + std::to_string(rank) + ": " + std::string(why.substr(0, 200)) + ": " +
+  // The parser's words quote bytes of the line too ("last read: ..."): any byte that is not
+  // printable ASCII is written \xNN, so what a job wrote reaches no terminal raw.
+  std::string reason;
+  for (unsigned char ch : why.substr(0, 200)) {
+    if (ch >= 0x20 && ch < 0x7f) {
+      reason += static_cast<char>(ch);
+    } else {
+      static constexpr char k_hex[] = "0123456789abcdef";
+      reason += {'\\', 'x', k_hex[ch >> 4], k_hex[ch & 15]};
+    }
+  }
+  return "rank " + std::to_string(rank) + ": " + reason + ": " +
          json(excerpt).dump(-1, ' ', true, json::error_handler_t::replace) + (cut ? "..." : "");
 }
 

@@ -70,6 +70,9 @@ common::ShowReply show(const Reads& reads, const Caller& caller, const common::I
   out.job = reads.info_of(rec, caller);
   if (const auto limit = reads.jobs.batch_limit(rec.batch)) out.batch_max_running = *limit;
   out.spec = common::to_json(rec.spec);
+  if (caller.protocol_minor < 3 && out.spec.contains("labels"))  // as info_of sends them: text
+    for (auto& [_, v] : out.spec["labels"].items())
+      if (!v.is_string()) v = v.dump();
   out.history = reads.store.history(q.id);
   for (int a = 1; a <= rec.attempt; ++a)
     for (int r = 0; r < rec.spec.ranks; ++r) {

@@ -133,7 +133,7 @@ class Connection:
         except OSError as e:
             self._give_up()
             raise Unavailable(f"lost gpuqd at {self.path}: {e}")
-        except Error:
+        except BaseException:  # an Error, or Ctrl-C mid-request: its reply may still come here
             self._give_up()
             raise
         if not reply.get("ok"):

@@ -2,6 +2,7 @@
 Run with pytest (CTest: python.client) or unittest."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -121,6 +122,36 @@ class ClientTest(DaemonTest):
             gpuq.map(self.workers.stuck, [gate, gate], gpus=0, client=self.client, timeout=2, name="stuck")
         jobs = self.client.status(all=True)
         self.assertEqual(len(jobs), 2)
+        ended = self.client.wait([j["id"] for j in jobs], timeout=60)
+        self.assertEqual({j["state"] for j in ended}, {"cancelled"})
+
+    def test_ctrl_c_in_map_cancels_its_jobs_at_once(self):
+        # Ctrl-C lands while the wait's request is held: its connection is given up, and the cancel
+        # goes on a new one (on the old one it would have waited for every job to end).
+        gate, started = self.tmp_path("never"), self.tmp_path("started")
+        script = self.tmp_path("interrupted.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(f'''
+                import os, sys, time
+                sys.path.insert(0, {PYTHON_DIR!r})
+                import gpuq
+
+                def stuck(i):
+                    open({started!r} + str(i), "w").close()
+                    while not os.path.exists({gate!r}):
+                        time.sleep(0.05)
+
+                if __name__ == "__main__":
+                    gpuq.map(stuck, [0, 1], gpus=0, name="stuck")
+                '''))
+        proc = subprocess.Popen([sys.executable, script], env=dict(os.environ, GPUQ_SOCKET=self.d.socket),
+                                cwd=self.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(proc.kill)
+        wait_until(lambda: all(os.path.exists(started + str(i)) for i in (0, 1)), what="both items' jobs to run")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        self.assertIn("KeyboardInterrupt", err)
+        jobs = self.client.status(all=True)
         ended = self.client.wait([j["id"] for j in jobs], timeout=60)
         self.assertEqual({j["state"] for j in ended}, {"cancelled"})
 

@@ -132,7 +132,9 @@ class ProtocolSchema(DaemonTest):
                     chunk = s.recv(65536)
                     self.assertTrue(chunk, "gpuqd closed the connection")
                     buf += chunk
-            return json.loads(buf.splitlines()[-1])["job"]["labels"]
+            shown = json.loads(buf.splitlines()[-1])
+            self.assertEqual(shown["spec"]["labels"], shown["job"]["labels"])  # the spec's as the job's
+            return shown["job"]["labels"]
 
         hello = {"cmd": "hello", "protocol_version": 1, "client": "test"}
         typed = {"lr": 0.3, "seed": 2, "tag": "a", "best": True}

@@ -44,6 +44,13 @@ TEST_CASE("what is said of a bad line is its first bytes, escaped: the line is t
   CHECK(p.first_bad.find('\x1b') == std::string::npos);  // no terminal escape reaches a screen
   CHECK(p.first_bad.find("\\u001b") != std::string::npos);
   CHECK(p.first_bad.substr(p.first_bad.size() - 3) == "...");
+  // Nor in why: the parser's words quote the bytes it last read.
+  for (const std::string& bad : {std::string("\xff\xfe\n"), std::string("{\"type\": \"result\", \"x\": \xc3\n")}) {
+    const auto said = parse_events(bad, 0, 0).first_bad;
+    REQUIRE_FALSE(said.empty());
+    for (unsigned char ch : said)
+      CHECK((ch >= 0x20 && ch < 0x7f));
+  }
   auto big = parse_events(std::string(k_max_event_line + 10, 'x'), 0, 0);
   CHECK(big.first_bad.rfind("rank 0: over 1 MiB: \"xxx", 0) == 0);
 }
