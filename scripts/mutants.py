@@ -366,8 +366,8 @@ MUTANTS = [
      ["unit:updates persist across reopening*",
       "test_control.Restart.test_a_requeue_asked_before_gpuqd_dies_is_carried_out_by_the_next"]),
     ("requeue-back-in-line", "daemon/attempts.cpp",
-     "  if (rec.run.requeue_requested && !rec.run.cancel_requested && end.state != JobState::succeeded) {",
-     "  if (false) {",
+     "  if (rec.run.requeue_requested && !rec.run.cancel_requested && end.state != JobState::succeeded &&\n",
+     "  if (false &&\n",
      ["test_control.Restart.test_a_requeued_job_checkpoints_on_sigterm_and_resumes_as_its_next_attempt_no_retry_spent"]),
     # The store's unused cache is given back before the heap is trimmed.
     ("heap-trim-releases-caches", "daemon/heap_trim.cpp",
