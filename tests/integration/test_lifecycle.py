@@ -97,7 +97,9 @@ class Durability(DaemonTest):
                  f"while [ ! -e {release} ]; do sleep 0.02; done; " + event_line(type="result", n=i)}
                 for i in range(3)]
         ids = self.d.submit(jobs)["ids"]
-        wait_until(lambda: self.d.show(ids[0])["job"]["state"] == "running", what="the first job")
+        # Its process has started (its first line is written): `running` alone is the launch
+        # recorded, which comes before the supervisor and the job exist.
+        wait_until(lambda: os.path.exists(runs) and "q0" in open(runs).read(), what="the first job")
         self.d.kill9()
         self.assertTrue(pids_matching(f"{self.d.state}/jobs/{ids[0]}/"), "the job died with the daemon")
         self.d.start()
