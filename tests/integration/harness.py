@@ -181,6 +181,21 @@ class Daemon:
     def show(self, job_id):
         return self.json("show", str(job_id))
 
+    def requests(self, requests):
+        """Raw protocol: several requests on one connection (a hello first, say); their replies."""
+        lines = [json.dumps(r) for r in requests]
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(30)
+            s.connect(self.socket)
+            s.sendall(("\n".join(lines) + "\n").encode())
+            buf = b""
+            while buf.count(b"\n") < len(lines):
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise AssertionError("gpuqd closed the connection")
+                buf += chunk
+        return [json.loads(line) for line in buf.splitlines()]
+
     def request(self, obj_or_bytes):
         """Raw protocol: send one line, read one reply line."""
         data = obj_or_bytes if isinstance(obj_or_bytes, bytes) else (json.dumps(obj_or_bytes) + "\n").encode()

@@ -3,7 +3,6 @@ the document is a valid JSON Schema, and every command's request as the schema d
 answered with a reply the schema describes. Clients in other languages are built from it."""
 import json
 import os
-import socket
 import unittest
 
 import jsonschema
@@ -122,17 +121,7 @@ class ProtocolSchema(DaemonTest):
                             "--hold")["ids"][0]
 
         def labels_seen(*hello):
-            lines = [json.dumps(h) for h in hello] + [json.dumps({"cmd": "show", "id": job})]
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(30)
-                s.connect(self.d.socket)
-                s.sendall(("\n".join(lines) + "\n").encode())
-                buf = b""
-                while buf.count(b"\n") < len(lines):
-                    chunk = s.recv(65536)
-                    self.assertTrue(chunk, "gpuqd closed the connection")
-                    buf += chunk
-            shown = json.loads(buf.splitlines()[-1])
+            shown = self.d.requests([*hello, {"cmd": "show", "id": job}])[-1]
             self.assertEqual(shown["spec"]["labels"], shown["job"]["labels"])  # the spec's as the job's
             return shown["job"]["labels"]
 

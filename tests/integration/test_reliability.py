@@ -155,17 +155,7 @@ class OutOfMemory(DaemonTest):
         self.assertIn("out_of_memory", self.d.ok("status", "-s", "out_of_memory"))
         # A client of protocol minor 0 does not know the state: it reads the failure it is.
         def state_seen(*hello):
-            lines = [json.dumps(h) for h in hello] + [json.dumps({"cmd": "show", "id": ids[0]})]
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(30)
-                s.connect(self.d.socket)
-                s.sendall(("\n".join(lines) + "\n").encode())
-                buf = b""
-                while buf.count(b"\n") < len(lines):
-                    chunk = s.recv(65536)
-                    self.assertTrue(chunk, "gpuqd closed the connection")
-                    buf += chunk
-            return json.loads(buf.splitlines()[-1])["job"]["state"]
+            return self.d.requests([*hello, {"cmd": "show", "id": ids[0]}])[-1]["job"]["state"]
         hello = {"cmd": "hello", "protocol_version": 1, "client": "test"}
         self.assertEqual(state_seen(), "failed")  # no hello: minor 0
         self.assertEqual(state_seen({**hello, "protocol_minor": 0}), "failed")
