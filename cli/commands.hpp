@@ -73,6 +73,7 @@ void add_result(CLI::App& app, Context& ctx);
 void add_results(CLI::App& app, Context& ctx);
 void add_cancel(CLI::App& app, Context& ctx);   // control.cpp
 void add_requeue(CLI::App& app, Context& ctx);  // control.cpp
+void add_preempt(CLI::App& app, Context& ctx);  // control.cpp
 void add_restart(CLI::App& app, Context& ctx);
 void add_hold(CLI::App& app, Context& ctx);  // hold and release
 void add_update(CLI::App& app, Context& ctx);

@@ -28,7 +28,7 @@ const std::vector<Command>& command_table() {
       {"result", add_result}, {"results", add_results}, {"gpus", add_gpus},       {"drain", add_drain},
       {"undrain", add_drain}, {"plot", add_plot},       {"events", add_events},   {"top", add_top},
       {"config", add_config}, {"daemon", add_daemon},   {"export", add_export},   {"usage", add_usage},
-      {"why", add_why},       {"schema", add_schema},   {"requeue", add_requeue},
+      {"why", add_why},       {"schema", add_schema},   {"requeue", add_requeue}, {"preempt", add_preempt},
   };
   return k_commands;
 }

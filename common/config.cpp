@@ -135,6 +135,21 @@ const Rule k_rules[] = {
      "GPUs stay free for exclusive jobs) or spread (the GPU with the fewest jobs first)"},
     {"hang_action", nullptr, "--hang-action", "flag|retry", "hang_action", 0, 0, &Settings::hang_action,
      "What a maybe hung job gets: flag (said in status and why) or retry (stopped, and retried as a failure)"},
+    {"preemptible", nullptr, "--preemptible", "", "bool", 0, 0, &Settings::preemptible,
+     "Jobs whose spec does not say `preemptible` are preemptible: a queued job of higher priority may stop them "
+     "to start, and they go back in line (docs/preemption.md)"},
+    {"preempt_grace_s", nullptr, "--preempt-grace", "SECONDS", "number", 0, 86400, &Settings::preempt_grace_s,
+     "Seconds a preempted job has to checkpoint between its signal and SIGKILL, for specs that name none"},
+    {"preempt_protect_after", nullptr, "--preempt-protect-after", "N", "int", 0, 1000000,
+     &Settings::preempt_protect_after,
+     "A job preempted this many times is not preempted again until it has run preempt_min_run_s (0: every job "
+     "is protected so from each start)"},
+    {"preempt_min_run_s", nullptr, "--preempt-min-run", "DURATION", "duration", 0, 86400 * 366,
+     &Settings::preempt_min_run_s, "How long a protected job runs before it may be preempted again: 5m, 1h, …"},
+    {"preempt_across_users", nullptr, "--preempt-across-users", "never|fair_share", "preempt_across_users", 0, 0,
+     &Settings::preempt_across_users,
+     "Lab mode: whether one user's job may preempt another's: never (the default), or fair_share (only a user "
+     "who holds less than their fair share of the GPUs, from a user who holds more)"},
     {"on_finish", nullptr, nullptr, "", "argv", 0, 0, &Settings::on_finish,
      "A command run after every job ends, as an array (docs/cli.md)"},
     {"hook_timeout_s", nullptr, "--hook-timeout", "SECONDS", "number", 1, 86400, &Settings::hook_timeout_s,
@@ -252,6 +267,12 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
   } else if (kind == "placement") {
     if (!v.is_string() || (v.get<std::string>() != "pack" && v.get<std::string>() != "spread"))
       return std::string("`placement` must be \"pack\" (best fit) or \"spread\" (the GPU with the fewest jobs first)");
+    store(s, r, v.get<std::string>());
+  } else if (kind == "preempt_across_users") {
+    if (!v.is_string() || (v.get<std::string>() != "never" && v.get<std::string>() != "fair_share"))
+      return std::string(
+          "`preempt_across_users` must be \"never\" or \"fair_share\" (from a user under their "
+          "fair share of the GPUs to one over it)");
     store(s, r, v.get<std::string>());
   } else if (kind == "hang_action") {
     if (!v.is_string() || (v.get<std::string>() != "flag" && v.get<std::string>() != "retry"))

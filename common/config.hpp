@@ -55,6 +55,11 @@ struct Settings {
   double hang_after_s = 0;               // "hang_after_s": silent this long after progress: maybe hung; 0: never
   std::string placement = "pack";        // "placement": shared jobs' default, "pack" or "spread" (spec.hpp)
   std::string hang_action = "flag";      // "hang_action": "flag" (say so) or "retry" (stop it, retry it)
+  bool preemptible = false;              // "preemptible": for specs that name none (daemon/preemption.hpp)
+  double preempt_grace_s = 30;           // "preempt_grace_s": for specs that name none
+  int preempt_protect_after = 1;         // "preempt_protect_after": preemptions after which a job is protected...
+  double preempt_min_run_s = 300;        // "preempt_min_run_s": ...for this long from each start
+  std::string preempt_across_users = "never";  // "preempt_across_users": "never" or "fair_share" (lab mode)
   std::string file;                      // the file read, empty if none
   std::map<std::string, std::string> source;  // key given -> the file's path, "$VARIABLE" or "--option"
 

@@ -307,8 +307,8 @@ const FieldTable& fields_of(const EventsRequest*) {
           .field(
               "attempt", [](R & r) -> auto& { return r.attempt; }, "an attempt number >= 1, or 0 for the latest",
               k_at_least_0)
-          .field("type", [](R & r) -> auto& { return r.type; }, "\"progress\", \"result\" or \"\"",
-                 {-k_inf, k_inf, false, {"", "progress", "result"}})
+          .field("type", [](R & r) -> auto& { return r.type; }, "\"progress\", \"result\", \"checkpoint\" or \"\"",
+                 {-k_inf, k_inf, false, {"", "progress", "result", "checkpoint"}})
           .field(
               "after", [](R & r) -> auto& { return r.after; }, "an event seq >= 0", k_at_least_0)
           .field("page", [](R & r) -> auto& { return r.page; }, "an integer from 1 to 100000", {1, 100000})

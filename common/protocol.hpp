@@ -154,8 +154,9 @@ inline void require_object(const nlohmann::json& j) {
 constexpr int k_protocol_version = 1;
 // 1: the job state out_of_memory (sent as failed to a client of 0); 2: the command `watch`;
 // 3: labels as typed (strings to a client of 2 or less), a job's `first_bad_event`; the command
-// `requeue`.
-constexpr int k_protocol_minor = 3;
+// `requeue`; 4: the command `preempt`, a job's `preemptible`, `preemptions`, `preempted_by`,
+// `preempted_at` and `preempting`.
+constexpr int k_protocol_minor = 4;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
 
 // Parses one request line within json_input.hpp's limits (depth, no NUL byte), or a bad_request
@@ -201,11 +202,19 @@ struct JobInfo {
   bool details_hidden = false;  // lab mode: another user's job; its result, progress, labels and reasons are theirs and admins'
   bool hung = false;  // running, silent for hang_after_s since its last progress event: `reason` says more
   json gpu_memory_peak_mb;  // running: the most GPU memory its processes held on one GPU (NVML), null when unknown
+  bool preemptible = false;  // (minor 4) a job of higher priority may stop it to start
+  int preemptions = 0;       // times it was preempted since it was submitted
+  // Queued after a preemption, or running and asked to stop for one (`preempting`): by whom
+  // ("job 12 (urgent)", "alice (gpuq preempt)") and when; "" and 0 otherwise.
+  std::string preempted_by;
+  double preempted_at = 0;
+  bool preempting = false;
 };
 GPUQ_JSON_TYPE(JobInfo, id, batch, name, state, attempt, retries, restarts, attempt_base, held, priority,
                gpus_requested, mode, ranks, gpus, cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at,
                ended_at, exit_code, exit_signal, reason, progress, result, after, bad_event_lines, first_bad_event,
-               job_dir, labels, external_id, user, uid, details_hidden, hung, gpu_memory_peak_mb)
+               job_dir, labels, external_id, user, uid, details_hidden, hung, gpu_memory_peak_mb, preemptible,
+               preemptions, preempted_by, preempted_at, preempting)
 
 struct Transition {
   int attempt = 0;
@@ -370,7 +379,7 @@ struct WatchRequest {
 struct EventsRequest {
   std::int64_t id = 0;
   int attempt = 0;         // 0: the job's latest attempt
-  std::string type;        // "progress", "result", or "" for both
+  std::string type;        // "progress", "result", "checkpoint", or "" for all
   std::int64_t after = 0;  // events with seq above this (paging: the last seq received)
   int page = 10000;        // 1..100000
   bool operator==(const EventsRequest&) const = default;
@@ -648,6 +657,7 @@ inline constexpr Cmd<StatusRequest, JobsReply> status{"status"};
 inline constexpr Cmd<IdRequest, ShowReply> show{"show"};
 inline constexpr Cmd<IdsRequest, CancelReply> cancel{"cancel"};
 inline constexpr Cmd<IdsRequest, CancelReply> requeue{"requeue"};
+inline constexpr Cmd<IdsRequest, CancelReply> preempt{"preempt"};
 inline constexpr Cmd<RestartRequest, RestartReply> restart{"restart"};
 inline constexpr Cmd<SelectRequest, CancelReply> hold{"hold"};
 inline constexpr Cmd<SelectRequest, CancelReply> release{"release"};
@@ -666,9 +676,9 @@ inline constexpr Cmd<NoFields, NoFields> shutdown{"shutdown"};
 }  // namespace cmd
 
 inline constexpr auto k_commands =
-    std::tie(cmd::hello, cmd::submit, cmd::status, cmd::show, cmd::cancel, cmd::requeue, cmd::restart, cmd::hold,
-             cmd::release, cmd::update, cmd::clean, cmd::wait, cmd::results, cmd::events, cmd::watch, cmd::gpus,
-             cmd::drain, cmd::undrain, cmd::why, cmd::usage, cmd::shutdown);
+    std::tie(cmd::hello, cmd::submit, cmd::status, cmd::show, cmd::cancel, cmd::requeue, cmd::preempt, cmd::restart,
+             cmd::hold, cmd::release, cmd::update, cmd::clean, cmd::wait, cmd::results, cmd::events, cmd::watch,
+             cmd::gpus, cmd::drain, cmd::undrain, cmd::why, cmd::usage, cmd::shutdown);
 
 // Each command's name with a check of its request (its decoder, the result dropped): what the
 // request fuzzer walks, so a new command is fuzzed once it is in k_commands.

@@ -8,8 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <array>
+#include <cctype>
+#include <csignal>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -19,19 +20,40 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 26> k_fields{
-    "name",          "command", "shell",    "train",     "gpus",      "mode",         "ranks",  "cpus",     "mem_bind",
-    "gpu_memory_mb", "shared",  "priority", "after",     "retries",   "timeout_s",    "env",    "cwd",      "labels",
-    "comment",       "matrix",  "nodes",    "on_finish", "memory_mb", "retry_on_oom", "report", "placement"};
+constexpr std::array<std::string_view, 29> k_fields{
+    "name",           "command",   "shell",         "train",  "gpus",      "mode",        "ranks",
+    "cpus",           "mem_bind",  "gpu_memory_mb", "shared", "priority",  "after",       "retries",
+    "timeout_s",      "env",       "cwd",           "labels", "comment",   "matrix",      "nodes",
+    "on_finish",      "memory_mb", "retry_on_oom",  "report", "placement", "preemptible", "preempt_signal",
+    "preempt_grace_s"};
 
-constexpr std::array<std::string_view, 18> k_reserved_env{
-    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",       "LOCAL_RANK",
-    "WORLD_SIZE",           "LOCAL_WORLD_SIZE",  "GROUP_RANK", "ROLE_RANK",
-    "MASTER_ADDR",          "MASTER_PORT",       "GPUQ_JOB_ID", "GPUQ_JOB_DIR",
+constexpr std::array<std::string_view, 19> k_reserved_env{
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",
+    "LOCAL_RANK",           "WORLD_SIZE",        "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",           "ROLE_RANK",         "MASTER_ADDR",
+    "MASTER_PORT",          "GPUQ_JOB_ID",       "GPUQ_JOB_DIR",
     "GPUQ_EVENTS",          "GPUQ_ATTEMPT",      "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_RUN_ID",  "GPUQ_CPUS",         "TORCHELASTIC_USE_AGENT_STORE"};
+    "TORCHELASTIC_RUN_ID",  "GPUQ_CPUS",         "TORCHELASTIC_USE_AGENT_STORE",
+    "GPUQ_PREEMPT_FILE"};
+
+// The signals a preemption may send first (`preempt_signal`): those a program can catch and
+// that mean "stop" or "checkpoint" by convention (Slurm's --signal takes any; SIGKILL and SIGSTOP
+// could not be handled, and the rest mean faults).
+constexpr std::array<std::pair<std::string_view, int>, 6> k_preempt_signals{{{"SIGTERM", SIGTERM},
+                                                                             {"SIGINT", SIGINT},
+                                                                             {"SIGHUP", SIGHUP},
+                                                                             {"SIGUSR1", SIGUSR1},
+                                                                             {"SIGUSR2", SIGUSR2},
+                                                                             {"SIGQUIT", SIGQUIT}}};
 
 }  // namespace
+
+int preempt_signal_number(std::string_view name) {
+  if (name.empty()) return SIGTERM;
+  for (const auto& [n, number] : k_preempt_signals)
+    if (name == n || name == n.substr(3)) return number;
+  return 0;
+}
 
 bool valid_name(const std::string& s) {
   if (s.empty() || s.size() > 128) return false;
@@ -244,6 +266,18 @@ class JobParser {
       else if (placement != "pack")
         fail("field `placement` must be \"pack\" or \"spread\", got \"" + placement.substr(0, 64) + "\"");
     }
+    m_reader.boolean("preemptible", s.preemptible);
+    std::string signal;
+    if (string_field("preempt_signal", signal)) {
+      if (preempt_signal_number(signal) != 0 && !signal.empty())
+        s.preempt_signal = signal.rfind("SIG", 0) == 0 ? signal : "SIG" + signal;
+      else
+        fail(
+            "field `preempt_signal` must be one of SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT (the SIG may "
+            "be left out), got \"" +
+            signal.substr(0, 64) + "\"");
+    }
+    m_reader.number("preempt_grace_s", 0, k_max_preempt_grace_s, s.preempt_grace_s);
     if (string_field("shell", s.shell)) {
       if (s.shell.empty()) fail("field `shell` is empty");
       s.command = {"/bin/sh", "-c", s.shell};
@@ -602,6 +636,9 @@ json to_json(const JobSpec& s) {
   j["cwd"] = s.cwd;
   if (!s.on_finish.empty()) j["on_finish"] = s.on_finish;
   if (s.placement == Placement::spread) j["placement"] = "spread";
+  if (s.preemptible) j["preemptible"] = true;
+  if (!s.preempt_signal.empty()) j["preempt_signal"] = s.preempt_signal;
+  if (s.preempt_grace_s >= 0) j["preempt_grace_s"] = s.preempt_grace_s;
   if (!s.report.empty()) {
     json r = {{"rank", s.report.rank}};
     if (!s.report.progress.empty()) r["progress"] = s.report.progress;

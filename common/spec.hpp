@@ -76,6 +76,12 @@ struct JobSpec {
   json train;       // a `train` job: the normalised train section (common/train_spec.hpp), else null
   std::vector<std::string> on_finish;  // argv run once the job has ended (hooks.cpp); empty: none
   Report report;                       // progress and results read from its output (report.hpp)
+  // Preemption (daemon/preemption.hpp): whether a higher-priority job may stop it to start, the
+  // signal its processes get first ("": SIGTERM), and the seconds they have to checkpoint before
+  // the rest is killed (< 0: unset; gpuqd's `preempt_grace_s` fills it at submit, as `preemptible`).
+  bool preemptible = false;
+  std::string preempt_signal;
+  double preempt_grace_s = -1;
 };
 
 // The argv placeholder of a train job; gpuqd puts its gpuq-worker's path there at launch.
@@ -88,6 +94,7 @@ constexpr int k_max_retries = 100;
 constexpr int k_max_priority = 1000000;  // priorities run from -k_max_priority to k_max_priority
 constexpr std::size_t k_max_batch = 100000;
 constexpr double k_max_timeout_s = 1e9;
+constexpr double k_max_preempt_grace_s = 86400;
 // Linux's MAX_ARG_STRLEN (32 pages of 4 KiB): the longest single argv or environment string,
 // with its NUL, that exec accepts.
 constexpr std::size_t k_max_exec_string = 32 * 4096;
@@ -129,6 +136,8 @@ std::string format_cpu_list(const std::vector<int>& cores);
 // The inverse: "0-3,8" -> {0, 1, 2, 3, 8}, ascending, without repeats; nullopt if malformed.
 std::optional<std::vector<int>> parse_cpu_list(const std::string& text);
 std::string_view to_string(Mode mode);
+// A `preempt_signal`'s number ("SIGUSR1" or "USR1" -> 10; "" -> SIGTERM); 0 for one not allowed.
+int preempt_signal_number(std::string_view name);
 // A job's name as specs allow it: 1-128 letters, digits, '-', '_' or '.', not all digits.
 bool valid_name(const std::string& s);
 std::string_view to_string(MemBind bind);

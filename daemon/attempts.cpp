@@ -157,13 +157,16 @@ bool Attempts::prepare(Active& a, const Placement& placement, double now) {
   const json batch_env = inherit ? json::object() : m_store.batch_env(next.batch);  // named: items() would dangle
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) base[k] = v.get<std::string>();
-  const auto doc =
-      launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
-                      m_machine.cores.cores, m_machine.cores.nodes,
-                      {inherit, owner,
-                       inherit ? 0
-                               : omp_share(next.spec, static_cast<int>(m_machine.cores.cores.size()),
-                                           static_cast<int>(m_machine.inventory.gpus().size()), gpu_total_mb)});
+  auto doc = launch_document(next, base, uuids, m_config.state_dir, m_config.grace_s, m_config.log_limit_mb << 20,
+                             m_machine.cores.cores, m_machine.cores.nodes,
+                             {inherit, owner,
+                              inherit ? 0
+                                      : omp_share(next.spec, static_cast<int>(m_machine.cores.cores.size()),
+                                                  static_cast<int>(m_machine.inventory.gpus().size()), gpu_total_mb)});
+  // What a preemption sends the ranks first, and how long they have to checkpoint (supervisor.cpp).
+  doc["preempt"] = {{"signal", common::preempt_signal_number(next.spec.preempt_signal)},
+                    {"grace_s", preempt_grace_s(next.spec)},
+                    {"file", preempt_file_path(adir)}};
   if (auto w = write_file_atomic(adir + "/launch.json", doc.dump()); !w) throw RequestError(w.error());
 
   // Durable before the process exists: a crash from here on re-adopts or restarts this attempt.
@@ -311,6 +314,18 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
   const double gpu_s = rec.run.started_at > 0
                            ? static_cast<double>(rec.run.gpus.size()) * std::max(0.0, end.at - rec.run.started_at)
                            : 0;
+  // Preempted (and not cancelled, nor done before the signal came): back in line as the same job,
+  // no retry spent, saying who preempted it.
+  if (rec.run.preempt_requested && !rec.run.cancel_requested && end.state != JobState::succeeded &&
+      rec.spec_error.empty()) {
+    const std::string why = "preempted by " + rec.run.preempted_by + ": attempt " + std::to_string(rec.attempt) +
+                            " was stopped" + (rec.run.checkpoint_at > 0 ? " (it had checkpointed)" : "");
+    m_needs.commit({next_record(rec, event::Preempted{why})}, {}, {});
+    if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
+    m_needs.withdraw_orphans();
+    m_needs.schedule_soon();
+    return;
+  }
   // Stopped by `gpuq requeue` (and not cancelled, nor done before the stop came): back in line as
   // the same job, no retry spent, its lingering processes' GPUs held as for any end.
   if (rec.run.requeue_requested && !rec.run.cancel_requested && end.state != JobState::succeeded &&
@@ -343,6 +358,23 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
   if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
   if (!succeeded) m_needs.withdraw_orphans();
   m_needs.schedule_soon();
+}
+
+double Attempts::preempt_grace_s(const common::JobSpec& spec) const {
+  return spec.preempt_grace_s >= 0 ? spec.preempt_grace_s : m_config.preempt_grace_s;
+}
+
+void Attempts::preempt(const std::vector<std::int64_t>& ids, const std::vector<std::string>& by, double now) {
+  std::vector<JobRecord> asked;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    asked.push_back(next_record(m_jobs.at(ids[i]).rec, event::PreemptRequested{by[i], now}));
+  m_needs.commit({}, {}, std::move(asked));  // the intent, stored: a gpuqd restarted meanwhile preempts it still
+  for (std::int64_t id : ids) {
+    const JobRecord& rec = m_jobs.at(id).rec;
+    ++m_metrics.preemptions[rec.uid];
+    std::cerr << "gpuqd: preempting " << job_label(rec) << " for " << rec.run.preempted_by << "\n";
+    m_executor.preempt(id, preempt_grace_s(rec.spec));
+  }
 }
 
 std::string Attempts::hold_gpus(const JobRecord& rec, const std::string& why) {

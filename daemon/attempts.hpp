@@ -75,6 +75,12 @@ class Attempts {
   void start_array(const std::vector<std::int64_t>& ids, int limit);
   // What the executor is told of a job's attempt.
   Executor::Attempt attempt_of(const JobRecord& rec) const;
+  // A preemption's grace for the job: its spec's, else gpuqd's `preempt_grace_s`.
+  double preempt_grace_s(const common::JobSpec& spec) const;
+  // Asks a running job to checkpoint and stop, preempted by `by` (a job, or a user's `gpuq
+  // preempt`): the intent stored first (a gpuqd restarted meanwhile carries it out), then the
+  // executor asked. Once its processes are gone, finish() puts it back in line.
+  void preempt(const std::vector<std::int64_t>& ids, const std::vector<std::string>& by, double now);
   // The executor says the job's processes are gone: its last events are read in and its end is
   // recorded. Where the store refuses, the job stays running in the records and this is tried
   // again every k_write_retry_s.

@@ -79,6 +79,33 @@ common::CancelReply requeue(const Changes& c, const Caller& caller, const common
   return out;
 }
 
+common::CancelReply preempt(const Changes& c, const Caller& caller, const common::IdsRequest& q) {
+  for (auto id : q.ids)
+    c.reads.authorize(caller, id, "preempt");  // all, before any is looked at further
+  std::vector<std::int64_t> ids;
+  std::set<std::int64_t> seen;
+  for (auto id : q.ids) {
+    const JobRecord rec = c.reads.existing_job(id);
+    if (rec.state != JobState::running)
+      throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is " + std::string(to_string(rec.state)) +
+                                                     "; only a running job can be preempted");
+    if (stop_asked(rec))
+      throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is being " +
+                                                     (rec.run.cancel_requested    ? "cancelled"
+                                                      : rec.run.requeue_requested ? "requeued"
+                                                                                  : "preempted") +
+                                                     " already");
+    if (!rec.spec_error.empty())  // it could not run again: `cancel` stops it
+      throw RequestError(ErrorCode::wrong_state, unreadable_refusal(rec, "be preempted"));
+    if (seen.insert(id).second) ids.push_back(id);
+  }
+  c.preempt(ids, std::vector<std::string>(ids.size(), c.reads.users.name_of(caller.uid) + " (gpuq preempt)"));
+  common::CancelReply out;
+  for (auto id : q.ids)
+    out.jobs.push_back({id, JobState::running, seen.erase(id) > 0});
+  return out;
+}
+
 // Holds queued jobs out of line (as Slurm's hold: they keep their place in the history, reserve
 // nothing, and start only once released), or releases them. Holding needs every named job to be
 // queued, or nothing is held; releasing a job that is not held changes nothing. With a batch,

@@ -29,6 +29,8 @@ struct Changes {
   Commit commit;           // changes of state
   Land land;               // an update's new specs
   std::function<void()> schedule_soon;
+  // Asks running jobs to checkpoint and stop for a preemption, by whom (Attempts::preempt).
+  std::function<void(const std::vector<std::int64_t>&, const std::vector<std::string>&)> preempt;
 };
 
 namespace control {
@@ -40,6 +42,11 @@ common::CancelReply cancel(const Changes& c, const Caller& caller, const common:
 // are gone it is queued again, its next attempt numbered on. Every id must exist, be the caller's
 // (or the caller an admin) and be running, or nothing changes.
 common::CancelReply requeue(const Changes& c, const Caller& caller, const common::IdsRequest& q);
+// Preempts running jobs by hand (the owner's or an admin's), preemptible or not: each gets the
+// preemption's file, signal and grace, then goes back in line as preempted, by the caller, no retry
+// spent. Every id must exist, be the caller's (or the caller an admin), be running and not be
+// asked to stop already, or nothing changes.
+common::CancelReply preempt(const Changes& c, const Caller& caller, const common::IdsRequest& q);
 // Holds queued jobs out of line, or releases them (`hold` false); with a batch, its queued jobs.
 common::CancelReply set_held(const Changes& c, const Caller& caller, const common::SelectRequest& q, bool hold);
 // A job's priority, retries or timeout, or a batch's limit on running jobs, after submission.

@@ -114,7 +114,10 @@ Changes Daemon::changes() {
           *m_executor,
           commit_fn(),
           [this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); },
-          [this] { m_pacer.soon(); }};
+          [this] { m_pacer.soon(); },
+          [this](const std::vector<std::int64_t>& ids, const std::vector<std::string>& by) {
+            m_attempts.preempt(ids, by, wall_now());
+          }};
 }
 
 // ---- recovery -----------------------------------------------------------------------------------
@@ -163,9 +166,11 @@ void Daemon::recover() {
           m_store->event_offset(id, a.rec.attempt, report_offset_key(a.rec.spec.report.rank));
     switch (m_executor->adopt(m_attempts.attempt_of(a.rec))) {
       case Executor::Found::alive:
-        // A cancel or requeue asked before the last gpuqd died may never have reached the job (it
+        // A cancel, requeue or preemption asked before the last gpuqd died may never have reached the job (it
         // died between storing the intent and the stop): asked again, with its deadline.
         if (a.rec.run.cancel_requested || a.rec.run.requeue_requested) m_executor->stop(id);
+        else if (a.rec.run.preempt_requested)
+          m_executor->preempt(id, m_attempts.preempt_grace_s(a.rec.spec));
         break;
       case Executor::Found::ended:  // while no gpuqd ran: recorded now
         asio::post(m_io, [this, id] { m_attempts.ended(id); });
@@ -204,6 +209,7 @@ const std::vector<Daemon::Command>& Daemon::commands() {
       now<cmd::show, &queries::show>(),
       now<cmd::cancel, &control::cancel>(),
       now<cmd::requeue, &control::requeue>(),
+      now<cmd::preempt, &control::preempt>(),
       later<cmd::restart, [](Daemon& d, const Caller& c, const common::RestartRequest& q,
                              Later<common::RestartReply>& r) { d.m_ops.restarter.start(c, q, r); }>(),
       now<cmd::hold, [](const Changes& c, const Caller& who,

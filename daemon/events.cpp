@@ -1,6 +1,8 @@
 // Parsing and folding of job event lines (see events.hpp).
 #include "daemon/events.hpp"
 
+#include <algorithm>
+
 #include "common/json_input.hpp"
 
 namespace gpuq::daemon {
@@ -16,9 +18,9 @@ std::string parse_line(std::string_view line, int rank, double now, ParsedEvents
   if (!j.is_object()) return "not a JSON object";
   if (!j.contains("type") || !j["type"].is_string()) return "no \"type\" string";
   std::string type = j["type"].get<std::string>();
-  if (type != "progress" && type != "result")
+  if (type != "progress" && type != "result" && type != "checkpoint")
     return "\"type\" is " + json(type.substr(0, 32)).dump(-1, ' ', true, json::error_handler_t::replace) +
-           ", not \"progress\" or \"result\"";
+           ", not \"progress\", \"result\" or \"checkpoint\"";
   j.erase("type");
   out.events.push_back({0, rank, type, now, std::move(j)});
   return "";
@@ -95,6 +97,8 @@ std::int64_t apply_events(JobRecord& job, const std::vector<EventRow>& events) {
       p["rank"] = e.rank;
       p["at"] = e.at;
       job.run.progress = std::move(p);
+    } else if (e.type == "checkpoint") {
+      job.run.checkpoint_at = std::max(job.run.checkpoint_at, e.at);  // preemption counts work lost from here
     } else if (e.type == "result") {
       if (!job.run.result.is_object()) job.run.result = json::object();
       if (!measured) result_bytes = job.run.result.dump().size(), measured = true;

@@ -1,5 +1,5 @@
 // Job events: any job (C++, Python, shell) appends JSON lines to the file named by $GPUQ_EVENTS,
-// each an object with "type": "progress" or "result" plus its numbers. These functions turn raw
+// each an object with "type": "progress", "result" or "checkpoint" plus its numbers. These functions turn raw
 // file bytes into events and fold them into a job; the daemon's follower feeds them.
 // Everything here is input from the job, so it is bounded (json_input.hpp's limits, and these):
 //   - a line is at most k_max_event_line bytes; a longer one is one bad line, skipped whole up to

@@ -93,6 +93,13 @@ class Executor {
   // Asks a running attempt to end (its supervisor stops the ranks, SIGTERM then SIGKILL after the
   // grace period); `Ended` follows. Nothing when it is not running.
   virtual void stop(std::int64_t id) = 0;
+  // Asks a running attempt to checkpoint and end, for a preemption: its supervisor writes the
+  // attempt's $GPUQ_PREEMPT_FILE, sends the ranks the spec's preempt_signal, and SIGKILLs what is
+  // left `grace_s` later; `Ended` follows. An executor that cannot (Slurm) stops it as stop() does.
+  virtual void preempt(std::int64_t id, double grace_s) {
+    (void)grace_s;
+    stop(id);
+  }
   // How an ended attempt ended: its supervisor's exit record (untrusted: bounded and type-checked),
   // read once; an error saying why when there is none.
   virtual Outcome outcome(const Attempt& attempt) = 0;

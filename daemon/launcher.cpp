@@ -41,6 +41,9 @@ std::string rank_log_path(const std::string& dir, int rank) { return dir + "/ran
 std::string rank_events_path(const std::string& dir, int rank) {
   return dir + "/events-" + std::to_string(rank) + ".jsonl";
 }
+std::string preempt_file_path(const std::string& dir) {
+  return dir + "/preempt";
+}
 std::string rank_report_path(const std::string& dir, int rank) {
   return dir + "/report-" + std::to_string(rank) + ".jsonl";
 }
@@ -123,6 +126,8 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
   env["GPUQ_CHECKPOINT_DIR"] = jdir + "/checkpoints";
   env["GPUQ_ATTEMPT"] = std::to_string(job.attempt);
   env["GPUQ_EVENTS"] = rank_events_path(adir, rank);
+  // Appears when the job is preempted (its supervisor writes it before the preemption's signal).
+  env["GPUQ_PREEMPT_FILE"] = preempt_file_path(adir);
   // The job's share of each GPU, for programs that size themselves to it (gpuq-worker does).
   if (job.spec.gpu_memory_mb > 0) env["GPUQ_GPU_MEMORY_MB"] = std::to_string(job.spec.gpu_memory_mb);
   if (!cores.empty()) {

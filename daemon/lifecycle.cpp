@@ -49,6 +49,8 @@ std::string_view event_name(const Event& e) {
                         [](const event::Unrunnable&) { return "unrunnable"; },
                         [](const event::RequeueRequested&) { return "requeue_requested"; },
                         [](const event::Requeued&) { return "requeued"; },
+                        [](const event::PreemptRequested&) { return "preempt_requested"; },
+                        [](const event::Preempted&) { return "preempted"; },
                     },
                     e);
 }
@@ -176,6 +178,27 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             next.reason = r.reason;
             return next;
           },
+          [&](const event::PreemptRequested& p) -> Result<JobRecord> {
+            // Once: a job already asked to stop is not preempted again (two urgent jobs, one victim).
+            if (!running || stop_asked(rec)) return refused(rec, e, "a running job not asked to stop yet");
+            next.run.preempt_requested = true;
+            next.run.preempted_by = p.by;
+            next.run.preempted_at = p.at;
+            return next;
+          },
+          [&](const event::Preempted& p) -> Result<JobRecord> {
+            if (!running || rec.attempt < 1 || !rec.run.preempt_requested)
+              return refused(rec, e, "a running job asked to stop for a preemption");
+            if (!rec.spec_error.empty()) return unreadable(rec, e);
+            clear_attempt(next);
+            next.state = JobState::queued;
+            next.attempt_base = rec.attempt_base + 1;  // a preemption spends no retry
+            next.preemptions = rec.preemptions + 1;
+            next.run.preempted_by = rec.run.preempted_by;  // status and show say who, until it starts again
+            next.run.preempted_at = rec.run.preempted_at;
+            next.reason = p.reason;
+            return next;
+          },
       },
       e);
 }
@@ -192,6 +215,10 @@ std::string unrunnable_reason(const JobRecord& rec) {
 Event back_in_line(const JobRecord& rec, std::string reason, double now) {
   if (rec.spec_error.empty()) return event::NeverStarted{std::move(reason)};
   return event::Ended{JobState::failed, unrunnable_reason(rec), std::nullopt, std::nullopt, nullptr, now, "", 0};
+}
+
+bool stop_asked(const JobRecord& rec) {
+  return rec.run.cancel_requested || rec.run.requeue_requested || rec.run.preempt_requested;
 }
 
 JobRecord next_record(const JobRecord& rec, const Event& e) {

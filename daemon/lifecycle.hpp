@@ -14,6 +14,8 @@
 //             └◀─────────────── restarted (any end) ◀───────────────────┘
 //   running ── cancel_requested ──▶ running (it ends as cancelled, whatever happens next)
 //   running ── requeue_requested ─▶ running ── requeued (its attempt ended) ──▶ queued (no retry spent)
+//   running ── preempt_requested ─▶ running ── preempted (its attempt ended) ─▶ queued (no retry
+//              (by whom, when; once)              spent; shown as `preempted` until it starts again)
 #pragma once
 
 #include <optional>
@@ -74,6 +76,17 @@ struct RequeueRequested {};
 struct Requeued {
   std::string reason;
 };
+// Running, not yet asked to stop -> running, flagged: a preemption (by a job of higher priority,
+// or `gpuq preempt`) asked it to checkpoint and stop; once its processes are gone, Preempted.
+struct PreemptRequested {
+  std::string by;  // "job 12 (urgent)", "alice (gpuq preempt)"
+  double at = 0;
+};
+// Running (its attempt just ended, stopped by a preemption) -> queued, as the same job: no retry
+// spent, the attempt number goes on, one more preemption counted; who preempted it and when stay.
+struct Preempted {
+  std::string reason;
+};
 // Any end -> queued under the same id, with a fresh retry budget (gpuq restart).
 struct Restarted {};
 // Running but never started (gpuqd stopped between recording the launch and spawning it) ->
@@ -88,9 +101,10 @@ struct Unrunnable {
 };
 }  // namespace event
 
-using Event = std::variant<event::Launched, event::Ended, event::Retried, event::CancelRequested, event::Cancelled,
-                           event::DependencyFailed, event::Held, event::Restarted, event::NeverStarted,
-                           event::Unrunnable, event::RequeueRequested, event::Requeued>;
+using Event =
+    std::variant<event::Launched, event::Ended, event::Retried, event::CancelRequested, event::Cancelled,
+                 event::DependencyFailed, event::Held, event::Restarted, event::NeverStarted, event::Unrunnable,
+                 event::RequeueRequested, event::Requeued, event::PreemptRequested, event::Preempted>;
 
 std::string_view event_name(const Event& e);
 
@@ -113,6 +127,9 @@ std::string job_label(const JobRecord& rec);
 Result<JobRecord> transition(const JobRecord& rec, const Event& e);
 // The same for gpuqd's own transitions, which its checks made legal: a refusal is a RequestError.
 JobRecord next_record(const JobRecord& rec, const Event& e);
+
+// Whether a running job has been asked to stop (cancel, requeue or preemption).
+bool stop_asked(const JobRecord& rec);
 
 // Whether the attempt that `rec` (running, or just failed) holds may be followed by a retry: it is
 // within the retry budget of this run (attempts since submission or the latest restart), and its

@@ -224,6 +224,13 @@ class LocalExecutor final : public Executor {
     enforce_in(id, it->second, m_grace_s + k_overdue_s, false);
   }
 
+  void preempt(std::int64_t id, double grace_s) override {
+    auto it = m_shims.find(id);
+    if (it == m_shims.end() || it->second.pid.pid <= 0) return;
+    signal_shim(it->second, SIGUSR1);  // supervisor.cpp: the preemption's file, signal and grace
+    enforce_in(id, it->second, grace_s + k_overdue_s, false);
+  }
+
   // A supervisor that cannot write its exit record (the state dir full or read-only) keeps
   // trying, and says so in its process name: until it succeeds the job's outcome is unknown.
   std::string detail(std::int64_t id) const override {

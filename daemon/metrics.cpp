@@ -128,6 +128,15 @@ std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& h
     }
   e.family("gpuq_retries_total", "counter", "Failed attempts put back in line to be tried again");
   e.sample("gpuq_retries_total", {}, static_cast<double>(c.retries));
+  e.family("gpuq_preemptions_total", "counter", "Running jobs asked to stop for a preemption, by their owner");
+  std::set<uid_t> preempted{::geteuid()};  // gpuqd's own user always: the family has a sample from the start
+  for (const auto& [uid, _] : c.preemptions)
+    preempted.insert(uid);
+  for (uid_t uid : preempted) {
+    const auto it = c.preemptions.find(uid);
+    e.sample("gpuq_preemptions_total", {{"user", r.users.name_of(uid)}},
+             it == c.preemptions.end() ? 0.0 : static_cast<double>(it->second));
+  }
   e.family("gpuq_queue_wait_seconds", "histogram", "Time from queued to started, per attempt");
   e.histogram("gpuq_queue_wait_seconds", {}, c.queue_wait);
   e.family("gpuq_attempt_run_seconds", "histogram", "Run time of each attempt that ended");

@@ -33,6 +33,7 @@ struct MetricCounters {
   std::map<std::pair<std::string, std::string>, std::uint64_t> request_errors;  // (command, error code)
   std::uint64_t attempts_started = 0;
   std::uint64_t retries = 0;
+  std::map<uid_t, std::uint64_t> preemptions;  // victim's owner -> attempts preempted (asked to stop)
   std::map<std::pair<std::string, uid_t>, std::uint64_t> finished;  // (terminal state, owner) -> jobs
   // Seconds from queued to started, and of an attempt's run: from a second to days.
   Histogram queue_wait{{1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400}};

@@ -3,12 +3,21 @@
 
 #include <algorithm>
 
+#include <set>
+
 #include "daemon/config.hpp"
+#include "daemon/lifecycle.hpp"
 
 namespace gpuq::daemon {
 
-double ends_by(const JobRecord& r, double grace_s) {
-  return r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + grace_s : k_never;
+double ends_by(const JobRecord& r, double grace_s, double preempt_grace_s) {
+  double at = r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + grace_s : k_never;
+  // A job preempted ends within its grace: the job it stops for holds a reservation on its GPUs
+  // that lower jobs may backfill only if they end before that.
+  if (r.run.preempt_requested && r.run.preempted_at > 0)
+    at = std::min(
+        at, r.run.preempted_at + (r.spec.preempt_grace_s >= 0 ? r.spec.preempt_grace_s : preempt_grace_s) + grace_s);
+  return at;
 }
 
 std::map<int, GpuHolding> gpu_holdings(const Reads& reads) {
@@ -16,7 +25,7 @@ std::map<int, GpuHolding> gpu_holdings(const Reads& reads) {
   for (const auto& g : reads.inventory.gpus()) totals[g.index] = g.memory_total_mb;
   std::map<int, GpuHolding> out;
   for (const Active& a : reads.jobs.running()) {
-    const double ends = ends_by(a.rec, reads.config.grace_s);
+    const double ends = ends_by(a.rec, reads.config.grace_s, reads.config.preempt_grace_s);
     for (int index : a.rec.run.gpus) {
       const auto total = totals.find(index);
       if (total == totals.end()) continue;  // not a GPU of this machine's (any more)
@@ -74,6 +83,50 @@ UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double no
   }
   fair_order(queue, held, usage);
   return caps;
+}
+
+std::vector<Runner> runners(const Reads& reads, bool& any_preemptible) {
+  std::vector<Runner> out;
+  any_preemptible = false;
+  for (const Active& a : reads.jobs.running()) {
+    const JobRecord& r = a.rec;
+    Runner x;
+    x.id = r.id;
+    x.priority = r.spec.priority;
+    x.user = r.uid;
+    x.gpus = r.run.gpus;
+    x.shared = r.spec.shared;
+    x.memory_mb = r.spec.gpu_memory_mb;
+    x.preemptible = r.spec.preemptible && r.spec_error.empty();
+    x.stopping = stop_asked(r);
+    x.started_at = r.run.started_at;
+    x.checkpoint_at = r.run.checkpoint_at;
+    x.preemptions = r.preemptions;
+    any_preemptible = any_preemptible || (x.preemptible && !x.stopping && !x.gpus.empty());
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+PreemptRules preempt_rules(const Reads& reads, const std::vector<PendingJob>& waiting) {
+  PreemptRules rules;
+  rules.protect_after = reads.config.preempt_protect_after;
+  rules.min_run_s = reads.config.preempt_min_run_s;
+  if (!reads.config.multi_user) return rules;
+  rules.lab = true;
+  rules.across_users = reads.config.preempt_across_users == "fair_share";
+  std::set<std::uint32_t> users;
+  for (const Active& a : reads.jobs.running()) {
+    rules.held[a.rec.uid] += static_cast<int>(a.rec.run.gpus.size());
+    if (!a.rec.run.gpus.empty()) users.insert(a.rec.uid);
+  }
+  for (const auto& j : waiting)
+    users.insert(j.user);
+  int in_service = 0;
+  for (const auto& g : reads.inventory.gpus())
+    in_service += !reads.health.drained(g.uuid);
+  rules.fair_share = users.empty() ? 0 : static_cast<double>(in_service) / static_cast<double>(users.size());
+  return rules;
 }
 
 }  // namespace gpuq::daemon

@@ -8,14 +8,15 @@
 #include <map>
 #include <vector>
 
+#include "daemon/preemption.hpp"
 #include "daemon/reads.hpp"
 #include "daemon/scheduler.hpp"
 
 namespace gpuq::daemon {
 
 // When a running job is over at the latest: its start, its timeout and the grace period after it
-// (the supervisor's SIGKILL). k_never without a timeout.
-double ends_by(const JobRecord& r, double grace_s);
+// (the supervisor's SIGKILL), or, once preempted, its preemption's grace. k_never without either.
+double ends_by(const JobRecord& r, double grace_s, double preempt_grace_s);
 
 // What the running jobs hold of one GPU.
 struct GpuHolding {
@@ -36,5 +37,12 @@ std::vector<GpuState> gpus_for_pass(const Reads& reads);
 // users in it who have limits, with what their running jobs take of them. Outside lab mode, or
 // with an empty queue: nothing changes, no caps.
 UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double now);
+
+// The running jobs as preemption sees them (preemption.hpp), and whether any may be preempted at
+// all (a preemptible job not asked to stop yet): without one a pass asks nothing more.
+std::vector<Runner> runners(const Reads& reads, bool& any_preemptible);
+// gpuqd's preemption rules; in lab mode with each user's GPUs held now and the fair share: the
+// GPUs in service over the users with jobs running or in line for GPUs.
+PreemptRules preempt_rules(const Reads& reads, const std::vector<PendingJob>& waiting);
 
 }  // namespace gpuq::daemon

@@ -153,7 +153,7 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
   for (const Active& running : reads.jobs.running()) {
     const JobRecord& r = running.rec;
     if (r.run.gpus.empty()) continue;
-    const double ends = ends_by(r, reads.config.grace_s);
+    const double ends = ends_by(r, reads.config.grace_s, reads.config.preempt_grace_s);
     out.holders.push_back({r.id, r.spec.name, reads.users.name_of(r.uid), r.run.gpus, ends == k_never ? 0 : ends});
   }
   const auto ends_of = [](const common::Holder& h) { return h.ends_by > 0 ? h.ends_by : k_never; };  // 0: none

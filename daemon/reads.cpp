@@ -110,6 +110,13 @@ common::JobInfo Reads::info_of(const JobRecord& stored, const Caller& viewer) co
   i.first_bad_event = r.first_bad_event;
   i.job_dir = job_dir(config.state_dir, r.id);
   i.labels = r.spec.labels;
+  i.preemptible = r.spec.preemptible;
+  i.preemptions = r.preemptions;
+  i.preempting = r.state == JobState::running && r.run.preempt_requested;
+  if (i.preempting || r.state == JobState::queued) {
+    i.preempted_by = r.run.preempted_by;
+    i.preempted_at = r.run.preempted_at;
+  }
   if (viewer.protocol_minor < 3)  // it reads labels as strings: 0.3 as "0.3"
     for (auto& [_, v] : i.labels)
       if (!v.is_string()) v = v.dump();

@@ -10,6 +10,7 @@
 #include "daemon/dependencies.hpp"
 #include "daemon/lifecycle.hpp"
 #include "daemon/pass_inputs.hpp"
+#include "daemon/preemption.hpp"
 
 namespace gpuq::daemon {
 
@@ -115,8 +116,33 @@ void Daemon::schedule_now() {
     m_attempts.start_array(ids, unit.limit);
   }
   fds.end();
+  preempt_for(plan.wanting_gpus, now);
   if (next_retry > 0) m_pacer.at(next_retry, now);
   m_events.arm();
+}
+
+// Preemption (preemption.hpp): after the pass's launches, the jobs it left waiting for GPUs that
+// preemptible jobs of lower priority hold get them stopped; each starts in the pass their end
+// brings (schedule_soon), its reservation holding the GPUs meanwhile (ends_by).
+void Daemon::preempt_for(const std::vector<PendingJob>& waiting, double now) {
+  if (waiting.empty()) return;
+  bool any = false;
+  const std::vector<Runner> running = runners(reads(), any);
+  if (!any) return;
+  const auto chosen =
+      choose_preemptions(waiting, gpus_for_pass(reads()), running, now, preempt_rules(reads(), waiting));
+  if (chosen.empty()) return;
+  std::vector<std::int64_t> ids;
+  std::vector<std::string> by;
+  for (const auto& p : chosen) {
+    ids.push_back(p.victim);
+    by.push_back(job_label(m_jobs.at(p.by).rec));
+  }
+  try {
+    m_attempts.preempt(ids, by, now);
+  } catch (const RequestError& e) {  // the store refused: nothing was asked; the next pass tries again
+    std::cerr << "gpuqd: cannot record a preemption: " << e.what() << "\n";
+  }
 }
 
 void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::string>& why, std::vector<JobRecord> also) {

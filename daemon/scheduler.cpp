@@ -368,6 +368,7 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
       started();
       continue;
     }
+    plan.wanting_gpus.push_back(j);
     auto held = reserve(slots, j);
     if (!held.empty()) {
       plan.reservations[j.id] = held;

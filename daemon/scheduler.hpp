@@ -111,6 +111,9 @@ struct Plan {
   // tail_wait_reason(job, tail), which is what examining them would have said.
   bool stopped = false;
   TailState tail;
+  // The examined jobs that wait for GPUs alone (not for CPU slots or a limit), in line order: those
+  // a preemption could make room for (preemption.hpp).
+  std::vector<PendingJob> wanting_gpus;
 };
 
 struct CpuSlots {

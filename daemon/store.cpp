@@ -184,12 +184,34 @@ bool Store::hidden(std::int64_t id) const {
 
 bool Store::hidden_batch(std::int64_t batch) const { return m_unfinished && m_unfinished->batch == batch; }
 
+json preemption_json(const JobRecord& j) {
+  json out = json::object();
+  if (j.preemptions > 0) out["count"] = j.preemptions;
+  if (!j.run.preempted_by.empty()) out["by"] = j.run.preempted_by;
+  if (j.run.preempted_at > 0) out["at"] = j.run.preempted_at;
+  if (j.run.checkpoint_at > 0) out["checkpoint_at"] = j.run.checkpoint_at;
+  return out;
+}
+
+void read_preemption(JobRecord& j, const json& stored) {
+  if (!stored.is_object()) return;
+  const auto number = [&](const char* key) {
+    const auto it = stored.find(key);
+    return it != stored.end() && it->is_number() ? it->get<double>() : 0.0;
+  };
+  j.preemptions = static_cast<int>(std::clamp(number("count"), 0.0, 1e9));
+  if (const auto by = stored.find("by"); by != stored.end() && by->is_string())
+    j.run.preempted_by = by->get<std::string>();
+  j.run.preempted_at = number("at");
+  j.run.checkpoint_at = number("checkpoint_at");
+}
+
 void Store::write_job(const JobRecord& j) {
   auto* st = prepare(
       "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
       "gpus=?, master_port=?, not_before=?, cancel_requested=?, progress=?, result=?, after=?, "
       "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=?, attempt_base=?, restarts=?, blocked_by=?, held=?, "
-      "external_id=?, first_bad_event=? WHERE id=?");
+      "external_id=?, first_bad_event=?, preemption=? WHERE id=?");
   bind_text(st, 1, std::string(to_string(j.state)));
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, j.reason);
@@ -200,7 +222,7 @@ void Store::write_job(const JobRecord& j) {
   bind_text(st, 8, json(j.run.gpus).dump());
   sqlite3_bind_int(st, 9, j.run.master_port);
   sqlite3_bind_double(st, 10, j.not_before);
-  sqlite3_bind_int(st, 11, j.run.cancel_requested ? 1 : j.run.requeue_requested ? 2 : 0);
+  sqlite3_bind_int(st, 11, j.run.cancel_requested ? 1 : j.run.requeue_requested ? 2 : j.run.preempt_requested ? 3 : 0);
   bind_json(st, 12, j.run.progress);
   bind_json(st, 13, j.run.result);
   bind_text(st, 14, json(j.after).dump());
@@ -214,7 +236,8 @@ void Store::write_job(const JobRecord& j) {
   sqlite3_bind_int(st, 22, j.held ? 1 : 0);
   bind_text(st, 23, j.run.external_id);
   bind_text(st, 24, j.first_bad_event);
-  sqlite3_bind_int64(st, 25, j.id);
+  bind_text(st, 25, preemption_json(j).dump());
+  sqlite3_bind_int64(st, 26, j.id);
   run(m_db, st, "update job");
 }
 

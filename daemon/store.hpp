@@ -56,6 +56,13 @@ struct JobRecord {
     // Asked to stop and go back in line (gpuq requeue), no retry spent; stored as cancel_requested 2.
     // A cancel asked too wins.
     bool requeue_requested = false;
+    // Asked to stop for a preemption (stored as cancel_requested 3; a cancel asked too wins): by
+    // whom ("job 12 (urgent)", or "alice: gpuq preempt") and when. Both are kept in the queued
+    // record the preemption makes, so that status and show say who preempted it until it starts.
+    bool preempt_requested = false;
+    std::string preempted_by;
+    double preempted_at = 0;
+    double checkpoint_at = 0;  // when it last reported a `checkpoint` event (0: never)
     json progress;       // last progress event
     json result;         // merged result events
     json first_failure;  // {rank, exit_code, signal} when it failed
@@ -67,6 +74,7 @@ struct JobRecord {
   std::string first_bad_event;  // the first of them, and why (events.hpp describe_bad_line); "" if none
   int attempt_base = 0;  // attempts before the latest restart; `retries` counts from there
   int restarts = 0;      // times it was restarted after it had ended
+  int preemptions = 0;   // times it was preempted since it was submitted
   std::int64_t blocked_by = 0;  // failed without running because this dependency ended unsuccessfully
   bool held = false;            // queued, kept from starting until released
   bool hook_due = false;        // not stored: it has just ended and has on_finish hooks to run (hooks.cpp)
@@ -76,6 +84,11 @@ struct JobRecord {
   // lifecycle.cpp refuses it a launch, a retry and a restart, and recovery fails it if queued.
   std::string spec_error;
 };
+
+// The preemption fields of a record as stored (jobs.preemption), and back; a value that is not
+// what preemption_json writes leaves the fields as they are.
+json preemption_json(const JobRecord& j);
+void read_preemption(JobRecord& j, const json& stored);
 
 struct EventRow {
   std::int64_t seq = 0;  // store order (rowid); 0 until stored

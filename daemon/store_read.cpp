@@ -78,6 +78,8 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st, const DetailsOf& deta
     j.not_before = sqlite3_column_double(st, 13);
     j.run.cancel_requested = sqlite3_column_int(st, 14) == 1;
     j.run.requeue_requested = sqlite3_column_int(st, 14) == 2;
+    j.run.preempt_requested = sqlite3_column_int(st, 14) == 3;
+    read_preemption(j, json_col(st, 29));
     j.uid = static_cast<uid_t>(sqlite3_column_int64(st, 27));
     const bool detailed = !details || details(j.uid);
     if (detailed) {
@@ -106,10 +108,11 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st, const DetailsOf& deta
   return out;
 }
 
-#define GPUQ_SELECT_JOBS(where)                                                                                   \
-  ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, " \
-   "gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, "   \
-   "cpu_slots, cores, attempt_base, restarts, blocked_by, held, external_id, uid, first_bad_event FROM jobs " where)
+#define GPUQ_SELECT_JOBS(where)                                                                                      \
+  ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, "    \
+   "gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, "      \
+   "cpu_slots, cores, attempt_base, restarts, blocked_by, held, external_id, uid, first_bad_event, preemption FROM " \
+   "jobs " where)
 
 std::vector<JobRecord> Store::load_active() {
   return query_jobs(prepare(GPUQ_SELECT_JOBS("WHERE state IN ('queued', 'running') ORDER BY id")));

@@ -18,6 +18,7 @@ void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Later<c
   facts.have_worker = !m_config.worker_path.empty();
   facts.default_retries = m_config.default_retries;
   facts.placement = m_config.placement;
+  facts.preemptible = m_config.preemptible;
   if (m_executor->places_work()) {  // the cluster's GPUs are Slurm's to count: sbatch refuses what no node has
     facts.gpus = common::k_max_gpus;
     facts.largest_gpu_mb = std::int64_t{1} << 40;

@@ -32,12 +32,14 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
       return Error{ErrorCode::internal, "cannot take on the file-system identity of " + owner->name +
                                             " to check the jobs' directories and commands"};
   }
-  if (facts.default_retries > 0 || facts.placement != "pack") {  // the configured defaults, for specs that name none
+  if (facts.default_retries > 0 || facts.placement != "pack" ||
+      facts.preemptible) {  // the configured defaults, for specs that name none
     auto fill = [&](json& spec) {
       if (spec.is_object() && !spec.contains("retries") && facts.default_retries > 0)
         spec["retries"] = facts.default_retries;
       if (spec.is_object() && !spec.contains("placement") && facts.placement != "pack")
         spec["placement"] = facts.placement;
+      if (spec.is_object() && !spec.contains("preemptible") && facts.preemptible) spec["preemptible"] = true;
     };
     if (sub.jobs.is_array())
       for (auto& spec : sub.jobs) fill(spec);

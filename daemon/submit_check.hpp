@@ -28,6 +28,7 @@ struct MachineFacts {
   int default_retries = 0;    // for specs that name no `retries`
   int max_nodes = 1;          // machines the executor can spread one job over (1: this one)
   std::string placement = "pack";  // for specs that name none
+  bool preemptible = false;        // likewise
 };
 
 struct CheckedBatch {

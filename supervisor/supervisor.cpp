@@ -561,6 +561,14 @@ class Supervisor {
     sigemptyset(&m_signals);
     for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&m_signals, s);
     if (m_stop_on_urg) sigaddset(&m_signals, SIGURG);
+    // SIGUSR1 from gpuqd: a preemption (the launch document's `preempt`).
+    const json preempt = m_doc.value("preempt", json());
+    if (!m_stop_on_urg && preempt.is_object()) {
+      m_preempt_signal = preempt.value("signal", SIGTERM);
+      m_preempt_grace_s = preempt.value("grace_s", 30.0);
+      m_preempt_file = preempt.value("file", std::string());
+      sigaddset(&m_signals, SIGUSR1);
+    }
     ::sigprocmask(SIG_BLOCK, &m_signals, nullptr);
 
     // Announce ourselves before starting anything: the daemon adopts us through this file.
@@ -598,7 +606,7 @@ class Supervisor {
       if (m_ranks_left == 0 && !m_tearing_down) begin_teardown();  // only leftovers remain
       if (m_tearing_down) {
         if (!m_killing && mono_now() >= m_kill_at) m_killing = true;
-        signal_all(m_killing ? SIGKILL : SIGTERM);
+        signal_all(m_killing ? SIGKILL : m_first_signal);
       }
       // Wait for a signal, at most until the next deadline (or a short tick while tearing down,
       // to catch processes re-parented to us in the meantime).
@@ -720,7 +728,8 @@ class Supervisor {
   }
 
   // Waits up to `wait_s` for a signal or rank output, copying any output to the logs; returns
-  // whether a stop signal (SIGTERM, SIGINT, SIGHUP) arrived. SIGCHLD just ends the wait.
+  // whether a stop signal (SIGTERM, SIGINT, SIGHUP; SIGUSR1, a preemption) arrived. SIGCHLD just
+  // ends the wait.
   bool wait_for_events(double wait_s) {
     std::vector<pollfd> fds{{m_sigfd, POLLIN, 0}};
     for (const auto& [fd, _] : m_pipes) fds.push_back({fd, POLLIN, 0});
@@ -734,6 +743,7 @@ class Supervisor {
     while (::read(m_sigfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
       const int sig = static_cast<int>(info.ssi_signo);
       stop = stop || sig == SIGTERM || sig == SIGINT || sig == SIGHUP || (m_stop_on_urg && sig == SIGURG);
+      if (sig == SIGUSR1 && !m_preempt_file.empty()) m_preempted = stop = true;
     }
     std::vector<int> ready;
     for (std::size_t i = 1; i < fds.size(); ++i)
@@ -815,16 +825,26 @@ class Supervisor {
     if (m_tearing_down) return;  // a second stop (a cancel after the timeout) keeps the first's grace
     m_tearing_down = true;
     m_kill_at = mono_now() + m_grace_s;
+    if (m_preempted) {
+      // A preemption: the file the job may test appears first (written as the owner: the job's
+      // own attempt directory), then the ranks get the spec's signal and its grace to checkpoint.
+      m_first_signal = m_preempt_signal;
+      m_kill_at = mono_now() + m_preempt_grace_s;
+      const json said = {{"preempted_at", wall_now()}, {"grace_s", m_preempt_grace_s}};
+      if (auto w = write_file_atomic(m_preempt_file, said.dump() + "\n"); !w)
+        complain("cannot write the preempt file " + m_preempt_file + ": " + w.error().message);
+    }
   }
 
-  // SIGTERM reaches each process group and process once (a handler may be slow to act); SIGKILL
+  // The first signal (SIGTERM, or a preemption's) reaches each process group and process once (a
+  // handler may be slow to act); SIGKILL
   // is repeated every tick until nothing is left. Only ids that cannot have been reused are
   // signalled (this process may be root): a rank's process group while the rank is not reaped
   // (its zombie holds the id), and children not reaped; what a reaped rank leaves is re-parented
   // here, and signalled as a child.
   void signal_all(int sig) {
     auto signal_once = [&](int target, bool group) {
-      if (sig == SIGTERM && !m_termed.insert(group ? -target : target).second) return;
+      if (sig != SIGKILL && !m_termed.insert(group ? -target : target).second) return;
       group ? ::killpg(target, sig) : ::kill(target, sig);
     };
     for (const auto& r : m_ranks)
@@ -901,7 +921,13 @@ class Supervisor {
   bool m_tearing_down = false, m_killing = false, m_cancelled = false, m_timed_out = false;
   double m_kill_at = 0, m_grace_s = 10, m_started_at = 0;
   json m_first_failure;
-  std::set<int> m_termed;  // pids, and -pgids, already sent SIGTERM
+  std::set<int> m_termed;        // pids, and -pgids, already sent the first signal
+  int m_first_signal = SIGTERM;  // what a stop sends before SIGKILL (a preemption: its preempt_signal)
+  // A preemption (SIGUSR1, with the launch document's `preempt`): its signal, grace and file.
+  bool m_preempted = false;
+  int m_preempt_signal = SIGTERM;
+  double m_preempt_grace_s = 30;
+  std::string m_preempt_file;
   int m_sigfd = -1;
   std::int64_t m_oom_kills_at_start = -1;
   std::int64_t m_log_limit = 0;  // 0: ranks write their log files directly

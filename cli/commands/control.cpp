@@ -195,6 +195,34 @@ void add_requeue(CLI::App& app, Context& ctx) {
   });
 }
 
+// `gpuq preempt`: running jobs preempted by hand, as a job of higher priority would: each gets
+// $GPUQ_PREEMPT_FILE, its preempt_signal and its preempt_grace_s to checkpoint, then goes back in
+// line as preempted, no retry spent.
+void add_preempt(CLI::App& app, Context& ctx) {
+  auto ids = args<std::vector<std::int64_t>>();
+  auto* sub = app.add_subcommand(
+      "preempt",
+      "Preempt running jobs: their preempt signal and grace to checkpoint, then back in line, no retry spent");
+  sub->add_option("ids", *ids, "Job ids (running)")->required();
+  add_json_flag(sub, ctx);
+  sub->callback([&ctx, ids] {
+    ctx.run = [&ctx, ids] {
+      auto reply = call(ctx.opt, common::cmd::preempt, common::IdsRequest{*ids});
+      if (!reply) return report(reply.error());
+      if (ctx.opt.json) {
+        print_json(reply->jobs);
+        return k_exit_ok;
+      }
+      for (const auto& j : reply->jobs)
+        std::cout << "job " << j.id
+                  << (j.changed ? ": preempting (its preempt signal, then SIGKILL after its grace); it goes back in "
+                                  "line once its processes are gone\n"
+                                : ": named twice; preempted once\n");
+      return k_exit_ok;
+    };
+  });
+}
+
 void add_restart(CLI::App& app, Context& ctx) {
   struct Args : Selection {
     bool fresh = false;

@@ -32,6 +32,16 @@ using common::Client;
 
 namespace {
 
+// "requeued 1 time", "preempted 2 times", or both: the attempts a job lost that were not tries.
+std::string stopped_words(const common::JobInfo& j) {
+  const int preempted = std::min(j.preemptions, j.attempt_base), requeued = j.attempt_base - preempted;
+  const auto times = [](int n) { return std::to_string(n) + (n == 1 ? " time" : " times"); };
+  std::string out;
+  if (requeued > 0) out = "requeued " + times(requeued);
+  if (preempted > 0) out += (out.empty() ? "" : ", ") + std::string("preempted ") + times(preempted);
+  return out;
+}
+
 std::string runtime_of(const common::JobInfo& j) {
   if (j.started_at <= 0) return "-";
   return format_duration((j.ended_at > 0 ? j.ended_at : now_s()) - j.started_at);
@@ -40,6 +50,7 @@ std::string runtime_of(const common::JobInfo& j) {
 std::string state_of(const common::JobInfo& j) {
   if (j.state == JobState::queued) return display_state(j);
   if (j.state == JobState::running && j.hung) return "running (hung?)";
+  if (j.state == JobState::running && j.preempting) return display_state(j);
   if (j.state == JobState::failed || j.state == JobState::succeeded || j.state == JobState::out_of_memory) {
     if (j.exit_signal.is_number()) return name_of(j.state) + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
     if (j.exit_code.is_number() && j.exit_code.get<int>() != 0)
@@ -52,6 +63,7 @@ std::string detail_of(const common::JobInfo& j) {
   if (j.details_hidden && j.reason.empty() && j.state != JobState::queued)
     return "(details: " + j.user + "'s to read)";
   if (j.state == JobState::running && j.hung) return j.reason;
+  if (j.state == JobState::running && j.preempting) return "for " + j.preempted_by;
   if (j.state == JobState::running && j.progress.is_object()) return format_fields(j.progress, 5);
   if (j.state == JobState::succeeded && j.result.is_object()) return format_fields(j.result, 5);
   return j.reason;
@@ -239,13 +251,21 @@ int cmd_show(const Options& o, std::int64_t id) {
   std::cout << "  attempt:   " << j.attempt - j.attempt_base << " of " << j.retries + 1
             << (j.restarts ? " since restart " + std::to_string(j.restarts) + " (attempt " + std::to_string(j.attempt) +
                                  " in all)"
-                : j.attempt_base > 0  // requeued: attempts it lost that were not tries
-                    ? " (attempt " + std::to_string(j.attempt) + " in all; requeued " + std::to_string(j.attempt_base) +
-                          (j.attempt_base == 1 ? " time)" : " times)")
+                : j.attempt_base > 0  // requeued or preempted: attempts it lost that were not tries
+                    ? " (attempt " + std::to_string(j.attempt) + " in all; " + stopped_words(j) + ")"
                     : std::string())
             << "\n"
-            << "  submitted: " << format_time(j.submitted_at) << "\n"
-            << "  started:   " << format_time(j.started_at) << "\n"
+            << "  submitted: " << format_time(j.submitted_at) << "\n";
+  if (j.preemptible || j.preemptions > 0 || !j.preempted_by.empty()) {
+    std::string words = j.preemptible ? "preemptible" : "not preemptible";
+    if (j.preemptions > 0)
+      words += "; preempted " + std::to_string(j.preemptions) + (j.preemptions == 1 ? " time" : " times");
+    if (!j.preempted_by.empty())
+      words += std::string(j.preempting ? "; being preempted by " : "; last by ") + j.preempted_by + " at " +
+               format_time(j.preempted_at);
+    std::cout << printable("  preempt:   " + words) << "\n";
+  }
+  std::cout << "  started:   " << format_time(j.started_at) << "\n"
             << "  ended:     " << format_time(j.ended_at) << "   runtime " << runtime_of(j) << "\n";
   if (!j.external_id.empty())  // "slurm:42": ran (or runs) as Slurm job 42, for sacct and scontrol
     std::cout << printable(j.external_id.rfind("slurm:", 0) == 0 ? "  Slurm job: " + j.external_id.substr(6)

@@ -6,7 +6,7 @@ import socket
 import time
 
 PROTOCOL_VERSION = 1
-PROTOCOL_MINOR = 3  # what this client reads: out_of_memory (1), watch (2), typed labels (3)
+PROTOCOL_MINOR = 4  # what this client reads: out_of_memory (1), watch (2), typed labels (3), preemption (4)
 LAB_SOCKET = "/run/gpuq/gpuqd.sock"
 MAX_REPLY_BYTES = 80 << 20  # gpuqd's replies stop at 8 MiB of results; a line is bounded well above
 
@@ -250,6 +250,15 @@ class Client:
 
     def cancel(self, ids):
         return self.call("cancel", ids=_ids(ids))["jobs"]
+
+    def requeue(self, ids):
+        """Stops running jobs (SIGTERM, then SIGKILL) and puts them back in line, no retry spent."""
+        return self.call("requeue", ids=_ids(ids))["jobs"]
+
+    def preempt(self, ids):
+        """Preempts running jobs: their preempt signal, $GPUQ_PREEMPT_FILE and grace to checkpoint,
+        then back in line as preempted, no retry spent (gpuqd of protocol minor 4 or later)."""
+        return self.call("preempt", ids=_ids(ids))["jobs"]
 
     def wait(self, ids, timeout=0):
         """Blocks until every job named has ended; returns them (dicts, in id order). With

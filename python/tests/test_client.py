@@ -81,6 +81,21 @@ class ClientTest(DaemonTest):
         self.client.wait([job])
         self.assertEqual(self.d.ok("logs", str(job)), f"from the caller\n{os.getcwd()}\n")
 
+    def test_preempt_and_requeue_put_a_running_job_back_in_line(self):
+        started = self.tmp_path("started")
+        job = self.client.submit({"name": "long", "timeout_s": 120, "shell":
+                                  f'[ "$GPUQ_ATTEMPT" -ge 3 ] && exit 0; touch {started}-$GPUQ_ATTEMPT; '
+                                  'while true; do sleep 0.05; done'}).ids[0]
+        wait_until(lambda: os.path.exists(f"{started}-1"), what="the job to start")
+        self.assertEqual(self.client.preempt([job]), [{"id": job, "state": "running", "changed": True}])
+        wait_until(lambda: os.path.exists(f"{started}-2"), what="its second attempt")
+        self.assertEqual(self.client.requeue([job])[0]["changed"], True)
+        done = self.client.wait([job])[0]
+        self.assertEqual((done["state"], done["attempt"], done["attempt_base"], done["preemptions"]),
+                         ("succeeded", 3, 2, 1))
+        with self.assertRaises(gpuq.WrongState):
+            self.client.preempt([job])
+
     def test_errors_are_typed(self):
         with self.assertRaises(gpuq.InvalidSpec) as e:
             self.client.submit({"name": "x", "command": ["true"], "gpu": 1})

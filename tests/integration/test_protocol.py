@@ -76,7 +76,10 @@ class ProtocolSchema(DaemonTest):
         gate, started = self.tmp_path("gate"), self.tmp_path("started")
         running = self.d.submit([{"name": "runs", "timeout_s": 120,  # bounded, should the test stop early
                                   "shell": f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done"}])["ids"][0]
-        wait_until(lambda: os.path.exists(started), what="a job to run")
+        started2 = self.tmp_path("started2")
+        running2 = self.d.submit([{"name": "runs2", "timeout_s": 120,
+                                   "shell": f"touch {started2}; while [ ! -e {gate} ]; do sleep 0.05; done"}])["ids"][0]
+        wait_until(lambda: os.path.exists(started) and os.path.exists(started2), what="two jobs to run")
         sent, replies = set(), {}
         for request in (
                 {"cmd": "hello", "protocol_version": self.schema["protocol_version"],
@@ -96,6 +99,7 @@ class ProtocolSchema(DaemonTest):
                 {"cmd": "hold", "batch": batch},
                 {"cmd": "cancel", "ids": [held]},
                 {"cmd": "requeue", "ids": [running]},
+                {"cmd": "preempt", "ids": [running2]},
                 {"cmd": "gpus"},
                 {"cmd": "drain", "gpus": [1], "reason": "schema test"},
                 {"cmd": "undrain", "gpus": [1]},
@@ -113,7 +117,7 @@ class ProtocolSchema(DaemonTest):
         # What was checked held what a job reports, not only empty lists.
         self.assertEqual([e["type"] for e in replies["events"]["events"]], ["progress", "result"])
         self.assertEqual(replies["results"]["jobs"][0]["result"]["accuracy"], 0.9)
-        self.assertEqual([j["id"] for j in replies["watch"]["jobs"]], [ended, anchor, held, running])
+        self.assertEqual([j["id"] for j in replies["watch"]["jobs"]], [ended, anchor, held, running, running2])
         self.assertEqual(sent, set(self.schema["commands"]), "a command of the schema went untried")
 
     def test_labels_keep_their_type_for_clients_that_read_it_and_are_text_for_older_ones(self):

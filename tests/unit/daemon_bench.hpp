@@ -143,8 +143,13 @@ struct DaemonBench {
               commit(std::move(changed), why, std::move(also));
             },
             [this](std::vector<JobRecord> changed, const WriteRows& write) { land(std::move(changed), write); },
-            [this] { ++passes_asked; }};
+            [this] { ++passes_asked; },
+            [this](const std::vector<std::int64_t>& ids, const std::vector<std::string>& by) {
+              for (std::size_t i = 0; i < ids.size(); ++i)
+                preempted.emplace_back(ids[i], by[i]);
+            }};
   }
+  std::vector<std::pair<std::int64_t, std::string>> preempted;  // what Changes::preempt was asked, in order
   // The attempts' owner over this bench: its commits land here, withdraw_orphans is counted, and
   // a pass asked for counts in passes_asked.
   int orphan_walks = 0;

@@ -142,8 +142,16 @@ TEST_CASE("every key of the one table is parsed, shown by `gpuq config`, named i
   // Nothing here lists the keys: a key added to the table is checked as it is. For each, the
   // first of these values it takes must come back, alone, from settings_json (what `gpuq config`
   // prints), so a key wired to another's member, or not shown, fails.
-  const std::vector<nlohmann::json> candidates{
-      60, 3600, "/tmp/x", "local", "flag", "spread", true, nlohmann::json::array({"x"}), nlohmann::json::object()};
+  const std::vector<nlohmann::json> candidates{60,
+                                               3600,
+                                               "/tmp/x",
+                                               "local",
+                                               "flag",
+                                               "spread",
+                                               "fair_share",
+                                               true,
+                                               nlohmann::json::array({"x"}),
+                                               nlohmann::json::object()};
   std::ifstream doc(GPUQ_SOURCE_DIR "/docs/cli.md");
   const std::string cli_md((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
   REQUIRE_FALSE(cli_md.empty());
@@ -177,7 +185,7 @@ TEST_CASE("every key of the one table is parsed, shown by `gpuq config`, named i
 TEST_CASE("gpuqd's options are the table's: each sets its key through the key's rule, named as the option") {
   // Nothing here lists the options: every key of the table that names one is tried with the first
   // of these texts its rule takes, which must land in that key alone, with the option as source.
-  const std::vector<std::string> texts{"90", "2h", "/tmp/x", "slurm", "retry", "spread", "g"};
+  const std::vector<std::string> texts{"90", "2h", "/tmp/x", "slurm", "retry", "spread", "fair_share", "g"};
   Settings defaults;
   std::size_t options = 0;
   for (const auto& k : setting_keys()) {

@@ -32,7 +32,8 @@ TEST_CASE("bad lines are skipped and counted, never fatal") {
   CHECK(parse_events("[1,2]\n", 2, 0).first_bad == "rank 2: not a JSON object: \"[1,2]\"");
   CHECK(parse_events("{\"type\":3}\n", 0, 0).first_bad == "rank 0: no \"type\" string: \"{\\\"type\\\":3}\"");
   CHECK(parse_events("{\"type\":\"weird\"}\n", 0, 0)
-            .first_bad.find("\"type\" is \"weird\", not \"progress\" or \"result\"") != std::string::npos);
+            .first_bad.find("\"type\" is \"weird\", not \"progress\", \"result\" or \"checkpoint\"") !=
+        std::string::npos);
   CHECK(parse_events("{\"type\":\"result\"}\n", 0, 0).first_bad.empty());
 }
 
@@ -157,6 +158,21 @@ TEST_CASE("progress keeps the latest event; results merge field by field") {
   CHECK(job.run.progress["step"] == 2);
   CHECK(job.run.progress["rank"] == 0);
   CHECK(job.run.result == json{{"acc", 0.9}, {"loss", 1.0}});
+}
+
+TEST_CASE("a checkpoint event records when the job last saved its work, and changes neither progress nor result") {
+  const auto p = parse_events("{\"type\":\"checkpoint\",\"step\":40}\n{\"type\":\"progress\",\"step\":41}\n", 0, 50.0);
+  REQUIRE(p.events.size() == 2);
+  CHECK(p.bad_lines == 0);
+  JobRecord job;
+  apply_events(job, {p.events[0]});
+  CHECK(job.run.checkpoint_at == 50.0);
+  CHECK(job.run.progress.is_null());
+  CHECK(job.run.result.is_null());
+  EventRow older = p.events[0];
+  older.at = 20.0;  // a late-read older one does not move it back
+  apply_events(job, {older});
+  CHECK(job.run.checkpoint_at == 50.0);
 }
 
 TEST_SUITE_END();

@@ -29,6 +29,12 @@ const std::vector<std::pair<std::string, JobRecord>>& every_state() {
       {"queued", job_in(JobState::queued)},
       {"queued+held", job_in(JobState::queued, true)},
       {"running", job_in(JobState::running)},
+      {"running+preempting",
+       [] {
+         JobRecord r = job_in(JobState::running);
+         r.run.preempt_requested = true;
+         return r;
+       }()},
       {"succeeded", job_in(JobState::succeeded)},
       {"failed", job_in(JobState::failed)},
       {"cancelled", job_in(JobState::cancelled)},
@@ -59,6 +65,8 @@ const std::vector<Event>& every_event() {
       event::Unrunnable{"its stored spec does not parse", 60.0},
       event::RequeueRequested{},
       event::Requeued{"requeued (gpuq requeue): attempt 1 was stopped"},
+      event::PreemptRequested{"job 9 (urgent)", 70.0},
+      event::Preempted{"preempted by job 9 (urgent)"},
   };
   return events;
 }
@@ -71,9 +79,9 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
   // event -> state before -> state after; any pair not listed is illegal.
   const std::map<std::string, std::map<std::string, JobState>> legal{
       {"launched", {{"queued", JobState::running}}},
-      {"ended", {{"running", JobState::succeeded}}},
+      {"ended", {{"running", JobState::succeeded}, {"running+preempting", JobState::succeeded}}},
       {"retried", {{"failed", JobState::queued}, {"out_of_memory+retry_on_oom", JobState::queued}}},
-      {"cancel_requested", {{"running", JobState::running}}},
+      {"cancel_requested", {{"running", JobState::running}, {"running+preempting", JobState::running}}},
       {"cancelled", {{"queued", JobState::cancelled}, {"queued+held", JobState::cancelled}}},
       {"dependency_failed", {{"queued", JobState::failed}, {"queued+held", JobState::failed}}},
       {"held", {{"queued", JobState::queued}, {"queued+held", JobState::queued}}},
@@ -85,10 +93,13 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
         {"timed_out", JobState::queued},
         {"out_of_memory", JobState::queued},
         {"out_of_memory+retry_on_oom", JobState::queued}}},
-      {"never_started", {{"running", JobState::queued}}},
+      {"never_started", {{"running", JobState::queued}, {"running+preempting", JobState::queued}}},
       {"unrunnable", {{"queued", JobState::failed}, {"queued+held", JobState::failed}}},
-      {"requeue_requested", {{"running", JobState::running}}},
-      {"requeued", {{"running", JobState::queued}}},
+      {"requeue_requested", {{"running", JobState::running}, {"running+preempting", JobState::running}}},
+      {"requeued", {{"running", JobState::queued}, {"running+preempting", JobState::queued}}},
+      // Once: a victim already asked to stop is not preempted again.
+      {"preempt_requested", {{"running", JobState::running}}},
+      {"preempted", {{"running+preempting", JobState::queued}}},
   };
   int refusals = 0;
   for (const auto& e : every_event()) {
@@ -112,7 +123,7 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
       }
     }
   }
-  CHECK(refusals == 13 * 9 - 24);  // 117 pairs, 24 of them legal
+  CHECK(refusals == 15 * 10 - 31);  // 150 pairs, 31 of them legal
 }
 
 TEST_CASE("a launch starts the next attempt from a clean slate") {
@@ -270,6 +281,42 @@ TEST_CASE("a requeue stops a running job and puts it back in line, its next atte
   JobRecord unreadable = *asked;
   unreadable.spec_error = "invalid job spec";
   CHECK_FALSE(transition(unreadable, event::Requeued{""}).ok());  // it could never run again
+}
+
+TEST_CASE("a preemption stops a running job once and puts it back in line, saying who preempted it and when") {
+  JobRecord r = job_in(JobState::running);
+  r.run.gpus = {0, 1};
+  r.run.checkpoint_at = 12.0;
+  auto asked = transition(r, event::PreemptRequested{"job 9 (urgent)", 70.0});
+  REQUIRE(asked.ok());
+  CHECK(asked->run.preempt_requested);
+  CHECK(stop_asked(*asked));
+  CHECK(asked->run.preempted_by == "job 9 (urgent)");
+  CHECK(asked->run.preempted_at == 70.0);
+  CHECK_FALSE(transition(*asked, event::PreemptRequested{"job 10 (urgent2)", 71.0}).ok());  // not twice
+  JobRecord cancelling = r;
+  cancelling.run.cancel_requested = true;
+  CHECK_FALSE(transition(cancelling, event::PreemptRequested{"job 9 (urgent)", 70.0}).ok());
+  CHECK_FALSE(transition(r, event::Preempted{"preempted"}).ok());  // only after it was asked
+  auto back = transition(*asked, event::Preempted{"preempted by job 9 (urgent)"});
+  REQUIRE(back.ok());
+  CHECK(back->state == JobState::queued);
+  CHECK(back->attempt == 1);
+  CHECK(back->attempt_base == 1);  // no retry spent
+  CHECK(back->preemptions == 1);
+  CHECK_FALSE(back->run.preempt_requested);
+  CHECK(back->run.preempted_by == "job 9 (urgent)");  // kept while it waits
+  CHECK(back->run.preempted_at == 70.0);
+  CHECK(back->run.checkpoint_at == 0);  // the attempt's own
+  CHECK(back->run.gpus.empty());
+  auto again = transition(*back, event::Launched{{0}, {}, {}, 0, 80.0});
+  REQUIRE(again.ok());
+  CHECK(again->attempt == 2);
+  CHECK(again->preemptions == 1);
+  CHECK(again->run.preempted_by.empty());  // running again: no longer "preempted"
+  JobRecord unreadable = *asked;
+  unreadable.spec_error = "invalid job spec";
+  CHECK_FALSE(transition(unreadable, event::Preempted{""}).ok());
 }
 
 TEST_CASE("a job whose stored spec does not parse is never launched, retried or restarted, and fails if queued") {

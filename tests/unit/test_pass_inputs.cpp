@@ -46,8 +46,17 @@ TEST_CASE("one account of who holds which GPU: shared jobs add their memory, a w
   CHECK(holdings.at(1).allocated_mb == 16000);  // the whole GPU
   CHECK(holdings.at(1).exclusive);
   CHECK(holdings.at(1).free_at == 110 + 50 + 10);  // its timeout, then the grace before SIGKILL
-  CHECK(ends_by(bench.jobs.at(ids[2]).rec, 10) == 170);
-  CHECK(ends_by(bench.jobs.at(ids[1]).rec, 10) == k_never);
+  CHECK(ends_by(bench.jobs.at(ids[2]).rec, 10, 30) == 170);
+  CHECK(ends_by(bench.jobs.at(ids[1]).rec, 10, 30) == k_never);
+  // Preempted: over within its preemption's grace (the spec's, else gpuqd's), then SIGKILL's.
+  JobRecord preempted = bench.jobs.at(ids[1]).rec;
+  preempted.run.preempt_requested = true;
+  preempted.run.preempted_at = 500;
+  CHECK(ends_by(preempted, 10, 30) == 540);
+  preempted.spec.preempt_grace_s = 5;
+  CHECK(ends_by(preempted, 10, 30) == 515);
+  preempted.run.preempted_at = 0;  // asked, when unknown: as before
+  CHECK(ends_by(preempted, 10, 30) == k_never);
 
   // The pass sees the GPUs in service only; `gpus` shows every GPU, with the same holdings.
   gpuq::common::DrainRequest drain;

@@ -1,6 +1,7 @@
 // Job-spec validation: every rule, and that each error names the job, the field and the fix.
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <sstream>
 
 #include <algorithm>
@@ -69,6 +70,38 @@ TEST_CASE("on_finish is a command like `command`, kept in the normalised spec") 
   big["on_finish"] = json::array();
   for (int i = 0; i < 3; ++i) big["on_finish"].push_back(std::string(100000, 'x'));
   CHECK(contains(error_of(big.dump()), "at most 262144 in all"));
+}
+
+TEST_CASE("preemption fields: preemptible, a signal a program can catch, a bounded grace; kept as given") {
+  auto r = parse_batch(json::parse(R"({"command": ["true"]})"), "/tmp");
+  REQUIRE(r.ok());
+  CHECK_FALSE((*r)[0].preemptible);
+  CHECK((*r)[0].preempt_signal.empty());
+  CHECK((*r)[0].preempt_grace_s < 0);  // unset: gpuqd's preempt_grace_s
+  CHECK_FALSE(to_json((*r)[0]).contains("preemptible"));
+  CHECK_FALSE(to_json((*r)[0]).contains("preempt_grace_s"));
+  r = parse_batch(
+      json::parse(R"({"command": ["true"], "preemptible": true, "preempt_signal": "USR1", "preempt_grace_s": 0})"),
+      "/tmp");
+  REQUIRE(r.ok());
+  const auto& s = (*r)[0];
+  CHECK(s.preemptible);
+  CHECK(s.preempt_signal == "SIGUSR1");  // the SIG is added
+  CHECK(gpuq::common::preempt_signal_number(s.preempt_signal) == SIGUSR1);
+  CHECK(gpuq::common::preempt_signal_number("") == SIGTERM);
+  CHECK(s.preempt_grace_s == 0);
+  const json back = to_json(s);
+  CHECK(back["preemptible"] == true);
+  CHECK(back["preempt_signal"] == "SIGUSR1");
+  CHECK(back["preempt_grace_s"] == 0);
+  CHECK(parse_job(back, "/tmp")->preempt_signal == "SIGUSR1");  // a stored spec reads back the same
+  for (const char* bad : {"KILL", "SIGSTOP", "SIGSEGV", "9", "", "sigterm"})
+    CHECK(contains(error_of(json{{"command", {"true"}}, {"preempt_signal", bad}}.dump()),
+                   "field `preempt_signal` must be one of SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT"));
+  CHECK(contains(error_of(R"({"command": ["true"], "preempt_grace_s": -1})"),
+                 "field `preempt_grace_s` must be between 0"));
+  CHECK(contains(error_of(R"({"command": ["true"], "preempt_grace_s": 86401})"), "and 86400"));
+  CHECK(contains(error_of(R"({"command": ["true"], "preemptible": "yes"})"), "field `preemptible`"));
 }
 
 TEST_CASE("a NUL byte in any string of a spec is refused by its field, not cut short at exec") {

@@ -133,11 +133,26 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
     jobs[1].reason = "rank 0 was killed by signal 9";
     jobs[1].run.external_id = "slurm:4242";
     (*store)->update(jobs[1], true);
+    jobs[2].state = gpuq::JobState::running;
+    jobs[2].attempt = 3;
+    jobs[2].preemptions = 1;
+    jobs[2].run.preempt_requested = true;  // asked to stop for a preemption: kept, by whom and when
+    jobs[2].run.preempted_by = "job 9 (urgent)";
+    jobs[2].run.preempted_at = 4.5;
+    jobs[2].run.checkpoint_at = 4.0;
+    (*store)->update(jobs[2], true);
   }
   auto store = Store::open(db.path);
   REQUIRE(store.ok());
   auto active = (*store)->load_active();
   REQUIRE(active.size() == 2);
+  CHECK(active[1].run.preempt_requested);
+  CHECK_FALSE(active[1].run.requeue_requested);
+  CHECK(active[1].preemptions == 1);
+  CHECK(active[1].run.preempted_by == "job 9 (urgent)");
+  CHECK(active[1].run.preempted_at == 4.5);
+  CHECK(active[1].run.checkpoint_at == 4.0);
+  CHECK_FALSE(active[0].run.preempt_requested);
   CHECK(active[0].state == gpuq::JobState::running);
   CHECK(active[0].run.gpus == std::vector<int>{2});
   CHECK(active[0].run.cpu_slots == std::vector<int>{4, 5});
@@ -399,7 +414,12 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     CHECK(active[0].uid == ::getuid());  // jobs from before owners were kept are gpuqd's user's
     CHECK(active[0].spec.labels.at("lr") == "0.3");  // labels were text then, and stay so
     CHECK(active[0].first_bad_event.empty());
+    CHECK(active[0].preemptions == 0);
+    CHECK(active[0].run.preempted_by.empty());
     active[0].first_bad_event = "rank 0, line 3: not JSON";
+    active[0].preemptions = 2;
+    active[0].run.preempted_by = "job 9 (urgent)";
+    active[0].run.preempted_at = 123.5;
     active[0].run.cpu_slots = {3};
     active[0].run.cores = {6, 7};
     active[0].attempt_base = 1;
@@ -407,7 +427,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 14);
+  CHECK(user_version(db.path) == 15);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   CHECK((*again)->get(7)->run.external_id.empty());  // the column a version 11 store added
   REQUIRE(again.ok());
@@ -416,6 +436,9 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
   CHECK((*again)->get(7)->attempt_base == 1);
   CHECK((*again)->get(7)->restarts == 1);
   CHECK((*again)->get(7)->first_bad_event == "rank 0, line 3: not JSON");
+  CHECK((*again)->get(7)->preemptions == 2);  // the column a version 15 store added
+  CHECK((*again)->get(7)->run.preempted_by == "job 9 (urgent)");
+  CHECK((*again)->get(7)->run.preempted_at == 123.5);
   CHECK((*again)->get(7)->held);
   CHECK((*again)->drained_gpus().empty());  // the table a version 6 store added
   (*again)->set_drained("GPU-a", true, "ECC errors");
@@ -564,7 +587,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 14") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 15") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 

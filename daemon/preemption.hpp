@@ -1,0 +1,68 @@
+// Preemption's choice, as a pure function: which running jobs to stop so that queued jobs of
+// higher priority, which wait for GPUs, can start. No I/O, so each rule is a unit test
+// (tests/unit/test_preemption.cpp); gpuqd asks it after each scheduling pass (running.cpp).
+//
+// Rules (docs/preemption.md):
+// - Only a job marked `preemptible`, of lower priority than the waiting job, not asked to stop
+//   already (so two urgent jobs never preempt one victim twice), and not protected: a job preempted
+//   `protect_after` times or more runs `min_run_s` from each start before it may be preempted again.
+// - A victim is a whole job: a gang's ranks all stop, and all its GPUs come free.
+// - The cheapest set that makes room: candidates in order of GPU-seconds lost (GPUs times the time
+//   since its last checkpoint event, or its start), then lowest priority, then youngest; taken in
+//   that order until the waiting job fits, then each taken one that is not needed after all is
+//   put back (most expensive first), as Kueue's minimal preemption set.
+// - GPUs of jobs already stopping (preempted, cancelled, requeued) count as coming free: a waiting
+//   job they make room for preempts nothing more, and claims them before the jobs after it in line.
+// - Lab mode: a job preempts only its own user's jobs, unless across_users (gpuqd's
+//   `preempt_across_users: fair_share`) lets a user who, with this job, holds no more than the fair
+//   share of GPUs preempt a user who holds more than it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "daemon/scheduler.hpp"
+
+namespace gpuq::daemon {
+
+// A running job, as preemption sees it.
+struct Runner {
+  std::int64_t id = 0;
+  int priority = 0;
+  std::uint32_t user = 0;
+  std::vector<int> gpus;
+  bool shared = false;
+  std::int64_t memory_mb = 0;  // a shared job's, per GPU
+  bool preemptible = false;
+  bool stopping = false;  // asked to stop already: its GPUs are coming free
+  double started_at = 0;
+  double checkpoint_at = 0;  // its last checkpoint event; 0: none
+  int preemptions = 0;       // times it was preempted before
+};
+
+struct PreemptRules {
+  int protect_after = 1;
+  double min_run_s = 300;
+  bool lab = false;                   // jobs of several users: only a user's own jobs, unless across_users
+  bool across_users = false;          // lab mode's fair_share rule
+  double fair_share = 0;              // GPUs per user with work (lab mode)
+  std::map<std::uint32_t, int> held;  // GPUs each user's running jobs hold (lab mode)
+};
+
+struct Preemption {
+  std::int64_t victim = 0;
+  std::int64_t by = 0;
+};
+
+// Why `r` may not be preempted by `j` now ("" when it may), for `gpuq why` and the tests.
+std::string preempt_refusal(const Runner& r, const PendingJob& j, double now, const PreemptRules& rules);
+
+// The preemptions to ask for: `waiting` are queued jobs that a pass left waiting for GPUs, in the
+// pass's order; `gpus` the GPUs in service as they are after the pass's launches (gpus_for_pass);
+// `running` every running job, those launches included.
+std::vector<Preemption> choose_preemptions(const std::vector<PendingJob>& waiting, std::vector<GpuState> gpus,
+                                           const std::vector<Runner>& running, double now, const PreemptRules& rules);
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,227 @@
+"""Preemption through the real daemon and CLI: an urgent job stops preemptible jobs of lower
+priority that hold the GPUs it needs; they get $GPUQ_PREEMPT_FILE, their signal and their grace to
+checkpoint, and go back in line as preempted, no retry spent."""
+import os
+import re
+import unittest
+
+from harness import Daemon, DaemonTest, wait_until
+
+# A job of `steps` steps that checkpoints its step count on its signal (SIGTERM unless `signal`)
+# and resumes from it: each step is appended to `log` once, whatever the attempts. In attempt 1 it
+# stops after step `park` and waits there (a long training); `started` appears once the trap is set.
+STEPPER = r'''
+ck="$GPUQ_CHECKPOINT_DIR/step"; s=0; [ -f "$ck" ] && s=$(cat "$ck")
+save() {{
+  echo "$s" > "$ck"
+  echo "{{\"type\": \"checkpoint\", \"step\": $s}}" >> "$GPUQ_EVENTS"
+  [ -f "$GPUQ_PREEMPT_FILE" ] && echo "preempt file seen at step $s"
+  {on_signal}
+}}
+trap save {signal}
+touch {started}-$GPUQ_ATTEMPT
+while [ "$s" -lt {steps} ]; do
+  if [ "$GPUQ_ATTEMPT" = 1 ] && [ "$s" -ge {park} ]; then sleep 0.05; continue; fi
+  s=$((s + 1)); echo "$s" >> {log}
+done
+echo "{{\"type\": \"result\", \"steps\": $s}}" >> "$GPUQ_EVENTS"
+'''
+
+
+def stepper(started, log, steps=10, park=3, signal="TERM", on_signal="exit 143"):
+    return STEPPER.format(started=started, log=log, steps=steps, park=park, signal=signal, on_signal=on_signal)
+
+
+def history(d, job):
+    return [(h["attempt"], h["state"], h["reason"]) for h in d.show(job)["history"]]
+
+
+class Preemption(DaemonTest):
+    GPUS = "fake:2"
+
+    def test_an_urgent_job_preempts_a_low_gang_which_checkpoints_and_resumes_where_it_stopped(self):
+        started, log = self.tmp_path("started"), self.tmp_path("steps")
+        low = self.d.submit({"name": "low", "gpus": 2, "preemptible": True, "timeout_s": 300,
+                             "shell": stepper(started, log)})["ids"][0]
+        wait_until(lambda: os.path.exists(started + "-1"), what="the low job to start")
+        wait_until(lambda: os.path.exists(log) and len(open(log).read().split()) == 3, what="three steps")
+        urgent = self.d.submit({"name": "urgent", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
+        done = self.d.wait([low, urgent])
+        self.assertEqual(done[urgent]["state"], "succeeded", done[urgent]["reason"])
+        self.assertEqual(done[low]["state"], "succeeded", done[low]["reason"])
+        # Every step once, in order: it resumed exactly where it stopped.
+        self.assertEqual(open(log).read().split(), [str(i) for i in range(1, 11)])
+        self.assertEqual(done[low]["result"], {"steps": 10})
+        # No retry spent (retries 0), attempt 2, one preemption, by the urgent job.
+        self.assertEqual((done[low]["attempt"], done[low]["attempt_base"], done[low]["retries"]), (2, 1, 0))
+        self.assertEqual(done[low]["preemptions"], 1)
+        why = f"preempted by job {urgent} (urgent): attempt 1 was stopped (it had checkpointed)"
+        self.assertIn((1, "queued", why), history(self.d, low))
+        # The urgent job started after the victim's attempt ended, on a GPU it had held.
+        attempt1_end = [h for h in self.d.show(low)["history"] if h["state"] == "queued" and h["attempt"] == 1][0]["at"]
+        self.assertGreaterEqual(done[urgent]["started_at"], attempt1_end)
+        self.assertTrue(set(done[urgent]["gpus"]) <= {0, 1})
+        self.assertIn("preempt file seen at step 3", self.d.ok("logs", str(low), "--attempt", "1"))
+        text = self.d.ok("show", str(low))
+        self.assertIn("attempt:   1 of 1 (attempt 2 in all; preempted 1 time)", text)
+        self.assertIn("preempt:   preemptible; preempted 1 time", text)
+
+    def test_a_job_that_ignores_its_signal_is_killed_after_its_grace_and_the_urgent_job_runs(self):
+        started = self.tmp_path("started")
+        script = f"[ \"$GPUQ_ATTEMPT\" = 2 ] && exit 0; trap '' TERM; touch {started}; while true; do sleep 0.05; done"
+        low = self.d.submit({"name": "stubborn", "gpus": 2, "preemptible": True, "preempt_grace_s": 1,
+                             "shell": script, "timeout_s": 300})["ids"][0]
+        wait_until(lambda: os.path.exists(started), what="the stubborn job to start")
+        urgent = self.d.submit({"name": "urgent", "gpus": 2, "priority": 5, "command": ["true"]})["ids"][0]
+        done = self.d.wait([low, urgent])
+        self.assertEqual(done[urgent]["state"], "succeeded", done[urgent]["reason"])
+        self.assertEqual((done[low]["state"], done[low]["attempt"], done[low]["preemptions"]), ("succeeded", 2, 1))
+        self.assertIn((1, "queued", f"preempted by job {urgent} (urgent): attempt 1 was stopped"), history(self.d, low))
+
+    def test_gpuq_preempt_sends_the_specs_signal_and_records_who(self):
+        started, log = self.tmp_path("started"), self.tmp_path("steps")
+        # Not preemptible: by hand, its owner may preempt it all the same.
+        low = self.d.submit({"name": "usr1", "gpus": 1, "preempt_signal": "USR1", "timeout_s": 300,
+                             "shell": stepper(started, log, steps=6, park=2, signal="USR1")})["ids"][0]
+        wait_until(lambda: os.path.exists(started + "-1"), what="the job to start")
+        wait_until(lambda: os.path.exists(log) and len(open(log).read().split()) == 2, what="two steps")
+        out = self.d.ok("preempt", str(low))
+        self.assertIn(f"job {low}: preempting", out)
+        done = self.d.wait([low])[low]
+        self.assertEqual((done["state"], done["attempt"], done["preemptions"]), ("succeeded", 2, 1), done["reason"])
+        self.assertEqual(open(log).read().split(), [str(i) for i in range(1, 7)])
+        reasons = [r for _, s, r in history(self.d, low) if s == "queued"]
+        self.assertTrue(any(re.fullmatch(r"preempted by \S+ \(gpuq preempt\): attempt 1 was stopped \(it had "
+                                         r"checkpointed\)", r) for r in reasons), reasons)
+        # A job that is not running, or named again while being preempted, is refused, saying why.
+        r = self.d.run("preempt", str(low))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn(f"job {low} (usr1) is succeeded; only a running job can be preempted", r.stderr)
+
+    def test_a_preempted_job_shows_as_preempted_with_who_while_it_waits(self):
+        gate, started, stopping = self.tmp_path("gate"), self.tmp_path("started"), self.tmp_path("stopping")
+        # The victim takes its time to stop (it waits for the gate), so its `preempting` state and
+        # then its wait in line can be looked at.
+        script = ('[ "$GPUQ_ATTEMPT" = 2 ] && exit 0; '
+                  f"trap 'touch {stopping}; while [ ! -e {gate} ]; do sleep 0.05; done; exit 143' TERM; "
+                  f"touch {started}; while true; do sleep 0.05; done")
+        low = self.d.submit({"name": "low", "gpus": 2, "preemptible": True, "shell": script,
+                             "timeout_s": 300})["ids"][0]
+        wait_until(lambda: os.path.exists(started), what="the low job to start")
+        # The urgent job holds the GPUs while the victim is back in line.
+        urgent_gate = self.tmp_path("urgent-gate")
+        urgent = self.d.submit({"name": "urgent", "gpus": 2, "priority": 10, "timeout_s": 300,
+                                "shell": f"while [ ! -e {urgent_gate} ]; do sleep 0.05; done"})["ids"][0]
+        wait_until(lambda: os.path.exists(stopping), what="the low job to get its signal")
+        job = self.d.show(low)["job"]
+        self.assertEqual((job["state"], job["preempting"], job["preempted_by"]), ("running", True, f"job {urgent} (urgent)"))
+        self.assertRegex(self.d.ok("status"), rf"(?m)^\s*{low}\s.*preempting")
+        open(gate, "w").close()
+        wait_until(lambda: self.d.show(urgent)["job"]["state"] == "running", what="the urgent job to start")
+        job = self.d.show(low)["job"]
+        self.assertEqual((job["state"], job["preempting"], job["preempted_by"]), ("queued", False, f"job {urgent} (urgent)"))
+        self.assertGreater(job["preempted_at"], 0)
+        self.assertRegex(self.d.ok("status"), rf"(?m)^\s*{low}\s.*preempted")
+        open(urgent_gate, "w").close()
+        done = self.d.wait([low, urgent])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
+        self.assertEqual(done[low]["preempted_by"], "")  # it ran again
+
+    def test_two_urgent_jobs_never_preempt_one_victim_twice(self):
+        gate = self.tmp_path("gate")
+        started = [self.tmp_path(f"started-{i}") for i in range(2)]
+        stopping = [self.tmp_path(f"stopping-{i}") for i in range(2)]
+        lows = []
+        for i in range(2):
+            # Slow to stop: several passes run while they are stopping.
+            script = ('[ "$GPUQ_ATTEMPT" = 2 ] && exit 0; '
+                      f"trap 'touch {stopping[i]}; while [ ! -e {gate} ]; do sleep 0.05; done; exit 143' TERM; "
+                      f"touch {started[i]}; while true; do sleep 0.05; done")
+            lows.append(self.d.submit({"name": f"low{i}", "gpus": 1, "preemptible": True, "shell": script,
+                                       "timeout_s": 300})["ids"][0])
+        for s in started:
+            wait_until(lambda s=s: os.path.exists(s), what="the low jobs to start")
+        urgent = self.d.submit([{"name": f"urgent{i}", "gpus": 1, "priority": 10, "command": ["true"]}
+                                for i in range(2)])["ids"]
+        for s in stopping:
+            wait_until(lambda s=s: os.path.exists(s), what="both low jobs to get their signal")
+        # More passes while both stop: nothing more is asked of anyone.
+        extra = self.d.submit({"name": "more", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
+        wait_until(lambda: "waiting" in self.d.show(extra)["job"]["reason"], what="a pass to look at the third job")
+        open(gate, "w").close()
+        done = self.d.wait(lows + urgent + [extra])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
+        self.assertEqual([done[i]["preemptions"] for i in lows], [1, 1])
+        self.assertEqual([done[i]["attempt"] for i in lows], [2, 2])
+        bys = {done[i]["id"]: [r for _, s, r in history(self.d, i) if s == "queued" and "preempted" in r] for i in lows}
+        self.assertEqual(sorted(len(v) for v in bys.values()), [1, 1])
+        self.assertEqual(sorted(re.search(r"job (\d+)", v[0]).group(1) for v in bys.values()),
+                         sorted(str(u) for u in urgent))
+
+    def test_jobs_not_preemptible_or_not_lower_are_left_alone(self):
+        gate = self.tmp_path("gate")
+        hold = f"while [ ! -e {gate} ]; do sleep 0.05; done"
+        fixed = self.d.submit({"name": "fixed", "gpus": 1, "priority": 0, "shell": hold, "timeout_s": 300})["ids"][0]
+        peer = self.d.submit({"name": "peer", "gpus": 1, "priority": 10, "preemptible": True, "shell": hold,
+                              "timeout_s": 300})["ids"][0]
+        wait_until(lambda: all(self.d.show(j)["job"]["state"] == "running" for j in (fixed, peer)), what="both to run")
+        urgent = self.d.submit({"name": "urgent", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
+        wait_until(lambda: "waiting" in self.d.show(urgent)["job"]["reason"], what="a pass to look at the urgent job")
+        for j in (fixed, peer):
+            self.assertFalse(self.d.show(j)["job"]["preempting"])
+        open(gate, "w").close()
+        done = self.d.wait([fixed, peer, urgent])
+        self.assertEqual([done[j]["preemptions"] for j in (fixed, peer, urgent)], [0, 0, 0])
+
+
+class Protection(DaemonTest):
+    GPUS = "fake:1"
+
+    def setUp(self):
+        super().setUp()
+        self.d.stop()
+        self.d = Daemon(self.tmp, self.GPUS, extra=["--preempt-protect-after", "1", "--preempt-min-run", "1h"]).start()
+
+    def test_a_job_preempted_often_enough_runs_min_run_s_before_it_is_preempted_again(self):
+        started = self.tmp_path("started")
+        script = f"touch {started}-$GPUQ_ATTEMPT; while true; do sleep 0.05; done"
+        low = self.d.submit({"name": "low", "gpus": 1, "preemptible": True, "preempt_grace_s": 0.5, "shell": script,
+                             "timeout_s": 300})["ids"][0]
+        wait_until(lambda: os.path.exists(started + "-1"), what="the low job to start")
+        first = self.d.submit({"name": "urgent1", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
+        self.assertEqual(self.d.wait([first])[first]["state"], "succeeded")
+        wait_until(lambda: os.path.exists(started + "-2"), what="the low job to run again")
+        second = self.d.submit({"name": "urgent2", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
+        wait_until(lambda: "waiting" in self.d.show(second)["job"]["reason"], what="a pass to look at urgent2")
+        job = self.d.show(low)["job"]
+        self.assertEqual((job["state"], job["preempting"], job["preemptions"]), ("running", False, 1))
+        self.d.ok("cancel", str(low))
+        done = self.d.wait([low, second])
+        self.assertEqual((done[low]["state"], done[second]["state"]), ("cancelled", "succeeded"))
+
+
+class Recovery(DaemonTest):
+    GPUS = "fake:1"
+
+    def test_gpuqd_killed_mid_preemption_recovers_and_finishes_it(self):
+        gate, started, stopping = self.tmp_path("gate"), self.tmp_path("started"), self.tmp_path("stopping")
+        script = ('[ "$GPUQ_ATTEMPT" = 2 ] && exit 0; '
+                  f"trap 'touch {stopping}; while [ ! -e {gate} ]; do sleep 0.05; done; exit 143' TERM; "
+                  f"touch {started}; while true; do sleep 0.05; done")
+        low = self.d.submit({"name": "low", "gpus": 1, "preemptible": True, "shell": script,
+                             "timeout_s": 300})["ids"][0]
+        wait_until(lambda: os.path.exists(started), what="the low job to start")
+        urgent = self.d.submit({"name": "urgent", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
+        wait_until(lambda: os.path.exists(stopping), what="the low job to get its signal")
+        self.d.kill9()
+        open(gate, "w").close()
+        self.d.start()
+        done = self.d.wait([low, urgent])
+        self.assertEqual(done[urgent]["state"], "succeeded", done[urgent]["reason"])
+        self.assertEqual((done[low]["state"], done[low]["attempt"], done[low]["preemptions"]), ("succeeded", 2, 1),
+                         done[low]["reason"])
+        self.assertIn((1, "queued", f"preempted by job {urgent} (urgent): attempt 1 was stopped"), history(self.d, low))
+
+
+if __name__ == "__main__":
+    unittest.main()

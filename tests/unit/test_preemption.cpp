@@ -1,0 +1,210 @@
+// Preemption's choice of victims: who may be preempted, the cheapest set, gangs whole, jobs
+// already stopping, protection against livelock, lab mode's rules. Pure: no daemon.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "daemon/preemption.hpp"
+
+using namespace gpuq::daemon;
+
+namespace {
+
+constexpr double k_now = 10000;
+
+std::vector<GpuState> gpus(int n, std::int64_t mb = 81920) {
+  std::vector<GpuState> g;
+  for (int i = 0; i < n; ++i)
+    g.push_back({i, mb, 0, 0, 0, false, 0});
+  return g;
+}
+
+// `gpus` as they are with these jobs running.
+std::vector<GpuState> held_by(std::vector<GpuState> g, const std::vector<Runner>& running) {
+  for (const Runner& r : running)
+    for (int i : r.gpus) {
+      g[i].holders++;
+      g[i].allocated_mb += r.shared ? r.memory_mb : g[i].total_mb;
+      g[i].exclusive = g[i].exclusive || !r.shared;
+    }
+  return g;
+}
+
+// A preemptible job of priority 0 on `on`, started `ran_s` ago.
+Runner runner(std::int64_t id, std::vector<int> on, double ran_s = 600, int priority = 0) {
+  Runner r;
+  r.id = id;
+  r.priority = priority;
+  r.gpus = std::move(on);
+  r.preemptible = true;
+  r.started_at = k_now - ran_s;
+  return r;
+}
+
+PendingJob urgent(std::int64_t id, int n, int priority = 10) {
+  PendingJob j;
+  j.id = id;
+  j.priority = priority;
+  j.gpus = n;
+  return j;
+}
+
+std::vector<std::int64_t> victims(const std::vector<Preemption>& p) {
+  std::vector<std::int64_t> out;
+  for (const auto& x : p)
+    out.push_back(x.victim);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<Preemption> choose(const std::vector<PendingJob>& waiting, int n, const std::vector<Runner>& running,
+                               const PreemptRules& rules = {}) {
+  return choose_preemptions(waiting, held_by(gpus(n), running), running, k_now, rules);
+}
+
+}  // namespace
+
+TEST_SUITE_BEGIN("preemption");
+
+TEST_CASE("an urgent job preempts a lower-priority preemptible job, and nothing when a GPU is free") {
+  const std::vector<Runner> running{runner(1, {0})};
+  auto p = choose({urgent(9, 1)}, 1, running);
+  REQUIRE(p.size() == 1);
+  CHECK(p[0].victim == 1);
+  CHECK(p[0].by == 9);
+  CHECK(choose({urgent(9, 1)}, 2, running).empty());  // GPU 1 is free: it waits for nothing
+}
+
+TEST_CASE("only preemptible jobs of lower priority are victims") {
+  Runner fixed = runner(1, {0});
+  fixed.preemptible = false;
+  CHECK(choose({urgent(9, 1)}, 1, {fixed}).empty());
+  CHECK(choose({urgent(9, 1, 0)}, 1, {runner(1, {0})}).empty());  // equal priority
+  CHECK(choose({urgent(9, 1, -5)}, 1, {runner(1, {0})}).empty());
+  CHECK(preempt_refusal(fixed, urgent(9, 1), k_now, {}) == "not preemptible");
+}
+
+TEST_CASE("the cheapest victim is the one with the least work since its last checkpoint") {
+  Runner old_unsaved = runner(1, {0}, 3000);
+  Runner old_saved = runner(2, {1}, 3000);
+  old_saved.checkpoint_at = k_now - 30;  // saved 30 s ago: 30 GPU-s lost
+  Runner young = runner(3, {2}, 100);    // 100 GPU-s lost
+  CHECK(victims(choose({urgent(9, 1)}, 3, {old_unsaved, old_saved, young})) == std::vector<std::int64_t>{2});
+  // Equal loss: the lower priority, then the younger.
+  Runner a = runner(4, {0}, 50, 1), b = runner(5, {1}, 50, 0);
+  CHECK(victims(choose({urgent(9, 1)}, 2, {a, b})) == std::vector<std::int64_t>{5});
+  Runner older = runner(7, {0}, 50), younger = runner(8, {1}, 50);
+  older.checkpoint_at = k_now - 10, older.started_at = k_now - 900;
+  younger.checkpoint_at = k_now - 10, younger.started_at = k_now - 20;
+  CHECK(victims(choose({urgent(9, 1)}, 2, {older, younger})) == std::vector<std::int64_t>{8});
+}
+
+TEST_CASE("a gang is preempted whole, and only when no cheaper set makes room") {
+  // A 2-GPU gang on 0-1 and a single job on 2: a 1-GPU urgent job takes the single one's GPU even
+  // when the gang lost less per GPU, if the single one is cheaper in all.
+  Runner gang = runner(1, {0, 1}, 400);  // 800 GPU-s
+  Runner single = runner(2, {2}, 500);   // 500 GPU-s
+  CHECK(victims(choose({urgent(9, 1)}, 3, {gang, single})) == std::vector<std::int64_t>{2});
+  // A 2-GPU urgent job on a 2-GPU box: the gang goes, whole.
+  auto p = choose({urgent(9, 2)}, 2, {runner(1, {0, 1})});
+  CHECK(victims(p) == std::vector<std::int64_t>{1});
+}
+
+TEST_CASE("victims taken and then found unneeded are put back: the set is minimal") {
+  // Cheapest first: job 1 (GPU 0, 10 GPU-s) is taken, then job 2 (GPUs 1-2, 2x100) makes room for
+  // a 2-GPU job alone, so job 1 goes back.
+  Runner cheap = runner(1, {0}, 10);
+  Runner gang = runner(2, {1, 2}, 100);
+  CHECK(victims(choose({urgent(9, 2)}, 3, {cheap, gang})) == std::vector<std::int64_t>{2});
+}
+
+TEST_CASE("shared jobs: the victims free enough memory on one GPU") {
+  Runner a = runner(1, {0}, 100), b = runner(2, {0}, 200);
+  a.shared = b.shared = true;
+  a.memory_mb = b.memory_mb = 30000;
+  PendingJob j = urgent(9, 1);
+  j.shared = true;
+  j.memory_mb = 40000;  // 20,000 MiB free: one victim is enough, the cheaper
+  CHECK(victims(choose({j}, 1, {a, b})) == std::vector<std::int64_t>{1});
+  j.memory_mb = 70000;  // both must go
+  CHECK(victims(choose({j}, 1, {a, b})) == std::vector<std::int64_t>{1, 2});
+  PendingJob whole = urgent(10, 1);  // an exclusive job needs the GPU empty
+  CHECK(victims(choose({whole}, 1, {a, b})) == std::vector<std::int64_t>{1, 2});
+}
+
+TEST_CASE("nothing is preempted when even every candidate would not make room") {
+  Runner fixed = runner(2, {1});
+  fixed.preemptible = false;
+  CHECK(choose({urgent(9, 2)}, 2, {runner(1, {0}), fixed}).empty());
+}
+
+TEST_CASE("two urgent jobs never preempt the same victim, and a victim stopping already is not asked again") {
+  const std::vector<Runner> running{runner(1, {0}, 100), runner(2, {1}, 200)};
+  auto p = choose({urgent(9, 1), urgent(10, 1)}, 2, running);
+  REQUIRE(p.size() == 2);
+  CHECK(victims(p) == std::vector<std::int64_t>{1, 2});
+  CHECK(p[0].by != p[1].by);
+  // In the next pass job 1 is stopping for job 9: job 9 waits for it and preempts nothing more;
+  // job 10 finds job 2.
+  std::vector<Runner> later = running;
+  later[0].stopping = true;
+  auto q = choose({urgent(9, 1), urgent(10, 1)}, 2, later);
+  REQUIRE(q.size() == 1);
+  CHECK(q[0].victim == 2);
+  CHECK(q[0].by == 10);
+  // Both stopping: nothing new.
+  later[1].stopping = true;
+  CHECK(choose({urgent(9, 1), urgent(10, 1)}, 2, later).empty());
+}
+
+TEST_CASE("a job preempted often enough is protected until it has run min_run_s") {
+  PreemptRules rules;
+  rules.protect_after = 2;
+  rules.min_run_s = 300;
+  Runner twice = runner(1, {0}, 100);
+  twice.preemptions = 2;
+  CHECK(choose({urgent(9, 1)}, 1, {twice}, rules).empty());
+  CHECK(preempt_refusal(twice, urgent(9, 1), k_now, rules).find("protected") == 0);
+  twice.started_at = k_now - 301;  // it has had its time
+  CHECK(victims(choose({urgent(9, 1)}, 1, {twice}, rules)) == std::vector<std::int64_t>{1});
+  Runner once = runner(2, {0}, 100);
+  once.preemptions = 1;  // under protect_after
+  CHECK(victims(choose({urgent(9, 1)}, 1, {once}, rules)) == std::vector<std::int64_t>{2});
+}
+
+TEST_CASE("lab mode: a user preempts their own jobs; another's only under fair_share, from over to under") {
+  Runner bobs = runner(1, {0, 1, 2});
+  bobs.user = 1002;
+  PendingJob alices = urgent(9, 1);
+  alices.user = 1001;
+  PreemptRules rules;
+  rules.lab = true;
+  rules.held = {{1002, 3}};
+  rules.fair_share = 2;                               // 4 GPUs, 2 users
+  CHECK(choose({alices}, 3, {bobs}, rules).empty());  // never across users by default
+  CHECK(preempt_refusal(bobs, alices, k_now, rules) == "another user's");
+  rules.across_users = true;
+  CHECK(victims(choose({alices}, 3, {bobs}, rules)) == std::vector<std::int64_t>{1});
+  rules.held = {{1002, 2}, {1001, 0}};  // Bob within his share
+  Runner bob2 = runner(2, {0, 1});
+  bob2.user = 1002;
+  CHECK(choose({alices}, 2, {bob2}, rules).empty());
+  rules.held = {{1002, 3}, {1001, 2}};  // Alice would pass hers
+  CHECK(choose({alices}, 3, {bobs}, rules).empty());
+  Runner alices_own = runner(3, {0});
+  alices_own.user = 1001;
+  rules.across_users = false;
+  CHECK(victims(choose({alices}, 1, {alices_own}, rules)) == std::vector<std::int64_t>{3});
+}
+
+TEST_CASE("a drained GPU's victim frees nothing usable") {
+  // GPU 1 is out of service (absent from the pass's GPUs): its preemptible job is no help.
+  std::vector<GpuState> in_service = gpus(2);
+  in_service.erase(in_service.begin() + 1);
+  const std::vector<Runner> running{runner(1, {1}, 10)};
+  std::vector<GpuState> busy = in_service;
+  Runner fixed = runner(2, {0});
+  fixed.preemptible = false;
+  busy[0].holders = 1, busy[0].exclusive = true, busy[0].allocated_mb = busy[0].total_mb;
+  CHECK(choose_preemptions({urgent(9, 1)}, busy, {running[0], fixed}, k_now, {}).empty());
+}
