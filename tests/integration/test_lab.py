@@ -360,7 +360,8 @@ print("hierarchies:", len(visited), "tried:", len(tried), "done:", done, "odd:",
     def test_another_users_job_cannot_be_touched_and_an_admin_may(self):
         [a] = self.submit(ALICE, {"name": "held", "command": ["true"]}, "--hold")
         for args in (["cancel", str(a)], ["release", str(a)], ["update", str(a), "--priority", "3"],
-                     ["show", str(a)], ["logs", str(a)], ["result", str(a)], ["requeue", str(a)]):
+                     ["show", str(a)], ["logs", str(a)], ["result", str(a)], ["requeue", str(a)],
+                     ["preempt", str(a)]):
             r = self.gpuq(BOB, *args)
             self.assertEqual(r.returncode, 5, f"gpuq {' '.join(args)} as bob: {r.stdout}{r.stderr}")
             self.assertIn(f"belongs to {ALICE}; only {ALICE} or an admin may", r.stderr)
@@ -480,6 +481,59 @@ print("hierarchies:", len(visited), "tried:", len(tried), "done:", done, "odd:",
         self.assertTrue(all(jobs[i]["details_hidden"] for i in (done, failed, running)))
         self.assertIn(f"(details: {ALICE}'s to read)", self.ok(BOB, "status"))
         open(release, "w").close()
+
+    def preemptible(self, name, gate, gpus=1, **spec):
+        """A job that holds `gpus` GPUs until the gate opens, and is preemptible."""
+        return {"name": name, "gpus": gpus, "preemptible": True, "timeout_s": 300, **spec,
+                "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]}
+
+    def job(self, user, job_id):
+        return json.loads(self.ok(user, "show", str(job_id), "--json"))["job"]
+
+    def test_a_user_preempts_their_own_jobs_only_by_default(self):
+        gate = os.path.join(self.tmp, "gate")
+        [victim] = self.submit(ALICE, self.preemptible("a-low", gate, gpus=2))
+        wait_until(lambda: self.job(ALICE, victim)["state"] == "running", what="alice's job to start")
+        [bobs] = self.submit(BOB, {**self.preemptible("b-urgent", gate), "preemptible": False, "priority": 10})
+        wait_until(lambda: "waiting" in self.job(BOB, bobs)["reason"], what="a pass to look at bob's job")
+        self.assertFalse(self.job(ALICE, victim)["preempting"])  # another user's: left alone
+        r = self.gpuq(BOB, "preempt", str(victim))
+        self.assertEqual(r.returncode, 5, r.stderr)
+        self.assertIn(f"belongs to {ALICE}; only {ALICE} or an admin may", r.stderr)
+        # Alice's own urgent job preempts it; once it has stopped both urgent jobs run.
+        [alices] = self.submit(ALICE, {**self.preemptible("a-urgent", gate), "preemptible": False, "priority": 10})
+        wait_until(lambda: all(self.job(u, j)["state"] == "running" for u, j in ((ALICE, alices), (BOB, bobs))),
+                   what="both urgent jobs to run")
+        low = self.job(ALICE, victim)
+        self.assertEqual((low["state"], low["preempted_by"], low["preemptions"]),
+                         ("queued", f"job {alices} (a-urgent)", 1))
+        open(gate, "w").close()
+        jobs = self.wait(ALICE, [victim, alices, bobs])
+        self.assertEqual({j["state"] for j in jobs.values()}, {"succeeded"}, jobs)
+
+    def test_with_fair_share_a_user_under_their_share_preempts_one_over_it_and_no_further(self):
+        config = dict(self.CONFIG or {}, preempt_across_users="fair_share")
+        path = os.path.join(self.tmp, "preempt.json")
+        with open(path, "w") as f:
+            json.dump(config, f)
+        self.d.stop()
+        self.d.env = dict(self.d.env, GPUQ_CONFIG=path)
+        self.d.start(umask=0o027)
+        gate = os.path.join(self.tmp, "gate")
+        victims = self.submit(ALICE, [self.preemptible(f"a-low{i}", gate) for i in range(2)])
+        wait_until(lambda: all(self.job(ALICE, v)["state"] == "running" for v in victims),
+                   what="alice's jobs to hold both GPUs")
+        # Two GPUs, two users: a share of 1. Bob's first job takes him to 1, from Alice's 2; his
+        # second would take him past it, and preempts nothing.
+        urgent = self.submit(BOB, [{**self.preemptible(f"b-urgent{i}", gate), "preemptible": False, "priority": 10}
+                                   for i in range(2)])
+        wait_until(lambda: self.job(BOB, urgent[0])["state"] == "running", what="bob's first job to start")
+        self.assertEqual(self.job(BOB, urgent[1])["state"], "queued")
+        self.assertEqual(sorted(self.job(ALICE, v)["preemptions"] for v in victims), [0, 1])
+        open(gate, "w").close()
+        jobs = self.wait(ALICE, victims + urgent)
+        self.assertEqual({j["state"] for j in jobs.values()}, {"succeeded"}, jobs)
+        self.assertEqual(sorted(jobs[v]["preemptions"] for v in victims), [0, 1])
 
     def test_a_job_cannot_make_gpuqd_read_a_file_its_owner_cannot(self):
         link = {"name": "symlink", "command": ["sh", "-c", f'ln -sf {self.secret} "$GPUQ_EVENTS"']}
