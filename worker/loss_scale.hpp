@@ -11,6 +11,12 @@ class LossScale {
   explicit LossScale(double init = 65536.0, int growth_interval = 2000) : m_scale(init), m_interval(growth_interval) {}
 
   double scale() const { return m_scale; }
+  int clean_steps() const { return m_clean; }
+  // As a checkpoint saved it (a step-level resume continues the same sequence of scales).
+  void restore(double scale, int clean_steps) {
+    m_scale = scale;
+    m_clean = clean_steps;
+  }
 
   // Records a step's outcome; returns whether the optimiser step may be applied.
   bool update(bool found_inf) {

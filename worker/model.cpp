@@ -173,10 +173,27 @@ std::unique_ptr<Model> build_model(const common::TrainSpec& spec, const std::vec
 }
 
 void Checkpoints::save(Model& model, torch::optim::Optimizer& opt, json state, int epoch) {
+  write(model, opt, std::move(state), "epoch-" + std::to_string(epoch), {}, "epoch-" + std::to_string(epoch - 2));
+  if (!m_step_dir.empty()) {  // an epoch's checkpoint supersedes a step's
+    std::string error;
+    common::remove_tree(m_dir + "/" + m_step_dir, error);
+    m_step_dir.clear();
+  }
+}
+
+void Checkpoints::save_step(Model& model, torch::optim::Optimizer& opt, json state, std::int64_t step,
+                            const std::vector<torch::Tensor>& rng) {
+  const std::string name = "step-" + std::to_string(step);
+  write(model, opt, std::move(state), name, rng, m_step_dir == name ? "" : m_step_dir);
+  m_step_dir = name;
+}
+
+void Checkpoints::write(Model& model, torch::optim::Optimizer& opt, json state, const std::string& name,
+                        const std::vector<torch::Tensor>& rng, const std::string& stale) {
   // POSIX calls, not std::filesystem: PyTorch's wheels export a copy of std::filesystem from
   // libtorch.so that the dynamic linker binds this program's calls to, and its remove_all jumped
   // to address 0 (LibTorch 2.11, cu130), killing every train job at its third checkpoint.
-  const std::string dir = m_dir + "/epoch-" + std::to_string(epoch);
+  const std::string dir = m_dir + "/" + name;
   if (auto made = common::make_dirs(dir); !made) throw std::runtime_error("checkpoint: " + made.error().message);
   std::vector<torch::Tensor> tensors;
   for (auto& t : model.parameters()) tensors.push_back(t.detach().cpu());
@@ -185,13 +202,17 @@ void Checkpoints::save(Model& model, torch::optim::Optimizer& opt, json state, i
   auto optimizer = export_optimizer_state(opt);
   torch::save(optimizer.tensors, dir + "/optimizer-state.pt");
   state["optimizer"] = std::move(optimizer.meta);
+  if (!rng.empty()) {
+    torch::save(rng, dir + "/rng.pt");
+    state["rng"] = rng.size();
+  }
   write_or_throw(dir + "/state.json", state.dump());
   const std::string tmp = m_dir + "/latest.tmp";
-  write_or_throw(tmp, "epoch-" + std::to_string(epoch));
+  write_or_throw(tmp, name);
   if (::rename(tmp.c_str(), (m_dir + "/latest").c_str()) != 0)
     throw std::runtime_error("checkpoint: cannot rename " + tmp + ": " + std::strerror(errno));
   std::string error;  // an old checkpoint left behind costs disk, not correctness
-  common::remove_tree(m_dir + "/epoch-" + std::to_string(epoch - 2), error);
+  if (!stale.empty()) common::remove_tree(m_dir + "/" + stale, error);
   if (!error.empty()) std::cerr << "gpuq-worker: checkpoint: " << error << "\n";
 }
 
@@ -218,6 +239,8 @@ std::optional<Checkpoints::Resumed> Checkpoints::load(Model& model, torch::optim
   Resumed out;
   std::ifstream in(dir + "/state.json");
   out.state = json::parse(in);
+  if (out.state.value("rng", 0) > 0) torch::load(out.rng, dir + "/rng.pt");
+  if (name.rfind("step-", 0) == 0) m_step_dir = name;  // removed once a later checkpoint is written
   if (out.state.contains("optimizer")) {
     PortableOptimizerState saved;
     torch::load(saved.tensors, dir + "/optimizer-state.pt");

@@ -44,9 +44,14 @@ class Checkpoints {
   const std::string& path() const { return m_dir; }
 
   void save(Model& model, torch::optim::Optimizer& opt, nlohmann::json state, int epoch);
+  // A checkpoint in the middle of an epoch (a stop signal's): as save(), named `step-N`, with the
+  // random generators' states (`rng`: CPU first, then each CUDA device's) beside it.
+  void save_step(Model& model, torch::optim::Optimizer& opt, nlohmann::json state, std::int64_t step,
+                 const std::vector<torch::Tensor>& rng);
 
   struct Resumed {
     nlohmann::json state;           // what save() was given
+    std::vector<torch::Tensor> rng;  // save_step()'s generator states; empty for an epoch's checkpoint
     std::string optimizer_dropped;  // why the optimiser state did not fit and was dropped, or ""
   };
   // Restores the newest checkpoint into `model` and `opt` (each optimiser tensor on its
@@ -55,7 +60,11 @@ class Checkpoints {
   std::optional<Resumed> load(Model& model, torch::optim::Optimizer& opt, const std::vector<torch::Device>& devices);
 
  private:
+  // Writes the checkpoint into m_dir/name and points `latest` at it; removes `stale` (if any).
+  void write(Model& model, torch::optim::Optimizer& opt, nlohmann::json state, const std::string& name,
+             const std::vector<torch::Tensor>& rng, const std::string& stale);
   std::string m_dir;
+  std::string m_step_dir;  // the last step checkpoint written by this run, removed by the next one
 };
 
 }  // namespace gpuq::worker

@@ -11,10 +11,15 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
-#include <ATen/autocast_mode.h>
 #ifdef GPUQ_HAVE_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -471,6 +476,9 @@ struct Run {
   bool graph_announced = false;
   // how far it got (a checkpoint's state)
   int first_epoch = 1;
+  std::int64_t first_epoch_step = 0;  // a step checkpoint's: where in first_epoch it resumes
+  std::vector<torch::Tensor> rng;     // and the generators' states there
+  json resumed;                       // the checkpoint's state, or null
   std::int64_t step = 0, samples = 0, skipped = 0;
   double train_seconds = 0, test_loss = 0, test_accuracy = 0, last_loss = 0;
 };
@@ -561,13 +569,22 @@ void resume(Run& r) {
   auto resumed = r.checkpoints->load(*r.model, *r.optimizer, r.devices);
   if (!resumed) return;
   const json& state = resumed->state;
+  r.resumed = state;
   r.first_epoch = state.value("epoch", 0) + 1;
+  r.first_epoch_step = state.value("epoch_step", std::int64_t{0});
+  r.rng = std::move(resumed->rng);
+  r.skipped = state.value("skipped", std::int64_t{0});
   r.step = state.value("step", std::int64_t{0});
   r.samples = state.value("samples", std::int64_t{0});
   r.train_seconds = state.value("train_seconds", 0.0);
   r.last_loss = state.value("loss", 0.0);
-  std::cout << "rank " << r.o.rank << ": resumed from the checkpoint of epoch " << r.first_epoch - 1 << " in "
-            << r.checkpoints->path() << std::endl;
+  if (r.first_epoch_step > 0)
+    std::cout << "rank " << r.o.rank << ": resumed from the checkpoint of step " << r.step << " (epoch "
+              << r.first_epoch << ", step " << r.first_epoch_step << " of it) in " << r.checkpoints->path()
+              << std::endl;
+  else
+    std::cout << "rank " << r.o.rank << ": resumed from the checkpoint of epoch " << r.first_epoch - 1 << " in "
+              << r.checkpoints->path() << std::endl;
   if (!resumed->optimizer_dropped.empty())
     std::cerr << "gpuq-worker: rank " << r.o.rank << ": the checkpoint's optimiser state does not fit this model ("
               << resumed->optimizer_dropped << "): training goes on from the checkpoint's weights with fresh "
@@ -579,6 +596,9 @@ void prepare_steps(Run& r) {
   r.autocast = r.spec.precision != "fp32";
   r.low = r.spec.precision == "fp16" ? torch::kFloat16 : torch::kBFloat16;
   if (r.spec.precision == "fp16") r.loss_scale.emplace();
+  if (const json ls = r.resumed.is_object() ? r.resumed.value("loss_scale", json()) : json();
+      r.loss_scale && ls.is_array() && ls.size() == 2)
+    r.loss_scale->restore(ls[0].get<double>(), ls[1].get<int>());
   if (r.spec.sampler == "weighted") r.weights = inverse_class_frequency(r.data->train.labels, r.data->classes);
   r.micro = r.spec.batch_size / r.spec.accumulate;
   r.steps_per_epoch = (r.data->train.n + r.o.world - 1) / r.o.world / r.spec.batch_size;
@@ -692,22 +712,120 @@ void apply_gradients(Run& r) {
   if (apply) r.optimizer->step();
 }
 
-// One epoch: its steps with progress events, then evaluation, an event and a checkpoint.
-void train_epoch(Run& r, int epoch) {
+// A stop asked by a signal (a preemption's, whatever its signal; a cancel's SIGTERM): the run
+// saves a checkpoint at the next step boundary and ends, instead of losing the epoch so far.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+}
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT})
+    ::sigaction(sig, &sa, nullptr);
+}
+
+// Every k_stop_check_steps steps the ranks of a gang agree whether any was asked to stop (each gets
+// the signal, not at the same step): all stop at the same step, or none does.
+constexpr std::int64_t k_stop_check_steps = 16;
+
+bool stop_asked(Run& r) {
+  const int here = g_stop_signal.load() != 0 ? 1 : 0;
+  if (!r.comm.distributed()) return here != 0;
+  if (r.step % k_stop_check_steps != 0) return false;
+  auto any =
+      torch::full({1}, static_cast<double>(here), torch::TensorOptions().dtype(torch::kFloat32).device(r.device));
+  r.comm.allreduce_sum(any)();
+  return any.item<float>() > 0;
+}
+
+// The random generators' states: the CPU's, then each CUDA device's of the rank (every rank draws
+// the same numbers, from the same seeds, so rank 0's are every rank's).
+std::vector<torch::Tensor> generator_states(const Run& r) {
+  std::vector<torch::Tensor> out;
+  auto cpu = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    out.push_back(cpu.get_state());
+  }
+#ifdef GPUQ_HAVE_CUDA
+  for (const auto& d : r.devices)
+    if (d.is_cuda()) {
+      auto gen = at::cuda::detail::getDefaultCUDAGenerator(d.index());
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      out.push_back(gen.get_state());
+    }
+#else
+  (void)r;
+#endif
+  return out;
+}
+
+void restore_generators(const Run& r, const std::vector<torch::Tensor>& states) {
+  std::size_t i = 0;
+  if (i < states.size()) {
+    auto cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_state(states[i++]);
+  }
+#ifdef GPUQ_HAVE_CUDA
+  for (const auto& d : r.devices)
+    if (d.is_cuda() && i < states.size()) {
+      auto gen = at::cuda::detail::getDefaultCUDAGenerator(d.index());
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(states[i++]);
+    }
+#else
+  (void)r;
+#endif
+}
+
+// Rank 0 saves where the run stands after `done` steps of `epoch`: weights, optimiser, the
+// generators, the loss scale, and the counters, so that a resume takes the same steps from here
+// as the run would have.
+void save_step(Run& r, int epoch, std::int64_t done, double epoch_seconds) {
+  if (r.o.rank != 0 || !r.checkpoints->enabled()) return;
+  json state = {{"epoch", epoch - 1},   {"epoch_step", done},   {"step", r.step},
+                {"samples", r.samples}, {"skipped", r.skipped}, {"train_seconds", r.train_seconds + epoch_seconds},
+                {"loss", r.last_loss}};
+  if (r.loss_scale) state["loss_scale"] = {r.loss_scale->scale(), r.loss_scale->clean_steps()};
+  r.checkpoints->save_step(*r.model, *r.optimizer, state, r.step, generator_states(r));
+  r.events->emit({{"type", "checkpoint"}, {"epoch", epoch}, {"step", r.step}, {"path", r.checkpoints->path()}});
+  std::cout << "rank 0: stop signal: saved the checkpoint of step " << r.step << " (epoch " << epoch << ", step "
+            << done << " of it)" << std::endl;
+}
+
+// One epoch: its steps with progress events, then evaluation, an event and a checkpoint. False
+// when a stop signal ended it early (a step checkpoint saved).
+bool train_epoch(Run& r, int epoch) {
   const auto& spec = r.spec;
   torch::manual_seed(spec.seed + static_cast<std::uint64_t>(epoch));  // dropout: same masks after a resume
   auto order = spec.sampler == "weighted"
                    ? weighted_indices(r.weights, r.data->train.n, r.o.rank, r.o.world, spec.seed, epoch)
                    : shard_indices(r.data->train.n, r.o.rank, r.o.world, spec.seed, epoch, spec.sampler == "shuffle");
   const std::int64_t steps = static_cast<std::int64_t>(order.size()) / spec.batch_size;  // drop the last partial batch
-  r.train_data->start(order, r.micro, steps * spec.accumulate);
+  // A step checkpoint's epoch goes on from its step: the batches after it, the generators as they were.
+  const std::int64_t first = epoch == r.first_epoch ? std::min(r.first_epoch_step, steps) : 0;
+  if (first > 0) {
+    order.erase(order.begin(), order.begin() + first * spec.batch_size);
+    restore_generators(r, r.rng);
+  }
+  r.train_data->start(order, r.micro, (steps - first) * spec.accumulate);
   const auto t_epoch = std::chrono::steady_clock::now();
   r.model->train(true);
   // Losses stay on the device between progress events: reading one every step would make the
   // host wait for the GPU every step.
   torch::Tensor step_loss;
   const std::int64_t total_steps = r.steps_per_epoch * spec.epochs;
-  for (std::int64_t s = 0; s < steps; ++s) {
+  for (std::int64_t s = first; s < steps; ++s) {
+    if (stop_asked(r)) {
+      if (step_loss.defined()) r.last_loss = step_loss.item<double>();
+      save_step(r, epoch, s, seconds_since(t_epoch));
+      return false;
+    }
     set_learning_rate(*r.optimizer, learning_rate(spec, epoch, r.step, total_steps));
     step_loss = passes(r);
     apply_gradients(r);
@@ -743,9 +861,16 @@ void train_epoch(Run& r, int epoch) {
 
   if (r.o.rank == 0 && r.checkpoints->enabled() && (epoch % spec.checkpoint_every == 0 || epoch == spec.epochs))
     r.checkpoints->save(*r.model, *r.optimizer,
-                        {{"epoch", epoch}, {"step", r.step}, {"samples", r.samples}, {"train_seconds", r.train_seconds},
-                         {"loss", r.last_loss}},
+                        {{"epoch", epoch},
+                         {"step", r.step},
+                         {"samples", r.samples},
+                         {"train_seconds", r.train_seconds},
+                         {"loss", r.last_loss},
+                         {"skipped", r.skipped}},
                         epoch);
+  if (r.checkpoints->enabled() && (epoch % spec.checkpoint_every == 0 || epoch == spec.epochs))
+    r.events->emit({{"type", "checkpoint"}, {"epoch", epoch}, {"step", r.step}, {"path", r.checkpoints->path()}});
+  return true;
 }
 
 // Every rank's throughput, gathered by an allreduce of one-hot slots; then rank 0's result event
@@ -785,13 +910,21 @@ void report(Run& r, bool graph_used) {
 }
 
 int train_or_throw(const RunOptions& o) {
+  catch_stop_signals();
   Run r(o);
   for (auto step : {pick_devices, load_data, build_and_join})
     if (int code = step(r)) return code;
   resume(r);
   prepare_steps(r);
   if (int code = choose_step_graph(r)) return code;
-  for (int epoch = r.first_epoch; epoch <= r.spec.epochs; ++epoch) train_epoch(r, epoch);
+  for (int epoch = r.first_epoch; epoch <= r.spec.epochs; ++epoch)
+    if (!train_epoch(r, epoch)) {
+      r.train_data->stop();
+      const int sig = g_stop_signal.load();
+      std::cout << "rank " << r.o.rank << ": stopped by signal " << (sig ? sig : SIGTERM) << " at step " << r.step
+                << std::endl;
+      return 128 + (sig ? sig : SIGTERM);
+    }
   // A resume from the last epoch's checkpoint (a job that ended after saving it, or restarted
   // after it succeeded) trains nothing: it reports what that model scores.
   if (r.first_epoch > r.spec.epochs) evaluate(r);

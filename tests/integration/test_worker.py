@@ -443,3 +443,39 @@ class Worker(DaemonTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(HAVE_WORKER, "gpuq-worker not built (GPUQ_WITH_TORCH=OFF or no LibTorch)")
+class Preempted(DaemonTest):
+    """gpuq-worker under preemption (docs/preemption.md): on the signal it saves a step checkpoint
+    (weights, optimiser, sampler position, generators) and resumes from it bit for bit."""
+    GPUS = "fake:2"
+    # Two epochs of 500 steps a rank with dropout: a preemption lands mid-epoch, and the generators
+    # matter to the result.
+    SPEC = {"dataset": {"kind": "synthetic", "samples": 32000, "features": 64},
+            "model": {"hidden": [128, 128], "dropout": 0.2}, "optimizer": {"kind": "adam"},
+            "schedule": {"kind": "cosine"}, "epochs": 2, "batch_size": 32, "seed": 4243, "log_every": 20}
+
+    def gang(self, name, **spec):
+        shell = f"exec {WORKER} --train '{json.dumps(self.SPEC)}' --dump-params {self.tmp_path(name)}-$RANK.json"
+        return self.d.submit({"name": name, "mode": "ddp", "gpus": 2, "shell": shell, **spec})["ids"][0]
+
+    def test_a_preempted_ddp_train_job_resumes_from_its_step_and_ends_with_the_weights_of_an_uninterrupted_run(self):
+        full = self.gang("full")
+        self.assertEqual(self.d.wait([full], timeout=600)[full]["state"], "succeeded", self.d.ok("logs", str(full)))
+        low = self.gang("low", preemptible=True, preempt_grace_s=120)
+        wait_until(lambda: (self.d.show(low)["job"]["progress"] or {}).get("step", 0) >= 20, timeout=600,
+                   what="the low job's first progress")
+        urgent = self.d.submit({"name": "urgent", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
+        done = self.d.wait([low, urgent], timeout=600)
+        self.assertEqual(done[urgent]["state"], "succeeded", done[urgent]["reason"])
+        self.assertEqual((done[low]["state"], done[low]["attempt"], done[low]["preemptions"]), ("succeeded", 2, 1),
+                         self.d.ok("logs", str(low)))
+        first = self.d.ok("logs", str(low), "--attempt", "1")
+        self.assertRegex(first, r"rank 0: stop signal: saved the checkpoint of step \d+ \(epoch 1, step \d+ of it\)")
+        self.assertRegex(self.d.ok("logs", str(low)), r"resumed from the checkpoint of step \d+ \(epoch 1")
+        self.assertIn(f"preempted by job {urgent} (urgent): attempt 1 was stopped (it had checkpointed)",
+                      [h["reason"] for h in self.d.show(low)["history"]])
+        for rank in range(2):
+            self.assertEqual(load(self.tmp_path(f"low-{rank}.json")), load(self.tmp_path(f"full-{rank}.json")),
+                             f"rank {rank}'s weights differ from the uninterrupted run's")

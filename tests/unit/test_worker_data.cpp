@@ -313,6 +313,19 @@ TEST_CASE("the scale doubles after growth_interval clean steps in a row, and an 
   CHECK(s.scale() == 2048.0);
 }
 
+TEST_CASE("a scale restored from a step checkpoint goes on as the run it was saved from would have") {
+  LossScale run(1024.0, 3), resumed(65536.0, 3);
+  CHECK(run.update(false));
+  CHECK(run.update(false));  // two clean steps of three
+  resumed.restore(run.scale(), run.clean_steps());
+  CHECK(resumed.scale() == 1024.0);
+  CHECK(resumed.clean_steps() == 2);
+  CHECK(resumed.update(false));
+  CHECK(run.update(false));
+  CHECK(resumed.scale() == run.scale());  // both grew at the third
+  CHECK(resumed.scale() == 2048.0);
+}
+
 TEST_SUITE_END();
 
 #if !defined(__SANITIZE_ADDRESS__)
