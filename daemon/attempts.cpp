@@ -314,13 +314,21 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
   const double gpu_s = rec.run.started_at > 0
                            ? static_cast<double>(rec.run.gpus.size()) * std::max(0.0, end.at - rec.run.started_at)
                            : 0;
-  // Preempted (and not cancelled, nor done before the signal came): back in line as the same job,
-  // no retry spent, saying who preempted it.
-  if (rec.run.preempt_requested && !rec.run.cancel_requested && end.state != JobState::succeeded &&
-      rec.spec_error.empty()) {
-    const std::string why = "preempted by " + rec.run.preempted_by + ": attempt " + std::to_string(rec.attempt) +
-                            " was stopped" + (rec.run.checkpoint_at > 0 ? " (it had checkpointed)" : "");
-    m_needs.commit({next_record(rec, event::Preempted{why})}, {}, {});
+  // Preempted by the system that ran it (Slurm): as if gpuq had preempted it, by that system.
+  JobRecord preempted = rec;
+  if (!outcome.preempted_by.empty() && !stop_asked(rec) && end.state != JobState::succeeded && rec.spec_error.empty()) {
+    preempted = next_record(rec, event::PreemptRequested{outcome.preempted_by, end.at});
+    ++m_metrics.preemptions[rec.uid];
+  }
+  // Preempted (and not cancelled, nor ended on its own before the signal came: succeeded, timed
+  // out, or failed with a rank's failure, each of which its supervisor lets go on): back in line
+  // as the same job, no retry spent, saying who preempted it.
+  if (preempted.run.preempt_requested && !rec.run.cancel_requested && end.state != JobState::succeeded &&
+      !outcome.timed_out && !failure.is_object() && rec.spec_error.empty()) {
+    const std::string why = "preempted by " + preempted.run.preempted_by + ": attempt " +
+                            std::to_string(preempted.attempt) + " was stopped" +
+                            (preempted.run.checkpoint_at > 0 ? " (it had checkpointed)" : "");
+    m_needs.commit({next_record(preempted, event::Preempted{why})}, {}, {});
     if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
     m_needs.withdraw_orphans();
     m_needs.schedule_soon();

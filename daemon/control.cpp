@@ -59,6 +59,8 @@ common::CancelReply requeue(const Changes& c, const Caller& caller, const common
           job_label(rec) + " is " + std::string(to_string(rec.state)) + "; only a running job can be requeued" +
               (rec.state == JobState::queued ? " (it is in line already)" : " (`gpuq restart` queues an ended one)"));
     if (rec.run.cancel_requested) throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is being cancelled");
+    if (rec.run.preempt_requested)  // it goes back in line already, as preempted
+      throw RequestError(ErrorCode::wrong_state, job_label(rec) + " is being preempted already");
     if (!rec.spec_error.empty())  // it could not run again: `cancel` stops it
       throw RequestError(ErrorCode::wrong_state, unreadable_refusal(rec, "be requeued"));
   }

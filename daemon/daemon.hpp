@@ -167,7 +167,7 @@ class Daemon {
   // Scheduling: one pass (m_pacer runs it); the attempts' owner launches what it places.
   void schedule_now();
   // After a pass: preemptions for the jobs it left waiting for GPUs (running.cpp).
-  void preempt_for(const std::vector<PendingJob>& waiting, double now);
+  void preempt_for(const Plan& plan, double now);
   // A re-adopted job's record with its slots under this gpuqd's CPU mask; nullopt where they stand.
   std::optional<JobRecord> rederive_slots(const JobRecord& rec) const;
   // The one place a change of state lands: `changed` (each a record lifecycle.hpp made, `why` its

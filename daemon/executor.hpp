@@ -60,6 +60,9 @@ struct Outcome {
   // How many of its processes an OOM killer killed (its cgroup's count; its memory limit's killer
   // or the machine's), where the executor can tell.
   std::optional<std::int64_t> oom_kills;
+  // The other system preempted it ("Slurm"), by the executor's own word (never the record's, which
+  // the job may write): it goes back in line as preempted, no retry spent. "" otherwise.
+  std::string preempted_by;
 
   // The record as read_exit_record (or merge_task_records) gives it: fields of the wrong type
   // count as absent. Its `started_at` is left for the executor to give as began_at.

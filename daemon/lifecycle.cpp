@@ -155,6 +155,9 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             next.state = JobState::queued;
             next.attempt = rec.attempt - 1;
             next.reason = n.reason;
+            next.run.preempt_requested = false;  // nothing ran to be preempted
+            next.run.preempted_by.clear();
+            next.run.preempted_at = 0;
             next.run.gpus.clear();
             next.run.cpu_slots.clear();
             next.run.cores.clear();

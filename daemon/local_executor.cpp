@@ -173,6 +173,7 @@ class LocalExecutor final : public Executor {
     s.pid = forked ? forked->pid : ProcessId{*pid, process_start_time(*pid).value_or(0)};
     s.own_child = !forked;
     if (!cgroups.empty()) s.cgroup = cgroups.front().dir;
+    s.handles_preempt = true;  // this gpuqd's launch document has its `preempt`
     watch(attempt.id, s, forked ? forked->pidfd : -1);
     enforce_timeout(attempt, s);
     return true;
@@ -188,6 +189,7 @@ class LocalExecutor final : public Executor {
       Shim& s = track(attempt.id);
       s.pid = *pid;
       s.cgroup = cgroup;
+      s.handles_preempt = launched_with_preempt(attempt.dir);
       std::cerr << "gpuqd: re-adopted job " << attempt.id << " (supervisor pid " << pid->pid << ")\n";
       watch(attempt.id, s);
       enforce_timeout(attempt, s);
@@ -227,6 +229,10 @@ class LocalExecutor final : public Executor {
   void preempt(std::int64_t id, double grace_s) override {
     auto it = m_shims.find(id);
     if (it == m_shims.end() || it->second.pid.pid <= 0) return;
+    if (!it->second.handles_preempt) {  // a supervisor of an earlier gpuqd: SIGUSR1 would kill it
+      stop(id);
+      return;
+    }
     signal_shim(it->second, SIGUSR1);  // supervisor.cpp: the preemption's file, signal and grace
     enforce_in(id, it->second, grace_s + k_overdue_s, false);
   }
@@ -317,7 +323,19 @@ class LocalExecutor final : public Executor {
     double overdue_at = 0;                        // (steady seconds), 0: not armed
     double overdue_since = 0;                     // when it was first found overdue (steady seconds)
     std::uint64_t serial = 0;                     // tells this watch from a later one of the same job
+    bool handles_preempt = false;                 // its launch document has `preempt`: it takes SIGUSR1 for one
   };
+
+  // Whether an attempt's launch document has a `preempt` block (gpuqd writes it compact; the text
+  // cannot appear inside a JSON string, where quotes are escaped). Supervisors that an earlier
+  // gpuqd started, adopted across an upgrade, have none.
+  static bool launched_with_preempt(const std::string& dir) {
+    std::ifstream in(dir + "/launch.json");
+    std::string text(8 << 20, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+    return text.find("\"preempt\":{") != std::string::npos;
+  }
 
   // Signals the supervisor, through its pidfd where there is one (never a process that reused
   // its pid).

@@ -115,11 +115,16 @@ PreemptRules preempt_rules(const Reads& reads, const std::vector<PendingJob>& wa
   if (!reads.config.multi_user) return rules;
   rules.lab = true;
   rules.across_users = reads.config.preempt_across_users == "fair_share";
+  // Each user's GPUs: distinct ones (several shared jobs on one GPU hold one), of jobs not asked
+  // to stop (those are freeing theirs).
   std::set<std::uint32_t> users;
+  std::map<std::uint32_t, std::set<int>> gpus_of;
   for (const Active& a : reads.jobs.running()) {
-    rules.held[a.rec.uid] += static_cast<int>(a.rec.run.gpus.size());
+    if (!stop_asked(a.rec)) gpus_of[a.rec.uid].insert(a.rec.run.gpus.begin(), a.rec.run.gpus.end());
     if (!a.rec.run.gpus.empty()) users.insert(a.rec.uid);
   }
+  for (const auto& [uid, held] : gpus_of)
+    rules.held[uid] = static_cast<int>(held.size());
   for (const auto& j : waiting)
     users.insert(j.user);
   int in_service = 0;

@@ -5,7 +5,8 @@
 // Rules (docs/preemption.md):
 // - Only a job marked `preemptible`, of lower priority than the waiting job, not asked to stop
 //   already (so two urgent jobs never preempt one victim twice), and not protected: a job preempted
-//   `protect_after` times or more runs `min_run_s` from each start before it may be preempted again.
+//   `protect_after` times or more runs `min_run_s` from each start before it may be preempted again;
+//   nor a job launched in the same pass.
 // - A victim is a whole job: a gang's ranks all stop, and all its GPUs come free.
 // - The cheapest set that makes room: candidates in order of GPU-seconds lost (GPUs times the time
 //   since its last checkpoint event, or its start), then lowest priority, then youngest; taken in
@@ -48,7 +49,7 @@ struct PreemptRules {
   bool lab = false;                   // jobs of several users: only a user's own jobs, unless across_users
   bool across_users = false;          // lab mode's fair_share rule
   double fair_share = 0;              // GPUs per user with work (lab mode)
-  std::map<std::uint32_t, int> held;  // GPUs each user's running jobs hold (lab mode)
+  std::map<std::uint32_t, int> held;  // GPUs each user's running jobs not asked to stop hold (lab mode)
 };
 
 struct Preemption {
@@ -56,13 +57,19 @@ struct Preemption {
   std::int64_t by = 0;
 };
 
-// Why `r` may not be preempted by `j` now ("" when it may), for `gpuq why` and the tests.
+// Why `r` may not be preempted by `j` now ("" when it may), in words.
 std::string preempt_refusal(const Runner& r, const PendingJob& j, double now, const PreemptRules& rules);
 
+// Waiting jobs looked at in one pass, at most: a pass's cost stays bounded whatever the queue.
+constexpr std::size_t k_max_preempting = 64;
+
 // The preemptions to ask for: `waiting` are queued jobs that a pass left waiting for GPUs, in the
-// pass's order; `gpus` the GPUs in service as they are after the pass's launches (gpus_for_pass);
-// `running` every running job, those launches included.
+// pass's order (priority first); `gpus` the GPUs in service as they are after the pass's launches
+// (gpus_for_pass); `running` every running job, those launches included (a job launched at `now`
+// is no victim: it has not begun); `reserved` the GPUs the pass reserved for each waiting job,
+// which the jobs after it do not count on.
 std::vector<Preemption> choose_preemptions(const std::vector<PendingJob>& waiting, std::vector<GpuState> gpus,
-                                           const std::vector<Runner>& running, double now, const PreemptRules& rules);
+                                           const std::vector<Runner>& running, double now, const PreemptRules& rules,
+                                           const std::map<std::int64_t, std::vector<int>>& reserved = {});
 
 }  // namespace gpuq::daemon

@@ -116,7 +116,7 @@ void Daemon::schedule_now() {
     m_attempts.start_array(ids, unit.limit);
   }
   fds.end();
-  preempt_for(plan.wanting_gpus, now);
+  preempt_for(plan, now);
   if (next_retry > 0) m_pacer.at(next_retry, now);
   m_events.arm();
 }
@@ -124,7 +124,8 @@ void Daemon::schedule_now() {
 // Preemption (preemption.hpp): after the pass's launches, the jobs it left waiting for GPUs that
 // preemptible jobs of lower priority hold get them stopped; each starts in the pass their end
 // brings (schedule_soon), its reservation holding the GPUs meanwhile (ends_by).
-void Daemon::preempt_for(const std::vector<PendingJob>& waiting, double now) {
+void Daemon::preempt_for(const Plan& plan, double now) {
+  const std::vector<PendingJob>& waiting = plan.wanting_gpus;
   if (waiting.empty()) return;
   bool any = false;
   const std::vector<Runner> running = runners(reads(), any);

@@ -287,6 +287,7 @@ class SlurmExecutor final : public Executor {
     if (is_job_id(slurm_id)) out["external_id"] = "slurm:" + slurm_id;
     Outcome o = Outcome::from_record(out);
     if (m_out_of_memory.erase(attempt.id)) o.oom_kills = 1;
+    if (m_preempted.erase(attempt.id)) o.preempted_by = "Slurm";
     // It may have waited in Slurm's queue: the job ran from when its first rank's supervisor began.
     if (const auto s = out.find("started_at"); s != out.end() && s->is_number()) o.began_at = s->get<double>();
     return o;
@@ -747,8 +748,9 @@ class SlurmExecutor final : public Executor {
   // A job that left Slurm's queue without an exit record, or whose supervisor gpuq did not stop
   // was stopped: ended by Slurm (cancelled while pending or by someone else, preempted, its node
   // lost, its time limit) before or without its supervisor. Slurm's record of it says how: a job
-  // cancelled in Slurm ends cancelled, one that hit Slurm's time limit timed out, and any other
-  // (preempted, node failure) failed, so that it is retried.
+  // cancelled in Slurm ends cancelled, one that hit Slurm's time limit timed out, one Slurm
+  // preempted goes back in line as preempted (no retry spent), and any other (node failure)
+  // failed, so that it is retried.
   // `record`: the supervisor's own, kept unless Slurm's state is one it ended the job with.
   void account_for(std::int64_t id, const std::string& slurm_id, const std::string& dir, bool recorded,
                    json record = nullptr) {
@@ -760,6 +762,7 @@ class SlurmExecutor final : public Executor {
       // Slurm's cgroup saw an OOM kill in the job (its memory limit's, or the node's): the job
       // ends out_of_memory as it would locally (how many processes, Slurm does not say: one).
       if (state == "OUT_OF_MEMORY") m_out_of_memory.insert(id);
+      if (state == "PREEMPTED") m_preempted.insert(id);  // back in line as preempted, not a failure
       if (!record.is_null() && state != "CANCELLED" && state != "TIMEOUT" && state != "PREEMPTED" &&
           state != "NODE_FAIL") {
         m_outcomes[id] = std::move(record);
@@ -842,6 +845,7 @@ class SlurmExecutor final : public Executor {
   std::size_t m_max_array = 1000;               // max_array_size()
   std::map<std::int64_t, json> m_outcomes;      // outcomes known when their job left Slurm, until read
   std::set<std::int64_t> m_out_of_memory;       // ended OUT_OF_MEMORY in Slurm, until their outcome is read
+  std::set<std::int64_t> m_preempted;           // ended PREEMPTED in Slurm, likewise
   std::map<std::int64_t, std::string> m_ended_ids;  // the Slurm job of each attempt ended, until read
   asio::steady_timer m_poll_timer;
   bool m_poll_armed = false, m_polling = false, m_squeue_failing = false;

@@ -175,9 +175,12 @@ void start(int sock, int sigfd, const CommandLine& title, const Request& r) {
     if (got != 1) ::_exit(3);  // gpuqd never had the answer: nothing was started
     ::close(go[0]);
     ::setsid();
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // Nothing blocked but SIGUSR1, gpuqd's preemption: until the supervisor takes it (a signalfd),
+    // its default action would end the shim; blocked, it waits there.
+    sigset_t only_usr1;
+    sigemptyset(&only_usr1);
+    sigaddset(&only_usr1, SIGUSR1);
+    ::sigprocmask(SIG_SETMASK, &only_usr1, nullptr);
     title.set({"gpuq-shim", r.launch.c_str()});
     int status = 2;
     try {

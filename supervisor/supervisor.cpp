@@ -743,7 +743,9 @@ class Supervisor {
     while (::read(m_sigfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
       const int sig = static_cast<int>(info.ssi_signo);
       stop = stop || sig == SIGTERM || sig == SIGINT || sig == SIGHUP || (m_stop_on_urg && sig == SIGURG);
-      if (sig == SIGUSR1 && !m_preempt_file.empty()) m_preempted = stop = true;
+      // A preemption stops an attempt that is not ending already: one whose timeout, failure or
+      // end began its teardown ends as that, not as preempted.
+      if (sig == SIGUSR1 && !m_preempt_file.empty() && !m_tearing_down) m_preempted = stop = true;
     }
     std::vector<int> ready;
     for (std::size_t i = 1; i < fds.size(); ++i)

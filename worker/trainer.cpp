@@ -479,6 +479,7 @@ struct Run {
   std::int64_t first_epoch_step = 0;  // a step checkpoint's: where in first_epoch it resumes
   std::vector<torch::Tensor> rng;     // and the generators' states there
   json resumed;                       // the checkpoint's state, or null
+  std::int64_t step_at_start = 0;     // `step` when this process began training
   std::int64_t step = 0, samples = 0, skipped = 0;
   double train_seconds = 0, test_loss = 0, test_accuracy = 0, last_loss = 0;
 };
@@ -823,7 +824,9 @@ bool train_epoch(Run& r, int epoch) {
   for (std::int64_t s = first; s < steps; ++s) {
     if (stop_asked(r)) {
       if (step_loss.defined()) r.last_loss = step_loss.item<double>();
-      save_step(r, epoch, s, seconds_since(t_epoch));
+      // Nothing trained since the checkpoint it resumed from (a stop during start-up): that one
+      // stands, and is not written over in place.
+      if (r.step > r.step_at_start) save_step(r, epoch, s, seconds_since(t_epoch));
       return false;
     }
     set_learning_rate(*r.optimizer, learning_rate(spec, epoch, r.step, total_steps));
@@ -916,6 +919,7 @@ int train_or_throw(const RunOptions& o) {
     if (int code = step(r)) return code;
   resume(r);
   prepare_steps(r);
+  r.step_at_start = r.step;
   if (int code = choose_step_graph(r)) return code;
   for (int epoch = r.first_epoch; epoch <= r.spec.epochs; ++epoch)
     if (!train_epoch(r, epoch)) {

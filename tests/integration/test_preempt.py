@@ -116,6 +116,11 @@ class Preemption(DaemonTest):
         job = self.d.show(low)["job"]
         self.assertEqual((job["state"], job["preempting"], job["preempted_by"]), ("running", True, f"job {urgent} (urgent)"))
         self.assertRegex(self.d.ok("status"), rf"(?m)^\s*{low}\s.*preempting")
+        for refused in (("requeue", f"job {low} (low) is being preempted already"),
+                        ("preempt", f"job {low} (low) is being preempted already")):
+            r = self.d.run(refused[0], str(low))
+            self.assertEqual(r.returncode, 4, r.stderr)
+            self.assertIn(refused[1], r.stderr)
         open(gate, "w").close()
         wait_until(lambda: self.d.show(urgent)["job"]["state"] == "running", what="the urgent job to start")
         job = self.d.show(low)["job"]

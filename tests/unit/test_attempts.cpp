@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "daemon/attempts.hpp"
+#include "daemon/lifecycle.hpp"
 #include "tests/unit/daemon_bench.hpp"
 #include "tests/unit/temp_dir.hpp"
 
@@ -153,6 +154,56 @@ TEST_CASE("an attempt cancelled while it ran ends cancelled, and one that exited
   b.attempts.finish(b.jobs.at(ids[1]), ok);
   CHECK(b.stored(ids[1]).state == JobState::succeeded);
   CHECK(b.orphan_walks == walks);  // a success leaves its dependents' hand-overs as they are
+}
+
+TEST_CASE("a preempted attempt goes back in line, unless it ended on its own first: timed out, failed, succeeded") {
+  Bench b;
+  const auto ids = b.submit(5, k_owner);
+  for (auto id : ids)
+    REQUIRE(b.launch(id));
+  for (auto id : ids)
+    b.jobs.apply(next_record(b.rec(id), event::PreemptRequested{"job 9 (urgent)", 250}));
+  Outcome stopped;  // stopped by the preemption's signal: no rank failed on its own
+  stopped.cancelled = true;
+  stopped.ended_at = 300;
+  b.attempts.finish(b.jobs.at(ids[0]), stopped);
+  CHECK(b.stored(ids[0]).state == JobState::queued);
+  CHECK(b.stored(ids[0]).preemptions == 1);
+  CHECK(b.stored(ids[0]).reason == "preempted by job 9 (urgent): attempt 1 was stopped");
+  Outcome timed_out;  // its timeout's teardown had begun when the preemption came
+  timed_out.timed_out = true;
+  b.attempts.finish(b.jobs.at(ids[1]), timed_out);
+  CHECK(b.stored(ids[1]).state == JobState::timed_out);
+  CHECK(b.stored(ids[1]).preemptions == 0);
+  b.attempts.finish(b.jobs.at(ids[2]), exited(3));  // a rank had failed: a failure (retries 0)
+  CHECK(b.stored(ids[2]).state == JobState::failed);
+  Outcome ok;
+  ok.all_ok = true;
+  ok.exit_code = 0;
+  b.attempts.finish(b.jobs.at(ids[3]), ok);
+  CHECK(b.stored(ids[3]).state == JobState::succeeded);
+  JobRecord both = b.rec(ids[4]);  // a cancel asked too wins
+  both.run.cancel_requested = true;
+  b.jobs.apply(both);
+  b.attempts.finish(b.jobs.at(ids[4]), stopped);
+  CHECK(b.stored(ids[4]).state == JobState::cancelled);
+}
+
+TEST_CASE("an attempt the other system preempted (Slurm) goes back in line as preempted by it, no retry spent") {
+  Bench b;
+  const auto ids = b.submit(2, k_owner);
+  REQUIRE(b.launch(ids[0]));
+  REQUIRE(b.launch(ids[1]));
+  Outcome slurm = Outcome::failed("Slurm job 42 ended PREEMPTED");
+  slurm.preempted_by = "Slurm";
+  b.attempts.finish(b.jobs.at(ids[0]), slurm);
+  const JobRecord back = b.stored(ids[0]);
+  CHECK(back.state == JobState::queued);
+  CHECK((back.attempt == 1 && back.attempt_base == 1 && back.preemptions == 1));
+  CHECK(back.run.preempted_by == "Slurm");
+  CHECK(back.reason == "preempted by Slurm: attempt 1 was stopped");
+  b.attempts.finish(b.jobs.at(ids[1]), Outcome::failed("Slurm job 43 ended NODE_FAIL"));  // not a preemption
+  CHECK(b.stored(ids[1]).state == JobState::failed);
 }
 
 TEST_CASE("an attempt that failed after an OOM kill ends out_of_memory, retried only if its spec asks") {

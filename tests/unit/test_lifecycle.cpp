@@ -317,6 +317,12 @@ TEST_CASE("a preemption stops a running job once and puts it back in line, sayin
   JobRecord unreadable = *asked;
   unreadable.spec_error = "invalid job spec";
   CHECK_FALSE(transition(unreadable, event::Preempted{""}).ok());
+  // Preempted before it started (gpuqd stopped in between): back in line as never started, not
+  // shown as preempted.
+  auto never = transition(*asked, event::NeverStarted{"requeued: gpuqd stopped before the job started"});
+  REQUIRE(never.ok());
+  CHECK_FALSE(never->run.preempt_requested);
+  CHECK(never->run.preempted_by.empty());
 }
 
 TEST_CASE("a job whose stored spec does not parse is never launched, retried or restarted, and fails if queued") {

@@ -208,3 +208,65 @@ TEST_CASE("a drained GPU's victim frees nothing usable") {
   busy[0].holders = 1, busy[0].exclusive = true, busy[0].allocated_mb = busy[0].total_mb;
   CHECK(choose_preemptions({urgent(9, 1)}, busy, {running[0], fixed}, k_now, {}).empty());
 }
+
+TEST_CASE("a job launched in this very pass is no victim: it has not begun") {
+  Runner fresh = runner(1, {0}, 0);  // started_at == now
+  CHECK(choose({urgent(9, 1)}, 1, {fresh}).empty());
+  CHECK(preempt_refusal(fresh, urgent(9, 1), k_now, {}) == "launched in this pass");
+}
+
+TEST_CASE("GPUs the pass reserved for a job earlier in line are not counted as free by the jobs after it") {
+  // GPU 0 free but reserved, with GPUs 1 and 3 (held by jobs that are not preemptible), for a
+  // 3-GPU job E; V on GPU 2 is preemptible. U (1 GPU) must preempt V, not count on GPU 0.
+  Runner n1 = runner(1, {1}), n2 = runner(2, {3}), v = runner(3, {2});
+  n1.preemptible = n2.preemptible = false;
+  const std::vector<Runner> running{n1, n2, v};
+  const std::map<std::int64_t, std::vector<int>> reserved{{8, {0, 1, 3}}};
+  auto p = choose_preemptions({urgent(8, 3), urgent(9, 1)}, held_by(gpus(4), running), running, k_now, {}, reserved);
+  REQUIRE(p.size() == 1);
+  CHECK(p[0].victim == 3);
+  CHECK(p[0].by == 9);
+  // Without the reservation, GPU 0 serves U and nothing is preempted.
+  CHECK(choose_preemptions({urgent(9, 1)}, held_by(gpus(4), running), running, k_now, {}).empty());
+}
+
+TEST_CASE("lab fair share: a job waiting for GPUs coming free counts them as its user's, in every pass") {
+  // Six GPUs, two users: a share of 3. Alice's six preemptible jobs hold them all; Bob's B1 (2 GPUs)
+  // preempted two of them in an earlier pass, and they are stopping. B1 counts what it waits for,
+  // so Bob's B2 (2 more) would take him past his share and preempts no one.
+  std::vector<Runner> alices;
+  for (int g = 0; g < 6; ++g) {
+    alices.push_back(runner(10 + g, {g}, 100 + g));
+    alices.back().user = 1001;
+  }
+  alices[0].stopping = alices[1].stopping = true;
+  PendingJob b1 = urgent(20, 2), b2 = urgent(21, 2);
+  b1.user = b2.user = 1002;
+  PreemptRules rules;
+  rules.lab = rules.across_users = true;
+  rules.fair_share = 3;
+  rules.held = {{1001, 4}};  // the stopping jobs' GPUs are not counted
+  CHECK(choose_preemptions({b1, b2}, held_by(gpus(6), alices), alices, k_now, rules).empty());
+  // Before any of it: Bob at 0 and Alice at 6, B2 alone preempts two of hers, the cheapest.
+  alices[0].stopping = alices[1].stopping = false;
+  rules.held = {{1001, 6}};
+  CHECK(victims(choose_preemptions({b2}, held_by(gpus(6), alices), alices, k_now, rules)) ==
+        std::vector<std::int64_t>{10, 11});
+}
+
+TEST_CASE("a pass looks at a bounded number of waiting jobs, and none at or under the victims' priority") {
+  const std::vector<Runner> running{runner(1, {0})};
+  std::vector<PendingJob> waiting;
+  for (std::size_t i = 0; i < k_max_preempting; ++i) {
+    PendingJob j = urgent(100 + static_cast<std::int64_t>(i), 2);  // cannot fit on a 1-GPU box anyway
+    waiting.push_back(j);
+  }
+  waiting.push_back(urgent(9, 1));  // past the bound
+  CHECK(choose(waiting, 1, running).empty());
+  waiting.pop_back();
+  waiting.resize(3);
+  waiting.push_back(urgent(9, 1));
+  CHECK(victims(choose(waiting, 1, running)) == std::vector<std::int64_t>{1});
+}
+
+TEST_SUITE_END();
