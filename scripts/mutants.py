@@ -430,9 +430,6 @@ MUTANTS = [
      "      if (auto w = write_file_atomic(m_preempt_file, said.dump() + \"\\n\"); !w)",
      "      if (auto w = write_file_atomic(m_preempt_file + \".elsewhere\", said.dump()); !w)",
      ["test_preempt.Preemption.test_an_urgent_job_preempts_a_low_gang_which_checkpoints_and_resumes_where_it_stopped"]),
-    ("preempt-by-slurm", "daemon/slurm_executor.cpp",
-     "    if (m_preempted.erase(attempt.id)) o.preempted_by = \"Slurm\";\n", "",
-     ["test_slurm.SlurmPreemption.test_a_job_slurm_preempts_goes_back_in_line_as_preempted_no_retry_spent"]),
     ("preempt-spec-signal", "supervisor/supervisor.cpp",
      "      m_first_signal = m_preempt_signal;\n", "",
      ["test_preempt.Preemption.test_gpuq_preempt_sends_the_specs_signal_and_records_who"]),
@@ -709,7 +706,9 @@ def check_tests(tests, bin_dir=None):
     if names:
         r = run([sys.executable, "-c", "import sys, unittest\n"
                  "s = unittest.defaultTestLoader.loadTestsFromNames(sys.argv[1:])\n"
-                 "bad = [str(t) for t in unittest.TestSuite(s) if 'FailedTest' in type(t).__name__]\n"
+                 "def flat(t):\n"
+                 "    return [x for c in t for x in flat(c)] if isinstance(t, unittest.TestSuite) else [t]\n"
+                 "bad = [str(t) for t in flat(s) if 'FailedTest' in type(t).__name__]\n"
                  "sys.exit(1 if bad or s.countTestCases() == 0 else 0)", *names],
                 cwd=os.path.join(REPO, "tests", "integration"), capture_output=True, text=True)
         if r.returncode != 0:
