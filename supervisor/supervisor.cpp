@@ -847,6 +847,10 @@ class Supervisor {
   void signal_all(int sig) {
     auto signal_once = [&](int target, bool group) {
       if (sig != SIGKILL && !m_termed.insert(group ? -target : target).second) return;
+      // A rank's main process leads the group just signalled: it got the signal with its group, and
+      // a second one (a second SIGINT or SIGTERM is "quit now" to many programs, and would run a
+      // checkpoint handler twice) is not sent.
+      if (!group && sig != SIGKILL && m_termed.count(-target) && ::getpgid(target) == target) return;
       group ? ::killpg(target, sig) : ::kill(target, sig);
     };
     for (const auto& r : m_ranks)

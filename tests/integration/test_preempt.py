@@ -98,6 +98,21 @@ class Preemption(DaemonTest):
         self.assertEqual(r.returncode, 4, r.stderr)
         self.assertIn(f"job {low} (usr1) is succeeded; only a running job can be preempted", r.stderr)
 
+    def test_each_process_gets_the_preempt_signal_once(self):
+        # A handler that takes its time: a second signal would run it again (as a second SIGINT
+        # makes many programs quit at once). The rank's main process leads its process group.
+        started = self.tmp_path("started")
+        script = (f"[ \"$GPUQ_ATTEMPT\" = 2 ] && exit 0; trap 'echo got; sleep 0.5; exit 0' USR1; touch {started}; "
+                  "while true; do sleep 0.05; done")
+        job = self.d.submit({"name": "once", "gpus": 1, "preempt_signal": "USR1", "shell": script,
+                             "timeout_s": 120})["ids"][0]
+        wait_until(lambda: os.path.exists(started), what="the job to start")
+        self.d.ok("preempt", str(job))
+        done = self.d.wait([job])[job]
+        self.assertEqual((done["state"], done["attempt"]), ("succeeded", 2), done["reason"])
+        # (The shell also says its `sleep` died of the signal: the group's every process gets it.)
+        self.assertEqual(self.d.ok("logs", str(job), "--attempt", "1").split().count("got"), 1)
+
     def test_a_preempted_job_shows_as_preempted_with_who_while_it_waits(self):
         gate, started, stopping = self.tmp_path("gate"), self.tmp_path("started"), self.tmp_path("stopping")
         # The victim takes its time to stop (it waits for the gate), so its `preempting` state and
