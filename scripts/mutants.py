@@ -376,6 +376,7 @@ MUTANTS = [
     ("preempt-lower-priority-only", "daemon/preemption.cpp",
      "  if (r.priority >= j.priority) return Refusal::not_lower;\n", "",
      ["unit:only preemptible jobs of lower priority are victims",
+      "unit:a victim of higher priority than the waiting job is never taken*",
       "test_preempt.Preemption.test_jobs_not_preemptible_or_not_lower_are_left_alone"]),
     ("preempt-once-in-lifecycle", "daemon/lifecycle.cpp",
      "            if (!running || stop_asked(rec)) return refused(rec, e, \"a running job not asked to stop yet\");",

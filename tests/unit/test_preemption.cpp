@@ -269,4 +269,12 @@ TEST_CASE("a pass looks at a bounded number of waiting jobs, and none at or unde
   CHECK(victims(choose(waiting, 1, running)) == std::vector<std::int64_t>{1});
 }
 
+
+TEST_CASE("a victim of higher priority than the waiting job is never taken, however cheap") {
+  Runner high = runner(1, {0}, 10, 20), low = runner(2, {1}, 900, 0);  // the higher one lost less
+  CHECK(victims(choose({urgent(9, 1, 10)}, 2, {high, low})) == std::vector<std::int64_t>{2});
+  Runner equal = runner(3, {0}, 10, 10);
+  CHECK(victims(choose({urgent(9, 1, 10)}, 2, {equal, low})) == std::vector<std::int64_t>{2});
+}
+
 TEST_SUITE_END();
