@@ -330,10 +330,12 @@ class LocalExecutor final : public Executor {
   // cannot appear inside a JSON string, where quotes are escaped). Supervisors that an earlier
   // gpuqd started, adopted across an upgrade, have none.
   static bool launched_with_preempt(const std::string& dir) {
-    std::ifstream in(dir + "/launch.json");
-    std::string text(8 << 20, '\0');
+    std::ifstream in(dir + "/launch.json", std::ios::ate);
+    const std::streamoff size = in ? static_cast<std::streamoff>(in.tellg()) : 0;
+    std::string text(static_cast<std::size_t>(std::clamp<std::streamoff>(size, 0, 8 << 20)), '\0');
+    in.seekg(0);
     in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<std::size_t>(in.gcount()));
+    text.resize(static_cast<std::size_t>(std::max<std::streamsize>(0, in.gcount())));
     return text.find("\"preempt\":{") != std::string::npos;
   }
 

@@ -170,57 +170,51 @@ void add_cancel(CLI::App& app, Context& ctx) {
   });
 }
 
-// `gpuq requeue`: running jobs stopped and put back in line, no retry spent (Slurm's `scontrol
-// requeue`): a job that checkpoints into $GPUQ_CHECKPOINT_DIR on SIGTERM resumes from there.
-void add_requeue(CLI::App& app, Context& ctx) {
+namespace {
+
+// `requeue` and `preempt`: running jobs stopped and put back in line, each saying what was asked.
+void add_back_in_line(CLI::App& app, Context& ctx, const common::Cmd<common::IdsRequest, common::CancelReply>& cmd,
+                      const std::string& help, const char* asked, const char* not_asked) {
   auto ids = args<std::vector<std::int64_t>>();
-  auto* sub = app.add_subcommand("requeue",
-                                 "Stop running jobs (SIGTERM, then SIGKILL) and put them back in line, no retry spent");
+  auto* sub = app.add_subcommand(std::string(cmd.name), help);
   sub->add_option("ids", *ids, "Job ids (running)")->required();
   add_json_flag(sub, ctx);
-  sub->callback([&ctx, ids] {
-    ctx.run = [&ctx, ids] {
-      auto reply = call(ctx.opt, common::cmd::requeue, common::IdsRequest{*ids});
+  sub->callback([&ctx, &cmd, ids, asked, not_asked] {
+    ctx.run = [&ctx, &cmd, ids, asked, not_asked] {
+      auto reply = call(ctx.opt, cmd, common::IdsRequest{*ids});
       if (!reply) return report(reply.error());
       if (ctx.opt.json) {
         print_json(reply->jobs);
         return k_exit_ok;
       }
       for (const auto& j : reply->jobs)
-        std::cout << "job " << j.id
-                  << (j.changed ? ": stopping (SIGTERM to all its processes); it goes back in line once they are gone\n"
-                                : ": already going back in line\n");
+        std::cout << "job " << j.id << (j.changed ? asked : not_asked) << "\n";
       return k_exit_ok;
     };
   });
+}
+
+}  // namespace
+
+// `gpuq requeue`: running jobs stopped and put back in line, no retry spent (Slurm's `scontrol
+// requeue`): a job that checkpoints into $GPUQ_CHECKPOINT_DIR on SIGTERM resumes from there.
+void add_requeue(CLI::App& app, Context& ctx) {
+  add_back_in_line(app, ctx, common::cmd::requeue,
+                   "Stop running jobs (SIGTERM, then SIGKILL) and put them back in line, no retry spent",
+                   ": stopping (SIGTERM to all its processes); it goes back in line once they are gone",
+                   ": already going back in line");
 }
 
 // `gpuq preempt`: running jobs preempted by hand, as a job of higher priority would: each gets
 // $GPUQ_PREEMPT_FILE, its preempt_signal and its preempt_grace_s to checkpoint, then goes back in
 // line as preempted, no retry spent.
 void add_preempt(CLI::App& app, Context& ctx) {
-  auto ids = args<std::vector<std::int64_t>>();
-  auto* sub = app.add_subcommand(
-      "preempt",
-      "Preempt running jobs: their preempt signal and grace to checkpoint, then back in line, no retry spent");
-  sub->add_option("ids", *ids, "Job ids (running)")->required();
-  add_json_flag(sub, ctx);
-  sub->callback([&ctx, ids] {
-    ctx.run = [&ctx, ids] {
-      auto reply = call(ctx.opt, common::cmd::preempt, common::IdsRequest{*ids});
-      if (!reply) return report(reply.error());
-      if (ctx.opt.json) {
-        print_json(reply->jobs);
-        return k_exit_ok;
-      }
-      for (const auto& j : reply->jobs)
-        std::cout << "job " << j.id
-                  << (j.changed ? ": preempting (its preempt signal, then SIGKILL after its grace); it goes back in "
-                                  "line once its processes are gone\n"
-                                : ": named twice; preempted once\n");
-      return k_exit_ok;
-    };
-  });
+  add_back_in_line(
+      app, ctx, common::cmd::preempt,
+      "Preempt running jobs: their preempt signal and grace to checkpoint, then back in line, no retry spent",
+      ": preempting (its preempt signal, then SIGKILL after its grace); it goes back in line once its processes "
+      "are gone",
+      ": named twice; preempted once");
 }
 
 void add_restart(CLI::App& app, Context& ctx) {

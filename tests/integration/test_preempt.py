@@ -32,6 +32,14 @@ def stepper(started, log, steps=10, park=3, signal="TERM", on_signal="exit 143")
     return STEPPER.format(started=started, log=log, steps=steps, park=park, signal=signal, on_signal=on_signal)
 
 
+def slow_to_stop(started, stopping, gate):
+    """A job that, on SIGTERM, touches `stopping` and ends only once `gate` exists; its second
+    attempt succeeds at once: a victim whose stopping and wait in line can be looked at."""
+    return ('[ "$GPUQ_ATTEMPT" = 2 ] && exit 0; '
+            f"trap 'touch {stopping}; while [ ! -e {gate} ]; do sleep 0.05; done; exit 143' TERM; "
+            f"touch {started}; while true; do sleep 0.05; done")
+
+
 def history(d, job):
     return [(h["attempt"], h["state"], h["reason"]) for h in d.show(job)["history"]]
 
@@ -117,9 +125,7 @@ class Preemption(DaemonTest):
         gate, started, stopping = self.tmp_path("gate"), self.tmp_path("started"), self.tmp_path("stopping")
         # The victim takes its time to stop (it waits for the gate), so its `preempting` state and
         # then its wait in line can be looked at.
-        script = ('[ "$GPUQ_ATTEMPT" = 2 ] && exit 0; '
-                  f"trap 'touch {stopping}; while [ ! -e {gate} ]; do sleep 0.05; done; exit 143' TERM; "
-                  f"touch {started}; while true; do sleep 0.05; done")
+        script = slow_to_stop(started, stopping, gate)
         low = self.d.submit({"name": "low", "gpus": 2, "preemptible": True, "shell": script,
                              "timeout_s": 300})["ids"][0]
         wait_until(lambda: os.path.exists(started), what="the low job to start")
@@ -154,9 +160,7 @@ class Preemption(DaemonTest):
         lows = []
         for i in range(2):
             # Slow to stop: several passes run while they are stopping.
-            script = ('[ "$GPUQ_ATTEMPT" = 2 ] && exit 0; '
-                      f"trap 'touch {stopping[i]}; while [ ! -e {gate} ]; do sleep 0.05; done; exit 143' TERM; "
-                      f"touch {started[i]}; while true; do sleep 0.05; done")
+            script = slow_to_stop(started[i], stopping[i], gate)
             lows.append(self.d.submit({"name": f"low{i}", "gpus": 1, "preemptible": True, "shell": script,
                                        "timeout_s": 300})["ids"][0])
         for s in started:
@@ -225,9 +229,7 @@ class Recovery(DaemonTest):
 
     def test_gpuqd_killed_mid_preemption_recovers_and_finishes_it(self):
         gate, started, stopping = self.tmp_path("gate"), self.tmp_path("started"), self.tmp_path("stopping")
-        script = ('[ "$GPUQ_ATTEMPT" = 2 ] && exit 0; '
-                  f"trap 'touch {stopping}; while [ ! -e {gate} ]; do sleep 0.05; done; exit 143' TERM; "
-                  f"touch {started}; while true; do sleep 0.05; done")
+        script = slow_to_stop(started, stopping, gate)
         low = self.d.submit({"name": "low", "gpus": 1, "preemptible": True, "shell": script,
                              "timeout_s": 300})["ids"][0]
         wait_until(lambda: os.path.exists(started), what="the low job to start")
