@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <csignal>
 #include <sstream>
 
 namespace gpuq::common {
@@ -38,6 +39,9 @@ std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions&
   if (spec.cpus > 0) out.push_back("--cpus-per-task=" + std::to_string(spec.cpus));
   // Slurm's memory limit is per node (its cgroup's, ConstrainRAMSpace): the ranks on one together.
   if (spec.memory_mb > 0) out.push_back("--mem=" + std::to_string(spec.memory_mb * (ranks / nodes)) + "M");
+  // A preemptible job's signal: Slurm sends a job's --signal at its preemption too, where the
+  // cluster says so (PreemptParameters=send_user_signal, with a GraceTime); otherwise SIGTERM.
+  const std::string signal = std::to_string(spec.preemptible ? preempt_signal_number(spec.preempt_signal) : SIGTERM);
   if (layout.time_minutes > 0) {
     out.push_back("--time=" + std::to_string(layout.time_minutes));
   } else if (spec.timeout_s > 0) {
@@ -46,7 +50,19 @@ std::vector<std::string> sbatch_options(const JobSpec& spec, const SlurmOptions&
     // its SIGTERM at about its timeout and a minute to checkpoint, as gpuq's grace period does.
     const long minutes = static_cast<long>(std::ceil(spec.timeout_s / 60.0)) + 1;
     out.push_back("--time=" + std::to_string(minutes));
-    out.push_back("--signal=TERM@60");
+    out.push_back("--signal=" + (spec.preemptible ? signal : std::string("TERM")) + "@60");
+  } else if (spec.preemptible && !layout.supervised) {
+    out.push_back("--signal=" + signal + "@60");
+  }
+  if (spec.preemptible && layout.supervised) {
+    // To the batch shell alone: gpuq-shim, or a gang's script, which passes it on to the ranks'
+    // supervisors. Its time before the end of Slurm's limit (a backup, past the timeout and its
+    // grace) comes after gpuq-shim's own timeout: a supervisor already ending takes no preemption.
+    out.push_back("--signal=B:USR1@30");
+    out.push_back("--no-requeue");
+  } else if (spec.preemptible) {
+    out.push_back("--requeue");
+    out.push_back("--open-mode=append");  // a requeued job's run adds to the log of the one before
   }
   // gpuq's priority is "higher starts sooner"; Slurm lets users only lower their own jobs' (a
   // positive --nice), so only a negative priority maps.
@@ -121,7 +137,9 @@ Result<std::string> sbatch_script(const JobSpec& spec, const SlurmOptions& o) {
   };
   // What gpuq sets for every job; its files go to a folder of the job's in the working directory,
   // kept from one submission to the next so that a resubmitted job resumes from its checkpoints.
-  s << "export GPUQ_JOB_NAME=" << shell_quote(name) << " GPUQ_JOB_ID=\"$SLURM_JOB_ID\" GPUQ_ATTEMPT=1\n";
+  // Slurm reruns a requeued job's script (a preemption, `scontrol requeue`), and counts the runs.
+  s << "export GPUQ_JOB_NAME=" << shell_quote(name) << " GPUQ_JOB_ID=\"$SLURM_JOB_ID\""
+    << " GPUQ_ATTEMPT=$((${SLURM_RESTART_COUNT:-0} + 1))\n";
   s << "export GPUQ_JOB_DIR=\"$PWD/gpuq-\"" << shell_quote(name) << "\n";
   s << "export GPUQ_CHECKPOINT_DIR=\"$GPUQ_JOB_DIR/checkpoints\"\n";
   s << "mkdir -p \"$GPUQ_CHECKPOINT_DIR\" \"$GPUQ_JOB_DIR/slurm-$SLURM_JOB_ID\"\n";

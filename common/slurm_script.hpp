@@ -22,9 +22,14 @@ struct SlurmOptions {
 
 // Where the exported script and gpuqd's differ: gpuqd's supervisor enforces the timeout itself
 // (Slurm's limit only backs it up, with no warning signal) and writes into the attempt directory.
+// A preemptible job (docs/slurm.md#preemption) exported is requeued by Slurm (--requeue, its log
+// appended to) and gets its preempt_signal as Slurm's --signal; under gpuqd (`supervised`) Slurm
+// ends it (--no-requeue: gpuqd puts it back in line as a new attempt) and its supervisor gets
+// SIGUSR1 (--signal=B:USR1), which it takes as a preemption, as from gpuqd.
 struct SbatchLayout {
   std::string output;      // --output; empty: "<name>-%j.log" in the working directory
   long time_minutes = -1;  // --time; -1: the timeout plus a minute, with SIGTERM a minute before
+  bool supervised = false;  // gpuqd's executor: the batch script is (or starts) gpuq-shim
 };
 
 // The sbatch options of one job, in order, e.g. "--job-name=train", "--nodes=2", their values as

@@ -48,6 +48,10 @@ std::string rank_log_path(const std::string& attempt_dir, int rank);
 std::string rank_events_path(const std::string& attempt_dir, int rank);
 // $GPUQ_PREEMPT_FILE: the file the attempt's supervisor writes when the attempt is preempted.
 std::string preempt_file_path(const std::string& attempt_dir);
+// Whether an attempt's launch document has a `preempt` block, so that its supervisor takes a
+// preemption (gpuqd writes it compact; the text cannot appear inside a JSON string, where quotes
+// are escaped). Supervisors that an earlier gpuqd started, adopted across an upgrade, have none.
+bool launched_with_preempt(const std::string& attempt_dir);
 // The events a spec's `report` makes of rank `rank`'s output, written by its supervisor beside the
 // rank's own events file (never into it: a line the job writes in pieces would take the
 // supervisor's line into its middle, and both be lost). Their read offsets are kept under the

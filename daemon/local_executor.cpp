@@ -326,19 +326,6 @@ class LocalExecutor final : public Executor {
     bool handles_preempt = false;                 // its launch document has `preempt`: it takes SIGUSR1 for one
   };
 
-  // Whether an attempt's launch document has a `preempt` block (gpuqd writes it compact; the text
-  // cannot appear inside a JSON string, where quotes are escaped). Supervisors that an earlier
-  // gpuqd started, adopted across an upgrade, have none.
-  static bool launched_with_preempt(const std::string& dir) {
-    std::ifstream in(dir + "/launch.json", std::ios::ate);
-    const std::streamoff size = in ? static_cast<std::streamoff>(in.tellg()) : 0;
-    std::string text(static_cast<std::size_t>(std::clamp<std::streamoff>(size, 0, 8 << 20)), '\0');
-    in.seekg(0);
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<std::size_t>(std::max<std::streamsize>(0, in.gcount())));
-    return text.find("\"preempt\":{") != std::string::npos;
-  }
-
   // Signals the supervisor, through its pidfd where there is one (never a process that reused
   // its pid).
   static void signal_shim(const Shim& s, int sig) {

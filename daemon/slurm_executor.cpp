@@ -32,12 +32,13 @@
 #include <set>
 #include <sstream>
 
+#include "common/command.hpp"
 #include "common/json_input.hpp"
 #include "common/paths.hpp"
-#include "common/command.hpp"
 #include "common/process.hpp"
 #include "common/slurm_script.hpp"
 #include "daemon/executor.hpp"
+#include "daemon/launcher.hpp"
 
 namespace gpuq::daemon {
 
@@ -232,6 +233,32 @@ class SlurmExecutor final : public Executor {
     } else if (waiting(it->second)) {  // waiting to ask sbatch again: nothing of it is in Slurm
       end_unsubmitted(id, json{{"cancelled", true}, {"error", "cancelled before Slurm took it"}});
     }  // else once sbatch answers
+  }
+
+  // A preemption, as a cancel (cancel_in_slurm) with the preemption's signal: a single job's
+  // supervisor gets SIGUSR1; a gang's get SIGURG with `preempt` in the stop file they read. A
+  // supervisor without a `preempt` block (an earlier gpuqd's: SIGUSR1 would kill it) is stopped.
+  void preempt(std::int64_t id, double grace_s) override {
+    auto it = m_jobs.find(id);
+    if (it == m_jobs.end()) return;
+    Job& job = it->second;
+    if (job.slurm_id.empty() || job.state == "PENDING" || job.cancel || !launched_with_preempt(job.dir))
+      return stop(id);
+    job.cancel = true;
+    const std::string slurm_id = job.slurm_id;
+    std::vector<std::string> argv{"scancel"};
+    if (job.tasks == 0) {
+      argv.insert(argv.end(), {"--signal=USR1", "--batch"});
+    } else {
+      if (auto w = common::write_file_atomic(job.dir + "/" + common::k_stop_file, "preempt\n"); !w)
+        std::cerr << "gpuqd: Slurm job " << slurm_id << ": " << w.error().message << "\n";
+      argv.push_back("--signal=URG");
+    }
+    argv.push_back(slurm_id);
+    run_off_thread(std::move(argv), [this, slurm_id](CommandResult r) {
+      if (!r.started || r.exit_code != 0) scancel(slurm_id);  // gone meanwhile: end it plainly
+    });
+    end_after_grace(id, job, grace_s);
   }
 
   void set_array_limit(const std::vector<std::int64_t>& handed, int limit) override {
@@ -434,7 +461,7 @@ class SlurmExecutor final : public Executor {
   // gpuq-shim enforces the timeout and its grace period itself and records `timed_out`; Slurm's
   // limit, a minute past both, only backs it up.
   common::SbatchLayout layout_of(const Attempt& a, std::string output) const {
-    common::SbatchLayout layout{std::move(output), -1};
+    common::SbatchLayout layout{std::move(output), -1, true};
     if (a.spec->timeout_s > 0)
       layout.time_minutes = static_cast<long>(std::ceil((a.spec->timeout_s + m_settings.grace_s) / 60.0)) + 1;
     return layout;
@@ -497,8 +524,19 @@ class SlurmExecutor final : public Executor {
     // grace period.
     const int nodes = std::max(1, spec.nodes);
     s << common::rendezvous_exports();
-    s << "srun --export=ALL --kill-on-bad-exit=1 --ntasks=" << spec.ranks << " --ntasks-per-node=" << spec.ranks / nodes
-      << " " << shim << " --slurm-task\n";
+    const std::string srun = "srun --export=ALL --kill-on-bad-exit=1 --ntasks=" + std::to_string(spec.ranks) +
+                             " --ntasks-per-node=" + std::to_string(spec.ranks / nodes) + " " + shim + " --slurm-task";
+    if (!spec.preemptible) {
+      s << srun << "\n";
+    } else {
+      // Slurm's preemption comes to this shell alone (--signal=B:USR1): it passes it on to the
+      // ranks' supervisors as gpuq's own preemption does (preempt() below), and waits on for srun.
+      // srun runs in the background, so that the trap runs at once, not once srun has ended.
+      if (!array) s << "dir=" << common::shell_quote(a.dir) << "\n";
+      s << "trap 'echo preempt >\"$dir/" << common::k_stop_file << "\"; scancel --signal=URG \"$SLURM_JOB_ID\"' USR1\n";
+      s << srun << " &\nsrun_pid=$!\n";
+      s << "while ! wait \"$srun_pid\" && kill -0 \"$srun_pid\" 2>/dev/null; do :; done\n";
+    }
     s << "exec " << shim << " --slurm-outcome\n";
     return s.str();
   }
@@ -630,9 +668,14 @@ class SlurmExecutor final : public Executor {
     run_off_thread(std::move(argv), [this, slurm_id](CommandResult r) {
       if (!r.started || r.exit_code != 0) scancel(slurm_id);  // pending after all, or gone: end it plainly
     });
+    end_after_grace(id, job, m_settings.grace_s);
+  }
+
+  // Whatever is left of a job its supervisors were asked to stop goes once their grace is over.
+  void end_after_grace(std::int64_t id, Job& job, double grace_s) {
     job.end_after_grace = std::make_unique<asio::steady_timer>(
-        m_io, std::chrono::milliseconds(static_cast<long long>((m_settings.grace_s + k_cancel_slack_s) * 1000)));
-    job.end_after_grace->async_wait([this, id, slurm_id](const boost::system::error_code& ec) {
+        m_io, std::chrono::milliseconds(static_cast<long long>((grace_s + k_cancel_slack_s) * 1000)));
+    job.end_after_grace->async_wait([this, id, slurm_id = job.slurm_id](const boost::system::error_code& ec) {
       auto it = m_jobs.find(id);
       if (!ec && it != m_jobs.end() && it->second.slurm_id == slurm_id) scancel(slurm_id);
     });
@@ -762,9 +805,14 @@ class SlurmExecutor final : public Executor {
       // Slurm's cgroup saw an OOM kill in the job (its memory limit's, or the node's): the job
       // ends out_of_memory as it would locally (how many processes, Slurm does not say: one).
       if (state == "OUT_OF_MEMORY") m_out_of_memory.insert(id);
-      if (state == "PREEMPTED") m_preempted.insert(id);  // back in line as preempted, not a failure
-      if (!record.is_null() && state != "CANCELLED" && state != "TIMEOUT" && state != "PREEMPTED" &&
-          state != "NODE_FAIL") {
+      // Preempted by Slurm: back in line as preempted, not a failure. A job that ended within its
+      // GraceTime (its supervisor took the preemption's signal) may end COMPLETED: Slurm's
+      // PreemptTime says it was preempted all the same.
+      const std::string preempt_time = field("PreemptTime");
+      const bool preempted = state == "PREEMPTED" || (!preempt_time.empty() && preempt_time != "None" &&
+                                                      preempt_time != "Unknown" && state != "CANCELLED");
+      if (preempted) m_preempted.insert(id);
+      if (!record.is_null() && state != "CANCELLED" && state != "TIMEOUT" && !preempted && state != "NODE_FAIL") {
         m_outcomes[id] = std::move(record);
         m_ended(id);
         return;

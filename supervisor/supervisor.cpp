@@ -561,13 +561,15 @@ class Supervisor {
     sigemptyset(&m_signals);
     for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&m_signals, s);
     if (m_stop_on_urg) sigaddset(&m_signals, SIGURG);
-    // SIGUSR1 from gpuqd: a preemption (the launch document's `preempt`).
+    // SIGUSR1 from gpuqd (or Slurm's --signal=B:USR1): a preemption (the launch document's
+    // `preempt`). A task of a Slurm gang takes one as SIGURG with `preempt` in the stop file:
+    // Slurm signals every process of a step, and SIGUSR1 would end ranks that do not catch it.
     const json preempt = m_doc.value("preempt", json());
-    if (!m_stop_on_urg && preempt.is_object()) {
+    if (preempt.is_object()) {
       m_preempt_signal = preempt.value("signal", SIGTERM);
       m_preempt_grace_s = preempt.value("grace_s", 30.0);
       m_preempt_file = preempt.value("file", std::string());
-      sigaddset(&m_signals, SIGUSR1);
+      if (!m_stop_on_urg) sigaddset(&m_signals, SIGUSR1);
     }
     ::sigprocmask(SIG_BLOCK, &m_signals, nullptr);
 
@@ -594,7 +596,8 @@ class Supervisor {
     // A stop sent before the signals above were caught was lost (SIGURG is ignored by default);
     // the file gpuqd writes before sending it says so. One written after this look comes with a
     // signal that is caught.
-    if (!m_stop_file.empty() && common::path_exists(m_stop_file)) m_cancelled = true;
+    if (!m_stop_file.empty() && common::path_exists(m_stop_file))
+      m_cancelled = true, m_preempted = stop_is_preemption();
     m_report.take(m_doc);
     if (!m_cancelled)
       for (const auto& r : m_doc["ranks"]) spawn(r);
@@ -745,7 +748,8 @@ class Supervisor {
       stop = stop || sig == SIGTERM || sig == SIGINT || sig == SIGHUP || (m_stop_on_urg && sig == SIGURG);
       // A preemption stops an attempt that is not ending already: one whose timeout, failure or
       // end began its teardown ends as that, not as preempted.
-      if (sig == SIGUSR1 && !m_preempt_file.empty() && !m_tearing_down) m_preempted = stop = true;
+      if (sig == SIGUSR1 && !m_stop_on_urg && !m_preempt_file.empty() && !m_tearing_down) m_preempted = stop = true;
+      if (sig == SIGURG && m_stop_on_urg && !m_tearing_down && stop_is_preemption()) m_preempted = true;
     }
     std::vector<int> ready;
     for (std::size_t i = 1; i < fds.size(); ++i)
@@ -753,6 +757,18 @@ class Supervisor {
     pump_pipes(ready, false);
     m_report.tick();  // what waited for its pace
     return stop;
+  }
+
+  // A Slurm gang's stop file says `preempt` (gpuqd's preempt(), or the batch script's trap of
+  // Slurm's preemption signal), and the launch document says how a preemption goes.
+  bool stop_is_preemption() const {
+    if (m_stop_file.empty() || m_preempt_file.empty()) return false;
+    char word[8] = {};
+    const int fd = ::open(m_stop_file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0) return false;
+    const ssize_t n = ::read(fd, word, sizeof word - 1);
+    ::close(fd);
+    return n >= 7 && std::string_view(word, 7) == "preempt";
   }
 
   // Copies what the pipes `fds` hold to their logs; a pipe at EOF is closed. With `drain` (the
@@ -901,6 +917,7 @@ class Supervisor {
                        {"signal", r.signal ? json(*r.signal) : json()}});
     json out = {{"ranks", ranks},         {"first_failure", m_first_failure}, {"cancelled", m_cancelled},
                 {"timed_out", m_timed_out}, {"started_at", m_started_at},       {"ended_at", wall_now()}};
+    if (m_preempted) out["preempted"] = true;  // said, not trusted: gpuqd knows whom it preempted
     // A rank's last words may be any bytes: invalid UTF-8 becomes U+FFFD, so the record is JSON.
     if (auto w = write_file_atomic(m_doc["exit_file"].get<std::string>(),
                                    out.dump(-1, ' ', false, json::error_handler_t::replace));

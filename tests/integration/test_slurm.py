@@ -13,6 +13,7 @@ import tempfile
 import unittest
 
 from harness import BIN, REPO, Daemon, wait_until
+from test_preempt import history, stepper
 from test_ddp import TORCH_PYTHON, have_torch
 from test_worker import HAVE_WORKER, SYNTHETIC, WORKER, load, max_diff
 
@@ -28,8 +29,9 @@ def setUpModule():
     if not HAVE_SLURM:
         return
     SLURM_DIR = tempfile.mkdtemp(prefix="gpuq-slurm-")
+    # PREEMPT: partition "urgent" preempts the default one (SlurmPreemption)
     r = subprocess.run([START, os.path.join(SLURM_DIR, "slurm")], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, NODES="2"))
+                       env=dict(os.environ, NODES="2", PREEMPT="1"))
     if r.returncode != 0:
         raise AssertionError(f"Slurm did not start: {r.stderr}")
     os.environ["SLURM_CONF"] = r.stdout.strip()  # for gpuqd, gpuq's jobs and the tests' own squeue
@@ -649,6 +651,69 @@ class SlurmExecutor(unittest.TestCase):
         self.assertEqual(self.d.show(job)["first_failure"]["rank"], 1)
         self.assertIn("node1", self.d.ok("logs", str(job), "--rank", "0"))
         wait_until(lambda: not squeue(), timeout=30, interval=0.2, what="the gang to leave Slurm's queue")
+
+
+# A Slurm job of the urgent partition over both nodes' GPUs: Slurm preempts what holds them.
+URGENT = ["sbatch", "--parsable", "--partition=urgent", "--nodes=2", "--gpus-per-node=2", "--output=/dev/null",
+          "--wrap=sleep 1"]
+
+
+@unittest.skipUnless(HAVE_SLURM, NEEDS)
+class SlurmPreemption(unittest.TestCase):
+    """Preemption under the Slurm executor: Slurm's own (partition_prio; the job's --signal sent at
+    preemption, SlurmctldParameters=preempt_send_user_signal), and gpuq's (`gpuq preempt`)."""
+    setUp = SlurmExecutor.setUp
+    tearDown = SlurmExecutor.tearDown
+
+    def stepper_job(self, **fields):
+        started, log = os.path.join(self.tmp, "started"), os.path.join(self.tmp, "steps")
+        job = self.d.submit(dict({"name": "low", "gpus": 2, "preemptible": True, "preempt_signal": "USR1",
+                                  "preempt_grace_s": 20, "timeout_s": 300,
+                                  "shell": stepper(started, log, steps=6, park=2, signal="USR1")}, **fields))["ids"][0]
+        wait_until(lambda: os.path.exists(started + "-1"), timeout=60, what="the job to start")
+        wait_until(lambda: os.path.exists(log) and len(open(log).read().split()) == 2, timeout=60, what="two steps")
+        return job, log
+
+    def test_a_job_slurm_preempts_gets_its_signal_and_file_and_resumes_as_a_new_attempt(self):
+        job, log = self.stepper_job()
+        urgent = subprocess.run(URGENT, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        done = self.d.wait([job], timeout=180)[job]
+        # Back in line as preempted by Slurm (no retry spent), submitted again once the urgent job
+        # had ended: every step once, across both attempts.
+        self.assertEqual((done["state"], done["attempt"], done["preemptions"]), ("succeeded", 2, 1), done["reason"])
+        self.assertEqual(open(log).read().split(), [str(i) for i in range(1, 7)])
+        self.assertIn("preempt file seen at step 2", self.d.ok("logs", str(job), "--attempt", "1"))
+        reasons = [r for _, state, r in history(self.d, job) if state == "queued"]
+        self.assertIn("preempted by Slurm: attempt 1 was stopped (it had checkpointed)", reasons)
+        first = json.load(open(os.path.join(self.d.state, "jobs", str(job), "attempt-1", "exit.json")))
+        self.assertTrue(first.get("preempted"), first)
+        self.assertTrue(urgent)
+
+    def test_a_gang_slurm_preempts_has_every_rank_take_the_preemption(self):
+        started = os.path.join(self.tmp, "started")
+        script = (f'[ "$GPUQ_ATTEMPT" = 2 ] && exit 0; '
+                  f'trap \'[ -f "$GPUQ_PREEMPT_FILE" ] && echo "rank $RANK: USR1 with the preempt file"; exit 143\' USR1; '
+                  f'touch {started}-$RANK; while true; do sleep 0.05; done')
+        job = self.d.submit({"name": "gang", "mode": "ddp", "nodes": 2, "gpus": 2, "ranks": 2, "preemptible": True,
+                             "preempt_signal": "USR1", "timeout_s": 300, "shell": script})["ids"][0]
+        wait_until(lambda: all(os.path.exists(f"{started}-{r}") for r in (0, 1)), timeout=60, what="both ranks")
+        subprocess.run(URGENT, capture_output=True, text=True, timeout=60, check=True)
+        done = self.d.wait([job], timeout=180)[job]
+        self.assertEqual((done["state"], done["attempt"], done["preemptions"], done["preempted_by"]),
+                         ("succeeded", 2, 1, ""), done["reason"])
+        for rank in (0, 1):
+            self.assertIn(f"rank {rank}: USR1 with the preempt file",
+                          self.d.ok("logs", str(job), "--attempt", "1", "--rank", str(rank)))
+        self.assertIn((1, "queued", "preempted by Slurm: attempt 1 was stopped"), history(self.d, job))
+
+    def test_gpuq_preempt_under_slurm_sends_the_specs_signal_and_the_job_resumes(self):
+        job, log = self.stepper_job(preemptible=False)
+        self.assertIn(f"job {job}: preempting", self.d.ok("preempt", str(job)))
+        done = self.d.wait([job], timeout=180)[job]
+        self.assertEqual((done["state"], done["attempt"], done["preemptions"]), ("succeeded", 2, 1), done["reason"])
+        self.assertEqual(open(log).read().split(), [str(i) for i in range(1, 7)])
+        self.assertIn("preempt file seen at step 2", self.d.ok("logs", str(job), "--attempt", "1"))
+
 
 if __name__ == "__main__":
     unittest.main()

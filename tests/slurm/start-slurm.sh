@@ -5,13 +5,16 @@
 # "node1", "node2"..., each slurmd on a port of its own, all at address 127.0.0.1 (NodeAddr, which
 # is where gpuq's ranks find rank 0). Needs root (slurmd) and Debian's slurm-wlm. Prints the path
 # of its slurm.conf once every node is idle; stop it with `tests/slurm/start-slurm.sh --stop DIR`.
+# PREEMPT=1: preemption by partition (preempt/partition_prio): jobs of partition "urgent" preempt
+# those of "debug" (the default), which Slurm cancels (PREEMPTED) after sending them their
+# --signal and a GraceTime of 60 s (SlurmctldParameters=preempt_send_user_signal).
 # Tried with Debian 12's Slurm 22.05.
 set -euo pipefail
 if [[ ${1:-} == --stop ]]; then
   for pid in "$2"/slurmd*.pid "$2"/slurmctld.pid; do [[ -f $pid ]] && kill "$(cat "$pid")" 2>/dev/null || true; done
   exit 0
 fi
-dir=$(realpath "$1") gpus=${GPUS:-2} cpus=${CPUS:-2} nodes=${NODES:-1}
+dir=$(realpath "$1") gpus=${GPUS:-2} cpus=${CPUS:-2} nodes=${NODES:-1} preempt=${PREEMPT:-0}
 command -v slurmctld >/dev/null || { echo "start-slurm: slurmctld missing (apt-get install slurm-wlm)" >&2; exit 2; }
 mkdir -p "$dir"/{state,spool,log}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -61,13 +64,25 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MinJobAge=300
 $node_lines
-PartitionName=debug Nodes=$(IFS=,; echo "${names[*]}") Default=YES MaxTime=INFINITE State=UP
 CONF
+partition="Nodes=$(IFS=,; echo "${names[*]}") MaxTime=INFINITE State=UP"
+if ((preempt)); then
+  cat >>"$dir/slurm.conf" <<CONF
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
+SlurmctldParameters=preempt_send_user_signal
+PartitionName=debug $partition Default=YES PriorityTier=1 GraceTime=60
+PartitionName=urgent $partition PriorityTier=2 PreemptMode=OFF
+CONF
+else
+  echo "PartitionName=debug $partition Default=YES" >>"$dir/slurm.conf"
+fi
 export SLURM_CONF=$dir/slurm.conf
 slurmctld -c -f "$SLURM_CONF"
 for name in "${names[@]}"; do slurmd -f "$SLURM_CONF" -N "$name"; done
 for ((i = 0; i < 300; i++)); do  # the nodes register within seconds; 30 s at most
-  [[ $(sinfo -h -N -o %t 2>/dev/null | sort | uniq -c | awk '{print $1, $2}') == "$nodes idle" ]] &&
+  # a node in two partitions is listed twice
+  [[ $(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u | awk '{print $2}' | uniq -c | awk '{print $1, $2}') == "$nodes idle" ]] &&
     { echo "$SLURM_CONF"; exit 0; }
   sleep 0.1
 done

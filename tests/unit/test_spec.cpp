@@ -458,6 +458,38 @@ std::vector<std::string> directives(const std::string& script) {
   return out;
 }
 
+TEST_CASE("slurm: a preemptible job goes with its signal; requeued by Slurm when exported and by gpuqd under it") {
+  auto has = [](const std::vector<std::string>& opts, const std::string& o) {
+    return std::count(opts.begin(), opts.end(), o) == 1;
+  };
+  auto timed =
+      *parse_job({{"command", {"t"}}, {"preemptible", true}, {"preempt_signal", "USR1"}, {"timeout_s", 90}}, "/w");
+  // Exported: Slurm requeues it and reruns the script (its log appended to, its attempt counted),
+  // and sends the preempt signal both at preemption and before the time limit.
+  auto opts = sbatch_options(timed, {});
+  CHECK(has(opts, "--signal=" + std::to_string(SIGUSR1) + "@60"));
+  CHECK(has(opts, "--requeue"));
+  CHECK(has(opts, "--open-mode=append"));
+  CHECK_FALSE(has(opts, "--signal=TERM@60"));
+  CHECK(sbatch_script(timed, {})->find(" GPUQ_ATTEMPT=$((${SLURM_RESTART_COUNT:-0} + 1))\n") != std::string::npos);
+  auto untimed = *parse_job({{"command", {"t"}}, {"preemptible", true}}, "/w");
+  CHECK(has(sbatch_options(untimed, {}), "--signal=" + std::to_string(SIGTERM) + "@60"));
+  // Under gpuqd: Slurm ends it, gpuqd puts it back in line; its supervisor gets SIGUSR1 alone.
+  for (const auto& spec : {timed, untimed}) {
+    const auto own = sbatch_options(spec, {}, {"/s/jobs/1/attempt-1/slurm.out", spec.timeout_s > 0 ? 4 : -1, true});
+    CHECK(has(own, "--signal=B:USR1@30"));
+    CHECK(has(own, "--no-requeue"));
+    CHECK_FALSE(has(own, "--requeue"));
+    CHECK(std::count_if(own.begin(), own.end(), [](const std::string& x) { return x.rfind("--signal", 0) == 0; }) == 1);
+  }
+  // Not preemptible: neither.
+  auto plain = *parse_job({{"command", {"t"}}}, "/w");
+  for (const auto& o : sbatch_options(plain, {}, {"/s/x", -1, true})) {
+    CHECK(o.find("requeue") == std::string::npos);
+    CHECK(o.rfind("--signal", 0) != 0);
+  }
+}
+
 TEST_CASE("slurm: a value sbatch would split or cut is never an #SBATCH line") {
   using gpuq::common::fits_directive;
   CHECK(fits_directive("--chdir=/work/run-1"));
