@@ -152,6 +152,8 @@ const Rule k_rules[] = {
      "who holds less than their fair share of the GPUs, from a user who holds more)"},
     {"on_finish", nullptr, nullptr, "", "argv", 0, 0, &Settings::on_finish,
      "A command run after every job ends, as an array (docs/cli.md)"},
+    {"on_preempt", nullptr, nullptr, "", "argv", 0, 0, &Settings::on_preempt,
+     "A command run after every job is preempted, as an array (docs/cli.md)"},
     {"hook_timeout_s", nullptr, "--hook-timeout", "SECONDS", "number", 1, 86400, &Settings::hook_timeout_s,
      "A hook still running after this many seconds is killed"},
 };

@@ -48,6 +48,7 @@ struct Settings {
   std::string metrics_listen;            // "metrics_listen": HOST:PORT serving /metrics (Prometheus)
   std::string metrics_textfile;          // "metrics_textfile": the same, written for node_exporter
   std::vector<std::string> on_finish;    // "on_finish": argv run after every job ends (hooks.cpp)
+  std::vector<std::string> on_preempt;   // "on_preempt": argv run after every job is preempted
   double hook_timeout_s = 60;            // "hook_timeout_s": a hook still running then is killed
   std::map<std::string, UserLimit> user_limits;  // "user_limits": {"*": {...}, "alice": {...}}
   double usage_half_life_s = 7 * 86400;  // "usage_half_life_s": fair share forgets GPU use at this pace

@@ -15,17 +15,19 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <tuple>
 
 namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 29> k_fields{
-    "name",           "command",   "shell",         "train",  "gpus",      "mode",        "ranks",
-    "cpus",           "mem_bind",  "gpu_memory_mb", "shared", "priority",  "after",       "retries",
-    "timeout_s",      "env",       "cwd",           "labels", "comment",   "matrix",      "nodes",
-    "on_finish",      "memory_mb", "retry_on_oom",  "report", "placement", "preemptible", "preempt_signal",
-    "preempt_grace_s"};
+constexpr std::array<std::string_view, 30> k_fields{
+    "name",      "command",     "shell",          "train",           "gpus",
+    "mode",      "ranks",       "cpus",           "mem_bind",        "gpu_memory_mb",
+    "shared",    "priority",    "after",          "retries",         "timeout_s",
+    "env",       "cwd",         "labels",         "comment",         "matrix",
+    "nodes",     "on_finish",   "memory_mb",      "retry_on_oom",    "report",
+    "placement", "preemptible", "preempt_signal", "preempt_grace_s", "on_preempt"};
 
 constexpr std::array<std::string_view, 19> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",
@@ -232,29 +234,33 @@ class JobParser {
         if (!s.command.empty() && s.command[0].empty()) fail("field `command[0]` is empty");
       }
     }
-    if (const json* h = get("on_finish")) {
+    for (auto [key, out, when] :
+         {std::tuple{"on_finish", &s.on_finish, "ends"}, {"on_preempt", &s.on_preempt, "is preempted"}}) {
+      const json* h = get(key);
+      if (!h) continue;
+      const std::string field = key;
       if (h->is_array() && h->size() > k_max_on_finish_args) {
-        fail("field `on_finish` has " + std::to_string(h->size()) + " arguments; at most " +
+        fail("field `" + field + "` has " + std::to_string(h->size()) + " arguments; at most " +
              std::to_string(k_max_on_finish_args));
       } else if (!h->is_array() || h->empty()) {
-        fail("field `on_finish` must be a non-empty array of strings (a command run when the job ends, as "
-             "`command`), e.g. [\"notify-send\", \"job done\"]");
+        fail("field `" + field + "` must be a non-empty array of strings (a command run when the job " + when +
+             ", as `command`), e.g. [\"notify-send\", \"job done\"]");
       } else {
         std::size_t bytes = 0;
         for (std::size_t i = 0; i < h->size(); ++i) {
           if (!(*h)[i].is_string()) {
-            fail("field `on_finish[" + std::to_string(i) + "]` must be a string, got " + json_type_name((*h)[i]));
+            fail("field `" + field + "[" + std::to_string(i) + "]` must be a string, got " + json_type_name((*h)[i]));
             continue;
           }
-          s.on_finish.push_back((*h)[i].get<std::string>());
-          bytes += s.on_finish.back().size() + 1;
-          if (s.on_finish.back().size() + 1 > k_max_exec_string)
-            fail("field `on_finish[" + std::to_string(i) + "]` is longer than exec allows (" +
+          out->push_back((*h)[i].get<std::string>());
+          bytes += out->back().size() + 1;
+          if (out->back().size() + 1 > k_max_exec_string)
+            fail("field `" + field + "[" + std::to_string(i) + "]` is longer than exec allows (" +
                  std::to_string(k_max_exec_string - 1) + " bytes)");
         }
-        if (!s.on_finish.empty() && s.on_finish[0].empty()) fail("field `on_finish[0]` is empty");
+        if (!out->empty() && (*out)[0].empty()) fail("field `" + field + "[0]` is empty");
         if (bytes > k_max_on_finish_bytes)
-          fail("field `on_finish` is " + std::to_string(bytes) + " bytes; at most " +
+          fail("field `" + field + "` is " + std::to_string(bytes) + " bytes; at most " +
                std::to_string(k_max_on_finish_bytes) + " in all");
       }
     }
@@ -635,6 +641,7 @@ json to_json(const JobSpec& s) {
   j["labels"] = s.labels;
   j["cwd"] = s.cwd;
   if (!s.on_finish.empty()) j["on_finish"] = s.on_finish;
+  if (!s.on_preempt.empty()) j["on_preempt"] = s.on_preempt;
   if (s.placement == Placement::spread) j["placement"] = "spread";
   if (s.preemptible) j["preemptible"] = true;
   if (!s.preempt_signal.empty()) j["preempt_signal"] = s.preempt_signal;

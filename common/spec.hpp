@@ -75,6 +75,7 @@ struct JobSpec {
   std::string cwd;  // absolute; the submitter's directory when the spec has none
   json train;       // a `train` job: the normalised train section (common/train_spec.hpp), else null
   std::vector<std::string> on_finish;  // argv run once the job has ended (hooks.cpp); empty: none
+  std::vector<std::string> on_preempt;  // argv run once the job has been preempted; empty: none
   Report report;                       // progress and results read from its output (report.hpp)
   // Preemption (daemon/preemption.hpp): whether a higher-priority job may stop it to start, the
   // signal its processes get first ("": SIGTERM), and the seconds they have to checkpoint before

@@ -56,8 +56,8 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
       m_users({m_config.multi_user, m_config.user_limits, m_config.usage_half_life_s, m_config.max_priority,
                m_config.admin_gid, m_config.admin_group}),
       m_hooks(io,
-              {m_config.on_finish, m_config.max_hooks, m_config.hook_timeout_s, m_config.grace_s, m_config.multi_user,
-               m_config.state_dir, m_config.admin_gid, m_config.shim_path},
+              {m_config.on_finish, m_config.on_preempt, m_config.max_hooks, m_config.hook_timeout_s, m_config.grace_s,
+               m_config.multi_user, m_config.state_dir, m_config.admin_gid, m_config.shim_path},
               *m_store, m_users,
               [this](std::int64_t id) { return json(queries::show(reads(), Caller::self(), common::IdRequest{id})); }),
       m_waiters(io, [this](const Caller& caller, const std::set<std::int64_t>& ids,
@@ -142,7 +142,8 @@ void Daemon::recover() {
   // Hooks due from before (a job that ended, its hooks not yet started); those started and cut
   // off by a crash run on by themselves.
   m_store->forget_started_hooks();
-  for (std::int64_t id : m_store->due_hooks()) m_hooks.due(id);
+  for (const DueHook& h : m_store->due_hooks())
+    m_hooks.due(h);
   for (auto& rec : m_store->load_active()) {
     const std::int64_t id = rec.id;
     const double queued_since = rec.attempt == 0 ? rec.submitted_at : m_metrics.started_at;  // a retry's wait: from now on

@@ -1,6 +1,7 @@
-// on_finish hooks (hooks.hpp). Each runs under a gpuq-shim of its own, as the job's owner, in
-// jobs/<id>/on-finish-<restarts>-<k>/ (launch.json, rank-0.log, exit.json), with the job as `gpuq
-// show --json` gives it on stdin and GPUQ_JOB_ID, GPUQ_JOB_STATE, GPUQ_JOB_NAME in its environment.
+// Hooks (hooks.hpp). Each runs under a gpuq-shim of its own, as the job's owner, in
+// jobs/<id>/on-finish-<restarts>-<k>/ (on-preempt-<preemptions>-<k>/: launch.json, rank-0.log,
+// exit.json), with the job as `gpuq show --json` gives it on stdin and GPUQ_HOOK, GPUQ_JOB_ID,
+// GPUQ_JOB_STATE, GPUQ_JOB_NAME (and GPUQ_PREEMPTED_BY) in its environment.
 // Its time is bounded by hook_timeout_s, its log by 64 KiB (rotated once), and at most max_hooks
 // run at once, so a thousand jobs ending together queue their hooks instead of a thousand
 // processes. A hook's end is watched through a pidfd on gpuqd's thread: nothing here waits. Due
@@ -31,6 +32,9 @@ using json = nlohmann::json;
 namespace {
 constexpr std::int64_t k_hook_log_bytes = 64 << 10;
 int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+const char* hook_key(HookEvent e) {
+  return e == HookEvent::preempt ? "on_preempt" : "on_finish";
+}
 }  // namespace
 
 Hooks::Hooks(asio::io_context& io, Setup setup, Store& store, Users& users, Describe describe, Spawn spawn)
@@ -45,32 +49,38 @@ void Hooks::run() {
   // Each job in line once round at most: one whose earlier hooks still run (it ended again after a
   // restart) keeps its place for a later round.
   for (std::size_t n = m_due.size(); n > 0 && m_processes < m_setup.max_hooks; --n) {
-    const std::int64_t id = m_due.front();
+    const DueHook h = m_due.front();
     m_due.pop_front();
-    if (m_jobs.count(id)) {
-      m_due.push_back(id);
+    if (m_jobs.count(h)) {
+      m_due.push_back(h);
       continue;
     }
     try {
-      start(id);
+      start(h);
     } catch (const std::exception& e) {
-      std::cerr << "gpuqd: job " << id << ": cannot run its on_finish hooks: " << e.what() << "\n";
+      std::cerr << "gpuqd: job " << h.id << ": cannot run its " << hook_key(h.event) << " hooks: " << e.what() << "\n";
     }
   }
 }
 
-void Hooks::start(std::int64_t id) {
+void Hooks::start(const DueHook& due) {
+  const std::int64_t id = due.id;
+  const bool preempt = due.event == HookEvent::preempt;
   const auto found = m_store.get(id);
-  if (!found || !is_terminal(found->state)) {  // forgotten meanwhile, or restarted: nothing to say
-    m_store.hooks_done(id);
+  // Forgotten meanwhile, or restarted after its end: nothing to say. (A preempted job may have
+  // started again or ended since: its preemption happened all the same.)
+  if (!found || (!preempt && !is_terminal(found->state))) {
+    m_store.hooks_done(due);
     return;
   }
   const JobRecord& rec = *found;
   std::vector<std::vector<std::string>> hooks;
-  for (const auto& h : {m_setup.on_finish, rec.spec.on_finish})
-    if (!h.empty()) hooks.push_back(h);
-  m_store.hooks_started(id);  // from here on, never again: a crash leaves them to run on their own
-  if (hooks.empty()) return m_store.hooks_done(id);
+  const auto& every_job = preempt ? m_setup.on_preempt : m_setup.on_finish;  // the configuration's first
+  const auto& its_own = preempt ? rec.spec.on_preempt : rec.spec.on_finish;
+  for (const auto* h : {&every_job, &its_own})
+    if (!h->empty()) hooks.push_back(*h);
+  m_store.hooks_started(due);  // from here on, never again: a crash leaves them to run on their own
+  if (hooks.empty()) return m_store.hooks_done(due);
 
   const bool as_owner = m_setup.multi_user && rec.uid != ::geteuid();
   const common::Account* owner = as_owner ? m_users.account(rec.uid) : nullptr;
@@ -80,6 +90,8 @@ void Hooks::start(std::int64_t id) {
   for (const auto& [k, v] : batch_env.items())
     if (v.is_string()) env[k] = v.get<std::string>();
   for (const auto& [k, v] : rec.spec.env) env[k] = v;
+  env["GPUQ_HOOK"] = preempt ? "preempt" : "finish";
+  if (preempt) env["GPUQ_PREEMPTED_BY"] = due.by;
   env["GPUQ_JOB_ID"] = std::to_string(id);
   env["GPUQ_JOB_STATE"] = std::string(to_string(rec.state));
   env["GPUQ_JOB_NAME"] = rec.spec.name;
@@ -91,7 +103,8 @@ void Hooks::start(std::int64_t id) {
   }
   int started = 0;
   for (std::size_t k = 0; k < hooks.size(); ++k) {
-    const std::string name = "on-finish-" + std::to_string(rec.restarts) + "-" + std::to_string(k);
+    const std::string name = preempt ? "on-preempt-" + std::to_string(rec.preemptions) + "-" + std::to_string(k)
+                                     : "on-finish-" + std::to_string(rec.restarts) + "-" + std::to_string(k);
     const std::string dir = job_dir(m_setup.state_dir, id) + "/" + name;
     auto made = !as_owner ? common::ensure_private_dir(dir)
                 : owner   ? make_owned_subdir(m_setup.state_dir, id, name, owner->uid, m_setup.admin_gid, owner->gid)
@@ -117,12 +130,14 @@ void Hooks::start(std::int64_t id) {
     if (made) made = write_file_atomic(dir + "/launch.json", doc.dump());
     Result<int> pid = made ? m_spawn(dir) : Result<int>(made.error());
     if (!pid) {
-      std::cerr << "gpuqd: job " << id << ": cannot run its on_finish hook " << name << ": " << pid.error().message << "\n";
+      std::cerr << "gpuqd: job " << id << ": cannot run its " << hook_key(due.event) << " hook " << name << ": "
+                << pid.error().message << "\n";
       continue;
     }
     const int fd = pidfd_open(*pid);
     if (fd < 0) {  // no pidfds (Linux < 5.3): not watched, reaped by nobody until gpuqd ends
-      std::cerr << "gpuqd: job " << id << ": its on_finish hook " << name << " runs unwatched (no pidfd)\n";
+      std::cerr << "gpuqd: job " << id << ": its " << hook_key(due.event) << " hook " << name
+                << " runs unwatched (no pidfd)\n";
       continue;
     }
     ++started;
@@ -134,22 +149,26 @@ void Hooks::start(std::int64_t id) {
     const double overdue_s = m_setup.timeout_s + doc["grace_s"].get<double>() + k_overdue_s;
     auto overdue = std::make_shared<asio::steady_timer>(
         m_io, std::chrono::milliseconds(static_cast<std::int64_t>(overdue_s * 1000)));
-    overdue->async_wait([watch, id, overdue_s](const boost::system::error_code& ec) {
+    overdue->async_wait([watch, id, overdue_s, key = hook_key(due.event)](const boost::system::error_code& ec) {
       if (ec) return;
-      std::cerr << "gpuqd: job " << id << ": its on_finish hook's supervisor has not ended it " << overdue_s
+      std::cerr << "gpuqd: job " << id << ": its " << key << " hook's supervisor has not ended it " << overdue_s
                 << " s after it started (is it stopped?); killing it\n";
       ::syscall(SYS_pidfd_send_signal, watch->native_handle(), SIGKILL, nullptr, 0);
     });
-    when_readable(*watch, [this, watch, overdue, id, dir, pid = *pid, uid = rec.uid](const boost::system::error_code&) {
-      overdue->cancel();
-      ended(id, dir, pid, uid);
-    });
+    when_readable(*watch,
+                  [this, watch, overdue, due, dir, pid = *pid, uid = rec.uid](const boost::system::error_code&) {
+                    overdue->cancel();
+                    ended(due, dir, pid, uid);
+                  });
   }
-  if (started) m_jobs[id] = started;
-  else m_store.hooks_done(id);
+  if (started)
+    m_jobs[due] = started;
+  else
+    m_store.hooks_done(due);
 }
 
-void Hooks::ended(std::int64_t id, const std::string& dir, int pid, uid_t owner) {
+void Hooks::ended(const DueHook& due, const std::string& dir, int pid, uid_t owner) {
+  const std::int64_t id = due.id;
   ::waitpid(pid, nullptr, WNOHANG);  // our child: reap it
   --m_processes;
   const json out = read_exit_record(dir + "/exit.json", 64 << 10, owner);
@@ -162,11 +181,13 @@ void Hooks::ended(std::int64_t id, const std::string& dir, int pid, uid_t owner)
   } else if (out.contains("error")) {
     how = "failed: " + out.value("error", std::string());
   }
-  if (how != "ended") std::cerr << "gpuqd: job " << id << ": on_finish hook " << how << " (log " << dir << "/rank-0.log)\n";
-  if (auto it = m_jobs.find(id); it != m_jobs.end() && --it->second == 0) {
+  if (how != "ended")
+    std::cerr << "gpuqd: job " << id << ": " << hook_key(due.event) << " hook " << how << " (log " << dir
+              << "/rank-0.log)\n";
+  if (auto it = m_jobs.find(due); it != m_jobs.end() && --it->second == 0) {
     m_jobs.erase(it);
     try {
-      m_store.hooks_done(id);
+      m_store.hooks_done(due);
     } catch (const std::exception& e) {  // still marked started: it will not run again
       std::cerr << "gpuqd: job " << id << ": " << e.what() << "\n";
     }

@@ -1,5 +1,6 @@
-// on_finish hooks: a command run once a job has ended (pueue's callback, task-spooler's
-// TS_ONFINISH, Slurm's strigger), from the configuration (every job's) and from the job's spec.
+// Hooks: a command run once a job has ended (on_finish: pueue's callback, task-spooler's
+// TS_ONFINISH, Slurm's strigger), or once it has been preempted and is back in line (on_preempt),
+// from the configuration (every job's) and from the job's spec.
 // An owner of its own state (which jobs' hooks wait for a turn, which run), with what it needs of
 // the rest of gpuqd named in its constructor: the store (the job, its batch's environment, whether
 // its hooks are due), the users (whose account a hook runs as) and how a job is described to its
@@ -31,6 +32,7 @@ class Hooks {
  public:
   struct Setup {
     std::vector<std::string> on_finish;  // every job's hook (the configuration's); empty: none
+    std::vector<std::string> on_preempt;  // likewise, run when a job is preempted
     int max_hooks = 4;                   // hooks running at once; the rest wait their turn
     double timeout_s = 300;              // hook_timeout_s
     double grace_s = 5;                  // SIGTERM to SIGKILL at its timeout (at most 5 s)
@@ -46,20 +48,25 @@ class Hooks {
   using Spawn = std::function<Result<int>(const std::string& dir)>;
   Hooks(boost::asio::io_context& io, Setup setup, Store& store, Users& users, Describe describe, Spawn spawn = {});
 
-  // Whether a job that ends with `spec` has hooks to run.
-  bool any_for(const common::JobSpec& spec) const { return !m_setup.on_finish.empty() || !spec.on_finish.empty(); }
-  // Job `id` has ended with its hooks due (the store says so already): they run in their turn.
-  void due(std::int64_t id) { m_due.push_back(id); }
+  // Whether a job with `spec` has hooks to run for `event`.
+  bool any_for(const common::JobSpec& spec, HookEvent event = HookEvent::finish) const {
+    return event == HookEvent::preempt ? !m_setup.on_preempt.empty() || !spec.on_preempt.empty()
+                                       : !m_setup.on_finish.empty() || !spec.on_finish.empty();
+  }
+  // Job `id` has ended (been preempted) with its hooks due (the store says so already): they run
+  // in their turn.
+  void due(DueHook h) { m_due.push_back(h); }
   // Starts due hooks, up to max_hooks at once. Each job's run under a gpuq-shim of their own (as the
-  // job's owner in lab mode), in jobs/<id>/on-finish-<restarts>-<k>/, with the job on stdin, bounded
-  // by timeout_s; each end is watched through a pidfd on the io_context and starts the next.
+  // job's owner in lab mode), in jobs/<id>/on-finish-<restarts>-<k>/ (on-preempt-<preemptions>-<k>/),
+  // with the job on stdin, bounded by timeout_s; each end is watched through a pidfd on the
+  // io_context and starts the next.
   void run();
   int running() const { return m_processes; }              // hook processes, of all jobs
   std::size_t waiting() const { return m_due.size(); }     // jobs whose hooks wait for a turn
 
  private:
-  void start(std::int64_t id);
-  void ended(std::int64_t id, const std::string& dir, int pid, uid_t owner);
+  void start(const DueHook& h);
+  void ended(const DueHook& h, const std::string& dir, int pid, uid_t owner);
 
   boost::asio::io_context& m_io;
   Setup m_setup;
@@ -67,8 +74,8 @@ class Hooks {
   Users& m_users;
   Describe m_describe;
   Spawn m_spawn;
-  std::deque<std::int64_t> m_due;       // jobs whose hooks wait for a turn
-  std::map<std::int64_t, int> m_jobs;   // job -> its hooks still running
+  std::deque<DueHook> m_due;      // jobs whose hooks wait for a turn
+  std::map<DueHook, int> m_jobs;  // job and event -> its hooks still running
   int m_processes = 0;
 };
 

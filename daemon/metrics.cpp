@@ -196,9 +196,9 @@ std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& h
   e.family("gpuq_store_bytes", "gauge", "Size of gpuqd's database and its write-ahead log");
   e.sample("gpuq_store_bytes", {}, bytes);
 
-  e.family("gpuq_hooks_running", "gauge", "on_finish hooks running");
+  e.family("gpuq_hooks_running", "gauge", "Hooks (on_finish, on_preempt) running");
   e.sample("gpuq_hooks_running", {}, hooks.running());
-  e.family("gpuq_hooks_waiting", "gauge", "Jobs whose on_finish hooks wait for a turn");
+  e.family("gpuq_hooks_waiting", "gauge", "Jobs whose hooks wait for a turn");
   e.sample("gpuq_hooks_waiting", {}, static_cast<double>(hooks.waiting()));
 
   e.family("gpuq_requests_total", "counter", "Client requests on the unix socket, by command");

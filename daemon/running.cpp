@@ -154,6 +154,10 @@ void Daemon::commit(std::vector<JobRecord> changed, const std::vector<std::strin
     JobRecord& r = changed[i];
     r.hook_due = is_terminal(r.state) && (i + 1 == changed.size() || changed[i + 1].id != r.id) &&
                  m_jobs.contains(r.id) && !is_terminal(m_jobs.at(r.id).rec.state) && m_hooks.any_for(r.spec);
+    // One that has just been preempted (back in line, one more preemption) makes its on_preempt
+    // hooks due likewise.
+    r.preempt_hook_due = m_jobs.contains(r.id) && r.preemptions > m_jobs.at(r.id).rec.preemptions &&
+                         m_hooks.any_for(r.spec, HookEvent::preempt);
   }
   std::vector<const JobRecord*> quiet;
   for (const auto& r : also) quiet.push_back(&r);
@@ -168,11 +172,11 @@ void Daemon::land(std::vector<JobRecord> changed, const WriteRows& write) {
   // Hooks made due by commit, whose write stored them with the records; the other writes are of
   // changes that end no job (a spec, events, a restart's requeue, slots), so carry none.
   bool hooks = false;
-  for (const auto& r : changed)
-    if (r.hook_due) {
-      m_hooks.due(r.id);
-      hooks = true;
-    }
+  for (const auto& r : changed) {
+    if (r.preempt_hook_due) m_hooks.due({r.id, HookEvent::preempt, r.run.preempted_by});
+    if (r.hook_due) m_hooks.due({r.id, HookEvent::finish, {}});
+    hooks = hooks || r.hook_due || r.preempt_hook_due;
+  }
   if (hooks) asio::post(m_io, [this] { m_hooks.run(); });
   for (std::size_t i = 0; i < changed.size(); ++i)
     if (i + 1 == changed.size() || changed[i + 1].id != changed[i].id) apply(std::move(changed[i]));

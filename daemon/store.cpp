@@ -277,9 +277,12 @@ void Store::update_many(const std::vector<const JobRecord*>& jobs, const std::ve
 void Store::write_transitions(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why) {
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     write_job(*jobs[i]);
-    if (jobs[i]->hook_due) {
-      auto* st = prepare("INSERT OR REPLACE INTO hooks(job_id, started) VALUES(?, 0)");
+    for (const auto& [due, event] : {std::pair{jobs[i]->hook_due, "finish"}, {jobs[i]->preempt_hook_due, "preempt"}}) {
+      if (!due) continue;
+      auto* st = prepare("INSERT OR REPLACE INTO hook_runs(job_id, event, started, detail) VALUES(?, ?, 0, ?)");
       sqlite3_bind_int64(st, 1, jobs[i]->id);
+      bind_text(st, 2, event);
+      bind_text(st, 3, std::string(event) == "preempt" ? jobs[i]->run.preempted_by : std::string());
       run(m_db, st, "record a job's hooks as due");
     }
     write_transition(*jobs[i], transition_time(*jobs[i]), i < why.size() ? &why[i] : nullptr);

@@ -31,6 +31,16 @@ namespace gpuq::daemon {
 
 using json = nlohmann::json;
 
+// What a hook is run for: a job's end (on_finish) or its preemption (on_preempt).
+enum class HookEvent : std::uint8_t { finish, preempt };
+struct DueHook {
+  std::int64_t id = 0;
+  HookEvent event = HookEvent::finish;
+  std::string by;  // a preemption's: who preempted it (its record says so only until it starts again)
+  bool operator==(const DueHook&) const = default;
+  bool operator<(const DueHook& o) const { return id != o.id ? id < o.id : event < o.event; }  // a job's event once
+};
+
 struct JobRecord {
   std::int64_t id = 0;
   std::int64_t batch = 0;
@@ -78,6 +88,7 @@ struct JobRecord {
   std::int64_t blocked_by = 0;  // failed without running because this dependency ended unsuccessfully
   bool held = false;            // queued, kept from starting until released
   bool hook_due = false;        // not stored: it has just ended and has on_finish hooks to run (hooks.cpp)
+  bool preempt_hook_due = false;  // not stored: it has just been preempted and has on_preempt hooks to run
   // Not stored: why its stored spec does not parse (a spec written by a later gpuq, or damaged);
   // "" when it does. Then `spec` is a default one holding only what could be read of the stored
   // one (its name and ranks, for status, logs and events), and the job can never run again:
@@ -182,13 +193,15 @@ class Store {
   bool exists(std::int64_t id);  // one index probe: no row is read
   std::optional<JobState> state_of(std::int64_t id);  // the state alone, without reading the row
   std::optional<uid_t> owner_of(std::int64_t id);     // its owner alone
-  // on_finish hooks: a job whose record is written with hook_due has its hooks due, in the same
-  // transaction; they are marked started before they run (so that none runs twice, whatever
-  // crashes) and forgotten once they have ended. `forget_started_hooks` at start: those a crash
-  // cut off run on by themselves (their supervisors outlive gpuqd).
-  std::vector<std::int64_t> due_hooks();  // not started, of jobs still known; in job order
-  void hooks_started(std::int64_t id);
-  void hooks_done(std::int64_t id);
+  // Hooks (on_finish, on_preempt): a job whose record is written with hook_due (preempt_hook_due)
+  // has those hooks due, in the same transaction; they are marked started before they run (so
+  // that none runs twice, whatever crashes) and forgotten once they have ended.
+  // `forget_started_hooks` at start: those a crash cut off run on by themselves (their supervisors
+  // outlive gpuqd). One row a job and event: a job preempted twice before its hook's turn runs it
+  // once.
+  std::vector<DueHook> due_hooks();  // not started, of jobs still known; in job order
+  void hooks_started(const DueHook& h);
+  void hooks_done(const DueHook& h);
   void forget_started_hooks();
   // (owner, GPU-seconds, ended at) of the last attempts of jobs that ran on GPUs and ended after
   // `since`, oldest end first: fair share's memory after a restart.

@@ -26,12 +26,13 @@ using namespace sql;
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 15;          // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
+constexpr int k_schema_version = 16;          // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
                                               // 6: drained_gpus; 7: batches.max_running; 8: removed_ids;
                                               // 9: batches.complete; 10: restarts (plans of restarts under way);
                                               // 11: jobs.external_id (the Slurm job of the last attempt)
                                               // 12: jobs.uid (its owner); 13: hooks (on_finish hooks due)
                                               // 14: jobs.first_bad_event; 15: jobs.preemption
+                                              // 16: hook_runs (hooks due by job and event) for hooks
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -61,7 +62,8 @@ CREATE TABLE IF NOT EXISTS events(
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, attempt);
 CREATE TABLE IF NOT EXISTS drained_gpus(uuid TEXT PRIMARY KEY, reason TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS removed_ids(tbl TEXT PRIMARY KEY, max_id INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS hooks(job_id INTEGER PRIMARY KEY, started INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS hook_runs(job_id INTEGER NOT NULL, event TEXT NOT NULL, started INTEGER NOT NULL DEFAULT 0,
+                                     detail TEXT NOT NULL DEFAULT '', PRIMARY KEY(job_id, event));
 CREATE TABLE IF NOT EXISTS event_offsets(
   job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL, offset INTEGER NOT NULL,
   PRIMARY KEY(job_id, attempt, rank));
@@ -322,6 +324,14 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
       store->exec(
           "BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN preemption TEXT NOT NULL DEFAULT '{}'; "
           "PRAGMA user_version=15; COMMIT");
+    }
+    if (app_id == k_application_id && version < 16) {  // hooks (13 to 15) held a job's on_finish hooks alone
+      store->exec((std::string("BEGIN IMMEDIATE; ") +
+                   (version >= 13 ? "INSERT OR IGNORE INTO hook_runs(job_id, event, started) "
+                                    "SELECT job_id, 'finish', started FROM hooks; DROP TABLE hooks; "
+                                  : "") +
+                   "PRAGMA user_version=16; COMMIT")
+                      .c_str());
     }
     // A batch whose writing a crash cut short was never acknowledged: it goes (insert_batch_part).
     store->exec("BEGIN IMMEDIATE; "

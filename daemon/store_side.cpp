@@ -88,34 +88,46 @@ std::map<std::string, std::string> Store::drained_gpus() {
   return out;
 }
 
-std::vector<std::int64_t> Store::due_hooks() {
-  auto* st = prepare("SELECT h.job_id FROM hooks h JOIN jobs j ON j.id = h.job_id WHERE h.started = 0 ORDER BY h.job_id");
-  std::vector<std::int64_t> out;
+namespace {
+const char* hook_event_name(HookEvent e) {
+  return e == HookEvent::preempt ? "preempt" : "finish";
+}
+}  // namespace
+
+std::vector<DueHook> Store::due_hooks() {
+  auto* st = prepare(
+      "SELECT h.job_id, h.event, h.detail FROM hook_runs h JOIN jobs j ON j.id = h.job_id "
+      "WHERE h.started = 0 ORDER BY h.job_id, h.event");
+  std::vector<DueHook> out;
   int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) out.push_back(sqlite3_column_int64(st, 0));
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+    out.push_back(
+        {sqlite3_column_int64(st, 0), text(st, 1) == "preempt" ? HookEvent::preempt : HookEvent::finish, text(st, 2)});
   sqlite3_reset(st);
   if (rc != SQLITE_DONE) fail(m_db, "read due hooks");
   return out;
 }
 
-void Store::hooks_started(std::int64_t id) {
-  auto* st = prepare("UPDATE hooks SET started = 1 WHERE job_id = ?");
+void Store::hooks_started(const DueHook& h) {
+  auto* st = prepare("UPDATE hook_runs SET started = 1 WHERE job_id = ? AND event = ?");
   Txn txn(m_db, m_faults);
-  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_int64(st, 1, h.id);
+  bind_text(st, 2, hook_event_name(h.event));
   run(m_db, st, "mark hooks started");
   txn.commit();
 }
 
-void Store::hooks_done(std::int64_t id) {
-  auto* st = prepare("DELETE FROM hooks WHERE job_id = ?");
+void Store::hooks_done(const DueHook& h) {
+  auto* st = prepare("DELETE FROM hook_runs WHERE job_id = ? AND event = ?");
   Txn txn(m_db, m_faults);
-  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_int64(st, 1, h.id);
+  bind_text(st, 2, hook_event_name(h.event));
   run(m_db, st, "forget ended hooks");
   txn.commit();
 }
 
 void Store::forget_started_hooks() {
-  exec("DELETE FROM hooks WHERE started != 0 OR job_id NOT IN (SELECT id FROM jobs)");
+  exec("DELETE FROM hook_runs WHERE started != 0 OR job_id NOT IN (SELECT id FROM jobs)");
 }
 
 void Store::set_drained(const std::string& uuid, bool drained, const std::string& reason) {

@@ -106,7 +106,8 @@ MUTANTS = [
      "const std::int64_t budget = std::numeric_limits<std::int64_t>::max();",
      ["test_queue.ResultsWaitLogs.test_a_flooded_events_file_is_read_at_most_8_mib_at_a_time_while_the_job_runs"]),
     ("slurm-gang-cancel-signal", "daemon/slurm_executor.cpp",
-     'argv.push_back("--signal=URG");', 'argv.push_back("--signal=TERM");',
+     'argv.push_back("--signal=URG");\n    }\n    argv.push_back(slurm_id);\n    run_off_thread(std::move(argv), [this, slurm_id](CommandResult r) {\n      if (!r.started || r.exit_code != 0) scancel(slurm_id);  // pending',
+     'argv.push_back("--signal=TERM");\n    }\n    argv.push_back(slurm_id);\n    run_off_thread(std::move(argv), [this, slurm_id](CommandResult r) {\n      if (!r.started || r.exit_code != 0) scancel(slurm_id);  // pending',
      ["test_slurm.SlurmExecutor.test_a_gang_over_two_nodes_times_out_on_both_and_another_is_cancelled"]),
     ("slurm-task-timeout-exit", "supervisor/supervisor.cpp",
      "return written != 0 ? written : task.rank_failed() ? 1 : 0;",
@@ -123,7 +124,8 @@ MUTANTS = [
      "const std::int64_t budget = ended ? limit : k_events_per_call;",
      ["test_queue.ResultsWaitLogs.test_a_job_that_ends_with_more_than_a_read_of_events_unread_loses_none_of_them"]),
     ("slurm-task-stop-file", "supervisor/supervisor.cpp",
-     "if (!m_stop_file.empty() && common::path_exists(m_stop_file)) m_cancelled = true;", "",
+     "if (!m_stop_file.empty() && common::path_exists(m_stop_file)) m_cancelled = true,",
+     "if (false) m_cancelled = true,",
      ["test_slurm.SlurmTask.test_a_stop_sent_before_the_supervisor_caught_signals_is_found_in_the_attempt_directory"]),
     ("fds-short", "daemon/attempts.cpp",
      "  if (m_free < 0) return std::nullopt;  // unknown: no /proc\n", "  return std::nullopt;\n",
@@ -657,6 +659,27 @@ MUTANTS = [
     ("forked-supervisor-waits-to-go", "supervisor/serve.cpp",
      "    if (got != 1) ::_exit(3);", "    (void)got;",
      ["unit:a supervisor the server forks begins*"]),
+    # Preemption under Slurm: the supervisor gets Slurm's preemption as SIGUSR1 (--signal=B:USR1),
+    # a gang's tasks as SIGURG with `preempt` in the stop file; a job that ended within its
+    # GraceTime (Slurm says FAILED or COMPLETED) is preempted all the same by Slurm's PreemptTime.
+    ("slurm-preempt-signal", "common/slurm_script.cpp",
+     '    out.push_back("--signal=B:USR1@30");\n', "",
+     ["test_slurm.SlurmPreemption.test_a_job_slurm_preempts_gets_its_signal_and_file_and_resumes_as_a_new_attempt"]),
+    ("slurm-gang-task-takes-preemption", "supervisor/supervisor.cpp",
+     "      if (sig == SIGURG && m_stop_on_urg && !m_tearing_down && stop_is_preemption()) m_preempted = true;\n", "",
+     ["test_slurm.SlurmPreemption.test_a_gang_slurm_preempts_has_every_rank_take_the_preemption"]),
+    # on_preempt hooks: due with the record that preempts the job, told who preempted it.
+    ("preempt-hook-due", "daemon/running.cpp",
+     "    r.preempt_hook_due = m_jobs.contains(r.id) &&", "    r.preempt_hook_due = false && m_jobs.contains(r.id) &&",
+     ["test_preempt.PreemptHooks.test_a_preempted_job_runs_its_on_preempt_hooks_once_a_preemption_and_its_on_finish_once"]),
+    ("preempt-hook-by", "daemon/store.cpp",
+     'bind_text(st, 3, std::string(event) == "preempt" ? jobs[i]->run.preempted_by : std::string());',
+     "bind_text(st, 3, std::string());",
+     ["unit:hooks due with a job's end are found until started*"]),
+    ("slurm-preempt-time", "daemon/slurm_executor.cpp",
+     'preempt_time != "Unknown" && state != "CANCELLED");', 'preempt_time != "Unknown" && state == "x");',
+     ["test_slurm.SlurmPreemption.test_a_job_slurm_preempts_gets_its_signal_and_file_and_resumes_as_a_new_attempt",
+      "test_slurm.SlurmPreemption.test_a_gang_slurm_preempts_has_every_rank_take_the_preemption"]),
 ]
 
 

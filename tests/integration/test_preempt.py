@@ -1,6 +1,7 @@
 """Preemption through the real daemon and CLI: an urgent job stops preemptible jobs of lower
 priority that hold the GPUs it needs; they get $GPUQ_PREEMPT_FILE, their signal and their grace to
 checkpoint, and go back in line as preempted, no retry spent."""
+import json
 import os
 import re
 import unittest
@@ -243,6 +244,45 @@ class Recovery(DaemonTest):
         self.assertEqual((done[low]["state"], done[low]["attempt"], done[low]["preemptions"]), ("succeeded", 2, 1),
                          done[low]["reason"])
         self.assertIn((1, "queued", f"preempted by job {urgent} (urgent): attempt 1 was stopped"), history(self.d, low))
+
+
+class PreemptHooks(DaemonTest):
+    """on_preempt hooks (job-spec.md): the configuration's and the job's own, each time the job is
+    preempted, as its owner, told who preempted it."""
+    GPUS = "fake:1"
+
+    def test_a_preempted_job_runs_its_on_preempt_hooks_once_a_preemption_and_its_on_finish_once(self):
+        out = self.tmp_path("hooks.jsonl")
+        hook = ["sh", "-c", 'printf \'{"who": "%s", "hook": "%s", "by": "%s", "state": "%s", "preemptions": %s}\\n\' '
+                            '"$1" "$GPUQ_HOOK" "$GPUQ_PREEMPTED_BY" "$GPUQ_JOB_STATE" "$(jq .job.preemptions)" >> ' + out,
+                "hook"]
+        self.d.stop()
+        config = self.tmp_path("config.json")
+        with open(config, "w") as f:
+            json.dump({"on_preempt": hook + ["every"]}, f)
+        self.d = Daemon(self.tmp, self.GPUS, env=dict(os.environ, GPUQ_CONFIG=config)).start()
+        started = self.tmp_path("started")
+        low = self.d.submit({"name": "low", "gpus": 1, "preempt_grace_s": 5, "on_preempt": hook + ["own"],
+                             "on_finish": hook + ["own"],
+                             "shell": f'touch {started}-$GPUQ_ATTEMPT; [ "$GPUQ_ATTEMPT" = 3 ] && exit 0; '
+                                      'trap "exit 143" TERM; while true; do sleep 0.05; done'})["ids"][0]
+        for attempt in (1, 2):
+            wait_until(lambda: os.path.exists(f"{started}-{attempt}"), what=f"attempt {attempt}")
+            self.d.ok("preempt", str(low))
+        self.assertEqual(self.d.wait([low])[low]["state"], "succeeded")
+
+        def lines():
+            with open(out) as f:
+                return [json.loads(line) for line in f if line.endswith("\n")] if os.path.exists(out) else []
+        wait_until(lambda: len(lines()) == 5, what="four on_preempt hooks and one on_finish")
+        by = lines()[0]["by"]
+        self.assertRegex(by, r"^\S+ \(gpuq preempt\)$")
+        preempts = sorted((h["preemptions"], h["who"]) for h in lines() if h["hook"] == "preempt")
+        self.assertEqual(preempts, [(1, "every"), (1, "own"), (2, "every"), (2, "own")])
+        self.assertTrue(all(h["by"] == by for h in lines() if h["hook"] == "preempt"))
+        self.assertEqual([(h["who"], h["state"]) for h in lines() if h["hook"] == "finish"], [("own", "succeeded")])
+        # each in a directory of its own
+        self.assertTrue(os.path.isdir(os.path.join(self.d.state, "jobs", str(low), "on-preempt-2-1")))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-// on_finish hooks (daemon/hooks.hpp) alone: a store in memory with ended jobs whose hooks are due,
+// Hooks (daemon/hooks.hpp) alone: a store in memory with ended jobs whose hooks are due,
 // and supervisors of the test's own (children that wait on a pipe the test closes), so the test
 // says when each hook ends. What is checked: at most max_hooks run at once, the next starts when
 // one ends, a job whose hooks still run keeps its place, and what a hook is handed.
@@ -104,13 +104,14 @@ TEST_SUITE_BEGIN("hooks");
 TEST_CASE("at most max_hooks hooks run at once; the next job's start when one ends, and none is lost") {
   Bench b(3);
   Hooks h = b.hooks(2);
-  for (std::int64_t id : b.store->due_hooks()) h.due(id);
+  for (const DueHook& due : b.store->due_hooks())
+    h.due(due);
   REQUIRE(h.waiting() == 3);
   h.run();
   CHECK(h.running() == 2);
   CHECK(h.waiting() == 1);
   CHECK(b.spawned == std::vector<std::string>{b.hook_dir(1), b.hook_dir(2)});
-  CHECK(b.store->due_hooks() == std::vector<std::int64_t>{3});  // 1 and 2 are marked started
+  CHECK(b.store->due_hooks() == std::vector<DueHook>{{3, HookEvent::finish, {}}});  // 1 and 2 are marked started
   b.end(b.hook_dir(1));
   CHECK(h.running() == 2);  // 1's ended, 3's started in its place
   CHECK(h.waiting() == 0);
@@ -125,10 +126,10 @@ TEST_CASE("at most max_hooks hooks run at once; the next job's start when one en
 TEST_CASE("a job whose hooks still run waits for a later round instead of running them twice at once") {
   Bench b(1);
   Hooks h = b.hooks(4);
-  h.due(1);
+  h.due({1, HookEvent::finish, {}});
   h.run();
   REQUIRE(h.running() == 1);
-  h.due(1);  // it ended again (restarted meanwhile) before its first hooks finished
+  h.due({1, HookEvent::finish, {}});  // it ended again (restarted meanwhile) before its first hooks finished
   h.run();
   CHECK(h.running() == 1);
   CHECK(h.waiting() == 1);
@@ -144,7 +145,7 @@ TEST_CASE("a job whose hooks still run waits for a later round instead of runnin
 TEST_CASE("a hook is handed the job on stdin, its batch's and its own environment, and the job's ids") {
   Bench b(1);
   Hooks h = b.hooks(1);
-  h.due(1);
+  h.due({1, HookEvent::finish, {}});
   h.run();
   REQUIRE(b.spawned.size() == 1);
   const std::string dir = b.hook_dir(1);
@@ -161,6 +162,33 @@ TEST_CASE("a hook is handed the job on stdin, its batch's and its own environmen
   CHECK(doc["timeout_s"] == 300);
   CHECK_FALSE(doc.contains("run_as"));  // single-user mode: as gpuqd's own user
   b.end(dir);
+}
+
+TEST_CASE("a preemption's hooks run beside its end's, in a directory of their own, told who preempted it") {
+  Bench b(1);
+  auto rec = *b.store->get(1);
+  rec.spec.on_preempt = {"notify", "preempted"};
+  rec.state = gpuq::JobState::queued;  // back in line, as a preemption leaves it
+  rec.preemptions = 2;
+  rec.run.preempted_by = "";  // started again meanwhile: who preempted it is the due hook's word
+  b.store->rewrite_specs({&rec}, {});
+  b.store->update(rec, false);
+  Hooks h = b.hooks(4);
+  h.due({1, HookEvent::preempt, "job 9 (urgent)"});
+  h.due({1, HookEvent::finish, {}});  // not ended (queued): its on_finish hooks have nothing to say
+  h.run();
+  REQUIRE(b.spawned.size() == 1);
+  const std::string dir = b.temp.path + "/jobs/1/on-preempt-2-0";
+  CHECK(b.spawned[0] == dir);
+  std::ifstream launch(dir + "/launch.json");
+  const json rank = json::parse(launch)["ranks"][0];
+  CHECK(rank["argv"] == json{"notify", "preempted"});
+  CHECK(rank["env"]["GPUQ_HOOK"] == "preempt");
+  CHECK(rank["env"]["GPUQ_PREEMPTED_BY"] == "job 9 (urgent)");
+  CHECK(rank["env"]["GPUQ_JOB_STATE"] == "queued");
+  CHECK(b.store->due_hooks().empty());
+  b.end(dir);
+  CHECK(h.running() == 0);
 }
 
 TEST_SUITE_END();

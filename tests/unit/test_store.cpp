@@ -74,18 +74,30 @@ TEST_CASE("hooks due with a job's end are found until started, then never again,
     j.hook_due = j.id == 1;  // only a's ending has hooks
   }
   (*store)->update_many({&jobs[0], &jobs[1]});
-  CHECK((*store)->due_hooks() == std::vector<std::int64_t>{1});
-  (*store)->hooks_started(1);
+  using Due = std::vector<DueHook>;
+  const DueHook a_ended{1, HookEvent::finish, {}}, b_ended{2, HookEvent::finish, {}},
+      b_preempted{2, HookEvent::preempt, "job 9"};
+  CHECK((*store)->due_hooks() == Due{a_ended});
+  (*store)->hooks_started(a_ended);
   CHECK((*store)->due_hooks().empty());
+  jobs[1].preempt_hook_due = true;  // b preempted (twice, by job 9), then ended: each event's hooks, once each
+  jobs[1].run.preempted_by = "job 8";
+  (*store)->update_many({&jobs[1]});
+  jobs[1].run.preempted_by = "job 9";  // the last preemption's word is the hook's
+  (*store)->update_many({&jobs[1]});
+  jobs[1].run.preempted_by = "";  // it started again: who preempted it is the due hook's to say
+  jobs[1].preempt_hook_due = false;
   jobs[1].hook_due = true;
   (*store)->update_many({&jobs[1]});
-  CHECK((*store)->due_hooks() == std::vector<std::int64_t>{2});
+  CHECK((*store)->due_hooks() == Due{b_ended, b_preempted});
   store->reset();
   store = Store::open(db.path);
   REQUIRE(store.ok());
   (*store)->forget_started_hooks();
-  CHECK((*store)->due_hooks() == std::vector<std::int64_t>{2});  // 1 was started: it runs on, or ran
-  (*store)->hooks_done(2);
+  CHECK((*store)->due_hooks() == Due{b_ended, b_preempted});  // 1 was started: it runs on, or ran
+  (*store)->hooks_done(b_preempted);
+  CHECK((*store)->due_hooks() == Due{b_ended});
+  (*store)->hooks_done(b_ended);
   CHECK((*store)->due_hooks().empty());
   (*store)->update_many({&jobs[1]});  // a due hook of a job later forgotten is not run
   (*store)->remove_jobs({2});
@@ -379,6 +391,26 @@ int user_version(const std::string& path) {
 }
 }  // namespace
 
+TEST_CASE("a version 15 store's due on_finish hooks are kept as due on_finish hooks") {
+  TempDb db;
+  {
+    auto store = Store::open(db.path);
+    REQUIRE(store.ok());
+    std::vector<JobRecord> jobs{job_named("a"), job_named("b")};
+    (*store)->insert_batch(jobs, {{}, {}}, "/", {}, 1.0);
+  }
+  // The table as versions 13 to 15 had it: one row a job, its on_finish hooks'.
+  raw_exec(db.path,
+           "DROP TABLE hook_runs; CREATE TABLE hooks(job_id INTEGER PRIMARY KEY, started INTEGER NOT NULL "
+           "DEFAULT 0); INSERT INTO hooks VALUES(1, 0), (2, 1); PRAGMA user_version=15;");
+  auto store = Store::open(db.path);
+  REQUIRE(store.ok());
+  CHECK(user_version(db.path) == 16);
+  CHECK((*store)->due_hooks() == std::vector<DueHook>{{1, HookEvent::finish, {}}});
+  (*store)->forget_started_hooks();  // 2's had started: it is not run again
+  CHECK((*store)->due_hooks() == std::vector<DueHook>{{1, HookEvent::finish, {}}});
+}
+
 TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kept, jobs restarted, batches limited or jobs removed) is migrated in place, its jobs kept") {
   TempDb db;
   // The tables as schema version 1 made them, with a running job.
@@ -427,7 +459,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].held = true;
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 15);
+  CHECK(user_version(db.path) == 16);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   CHECK((*again)->get(7)->run.external_id.empty());  // the column a version 11 store added
   REQUIRE(again.ok());
@@ -587,7 +619,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 15") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 16") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
