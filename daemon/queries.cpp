@@ -14,6 +14,7 @@
 #include "daemon/launcher.hpp"
 #include "daemon/lifecycle.hpp"
 #include "daemon/pass_inputs.hpp"
+#include "daemon/preemption.hpp"
 
 namespace gpuq::daemon {
 namespace queries {
@@ -104,6 +105,12 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
     return out;
   }
   const double now = wall_now();
+  // Preempted, and back in line: by whom, how long ago (its next attempt resumes from its checkpoint).
+  if (!rec.run.preempted_by.empty() && rec.run.preempted_at > 0)
+    d.push_back("it was preempted by " + rec.run.preempted_by + " " +
+                std::to_string(static_cast<long long>(std::max(0.0, now - rec.run.preempted_at))) +
+                " s ago (no retry spent); it runs again as attempt " + std::to_string(rec.attempt + 1) +
+                ", from its checkpoint if it saved one");
   if (rec.held) d.push_back("it is held: `gpuq release " + std::to_string(rec.id) + "` puts it back in line");
   for (std::int64_t dep : rec.after) {
     const auto st = reads.dependency_state(dep);
@@ -149,6 +156,18 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
                 (it ? " (" + reads.users.name_of(it->rec.uid) + "'s " + it->rec.spec.name + ")" : "") +
                 ", ahead of it");
   }
+  // The jobs being preempted for it: their GPUs come to it once their grace is over.
+  const std::string label = job_label(rec);
+  for (const Active& running : reads.jobs.running()) {
+    const JobRecord& r = running.rec;
+    if (!r.run.preempt_requested || r.run.preempted_by != label) continue;
+    const double ends = ends_by(r, reads.config.grace_s, reads.config.preempt_grace_s);
+    d.push_back(job_label(r) + " (" + reads.users.name_of(r.uid) + "'s) is being preempted for it" +
+                (ends == k_never
+                     ? std::string()
+                     : ": its GPUs are free within " +
+                           std::to_string(static_cast<long long>(std::ceil(std::max(0.0, ends - now)))) + " s"));
+  }
   if (rec.spec.gpus == 0) return out;
   for (const Active& running : reads.jobs.running()) {
     const JobRecord& r = running.rec;
@@ -159,9 +178,30 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
   const auto ends_of = [](const common::Holder& h) { return h.ends_by > 0 ? h.ends_by : k_never; };  // 0: none
   std::stable_sort(out.holders.begin(), out.holders.end(),
                    [&](const auto& a, const auto& b) { return ends_of(a) < ends_of(b); });
+  int lacking = rec.spec.gpus - free;
+  // Where preemptible jobs hold GPUs it lacks: which of them it may preempt, and why not the others
+  // (preemption.hpp's rules, in its words); nothing where no job is preemptible.
+  bool any_preemptible = false;
+  const std::vector<Runner> running = runners(reads, any_preemptible);
+  if (lacking > 0 && any_preemptible) {
+    const PendingJob me = pending_of(rec);
+    const PreemptRules rules = preempt_rules(reads, {me});
+    std::string may, may_not;
+    for (const Runner& r : running) {
+      if (r.gpus.empty() || r.stopping) continue;
+      const Active* a = reads.jobs.find(r.id);
+      const std::string name = a ? job_label(a->rec) : "job " + std::to_string(r.id);
+      if (const std::string no = preempt_refusal(r, me, now, rules); no.empty())
+        may += (may.empty() ? "" : ", ") + name;
+      else if (r.preemptible)
+        may_not += (may_not.empty() ? "" : "; ") + name + ": " + no;
+    }
+    if (!may.empty())
+      d.push_back(may + (may.find(',') == std::string::npos ? " may" : " may each") + " be preempted for it");
+    if (!may_not.empty()) d.push_back("not to be preempted for it: " + may_not);
+  }
   // The earliest start: once the holders ending first have freed what it lacks (a lower bound:
   // the jobs ahead of it may take those first).
-  int lacking = rec.spec.gpus - free;
   if (lacking > 0 && rec.spec.gpus <= usable && out.estimated_start.is_null()) {
     std::set<int> freed;
     for (const auto& h : out.holders) {

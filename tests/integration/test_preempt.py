@@ -137,6 +137,10 @@ class Preemption(DaemonTest):
         wait_until(lambda: os.path.exists(stopping), what="the low job to get its signal")
         job = self.d.show(low)["job"]
         self.assertEqual((job["state"], job["preempting"], job["preempted_by"]), ("running", True, f"job {urgent} (urgent)"))
+        # `why` says what the urgent job waits for: the victim's stop, within its grace.
+        self.assertTrue(any(re.fullmatch(rf"job {low} \(low\) \(\S+'s\) is being preempted for it: its GPUs are free "
+                                         r"within \d+ s", d) for d in self.d.json("why", str(urgent))["details"]),
+                        self.d.json("why", str(urgent))["details"])
         self.assertRegex(self.d.ok("status"), rf"(?m)^\s*{low}\s.*preempting")
         for refused in (("requeue", f"job {low} (low) is being preempted already"),
                         ("preempt", f"job {low} (low) is being preempted already")):
@@ -149,10 +153,35 @@ class Preemption(DaemonTest):
         self.assertEqual((job["state"], job["preempting"], job["preempted_by"]), ("queued", False, f"job {urgent} (urgent)"))
         self.assertGreater(job["preempted_at"], 0)
         self.assertRegex(self.d.ok("status"), rf"(?m)^\s*{low}\s.*preempted")
+        self.assertRegex(self.d.ok("why", str(low)), rf"it was preempted by job {urgent} \(urgent\) \d+ s ago \(no retry "
+                                                     r"spent\); it runs again as attempt 2, from its checkpoint")
         open(urgent_gate, "w").close()
         done = self.d.wait([low, urgent])
         self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
         self.assertEqual(done[low]["preempted_by"], "")  # it ran again
+
+    def test_why_names_the_jobs_a_waiting_job_may_preempt_and_those_it_may_not(self):
+        started, gate = self.tmp_path("started"), self.tmp_path("gate")
+        low = self.d.submit({"name": "low", "gpus": 1, "preemptible": True, "timeout_s": 300,
+                             "shell": f'touch {started}-$GPUQ_ATTEMPT; [ "$GPUQ_ATTEMPT" = 2 ] && exit 0; '
+                                      'while true; do sleep 0.05; done'})["ids"][0]
+        keep = self.d.submit({"name": "keep", "gpus": 1, "timeout_s": 300,
+                              "shell": f"while [ ! -e {gate} ]; do sleep 0.05; done"})["ids"][0]
+        wait_until(lambda: os.path.exists(started + "-1"), what="the low job to start")
+        wait_until(lambda: self.d.show(keep)["job"]["state"] == "running", what="the other job to hold its GPU")
+        # The urgent job waits for a dependency first: it preempts nothing until that has succeeded.
+        dep = self.d.submit({"name": "dep", "gpus": 0, "shell": f"while [ ! -e {gate}-dep ]; do sleep 0.05; done"})["ids"][0]
+        urgent = self.d.submit({"name": "urgent", "gpus": 1, "priority": 10, "after": [dep],
+                                "command": ["true"]})["ids"][0]
+        details = self.d.json("why", str(urgent))["details"]
+        self.assertIn(f"job {low} (low) may be preempted for it", details)
+        self.assertFalse(any(f"job {keep}" in d and "preempted" in d for d in details), details)  # not preemptible: not named
+        self.assertEqual(self.d.show(low)["job"]["preemptions"], 0)
+        open(gate + "-dep", "w").close()
+        done = self.d.wait([urgent, low])
+        self.assertEqual((done[urgent]["state"], done[low]["state"], done[low]["preemptions"]), ("succeeded", "succeeded", 1))
+        open(gate, "w").close()
+        self.d.wait([keep])
 
     def test_two_urgent_jobs_never_preempt_one_victim_twice(self):
         gate = self.tmp_path("gate")
@@ -220,6 +249,8 @@ class Protection(DaemonTest):
         wait_until(lambda: "waiting" in self.d.show(second)["job"]["reason"], what="a pass to look at urgent2")
         job = self.d.show(low)["job"]
         self.assertEqual((job["state"], job["preempting"], job["preemptions"]), ("running", False, 1))
+        self.assertIn(f"not to be preempted for it: job {low} (low): protected: preempted 1 times, it runs 3600 s first",
+                      self.d.json("why", str(second))["details"])
         self.d.ok("cancel", str(low))
         done = self.d.wait([low, second])
         self.assertEqual((done[low]["state"], done[second]["state"]), ("cancelled", "succeeded"))
