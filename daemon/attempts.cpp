@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -377,6 +378,10 @@ void Attempts::preempt(const std::vector<std::int64_t>& ids, const std::vector<s
   for (std::size_t i = 0; i < ids.size(); ++i)
     asked.push_back(next_record(m_jobs.at(ids[i]).rec, event::PreemptRequested{by[i], now}));
   m_needs.commit({}, {}, std::move(asked));  // the intent, stored: a gpuqd restarted meanwhile preempts it still
+  // Tests only: gpuqd dies here, the intent stored and no supervisor signalled yet (the window
+  // that adoption's preempt closes; test_preempt.Recovery).
+  static const bool die_here = std::getenv("GPUQ_TEST_DIE_AFTER_PREEMPT_INTENT") != nullptr;
+  if (die_here) ::_exit(86);
   for (std::int64_t id : ids) {
     const JobRecord& rec = m_jobs.at(id).rec;
     ++m_metrics.preemptions[rec.uid];

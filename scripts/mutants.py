@@ -124,8 +124,7 @@ MUTANTS = [
      "const std::int64_t budget = ended ? limit : k_events_per_call;",
      ["test_queue.ResultsWaitLogs.test_a_job_that_ends_with_more_than_a_read_of_events_unread_loses_none_of_them"]),
     ("slurm-task-stop-file", "supervisor/supervisor.cpp",
-     "if (!m_stop_file.empty() && common::path_exists(m_stop_file)) m_cancelled = true,",
-     "if (false) m_cancelled = true,",
+     "if (!m_stop_file.empty() && common::path_exists(m_stop_file)) {", "if (false) {",
      ["test_slurm.SlurmTask.test_a_stop_sent_before_the_supervisor_caught_signals_is_found_in_the_attempt_directory"]),
     ("fds-short", "daemon/attempts.cpp",
      "  if (m_free < 0) return std::nullopt;  // unknown: no /proc\n", "  return std::nullopt;\n",
@@ -668,6 +667,10 @@ MUTANTS = [
     ("slurm-gang-task-takes-preemption", "supervisor/supervisor.cpp",
      "      if (sig == SIGURG && m_stop_on_urg && !m_tearing_down && stop_is_preemption()) m_preempted = true;\n", "",
      ["test_slurm.SlurmPreemption.test_a_gang_slurm_preempts_has_every_rank_take_the_preemption"]),
+    # A preemption stored but never sent (gpuqd died in between) is sent by the next gpuqd.
+    ("preempt-resent-on-adoption", "daemon/daemon.cpp",
+     "          m_executor->preempt(id, m_attempts.preempt_grace_s(a.rec.spec));", "          (void)0;",
+     ["test_preempt.Recovery.test_a_preemption_stored_but_never_sent_is_sent_by_the_next_gpuqd"]),
     # on_preempt hooks: due with the record that preempts the job, told who preempted it.
     ("preempt-hook-due", "daemon/running.cpp",
      "    r.preempt_hook_due = m_jobs.contains(r.id) &&", "    r.preempt_hook_due = false && m_jobs.contains(r.id) &&",

@@ -596,8 +596,10 @@ class Supervisor {
     // A stop sent before the signals above were caught was lost (SIGURG is ignored by default);
     // the file gpuqd writes before sending it says so. One written after this look comes with a
     // signal that is caught.
-    if (!m_stop_file.empty() && common::path_exists(m_stop_file))
-      m_cancelled = true, m_preempted = stop_is_preemption();
+    if (!m_stop_file.empty() && common::path_exists(m_stop_file)) {
+      m_cancelled = true;
+      m_preempted = stop_is_preemption();  // `preempt` in it: a preemption (a Slurm gang's)
+    }
     m_report.take(m_doc);
     if (!m_cancelled)
       for (const auto& r : m_doc["ranks"]) spawn(r);

@@ -277,6 +277,29 @@ class Recovery(DaemonTest):
         self.assertIn((1, "queued", f"preempted by job {urgent} (urgent): attempt 1 was stopped"), history(self.d, low))
 
 
+    def test_a_preemption_stored_but_never_sent_is_sent_by_the_next_gpuqd(self):
+        # gpuqd dies right after storing the intent, before signalling the victim's supervisor:
+        # the next one, adopting the victim, sends it (with its grace).
+        started, stopping, gate = self.tmp_path("started"), self.tmp_path("stopping"), self.tmp_path("gate")
+        self.d.stop()
+        self.d.start(env=dict(os.environ, GPUQ_TEST_DIE_AFTER_PREEMPT_INTENT="1"))
+        low = self.d.submit({"name": "low", "gpus": 1, "preemptible": True, "timeout_s": 300,
+                             "shell": slow_to_stop(started, stopping, gate)})["ids"][0]
+        wait_until(lambda: os.path.exists(started), what="the low job to start")
+        self.d.run("submit", "-", input=json.dumps({"name": "urgent", "gpus": 1, "priority": 10, "command": ["true"]}))
+        wait_until(lambda: self.d.proc.poll() is not None, what="gpuqd to die after storing the preemption")
+        self.assertEqual(self.d.proc.returncode, 86)
+        self.assertFalse(os.path.exists(stopping))  # no signal reached it
+        self.d.start()
+        job = self.d.show(low)["job"]
+        self.assertEqual((job["state"], job["preempting"]), ("running", True))
+        wait_until(lambda: os.path.exists(stopping), what="the adopted victim to get its signal")
+        open(gate, "w").close()
+        urgent = [j["id"] for j in self.d.json("status", "--all")["jobs"] if j["name"] == "urgent"][0]
+        done = self.d.wait([low, urgent])
+        self.assertEqual((done[urgent]["state"], done[low]["state"], done[low]["preemptions"]), ("succeeded", "succeeded", 1))
+
+
 class PreemptHooks(DaemonTest):
     """on_preempt hooks (job-spec.md): the configuration's and the job's own, each time the job is
     preempted, as its owner, told who preempted it."""
