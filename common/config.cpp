@@ -140,6 +140,11 @@ const Rule k_rules[] = {
      "to start, and they go back in line (docs/preemption.md)"},
     {"preempt_grace_s", nullptr, "--preempt-grace", "SECONDS", "number", 0, 86400, &Settings::preempt_grace_s,
      "Seconds a preempted job has to checkpoint between its signal and SIGKILL, for specs that name none"},
+    {"preempt_grace_max_s", nullptr, "--preempt-grace-max", "SECONDS", "number", 0, 86400,
+     &Settings::preempt_grace_max_s,
+     "The longest grace a spec's preempt_grace_s may ask (a job asking more is refused at submit; one submitted "
+     "before the ceiling was lowered gets the ceiling): a job of one user cannot hold GPUs another's urgent job "
+     "preempts it for longer than this"},
     {"preempt_protect_after", nullptr, "--preempt-protect-after", "N", "int", 0, 1000000,
      &Settings::preempt_protect_after,
      "A job preempted this many times is not preempted again until it has run preempt_min_run_s (0: every job "

@@ -58,6 +58,7 @@ struct Settings {
   std::string hang_action = "flag";      // "hang_action": "flag" (say so) or "retry" (stop it, retry it)
   bool preemptible = false;              // "preemptible": for specs that name none (daemon/preemption.hpp)
   double preempt_grace_s = 30;           // "preempt_grace_s": for specs that name none
+  double preempt_grace_max_s = 600;      // "preempt_grace_max_s": the most a spec may ask (refused above it at submit)
   int preempt_protect_after = 1;         // "preempt_protect_after": preemptions after which a job is protected...
   double preempt_min_run_s = 300;        // "preempt_min_run_s": ...for this long from each start
   std::string preempt_across_users = "never";  // "preempt_across_users": "never" or "fair_share" (lab mode)

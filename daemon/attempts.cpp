@@ -21,6 +21,7 @@
 #include "common/users.hpp"
 #include "daemon/lifecycle.hpp"
 #include "daemon/parts.hpp"
+#include "daemon/pass_inputs.hpp"
 
 namespace gpuq::daemon {
 
@@ -283,7 +284,8 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
     end.state = JobState::timed_out;
     char buf[64];
     std::snprintf(buf, sizeof(buf), "timed out after %g s", rec.spec.timeout_s);
-    end.reason = buf;
+    // Without a timeout of its own, the limit was another system's (Slurm's): its word says which.
+    end.reason = rec.spec.timeout_s <= 0 && outcome.error ? *outcome.error : std::string(buf);
   } else if (outcome.all_ok && !failure.is_object()) {
     end.state = JobState::succeeded;
   } else if (outcome.oom_kills.value_or(0) > 0) {
@@ -370,7 +372,7 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
 }
 
 double Attempts::preempt_grace_s(const common::JobSpec& spec) const {
-  return spec.preempt_grace_s >= 0 ? spec.preempt_grace_s : m_config.preempt_grace_s;
+  return preempt_grace_of(spec, m_config);
 }
 
 void Attempts::preempt(const std::vector<std::int64_t>& ids, const std::vector<std::string>& by, double now) {

@@ -55,6 +55,7 @@ void Hooks::run() {
       m_due.push_back(h);
       continue;
     }
+    m_waiting.erase(h);
     try {
       start(h);
     } catch (const std::exception& e) {
@@ -70,6 +71,7 @@ void Hooks::start(const DueHook& due) {
   // Forgotten meanwhile, or restarted after its end: nothing to say. (A preempted job may have
   // started again or ended since: its preemption happened all the same.)
   if (!found || (!preempt && !is_terminal(found->state))) {
+    m_store.hooks_started(due);
     m_store.hooks_done(due);
     return;
   }

@@ -10,12 +10,14 @@
 #include <sys/types.h>
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+
 #include <boost/asio.hpp>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,7 +57,11 @@ class Hooks {
   }
   // Job `id` has ended (been preempted) with its hooks due (the store says so already): they run
   // in their turn.
-  void due(DueHook h) { m_due.push_back(h); }
+  // One waiting for its turn already (of the same job and event, not yet started) is not queued
+  // twice: the store holds one row a job and event, so a crash could not run it twice either.
+  void due(DueHook h) {
+    if (m_waiting.insert(h).second) m_due.push_back(std::move(h));
+  }
   // Starts due hooks, up to max_hooks at once. Each job's run under a gpuq-shim of their own (as the
   // job's owner in lab mode), in jobs/<id>/on-finish-<restarts>-<k>/ (on-preempt-<preemptions>-<k>/),
   // with the job on stdin, bounded by timeout_s; each end is watched through a pidfd on the
@@ -75,6 +81,7 @@ class Hooks {
   Describe m_describe;
   Spawn m_spawn;
   std::deque<DueHook> m_due;      // jobs whose hooks wait for a turn
+  std::set<DueHook> m_waiting;    // the same, to look up
   std::map<DueHook, int> m_jobs;  // job and event -> its hooks still running
   int m_processes = 0;
 };

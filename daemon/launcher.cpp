@@ -45,13 +45,10 @@ std::string preempt_file_path(const std::string& dir) {
   return dir + "/preempt";
 }
 bool launched_with_preempt(const std::string& dir) {
-  std::ifstream in(dir + "/launch.json", std::ios::ate);
-  const std::streamoff size = in ? static_cast<std::streamoff>(in.tellg()) : 0;
-  std::string text(static_cast<std::size_t>(std::clamp<std::streamoff>(size, 0, 8 << 20)), '\0');
-  in.seekg(0);
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(std::max<std::streamsize>(0, in.gcount())));
-  return text.find("\"preempt\":{") != std::string::npos;
+  // The attempt's directory is the job's to write: a regular file only (a FIFO there would block
+  // gpuqd's thread), no symlink, bounded.
+  const auto text = common::read_job_file(dir + "/launch.json", 8 << 20, "the attempt's launch document");
+  return text && text->find("\"preempt\":{") != std::string::npos;
 }
 std::string rank_report_path(const std::string& dir, int rank) {
   return dir + "/report-" + std::to_string(rank) + ".jsonl";

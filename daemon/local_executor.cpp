@@ -89,6 +89,7 @@ json read_exit_record(const std::string& path, std::size_t max_bytes, std::optio
   keep(*raw, out, "ended_at", is_num);
   keep(*raw, out, "cancelled", is_bool);
   keep(*raw, out, "timed_out", is_bool);
+  keep(*raw, out, "preempted", is_bool);  // its supervisor took a preemption (the Slurm executor asks)
   if (auto it = raw->find("error"); it != raw->end() && it->is_string()) out["error"] = it->get<std::string>().substr(0, 1000);
   if (auto it = raw->find("ranks"); it != raw->end() && it->is_array()) {
     out["ranks"] = json::array();

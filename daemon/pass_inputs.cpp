@@ -10,14 +10,21 @@
 
 namespace gpuq::daemon {
 
-double ends_by(const JobRecord& r, double grace_s, double preempt_grace_s) {
+double ends_by(const JobRecord& r, double grace_s, double preempt_grace_s, double preempt_grace_max_s) {
   double at = r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + grace_s : k_never;
   // A job preempted ends within its grace: the job it stops for holds a reservation on its GPUs
   // that lower jobs may backfill only if they end before that.
   if (r.run.preempt_requested && r.run.preempted_at > 0)
     at = std::min(
-        at, r.run.preempted_at + (r.spec.preempt_grace_s >= 0 ? r.spec.preempt_grace_s : preempt_grace_s) + grace_s);
+        at, r.run.preempted_at +
+                std::min(r.spec.preempt_grace_s >= 0 ? r.spec.preempt_grace_s : preempt_grace_s, preempt_grace_max_s) +
+                grace_s);
   return at;
+}
+
+double preempt_grace_of(const common::JobSpec& spec, const Config& config) {
+  return std::min(spec.preempt_grace_s >= 0 ? spec.preempt_grace_s : config.preempt_grace_s,
+                  config.preempt_grace_max_s);
 }
 
 std::map<int, GpuHolding> gpu_holdings(const Reads& reads) {
@@ -25,7 +32,8 @@ std::map<int, GpuHolding> gpu_holdings(const Reads& reads) {
   for (const auto& g : reads.inventory.gpus()) totals[g.index] = g.memory_total_mb;
   std::map<int, GpuHolding> out;
   for (const Active& a : reads.jobs.running()) {
-    const double ends = ends_by(a.rec, reads.config.grace_s, reads.config.preempt_grace_s);
+    const double ends =
+        ends_by(a.rec, reads.config.grace_s, reads.config.preempt_grace_s, reads.config.preempt_grace_max_s);
     for (int index : a.rec.run.gpus) {
       const auto total = totals.find(index);
       if (total == totals.end()) continue;  // not a GPU of this machine's (any more)

@@ -16,7 +16,11 @@ namespace gpuq::daemon {
 
 // When a running job is over at the latest: its start, its timeout and the grace period after it
 // (the supervisor's SIGKILL), or, once preempted, its preemption's grace. k_never without either.
-double ends_by(const JobRecord& r, double grace_s, double preempt_grace_s);
+double ends_by(const JobRecord& r, double grace_s, double preempt_grace_s,
+               double preempt_grace_max_s = common::k_max_preempt_grace_s);
+// The grace a preempted job with `spec` gets: its own preempt_grace_s, else the configuration's,
+// at most the configuration's preempt_grace_max_s.
+double preempt_grace_of(const common::JobSpec& spec, const Config& config);
 
 // What the running jobs hold of one GPU.
 struct GpuHolding {

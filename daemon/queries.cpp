@@ -161,7 +161,8 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
   for (const Active& running : reads.jobs.running()) {
     const JobRecord& r = running.rec;
     if (!r.run.preempt_requested || r.run.preempted_by != label) continue;
-    const double ends = ends_by(r, reads.config.grace_s, reads.config.preempt_grace_s);
+    const double ends =
+        ends_by(r, reads.config.grace_s, reads.config.preempt_grace_s, reads.config.preempt_grace_max_s);
     d.push_back(job_label(r) + " (" + reads.users.name_of(r.uid) + "'s) is being preempted for it" +
                 (ends == k_never
                      ? std::string()
@@ -172,7 +173,8 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
   for (const Active& running : reads.jobs.running()) {
     const JobRecord& r = running.rec;
     if (r.run.gpus.empty()) continue;
-    const double ends = ends_by(r, reads.config.grace_s, reads.config.preempt_grace_s);
+    const double ends =
+        ends_by(r, reads.config.grace_s, reads.config.preempt_grace_s, reads.config.preempt_grace_max_s);
     out.holders.push_back({r.id, r.spec.name, reads.users.name_of(r.uid), r.run.gpus, ends == k_never ? 0 : ends});
   }
   const auto ends_of = [](const common::Holder& h) { return h.ends_by > 0 ? h.ends_by : k_never; };  // 0: none

@@ -217,6 +217,7 @@ class SlurmExecutor final : public Executor {
       job.slurm_id = slurm_id;
       job.tasks = tasks_of(attempt.spec);
       job.state = "adopted";
+      job.handles_preempt = launched_with_preempt(attempt.dir);
       std::cerr << "gpuqd: re-adopted job " << attempt.id << " (Slurm job " << slurm_id << ")\n";
       arm_poll();
       return Found::alive;
@@ -242,8 +243,9 @@ class SlurmExecutor final : public Executor {
     auto it = m_jobs.find(id);
     if (it == m_jobs.end()) return;
     Job& job = it->second;
-    if (job.slurm_id.empty() || job.state == "PENDING" || job.cancel || !launched_with_preempt(job.dir))
-      return stop(id);
+    // A job squeue last saw pending may have started since (gpuqd preempts only jobs it counts as
+    // running): signalled all the same, and scancel'd where Slurm refuses (pending after all).
+    if (job.slurm_id.empty() || job.cancel || !job.handles_preempt) return stop(id);
     job.cancel = true;
     const std::string slurm_id = job.slurm_id;
     std::vector<std::string> argv{"scancel"};
@@ -365,6 +367,7 @@ class SlurmExecutor final : public Executor {
     bool withdraw = false;      // withdraw() asked, and it had not started
     bool withdrawn = false;     // ... and scancel went out while Slurm still held it pending
     std::unique_ptr<asio::steady_timer> end_after_grace;  // cancelled: scancel once the grace is over
+    bool handles_preempt = true;  // its launch document has `preempt` (one an earlier gpuqd wrote may not)
   };
 
   // Attempts whose batch scripts differ only in their directory: the same sbatch options (but the
@@ -462,8 +465,11 @@ class SlurmExecutor final : public Executor {
   // limit, a minute past both, only backs it up.
   common::SbatchLayout layout_of(const Attempt& a, std::string output) const {
     common::SbatchLayout layout{std::move(output), -1, true};
+    // A preemptible job's SIGUSR1 (--signal=B:USR1@30) comes 30 s before the limit, and up to a
+    // minute earlier (Slurm's granularity): a minute more keeps it after gpuq-shim's own timeout.
     if (a.spec->timeout_s > 0)
-      layout.time_minutes = static_cast<long>(std::ceil((a.spec->timeout_s + m_settings.grace_s) / 60.0)) + 1;
+      layout.time_minutes =
+          static_cast<long>(std::ceil((a.spec->timeout_s + m_settings.grace_s) / 60.0)) + (a.spec->preemptible ? 2 : 1);
     return layout;
   }
 
@@ -533,7 +539,10 @@ class SlurmExecutor final : public Executor {
       // ranks' supervisors as gpuq's own preemption does (preempt() below), and waits on for srun.
       // srun runs in the background, so that the trap runs at once, not once srun has ended.
       if (!array) s << "dir=" << common::shell_quote(a.dir) << "\n";
-      s << "trap 'echo preempt >\"$dir/" << common::k_stop_file << "\"; scancel --signal=URG \"$SLURM_JOB_ID\"' USR1\n";
+      // The stop file appears whole (a supervisor looking at that moment reads `preempt` or nothing).
+      const std::string stop = "\"$dir/" + std::string(common::k_stop_file) + "\"";
+      s << "trap 'echo preempt >" << stop.substr(0, stop.size() - 1) << ".new\" && mv -f "
+        << stop.substr(0, stop.size() - 1) << ".new\" " << stop << "; scancel --signal=URG \"$SLURM_JOB_ID\"' USR1\n";
       s << srun << " &\nsrun_pid=$!\n";
       s << "while ! wait \"$srun_pid\" && kill -0 \"$srun_pid\" 2>/dev/null; do :; done\n";
     }
@@ -773,7 +782,7 @@ class SlurmExecutor final : public Executor {
       if (!cancel && record.value("cancelled", false)) {
         // Its supervisor was stopped, but not by gpuq: scancel by someone else, preemption, a
         // node going down, Slurm's time limit. Slurm's record says which.
-        account_for(a->second, slurm_id, dir, true);
+        account_for(a->second, slurm_id, dir, true, nullptr, record.value("preempted", false));
       } else if (!cancel && has_failure(record)) {
         // A rank that failed: Slurm may have signalled the whole step (an scancel by someone
         // else, its time limit), and the rank's death (by the signal, or a shell's exit 143 after
@@ -795,10 +804,12 @@ class SlurmExecutor final : public Executor {
   // preempted goes back in line as preempted (no retry spent), and any other (node failure)
   // failed, so that it is retried.
   // `record`: the supervisor's own, kept unless Slurm's state is one it ended the job with.
+  // `took_usr1`: its supervisor took SIGUSR1 as a preemption, which may have been the warning of
+  // Slurm's time limit (--signal=B:USR1@30) rather than a preemption.
   void account_for(std::int64_t id, const std::string& slurm_id, const std::string& dir, bool recorded,
-                   json record = nullptr) {
-    run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id, dir, recorded,
-                                                                record = std::move(record)](CommandResult r) mutable {
+                   json record = nullptr, bool took_usr1 = false) {
+    run_off_thread({"scontrol", "-o", "show", "job", slurm_id}, [this, id, slurm_id, dir, recorded, took_usr1,
+                                                                 record = std::move(record)](CommandResult r) mutable {
       const auto f = fields_of(r.out);
       const auto field = [&](const char* key) { return f.count(key) ? f.at(key).substr(0, 200) : std::string(); };
       const auto state = f.count("JobState") ? field("JobState") : std::string("unknown (Slurm no longer knows it)");
@@ -806,12 +817,23 @@ class SlurmExecutor final : public Executor {
       // ends out_of_memory as it would locally (how many processes, Slurm does not say: one).
       if (state == "OUT_OF_MEMORY") m_out_of_memory.insert(id);
       // Preempted by Slurm: back in line as preempted, not a failure. A job that ended within its
-      // GraceTime (its supervisor took the preemption's signal) may end COMPLETED: Slurm's
-      // PreemptTime says it was preempted all the same.
+      // GraceTime, its supervisor having taken the preemption's signal (no record of a rank's own
+      // failure, which stands), ends COMPLETED or FAILED to Slurm: its PreemptTime says it was
+      // preempted all the same.
       const std::string preempt_time = field("PreemptTime");
-      const bool preempted = state == "PREEMPTED" || (!preempt_time.empty() && preempt_time != "None" &&
-                                                      preempt_time != "Unknown" && state != "CANCELLED");
+      const bool preempt_timed = !preempt_time.empty() && preempt_time != "None" && preempt_time != "Unknown";
+      const bool preempted =
+          state == "PREEMPTED" || (preempt_timed && record.is_null() && (state == "COMPLETED" || state == "FAILED"));
       if (preempted) m_preempted.insert(id);
+      // SIGUSR1 with no preemption: the warning before Slurm's time limit (a partition's default,
+      // where the spec has no timeout). The job ends timed out, as Slurm would have ended it.
+      if (took_usr1 && !preempted && !preempt_timed && (state == "COMPLETED" || state == "FAILED")) {
+        m_outcomes[id] = json{{"timed_out", true},
+                              {"error", "Slurm job " + slurm_id + " reached its time limit (" + field("TimeLimit") +
+                                            ", its warning signal came 30 s before)"}};
+        m_ended(id);
+        return;
+      }
       if (!record.is_null() && state != "CANCELLED" && state != "TIMEOUT" && !preempted && state != "NODE_FAIL") {
         m_outcomes[id] = std::move(record);
         m_ended(id);
@@ -834,7 +856,8 @@ class SlurmExecutor final : public Executor {
       // gpuq decides what becomes of it, as for one it withdrew.
       if (!recorded && state == "CANCELLED" && reason.find("DependencyNeverSatisfied") != std::string::npos)
         out = json{{"withdrawn", true}};
-      else if (state == "CANCELLED") out["cancelled"] = true;
+      else if (state == "CANCELLED")
+        out["cancelled"] = true;
       if (state == "TIMEOUT") out["timed_out"] = true;
       m_outcomes[id] = std::move(out);
       m_ended(id);
@@ -929,7 +952,7 @@ FilesystemKind filesystem_kind(long f_type) {
 
 json merge_task_records(const std::vector<json>& tasks) {
   json ranks = json::array(), first_failure;
-  bool recorded = false, cancelled = false, timed_out = false;
+  bool recorded = false, cancelled = false, timed_out = false, preempted = false;
   double started_at = 0, ended_at = 0;
   std::string missing;  // the first rank whose supervisor left no record
   for (std::size_t r = 0; r < tasks.size(); ++r) {
@@ -944,6 +967,7 @@ json merge_task_records(const std::vector<json>& tasks) {
     ranks.push_back(rs->is_array() && !rs->empty() ? rs->front() : json::object());
     cancelled = cancelled || t.value("cancelled", false);
     timed_out = timed_out || t.value("timed_out", false);
+    preempted = preempted || t.value("preempted", false);
     ended_at = std::max(ended_at, t.value("ended_at", 0.0));
     if (const double s = t.value("started_at", 0.0); s > 0 && (started_at == 0 || s < started_at)) started_at = s;
     const auto f = t.find("first_failure");
@@ -962,6 +986,7 @@ json merge_task_records(const std::vector<json>& tasks) {
   else if (timed_out) out["timed_out"] = true;
   else if (!missing.empty()) out["error"] = missing;
   else if (cancelled) out["cancelled"] = true;
+  if (preempted) out["preempted"] = true;  // a supervisor took SIGUSR1 (or `preempt` in the stop file)
   return out;
 }
 

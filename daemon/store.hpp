@@ -201,7 +201,7 @@ class Store {
   // once.
   std::vector<DueHook> due_hooks();  // not started, of jobs still known; in job order
   void hooks_started(const DueHook& h);
-  void hooks_done(const DueHook& h);
+  void hooks_done(const DueHook& h);  // forgets the row if started (one due again since stays)
   void forget_started_hooks();
   // (owner, GPU-seconds, ended at) of the last attempts of jobs that ran on GPUs and ended after
   // `since`, oldest end first: fair share's memory after a restart.

@@ -326,12 +326,12 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
           "PRAGMA user_version=15; COMMIT");
     }
     if (app_id == k_application_id && version < 16) {  // hooks (13 to 15) held a job's on_finish hooks alone
-      store->exec((std::string("BEGIN IMMEDIATE; ") +
-                   (version >= 13 ? "INSERT OR IGNORE INTO hook_runs(job_id, event, started) "
-                                    "SELECT job_id, 'finish', started FROM hooks; DROP TABLE hooks; "
-                                  : "") +
-                   "PRAGMA user_version=16; COMMIT")
-                      .c_str());
+      // The table is made first where it is missing: a store whose migrations stopped part way
+      // (at 13 to 15, from an older version) never had it.
+      store->exec(
+          "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS hooks(job_id INTEGER PRIMARY KEY, started INTEGER NOT NULL "
+          "DEFAULT 0); INSERT OR IGNORE INTO hook_runs(job_id, event, started) SELECT job_id, 'finish', started FROM "
+          "hooks; DROP TABLE hooks; PRAGMA user_version=16; COMMIT");
     }
     // A batch whose writing a crash cut short was never acknowledged: it goes (insert_batch_part).
     store->exec("BEGIN IMMEDIATE; "

@@ -118,7 +118,9 @@ void Store::hooks_started(const DueHook& h) {
 }
 
 void Store::hooks_done(const DueHook& h) {
-  auto* st = prepare("DELETE FROM hook_runs WHERE job_id = ? AND event = ?");
+  // Only a row marked started: one made due again meanwhile (preempted again while its hook ran)
+  // stays due.
+  auto* st = prepare("DELETE FROM hook_runs WHERE job_id = ? AND event = ? AND started != 0");
   Txn txn(m_db, m_faults);
   sqlite3_bind_int64(st, 1, h.id);
   bind_text(st, 2, hook_event_name(h.event));

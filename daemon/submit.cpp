@@ -19,6 +19,7 @@ void Daemon::cmd_submit(const Caller& caller, common::SubmitRequest sub, Later<c
   facts.default_retries = m_config.default_retries;
   facts.placement = m_config.placement;
   facts.preemptible = m_config.preemptible;
+  facts.preempt_grace_max_s = m_config.preempt_grace_max_s;
   if (m_executor->places_work()) {  // the cluster's GPUs are Slurm's to count: sbatch refuses what no node has
     facts.gpus = common::k_max_gpus;
     facts.largest_gpu_mb = std::int64_t{1} << 40;

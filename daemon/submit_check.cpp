@@ -24,6 +24,15 @@ Error CheckedBatch::refusal() const {
   return {ErrorCode::invalid_spec, msg};
 }
 
+namespace {
+// 30 -> "30", 0.5 -> "0.5": a number of seconds as a spec would write it.
+std::string seconds_text(double s) {
+  std::ostringstream o;
+  o << s;
+  return o.str();
+}
+}  // namespace
+
 Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& facts, const common::Account* owner) {
   std::optional<common::ScopedFsIdentity> as_owner;
   if (owner && ::geteuid() == 0 && owner->uid != 0) {
@@ -82,6 +91,10 @@ Result<CheckedBatch> check_batch(common::SubmitRequest sub, const MachineFacts& 
     if (s.gpus > facts.gpus)
       problems.push_back(who + ": asks for " + std::to_string(s.gpus) + " GPUs; this machine has " +
                          std::to_string(facts.gpus) + " (" + facts.gpu_source + ")");
+    if (s.preempt_grace_s > facts.preempt_grace_max_s)
+      problems.push_back(who + ": `preempt_grace_s` " + seconds_text(s.preempt_grace_s) +
+                         " is more than this gpuqd gives a preempted job (preempt_grace_max_s " +
+                         seconds_text(facts.preempt_grace_max_s) + ")");
     if (s.gpu_memory_mb > facts.largest_gpu_mb && facts.gpus > 0)
       problems.push_back(who + ": asks for " + std::to_string(s.gpu_memory_mb) + " MiB per GPU; the largest GPU here has " +
                          std::to_string(facts.largest_gpu_mb) + " MiB");

@@ -29,6 +29,7 @@ struct MachineFacts {
   int max_nodes = 1;          // machines the executor can spread one job over (1: this one)
   std::string placement = "pack";  // for specs that name none
   bool preemptible = false;        // likewise
+  double preempt_grace_max_s = 86400;  // the most a spec's preempt_grace_s may ask
 };
 
 struct CheckedBatch {

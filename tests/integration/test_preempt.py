@@ -183,6 +183,23 @@ class Preemption(DaemonTest):
         open(gate, "w").close()
         self.d.wait([keep])
 
+    def test_a_grace_past_the_configured_ceiling_is_refused_and_one_from_before_is_held_to_it(self):
+        r = self.d.run("submit", "-", input='{"name": "slowpoke", "command": ["true"], "preempt_grace_s": 601}')
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("`preempt_grace_s` 601 is more than this gpuqd gives a preempted job (preempt_grace_max_s 600)",
+                      r.stderr)
+        # Submitted under a higher ceiling, preempted under a lower one: the lower holds.
+        started = self.tmp_path("started")
+        low = self.d.submit({"name": "stubborn", "gpus": 2, "preemptible": True, "preempt_grace_s": 600,
+                             "timeout_s": 900, "shell": f'touch {started}-$GPUQ_ATTEMPT; [ "$GPUQ_ATTEMPT" = 2 ] && '
+                                                        'exit 0; trap "" TERM; while true; do sleep 0.05; done'})["ids"][0]
+        wait_until(lambda: os.path.exists(started + "-1"), what="the job to start")
+        self.d.stop()
+        self.d = Daemon(self.tmp, self.GPUS, extra=["--preempt-grace-max", "1"]).start()
+        urgent = self.d.submit({"name": "urgent", "gpus": 1, "priority": 10, "command": ["true"]})["ids"][0]
+        done = self.d.wait([urgent, low], timeout=60)  # the victim's own grace would be 600 s
+        self.assertEqual((done[urgent]["state"], done[low]["state"], done[low]["preemptions"]), ("succeeded", "succeeded", 1))
+
     def test_two_urgent_jobs_never_preempt_one_victim_twice(self):
         gate = self.tmp_path("gate")
         started = [self.tmp_path(f"started-{i}") for i in range(2)]

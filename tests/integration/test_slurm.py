@@ -706,6 +706,19 @@ class SlurmPreemption(unittest.TestCase):
                           self.d.ok("logs", str(job), "--attempt", "1", "--rank", str(rank)))
         self.assertIn((1, "queued", "preempted by Slurm: attempt 1 was stopped"), history(self.d, job))
 
+    def test_the_warning_of_a_time_limit_the_spec_did_not_set_ends_the_job_timed_out_not_preempted(self):
+        # No timeout in the spec; the cluster's limit (here --time=1 for every job): its SIGUSR1,
+        # 30 s before, is not a preemption.
+        self.d.stop()
+        self.d = Daemon(self.tmp, gpus="none", extra=["--executor", "slurm", "--slurm-poll", "0.2",
+                                                      "--slurm-arg=--time=1"]).start()
+        job = self.d.submit({"name": "limited", "preemptible": True, "preempt_signal": "USR1",
+                             "shell": 'trap "echo got USR1; exit 143" USR1; while true; do sleep 0.05; done'})["ids"][0]
+        done = self.d.wait([job], timeout=180)[job]
+        self.assertEqual((done["state"], done["preemptions"], done["attempt"]), ("timed_out", 0, 1), done["reason"])
+        self.assertIn("reached its time limit", done["reason"])
+        self.assertIn("got USR1", self.d.ok("logs", str(job)))
+
     def test_gpuq_preempt_under_slurm_sends_the_specs_signal_and_the_job_resumes(self):
         job, log = self.stepper_job(preemptible=False)
         self.assertIn(f"job {job}: preempting", self.d.ok("preempt", str(job)))

@@ -164,6 +164,16 @@ TEST_CASE("a hook is handed the job on stdin, its batch's and its own environmen
   b.end(dir);
 }
 
+TEST_CASE("a job's hooks due twice before their turn came are queued once") {
+  Bench b(1);
+  Hooks h = b.hooks(1);
+  h.due({1, HookEvent::preempt, "job 7"});
+  h.due({1, HookEvent::preempt, "job 8"});  // preempted again before the first hook's turn
+  CHECK(h.waiting() == 1);
+  h.due({1, HookEvent::finish, {}});  // another event: its own turn
+  CHECK(h.waiting() == 2);
+}
+
 TEST_CASE("a preemption's hooks run beside its end's, in a directory of their own, told who preempted it") {
   Bench b(1);
   auto rec = *b.store->get(1);

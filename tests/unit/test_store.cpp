@@ -95,10 +95,23 @@ TEST_CASE("hooks due with a job's end are found until started, then never again,
   REQUIRE(store.ok());
   (*store)->forget_started_hooks();
   CHECK((*store)->due_hooks() == Due{b_ended, b_preempted});  // 1 was started: it runs on, or ran
+  // Preempted again while its on_preempt hook runs: due again once that one is done.
+  (*store)->hooks_started(b_preempted);
+  CHECK((*store)->due_hooks() == Due{b_ended});
+  jobs[1].hook_due = false;
+  jobs[1].preempt_hook_due = true;
+  jobs[1].run.preempted_by = "job 9";
+  (*store)->update_many({&jobs[1]});
+  (*store)->hooks_done(b_preempted);
+  CHECK((*store)->due_hooks() == Due{b_ended, b_preempted});
+  (*store)->hooks_started(b_preempted);
   (*store)->hooks_done(b_preempted);
   CHECK((*store)->due_hooks() == Due{b_ended});
+  (*store)->hooks_started(b_ended);
   (*store)->hooks_done(b_ended);
   CHECK((*store)->due_hooks().empty());
+  jobs[1].preempt_hook_due = false;
+  jobs[1].hook_due = true;
   (*store)->update_many({&jobs[1]});  // a due hook of a job later forgotten is not run
   (*store)->remove_jobs({2});
   CHECK((*store)->due_hooks().empty());
@@ -409,6 +422,16 @@ TEST_CASE("a version 15 store's due on_finish hooks are kept as due on_finish ho
   CHECK((*store)->due_hooks() == std::vector<DueHook>{{1, HookEvent::finish, {}}});
   (*store)->forget_started_hooks();  // 2's had started: it is not run again
   CHECK((*store)->due_hooks() == std::vector<DueHook>{{1, HookEvent::finish, {}}});
+  store->reset();
+  // A store whose migrations from an older version stopped at 13 (a crash between steps): the
+  // table 13 would have made is missing, and the store opens all the same.
+  raw_exec(db.path,
+           "DROP TABLE hook_runs; ALTER TABLE jobs DROP COLUMN first_bad_event; "
+           "ALTER TABLE jobs DROP COLUMN preemption; PRAGMA user_version=13;");
+  auto again = Store::open(db.path);
+  REQUIRE(again.ok());
+  CHECK(user_version(db.path) == 16);
+  CHECK((*again)->due_hooks().empty());
 }
 
 TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kept, jobs restarted, batches limited or jobs removed) is migrated in place, its jobs kept") {
