@@ -297,7 +297,7 @@ void Store::rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::
     sqlite3_bind_int64(st, 2, jobs[i]->id);
     run(m_db, st, "update job spec");
     write_job(*jobs[i]);
-    write_transition(*jobs[i], wall_now(), &why[i]);
+    write_transition(*jobs[i], wall_now(), i < why.size() ? &why[i] : nullptr);
   }
   txn.commit();
 }

@@ -182,6 +182,7 @@ class Store {
   std::vector<RestartPlan> unfinished_restarts();
 
   // Rewrites the jobs' specs in one transaction, each with a transition whose reason is `why[i]`.
+  // `why[i]`: the reason recorded with job i's transition (none past the end of `why`).
   void rewrite_specs(const std::vector<const JobRecord*>& jobs, const std::vector<std::string>& why);
 
   // GPUs out of service, by UUID (stable where indices are not): UUID -> reason.

@@ -181,7 +181,7 @@ TEST_CASE("a preemption's hooks run beside its end's, in a directory of their ow
   rec.state = gpuq::JobState::queued;  // back in line, as a preemption leaves it
   rec.preemptions = 2;
   rec.run.preempted_by = "";  // started again meanwhile: who preempted it is the due hook's word
-  b.store->rewrite_specs({&rec}, {});
+  b.store->rewrite_specs({&rec}, {"on_preempt added"});
   b.store->update(rec, false);
   Hooks h = b.hooks(4);
   h.due({1, HookEvent::preempt, "job 9 (urgent)"});
