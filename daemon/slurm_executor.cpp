@@ -247,20 +247,7 @@ class SlurmExecutor final : public Executor {
     // running): signalled all the same, and scancel'd where Slurm refuses (pending after all).
     if (job.slurm_id.empty() || job.cancel || !job.handles_preempt) return stop(id);
     job.cancel = true;
-    const std::string slurm_id = job.slurm_id;
-    std::vector<std::string> argv{"scancel"};
-    if (job.tasks == 0) {
-      argv.insert(argv.end(), {"--signal=USR1", "--batch"});
-    } else {
-      if (auto w = common::write_file_atomic(job.dir + "/" + common::k_stop_file, "preempt\n"); !w)
-        std::cerr << "gpuqd: Slurm job " << slurm_id << ": " << w.error().message << "\n";
-      argv.push_back("--signal=URG");
-    }
-    argv.push_back(slurm_id);
-    run_off_thread(std::move(argv), [this, slurm_id](CommandResult r) {
-      if (!r.started || r.exit_code != 0) scancel(slurm_id);  // gone meanwhile: end it plainly
-    });
-    end_after_grace(id, job, grace_s);
+    cancel_in_slurm(id, job, true, grace_s);
   }
 
   void set_array_limit(const std::vector<std::int64_t>& handed, int limit) override {
@@ -659,17 +646,21 @@ class SlurmExecutor final : public Executor {
   // scancel signals by default), and Slurm may signal every process of a step one at a time
   // (proctrack/linuxproc): SIGTERM could kill a rank's child first and end the rank before its
   // own handler ran. They get SIGURG, which the ranks ignore and their supervisors take as a stop.
-  void cancel_in_slurm(std::int64_t id, Job& job) {
+  // `preempt`: a preemption (preempt()), the same way: SIGUSR1 to a single job's supervisor, and
+  // `preempt` in a gang's stop file; its grace `grace_s` (a cancel's: gpuqd's grace_s).
+  void cancel_in_slurm(std::int64_t id, Job& job, bool preempt = false, double grace_s = -1) {
     // Even a job squeue last saw pending may have started since: it is signalled all the same,
     // and where Slurm refuses the signal (pending after all, or already gone) scancel follows.
     const std::string slurm_id = job.slurm_id;
     std::vector<std::string> argv{"scancel"};
     if (job.tasks == 0) {
-      argv.insert(argv.end(), {"--signal=TERM", "--batch"});
+      argv.insert(argv.end(), {preempt ? "--signal=USR1" : "--signal=TERM", "--batch"});
     } else {
       // A supervisor not yet catching SIGURG (srun still starting it, or the step not made yet)
       // would lose it: the file, written first, tells it once it does.
-      if (auto w = common::write_file_atomic(job.dir + "/" + common::k_stop_file, "gpuq cancel\n"); !w)
+      if (auto w =
+              common::write_file_atomic(job.dir + "/" + common::k_stop_file, preempt ? "preempt\n" : "gpuq cancel\n");
+          !w)
         std::cerr << "gpuqd: Slurm job " << slurm_id << ": " << w.error().message << "\n";
       argv.push_back("--signal=URG");
     }
@@ -677,7 +668,7 @@ class SlurmExecutor final : public Executor {
     run_off_thread(std::move(argv), [this, slurm_id](CommandResult r) {
       if (!r.started || r.exit_code != 0) scancel(slurm_id);  // pending after all, or gone: end it plainly
     });
-    end_after_grace(id, job, m_settings.grace_s);
+    end_after_grace(id, job, grace_s >= 0 ? grace_s : m_settings.grace_s);
   }
 
   // Whatever is left of a job its supervisors were asked to stop goes once their grace is over.
