@@ -202,6 +202,7 @@ std::string display_state(const common::JobInfo& j) {
   if (j.state == JobState::queued && j.held) return "held";
   if (j.state == JobState::queued && !j.preempted_by.empty()) return "preempted";
   if (j.state == JobState::running && j.preempting) return "preempting";
+  if (j.state == JobState::running && !j.suspended_for.empty()) return "suspended";
   if (j.state == JobState::queued && j.attempt > j.attempt_base) return "retrying";
   return name_of(j.state);
 }

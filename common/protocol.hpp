@@ -155,8 +155,8 @@ constexpr int k_protocol_version = 1;
 // 1: the job state out_of_memory (sent as failed to a client of 0); 2: the command `watch`;
 // 3: labels as typed (strings to a client of 2 or less), a job's `first_bad_event`; the command
 // `requeue`; 4: the command `preempt`, a job's `preemptible`, `preemptions`, `preempted_by`,
-// `preempted_at` and `preempting`.
-constexpr int k_protocol_minor = 4;
+// `preempted_at` and `preempting`; 5: a job's `suspended_for`, `suspended_at` and `suspensions`.
+constexpr int k_protocol_minor = 5;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
 
 // Parses one request line within json_input.hpp's limits (depth, no NUL byte), or a bad_request
@@ -209,12 +209,17 @@ struct JobInfo {
   std::string preempted_by;
   double preempted_at = 0;
   bool preempting = false;
+  // (minor 5) Running, frozen in place for another job that runs on its CPU slots: that job
+  // ("job 12 (urgent)") and since when; "" and 0 otherwise. `suspensions`: times it was suspended.
+  std::string suspended_for;
+  double suspended_at = 0;
+  int suspensions = 0;
 };
 GPUQ_JSON_TYPE(JobInfo, id, batch, name, state, attempt, retries, restarts, attempt_base, held, priority,
                gpus_requested, mode, ranks, gpus, cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at,
                ended_at, exit_code, exit_signal, reason, progress, result, after, bad_event_lines, first_bad_event,
                job_dir, labels, external_id, user, uid, details_hidden, hung, gpu_memory_peak_mb, preemptible,
-               preemptions, preempted_by, preempted_at, preempting)
+               preemptions, preempted_by, preempted_at, preempting, suspended_for, suspended_at, suspensions)
 
 struct Transition {
   int attempt = 0;

@@ -21,13 +21,14 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 30> k_fields{
-    "name",      "command",     "shell",          "train",           "gpus",
-    "mode",      "ranks",       "cpus",           "mem_bind",        "gpu_memory_mb",
-    "shared",    "priority",    "after",          "retries",         "timeout_s",
-    "env",       "cwd",         "labels",         "comment",         "matrix",
-    "nodes",     "on_finish",   "memory_mb",      "retry_on_oom",    "report",
-    "placement", "preemptible", "preempt_signal", "preempt_grace_s", "on_preempt"};
+constexpr std::array<std::string_view, 31> k_fields{
+    "name",        "command",     "shell",          "train",           "gpus",
+    "mode",        "ranks",       "cpus",           "mem_bind",        "gpu_memory_mb",
+    "shared",      "priority",    "after",          "retries",         "timeout_s",
+    "env",         "cwd",         "labels",         "comment",         "matrix",
+    "nodes",       "on_finish",   "memory_mb",      "retry_on_oom",    "report",
+    "placement",   "preemptible", "preempt_signal", "preempt_grace_s", "on_preempt",
+    "preempt_mode"};
 
 constexpr std::array<std::string_view, 19> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",
@@ -49,6 +50,18 @@ constexpr std::array<std::pair<std::string_view, int>, 6> k_preempt_signals{{{"S
                                                                              {"SIGQUIT", SIGQUIT}}};
 
 }  // namespace
+
+std::string_view to_string(PreemptMode m) {
+  switch (m) {
+    case PreemptMode::requeue:
+      return "requeue";
+    case PreemptMode::suspend:
+      return "suspend";
+    case PreemptMode::auto_:
+      break;
+  }
+  return "auto";
+}
 
 int preempt_signal_number(std::string_view name) {
   if (name.empty()) return SIGTERM;
@@ -284,6 +297,16 @@ class JobParser {
             signal.substr(0, 64) + "\"");
     }
     m_reader.number("preempt_grace_s", 0, k_max_preempt_grace_s, s.preempt_grace_s);
+    std::string preempt_mode;
+    if (string_field("preempt_mode", preempt_mode)) {
+      if (preempt_mode == "requeue")
+        s.preempt_mode = PreemptMode::requeue;
+      else if (preempt_mode == "suspend")
+        s.preempt_mode = PreemptMode::suspend;
+      else if (preempt_mode != "auto")
+        fail("field `preempt_mode` must be \"auto\", \"requeue\" or \"suspend\", got \"" + preempt_mode.substr(0, 64) +
+             "\"");
+    }
     if (string_field("shell", s.shell)) {
       if (s.shell.empty()) fail("field `shell` is empty");
       s.command = {"/bin/sh", "-c", s.shell};
@@ -646,6 +669,7 @@ json to_json(const JobSpec& s) {
   if (s.preemptible) j["preemptible"] = true;
   if (!s.preempt_signal.empty()) j["preempt_signal"] = s.preempt_signal;
   if (s.preempt_grace_s >= 0) j["preempt_grace_s"] = s.preempt_grace_s;
+  if (s.preempt_mode != PreemptMode::auto_) j["preempt_mode"] = std::string(to_string(s.preempt_mode));
   if (!s.report.empty()) {
     json r = {{"rank", s.report.rank}};
     if (!s.report.progress.empty()) r["progress"] = s.report.progress;

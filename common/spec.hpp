@@ -51,6 +51,9 @@ constexpr std::size_t k_max_report_pattern_bytes = 1024;
 // there are idle ones). A spec that names none gets gpuqd's `placement` when it is submitted.
 enum class Placement { pack, spread };
 
+enum class PreemptMode { auto_, requeue, suspend };
+std::string_view to_string(PreemptMode m);
+
 struct JobSpec {
   std::string name;
   std::vector<std::string> command;  // argv; for a "shell" job: {"/bin/sh", "-c", shell}
@@ -83,6 +86,10 @@ struct JobSpec {
   bool preemptible = false;
   std::string preempt_signal;
   double preempt_grace_s = -1;
+  // How it may be preempted: `auto` (frozen in place where that frees what the urgent job needs,
+  // its CPU slots; else stopped and requeued), `requeue` (never frozen: a job holding connections
+  // that time out), `suspend` (never stopped: a job that cannot checkpoint).
+  PreemptMode preempt_mode = PreemptMode::auto_;
 };
 
 // The argv placeholder of a train job; gpuqd puts its gpuq-worker's path there at launch.

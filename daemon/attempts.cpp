@@ -220,6 +220,9 @@ void Attempts::start_array(const std::vector<std::int64_t>& ids, int limit) {
 
 Executor::Attempt Attempts::attempt_of(const JobRecord& rec) const {
   Executor::Attempt attempt{rec.id, attempt_dir(m_config.state_dir, rec.id, rec.attempt), &rec.spec, {}, rec.uid, {}};
+  attempt.suspended = rec.run.suspended_for != 0;
+  attempt.suspended_s =
+      rec.run.suspended_s + (attempt.suspended ? std::max(0.0, wall_now() - rec.run.suspended_at) : 0.0);
   for (std::int64_t dep : rec.after)  // handed over after them (Executor::follows)
     if (m_jobs.is_running(dep)) attempt.after.push_back(dep);
   return attempt;
@@ -390,6 +393,65 @@ void Attempts::preempt(const std::vector<std::int64_t>& ids, const std::vector<s
     std::cerr << "gpuqd: preempting " << job_label(rec) << " for " << rec.run.preempted_by << "\n";
     m_executor.preempt(id, preempt_grace_s(rec.spec));
   }
+}
+
+bool Attempts::suspend(const std::vector<std::int64_t>& victims, const JobRecord& borrower, double now) {
+  std::vector<JobRecord> asked;
+  for (std::int64_t id : victims)
+    asked.push_back(
+        next_record(m_jobs.at(id).rec, event::Suspended{borrower.id, borrower.attempt + 1, job_label(borrower), now}));
+  m_needs.commit({}, {}, std::move(asked));  // stored first: a gpuqd restarted meanwhile thaws them
+  bool all = true;
+  for (std::int64_t id : victims) {
+    m_suspended.insert(id);
+    all = all && m_executor.suspend(id, true);
+  }
+  if (!all) {
+    std::cerr << "gpuqd: cannot freeze the jobs " << job_label(borrower) << " was to run beside; thawing them\n";
+    for (std::int64_t id : victims)
+      m_executor.suspend(id, false);
+    std::vector<JobRecord> back;
+    for (std::int64_t id : victims)
+      if (m_jobs.at(id).rec.run.suspended_for == borrower.id)
+        back.push_back(next_record(m_jobs.at(id).rec, event::Resumed{now}));
+    m_needs.commit({}, {}, std::move(back));
+    return false;
+  }
+  for (std::int64_t id : victims) {
+    const JobRecord& rec = m_jobs.at(id).rec;
+    ++m_metrics.preemptions[rec.uid];
+    std::cerr << "gpuqd: suspended " << job_label(rec) << " for " << rec.run.suspended_by << "\n";
+  }
+  return true;
+}
+
+bool Attempts::thaw_lent(double now) {
+  std::vector<JobRecord> thawed;
+  for (auto it = m_suspended.begin(); it != m_suspended.end();) {
+    const Active* a = m_jobs.find(*it);
+    if (!a || a->rec.state != JobState::running || a->rec.run.suspended_for == 0) {
+      it = m_suspended.erase(it);  // ended, or thawed otherwise (a stop asked of it)
+      continue;
+    }
+    const Active* b = m_jobs.find(a->rec.run.suspended_for);
+    if (b && b->rec.state == JobState::running && b->rec.attempt == a->rec.run.suspended_for_attempt) {
+      ++it;
+      continue;
+    }
+    m_executor.suspend(*it, false);
+    thawed.push_back(next_record(a->rec, event::Resumed{now}));
+    ++it;
+  }
+  if (thawed.empty()) return false;
+  for (const auto& r : thawed)
+    std::cerr << "gpuqd: thawed " << job_label(r) << "\n";
+  m_needs.commit({}, {}, std::move(thawed));  // a refusal (a full disk): thawed again next pass, stored then
+  return true;
+}
+
+void Attempts::keep_suspended(std::int64_t id) {
+  m_suspended.insert(id);
+  m_executor.suspend(id, true);
 }
 
 std::string Attempts::hold_gpus(const JobRecord& rec, const std::string& why) {

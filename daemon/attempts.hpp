@@ -81,6 +81,17 @@ class Attempts {
   // preempt`): the intent stored first (a gpuqd restarted meanwhile carries it out), then the
   // executor asked. Once its processes are gone, finish() puts it back in line.
   void preempt(const std::vector<std::int64_t>& ids, const std::vector<std::string>& by, double now);
+  // Freezes the running `victims` in place for the queued job `borrower`, which is to launch next
+  // on their CPU slots (preemption.hpp's Suspension): the suspension stored first (a gpuqd
+  // restarted meanwhile thaws them, the borrower not running), then each frozen. False when one
+  // could not be frozen: those frozen are thawed, and the borrower waits on.
+  bool suspend(const std::vector<std::int64_t>& victims, const JobRecord& borrower, double now);
+  // Thaws each suspended job whose borrower's attempt no longer runs (it ended, or never began).
+  // Returns whether any was thawed.
+  bool thaw_lent(double now);
+  // After a restart of gpuqd's: `id`, adopted running and suspended, is frozen again (its
+  // executor's timeout backstop stands still) and watched for its borrower's end.
+  void keep_suspended(std::int64_t id);
   // The executor says the job's processes are gone: its last events are read in and its end is
   // recorded. Where the store refuses, the job stays running in the records and this is tried
   // again every k_write_retry_s.
@@ -125,6 +136,7 @@ class Attempts {
     std::string reason;
   };
   std::map<int, Held> m_held_gpus;
+  std::set<std::int64_t> m_suspended;  // jobs frozen for another (or ended since: thaw_lent forgets them)
 };
 
 }  // namespace gpuq::daemon

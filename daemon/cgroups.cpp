@@ -570,15 +570,35 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
   }
   // Without cgroup.kill, a fork loop may outpace rounds of SIGKILL: the attempt is frozen first,
   // through v2's cgroup.freeze (Linux 5.2), or a v1 freezer hierarchy.
-  if (!m_has_kill) {
-    const Used& tracking = m_hierarchies.front();
-    if (tracking.v2) {
-      m_freeze = common::path_exists(tracking.base + "/cgroup.freeze") ? 0 : -1;
-    } else {
-      std::string unused;
-      m_freeze = use_v1(hierarchies, "freezer", tag, unused);
-    }
+  // The same freezer suspends an attempt in place (preemption.hpp's suspension).
+  const Used& tracking = m_hierarchies.front();
+  if (tracking.v2) {
+    m_freezer = common::path_exists(tracking.base + "/cgroup.freeze") ? 0 : -1;
+  } else {
+    std::string unused;
+    m_freezer = use_v1(hierarchies, "freezer", tag, unused);
   }
+  m_freeze = m_has_kill ? -1 : m_freezer;
+}
+
+std::string Cgroups::freezer_file(const std::string& dir) const {
+  if (m_freezer < 0) return {};
+  const Used& h = m_hierarchies[static_cast<std::size_t>(m_freezer)];
+  return h.base + "/" + name_of(dir) + (h.v2 ? "/cgroup.freeze" : "/freezer.state");
+}
+
+bool Cgroups::freeze(const std::string& dir, bool frozen) const {
+  const std::string file = freezer_file(dir);
+  if (file.empty() || name_of(dir).empty()) return false;
+  const bool v2 = m_hierarchies[static_cast<std::size_t>(m_freezer)].v2;
+  return put(file, frozen ? (v2 ? "1" : "FROZEN") : (v2 ? "0" : "THAWED")).ok();
+}
+
+bool Cgroups::frozen(const std::string& dir) const {
+  const std::string file = freezer_file(dir);
+  if (file.empty() || name_of(dir).empty()) return false;
+  const std::string state = first_line(file);  // v2: "0" or "1"; v1: THAWED, FREEZING or FROZEN
+  return state == "1" || state == "FREEZING" || state == "FROZEN";
 }
 
 int Cgroups::use_v1(const std::vector<CgroupHierarchy>& hierarchies, const std::string& controller,

@@ -131,6 +131,16 @@ class Cgroups {
   // Read before remove().
   std::optional<std::int64_t> oom_kills(const std::string& dir) const;
 
+  // Whether an attempt can be frozen in place (a suspension): v2's cgroup.freeze (Linux 5.2), or a
+  // v1 freezer hierarchy.
+  bool can_freeze() const { return m_freezer >= 0; }
+  // Freezes (`frozen`) or thaws every process of the attempt whose tracking cgroup is `dir`, its
+  // ranks' cgroups below it too; asks and returns (a task stuck in the kernel is frozen once it
+  // leaves it). False where it cannot: no freezer, or the write refused.
+  bool freeze(const std::string& dir, bool frozen) const;
+  // Whether the attempt's freezer is asked to hold it frozen.
+  bool frozen(const std::string& dir) const;
+
   bool v2() const { return m_v2; }
   const std::string& base() const { return m_base; }
 
@@ -163,6 +173,8 @@ class Cgroups {
   bool in_force_at(Limit limit, std::size_t used) const {
     return m_where[static_cast<std::size_t>(limit)] == static_cast<int>(used);
   }
+  // The freezer's file of the attempt whose tracking cgroup is `dir`; "" without a freezer.
+  std::string freezer_file(const std::string& dir) const;
   // `dir` as /proc/PID/cgroup names it.
   std::string named(const std::string& dir) const;
   // The attempt's name in every hierarchy, from its tracking cgroup `dir`.
@@ -186,6 +198,7 @@ class Cgroups {
   std::vector<Used> m_hierarchies;
   std::array<int, 4> m_where{-1, -1, -1, -1};  // by Limit: the index in m_hierarchies; -1: not in force
   std::array<std::string, 4> m_why_not;        // by Limit, where not in force
+  int m_freezer = -1;                          // the hierarchy whose freezer suspends an attempt; -1: none
   int m_freeze = -1;  // without cgroup.kill: the hierarchy whose freezer stops an attempt before a kill; -1: none
 };
 

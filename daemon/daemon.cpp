@@ -172,6 +172,8 @@ void Daemon::recover() {
         if (a.rec.run.cancel_requested || a.rec.run.requeue_requested) m_executor->stop(id);
         else if (a.rec.run.preempt_requested)
           m_executor->preempt(id, m_attempts.preempt_grace_s(a.rec.spec));
+        else if (a.rec.run.suspended_for != 0)  // frozen still, for a job that may run yet: the first pass sees
+          m_attempts.keep_suspended(id);
         break;
       case Executor::Found::ended:  // while no gpuqd ran: recorded now
         asio::post(m_io, [this, id] { m_attempts.ended(id); });

@@ -82,6 +82,10 @@ class Executor {
     uid_t owner = 0;  // the user it runs as: what it writes in its directory belongs to them
     // What the kernel is to hold it to, where the executor has controllers for it (at start).
     AttemptLimits limits;
+    // Seconds it has spent suspended so far (frozen: its timeout's clock stood still), and whether
+    // it is suspended now (at adoption: gpuqd freezes it again, suspend()).
+    double suspended_s = 0;
+    bool suspended = false;
   };
   // Called on gpuqd's thread once the attempt's processes are gone (or known never to come).
   using Ended = std::function<void(std::int64_t id)>;
@@ -103,6 +107,12 @@ class Executor {
     (void)grace_s;
     stop(id);
   }
+  // Whether suspend() can freeze attempts here (the local executor with a cgroup freezer).
+  virtual bool can_suspend() const { return false; }
+  // Freezes (`frozen`) or thaws a running attempt's processes in place, its memory and GPUs kept;
+  // its timeout's clock stands still meanwhile (its supervisor, outside the freezer, sees it).
+  // False when it cannot. stop() and preempt() thaw a frozen attempt first.
+  virtual bool suspend(std::int64_t /*id*/, bool /*frozen*/) { return false; }
   // How an ended attempt ended: its supervisor's exit record (untrusted: bounded and type-checked),
   // read once; an error saying why when there is none.
   virtual Outcome outcome(const Attempt& attempt) = 0;

@@ -14,8 +14,9 @@ std::vector<std::int64_t> HangWatch::check(double now, const std::vector<const J
     const JobRecord& r = *job;
     const auto at = r.run.progress.is_object() ? r.run.progress.find("at") : r.run.progress.end();
     // Judged only once it has said how it progresses, and on this attempt.
+    // Frozen for another job (a suspension), it is silent by design: its silence counts from its thaw.
     const bool silent = at != r.run.progress.end() && at->is_number() && at->get<double>() >= r.run.started_at &&
-                        now - at->get<double>() > m_after_s;
+                        r.run.suspended_for == 0 && now - std::max(at->get<double>(), r.run.resumed_at) > m_after_s;
     if (!silent || (!r.run.gpus.empty() && gpus_busy(r))) {  // busy GPUs say it still works, quietly
       m_hung.erase(r.id);
       continue;

@@ -23,6 +23,19 @@ Error unreadable(const JobRecord& rec, const Event& e) {
 }
 
 // A queued job that fails without running (its dependency failed, or it cannot run at all).
+// Thawed: a suspension over (resumed, or a stop asked of it, or its end), at `at` where known.
+void thawed(JobRecord& next, double at) {
+  if (next.run.suspended_for == 0) return;
+  if (at > next.run.suspended_at) {
+    next.run.suspended_s += at - next.run.suspended_at;
+    next.run.resumed_at = at;
+  }
+  next.run.suspended_for = 0;
+  next.run.suspended_for_attempt = 0;
+  next.run.suspended_by.clear();
+  next.run.suspended_at = 0;
+}
+
 JobRecord fails_unstarted(JobRecord next, double at, std::string reason) {
   next.state = JobState::failed;
   next.held = false;
@@ -51,6 +64,8 @@ std::string_view event_name(const Event& e) {
                         [](const event::Requeued&) { return "requeued"; },
                         [](const event::PreemptRequested&) { return "preempt_requested"; },
                         [](const event::Preempted&) { return "preempted"; },
+                        [](const event::Suspended&) { return "suspended"; },
+                        [](const event::Resumed&) { return "resumed"; },
                     },
                     e);
 }
@@ -97,6 +112,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             next.run.ended_at = end.at;
             next.run.external_id = end.external_id;
             if (end.started_at > rec.run.started_at) next.run.started_at = end.started_at;
+            thawed(next, end.at);
             return next;
           },
           [&](const event::Retried& r) -> Result<JobRecord> {
@@ -119,6 +135,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
           [&](const event::CancelRequested&) -> Result<JobRecord> {
             if (!running) return refused(rec, e, "a running job");
             next.run.cancel_requested = true;
+            thawed(next, 0);  // the executor thaws it to stop it
             return next;
           },
           [&](const event::Cancelled& c) -> Result<JobRecord> {
@@ -170,6 +187,7 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
           [&](const event::RequeueRequested&) -> Result<JobRecord> {
             if (!running) return refused(rec, e, "a running job");
             next.run.requeue_requested = true;
+            thawed(next, 0);
             return next;
           },
           [&](const event::Requeued& r) -> Result<JobRecord> {
@@ -187,6 +205,22 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             next.run.preempt_requested = true;
             next.run.preempted_by = p.by;
             next.run.preempted_at = p.at;
+            thawed(next, p.at);
+            return next;
+          },
+          [&](const event::Suspended& su) -> Result<JobRecord> {
+            if (!running || stop_asked(rec) || rec.run.suspended_for != 0 || su.by_id <= 0 || su.by_id == rec.id)
+              return refused(rec, e, "a running job not asked to stop nor suspended, for another job");
+            next.run.suspended_for = su.by_id;
+            next.run.suspended_for_attempt = su.by_attempt;
+            next.run.suspended_by = su.by;
+            next.run.suspended_at = su.at;
+            next.suspensions = rec.suspensions + 1;
+            return next;
+          },
+          [&](const event::Resumed& r) -> Result<JobRecord> {
+            if (!running || rec.run.suspended_for == 0) return refused(rec, e, "a suspended job");
+            thawed(next, r.at);
             return next;
           },
           [&](const event::Preempted& p) -> Result<JobRecord> {

@@ -16,6 +16,8 @@
 //   running ── requeue_requested ─▶ running ── requeued (its attempt ended) ──▶ queued (no retry spent)
 //   running ── preempt_requested ─▶ running ── preempted (its attempt ended) ─▶ queued (no retry
 //              (by whom, when; once)              spent; shown as `preempted` until it starts again)
+//   running ── suspended (frozen for job N) ──▶ running ── resumed (job N's attempt ended) ──▶ running
+//              (a stop asked of it, or its end, thaws it too)
 #pragma once
 
 #include <optional>
@@ -87,6 +89,18 @@ struct PreemptRequested {
 struct Preempted {
   std::string reason;
 };
+// Running, not asked to stop nor suspended -> running, suspended: frozen in place for job `by_id`,
+// whose attempt `by_attempt` runs on its CPU slots (preemption.hpp's suspension).
+struct Suspended {
+  std::int64_t by_id = 0;
+  int by_attempt = 0;
+  std::string by;  // "job 12 (urgent)"
+  double at = 0;
+};
+// Running, suspended -> running: thawed (the job it was frozen for has ended).
+struct Resumed {
+  double at = 0;
+};
 // Any end -> queued under the same id, with a fresh retry budget (gpuq restart).
 struct Restarted {};
 // Running but never started (gpuqd stopped between recording the launch and spawning it) ->
@@ -101,10 +115,10 @@ struct Unrunnable {
 };
 }  // namespace event
 
-using Event =
-    std::variant<event::Launched, event::Ended, event::Retried, event::CancelRequested, event::Cancelled,
-                 event::DependencyFailed, event::Held, event::Restarted, event::NeverStarted, event::Unrunnable,
-                 event::RequeueRequested, event::Requeued, event::PreemptRequested, event::Preempted>;
+using Event = std::variant<event::Launched, event::Ended, event::Retried, event::CancelRequested, event::Cancelled,
+                           event::DependencyFailed, event::Held, event::Restarted, event::NeverStarted,
+                           event::Unrunnable, event::RequeueRequested, event::Requeued, event::PreemptRequested,
+                           event::Preempted, event::Suspended, event::Resumed>;
 
 std::string_view event_name(const Event& e);
 

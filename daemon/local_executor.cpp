@@ -220,9 +220,34 @@ class LocalExecutor final : public Executor {
     return Found::never_started;
   }
 
+  bool can_suspend() const override { return m_cgroups && m_cgroups->can_freeze(); }
+
+  bool suspend(std::int64_t id, bool frozen) override {
+    auto it = m_shims.find(id);
+    if (it == m_shims.end() || it->second.pid.pid <= 0 || it->second.cgroup.empty() || !can_suspend()) return false;
+    Shim& s = it->second;
+    if (!m_cgroups->freeze(s.cgroup, frozen)) return false;
+    const double now = steady_s();
+    if (frozen && s.suspended_since == 0) {
+      s.suspended_since = now;
+      if (s.overdue && s.overdue_for_timeout) {  // the timeout's clock stands still
+        s.overdue->cancel();
+        s.overdue_at = 0;
+      }
+    } else if (!frozen && s.suspended_since > 0) {
+      s.suspended_s += now - s.suspended_since;
+      s.suspended_since = 0;
+      if (s.timeout_s > 0 && (!s.overdue || s.overdue_at == 0))
+        enforce_in(id, s, s.timeout_s + m_grace_s + k_overdue_s - process_age_s(s.pid).value_or(0) + s.suspended_s,
+                   true);
+    }
+    return true;
+  }
+
   void stop(std::int64_t id) override {
     auto it = m_shims.find(id);
     if (it == m_shims.end() || it->second.pid.pid <= 0) return;
+    thaw(it->second);
     signal_shim(it->second, SIGTERM);
     enforce_in(id, it->second, m_grace_s + k_overdue_s, false);
   }
@@ -234,6 +259,7 @@ class LocalExecutor final : public Executor {
       stop(id);
       return;
     }
+    thaw(it->second);
     signal_shim(it->second, SIGUSR1);  // supervisor.cpp: the preemption's file, signal and grace
     enforce_in(id, it->second, grace_s + k_overdue_s, false);
   }
@@ -325,7 +351,20 @@ class LocalExecutor final : public Executor {
     double overdue_since = 0;                     // when it was first found overdue (steady seconds)
     std::uint64_t serial = 0;                     // tells this watch from a later one of the same job
     bool handles_preempt = false;                 // its launch document has `preempt`: it takes SIGUSR1 for one
+    bool overdue_for_timeout = false;             // `overdue` is armed for the timeout (not a stop)
+    double timeout_s = 0;                         // its spec's; 0: none
+    double suspended_s = 0;                       // seconds frozen so far (suspend())
+    double suspended_since = 0;                   // frozen since (steady seconds); 0: not frozen
   };
+
+  // A suspended attempt is thawed before it is told to stop: frozen, it could act on no signal.
+  // Asked of the freezer itself, not of memory: after a restart of gpuqd's it may be frozen still.
+  void thaw(Shim& s) {
+    if (s.cgroup.empty() || !can_suspend() || (s.suspended_since == 0 && !m_cgroups->frozen(s.cgroup))) return;
+    m_cgroups->freeze(s.cgroup, false);
+    if (s.suspended_since > 0) s.suspended_s += steady_s() - s.suspended_since;
+    s.suspended_since = 0;
+  }
 
   // Signals the supervisor, through its pidfd where there is one (never a process that reused
   // its pid).
@@ -341,14 +380,18 @@ class LocalExecutor final : public Executor {
   // it), which a step of the wall clock while gpuqd was down does not move.
   void enforce_timeout(const Attempt& attempt, Shim& s) {
     if (!attempt.spec || attempt.spec->timeout_s <= 0) return;
+    s.timeout_s = attempt.spec->timeout_s;
+    s.suspended_s = attempt.suspended_s;  // the time it stood frozen does not count
+    if (attempt.suspended) return;        // frozen still: armed once thawed (suspend())
     const double age = process_age_s(s.pid).value_or(0);
-    enforce_in(attempt.id, s, attempt.spec->timeout_s + m_grace_s + k_overdue_s - age, true);
+    enforce_in(attempt.id, s, attempt.spec->timeout_s + m_grace_s + k_overdue_s - age + s.suspended_s, true);
   }
 
   void enforce_in(std::int64_t id, Shim& s, double in_s, bool timeout) {
     const double at = steady_s() + std::max(0.0, in_s);
     if (s.overdue_at > 0 && s.overdue_at <= at) return;  // an earlier deadline holds
     s.overdue_at = at;
+    s.overdue_for_timeout = timeout;
     if (!s.overdue) s.overdue = std::make_unique<asio::steady_timer>(m_io);
     s.overdue->expires_after(std::chrono::milliseconds(static_cast<std::int64_t>(std::max(0.0, in_s) * 1000)));
     s.overdue->async_wait([this, id, timeout, serial = s.serial](const boost::system::error_code& ec) {

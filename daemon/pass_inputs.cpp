@@ -93,7 +93,7 @@ UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double no
   return caps;
 }
 
-std::vector<Runner> runners(const Reads& reads, bool& any_preemptible) {
+std::vector<Runner> runners(const Reads& reads, bool& any_preemptible, bool can_freeze) {
   std::vector<Runner> out;
   any_preemptible = false;
   for (const Active& a : reads.jobs.running()) {
@@ -109,8 +109,14 @@ std::vector<Runner> runners(const Reads& reads, bool& any_preemptible) {
     x.stopping = stop_asked(r);
     x.started_at = r.run.started_at;
     x.checkpoint_at = r.run.checkpoint_at;
-    x.preemptions = r.preemptions;
-    any_preemptible = any_preemptible || (x.preemptible && !x.stopping && !x.gpus.empty());
+    x.preemptions = r.preemptions + r.suspensions;
+    x.resumed_at = r.run.resumed_at;
+    x.cpu_slots = r.run.cpu_slots;
+    x.suspended = r.run.suspended_for != 0;
+    x.may_requeue = r.spec.preempt_mode != common::PreemptMode::suspend;
+    x.may_suspend = can_freeze && r.spec.preempt_mode != common::PreemptMode::requeue;
+    any_preemptible =
+        any_preemptible || (x.preemptible && !x.stopping && !x.suspended && x.may_requeue && !x.gpus.empty());
     out.push_back(std::move(x));
   }
   return out;

@@ -43,8 +43,9 @@ std::vector<GpuState> gpus_for_pass(const Reads& reads);
 UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double now);
 
 // The running jobs as preemption sees them (preemption.hpp), and whether any may be preempted at
-// all (a preemptible job not asked to stop yet): without one a pass asks nothing more.
-std::vector<Runner> runners(const Reads& reads, bool& any_preemptible);
+// all (a preemptible job not asked to stop yet): without one a pass asks nothing more. `can_freeze`:
+// whether the executor can suspend jobs in place (Executor::can_suspend).
+std::vector<Runner> runners(const Reads& reads, bool& any_preemptible, bool can_freeze = false);
 // gpuqd's preemption rules; in lab mode with each user's GPUs held now and the fair share: the
 // GPUs in service over the users with jobs running or in line for GPUs.
 PreemptRules preempt_rules(const Reads& reads, const std::vector<PendingJob>& waiting);

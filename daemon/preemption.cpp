@@ -52,6 +52,9 @@ enum class Refusal {
   not_preemptible,
   not_lower,
   stopping,
+  suspended,
+  suspend_only,
+  not_freezable,
   just_launched,
   protected_,
   other_user,
@@ -65,12 +68,16 @@ int held_by(const PreemptRules& rules, std::uint32_t user) {
 }
 
 // The hot path's check: no string for a refusal.
-Refusal refusal_of(const Runner& r, const PendingJob& j, double now, const PreemptRules& rules) {
+Refusal refusal_of(const Runner& r, const PendingJob& j, double now, const PreemptRules& rules, bool freeze) {
   if (!r.preemptible) return Refusal::not_preemptible;
   if (r.priority >= j.priority) return Refusal::not_lower;
   if (r.stopping) return Refusal::stopping;  // (its GPUs count as coming free already: no help)
+  if (r.suspended) return Refusal::suspended;
+  if (!freeze && !r.may_requeue) return Refusal::suspend_only;
+  if (freeze && !r.may_suspend) return Refusal::not_freezable;
   if (r.started_at >= now) return Refusal::just_launched;
-  if (r.preemptions >= rules.protect_after && now - r.started_at < rules.min_run_s) return Refusal::protected_;
+  if (r.preemptions >= rules.protect_after && now - std::max(r.started_at, r.resumed_at) < rules.min_run_s)
+    return Refusal::protected_;
   if (rules.lab && r.user != j.user) {
     if (!rules.across_users) return Refusal::other_user;
     if (held_by(rules, j.user) + j.gpus > rules.fair_share) return Refusal::over_share;
@@ -81,8 +88,8 @@ Refusal refusal_of(const Runner& r, const PendingJob& j, double now, const Preem
 
 }  // namespace
 
-std::string preempt_refusal(const Runner& r, const PendingJob& j, double now, const PreemptRules& rules) {
-  switch (refusal_of(r, j, now, rules)) {
+std::string preempt_refusal(const Runner& r, const PendingJob& j, double now, const PreemptRules& rules, bool freeze) {
+  switch (refusal_of(r, j, now, rules, freeze)) {
     case Refusal::none:
       return "";
     case Refusal::not_preemptible:
@@ -91,11 +98,17 @@ std::string preempt_refusal(const Runner& r, const PendingJob& j, double now, co
       return "priority " + std::to_string(r.priority) + ", not lower";
     case Refusal::stopping:
       return "asked to stop already";
+    case Refusal::suspended:
+      return "suspended already";
+    case Refusal::suspend_only:
+      return "preempt_mode suspend: it is only ever frozen in place";
+    case Refusal::not_freezable:
+      return "cannot be frozen (preempt_mode requeue, or no cgroup freezer here)";
     case Refusal::just_launched:
       return "launched in this pass";
     case Refusal::protected_:
       return "protected: preempted " + std::to_string(r.preemptions) + " times, it runs " +
-             std::to_string(static_cast<long long>(rules.min_run_s)) + " s first";
+             std::to_string(static_cast<long long>(rules.min_run_s)) + " s first";  // (suspensions counted)
     case Refusal::other_user:
       return "another user's";
     case Refusal::over_share:
@@ -127,7 +140,7 @@ std::vector<Preemption> choose_preemptions(const std::vector<PendingJob>& waitin
   int lowest = 0;
   bool any_candidate = false;
   for (const Runner& r : running)
-    if (r.preemptible && !r.stopping && !r.gpus.empty()) {
+    if (r.preemptible && !r.stopping && !r.suspended && r.may_requeue && !r.gpus.empty()) {
       lowest = any_candidate ? std::min(lowest, r.priority) : r.priority;
       any_candidate = true;
     }
@@ -152,7 +165,7 @@ std::vector<Preemption> choose_preemptions(const std::vector<PendingJob>& waitin
     if (!any_candidate || j.priority <= lowest) break;  // nor any after it
     std::vector<const Runner*> candidates;
     for (const Runner& r : running)
-      if (!r.gpus.empty() && !taken.count(r.id) && refusal_of(r, j, now, rules) == Refusal::none)
+      if (!r.gpus.empty() && !taken.count(r.id) && refusal_of(r, j, now, rules, false) == Refusal::none)
         candidates.push_back(&r);
     using Cost = std::tuple<double, int, double, std::int64_t>;  // lost GPU-s, priority, -start, -id
     std::vector<std::pair<Cost, const Runner*>> ranked;
@@ -190,6 +203,123 @@ std::vector<Preemption> choose_preemptions(const std::vector<PendingJob>& waitin
     if (rules.lab) rules.held[j.user] += j.gpus;
     place = room.place(j, freed);
     room.claimed.insert(place.begin(), place.end());
+  }
+  return out;
+}
+
+std::vector<Suspension> choose_suspensions(const std::vector<PendingJob>& waiting, std::vector<GpuState> gpus,
+                                           const CpuSlots& cpu, const std::vector<Runner>& running, double now,
+                                           const PreemptRules& rules,
+                                           const std::map<std::int64_t, std::vector<int>>& reserved) {
+  std::vector<Suspension> out;
+  if (waiting.empty()) return out;
+  bool any_candidate = false;
+  for (const Runner& r : running)
+    any_candidate = any_candidate || (r.preemptible && r.may_suspend && !r.stopping && !r.suspended);
+  if (!any_candidate) return out;
+  const bool pool = cpu.total > 0 && cpu.total < (1 << 20);  // else no pool of slots to lend
+  std::set<int> free;
+  for (int s = 0; pool && s < cpu.total; ++s)
+    if (!cpu.taken.count(s)) free.insert(s);
+  Room room;
+  for (auto& g : gpus)
+    room.gpus[g.index] = g;
+  Room soon = room;  // with the GPUs of jobs asked to stop freed: a job they make room for waits for them
+  for (const Runner& r : running)
+    if (r.stopping) soon.free(r);
+  std::set<std::int64_t> taken;
+  // The slots of `r` in the pool: what freezing it lends.
+  const auto lends = [&](const Runner& r) {
+    std::set<int> slots;
+    for (int s : r.cpu_slots)
+      if (pool && s >= 0 && s < cpu.total) slots.insert(s);
+    return slots;
+  };
+  // Its GPUs with its memory still on them (frozen, its processes keep their memory), their time
+  // lent: a job whose memory is not known (exclusive, without gpu_memory_mb) lends none.
+  const auto lend_gpus = [](Room& r, const Runner& v) {
+    if (!v.shared && v.memory_mb <= 0) return;
+    for (int g : v.gpus) {
+      auto it = r.gpus.find(g);
+      if (it == r.gpus.end()) continue;
+      GpuState& s = it->second;
+      s.holders = std::max(0, s.holders - 1);
+      if (!v.shared) s.allocated_mb = std::max<std::int64_t>(0, s.allocated_mb - s.total_mb + v.memory_mb);
+      if (!v.shared) s.exclusive = false;
+    }
+  };
+  std::size_t looked_at = 0;
+  for (const PendingJob& j : waiting) {
+    if (++looked_at > k_max_preempting) break;
+    const int need = pool ? cpu_slots_needed(j, cpu.total) : 0;
+    // A GPU job runs beside a frozen one only as a shared job that says its memory.
+    if (j.gpus > 0 && (!j.shared || j.memory_mb <= 0 || j.gpus > static_cast<int>(room.gpus.size()))) continue;
+    if (need <= 0 && j.gpus <= 0) continue;
+    room.claimed.clear();  // the GPUs the pass reserved for other jobs are not its to take
+    for (const auto& [id, held] : reserved)
+      if (id != j.id) room.claimed.insert(held.begin(), held.end());
+    const auto fits = [&](const std::vector<const Runner*>& victims, std::size_t skip, std::vector<int>* place) {
+      std::set<int> slots = free;
+      Room trial = room;
+      std::set<int> lent;
+      for (std::size_t m = 0; m < victims.size(); ++m) {
+        if (m == skip) continue;
+        for (int s : lends(*victims[m]))
+          slots.insert(s);
+        lend_gpus(trial, *victims[m]);
+        lent.insert(victims[m]->gpus.begin(), victims[m]->gpus.end());
+      }
+      if (static_cast<int>(slots.size()) < need) return false;
+      if (j.gpus <= 0) return true;
+      auto on = trial.place(j, lent);
+      if (place) *place = on;
+      return !on.empty();
+    };
+    if (fits({}, 0, nullptr)) continue;  // room without anyone frozen: the pass's order holds it back
+    if (j.gpus > 0 && !soon.place(j, {}).empty()) continue;           // GPUs coming free already
+    using Cost = std::tuple<std::size_t, int, double, std::int64_t>;  // GPUs idled, priority, -start, -id
+    std::vector<std::pair<Cost, const Runner*>> ranked;
+    for (const Runner& r : running) {
+      const bool lends_gpus = !r.gpus.empty() && (r.shared || r.memory_mb > 0);
+      if (taken.count(r.id) || (lends(r).empty() && !(j.gpus > 0 && lends_gpus)) ||
+          refusal_of(r, j, now, rules, true) != Refusal::none)
+        continue;
+      ranked.emplace_back(Cost{r.gpus.size(), r.priority, -r.started_at, -r.id}, &r);
+    }
+    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<const Runner*> chosen;
+    bool enough = false;
+    for (const auto& [_, r] : ranked) {
+      chosen.push_back(r);
+      if ((enough = fits(chosen, chosen.size(), nullptr))) break;
+    }
+    if (!enough) {
+      if (j.gpus > 0) continue;  // a GPU job may yet be preempted for (requeued victims)
+      break;                     // slots: it waits, and the jobs after it wait behind it
+    }
+    for (std::size_t k = chosen.size(); k-- > 0;)  // those not needed go back, the most expensive first
+      if (fits(chosen, k, nullptr)) chosen.erase(chosen.begin() + static_cast<std::ptrdiff_t>(k));
+    Suspension s{j.id, {}, {}, {}};
+    fits(chosen, chosen.size(), &s.gpus);
+    for (int slot : free) {
+      if (static_cast<int>(s.cpu_slots.size()) == need) break;
+      s.cpu_slots.push_back(slot);
+    }
+    for (const Runner* r : chosen) {
+      s.victims.push_back(r->id);
+      taken.insert(r->id);
+      for (int slot : lends(*r))
+        if (static_cast<int>(s.cpu_slots.size()) < need) s.cpu_slots.push_back(slot);
+      lend_gpus(room, *r);
+    }
+    for (int slot : s.cpu_slots)
+      free.erase(slot);
+    for (int g : s.gpus) {  // the borrower holds them now: the jobs after it do not count on them
+      room.gpus[g].allocated_mb += j.memory_mb;
+      room.gpus[g].holders++;
+    }
+    std::sort(s.cpu_slots.begin(), s.cpu_slots.end());
+    out.push_back(std::move(s));
   }
   return out;
 }

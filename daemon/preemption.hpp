@@ -40,7 +40,12 @@ struct Runner {
   bool stopping = false;  // asked to stop already: its GPUs are coming free
   double started_at = 0;
   double checkpoint_at = 0;  // its last checkpoint event; 0: none
-  int preemptions = 0;       // times it was preempted before
+  int preemptions = 0;       // times it was preempted (or suspended) before
+  double resumed_at = 0;     // when it was last thawed after a suspension; 0: never
+  std::vector<int> cpu_slots;
+  bool suspended = false;    // frozen for another job, which runs on its CPU slots
+  bool may_requeue = true;   // its preempt_mode lets a preemption stop it (not `suspend`)
+  bool may_suspend = false;  // its preempt_mode lets one freeze it (not `requeue`), and gpuqd can here
 };
 
 struct PreemptRules {
@@ -57,11 +62,13 @@ struct Preemption {
   std::int64_t by = 0;
 };
 
-// Why `r` may not be preempted by `j` now ("" when it may), in words.
-std::string preempt_refusal(const Runner& r, const PendingJob& j, double now, const PreemptRules& rules);
+// Why `r` may not be preempted by `j` now ("" when it may), in words: stopped and requeued, or with
+// `freeze`, suspended in place.
+std::string preempt_refusal(const Runner& r, const PendingJob& j, double now, const PreemptRules& rules,
+                            bool freeze = false);
 
 // Waiting jobs looked at in one pass, at most: a pass's cost stays bounded whatever the queue.
-constexpr std::size_t k_max_preempting = 64;
+constexpr std::size_t k_max_preempting = k_max_wanting;
 
 // The preemptions to ask for: `waiting` are queued jobs that a pass left waiting for GPUs, in the
 // pass's order (priority first); `gpus` the GPUs in service as they are after the pass's launches
@@ -70,6 +77,31 @@ constexpr std::size_t k_max_preempting = 64;
 // which the jobs after it do not count on.
 std::vector<Preemption> choose_preemptions(const std::vector<PendingJob>& waiting, std::vector<GpuState> gpus,
                                            const std::vector<Runner>& running, double now, const PreemptRules& rules,
+                                           const std::map<std::int64_t, std::vector<int>>& reserved = {});
+
+// Suspension, preemption's other form (Slurm's PreemptMode=SUSPEND): a waiting job gets preemptible
+// jobs of lower priority frozen in place (their cgroup's freezer), and runs on what they lend
+// while they keep everything else, their memory included: their CPU slots (a job waiting for
+// slots alone, Plan::wanting_slots), or time on their GPUs, where it fits beside the memory they
+// keep there (a shared job that says its gpu_memory_mb, waiting for GPUs: Plan::wanting_gpus;
+// the victims' memory must be known: shared, or exclusive with gpu_memory_mb). Once it has ended
+// they are thawed and go on where they were. Nothing is lost, so the cheapest set idles the fewest
+// GPUs: victims holding none first, then the lowest priority, then the youngest; taken until the
+// job fits, then those not needed put back. The rules of preempt_refusal hold (a job suspended
+// `protect_after` times runs `min_run_s` from its thaw first); a job frozen already lends nothing
+// more, nor do GPUs the pass reserved for other jobs (`reserved`). In line order: a job waiting
+// for slots that even every candidate would not make room for stops the look (the jobs after it
+// wait behind it, as in the pass); a GPU job that cannot be helped is left to requeueing
+// preemption (choose_preemptions).
+struct Suspension {
+  std::int64_t by = 0;                // the waiting job, which starts on...
+  std::vector<int> cpu_slots;         // ...these slots (ascending), free ones first
+  std::vector<int> gpus;              // ...and these GPUs (none for a job without)
+  std::vector<std::int64_t> victims;  // frozen until it has ended
+};
+std::vector<Suspension> choose_suspensions(const std::vector<PendingJob>& waiting, std::vector<GpuState> gpus,
+                                           const CpuSlots& cpu, const std::vector<Runner>& running, double now,
+                                           const PreemptRules& rules,
                                            const std::map<std::int64_t, std::vector<int>>& reserved = {});
 
 }  // namespace gpuq::daemon

@@ -117,6 +117,11 @@ common::JobInfo Reads::info_of(const JobRecord& stored, const Caller& viewer) co
     i.preempted_by = r.run.preempted_by;
     i.preempted_at = r.run.preempted_at;
   }
+  i.suspensions = r.suspensions;
+  if (r.state == JobState::running && r.run.suspended_for != 0) {
+    i.suspended_for = r.run.suspended_by;
+    i.suspended_at = r.run.suspended_at;
+  }
   if (viewer.protocol_minor < 3)  // it reads labels as strings: 0.3 as "0.3"
     for (auto& [_, v] : i.labels)
       if (!v.is_string()) v = v.dump();

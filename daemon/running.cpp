@@ -26,6 +26,11 @@ void Daemon::schedule_now() {
   } timed{m_metrics, pass_began};
   const double now = wall_now();
   if (dependencies::fail_blocked(reads(), commit_fn(), now)) m_pacer.soon();  // more to fail, in the next pass
+  try {
+    m_attempts.thaw_lent(now);       // suspended jobs whose borrower has ended go on
+  } catch (const RequestError& e) {  // thawed, not stored: the next pass stores it
+    std::cerr << "gpuqd: cannot record a thaw: " << e.what() << "\n";
+  }
 
   std::vector<PendingJob> queue;
   queue.reserve(m_jobs.queue().size());
@@ -116,6 +121,7 @@ void Daemon::schedule_now() {
     m_attempts.start_array(ids, unit.limit);
   }
   fds.end();
+  suspend_for(plan, now);  // freezing loses nothing: tried first
   preempt_for(plan, now);
   if (next_retry > 0) m_pacer.at(next_retry, now);
   m_events.arm();
@@ -125,7 +131,9 @@ void Daemon::schedule_now() {
 // preemptible jobs of lower priority hold get them stopped; each starts in the pass their end
 // brings (schedule_soon), its reservation holding the GPUs meanwhile (ends_by).
 void Daemon::preempt_for(const Plan& plan, double now) {
-  const std::vector<PendingJob>& waiting = plan.wanting_gpus;
+  std::vector<PendingJob> waiting;
+  for (const PendingJob& j : plan.wanting_gpus)  // not those started beside suspended jobs since
+    if (m_jobs.contains(j.id) && m_jobs.at(j.id).rec.state == JobState::queued) waiting.push_back(j);
   if (waiting.empty()) return;
   bool any = false;
   const std::vector<Runner> running = runners(reads(), any);
@@ -143,6 +151,33 @@ void Daemon::preempt_for(const Plan& plan, double now) {
     m_attempts.preempt(ids, by, now);
   } catch (const RequestError& e) {  // the store refused: nothing was asked; the next pass tries again
     std::cerr << "gpuqd: cannot record a preemption: " << e.what() << "\n";
+  }
+}
+
+// Suspension (preemption.hpp): the jobs without GPUs that the pass left waiting for CPU slots get
+// preemptible jobs of lower priority frozen in place, and start at once on their slots; the first
+// pass after such a job's end thaws them (thaw_lent).
+void Daemon::suspend_for(const Plan& plan, double now) {
+  if ((plan.wanting_slots.empty() && plan.wanting_gpus.empty()) || !m_executor->can_suspend()) return;
+  // Those waiting for slots, then those waiting for GPUs, each look at the machine as the one before left it.
+  for (const std::vector<PendingJob>* waiting : {&plan.wanting_slots, &plan.wanting_gpus}) {
+    if (waiting->empty()) continue;
+    bool any = false;
+    const std::vector<Runner> running = runners(reads(), any, true);
+    const auto chosen = choose_suspensions(*waiting, gpus_for_pass(reads()), reads().cpu_pool(), running, now,
+                                           preempt_rules(reads(), *waiting), plan.reservations);
+    for (const auto& s : chosen) {
+      Active& a = m_jobs.at(s.by);
+      try {
+        if (m_attempts.suspend(s.victims, a.rec, now) && m_attempts.prepare(a, {s.by, s.gpus, s.cpu_slots}, now))
+          m_attempts.start(a);
+      } catch (const RequestError& e) {
+        // The store refused: nothing was asked, or the job stays queued and the next pass thaws
+        // what was frozen for it.
+        std::cerr << "gpuqd: cannot start job " << s.by << " beside suspended jobs: " << e.what() << "\n";
+        m_pacer.at(now + k_write_retry_s, now);
+      }
+    }
   }
 }
 
@@ -189,7 +224,8 @@ void Daemon::apply(JobRecord rec) {
     // Watches hear of it: of its place in the queue when that changed (a job back from its end is
     // new to the table: `was` is empty), else of its details (progress, result) when they did.
     const bool queue = !was || *was != now.state || a.rec.attempt != now.attempt || a.rec.held != now.held ||
-                       a.rec.reason != now.reason || a.rec.spec.priority != now.spec.priority;
+                       a.rec.reason != now.reason || a.rec.spec.priority != now.spec.priority ||
+                       a.rec.run.suspended_for != now.run.suspended_for;  // shown as suspended, or not
     if (queue || a.rec.run.progress != now.run.progress || a.rec.run.result != now.run.result)
       m_watches.changed({now.id, now.batch, now.uid, queue ? Watches::Kind::state : Watches::Kind::details});
   });

@@ -314,6 +314,15 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
         (i >= past_slotless || gpus_dead())) {
       plan.stopped = true;
       plan.tail = {static_cast<int>(slots.size()), free_slots(cpu), cpu.total};
+      // The job it stops at may still start on slots a suspension lends it (preemption.hpp).
+      const auto limited = [&] {
+        const auto batch = limits.find(j.batch);
+        const auto user = users.find(j.user);
+        return (batch != limits.end() && batch->second.running >= batch->second.limit) ||
+               (user != users.end() && user_at_limit(user->second, j.gpus));
+      };
+      if (j.gpus == 0 && plan.wanting_slots.empty() && cpu_slots_needed(j, cpu.total) > 0 && !limited())
+        plan.wanting_slots.push_back(j);
       break;
     }
     if (j.gpus > static_cast<int>(slots.size())) {
@@ -351,6 +360,7 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
       } else {
         cpu_blocked = true;
         plan.waiting[j.id] = cpu_wait_reason(need, cpu);
+        if (plan.wanting_slots.size() < k_max_wanting) plan.wanting_slots.push_back(j);
       }
       continue;
     }

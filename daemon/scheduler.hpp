@@ -42,6 +42,9 @@
 namespace gpuq::daemon {
 
 constexpr double k_never = std::numeric_limits<double>::infinity();
+// Jobs a pass lists in Plan::wanting_gpus and wanting_slots, at most each: a pass's cost stays
+// bounded whatever the queue (preemption looks at no more).
+constexpr std::size_t k_max_wanting = 64;
 
 struct GpuState {
   int index = 0;
@@ -114,6 +117,9 @@ struct Plan {
   // The examined jobs that wait for GPUs alone (not for CPU slots or a limit), in line order: those
   // a preemption could make room for (preemption.hpp).
   std::vector<PendingJob> wanting_gpus;
+  // The examined jobs without GPUs that wait for CPU slots alone, in line order: those a
+  // suspension could lend slots to (preemption.hpp).
+  std::vector<PendingJob> wanting_slots;
 };
 
 struct CpuSlots {

@@ -190,6 +190,15 @@ json preemption_json(const JobRecord& j) {
   if (!j.run.preempted_by.empty()) out["by"] = j.run.preempted_by;
   if (j.run.preempted_at > 0) out["at"] = j.run.preempted_at;
   if (j.run.checkpoint_at > 0) out["checkpoint_at"] = j.run.checkpoint_at;
+  if (j.suspensions > 0) out["suspensions"] = j.suspensions;
+  if (j.run.suspended_for > 0) {
+    out["suspended_for"] = j.run.suspended_for;
+    out["suspended_for_attempt"] = j.run.suspended_for_attempt;
+    out["suspended_by"] = j.run.suspended_by;
+    out["suspended_at"] = j.run.suspended_at;
+  }
+  if (j.run.suspended_s > 0) out["suspended_s"] = j.run.suspended_s;
+  if (j.run.resumed_at > 0) out["resumed_at"] = j.run.resumed_at;
   return out;
 }
 
@@ -204,6 +213,14 @@ void read_preemption(JobRecord& j, const json& stored) {
     j.run.preempted_by = by->get<std::string>();
   j.run.preempted_at = number("at");
   j.run.checkpoint_at = number("checkpoint_at");
+  j.suspensions = static_cast<int>(std::clamp(number("suspensions"), 0.0, 1e9));
+  j.run.suspended_for = static_cast<std::int64_t>(std::clamp(number("suspended_for"), 0.0, 9e15));
+  j.run.suspended_for_attempt = static_cast<int>(std::clamp(number("suspended_for_attempt"), 0.0, 1e9));
+  if (const auto by = stored.find("suspended_by"); by != stored.end() && by->is_string())
+    j.run.suspended_by = by->get<std::string>();
+  j.run.suspended_at = number("suspended_at");
+  j.run.suspended_s = std::max(0.0, number("suspended_s"));
+  j.run.resumed_at = number("resumed_at");
 }
 
 void Store::write_job(const JobRecord& j) {

@@ -73,6 +73,14 @@ struct JobRecord {
     std::string preempted_by;
     double preempted_at = 0;
     double checkpoint_at = 0;  // when it last reported a `checkpoint` event (0: never)
+    // Suspended: frozen in place for job `suspended_for`'s attempt `suspended_for_attempt` (named
+    // `suspended_by`), which runs on its CPU slots, since `suspended_at`; thawed once that attempt
+    // has ended. 0: not suspended. `suspended_s`: seconds this attempt stood frozen before (its
+    // timeout's clock stood still); `resumed_at`: when it was last thawed.
+    std::int64_t suspended_for = 0;
+    int suspended_for_attempt = 0;
+    std::string suspended_by;
+    double suspended_at = 0, suspended_s = 0, resumed_at = 0;
     json progress;       // last progress event
     json result;         // merged result events
     json first_failure;  // {rank, exit_code, signal} when it failed
@@ -85,6 +93,7 @@ struct JobRecord {
   int attempt_base = 0;  // attempts before the latest restart; `retries` counts from there
   int restarts = 0;      // times it was restarted after it had ended
   int preemptions = 0;   // times it was preempted since it was submitted
+  int suspensions = 0;   // times it was suspended (frozen in place for another job) since then
   std::int64_t blocked_by = 0;  // failed without running because this dependency ended unsuccessfully
   bool held = false;            // queued, kept from starting until released
   bool hook_due = false;        // not stored: it has just ended and has on_finish hooks to run (hooks.cpp)

@@ -585,7 +585,8 @@ class Supervisor {
     m_oom_kills_at_start = oom_kills();
     const double timeout_s = m_doc.value("timeout_s", 0.0);
     m_grace_s = m_doc.value("grace_s", 10.0);
-    const double deadline = timeout_s > 0 ? mono_now() + timeout_s : 0;
+    double deadline = timeout_s > 0 ? mono_now() + timeout_s : 0;
+    double clock_at = mono_now();  // the timeout's clock stands still while the attempt is frozen
 
     m_log_limit = m_doc.value("log_limit_bytes", std::int64_t{0});
     m_sigfd = ::signalfd(-1, &m_signals, SFD_CLOEXEC | SFD_NONBLOCK);
@@ -619,6 +620,11 @@ class Supervisor {
       if (deadline > 0 && !m_tearing_down) wait_s = std::max(0.0, std::min(wait_s, deadline - mono_now()));
       if (m_tearing_down) wait_s = 0.05;
       if (wait_for_events(wait_s) && !m_cancelled) m_cancelled = true, begin_teardown();
+      if (deadline > 0 && !m_tearing_down && mono_now() - clock_at >= 0.25) {
+        const double now = mono_now();
+        if (attempt_frozen()) deadline += now - clock_at;  // suspended by gpuqd (a preemption's)
+        clock_at = now;
+      }
       if (deadline > 0 && !m_tearing_down && mono_now() >= deadline) {
         m_timed_out = true;
         begin_teardown();
@@ -759,6 +765,22 @@ class Supervisor {
     pump_pipes(ready, false);
     m_report.tick();  // what waited for its pace
     return stop;
+  }
+
+  // Whether gpuqd holds the attempt frozen (a suspension): its freezer, v2's cgroup.freeze or a v1
+  // freezer.state, in the attempt's cgroups (gpuqd's to write, never the job's).
+  bool attempt_frozen() const {
+    for (const std::string& dir : m_cgroup_dirs)
+      for (const char* file : {"/cgroup.freeze", "/freezer.state"}) {
+        char state[16] = {};
+        const int fd = ::open((dir + file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) continue;
+        const ssize_t n = ::read(fd, state, sizeof state - 1);
+        ::close(fd);
+        const std::string_view word(state, n > 0 ? static_cast<std::size_t>(n) : 0);
+        if (word.starts_with("1") || word.starts_with("FROZEN") || word.starts_with("FREEZING")) return true;
+      }
+    return false;
   }
 
   // A Slurm gang's stop file says `preempt` (gpuqd's preempt(), or the batch script's trap of

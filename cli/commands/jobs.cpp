@@ -50,7 +50,7 @@ std::string runtime_of(const common::JobInfo& j) {
 std::string state_of(const common::JobInfo& j) {
   if (j.state == JobState::queued) return display_state(j);
   if (j.state == JobState::running && j.hung) return "running (hung?)";
-  if (j.state == JobState::running && j.preempting) return display_state(j);
+  if (j.state == JobState::running && (j.preempting || !j.suspended_for.empty())) return display_state(j);
   if (j.state == JobState::failed || j.state == JobState::succeeded || j.state == JobState::out_of_memory) {
     if (j.exit_signal.is_number()) return name_of(j.state) + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
     if (j.exit_code.is_number() && j.exit_code.get<int>() != 0)
@@ -64,6 +64,7 @@ std::string detail_of(const common::JobInfo& j) {
     return "(details: " + j.user + "'s to read)";
   if (j.state == JobState::running && j.hung) return j.reason;
   if (j.state == JobState::running && j.preempting) return "for " + j.preempted_by;
+  if (j.state == JobState::running && !j.suspended_for.empty()) return "frozen for " + j.suspended_for;
   if (j.state == JobState::running && j.progress.is_object()) return format_fields(j.progress, 5);
   if (j.state == JobState::succeeded && j.result.is_object()) return format_fields(j.result, 5);
   return j.reason;
@@ -256,10 +257,15 @@ int cmd_show(const Options& o, std::int64_t id) {
                     : std::string())
             << "\n"
             << "  submitted: " << format_time(j.submitted_at) << "\n";
-  if (j.preemptible || j.preemptions > 0 || !j.preempted_by.empty()) {
+  if (j.preemptible || j.preemptions > 0 || !j.preempted_by.empty() || j.suspensions > 0) {
     std::string words = j.preemptible ? "preemptible" : "not preemptible";
     if (j.preemptions > 0)
       words += "; preempted " + std::to_string(j.preemptions) + (j.preemptions == 1 ? " time" : " times");
+    if (j.suspensions > 0)
+      words += "; suspended " + std::to_string(j.suspensions) + (j.suspensions == 1 ? " time" : " times");
+    if (!j.suspended_for.empty())
+      words += "; frozen now for " + j.suspended_for + " since " + format_time(j.suspended_at) +
+               " (thawed once it has ended)";
     if (!j.preempted_by.empty())
       words += std::string(j.preempting ? "; being preempted by " : "; last by ") + j.preempted_by + " at " +
                format_time(j.preempted_at);

@@ -4,6 +4,7 @@ checkpoint, and go back in line as preempted, no retry spent."""
 import json
 import os
 import re
+import time
 import unittest
 
 from harness import Daemon, DaemonTest, wait_until
@@ -358,3 +359,164 @@ class PreemptHooks(DaemonTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# A job that holds a token in its memory only (a shell variable made at its start), writes it out
+# once at the start, and once more as its result when `gate` exists: the same token at the end says
+# its process, memory and all, went on where it was. `on_term`: what a SIGTERM runs.
+KEEPER = ('token=$RANDOM$RANDOM$RANDOM; {trap}echo "$token" > {base}.token; '
+          'while [ ! -e {gate} ]; do sleep 0.05; done; '
+          'echo "{{\\"type\\": \\"result\\", \\"token\\": \\"$token\\"}}" >> "$GPUQ_EVENTS"')
+
+
+def keeper(base, gate, on_term=None):
+    trap = f"trap '{on_term}' TERM; " if on_term else ""
+    return KEEPER.format(base=base, gate=gate, trap=trap)
+
+
+def waiter(started, gate):
+    return f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done"
+
+
+class Suspension(DaemonTest):
+    """A job without GPUs that waits for CPU slots freezes preemptible jobs of lower priority in
+    place (their cgroup's freezer) and runs on their slots; once it has ended they are thawed and go
+    on, memory and all: nothing is lost, no attempt is spent."""
+    GPUS = "fake:1"
+
+    def setUp(self):
+        super().setUp()
+        self.d.stop()
+        self.d.extra += ["--cpu-slots", "1"]  # one job without GPUs at a time
+        self.d.start()
+        if not self.d.cgroups or not os.path.exists(os.path.join(self.d.cgroups, "cgroup.freeze")):
+            self.d.stop()
+            self.skipTest("no cgroup v2 freezer here: gpuqd suspends nothing (docs/preemption.md)")
+
+    def frozen(self, job):
+        events = os.path.join(self.d.cgroups, f"{job}-attempt-1", "cgroup.events")
+        with open(events) as f:
+            return "frozen 1" in f.read().split("\n")
+
+    def start_pair(self, victim_spec=None, timeout_s=300, urgent_spec=None):
+        """A preemptible keeper of priority 0 running, then an urgent waiter that freezes it: the
+        ids, the keeper's token file, and the gates of both."""
+        base, vgate = self.tmp_path("keeper"), self.tmp_path("vgate")
+        ustarted, ugate = self.tmp_path("ustarted"), self.tmp_path("ugate")
+        spec = {"name": "keeper", "preemptible": True, "timeout_s": timeout_s, "shell": keeper(base, vgate)}
+        spec.update(victim_spec or {})
+        victim = self.d.submit(spec)["ids"][0]
+        wait_until(lambda: os.path.exists(base + ".token"), what="the keeper to start")
+        uspec = {"name": "urgent", "priority": 10, "shell": waiter(ustarted, ugate)}
+        uspec.update(urgent_spec or {})
+        urgent = self.d.submit(uspec)["ids"][0]
+        wait_until(lambda: os.path.exists(ustarted), what="the urgent job to start beside the frozen keeper")
+        wait_until(lambda: self.frozen(victim), what="the keeper's cgroup to be frozen")
+        return victim, urgent, base, vgate, ugate
+
+    def test_an_urgent_cpu_job_freezes_a_low_job_which_goes_on_where_it_was_once_it_has_ended(self):
+        victim, urgent, base, vgate, ugate = self.start_pair()
+        job = self.d.show(victim)["job"]
+        self.assertEqual((job["state"], job["suspended_for"], job["suspensions"]),
+                         ("running", f"job {urgent} (urgent)", 1))
+        status = self.d.ok("status")
+        self.assertRegex(status, rf"(?m)^{victim}\s+keeper\s+suspended\s.*frozen for job {urgent} \(urgent\)")
+        self.assertIn(f"frozen now for job {urgent} (urgent)", self.d.ok("show", str(victim)))
+        # Frozen, it cannot see its gate: it ends only after the urgent job, once thawed.
+        open(vgate, "w").close()
+        open(ugate, "w").close()
+        done = self.d.wait([victim, urgent])
+        self.assertEqual(done[urgent]["state"], "succeeded", done[urgent]["reason"])
+        self.assertEqual(done[victim]["state"], "succeeded", done[victim]["reason"])
+        self.assertGreaterEqual(done[victim]["ended_at"], done[urgent]["ended_at"])
+        # The same process, memory and all: the token it held, attempt 1, nothing preempted.
+        with open(base + ".token") as f:
+            self.assertEqual(done[victim]["result"], {"token": f.read().strip()})
+        self.assertEqual((done[victim]["attempt"], done[victim]["preemptions"], done[victim]["suspensions"]),
+                         (1, 0, 1))
+        self.assertEqual(done[victim]["suspended_for"], "")
+        self.assertIn("preempt:   preemptible; suspended 1 time", self.d.ok("show", str(victim)))
+
+    def test_a_frozen_jobs_timeout_clock_stands_still(self):
+        # Frozen twice as long as its timeout: the time it stood frozen does not count.
+        victim, urgent, _, vgate, ugate = self.start_pair(timeout_s=8)
+        frozen_at = time.monotonic()
+        while time.monotonic() - frozen_at < 14:
+            self.assertEqual(self.d.show(victim)["job"]["state"], "running")
+            time.sleep(0.5)
+        self.assertTrue(self.frozen(victim))
+        open(vgate, "w").close()
+        open(ugate, "w").close()
+        done = self.d.wait([victim, urgent])
+        self.assertEqual(done[victim]["state"], "succeeded", done[victim]["reason"])
+
+    def test_a_frozen_job_cancelled_is_thawed_first_and_handles_its_signal(self):
+        base, vgate, termed = self.tmp_path("keeper"), self.tmp_path("vgate"), self.tmp_path("termed")
+        ustarted, ugate = self.tmp_path("ustarted"), self.tmp_path("ugate")
+        victim = self.d.submit({"name": "keeper", "preemptible": True, "timeout_s": 300,
+                                "shell": keeper(base, vgate, on_term=f"touch {termed}; exit 0")})["ids"][0]
+        wait_until(lambda: os.path.exists(base + ".token"), what="the keeper to start")
+        urgent = self.d.submit({"name": "urgent", "priority": 10, "shell": waiter(ustarted, ugate)})["ids"][0]
+        wait_until(lambda: os.path.exists(ustarted) and self.frozen(victim), what="the keeper to be frozen")
+        self.d.ok("cancel", str(victim))
+        done = self.d.wait([victim])[victim]
+        self.assertEqual(done["state"], "cancelled", done["reason"])
+        self.assertTrue(os.path.exists(termed), "its SIGTERM handler never ran: it was killed frozen")
+        self.assertEqual(self.d.show(urgent)["job"]["state"], "running")  # the urgent job runs on
+        open(ugate, "w").close()
+        self.assertEqual(self.d.wait([urgent])[urgent]["state"], "succeeded")
+
+    def test_gpuqd_killed_mid_suspension_keeps_it_and_thaws_it_once_the_urgent_job_has_ended(self):
+        victim, urgent, base, vgate, ugate = self.start_pair()
+        # A restart while the urgent job runs: the keeper stays frozen, and says so.
+        self.d.kill9()
+        self.d.start()
+        job = self.d.show(victim)["job"]
+        self.assertEqual((job["state"], job["suspended_for"]), ("running", f"job {urgent} (urgent)"))
+        self.assertTrue(self.frozen(victim))
+        # The urgent job ends while no gpuqd runs: the next one thaws the keeper.
+        self.d.kill9()
+        open(ugate, "w").close()
+        urgent_exit = os.path.join(self.d.state, "jobs", str(urgent), "attempt-1", "exit.json")
+        wait_until(lambda: os.path.exists(urgent_exit), what="the urgent job to end while no gpuqd runs")
+        self.assertTrue(self.frozen(victim))
+        open(vgate, "w").close()
+        self.d.start()
+        done = self.d.wait([victim, urgent])
+        self.assertEqual(done[urgent]["state"], "succeeded", done[urgent]["reason"])
+        self.assertEqual(done[victim]["state"], "succeeded", done[victim]["reason"])
+        with open(base + ".token") as f:
+            self.assertEqual(done[victim]["result"], {"token": f.read().strip()})
+        self.assertEqual((done[victim]["attempt"], done[victim]["suspensions"]), (1, 1))
+
+    def test_a_job_that_may_only_be_requeued_is_not_frozen_and_the_urgent_job_waits(self):
+        base, vgate = self.tmp_path("keeper"), self.tmp_path("vgate")
+        victim = self.d.submit({"name": "keeper", "preemptible": True, "preempt_mode": "requeue",
+                                "timeout_s": 300, "shell": keeper(base, vgate)})["ids"][0]
+        wait_until(lambda: os.path.exists(base + ".token"), what="the keeper to start")
+        urgent = self.d.submit({"name": "urgent", "priority": 10, "command": ["true"]})["ids"][0]
+        wait_until(lambda: "waiting for 1 CPU slot" in self.d.show(urgent)["job"]["reason"],
+                   what="the urgent job to wait for a CPU slot")
+        self.assertFalse(self.frozen(victim))
+        open(vgate, "w").close()
+        done = self.d.wait([victim, urgent])
+        self.assertEqual((done[victim]["state"], done[victim]["suspensions"]), ("succeeded", 0))
+        self.assertEqual(done[urgent]["state"], "succeeded")
+
+    def test_a_shared_gpu_job_runs_beside_a_frozen_job_whose_memory_stays_on_the_gpu(self):
+        # The low job holds the one GPU whole, saying it uses 20 GiB of its 80: the urgent job,
+        # which says 30 GiB, fits beside it frozen.
+        victim, urgent, base, vgate, ugate = self.start_pair(
+            victim_spec={"gpus": 1, "gpu_memory_mb": 20480},
+            urgent_spec={"gpus": 1, "shared": True, "gpu_memory_mb": 30720})
+        job = self.d.show(urgent)["job"]
+        self.assertEqual((job["state"], job["gpus"]), ("running", [0]))
+        self.assertEqual(self.d.show(victim)["job"]["suspended_for"], f"job {urgent} (urgent)")
+        open(vgate, "w").close()
+        open(ugate, "w").close()
+        done = self.d.wait([victim, urgent])
+        self.assertEqual(done[victim]["state"], "succeeded", done[victim]["reason"])
+        self.assertGreaterEqual(done[victim]["ended_at"], done[urgent]["ended_at"])
+        with open(base + ".token") as f:
+            self.assertEqual(done[victim]["result"], {"token": f.read().strip()})
+        self.assertEqual((done[victim]["attempt"], done[victim]["preemptions"]), (1, 0))

@@ -418,6 +418,45 @@ TEST_CASE("the devices limit is in force only where the kernel takes a deny from
   with->remove_base();
 }
 
+TEST_CASE("an attempt is frozen in place and thawed (a suspension), on a v1 freezer hierarchy") {
+  const std::vector<CgroupHierarchy> v1 = host_v1({"pids", "freezer"});
+  gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
+  auto cgroups = v1.size() < 2 ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
+  if (!cgroups) {
+    MESSAGE("no writable v1 pids and freezer hierarchies here: skipped");
+    return;
+  }
+  REQUIRE(cgroups->can_freeze());
+  auto dirs = cgroups->make("1-attempt-1");
+  REQUIRE(dirs);
+  const std::string& dir = dirs->front().dir;
+  const std::string freezer = dirs->back().dir + "/freezer.state";
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    for (;;)
+      ::pause();
+  }
+  for (const auto& group : *dirs)
+    std::ofstream(group.dir + "/cgroup.procs") << child << "\n";
+  CHECK_FALSE(cgroups->frozen(dir));
+  CHECK(cgroups->freeze(dir, true));
+  CHECK(cgroups->frozen(dir));
+  for (int i = 0; i < 2000 && first_of(freezer) != "FROZEN"; ++i)
+    ::usleep(1000);
+  CHECK(first_of(freezer) == "FROZEN");
+  CHECK(cgroups->freeze(dir, false));
+  CHECK_FALSE(cgroups->frozen(dir));
+  CHECK(first_of(freezer) == "THAWED");
+  CHECK_FALSE(cgroups->freeze(state.path + "/not-an-attempt", true));  // outside gpuqd's cgroup: nothing written
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  for (int i = 0; i < 200 && !cgroups->empty(dir); ++i)
+    ::usleep(5000);
+  cgroups->remove(dir);
+  cgroups->remove_base();
+}
+
 TEST_CASE("without cgroup.kill, a fork loop is frozen in one round and killed in the next, which ends it") {
   // This host's v1 pids and freezer hierarchies, where there are both and they may be written (root).
   // (Without the freezer a round lists the chains, and each has forked on before its SIGKILL.)

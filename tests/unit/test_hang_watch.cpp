@@ -87,4 +87,17 @@ TEST_CASE("a job that speaks again is cleared; checks come at most once a second
   CHECK_FALSE(off.hung(1));
 }
 
+TEST_CASE("a job frozen for another is silent by design: not hung, and its silence counts from its thaw") {
+  HangWatch watch(60, true);
+  JobRecord frozen = running_job(1, 150);
+  frozen.run.suspended_for = 9;
+  CHECK(watch.check(300, {&frozen}, idle).empty());
+  CHECK_FALSE(watch.hung(1));
+  JobRecord thawed = running_job(1, 150);
+  thawed.run.resumed_at = 290;
+  CHECK(watch.check(320, {&thawed}, idle).empty());  // 30 s since its thaw
+  CHECK_FALSE(watch.hung(1));
+  CHECK(watch.check(351, {&thawed}, idle) == std::vector<std::int64_t>{1});  // 61 s since
+}
+
 TEST_SUITE_END();

@@ -35,6 +35,14 @@ const std::vector<std::pair<std::string, JobRecord>>& every_state() {
          r.run.preempt_requested = true;
          return r;
        }()},
+      {"running+suspended",
+       [] {
+         JobRecord r = job_in(JobState::running);
+         r.run.suspended_for = 9;
+         r.run.suspended_for_attempt = 1;
+         r.run.suspended_at = 75.0;
+         return r;
+       }()},
       {"succeeded", job_in(JobState::succeeded)},
       {"failed", job_in(JobState::failed)},
       {"cancelled", job_in(JobState::cancelled)},
@@ -67,6 +75,8 @@ const std::vector<Event>& every_event() {
       event::Requeued{"requeued (gpuq requeue): attempt 1 was stopped"},
       event::PreemptRequested{"job 9 (urgent)", 70.0},
       event::Preempted{"preempted by job 9 (urgent)"},
+      event::Suspended{9, 1, "job 9 (urgent)", 80.0},
+      event::Resumed{90.0},
   };
   return events;
 }
@@ -79,9 +89,15 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
   // event -> state before -> state after; any pair not listed is illegal.
   const std::map<std::string, std::map<std::string, JobState>> legal{
       {"launched", {{"queued", JobState::running}}},
-      {"ended", {{"running", JobState::succeeded}, {"running+preempting", JobState::succeeded}}},
+      {"ended",
+       {{"running", JobState::succeeded},
+        {"running+preempting", JobState::succeeded},
+        {"running+suspended", JobState::succeeded}}},
       {"retried", {{"failed", JobState::queued}, {"out_of_memory+retry_on_oom", JobState::queued}}},
-      {"cancel_requested", {{"running", JobState::running}, {"running+preempting", JobState::running}}},
+      {"cancel_requested",
+       {{"running", JobState::running},
+        {"running+preempting", JobState::running},
+        {"running+suspended", JobState::running}}},
       {"cancelled", {{"queued", JobState::cancelled}, {"queued+held", JobState::cancelled}}},
       {"dependency_failed", {{"queued", JobState::failed}, {"queued+held", JobState::failed}}},
       {"held", {{"queued", JobState::queued}, {"queued+held", JobState::queued}}},
@@ -93,13 +109,25 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
         {"timed_out", JobState::queued},
         {"out_of_memory", JobState::queued},
         {"out_of_memory+retry_on_oom", JobState::queued}}},
-      {"never_started", {{"running", JobState::queued}, {"running+preempting", JobState::queued}}},
+      {"never_started",
+       {{"running", JobState::queued},
+        {"running+preempting", JobState::queued},
+        {"running+suspended", JobState::queued}}},
       {"unrunnable", {{"queued", JobState::failed}, {"queued+held", JobState::failed}}},
-      {"requeue_requested", {{"running", JobState::running}, {"running+preempting", JobState::running}}},
-      {"requeued", {{"running", JobState::queued}, {"running+preempting", JobState::queued}}},
+      {"requeue_requested",
+       {{"running", JobState::running},
+        {"running+preempting", JobState::running},
+        {"running+suspended", JobState::running}}},
+      {"requeued",
+       {{"running", JobState::queued},
+        {"running+preempting", JobState::queued},
+        {"running+suspended", JobState::queued}}},
       // Once: a victim already asked to stop is not preempted again.
-      {"preempt_requested", {{"running", JobState::running}}},
+      {"preempt_requested", {{"running", JobState::running}, {"running+suspended", JobState::running}}},
       {"preempted", {{"running+preempting", JobState::queued}}},
+      // Frozen once, for another job; thawed only when frozen.
+      {"suspended", {{"running", JobState::running}}},
+      {"resumed", {{"running+suspended", JobState::running}}},
   };
   int refusals = 0;
   for (const auto& e : every_event()) {
@@ -123,7 +151,7 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
       }
     }
   }
-  CHECK(refusals == 15 * 10 - 31);  // 150 pairs, 31 of them legal
+  CHECK(refusals == 17 * 11 - 39);  // 187 pairs, 39 of them legal
 }
 
 TEST_CASE("a launch starts the next attempt from a clean slate") {
@@ -323,6 +351,53 @@ TEST_CASE("a preemption stops a running job once and puts it back in line, sayin
   REQUIRE(never.ok());
   CHECK_FALSE(never->run.preempt_requested);
   CHECK(never->run.preempted_by.empty());
+}
+
+TEST_CASE("a suspension freezes a running job for another, once; its thaw, a stop or its end clears it") {
+  JobRecord r = job_in(JobState::running);
+  r.run.started_at = 10;
+  auto frozen = transition(r, event::Suspended{9, 2, "job 9 (urgent)", 100.0});
+  REQUIRE(frozen.ok());
+  CHECK(frozen->state == JobState::running);
+  CHECK(frozen->run.suspended_for == 9);
+  CHECK(frozen->run.suspended_for_attempt == 2);
+  CHECK(frozen->run.suspended_by == "job 9 (urgent)");
+  CHECK(frozen->run.suspended_at == 100.0);
+  CHECK(frozen->suspensions == 1);
+  CHECK(frozen->preemptions == 0);  // nothing was stopped: no attempt lost
+  CHECK_FALSE(transition(*frozen, event::Suspended{8, 1, "job 8 (other)", 101.0}).ok());  // once
+  CHECK_FALSE(transition(r, event::Suspended{7, 1, "job 7 (train)", 100.0}).ok());        // never for itself
+  CHECK_FALSE(transition(r, event::Resumed{110.0}).ok());                                 // not frozen
+
+  auto thawed = transition(*frozen, event::Resumed{130.0});
+  REQUIRE(thawed.ok());
+  CHECK(thawed->run.suspended_for == 0);
+  CHECK(thawed->run.suspended_by.empty());
+  CHECK(thawed->run.suspended_s == 30.0);  // its timeout's clock stood still this long
+  CHECK(thawed->run.resumed_at == 130.0);
+  CHECK(thawed->suspensions == 1);
+  auto again = transition(*thawed, event::Suspended{9, 3, "job 9 (urgent)", 200.0});
+  REQUIRE(again.ok());
+  auto thawed_again = transition(*again, event::Resumed{210.0});
+  REQUIRE(thawed_again.ok());
+  CHECK(thawed_again->run.suspended_s == 40.0);  // summed over the attempt's suspensions
+  CHECK(thawed_again->suspensions == 2);
+
+  // A stop asked of a frozen job thaws it (the executor does, to stop it); so does its end.
+  for (const Event& stop : std::vector<Event>{
+           event::CancelRequested{}, event::RequeueRequested{}, event::PreemptRequested{"job 8 (other)", 120.0},
+           event::Ended{JobState::failed, "killed", 137, std::nullopt, nullptr, 120.0, ""}}) {
+    CAPTURE(event_name(stop));
+    auto next = transition(*frozen, stop);
+    REQUIRE(next.ok());
+    CHECK(next->run.suspended_for == 0);
+    CHECK(next->suspensions == 1);
+  }
+  // A new attempt starts unfrozen.
+  auto requeued = transition(*frozen, event::Requeued{"requeued"});
+  REQUIRE(requeued.ok());
+  CHECK(requeued->run.suspended_for == 0);
+  CHECK(requeued->run.suspended_s == 0);
 }
 
 TEST_CASE("a job whose stored spec does not parse is never launched, retried or restarted, and fails if queued") {

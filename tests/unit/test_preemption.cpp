@@ -277,4 +277,183 @@ TEST_CASE("a victim of higher priority than the waiting job is never taken, howe
   CHECK(victims(choose({urgent(9, 1, 10)}, 2, {equal, low})) == std::vector<std::int64_t>{2});
 }
 
+// ---- suspension ----------------------------------------------------------------------------
+
+namespace {
+
+// A preemptible job that may be frozen, on CPU slots `slots` (and GPUs `on`).
+Runner sleeper(std::int64_t id, std::vector<int> slots, std::vector<int> on = {}, double ran_s = 600,
+               int priority = 0) {
+  Runner r = runner(id, std::move(on), ran_s, priority);
+  r.cpu_slots = std::move(slots);
+  r.may_suspend = true;
+  return r;
+}
+
+// A job without GPUs needing `slots` CPU slots (one rank).
+PendingJob cpu_job(std::int64_t id, int slots, int priority = 10) {
+  PendingJob j = urgent(id, 0, priority);
+  j.cpus = slots;
+  return j;
+}
+
+// A pool of `total` slots, those of `running` taken.
+CpuSlots pool(int total, const std::vector<Runner>& running) {
+  CpuSlots c;
+  c.total = total;
+  for (const Runner& r : running)
+    c.taken.insert(r.cpu_slots.begin(), r.cpu_slots.end());
+  return c;
+}
+
+std::vector<Suspension> suspend(const std::vector<PendingJob>& waiting, int total, const std::vector<Runner>& running,
+                                const PreemptRules& rules = {}) {
+  return choose_suspensions(waiting, {}, pool(total, running), running, k_now, rules);
+}
+
+}  // namespace
+
+TEST_CASE("an urgent CPU job freezes a lower-priority job and runs on its slots, free ones first") {
+  const std::vector<Runner> running{sleeper(1, {0, 1})};
+  auto s = suspend({cpu_job(9, 2)}, 3, running);  // slot 2 free, slots 0 and 1 held
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].by == 9);
+  CHECK(s[0].victims == std::vector<std::int64_t>{1});
+  CHECK(s[0].cpu_slots == std::vector<int>{0, 2});      // the free one, and one of the victim's
+  CHECK(suspend({cpu_job(9, 1)}, 3, running).empty());  // it fits beside: nothing frozen
+}
+
+TEST_CASE("suspension takes only jobs that may be frozen: preemptible, lower priority, its mode, a freezer") {
+  Runner not_preemptible = sleeper(1, {0});
+  not_preemptible.preemptible = false;
+  CHECK(suspend({cpu_job(9, 1)}, 1, {not_preemptible}).empty());
+  CHECK(suspend({cpu_job(9, 1, 0)}, 1, {sleeper(1, {0})}).empty());  // equal priority
+  Runner requeue_only = sleeper(1, {0});
+  requeue_only.may_suspend = false;  // preempt_mode requeue, or no freezer
+  CHECK(suspend({cpu_job(9, 1)}, 1, {requeue_only}).empty());
+  CHECK(preempt_refusal(requeue_only, cpu_job(9, 1), k_now, {}, true).find("cannot be frozen") == 0);
+  Runner stopping = sleeper(1, {0});
+  stopping.stopping = true;
+  CHECK(suspend({cpu_job(9, 1)}, 1, {stopping}).empty());
+  Runner frozen = sleeper(1, {0});
+  frozen.suspended = true;  // frozen already for another: lends nothing more
+  CHECK(suspend({cpu_job(9, 1)}, 1, {frozen}).empty());
+  CHECK(suspend({cpu_job(9, 1)}, 1, {sleeper(1, {0}, {}, 0)}).empty());  // launched in this pass
+}
+
+TEST_CASE("a job that is only ever frozen (preempt_mode suspend) is never stopped for GPUs") {
+  Runner frozen_only = runner(1, {0});
+  frozen_only.may_requeue = false;
+  CHECK(choose({urgent(9, 1)}, 1, {frozen_only}).empty());
+  CHECK(preempt_refusal(frozen_only, urgent(9, 1), k_now, {}).find("preempt_mode suspend") == 0);
+  Runner frozen = runner(2, {0});
+  frozen.suspended = true;
+  CHECK(choose({urgent(9, 1)}, 1, {frozen}).empty());
+}
+
+TEST_CASE("suspension freezes the jobs that idle the fewest GPUs, then the lowest priority, then the youngest") {
+  std::vector<Runner> running{sleeper(1, {0}, {0}, 600, 0), sleeper(2, {1}, {}, 900, 0),  // a GPU job; an old one
+                              sleeper(3, {2}, {}, 60, 0), sleeper(4, {3}, {}, 60, 5)};    // a young one; a higher one
+  // Every slot is held; each round the chosen victim is made no candidate, and the next is chosen.
+  for (std::int64_t expected : {3, 2, 4, 1}) {
+    CAPTURE(expected);
+    auto s = suspend({cpu_job(9, 1)}, 4, running);
+    REQUIRE(s.size() == 1);
+    CHECK(s[0].victims == std::vector<std::int64_t>{expected});  // a GPU idles: the last resort
+    running[static_cast<std::size_t>(expected - 1)].preemptible = false;
+  }
+  CHECK(suspend({cpu_job(9, 1)}, 4, running).empty());
+}
+
+TEST_CASE("suspension's set is minimal, and nothing is frozen when even every candidate would not make room") {
+  // Cheapest first takes 1 (one slot), then 2 (three): 2 alone is enough, so 1 goes back.
+  const Runner small = sleeper(1, {0}, {}, 60), big = sleeper(2, {1, 2, 3}, {}, 600);
+  auto s = suspend({cpu_job(9, 3)}, 4, {small, big});
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].victims == std::vector<std::int64_t>{2});
+  CHECK(s[0].cpu_slots == std::vector<int>{1, 2, 3});
+  Runner fixed = sleeper(3, {2, 3});
+  fixed.preemptible = false;
+  CHECK(suspend({cpu_job(9, 3)}, 4, {small, fixed}).empty());  // 1 frees one slot of the three needed
+}
+
+TEST_CASE("two waiting jobs never freeze the same victim, and the line's order holds") {
+  const std::vector<Runner> running{sleeper(1, {0}), sleeper(2, {1})};
+  auto s = suspend({cpu_job(8, 1), cpu_job(9, 1)}, 2, running);
+  REQUIRE(s.size() == 2);
+  CHECK(s[0].victims != s[1].victims);
+  CHECK(s[0].cpu_slots != s[1].cpu_slots);
+  // One that nothing can make room for stops the look: the job behind it waits behind it.
+  Runner fixed = sleeper(3, {2});
+  fixed.preemptible = false;
+  CHECK(suspend({cpu_job(8, 3), cpu_job(9, 1)}, 3, {running[0], running[1], fixed}).empty());
+}
+
+TEST_CASE("a job suspended often enough is protected until it has run min_run_s since its thaw") {
+  Runner often = sleeper(1, {0}, {}, 3600);
+  often.preemptions = 1;  // preemptions and suspensions together
+  often.resumed_at = k_now - 10;
+  PreemptRules rules;
+  rules.protect_after = 1;
+  rules.min_run_s = 300;
+  CHECK(suspend({cpu_job(9, 1)}, 1, {often}, rules).empty());
+  often.resumed_at = k_now - 400;
+  CHECK(suspend({cpu_job(9, 1)}, 1, {often}, rules).size() == 1);
+}
+
+TEST_CASE("lab mode: suspension keeps to a user's own jobs") {
+  Runner theirs = sleeper(1, {0});
+  theirs.user = 2000;
+  PendingJob mine = cpu_job(9, 1);
+  mine.user = 1000;
+  PreemptRules rules;
+  rules.lab = true;
+  CHECK(suspend({mine}, 1, {theirs}, rules).empty());
+  theirs.user = 1000;
+  CHECK(suspend({mine}, 1, {theirs}, rules).size() == 1);
+}
+
+TEST_CASE("a shared GPU job that says its memory runs beside a frozen job whose memory stays on the GPU") {
+  Runner low = runner(1, {0});  // exclusive, 20 GiB by its spec, of an 80 GiB GPU
+  low.memory_mb = 20480;
+  low.may_suspend = true;
+  PendingJob j = urgent(9, 1);
+  j.shared = true;
+  j.memory_mb = 30720;
+  const auto on = [&](const std::vector<Runner>& running, const PendingJob& job,
+                      const std::map<std::int64_t, std::vector<int>>& reserved = {}) {
+    return choose_suspensions({job}, held_by(gpus(1), running), CpuSlots{}, running, k_now, {}, reserved);
+  };
+  auto s = on({low}, j);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].victims == std::vector<std::int64_t>{1});
+  CHECK(s[0].gpus == std::vector<int>{0});
+  CHECK(s[0].cpu_slots.empty());
+  PendingJob big = j;
+  big.memory_mb = 61441;  // more than the 60 GiB the frozen job leaves
+  CHECK(on({low}, big).empty());
+  PendingJob whole = urgent(9, 1);  // exclusive: never beside anyone
+  CHECK(on({low}, whole).empty());
+  PendingJob unsized = j;
+  unsized.memory_mb = 0;  // how much it needs is not known
+  CHECK(on({low}, unsized).empty());
+  Runner unknown = low;
+  unknown.memory_mb = 0;  // what the frozen job keeps is not known: it lends no GPU
+  CHECK(on({unknown}, j).empty());
+  CHECK(on({low}, j, {{5, {0}}}).empty());      // reserved for another job
+  CHECK(on({low}, j, {{9, {0}}}).size() == 1);  // its own reservation
+  Runner stopping = low;
+  stopping.stopping = true;  // coming free: it waits for that
+  CHECK(on({stopping}, j).empty());
+  Runner shared_low = runner(1, {0});
+  shared_low.shared = true;
+  shared_low.memory_mb = 40960;
+  shared_low.may_suspend = true;
+  Runner other = runner(2, {0});
+  other.shared = true;
+  other.memory_mb = 30720;
+  other.preemptible = false;                  // 10 GiB free beside them: freezing the low one frees no memory,
+  CHECK(on({shared_low, other}, j).empty());  // so nothing fits
+}
+
 TEST_SUITE_END();

@@ -206,6 +206,26 @@ TEST_CASE("jobs without GPUs are limited by CPU slots, one per rank") {
   CHECK(started(p) == std::vector<std::int64_t>{1});
 }
 
+TEST_CASE("jobs without GPUs waiting for CPU slots are listed for a suspension, the one a pass stops at too") {
+  PendingJob a{1, 5, 0, false, 0, 0, 1}, b{2, 0, 0, false, 0, 0, 1}, g{3, 0, 1, false, 0, 0, 1};
+  // Examined: the pass goes on past them for the GPU job behind.
+  auto p = schedule({a, b, g}, idle_gpus(1), 0, CpuSlots{1, {0}, {}});
+  CHECK(started(p) == std::vector<std::int64_t>{3});
+  REQUIRE(p.wanting_slots.size() == 2);
+  CHECK((p.wanting_slots[0].id == 1 && p.wanting_slots[1].id == 2));
+  CHECK(p.wanting_gpus.empty());
+  // Not examined: no slot is free and nothing else could start, so the pass stops at the first;
+  // it is listed all the same.
+  p = schedule({a, b}, {}, 0, CpuSlots{1, {0}, {}});
+  CHECK(p.stopped);
+  REQUIRE(p.wanting_slots.size() == 1);
+  CHECK(p.wanting_slots[0].id == 1);
+  // One at its batch's limit is not: it would wait whatever the slots.
+  a.batch = 7;
+  p = schedule({a, b}, {}, 0, CpuSlots{1, {0}, {}}, true, BatchLimits{{7, {1, 1}}});
+  CHECK(p.wanting_slots.empty());
+}
+
 TEST_CASE("a wide CPU gang is not starved by single-process CPU jobs behind it") {
   PendingJob gang{1, 0, 0, false, 0, 0, 4}, small{2, 0, 0, false, 0, 0, 1};
   auto p = schedule({gang, small}, {}, 0, CpuSlots{4, {0, 1}, {}});

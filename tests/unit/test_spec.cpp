@@ -104,6 +104,25 @@ TEST_CASE("preemption fields: preemptible, a signal a program can catch, a bound
   CHECK(contains(error_of(R"({"command": ["true"], "preemptible": "yes"})"), "field `preemptible`"));
 }
 
+TEST_CASE("preempt_mode: auto by default (not written back), requeue or suspend, anything else refused") {
+  using gpuq::common::PreemptMode;
+  auto r = parse_batch(json::parse(R"({"command": ["true"]})"), "/tmp");
+  REQUIRE(r.ok());
+  CHECK((*r)[0].preempt_mode == PreemptMode::auto_);
+  CHECK_FALSE(to_json((*r)[0]).contains("preempt_mode"));
+  for (const auto& [word, mode] : {std::pair{"auto", PreemptMode::auto_}, std::pair{"requeue", PreemptMode::requeue},
+                                   std::pair{"suspend", PreemptMode::suspend}}) {
+    CAPTURE(word);
+    r = parse_batch(json{{"command", {"true"}}, {"preempt_mode", word}}, "/tmp");
+    REQUIRE(r.ok());
+    CHECK((*r)[0].preempt_mode == mode);
+    CHECK(parse_job(to_json((*r)[0]), "/tmp")->preempt_mode == mode);  // a stored spec reads back the same
+  }
+  CHECK(contains(error_of(R"({"command": ["true"], "preempt_mode": "freeze"})"),
+                 "field `preempt_mode` must be \"auto\", \"requeue\" or \"suspend\", got \"freeze\""));
+  CHECK(contains(error_of(R"({"command": ["true"], "preempt_mode": 1})"), "field `preempt_mode`"));
+}
+
 TEST_CASE("a NUL byte in any string of a spec is refused by its field, not cut short at exec") {
   CHECK(contains(error_of(R"({"command": ["echo", "a\u0000; rm -rf ~"]})"),
                  "field `command[1]` contains a NUL byte"));

@@ -151,6 +151,13 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
     jobs[0].run.cores = {8, 9};
     jobs[0].run.started_at = 2.0;
     jobs[0].run.requeue_requested = true;  // asked to go back in line (gpuq requeue): kept, not a cancel
+    jobs[0].suspensions = 2;               // frozen for job 12's attempt 1 (a suspension): kept, all of it
+    jobs[0].run.suspended_for = 12;
+    jobs[0].run.suspended_for_attempt = 1;
+    jobs[0].run.suspended_by = "job 12 (urgent)";
+    jobs[0].run.suspended_at = 2.5;
+    jobs[0].run.suspended_s = 7.0;
+    jobs[0].run.resumed_at = 2.25;
     (*store)->update(jobs[0], true);
     jobs[1].state = gpuq::JobState::failed;
     jobs[1].run.exit_signal = 9;
@@ -183,6 +190,14 @@ TEST_CASE("updates persist across reopening, and only active jobs load as active
   CHECK(active[0].run.cpu_slots == std::vector<int>{4, 5});
   CHECK(active[0].run.cores == std::vector<int>{8, 9});
   CHECK(active[0].run.requeue_requested);
+  CHECK(active[0].suspensions == 2);
+  CHECK(active[0].run.suspended_for == 12);
+  CHECK(active[0].run.suspended_for_attempt == 1);
+  CHECK(active[0].run.suspended_by == "job 12 (urgent)");
+  CHECK(active[0].run.suspended_at == 2.5);
+  CHECK(active[0].run.suspended_s == 7.0);
+  CHECK(active[0].run.resumed_at == 2.25);
+  CHECK(active[1].run.suspended_for == 0);
   CHECK_FALSE(active[0].run.cancel_requested);
   auto failed = (*store)->get(2);
   CHECK_FALSE(failed->run.requeue_requested);
