@@ -404,16 +404,20 @@ bool Attempts::suspend(const std::vector<std::int64_t>& victims, const JobRecord
   bool all = true;
   for (std::int64_t id : victims) {
     m_suspended.insert(id);
-    all = all && m_executor.suspend(id, true);
+    if (m_executor.suspend(id, true)) continue;
+    all = false;
+    const JobRecord& rec = m_jobs.at(id).rec;
+    m_unfreezable[id] = rec.attempt;  // not asked again: no suspension counted each pass for nothing
+    std::cerr << "gpuqd: cannot freeze " << job_label(rec) << " (its cgroup's freezer refused)\n";
   }
-  if (!all) {
-    std::cerr << "gpuqd: cannot freeze the jobs " << job_label(borrower) << " was to run beside; thawing them\n";
-    for (std::int64_t id : victims)
-      m_executor.suspend(id, false);
+  if (!all) {  // none of it: those frozen are thawed, and the suspension is undone
+    std::cerr << "gpuqd: " << job_label(borrower) << " is not started beside suspended jobs\n";
     std::vector<JobRecord> back;
-    for (std::int64_t id : victims)
+    for (std::int64_t id : victims) {
+      m_executor.suspend(id, false);
       if (m_jobs.at(id).rec.run.suspended_for == borrower.id)
-        back.push_back(next_record(m_jobs.at(id).rec, event::Resumed{now}));
+        back.push_back(next_record(m_jobs.at(id).rec, event::Resumed{now, true}));
+    }
     m_needs.commit({}, {}, std::move(back));
     return false;
   }
@@ -438,7 +442,13 @@ bool Attempts::thaw_lent(double now) {
       ++it;
       continue;
     }
-    m_executor.suspend(*it, false);
+    if (!m_executor.suspend(*it, false)) {  // still frozen, maybe: tried again next pass
+      if (m_thaw_failed.insert(*it).second)
+        std::cerr << "gpuqd: cannot thaw " << job_label(a->rec) << " (its cgroup's freezer refused); trying again\n";
+      ++it;
+      continue;
+    }
+    m_thaw_failed.erase(*it);
     thawed.push_back(next_record(a->rec, event::Resumed{now}));
     ++it;
   }
@@ -449,9 +459,17 @@ bool Attempts::thaw_lent(double now) {
   return true;
 }
 
-void Attempts::keep_suspended(std::int64_t id) {
-  m_suspended.insert(id);
-  m_executor.suspend(id, true);
+void Attempts::keep_suspended(std::int64_t id, double now) {
+  if (m_executor.suspend(id, true)) {
+    m_suspended.insert(id);
+    return;
+  }
+  // No freezer now (gpuqd restarted without one): nothing keeps it frozen, nor could thaw it.
+  const JobRecord& rec = m_jobs.at(id).rec;
+  std::cerr << "gpuqd: cannot keep " << job_label(rec) << " frozen (no cgroup freezer now); thawing it\n";
+  m_executor.suspend(id, false);
+  m_unfreezable[id] = rec.attempt;
+  m_needs.commit({}, {}, {next_record(rec, event::Resumed{now})});
 }
 
 std::string Attempts::hold_gpus(const JobRecord& rec, const std::string& why) {

@@ -90,8 +90,14 @@ class Attempts {
   // Returns whether any was thawed.
   bool thaw_lent(double now);
   // After a restart of gpuqd's: `id`, adopted running and suspended, is frozen again (its
-  // executor's timeout backstop stands still) and watched for its borrower's end.
-  void keep_suspended(std::int64_t id);
+  // executor's timeout backstop stands still) and watched for its borrower's end; where it cannot
+  // be, it is thawed and recorded so.
+  void keep_suspended(std::int64_t id, double now);
+  // Whether a freeze of the job's current attempt failed: it is not asked again.
+  bool unfreezable(const JobRecord& rec) const {
+    const auto it = m_unfreezable.find(rec.id);
+    return it != m_unfreezable.end() && it->second == rec.attempt;
+  }
   // The executor says the job's processes are gone: its last events are read in and its end is
   // recorded. Where the store refuses, the job stays running in the records and this is tried
   // again every k_write_retry_s.
@@ -137,6 +143,8 @@ class Attempts {
   };
   std::map<int, Held> m_held_gpus;
   std::set<std::int64_t> m_suspended;  // jobs frozen for another (or ended since: thaw_lent forgets them)
+  std::map<std::int64_t, int> m_unfreezable;  // job -> its attempt whose freeze failed
+  std::set<std::int64_t> m_thaw_failed;       // said once: its thaw failed, tried again each pass
 };
 
 }  // namespace gpuq::daemon

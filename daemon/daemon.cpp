@@ -173,7 +173,7 @@ void Daemon::recover() {
         else if (a.rec.run.preempt_requested)
           m_executor->preempt(id, m_attempts.preempt_grace_s(a.rec.spec));
         else if (a.rec.run.suspended_for != 0)  // frozen still, for a job that may run yet: the first pass sees
-          m_attempts.keep_suspended(id);
+          m_attempts.keep_suspended(id, wall_now());
         break;
       case Executor::Found::ended:  // while no gpuqd ran: recorded now
         asio::post(m_io, [this, id] { m_attempts.ended(id); });

@@ -168,7 +168,7 @@ class Daemon {
   void schedule_now();
   // After a pass: preemptions for the jobs it left waiting for GPUs (running.cpp).
   void preempt_for(const Plan& plan, double now);
-  void suspend_for(const Plan& plan, double now);
+  void suspend_for(const Plan& plan, const UserCaps& caps, double now);
   // A re-adopted job's record with its slots under this gpuqd's CPU mask; nullopt where they stand.
   std::optional<JobRecord> rederive_slots(const JobRecord& rec) const;
   // The one place a change of state lands: `changed` (each a record lifecycle.hpp made, `why` its

@@ -1,6 +1,8 @@
 // A job's life cycle (see lifecycle.hpp).
 #include "daemon/lifecycle.hpp"
 
+#include <algorithm>
+
 namespace gpuq::daemon {
 
 namespace {
@@ -26,7 +28,7 @@ Error unreadable(const JobRecord& rec, const Event& e) {
 // Thawed: a suspension over (resumed, or a stop asked of it, or its end), at `at` where known.
 void thawed(JobRecord& next, double at) {
   if (next.run.suspended_for == 0) return;
-  if (at > next.run.suspended_at) {
+  if (next.run.suspended_at > 0 && at > next.run.suspended_at) {
     next.run.suspended_s += at - next.run.suspended_at;
     next.run.resumed_at = at;
   }
@@ -220,6 +222,10 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
           },
           [&](const event::Resumed& r) -> Result<JobRecord> {
             if (!running || rec.run.suspended_for == 0) return refused(rec, e, "a suspended job");
+            if (r.undone) {
+              next.run.suspended_at = 0;  // no time frozen, no thaw
+              next.suspensions = std::max(0, rec.suspensions - 1);
+            }
             thawed(next, r.at);
             return next;
           },

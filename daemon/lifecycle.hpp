@@ -97,9 +97,11 @@ struct Suspended {
   std::string by;  // "job 12 (urgent)"
   double at = 0;
 };
-// Running, suspended -> running: thawed (the job it was frozen for has ended).
+// Running, suspended -> running: thawed (the job it was frozen for has ended); `undone`: its
+// freeze failed, so it never was (the suspension is not counted).
 struct Resumed {
   double at = 0;
+  bool undone = false;
 };
 // Any end -> queued under the same id, with a fresh retry budget (gpuq restart).
 struct Restarted {};

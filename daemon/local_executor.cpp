@@ -224,24 +224,26 @@ class LocalExecutor final : public Executor {
 
   bool suspend(std::int64_t id, bool frozen) override {
     auto it = m_shims.find(id);
-    if (it == m_shims.end() || it->second.pid.pid <= 0 || it->second.cgroup.empty() || !can_suspend()) return false;
+    if (it == m_shims.end() || it->second.pid.pid <= 0) return false;
     Shim& s = it->second;
-    if (!m_cgroups->freeze(s.cgroup, frozen)) return false;
+    const bool written = !s.cgroup.empty() && can_suspend() && m_cgroups->freeze(s.cgroup, frozen);
     const double now = steady_s();
-    if (frozen && s.suspended_since == 0) {
-      s.suspended_since = now;
+    if (frozen) {
+      if (!written) return false;
+      if (s.suspended_since == 0) s.suspended_since = now;
       if (s.overdue && s.overdue_for_timeout) {  // the timeout's clock stands still
         s.overdue->cancel();
         s.overdue_at = 0;
       }
-    } else if (!frozen && s.suspended_since > 0) {
-      s.suspended_s += now - s.suspended_since;
-      s.suspended_since = 0;
-      if (s.timeout_s > 0 && (!s.overdue || s.overdue_at == 0))
-        enforce_in(id, s, s.timeout_s + m_grace_s + k_overdue_s - process_age_s(s.pid).value_or(0) + s.suspended_s,
-                   true);
+      return true;
     }
-    return true;
+    // Thawed (or, the write refused, maybe not): the backstop runs again all the same, so that no
+    // attempt is ever left without one.
+    if (s.suspended_since > 0) s.suspended_s += now - s.suspended_since;
+    s.suspended_since = 0;
+    if (s.timeout_s > 0 && (!s.overdue || s.overdue_at == 0))
+      enforce_in(id, s, s.timeout_s + m_grace_s + k_overdue_s - process_age_s(s.pid).value_or(0) + s.suspended_s, true);
+    return written;
   }
 
   void stop(std::int64_t id) override {

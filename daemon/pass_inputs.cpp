@@ -11,7 +11,11 @@
 namespace gpuq::daemon {
 
 double ends_by(const JobRecord& r, double grace_s, double preempt_grace_s, double preempt_grace_max_s) {
-  double at = r.spec.timeout_s > 0 ? r.run.started_at + r.spec.timeout_s + grace_s : k_never;
+  // The time it stood frozen (a suspension) does not count; while it is frozen its end waits on
+  // another job's.
+  double at = r.spec.timeout_s > 0 && r.run.suspended_for == 0
+                  ? r.run.started_at + r.spec.timeout_s + r.run.suspended_s + grace_s
+                  : k_never;
   // A job preempted ends within its grace: the job it stops for holds a reservation on its GPUs
   // that lower jobs may backfill only if they end before that.
   if (r.run.preempt_requested && r.run.preempted_at > 0)
@@ -93,9 +97,14 @@ UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double no
   return caps;
 }
 
-std::vector<Runner> runners(const Reads& reads, bool& any_preemptible, bool can_freeze) {
+std::vector<Runner> runners(const Reads& reads, bool& any_preemptible,
+                            const std::function<bool(std::int64_t)>& freezable) {
   std::vector<Runner> out;
   any_preemptible = false;
+  std::set<std::int64_t> lent_to;  // jobs running on what a frozen job lends
+  for (const Active& a : reads.jobs.running())
+    if (a.rec.run.suspended_for != 0) lent_to.insert(a.rec.run.suspended_for);
+  const bool seen = reads.gpu_processes.on();  // NVML lists the GPUs' processes here
   for (const Active& a : reads.jobs.running()) {
     const JobRecord& r = a.rec;
     Runner x;
@@ -113,8 +122,22 @@ std::vector<Runner> runners(const Reads& reads, bool& any_preemptible, bool can_
     x.resumed_at = r.run.resumed_at;
     x.cpu_slots = r.run.cpu_slots;
     x.suspended = r.run.suspended_for != 0;
+    x.borrows = lent_to.count(r.id) > 0;
+    // What it keeps on its GPUs frozen: at least its processes' peak as NVML saw it, and at least
+    // what its spec says; where gpuqd sees no GPU processes (fake GPUs, no looks), what its spec
+    // says. Unknown (0) before NVML has seen it.
+    if (seen) {
+      const auto peak = reads.gpu_processes.peak_mb(r.id);
+      x.kept_mb = peak ? std::max(*peak, r.spec.gpu_memory_mb) : 0;
+    } else {
+      x.kept_mb = r.spec.gpu_memory_mb;
+    }
     x.may_requeue = r.spec.preempt_mode != common::PreemptMode::suspend;
-    x.may_suspend = can_freeze && r.spec.preempt_mode != common::PreemptMode::requeue;
+    // `auto` freezes a job of one process only: a gang's collectives and rendezvous run on wall-clock
+    // timeouts (NCCL's watchdog, Gloo's) that a long freeze may pass; `suspend` asks for it all the same.
+    x.may_suspend = freezable && freezable(r.id) &&
+                    (r.spec.preempt_mode == common::PreemptMode::suspend ||
+                     (r.spec.preempt_mode == common::PreemptMode::auto_ && r.spec.ranks <= 1));
     any_preemptible =
         any_preemptible || (x.preemptible && !x.stopping && !x.suspended && x.may_requeue && !x.gpus.empty());
     out.push_back(std::move(x));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -43,9 +44,12 @@ std::vector<GpuState> gpus_for_pass(const Reads& reads);
 UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double now);
 
 // The running jobs as preemption sees them (preemption.hpp), and whether any may be preempted at
-// all (a preemptible job not asked to stop yet): without one a pass asks nothing more. `can_freeze`:
-// whether the executor can suspend jobs in place (Executor::can_suspend).
-std::vector<Runner> runners(const Reads& reads, bool& any_preemptible, bool can_freeze = false);
+// all (a preemptible job not asked to stop yet): without one a pass asks nothing more.
+// `freezable`: whether a job can be frozen in place here (Executor::can_suspend, and no freeze of
+// its attempt failed); none without it. A job may be frozen where its preempt_mode is `suspend`,
+// or `auto` and it has one process.
+std::vector<Runner> runners(const Reads& reads, bool& any_preemptible,
+                            const std::function<bool(std::int64_t)>& freezable = {});
 // gpuqd's preemption rules; in lab mode with each user's GPUs held now and the fair share: the
 // GPUs in service over the users with jobs running or in line for GPUs.
 PreemptRules preempt_rules(const Reads& reads, const std::vector<PendingJob>& waiting);

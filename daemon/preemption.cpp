@@ -53,6 +53,8 @@ enum class Refusal {
   not_lower,
   stopping,
   suspended,
+  borrows,
+  idles_others_gpus,
   suspend_only,
   not_freezable,
   just_launched,
@@ -73,11 +75,13 @@ Refusal refusal_of(const Runner& r, const PendingJob& j, double now, const Preem
   if (r.priority >= j.priority) return Refusal::not_lower;
   if (r.stopping) return Refusal::stopping;  // (its GPUs count as coming free already: no help)
   if (r.suspended) return Refusal::suspended;
+  if (freeze && r.borrows) return Refusal::borrows;
   if (!freeze && !r.may_requeue) return Refusal::suspend_only;
   if (freeze && !r.may_suspend) return Refusal::not_freezable;
   if (r.started_at >= now) return Refusal::just_launched;
   if (r.preemptions >= rules.protect_after && now - std::max(r.started_at, r.resumed_at) < rules.min_run_s)
     return Refusal::protected_;
+  if (freeze && rules.lab && r.user != j.user && !r.gpus.empty() && j.gpus == 0) return Refusal::idles_others_gpus;
   if (rules.lab && r.user != j.user) {
     if (!rules.across_users) return Refusal::other_user;
     if (held_by(rules, j.user) + j.gpus > rules.fair_share) return Refusal::over_share;
@@ -100,6 +104,10 @@ std::string preempt_refusal(const Runner& r, const PendingJob& j, double now, co
       return "asked to stop already";
     case Refusal::suspended:
       return "suspended already";
+    case Refusal::borrows:
+      return "it runs on what a frozen job lends";
+    case Refusal::idles_others_gpus:
+      return "another user's, holding GPUs that freezing it would idle";
     case Refusal::suspend_only:
       return "preempt_mode suspend: it is only ever frozen in place";
     case Refusal::not_freezable:
@@ -238,13 +246,14 @@ std::vector<Suspension> choose_suspensions(const std::vector<PendingJob>& waitin
   // Its GPUs with its memory still on them (frozen, its processes keep their memory), their time
   // lent: a job whose memory is not known (exclusive, without gpu_memory_mb) lends none.
   const auto lend_gpus = [](Room& r, const Runner& v) {
-    if (!v.shared && v.memory_mb <= 0) return;
+    if (v.kept_mb <= 0) return;
     for (int g : v.gpus) {
       auto it = r.gpus.find(g);
       if (it == r.gpus.end()) continue;
       GpuState& s = it->second;
       s.holders = std::max(0, s.holders - 1);
-      if (!v.shared) s.allocated_mb = std::max<std::int64_t>(0, s.allocated_mb - s.total_mb + v.memory_mb);
+      // What it keeps there in place of what it was counted for: the whole GPU, or its share.
+      s.allocated_mb = std::max<std::int64_t>(0, s.allocated_mb - (v.shared ? v.memory_mb : s.total_mb) + v.kept_mb);
       if (!v.shared) s.exclusive = false;
     }
   };
@@ -280,7 +289,7 @@ std::vector<Suspension> choose_suspensions(const std::vector<PendingJob>& waitin
     using Cost = std::tuple<std::size_t, int, double, std::int64_t>;  // GPUs idled, priority, -start, -id
     std::vector<std::pair<Cost, const Runner*>> ranked;
     for (const Runner& r : running) {
-      const bool lends_gpus = !r.gpus.empty() && (r.shared || r.memory_mb > 0);
+      const bool lends_gpus = !r.gpus.empty() && r.kept_mb > 0;
       if (taken.count(r.id) || (lends(r).empty() && !(j.gpus > 0 && lends_gpus)) ||
           refusal_of(r, j, now, rules, true) != Refusal::none)
         continue;

@@ -44,6 +44,9 @@ struct Runner {
   double resumed_at = 0;     // when it was last thawed after a suspension; 0: never
   std::vector<int> cpu_slots;
   bool suspended = false;    // frozen for another job, which runs on its CPU slots
+  bool borrows = false;      // runs on what a frozen job lends (its slots, its GPU): never frozen in turn,
+                             // or that job would be thawed under a third
+  std::int64_t kept_mb = 0;  // the GPU memory it keeps on each of its GPUs once frozen; 0: unknown
   bool may_requeue = true;   // its preempt_mode lets a preemption stop it (not `suspend`)
   bool may_suspend = false;  // its preempt_mode lets one freeze it (not `requeue`), and gpuqd can here
 };
@@ -84,7 +87,7 @@ std::vector<Preemption> choose_preemptions(const std::vector<PendingJob>& waitin
 // while they keep everything else, their memory included: their CPU slots (a job waiting for
 // slots alone, Plan::wanting_slots), or time on their GPUs, where it fits beside the memory they
 // keep there (a shared job that says its gpu_memory_mb, waiting for GPUs: Plan::wanting_gpus;
-// the victims' memory must be known: shared, or exclusive with gpu_memory_mb). Once it has ended
+// what each victim keeps must be known: Runner::kept_mb). Once it has ended
 // they are thawed and go on where they were. Nothing is lost, so the cheapest set idles the fewest
 // GPUs: victims holding none first, then the lowest priority, then the youngest; taken until the
 // job fits, then those not needed put back. The rules of preempt_refusal hold (a job suspended

@@ -169,7 +169,25 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
                      : ": its GPUs are free within " +
                            std::to_string(static_cast<long long>(std::ceil(std::max(0.0, ends - now)))) + " s"));
   }
-  if (rec.spec.gpus == 0) return out;
+  if (rec.spec.gpus == 0) {
+    // Waiting for CPU slots: why the preemptible jobs on slots are not frozen for it (a suspension
+    // would have started it; preemption.hpp's rules, in its words).
+    bool any = false;
+    const std::vector<Runner> on_slots =
+        runners(reads, any,
+                reads.executor.can_suspend() ? [](std::int64_t) { return true; } : std::function<bool(std::int64_t)>());
+    const PendingJob me = pending_of(rec);
+    const PreemptRules rules = preempt_rules(reads, {me});
+    std::string may_not;
+    for (const Runner& r : on_slots) {
+      if (r.cpu_slots.empty() || !r.preemptible) continue;
+      const Active* a = reads.jobs.find(r.id);
+      if (const std::string no = preempt_refusal(r, me, now, rules, true); !no.empty())
+        may_not += (may_not.empty() ? "" : "; ") + (a ? job_label(a->rec) : "job " + std::to_string(r.id)) + ": " + no;
+    }
+    if (!may_not.empty()) d.push_back("not to be frozen for it: " + may_not);
+    return out;
+  }
   for (const Active& running : reads.jobs.running()) {
     const JobRecord& r = running.rec;
     if (r.run.gpus.empty()) continue;

@@ -28,8 +28,9 @@ void Daemon::schedule_now() {
   if (dependencies::fail_blocked(reads(), commit_fn(), now)) m_pacer.soon();  // more to fail, in the next pass
   try {
     m_attempts.thaw_lent(now);       // suspended jobs whose borrower has ended go on
-  } catch (const RequestError& e) {  // thawed, not stored: the next pass stores it
+  } catch (const RequestError& e) {  // thawed, not stored: a pass soon stores it
     std::cerr << "gpuqd: cannot record a thaw: " << e.what() << "\n";
+    m_pacer.at(now + k_write_retry_s, now);
   }
 
   std::vector<PendingJob> queue;
@@ -62,6 +63,7 @@ void Daemon::schedule_now() {
     for (std::int64_t id : m_jobs.running_ids())
       if (auto it = limits.find(m_jobs.at(id).rec.batch); it != limits.end()) ++it->second.running;
   UserCaps users = lab_order(reads(), queue, now);  // lab mode: fair share, and the users' caps
+  const UserCaps caps = users;                      // (a suspension's borrower keeps to them too)
   const CpuSlots cpu = reads().cpu_pool();
   std::vector<GpuState> gpus = gpus_for_pass(reads());
 
@@ -121,7 +123,7 @@ void Daemon::schedule_now() {
     m_attempts.start_array(ids, unit.limit);
   }
   fds.end();
-  suspend_for(plan, now);  // freezing loses nothing: tried first
+  suspend_for(plan, caps, now);  // freezing loses nothing: tried first
   preempt_for(plan, now);
   if (next_retry > 0) m_pacer.at(next_retry, now);
   m_events.arm();
@@ -154,20 +156,45 @@ void Daemon::preempt_for(const Plan& plan, double now) {
   }
 }
 
-// Suspension (preemption.hpp): the jobs without GPUs that the pass left waiting for CPU slots get
-// preemptible jobs of lower priority frozen in place, and start at once on their slots; the first
-// pass after such a job's end thaws them (thaw_lent).
-void Daemon::suspend_for(const Plan& plan, double now) {
+// Suspension (preemption.hpp): the jobs the pass left waiting for CPU slots, or shared ones waiting
+// for GPUs, get preemptible jobs of lower priority frozen in place, and start at once on what they
+// lend; the first pass after such a job's end thaws them (thaw_lent).
+void Daemon::suspend_for(const Plan& plan, const UserCaps& caps, double now) {
   if ((plan.wanting_slots.empty() && plan.wanting_gpus.empty()) || !m_executor->can_suspend()) return;
+  const auto freezable = [this](std::int64_t id) { return !m_attempts.unfreezable(m_jobs.at(id).rec); };
+  // A borrower keeps to its batch's limit and its user's, as the pass's launches did (those counted
+  // what the pass started; these count what runs now).
+  const auto within_limits = [&](const JobRecord& rec) {
+    const auto limit = m_jobs.batch_limit(rec.batch);
+    const auto cap = caps.find(rec.uid);
+    if (!limit && cap == caps.end()) return true;
+    int batch_running = 0;
+    UserCap held = cap == caps.end() ? UserCap{} : cap->second;
+    held.running = held.gpus = 0;
+    for (std::int64_t id : m_jobs.running_ids()) {
+      const JobRecord& r = m_jobs.at(id).rec;
+      batch_running += r.batch == rec.batch;
+      if (r.uid == rec.uid) ++held.running, held.gpus += static_cast<int>(r.run.gpus.size());
+    }
+    return (!limit || batch_running < *limit) && (cap == caps.end() || !user_at_limit(held, rec.spec.gpus));
+  };
   // Those waiting for slots, then those waiting for GPUs, each look at the machine as the one before left it.
   for (const std::vector<PendingJob>* waiting : {&plan.wanting_slots, &plan.wanting_gpus}) {
     if (waiting->empty()) continue;
     bool any = false;
-    const std::vector<Runner> running = runners(reads(), any, true);
+    const std::vector<Runner> running = runners(reads(), any, freezable);
     const auto chosen = choose_suspensions(*waiting, gpus_for_pass(reads()), reads().cpu_pool(), running, now,
                                            preempt_rules(reads(), *waiting), plan.reservations);
+    if (chosen.empty()) continue;
+    DescriptorBudget& fds = m_attempts.descriptors();
+    fds.begin(true, descriptors());
     for (const auto& s : chosen) {
       Active& a = m_jobs.at(s.by);
+      if (a.rec.state != JobState::queued || !within_limits(a.rec)) continue;
+      if (auto why = fds.spend()) {
+        m_last_pass.say(a, std::move(*why));
+        continue;
+      }
       try {
         if (m_attempts.suspend(s.victims, a.rec, now) && m_attempts.prepare(a, {s.by, s.gpus, s.cpu_slots}, now))
           m_attempts.start(a);
@@ -178,6 +205,7 @@ void Daemon::suspend_for(const Plan& plan, double now) {
         m_pacer.at(now + k_write_retry_s, now);
       }
     }
+    fds.end();
   }
 }
 

@@ -303,6 +303,10 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
 
   Plan plan;
   bool cpu_blocked = false;
+  // Whether every job that waits for slots so far is in plan.wanting_slots: a job listed after one
+  // that is not (a GPU job waiting for slots too) could take, through a suspension, the slots that
+  // one waits for ahead of it.
+  bool slots_listed = true;
   // The limit of the batch of the job before: a batch's jobs mostly lie together in line, so a
   // full batch costs a comparison per job, not a lookup.
   std::int64_t limit_batch = 0;
@@ -321,7 +325,7 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
         return (batch != limits.end() && batch->second.running >= batch->second.limit) ||
                (user != users.end() && user_at_limit(user->second, j.gpus));
       };
-      if (j.gpus == 0 && plan.wanting_slots.empty() && cpu_slots_needed(j, cpu.total) > 0 && !limited())
+      if (j.gpus == 0 && slots_listed && plan.wanting_slots.empty() && cpu_slots_needed(j, cpu.total) > 0 && !limited())
         plan.wanting_slots.push_back(j);
       break;
     }
@@ -360,13 +364,15 @@ Plan schedule(std::vector<PendingJob> queue, std::vector<GpuState> gpus, double 
       } else {
         cpu_blocked = true;
         plan.waiting[j.id] = cpu_wait_reason(need, cpu);
-        if (plan.wanting_slots.size() < k_max_wanting) plan.wanting_slots.push_back(j);
+        slots_listed = slots_listed && plan.wanting_slots.size() < k_max_wanting;
+        if (slots_listed) plan.wanting_slots.push_back(j);
       }
       continue;
     }
     if (!cpus_free) {
       // Hold its GPUs too, or GPU-only jobs behind it could keep taking them.
       cpu_blocked = true;
+      slots_listed = false;
       if (auto held = reserve(slots, j); !held.empty()) plan.reservations[j.id] = held;
       plan.waiting[j.id] = cpu_wait_reason(need, cpu);
       continue;

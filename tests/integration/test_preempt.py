@@ -498,6 +498,8 @@ class Suspension(DaemonTest):
         wait_until(lambda: "waiting for 1 CPU slot" in self.d.show(urgent)["job"]["reason"],
                    what="the urgent job to wait for a CPU slot")
         self.assertFalse(self.frozen(victim))
+        self.assertIn(f"not to be frozen for it: job {victim} (keeper): cannot be frozen (preempt_mode requeue",
+                      self.d.ok("why", str(urgent)))
         open(vgate, "w").close()
         done = self.d.wait([victim, urgent])
         self.assertEqual((done[victim]["state"], done[victim]["suspensions"]), ("succeeded", 0))
@@ -520,3 +522,47 @@ class Suspension(DaemonTest):
         with open(base + ".token") as f:
             self.assertEqual(done[victim]["result"], {"token": f.read().strip()})
         self.assertEqual((done[victim]["attempt"], done[victim]["preemptions"]), (1, 0))
+
+    def test_a_job_running_on_a_frozen_jobs_slot_is_not_frozen_in_turn(self):
+        # Frozen in turn, it could end (cancelled) while a third job ran on the first one's slot,
+        # and the first would be thawed under it: two jobs on one slot.
+        victim, borrower, _, vgate, bgate = self.start_pair(urgent_spec={"priority": 5, "preemptible": True})
+        started3, gate3 = self.tmp_path("started3"), self.tmp_path("gate3")
+        third = self.d.submit({"name": "third", "priority": 10, "shell": waiter(started3, gate3)})["ids"][0]
+        wait_until(lambda: "not to be frozen for it" in self.d.ok("why", str(third)),
+                   what="the third job to say why nothing is frozen for it")
+        self.assertIn(f"job {borrower} (urgent): it runs on what a frozen job lends", self.d.ok("why", str(third)))
+        self.assertEqual(self.d.show(third)["job"]["state"], "queued")
+        for gate in (vgate, bgate, gate3):
+            open(gate, "w").close()
+        done = self.d.wait([victim, borrower, third])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
+        self.assertEqual(done[borrower]["suspensions"], 0)
+
+    def test_a_borrower_keeps_to_its_batchs_limit(self):
+        self.d.stop()
+        self.d.extra[self.d.extra.index("--cpu-slots") + 1] = "2"
+        self.d.start()
+        keepers = []
+        for n in range(2):
+            base = self.tmp_path(f"keeper{n}")
+            keepers.append((self.d.submit({"name": f"keeper{n}", "preemptible": True, "timeout_s": 300,
+                                           "shell": keeper(base, self.tmp_path("vgate"))})["ids"][0], base))
+        for _, base in keepers:
+            wait_until(lambda: os.path.exists(base + ".token"), what="the keepers to start")
+        started = [self.tmp_path(f"u{n}") for n in range(2)]
+        gate = self.tmp_path("ugate")
+        # Two urgent jobs in one batch that runs one at a time, and a GPU job of it behind them:
+        # the pass looks past both, starts it, and then both are listed for a suspension.
+        batch = self.d.submit([{"name": f"u{n}", "priority": 10, "shell": waiter(started[n], gate)} for n in range(2)]
+                              + [{"name": "gpu", "gpus": 1, "command": ["true"]}], "--max-running", "1")["ids"]
+        wait_until(lambda: any(os.path.exists(s) for s in started), what="one urgent job to start")
+        self.assertEqual(self.d.wait([batch[2]])[batch[2]]["state"], "succeeded")
+        states = [self.d.show(i)["job"]["state"] for i in batch[:2]]
+        self.assertEqual(sorted(states), ["queued", "running"])
+        frozen = [k for k, _ in keepers if self.frozen(k)]
+        self.assertEqual(len(frozen), 1)
+        open(gate, "w").close()
+        open(self.tmp_path("vgate"), "w").close()
+        done = self.d.wait([k for k, _ in keepers] + batch[:2])
+        self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})

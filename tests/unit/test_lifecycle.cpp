@@ -383,6 +383,14 @@ TEST_CASE("a suspension freezes a running job for another, once; its thaw, a sto
   CHECK(thawed_again->run.suspended_s == 40.0);  // summed over the attempt's suspensions
   CHECK(thawed_again->suspensions == 2);
 
+  // A freeze that failed is undone: not counted, no time frozen.
+  auto undone = transition(*frozen, event::Resumed{130.0, true});
+  REQUIRE(undone.ok());
+  CHECK(undone->run.suspended_for == 0);
+  CHECK(undone->suspensions == 0);
+  CHECK(undone->run.suspended_s == 0);
+  CHECK(undone->run.resumed_at == 0);
+
   // A stop asked of a frozen job thaws it (the executor does, to stop it); so does its end.
   for (const Event& stop : std::vector<Event>{
            event::CancelRequested{}, event::RequeueRequested{}, event::PreemptRequested{"job 8 (other)", 120.0},

@@ -48,6 +48,13 @@ TEST_CASE("one account of who holds which GPU: shared jobs add their memory, a w
   CHECK(holdings.at(1).free_at == 110 + 50 + 10);  // its timeout, then the grace before SIGKILL
   CHECK(ends_by(bench.jobs.at(ids[2]).rec, 10, 30) == 170);
   CHECK(ends_by(bench.jobs.at(ids[1]).rec, 10, 30) == k_never);
+  // Suspended: while frozen, its end waits on another job's; after, the time it stood frozen is added.
+  JobRecord frozen = bench.jobs.at(ids[2]).rec;
+  frozen.run.suspended_for = ids[3];
+  CHECK(ends_by(frozen, 10, 30) == k_never);
+  frozen.run.suspended_for = 0;
+  frozen.run.suspended_s = 25;
+  CHECK(ends_by(frozen, 10, 30) == 195);
   // Preempted: over within its preemption's grace (the spec's, else gpuqd's), then SIGKILL's.
   JobRecord preempted = bench.jobs.at(ids[1]).rec;
   preempted.run.preempt_requested = true;
@@ -76,6 +83,35 @@ TEST_CASE("one account of who holds which GPU: shared jobs add their memory, a w
   CHECK(shown.gpus[1].drained);
   CHECK(shown.gpus[1].jobs == std::vector<std::int64_t>{ids[2]});
   CHECK(shown.gpus[1].exclusive);
+}
+
+TEST_CASE(
+    "who may be frozen: auto freezes a job of one process, suspend any, requeue none; nothing without a freezer") {
+  DaemonBench bench;
+  auto ids = bench.submit(4, 1001);
+  for (std::int64_t id : ids)
+    run_on(bench, id, {}, 0, 0);
+  const auto set = [&](std::int64_t id, gpuq::common::PreemptMode mode, int ranks) {
+    JobRecord r = bench.jobs.at(id).rec;
+    r.spec.preemptible = true;
+    r.spec.preempt_mode = mode;
+    r.spec.ranks = ranks;
+    bench.jobs.apply(r);
+  };
+  set(ids[0], gpuq::common::PreemptMode::auto_, 1);
+  set(ids[1], gpuq::common::PreemptMode::auto_, 2);  // a gang: its collectives' timeouts run on
+  set(ids[2], gpuq::common::PreemptMode::suspend, 2);
+  set(ids[3], gpuq::common::PreemptMode::requeue, 1);
+  bool any = false;
+  const auto may = [&](bool freezer) {
+    std::vector<std::pair<bool, bool>> out;  // (may_suspend, may_requeue) by id
+    const auto yes = [](std::int64_t) { return true; };
+    for (const Runner& r : runners(bench.reads(), any, freezer ? yes : std::function<bool(std::int64_t)>()))
+      out.emplace_back(r.may_suspend, r.may_requeue);
+    return out;
+  };
+  CHECK(may(true) == std::vector<std::pair<bool, bool>>{{true, true}, {false, true}, {true, false}, {false, true}});
+  CHECK(may(false) == std::vector<std::pair<bool, bool>>{{false, true}, {false, true}, {false, false}, {false, true}});
 }
 
 TEST_CASE("lab mode: the user holding fewer GPUs goes first, and a user's limit counts what their running jobs take") {

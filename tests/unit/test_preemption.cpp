@@ -389,6 +389,16 @@ TEST_CASE("two waiting jobs never freeze the same victim, and the line's order h
   CHECK(suspend({cpu_job(8, 3), cpu_job(9, 1)}, 3, {running[0], running[1], fixed}).empty());
 }
 
+TEST_CASE("a job running on what a frozen job lends is never frozen in turn") {
+  // Frozen in turn, it could end (a cancel) while the third job runs on the first's slots, and
+  // the first would be thawed under it.
+  Runner borrower = sleeper(2, {0});
+  borrower.borrows = true;
+  CHECK(suspend({cpu_job(9, 1, 20)}, 1, {borrower}).empty());
+  CHECK(preempt_refusal(borrower, cpu_job(9, 1, 20), k_now, {}, true) == "it runs on what a frozen job lends");
+  CHECK(preempt_refusal(borrower, urgent(9, 1, 20), k_now, {}).empty());  // stopped and requeued, it may be
+}
+
 TEST_CASE("a job suspended often enough is protected until it has run min_run_s since its thaw") {
   Runner often = sleeper(1, {0}, {}, 3600);
   often.preemptions = 1;  // preemptions and suspensions together
@@ -411,11 +421,22 @@ TEST_CASE("lab mode: suspension keeps to a user's own jobs") {
   CHECK(suspend({mine}, 1, {theirs}, rules).empty());
   theirs.user = 1000;
   CHECK(suspend({mine}, 1, {theirs}, rules).size() == 1);
+  // Across users (fair_share), a job without GPUs never freezes another's GPU job: its GPUs would idle.
+  rules.across_users = true;
+  rules.fair_share = 1;
+  rules.held = {{2000, 2}};
+  Runner gpu_job = sleeper(1, {0}, {0, 1});
+  gpu_job.user = 2000;
+  CHECK(suspend({mine}, 1, {gpu_job}, rules).empty());
+  CHECK(preempt_refusal(gpu_job, mine, k_now, rules, true) ==
+        "another user's, holding GPUs that freezing it would idle");
+  theirs.user = 2000;
+  CHECK(suspend({mine}, 1, {theirs}, rules).size() == 1);  // one without GPUs, over its share: it may
 }
 
 TEST_CASE("a shared GPU job that says its memory runs beside a frozen job whose memory stays on the GPU") {
-  Runner low = runner(1, {0});  // exclusive, 20 GiB by its spec, of an 80 GiB GPU
-  low.memory_mb = 20480;
+  Runner low = runner(1, {0});  // exclusive, keeping 20 GiB of an 80 GiB GPU once frozen
+  low.kept_mb = 20480;
   low.may_suspend = true;
   PendingJob j = urgent(9, 1);
   j.shared = true;
@@ -438,7 +459,7 @@ TEST_CASE("a shared GPU job that says its memory runs beside a frozen job whose 
   unsized.memory_mb = 0;  // how much it needs is not known
   CHECK(on({low}, unsized).empty());
   Runner unknown = low;
-  unknown.memory_mb = 0;  // what the frozen job keeps is not known: it lends no GPU
+  unknown.kept_mb = 0;  // what the frozen job keeps is not known: it lends no GPU
   CHECK(on({unknown}, j).empty());
   CHECK(on({low}, j, {{5, {0}}}).empty());      // reserved for another job
   CHECK(on({low}, j, {{9, {0}}}).size() == 1);  // its own reservation
@@ -448,6 +469,7 @@ TEST_CASE("a shared GPU job that says its memory runs beside a frozen job whose 
   Runner shared_low = runner(1, {0});
   shared_low.shared = true;
   shared_low.memory_mb = 40960;
+  shared_low.kept_mb = 40960;
   shared_low.may_suspend = true;
   Runner other = runner(2, {0});
   other.shared = true;

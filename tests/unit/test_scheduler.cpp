@@ -220,6 +220,11 @@ TEST_CASE("jobs without GPUs waiting for CPU slots are listed for a suspension, 
   CHECK(p.stopped);
   REQUIRE(p.wanting_slots.size() == 1);
   CHECK(p.wanting_slots[0].id == 1);
+  // Nor one behind a GPU job that waits for slots too: it could take them ahead of that one.
+  PendingJob g2{4, 9, 1, false, 0, 0, 1};
+  g2.cpus = 1;
+  p = schedule({g2, b}, idle_gpus(1), 0, CpuSlots{1, {0}, {}});
+  CHECK(p.wanting_slots.empty());
   // One at its batch's limit is not: it would wait whatever the slots.
   a.batch = 7;
   p = schedule({a, b}, {}, 0, CpuSlots{1, {0}, {}}, true, BatchLimits{{7, {1, 1}}});
