@@ -97,6 +97,11 @@ UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double no
   return caps;
 }
 
+std::int64_t kept_on_gpu_mb(bool seen, std::optional<std::int64_t> peak_mb, std::int64_t spec_mb) {
+  if (!seen) return spec_mb;
+  return peak_mb ? std::max(*peak_mb, spec_mb) : 0;
+}
+
 std::vector<Runner> runners(const Reads& reads, bool& any_preemptible,
                             const std::function<bool(std::int64_t)>& freezable) {
   std::vector<Runner> out;
@@ -126,12 +131,7 @@ std::vector<Runner> runners(const Reads& reads, bool& any_preemptible,
     // What it keeps on its GPUs frozen: at least its processes' peak as NVML saw it, and at least
     // what its spec says; where gpuqd sees no GPU processes (fake GPUs, no looks), what its spec
     // says. Unknown (0) before NVML has seen it.
-    if (seen) {
-      const auto peak = reads.gpu_processes.peak_mb(r.id);
-      x.kept_mb = peak ? std::max(*peak, r.spec.gpu_memory_mb) : 0;
-    } else {
-      x.kept_mb = r.spec.gpu_memory_mb;
-    }
+    x.kept_mb = kept_on_gpu_mb(seen, seen ? reads.gpu_processes.peak_mb(r.id) : std::nullopt, r.spec.gpu_memory_mb);
     x.may_requeue = r.spec.preempt_mode != common::PreemptMode::suspend;
     // `auto` freezes a job of one process only: a gang's collectives and rendezvous run on wall-clock
     // timeouts (NCCL's watchdog, Gloo's) that a long freeze may pass; `suspend` asks for it all the same.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "daemon/preemption.hpp"
@@ -42,6 +43,11 @@ std::vector<GpuState> gpus_for_pass(const Reads& reads);
 // users in it who have limits, with what their running jobs take of them. Outside lab mode, or
 // with an empty queue: nothing changes, no caps.
 UserCaps lab_order(const Reads& reads, std::vector<PendingJob>& queue, double now);
+
+// What a running job keeps on each of its GPUs once frozen (Runner::kept_mb): where gpuqd sees the
+// GPUs' processes (`seen`: NVML), at least its processes' peak and at least its spec's
+// gpu_memory_mb, and unknown (0) before the first look; elsewhere (fake GPUs) its spec's.
+std::int64_t kept_on_gpu_mb(bool seen, std::optional<std::int64_t> peak_mb, std::int64_t spec_mb);
 
 // The running jobs as preemption sees them (preemption.hpp), and whether any may be preempted at
 // all (a preemptible job not asked to stop yet): without one a pass asks nothing more.

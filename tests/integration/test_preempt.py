@@ -4,10 +4,11 @@ checkpoint, and go back in line as preempted, no retry spent."""
 import json
 import os
 import re
+import tempfile
 import time
 import unittest
 
-from harness import Daemon, DaemonTest, wait_until
+from harness import FAKE_NVML_DIR, Daemon, DaemonTest, wait_until
 
 # A job of `steps` steps that checkpoints its step count on its signal (SIGTERM unless `signal`)
 # and resumes from it: each step is appended to `log` once, whatever the attempts. In attempt 1 it
@@ -364,7 +365,7 @@ if __name__ == "__main__":
 # A job that holds a token in its memory only (a shell variable made at its start), writes it out
 # once at the start, and once more as its result when `gate` exists: the same token at the end says
 # its process, memory and all, went on where it was. `on_term`: what a SIGTERM runs.
-KEEPER = ('token=$RANDOM$RANDOM$RANDOM; {trap}echo "$token" > {base}.token; '
+KEEPER = ('token=$RANDOM$RANDOM$RANDOM; {trap}echo $$ > {base}.pid; echo "$token" > {base}.token; '
           'while [ ! -e {gate} ]; do sleep 0.05; done; '
           'echo "{{\\"type\\": \\"result\\", \\"token\\": \\"$token\\"}}" >> "$GPUQ_EVENTS"')
 
@@ -566,3 +567,70 @@ class Suspension(DaemonTest):
         open(self.tmp_path("vgate"), "w").close()
         done = self.d.wait([k for k, _ in keepers] + batch[:2])
         self.assertEqual({j["state"] for j in done.values()}, {"succeeded"})
+
+
+class NvmlSuspension(DaemonTest):
+    """What a frozen job keeps on its GPU is what NVML saw its processes hold (tests/fake_nvml, one
+    80 GiB GPU): a shared job that fits beside that runs beside it frozen; one that does not, does not."""
+    GPU = "GPU-11111111-aaaa H100-SXM 81559 0 0 1a 0 0 0 -"
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-it-", dir="/tmp")
+        self.devices = self.tmp_path("nvml-devices")
+        self.set_procs("-")
+        env = dict(os.environ, LD_LIBRARY_PATH=FAKE_NVML_DIR, GPUQ_FAKE_NVML=self.devices)
+        self.d = Daemon(self.tmp, "nvml", extra=["--gpu-process-interval", "0.1"], env=env).start()
+        if not self.d.cgroups or not os.path.exists(os.path.join(self.d.cgroups, "cgroup.freeze")):
+            self.d.stop()
+            self.skipTest("no cgroup v2 freezer here: gpuqd suspends nothing (docs/preemption.md)")
+
+    def set_procs(self, procs):
+        with open(self.devices + ".new", "w") as f:
+            f.write(f"{self.GPU} {procs}\n")
+        os.replace(self.devices + ".new", self.devices)
+
+    def frozen(self, job):
+        with open(os.path.join(self.d.cgroups, f"{job}-attempt-1", "cgroup.events")) as f:
+            return "frozen 1" in f.read().split("\n")
+
+    def low_job_holding(self, mib, mode="auto"):
+        """A preemptible job holding the GPU whole, its spec naming no memory, whose process NVML
+        shows holding `mib`; once gpuqd has seen it."""
+        base, gate = self.tmp_path("keeper"), self.tmp_path("vgate")
+        victim = self.d.submit({"name": "keeper", "gpus": 1, "preemptible": True, "preempt_mode": mode,
+                                "timeout_s": 300, "shell": keeper(base, gate)})["ids"][0]
+        wait_until(lambda: os.path.exists(base + ".token"), what="the keeper to start")
+        with open(base + ".pid") as f:
+            self.set_procs(f"{f.read().strip()}:{mib}")
+        wait_until(lambda: self.d.show(victim)["job"]["gpu_memory_peak_mb"] == mib, what="gpuqd to see its memory")
+        return victim, base, gate
+
+    def test_a_shared_job_runs_beside_what_the_frozen_job_holds(self):
+        victim, base, vgate = self.low_job_holding(20000)
+        started, ugate = self.tmp_path("ustarted"), self.tmp_path("ugate")
+        urgent = self.d.submit({"name": "urgent", "gpus": 1, "shared": True, "gpu_memory_mb": 30000, "priority": 10,
+                                "shell": waiter(started, ugate)})["ids"][0]
+        wait_until(lambda: os.path.exists(started), what="the urgent job to start beside the frozen one")
+        self.assertTrue(self.frozen(victim))
+        self.assertEqual(self.d.show(victim)["job"]["suspended_for"], f"job {urgent} (urgent)")
+        open(vgate, "w").close()
+        open(ugate, "w").close()
+        done = self.d.wait([victim, urgent])
+        self.assertEqual(done[victim]["state"], "succeeded", done[victim]["reason"])
+        with open(base + ".token") as f:
+            self.assertEqual(done[victim]["result"], {"token": f.read().strip()})
+        self.assertEqual((done[victim]["attempt"], done[victim]["suspensions"]), (1, 1))
+
+    def test_a_shared_job_that_does_not_fit_beside_it_is_not_started(self):
+        # 60000 of 81559 MiB held: 30000 more do not fit, frozen or not. A job only ever frozen
+        # (preempt_mode suspend) is not requeued for it either: the urgent job waits.
+        victim, _, vgate = self.low_job_holding(60000, mode="suspend")
+        urgent = self.d.submit({"name": "urgent", "gpus": 1, "shared": True, "gpu_memory_mb": 30000, "priority": 10,
+                                "command": ["true"]})["ids"][0]
+        wait_until(lambda: "waiting for 1 GPU" in self.d.show(urgent)["job"]["reason"], what="the urgent job to wait")
+        self.assertFalse(self.frozen(victim))
+        self.assertEqual(self.d.show(victim)["job"]["suspensions"], 0)
+        open(vgate, "w").close()
+        done = self.d.wait([victim, urgent])
+        self.assertEqual((done[victim]["state"], done[urgent]["state"]), ("succeeded", "succeeded"))
+

@@ -85,6 +85,14 @@ TEST_CASE("one account of who holds which GPU: shared jobs add their memory, a w
   CHECK(shown.gpus[1].exclusive);
 }
 
+TEST_CASE("what a frozen job keeps on its GPUs: NVML's peak and at least its spec's; its spec's where none is seen") {
+  CHECK(kept_on_gpu_mb(true, 30000, 20000) == 30000);          // it grew past what it said
+  CHECK(kept_on_gpu_mb(true, 10000, 20000) == 20000);          // its spec's is a floor
+  CHECK(kept_on_gpu_mb(true, std::nullopt, 20000) == 0);       // not looked at yet: unknown, it lends no GPU
+  CHECK(kept_on_gpu_mb(false, std::nullopt, 20000) == 20000);  // fake GPUs: what it says
+  CHECK(kept_on_gpu_mb(false, std::nullopt, 0) == 0);
+}
+
 TEST_CASE(
     "who may be frozen: auto freezes a job of one process, suspend any, requeue none; nothing without a freezer") {
   DaemonBench bench;
