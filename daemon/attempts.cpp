@@ -464,11 +464,13 @@ void Attempts::keep_suspended(std::int64_t id, double now) {
     m_suspended.insert(id);
     return;
   }
-  // No freezer now (gpuqd restarted without one): nothing keeps it frozen, nor could thaw it.
   const JobRecord& rec = m_jobs.at(id).rec;
-  std::cerr << "gpuqd: cannot keep " << job_label(rec) << " frozen (no cgroup freezer now); thawing it\n";
-  m_executor.suspend(id, false);
-  m_unfreezable[id] = rec.attempt;
+  if (m_executor.supervisor_pid(id) > 0) {
+    // No freezer now (gpuqd restarted without one): nothing keeps it frozen, nor could thaw it.
+    std::cerr << "gpuqd: cannot keep " << job_label(rec) << " frozen (no cgroup freezer now); thawing it\n";
+    m_executor.suspend(id, false);
+    m_unfreezable[id] = rec.attempt;
+  }  // else its supervisor is gone, and what is left of it is being killed (frozen or not): it ends
   m_needs.commit({}, {}, {next_record(rec, event::Resumed{now})});
 }
 

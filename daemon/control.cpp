@@ -32,7 +32,7 @@ common::CancelReply cancel(const Changes& c, const Caller& caller, const common:
   std::vector<JobRecord> flagged;
   for (auto id : q.ids)
     if (const Active* it = c.jobs.find(id); it && it->rec.state == JobState::running && !it->rec.run.cancel_requested)
-      flagged.push_back(next_record(it->rec, event::CancelRequested{}));
+      flagged.push_back(next_record(it->rec, event::CancelRequested{common::wall_now()}));
   c.commit(std::move(cancelled), {}, std::move(flagged));
   common::CancelReply out;
   for (auto id : q.ids) {
@@ -69,7 +69,7 @@ common::CancelReply requeue(const Changes& c, const Caller& caller, const common
   for (auto id : q.ids) {
     const Active& a = c.jobs.at(id);
     if (!a.rec.run.requeue_requested && asked.insert(id).second)
-      flagged.push_back(next_record(a.rec, event::RequeueRequested{}));
+      flagged.push_back(next_record(a.rec, event::RequeueRequested{common::wall_now()}));
   }
   c.commit({}, {}, std::move(flagged));  // the intent, stored: a gpuqd restarted meanwhile requeues it still
   common::CancelReply out;

@@ -134,10 +134,10 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             next.reason = r.reason;
             return next;
           },
-          [&](const event::CancelRequested&) -> Result<JobRecord> {
+          [&](const event::CancelRequested& c) -> Result<JobRecord> {
             if (!running) return refused(rec, e, "a running job");
             next.run.cancel_requested = true;
-            thawed(next, 0);  // the executor thaws it to stop it
+            thawed(next, c.at);  // the executor thaws it to stop it
             return next;
           },
           [&](const event::Cancelled& c) -> Result<JobRecord> {
@@ -186,10 +186,10 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             if (!queued) return refused(rec, e, "a queued job");
             return fails_unstarted(std::move(next), u.at, u.reason);
           },
-          [&](const event::RequeueRequested&) -> Result<JobRecord> {
+          [&](const event::RequeueRequested& r) -> Result<JobRecord> {
             if (!running) return refused(rec, e, "a running job");
             next.run.requeue_requested = true;
-            thawed(next, 0);
+            thawed(next, r.at);
             return next;
           },
           [&](const event::Requeued& r) -> Result<JobRecord> {

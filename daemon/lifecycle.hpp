@@ -56,7 +56,9 @@ struct Retried {
   std::string reason;
 };
 // Running -> running, flagged: it ends as cancelled once its processes are gone.
-struct CancelRequested {};
+struct CancelRequested {
+  double at = 0;  // when asked: a frozen job's time frozen ends then
+};
 // Queued -> cancelled, without running (again).
 struct Cancelled {
   double at = 0;
@@ -72,7 +74,9 @@ struct Held {
   bool hold = true;
 };
 // Running -> running, flagged: once its processes are gone it goes back in line (Requeued).
-struct RequeueRequested {};
+struct RequeueRequested {
+  double at = 0;
+};
 // Running (its attempt just ended, stopped by gpuq requeue) -> queued, as the same job: the next
 // attempt is numbered on, and no retry is spent (attempt_base moves with it).
 struct Requeued {

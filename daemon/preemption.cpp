@@ -115,7 +115,8 @@ std::string preempt_refusal(const Runner& r, const PendingJob& j, double now, co
     case Refusal::just_launched:
       return "launched in this pass";
     case Refusal::protected_:
-      return "protected: preempted " + std::to_string(r.preemptions) + " times, it runs " +
+      return "protected: preempted (stopped or frozen) " + std::to_string(r.preemptions) +
+             (r.preemptions == 1 ? " time" : " times") + ", it runs " +
              std::to_string(static_cast<long long>(rules.min_run_s)) + " s first";  // (suspensions counted)
     case Refusal::other_user:
       return "another user's";

@@ -586,7 +586,7 @@ class Supervisor {
     const double timeout_s = m_doc.value("timeout_s", 0.0);
     m_grace_s = m_doc.value("grace_s", 10.0);
     double deadline = timeout_s > 0 ? mono_now() + timeout_s : 0;
-    double clock_at = mono_now();  // the timeout's clock stands still while the attempt is frozen
+    double clock_at = mono_now();  // the clocks stand still while the attempt is frozen (below)
 
     m_log_limit = m_doc.value("log_limit_bytes", std::int64_t{0});
     m_sigfd = ::signalfd(-1, &m_signals, SFD_CLOEXEC | SFD_NONBLOCK);
@@ -620,9 +620,14 @@ class Supervisor {
       if (deadline > 0 && !m_tearing_down) wait_s = std::max(0.0, std::min(wait_s, deadline - mono_now()));
       if (m_tearing_down) wait_s = 0.05;
       if (wait_for_events(wait_s) && !m_cancelled) m_cancelled = true, begin_teardown();
-      if (deadline > 0 && !m_tearing_down && mono_now() - clock_at >= 0.25) {
-        const double now = mono_now();
-        if (attempt_frozen()) deadline += now - clock_at;  // suspended by gpuqd (a preemption's)
+      // The timeout's clock, and a teardown's grace, stand still while gpuqd holds the attempt
+      // frozen (a suspension, which may come while the attempt's own timeout tears it down): a
+      // frozen process can neither work nor act on its signal.
+      const double now = mono_now();
+      if ((deadline <= 0 || m_tearing_down) && (!m_tearing_down || m_killing)) {
+        clock_at = now;
+      } else if (now - clock_at >= 0.25) {
+        if (attempt_frozen()) (m_tearing_down ? m_kill_at : deadline) += now - clock_at;
         clock_at = now;
       }
       if (deadline > 0 && !m_tearing_down && mono_now() >= deadline) {

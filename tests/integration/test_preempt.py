@@ -268,7 +268,7 @@ class Protection(DaemonTest):
         wait_until(lambda: "waiting" in self.d.show(second)["job"]["reason"], what="a pass to look at urgent2")
         job = self.d.show(low)["job"]
         self.assertEqual((job["state"], job["preempting"], job["preemptions"]), ("running", False, 1))
-        self.assertIn(f"not to be preempted for it: job {low} (low): protected: preempted 1 times, it runs 3600 s first",
+        self.assertIn(f"not to be preempted for it: job {low} (low): protected: preempted (stopped or frozen) 1 time, it runs 3600 s first",
                       self.d.json("why", str(second))["details"])
         self.d.ok("cancel", str(low))
         done = self.d.wait([low, second])
@@ -450,6 +450,27 @@ class Suspension(DaemonTest):
         open(ugate, "w").close()
         done = self.d.wait([victim, urgent])
         self.assertEqual(done[victim]["state"], "succeeded", done[victim]["reason"])
+
+    def test_a_job_frozen_in_its_timeouts_grace_gets_the_whole_grace_after_its_thaw(self):
+        # Its own timeout began its teardown (gpuqd does not know): frozen then, its grace stands
+        # still, and once thawed its SIGTERM handler finishes within it.
+        base, vgate, termed, saved = (self.tmp_path(n) for n in ("keeper", "vgate", "termed", "saved"))
+        ustarted, ugate = self.tmp_path("ustarted"), self.tmp_path("ugate")
+        handler = f"touch {termed}; while [ ! -e {vgate} ]; do sleep 0.05; done; touch {saved}; exit 0"
+        victim = self.d.submit({"name": "keeper", "preemptible": True, "timeout_s": 1,
+                                "shell": keeper(base, self.tmp_path("never"), on_term=handler)})["ids"][0]
+        wait_until(lambda: os.path.exists(termed), what="the keeper's timeout to send its SIGTERM")
+        urgent = self.d.submit({"name": "urgent", "priority": 10, "shell": waiter(ustarted, ugate)})["ids"][0]
+        wait_until(lambda: os.path.exists(ustarted) and self.frozen(victim), what="the keeper to be frozen")
+        frozen_at = time.monotonic()
+        while time.monotonic() - frozen_at < 5:  # past its grace (gpuqd's --grace 2), frozen
+            time.sleep(0.25)
+        self.assertTrue(self.frozen(victim))
+        open(vgate, "w").close()
+        open(ugate, "w").close()
+        done = self.d.wait([victim, urgent])
+        self.assertEqual(done[victim]["state"], "timed_out", done[victim]["reason"])
+        self.assertTrue(os.path.exists(saved), "its handler was killed: its grace ran out while it was frozen")
 
     def test_a_frozen_job_cancelled_is_thawed_first_and_handles_its_signal(self):
         base, vgate, termed = self.tmp_path("keeper"), self.tmp_path("vgate"), self.tmp_path("termed")

@@ -392,14 +392,16 @@ TEST_CASE("a suspension freezes a running job for another, once; its thaw, a sto
   CHECK(undone->run.resumed_at == 0);
 
   // A stop asked of a frozen job thaws it (the executor does, to stop it); so does its end.
-  for (const Event& stop : std::vector<Event>{
-           event::CancelRequested{}, event::RequeueRequested{}, event::PreemptRequested{"job 8 (other)", 120.0},
-           event::Ended{JobState::failed, "killed", 137, std::nullopt, nullptr, 120.0, ""}}) {
+  for (const Event& stop :
+       std::vector<Event>{event::CancelRequested{120.0}, event::RequeueRequested{120.0},
+                          event::PreemptRequested{"job 8 (other)", 120.0},
+                          event::Ended{JobState::failed, "killed", 137, std::nullopt, nullptr, 120.0, ""}}) {
     CAPTURE(event_name(stop));
     auto next = transition(*frozen, stop);
     REQUIRE(next.ok());
     CHECK(next->run.suspended_for == 0);
     CHECK(next->suspensions == 1);
+    CHECK(next->run.suspended_s == 20.0);  // frozen until then: a gpuqd restarted meanwhile counts it
   }
   // A new attempt starts unfrozen.
   auto requeued = transition(*frozen, event::Requeued{"requeued"});
