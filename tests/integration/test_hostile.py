@@ -357,10 +357,11 @@ class ClientsOutliveRestarts(DaemonTest):
     """`systemctl restart gpuqd` (or a crash and its restart) under someone's scripted wait."""
 
     def blocked_job(self, first="", second=""):
-        release = self.tmp_path("release")
-        job_id = self.d.submit({"name": "slow", "shell": f"echo {first or 'started'}; "
+        release, started = self.tmp_path("release"), self.tmp_path("started")
+        job_id = self.d.submit({"name": "slow", "shell": f"touch {started}; echo {first or 'started'}; "
                                 f"while [ ! -e {release} ]; do sleep 0.05; done; echo {second or 'done'}"})["ids"][0]
-        wait_until(lambda: self.d.show(job_id)["job"]["state"] == "running", what="the job to run")
+        # Its command runs (recorded running, its supervisor may not have announced itself yet).
+        wait_until(lambda: os.path.exists(started), what="the job to run")
         return job_id, release
 
     def restart_daemon(self, release):

@@ -346,9 +346,15 @@ print("hierarchies:", len(visited), "tried:", len(tried), "done:", done, "odd:",
 
     def test_a_job_running_as_its_owner_is_found_again_after_gpuqd_is_killed(self):
         gate = os.path.join(self.tmp, "gate")
-        [a] = self.submit(ALICE, {"name": "long", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]})
-        wait_until(lambda: json.loads(self.ok(ALICE, "show", str(a), "--json"))["job"]["state"] == "running",
-                   what="the job to start")
+        drop = os.path.join(self.tmp, "drop")  # a directory the job (alice) may write
+        os.mkdir(drop)
+        os.chmod(drop, 0o1777)
+        started = os.path.join(drop, "started")
+        [a] = self.submit(ALICE, {"name": "long", "command": ["sh", "-c", f"touch {started}; "
+                                                                          f"while [ ! -e {gate} ]; do sleep 0.05; done"]})
+        # Its command runs: recorded running, its supervisor may not have announced itself yet, and
+        # a gpuqd killed then finds it never started.
+        wait_until(lambda: os.path.exists(started), what="the job to start")
         self.d.kill9()
         self.d.start(umask=0o027)
         with open(os.path.join(self.tmp, "gpuqd.log")) as f:

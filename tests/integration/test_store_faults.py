@@ -91,9 +91,12 @@ class StateDirFull(DaemonTest):
         subprocess.run(["umount", "-l", self.mnt], capture_output=True)
 
     def test_a_job_that_succeeds_while_the_state_dir_is_full_is_recorded_succeeded_once_there_is_room(self):
-        gate, done = self.tmp_path("gate"), self.tmp_path("done")
-        job = self.d.submit({"name": "full", "shell": f"while [ ! -e {gate} ]; do sleep 0.05; done; touch {done}"})["ids"][0]
-        wait_until(lambda: self.d.show(job)["job"]["state"] == "running", what="the job to start")
+        gate, done, started = self.tmp_path("gate"), self.tmp_path("done"), self.tmp_path("started")
+        job = self.d.submit({"name": "full", "shell": f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done; "
+                                                      f"touch {done}"})["ids"][0]
+        # Its command runs (recorded running is not enough: a supervisor that has not yet written
+        # its pid file when the disk fills never starts the command).
+        wait_until(lambda: os.path.exists(started), what="the job to start")
         filler = os.path.join(self.mnt, "filler")
         with open(filler, "wb") as f:  # to the last byte
             try:
