@@ -415,8 +415,7 @@ bool Attempts::suspend(const std::vector<std::int64_t>& victims, const JobRecord
     std::vector<JobRecord> back;
     for (std::int64_t id : victims) {
       m_executor.suspend(id, false);
-      if (m_jobs.at(id).rec.run.suspended_for == borrower.id)
-        back.push_back(next_record(m_jobs.at(id).rec, event::Resumed{now, true}));
+      back.push_back(next_record(m_jobs.at(id).rec, event::Resumed{now, true}));  // suspended just above
     }
     m_needs.commit({}, {}, std::move(back));
     return false;

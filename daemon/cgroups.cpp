@@ -500,9 +500,9 @@ Result<Cgroups> Cgroups::open(const std::string& state_dir, const std::vector<Cg
 
 std::string Cgroups::describe() const {
   return std::string(m_v2 ? "cgroup v2" : "cgroup v1") + " at " + m_base +
-         (m_has_kill      ? " (cgroup.kill)"
-          : m_freeze >= 0 ? " (frozen, then killed)"
-                          : "");
+         (m_has_kill     ? " (cgroup.kill)"
+          : can_freeze() ? " (frozen, then killed)"
+                         : "");
 }
 
 void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const std::string& tag) {
@@ -578,7 +578,6 @@ void Cgroups::find_limits(const std::vector<CgroupHierarchy>& hierarchies, const
     std::string unused;
     m_freezer = use_v1(hierarchies, "freezer", tag, unused);
   }
-  m_freeze = m_has_kill ? -1 : m_freezer;
 }
 
 std::string Cgroups::freezer_file(const std::string& dir) const {
@@ -669,7 +668,7 @@ Result<std::vector<AttemptCgroup>> Cgroups::make(const std::string& name, const 
     // A v1 cpuset hierarchy that holds nothing else of an unpinned attempt: the one cgroup they
     // all share (no cgroup of its own to make and remove at each start).
     if (!pinned && i != 0 && in_force_at(Limit::cpuset, i) && !in_force_at(Limit::memory, i) &&
-        !in_force_at(Limit::pids, i) && !in_force_at(Limit::devices, i) && i != static_cast<std::size_t>(m_freeze)) {
+        !in_force_at(Limit::pids, i) && !in_force_at(Limit::devices, i) && i != static_cast<std::size_t>(m_freezer)) {
       auto shared = unpinned(i, common::format_cpu_list(limits.free_cores));
       if (!shared)
         return undo(Error{ErrorCode::internal, "cannot hold the attempt to its cores: " + shared.error().message});
@@ -811,15 +810,8 @@ void Cgroups::kill(const std::string& dir) const {
   // two rounds, so that gpuqd's thread never waits on the freezer (a task stuck in the kernel never
   // freezes): this one asks for the freeze, the next (the executor calls again until empty) finds
   // it asked, frozen or freezing, kills and thaws. A child born meanwhile is born frozen.
-  const std::string frozen =
-      m_freeze < 0 ? std::string() : m_hierarchies[static_cast<std::size_t>(m_freeze)].base + "/" + name_of(dir);
-  const bool v2 = m_freeze >= 0 && m_hierarchies[static_cast<std::size_t>(m_freeze)].v2;
-  const std::string freeze_file = frozen + (v2 ? "/cgroup.freeze" : "/freezer.state");
-  if (!frozen.empty()) {
-    const std::string state = first_line(freeze_file);  // v2: "0" or "1"; v1: THAWED, FREEZING or FROZEN
-    const bool asked = v2 ? state == "1" : state == "FREEZING" || state == "FROZEN";
-    if (!asked && put(freeze_file, v2 ? "1" : "FROZEN")) return;
-  }
+  const bool freezes = !m_has_kill && can_freeze();
+  if (freezes && !frozen(dir) && freeze(dir, true)) return;
   for (const std::string& group : tree(dir)) {
     const std::string name = named(group);
     // Whether `pid` is in this cgroup, on this hierarchy's line of /proc/PID/cgroup ("0::/x" on
@@ -848,7 +840,7 @@ void Cgroups::kill(const std::string& dir) const {
       ::close(pidfd);
     }
   }
-  if (!frozen.empty()) put(freeze_file, v2 ? "0" : "THAWED");
+  if (freezes) freeze(dir, false);
 }
 
 std::string Cgroups::named(const std::string& dir) const {

@@ -198,8 +198,8 @@ class Cgroups {
   std::vector<Used> m_hierarchies;
   std::array<int, 4> m_where{-1, -1, -1, -1};  // by Limit: the index in m_hierarchies; -1: not in force
   std::array<std::string, 4> m_why_not;        // by Limit, where not in force
-  int m_freezer = -1;                          // the hierarchy whose freezer suspends an attempt; -1: none
-  int m_freeze = -1;  // without cgroup.kill: the hierarchy whose freezer stops an attempt before a kill; -1: none
+  int m_freezer = -1;  // the hierarchy whose freezer suspends an attempt (and, without cgroup.kill, stops one before a
+                       // kill); -1: none
 };
 
 }  // namespace gpuq::daemon

@@ -169,6 +169,10 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
                      : ": its GPUs are free within " +
                            std::to_string(static_cast<long long>(std::ceil(std::max(0.0, ends - now)))) + " s"));
   }
+  const auto label_of = [&](std::int64_t id) {  // a running job, as the refusals below name it
+    const Active* a = reads.jobs.find(id);
+    return a ? job_label(a->rec) : "job " + std::to_string(id);
+  };
   if (rec.spec.gpus == 0) {
     // Waiting for CPU slots: why the preemptible jobs on slots are not frozen for it (a suspension
     // would have started it; preemption.hpp's rules, in its words).
@@ -181,9 +185,8 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
     std::string may_not;
     for (const Runner& r : on_slots) {
       if (r.cpu_slots.empty() || !r.preemptible) continue;
-      const Active* a = reads.jobs.find(r.id);
       if (const std::string no = preempt_refusal(r, me, now, rules, true); !no.empty())
-        may_not += (may_not.empty() ? "" : "; ") + (a ? job_label(a->rec) : "job " + std::to_string(r.id)) + ": " + no;
+        may_not += (may_not.empty() ? "" : "; ") + label_of(r.id) + ": " + no;
     }
     if (!may_not.empty()) d.push_back("not to be frozen for it: " + may_not);
     return out;
@@ -209,8 +212,7 @@ common::WhyReply why(const Reads& reads, const Caller& caller, const common::IdR
     std::string may, may_not;
     for (const Runner& r : running) {
       if (r.gpus.empty() || r.stopping) continue;
-      const Active* a = reads.jobs.find(r.id);
-      const std::string name = a ? job_label(a->rec) : "job " + std::to_string(r.id);
+      const std::string name = label_of(r.id);
       if (const std::string no = preempt_refusal(r, me, now, rules); no.empty())
         may += (may.empty() ? "" : ", ") + name;
       else if (r.preemptible)

@@ -379,6 +379,19 @@ def waiter(started, gate):
     return f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done"
 
 
+def skip_without_freezer(test):
+    """Skips `test` (its daemon stopped) where gpuqd has no cgroup v2 freezer to suspend with."""
+    if not test.d.cgroups or not os.path.exists(os.path.join(test.d.cgroups, "cgroup.freeze")):
+        test.d.stop()
+        test.skipTest("no cgroup v2 freezer here: gpuqd suspends nothing (docs/preemption.md)")
+
+
+def attempt_frozen(d, job):
+    """Whether the kernel holds the first attempt of `job` frozen (its cgroup's cgroup.events)."""
+    with open(os.path.join(d.cgroups, f"{job}-attempt-1", "cgroup.events")) as f:
+        return "frozen 1" in f.read().split("\n")
+
+
 class Suspension(DaemonTest):
     """A job without GPUs that waits for CPU slots freezes preemptible jobs of lower priority in
     place (their cgroup's freezer) and runs on their slots; once it has ended they are thawed and go
@@ -390,21 +403,18 @@ class Suspension(DaemonTest):
         self.d.stop()
         self.d.extra += ["--cpu-slots", "1"]  # one job without GPUs at a time
         self.d.start()
-        if not self.d.cgroups or not os.path.exists(os.path.join(self.d.cgroups, "cgroup.freeze")):
-            self.d.stop()
-            self.skipTest("no cgroup v2 freezer here: gpuqd suspends nothing (docs/preemption.md)")
+        skip_without_freezer(self)
 
     def frozen(self, job):
-        events = os.path.join(self.d.cgroups, f"{job}-attempt-1", "cgroup.events")
-        with open(events) as f:
-            return "frozen 1" in f.read().split("\n")
+        return attempt_frozen(self.d, job)
 
-    def start_pair(self, victim_spec=None, timeout_s=300, urgent_spec=None):
-        """A preemptible keeper of priority 0 running, then an urgent waiter that freezes it: the
-        ids, the keeper's token file, and the gates of both."""
+    def start_pair(self, victim_spec=None, timeout_s=300, urgent_spec=None, on_term=None):
+        """A preemptible keeper of priority 0 running (`on_term`: what its SIGTERM runs), then an
+        urgent waiter that freezes it: the ids, the keeper's token file, and the gates of both."""
         base, vgate = self.tmp_path("keeper"), self.tmp_path("vgate")
         ustarted, ugate = self.tmp_path("ustarted"), self.tmp_path("ugate")
-        spec = {"name": "keeper", "preemptible": True, "timeout_s": timeout_s, "shell": keeper(base, vgate)}
+        spec = {"name": "keeper", "preemptible": True, "timeout_s": timeout_s,
+                "shell": keeper(base, vgate, on_term=on_term)}
         spec.update(victim_spec or {})
         victim = self.d.submit(spec)["ids"][0]
         wait_until(lambda: os.path.exists(base + ".token"), what="the keeper to start")
@@ -473,13 +483,8 @@ class Suspension(DaemonTest):
         self.assertTrue(os.path.exists(saved), "its handler was killed: its grace ran out while it was frozen")
 
     def test_a_frozen_job_cancelled_is_thawed_first_and_handles_its_signal(self):
-        base, vgate, termed = self.tmp_path("keeper"), self.tmp_path("vgate"), self.tmp_path("termed")
-        ustarted, ugate = self.tmp_path("ustarted"), self.tmp_path("ugate")
-        victim = self.d.submit({"name": "keeper", "preemptible": True, "timeout_s": 300,
-                                "shell": keeper(base, vgate, on_term=f"touch {termed}; exit 0")})["ids"][0]
-        wait_until(lambda: os.path.exists(base + ".token"), what="the keeper to start")
-        urgent = self.d.submit({"name": "urgent", "priority": 10, "shell": waiter(ustarted, ugate)})["ids"][0]
-        wait_until(lambda: os.path.exists(ustarted) and self.frozen(victim), what="the keeper to be frozen")
+        termed = self.tmp_path("termed")
+        victim, urgent, _, _, ugate = self.start_pair(on_term=f"touch {termed}; exit 0")
         self.d.ok("cancel", str(victim))
         done = self.d.wait([victim])[victim]
         self.assertEqual(done["state"], "cancelled", done["reason"])
@@ -601,9 +606,7 @@ class NvmlSuspension(DaemonTest):
         self.set_procs("-")
         env = dict(os.environ, LD_LIBRARY_PATH=FAKE_NVML_DIR, GPUQ_FAKE_NVML=self.devices)
         self.d = Daemon(self.tmp, "nvml", extra=["--gpu-process-interval", "0.1"], env=env).start()
-        if not self.d.cgroups or not os.path.exists(os.path.join(self.d.cgroups, "cgroup.freeze")):
-            self.d.stop()
-            self.skipTest("no cgroup v2 freezer here: gpuqd suspends nothing (docs/preemption.md)")
+        skip_without_freezer(self)
 
     def set_procs(self, procs):
         with open(self.devices + ".new", "w") as f:
@@ -611,8 +614,7 @@ class NvmlSuspension(DaemonTest):
         os.replace(self.devices + ".new", self.devices)
 
     def frozen(self, job):
-        with open(os.path.join(self.d.cgroups, f"{job}-attempt-1", "cgroup.events")) as f:
-            return "frozen 1" in f.read().split("\n")
+        return attempt_frozen(self.d, job)
 
     def low_job_holding(self, mib, mode="auto"):
         """A preemptible job holding the GPU whole, its spec naming no memory, whose process NVML

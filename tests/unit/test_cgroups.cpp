@@ -92,6 +92,13 @@ std::string first_of(const std::string& path) {
 }
 
 // An attempt's tracking cgroup: the first of those make() gives.
+// gpuqd's cgroups on this host's v1 pids and freezer hierarchies, where there are both and they
+// may be written (root); an error elsewhere.
+gpuq::Result<Cgroups> v1_pids_and_freezer(const gpuq::testing::TempDir& state) {
+  const std::vector<CgroupHierarchy> v1 = host_v1({"pids", "freezer"});
+  return v1.size() < 2 ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
+}
+
 std::optional<std::string> made(gpuq::Result<std::vector<gpuq::daemon::AttemptCgroup>> dirs) {
   if (!dirs || dirs->empty()) return std::nullopt;
   return dirs->front().dir;
@@ -419,9 +426,8 @@ TEST_CASE("the devices limit is in force only where the kernel takes a deny from
 }
 
 TEST_CASE("an attempt is frozen in place and thawed (a suspension), on a v1 freezer hierarchy") {
-  const std::vector<CgroupHierarchy> v1 = host_v1({"pids", "freezer"});
   gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
-  auto cgroups = v1.size() < 2 ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
+  auto cgroups = v1_pids_and_freezer(state);
   if (!cgroups) {
     MESSAGE("no writable v1 pids and freezer hierarchies here: skipped");
     return;
@@ -458,11 +464,9 @@ TEST_CASE("an attempt is frozen in place and thawed (a suspension), on a v1 free
 }
 
 TEST_CASE("without cgroup.kill, a fork loop is frozen in one round and killed in the next, which ends it") {
-  // This host's v1 pids and freezer hierarchies, where there are both and they may be written (root).
   // (Without the freezer a round lists the chains, and each has forked on before its SIGKILL.)
-  const std::vector<CgroupHierarchy> v1 = host_v1({"pids", "freezer"});
   gpuq::testing::TempDir state("gpuq-unit-cgroup-state");
-  auto cgroups = v1.size() < 2 ? gpuq::Result<Cgroups>(gpuq::Error{}) : Cgroups::open(state.path, v1);
+  auto cgroups = v1_pids_and_freezer(state);
   if (!cgroups) {
     MESSAGE("no writable v1 pids and freezer hierarchies here: skipped");
     return;
