@@ -653,6 +653,9 @@ class NvmlSuspension(DaemonTest):
         wait_until(lambda: "waiting for 1 GPU" in self.d.show(urgent)["job"]["reason"], what="the urgent job to wait")
         self.assertFalse(self.frozen(victim))
         self.assertEqual(self.d.show(victim)["job"]["suspensions"], 0)
+        # Its process ends and the driver lists it no more: a PID still listed once its job has
+        # ended is memory held outside gpuq, and the urgent job would wait on it for good.
+        self.set_procs("-")
         open(vgate, "w").close()
         done = self.d.wait([victim, urgent])
         self.assertEqual((done[victim]["state"], done[urgent]["state"]), ("succeeded", "succeeded"))
