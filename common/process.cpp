@@ -45,11 +45,13 @@ std::string resolve_executable(const std::string& name, const std::string& path_
   return "";
 }
 
-Result<bool> write_file_atomic(const std::string& path, const std::string& text, unsigned mode) {
+namespace {
+
+// Writes `text` whole to a new file at `tmp`, which is `mode` and not shared with anyone's.
+Result<bool> write_new_file(const std::string& tmp, const std::string& text, unsigned mode) {
   // The directory may be the job's, and the job may have put a symlink at the temporary name
   // (to /etc/shadow, for a root gpuqd to write through): it is replaced, never followed.
   // Created, never opened: one there already (a crash's, or the job's) is removed first.
-  std::string tmp = path + ".tmp";
   const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   int fd = ::open(tmp.c_str(), flags, static_cast<mode_t>(mode));
   if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0)
@@ -75,12 +77,39 @@ Result<bool> write_file_atomic(const std::string& path, const std::string& text,
     }
     done += static_cast<std::size_t>(n);
   }
-  if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Error{ErrorCode::store_error, "cannot write " + tmp + ": " + std::strerror(err)};
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<bool> write_file_atomic(const std::string& path, const std::string& text, unsigned mode) {
+  const std::string tmp = path + ".tmp";
+  if (auto w = write_new_file(tmp, text, mode); !w) return w;
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
     return Error{ErrorCode::store_error, "cannot write " + path + ": " + std::strerror(err)};
   }
   return true;
+}
+
+Result<bool> create_file_once(const std::string& path, const std::string& text, unsigned mode) {
+  // Its own temporary name: two writers racing for `path` must not take each other's.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  if (auto w = write_new_file(tmp, text, mode); !w) return w;
+  // link() never replaces what is there, and what it puts there is whole. Refused for another
+  // reason (a filesystem without hard links), it is an error, never taken for "already there".
+  const int linked = ::link(tmp.c_str(), path.c_str());
+  const int err = errno;
+  ::unlink(tmp.c_str());
+  if (linked == 0) return true;
+  if (err == EEXIST) return false;
+  return Error{ErrorCode::store_error, "cannot create " + path + ": " + std::strerror(err)};
 }
 
 std::vector<std::string> supervisor_environment() {

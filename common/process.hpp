@@ -24,6 +24,10 @@ std::string resolve_executable(const std::string& name, const std::string& path_
 // the jobs are gone anyway and are recorded as failed (supervisor lost) and retried. `mode`: the
 // new file's (less the umask).
 Result<bool> write_file_atomic(const std::string& path, const std::string& text, unsigned mode = 0600);
+// Creates `path` with `text` if nothing is there: true; false where something is (a file, a
+// link, anything), left as it was. Atomic like write_file_atomic (readers see all of `text` or no
+// file), and of two processes creating `path` at once exactly one gets true.
+Result<bool> create_file_once(const std::string& path, const std::string& text, unsigned mode = 0600);
 
 // In a forked child before exec: marks every descriptor from 3 up close-on-exec, so nothing the
 // parent holds (the daemon's listening socket, client connections, pipes) leaks into a job.

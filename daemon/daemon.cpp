@@ -179,9 +179,10 @@ void Daemon::recover() {
         asio::post(m_io, [this, id] { m_attempts.ended(id); });
         break;
       case Executor::Found::never_started: {
-        // Marked running, but gpuqd stopped before handing it over: it starts again as the same
-        // attempt.
-        commit({next_record(a.rec, back_in_line(a.rec, "requeued: gpuqd stopped before the job started", wall_now()))});
+        // Marked running, but gpuqd stopped before handing it over: it starts again, as the next
+        // attempt where the executor withdrew this one's number (the local one does).
+        commit({next_record(a.rec, back_in_line(a.rec, "requeued: gpuqd stopped before the job started", wall_now(),
+                                                m_executor->withdraws_numbers()))});
         break;
       }
     }

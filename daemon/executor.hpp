@@ -139,6 +139,9 @@ class Executor {
   // environment on a cluster node) with the job's own variables over it, rather than from the
   // submitter's; GPUs are then the other system's to make visible (CUDA_VISIBLE_DEVICES).
   virtual bool inherits_environment() const { return false; }
+  // Whether an attempt adopt() found never started keeps its number (its directory holds the
+  // claim that stops a supervisor late for it), so that the job starts again as its next attempt.
+  virtual bool withdraws_numbers() const { return false; }
   // Where a running attempt stands in the other system, for `status` ("Slurm job 42 pending:
   // Resources"); "" when there is nothing to add.
   virtual std::string detail(std::int64_t /*id*/) const { return {}; }

@@ -172,7 +172,10 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
             if (!running || rec.attempt < 1) return refused(rec, e, "a running job");
             if (!rec.spec_error.empty()) return unreadable(rec, e);
             next.state = JobState::queued;
-            next.attempt = rec.attempt - 1;
+            if (n.number_taken)
+              next.attempt_base = rec.attempt_base + 1;  // not one of its tries
+            else
+              next.attempt = rec.attempt - 1;
             next.reason = n.reason;
             next.run.preempt_requested = false;  // nothing ran to be preempted
             next.run.preempted_by.clear();
@@ -255,8 +258,8 @@ std::string unrunnable_reason(const JobRecord& rec) {
   return "its stored spec does not parse (" + rec.spec_error + "): it cannot run; submit it again";
 }
 
-Event back_in_line(const JobRecord& rec, std::string reason, double now) {
-  if (rec.spec_error.empty()) return event::NeverStarted{std::move(reason)};
+Event back_in_line(const JobRecord& rec, std::string reason, double now, bool number_taken) {
+  if (rec.spec_error.empty()) return event::NeverStarted{std::move(reason), number_taken};
   return event::Ended{JobState::failed, unrunnable_reason(rec), std::nullopt, std::nullopt, nullptr, now, "", 0};
 }
 

@@ -109,10 +109,13 @@ struct Resumed {
 };
 // Any end -> queued under the same id, with a fresh retry budget (gpuq restart).
 struct Restarted {};
-// Running but never started (gpuqd stopped between recording the launch and spawning it) ->
-// queued, to start again as the same attempt.
+// Running but never started (gpuqd stopped between recording the launch and spawning it, or it
+// was withdrawn from the system that was to run it) -> queued, to start again as the same
+// attempt; or, `number_taken` (its directory holds a claim no later start may reuse:
+// LocalExecutor::adopt), as the next, the withdrawn one not counted among its tries.
 struct NeverStarted {
   std::string reason;
+  bool number_taken = false;
 };
 // Queued -> failed, without running: it can never run (its stored spec does not parse).
 struct Unrunnable {
@@ -131,7 +134,7 @@ std::string_view event_name(const Event& e);
 // A running job that never started (or was taken back before it did) goes back in line as the
 // same attempt: NeverStarted; unless its stored spec does not parse, when it ends failed instead,
 // as it could never run again.
-Event back_in_line(const JobRecord& rec, std::string reason, double now);
+Event back_in_line(const JobRecord& rec, std::string reason, double now, bool number_taken = false);
 
 // Why a job whose stored spec does not parse fails, for its record's reason.
 std::string unrunnable_reason(const JobRecord& rec);

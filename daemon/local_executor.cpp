@@ -184,7 +184,20 @@ class LocalExecutor final : public Executor {
     // A live supervisor first: an exit record may also be a file the running job wrote itself.
     // The pid file is in the job's directory, and its owner could point it at any process: only
     // this attempt's supervisor, running as gpuqd does, is taken for it (and signalled on cancel).
-    const auto pid = read_pid_file(attempt.dir + "/shim.pid", attempt.owner);
+    const std::string pid_file = attempt.dir + "/shim.pid";
+    auto pid = read_pid_file(pid_file, attempt.owner);
+    // None there: its supervisor may have its go-ahead and be about to claim the attempt (the
+    // last gpuqd died in between). This gpuqd claims it first, for nobody: a supervisor that
+    // comes later starts nothing (supervisor.cpp), and the attempt runs again under the next
+    // number, in a directory of its own. Beaten to it, the supervisor's file is read again.
+    if (!pid && !common::path_exists(pid_file)) {
+      const json withdrawn = {{"withdrawn_by", ::getpid()}, {"at", common::wall_now()}};
+      const auto made = common::create_file_once(pid_file, withdrawn.dump());
+      if (!made)
+        std::cerr << "gpuqd: job " << attempt.id << ": " << made.error().message << "\n";
+      else if (!*made)
+        pid = read_pid_file(pid_file, attempt.owner);
+    }
     const std::string cgroup = m_cgroups ? m_cgroups->path(cgroup_name(attempt)) : std::string();
     if (pid && is_alive(*pid) && common::process_owner(pid->pid) == ::geteuid() && supervises(pid->pid, attempt)) {
       Shim& s = track(attempt.id);
@@ -219,6 +232,8 @@ class LocalExecutor final : public Executor {
     if (pid || common::path_exists(attempt.dir + "/exit.json")) return Found::ended;
     return Found::never_started;
   }
+
+  bool withdraws_numbers() const override { return true; }
 
   bool can_suspend() const override { return m_cgroups && m_cgroups->can_freeze(); }
 

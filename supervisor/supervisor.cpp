@@ -573,12 +573,23 @@ class Supervisor {
     }
     ::sigprocmask(SIG_BLOCK, &m_signals, nullptr);
 
-    // Announce ourselves before starting anything: the daemon adopts us through this file.
+    // Announce ourselves before starting anything: the daemon adopts us through this file. With
+    // `claim`, the file is made only where there is none: a gpuqd restarted before this moment
+    // found no supervisor and withdrew the attempt by making it first (it runs it again under
+    // another number), and this one then starts nothing.
     auto start = process_start_time(::getpid());
     json pid = {{"pid", ::getpid()}, {"start_time", start.value_or(0)}};
-    if (auto w = write_file_atomic(m_doc["pid_file"].get<std::string>(), pid.dump()); !w) {
+    const std::string& pid_file = m_doc["pid_file"].get_ref<const std::string&>();
+    auto w = m_doc.value("claim", false) ? common::create_file_once(pid_file, pid.dump())
+                                         : write_file_atomic(pid_file, pid.dump());
+    if (!w) {
       complain(w.error().message);
       return 2;
+    }
+    if (!*w) {
+      complain("the attempt was withdrawn before this supervisor claimed it (" + pid_file +
+               " is there); starting nothing");
+      return 3;
     }
 
     m_started_at = wall_now();

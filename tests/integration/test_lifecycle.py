@@ -146,7 +146,10 @@ class Durability(DaemonTest):
         open(flag, "w").close()
         self.d.start()
         job = self.d.wait([job_id], timeout=30)[job_id]
-        self.assertEqual((job["state"], job["attempt"]), ("succeeded", 1))
+        # The launch gpuqd withdrew keeps its number; the run is the next, and no retry is spent.
+        self.assertEqual((job["state"], job["attempt"], job["attempt_base"]), ("succeeded", 2, 1))
+        with open(os.path.join(self.d.state, "jobs", str(job_id), "attempt-1", "shim.pid")) as f:
+            self.assertIn("withdrawn_by", json.loads(f.read()))
         self.assertIn("requeued: gpuqd stopped before the job started",
                       [h["reason"] for h in self.d.show(job_id)["history"]])
         self.assertEqual(self.d.json("gpus")["gpus"][0]["jobs"], [])  # its GPU is free again

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "common/paths.hpp"
+#include "common/process.hpp"
 #include "daemon/launcher.hpp"
 #include "temp_dir.hpp"
 
@@ -284,6 +286,32 @@ TEST_CASE("atomic writes replace the file whole") {
   CHECK(text == "second");
   ::unlink(path.c_str());
   CHECK_FALSE(write_file_atomic("/nonexistent-dir/x", "y").ok());
+}
+
+TEST_CASE("create_file_once makes a file whole where there is none, and leaves what is there as it was") {
+  const std::string path = "/tmp/gpuq-unit-once-" + std::to_string(::getpid());
+  const auto text = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  auto made = gpuq::common::create_file_once(path, "first");
+  REQUIRE(made.ok());
+  CHECK(*made);
+  made = gpuq::common::create_file_once(path, "second");
+  REQUIRE(made.ok());
+  CHECK_FALSE(*made);
+  CHECK(text(path) == "first");
+  ::unlink(path.c_str());
+  // A dangling symlink at the name is something there: not followed, not replaced.
+  const std::string target = path + "-target";
+  REQUIRE(::symlink(target.c_str(), path.c_str()) == 0);
+  made = gpuq::common::create_file_once(path, "third");
+  REQUIRE(made.ok());
+  CHECK_FALSE(*made);
+  CHECK_FALSE(gpuq::common::path_exists(target));
+  ::unlink(path.c_str());
+  CHECK_FALSE(gpuq::common::path_exists(path + ".tmp." + std::to_string(::getpid())));  // no temporary left
+  CHECK_FALSE(gpuq::common::create_file_once("/nonexistent-dir/x", "y").ok());          // an error, not "there"
 }
 
 TEST_CASE("a process is identified by pid and start time, so a reused pid does not match") {

@@ -268,16 +268,23 @@ TEST_CASE("queued jobs that end without running say why, and drop their hold") {
   CHECK_FALSE(blocked->held);
 }
 
-TEST_CASE("a launch recorded but never started is queued again as the same attempt") {
+TEST_CASE("a launch recorded but never started is queued again as the same attempt, or as the next one") {
   JobRecord r = job_in(JobState::running);
   r.attempt = 2;
+  r.attempt_base = 1;
   r.run.gpus = {1};
   r.run.cpu_slots = {3};
   r.run.cores = {6};
-  auto next = transition(r, event::NeverStarted{"requeued: gpuqd stopped before the job started"});
+  auto same = transition(r, event::NeverStarted{"requeued: gpuqd stopped before the job started"});
+  REQUIRE(same.ok());
+  CHECK((same->attempt == 1 && same->attempt_base == 1));
+  // Its number taken: a supervisor late for attempt 2 finds it withdrawn (LocalExecutor::adopt),
+  // the next is 3, and the tries counted (attempt - attempt_base) are as before the launch.
+  auto next = transition(r, event::NeverStarted{"requeued: gpuqd stopped before the job started", true});
   REQUIRE(next.ok());
   CHECK(next->state == JobState::queued);
-  CHECK(next->attempt == 1);
+  CHECK(next->attempt == 2);
+  CHECK(next->attempt_base == 2);
   CHECK(next->run.gpus.empty());
   CHECK(next->run.cpu_slots.empty());
   CHECK(next->run.cores.empty());

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,9 +16,11 @@
 #include <string>
 #include <vector>
 
+#include <boost/asio/io_context.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/paths.hpp"
+#include "daemon/executor.hpp"
 #include "supervisor/serve.hpp"
 #include "temp_dir.hpp"
 
@@ -75,14 +78,15 @@ void wait_for_end(int pidfd) {
   REQUIRE(::poll(&p, 1, 60000) == 1);
 }
 
-// An attempt whose one rank appends a line to `ran`.
-std::string write_launch(const std::string& dir) {
+// An attempt whose one rank appends a line to `ran`; with `claim`, as gpuqd launches one.
+std::string write_launch(const std::string& dir, bool claim = false) {
   const json doc = {{"ranks", json::array({{{"rank", 0},
                                             {"argv", {"/bin/sh", "-c", "echo ran >> " + dir + "/ran"}},
                                             {"env", {{"PATH", "/usr/bin:/bin"}}},
                                             {"cwd", dir},
                                             {"log", dir + "/rank-0.log"}}})},
                     {"pid_file", dir + "/shim.pid"},
+                    {"claim", claim},
                     {"exit_file", dir + "/exit.json"}};
   std::ofstream(dir + "/launch.json") << doc.dump();
   return dir + "/launch.json";
@@ -93,6 +97,13 @@ std::string read(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// The state letter of process `pid` (/proc/PID/stat's third field), '?' where there is none.
+char process_state(pid_t pid) {
+  const std::string stat = read("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
 }
 
 }  // namespace
@@ -139,4 +150,41 @@ TEST_CASE("the server answers a request it cannot take with an error, and goes o
   Answer long_path = server.ask({{"launch", "/" + std::string(600, 'x') + "/launch.json"}});
   CHECK(long_path.body.value("error", "").find("no room") != std::string::npos);
   CHECK(long_path.fds.empty());
+}
+
+TEST_CASE("a supervisor late for its attempt finds it withdrawn by a restarted gpuqd, and starts nothing") {
+  TempDir dir("gpuq-serve");
+  const std::string launch = write_launch(dir.path, true);
+  Server server;
+  Answer late = server.ask({{"launch", launch}, {"cgroups", json::array()}});
+  REQUIRE(late.fds.size() == 2);
+  const pid_t child = late.body["pid"].get<pid_t>();
+  // gpuqd gives the go-ahead and dies; the supervisor has not run since (held here).
+  REQUIRE(::kill(child, SIGSTOP) == 0);
+  for (int i = 0; i < 6000 && process_state(child) != 'T'; ++i)
+    ::usleep(10000);
+  REQUIRE(process_state(child) == 'T');
+  REQUIRE(::write(late.fds[0], "g", 1) == 1);
+  ::close(late.fds[0]);
+
+  // The restarted gpuqd finds no pid file: the attempt never started, and is withdrawn.
+  boost::asio::io_context io;
+  auto gpuqd = gpuq::daemon::make_local_executor(io, "/nonexistent/gpuq-shim", [](std::int64_t) {});
+  gpuq::daemon::Executor::Attempt attempt;
+  attempt.id = 1;
+  attempt.dir = dir.path;
+  attempt.owner = ::geteuid();
+  CHECK(gpuqd->adopt(attempt) == gpuq::daemon::Executor::Found::never_started);
+  const std::string claimed = read(dir.path + "/shim.pid");
+  CHECK(json::parse(claimed).value("withdrawn_by", 0) == ::getpid());
+
+  // The supervisor goes on, and starts nothing: the attempt runs again under another number.
+  REQUIRE(::kill(child, SIGCONT) == 0);
+  wait_for_end(late.fds[1]);
+  ::close(late.fds[1]);
+  CHECK_FALSE(gpuq::common::path_exists(dir.path + "/ran"));
+  CHECK_FALSE(gpuq::common::path_exists(dir.path + "/exit.json"));
+  CHECK(read(dir.path + "/shim.pid") == claimed);
+  // Asked again, the same: withdrawn, never started (a gpuqd that died before recording that).
+  CHECK(gpuqd->adopt(attempt) == gpuq::daemon::Executor::Found::never_started);
 }
