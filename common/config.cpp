@@ -100,7 +100,13 @@ const Rule k_rules[] = {
     {"gpu_process_interval_s", nullptr, "--gpu-process-interval", "SECONDS", "number", 0, 86400,
      &Settings::gpu_process_interval_s,
      "Seconds between looks at the processes NVML lists on the GPUs: memory held by processes gpuq did not start "
-     "counts as used when packing shared jobs, and a job's peak GPU memory is kept (0: none)"},
+     "counts as used when packing shared jobs, a job's peak GPU memory is kept, and shared jobs are held to their "
+     "GPU memory budgets (0: none)"},
+    {"gpu_memory_policy", nullptr, "--gpu-memory-policy", "requeue|warn", "gpu_memory_policy", 0, 0,
+     &Settings::gpu_memory_policy,
+     "A shared job found holding more GPU memory than its budget while its GPU's other jobs need the room, for "
+     "specs that name none: requeue (stopped and put back in line with a larger budget, no retry spent) or warn "
+     "(its budget raised, said in status); with room beside it, its budget is raised either way (docs/job-spec.md)"},
     {"reconnect_s", "GPUQ_RECONNECT_S", nullptr, "", "number", 0, 86400, &Settings::reconnect_s,
      "gpuq wait and logs -f: how long to keep reconnecting to a gpuqd that went away"},
     {"reply_timeout_s", "GPUQ_REPLY_TIMEOUT_S", nullptr, "", "number", 0, 86400 * 7, &Settings::reply_timeout_s,
@@ -280,6 +286,12 @@ std::optional<std::string> set(Settings& s, const Rule& r, const json& v, const 
       return std::string(
           "`preempt_across_users` must be \"never\" or \"fair_share\" (from a user under their "
           "fair share of the GPUs to one over it)");
+    store(s, r, v.get<std::string>());
+  } else if (kind == "gpu_memory_policy") {
+    if (!v.is_string() || (v.get<std::string>() != "requeue" && v.get<std::string>() != "warn"))
+      return std::string(
+          "`gpu_memory_policy` must be \"requeue\" (stop the job, requeue it with a larger budget) or \"warn\" "
+          "(raise its budget and say so)");
     store(s, r, v.get<std::string>());
   } else if (kind == "hang_action") {
     if (!v.is_string() || (v.get<std::string>() != "flag" && v.get<std::string>() != "retry"))

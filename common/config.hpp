@@ -36,7 +36,7 @@ struct Settings {
   int connections_per_user = 256;        // "connections_per_user": open at once (admins: no limit)
   int cpu_slots = 0;                     // "cpu_slots": the CPU pool (scheduler.hpp); 0: the cores gpuqd may use
   double health_interval_s = 60;         // "health_interval_s": NVML health checks; 0: none
-  double gpu_process_interval_s = 5;     // "gpu_process_interval_s": NVML's process lists; 0: not read
+  double gpu_process_interval_s = 2;     // "gpu_process_interval_s": NVML's process lists; 0: not read
   double forget_after_s = 0;             // "forget_after_s": ended jobs forgotten this long after; 0: kept
   double reconnect_s = 60;               // "reconnect_s"     $GPUQ_RECONNECT_S (gpuq wait, logs -f)
   double reply_timeout_s = 120;          // "reply_timeout_s" $GPUQ_REPLY_TIMEOUT_S (gpuq: common::Client)
@@ -55,6 +55,7 @@ struct Settings {
   std::optional<int> max_priority;       // "max_priority": higher priorities are an admin's
   double hang_after_s = 0;               // "hang_after_s": silent this long after progress: maybe hung; 0: never
   std::string placement = "pack";        // "placement": shared jobs' default, "pack" or "spread" (spec.hpp)
+  std::string gpu_memory_policy = "requeue";  // "gpu_memory_policy": a shared job over its budget (gpu_budgets.hpp)
   std::string hang_action = "flag";      // "hang_action": "flag" (say so) or "retry" (stop it, retry it)
   bool preemptible = false;              // "preemptible": for specs that name none (daemon/preemption.hpp)
   double preempt_grace_s = 30;           // "preempt_grace_s": for specs that name none

@@ -155,8 +155,9 @@ constexpr int k_protocol_version = 1;
 // 1: the job state out_of_memory (sent as failed to a client of 0); 2: the command `watch`;
 // 3: labels as typed (strings to a client of 2 or less), a job's `first_bad_event`; the command
 // `requeue`; 4: the command `preempt`, a job's `preemptible`, `preemptions`, `preempted_by`,
-// `preempted_at` and `preempting`; 5: a job's `suspended_for`, `suspended_at` and `suspensions`.
-constexpr int k_protocol_minor = 5;
+// `preempted_at` and `preempting`; 5: a job's `suspended_for`, `suspended_at` and `suspensions`;
+// 6: a job's `gpu_budget_mb`, `gpu_budget_why` and `gpu_budget_at`.
+constexpr int k_protocol_minor = 6;
 constexpr std::size_t k_max_request_bytes = 1 << 20;  // longer lines are refused unread
 
 // Parses one request line within json_input.hpp's limits (depth, no NUL byte), or a bad_request
@@ -214,12 +215,19 @@ struct JobInfo {
   std::string suspended_for;
   double suspended_at = 0;
   int suspensions = 0;
+  // (minor 6) A shared job's GPU memory budget on each of its GPUs (0: none, a job with GPUs of
+  // its own); where gpuq raised it from its spec's `gpu_memory_mb`, why and when ("" and 0: as
+  // declared).
+  std::int64_t gpu_budget_mb = 0;
+  std::string gpu_budget_why;
+  double gpu_budget_at = 0;
 };
 GPUQ_JSON_TYPE(JobInfo, id, batch, name, state, attempt, retries, restarts, attempt_base, held, priority,
                gpus_requested, mode, ranks, gpus, cpus_requested, cpus, mem_bind, mem_nodes, submitted_at, started_at,
                ended_at, exit_code, exit_signal, reason, progress, result, after, bad_event_lines, first_bad_event,
                job_dir, labels, external_id, user, uid, details_hidden, hung, gpu_memory_peak_mb, preemptible,
-               preemptions, preempted_by, preempted_at, preempting, suspended_for, suspended_at, suspensions)
+               preemptions, preempted_by, preempted_at, preempting, suspended_for, suspended_at, suspensions,
+               gpu_budget_mb, gpu_budget_why, gpu_budget_at)
 
 struct Transition {
   int attempt = 0;

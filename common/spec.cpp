@@ -21,14 +21,38 @@ namespace gpuq::common {
 
 namespace {
 
-constexpr std::array<std::string_view, 31> k_fields{
-    "name",        "command",     "shell",          "train",           "gpus",
-    "mode",        "ranks",       "cpus",           "mem_bind",        "gpu_memory_mb",
-    "shared",      "priority",    "after",          "retries",         "timeout_s",
-    "env",         "cwd",         "labels",         "comment",         "matrix",
-    "nodes",       "on_finish",   "memory_mb",      "retry_on_oom",    "report",
-    "placement",   "preemptible", "preempt_signal", "preempt_grace_s", "on_preempt",
-    "preempt_mode"};
+constexpr std::array<std::string_view, 32> k_fields{"name",
+                                                    "command",
+                                                    "shell",
+                                                    "train",
+                                                    "gpus",
+                                                    "mode",
+                                                    "ranks",
+                                                    "cpus",
+                                                    "mem_bind",
+                                                    "gpu_memory_mb",
+                                                    "shared",
+                                                    "priority",
+                                                    "after",
+                                                    "retries",
+                                                    "timeout_s",
+                                                    "env",
+                                                    "cwd",
+                                                    "labels",
+                                                    "comment",
+                                                    "matrix",
+                                                    "nodes",
+                                                    "on_finish",
+                                                    "memory_mb",
+                                                    "retry_on_oom",
+                                                    "report",
+                                                    "placement",
+                                                    "preemptible",
+                                                    "preempt_signal",
+                                                    "preempt_grace_s",
+                                                    "on_preempt",
+                                                    "preempt_mode",
+                                                    "gpu_memory_policy"};
 
 constexpr std::array<std::string_view, 19> k_reserved_env{
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK",
@@ -50,6 +74,18 @@ constexpr std::array<std::pair<std::string_view, int>, 6> k_preempt_signals{{{"S
                                                                              {"SIGQUIT", SIGQUIT}}};
 
 }  // namespace
+
+std::string_view to_string(MemoryPolicy p) {
+  switch (p) {
+    case MemoryPolicy::requeue:
+      return "requeue";
+    case MemoryPolicy::warn:
+      return "warn";
+    case MemoryPolicy::default_:
+      break;
+  }
+  return "";
+}
 
 std::string_view to_string(PreemptMode m) {
   switch (m) {
@@ -307,6 +343,15 @@ class JobParser {
         fail("field `preempt_mode` must be \"auto\", \"requeue\" or \"suspend\", got \"" + preempt_mode.substr(0, 64) +
              "\"");
     }
+    std::string memory_policy;
+    if (string_field("gpu_memory_policy", memory_policy)) {
+      if (memory_policy == "requeue")
+        s.gpu_memory_policy = MemoryPolicy::requeue;
+      else if (memory_policy == "warn")
+        s.gpu_memory_policy = MemoryPolicy::warn;
+      else
+        fail("field `gpu_memory_policy` must be \"requeue\" or \"warn\", got \"" + memory_policy.substr(0, 64) + "\"");
+    }
     if (string_field("shell", s.shell)) {
       if (s.shell.empty()) fail("field `shell` is empty");
       s.command = {"/bin/sh", "-c", s.shell};
@@ -381,6 +426,8 @@ class JobParser {
     }
     if (s.gpu_memory_mb > 0 && s.gpus == 0)
       fail("field `gpu_memory_mb` needs `gpus` >= 1");
+    if (s.gpu_memory_policy != MemoryPolicy::default_ && !s.shared)
+      fail("field `gpu_memory_policy` needs `shared`: a job with GPUs of its own has no budget to keep to");
 
     // Host memory per rank: at least 4 MiB (a limit under what a process needs to start is an OOM
     // kill before its first line).
@@ -670,6 +717,8 @@ json to_json(const JobSpec& s) {
   if (!s.preempt_signal.empty()) j["preempt_signal"] = s.preempt_signal;
   if (s.preempt_grace_s >= 0) j["preempt_grace_s"] = s.preempt_grace_s;
   if (s.preempt_mode != PreemptMode::auto_) j["preempt_mode"] = std::string(to_string(s.preempt_mode));
+  if (s.gpu_memory_policy != MemoryPolicy::default_)
+    j["gpu_memory_policy"] = std::string(to_string(s.gpu_memory_policy));
   if (!s.report.empty()) {
     json r = {{"rank", s.report.rank}};
     if (!s.report.progress.empty()) r["progress"] = s.report.progress;

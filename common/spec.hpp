@@ -53,6 +53,11 @@ enum class Placement { pack, spread };
 
 enum class PreemptMode { auto_, requeue, suspend };
 std::string_view to_string(PreemptMode m);
+// What gpuqd does with a shared job over its GPU memory budget while its GPU's other jobs need the
+// room (daemon/gpu_budgets.hpp): stop it and requeue it with a larger budget, or only raise its
+// budget and say so. default_: gpuqd's `gpu_memory_policy`.
+enum class MemoryPolicy { default_, requeue, warn };
+std::string_view to_string(MemoryPolicy p);
 
 struct JobSpec {
   std::string name;
@@ -90,6 +95,7 @@ struct JobSpec {
   // its CPU slots; else stopped and requeued), `requeue` (never frozen: a job holding connections
   // that time out), `suspend` (never stopped: a job that cannot checkpoint).
   PreemptMode preempt_mode = PreemptMode::auto_;
+  MemoryPolicy gpu_memory_policy = MemoryPolicy::default_;
 };
 
 // The argv placeholder of a train job; gpuqd puts its gpuq-worker's path there at launch.

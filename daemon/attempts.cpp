@@ -19,6 +19,7 @@
 #include "common/failure_class.hpp"
 #include "common/paths.hpp"
 #include "common/users.hpp"
+#include "daemon/gpu_budgets.hpp"
 #include "daemon/lifecycle.hpp"
 #include "daemon/parts.hpp"
 #include "daemon/pass_inputs.hpp"
@@ -313,6 +314,9 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
         (end.reason.empty() ? "" : "; ") + why + (held.empty() ? "" : "; GPU " + held + " drained until they are gone");
   }
 
+  // CUDA out of memory while it kept within its budget, as far as NVML's looks saw, and something
+  // outside gpuq grew beside it: not its budget's fault (gpu_budgets.hpp), so not raised for it.
+  const bool crowded_out = m_machine.gpu_processes.crowded_within(rec.id, gpu_budget_mb(rec));
   m_machine.gpu_processes.forget(rec.id);
   if (rec.run.started_at > 0 && end.at >= rec.run.started_at) m_metrics.run_time.observe(end.at - rec.run.started_at);
   // Fair share remembers its GPU time, once the end is stored (`rec` is gone by then).
@@ -344,12 +348,41 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
   // the same job, no retry spent, its lingering processes' GPUs held as for any end.
   if (rec.run.requeue_requested && !rec.run.cancel_requested && end.state != JobState::succeeded &&
       rec.spec_error.empty()) {
-    const std::string why = "requeued (gpuq requeue): attempt " + std::to_string(rec.attempt) + " was stopped";
+    const std::string why =
+        (rec.run.over_budget.empty() ? "requeued (gpuq requeue)" : "requeued: " + rec.run.over_budget) + ": attempt " +
+        std::to_string(rec.attempt) + " was stopped";
     m_needs.commit({next_record(rec, event::Requeued{why})}, {}, {});
     if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
     m_needs.withdraw_orphans();
     m_needs.schedule_soon();
     return;
+  }
+  // CUDA ran out of memory in a shared job at its budget: it runs again with a larger one, no retry
+  // spent, up to the whole GPU (at which it fails as any job does, saying so).
+  if (end.state == JobState::failed && failure.is_object() && failure.value("class", json()) == "cuda_oom" &&
+      rec.spec.shared && gpu_budget_mb(rec) > 0 && !rec.run.cancel_requested && rec.spec_error.empty() &&
+      !crowded_out) {
+    std::int64_t cap = 0;  // its GPUs' smallest
+    for (int gpu : rec.run.gpus)
+      if (const Gpu* g = m_machine.inventory.find(gpu); g && (cap == 0 || g->memory_total_mb < cap))
+        cap = g->memory_total_mb;
+    const std::int64_t budget = gpu_budget_mb(rec);
+    const std::int64_t raised = raised_budget_mb(budget, 0, cap);
+    if (raised > budget) {
+      const std::string why = "raised from " + std::to_string(budget) +
+                              " MiB after CUDA ran out of memory in attempt " + std::to_string(rec.attempt);
+      JobRecord more = next_record(rec, event::OverBudget{raised, why, false, now});
+      m_needs.commit(
+          {next_record(more, event::Requeued{"requeued: CUDA ran out of memory at its GPU memory budget of " +
+                                             std::to_string(budget) + " MiB; its budget is now " +
+                                             std::to_string(raised) + " MiB (" + end.reason + ")"})},
+          {}, {});
+      if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
+      m_needs.withdraw_orphans();
+      m_needs.schedule_soon();
+      return;
+    }
+    end.reason += "; at its GPU memory budget's cap (" + std::to_string(cap) + " MiB, the whole GPU)";
   }
   const int run = rec.attempt - rec.attempt_base;  // attempts since the job was submitted or restarted
   if (retryable && has_retry_left(rec)) {
@@ -548,6 +581,63 @@ void Attempts::released(std::int64_t id) {
     it = it->second.jobs.empty() ? m_held_gpus.erase(it) : std::next(it);
   }
   if (any) m_needs.schedule_soon();
+}
+
+void Attempts::hold_budgets(double now) {
+  const GpuProcesses& seen = m_machine.gpu_processes;
+  const auto& listed = seen.listed();
+  if (listed.empty()) return;
+  std::vector<BudgetJob> jobs;
+  bool any_over = false;
+  for (const Active& a : m_jobs.running()) {
+    const JobRecord& r = a.rec;
+    const auto held = seen.now_mb().find(r.id);
+    for (int gpu : r.run.gpus) {
+      if (!listed.count(gpu)) continue;  // NVML could not say
+      std::int64_t used = 0;
+      if (held != seen.now_mb().end())
+        if (const auto u = held->second.find(gpu); u != held->second.end()) used = u->second;
+      BudgetJob j{r.id, gpu, r.spec.shared ? gpu_budget_mb(r) : 0, used, false, m_config.budget_stops(r.spec)};
+      j.judged = r.spec.shared && !stop_asked(r) && r.run.suspended_for == 0 && r.spec_error.empty();
+      any_over = any_over || (j.judged && j.budget_mb > 0 && j.used_mb > j.budget_mb);
+      jobs.push_back(j);
+    }
+  }
+  if (!any_over) return;  // every look but a rare one
+  std::vector<BudgetGpu> gpus;
+  for (const auto& g : m_machine.inventory.gpus())
+    if (listed.count(g.index)) {
+      const auto f = seen.foreign_mb().find(g.index);
+      gpus.push_back({g.index, g.memory_total_mb, f == seen.foreign_mb().end() ? 0 : f->second});
+    }
+  const std::vector<Overrun> over = judge_budgets(gpus, jobs);
+  std::vector<JobRecord> changed;
+  for (const Overrun& o : over) {
+    std::string why = overrun_words(o);
+    if (o.stop) {
+      std::string owed;
+      for (std::int64_t id : o.short_of)
+        owed += (owed.empty() ? "job " : ", job ") + std::to_string(id);
+      why = "over its GPU memory budget (" + why + ", while " + owed + " beside it " +
+            (o.short_of.size() == 1 ? "was" : "were") + " owed " + std::to_string(o.short_mb) +
+            " MiB more than the GPU had free); its budget is now " + std::to_string(o.raised_mb) + " MiB";
+    } else {
+      why = "raised from " + std::to_string(o.budget_mb) + " MiB: " + why + ", with room beside it";
+    }
+    changed.push_back(next_record(m_jobs.at(o.id).rec, event::OverBudget{o.raised_mb, why, o.stop, now}));
+  }
+  try {
+    m_needs.commit({}, {}, changed);  // stored first: a gpuqd restarted meanwhile stops it still
+  } catch (const RequestError& e) {   // the next look tries again
+    std::cerr << "gpuqd: cannot record GPU memory budgets (" << e.what() << ")\n";
+    return;
+  }
+  for (const JobRecord& r : changed) {
+    std::cerr << "gpuqd: " << job_label(r) << ": "
+              << (r.run.over_budget.empty() ? "budget " + r.gpu_budget.why : "stopping it: " + r.run.over_budget)
+              << "\n";
+    if (!r.run.over_budget.empty()) m_executor.stop(r.id);
+  }
 }
 
 // What the GPUs say of a failed attempt.

@@ -111,6 +111,10 @@ class Attempts {
   void resume_holds(const std::vector<std::int64_t>& lingering);
   // Records an attempt's end as `outcome` says: a retry, or the job's end.
   void finish(Active& a, const Outcome& outcome);
+  // After each look at the GPUs' processes: the shared jobs over their GPU memory budgets have
+  // them raised, and those whose GPU's other jobs need the room are stopped, to go back in line
+  // (gpu_budgets.hpp); stored first, as any intent.
+  void hold_budgets(double now);
 
   DescriptorBudget& descriptors() { return m_descriptors; }
 

@@ -33,6 +33,13 @@ struct Config : common::Settings {
   std::function<std::unique_ptr<Executor>(boost::asio::io_context&, Executor::Ended)> make_executor;
 
   bool hang_retry() const { return hang_action == "retry"; }
+  // A shared job over its GPU memory budget while its neighbours need the room is stopped and
+  // requeued (gpu_budgets.hpp), by its spec's word or else gpuqd's.
+  bool budget_stops(const common::JobSpec& spec) const {
+    return spec.gpu_memory_policy == common::MemoryPolicy::default_
+               ? gpu_memory_policy == "requeue"
+               : spec.gpu_memory_policy == common::MemoryPolicy::requeue;
+  }
 };
 
 }  // namespace gpuq::daemon

@@ -94,6 +94,7 @@ Daemon::Daemon(asio::io_context& io, Config config, std::unique_ptr<Store> store
     if (m_jobs.any_with_deps()) m_pacer.soon();  // a job may wait for this one to be handed over
   });
   m_executor->on_released([this](std::int64_t id) { m_attempts.released(id); });
+  m_machine.gpu_processes.after_each_look([this] { m_attempts.hold_budgets(wall_now()); });
   for (const auto& [batch, limit] : m_store->batch_limits()) m_jobs.set_batch_limit(batch, limit);
 }
 

@@ -54,6 +54,7 @@ void GpuProcesses::start(bool enabled) {
 
 void GpuProcesses::tick() {
   look();
+  if (m_looked) m_looked();
   m_timer.expires_after(std::chrono::milliseconds(static_cast<long long>(m_interval_s * 1000)));
   m_timer.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) tick();
@@ -65,9 +66,11 @@ void GpuProcesses::look() { observe(list(), m_running()); }
 void GpuProcesses::observe(const Lists& seen, const std::vector<Running>& running) {
   std::map<int, std::int64_t> foreign;
   std::map<std::int64_t, std::map<int, std::int64_t>> own;  // job -> GPU -> its processes' memory now
+  m_listed.clear();
   for (std::size_t i = 0; i < seen.size() && i < m_inventory.gpus().size(); ++i) {
     if (!seen[i]) continue;
     const int gpu = m_inventory.gpus()[i].index;
+    m_listed.insert(gpu);
     for (const auto& p : *seen[i]) {
       const std::int64_t mb = p.used_mb.value_or(0);
       if (p.job) own[p.job][gpu] += mb;
@@ -98,6 +101,7 @@ void GpuProcesses::observe(const Lists& seen, const std::vector<Running>& runnin
     }
     w.looked = true;
   }
+  m_now_mb = std::move(own);
   if (foreign != m_foreign_mb) {  // room on a GPU came or went: jobs may start, reasons change
     m_foreign_mb = std::move(foreign);
     m_changed();
@@ -118,6 +122,16 @@ std::optional<std::int64_t> GpuProcesses::peak_mb(std::int64_t id) const {
   std::int64_t peak = 0;
   for (const auto& [gpu, mb] : w->second.peak_mb) peak = std::max(peak, mb);
   return peak;
+}
+
+bool GpuProcesses::crowded_within(std::int64_t id, std::int64_t budget_mb) const {
+  const auto w = m_watch.find(id);
+  if (w == m_watch.end() || !w->second.looked) return false;
+  for (const auto& [gpu, mb] : w->second.peak_mb)
+    if (mb > budget_mb) return false;
+  for (const auto& [pid, o] : w->second.others)
+    if (!o.at_start || o.peak_mb > o.first_mb) return true;
+  return false;
 }
 
 std::vector<std::string> GpuProcesses::oom_notes(std::int64_t id, const std::map<int, std::int64_t>& memory_total,

@@ -8,11 +8,13 @@
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+
 #include <boost/asio.hpp>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,12 @@ class GpuProcesses {
   void observe(const Lists& seen, const std::vector<Running>& running);
 
   const std::map<int, std::int64_t>& foreign_mb() const { return m_foreign_mb; }  // GPU index -> MiB
+  // At the last look: what each running job's processes held on each GPU (job -> GPU index ->
+  // MiB), and the GPUs whose processes NVML could list.
+  const std::map<std::int64_t, std::map<int, std::int64_t>>& now_mb() const { return m_now_mb; }
+  const std::set<int>& listed() const { return m_listed; }
+  // Called after each timed look (not after one asked for with look()): the budgets' watch.
+  void after_each_look(std::function<void()> f) { m_looked = std::move(f); }
   // For a job that names its GPU memory: `reason` with the memory held outside gpuq, where there is some.
   std::string with_foreign_note(std::int64_t memory_mb, std::string reason) const;
   // A running job's processes' most GPU memory on one of its GPUs so far; nullopt before its first look.
@@ -61,6 +69,9 @@ class GpuProcesses {
   // a pid's user where it can.
   std::vector<std::string> oom_notes(std::int64_t id, const std::map<int, std::int64_t>& memory_total,
                                      const std::function<std::string(int pid)>& owner) const;
+  // Whether, as far as the looks went, a running job kept within `budget_mb` on each of its GPUs
+  // while a process outside gpuq came or grew on one: out of GPU memory, it was crowded out.
+  bool crowded_within(std::int64_t id, std::int64_t budget_mb) const;
   void forget(std::int64_t id) { m_watch.erase(id); }  // its attempt ended
 
   static constexpr std::size_t k_max_watched_others = 16;
@@ -86,6 +97,9 @@ class GpuProcesses {
   boost::asio::steady_timer m_timer;
   std::map<int, std::int64_t> m_foreign_mb;  // GPU index -> MiB held outside gpuq, at the last look
   std::map<std::int64_t, Watch> m_watch;     // running jobs -> what their GPUs showed
+  std::map<std::int64_t, std::map<int, std::int64_t>> m_now_mb;
+  std::set<int> m_listed;
+  std::function<void()> m_looked;
 };
 
 }  // namespace gpuq::daemon

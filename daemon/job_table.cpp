@@ -9,7 +9,7 @@ PendingJob pending_of(const JobRecord& r) {
           s.priority,
           s.gpus,
           s.shared,
-          s.gpu_memory_mb,
+          gpu_budget_mb(r),
           s.timeout_s,
           s.ranks,
           s.cpus,

@@ -134,8 +134,9 @@ Env rank_environment(const JobRecord& job, const Env& base_env, const std::vecto
   env["GPUQ_EVENTS"] = rank_events_path(adir, rank);
   // Appears when the job is preempted (its supervisor writes it before the preemption's signal).
   env["GPUQ_PREEMPT_FILE"] = preempt_file_path(adir);
-  // The job's share of each GPU, for programs that size themselves to it (gpuq-worker does).
-  if (job.spec.gpu_memory_mb > 0) env["GPUQ_GPU_MEMORY_MB"] = std::to_string(job.spec.gpu_memory_mb);
+  // The job's share of each GPU, for programs that size themselves to it (gpuq-worker does): its
+  // budget, raised where gpuq raised it.
+  if (gpu_budget_mb(job) > 0) env["GPUQ_GPU_MEMORY_MB"] = std::to_string(gpu_budget_mb(job));
   if (!cores.empty()) {
     // As Slurm's --cpus-per-task: OpenMP (and so PyTorch's intra-op pool) sizes itself to the
     // rank's cores instead of every core of the machine.

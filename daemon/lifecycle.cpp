@@ -68,6 +68,7 @@ std::string_view event_name(const Event& e) {
                         [](const event::Preempted&) { return "preempted"; },
                         [](const event::Suspended&) { return "suspended"; },
                         [](const event::Resumed&) { return "resumed"; },
+                        [](const event::OverBudget& o) { return o.stop ? "over_budget_stop" : "over_budget"; },
                     },
                     e);
 }
@@ -230,6 +231,17 @@ Result<JobRecord> transition(const JobRecord& rec, const Event& e) {
               next.suspensions = std::max(0, rec.suspensions - 1);
             }
             thawed(next, r.at);
+            return next;
+          },
+          [&](const event::OverBudget& o) -> Result<JobRecord> {
+            if (!running || o.raised_mb <= 0) return refused(rec, e, "a running job");
+            if (o.stop && (stop_asked(rec) || rec.run.suspended_for != 0))
+              return refused(rec, e, "a running job not asked to stop nor suspended");
+            next.gpu_budget = {o.raised_mb, o.why, rec.gpu_budget.raises + 1, o.at};
+            if (o.stop) {
+              next.run.requeue_requested = true;
+              next.run.over_budget = o.why;
+            }
             return next;
           },
           [&](const event::Preempted& p) -> Result<JobRecord> {

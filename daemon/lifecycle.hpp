@@ -107,6 +107,16 @@ struct Resumed {
   double at = 0;
   bool undone = false;
 };
+// Running -> running, its GPU memory budget raised to `raised_mb`, `why` said: it held more than
+// its budget (gpu_budgets.hpp), or CUDA ran out of memory at it. With `stop` (a job not asked to
+// stop nor suspended), also asked to stop for it and go back in line as the same job, as
+// RequeueRequested: its GPU's other jobs need the room.
+struct OverBudget {
+  std::int64_t raised_mb = 0;
+  std::string why;
+  bool stop = false;
+  double at = 0;
+};
 // Any end -> queued under the same id, with a fresh retry budget (gpuq restart).
 struct Restarted {};
 // Running but never started (gpuqd stopped between recording the launch and spawning it, or it
@@ -127,7 +137,7 @@ struct Unrunnable {
 using Event = std::variant<event::Launched, event::Ended, event::Retried, event::CancelRequested, event::Cancelled,
                            event::DependencyFailed, event::Held, event::Restarted, event::NeverStarted,
                            event::Unrunnable, event::RequeueRequested, event::Requeued, event::PreemptRequested,
-                           event::Preempted, event::Suspended, event::Resumed>;
+                           event::Preempted, event::Suspended, event::Resumed, event::OverBudget>;
 
 std::string_view event_name(const Event& e);
 

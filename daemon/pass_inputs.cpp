@@ -43,7 +43,7 @@ std::map<int, GpuHolding> gpu_holdings(const Reads& reads) {
       if (total == totals.end()) continue;  // not a GPU of this machine's (any more)
       GpuHolding& h = out[index];
       h.jobs.push_back(a.rec.id);
-      h.allocated_mb += a.rec.spec.shared ? a.rec.spec.gpu_memory_mb : total->second;
+      h.allocated_mb += a.rec.spec.shared ? gpu_budget_mb(a.rec) : total->second;
       h.exclusive = h.exclusive || !a.rec.spec.shared;
       h.free_at = std::max(h.free_at, ends);
     }
@@ -118,7 +118,7 @@ std::vector<Runner> runners(const Reads& reads, bool& any_preemptible,
     x.user = r.uid;
     x.gpus = r.run.gpus;
     x.shared = r.spec.shared;
-    x.memory_mb = r.spec.gpu_memory_mb;
+    x.memory_mb = gpu_budget_mb(r);
     x.preemptible = r.spec.preemptible && r.spec_error.empty();
     x.stopping = stop_asked(r);
     x.started_at = r.run.started_at;
@@ -131,7 +131,7 @@ std::vector<Runner> runners(const Reads& reads, bool& any_preemptible,
     // What it keeps on its GPUs frozen: at least its processes' peak as NVML saw it, and at least
     // what its spec says; where gpuqd sees no GPU processes (fake GPUs, no looks), what its spec
     // says. Unknown (0) before NVML has seen it.
-    x.kept_mb = kept_on_gpu_mb(seen, seen ? reads.gpu_processes.peak_mb(r.id) : std::nullopt, r.spec.gpu_memory_mb);
+    x.kept_mb = kept_on_gpu_mb(seen, seen ? reads.gpu_processes.peak_mb(r.id) : std::nullopt, gpu_budget_mb(r));
     x.may_requeue = r.spec.preempt_mode != common::PreemptMode::suspend;
     // `auto` freezes a job of one process only: a gang's collectives and rendezvous run on wall-clock
     // timeouts (NCCL's watchdog, Gloo's) that a long freeze may pass; `suspend` asks for it all the same.

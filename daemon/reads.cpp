@@ -118,6 +118,11 @@ common::JobInfo Reads::info_of(const JobRecord& stored, const Caller& viewer) co
     i.preempted_at = r.run.preempted_at;
   }
   i.suspensions = r.suspensions;
+  if (r.spec.shared) {
+    i.gpu_budget_mb = gpu_budget_mb(r);
+    i.gpu_budget_why = r.gpu_budget.why;
+    i.gpu_budget_at = r.gpu_budget.at;
+  }
   if (r.state == JobState::running && r.run.suspended_for != 0) {
     i.suspended_for = r.run.suspended_by;
     i.suspended_at = r.run.suspended_at;

@@ -83,8 +83,8 @@ void Daemon::schedule_now() {
   m_last_pass.remember(plan);
   for (auto& [id, reason] : plan.waiting) {
     Active& a = m_jobs.at(id);
-    m_last_pass.say(a, m_machine.gpu_processes.with_foreign_note(a.rec.spec.gpu_memory_mb,
-                                                         m_machine.health.with_drain_note(a.rec.spec.gpus, std::move(reason))));
+    m_last_pass.say(a, m_machine.gpu_processes.with_foreign_note(
+                           gpu_budget_mb(a.rec), m_machine.health.with_drain_note(a.rec.spec.gpus, std::move(reason))));
   }
   auto prepared = [&](Active& a, const Placement& p) {
     try {

@@ -202,6 +202,33 @@ json preemption_json(const JobRecord& j) {
   return out;
 }
 
+json gpu_budget_json(const JobRecord& j) {
+  json out = json::object();
+  if (j.gpu_budget.mb > 0) out["mb"] = j.gpu_budget.mb;
+  if (!j.gpu_budget.why.empty()) out["why"] = j.gpu_budget.why;
+  if (j.gpu_budget.raises > 0) out["raises"] = j.gpu_budget.raises;
+  if (j.gpu_budget.at > 0) out["at"] = j.gpu_budget.at;
+  if (!j.run.over_budget.empty()) out["over_budget"] = j.run.over_budget;
+  return out;
+}
+
+void read_gpu_budget(JobRecord& j, const json& stored) {
+  if (!stored.is_object()) return;
+  const auto number = [&](const char* key) {
+    const auto it = stored.find(key);
+    return it != stored.end() && it->is_number() ? it->get<double>() : 0.0;
+  };
+  const auto text = [&](const char* key) {
+    const auto it = stored.find(key);
+    return it != stored.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  j.gpu_budget.mb = static_cast<std::int64_t>(std::clamp(number("mb"), 0.0, 1e12));
+  j.gpu_budget.why = text("why");
+  j.gpu_budget.raises = static_cast<int>(std::clamp(number("raises"), 0.0, 1e9));
+  j.gpu_budget.at = number("at");
+  j.run.over_budget = text("over_budget");
+}
+
 void read_preemption(JobRecord& j, const json& stored) {
   if (!stored.is_object()) return;
   const auto number = [&](const char* key) {
@@ -228,7 +255,7 @@ void Store::write_job(const JobRecord& j) {
       "UPDATE jobs SET state=?, attempt=?, reason=?, started_at=?, ended_at=?, exit_code=?, exit_signal=?, "
       "gpus=?, master_port=?, not_before=?, cancel_requested=?, progress=?, result=?, after=?, "
       "bad_event_lines=?, first_failure=?, cpu_slots=?, cores=?, attempt_base=?, restarts=?, blocked_by=?, held=?, "
-      "external_id=?, first_bad_event=?, preemption=? WHERE id=?");
+      "external_id=?, first_bad_event=?, preemption=?, gpu_budget=? WHERE id=?");
   bind_text(st, 1, std::string(to_string(j.state)));
   sqlite3_bind_int(st, 2, j.attempt);
   bind_text(st, 3, j.reason);
@@ -254,7 +281,8 @@ void Store::write_job(const JobRecord& j) {
   bind_text(st, 23, j.run.external_id);
   bind_text(st, 24, j.first_bad_event);
   bind_text(st, 25, preemption_json(j).dump());
-  sqlite3_bind_int64(st, 26, j.id);
+  bind_text(st, 26, gpu_budget_json(j).dump());
+  sqlite3_bind_int64(st, 27, j.id);
   run(m_db, st, "update job");
 }
 

@@ -85,7 +85,20 @@ struct JobRecord {
     json result;         // merged result events
     json first_failure;  // {rank, exit_code, signal} when it failed
     std::string external_id;  // the attempt's id in the system that ran it ("slurm:42"); "" here
+    // Asked to stop and go back in line (requeue_requested) because it held more GPU memory than
+    // its budget while its GPU's other jobs needed the room (gpu_budgets.hpp); why, for its reason.
+    std::string over_budget;
   } run;
+  // A shared job's GPU memory budget, where gpuq raised it from what its spec declares: the MiB
+  // (0: the spec's `gpu_memory_mb`), why, and how many times. Kept from attempt to attempt, and
+  // over a restart.
+  struct GpuBudget {
+    std::int64_t mb = 0;
+    std::string why;
+    int raises = 0;
+    double at = 0;  // when it was last raised
+    bool operator==(const GpuBudget&) const = default;
+  } gpu_budget;
   double not_before = 0;  // retry backoff: not eligible before this time
   std::vector<std::int64_t> after;  // resolved dependency ids
   std::int64_t bad_event_lines = 0;
@@ -109,6 +122,14 @@ struct JobRecord {
 // what preemption_json writes leaves the fields as they are.
 json preemption_json(const JobRecord& j);
 void read_preemption(JobRecord& j, const json& stored);
+// The GPU memory budget fields (jobs.gpu_budget), likewise.
+json gpu_budget_json(const JobRecord& j);
+void read_gpu_budget(JobRecord& j, const json& stored);
+// The GPU memory a shared job may hold on each of its GPUs: its raised budget, else its spec's
+// `gpu_memory_mb` (0: none said).
+inline std::int64_t gpu_budget_mb(const JobRecord& j) {
+  return j.gpu_budget.mb > 0 ? j.gpu_budget.mb : j.spec.gpu_memory_mb;
+}
 
 struct EventRow {
   std::int64_t seq = 0;  // store order (rowid); 0 until stored

@@ -26,13 +26,14 @@ using namespace sql;
 namespace {
 
 constexpr int k_application_id = 0x67707571;  // "gpuq": marks the file as ours
-constexpr int k_schema_version = 16;          // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
+constexpr int k_schema_version = 17;          // 2: jobs.cpu_slots; 3: jobs.cores; 4: restarts, blocked_by; 5: held;
                                               // 6: drained_gpus; 7: batches.max_running; 8: removed_ids;
                                               // 9: batches.complete; 10: restarts (plans of restarts under way);
                                               // 11: jobs.external_id (the Slurm job of the last attempt)
                                               // 12: jobs.uid (its owner); 13: hooks (on_finish hooks due)
                                               // 14: jobs.first_bad_event; 15: jobs.preemption
                                               // 16: hook_runs (hooks due by job and event) for hooks
+                                              // 17: jobs.gpu_budget (a shared job's raised budget)
 
 constexpr const char* k_schema = R"sql(
 CREATE TABLE IF NOT EXISTS batches(
@@ -49,7 +50,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   cpu_slots TEXT NOT NULL DEFAULT '[]', cores TEXT NOT NULL DEFAULT '[]',
   attempt_base INTEGER NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0,
   blocked_by INTEGER NOT NULL DEFAULT 0, held INTEGER NOT NULL DEFAULT 0, external_id TEXT NOT NULL DEFAULT '',
-  uid INTEGER NOT NULL DEFAULT 0, first_bad_event TEXT NOT NULL DEFAULT '', preemption TEXT NOT NULL DEFAULT '{}');
+  uid INTEGER NOT NULL DEFAULT 0, first_bad_event TEXT NOT NULL DEFAULT '', preemption TEXT NOT NULL DEFAULT '{}',
+  gpu_budget TEXT NOT NULL DEFAULT '{}');
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch);
 CREATE TABLE IF NOT EXISTS transitions(
@@ -332,6 +334,11 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
           "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS hooks(job_id INTEGER PRIMARY KEY, started INTEGER NOT NULL "
           "DEFAULT 0); INSERT OR IGNORE INTO hook_runs(job_id, event, started) SELECT job_id, 'finish', started FROM "
           "hooks; DROP TABLE hooks; PRAGMA user_version=16; COMMIT");
+    }
+    if (app_id == k_application_id && version < 17) {
+      store->exec(
+          "BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN gpu_budget TEXT NOT NULL DEFAULT '{}'; "
+          "PRAGMA user_version=17; COMMIT");
     }
     // A batch whose writing a crash cut short was never acknowledged: it goes (insert_batch_part).
     store->exec("BEGIN IMMEDIATE; "

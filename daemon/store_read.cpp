@@ -80,6 +80,7 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st, const DetailsOf& deta
     j.run.requeue_requested = sqlite3_column_int(st, 14) == 2;
     j.run.preempt_requested = sqlite3_column_int(st, 14) == 3;
     read_preemption(j, json_col(st, 29));
+    read_gpu_budget(j, json_col(st, 30));
     j.uid = static_cast<uid_t>(sqlite3_column_int64(st, 27));
     const bool detailed = !details || details(j.uid);
     if (detailed) {
@@ -108,10 +109,11 @@ std::vector<JobRecord> Store::query_jobs(sqlite3_stmt* st, const DetailsOf& deta
   return out;
 }
 
-#define GPUQ_SELECT_JOBS(where)                                                                                      \
-  ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, "    \
-   "gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, "      \
-   "cpu_slots, cores, attempt_base, restarts, blocked_by, held, external_id, uid, first_bad_event, preemption FROM " \
+#define GPUQ_SELECT_JOBS(where)                                                                                   \
+  ("SELECT id, batch, spec, state, attempt, reason, submitted_at, started_at, ended_at, exit_code, exit_signal, " \
+   "gpus, master_port, not_before, cancel_requested, progress, result, after, bad_event_lines, first_failure, "   \
+   "cpu_slots, cores, attempt_base, restarts, blocked_by, held, external_id, uid, first_bad_event, preemption, "  \
+   "gpu_budget FROM "                                                                                             \
    "jobs " where)
 
 std::vector<JobRecord> Store::load_active() {

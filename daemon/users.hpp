@@ -26,7 +26,7 @@ namespace gpuq::daemon {
 // Who sent a request, as the kernel says (SO_PEERCRED), never as the request says. An admin may act
 // on every job: root, a member of the admin group in lab mode, and in single-user mode every
 // caller gpuqd serves at all (its own user and root).
-constexpr int k_caller_minor_latest = 5;  // common::k_protocol_minor, without its header
+constexpr int k_caller_minor_latest = 6;  // common::k_protocol_minor, without its header
 
 struct Caller {
   uid_t uid = 0;

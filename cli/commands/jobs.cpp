@@ -47,9 +47,15 @@ std::string runtime_of(const common::JobInfo& j) {
   return format_duration((j.ended_at > 0 ? j.ended_at : now_s()) - j.started_at);
 }
 
+// Running, and its GPU memory budget raised during this attempt: it held more than it said.
+bool budget_raised_now(const common::JobInfo& j) {
+  return j.state == JobState::running && j.started_at > 0 && j.gpu_budget_at >= j.started_at;
+}
+
 std::string state_of(const common::JobInfo& j) {
   if (j.state == JobState::queued) return display_state(j);
   if (j.state == JobState::running && j.hung) return "running (hung?)";
+  if (budget_raised_now(j) && !j.preempting && j.suspended_for.empty()) return "running (over budget)";
   if (j.state == JobState::running && (j.preempting || !j.suspended_for.empty())) return display_state(j);
   if (j.state == JobState::failed || j.state == JobState::succeeded || j.state == JobState::out_of_memory) {
     if (j.exit_signal.is_number()) return name_of(j.state) + " (sig " + std::to_string(j.exit_signal.get<int>()) + ")";
@@ -65,6 +71,7 @@ std::string detail_of(const common::JobInfo& j) {
   if (j.state == JobState::running && j.hung) return j.reason;
   if (j.state == JobState::running && j.preempting) return "for " + j.preempted_by;
   if (j.state == JobState::running && !j.suspended_for.empty()) return "frozen for " + j.suspended_for;
+  if (budget_raised_now(j)) return "GPU memory budget " + j.gpu_budget_why;
   if (j.state == JobState::running && j.progress.is_object()) return format_fields(j.progress, 5);
   if (j.state == JobState::succeeded && j.result.is_object()) return format_fields(j.result, 5);
   return j.reason;
@@ -237,6 +244,11 @@ int cmd_show(const Options& o, std::int64_t id) {
             << (j.gpu_memory_peak_mb.is_number() ? ", peak " + j.gpu_memory_peak_mb.dump() + " MiB on a GPU so far"
                                                  : std::string())
             << "\n";
+  if (j.gpu_budget_mb > 0)
+    std::cout << printable("  budget:    " + std::to_string(j.gpu_budget_mb) + " MiB of GPU memory a GPU" +
+                           (j.gpu_budget_why.empty() ? std::string(", as declared (gpu_memory_mb)")
+                                                     : ", " + j.gpu_budget_why + " at " + format_time(j.gpu_budget_at)))
+              << "\n";
   if (j.cpus_requested > 0)
     std::cout << "  cpus:      " << j.cpus_requested << " per rank"
               << (j.cpus.empty() ? std::string() : ", pinned to " + common::format_cpu_list(j.cpus)) << "\n";

@@ -149,6 +149,7 @@ TEST_CASE("every key of the one table is parsed, shown by `gpuq config`, named i
                                                "flag",
                                                "spread",
                                                "fair_share",
+                                               "warn",
                                                true,
                                                nlohmann::json::array({"x"}),
                                                nlohmann::json::object()};
@@ -185,7 +186,7 @@ TEST_CASE("every key of the one table is parsed, shown by `gpuq config`, named i
 TEST_CASE("gpuqd's options are the table's: each sets its key through the key's rule, named as the option") {
   // Nothing here lists the options: every key of the table that names one is tried with the first
   // of these texts its rule takes, which must land in that key alone, with the option as source.
-  const std::vector<std::string> texts{"90", "2h", "/tmp/x", "slurm", "retry", "spread", "fair_share", "g"};
+  const std::vector<std::string> texts{"90", "2h", "/tmp/x", "slurm", "retry", "spread", "fair_share", "warn", "g"};
   Settings defaults;
   std::size_t options = 0;
   for (const auto& k : setting_keys()) {

@@ -77,6 +77,8 @@ const std::vector<Event>& every_event() {
       event::Preempted{"preempted by job 9 (urgent)"},
       event::Suspended{9, 1, "job 9 (urgent)", 80.0},
       event::Resumed{90.0},
+      event::OverBudget{30000, "raised from 20000 MiB: it held 26000 MiB on GPU 0", false, 95.0},
+      event::OverBudget{30000, "over its GPU memory budget", true, 96.0},
   };
   return events;
 }
@@ -128,6 +130,12 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
       // Frozen once, for another job; thawed only when frozen.
       {"suspended", {{"running", JobState::running}}},
       {"resumed", {{"running+suspended", JobState::running}}},
+      // A budget raised whatever the attempt is doing; stopped for it only when nothing else stops it.
+      {"over_budget",
+       {{"running", JobState::running},
+        {"running+preempting", JobState::running},
+        {"running+suspended", JobState::running}}},
+      {"over_budget_stop", {{"running", JobState::running}}},
   };
   int refusals = 0;
   for (const auto& e : every_event()) {
@@ -151,7 +159,7 @@ TEST_CASE("every state and event: the legal edges lead where they should, every 
       }
     }
   }
-  CHECK(refusals == 17 * 11 - 39);  // 187 pairs, 39 of them legal
+  CHECK(refusals == 19 * 11 - 43);  // 209 pairs, 43 of them legal
 }
 
 TEST_CASE("a launch starts the next attempt from a clean slate") {
@@ -316,6 +324,43 @@ TEST_CASE("a requeue stops a running job and puts it back in line, its next atte
   JobRecord unreadable = *asked;
   unreadable.spec_error = "invalid job spec";
   CHECK_FALSE(transition(unreadable, event::Requeued{""}).ok());  // it could never run again
+}
+
+TEST_CASE(
+    "over its GPU memory budget: the budget raised and kept from attempt to attempt; stopped, it is requeued once") {
+  JobRecord r = job_in(JobState::running);
+  r.spec.shared = true;
+  r.spec.gpu_memory_mb = 20000;
+  r.run.gpus = {0};
+  CHECK(gpu_budget_mb(r) == 20000);  // its spec's, until raised
+  auto raised = transition(r, event::OverBudget{32512, "raised from 20000 MiB: it held 26000 MiB", false, 50.0});
+  REQUIRE(raised.ok());
+  CHECK(raised->state == JobState::running);
+  CHECK(gpu_budget_mb(*raised) == 32512);
+  CHECK(raised->gpu_budget == JobRecord::GpuBudget{32512, "raised from 20000 MiB: it held 26000 MiB", 1, 50.0});
+  CHECK_FALSE(stop_asked(*raised));  // left running
+
+  auto stopping = transition(*raised, event::OverBudget{49152, "over its GPU memory budget", true, 60.0});
+  REQUIRE(stopping.ok());
+  CHECK(stopping->run.requeue_requested);
+  CHECK(stopping->run.over_budget == "over its GPU memory budget");
+  CHECK(stopping->gpu_budget.raises == 2);
+  CHECK_FALSE(transition(*stopping, event::OverBudget{60000, "again", true, 61.0}).ok());  // asked once
+  JobRecord frozen = *raised;
+  frozen.run.suspended_for = 9;
+  CHECK_FALSE(transition(frozen, event::OverBudget{60000, "frozen", true, 61.0}).ok());  // a frozen job grows not
+
+  auto back = transition(*stopping, event::Requeued{"requeued: over its GPU memory budget: attempt 1 was stopped"});
+  REQUIRE(back.ok());
+  CHECK(back->state == JobState::queued);
+  CHECK(back->attempt_base == 1);  // no retry spent
+  CHECK(back->run.over_budget.empty());
+  CHECK(gpu_budget_mb(*back) == 49152);  // the next attempt runs with it
+  auto again = transition(*back, event::Launched{{0}, {}, {}, 0, 70.0});
+  REQUIRE(again.ok());
+  CHECK(gpu_budget_mb(*again) == 49152);
+  CHECK_FALSE(transition(job_in(JobState::queued), event::OverBudget{1000, "queued", false, 1.0}).ok());
+  CHECK_FALSE(transition(r, event::OverBudget{0, "nothing", false, 1.0}).ok());
 }
 
 TEST_CASE("a preemption stops a running job once and puts it back in line, saying who preempted it and when") {

@@ -123,6 +123,30 @@ TEST_CASE("preempt_mode: auto by default (not written back), requeue or suspend,
   CHECK(contains(error_of(R"({"command": ["true"], "preempt_mode": 1})"), "field `preempt_mode`"));
 }
 
+TEST_CASE("gpu_memory_policy: gpuqd's by default (not written back), requeue or warn, for shared jobs only") {
+  using gpuq::common::MemoryPolicy;
+  const json shared = {{"command", {"true"}}, {"gpus", 1}, {"shared", true}, {"gpu_memory_mb", 8000}};
+  auto r = parse_batch(shared, "/tmp");
+  REQUIRE(r.ok());
+  CHECK((*r)[0].gpu_memory_policy == MemoryPolicy::default_);
+  CHECK_FALSE(to_json((*r)[0]).contains("gpu_memory_policy"));
+  for (const auto& [word, policy] :
+       {std::pair{"requeue", MemoryPolicy::requeue}, std::pair{"warn", MemoryPolicy::warn}}) {
+    CAPTURE(word);
+    json spec = shared;
+    spec["gpu_memory_policy"] = word;
+    r = parse_batch(spec, "/tmp");
+    REQUIRE(r.ok());
+    CHECK((*r)[0].gpu_memory_policy == policy);
+    CHECK(parse_job(to_json((*r)[0]), "/tmp")->gpu_memory_policy == policy);  // a stored spec reads back the same
+  }
+  json bad = shared;
+  bad["gpu_memory_policy"] = "kill";
+  CHECK(contains(error_of(bad.dump()), "field `gpu_memory_policy` must be \"requeue\" or \"warn\", got \"kill\""));
+  CHECK(contains(error_of(R"({"command": ["true"], "gpus": 1, "gpu_memory_policy": "warn"})"),
+                 "field `gpu_memory_policy` needs `shared`"));
+}
+
 TEST_CASE("a NUL byte in any string of a spec is refused by its field, not cut short at exec") {
   CHECK(contains(error_of(R"({"command": ["echo", "a\u0000; rm -rf ~"]})"),
                  "field `command[1]` contains a NUL byte"));

@@ -430,10 +430,11 @@ TEST_CASE("a version 15 store's due on_finish hooks are kept as due on_finish ho
   // The table as versions 13 to 15 had it: one row a job, its on_finish hooks'.
   raw_exec(db.path,
            "DROP TABLE hook_runs; CREATE TABLE hooks(job_id INTEGER PRIMARY KEY, started INTEGER NOT NULL "
-           "DEFAULT 0); INSERT INTO hooks VALUES(1, 0), (2, 1); PRAGMA user_version=15;");
+           "DEFAULT 0); INSERT INTO hooks VALUES(1, 0), (2, 1); ALTER TABLE jobs DROP COLUMN gpu_budget; "
+           "PRAGMA user_version=15;");
   auto store = Store::open(db.path);
   REQUIRE(store.ok());
-  CHECK(user_version(db.path) == 16);
+  CHECK(user_version(db.path) == 17);
   CHECK((*store)->due_hooks() == std::vector<DueHook>{{1, HookEvent::finish, {}}});
   (*store)->forget_started_hooks();  // 2's had started: it is not run again
   CHECK((*store)->due_hooks() == std::vector<DueHook>{{1, HookEvent::finish, {}}});
@@ -442,10 +443,10 @@ TEST_CASE("a version 15 store's due on_finish hooks are kept as due on_finish ho
   // table 13 would have made is missing, and the store opens all the same.
   raw_exec(db.path,
            "DROP TABLE hook_runs; ALTER TABLE jobs DROP COLUMN first_bad_event; "
-           "ALTER TABLE jobs DROP COLUMN preemption; PRAGMA user_version=13;");
+           "ALTER TABLE jobs DROP COLUMN preemption; ALTER TABLE jobs DROP COLUMN gpu_budget; PRAGMA user_version=13;");
   auto again = Store::open(db.path);
   REQUIRE(again.ok());
-  CHECK(user_version(db.path) == 16);
+  CHECK(user_version(db.path) == 17);
   CHECK((*again)->due_hooks().empty());
 }
 
@@ -495,14 +496,20 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].attempt_base = 1;
     active[0].restarts = 1;
     active[0].held = true;
+    CHECK(active[0].gpu_budget == JobRecord::GpuBudget{});  // the column a version 17 store added
+    active[0].gpu_budget = {30000, "raised from 20000 MiB after CUDA ran out of memory", 1, 140.5};
+    active[0].run.over_budget = "over its budget";
     (*store)->update(active[0], false);
   }
-  CHECK(user_version(db.path) == 16);
+  CHECK(user_version(db.path) == 17);
   auto again = Store::open(db.path);  // opening a migrated store changes nothing
   CHECK((*again)->get(7)->run.external_id.empty());  // the column a version 11 store added
   REQUIRE(again.ok());
   CHECK((*again)->get(7)->run.cpu_slots == std::vector<int>{3});
   CHECK((*again)->get(7)->run.cores == std::vector<int>{6, 7});
+  CHECK((*again)->get(7)->gpu_budget ==
+        JobRecord::GpuBudget{30000, "raised from 20000 MiB after CUDA ran out of memory", 1, 140.5});
+  CHECK((*again)->get(7)->run.over_budget == "over its budget");
   CHECK((*again)->get(7)->attempt_base == 1);
   CHECK((*again)->get(7)->restarts == 1);
   CHECK((*again)->get(7)->first_bad_event == "rank 0, line 3: not JSON");
@@ -657,7 +664,7 @@ TEST_CASE("a state store from a newer gpuq is refused, not downgraded") {
   raw_exec(db.path, "PRAGMA user_version=99");
   auto store = Store::open(db.path);
   REQUIRE_FALSE(store.ok());
-  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 16") != std::string::npos);
+  CHECK(store.error().message.find("schema version 99, newer than this gpuqd's 17") != std::string::npos);
   CHECK(user_version(db.path) == 99);
 }
 
