@@ -104,8 +104,12 @@ Result<bool> create_file_once(const std::string& path, const std::string& text, 
   if (auto w = write_new_file(tmp, text, mode); !w) return w;
   // link() never replaces what is there, and what it puts there is whole. Refused for another
   // reason (a filesystem without hard links), it is an error, never taken for "already there".
-  const int linked = ::link(tmp.c_str(), path.c_str());
+  int linked = ::link(tmp.c_str(), path.c_str());
   const int err = errno;
+  // Over NFS a retransmitted link() may answer EEXIST for the link it made: the temporary file's
+  // two links say so (open(2)'s advice for O_EXCL there).
+  struct stat st {};
+  if (linked != 0 && err == EEXIST && ::stat(tmp.c_str(), &st) == 0 && st.st_nlink == 2) linked = 0;
   ::unlink(tmp.c_str());
   if (linked == 0) return true;
   if (err == EEXIST) return false;

@@ -167,6 +167,9 @@ bool Attempts::prepare(Active& a, const Placement& placement, double now) {
                                       : omp_share(next.spec, static_cast<int>(m_machine.cores.cores.size()),
                                                   static_cast<int>(m_machine.inventory.gpus().size()), gpu_total_mb)});
   // What a preemption sends the ranks first, and how long they have to checkpoint (supervisor.cpp).
+  // Its pid file made once, where a gpuqd restarted before the supervisor's claim withdraws the
+  // attempt by making it first (LocalExecutor::adopt); Slurm may run an attempt's script again.
+  if (m_executor.withdraws_numbers()) doc["claim"] = true;
   doc["preempt"] = {{"signal", common::preempt_signal_number(next.spec.preempt_signal)},
                     {"grace_s", preempt_grace_s(next.spec)},
                     {"file", preempt_file_path(adir)}};
@@ -316,8 +319,17 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
 
   // CUDA out of memory while it kept within its budget, as far as NVML's looks saw, and something
   // outside gpuq grew beside it: not its budget's fault (gpu_budgets.hpp), so not raised for it.
+  // Its watch goes once this end is stored: a store that refuses has finish() called again, which
+  // is to judge as this one did.
   const bool crowded_out = m_machine.gpu_processes.crowded_within(rec.id, gpu_budget_mb(rec));
-  m_machine.gpu_processes.forget(rec.id);
+  struct ForgetOnceStored {
+    GpuProcesses& processes;
+    std::int64_t id;
+    int unwinding = std::uncaught_exceptions();
+    ~ForgetOnceStored() {
+      if (std::uncaught_exceptions() == unwinding) processes.forget(id);
+    }
+  } forget_once_stored{m_machine.gpu_processes, rec.id};
   if (rec.run.started_at > 0 && end.at >= rec.run.started_at) m_metrics.run_time.observe(end.at - rec.run.started_at);
   // Fair share remembers its GPU time, once the end is stored (`rec` is gone by then).
   const uid_t owner = rec.uid;
@@ -362,10 +374,13 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
   if (end.state == JobState::failed && failure.is_object() && failure.value("class", json()) == "cuda_oom" &&
       rec.spec.shared && gpu_budget_mb(rec) > 0 && !rec.run.cancel_requested && rec.spec_error.empty() &&
       !crowded_out) {
-    std::int64_t cap = 0;  // its GPUs' smallest
+    std::int64_t cap = 0;  // the least any of its GPUs has beside the memory held outside gpuq
     for (int gpu : rec.run.gpus)
-      if (const Gpu* g = m_machine.inventory.find(gpu); g && (cap == 0 || g->memory_total_mb < cap))
-        cap = g->memory_total_mb;
+      if (const Gpu* g = m_machine.inventory.find(gpu)) {
+        const auto f = m_machine.gpu_processes.foreign_mb().find(gpu);
+        const std::int64_t has = g->memory_total_mb - (f == m_machine.gpu_processes.foreign_mb().end() ? 0 : f->second);
+        if (cap == 0 || has < cap) cap = has;
+      }
     const std::int64_t budget = gpu_budget_mb(rec);
     const std::int64_t raised = raised_budget_mb(budget, 0, cap);
     if (raised > budget) {
@@ -382,7 +397,7 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
       m_needs.schedule_soon();
       return;
     }
-    end.reason += "; at its GPU memory budget's cap (" + std::to_string(cap) + " MiB, the whole GPU)";
+    end.reason += "; at its GPU memory budget's cap (" + std::to_string(cap) + " MiB, all its GPU has)";
   }
   const int run = rec.attempt - rec.attempt_base;  // attempts since the job was submitted or restarted
   if (retryable && has_retry_left(rec)) {
@@ -599,6 +614,7 @@ void Attempts::hold_budgets(double now) {
         if (const auto u = held->second.find(gpu); u != held->second.end()) used = u->second;
       BudgetJob j{r.id, gpu, r.spec.shared ? gpu_budget_mb(r) : 0, used, false, m_config.budget_stops(r.spec)};
       j.judged = r.spec.shared && !stop_asked(r) && r.run.suspended_for == 0 && r.spec_error.empty();
+      j.leaving = stop_asked(r);
       any_over = any_over || (j.judged && j.budget_mb > 0 && j.used_mb > j.budget_mb);
       jobs.push_back(j);
     }

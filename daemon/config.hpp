@@ -34,11 +34,12 @@ struct Config : common::Settings {
 
   bool hang_retry() const { return hang_action == "retry"; }
   // A shared job over its GPU memory budget while its neighbours need the room is stopped and
-  // requeued (gpu_budgets.hpp), by its spec's word or else gpuqd's.
+  // requeued (gpu_budgets.hpp), by its spec's word or else gpuqd's. In lab mode a spec's `warn`
+  // does not loosen gpuqd's `requeue`: one user's job would take the room of another's.
   bool budget_stops(const common::JobSpec& spec) const {
-    return spec.gpu_memory_policy == common::MemoryPolicy::default_
-               ? gpu_memory_policy == "requeue"
-               : spec.gpu_memory_policy == common::MemoryPolicy::requeue;
+    if (spec.gpu_memory_policy == common::MemoryPolicy::default_ || (multi_user && gpu_memory_policy == "requeue"))
+      return gpu_memory_policy == "requeue";
+    return spec.gpu_memory_policy == common::MemoryPolicy::requeue;
   }
 };
 

@@ -21,14 +21,17 @@ std::vector<Overrun> judge_budgets(const std::vector<BudgetGpu>& gpus, const std
   for (const auto& g : gpus) {
     const auto here = on.find(g.gpu);
     if (here == on.end()) continue;
-    std::int64_t free = g.total_mb - g.foreign_mb, owed = 0;
+    std::int64_t free = g.total_mb - g.foreign_mb, owed = 0, claimed = 0;  // claimed: max(budget, held), all jobs
     std::vector<std::int64_t> owed_to;
     std::vector<const BudgetJob*> over;
     for (const BudgetJob* j : here->second) {
-      free -= j->used_mb;
+      if (!j->leaving) {
+        free -= j->used_mb;
+        claimed += std::max(j->budget_mb, j->used_mb);
+      }
       if (j->judged && j->budget_mb > 0 && j->used_mb > j->budget_mb) {
         over.push_back(j);
-      } else if (j->budget_mb > j->used_mb) {  // room it may still grow into
+      } else if (j->judged && j->budget_mb > j->used_mb) {  // room it may still grow into
         owed += j->budget_mb - j->used_mb;
         owed_to.push_back(j->id);
       }
@@ -38,19 +41,28 @@ std::vector<Overrun> judge_budgets(const std::vector<BudgetGpu>& gpus, const std
       return x != y ? x > y : a->id < b->id;
     });
     for (const BudgetJob* j : over) {
-      Overrun o{j->id, g.gpu, j->used_mb, j->budget_mb, raised_budget_mb(j->budget_mb, j->used_mb, g.total_mb),
-                false, {},    0};
+      // Stopped, it is placed anew with the larger budget (at most what the GPU has beside the
+      // memory held outside gpuq); raised in place, at most into what no one else here claims.
+      const std::int64_t larger = raised_budget_mb(j->budget_mb, j->used_mb, g.total_mb - g.foreign_mb);
+      Overrun o{j->id, g.gpu, j->used_mb, j->budget_mb, larger, false, {}, 0};
       if (free < owed && j->may_stop) {
         o.stop = true;
         o.short_of = owed_to;
         o.short_mb = owed - free;
         free += j->used_mb;  // what it holds comes back once it has gone
+        claimed -= j->used_mb;
+      } else {
+        const std::int64_t room = g.total_mb - g.foreign_mb - (claimed - j->used_mb);
+        o.raised_mb = std::max(std::min(larger, room), j->used_mb);
+        claimed += o.raised_mb - j->used_mb;
       }
       auto [it, fresh] = out.emplace(o.id, o);
       if (fresh) continue;
       Overrun& kept = it->second;  // another GPU of its: the stop wins, else the furthest over
+      const std::int64_t most = std::max(kept.raised_mb, o.raised_mb);  // enough on each GPU of its
       if ((o.stop && !kept.stop) || (o.stop == kept.stop && o.used_mb - o.budget_mb > kept.used_mb - kept.budget_mb))
         kept = o;
+      kept.raised_mb = most;
     }
   }
   std::vector<Overrun> result;

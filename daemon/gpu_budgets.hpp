@@ -22,7 +22,7 @@ std::int64_t raised_budget_mb(std::int64_t budget_mb, std::int64_t used_mb, std:
 struct BudgetGpu {  // one GPU at a look
   int gpu = 0;
   std::int64_t total_mb = 0;
-  std::int64_t foreign_mb = 0;  // held by processes outside gpuq
+  std::int64_t foreign_mb = 0;  // held by processes outside gpuq: no budget is raised past the rest
 };
 
 struct BudgetJob {  // a running job on one of its GPUs, at a look
@@ -30,8 +30,11 @@ struct BudgetJob {  // a running job on one of its GPUs, at a look
   int gpu = 0;
   std::int64_t budget_mb = 0;  // 0: none (a job with GPUs of its own)
   std::int64_t used_mb = 0;    // its processes' memory there now
-  bool judged = false;         // may have its budget raised or be stopped: shared, not stopping, not frozen
-  bool may_stop = false;       // its policy is `requeue`
+  // May have its budget raised or be stopped, and is owed the room its budget leaves: shared, not
+  // stopping, not frozen (what a frozen job keeps is all it has: preemption.hpp's kept_mb).
+  bool judged = false;
+  bool may_stop = false;  // its policy is `requeue`
+  bool leaving = false;   // asked to stop: what it holds comes back
 };
 
 struct Overrun {
@@ -45,7 +48,8 @@ struct Overrun {
 
 // The jobs over their budgets at one look, and what each gets. On each GPU the overruns are taken
 // furthest over first: stopped while the room owed to the GPU's other jobs is more than the GPU
-// has free (counting what those stopped will free), else raised.
+// has free (counting what those stopped, now or before, will free), else raised, never into the
+// room the others' budgets (or what they hold, where more) and the memory held outside gpuq take.
 std::vector<Overrun> judge_budgets(const std::vector<BudgetGpu>& gpus, const std::vector<BudgetJob>& jobs);
 
 // For a reason: "it held 26000 MiB of its 20000 MiB budget on GPU 0".

@@ -289,7 +289,6 @@ nlohmann::json launch_document(const JobRecord& job, const Env& base_env, const 
                         {"log_limit_bytes", log_limit_bytes},
                         {"ranks", ranks},
                         {"pid_file", adir + "/shim.pid"},
-                        {"claim", true},  // its pid file is made once: see LocalExecutor::adopt
                         {"exit_file", adir + "/exit.json"}};
   if (runs_as.inherit_env) doc["inherit_env"] = true;
   if (const auto& r = job.spec.report; !r.empty())  // read by the supervisor (supervisor/output_report.hpp)

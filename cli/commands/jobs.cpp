@@ -71,7 +71,7 @@ std::string detail_of(const common::JobInfo& j) {
   if (j.state == JobState::running && j.hung) return j.reason;
   if (j.state == JobState::running && j.preempting) return "for " + j.preempted_by;
   if (j.state == JobState::running && !j.suspended_for.empty()) return "frozen for " + j.suspended_for;
-  if (budget_raised_now(j)) return "GPU memory budget " + j.gpu_budget_why;
+  if (budget_raised_now(j)) return "GPU memory budget now " + std::to_string(j.gpu_budget_mb) + " MiB";
   if (j.state == JobState::running && j.progress.is_object()) return format_fields(j.progress, 5);
   if (j.state == JobState::succeeded && j.result.is_object()) return format_fields(j.result, 5);
   return j.reason;

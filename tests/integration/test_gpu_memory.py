@@ -2,7 +2,7 @@
 shared job over its budget beside a job owed the room is stopped and requeued with a larger one,
 its neighbour untouched; one over its budget with room beside it has its budget raised and runs
 on; a job whose CUDA ran out of memory at its budget runs again with a larger one, no retry
-spent, until its budget is the whole GPU."""
+spent, until its budget is all its GPU has."""
 import os
 import tempfile
 import unittest
@@ -113,7 +113,8 @@ class Budgets(unittest.TestCase):
         self.holds(nbase, 6000, neighbour)
         grower, gbase = self.holder("grower", 8000, gpu_memory_policy="warn")
         self.holds(gbase, 15000, grower)
-        wait_until(lambda: self.d.show(grower)["job"]["gpu_budget_mb"] == 18944, what="its budget to be raised")
+        # Raised to what it holds: the rest of the GPU is the neighbour's budget.
+        wait_until(lambda: self.d.show(grower)["job"]["gpu_budget_mb"] == 15000, what="its budget to be raised")
         self.assertEqual(self.d.show(grower)["job"]["state"], "running")
         for base in (nbase, gbase):
             open(base + ".gate", "w").close()
@@ -140,7 +141,7 @@ class Budgets(unittest.TestCase):
                                 "shell": 'echo "CUDA out of memory" >&2; exit 1'})["ids"][0]
         done = self.d.wait([capped])[capped]
         self.assertEqual((done["state"], done["attempt"]), ("failed", 1))
-        self.assertIn("at its GPU memory budget's cap (24576 MiB, the whole GPU)", done["reason"])
+        self.assertIn("at its GPU memory budget's cap (24576 MiB, all its GPU has)", done["reason"])
 
 
 if __name__ == "__main__":
