@@ -392,6 +392,7 @@ void Attempts::finish(Active& a, const Outcome& outcome) {
                                              std::to_string(budget) + " MiB; its budget is now " +
                                              std::to_string(raised) + " MiB (" + end.reason + ")"})},
           {}, {});
+      ++m_metrics.budget_oom_requeues;
       if (gpu_s > 0) m_users.add_use(owner, gpu_s, now);
       m_needs.withdraw_orphans();
       m_needs.schedule_soon();
@@ -652,6 +653,7 @@ void Attempts::hold_budgets(double now) {
     std::cerr << "gpuqd: " << job_label(r) << ": "
               << (r.run.over_budget.empty() ? "budget " + r.gpu_budget.why : "stopping it: " + r.run.over_budget)
               << "\n";
+    ++(r.run.over_budget.empty() ? m_metrics.budget_raises : m_metrics.budget_stops);
     if (!r.run.over_budget.empty()) m_executor.stop(r.id);
   }
 }

@@ -137,6 +137,12 @@ std::string metrics_text(const Reads& r, const MetricCounters& c, const Hooks& h
     e.sample("gpuq_preemptions_total", {{"user", r.users.name_of(uid)}},
              it == c.preemptions.end() ? 0.0 : static_cast<double>(it->second));
   }
+  e.family("gpuq_gpu_budget_overruns_total", "counter",
+           "Shared jobs found over their GPU memory budget (NVML), by what they got: stopped and requeued for the "
+           "room their neighbours were owed, raised in place, or requeued after CUDA ran out of memory");
+  e.sample("gpuq_gpu_budget_overruns_total", {{"action", "requeued"}}, static_cast<double>(c.budget_stops));
+  e.sample("gpuq_gpu_budget_overruns_total", {{"action", "raised"}}, static_cast<double>(c.budget_raises));
+  e.sample("gpuq_gpu_budget_overruns_total", {{"action", "cuda_oom"}}, static_cast<double>(c.budget_oom_requeues));
   e.family("gpuq_queue_wait_seconds", "histogram", "Time from queued to started, per attempt");
   e.histogram("gpuq_queue_wait_seconds", {}, c.queue_wait);
   e.family("gpuq_attempt_run_seconds", "histogram", "Run time of each attempt that ended");

@@ -34,6 +34,9 @@ struct MetricCounters {
   std::uint64_t attempts_started = 0;
   std::uint64_t retries = 0;
   std::map<uid_t, std::uint64_t> preemptions;  // victim's owner -> attempts preempted (asked to stop)
+  // Shared jobs found over their GPU memory budgets (gpu_budgets.hpp): stopped for the room their
+  // GPU's other jobs were owed, or their budget raised in place; and CUDA out of memory requeues.
+  std::uint64_t budget_stops = 0, budget_raises = 0, budget_oom_requeues = 0;
   std::map<std::pair<std::string, uid_t>, std::uint64_t> finished;  // (terminal state, owner) -> jobs
   // Seconds from queued to started, and of an attempt's run: from a second to days.
   Histogram queue_wait{{1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400}};

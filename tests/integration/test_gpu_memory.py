@@ -4,10 +4,13 @@ its neighbour untouched; one over its budget with room beside it has its budget 
 on; a job whose CUDA ran out of memory at its budget runs again with a larger one, no retry
 spent, until its budget is all its GPU has."""
 import os
+import re
 import tempfile
 import unittest
+import urllib.request
 
 from harness import FAKE_NVML_DIR, Daemon, wait_until
+from test_metrics import samples
 
 GPU = "GPU-22222222-bbbb L4 24576 0 0 1b 0 0 0 -"  # 24 GiB
 
@@ -25,7 +28,11 @@ class Budgets(unittest.TestCase):
         self.procs = {}
         self.show_procs()
         env = dict(os.environ, LD_LIBRARY_PATH=FAKE_NVML_DIR, GPUQ_FAKE_NVML=self.devices)
-        self.d = Daemon(self.tmp, "nvml", extra=["--gpu-process-interval", "0.1"], env=env).start()
+        self.d = Daemon(self.tmp, "nvml", extra=["--gpu-process-interval", "0.1", "--metrics-listen", "127.0.0.1:0"],
+                        env=env).start()
+        with open(os.path.join(self.tmp, "gpuqd.log")) as f:
+            port = int(re.findall(r"metrics at http://127\.0\.0\.1:(\d+)/metrics", f.read())[-1])
+        self.metrics_url = f"http://127.0.0.1:{port}/metrics"
 
     def tearDown(self):
         self.d.stop()
@@ -51,6 +58,11 @@ class Budgets(unittest.TestCase):
             self.procs[int(f.read())] = mb
         self.show_procs()
         wait_until(lambda: self.d.show(job)["job"]["gpu_memory_peak_mb"] == mb, what="gpuqd to see its memory")
+
+    def overruns(self, action):
+        """gpuq_gpu_budget_overruns_total{action=...}, as Prometheus would scrape it."""
+        with urllib.request.urlopen(self.metrics_url, timeout=30) as r:
+            return samples(r.read().decode()).get(("gpuq_gpu_budget_overruns_total", frozenset({("action", action)})))
 
     def budgets(self, base):
         with open(base + ".budgets") as f:
@@ -86,6 +98,7 @@ class Budgets(unittest.TestCase):
                          ("succeeded", 2, 1))  # no retry spent
         self.assertEqual(self.budgets(gbase), [["1", "8000"], ["2", "18944"]])
         self.assertIn("budget:    18944 MiB of GPU memory a GPU, over its GPU memory budget", self.d.ok("show", str(grower)))
+        self.assertEqual((self.overruns("requeued"), self.overruns("raised"), self.overruns("cuda_oom")), (1, 0, 0))
 
     def test_a_job_over_its_budget_with_room_beside_it_has_it_raised_and_runs_on(self):
         job, base = self.holder("grower", 8000)
@@ -107,6 +120,7 @@ class Budgets(unittest.TestCase):
         self.assertEqual((done[job]["state"], done[job]["attempt"]), ("succeeded", 1))
         self.assertFalse(os.path.exists(base + ".term"))
         self.assertEqual(done[other]["state"], "succeeded")
+        self.assertEqual((self.overruns("requeued"), self.overruns("raised")), (0, 1))
 
     def test_policy_warn_raises_the_budget_of_a_job_beside_one_owed_the_room_and_stops_nothing(self):
         neighbour, nbase = self.holder("neighbour", 10000)
@@ -136,6 +150,7 @@ class Budgets(unittest.TestCase):
         reasons = [h["reason"] for h in self.d.show(job)["history"] if h["state"] == "queued"]
         self.assertIn("requeued: CUDA ran out of memory at its GPU memory budget of 8000 MiB; its budget is now "
                       "12032 MiB", reasons[1])
+        self.assertEqual(self.overruns("cuda_oom"), 2)
         # At the whole GPU there is no more to give: it fails as any job does, saying so.
         capped = self.d.submit({"name": "capped", "gpus": 1, "shared": True, "gpu_memory_mb": 24576,
                                 "shell": 'echo "CUDA out of memory" >&2; exit 1'})["ids"][0]
