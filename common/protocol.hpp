@@ -202,7 +202,8 @@ struct JobInfo {
   std::int64_t uid = 0;
   bool details_hidden = false;  // lab mode: another user's job; its result, progress, labels and reasons are theirs and admins'
   bool hung = false;  // running, silent for hang_after_s since its last progress event: `reason` says more
-  json gpu_memory_peak_mb;  // running: the most GPU memory its processes held on one GPU (NVML), null when unknown
+  json
+      gpu_memory_peak_mb;  // the most GPU memory its processes held on one GPU in any attempt (NVML), null when unknown
   bool preemptible = false;  // (minor 4) a job of higher priority may stop it to start
   int preemptions = 0;       // times it was preempted since it was submitted
   // Queued after a preemption, or running and asked to stop for one (`preempting`): by whom

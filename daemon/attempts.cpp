@@ -257,7 +257,12 @@ void Attempts::ended(std::int64_t id) {
 
 void Attempts::finish(Active& a, const Outcome& outcome) {
   const double now = wall_now();
-  const JobRecord& rec = a.rec;
+  // Its record as it ends: with the most GPU memory NVML saw this attempt hold kept (whatever
+  // comes of the end; a copy: `a` is gone once its end is stored).
+  JobRecord ending = a.rec;
+  if (const auto peak = m_machine.gpu_processes.peak_mb(ending.id))
+    ending.gpu_budget.peak_mb = std::max(ending.gpu_budget.peak_mb, *peak);
+  const JobRecord& rec = ending;
   // Stopped by the hang watch: a failure, to be retried, not a cancel.
   const std::string hung = m_events.hangs().ended(rec, now);
   if (outcome.withdrawn && !rec.run.cancel_requested) {

@@ -99,8 +99,11 @@ common::JobInfo Reads::info_of(const JobRecord& stored, const Caller& viewer) co
     i.hung = true;
     i.reason = events.hangs().note(r, wall_now());
   }
-  if (r.state == JobState::running)
-    if (const auto peak = gpu_processes.peak_mb(r.id)) i.gpu_memory_peak_mb = *peak;
+  if (r.state == JobState::running) {
+    if (const auto peak = gpu_processes.peak_mb(r.id)) i.gpu_memory_peak_mb = std::max(*peak, r.gpu_budget.peak_mb);
+  } else if (r.gpu_budget.peak_mb > 0) {
+    i.gpu_memory_peak_mb = r.gpu_budget.peak_mb;
+  }
   if (r.held && r.state == JobState::queued)
     i.reason = "held until `gpuq release " + std::to_string(r.id) + "`" + (r.reason.empty() ? "" : "; " + r.reason);
   i.progress = r.run.progress;

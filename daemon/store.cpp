@@ -208,6 +208,7 @@ json gpu_budget_json(const JobRecord& j) {
   if (!j.gpu_budget.why.empty()) out["why"] = j.gpu_budget.why;
   if (j.gpu_budget.raises > 0) out["raises"] = j.gpu_budget.raises;
   if (j.gpu_budget.at > 0) out["at"] = j.gpu_budget.at;
+  if (j.gpu_budget.peak_mb > 0) out["peak_mb"] = j.gpu_budget.peak_mb;
   if (!j.run.over_budget.empty()) out["over_budget"] = j.run.over_budget;
   return out;
 }
@@ -226,6 +227,7 @@ void read_gpu_budget(JobRecord& j, const json& stored) {
   j.gpu_budget.why = text("why");
   j.gpu_budget.raises = static_cast<int>(std::clamp(number("raises"), 0.0, 1e9));
   j.gpu_budget.at = number("at");
+  j.gpu_budget.peak_mb = static_cast<std::int64_t>(std::clamp(number("peak_mb"), 0.0, 1e12));
   j.run.over_budget = text("over_budget");
 }
 

@@ -97,6 +97,9 @@ struct JobRecord {
     std::string why;
     int raises = 0;
     double at = 0;  // when it was last raised
+    // The most GPU memory its processes held on one GPU in any attempt that ended, as NVML's
+    // looks saw it (0: none seen): what its next attempts, and specs like it, may be sized by.
+    std::int64_t peak_mb = 0;
     bool operator==(const GpuBudget&) const = default;
   } gpu_budget;
   double not_before = 0;  // retry backoff: not eligible before this time

@@ -241,7 +241,8 @@ int cmd_show(const Options& o, std::int64_t id) {
             << (s.spec_error.empty() ? "" : "  spec:      unreadable - " + printable(s.spec_error) + "\n")
             << "  mode:      " << j.mode << ", " << j.ranks << " rank(s), gpus requested " << j.gpus_requested
             << ", assigned " << format_gpus(j.gpus)
-            << (j.gpu_memory_peak_mb.is_number() ? ", peak " + j.gpu_memory_peak_mb.dump() + " MiB on a GPU so far"
+            << (j.gpu_memory_peak_mb.is_number() ? ", peak " + j.gpu_memory_peak_mb.dump() + " MiB on a GPU" +
+                                                       (j.state == JobState::running ? " so far" : "")
                                                  : std::string())
             << "\n";
   if (j.gpu_budget_mb > 0)

@@ -118,6 +118,7 @@ class Budgets(unittest.TestCase):
         open(base + ".gate", "w").close()
         done = self.d.wait([job, other])
         self.assertEqual((done[job]["state"], done[job]["attempt"]), ("succeeded", 1))
+        self.assertEqual(done[job]["gpu_memory_peak_mb"], 12000)  # kept once it has ended
         self.assertFalse(os.path.exists(base + ".term"))
         self.assertEqual(done[other]["state"], "succeeded")
         self.assertEqual((self.overruns("requeued"), self.overruns("raised")), (0, 1))

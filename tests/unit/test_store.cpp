@@ -497,7 +497,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
     active[0].restarts = 1;
     active[0].held = true;
     CHECK(active[0].gpu_budget == JobRecord::GpuBudget{});  // the column a version 17 store added
-    active[0].gpu_budget = {30000, "raised from 20000 MiB after CUDA ran out of memory", 1, 140.5};
+    active[0].gpu_budget = {30000, "raised from 20000 MiB after CUDA ran out of memory", 1, 140.5, 26000};
     active[0].run.over_budget = "over its budget";
     (*store)->update(active[0], false);
   }
@@ -508,7 +508,7 @@ TEST_CASE("a version 1 state store (before CPU slots had numbers, cores were kep
   CHECK((*again)->get(7)->run.cpu_slots == std::vector<int>{3});
   CHECK((*again)->get(7)->run.cores == std::vector<int>{6, 7});
   CHECK((*again)->get(7)->gpu_budget ==
-        JobRecord::GpuBudget{30000, "raised from 20000 MiB after CUDA ran out of memory", 1, 140.5});
+        JobRecord::GpuBudget{30000, "raised from 20000 MiB after CUDA ran out of memory", 1, 140.5, 26000});
   CHECK((*again)->get(7)->run.over_budget == "over its budget");
   CHECK((*again)->get(7)->attempt_base == 1);
   CHECK((*again)->get(7)->restarts == 1);
