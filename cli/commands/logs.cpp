@@ -232,23 +232,35 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
   std::set<std::string> watched;
   bool timer = grown < 0;  // the logs are also read every second
   auto watch_dir = [&](const std::string& dir) {
-    if (grown < 0 || !watched.insert(dir).second) return;
+    if (grown < 0 || !watched.insert(dir).second) return false;
     if (::inotify_add_watch(grown, dir.c_str(),
                             IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR | IN_DONT_FOLLOW) < 0) {
       watched.erase(dir);  // not there yet: its creation is seen in the job's directory
-      return;
+      return false;
     }
     if (on_network_fs(dir)) timer = true;
+    return true;
   };
-  auto watch_dirs = [&](const common::ShowReply& sr) {
-    if (sr.job.job_dir.empty()) return;
-    watch_dir(sr.job.job_dir);
+  auto watch_dirs = [&](const common::ShowReply& sr) {  // whether a directory is watched now that was not
+    if (sr.job.job_dir.empty()) return false;
+    bool added = watch_dir(sr.job.job_dir);
     for (int at = std::max(1, sr.job.attempt_base); at <= sr.job.attempt; ++at)
-      watch_dir(sr.job.job_dir + "/attempt-" + std::to_string(at));
+      added = watch_dir(sr.job.job_dir + "/attempt-" + std::to_string(at)) || added;
     for (const auto& l : sr.logs)
-      watch_dir(common::parent_dir(l.path));
+      added = watch_dir(common::parent_dir(l.path)) || added;
+    return added;
   };
-  watch_dirs(*s);
+  // A directory's watch, then a look: a log made in it before the watch began (its IN_CREATE
+  // never comes) is in that look. A look that finds another directory watches it too.
+  auto watch_then_look = [&]() {
+    while (watch_dirs(*s))
+      if (!(s = show())) return false;
+    return true;
+  };
+  if (!watch_then_look()) {
+    if (grown >= 0) ::close(grown);
+    return refused;
+  }
   pump(*s);
   initial = false;
   bool asked = false;
@@ -291,11 +303,10 @@ int cmd_logs(const Options& o, std::int64_t id, bool follow, int rank, int attem
     }
     if (look) {
       looked_at = now_s();
-      if (!(s = show())) {
+      if (!(s = show()) || !watch_then_look()) {
         if (grown >= 0) ::close(grown);
         return refused;
       }
-      watch_dirs(*s);
     }
     pump(*s);
   }
