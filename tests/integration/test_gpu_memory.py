@@ -91,6 +91,10 @@ class Budgets(unittest.TestCase):
         # 10000 + 18944 do not fit in 24576: it waits for the neighbour, which runs on untouched.
         self.assertIn(f"GPUs held by:\n    job {neighbour} ", self.d.ok("why", str(grower)))
         self.assertFalse(os.path.exists(nbase + ".term"))
+        # Its process ends and the driver lists it no more: a PID still listed once its job has
+        # ended is memory held outside gpuq, which would keep the grower from fitting for good.
+        self.procs = {}
+        self.show_procs()
         open(nbase + ".gate", "w").close()
         done = self.d.wait([neighbour, grower])
         self.assertEqual((done[neighbour]["state"], done[neighbour]["attempt"]), ("succeeded", 1))
@@ -115,6 +119,8 @@ class Budgets(unittest.TestCase):
         other = self.d.submit({"name": "other", "gpus": 1, "shared": True, "gpu_memory_mb": 10000,
                                "command": ["true"]})["ids"][0]
         wait_until(lambda: "waiting for 1 GPU" in self.d.show(other)["job"]["reason"], what="the other job to wait")
+        self.procs = {}  # its process ends, and the driver lists it no more
+        self.show_procs()
         open(base + ".gate", "w").close()
         done = self.d.wait([job, other])
         self.assertEqual((done[job]["state"], done[job]["attempt"]), ("succeeded", 1))
